@@ -1,0 +1,1 @@
+"""dlc_jax.bench."""
