@@ -1,0 +1,107 @@
+"""Exact full-vocabulary next-token KL between two policies on a fixed set of prefixes (pure, jittable).
+
+Each policy is given by its final hidden states at the prefix positions and its unembedding matrix;
+logits are ``hidden @ unembed.T / temperature`` computed in float32. The KL is summed over the whole
+vocabulary (not a sampled-token estimator) and averaged over the valid prefix positions.
+
+Memory: positions are processed in chunks of ``chunk_size`` with ``lax.scan``, so the largest
+float32 intermediates are ``[chunk_size, V]`` per policy — never ``[N, V]`` for the whole set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class KLSums:
+    """Masked sums over prefix positions (add these across batches, then call :meth:`means`).
+
+    forward: sum_h m_h * KL(pi_a(.|h) || pi_b(.|h))
+    reverse: sum_h m_h * KL(pi_b(.|h) || pi_a(.|h))
+    count:   sum_h m_h (number of valid prefixes)
+    """
+
+    forward: float
+    reverse: float
+    count: float
+
+    def __add__(self, other: "KLSums") -> "KLSums":
+        return KLSums(self.forward + other.forward, self.reverse + other.reverse, self.count + other.count)
+
+    def means(self) -> dict[str, float]:
+        """``{"forward", "reverse", "symmetric", "count"}``; raises if there are no valid prefixes."""
+        if self.count <= 0:
+            raise ValueError("KL over reference prefixes: no valid prefix positions (mask is all zero)")
+        fwd, rev = self.forward / self.count, self.reverse / self.count
+        return {"forward": float(fwd), "reverse": float(rev), "symmetric": float(0.5 * (fwd + rev)),
+                "count": float(self.count)}
+
+
+def _chunk_kl(h_a, h_b, w_a, w_b, m, inv_temp):
+    """KL both ways for one chunk. h_*: [C, D]; w_*: [V, D]; m: [C] -> (fwd_sum, rev_sum) scalars."""
+    logits_a = jnp.einsum("cd,vd->cv", h_a.astype(jnp.float32), w_a.astype(jnp.float32)) * inv_temp
+    logits_b = jnp.einsum("cd,vd->cv", h_b.astype(jnp.float32), w_b.astype(jnp.float32)) * inv_temp
+    logp_a = jax.nn.log_softmax(logits_a, axis=-1)
+    logp_b = jax.nn.log_softmax(logits_b, axis=-1)
+    diff = logp_a - logp_b  # [C, V]
+    fwd = jnp.sum(jnp.exp(logp_a) * diff, axis=-1)  # KL(a||b) per position
+    rev = jnp.sum(jnp.exp(logp_b) * (-diff), axis=-1)  # KL(b||a)
+    return jnp.sum(m * fwd), jnp.sum(m * rev)
+
+
+@partial(jax.jit, static_argnames=("chunk_size",))
+def kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, chunk_size=256):
+    """Masked sums of the next-token KL between policies a and b, both directions.
+
+    Args:
+      hidden_a, hidden_b: [..., D] final hidden states of each policy at the same prefix positions
+        (any leading shape, e.g. [B, T, D]; the two may differ in dtype but not in shape).
+      unembed_a, unembed_b: [V, D] unembedding (lm_head) matrices.
+      mask: [...] (leading shape of the hiddens), 1.0 at prefix positions that count, else 0.
+      temperature: sampling temperature applied to both policies' logits.
+      chunk_size: positions per scan step; peak memory is O(chunk_size * V) floats per policy.
+
+    Returns:
+      (forward_sum, reverse_sum, count) float32 scalars; forward = sum m * KL(a||b).
+    """
+    if hidden_a.shape != hidden_b.shape:
+        raise ValueError(f"hidden_a {hidden_a.shape} and hidden_b {hidden_b.shape} must have the same shape")
+    if unembed_a.shape != unembed_b.shape or unembed_a.shape[-1] != hidden_a.shape[-1]:
+        raise ValueError(f"unembed_a {unembed_a.shape} / unembed_b {unembed_b.shape} must both be [V, "
+                         f"{hidden_a.shape[-1]}]")
+    if mask.shape != hidden_a.shape[:-1]:
+        raise ValueError(f"mask {mask.shape} must match the hidden states' leading shape {hidden_a.shape[:-1]}")
+    d = hidden_a.shape[-1]
+    h_a = hidden_a.reshape(-1, d)
+    h_b = hidden_b.reshape(-1, d)
+    m = mask.reshape(-1).astype(jnp.float32)
+    n = h_a.shape[0]
+    c = max(1, min(int(chunk_size), n))
+    pad = (-n) % c
+    if pad:
+        h_a = jnp.pad(h_a, ((0, pad), (0, 0)))
+        h_b = jnp.pad(h_b, ((0, pad), (0, 0)))
+        m = jnp.pad(m, (0, pad))
+    n_chunks = (n + pad) // c
+    xs = (h_a.reshape(n_chunks, c, d), h_b.reshape(n_chunks, c, d), m.reshape(n_chunks, c))
+    inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
+
+    def body(carry, x):
+        ha, hb, mm = x
+        f, r = _chunk_kl(ha, hb, unembed_a, unembed_b, mm, inv_temp)
+        return (carry[0] + f, carry[1] + r), None
+
+    zero = jnp.zeros((), jnp.float32)
+    (fwd, rev), _ = jax.lax.scan(body, (zero, zero), xs)
+    return fwd, rev, jnp.sum(m)
+
+
+def kl_on_positions(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, chunk_size=256) -> KLSums:
+    """:func:`kl_sums` as a host-side :class:`KLSums` (for accumulating over batches)."""
+    f, r, c = kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, temperature=temperature, chunk_size=chunk_size)
+    return KLSums(float(f), float(r), float(c))
