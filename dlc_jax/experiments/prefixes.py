@@ -1,0 +1,189 @@
+"""Reference prefixes: held-out prompts with one response each, sampled once from the initial policy.
+
+Every response position is a prefix: for a prompt of length P and a response r_0..r_{n-1}, the
+prefixes are ``prompt + r_<i`` for i = 0..n-1 (the n contexts that produced the response tokens).
+In a padded ``tokens [N, L]`` array, the next-token distribution at position t is the one for the
+prefix ``tokens[:t+1]``, so the prefix mask is 1 at positions ``P-1 .. P+n-2``.
+
+The set is created once per experiment (``prefixes.npz`` + ``prefixes.json``) and shared by all runs.
+Prompts come from the synthetic arithmetic task with a seed distinct from any training seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
+from dlc_jax.data.tokenize import encode_prompt
+
+# generate(prompt_ids, max_tokens=..., temperature=..., seed=...) -> one response (int32 [n]) per prompt
+GenerateFn = Callable[..., list[np.ndarray]]
+
+NPZ_NAME = "prefixes.npz"
+META_NAME = "prefixes.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixConfig:
+    """How the reference prefix set is made.
+
+    num_prompts: held-out prompts (one response each).
+    max_tokens: response length cap.
+    temperature: sampling temperature (use the training temperature).
+    sample_seed: sampling seed for the one-time generation.
+    data_seed: arithmetic-task seed of the held-out split; must differ from the training data seed.
+    chat_template: wrap prompts in ChatML like training does.
+    arithmetic: task difficulty (same as training, so prompts are in-distribution but unseen).
+    """
+
+    num_prompts: int = 32
+    max_tokens: int = 16
+    temperature: float = 1.0
+    sample_seed: int = 20_250
+    data_seed: int = 987_654
+    chat_template: bool = False
+    arithmetic: ArithmeticConfig = dataclasses.field(default_factory=ArithmeticConfig)
+
+    def __post_init__(self):
+        if self.num_prompts < 1:
+            raise ValueError(f"prefixes.num_prompts must be >= 1, got {self.num_prompts}")
+        if self.max_tokens < 1:
+            raise ValueError(f"prefixes.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature <= 0:
+            raise ValueError(f"prefixes.temperature must be > 0, got {self.temperature}")
+
+
+@dataclasses.dataclass
+class PrefixSet:
+    """Token ids of the reference sequences.
+
+    tokens: int32 [N, L] prompt + response, right-padded with ``pad_id``.
+    prompt_lens, response_lens: int32 [N].
+    meta: JSON-able description (config, prompts, model dir, ...).
+    """
+
+    tokens: np.ndarray
+    prompt_lens: np.ndarray
+    response_lens: np.ndarray
+    pad_id: int = 0
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        n, length = self.tokens.shape
+        if self.prompt_lens.shape != (n,) or self.response_lens.shape != (n,):
+            raise ValueError(f"prompt_lens {self.prompt_lens.shape} / response_lens {self.response_lens.shape} "
+                             f"must both be [{n}] for tokens {self.tokens.shape}")
+        if np.any(self.prompt_lens < 1):
+            raise ValueError("prefix set: every prompt needs at least one token")
+        if np.any(self.prompt_lens + self.response_lens > length):
+            raise ValueError(f"prefix set: prompt + response longer than tokens width {length}")
+
+    @property
+    def attention_mask(self) -> np.ndarray:
+        """int32 [N, L]: 1 on real (prompt or response) tokens."""
+        pos = np.arange(self.tokens.shape[1])[None, :]
+        return (pos < (self.prompt_lens + self.response_lens)[:, None]).astype(np.int32)
+
+    @property
+    def prefix_mask(self) -> np.ndarray:
+        """float32 [N, L]: 1 at positions whose next-token distribution generated a response token."""
+        pos = np.arange(self.tokens.shape[1])[None, :]
+        start = (self.prompt_lens - 1)[:, None]
+        stop = (self.prompt_lens + self.response_lens - 1)[:, None]
+        return ((pos >= start) & (pos < stop)).astype(np.float32)
+
+    @property
+    def num_prefixes(self) -> int:
+        return int(self.response_lens.sum())
+
+    def save(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez(out / NPZ_NAME, tokens=self.tokens.astype(np.int32), prompt_lens=self.prompt_lens.astype(np.int32),
+                 response_lens=self.response_lens.astype(np.int32), pad_id=np.int32(self.pad_id))
+        (out / META_NAME).write_text(json.dumps(self.meta, indent=1, sort_keys=True))
+        return out
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> "PrefixSet":
+        out = Path(out_dir)
+        path = out / NPZ_NAME
+        if not path.exists():
+            raise FileNotFoundError(f"no reference prefix set at {path}")
+        with np.load(path) as z:
+            missing = {"tokens", "prompt_lens", "response_lens", "pad_id"} - set(z.files)
+            if missing:
+                raise ValueError(f"{path}: missing arrays {sorted(missing)}")
+            tokens, pl, rl, pad = z["tokens"], z["prompt_lens"], z["response_lens"], int(z["pad_id"])
+        meta = json.loads((out / META_NAME).read_text()) if (out / META_NAME).exists() else {}
+        return cls(tokens=tokens, prompt_lens=pl, response_lens=rl, pad_id=pad, meta=meta)
+
+    @classmethod
+    def exists(cls, out_dir: str | Path) -> bool:
+        return (Path(out_dir) / NPZ_NAME).exists()
+
+
+def heldout_prompts(cfg: PrefixConfig, tokenizer) -> tuple[list[dict], list[np.ndarray]]:
+    """The first ``num_prompts`` examples of the held-out arithmetic split and their token ids."""
+    src = ArithmeticSource(cfg.arithmetic, seed=cfg.data_seed)
+    if cfg.num_prompts > len(src):
+        raise ValueError(f"prefixes.num_prompts={cfg.num_prompts} > arithmetic.num_examples={len(src)}")
+    recs = [src[i] for i in range(cfg.num_prompts)]
+    ids = [encode_prompt(tokenizer, r["prompt"], chat_template=cfg.chat_template) for r in recs]
+    return recs, ids
+
+
+def assemble(prompt_ids: Sequence[np.ndarray], responses: Sequence[np.ndarray], *, pad_id: int = 0,
+             meta: dict | None = None) -> PrefixSet:
+    """Pack prompts and their responses into a right-padded :class:`PrefixSet`."""
+    if len(prompt_ids) != len(responses):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(responses)} responses")
+    seqs = [np.concatenate([np.asarray(p, np.int32), np.asarray(r, np.int32)]) for p, r in zip(prompt_ids, responses)]
+    width = max(len(s) for s in seqs)
+    tokens = np.full((len(seqs), width), pad_id, np.int32)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = s
+    return PrefixSet(tokens=tokens, prompt_lens=np.array([len(p) for p in prompt_ids], np.int32),
+                     response_lens=np.array([len(r) for r in responses], np.int32), pad_id=pad_id, meta=meta or {})
+
+
+def create_prefixes(cfg: PrefixConfig, tokenizer, generate: GenerateFn, *, pad_id: int = 0,
+                    extra_meta: dict | None = None) -> PrefixSet:
+    """Sample one response per held-out prompt with ``generate`` (the initial policy) and pack them.
+
+    Responses of length 0 are rejected (they contribute no prefixes and usually mean a broken sampler).
+    """
+    recs, ids = heldout_prompts(cfg, tokenizer)
+    responses = generate(ids, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=cfg.sample_seed)
+    if len(responses) != len(ids):
+        raise ValueError(f"generate returned {len(responses)} responses for {len(ids)} prompts")
+    for i, r in enumerate(responses):
+        if len(r) == 0:
+            raise ValueError(f"reference prefixes: empty response for held-out prompt {i} ({recs[i]['prompt']!r})")
+        if len(r) > cfg.max_tokens:
+            raise ValueError(f"reference prefixes: response {i} has {len(r)} tokens > max_tokens={cfg.max_tokens}")
+    meta = {"config": _jsonable(dataclasses.asdict(cfg)), "prompts": [r["prompt"] for r in recs],
+            "answers": [r["answer"] for r in recs], **(extra_meta or {})}
+    return assemble(ids, responses, pad_id=pad_id, meta=meta)
+
+
+def load_or_create(out_dir: str | Path, cfg: PrefixConfig, tokenizer, generate: GenerateFn, **kw) -> PrefixSet:
+    """Load the prefix set in ``out_dir`` if it exists (shared by all runs), else create and save it."""
+    if PrefixSet.exists(out_dir):
+        return PrefixSet.load(out_dir)
+    ps = create_prefixes(cfg, tokenizer, generate, **kw)
+    ps.save(out_dir)
+    return ps
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
