@@ -1,0 +1,408 @@
+"""Training config schema: nested dataclasses, YAML loading, ``key.sub=value`` CLI overrides.
+
+Every key is checked: an unknown key or a value of the wrong type/choice is a :class:`ConfigError`
+whose message names the full dotted key (e.g. ``optim.lr``). The YAML section ``async`` maps to the
+field ``async_`` (``async`` is a Python keyword).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from dlc_jax.data.arithmetic import ArithmeticConfig
+from dlc_jax.data.prompts import DataConfig
+from dlc_jax.data.rewards import RewardConfig
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message starts with the dotted key."""
+
+
+@dataclasses.dataclass
+class ModelSection:
+    """path: HF model dir ('' = make the tiny model under sft.cache_dir); preset: model.PRESETS name for
+    the tiny model; dtypes: 'float32' | 'bfloat16'; remat: rematerialize decoder layers."""
+
+    path: str = ""
+    preset: str = "tiny"
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: bool = False
+
+
+@dataclasses.dataclass
+class MeshSection:
+    """Device mesh axis sizes; -1 on one axis means 'all remaining devices'."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+
+@dataclasses.dataclass
+class SamplerSection:
+    """backend: 'vllm' | 'jax'; address: 'host:port' of a running sampler ('' = spawn one on loopback);
+    n: group size G; head_k: sampler top-k head reported per token (0 = none, no centering term)."""
+
+    backend: Literal["vllm", "jax"] = "vllm"
+    address: str = ""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    quantization: str = ""
+    weight_noise: float = 0.0
+    n: int = 4
+    max_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    head_k: int = 8
+    max_model_len: int = 128
+    startup_timeout_s: float = 600.0
+    reconnect_timeout_s: float = 600.0
+
+
+@dataclasses.dataclass
+class LossSection:
+    """name: key of ``dlc_jax.rl.LOSSES``; options: extra ``LossConfig`` fields (given inline in YAML)."""
+
+    name: str = "dlc"
+    options: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class OptimSection:
+    """AdamW with linear warmup then decay ('cosine' | 'linear' | 'constant') to lr * min_lr_ratio."""
+
+    lr: float = 1e-5
+    warmup: int = 0
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+
+@dataclasses.dataclass
+class ResyncSection:
+    """policy: 'ess' (push when lag ESS < threshold) | 'every_k' | 'never' | 'onpolicy';
+    stale_rollouts: rollouts in flight from an older version are 'train'ed with their snapshot or 'drop'ped."""
+
+    policy: Literal["ess", "every_k", "never", "onpolicy"] = "ess"
+    threshold: float = 0.5
+    k: int = 4
+    stale_rollouts: Literal["train", "drop"] = "train"
+    max_snapshots: int = 4
+
+
+@dataclasses.dataclass
+class AsyncSection:
+    """max_staleness: rollouts more than this many versions behind theta_t are dropped and resampled;
+    prefetch: how many upcoming batches are requested from the sampler ahead of training."""
+
+    max_staleness: int = 8
+    prefetch: int = 1
+
+
+@dataclasses.dataclass
+class TrainSection:
+    """steps: optimizer steps; batch_prompts: prompts per step (each with sampler.n samples);
+    micro_batches: gradient accumulation splits; advantage: 'grpo' | 'mean' | 'drgrpo'."""
+
+    steps: int = 20
+    batch_prompts: int = 8
+    micro_batches: int = 1
+    seed: int = 0
+    advantage: Literal["grpo", "mean", "drgrpo"] = "grpo"
+
+
+@dataclasses.dataclass
+class CheckpointSection:
+    """dir: orbax checkpoint directory; every: save period in steps (0 = only at exit); keep: last N."""
+
+    dir: str = "runs/default/ckpt"
+    every: int = 10
+    keep: int = 2
+    resume: bool = True
+
+
+@dataclasses.dataclass
+class LogSection:
+    dir: str = "runs/default/logs"
+    jsonl: bool = True
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class SFTSection:
+    """Supervised warm-up of the tiny model on the synthetic task (cached by config hash)."""
+
+    enabled: bool = False
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 3e-3
+    cache_dir: str = "runs/cache"
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    sampler: SamplerSection = dataclasses.field(default_factory=SamplerSection)
+    loss: LossSection = dataclasses.field(default_factory=LossSection)
+    optim: OptimSection = dataclasses.field(default_factory=OptimSection)
+    resync: ResyncSection = dataclasses.field(default_factory=ResyncSection)
+    async_: AsyncSection = dataclasses.field(default_factory=AsyncSection)
+    train: TrainSection = dataclasses.field(default_factory=TrainSection)
+    checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
+    log: LogSection = dataclasses.field(default_factory=LogSection)
+    sft: SFTSection = dataclasses.field(default_factory=SFTSection)
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    def hash(self, *sections: str) -> str:
+        """Stable short hash of the given sections (all when none)."""
+        d = self.to_dict()
+        if sections:
+            d = {s: d[s] for s in sections}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+_YAML_NAME = {"async_": "async"}
+_FIELD_NAME = {v: k for k, v in _YAML_NAME.items()}
+
+# Checks beyond type: (dotted key, predicate, requirement text).
+_RULES: list[tuple[str, Any, str]] = [
+    ("sampler.n", lambda v: v >= 1, ">= 1"),
+    ("sampler.max_tokens", lambda v: v >= 1, ">= 1"),
+    ("sampler.temperature", lambda v: v > 0, "> 0"),
+    ("sampler.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("sampler.top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("sampler.head_k", lambda v: v >= 0, ">= 0"),
+    ("sampler.weight_noise", lambda v: v >= 0, ">= 0"),
+    ("optim.lr", lambda v: v > 0, "> 0"),
+    ("optim.warmup", lambda v: v >= 0, ">= 0"),
+    ("optim.grad_clip", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("optim.b1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("optim.b2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("resync.threshold", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("resync.k", lambda v: v >= 1, ">= 1"),
+    ("resync.max_snapshots", lambda v: v >= 1, ">= 1"),
+    ("async.max_staleness", lambda v: v >= 0, ">= 0"),
+    ("async.prefetch", lambda v: v >= 0, ">= 0"),
+    ("train.steps", lambda v: v >= 0, ">= 0"),
+    ("train.batch_prompts", lambda v: v >= 1, ">= 1"),
+    ("train.micro_batches", lambda v: v >= 1, ">= 1"),
+    ("checkpoint.every", lambda v: v >= 0, ">= 0"),
+    ("checkpoint.keep", lambda v: v >= 1, ">= 1"),
+    ("sft.steps", lambda v: v >= 0, ">= 0"),
+]
+
+
+def _coerce(key: str, tp, value):
+    """``value`` converted to annotation ``tp`` or a ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(key, args[0], value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected a bool, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise ConfigError(f"{key}: expected an int, got {value!r}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if value is None:
+            return ""
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, prefix=key)
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+def from_dict(cls, d: dict | None, prefix: str = ""):
+    """Build dataclass ``cls`` from a nested dict, naming the dotted key of any bad entry."""
+    d = {} if d is None else d
+    where = prefix or "<config>"
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {d!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    extra = {}
+    for k, v in d.items():
+        name = _FIELD_NAME.get(k, k)
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if name not in names:
+            if cls is LossSection:  # inline LossConfig fields
+                extra[k] = v
+                continue
+            raise ConfigError(f"{key}: unknown config key (known: {sorted(_YAML_NAME.get(n, n) for n in names)})")
+        kwargs[name] = _coerce(key, hints[name], v)
+    if extra:
+        kwargs["options"] = {**kwargs.get("options", {}), **extra}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def to_dict(obj) -> dict:
+    """Nested dict of a config dataclass (YAML names, e.g. ``async``); LossSection options inlined."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(obj, LossSection) and f.name == "options":
+            out.update(v)
+            continue
+        out[_YAML_NAME.get(f.name, f.name)] = to_dict(v) if dataclasses.is_dataclass(v) else v
+    return out
+
+
+def _get(cfg: TrainConfig, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, _FIELD_NAME.get(part, part))
+    return obj
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Range checks (types are already checked while parsing); errors name the key."""
+    for key, ok, req in _RULES:
+        v = _get(cfg, key)
+        if not ok(v):
+            raise ConfigError(f"{key}: must be {req}, got {v!r}")
+    if cfg.sampler.head_k > 20 and cfg.sampler.backend == "vllm":
+        raise ConfigError(f"sampler.head_k: vLLM reports at most 20 logprobs by default, got {cfg.sampler.head_k}")
+    if (cfg.train.batch_prompts * cfg.sampler.n) % cfg.train.micro_batches:
+        raise ConfigError(
+            f"train.micro_batches: {cfg.train.micro_batches} must divide batch_prompts*sampler.n = "
+            f"{cfg.train.batch_prompts * cfg.sampler.n}")
+    _validate_loss(cfg.loss)
+    return cfg
+
+
+def _validate_loss(loss: LossSection) -> None:
+    """Check loss.name and loss options against ``dlc_jax.rl`` when it is importable."""
+    try:
+        from dlc_jax.rl import LOSSES, LossConfig
+    except ImportError:
+        return
+    if loss.name not in LOSSES:
+        raise ConfigError(f"loss.name: {loss.name!r} is not one of {sorted(LOSSES)}")
+    make_loss_config(loss)
+
+
+def make_loss_config(loss: LossSection):
+    """``dlc_jax.rl.LossConfig`` from the loss section (name + options), errors naming ``loss.<field>``."""
+    from dlc_jax.rl import LossConfig
+
+    fields = {f.name for f in dataclasses.fields(LossConfig)}
+    kw = {}
+    if "name" in fields:
+        kw["name"] = loss.name
+    hints = typing.get_type_hints(LossConfig)
+    for k, v in loss.options.items():
+        if k not in fields:
+            raise ConfigError(f"loss.{k}: unknown config key (LossConfig fields: {sorted(fields)})")
+        kw[k] = _coerce(f"loss.{k}", hints[k], v) if hints.get(k) in (int, float, bool, str) else v
+    try:
+        return LossConfig(**kw)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"loss: {e}") from e
+
+
+def _set_dotted(d: dict, dotted: str, value) -> None:
+    parts = dotted.split(".")
+    cur = d
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted}: {p!r} is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"optim.lr=1e-5"`` -> ``("optim.lr", 1e-05)`` (value parsed as YAML, then type-coerced later)."""
+    if "=" not in item:
+        raise ConfigError(f"{item}: override must look like key.sub=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"{item}: empty key in override")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def default_config_path() -> Path:
+    """``configs/tiny_cpu.yaml`` of this checkout (the embedded default)."""
+    return Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
+    """Load YAML (``None`` = no file, all defaults), apply overrides, parse and validate."""
+    d: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"--config: no such file {str(p)!r}")
+        d = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(d, dict):
+            raise ConfigError(f"{p}: top level must be a mapping")
+    for item in overrides:
+        k, v = parse_override(item)
+        _set_dotted(d, k, v)
+    return validate(from_dict(TrainConfig, d))
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+__all__ = ["ConfigError", "TrainConfig", "load_config", "dump_config", "from_dict", "to_dict", "validate",
+           "parse_override", "make_loss_config", "default_config_path", "ArithmeticConfig"]
