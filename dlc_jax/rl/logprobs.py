@@ -1,0 +1,193 @@
+"""Token log-probs from hidden states without a [B, T, V] float32 array.
+
+``token_logprobs`` flattens the B*T positions, maps over chunks of ``chunk_size`` positions and, per
+chunk, computes f32 logits ``hidden @ unembed.T``, applies the sampler's transform (temperature,
+top-k, top-p; see ``sampling.py``), and gathers the log-prob of the sampled token and of a head of
+candidate ids, plus the entropy of the transformed distribution. Each chunk is rematerialized
+(``jax.checkpoint``), so the backward pass keeps only one chunk's logits alive at a time.
+Optionally (``vocab_chunk``; temperature-only transforms) each chunk also scans over blocks of the
+vocabulary with an online log-sum-exp, so not even a [chunk, V] block is materialized.
+
+Out-of-support tokens: a token removed by top-k/top-p (or an id outside [0, V)) has log-prob
+-inf mathematically. It is reported as the finite ``out_of_support`` value (default -1e4) with zero
+gradient, so ratios exp(lp - lq) underflow to 0 and the loss path never sees inf * 0 = NaN.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dlc_jax.rl.sampling import check_sampling_params, processed_logits
+
+OUT_OF_SUPPORT_LOGPROB = -1.0e4
+
+
+class TokenLogprobs(NamedTuple):
+    """lp [B,T] f32; lp_head [B,T,K] f32 or None; entropy [B,T] f32 (zeros if not computed)."""
+
+    lp: jax.Array
+    lp_head: jax.Array | None
+    entropy: jax.Array
+
+
+def _gather_logprob(z, keep, lse, ids, floor):
+    """z [C,V] scaled logits, keep [C,V] bool|None, lse [C], ids [C,K] int -> [C,K] log-probs."""
+    vocab = z.shape[-1]
+    in_range = (ids >= 0) & (ids < vocab)
+    idc = jnp.clip(ids, 0, vocab - 1)
+    zi = jnp.take_along_axis(z, idc, axis=-1)
+    ok = in_range
+    if keep is not None:
+        ok = ok & jnp.take_along_axis(keep, idc, axis=-1)
+    return jnp.where(ok, zi - lse[:, None], jnp.float32(floor))
+
+
+def _chunk_full_vocab(h, w, ids, *, temperature, top_k, top_p, compute_entropy, floor):
+    """h [C,D], w [V,D], ids [C,1+K] -> (logprobs [C,1+K], entropy [C])."""
+    logits = jnp.dot(h, w.T, preferred_element_type=jnp.float32)
+    z, keep = processed_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    zm = z if keep is None else jnp.where(keep, z, -jnp.inf)
+    lse = jax.nn.logsumexp(zm, axis=-1)
+    out = _gather_logprob(z, keep, lse, ids, floor)
+    if compute_entropy:
+        p = jnp.exp(zm - lse[:, None])
+        pz = p * z if keep is None else jnp.where(keep, p * z, 0.0)
+        ent = lse - jnp.sum(pz, axis=-1)
+    else:
+        ent = jnp.zeros(h.shape[:1], jnp.float32)
+    return out, ent
+
+
+def _chunk_vocab_scan(h, w_blocks, ids, *, temperature, vocab, compute_entropy, floor):
+    """Online log-sum-exp over vocab blocks. w_blocks [nb, Vb, D] (zero-padded past ``vocab``)."""
+    nb, vb, _ = w_blocks.shape
+    c, k1 = ids.shape
+    in_range = (ids >= 0) & (ids < vocab)
+
+    def body(carry, xs):
+        m, s, t, g = carry
+        blk, w = xs
+        z = jnp.dot(h, w.T, preferred_element_type=jnp.float32) / jnp.float32(temperature)
+        col = blk * vb + jnp.arange(vb)
+        z = jnp.where(col[None, :] < vocab, z, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(z, axis=-1))
+        scale = jnp.exp(m - m_new)
+        e = jnp.exp(z - m_new[:, None])
+        s = s * scale + jnp.sum(e, axis=-1)
+        if compute_entropy:
+            t = t * scale + jnp.sum(jnp.where(e > 0, e * z, 0.0), axis=-1)
+        local = ids - blk * vb
+        inside = (local >= 0) & (local < vb)
+        zi = jnp.take_along_axis(z, jnp.clip(local, 0, vb - 1), axis=-1)
+        g = g + jnp.where(inside, zi, 0.0)
+        return (m_new, s, t, g), None
+
+    init = (jnp.full((c,), -jnp.inf, jnp.float32), jnp.zeros((c,), jnp.float32),
+            jnp.zeros((c,), jnp.float32), jnp.zeros((c, k1), jnp.float32))
+    (m, s, t, g), _ = jax.lax.scan(body, init, (jnp.arange(nb), w_blocks))
+    lse = m + jnp.log(s)
+    out = jnp.where(in_range, g - lse[:, None], jnp.float32(floor))
+    ent = (lse - t / s) if compute_entropy else jnp.zeros((c,), jnp.float32)
+    return out, ent
+
+
+def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
+                   head_ids: jax.Array | None = None, temperature: float = 1.0, top_k: int = 0,
+                   top_p: float = 1.0, chunk_size: int = 256, vocab_chunk: int | None = None,
+                   compute_entropy: bool = True,
+                   out_of_support: float = OUT_OF_SUPPORT_LOGPROB) -> TokenLogprobs:
+    """Log-probs of ``targets`` (and ``head_ids``) under the sampler-transformed trainer policy.
+
+    hidden [B,T,D] (any float dtype; logits are accumulated in f32), unembed [V,D],
+    targets [B,T] int, head_ids [B,T,K] int or None. ``top_k`` <= 0 or >= V and ``top_p`` = 1 mean
+    off. ``chunk_size`` = positions per chunk; ``vocab_chunk`` = vocab block size for the online
+    log-sum-exp (only without top-k/top-p, which need a sort over the whole vocabulary).
+    Differentiable w.r.t. hidden and unembed through lp, lp_head and entropy.
+    """
+    if hidden.ndim != 3:
+        raise ValueError(f"hidden must be [B,T,D], got shape {hidden.shape}")
+    b, t, d = hidden.shape
+    if unembed.ndim != 2 or unembed.shape[1] != d:
+        raise ValueError(f"unembed must be [V,{d}] to match hidden [B,T,D]={hidden.shape}, "
+                         f"got {unembed.shape}")
+    if targets.shape != (b, t):
+        raise ValueError(f"targets must be [B,T]={(b, t)}, got {targets.shape}")
+    if head_ids is not None and (head_ids.ndim != 3 or head_ids.shape[:2] != (b, t)):
+        raise ValueError(f"head_ids must be [B,T,K] with B,T={(b, t)}, got {head_ids.shape}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    vocab = unembed.shape[0]
+    check_sampling_params(temperature, top_k, top_p, vocab)
+    truncating = (0 < top_k < vocab) or top_p < 1.0
+    if vocab_chunk is not None and truncating:
+        raise ValueError("vocab_chunk requires top_k off and top_p == 1 (top-k/top-p need a sort "
+                         "over the full vocabulary); set vocab_chunk=None")
+
+    n = b * t
+    k = 0 if head_ids is None else head_ids.shape[-1]
+    ids = targets.reshape(n, 1).astype(jnp.int32)
+    if head_ids is not None:
+        ids = jnp.concatenate([ids, head_ids.reshape(n, k).astype(jnp.int32)], axis=-1)
+    h = hidden.reshape(n, d)
+    c = min(chunk_size, n)
+    n_chunks = -(-n // c)
+    pad = n_chunks * c - n
+    if pad:
+        h = jnp.pad(h, ((0, pad), (0, 0)))
+        ids = jnp.pad(ids, ((0, pad), (0, 0)))
+    h = h.reshape(n_chunks, c, d)
+    ids = ids.reshape(n_chunks, c, 1 + k)
+
+    if vocab_chunk is None:
+        def fn(xs):
+            hc, ic = xs
+            return _chunk_full_vocab(hc, unembed, ic, temperature=temperature, top_k=top_k,
+                                     top_p=top_p, compute_entropy=compute_entropy,
+                                     floor=out_of_support)
+    else:
+        if vocab_chunk < 1:
+            raise ValueError(f"vocab_chunk must be >= 1, got {vocab_chunk}")
+        nb = -(-vocab // vocab_chunk)
+        w = jnp.pad(unembed, ((0, nb * vocab_chunk - vocab), (0, 0))).reshape(nb, vocab_chunk, d)
+
+        def fn(xs):
+            hc, ic = xs
+            return _chunk_vocab_scan(hc, w, ic, temperature=temperature, vocab=vocab,
+                                     compute_entropy=compute_entropy, floor=out_of_support)
+
+    out, ent = jax.lax.map(jax.checkpoint(fn), (h, ids))
+    out = out.reshape(n_chunks * c, 1 + k)[:n].reshape(b, t, 1 + k)
+    ent = ent.reshape(n_chunks * c)[:n].reshape(b, t)
+    lp_head = out[..., 1:] if head_ids is not None else None
+    return TokenLogprobs(lp=out[..., 0], lp_head=lp_head, entropy=ent)
+
+
+def reference_token_logprobs(hidden, unembed, targets, *, head_ids=None, temperature=1.0,
+                             top_k=0, top_p=1.0, out_of_support=OUT_OF_SUPPORT_LOGPROB):
+    """Naive reference for tests: materializes [B,T,V] and follows vLLM's positional algorithm
+    (ascending sort, mask sorted positions, scatter back) rather than the threshold form.
+    Never use on real vocabularies."""
+    logits = jnp.einsum("btd,vd->btv", hidden.astype(jnp.float32), unembed.astype(jnp.float32),
+                        precision=jax.lax.Precision.HIGHEST) / temperature
+    vocab = logits.shape[-1]
+    order = jnp.argsort(logits, axis=-1)  # ascending
+    srt = jnp.take_along_axis(logits, order, axis=-1)
+    if 0 < top_k < vocab:
+        kth = srt[..., vocab - top_k][..., None]
+        srt = jnp.where(srt < kth, -jnp.inf, srt)
+    if top_p < 1.0:
+        cum = jnp.cumsum(jax.nn.softmax(srt, axis=-1), axis=-1)
+        rm = (cum <= 1 - top_p).at[..., -1].set(False)
+        srt = jnp.where(rm, -jnp.inf, srt)
+    inv = jnp.argsort(order, axis=-1)
+    masked = jnp.take_along_axis(srt, inv, axis=-1)
+    logp = jax.nn.log_softmax(masked, axis=-1)
+    logp = jnp.where(jnp.isfinite(logp), logp, out_of_support)
+    lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    lp_head = None if head_ids is None else jnp.take_along_axis(logp, head_ids, axis=-1)
+    pr = jax.nn.softmax(masked, axis=-1)
+    ent = -jnp.sum(jnp.where(pr > 0, pr * jnp.log(jnp.where(pr > 0, pr, 1.0)), 0.0), axis=-1)
+    return TokenLogprobs(lp=lp, lp_head=lp_head, entropy=ent)
