@@ -1,0 +1,91 @@
+"""Orbax checkpoints of a training run: array state + JSON metadata per step, keep last N.
+
+Each step directory holds two items written atomically by orbax (temp dir + rename):
+* ``state``: a pytree of arrays (params theta_t, optimizer state, theta_s snapshots keyed by version,
+  RNG key data), restored onto the shardings of a caller-supplied abstract tree;
+* ``meta``: JSON (step, weight version, snapshot versions, data iterator state, config, counters).
+
+A checkpoint whose files are missing or unreadable is refused with :class:`CheckpointError`;
+nothing is silently reinitialized.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be restored (corrupt, incomplete, or of another shape)."""
+
+
+class Checkpointer:
+    """Periodic + on-exit checkpoints under ``directory``.
+
+    every: save when ``step % every == 0`` (0 = only forced saves); keep: the last N are kept.
+    """
+
+    def __init__(self, directory: str | Path, *, keep: int = 2, every: int = 0):
+        self.directory = Path(directory).absolute()
+        self.every = int(every)
+        opts = ocp.CheckpointManagerOptions(max_to_keep=int(keep), create=True, enable_async_checkpointing=False)
+        self._mgr = ocp.CheckpointManager(self.directory, options=opts, item_names=("state", "meta"))
+
+    def should_save(self, step: int) -> bool:
+        return self.every > 0 and step > 0 and step % self.every == 0
+
+    def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
+        """Write ``state`` (pytree of jax/numpy arrays) and ``meta`` (JSON-able) at ``step``."""
+        if not force and not self.should_save(step):
+            return False
+        if step in self._mgr.all_steps():
+            return False
+        self._mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                     meta=ocp.args.JsonSave(dict(meta, step=int(step)))), force=True)
+        self._mgr.wait_until_finished()
+        return True
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._mgr.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self._mgr.latest_step()
+
+    def restore_meta(self, step: int | None = None) -> dict:
+        """The JSON metadata of ``step`` (latest when None)."""
+        step = self._resolve(step)
+        try:
+            out = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        except Exception as e:  # noqa: BLE001 - orbax raises many types; rewrap with the path
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: metadata unreadable ({type(e).__name__}: {e})") from e
+        meta = out["meta"]
+        if not isinstance(meta, dict) or meta.get("step") != step:
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: metadata is corrupt (got {meta!r:.200})")
+        return meta
+
+    def restore_state(self, abstract_state, step: int | None = None):
+        """Arrays of ``step`` restored with the shapes/dtypes/shardings of ``abstract_state``
+        (a pytree of ``jax.ShapeDtypeStruct`` or arrays)."""
+        step = self._resolve(step)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        try:
+            out = self._mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: state unreadable or corrupt "
+                                  f"({type(e).__name__}: {str(e)[:500]})") from e
+        return out["state"]
+
+    def _resolve(self, step: int | None) -> int:
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"no checkpoint in {self.directory}")
+            step = steps[-1]
+        if step not in steps:
+            raise CheckpointError(f"no checkpoint for step {step} in {self.directory} (have {steps})")
+        return step
+
+    def close(self) -> None:
+        self._mgr.close()
