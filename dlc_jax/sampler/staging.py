@@ -1,0 +1,150 @@
+"""Server-side staging of one weight push: header -> chunks -> per-tensor checksums -> commit.
+
+Bytes are written straight into a preallocated safetensors file in a fresh temp directory at
+precomputed offsets, so host memory stays ~ one chunk. Every check failure raises `PushError`
+with the gRPC status code to answer and a message naming the tensor; the caller deletes the
+staging directory with `discard()`. Only `commit()` returns the staged directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+
+import grpc
+
+from . import safetensors_io as st
+from . import sampler_pb2 as pb
+
+PUSH_DTYPES = ("float32", "bfloat16", "float16")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+class PushError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class WeightStager:
+    """One push. `expected`: {hf_name: (shape, dtype)} the backend's model needs (all required)."""
+
+    def __init__(self, expected: dict[str, tuple[tuple[int, ...], str]], current_version: int,
+                 staging_root: str | None = None):
+        self.expected = expected
+        self.current_version = current_version
+        self.staging_root = staging_root
+        self.dir: pathlib.Path | None = None
+        self.version: int | None = None
+        self.specs: list[pb.TensorSpec] = []
+        self.bytes_received = 0
+
+    # -- header -----------------------------------------------------------------------------
+    def header(self, h: pb.WeightHeader) -> None:
+        if self.dir is not None:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "second header in one push")
+        if h.version <= self.current_version:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"stale version {h.version}: server already serves version {self.current_version}")
+        seen = set()
+        for i, s in enumerate(h.tensors):
+            if s.name in seen:
+                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r} listed twice in the header")
+            seen.add(s.name)
+            if s.name not in self.expected:
+                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown tensor name {s.name!r} (not a parameter of the served model)")
+            shape, exp_dtype = self.expected[s.name]
+            if tuple(s.shape) != tuple(shape):
+                raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"tensor {s.name!r}: shape {list(s.shape)} != expected {list(shape)}")
+            if s.dtype not in st.NP_DTYPES:
+                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r}: unsupported dtype {s.dtype!r}")
+            if exp_dtype in FLOAT_DTYPES and s.dtype not in PUSH_DTYPES:
+                raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"tensor {s.name!r}: dtype {s.dtype!r} not allowed for a float parameter (use one of {PUSH_DTYPES})")
+            if exp_dtype not in FLOAT_DTYPES and s.dtype != exp_dtype:
+                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r}: dtype {s.dtype!r} != expected {exp_dtype!r}")
+            n = 1
+            for d in s.shape:
+                n *= int(d)
+            want = n * st.NP_DTYPES[s.dtype].itemsize
+            if s.nbytes != want:
+                raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"tensor {s.name!r}: nbytes {s.nbytes} != {want} for shape {list(s.shape)} {s.dtype}")
+        missing = sorted(set(self.expected) - seen)
+        if missing:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"push is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+        self.version = int(h.version)
+        self.specs = list(h.tensors)
+        self._received = [0] * len(self.specs)
+        self._hash = [hashlib.sha256() for _ in self.specs]
+        self._trailer: list[str | None] = [None] * len(self.specs)
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dlc_push_v{self.version}_", dir=self.staging_root))
+        prefix, self._offsets = st.layout([(s.name, tuple(s.shape), s.dtype, int(s.nbytes)) for s in self.specs])
+        self._path = self.dir / "model.safetensors"
+        total = len(prefix) + sum(int(s.nbytes) for s in self.specs)
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.pwrite(self._fd, prefix, 0)
+        os.ftruncate(self._fd, total)
+
+    # -- data -------------------------------------------------------------------------------
+    def _spec(self, i: int) -> pb.TensorSpec:
+        if self.dir is None:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "data before header")
+        if not 0 <= i < len(self.specs):
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor_index {i} out of range [0, {len(self.specs)})")
+        return self.specs[i]
+
+    def chunk(self, c: pb.WeightChunk) -> None:
+        s = self._spec(c.tensor_index)
+        got = self._received[c.tensor_index]
+        if c.offset != got:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"tensor {s.name!r}: chunk at offset {c.offset}, expected {got} (chunks must be in order)")
+        if got + len(c.data) > s.nbytes:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}")
+        os.pwrite(self._fd, c.data, self._offsets[c.tensor_index] + got)
+        self._hash[c.tensor_index].update(c.data)
+        self._received[c.tensor_index] = got + len(c.data)
+        self.bytes_received += len(c.data)
+
+    def done(self, d: pb.TensorDone) -> None:
+        s = self._spec(d.tensor_index)
+        self._trailer[d.tensor_index] = d.sha256
+        self._verify(d.tensor_index, s)
+
+    def _verify(self, i: int, s: pb.TensorSpec) -> None:
+        if self._received[i] != s.nbytes:
+            raise PushError(grpc.StatusCode.DATA_LOSS, f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes")
+        want = [c for c in (s.sha256, self._trailer[i]) if c]
+        if not want:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r}: no sha256 in header or trailer")
+        got = self._hash[i].hexdigest()
+        for w in want:
+            if w.lower() != got:
+                raise PushError(grpc.StatusCode.DATA_LOSS, f"tensor {s.name!r}: sha256 mismatch (corrupted data): got {got[:16]}.., expected {w[:16]}..")
+
+    def commit(self) -> pathlib.Path:
+        """Verify every tensor; -> the staged directory (one safetensors file)."""
+        if self.dir is None:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "commit before header")
+        for i, s in enumerate(self.specs):
+            self._verify(i, s)
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        return self.dir
+
+    def discard(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+            self._fd = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,150 @@
+"""Sampler-side data types (`SamplingParams`, `Rollout`) and their proto conversions.
+
+Shapes: P prompt length, T response length, K head size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from . import sampler_pb2 as pb
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """What to sample. `temperature == 0` means greedy (logprobs are then log_softmax(logits));
+    otherwise logprobs are "processed": log_softmax of the top-k/top-p-masked logits / T.
+    `top_k <= 0` disables top-k. `head_k` asks for the top-`head_k` processed logprobs per position.
+    `seed=None` lets the engine choose."""
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    head_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def to_proto(self) -> pb.SamplingParams:
+        return pb.SamplingParams(
+            n=int(self.n),
+            max_tokens=int(self.max_tokens),
+            temperature=float(self.temperature),
+            top_p=float(self.top_p),
+            top_k=int(self.top_k),
+            head_k=int(self.head_k),
+            stop_token_ids=[int(t) for t in self.stop_token_ids],
+            has_seed=self.seed is not None,
+            seed=int(self.seed or 0),
+        )
+
+    @classmethod
+    def from_proto(cls, m: pb.SamplingParams) -> "SamplingParams":
+        return cls(
+            n=int(m.n),
+            max_tokens=int(m.max_tokens),
+            temperature=float(m.temperature),
+            # proto3 default 0 means "unset" -> no nucleus truncation.
+            top_p=float(m.top_p) if m.top_p != 0 else 1.0,
+            top_k=int(m.top_k),
+            head_k=int(m.head_k),
+            stop_token_ids=tuple(int(t) for t in m.stop_token_ids),
+            seed=int(m.seed) if m.has_seed else None,
+        )
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One sampled response.
+
+    prompt_ids int32 [P]; response_ids int32 [T]; logprobs float32 [T] (processed logprob of each
+    sampled token); head_ids int32 [T, K] and head_logprobs float32 [T, K] (top-K by processed
+    logprob, rank order; K = 0 when no head was asked); version_spans: list of
+    (version, start, end) covering [0, T) — tokens [start, end) were sampled with that version.
+    """
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    logprobs: np.ndarray
+    head_ids: np.ndarray
+    head_logprobs: np.ndarray
+    finish_reason: str
+    version_spans: list[tuple[int, int, int]]
+    slot_id: int = 0
+    sample_index: int = 0
+    request_id: str = ""
+
+    @property
+    def versions(self) -> list[int]:
+        return [v for v, _, _ in self.version_spans]
+
+    def to_proto(self) -> pb.Rollout:
+        k = int(self.head_ids.shape[1]) if self.head_ids.ndim == 2 else 0
+        return pb.Rollout(
+            request_id=self.request_id,
+            slot_id=int(self.slot_id),
+            sample_index=int(self.sample_index),
+            prompt_ids=np.asarray(self.prompt_ids, np.int32).tolist(),
+            response_ids=np.asarray(self.response_ids, np.int32).tolist(),
+            logprobs=np.asarray(self.logprobs, np.float32).tolist(),
+            head_k=k,
+            head_ids=np.asarray(self.head_ids, np.int32).reshape(-1).tolist(),
+            head_logprobs=np.asarray(self.head_logprobs, np.float32).reshape(-1).tolist(),
+            finish_reason=self.finish_reason,
+            version_spans=[pb.VersionSpan(version=int(v), start=int(s), end=int(e)) for v, s, e in self.version_spans],
+        )
+
+    @classmethod
+    def from_proto(cls, m: pb.Rollout) -> "Rollout":
+        t = len(m.response_ids)
+        k = int(m.head_k)
+        head_ids = np.asarray(m.head_ids, np.int32)
+        head_lp = np.asarray(m.head_logprobs, np.float32)
+        if head_ids.size != t * k or head_lp.size != t * k:
+            raise ValueError(
+                f"rollout {m.request_id}/{m.slot_id}/{m.sample_index}: head has {head_ids.size} ids and "
+                f"{head_lp.size} logprobs, expected T*K = {t}*{k}"
+            )
+        if len(m.logprobs) != t:
+            raise ValueError(f"rollout {m.request_id}: {len(m.logprobs)} logprobs for {t} response tokens")
+        return cls(
+            prompt_ids=np.asarray(m.prompt_ids, np.int32),
+            response_ids=np.asarray(m.response_ids, np.int32),
+            logprobs=np.asarray(m.logprobs, np.float32),
+            head_ids=head_ids.reshape(t, k),
+            head_logprobs=head_lp.reshape(t, k),
+            finish_reason=m.finish_reason,
+            version_spans=[(int(s.version), int(s.start), int(s.end)) for s in m.version_spans],
+            slot_id=int(m.slot_id),
+            sample_index=int(m.sample_index),
+            request_id=m.request_id,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PushResult:
+    ok: bool
+    version: int
+    message: str
+    bytes: int = 0
+    seconds: float = 0.0
+    code: str = "OK"  # gRPC status name when rejected
+
+    @classmethod
+    def from_proto(cls, m: pb.PushResult) -> "PushResult":
+        return cls(bool(m.ok), int(m.version), m.message, int(m.bytes), float(m.seconds))
+
+
+def spans_from_versions(versions: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Per-token versions [T] -> contiguous (version, start, end) spans."""
+    spans: list[tuple[int, int, int]] = []
+    for i, v in enumerate(versions):
+        if spans and spans[-1][0] == v:
+            spans[-1] = (v, spans[-1][1], i + 1)
+        else:
+            spans.append((int(v), i, i + 1))
+    return spans
