@@ -1,0 +1,143 @@
+"""Report numbers come from the run outputs: synthetic results with hand-known answers."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dlc_jax.experiments.analysis import (AnalysisConfig, distance_ratio, fit_lag_variance, first_below,
+                                          predicted_crossing, solve_crossing, stays_below_from, summarize)
+from dlc_jax.experiments.report import write_report
+from dlc_jax.experiments.results import NoiseThreshold, RunResult, load_results
+
+STEPS = list(range(1, 11))
+
+
+def _run(name, arm, scenario, kl, ess, lag, ell_var, reward=None, resyncs=None, k3=None):
+    series = {
+        "ess_lag": ess,
+        "ess_gaussian": [math.exp(-v) for v in ell_var],
+        "ell_std": [math.sqrt(v) for v in ell_var],
+        "version_lag": lag,
+        "reward": reward or [0.1 * s for s in STEPS],
+        "resyncs": resyncs or [0] * len(STEPS),
+        "delta_std": [0.01] * len(STEPS),
+        "mismatch_k3": k3 or [0.001] * len(STEPS),
+    }
+    return RunResult(name=name, arm=arm, scenario=scenario, steps=STEPS, series=series, kl_steps=[0, 5, 10],
+                     kl_forward=kl, kl_reverse=kl, wall_s=1.5)
+
+
+NOISE = NoiseThreshold(steps=[0, 5, 10], forward=[0.0, 0.01, 0.02], reverse=[0.0, 0.011, 0.019])
+
+
+def _experiment(tmp_path):
+    never = list(STEPS)  # never synced: lag k = step
+    dlc = _run("stale__dlc", "dlc", "stale", [0.0, 0.015, 0.03], [0.9] * 10, [1, 2, 3, 1, 2, 3, 1, 2, 3, 1],
+               [0.05 * k * k for k in [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]], resyncs=[0, 0, 0, 1, 1, 1, 2, 2, 2, 3])
+    tis = _run("stale__tis", "tis", "stale", [0.0, 0.05, 0.01],
+               [0.9, 0.8, 0.6, 0.45, 0.6, 0.4, 0.3, 0.3, 0.2, 0.1], never, [0.1 * k for k in never],
+               reward=[0.0] * 9 + [0.7])
+    on1 = _run("onpolicy_seed1", "onpolicy", "reference", [0.0, 0.0, 0.0], [1.0] * 10, [0] * 10, [0.0] * 10)
+    on2 = _run("onpolicy_seed2", "onpolicy", "reference", [0.0, 0.01, 0.02], [1.0] * 10, [0] * 10, [0.0] * 10)
+    for r in (dlc, tis, on1, on2):
+        r.save(tmp_path)
+    NOISE.save(tmp_path)
+    return dlc, tis
+
+
+def test_distance_ratio_skips_zero_noise_and_divides():
+    r = RunResult("x", "tis", "s", [1], {}, kl_steps=[0, 5, 10, 15], kl_forward=[0.0, 0.05, 0.01, 9.0],
+                  kl_reverse=[0.0] * 4)
+    steps, ratios = distance_ratio(r, NOISE)
+    assert steps == [5, 10]  # step 0 has N=0, step 15 has no noise measurement
+    np.testing.assert_allclose(ratios, [5.0, 0.5])
+
+
+def test_ess_crossings():
+    ess = [0.9, 0.8, 0.6, 0.45, 0.6, 0.4, 0.3, 0.3, 0.2, 0.1]
+    assert first_below(STEPS, ess, 0.5) == 4
+    assert stays_below_from(STEPS, ess, 0.5) == 6
+    assert stays_below_from(STEPS, ess[:-1] + [0.7], 0.5) is None
+    assert first_below(STEPS, [None] * 10, 0.5) is None
+
+
+@pytest.mark.parametrize("a,b", [(0.1, 0.0), (0.0, 0.05), (0.02, 0.03)])
+def test_lag_variance_fit_and_crossing(a, b):
+    k = np.arange(1, 5, dtype=float)
+    fa, fb = fit_lag_variance(k, a * k + b * k * k)
+    np.testing.assert_allclose([fa, fb], [a, b], atol=1e-9)
+    ks = solve_crossing(fa, fb)
+    assert a * ks + b * ks * ks == pytest.approx(math.log(2), rel=1e-9)
+
+
+def test_predicted_crossing_uses_first_sync_window():
+    # sync at step 2 (lag 0 there), then lag grows 1, 2, 3 with Var = 0.05 k^2, then a resync
+    steps = [1, 2, 3, 4, 5, 6, 7]
+    lag = [1, 0, 1, 2, 3, 0, 1]
+    var = [0.05 * k * k if k else 0.0 for k in lag]
+    var[5:] = [9.0, 9.0]  # after the resync: must not enter the fit
+    r = RunResult("x", "dlc", "s", steps, {"version_lag": lag, "ell_std": [math.sqrt(v) for v in var]})
+    # first window: steps 1..5 (lag 1, 0, 1, 2, 3 -- the drop at step 2 is a resync => window = [step 1])
+    # so only the lag-1 point at step 1 (sync at step 0) is used: Var = 0.05 * 1
+    pred = predicted_crossing(r, AnalysisConfig(fit_points=4))
+    # one point: both single-term fits are exact; the linear one (0.05 k) wins the tie -> k* = ln2/0.05
+    assert pred == pytest.approx(math.log(2) / 0.05)
+    lag2 = [0, 1, 2, 3, 4, 0, 1]
+    r2 = RunResult("y", "dlc", "s", steps, {"version_lag": lag2,
+                                             "ell_std": [math.sqrt(0.05) * k for k in lag2[:5]] + [3.0, 3.0]})
+    assert predicted_crossing(r2) == pytest.approx(1 + math.sqrt(math.log(2) / 0.05))
+
+
+def test_summary_numbers(tmp_path):
+    dlc, tis = _experiment(tmp_path)
+    s = summarize(tis, NOISE)
+    assert s.max_ratio == pytest.approx(5.0) and s.max_ratio_step == 5
+    assert s.ess_first_below == 4 and s.ess_stays_below_from == 6
+    assert s.max_ratio_after_ess_stays_below == pytest.approx(0.5)
+    assert s.ess_predicted == pytest.approx(math.log(2) / 0.1)
+    assert s.gaussian_first_below == 7  # exp(-0.1 k) < 0.5 <=> k > 6.93
+    assert s.final_reward == pytest.approx(0.7)  # last 10% of 10 steps = the last step
+    d = summarize(dlc, NOISE)
+    assert d.max_ratio == pytest.approx(1.5) and d.resyncs == 3 and d.ess_first_below is None
+    assert d.ess_predicted == pytest.approx(math.sqrt(math.log(2) / 0.05))
+
+
+def test_report_is_generated_from_the_inputs(tmp_path):
+    _experiment(tmp_path)
+    assert set(load_results(tmp_path)) == {"stale__dlc", "stale__tis", "onpolicy_seed1", "onpolicy_seed2"}
+    path = write_report(tmp_path)
+    md = path.read_text()
+    assert "| stale__tis | tis | 5.00 (5) | 4 | 6.9 | 7 | 0 | 0.700 |" in md
+    assert "| stale__dlc | dlc | 1.50 (5) |" in md
+    assert "| onpolicy_seed2 | onpolicy | 1.00 (5) |" in md  # N_t vs itself
+    assert "**DLC within 2x noise** (agrees)" in md
+    assert "**IS leaves the band once ESS stays < 0.5** (disagrees): 0 of 1" in md
+    assert "**ESS crosses 0.5 earlier than the Gaussian prediction** (agrees): earlier in 1 of 1" in md
+    png = tmp_path / "plots" / "stale.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 400_000
+    assert (tmp_path / "plots" / "ess_crossing.png").exists()
+
+    # change the inputs -> the table changes with them
+    tis = load_results(tmp_path)["stale__tis"]
+    tis.kl_forward = [0.0, 0.01, 0.1]
+    tis.save(tmp_path)
+    md2 = write_report(tmp_path).read_text()
+    assert "| stale__tis | tis | 5.00 (10) |" in md2
+    assert "(agrees): 1 of 1 IS runs" in md2
+
+
+def test_report_says_when_noise_is_unmeasurable(tmp_path):
+    _experiment(tmp_path)
+    NoiseThreshold(steps=[0, 5, 10], forward=[0.0, 0.0, 0.0], reverse=[0.0] * 3).save(tmp_path)
+    md = write_report(tmp_path).read_text()
+    assert "N_t was not measurably positive" in md
+
+
+def test_bad_result_file_is_named(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="broken.json"):
+        load_results(tmp_path)
+    with pytest.raises(ValueError, match="series 'reward'"):
+        RunResult("x", "a", "s", [1, 2], {"reward": [1.0]})
