@@ -1,0 +1,73 @@
+"""Resync policies: when the trainer pushes theta_t to the sampler (theta_s <- theta_t).
+
+* ``ess``: DLC — after a step whose lag ESS (ESS of exp(lp - lp_s) over valid tokens) < threshold.
+* ``every_k``: fixed staleness — every k optimizer steps.
+* ``never``: a stale sampler (kept for experiments).
+* ``onpolicy``: every step, and the next batch is sampled only after the push (no prefetch), so
+  theta_s == theta_t at every step: the lag is exactly zero and no snapshot forward runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class ResyncPolicy:
+    """Base: subclasses decide from the step's metrics and the steps since the last sync."""
+
+    name: str = "never"
+    #: whether batches may be sampled ahead with older weights (False only for onpolicy)
+    allows_prefetch: bool = True
+
+    def should_resync(self, metrics: dict, steps_since_sync: int) -> bool:
+        return False
+
+
+@dataclasses.dataclass
+class EssPolicy(ResyncPolicy):
+    name: str = "ess"
+    threshold: float = 0.5
+
+    def should_resync(self, metrics: dict, steps_since_sync: int) -> bool:
+        e = metrics.get("lag/ess")
+        if e is None:
+            raise KeyError("resync.policy=ess needs the step metric 'lag/ess'")
+        return float(e) < self.threshold
+
+
+@dataclasses.dataclass
+class EveryKPolicy(ResyncPolicy):
+    name: str = "every_k"
+    k: int = 4
+
+    def should_resync(self, metrics: dict, steps_since_sync: int) -> bool:
+        return steps_since_sync >= self.k
+
+
+@dataclasses.dataclass
+class NeverPolicy(ResyncPolicy):
+    name: str = "never"
+
+
+@dataclasses.dataclass
+class OnPolicy(ResyncPolicy):
+    name: str = "onpolicy"
+    allows_prefetch: bool = False
+
+    def should_resync(self, metrics: dict, steps_since_sync: int) -> bool:
+        return True
+
+
+def make_policy(resync_cfg) -> ResyncPolicy:
+    """Policy object from the ``resync`` config section."""
+    p = resync_cfg.policy
+    if p == "ess":
+        return EssPolicy(threshold=resync_cfg.threshold)
+    if p == "every_k":
+        return EveryKPolicy(k=resync_cfg.k)
+    if p == "never":
+        return NeverPolicy()
+    if p == "onpolicy":
+        return OnPolicy()
+    raise ValueError(f"resync.policy: unknown policy {p!r}")

@@ -1,0 +1,165 @@
+"""Supervised warm-up of the tiny Qwen3 on the synthetic arithmetic task, cached by config hash.
+
+The RL default needs a policy that sometimes answers correctly (reward signal); a random tiny model
+never does. This trains next-token cross-entropy on ``prompt_ids + answer_ids + eos`` (loss on the
+answer and eos tokens only) with optax AdamW, then writes an HF directory (weights + tokenizer) that
+both the trainer and the vLLM sampler load. A rerun with the same model/data/sft config reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dlc_jax.data.arithmetic import ArithmeticSource
+from dlc_jax.data.tokenize import encode_prompt, load_tokenizer
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "generation_config.json")
+
+
+def sft_examples(source: ArithmeticSource, tokenizer, eos_id: int, indices, *, seq_len: int, chat_template: bool,
+                 system: str | None = None) -> dict[str, np.ndarray]:
+    """Batch of SFT sequences. Returns int32 ``input_ids``/``targets`` [N, seq_len] and float32 ``mask``
+    [N, seq_len] (1 where ``targets`` is an answer or eos token), right-padded with eos."""
+    n = len(indices)
+    ids = np.full((n, seq_len), eos_id, np.int32)
+    tgt = np.full((n, seq_len), eos_id, np.int32)
+    mask = np.zeros((n, seq_len), np.float32)
+    for row, i in enumerate(indices):
+        ex = source[int(i)]
+        p = encode_prompt(tokenizer, ex["prompt"], chat_template=chat_template, system=system)
+        a = np.asarray(tokenizer.encode(ex["answer"], add_special_tokens=False), np.int32)
+        seq = np.concatenate([p, a, [eos_id]]).astype(np.int32)
+        if len(seq) > seq_len:
+            raise ValueError(f"SFT example {ex} is {len(seq)} tokens > seq_len {seq_len}")
+        ids[row, : len(seq)] = seq
+        tgt[row, : len(seq) - 1] = seq[1:]
+        mask[row, len(p) - 1: len(seq) - 1] = 1.0
+    return {"input_ids": ids, "targets": tgt, "mask": mask}
+
+
+def sft_loss(model, batch) -> jax.Array:
+    """Mean next-token cross-entropy over ``batch['mask']`` tokens (scalar)."""
+    logits = model(batch["input_ids"]).astype(jnp.float32)
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    tok = jnp.take_along_axis(lp, batch["targets"][..., None], axis=-1)[..., 0]
+    return -(tok * batch["mask"]).sum() / jnp.maximum(batch["mask"].sum(), 1.0)
+
+
+def sft_train(model, batches, *, lr: float, steps: int, log_every: int = 50, log=print) -> list[float]:
+    """Train ``model`` in place on ``batches`` (an iterator of dicts) for ``steps`` steps; returns losses."""
+    from flax import nnx
+
+    opt = nnx.Optimizer(model, optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 10), max(steps, 2),
+                                                                              lr * 0.1)), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt, batch):
+        loss, grads = nnx.value_and_grad(sft_loss)(model, batch)
+        opt.update(model, grads)
+        return loss
+
+    losses = []
+    for s in range(steps):
+        losses.append(float(step(model, opt, next(batches))))
+        if log and (s % log_every == 0 or s == steps - 1):
+            log(f"sft step {s}/{steps} loss {losses[-1]:.4f}")
+    return losses
+
+
+def greedy_accuracy(model, source: ArithmeticSource, tokenizer, eos_id: int, indices, *, max_tokens: int,
+                    chat_template: bool) -> float:
+    """Fraction of ``indices`` answered exactly by greedy decoding (full forward per token; tiny only)."""
+    from dlc_jax.data.rewards import exact_match_reward
+
+    correct = 0
+    fwd = jax.jit(lambda ids: model(ids))
+    for i in indices:
+        ex = source[int(i)]
+        ids = list(encode_prompt(tokenizer, ex["prompt"], chat_template=chat_template))
+        out = []
+        for _ in range(max_tokens):
+            nxt = int(jnp.argmax(fwd(jnp.asarray([ids], jnp.int32))[0, -1]))
+            if nxt == eos_id:
+                break
+            out.append(nxt)
+            ids.append(nxt)
+        correct += exact_match_reward(tokenizer.decode(out), ex["answer"]) > 0
+    return correct / max(1, len(indices))
+
+
+def sft_cache_dir(cfg) -> Path:
+    """Where the warmed model for ``cfg`` (a TrainConfig) lives: keyed by the model/data/sft sections."""
+    return Path(cfg.sft.cache_dir) / f"sft-{cfg.hash('model', 'data', 'sft')}"
+
+
+def base_model_dir(cfg) -> Path:
+    """The untrained model directory: ``model.path`` or a tiny Qwen3 made once under the cache."""
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    from dlc_jax.model.tiny import make_tiny
+
+    d = Path(cfg.sft.cache_dir) / f"tiny-{cfg.model.preset}-seed{cfg.train.seed}"
+    if not (d / "DONE").exists():
+        tmp = d.with_name(d.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        make_tiny(tmp, seed=cfg.train.seed)
+        (tmp / "DONE").write_text("ok")
+        shutil.rmtree(d, ignore_errors=True)
+        tmp.rename(d)
+    return d
+
+
+def ensure_sft_model(cfg, *, log=print) -> Path:
+    """HF dir of the SFT-warmed model for ``cfg``, training it if no cached copy exists."""
+    out = sft_cache_dir(cfg)
+    if (out / "sft.json").exists():
+        log(f"sft: reusing cached warm-up {out}")
+        return out
+    if cfg.data.source != "arithmetic":
+        raise ValueError("sft.enabled: the warm-up only supports data.source=arithmetic")
+    from dlc_jax.model import load_hf, save_hf
+
+    base = base_model_dir(cfg)
+    tok = load_tokenizer(str(base))
+    eos = tok.eos_token_id
+    if eos is None:
+        raise ValueError(f"model {base}: tokenizer has no eos token")
+    source = ArithmeticSource(cfg.data.arithmetic, seed=cfg.data.seed)
+    model = load_hf(str(base))
+    rng = np.random.default_rng(cfg.train.seed + 1)
+    seq_len = 8 + cfg.sampler.max_tokens + max(
+        len(encode_prompt(tok, source[i]["prompt"], chat_template=cfg.data.chat_template)) for i in range(min(len(source), 256)))
+
+    def batches():
+        while True:
+            idx = rng.integers(0, len(source), cfg.sft.batch_size)
+            yield {k: jnp.asarray(v) for k, v in sft_examples(source, tok, eos, idx, seq_len=seq_len,
+                                                              chat_template=cfg.data.chat_template).items()}
+
+    t0 = time.time()
+    losses = sft_train(model, batches(), lr=cfg.sft.lr, steps=cfg.sft.steps, log=log)
+    acc = greedy_accuracy(model, source, tok, eos, range(min(len(source), 32)), max_tokens=cfg.sampler.max_tokens,
+                          chat_template=cfg.data.chat_template)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_hf(model, tmp)
+    for f in _TOKENIZER_FILES:
+        if (base / f).exists() and not (tmp / f).exists():
+            shutil.copy(base / f, tmp / f)
+    info = {"base": str(base), "steps": cfg.sft.steps, "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None, "greedy_accuracy": acc, "seconds": time.time() - t0}
+    (tmp / "sft.json").write_text(json.dumps(info, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log(f"sft: trained {cfg.sft.steps} steps in {info['seconds']:.0f}s, loss {info['loss_first']:.3f} -> "
+        f"{info['loss_last']:.3f}, greedy accuracy {acc:.2f}; saved {out}")
+    return out
