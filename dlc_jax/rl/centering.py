@@ -1,0 +1,75 @@
+"""Score-centering coefficients computed from the sampler's head (all detached).
+
+Head arrays [B,T,K]: ``lp_head`` (trainer at theta), ``lq_head`` (sampler, full-vocabulary
+normalized), ``lps_head`` (trainer at theta_s); invalid entries (head_valid 0) contribute nothing.
+The tail outside the head is modelled as a rescaled copy of p (q_v = rho p_v), with masses floored
+at ``tail_floor``. Since sum_v p_v s_v = 0, the tail term reduces to ``-coef_tail * p_H`` on the
+head, which is what ``resid`` contains. When the head covers the whole vocabulary the tail masses
+are ~0 and hit the floor: the tail coefficient is then arbitrary, but multiplies sum_H p_H s_H = 0,
+so the gradient is still exact (the loss value is not meaningful).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+sg = jax.lax.stop_gradient
+
+
+def weight_fn(mode: str, cfg):
+    """f(r) for score centering: none -> 1, tis -> min(r, tis_cap), mask -> r 1[lo <= r <= hi]."""
+    if mode == "none":
+        return lambda r: jnp.ones_like(r)
+    if mode == "tis":
+        return lambda r: jnp.minimum(r, cfg.tis_cap)
+    if mode == "mask":
+        return lambda r: jnp.where((r >= cfg.mis_low) & (r <= cfg.mis_high), r, 0.0)
+    raise ValueError(f"centering weight mode must be none|tis|mask, got {mode!r}")
+
+
+def _head_probs(p, x):
+    return jnp.where(p.hv > 0, jnp.exp(sg(x)), 0.0)
+
+
+def centering_residual(cfg, p, mode: str):
+    """-> (w_tok [B,T], resid [B,T,K], info). resid_v = q_v f(p_v/q_v) - rho f(1/rho) p_v."""
+    f = weight_fn(mode, cfg)
+    bound = cfg.log_ratio_clip
+    p_h, q_h = _head_probs(p, p.lp_head), _head_probs(p, p.lq_head)
+    p_mass, q_mass = jnp.sum(p_h, -1), jnp.sum(q_h, -1)
+    rho = jnp.maximum(1.0 - q_mass, cfg.tail_floor) / jnp.maximum(1.0 - p_mass, cfg.tail_floor)
+    alpha = rho * f(1.0 / rho)
+    r_tok = jnp.exp(jnp.clip(sg(p.lp) - p.lp_q, -bound, bound))
+    w_tok = f(r_tok)
+    r_h = jnp.exp(jnp.clip(sg(p.lp_head) - p.lq_head, -bound, bound))
+    resid = jnp.where(p.hv > 0, q_h * f(r_h) - alpha[..., None] * p_h, 0.0)
+    info = {"p_mass": p_mass, "q_mass": q_mass, "rho": rho,
+            "capped": r_tok > cfg.tis_cap,
+            "dropped": (r_tok < cfg.mis_low) | (r_tok > cfg.mis_high)}
+    return sg(w_tok), sg(resid), info
+
+
+def dlc_residual(cfg, p):
+    """DLC centering residual [B,T,K] (corrections-math 8.9):
+    coefH = q_H r_H act_H with r_H = p_H / p_s,H; coefT = (q_t/p_t) r_t act_t on the tail masses;
+    resid = coefH - coefT p_H; act = r <= 1+eps_high if A >= 0 else r >= 1-eps_low."""
+    lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+    bound = cfg.log_ratio_clip
+    p_h, q_h, s_h = (_head_probs(p, x) for x in (p.lp_head, p.lq_head, p.lps_head))
+    floor = cfg.tail_floor
+    p_t = jnp.maximum(1.0 - jnp.sum(p_h, -1), floor)
+    q_t = jnp.maximum(1.0 - jnp.sum(q_h, -1), floor)
+    s_t = jnp.maximum(1.0 - jnp.sum(s_h, -1), floor)
+    pos = (p.adv >= 0)
+    r_h = jnp.exp(jnp.clip(sg(p.lp_head) - p.lps_head, -bound, bound))
+    act_h = jnp.where(pos[..., None], r_h <= hi, r_h >= lo)
+    coef_h = q_h * r_h * act_h
+    r_t = p_t / s_t
+    act_t = jnp.where(pos, r_t <= hi, r_t >= lo)
+    coef_t = (q_t / p_t) * r_t * act_t
+    resid = jnp.where(p.hv > 0, coef_h - coef_t[..., None] * p_h, 0.0)
+    n_head = jnp.maximum(jnp.sum(p.hv, -1), 1.0)
+    info = {"p_mass": jnp.sum(p_h, -1), "q_mass": jnp.sum(q_h, -1),
+            "head_clip": jnp.sum(jnp.where(p.hv > 0, ~act_h, False), -1) / n_head}
+    return sg(resid), info

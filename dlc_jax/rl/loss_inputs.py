@@ -1,0 +1,239 @@
+"""Inputs and configuration of the correction losses, with shape / requirement validation.
+
+Conventions: all per-token arrays are [B,T] f32, heads [B,T,K]; ``mask`` is 1 on valid (response)
+tokens. ``agg(x) = sum(mask * x) / num_tokens`` with ``num_tokens`` the valid-token count of the
+*global* batch counted before any loss-specific masking (default ``mask.sum()``; pass a constant
+for Dr.GRPO-style normalization). An all-zero mask gives loss 0 and finite metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from dlc_jax.rl import masked
+from dlc_jax.rl.advantages import broadcast_to_tokens
+
+
+@struct.dataclass
+class LossInputs:
+    """Pytree of loss inputs. Shapes: [B,T] unless noted; heads [B,T,K]; adv [B] or [B,T].
+
+    lp       log p at theta (differentiable)          lp_q   sampler log q of the sampled token
+    lp_s     trainer at sampler weights theta_s       lp_old proximal policy (default sg(lp))
+    lp_head  log p at head ids (differentiable)       lps_head  trainer at theta_s on the head
+    lq_head  sampler log q on the head (full-vocabulary normalized)
+    head_valid [B,T,K] 1 where the head entry is real (default all ones)
+    num_tokens scalar denominator (default mask.sum())
+    """
+
+    lp: jax.Array
+    lp_q: jax.Array
+    mask: jax.Array
+    adv: jax.Array
+    lp_s: Optional[jax.Array] = None
+    lp_old: Optional[jax.Array] = None
+    lp_head: Optional[jax.Array] = None
+    lps_head: Optional[jax.Array] = None
+    lq_head: Optional[jax.Array] = None
+    head_valid: Optional[jax.Array] = None
+    num_tokens: Optional[jax.Array] = None
+
+
+WEIGHT_MODES = ("none", "tis", "mask")
+VCPO_RULES = ("sqrt", "linear")
+BEHAVE_MODES = ("clamp", "mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Hyper-parameters of every loss (each loss reads the fields it needs).
+
+    name: key of ``LOSSES``. clip_low/clip_high: PPO eps (r kept in [1-low, 1+high]).
+    dual_clip: c > 1 bounds the PPO loss for A < 0 by c*|A| (None = off).
+    tis_cap: token TIS cap C (inf allowed). seq_tis_cap: sequence TIS cap (VCPO, tis_seq).
+    mis_low/mis_high: token and sequence MIS band. geo_low/geo_high: geometric-mean band.
+    behave_cap/behave_mode: decoupled-PPO behaviour weight cap; clamp or mask.
+    m2_threshold: M2PO tau. tail_floor: score-centering tail-mass floor.
+    centering_weight: f for ``score_centering`` (none|tis|mask); the ``_tis``/``_mask`` registry
+    names override it. vcpo_base_ess / vcpo_rule: lr_scale = min(1, ESS/base)^(1/2 or 1).
+    log_ratio_clip: |log ratio| bound before exp (the +-20 SAFETY_BOUND).
+    """
+
+    name: str = "dlc"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: Optional[float] = None
+    tis_cap: float = 2.0
+    seq_tis_cap: float = 8.0
+    mis_low: float = 0.5
+    mis_high: float = 5.0
+    geo_low: float = 0.999
+    geo_high: float = 1.001
+    behave_cap: float = 5.0
+    behave_mode: str = "clamp"
+    m2_threshold: float = 0.04
+    tail_floor: float = 1e-6
+    centering_weight: str = "none"
+    vcpo_base_ess: float = 1.0
+    vcpo_rule: str = "sqrt"
+    log_ratio_clip: float = 20.0
+
+    def __post_init__(self):
+        checks = [
+            ("clip_low", 0.0 <= self.clip_low < 1.0), ("clip_high", self.clip_high >= 0.0),
+            ("dual_clip", self.dual_clip is None or self.dual_clip > 1.0),
+            ("tis_cap", self.tis_cap > 0), ("seq_tis_cap", self.seq_tis_cap > 0),
+            ("mis_low", 0.0 <= self.mis_low <= self.mis_high),
+            ("geo_low", 0.0 <= self.geo_low <= self.geo_high),
+            ("behave_cap", self.behave_cap > 0), ("behave_mode", self.behave_mode in BEHAVE_MODES),
+            ("m2_threshold", self.m2_threshold > 0), ("tail_floor", 0 < self.tail_floor < 1),
+            ("centering_weight", self.centering_weight in WEIGHT_MODES),
+            ("vcpo_base_ess", self.vcpo_base_ess > 0), ("vcpo_rule", self.vcpo_rule in VCPO_RULES),
+            ("log_ratio_clip", self.log_ratio_clip > 0),
+        ]
+        for key, ok in checks:
+            if not ok:
+                raise ValueError(f"LossConfig.{key} has an invalid value: {getattr(self, key)!r}")
+
+
+TOKEN_FIELDS = ("lp", "lp_q", "lp_s", "lp_old", "adv")
+HEAD_FIELDS = ("lp_head", "lps_head", "lq_head", "head_valid")
+
+
+def check_shapes(inp: LossInputs) -> None:
+    """Static shape checks (work on tracers). Raises ValueError naming the field."""
+    bt = tuple(inp.mask.shape)
+    if len(bt) != 2:
+        raise ValueError(f"LossInputs.mask must be [B,T], got shape {bt}")
+    for f in ("lp", "lp_q", "lp_s", "lp_old"):
+        x = getattr(inp, f)
+        if x is not None and tuple(x.shape) != bt:
+            raise ValueError(f"LossInputs.{f} has shape {tuple(x.shape)}, expected mask's [B,T]={bt}")
+    if tuple(inp.adv.shape) not in (bt, bt[:1]):
+        raise ValueError(f"LossInputs.adv has shape {tuple(inp.adv.shape)}, expected [B]={bt[:1]} "
+                         f"or [B,T]={bt}")
+    k = None
+    for f in HEAD_FIELDS:
+        x = getattr(inp, f)
+        if x is None:
+            continue
+        if x.ndim != 3 or tuple(x.shape[:2]) != bt:
+            raise ValueError(f"LossInputs.{f} has shape {tuple(x.shape)}, expected [B,T,K] with "
+                             f"[B,T]={bt}")
+        if k is not None and x.shape[2] != k:
+            raise ValueError(f"LossInputs.{f} has head size K={x.shape[2]}, other head fields have {k}")
+        k = x.shape[2]
+    if inp.num_tokens is not None and jnp.ndim(inp.num_tokens) != 0:
+        raise ValueError(f"LossInputs.num_tokens must be a scalar, got shape {jnp.shape(inp.num_tokens)}")
+
+
+def require(loss: str, inp: LossInputs, fields: tuple[str, ...]) -> None:
+    missing = [f for f in fields if getattr(inp, f) is None]
+    if missing:
+        raise ValueError(f"loss {loss!r} needs LossInputs field(s) {missing}, which are None")
+
+
+def validate_inputs(inp: LossInputs) -> None:
+    """Host-side check before a step: shapes, mask values, and no NaN/inf on valid tokens
+    (-inf is not allowed either: report out-of-support log-probs with a finite floor).
+    Raises ValueError naming the field and the count. Padding (mask 0) may hold anything."""
+    check_shapes(inp)
+    m = np.asarray(inp.mask) > 0
+    for f in TOKEN_FIELDS:
+        x = getattr(inp, f)
+        if x is None:
+            continue
+        x = np.asarray(x)
+        mm = m if x.ndim == 2 else m.any(-1)
+        bad = int(np.sum(~np.isfinite(x) & mm))
+        if bad:
+            raise ValueError(f"LossInputs.{f} has {bad} non-finite value(s) on valid tokens")
+    hv = m[..., None] if inp.head_valid is None else m[..., None] & (np.asarray(inp.head_valid) > 0)
+    for f in ("lp_head", "lps_head", "lq_head"):
+        x = getattr(inp, f)
+        if x is not None:
+            bad = int(np.sum(~np.isfinite(np.asarray(x)) & hv))
+            if bad:
+                raise ValueError(f"LossInputs.{f} has {bad} non-finite value(s) on valid head entries")
+    if inp.num_tokens is not None and not math.isfinite(float(inp.num_tokens)):
+        raise ValueError(f"LossInputs.num_tokens is not finite: {inp.num_tokens}")
+
+
+@struct.dataclass
+class Prepared:
+    """Sanitized arrays: invalid positions hold 0 so padding garbage cannot reach sums or grads."""
+
+    m: jax.Array
+    adv: jax.Array
+    lp: jax.Array
+    lp_q: jax.Array
+    lp_s: Optional[jax.Array]
+    lp_old: jax.Array
+    hv: Optional[jax.Array]
+    lp_head: Optional[jax.Array]
+    lps_head: Optional[jax.Array]
+    lq_head: Optional[jax.Array]
+    denom: jax.Array
+    dropped: jax.Array  # valid tokens dropped for non-finite inputs
+
+    def agg(self, x: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.where(self.m > 0, x, 0.0)) / self.denom
+
+    def frac(self, flag: jax.Array) -> jax.Array:
+        """Fraction of valid tokens where flag holds (flag [B,T] bool, or [B] per sequence)."""
+        if flag.ndim == 1:
+            flag = jnp.broadcast_to(flag[:, None], self.m.shape)
+        return masked.mean(flag.astype(jnp.float32), self.m)
+
+
+def _finite_tokens(inp: LossInputs, m: jax.Array) -> jax.Array:
+    """[B,T] bool: every float input of this token (and its valid head entries) is finite."""
+    ok = jnp.ones(m.shape, bool)
+    for f in ("lp", "lp_q", "lp_s", "lp_old"):
+        x = getattr(inp, f)
+        if x is not None:
+            ok = ok & jnp.isfinite(x)
+    if inp.adv.ndim == 2:
+        ok = ok & jnp.isfinite(inp.adv)
+    else:
+        ok = ok & jnp.isfinite(inp.adv)[:, None]
+    hv = None if inp.head_valid is None else masked.as_mask(inp.head_valid) > 0
+    for f in ("lp_head", "lps_head", "lq_head"):
+        x = getattr(inp, f)
+        if x is not None:
+            fin = jnp.isfinite(x) if hv is None else (jnp.isfinite(x) | ~hv)
+            ok = ok & jnp.all(fin, axis=-1)
+    return ok
+
+
+def prepare(inp: LossInputs) -> Prepared:
+    """Sanitize inputs. Tokens whose inputs are not finite (NaN/inf on a valid token) are dropped
+    from the loss, i.e. treated as masked but still counted in the default denominator, and are
+    reported by ``nonfinite_count`` / ``metrics['nonfinite_tokens']``: the loss stays finite and the
+    problem is visible. Use ``validate_inputs`` on the host to refuse such a batch instead."""
+    m_in = masked.as_mask(inp.mask)
+    m = m_in * _finite_tokens(inp, m_in)
+    s = lambda x: None if x is None else masked.safe(x.astype(jnp.float32), m)
+    hv = None
+    if inp.lp_head is not None or inp.lq_head is not None or inp.lps_head is not None:
+        ref = next(x for x in (inp.lp_head, inp.lq_head, inp.lps_head) if x is not None)
+        base = jnp.ones(ref.shape, jnp.float32)
+        hv = base if inp.head_valid is None else masked.as_mask(inp.head_valid)
+        hv = hv * m[..., None]
+    sh = lambda x: None if x is None else jnp.where(hv > 0, x.astype(jnp.float32), 0.0)
+    sg = lambda x: None if x is None else jax.lax.stop_gradient(x)
+    lp = s(inp.lp)
+    lp_old = sg(lp if inp.lp_old is None else s(inp.lp_old))
+    adv = broadcast_to_tokens(jnp.where(jnp.isfinite(inp.adv), inp.adv, 0.0), m)
+    n = jnp.sum(m_in) if inp.num_tokens is None else jnp.asarray(inp.num_tokens, jnp.float32)
+    return Prepared(m=m, adv=sg(adv), lp=lp, lp_q=sg(s(inp.lp_q)), lp_s=sg(s(inp.lp_s)),
+                    lp_old=lp_old, hv=hv, lp_head=sh(inp.lp_head), lps_head=sg(sh(inp.lps_head)),
+                    lq_head=sg(sh(inp.lq_head)), denom=jnp.maximum(n, 1.0),
+                    dropped=jnp.sum(m_in) - jnp.sum(m))

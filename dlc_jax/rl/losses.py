@@ -1,0 +1,262 @@
+"""Correction losses: one signature, a registry, and ``compute_loss``.
+
+Each registered function maps ``(LossConfig, Prepared) -> (per_token [B,T], metrics)``;
+``compute_loss`` validates the inputs, aggregates ``agg(per_token) = sum(m * x) / num_tokens`` and
+adds the common metrics. Every loss reports ``clip_frac`` (fraction of valid tokens whose ratio or
+weight was clipped/capped, i.e. whose gradient is cut or bounded), ``masked_frac`` (fraction of
+valid tokens removed by a mask), and ``weight_ess`` (normalized ESS of its importance weights over
+valid tokens; 1.0 where it has none). Formulas: DESIGN.md section 3, corrections-math.md section 8.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from dlc_jax.rl import masked
+from dlc_jax.rl.centering import centering_residual, dlc_residual
+from dlc_jax.rl.ess import ess_from_log_weights
+from dlc_jax.rl.loss_inputs import LossConfig, LossInputs, Prepared, check_shapes, prepare, require
+
+sg = jax.lax.stop_gradient
+LossFn = Callable[[LossConfig, Prepared], tuple[jax.Array, dict]]
+
+
+def clampexp(x: jax.Array, bound: float) -> jax.Array:
+    return jnp.exp(jnp.clip(x, -bound, bound))
+
+
+def weights_ess(w: jax.Array, valid: jax.Array) -> jax.Array:
+    """Normalized ESS of non-negative weights w over valid entries (1.0 if none / all zero)."""
+    m = masked.as_mask(valid)
+    w = jnp.where(m > 0, w, 0.0)
+    s1, s2, n = jnp.sum(w), jnp.sum(w * w), jnp.sum(m)
+    return jnp.where((n > 0) & (s2 > 0), s1 * s1 / jnp.maximum(n * s2, 1e-30), 1.0)
+
+
+def _metrics(clip=0.0, masked_frac=0.0, ess=1.0, **extra) -> dict:
+    out = {"clip_frac": jnp.float32(clip), "masked_frac": jnp.float32(masked_frac),
+           "weight_ess": jnp.float32(ess)}
+    out.update({k: jnp.float32(v) for k, v in extra.items()})
+    return out
+
+
+def _seq_log_ratio(p: Prepared, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per sequence: sum_t m*x [B], valid-token count [B], has-valid flag [B]."""
+    n = jnp.sum(p.m, axis=-1)
+    return jnp.sum(jnp.where(p.m > 0, x, 0.0), axis=-1), n, (n > 0).astype(jnp.float32)
+
+
+def _ppo_terms(cfg: LossConfig, r: jax.Array, adv: jax.Array):
+    """PPO clipped surrogate per token: returns (per_token, clipped_flag, dual_flag)."""
+    lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+    unclipped = r * adv
+    clipped = jnp.clip(r, lo, hi) * adv
+    per = -jnp.minimum(unclipped, clipped)
+    rd = sg(r)
+    clip_flag = jnp.where(adv >= 0, rd > hi, rd < lo)
+    dual_flag = jnp.zeros_like(clip_flag)
+    if cfg.dual_clip is not None:
+        bound = -cfg.dual_clip * adv  # positive when adv < 0
+        dual_flag = (adv < 0) & (sg(per) > bound)
+        per = jnp.where(adv < 0, jnp.minimum(per, bound), per)
+    return per, clip_flag, dual_flag
+
+
+# ----------------------------------------------------------------------------------- losses
+
+
+def naive(cfg: LossConfig, p: Prepared):
+    """3.1 on-policy REINFORCE: -A * lp."""
+    return -p.adv * p.lp, _metrics()
+
+
+def tis(cfg: LossConfig, p: Prepared):
+    """3.2 token TIS vs the sampler: w = min(exp(lp - lp_q), C) detached; -w A lp."""
+    raw = clampexp(sg(p.lp) - p.lp_q, cfg.log_ratio_clip)
+    w = jnp.minimum(raw, cfg.tis_cap)
+    return -w * p.adv * p.lp, _metrics(clip=p.frac(raw > cfg.tis_cap), ess=weights_ess(w, p.m))
+
+
+def tis_seq(cfg: LossConfig, p: Prepared):
+    """Sequence TIS: w_i = min(exp(sum_t (lp - lp_q)), C_seq) broadcast to the sequence's tokens."""
+    s, _, has = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
+    raw = clampexp(s, cfg.log_ratio_clip)
+    w = jnp.minimum(raw, cfg.seq_tis_cap)
+    return -w[:, None] * p.adv * p.lp, _metrics(clip=p.frac(raw > cfg.seq_tis_cap),
+                                                ess=weights_ess(w, has))
+
+
+def mis(cfg: LossConfig, p: Prepared):
+    """3.3 token MIS (IcePop): k = exp(lp - lp_q), keep lo <= k <= hi; -M k A lp (no renorm)."""
+    k = clampexp(sg(p.lp) - p.lp_q, cfg.log_ratio_clip)
+    keep = (k >= cfg.mis_low) & (k <= cfg.mis_high)
+    w = jnp.where(keep, k, 0.0)
+    return -w * p.adv * p.lp, _metrics(masked_frac=p.frac(~keep), ess=weights_ess(w, p.m))
+
+
+def mis_seq(cfg: LossConfig, p: Prepared):
+    """Sequence MIS: K_i = exp(sum_t (lp - lp_q)); keep sequences with lo <= K_i <= hi, weighted by K_i."""
+    s, _, has = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
+    k = clampexp(s, cfg.log_ratio_clip)
+    keep = (k >= cfg.mis_low) & (k <= cfg.mis_high)
+    w = jnp.where(keep, k, 0.0)
+    return -w[:, None] * p.adv * p.lp, _metrics(masked_frac=p.frac(~keep), ess=weights_ess(w, has))
+
+
+def mis_geo(cfg: LossConfig, p: Prepared):
+    """Geometric sequence mask: keep sequences with geo_low <= exp(mean_t (lp - lp_q)) <= geo_high.
+    Mask only (the geometric mean is not an importance weight): -M_i A lp."""
+    s, n, _ = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
+    g = clampexp(s / jnp.maximum(n, 1.0), cfg.log_ratio_clip)
+    keep = (g >= cfg.geo_low) & (g <= cfg.geo_high)
+    return -keep[:, None].astype(jnp.float32) * p.adv * p.lp, _metrics(masked_frac=p.frac(~keep))
+
+
+def _score_centering(cfg: LossConfig, p: Prepared, mode: str):
+    """3.4: -A (sg(f(p/q)) lp - sum_H sg(resid) lp_H), resid = q_H f(p_H/q_H) - rho f(1/rho) p_H."""
+    w_tok, resid, info = centering_residual(cfg, p, mode)
+    per = -p.adv * (w_tok * p.lp - jnp.sum(resid * p.lp_head, axis=-1))
+    extra = {"head_mass_q": masked.mean(info["q_mass"], p.m),
+             "head_mass_p": masked.mean(info["p_mass"], p.m),
+             "tail_ratio_mean": masked.mean(info["rho"], p.m)}
+    clip = p.frac(info["capped"]) if mode == "tis" else 0.0
+    msk = p.frac(info["dropped"]) if mode == "mask" else 0.0
+    return per, _metrics(clip=clip, masked_frac=msk, ess=weights_ess(w_tok, p.m), **extra)
+
+
+def score_centering(cfg: LossConfig, p: Prepared):
+    return _score_centering(cfg, p, cfg.centering_weight)
+
+
+def score_centering_tis(cfg: LossConfig, p: Prepared):
+    return _score_centering(cfg, p, "tis")
+
+
+def score_centering_mask(cfg: LossConfig, p: Prepared):
+    return _score_centering(cfg, p, "mask")
+
+
+def ppo_clip(cfg: LossConfig, p: Prepared):
+    """3.5 PPO-clip vs lp_old (asymmetric eps, optional dual clip)."""
+    r = clampexp(p.lp - p.lp_old, cfg.log_ratio_clip)
+    per, clip, dual = _ppo_terms(cfg, r, p.adv)
+    return per, _metrics(clip=p.frac(clip), ess=ess_from_log_weights(sg(p.lp) - p.lp_old, p.m),
+                         dual_clip_frac=p.frac(dual))
+
+
+def decoupled_ppo(cfg: LossConfig, p: Prepared):
+    """3.6 behaviour weight w = exp(lp_old - lp_q) (clamp at / mask above behave_cap) times PPO-clip
+    of r = exp(lp - lp_old)."""
+    raw = clampexp(p.lp_old - p.lp_q, cfg.log_ratio_clip)
+    over = raw > cfg.behave_cap
+    if cfg.behave_mode == "clamp":
+        w, capped, dropped = jnp.minimum(raw, cfg.behave_cap), over, jnp.zeros_like(over)
+    else:
+        w, capped, dropped = jnp.where(over, 0.0, raw), jnp.zeros_like(over), over
+    r = clampexp(p.lp - p.lp_old, cfg.log_ratio_clip)
+    per, clip, dual = _ppo_terms(cfg, r, p.adv)
+    return w * per, _metrics(clip=p.frac(clip), masked_frac=p.frac(dropped),
+                             ess=weights_ess(w, p.m), behave_cap_frac=p.frac(capped),
+                             dual_clip_frac=p.frac(dual))
+
+
+def m2po_mask(d2: jax.Array, m: jax.Array, tau: float) -> jax.Array:
+    """Global M2PO mask [B,T]: drop the tokens with the largest d2 until the mean of the rest is
+    < tau; never drop every valid token. Ties are broken by position (stable sort)."""
+    flat = jnp.where(m > 0, d2, -jnp.inf).reshape(-1)
+    size = flat.shape[0]
+    order = jnp.argsort(-flat, stable=True)  # descending; invalid (-inf) last
+    srt = jnp.where(jnp.isfinite(flat[order]), flat[order], 0.0)
+    n = jnp.sum(m)
+    j = jnp.arange(size, dtype=jnp.float32)
+    prefix = jnp.cumsum(srt) - srt  # sum of the j largest
+    rest_mean = (jnp.sum(srt) - prefix) / jnp.maximum(n - j, 1.0)
+    ok = (rest_mean < tau) & (j < n)
+    n_drop = jnp.where(jnp.any(ok), jnp.argmax(ok), jnp.maximum(n - 1, 0)).astype(jnp.int32)
+    rank = jnp.zeros(size, jnp.int32).at[order].set(jnp.arange(size, dtype=jnp.int32))
+    return ((rank >= n_drop).reshape(m.shape) & (m > 0))
+
+
+def m2po(cfg: LossConfig, p: Prepared):
+    """3.7 M2PO: mask tokens with the largest (lp_q - lp_old)^2 until the rest's mean < tau;
+    per = -M r A with r = exp(lp - lp_old), no clip (paper form)."""
+    d2 = jnp.square(p.lp_q - p.lp_old)
+    keep = m2po_mask(d2, p.m, cfg.m2_threshold)
+    r = clampexp(p.lp - p.lp_old, cfg.log_ratio_clip)
+    return -keep.astype(jnp.float32) * r * p.adv, _metrics(masked_frac=p.frac(~keep),
+                                       m2_before=masked.mean(d2, p.m),
+                                       m2_after=masked.mean(d2, p.m * keep))
+
+
+def vcpo(cfg: LossConfig, p: Prepared):
+    """3.8 VCPO: sequence TIS (cap seq_tis_cap) and ``lr_scale`` = min(1, ESS_seq/base)^(1/2|1)
+    from the unclipped sequence weights, for the optimizer to apply. The minimum-variance (OPOB)
+    baseline is not implemented: it needs per-trajectory gradient norms (micro-batch 1)."""
+    s, _, has = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
+    e = ess_from_log_weights(jnp.clip(s, -cfg.log_ratio_clip, cfg.log_ratio_clip), has)
+    scale = jnp.minimum(1.0, e / cfg.vcpo_base_ess)
+    lr_scale = jnp.sqrt(scale) if cfg.vcpo_rule == "sqrt" else scale
+    raw = clampexp(s, cfg.log_ratio_clip)
+    w = jnp.minimum(raw, cfg.seq_tis_cap)
+    return -w[:, None] * p.adv * p.lp, _metrics(clip=p.frac(raw > cfg.seq_tis_cap), ess=e,
+                                                lr_scale=lr_scale, ess_seq=e)
+
+
+def dlc(cfg: LossConfig, p: Prepared):
+    """3.9 DLC: PPO-clip of r = exp(lp - lp_s) against theta_s plus the centering term
+    A * sum_H sg(q_H r_H act_H - coefT p_H) lp_H. Without a head the centering term is absent
+    and ``dlc_centering_active`` = 0."""
+    ell = p.lp - p.lp_s
+    r = clampexp(ell, cfg.log_ratio_clip)
+    pg, clip, dual = _ppo_terms(cfg, r, p.adv)
+    have_head = p.lp_head is not None
+    extra = {"dlc_centering_active": 1.0 if have_head else 0.0, "dual_clip_frac": p.frac(dual)}
+    per = pg
+    if have_head:
+        resid, info = dlc_residual(cfg, p)
+        per = pg + p.adv * jnp.sum(resid * p.lp_head, axis=-1)
+        extra.update(head_mass_q=masked.mean(info["q_mass"], p.m),
+                     head_mass_p=masked.mean(info["p_mass"], p.m),
+                     head_clip_frac=masked.mean(info["head_clip"], p.m))
+    return per, _metrics(clip=p.frac(clip), ess=ess_from_log_weights(sg(ell), p.m), **extra)
+
+
+LOSSES: dict[str, LossFn] = {
+    "naive": naive, "tis": tis, "tis_seq": tis_seq, "mis": mis, "mis_seq": mis_seq,
+    "mis_geo": mis_geo, "score_centering": score_centering,
+    "score_centering_tis": score_centering_tis, "score_centering_mask": score_centering_mask,
+    "ppo_clip": ppo_clip, "decoupled_ppo": decoupled_ppo, "m2po": m2po, "vcpo": vcpo, "dlc": dlc,
+}
+
+_HEAD = ("lp_head", "lq_head")
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "score_centering": _HEAD, "score_centering_tis": _HEAD, "score_centering_mask": _HEAD,
+    "dlc": ("lp_s",),
+}
+
+
+def compute_loss(cfg: LossConfig, inputs: LossInputs) -> tuple[jax.Array, dict]:
+    """Scalar loss and a dict of scalar metrics for ``cfg.name``. Jittable (cfg is static).
+
+    Raises ValueError (at trace time) for an unknown name, a missing required field (naming the
+    loss and the field), or mismatched shapes. DLC with a partial head (some of lp_head, lq_head,
+    lps_head given, not all) is an error; with none it runs without centering.
+    """
+    if cfg.name not in LOSSES:
+        raise ValueError(f"LossConfig.name {cfg.name!r} is not a loss; choose from {sorted(LOSSES)}")
+    check_shapes(inputs)
+    require(cfg.name, inputs, REQUIRED.get(cfg.name, ()))
+    if cfg.name == "dlc":
+        given = [f for f in ("lp_head", "lq_head", "lps_head") if getattr(inputs, f) is not None]
+        if given and len(given) != 3:
+            require("dlc (with a head)", inputs, ("lp_head", "lq_head", "lps_head"))
+    p = prepare(inputs)
+    per, metrics = LOSSES[cfg.name](cfg, p)
+    loss = p.agg(per)
+    metrics = dict(metrics)
+    metrics.update(loss=loss, num_tokens=p.denom, nonfinite_tokens=p.dropped,
+                   valid_tokens=jnp.sum(p.m))
+    return loss, metrics
