@@ -31,7 +31,7 @@ class MetricsLogger:
     progress: show a tqdm bar with step, reward, lag ESS and the resync count.
     """
 
-    BAR_KEYS = (("reward", "reward/mean"), ("ess", "lag/ess"), ("resyncs", "resync/count"))
+    BAR_KEYS = (("reward", "reward_mean"), ("ess", "ess_lag"), ("resyncs", "resync_count"))
 
     def __init__(self, directory: str | Path, *, jsonl: bool = True, tensorboard: bool = True, progress: bool = True,
                  total_steps: int | None = None, initial_step: int = 0, append: bool = False):

@@ -30,9 +30,9 @@ class EssPolicy(ResyncPolicy):
     threshold: float = 0.5
 
     def should_resync(self, metrics: dict, steps_since_sync: int) -> bool:
-        e = metrics.get("lag/ess")
+        e = metrics.get("ess_lag")
         if e is None:
-            raise KeyError("resync.policy=ess needs the step metric 'lag/ess'")
+            raise KeyError("resync.policy=ess needs the step metric 'ess_lag'")
         return float(e) < self.threshold
 
 

@@ -1,0 +1,118 @@
+"""Train state: theta_t (NNX params), optax AdamW with warmup + decay and global-norm clipping, the
+weight version, and the sampler snapshots theta_s keyed by weight version (bounded count).
+
+The model is split once into ``graphdef`` (static) and ``params`` (an ``nnx.State`` pytree of arrays);
+everything jitted works on ``params``. A per-step LR scale (VCPO) multiplies the final update, which
+for AdamW (decoupled weight decay included) equals scaling the learning rate for that step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def make_schedule(optim, total_steps: int):
+    """LR schedule from the ``optim`` section: linear warmup then cosine/linear/constant decay."""
+    warm = int(optim.warmup)
+    decay_steps = max(1, int(total_steps) - warm)
+    end = optim.lr * optim.min_lr_ratio
+    if optim.decay == "cosine":
+        tail = optax.cosine_decay_schedule(optim.lr, decay_steps, alpha=optim.min_lr_ratio)
+    elif optim.decay == "linear":
+        tail = optax.linear_schedule(optim.lr, end, decay_steps)
+    else:
+        tail = optax.constant_schedule(optim.lr)
+    if warm == 0:
+        return tail
+    return optax.join_schedules([optax.linear_schedule(0.0, optim.lr, warm), tail], [warm])
+
+
+def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
+    """Global-norm clip (if ``grad_clip`` > 0) then AdamW with the schedule."""
+    parts = []
+    if optim.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(optim.grad_clip))
+    parts.append(optax.adamw(make_schedule(optim, total_steps), b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                             weight_decay=optim.weight_decay))
+    return optax.chain(*parts)
+
+
+def apply_updates(tx, params, opt_state, grads, lr_scale=1.0):
+    """One optimizer update; ``lr_scale`` (scalar, traced ok) multiplies the update."""
+    updates, opt_state = tx.update(grads, opt_state, params)
+    updates = jax.tree.map(lambda u: u * jnp.asarray(lr_scale, u.dtype), updates)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def copy_tree(tree):
+    """A device copy of a pytree of arrays (same shardings), so later donation cannot alias it."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Host-side holder of the training state.
+
+    graphdef: the NNX graph definition; params: theta_t (``nnx.State``); opt_state: optax state;
+    step: optimizer steps done. The weight version of theta_t is its step count (``version``), so
+    version lag = optimizer steps of staleness; ``synced_version`` is what the sampler last received.
+    snapshots: {version: params} for versions the sampler may still be producing rollouts with;
+    max_snapshots: bound on len(snapshots) (oldest dropped first).
+    """
+
+    graphdef: object
+    params: object
+    opt_state: object
+    step: int = 0
+    snapshots: dict = dataclasses.field(default_factory=dict)
+    max_snapshots: int = 4
+    synced_version: int = 0
+
+    @classmethod
+    def create(cls, model, tx, *, max_snapshots: int = 4) -> "TrainState":
+        from flax import nnx
+
+        graphdef, params = nnx.split(model, nnx.Param)
+        opt_state = jax.jit(tx.init)(params)
+        st = cls(graphdef=graphdef, params=params, opt_state=opt_state, max_snapshots=max_snapshots)
+        st.snapshot()
+        return st
+
+    @property
+    def version(self) -> int:
+        return self.step
+
+    def model(self):
+        """The NNX module for the current params (shares no buffers with later updates)."""
+        from flax import nnx
+
+        return nnx.merge(self.graphdef, self.params)
+
+    def snapshot(self) -> None:
+        """Record theta_t as the sampler's weights for ``self.version`` (theta_s <- theta_t)."""
+        self.snapshots[self.version] = copy_tree(self.params)
+        self.synced_version = self.version
+        self.prune()
+
+    def prune(self, keep_versions: set[int] | None = None) -> list[int]:
+        """Drop the oldest snapshots beyond ``max_snapshots`` (never the synced one); returns dropped."""
+        dropped = []
+        keep_versions = keep_versions or set()
+        for v in sorted(self.snapshots):
+            if len(self.snapshots) <= self.max_snapshots:
+                break
+            if v == self.synced_version or v in keep_versions:
+                continue
+            del self.snapshots[v]
+            dropped.append(v)
+        return dropped
+
+    def snapshot_params(self, version: int):
+        if version not in self.snapshots:
+            raise KeyError(f"no theta_s snapshot for weight version {version} (have {sorted(self.snapshots)}); "
+                           f"raise resync.max_snapshots or use resync.stale_rollouts=drop")
+        return self.snapshots[version]

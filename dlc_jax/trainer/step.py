@@ -1,0 +1,138 @@
+"""The jitted training step: forward at theta_t (with grad), the lag/discrepancy decomposition, the
+chosen loss, gradient accumulation over micro-batches, the AdamW update, and the step metrics.
+
+theta_s log-probs (``lp_s``, ``lps_head``) are computed by :func:`snapshot_logprobs` (no grad) per
+weight version present in the batch, and combined per token by the caller; tokens sampled with the
+current weights (``self_mask``) use ``stop_gradient(lp)`` instead, so when every token is current
+(``onpolicy``) no snapshot forward runs at all and the lag is exactly zero.
+
+Batch arrays (from :func:`dlc_jax.trainer.batching.pack_rollouts` plus advantages), B rows, L positions:
+input_ids/targets/positions/attention_mask [B,L] int32; mask/lp_q/lp_s [B,L] f32; self_mask [B,L] bool;
+head_ids [B,L,K] int32; lq_head/lps_head [B,L,K] f32; adv [B] f32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dlc_jax.rl import LossInputs, compute_loss, resync_decision, step_metrics, token_logprobs
+from dlc_jax.trainer.state import apply_updates
+
+STEP_KEYS = ("input_ids", "targets", "positions", "attention_mask", "mask", "lp_q", "lp_s", "self_mask",
+             "head_ids", "lq_head", "lps_head", "adv")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Static settings of the step. ``loss`` is a ``dlc_jax.rl.LossConfig``; temperature/top_k/top_p are
+    the sampler's, so the trainer normalizes on the same support; head_k = 0 means no head."""
+
+    loss: Any
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    head_k: int = 0
+    micro_batches: int = 1
+    chunk_size: int = 256
+    resync_threshold: float = 0.5
+
+
+def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig):
+    """TokenLogprobs of ``batch['targets']`` (and the head) under ``params`` with the sampler transform."""
+    from flax import nnx
+
+    model = nnx.merge(graphdef, params)
+    h = model.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"], positions=batch["positions"])
+    return token_logprobs(h, model.unembedding(), batch["targets"],
+                          head_ids=batch["head_ids"] if cfg.head_k else None, temperature=cfg.temperature,
+                          top_k=cfg.top_k, top_p=cfg.top_p, chunk_size=cfg.chunk_size)
+
+
+def make_snapshot_logprobs(graphdef, cfg: StepConfig):
+    """Jitted ``(params_s, batch) -> (lp_s [B,L], lps_head [B,L,K] | zeros)`` without gradients."""
+
+    @jax.jit
+    def fn(params_s, batch):
+        tl = policy_logprobs(graphdef, jax.lax.stop_gradient(params_s), batch, cfg)
+        lps_head = tl.lp_head if tl.lp_head is not None else jnp.zeros(batch["lq_head"].shape, jnp.float32)
+        return tl.lp, lps_head
+
+    return fn
+
+
+def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig):
+    tl = policy_logprobs(graphdef, params, mb, cfg)
+    sg = jax.lax.stop_gradient
+    self_m = mb["self_mask"]
+    lp_s = jnp.where(self_m, sg(tl.lp), mb["lp_s"])
+    lps_head = None
+    if cfg.head_k:
+        lps_head = jnp.where(self_m[..., None], sg(tl.lp_head), mb["lps_head"])
+    inputs = LossInputs(lp=tl.lp, lp_q=mb["lp_q"], mask=mb["mask"], adv=mb["adv"], lp_s=lp_s,
+                        lp_head=tl.lp_head, lps_head=lps_head, lq_head=mb["lq_head"] if cfg.head_k else None,
+                        num_tokens=num_tokens)
+    loss, metrics = compute_loss(cfg.loss, inputs)
+    return loss, (metrics, sg(tl.lp), lp_s, sg(tl.entropy), None if tl.lp_head is None else sg(tl.lp_head))
+
+
+def _split(x, m):
+    return x.reshape((m, x.shape[0] // m) + x.shape[1:])
+
+
+def make_train_step(graphdef, tx, cfg: StepConfig, *, mesh=None, param_shardings=None, opt_shardings=None):
+    """Jitted ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
+
+    With ``mesh``: explicit shardings — params/opt state on ``param_shardings``/``opt_shardings`` (as
+    loaded), batch rows over the ('data', 'fsdp') axes, metrics replicated.
+    """
+
+    def step(params, opt_state, batch):
+        m = cfg.micro_batches
+        num_tokens = jnp.sum(batch["mask"])
+        grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
+        grads = jax.tree.map(jnp.zeros_like, params)
+        lps, lp_ss, ents, lph, loss_metrics = [], [], [], [], []
+        for i in range(m):
+            mb = jax.tree.map(lambda x: _split(x, m)[i], batch)
+            (_, (lm, lp, lp_s, ent, lp_head)), g = grad_fn(params, graphdef, mb, num_tokens, cfg)
+            grads = jax.tree.map(jnp.add, grads, g)
+            lps.append(lp), lp_ss.append(lp_s), ents.append(ent), lph.append(lp_head), loss_metrics.append(lm)
+        cat = lambda xs: jnp.concatenate(xs, axis=0)
+        lp, lp_s, ent = cat(lps), cat(lp_ss), cat(ents)
+        lm = {k: (sum(d[k] for d in loss_metrics) if k in ("loss", "nonfinite_tokens", "valid_tokens")
+                  else sum(d[k] for d in loss_metrics) / m) for k in loss_metrics[0]}
+        lr_scale = lm.get("lr_scale", 1.0)
+        gnorm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        params, opt_state = apply_updates(tx, params, opt_state, grads, lr_scale)
+        metrics = {f"loss/{k}": v for k, v in lm.items()}
+        metrics.update(step_metrics(lp, lp_s, batch["lp_q"], batch["mask"],
+                                    lq_head=batch["lq_head"] if cfg.head_k else None,
+                                    lp_head=cat(lph) if cfg.head_k else None, entropy=ent))
+        dec = resync_decision(lp, lp_s, batch["mask"], cfg.resync_threshold)
+        metrics.update(grad_norm=gnorm, lr_scale=jnp.asarray(lr_scale, jnp.float32),
+                       resync_wanted=dec.resync.astype(jnp.float32))
+        return params, opt_state, metrics
+
+    if mesh is None:
+        return jax.jit(step)
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
+    repl = NamedSharding(mesh, P())
+    batch_sh = {k: rows for k in STEP_KEYS}
+    return jax.jit(step, in_shardings=(param_shardings, opt_shardings, batch_sh),
+                   out_shardings=(param_shardings, opt_shardings, repl))
+
+
+def device_batch(batch: dict, mesh=None) -> dict:
+    """The ``STEP_KEYS`` arrays of ``batch`` on device (rows sharded over ('data', 'fsdp') with a mesh)."""
+    missing = [k for k in STEP_KEYS if k not in batch]
+    if missing:
+        raise KeyError(f"step batch is missing arrays {missing}")
+    if mesh is None:
+        return {k: jnp.asarray(batch[k]) for k in STEP_KEYS}
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
+    return {k: jax.device_put(batch[k], rows) for k in STEP_KEYS}
