@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
+from dlc_jax.data.prompts import DataConfig, load_records
 from dlc_jax.data.tokenize import encode_prompt
 
 # generate(prompt_ids, max_tokens=..., temperature=..., seed=...) -> one response (int32 [n]) per prompt
@@ -36,8 +37,10 @@ class PrefixConfig:
     max_tokens: response length cap.
     temperature: sampling temperature (use the training temperature).
     sample_seed: sampling seed for the one-time generation.
+    source: "arithmetic" (synthetic task) or a held-out .jsonl/.parquet file (e.g. a test split),
+      with ``prompt_field`` / ``answer_field``; the first ``num_prompts`` records are used.
     data_seed: arithmetic-task seed of the held-out split; must differ from the training data seed.
-    chat_template: wrap prompts in ChatML like training does.
+    chat_template / system: wrap prompts in ChatML like training does.
     arithmetic: task difficulty (same as training, so prompts are in-distribution but unseen).
     """
 
@@ -45,8 +48,12 @@ class PrefixConfig:
     max_tokens: int = 16
     temperature: float = 1.0
     sample_seed: int = 20_250
+    source: str = "arithmetic"
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
     data_seed: int = 987_654
     chat_template: bool = False
+    system: str = ""
     arithmetic: ArithmeticConfig = dataclasses.field(default_factory=ArithmeticConfig)
 
     def __post_init__(self):
@@ -129,12 +136,16 @@ class PrefixSet:
 
 
 def heldout_prompts(cfg: PrefixConfig, tokenizer) -> tuple[list[dict], list[np.ndarray]]:
-    """The first ``num_prompts`` examples of the held-out arithmetic split and their token ids."""
-    src = ArithmeticSource(cfg.arithmetic, seed=cfg.data_seed)
+    """The first ``num_prompts`` records of the held-out split and their token ids."""
+    if cfg.source == "arithmetic":
+        src = ArithmeticSource(cfg.arithmetic, seed=cfg.data_seed)
+    else:
+        src = load_records(DataConfig(source=cfg.source, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field))
     if cfg.num_prompts > len(src):
-        raise ValueError(f"prefixes.num_prompts={cfg.num_prompts} > arithmetic.num_examples={len(src)}")
+        raise ValueError(f"prefixes.num_prompts={cfg.num_prompts} > {len(src)} records in {cfg.source!r}")
     recs = [src[i] for i in range(cfg.num_prompts)]
-    ids = [encode_prompt(tokenizer, r["prompt"], chat_template=cfg.chat_template) for r in recs]
+    ids = [encode_prompt(tokenizer, r["prompt"], chat_template=cfg.chat_template, system=cfg.system or None)
+           for r in recs]
     return recs, ids
 
 
@@ -187,3 +198,22 @@ def _jsonable(x):
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     return x
+
+
+def client_generate(client) -> GenerateFn:
+    """A :data:`GenerateFn` over a ``dlc_jax.sampler.SamplerClient`` (one sample per prompt, seeded).
+
+    Responses are returned in prompt order (matched by slot id, not by arrival order)."""
+    from dlc_jax.sampler.types import SamplingParams
+
+    def generate(prompt_ids, *, max_tokens, temperature, seed):
+        params = SamplingParams(n=1, max_tokens=int(max_tokens), temperature=float(temperature), seed=int(seed))
+        out: dict[int, np.ndarray] = {}
+        for r in client.generate([np.asarray(p).tolist() for p in prompt_ids], params):
+            out[int(r.slot_id)] = np.asarray(r.response_ids, np.int32)
+        missing = [i for i in range(len(prompt_ids)) if i not in out]
+        if missing:
+            raise RuntimeError(f"sampler returned no response for prompt slots {missing}")
+        return [out[i] for i in range(len(prompt_ids))]
+
+    return generate
