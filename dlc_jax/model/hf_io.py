@@ -1,0 +1,295 @@
+"""HF checkpoint <-> NNX Qwen3, streaming one tensor at a time.
+
+Load: build the model abstractly (`nnx.eval_shape`), then for each parameter read its HF tensor with
+`safetensors.safe_open`, transpose/reshape it into our layout and place it directly onto its
+NamedSharding (`jax.make_array_from_callback`: each device receives only its slice).
+Save: gather one parameter at a time and stream it into safetensors shards whose headers are planned
+up front from the shapes (host memory ~ one tensor).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .config import Qwen3Config
+from .qwen3 import Qwen3ForCausalLM
+from .sharding import ActivationSharding, named_sharding, param_logical_axes
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json",
+)
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint tensor is missing, misshaped or unexpected (the message names it)."""
+
+
+def hf_param_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied)."""
+    c = config
+    d, f, hd = c.hidden_size, c.intermediate_size, c.head_dim
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, d)}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (d,)
+        out[p + "self_attn.q_proj.weight"] = (c.num_attention_heads * hd, d)
+        out[p + "self_attn.k_proj.weight"] = (c.num_key_value_heads * hd, d)
+        out[p + "self_attn.v_proj.weight"] = (c.num_key_value_heads * hd, d)
+        out[p + "self_attn.o_proj.weight"] = (d, c.num_attention_heads * hd)
+        out[p + "self_attn.q_norm.weight"] = (hd,)
+        out[p + "self_attn.k_norm.weight"] = (hd,)
+        out[p + "post_attention_layernorm.weight"] = (d,)
+        out[p + "mlp.gate_proj.weight"] = (f, d)
+        out[p + "mlp.up_proj.weight"] = (f, d)
+        out[p + "mlp.down_proj.weight"] = (d, f)
+    out["model.norm.weight"] = (d,)
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, d)
+    return out
+
+
+def _hf_name(path: tuple) -> str:
+    parts = [str(p) for p in path]
+    if parts[-1] == "kernel":
+        parts[-1] = "weight"
+    return ".".join(parts)
+
+
+def _param_paths(state) -> dict[str, tuple]:
+    """HF name -> nnx state path for every Param in `state`."""
+    return {_hf_name(path): path for path, _ in nnx.to_flat_state(state)}
+
+
+def _to_ours(hf: np.ndarray, path: tuple, our_shape: tuple) -> np.ndarray:
+    """HF layout -> our layout: projection kernels are transposed then reshaped; others as is."""
+    if path[-1] == "kernel":
+        return np.ascontiguousarray(hf.T).reshape(our_shape)
+    return hf
+
+
+def _to_hf(ours: np.ndarray, path: tuple, hf_shape: tuple) -> np.ndarray:
+    if path[-1] == "kernel":
+        return np.ascontiguousarray(ours.reshape(hf_shape[::-1]).T)
+    return ours
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+def _checkpoint_index(path: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file, from model.safetensors.index.json or the *.safetensors files."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        wm = json.loads(index.read_text())["weight_map"]
+        return {k: path / v for k, v in wm.items()}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    from safetensors import safe_open
+
+    out = {}
+    for f in files:
+        with safe_open(str(f), framework="numpy") as h:
+            for k in h.keys():
+                out[k] = f
+    return out
+
+
+def _read_tensor(file: Path, name: str) -> np.ndarray:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="numpy") as h:
+            return h.get_tensor(name)
+    except TypeError:  # bf16 has no numpy dtype in some safetensors versions: go through flax
+        with safe_open(str(file), framework="flax") as h:
+            return np.asarray(h.get_tensor(name).astype(jnp.float32))
+
+
+def _place(arr: np.ndarray, sharding) -> jax.Array:
+    if sharding is None:
+        return jnp.asarray(arr)
+    return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
+
+
+def load_hf(
+    path,
+    *,
+    mesh=None,
+    param_dtype=jnp.float32,
+    compute_dtype=jnp.float32,
+    rules=None,
+    remat: bool = False,
+) -> Qwen3ForCausalLM:
+    """Load an HF Qwen3 directory into a `Qwen3ForCausalLM`, one tensor at a time.
+
+    With `mesh`, each parameter goes straight onto `NamedSharding(mesh, rules(logical axes))` and
+    activation sharding constraints are enabled. Raises `CheckpointError` naming a missing,
+    misshaped or unexpected tensor, `UnsupportedModelError` for other architectures.
+    """
+    path = Path(path)
+    config = Qwen3Config.from_pretrained(path)
+    act = ActivationSharding(mesh, None if rules is None else tuple(rules))
+    abstract = nnx.eval_shape(
+        lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0), param_dtype=param_dtype,
+                                 compute_dtype=compute_dtype, remat=remat, act_sharding=act)
+    )
+    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+    index = _checkpoint_index(path)
+    expected = hf_param_shapes(config)
+    paths = _param_paths(params)
+    assert set(paths) == set(expected), sorted(set(paths) ^ set(expected))
+    missing = [n for n in expected if n not in index]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is missing tensor(s) {missing[:8]}")
+    unexpected = [
+        n for n in index
+        if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
+        and not (n == "lm_head.weight" and config.tie_word_embeddings)
+    ]
+    if unexpected:
+        raise CheckpointError(f"checkpoint {path} has unexpected tensor(s) {unexpected[:8]}")
+
+    flat = dict(nnx.to_flat_state(params))
+    for name, hf_shape in expected.items():
+        p = paths[name]
+        var = flat[p]
+        hf = _read_tensor(index[name], name)
+        if tuple(hf.shape) != tuple(hf_shape):
+            raise CheckpointError(
+                f"tensor {name} in {index[name].name} has shape {tuple(hf.shape)}, expected {tuple(hf_shape)}"
+            )
+        ours = _to_ours(hf, p, var.shape).astype(param_dtype)
+        sharding = None
+        if mesh is not None:
+            axes = param_logical_axes(var) or (None,) * len(var.shape)
+            sharding = named_sharding(axes, var.shape, mesh, rules)
+        var.set_value(_place(ours, sharding))
+        del hf, ours
+    model = nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
+    model.hf_source = str(path)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+# ---------------------------------------------------------------------------------------------
+def _gather(x: jax.Array) -> np.ndarray:
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _np_dtype(dtype):
+    if dtype is None:
+        return None
+    return np.dtype(jnp.dtype(dtype))
+
+
+def iter_hf_tensors(model: Qwen3ForCausalLM, *, dtype=np.float32) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (HF name, HF-layout numpy array) one tensor at a time, gathered to host.
+
+    `dtype=None` keeps the parameter dtype. Tied models yield no lm_head.weight.
+    """
+    params = nnx.state(model, nnx.Param)
+    flat = dict(nnx.to_flat_state(params))
+    paths = _param_paths(params)
+    npdt = _np_dtype(dtype)
+    for name, hf_shape in hf_param_shapes(model.config).items():
+        p = paths[name]
+        arr = _to_hf(_gather(flat[p].get_value()), p, hf_shape)
+        yield name, (arr if npdt is None else arr.astype(npdt))
+
+
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32"}
+
+
+def _write_safetensors_stream(file: Path, entries: list[tuple[str, tuple, np.dtype]], tensors: Iterator):
+    """Write a safetensors file whose header is built from `entries` (name, shape, dtype); the data
+    comes one array at a time from `tensors` (same order)."""
+    header, offset = {}, 0
+    for name, shape, dt in entries:
+        n = int(math.prod(shape)) * dt.itemsize
+        header[name] = {"dtype": _ST_DTYPES[dt.name], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(file, "wb") as fh:
+        fh.write(len(hb).to_bytes(8, "little"))
+        fh.write(hb)
+        for (name, shape, dt), (tname, arr) in zip(entries, tensors):
+            if tname != name or tuple(arr.shape) != tuple(shape) or arr.dtype != dt:
+                raise RuntimeError(f"export stream out of order at {name}: got {tname} {arr.shape} {arr.dtype}")
+            fh.write(np.ascontiguousarray(arr).tobytes())
+
+
+def save_hf(
+    model: Qwen3ForCausalLM,
+    path,
+    *,
+    dtype=None,
+    max_shard_bytes: int = 2 * 1024**3,
+    tokenizer_from=None,
+) -> Path:
+    """Write an HF directory (config.json, safetensors shard(s) + index) loadable by transformers and
+    vLLM. `dtype` (e.g. jnp.bfloat16; default: the parameter dtype). Tokenizer files are copied from
+    `tokenizer_from`, else from the directory the model was loaded from (if any). Multi-host: every
+    process gathers, process 0 writes."""
+    path = Path(path)
+    write = jax.process_index() == 0
+    if write:
+        path.mkdir(parents=True, exist_ok=True)
+    npdt = _np_dtype(dtype) or _np_dtype(model.param_dtype)
+    shapes = hf_param_shapes(model.config)
+    shards: list[list[tuple[str, tuple, np.dtype]]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        n = int(math.prod(shape)) * npdt.itemsize
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape, npdt))
+        size += n
+    names = (
+        ["model.safetensors"] if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    stream = iter_hf_tensors(model, dtype=npdt)
+    for fname, entries in zip(names, shards):
+        if write:
+            _write_safetensors_stream(path / fname, entries, stream)
+        else:
+            for _ in entries:
+                next(stream)
+    if not write:
+        return path
+    if len(shards) > 1:
+        total = sum(int(math.prod(s)) * npdt.itemsize for s in shapes.values())
+        wm = {name: fname for fname, entries in zip(names, shards) for name, _, _ in entries}
+        (path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=2)
+        )
+    cfg = model.config.to_hf_dict()
+    cfg["dtype"] = npdt.name
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    src = tokenizer_from if tokenizer_from is not None else model.hf_source
+    if src is not None:
+        for f in TOKENIZER_FILES:
+            s = Path(src) / f
+            if s.exists() and s.resolve() != (path / f).resolve():
+                shutil.copyfile(s, path / f)
+    return path

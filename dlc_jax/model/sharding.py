@@ -1,0 +1,164 @@
+"""Device mesh and logical-axis sharding rules for the Qwen3 model.
+
+Every parameter carries logical axis names (`out_sharding` metadata, e.g. ("embed", "mlp")); a rule
+table maps each logical name to mesh axes. A dimension whose size is not divisible by the mesh
+axes it maps to is replicated instead (e.g. 2 KV heads on a tensor axis of 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axis / tuple of mesh axes / None (replicated)
+LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),        # parameters: FSDP shards the model dimension
+    ("act_embed", None),      # activations keep the model dimension whole
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("norm", None),
+    ("cache_length", None),
+    ("layers", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh shape; -1 on one axis = all remaining devices."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+    def shape(self, n_devices: int) -> tuple[int, int, int]:
+        dims = [self.data, self.fsdp, self.tensor]
+        if sum(d == -1 for d in dims) > 1:
+            raise ValueError(f"MeshConfig: at most one axis may be -1, got {self}")
+        known = math.prod(d for d in dims if d != -1)
+        if any(d == 0 or d < -1 for d in dims):
+            raise ValueError(f"MeshConfig: axis sizes must be positive or -1, got {self}")
+        if -1 in dims:
+            if n_devices % known:
+                raise ValueError(f"MeshConfig {self}: {n_devices} devices not divisible by {known}")
+            dims[dims.index(-1)] = n_devices // known
+        if math.prod(dims) != n_devices:
+            raise ValueError(f"MeshConfig {self} needs {math.prod(dims)} devices, have {n_devices}")
+        return tuple(dims)
+
+
+def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all global devices, multi-host aware)."""
+    cfg = cfg or MeshConfig()
+    devices = list(jax.devices() if devices is None else devices)
+    shape = cfg.shape(len(devices))
+    try:
+        from jax.experimental import mesh_utils
+
+        if jax.process_count() > 1:
+            arr = mesh_utils.create_hybrid_device_mesh(
+                (shape[0] // jax.process_count(), shape[1], shape[2]), (jax.process_count(), 1, 1), devices
+            ) if shape[0] % jax.process_count() == 0 else mesh_utils.create_device_mesh(shape, devices)
+        else:
+            arr = mesh_utils.create_device_mesh(shape, devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        arr = np.asarray(devices).reshape(shape)
+    return Mesh(arr, MESH_AXES)
+
+
+def _rules_dict(rules) -> dict:
+    return dict(LOGICAL_RULES if rules is None else rules)
+
+
+def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules=None) -> PartitionSpec:
+    """PartitionSpec for an array of `shape` with `logical` axis names; indivisible dims replicate."""
+    if len(logical) != len(shape):
+        raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
+    table = _rules_dict(rules)
+    used: set[str] = set()
+    out = []
+    for name, size in zip(logical, shape):
+        target = table.get(name) if name is not None else None
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        axes = tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
+        n = math.prod(mesh.shape[a] for a in axes) if axes else 1
+        if not axes or size % n:
+            # try a prefix of the axes that divides
+            while axes and size % math.prod(mesh.shape[a] for a in axes):
+                axes = axes[:-1]
+        used.update(axes)
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*out)
+
+
+def named_sharding(logical, shape, mesh: Mesh, rules=None) -> NamedSharding:
+    return NamedSharding(mesh, logical_to_spec(logical, shape, mesh, rules))
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationSharding:
+    """Mesh + rules used for activation constraints inside the model (hashable: static module attr)."""
+
+    mesh: Mesh | None = None
+    rules: tuple | None = None
+
+    def constrain(self, x, logical: Sequence[str | None]):
+        """`with_sharding_constraint(x, ...)` by logical names; identity without a mesh."""
+        if self.mesh is None or self.mesh.size == 1:
+            return x
+        return jax.lax.with_sharding_constraint(x, named_sharding(logical, x.shape, self.mesh, self.rules))
+
+
+def param_logical_axes(variable) -> tuple | None:
+    """Logical axis names stored on an nnx Variable (None if it has none)."""
+    md = variable.get_metadata()
+    return md.get("out_sharding") or md.get("sharding_names")
+
+
+def model_shardings(model, mesh: Mesh, rules=None):
+    """nnx.State of NamedSharding for every parameter of `model` (from its logical axes)."""
+    from flax import nnx
+
+    state = nnx.state(model, nnx.Param)
+
+    def one(v):
+        axes = param_logical_axes(v)
+        if axes is None:
+            axes = (None,) * len(v.shape)
+        return v.replace(named_sharding(axes, v.shape, mesh, rules))
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def shard_model(model, mesh: Mesh, rules=None):
+    """Place every parameter on its NamedSharding (in place) and enable activation constraints."""
+    from flax import nnx
+
+    shardings = model_shardings(model, mesh, rules)
+    state = nnx.state(model, nnx.Param)
+    placed = jax.tree.map(
+        lambda v, s: v.replace(jax.device_put(v.get_value(), s.get_value())),
+        state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    nnx.update(model, placed)
+    set_activation_sharding(model, mesh, rules)
+    return model
+
+
+def set_activation_sharding(model, mesh: Mesh | None, rules=None):
+    act = ActivationSharding(mesh, None if rules is None else tuple(rules))
+    for _, m in model.iter_modules():
+        if hasattr(m, "act_sharding"):
+            m.act_sharding = act
+    return model
