@@ -1,0 +1,81 @@
+"""`dlc-jax sampler serve ...` and `dlc-jax sampler info --address HOST:PORT`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dlc-jax sampler", description="sampler service")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="start a sampler server")
+    s.add_argument("--backend", choices=["vllm", "jax"], default="vllm")
+    s.add_argument("--model", required=True, help="HF Qwen3 directory (config.json + *.safetensors)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=0, help="0 = pick a free port (printed as 'LISTENING host:port')")
+    s.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    s.add_argument("--quantization", default=None, help="vLLM: e.g. fp8_per_channel; jax: int8")
+    s.add_argument("--tensor-parallel-size", type=int, default=1)
+    s.add_argument("--max-model-len", type=int, default=512)
+    s.add_argument("--max-n", type=int, default=64)
+    s.add_argument("--max-head-k", type=int, default=20)
+    s.add_argument("--max-num-seqs", type=int, default=64)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--initial-version", type=int, default=0)
+    s.add_argument("--weight-noise", type=float, default=0.0, help="jax: sigma relative to per-tensor rms")
+    s.add_argument("--weight-noise-seed", type=int, default=0)
+    s.add_argument("--token", default=None, help="require 'authorization: Bearer TOKEN' on every call")
+    s.add_argument("--tls-cert", default=None)
+    s.add_argument("--tls-key", default=None)
+    s.add_argument("--max-message-bytes", type=int, default=64 << 20)
+    s.add_argument("--staging-root", default=None, help="directory for staged weight pushes (default: system temp)")
+    i = sub.add_parser("info", help="query a running server")
+    i.add_argument("--address", required=True)
+    i.add_argument("--token", default=None)
+    i.add_argument("--tls-root-cert", default=None)
+    return ap
+
+
+async def _serve(args) -> int:
+    from .backends import BackendConfig, make_backend
+    from .server import SamplerServer, ServerConfig
+
+    cfg = BackendConfig(model_dir=args.model, dtype=args.dtype, quantization=args.quantization,
+                        tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
+                        max_n=args.max_n, max_head_k=args.max_head_k, max_num_seqs=args.max_num_seqs, seed=args.seed,
+                        initial_version=args.initial_version, weight_noise=args.weight_noise,
+                        weight_noise_seed=args.weight_noise_seed)
+    server = SamplerServer(make_backend(args.backend, cfg),
+                           ServerConfig(host=args.host, port=args.port, token=args.token, tls_cert=args.tls_cert,
+                                        tls_key=args.tls_key, max_message_bytes=args.max_message_bytes,
+                                        staging_root=args.staging_root))
+    await server.start()
+    print(f"LISTENING {server.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+    return 0
+
+
+def cli(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "serve":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return asyncio.run(_serve(args))
+    from .client import SamplerClient
+
+    with SamplerClient(args.address, token=args.token, tls_root_cert=args.tls_root_cert, max_retries=0) as c:
+        print(json.dumps(c.info(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

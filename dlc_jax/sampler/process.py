@@ -1,0 +1,90 @@
+"""Run `python -m dlc_jax.sampler.cli serve ...` as a subprocess on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .client import SamplerClient
+
+
+class SamplerProcess:
+    """Start a sampler server subprocess and wait until Info answers.
+
+    port=0 lets the server pick a free port; it prints 'LISTENING host:port', read from its log.
+    extra_args: more `serve` flags (e.g. ["--dtype", "bfloat16"]). env: extra environment.
+    """
+
+    def __init__(self, backend: str, model_dir: str, *, port: int = 0, host: str = "127.0.0.1",
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
+                 log_file: str | None = None, token: str | None = None, startup_timeout: float = 300.0):
+        self.backend, self.model_dir, self.host, self.port = backend, model_dir, host, port
+        self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})
+        self.log_file = log_file
+        self.token = token
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self.address: str | None = None
+
+    def start(self) -> "SamplerProcess":
+        import tempfile
+
+        if self.log_file is None:
+            fd, self.log_file = tempfile.mkstemp(prefix="dlc_sampler_", suffix=".log")
+            os.close(fd)
+        cmd = [sys.executable, "-m", "dlc_jax.sampler.cli", "serve", "--backend", self.backend, "--model",
+               self.model_dir, "--host", self.host, "--port", str(self.port), *self.extra_args]
+        if self.token:
+            cmd += ["--token", self.token]
+        env = {**os.environ, **self.env}
+        self._log = open(self.log_file, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.startup_timeout
+        while self.address is None:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sampler exited with {self.proc.returncode} during startup; log {self.log_file}:\n"
+                                   + self.log_tail())
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"sampler did not start in {self.startup_timeout}s; log {self.log_file}")
+            for line in open(self.log_file, errors="replace"):
+                if line.startswith("LISTENING "):
+                    self.address = line.split()[1]
+            time.sleep(0.2)
+        with SamplerClient(self.address, token=self.token) as c:
+            c.wait_ready(max(1.0, deadline - time.monotonic()))
+        return self
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return open(self.log_file, errors="replace").read()[-n:]
+        except OSError:
+            return ""
+
+    def client(self, **kw) -> SamplerClient:
+        return SamplerClient(self.address, token=self.token, **kw)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode if self.proc else None
+
+    def kill(self) -> None:
+        """SIGKILL (crash tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
