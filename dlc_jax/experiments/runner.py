@@ -109,6 +109,8 @@ class Experiment:
         return list(self.preset.overrides) + [
             f"train.steps={self.steps}", f"checkpoint.every={self.ckpt_every}",
             f"checkpoint.keep={self.steps // self.ckpt_every + 2}", "checkpoint.resume=true",
+            # a never-synced sampler is up to `steps` versions behind: keep its rollouts (and theta_s)
+            f"async.max_staleness={self.steps + 1}",
             f"sft.cache_dir={self.out / 'cache'}"]
 
     def run_config(self, spec: RunSpec, model_dir: str | None):
