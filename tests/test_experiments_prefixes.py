@@ -9,12 +9,17 @@ from dlc_jax.experiments.prefixes import (PrefixConfig, PrefixSet, assemble, cre
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from dlc_jax.data.tokenize import load_tokenizer
+def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
-    d = make_tiny(tmp_path_factory.mktemp("tiny"))
-    return load_tokenizer(str(d))
+    return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    from dlc_jax.data.tokenize import load_tokenizer
+
+    return load_tokenizer(str(tiny_dir))
 
 
 def seeded_generate(calls):
@@ -95,3 +100,24 @@ def test_load_refuses_missing_or_incomplete(tmp_path):
     np.savez(tmp_path / "prefixes.npz", tokens=np.zeros((2, 3), np.int32))
     with pytest.raises(ValueError, match="missing arrays"):
         PrefixSet.load(tmp_path)
+
+
+def test_real_jax_sampler_is_deterministic_per_seed(tokenizer, tiny_dir):
+    """Prefixes sampled through the real gRPC sampler (JAX backend on loopback): same seed, same ids."""
+    from dlc_jax.experiments.prefixes import client_generate
+    from dlc_jax.sampler.process import SamplerProcess
+
+    proc = SamplerProcess("jax", str(tiny_dir), extra_args=["--max-model-len", "64"]).start()
+    try:
+        with proc.client() as c:
+            cfg = PrefixConfig(num_prompts=6, max_tokens=4)
+            a = create_prefixes(cfg, tokenizer, client_generate(c))
+            b = create_prefixes(cfg, tokenizer, client_generate(c))
+            other = create_prefixes(PrefixConfig(num_prompts=6, max_tokens=4, sample_seed=3), tokenizer,
+                                    client_generate(c))
+    finally:
+        proc.stop()
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert not np.array_equal(a.tokens, other.tokens)
+    np.testing.assert_array_equal(a.prompt_lens, other.prompt_lens)  # same held-out prompts
+    assert a.num_prefixes >= 6 and np.all(a.response_lens <= 4)
