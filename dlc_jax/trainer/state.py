@@ -48,6 +48,16 @@ def apply_updates(tx, params, opt_state, grads, lr_scale=1.0):
     return optax.apply_updates(params, updates), opt_state
 
 
+def place_on_mesh(tree, mesh):
+    """Leaves not already spread over ``mesh``'s devices are replicated over it."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    devs = set(mesh.devices.flat)
+    repl = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: x if getattr(x, "sharding", None) is not None and x.sharding.device_set == devs
+                        else jax.device_put(x, repl), tree)
+
+
 def copy_tree(tree):
     """A device copy of a pytree of arrays (same shardings), so later donation cannot alias it."""
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
@@ -73,11 +83,15 @@ class TrainState:
     synced_version: int = 0
 
     @classmethod
-    def create(cls, model, tx, *, max_snapshots: int = 4) -> "TrainState":
+    def create(cls, model, tx, *, max_snapshots: int = 4, mesh=None) -> "TrainState":
+        """Split ``model`` and init the optimizer. With ``mesh``, optimizer leaves not derived from a
+        sharded param (e.g. step counts) are replicated over the mesh."""
         from flax import nnx
 
         graphdef, params = nnx.split(model, nnx.Param)
         opt_state = jax.jit(tx.init)(params)
+        if mesh is not None:
+            opt_state = place_on_mesh(opt_state, mesh)
         st = cls(graphdef=graphdef, params=params, opt_state=opt_state, max_snapshots=max_snapshots)
         st.snapshot()
         return st
