@@ -33,7 +33,7 @@ def _param(rngs: nnx.Rngs | None, shape, dtype, logical, init: str):
     else:
         key = rngs.params() if rngs is not None else jax.random.key(0)
         value = (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-    return nnx.Param(value, sharding_names=tuple(logical), eager_sharding=False)
+    return nnx.Param(value, out_sharding=tuple(logical), eager_sharding=False)
 
 
 class RMSNorm(nnx.Module):
