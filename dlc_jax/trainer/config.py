@@ -49,11 +49,17 @@ class MeshSection:
 
 @dataclasses.dataclass
 class SamplerSection:
-    """backend: 'vllm' | 'jax'; address: 'host:port' of a running sampler ('' = spawn one on loopback);
+    """backend: 'vllm' | 'jax'; address: 'host:port' of a running sampler ('' = spawn one on loopback),
+    or several comma-separated ('h1:p,h2:p') driven as one ``dlc_jax.sampler.pool.SamplerPool``;
+    token_file: file holding the bearer token ('' = none); tls_root_cert: PEM of the CA that signed the
+    samplers' certificates ('' = plaintext); tls_server_name: override of the TLS target name;
     n: group size G; head_k: sampler top-k head reported per token (0 = none, no centering term)."""
 
     backend: Literal["vllm", "jax"] = "vllm"
     address: str = ""
+    token_file: str = ""
+    tls_root_cert: str = ""
+    tls_server_name: str = ""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     quantization: str = ""
     weight_noise: float = 0.0
@@ -66,6 +72,21 @@ class SamplerSection:
     max_model_len: int = 128
     startup_timeout_s: float = 600.0
     reconnect_timeout_s: float = 600.0
+
+
+@dataclasses.dataclass
+class DistributedSection:
+    """Multi-host JAX (``dlc_jax.trainer.distributed``). mode: 'auto' (initialize when the environment
+    says there are several processes: TPU pod, or coordinator_address / JAX_COORDINATOR_ADDRESS set),
+    'on' (always call ``jax.distributed.initialize``), 'off' (single process). coordinator_address:
+    'host:port' of process 0 ('' = from the environment / auto-detected on TPU); num_processes and
+    process_id: -1 = from the environment / auto-detected."""
+
+    mode: Literal["auto", "on", "off"] = "auto"
+    coordinator_address: str = ""
+    num_processes: int = -1
+    process_id: int = -1
+    initialization_timeout_s: int = 300
 
 
 @dataclasses.dataclass
@@ -157,6 +178,7 @@ class SFTSection:
 class TrainConfig:
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
+    distributed: DistributedSection = dataclasses.field(default_factory=DistributedSection)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     sampler: SamplerSection = dataclasses.field(default_factory=SamplerSection)
@@ -192,6 +214,9 @@ _RULES: list[tuple[str, Any, str]] = [
     ("sampler.top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("sampler.head_k", lambda v: v >= 0, ">= 0"),
     ("sampler.weight_noise", lambda v: v >= 0, ">= 0"),
+    ("distributed.num_processes", lambda v: v == -1 or v >= 1, ">= 1 or -1 (from the environment)"),
+    ("distributed.process_id", lambda v: v >= -1, ">= 0 or -1 (from the environment)"),
+    ("distributed.initialization_timeout_s", lambda v: v >= 1, ">= 1"),
     ("optim.lr", lambda v: v > 0, "> 0"),
     ("optim.warmup", lambda v: v >= 0, ">= 0"),
     ("optim.grad_clip", lambda v: v >= 0, ">= 0 (0 = off)"),
