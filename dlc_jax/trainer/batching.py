@@ -57,6 +57,9 @@ class BatchAssembler:
         self._slot_to_batch: dict[int, int] = {}
         self.dropped_stale = 0
         self.rejected = 0
+        #: rollouts with any token older than this are refused ('drop' handling after a resync)
+        self.min_version = -(10**9)
+        self.dropped_old = 0
 
     def open(self, index: int, slots: list[int], prompts: dict | None = None) -> SlotBatch:
         if index in self.batches:
@@ -74,7 +77,8 @@ class BatchAssembler:
         return rollout_min_version(rollout) < current_version - self.max_staleness
 
     def add(self, rollout, current_version: int) -> str:
-        """File ``rollout`` into its cell. Returns 'accepted', 'stale' (dropped, cell stays open),
+        """File ``rollout`` into its cell. Returns 'accepted', 'stale' (dropped, cell stays open), 'old'
+        (sampled before ``min_version``, dropped),
         'duplicate' (cell already filled) or 'unknown' (slot not in an open batch / bad sample index)."""
         bi = self._slot_to_batch.get(int(rollout.slot_id))
         if bi is None or not 0 <= int(rollout.sample_index) < self.group_size:
@@ -83,6 +87,9 @@ class BatchAssembler:
         if self.is_stale(rollout, current_version):
             self.dropped_stale += 1
             return "stale"
+        if rollout_min_version(rollout) < self.min_version:
+            self.dropped_old += 1
+            return "old"
         key = (int(rollout.slot_id), int(rollout.sample_index))
         b = self.batches[bi]
         if key in b.cells:

@@ -1,0 +1,44 @@
+"""`dlc-jax train --config configs/NAME.yaml [key.sub=value ...]` (no --config: configs/tiny_cpu.yaml)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dlc-jax train", description=__doc__)
+    p.add_argument("--config", default=None, help="YAML config (default: the embedded configs/tiny_cpu.yaml)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. optim.lr=1e-5 resync.policy=never")
+    a = p.parse_args(argv)
+
+    from dlc_jax.trainer.config import ConfigError, default_config_path, dump_config, load_config
+
+    path = a.config or default_config_path()
+    try:
+        cfg = load_config(path, a.overrides)
+    except ConfigError as e:
+        print(f"dlc-jax train: config error: {e}", file=sys.stderr)
+        return 2
+    if a.print_config:
+        print(dump_config(cfg))
+        return 0
+    from dlc_jax.trainer.loop import Trainer
+
+    print(f"dlc-jax train: config {path} ({len(a.overrides)} overrides); loss {cfg.loss.name}, "
+          f"resync {cfg.resync.policy}, sampler {cfg.sampler.backend}, {cfg.train.steps} steps", flush=True)
+    summary = Trainer(cfg).run()
+    r = summary.get("reward_mean", {})
+    e = summary.get("ess_lag", {})
+    print(json.dumps({
+        "steps": summary.get("last_step"), "seconds": round(summary.get("seconds", 0.0), 1),
+        "reward_first": r.get("first"), "reward_last": r.get("last"), "reward_mean": r.get("mean"),
+        "ess_lag_min": e.get("min"), "resyncs": summary.get("resync_count"), "resyncs_ess": summary.get("resync_ess"),
+        "reconnects": summary.get("reconnects"),
+    }), flush=True)
+    print(f"metrics: {summary['metrics_dir']}/metrics.jsonl (TensorBoard: {summary['metrics_dir']}/tb, "
+          f"summary: {summary['metrics_dir']}/summary.json)")
+    print(f"checkpoint: {summary['checkpoint_dir']} (step {summary['checkpoint_step']})")
+    return 0 if summary.get("finished") else 1

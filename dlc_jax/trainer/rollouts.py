@@ -1,0 +1,99 @@
+"""Background rollout requests: one thread per Generate stream, feeding a BatchAssembler.
+
+The trainer thread asks for the missing cells of a batch (``request``); a worker thread streams the
+rollouts from the sampler and files each into its (slot, sample_index) cell. A stream that fails
+records the error (``failures``) and leaves its unfilled cells open, so after a reconnect the trainer
+simply requests the still-missing cells again: no batch is lost and no cell is filled twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+
+from dlc_jax.trainer.batching import BatchAssembler
+
+
+@dataclasses.dataclass
+class _Request:
+    batch: int
+    cells: list  # [(slot, sample_index)] in the order the sampler will number them
+    slots: list
+
+
+class RolloutFeeder:
+    """Issues Generate calls for batch cells and fills ``assembler`` from background threads.
+
+    client_fn: zero-arg callable returning the current ``SamplerClient`` (changes after a reconnect).
+    version_fn: zero-arg callable returning the trainer's current weight version (for the staleness bound).
+    params_fn: ``(batch_index, attempt) -> SamplingParams`` with n = 1 (one request per sample index).
+    """
+
+    def __init__(self, assembler: BatchAssembler, client_fn, version_fn, params_fn):
+        self.asm = assembler
+        self.client_fn = client_fn
+        self.version_fn = version_fn
+        self.params_fn = params_fn
+        self.cond = threading.Condition()
+        self.outstanding: dict[int, int] = {}
+        self.failures: list[BaseException] = []
+        self.attempts: dict[int, int] = {}
+        self.requested_samples = 0
+        self.stale_in_flight = 0
+        self._threads: list[threading.Thread] = []
+
+    def request_missing(self, batch: int, prompt_ids: dict) -> int:
+        """Request every open cell of ``batch`` that is not already being generated; returns how many.
+
+        Cells are grouped by sample index: one Generate call per sample index g over the slots missing
+        g (n = 1), and each returned rollout is renumbered to g. ``prompt_ids``: slot -> int32 [P].
+        """
+        with self.cond:
+            if self.outstanding.get(batch, 0):
+                return 0
+            b = self.asm.batches[batch]
+            missing = b.missing()
+            if not missing:
+                return 0
+            attempt = self.attempts.get(batch, 0)
+            self.attempts[batch] = attempt + 1
+            by_g: dict[int, list[int]] = {}
+            for s, g in missing:
+                by_g.setdefault(g, []).append(s)
+            self.outstanding[batch] = len(by_g)
+            self.requested_samples += len(missing)
+        for g, slots in sorted(by_g.items()):
+            params = self.params_fn(batch, attempt, g)
+            t = threading.Thread(target=self._run, args=(batch, g, slots, [prompt_ids[s] for s in slots], params),
+                                 daemon=True, name=f"rollouts-b{batch}-g{g}")
+            t.start()
+            self._threads.append(t)
+        return len(missing)
+
+    def _run(self, batch, g, slots, prompts, params):
+        try:
+            for r in self.client_fn().generate([np.asarray(p).tolist() for p in prompts], params, slot_ids=slots):
+                r.sample_index = g
+                with self.cond:
+                    status = self.asm.add(r, self.version_fn())
+                    if status == "stale":
+                        self.stale_in_flight += 1
+                    self.cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
+            with self.cond:
+                self.failures.append(e)
+                self.cond.notify_all()
+        finally:
+            with self.cond:
+                self.outstanding[batch] -= 1
+                self.cond.notify_all()
+
+    def idle(self, batch: int) -> bool:
+        return self.outstanding.get(batch, 0) == 0
+
+    def join_all(self, timeout: float = 5.0) -> None:
+        for t in self._threads:
+            t.join(timeout)
+        self._threads = [t for t in self._threads if t.is_alive()]
