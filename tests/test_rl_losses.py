@@ -461,3 +461,22 @@ def test_nan_inputs_are_dropped_reported_or_refused(name):
         validate_inputs(to_inputs(bad))
     validate_inputs(to_inputs(d))  # clean batch passes (NaN on padding alone would pass too)
     validate_inputs(to_inputs({**d, "lp": bad["lp"]}))
+
+
+@pytest.mark.parametrize("name", ["score_centering", "score_centering_tis", "score_centering_mask",
+                                  "dlc"])
+def test_minus_inf_head_padding_equals_head_valid_mask(name):
+    """A sampler that returned fewer than K candidates pads the head with -inf log-probs (prob 0);
+    that must equal marking those entries invalid, and must not drop the token."""
+    d = make_batch()
+    pad = {k: d[k].copy() for k in ("lp_head", "lq_head", "lps_head")}
+    for k in pad:
+        pad[k][:, :, -1] = -np.inf
+    hv = np.ones(d["lp_head"].shape); hv[:, :, -1] = 0
+    cfg = CFGS[name]
+    l_pad, m_pad, g_pad, _ = jax_loss_and_grads(cfg, {**d, **pad})
+    l_hv, _, g_hv, _ = jax_loss_and_grads(cfg, {**d, "head_valid": hv})
+    assert float(m_pad["nonfinite_tokens"]) == 0.0
+    np.testing.assert_allclose(l_pad, l_hv, rtol=1e-6)
+    np.testing.assert_allclose(g_pad, g_hv, rtol=1e-6)
+    validate_inputs(to_inputs({**d, **pad}))

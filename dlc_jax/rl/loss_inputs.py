@@ -19,6 +19,7 @@ from flax import struct
 
 from dlc_jax.rl import masked
 from dlc_jax.rl.advantages import broadcast_to_tokens
+from dlc_jax.rl.logprobs import OUT_OF_SUPPORT_LOGPROB
 
 
 @struct.dataclass
@@ -141,8 +142,9 @@ def require(loss: str, inp: LossInputs, fields: tuple[str, ...]) -> None:
 
 
 def validate_inputs(inp: LossInputs) -> None:
-    """Host-side check before a step: shapes, mask values, and no NaN/inf on valid tokens
-    (-inf is not allowed either: report out-of-support log-probs with a finite floor).
+    """Host-side check before a step: shapes, and no NaN/inf on valid tokens in the [B,T] fields
+    (token log-probs must be finite; out-of-support tokens carry the finite floor) nor NaN/+inf in
+    valid head entries (-inf there means probability 0 and is allowed).
     Raises ValueError naming the field and the count. Padding (mask 0) may hold anything."""
     check_shapes(inp)
     m = np.asarray(inp.mask) > 0
@@ -159,9 +161,11 @@ def validate_inputs(inp: LossInputs) -> None:
     for f in ("lp_head", "lps_head", "lq_head"):
         x = getattr(inp, f)
         if x is not None:
-            bad = int(np.sum(~np.isfinite(np.asarray(x)) & hv))
+            x = np.asarray(x)
+            bad = int(np.sum((np.isnan(x) | (x == np.inf)) & hv))
             if bad:
-                raise ValueError(f"LossInputs.{f} has {bad} non-finite value(s) on valid head entries")
+                raise ValueError(f"LossInputs.{f} has {bad} NaN/+inf value(s) on valid head entries "
+                                 "(-inf = probability 0 is allowed)")
     if inp.num_tokens is not None and not math.isfinite(float(inp.num_tokens)):
         raise ValueError(f"LossInputs.num_tokens is not finite: {inp.num_tokens}")
 
@@ -208,9 +212,14 @@ def _finite_tokens(inp: LossInputs, m: jax.Array) -> jax.Array:
     for f in ("lp_head", "lps_head", "lq_head"):
         x = getattr(inp, f)
         if x is not None:
-            fin = jnp.isfinite(x) if hv is None else (jnp.isfinite(x) | ~hv)
+            fin = _head_ok(x) if hv is None else (_head_ok(x) | ~hv)
             ok = ok & jnp.all(fin, axis=-1)
     return ok
+
+
+def _head_ok(x):
+    """Head log-probs may be -inf (probability 0, e.g. padding); NaN and +inf are invalid."""
+    return ~jnp.isnan(x) & (x < jnp.inf)
 
 
 def prepare(inp: LossInputs) -> Prepared:
@@ -227,7 +236,10 @@ def prepare(inp: LossInputs) -> Prepared:
         base = jnp.ones(ref.shape, jnp.float32)
         hv = base if inp.head_valid is None else masked.as_mask(inp.head_valid)
         hv = hv * m[..., None]
-    sh = lambda x: None if x is None else jnp.where(hv > 0, x.astype(jnp.float32), 0.0)
+    # -inf head entries (probability 0) become the finite OUT_OF_SUPPORT floor: exp() is still 0,
+    # and no inf * 0 can appear in the centering term.
+    sh = lambda x: None if x is None else jnp.where(
+        hv > 0, jnp.maximum(x.astype(jnp.float32), OUT_OF_SUPPORT_LOGPROB), 0.0)
     sg = lambda x: None if x is None else jax.lax.stop_gradient(x)
     lp = s(inp.lp)
     lp_old = sg(lp if inp.lp_old is None else s(inp.lp_old))
