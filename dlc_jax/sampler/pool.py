@@ -1,0 +1,467 @@
+"""`SamplerPool`: drive N sampler servers through the `SamplerClient` interface.
+
+Routing: every prompt slot goes to one in-rotation sampler, round robin by slot id
+(`active[slot % len(active)]`), as its own Generate request. When `params.seed` is set, the request
+for slot `s` carries the seed `slot_seed(params.seed, s)`, so a slot's samples depend only on
+(seed, slot, weights) -- not on which sampler or which trainer process asked for it, nor on how many
+samplers are up.
+
+Failures: a sampler whose Generate stream or weight push fails (unreachable, killed, push rejected)
+is taken out of rotation; the slots it still owed are re-requested from the remaining samplers
+(samples already received are kept; duplicates by (slot, sample_index) are dropped), and training
+continues. `metrics()` reports the rotation. An out-of-rotation sampler that answers Info again is
+offered the next full push (`readmit=True`); it rejoins only if that push succeeds, so a sampler in
+rotation always holds the latest pushed version.
+
+Pushes: `push_weights` streams to every target concurrently and waits for all. Each push is atomic
+per sampler (the server swaps only on Commit). For a callable or one-shot source, each tensor is read
+once and fanned out to per-sampler bounded queues (host memory ~ one tensor x queue depth), so a
+multi-host gather runs once per tensor however many samplers there are.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import concurrent.futures as cf
+import dataclasses
+import queue
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+
+from .client import SamplerClient
+from .types import PushResult, Rollout, SamplingParams
+
+_END = object()
+
+
+class NoActiveSamplerError(RuntimeError):
+    """Every sampler of the pool is out of rotation (the message lists why)."""
+
+
+def slot_seed(seed: int, slot: int) -> int:
+    """Per-slot request seed in [0, 2**31): depends only on (seed, slot)."""
+    return (int(seed) * 1_000_003 + int(slot) * 7919 + 12345) % (2**31 - 1)
+
+
+@dataclasses.dataclass
+class SamplerStatus:
+    """One pool member: its address, rotation state, last pushed version and last error."""
+
+    index: int
+    address: str
+    active: bool = True
+    version: int = -1
+    pushes_ok: int = 0
+    pushes_failed: int = 0
+    generate_failures: int = 0
+    last_error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolPushResult:
+    """Push outcome over the pool; same leading fields as `PushResult` (ok, version, message, bytes,
+    seconds, code). ok: at least one sampler took `version` (all in-rotation samplers then hold it).
+    per_sampler: address -> PushResult; removed / readmitted: addresses that left / rejoined rotation."""
+
+    ok: bool
+    version: int
+    message: str
+    bytes: int = 0
+    seconds: float = 0.0
+    code: str = "OK"
+    per_sampler: dict = dataclasses.field(default_factory=dict)
+    removed: tuple = ()
+    readmitted: tuple = ()
+
+
+def _describe(e: BaseException) -> tuple[str, str]:
+    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
+        return e.code().name, f"{e.code().name}: {e.details()}"
+    return type(e).__name__, f"{type(e).__name__}: {e}"
+
+
+class SamplerPool:
+    """N sampler servers behind the `SamplerClient` interface (generate / push_weights / push_model /
+    load_weights / info / wait_ready / close).
+
+    addresses: 'host:port' list (or one comma-separated string). token / tls_root_cert /
+    tls_server_name / timeout / max_retries / backoff: passed to each `SamplerClient`.
+    readmit: offer full pushes to out-of-rotation samplers that answer Info within probe_timeout.
+    max_inflight: concurrent Generate requests per sampler. queue_depth: tensors buffered per sampler
+    during a fanned-out push.
+    """
+
+    def __init__(self, addresses, *, token: str | None = None, tls_root_cert=None, tls_server_name: str | None = None,
+                 timeout: float = 600.0, max_retries: int = 5, backoff: float = 0.25, max_backoff: float = 8.0,
+                 readmit: bool = True, probe_timeout: float = 5.0, max_inflight: int = 8, queue_depth: int = 2):
+        if isinstance(addresses, str):
+            addresses = [a.strip() for a in addresses.split(",") if a.strip()]
+        addresses = list(addresses)
+        if not addresses:
+            raise ValueError("SamplerPool: no sampler addresses given")
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"SamplerPool: duplicate sampler addresses in {addresses}")
+        self.clients = [SamplerClient(a, token=token, tls_root_cert=tls_root_cert, tls_server_name=tls_server_name,
+                                      timeout=timeout, max_retries=max_retries, backoff=backoff,
+                                      max_backoff=max_backoff) for a in addresses]
+        self.status = [SamplerStatus(i, a) for i, a in enumerate(addresses)]
+        self.readmit = readmit
+        self.probe_timeout = probe_timeout
+        self.max_inflight = max(1, int(max_inflight))
+        self.queue_depth = max(1, int(queue_depth))
+        self.removed_total = 0
+        self.readmitted_total = 0
+        self.resubmitted_slots = 0
+        self._lock = threading.Lock()
+
+    # -- rotation ---------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return ",".join(s.address for s in self.status)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [s.address for s in self.status]
+
+    def active_indices(self) -> list[int]:
+        with self._lock:
+            return [s.index for s in self.status if s.active]
+
+    def _take_out(self, i: int, reason: str) -> bool:
+        with self._lock:
+            st = self.status[i]
+            st.last_error = reason
+            if not st.active:
+                return False
+            st.active = False
+            self.removed_total += 1
+            return True
+
+    def rotation(self) -> list[bool]:
+        """In-rotation flag per sampler (pool order)."""
+        with self._lock:
+            return [s.active for s in self.status]
+
+    def set_rotation(self, active: list[bool], version: int | None = None, reason: str = "set by caller") -> None:
+        """Impose a rotation decided elsewhere (multi-host: process 0 pushed; the others follow)."""
+        if len(active) != len(self.status):
+            raise ValueError(f"set_rotation: {len(active)} flags for {len(self.status)} samplers")
+        with self._lock:
+            for st, a in zip(self.status, active):
+                if st.active and not a:
+                    self.removed_total += 1
+                    st.last_error = reason
+                elif a and not st.active:
+                    self.readmitted_total += 1
+                st.active = bool(a)
+                if a and version is not None:
+                    st.version = int(version)
+
+    def route(self, slot_ids: list[int]) -> dict[int, list[int]]:
+        """Sampler index -> positions in `slot_ids` it serves (round robin by slot over the rotation)."""
+        active = self.active_indices()
+        if not active:
+            raise NoActiveSamplerError(self._why_none())
+        out: dict[int, list[int]] = {}
+        for k, s in enumerate(slot_ids):
+            out.setdefault(active[int(s) % len(active)], []).append(k)
+        return out
+
+    def _why_none(self) -> str:
+        return "no sampler in rotation: " + "; ".join(f"{s.address}: {s.last_error or 'out'}" for s in self.status)
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numeric metrics: pool/active, pool/out_of_rotation, totals, and per-sampler flags/versions."""
+        with self._lock:
+            m = {"pool/active": float(sum(s.active for s in self.status)),
+                 "pool/out_of_rotation": float(sum(not s.active for s in self.status)),
+                 "pool/removed_total": float(self.removed_total),
+                 "pool/readmitted_total": float(self.readmitted_total),
+                 "pool/resubmitted_slots": float(self.resubmitted_slots)}
+            for s in self.status:
+                m[f"pool/sampler{s.index}/active"] = float(s.active)
+                m[f"pool/sampler{s.index}/version"] = float(s.version)
+            return m
+
+    def report(self) -> list[dict]:
+        """Per-sampler status dicts (address, active, version, counters, last_error)."""
+        with self._lock:
+            return [dataclasses.asdict(s) for s in self.status]
+
+    # -- info -------------------------------------------------------------------------------
+    def info(self) -> dict:
+        """Info of the first in-rotation sampler, plus 'pool': the per-sampler report."""
+        for i in self.active_indices():
+            try:
+                d = self.clients[i].info()
+            except grpc.RpcError as e:
+                self._take_out(i, f"info failed: {_describe(e)[1]}")
+                continue
+            return dict(d, pool=self.report())
+        raise NoActiveSamplerError(self._why_none())
+
+    def wait_ready(self, timeout: float = 120.0) -> dict:
+        """Wait for every sampler concurrently; those not ready in `timeout` leave rotation. Raises
+        TimeoutError when none is ready."""
+        with cf.ThreadPoolExecutor(len(self.clients)) as ex:
+            futs = {i: ex.submit(c.wait_ready, timeout) for i, c in enumerate(self.clients)}
+            infos = {}
+            for i, f in futs.items():
+                try:
+                    infos[i] = f.result()
+                    with self._lock:
+                        self.status[i].version = int(infos[i]["version"])
+                except (TimeoutError, grpc.RpcError) as e:
+                    self._take_out(i, f"not ready: {e}")
+        ready = [i for i in sorted(infos) if self.status[i].active]
+        if not ready:
+            raise TimeoutError(self._why_none())
+        return dict(infos[ready[0]], pool=self.report())
+
+    # -- generate ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams, slot_ids: list[int] | None = None,
+                 request_id: str | None = None) -> Iterator[Rollout]:
+        """Stream one Rollout per (prompt, sample) in completion order, spread over the rotation.
+
+        A sampler that fails mid-stream leaves rotation and its missing (slot, sample) cells are
+        re-requested elsewhere; raises NoActiveSamplerError when no sampler is left."""
+        if slot_ids is None:
+            slot_ids = list(range(len(prompts)))
+        if len(slot_ids) != len(prompts):
+            raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
+        if len(set(int(s) for s in slot_ids)) != len(slot_ids):
+            raise ValueError("SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)")
+        rid = request_id or uuid.uuid4().hex
+        prompt_of = {int(s): list(p) for s, p in zip(slot_ids, prompts)}
+        pending = {int(s): set(range(params.n)) for s in slot_ids}
+        out: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        workers = self.max_inflight * len(self.clients)
+        ex = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pool-gen")
+        outstanding = 0
+
+        def job(i: int, slot: int, attempt: int):
+            p = params if params.seed is None else dataclasses.replace(params, seed=slot_seed(params.seed, slot))
+            try:
+                for r in self.clients[i].generate([prompt_of[slot]], p, [slot], request_id=f"{rid}-{slot}-{attempt}"):
+                    if stop.is_set():
+                        break
+                    out.put(("roll", i, slot, r))
+                out.put(("done", i, slot, None))
+            except Exception as e:  # noqa: BLE001 - reported to the consumer thread
+                out.put(("err", i, slot, e))
+
+        attempts: dict[int, int] = {}
+
+        def submit(slot: int):
+            nonlocal outstanding
+            active = self.active_indices()
+            if not active:
+                raise NoActiveSamplerError(self._why_none())
+            attempts[slot] = attempts.get(slot, -1) + 1
+            ex.submit(job, active[slot % len(active)], slot, attempts[slot])
+            outstanding += 1
+
+        try:
+            for s in slot_ids:
+                submit(int(s))
+            while outstanding:
+                kind, i, slot, payload = out.get()
+                if kind == "roll":
+                    if payload.sample_index in pending[slot]:
+                        pending[slot].discard(payload.sample_index)
+                        yield payload
+                    continue
+                outstanding -= 1
+                if kind == "err" and not isinstance(payload, grpc.RpcError):
+                    raise payload
+                if kind == "err":
+                    with self._lock:
+                        self.status[i].generate_failures += 1
+                    self._take_out(i, f"generate failed: {_describe(payload)[1]}")
+                if pending[slot]:
+                    if kind == "done":
+                        raise RuntimeError(f"sampler {self.status[i].address} ended slot {slot} without samples "
+                                           f"{sorted(pending[slot])}")
+                    with self._lock:
+                        self.resubmitted_slots += 1
+                    submit(slot)
+        finally:
+            stop.set()
+            ex.shutdown(wait=False, cancel_futures=True)
+
+    # -- weights ----------------------------------------------------------------------------
+    def _push_targets(self) -> list[int]:
+        targets = []
+        for st in self.status:
+            if st.active:
+                targets.append(st.index)
+            elif self.readmit:
+                c = self.clients[st.index]
+                saved = (c.timeout, c.max_retries)
+                c.timeout, c.max_retries = self.probe_timeout, 0
+                try:
+                    c.info()
+                    targets.append(st.index)
+                except grpc.RpcError:
+                    pass
+                finally:
+                    c.timeout, c.max_retries = saved
+        return targets
+
+    def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20,
+                     specs: cabc.Mapping[str, tuple[int, ...]] | None = None) -> PoolPushResult:
+        """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation ones
+        when readmit) concurrently; wait for all. Same `named_tensors` forms as `SamplerClient.push_weights`;
+        a callable or one-shot iterator needs `specs` ({name: shape}) and is read exactly once."""
+        targets = self._push_targets()
+        if not targets:
+            raise NoActiveSamplerError(self._why_none())
+        t0 = time.monotonic()
+        if isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)):
+            results = self._push_each(targets, lambda c: c.push_weights(named_tensors, version, dtype=dtype,
+                                                                         chunk_bytes=chunk_bytes, specs=specs))
+        else:
+            if specs is None:
+                raise TypeError("SamplerPool.push_weights: a callable or iterator source needs specs={name: shape}")
+            source = named_tensors() if callable(named_tensors) else iter(named_tensors)
+            results = self._push_fanout(targets, source, version, dtype, chunk_bytes, specs)
+        return self._settle(targets, results, version, time.monotonic() - t0)
+
+    def _push_each(self, targets, fn) -> dict[int, PushResult]:
+        with cf.ThreadPoolExecutor(len(targets)) as ex:
+            futs = {i: ex.submit(fn, self.clients[i]) for i in targets}
+            res = {}
+            for i, f in futs.items():
+                try:
+                    res[i] = f.result()
+                except Exception as e:  # noqa: BLE001 - a failed sampler is reported, not fatal
+                    code, msg = _describe(e)
+                    res[i] = PushResult(False, -1, msg, code=code)
+            return res
+
+    def _push_fanout(self, targets, source, version, dtype, chunk_bytes, specs) -> dict[int, PushResult]:
+        queues = {i: queue.Queue(maxsize=self.queue_depth) for i in targets}
+        finished = {i: threading.Event() for i in targets}
+
+        def drain(q):
+            while True:
+                item = q.get()
+                if item is _END:
+                    return
+                yield item
+
+        def consume(c: SamplerClient, i: int):
+            try:
+                return c.push_weights(drain(queues[i]), version, dtype=dtype, chunk_bytes=chunk_bytes, specs=specs)
+            finally:
+                finished[i].set()
+
+        with cf.ThreadPoolExecutor(len(targets)) as ex:
+            futs = {i: ex.submit(consume, self.clients[i], i) for i in targets}
+
+            def put(i, item):
+                while not finished[i].is_set():
+                    try:
+                        queues[i].put(item, timeout=0.1)
+                        return
+                    except queue.Full:
+                        continue
+
+            try:
+                for item in source:  # read every tensor once, whatever happens to the consumers
+                    for i in targets:
+                        put(i, item)
+            finally:
+                for i in targets:
+                    put(i, _END)
+            res = {}
+            for i, f in futs.items():
+                try:
+                    res[i] = f.result()
+                except Exception as e:  # noqa: BLE001
+                    code, msg = _describe(e)
+                    res[i] = PushResult(False, -1, msg, code=code)
+            return res
+
+    def _settle(self, targets, results: dict[int, PushResult], version: int, seconds: float) -> PoolPushResult:
+        removed, readmitted = [], []
+        with self._lock:
+            for i in targets:
+                st, r = self.status[i], results[i]
+                if r.ok:
+                    st.pushes_ok += 1
+                    st.version = int(r.version)
+                    if not st.active:
+                        st.active = True
+                        self.readmitted_total += 1
+                        readmitted.append(st.address)
+                else:
+                    st.pushes_failed += 1
+                    st.last_error = f"push of version {version} failed: {r.code} {r.message}"
+                    if st.active:
+                        st.active = False
+                        self.removed_total += 1
+                        removed.append(st.address)
+        ok_n = sum(results[i].ok for i in targets)
+        per = {self.status[i].address: results[i] for i in targets}
+        msg = f"{ok_n}/{len(targets)} samplers at version {version}"
+        if removed:
+            msg += f"; out of rotation: {removed}"
+        return PoolPushResult(ok=ok_n > 0, version=int(version) if ok_n else -1, message=msg,
+                              bytes=sum(r.bytes for r in results.values() if r.ok), seconds=seconds,
+                              code="OK" if ok_n else "UNAVAILABLE", per_sampler=per, removed=tuple(removed),
+                              readmitted=tuple(readmitted))
+
+    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20) -> PoolPushResult:
+        """Push an NNX `Qwen3ForCausalLM`: each tensor is gathered once and fanned out to all samplers."""
+        import numpy as np
+
+        from dlc_jax.model import hf_param_shapes, iter_hf_tensors
+
+        src_dtype = np.float32 if dtype in ("bfloat16", "float32") else np.float16
+        return self.push_weights(lambda: iter_hf_tensors(model, dtype=src_dtype), version, dtype=dtype,
+                                 chunk_bytes=chunk_bytes, specs=hf_param_shapes(model.config))
+
+    def load_weights(self, path: str, version: int) -> PoolPushResult:
+        """Every target loads an HF directory from shared storage (concurrently)."""
+        targets = self._push_targets()
+        if not targets:
+            raise NoActiveSamplerError(self._why_none())
+        t0 = time.monotonic()
+        return self._settle(targets, self._push_each(targets, lambda c: c.load_weights(path, version)), version,
+                            time.monotonic() - t0)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def connect_samplers(address: str, *, token_file: str = "", tls_root_cert: str = "", tls_server_name: str = "",
+                     **kw) -> SamplerClient | SamplerPool:
+    """A `SamplerClient` for one address, a `SamplerPool` for a comma-separated list (config
+    `sampler.address`); token_file / tls_root_cert: paths ('' = none), as in the `sampler` config section."""
+    token = Path(token_file).read_text().strip() if token_file else None
+    if token_file and not token:
+        raise ValueError(f"sampler.token_file: {token_file!r} is empty")
+    tls = tls_root_cert or None
+    name = tls_server_name or None
+    addrs = [a.strip() for a in address.split(",") if a.strip()]
+    if not addrs:
+        raise ValueError("sampler.address: no address given")
+    if len(addrs) == 1:
+        client_kw = {k: v for k, v in kw.items() if k in ("timeout", "max_retries", "backoff", "max_backoff")}
+        return SamplerClient(addrs[0], token=token, tls_root_cert=tls, tls_server_name=name, **client_kw)
+    return SamplerPool(addrs, token=token, tls_root_cert=tls, tls_server_name=name, **kw)
