@@ -38,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--address", required=True)
     i.add_argument("--token", default=None)
     i.add_argument("--tls-root-cert", default=None)
+    i.add_argument("--tls-server-name", default=None, help="expected name in the server certificate")
     return ap
 
 
@@ -72,7 +73,8 @@ def cli(argv: list[str]) -> int:
         return asyncio.run(_serve(args))
     from .client import SamplerClient
 
-    with SamplerClient(args.address, token=args.token, tls_root_cert=args.tls_root_cert, max_retries=0) as c:
+    with SamplerClient(args.address, token=args.token, tls_root_cert=args.tls_root_cert,
+                       tls_server_name=args.tls_server_name, max_retries=0) as c:
         print(json.dumps(c.info(), indent=2))
     return 0
 

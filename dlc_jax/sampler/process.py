@@ -15,17 +15,21 @@ class SamplerProcess:
     """Start a sampler server subprocess and wait until Info answers.
 
     port=0 lets the server pick a free port; it prints 'LISTENING host:port', read from its log.
-    extra_args: more `serve` flags (e.g. ["--dtype", "bfloat16"]). env: extra environment.
+    extra_args: more `serve` flags (e.g. ["--dtype", "bfloat16"], or "--tls-cert/--tls-key"); env:
+    extra environment; token / tls_root_cert / tls_server_name: how `client()` (and the readiness
+    check) connect.
     """
 
     def __init__(self, backend: str, model_dir: str, *, port: int = 0, host: str = "127.0.0.1",
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 log_file: str | None = None, token: str | None = None, startup_timeout: float = 300.0):
+                 log_file: str | None = None, token: str | None = None, tls_root_cert: str | None = None,
+                 tls_server_name: str | None = None, startup_timeout: float = 300.0):
         self.backend, self.model_dir, self.host, self.port = backend, model_dir, host, port
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.log_file = log_file
         self.token = token
+        self.tls_root_cert, self.tls_server_name = tls_root_cert, tls_server_name
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
         self.address: str | None = None
@@ -42,7 +46,8 @@ class SamplerProcess:
             cmd += ["--token", self.token]
         env = {**os.environ, **self.env}
         self._log = open(self.log_file, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        # own process group: kill() also takes down engine children (vLLM's EngineCore process)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
         while self.address is None:
             if self.proc.poll() is not None:
@@ -55,7 +60,7 @@ class SamplerProcess:
                 if line.startswith("LISTENING "):
                     self.address = line.split()[1]
             time.sleep(0.2)
-        with SamplerClient(self.address, token=self.token) as c:
+        with self.client() as c:
             c.wait_ready(max(1.0, deadline - time.monotonic()))
         return self
 
@@ -66,22 +71,29 @@ class SamplerProcess:
             return ""
 
     def client(self, **kw) -> SamplerClient:
-        return SamplerClient(self.address, token=self.token, **kw)
+        kw = {"token": self.token, "tls_root_cert": self.tls_root_cert, "tls_server_name": self.tls_server_name, **kw}
+        return SamplerClient(self.address, **kw)
 
     def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (graceful: the server shuts its engine down), then SIGKILL the group if needed."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.kill()
+                pass
+        self.kill()  # leftovers in the group, if any
         return self.proc.returncode if self.proc else None
 
     def kill(self) -> None:
-        """SIGKILL (crash tests)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """SIGKILL the server and its process group (crash tests)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
     def __enter__(self):
         return self.start()
