@@ -158,7 +158,9 @@ def shard_model(model, mesh: Mesh, rules=None):
 
 def set_activation_sharding(model, mesh: Mesh | None, rules=None):
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
-    for _, m in model.iter_modules():
+    from flax import nnx
+
+    for _, m in nnx.iter_modules(model):
         if hasattr(m, "act_sharding"):
             m.act_sharding = act
     return model
