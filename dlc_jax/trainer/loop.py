@@ -90,7 +90,7 @@ class Trainer:
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, every=cfg.checkpoint.every)
         resumed = self._maybe_resume()
         self._connect_sampler(fresh=True)
-        if resumed or self.state.synced_version != 0:
+        if resumed:
             self._push(self.state.synced_version, self.state.snapshot_params(self.state.synced_version), reason="resume")
         self.feeder = RolloutFeeder(self.assembler, lambda: self.client, lambda: self.state.version, self._sampling_params)
         self.metrics = MetricsLogger(cfg.log.dir, jsonl=cfg.log.jsonl, tensorboard=cfg.log.tensorboard,
@@ -138,6 +138,8 @@ class Trainer:
     def _push(self, version: int, params, reason: str) -> None:
         from flax import nnx
 
+        if version == 0 and self.client.info()["version"] == 0:
+            return  # a sampler started from model_dir already serves theta_0 as version 0
         model = nnx.merge(self.state.graphdef, params)
         t0 = time.time()
         res = self.client.push_model(model, version=version)
@@ -261,7 +263,8 @@ class Trainer:
         adv = np.asarray(group_advantages(rewards.reshape(-1, g), cfg.train.advantage)).reshape(-1)
         max_len = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
         arrays = pack_rollouts(rollouts, _bucket(max_len), cfg.sampler.head_k, pad_id=int(self.eos_id)).arrays()
-        arrays.update(adv=adv, **self._lp_s(arrays))
+        arrays["adv"] = adv
+        arrays.update(self._lp_s(arrays))
         st = self.state
         mask = arrays["mask"] > 0
         lag = float(np.mean(st.version - arrays["version"][mask])) if mask.any() else 0.0
