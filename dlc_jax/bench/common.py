@@ -1,0 +1,187 @@
+"""Shared plumbing of the benchmarks: timing, machine description, result files, markdown tables.
+
+A benchmark result is a plain JSON-able dict::
+
+    {"name": str, "title": str, "machine": {...}, "config": {...},
+     "columns": [str, ...], "rows": [{column: value, ...}, ...],
+     "targets": [{"name", "value", "target", "op", "met"}, ...], "notes": [str, ...],
+     "wall_s": float}
+
+``write_result`` writes ``<out>/<name>.json`` and ``<out>/<name>.md`` and returns the markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+
+def machine_info() -> dict:
+    """Host facts that matter for reading a timing: CPUs, load, backend, library versions."""
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        info["loadavg_1m_5m_15m"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on every OS
+        info["loadavg_1m_5m_15m"] = None
+    try:
+        import jax
+
+        dev = jax.devices()[0]
+        info.update(jax=jax.__version__, jax_backend=jax.default_backend(), device_kind=dev.device_kind,
+                    device_count=jax.device_count())
+    except Exception as e:  # pragma: no cover - jax is a hard dependency
+        info["jax_error"] = repr(e)
+    return info
+
+
+def load_note(info: dict) -> str:
+    """One sentence describing machine load (the CPU is shared with other work)."""
+    la = info.get("loadavg_1m_5m_15m")
+    if not la:
+        return "load average unknown"
+    return (f"load average {la[0]}/{la[1]}/{la[2]} (1/5/15 min) on {info.get('cpu_count')} CPUs; "
+            f"ratios are measured interleaved in the same process, absolute times are load-sensitive")
+
+
+def block(x):
+    """Wait for every jax array in the pytree ``x`` (no-op for other leaves)."""
+    import jax
+
+    for leaf in jax.tree.leaves(x):
+        if hasattr(leaf, "block_until_ready"):
+            leaf.block_until_ready()
+    return x
+
+
+def time_call(fn: Callable[[], Any]) -> float:
+    """Seconds for one call of ``fn`` (its jax outputs waited for)."""
+    t0 = time.perf_counter()
+    block(fn())
+    return time.perf_counter() - t0
+
+
+def time_interleaved(fns: dict[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 3) -> dict[str, list[float]]:
+    """Time several callables round-robin (A B A B ...) so background load hits them alike.
+
+    Each is called ``warmup`` times first (compilation, allocator warm-up), untimed. Returns
+    {name: [seconds per repeat]}.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for fn in fns.values():
+        for _ in range(warmup):
+            block(fn())
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            out[k].append(time_call(fn))
+    return out
+
+
+def median(xs: Iterable[float]) -> float:
+    return float(statistics.median(list(xs)))
+
+
+def target(name: str, value: float | None, bound: float, op: str) -> dict:
+    """A target check; ``op`` is '>=' or '<='. ``met`` is None when the value is missing."""
+    if op not in (">=", "<="):
+        raise ValueError(f"target op must be '>=' or '<=', got {op!r}")
+    met = None if value is None else bool(value >= bound if op == ">=" else value <= bound)
+    return {"name": name, "value": value, "target": bound, "op": op, "met": met}
+
+
+def fmt(v: Any) -> str:
+    """Compact cell text: floats to 4 significant digits, None as 'n/a'."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        if v == 0:
+            return "0"
+        if abs(v) >= 1e5 or abs(v) < 1e-3:
+            return f"{v:.3e}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def markdown_table(columns: list[str], rows: list[dict]) -> str:
+    head = "| " + " | ".join(columns) + " |"
+    sep = "| " + " | ".join("---" for _ in columns) + " |"
+    body = ["| " + " | ".join(fmt(r.get(c)).replace("|", "\\|") for c in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def targets_table(targets: list[dict]) -> str:
+    rows = [{"target": t["name"], "measured": t["value"], "bound": f"{t['op']} {fmt(t['target'])}",
+             "met": "n/a" if t["met"] is None else ("yes" if t["met"] else "NO")} for t in targets]
+    return markdown_table(["target", "measured", "bound", "met"], rows)
+
+
+def to_markdown(result: dict) -> str:
+    """The result as a markdown section: title, table, targets, notes, machine line."""
+    parts = [f"## {result.get('title', result['name'])}", ""]
+    if result.get("rows"):
+        parts += [markdown_table(result["columns"], result["rows"]), ""]
+    if result.get("targets"):
+        parts += ["Targets:", "", targets_table(result["targets"]), ""]
+    for n in result.get("notes", []):
+        parts.append(f"- {n}")
+    m = result.get("machine", {})
+    parts.append(f"- machine: {m.get('device_kind', '?')} x{m.get('device_count', '?')} "
+                 f"({m.get('jax_backend', '?')}), {load_note(m)}; bench wall time {fmt(result.get('wall_s'))} s")
+    return "\n".join(parts) + "\n"
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "shape", None) == ():
+        return x.item()
+    return x
+
+
+def write_result(result: dict, out_dir) -> str:
+    """Write ``<out>/<name>.json`` and ``<out>/<name>.md``; return the markdown."""
+    for key in ("name", "columns", "rows", "machine"):
+        if key not in result:
+            raise KeyError(f"benchmark result is missing field {key!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = to_markdown(result)
+    (out / f"{result['name']}.json").write_text(json.dumps(_jsonable(result), indent=2, allow_nan=True) + "\n")
+    (out / f"{result['name']}.md").write_text(md)
+    return md
+
+
+def new_result(name: str, title: str, columns: list[str]) -> dict:
+    return {"name": name, "title": title, "machine": machine_info(), "config": {}, "columns": columns,
+            "rows": [], "targets": [], "notes": [], "wall_s": None, "_t0": time.perf_counter()}
+
+
+def finish(result: dict) -> dict:
+    t0 = result.pop("_t0", None)
+    if t0 is not None:
+        result["wall_s"] = time.perf_counter() - t0
+    result["machine"]["loadavg_at_end"] = machine_info().get("loadavg_1m_5m_15m")
+    return result

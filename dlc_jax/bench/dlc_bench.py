@@ -1,0 +1,174 @@
+"""DLC overhead: the full DLC step vs a plain GRPO step on the same batch.
+
+* ``grpo``: ``make_train_step`` with the ``naive`` loss (policy gradient with the sampler's tokens,
+  no lag correction), no head, and no theta_s forward.
+* ``dlc``: the theta_s forward (``make_snapshot_logprobs``: log-probs of the sampled tokens and of the
+  head under the snapshot, no gradient) followed by ``make_train_step`` with the ``dlc`` loss and the
+  centering head of ``head_k`` ids. Every token is marked stale (``self_mask`` all False), the worst
+  case: the snapshot forward always runs.
+
+Both include the AdamW update and the step metrics. Calls are interleaved; ratio = dlc / grpo time.
+End-to-end (async pipeline, loopback gRPC) needs ``dlc_jax.trainer.loop``; when that module is
+missing the end-to-end row says so instead of a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+
+import numpy as np
+
+from dlc_jax.bench import common
+
+
+@dataclasses.dataclass(frozen=True)
+class DlcBenchConfig:
+    """Model dims, batch rows x length, head size K, timing repeats."""
+
+    vocab_size: int = 32768
+    hidden_size: int = 512
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 4
+    head_dim: int = 64
+    batch: int = 8
+    length: int = 128
+    head_k: int = 8
+    chunk_size: int = 256
+    warmup: int = 1
+    repeats: int = 3
+    seed: int = 0
+
+    def model_config(self):
+        from dlc_jax.model import Qwen3Config
+
+        return Qwen3Config(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+                           num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                           head_dim=self.head_dim, tie_word_embeddings=True)
+
+
+SIZES = {
+    "default": DlcBenchConfig(),
+    "tiny": DlcBenchConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, batch=4, length=32,
+                           head_k=4, chunk_size=64, repeats=2),
+}
+
+COLUMNS = ["variant", "step_ms", "tokens_per_s", "ratio_vs_grpo", "snapshot_forward_ms", "train_step_ms"]
+
+
+def make_batch(cfg: DlcBenchConfig) -> dict:
+    """A packed step batch (``dlc_jax.trainer.step.STEP_KEYS``) with the second half of each row as
+    response tokens; every token stale (``self_mask`` False)."""
+    rng = np.random.default_rng(cfg.seed)
+    b, t, k, v = cfg.batch, cfg.length, cfg.head_k, cfg.vocab_size
+    ids = rng.integers(0, v, (b, t), dtype=np.int32)
+    mask = np.zeros((b, t), np.float32)
+    mask[:, t // 2:] = 1.0
+    return {
+        "input_ids": ids,
+        "targets": np.concatenate([ids[:, 1:], rng.integers(0, v, (b, 1), dtype=np.int32)], axis=1),
+        "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+        "attention_mask": np.ones((b, t), np.int32),
+        "mask": mask,
+        "lp_q": (-rng.exponential(3.0, (b, t))).astype(np.float32),
+        "lp_s": np.zeros((b, t), np.float32),
+        "self_mask": np.zeros((b, t), bool),
+        "head_ids": rng.integers(0, v, (b, t, k), dtype=np.int32),
+        "lq_head": np.sort(-rng.exponential(3.0, (b, t, k)), axis=-1)[..., ::-1].astype(np.float32).copy(),
+        "lps_head": np.zeros((b, t, k), np.float32),
+        "adv": rng.standard_normal(b).astype(np.float32),
+    }
+
+
+def run(cfg: DlcBenchConfig = DlcBenchConfig()) -> dict:
+    import optax
+    from flax import nnx
+
+    from dlc_jax.model import Qwen3ForCausalLM
+    from dlc_jax.rl import LossConfig
+    from dlc_jax.trainer.step import StepConfig, device_batch, make_snapshot_logprobs, make_train_step
+
+    res = common.new_result("dlc", "DLC step overhead vs plain GRPO", COLUMNS)
+    res["config"] = dataclasses.asdict(cfg)
+    model = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed))
+    graphdef, params = nnx.split(model, nnx.Param)
+    params_s = nnx.split(Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed + 1)), nnx.Param)[1]
+    tx = optax.adamw(1e-5)
+    opt_state = tx.init(params)
+    batch = device_batch(make_batch(cfg))
+
+    grpo_cfg = StepConfig(loss=LossConfig(name="naive"), head_k=0, chunk_size=cfg.chunk_size)
+    dlc_cfg = StepConfig(loss=LossConfig(name="dlc"), head_k=cfg.head_k, chunk_size=cfg.chunk_size)
+    grpo_step = make_train_step(graphdef, tx, grpo_cfg)
+    dlc_step = make_train_step(graphdef, tx, dlc_cfg)
+    snap = make_snapshot_logprobs(graphdef, dlc_cfg)
+
+    def grpo():
+        return grpo_step(params, opt_state, batch)
+
+    def snapshot():
+        return snap(params_s, batch)
+
+    def dlc_train(b):
+        return dlc_step(params, opt_state, b)
+
+    def dlc_full():
+        lp_s, lps_head = snap(params_s, batch)
+        return dlc_step(params, opt_state, dict(batch, lp_s=lp_s, lps_head=lps_head))
+
+    lp_s, lps_head = snapshot()
+    batch_s = dict(batch, lp_s=lp_s, lps_head=lps_head)
+    _, _, dm = dlc_train(batch_s)
+    res["dlc_metrics_sample"] = {k: float(np.asarray(v)) for k, v in dm.items()
+                                 if k in ("loss/loss", "loss/dlc_centering_active", "ess_lag", "grad_norm")}
+    if float(np.asarray(dm.get("loss/dlc_centering_active", 0.0))) != 1.0:
+        raise RuntimeError("DLC step ran without its centering head (loss/dlc_centering_active != 1)")
+
+    times = common.time_interleaved({"grpo": grpo, "dlc": dlc_full, "snapshot": snapshot,
+                                     "dlc_train": lambda: dlc_train(batch_s)}, warmup=cfg.warmup, repeats=cfg.repeats)
+    med = {k: common.median(v) for k, v in times.items()}
+    tokens = cfg.batch * cfg.length
+    res["rows"] = [
+        {"variant": "plain GRPO (naive loss, no theta_s forward, no head)", "step_ms": 1e3 * med["grpo"],
+         "tokens_per_s": tokens / med["grpo"], "ratio_vs_grpo": 1.0, "snapshot_forward_ms": 0.0,
+         "train_step_ms": 1e3 * med["grpo"]},
+        {"variant": f"DLC (theta_s forward + dlc loss + head K={cfg.head_k})", "step_ms": 1e3 * med["dlc"],
+         "tokens_per_s": tokens / med["dlc"], "ratio_vs_grpo": med["dlc"] / med["grpo"],
+         "snapshot_forward_ms": 1e3 * med["snapshot"], "train_step_ms": 1e3 * med["dlc_train"]},
+    ]
+    res["times_s"] = times
+    ratio = med["dlc"] / med["grpo"]
+    res["summary"] = {"ratio_dlc_vs_grpo_isolated": ratio, "ratio_dlc_vs_grpo_end_to_end": None}
+    res["targets"].append(common.target("DLC / GRPO step time (isolation)", ratio, 1.35, "<="))
+    if importlib.util.find_spec("dlc_jax.trainer.loop") is None:
+        res["targets"].append(common.target("DLC / GRPO steps/s (end-to-end, async)", None, 1.10, "<="))
+        res["notes"].append("end-to-end (async pipeline over loopback gRPC): not measured — "
+                            "dlc_jax.trainer.loop has not landed in this tree")
+    else:
+        res["targets"].append(common.target("DLC / GRPO steps/s (end-to-end, async)", None, 1.10, "<="))
+        res["notes"].append("end-to-end: dlc_jax.trainer.loop exists but this benchmark does not drive it yet")
+    mc = cfg.model_config()
+    res["notes"] += [
+        f"model: {mc.num_hidden_layers} layers, D={mc.hidden_size}, V={mc.vocab_size}, fp32; batch {cfg.batch} x "
+        f"{cfg.length}, half of each row response tokens; all tokens stale (theta_s forward always runs)",
+        "snapshot_forward_ms and train_step_ms are timed separately; step_ms of DLC is the two in sequence",
+    ]
+    return common.finish(res)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=int, default=None)
+
+
+def from_args(size: str, args) -> DlcBenchConfig:
+    if size not in SIZES:
+        raise KeyError(f"unknown dlc bench size {size!r}; choose from {sorted(SIZES)}")
+    cfg = SIZES[size]
+    if getattr(args, "repeats", None):
+        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    return cfg

@@ -1,0 +1,50 @@
+"""Model FLOPs of a Qwen3 forward/backward and known accelerator peaks for MFU.
+
+Counting convention (as in the PaLM/Megatron MFU papers): a matmul of [m,k] x [k,n] costs 2mkn;
+backward = 2x forward, so a train step = 3x forward. Attention scores and the value mix count the
+full T x T square (neither implementation skips the masked half). Embedding lookups, norms,
+RoPE and softmax are not counted.
+"""
+
+from __future__ import annotations
+
+# Dense peak FLOP/s per chip (vendor datasheets), by compute dtype.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "TPU v4": {"bfloat16": 275e12, "float32": 275e12 / 2},
+    "TPU v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 2},  # v5e reports "TPU v5 lite"
+    "TPU v5e": {"bfloat16": 197e12, "float32": 197e12 / 2},
+    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12 / 2},
+    "TPU v5": {"bfloat16": 459e12, "float32": 459e12 / 2},
+    "NVIDIA H100": {"bfloat16": 989e12, "float32": 67e12},
+    "NVIDIA H200": {"bfloat16": 989e12, "float32": 67e12},
+}
+
+
+def peak_flops(device_kind: str, dtype: str = "float32") -> float | None:
+    """Peak FLOP/s of one chip of ``device_kind`` (None when unknown, e.g. any CPU)."""
+    best = None
+    for k, v in PEAK_FLOPS.items():
+        if device_kind.startswith(k) and (best is None or len(k) > len(best[0])):
+            best = (k, v)
+    return None if best is None else best[1].get(dtype)
+
+
+def qwen3_forward_flops(cfg, batch: int, length: int) -> float:
+    """Forward FLOPs for ``batch`` x ``length`` tokens of a Qwen3 ``cfg`` (a ``Qwen3Config``),
+    including the vocabulary projection."""
+    d, f, h, kv, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    per_layer_params = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f
+    tokens = batch * length
+    dense = 2 * tokens * (cfg.num_hidden_layers * per_layer_params + cfg.vocab_size * d)
+    attn = cfg.num_hidden_layers * 2 * 2 * batch * length * length * h * hd
+    return float(dense + attn)
+
+
+def qwen3_train_flops(cfg, batch: int, length: int) -> float:
+    """Forward + backward FLOPs (3x forward)."""
+    return 3.0 * qwen3_forward_flops(cfg, batch, length)
+
+
+def mfu(flops_per_s: float, device_kind: str, dtype: str = "float32", n_chips: int = 1) -> float | None:
+    peak = peak_flops(device_kind, dtype)
+    return None if peak is None else flops_per_s / (peak * n_chips)

@@ -1,0 +1,162 @@
+"""Peer implementations of the same Qwen3 for the trainer benchmark.
+
+* ``transformers``: ``transformers.Qwen3ForCausalLM`` (PyTorch, CPU, fp32) built from our config and
+  loaded with *our* weights (so both compute the same loss; the benchmark checks it).
+* ``tunix``: ``google-tunix``'s Flax NNX Qwen3 (random weights of the same shapes). Tunix is not a
+  dependency of this package; :func:`prepare_tunix` installs it with ``pip --no-deps --target`` into a
+  separate folder (never into the main environment) plus the few pure-Python packages its import
+  chain needs, and reports why when that fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Packages tunix's import chain (tunix/__init__ -> sft/metrics, generate/mappings) needs beyond our
+# environment; installed --no-deps into the side folder. Found by importing tunix.models.qwen3.model.
+TUNIX_SIDE_PACKAGES = ("google-tunix", "google-metrax", "qwix", "jaxtyping", "wadler_lindig", "omegaconf",
+                       "antlr4-python3-runtime", "clu", "wrapt", "perfetto", "pandas")
+
+
+def torch_qwen3(cfg, our_model=None, *, threads: int | None = None):
+    """A ``transformers`` Qwen3ForCausalLM (fp32, eval-free train mode) with ``cfg``'s dimensions.
+
+    With ``our_model`` (our NNX Qwen3) its weights are copied in, so the two compute the same function.
+    ``threads`` sets torch's intra-op threads (default: all CPUs, as XLA uses).
+    """
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.set_num_threads(int(threads or os.cpu_count() or 1))
+    hf_cfg = transformers.Qwen3Config(**{k: v for k, v in cfg.to_hf_dict().items()
+                                         if k not in ("architectures", "model_type", "dtype")})
+    hf_cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(hf_cfg).to(torch.float32)
+    if our_model is not None:
+        from dlc_jax.model import iter_hf_tensors
+
+        sd = {name: torch.from_numpy(np.ascontiguousarray(arr)) for name, arr in iter_hf_tensors(our_model)}
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
+        if missing or unexpected:
+            raise RuntimeError(f"copying our weights into transformers: missing {missing}, unexpected {unexpected}")
+        if cfg.tie_word_embeddings:
+            model.tie_weights()
+    model.train()
+    return model
+
+
+def torch_loss_and_grad_fn(model, input_ids, targets):
+    """Closure: mean next-token NLL of ``targets`` [B,T] given ``input_ids`` [B,T] (full logits +
+    cross-entropy, the usual PyTorch recipe), backward into the parameters. Returns the loss float."""
+    import torch
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    tgt = torch.as_tensor(targets, dtype=torch.long)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        logits = model(input_ids=ids, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1))
+        loss.backward()
+        return float(loss.detach())
+
+    return step
+
+
+def _side_paths(target_dir: Path) -> list[str]:
+    return [str(target_dir / "pkgs")]
+
+
+def prepare_tunix(target_dir, *, install: bool = True, timeout_s: float = 300.0) -> tuple[bool, str]:
+    """Make ``tunix.models.qwen3.model`` importable from ``target_dir`` (appended to ``sys.path``).
+
+    Returns (ok, message). With ``install`` it runs ``pip install --no-deps --target`` for
+    ``TUNIX_SIDE_PACKAGES`` when the import fails; the message says what failed otherwise.
+    """
+    target_dir = Path(target_dir)
+    probe = [sys.executable, "-c", "import tunix.models.qwen3.model"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(_side_paths(target_dir) + [os.environ.get("PYTHONPATH", "")]))
+
+    def try_import() -> tuple[bool, str]:
+        try:
+            r = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False, f"importing tunix timed out after {timeout_s}s"
+        if r.returncode == 0:
+            return True, "ok"
+        tail = (r.stderr or r.stdout).strip().splitlines()
+        return False, tail[-1] if tail else f"exit {r.returncode}"
+
+    ok, msg = try_import()
+    if not ok and install:
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+               str(target_dir / "pkgs"), *TUNIX_SIDE_PACKAGES]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False, f"pip install of google-tunix timed out after {timeout_s}s"
+        if r.returncode != 0:
+            tail = (r.stderr or r.stdout).strip().splitlines()
+            return False, "pip install google-tunix failed: " + (tail[-1] if tail else f"exit {r.returncode}")
+        ok, msg = try_import()
+    if not ok:
+        return False, f"tunix does not import: {msg}"
+    for p in _side_paths(target_dir):
+        if p not in sys.path:
+            sys.path.append(p)  # appended: our environment's packages keep priority
+    importlib.invalidate_caches()
+    try:
+        mod = importlib.import_module("tunix.models.qwen3.model")
+    except Exception as e:  # noqa: BLE001 - report any import failure as the reason
+        return False, f"tunix does not import in-process: {type(e).__name__}: {e}"
+    version = "?"
+    try:
+        from importlib.metadata import version as _v
+
+        version = _v("google-tunix")
+    except Exception:  # noqa: BLE001
+        pass
+    return True, f"google-tunix {version} from {mod.__file__}"
+
+
+def tunix_qwen3(cfg, *, seed: int = 0):
+    """tunix's Qwen3 (``tunix.models.qwen3.model.Qwen3``) with ``cfg``'s dimensions, fp32, random weights."""
+    from flax import nnx
+    import tunix.models.qwen3.model as tq
+
+    tcfg = tq.ModelConfig(num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.hidden_size,
+                          hidden_dim=cfg.intermediate_size, num_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
+                          num_kv_heads=cfg.num_key_value_heads, rope_theta=int(cfg.rope_theta),
+                          norm_eps=cfg.rms_norm_eps, use_tied_embedding=cfg.tie_word_embeddings)
+    return tq.Qwen3(tcfg, rngs=nnx.Rngs(seed))
+
+
+def tunix_loss_and_grad_fn(model, input_ids, targets):
+    """Jitted closure: mean NLL of ``targets`` under tunix's full-logits forward + grad."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    ids = jnp.asarray(input_ids, jnp.int32)
+    tgt = jnp.asarray(targets, jnp.int32)
+    b, t = ids.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+
+    def loss_fn(p):
+        m = nnx.merge(graphdef, p, rest)
+        logits, _ = m(ids, pos, None, mask)
+        lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        return -jnp.mean(jnp.take_along_axis(lp, tgt[..., None], axis=-1))
+
+    grad_fn = jax.jit(jax.value_and_grad(loss_fn))
+    return lambda: grad_fn(params)

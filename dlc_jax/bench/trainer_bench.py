@@ -1,0 +1,186 @@
+"""Trainer-step throughput: forward+backward tokens/s of our NNX Qwen3 vs ``transformers`` (and
+``google-tunix`` when it installs) on the same config and batch, in the same process.
+
+Each implementation computes the mean next-token NLL of the same [B,T] targets and its gradient with
+respect to every parameter (no optimizer update: that is identical elementwise work for all):
+
+* ``ours (chunked logprobs)``: jitted ``value_and_grad`` of ``-mean(token_logprobs(hidden, W, y).lp)``,
+  the trainer's path (logits never materialized as [B,T,V]);
+* ``ours (full logits)``: jitted ``value_and_grad`` of full logits + log-softmax (the textbook path);
+* ``transformers``: ``Qwen3ForCausalLM`` fp32, SDPA attention, same weights, ``cross_entropy`` +
+  ``backward()``, ``torch.set_num_threads(cpu_count)`` (XLA's CPU client also uses every core);
+* ``tunix``: tunix's Qwen3 (random weights, same shapes) full logits, jitted ``value_and_grad``.
+
+Calls are interleaved (A B C A B C ...) and the median is reported. ratio = tokens/s / transformers'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from dlc_jax.bench import common, flops
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerBenchConfig:
+    """Model dims (a small Qwen3), batch [batch, length], timing repeats, which peers to run."""
+
+    vocab_size: int = 32768
+    hidden_size: int = 512
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 4
+    head_dim: int = 64
+    batch: int = 2
+    length: int = 256
+    chunk_size: int = 256
+    warmup: int = 1
+    repeats: int = 3
+    tunix: bool = True
+    tunix_dir: str = str(Path(tempfile.gettempdir()) / "dlc_jax_bench_tunix")
+    seed: int = 0
+
+    def model_config(self):
+        from dlc_jax.model import Qwen3Config
+
+        return Qwen3Config(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+                           num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                           head_dim=self.head_dim, tie_word_embeddings=True, max_position_embeddings=max(4096, self.length))
+
+
+SIZES = {
+    "default": TrainerBenchConfig(),
+    "tiny": TrainerBenchConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, batch=2, length=32,
+                               chunk_size=32, repeats=2, tunix=False),
+    # Qwen3-0.6B's vocabulary and width with 4 layers: the LM head dominates, as in RL fine-tuning.
+    "qwen3_vocab": TrainerBenchConfig(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                      num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+                                      head_dim=128, batch=1, length=256, repeats=2),
+}
+
+COLUMNS = ["implementation", "tokens_per_s", "step_ms", "ratio_vs_transformers", "achieved_gflop_s", "mfu", "loss"]
+
+
+def _our_fns(model, ids, tgt, chunk_size):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from dlc_jax.rl import token_logprobs
+
+    graphdef, params = nnx.split(model, nnx.Param)
+    ids_j, tgt_j = jnp.asarray(ids), jnp.asarray(tgt)
+
+    def chunked_loss(p):
+        m = nnx.merge(graphdef, p)
+        h = m.hidden_states(ids_j)
+        tl = token_logprobs(h, m.unembedding(), tgt_j, chunk_size=chunk_size, compute_entropy=False)
+        return -jnp.mean(tl.lp)
+
+    def full_loss(p):
+        m = nnx.merge(graphdef, p)
+        lp = jax.nn.log_softmax(m(ids_j).astype(jnp.float32), axis=-1)
+        return -jnp.mean(jnp.take_along_axis(lp, tgt_j[..., None], axis=-1))
+
+    chunked = jax.jit(jax.value_and_grad(chunked_loss))
+    full = jax.jit(jax.value_and_grad(full_loss))
+    return (lambda: chunked(params)), (lambda: full(params))
+
+
+def run(cfg: TrainerBenchConfig = TrainerBenchConfig()) -> dict:
+    """Run the benchmark; returns the result dict (see ``common``)."""
+    import jax
+    from flax import nnx
+
+    from dlc_jax.bench import peers
+    from dlc_jax.model import Qwen3ForCausalLM
+
+    res = common.new_result("trainer", "Trainer step: forward+backward tokens/s vs peers", COLUMNS)
+    res["config"] = dataclasses.asdict(cfg)
+    mcfg = cfg.model_config()
+    rng = np.random.default_rng(cfg.seed)
+    ids = rng.integers(0, cfg.vocab_size, (cfg.batch, cfg.length), dtype=np.int32)
+    tgt = np.concatenate([ids[:, 1:], rng.integers(0, cfg.vocab_size, (cfg.batch, 1), dtype=np.int32)], axis=1)
+
+    model = Qwen3ForCausalLM(mcfg, rngs=nnx.Rngs(cfg.seed))
+    ours_chunked, ours_full = _our_fns(model, ids, tgt, cfg.chunk_size)
+    tmodel = peers.torch_qwen3(mcfg, model)
+    torch_step = peers.torch_loss_and_grad_fn(tmodel, ids, tgt)
+
+    fns = {"ours (chunked logprobs)": ours_chunked, "ours (full logits)": ours_full, "transformers": torch_step}
+    if cfg.tunix:
+        ok, msg = peers.prepare_tunix(cfg.tunix_dir)
+        res["config"]["tunix_status"] = msg
+        if ok:
+            try:
+                fns["tunix"] = peers.tunix_loss_and_grad_fn(peers.tunix_qwen3(mcfg, seed=cfg.seed), ids, tgt)
+            except Exception as e:  # noqa: BLE001 - a peer failing to build is a result, not a crash
+                res["notes"].append(f"tunix: installed but its Qwen3 failed to run: {type(e).__name__}: {e}")
+        else:
+            res["notes"].append(f"tunix: not measured — {msg}")
+    else:
+        res["notes"].append("tunix: not requested at this size")
+
+    losses = {}
+    for k, fn in fns.items():
+        out = fn()
+        losses[k] = float(out) if isinstance(out, float) else float(np.asarray(out[0]))
+    times = common.time_interleaved(fns, warmup=cfg.warmup, repeats=cfg.repeats)
+
+    tokens = cfg.batch * cfg.length
+    step_flops = flops.qwen3_train_flops(mcfg, cfg.batch, cfg.length)
+    kind = res["machine"].get("device_kind", "cpu")
+    med = {k: common.median(v) for k, v in times.items()}
+    for k in fns:
+        tps = tokens / med[k]
+        fl = step_flops / med[k]
+        uses_jax = k != "transformers"
+        res["rows"].append({
+            "implementation": k, "tokens_per_s": tps, "step_ms": 1e3 * med[k],
+            "ratio_vs_transformers": med["transformers"] / med[k],
+            "achieved_gflop_s": fl / 1e9,
+            "mfu": flops.mfu(fl, kind, "float32", jax.device_count()) if uses_jax else None,
+            "loss": losses[k],
+        })
+    res["times_s"] = times
+    res["flops_per_step"] = step_flops
+    ratio = med["transformers"] / med["ours (chunked logprobs)"]
+    res["summary"] = {"ratio_ours_vs_transformers": ratio,
+                      "ratio_ours_full_logits_vs_transformers": med["transformers"] / med["ours (full logits)"],
+                      "ratio_ours_vs_tunix": (med["tunix"] / med["ours (chunked logprobs)"]) if "tunix" in med else None,
+                      "loss_abs_diff_ours_vs_transformers": abs(losses["ours (chunked logprobs)"] - losses["transformers"])}
+    res["targets"].append(common.target("ours (chunked) / transformers tokens/s", ratio, 1.0, ">="))
+    res["notes"] += [
+        f"model: {mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, F={mcfg.intermediate_size}, "
+        f"H={mcfg.num_attention_heads}/KV={mcfg.num_key_value_heads}, hd={mcfg.head_dim}, V={mcfg.vocab_size}, fp32; "
+        f"batch {cfg.batch} x {cfg.length} tokens; median of {cfg.repeats} interleaved repeats after {cfg.warmup} warm-up",
+        f"same weights in ours and transformers: |loss difference| = "
+        f"{res['summary']['loss_abs_diff_ours_vs_transformers']:.2e} (tunix uses its own random init)",
+        f"FLOPs per step (3x forward, attention full TxT) = {step_flops:.3e}; MFU needs a known peak: "
+        f"n/a on CPU ({kind}), computed on TPU v4/v5e/v5p and H100/H200",
+    ]
+    return common.finish(res)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-tunix", action="store_true", help="skip the google-tunix peer")
+    p.add_argument("--repeats", type=int, default=None)
+
+
+def from_args(size: str, args) -> TrainerBenchConfig:
+    if size not in SIZES:
+        raise KeyError(f"unknown trainer bench size {size!r}; choose from {sorted(SIZES)}")
+    cfg = SIZES[size]
+    if getattr(args, "no_tunix", False):
+        cfg = dataclasses.replace(cfg, tunix=False)
+    if getattr(args, "repeats", None):
+        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    return cfg
