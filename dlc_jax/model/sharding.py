@@ -63,14 +63,17 @@ def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | Non
     cfg = cfg or MeshConfig()
     devices = list(jax.devices() if devices is None else devices)
     shape = cfg.shape(len(devices))
-    try:
-        from jax.experimental import mesh_utils
+    from jax.experimental import mesh_utils
 
-        if jax.process_count() > 1:
+    n_slices = len({getattr(d, "slice_index", 0) for d in devices})
+    try:
+        if n_slices > 1 and shape[0] % n_slices == 0:
+            # multi-slice (DCN between slices): split the data axis across slices, ICI inside a slice
             arr = mesh_utils.create_hybrid_device_mesh(
-                (shape[0] // jax.process_count(), shape[1], shape[2]), (jax.process_count(), 1, 1), devices
-            ) if shape[0] % jax.process_count() == 0 else mesh_utils.create_device_mesh(shape, devices)
+                (shape[0] // n_slices, shape[1], shape[2]), (n_slices, 1, 1), devices
+            )
         else:
+            # single slice (possibly many hosts): topology-aware ICI mesh over the global device list
             arr = mesh_utils.create_device_mesh(shape, devices)
     except (ValueError, NotImplementedError, AssertionError):
         arr = np.asarray(devices).reshape(shape)
@@ -92,11 +95,9 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: M
         target = table.get(name) if name is not None else None
         axes = (target,) if isinstance(target, str) else tuple(target or ())
         axes = tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
-        n = math.prod(mesh.shape[a] for a in axes) if axes else 1
-        if not axes or size % n:
-            # try a prefix of the axes that divides
-            while axes and size % math.prod(mesh.shape[a] for a in axes):
-                axes = axes[:-1]
+        # keep the longest prefix of the mesh axes whose product divides the dimension
+        while axes and size % math.prod(mesh.shape[a] for a in axes):
+            axes = axes[:-1]
         used.update(axes)
         out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return PartitionSpec(*out)
