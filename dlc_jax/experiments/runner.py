@@ -188,9 +188,13 @@ class Experiment:
         cmd = [sys.executable, "-m", "dlc_jax.cli", "train", "--config", str(cfg_path)]
         _log(f"train {spec.name}: {' '.join(spec.overrides)}")
         t0 = time.time()
+        env = dict(os.environ)
+        # runs share shapes: a persistent compilation cache saves most of each run's compile time
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(self.out / "jax_cache"))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
         with open(run_dir / "train.log", "ab") as logf:
             rc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
-                                env=dict(os.environ), timeout=self.run_timeout_s).returncode
+                                env=env, timeout=self.run_timeout_s).returncode
         wall = time.time() - t0
         if rc != 0:
             tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
