@@ -70,13 +70,14 @@ def test_hand_logprob_with_top_p():
 
 def test_gradients_match_naive():
     h, w, tgt, head = _data(b=2, t=5, d=8, v=41, k=3, seed=1)
-    for kw in [dict(temperature=0.9), dict(temperature=1.1, top_p=0.85, top_k=25)]:
-        def f(fn, h, w, chunk=None):
-            extra = {} if chunk is None else dict(chunk_size=chunk)
+    for kw, extra in [(dict(temperature=0.9), dict(chunk_size=3)),
+                      (dict(temperature=0.8), dict(chunk_size=4, vocab_chunk=16)),
+                      (dict(temperature=1.1, top_p=0.85, top_k=25), dict(chunk_size=3))]:
+        def f(fn, h, w, **extra):
             o = fn(h, w, tgt, head_ids=head, **kw, **extra)
             return jnp.sum(o.lp * 1.3) + jnp.sum(o.lp_head * 0.7) + jnp.sum(o.entropy * 0.2)
-        g = jax.grad(lambda h, w: f(token_logprobs, h, w, 3), argnums=(0, 1))(h, w)
-        gr = jax.grad(lambda h, w: f(reference_token_logprobs, h, w), argnums=(0, 1))(h, w)
+        g = jax.jit(jax.grad(lambda h, w: f(token_logprobs, h, w, **extra), argnums=(0, 1)))(h, w)
+        gr = jax.jit(jax.grad(lambda h, w: f(reference_token_logprobs, h, w), argnums=(0, 1)))(h, w)
         for a, b_ in zip(g, gr):
             np.testing.assert_allclose(a, b_, atol=2e-5, rtol=1e-4)
         assert all(bool(jnp.all(jnp.isfinite(a))) for a in g)

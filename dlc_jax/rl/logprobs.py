@@ -71,14 +71,15 @@ def _chunk_vocab_scan(h, w_blocks, ids, *, temperature, vocab, compute_entropy, 
         m, s, t, g = carry
         blk, w = xs
         z = jnp.dot(h, w.T, preferred_element_type=jnp.float32) / jnp.float32(temperature)
-        col = blk * vb + jnp.arange(vb)
-        z = jnp.where(col[None, :] < vocab, z, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(z, axis=-1))
+        real = (blk * vb + jnp.arange(vb))[None, :] < vocab  # padded vocab columns are excluded
+        z = jnp.where(real, z, 0.0)  # finite everywhere: no inf * 0 in the backward pass
+        m_new = jnp.maximum(m, jnp.max(jnp.where(real, z, -jnp.inf), axis=-1))
+        m_new = jax.lax.stop_gradient(m_new)  # the shift cancels exactly in lse; no grad needed
         scale = jnp.exp(m - m_new)
-        e = jnp.exp(z - m_new[:, None])
+        e = jnp.where(real, jnp.exp(z - m_new[:, None]), 0.0)
         s = s * scale + jnp.sum(e, axis=-1)
         if compute_entropy:
-            t = t * scale + jnp.sum(jnp.where(e > 0, e * z, 0.0), axis=-1)
+            t = t * scale + jnp.sum(e * z, axis=-1)
         local = ids - blk * vb
         inside = (local >= 0) & (local < vb)
         zi = jnp.take_along_axis(z, jnp.clip(local, 0, vb - 1), axis=-1)

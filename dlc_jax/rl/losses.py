@@ -241,6 +241,10 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 def compute_loss(cfg: LossConfig, inputs: LossInputs) -> tuple[jax.Array, dict]:
     """Scalar loss and a dict of scalar metrics for ``cfg.name``. Jittable (cfg is static).
 
+    Metrics: the loss's own (see module doc) plus ``loss``, ``num_tokens`` (the denominator as
+    given; an all-zero mask gives 0 tokens and loss 0), ``valid_tokens`` (tokens that entered the
+    loss) and ``nonfinite_tokens`` (valid tokens dropped for NaN/inf inputs).
+
     Raises ValueError (at trace time) for an unknown name, a missing required field (naming the
     loss and the field), or mismatched shapes. DLC with a partial head (some of lp_head, lq_head,
     lps_head given, not all) is an error; with none it runs without centering.
@@ -257,6 +261,8 @@ def compute_loss(cfg: LossConfig, inputs: LossInputs) -> tuple[jax.Array, dict]:
     per, metrics = LOSSES[cfg.name](cfg, p)
     loss = p.agg(per)
     metrics = dict(metrics)
-    metrics.update(loss=loss, num_tokens=p.denom, nonfinite_tokens=p.dropped,
+    n_tok = (jnp.sum(masked.as_mask(inputs.mask)) if inputs.num_tokens is None
+             else jnp.asarray(inputs.num_tokens, jnp.float32))
+    metrics.update(loss=loss, num_tokens=n_tok, nonfinite_tokens=p.dropped,
                    valid_tokens=jnp.sum(p.m))
     return loss, metrics
