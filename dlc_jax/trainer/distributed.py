@@ -1,0 +1,249 @@
+"""Multi-host JAX for the trainer: process start-up, the global mesh, per-host batch shards, and the
+weight push of a resync.
+
+Start-up (`initialize`): `jax.distributed.initialize` from the `distributed` config section, falling
+back to the environment (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`); on a
+TPU pod slice / GKE TPU node pool JAX detects all three itself (`distributed.mode=on` with the fields
+left empty). It must run before any other JAX call.
+
+Mesh (`make_global_mesh`): one (data, fsdp, tensor) mesh over `jax.devices()` -- every device of
+every host. Parameters are sharded over it as on one host; the jitted step is the same program on
+every process.
+
+Batches -- CHOICE: rollouts are split by slot across processes. The batch rows are ordered by (slot
+order, sample index) and sharded over ('data', 'fsdp'); each process owns the rows that live on its
+own devices (`local_row_range`), which must be whole groups of G = sampler.n rows, i.e. a contiguous
+block of prompt slots (`local_slots`). Each process asks the samplers only for its own slots
+(every process builds the same deterministic prompt stream and keeps its slots), computes the group
+advantages of its slots locally (a group never straddles two processes), packs its rows, and the
+global arrays are assembled without any cross-host copy by
+`jax.make_array_from_process_local_data` (`global_batch`). No host ever holds, receives or
+broadcasts the full batch; the sampler traffic of a step is spread over the hosts. The alternative
+(process 0 receives everything and broadcasts) was rejected: it funnels all rollouts through one
+host and adds a broadcast of variable-length data every step.
+
+Resync push (`push_weights`): a collective -- every process must call it at the same point. Tensors
+are gathered one at a time (`dlc_jax.model.iter_hf_tensors`, which uses
+`jax.experimental.multihost_utils.process_allgather` per tensor for arrays spanning hosts), so a host
+holds its shard of the model plus at most one gathered tensor (plus the pool's small fan-out queue)
+-- never the full model twice. Only process 0 streams the tensors to the sampler(s); it reads the
+gather stream to the end even if a push fails so that the other processes' gathers complete. The
+outcome (ok, version, and for a `SamplerPool` the rotation) is then broadcast from process 0
+(`broadcast_one_to_all`) so that every process takes the same snapshot/resync decision and routes
+rollouts to the same samplers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Mapping
+
+import jax
+import numpy as np
+
+ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAX_PROCESS_ID"
+
+
+class DistributedError(RuntimeError):
+    """A multi-host setting or layout that cannot work (the message names the key or quantity)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """Where this process stands: index/count of processes, local/global device counts."""
+
+    process_index: int
+    process_count: int
+    local_devices: int
+    global_devices: int
+    initialized: bool
+
+    @property
+    def is_leader(self) -> bool:
+        return self.process_index == 0
+
+
+def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | None:
+    """Arguments for `jax.distributed.initialize` from the `distributed` section + environment, or
+    None when this is a single-process run. Config values win over the environment.
+
+    section: `dlc_jax.trainer.config.DistributedSection` (mode, coordinator_address, num_processes,
+    process_id, initialization_timeout_s)."""
+    env = os.environ if environ is None else environ
+    if section.mode == "off":
+        return None
+
+    def env_int(name: str) -> int | None:
+        raw = env.get(name, "").strip()
+        if not raw:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise DistributedError(f"environment {name}={raw!r} is not an integer") from None
+
+    coord = section.coordinator_address or env.get(ENV_COORDINATOR, "").strip() or None
+    num = section.num_processes if section.num_processes != -1 else env_int(ENV_NUM_PROCESSES)
+    pid = section.process_id if section.process_id != -1 else env_int(ENV_PROCESS_ID)
+    if section.mode == "auto" and coord is None and (num is None or num <= 1):
+        return None
+    if coord is not None or num is not None or pid is not None:
+        missing = [k for k, v in (("distributed.coordinator_address", coord), ("distributed.num_processes", num),
+                                  ("distributed.process_id", pid)) if v is None]
+        if missing and section.mode == "auto":
+            raise DistributedError(f"{missing[0]}: needed with the other distributed settings "
+                                   f"(set it in the config or ${_ENV_OF[missing[0]]})")
+    if num is not None and pid is not None and not 0 <= pid < num:
+        raise DistributedError(f"distributed.process_id: {pid} is not in [0, num_processes={num})")
+    kw = {"initialization_timeout": int(section.initialization_timeout_s)}
+    if coord is not None:
+        kw["coordinator_address"] = coord
+    if num is not None:
+        kw["num_processes"] = num
+    if pid is not None:
+        kw["process_id"] = pid
+    return kw
+
+
+_ENV_OF = {"distributed.coordinator_address": ENV_COORDINATOR, "distributed.num_processes": ENV_NUM_PROCESSES,
+           "distributed.process_id": ENV_PROCESS_ID}
+
+
+def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo:
+    """Call `jax.distributed.initialize` when the config/environment asks for several processes
+    (idempotent). Must come before any other JAX call of the process."""
+    kw = init_kwargs(section, environ)
+    if kw is not None and not jax.distributed.is_initialized():
+        jax.distributed.initialize(**kw)
+    return process_info()
+
+
+def process_info() -> ProcessInfo:
+    return ProcessInfo(jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
+                       bool(jax.distributed.is_initialized()))
+
+
+def make_global_mesh(mesh_section):
+    """The (data, fsdp, tensor) mesh over every device of every process (`mesh` config section)."""
+    from dlc_jax.model import MeshConfig, make_mesh
+
+    return make_mesh(MeshConfig(data=mesh_section.data, fsdp=mesh_section.fsdp, tensor=mesh_section.tensor))
+
+
+def rows_sharding(mesh):
+    """Batch-row sharding used by the train step: rows over ('data', 'fsdp')."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def local_row_range(sharding, global_rows: int) -> tuple[int, int]:
+    """[start, stop) of the batch rows stored on this process's devices under `sharding` (rows = axis 0).
+    Raises DistributedError when they are not one contiguous block."""
+    idx = sharding.addressable_devices_indices_map((int(global_rows),))
+    spans = sorted({(s[0].start or 0, global_rows if s[0].stop is None else s[0].stop) for s in idx.values()})
+    start, stop = spans[0]
+    for a, b in spans[1:]:
+        if a > stop:
+            raise DistributedError(f"this process's batch rows are not contiguous: {spans} of {global_rows} "
+                                   f"(device order of the mesh interleaves hosts on the batch axes)")
+        stop = max(stop, b)
+    return int(start), int(stop)
+
+
+def local_slots(slots: list[int], group_size: int, sharding) -> list[int]:
+    """The prompt slots (in batch order) whose G = `group_size` rows live on this process.
+
+    slots: the global batch's slots in row order (row r belongs to slots[r // G])."""
+    rows = len(slots) * int(group_size)
+    start, stop = local_row_range(sharding, rows)
+    if start % group_size or stop % group_size:
+        raise DistributedError(
+            f"train.batch_prompts: this process owns rows [{start}, {stop}) of {rows}, which splits a group of "
+            f"sampler.n={group_size}; batch_prompts ({len(slots)}) must be a multiple of the number of row shards "
+            f"per process boundary (use batch_prompts divisible by jax.process_count()={jax.process_count()} "
+            f"times the row shards)")
+    return list(slots[start // group_size: stop // group_size])
+
+
+def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) -> dict:
+    """Global `jax.Array`s (rows sharded by `sharding`) from this process's rows of each array.
+
+    local: name -> array [R_local, ...] holding rows `local_row_range(sharding, global_rows)`."""
+    start, stop = local_row_range(sharding, global_rows)
+    out = {}
+    for k, a in local.items():
+        a = np.asarray(a)
+        if a.shape[0] != stop - start:
+            raise DistributedError(f"batch array {k!r}: {a.shape[0]} local rows, this process owns "
+                                   f"{stop - start} (rows [{start}, {stop}) of {global_rows})")
+        out[k] = jax.make_array_from_process_local_data(sharding, a, (int(global_rows),) + a.shape[1:])
+    return out
+
+
+class _LockedStream:
+    """A one-shot iterator that another thread may read (gRPC's request thread) while the owner can
+    later close it and read the rest itself; next() calls never overlap."""
+
+    def __init__(self, it):
+        self._it = iter(it)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._lock:
+            if self._closed:
+                raise StopIteration
+            return next(self._it)
+
+    def close_and_drain(self) -> int:
+        with self._lock:
+            self._closed = True
+            return sum(1 for _ in self._it)
+
+
+def push_weights(sampler, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20):
+    """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool).
+
+    Collective over processes: all must call it; tensors are gathered one at a time on every process,
+    only process 0 talks to the sampler(s), and the result is broadcast so every process returns the
+    same (ok, version) and a pool has the same rotation everywhere. Single process: a plain push."""
+    from dlc_jax.model import hf_param_shapes, iter_hf_tensors
+    from dlc_jax.sampler.types import PushResult
+
+    if jax.process_count() == 1:
+        return sampler.push_model(model, version, dtype=dtype, chunk_bytes=chunk_bytes)
+    from jax.experimental import multihost_utils
+
+    src_dtype = np.float16 if dtype == "float16" else np.float32
+    stream = _LockedStream(iter_hf_tensors(model, dtype=src_dtype))
+    result = None
+    if jax.process_index() == 0:
+        try:
+            result = sampler.push_weights(stream, version, dtype=dtype, chunk_bytes=chunk_bytes,
+                                          specs=hf_param_shapes(model.config))
+        except Exception as e:  # noqa: BLE001 - every process must learn the outcome
+            result = PushResult(False, -1, f"push failed on process 0: {type(e).__name__}: {e}", code="UNKNOWN")
+        finally:
+            stream.close_and_drain()  # the other processes' gathers need this process to take part
+    else:
+        stream.close_and_drain()
+    rotation = sampler.rotation() if hasattr(sampler, "rotation") else []
+    flags = np.asarray([int(bool(result.ok)) if result else 0, int(result.version) if result else 0]
+                       + [int(a) for a in rotation], np.int64)
+    flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
+    ok, ver = bool(flags[0]), int(flags[1])
+    if rotation:
+        sampler.set_rotation([bool(x) for x in flags[2:]], version=ver if ok else None,
+                             reason=f"left rotation in process 0's push of version {version}")
+    if jax.process_index() == 0:
+        return result
+    return PushResult(ok, ver, f"pushed by process 0 (version {version}: {'ok' if ok else 'failed'})",
+                      code="OK" if ok else "UNKNOWN")
