@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-head-k", type=int, default=20)
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--kv-cache-gib", type=float, default=None, help="vLLM KV cache size (default 1 GiB on CPU)")
     s.add_argument("--initial-version", type=int, default=0)
     s.add_argument("--weight-noise", type=float, default=0.0, help="jax: sigma relative to per-tensor rms")
     s.add_argument("--weight-noise-seed", type=int, default=0)
@@ -50,7 +51,7 @@ async def _serve(args) -> int:
                         tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
                         max_n=args.max_n, max_head_k=args.max_head_k, max_num_seqs=args.max_num_seqs, seed=args.seed,
                         initial_version=args.initial_version, weight_noise=args.weight_noise,
-                        weight_noise_seed=args.weight_noise_seed)
+                        weight_noise_seed=args.weight_noise_seed, kv_cache_gib=args.kv_cache_gib)
     server = SamplerServer(make_backend(args.backend, cfg),
                            ServerConfig(host=args.host, port=args.port, token=args.token, tls_cert=args.tls_cert,
                                         tls_key=args.tls_key, max_message_bytes=args.max_message_bytes,

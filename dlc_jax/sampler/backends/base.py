@@ -37,6 +37,7 @@ class BackendConfig:
     weight_noise: float = 0.0
     weight_noise_seed: int = 0
     max_batch: int = 32  # JAX backend: sequences decoded together (static shape)
+    kv_cache_gib: float | None = None  # vLLM KV cache size; None = 1 GiB on CPU (unless VLLM_CPU_KVCACHE_SPACE), vLLM default on GPU
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):

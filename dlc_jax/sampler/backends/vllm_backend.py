@@ -30,9 +30,17 @@ log = logging.getLogger(__name__)
 
 def engine_args(cfg: BackendConfig):
     """The AsyncEngineArgs this backend uses (also used by the benchmark's direct-vLLM peer)."""
-    from vllm import AsyncEngineArgs
+    import os
 
+    from vllm import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    kv = cfg.kv_cache_gib
+    if kv is None and current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        kv = 1.0  # else the CPU worker tries to reserve 90% of the node's RAM
+    extra = {} if kv is None else {"kv_cache_memory_bytes": int(kv * (1 << 30))}
     return AsyncEngineArgs(
+        **extra,
         model=cfg.model_dir,
         skip_tokenizer_init=True,
         logprobs_mode="processed_logprobs",

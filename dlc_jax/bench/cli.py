@@ -1,0 +1,57 @@
+"""`dlc-jax bench NAME [--size SIZE] [--out DIR] [module options]`.
+
+Each benchmark is a module in `BENCHMARKS` (adding one is a one-line entry) that provides:
+    SIZES: dict[str, Config]               named configurations (the first is the default)
+    add_args(parser) -> None               extra options (optional)
+    from_args(size: str, args) -> Config   build the config (KeyError names an unknown size)
+    run(cfg) -> dict                       a result dict in the `dlc_jax.bench.common` format
+The result is printed as markdown and written to `<out>/<name>.json` and `<out>/<name>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+BENCHMARKS: dict[str, str] = {
+    "sampler": "dlc_jax.bench.sampler_bench",
+    "trainer": "dlc_jax.bench.trainer_bench",
+    "dlc": "dlc_jax.bench.dlc_bench",
+    "logprobs": "dlc_jax.bench.logprobs_bench",
+    "weight_sync": "dlc_jax.bench.weight_sync_bench",
+    "all": "dlc_jax.bench.all_bench",
+}
+
+
+def cli(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: dlc-jax bench NAME [--size SIZE] [--out DIR] [options]\n\nbenchmarks: " + ", ".join(BENCHMARKS))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHMARKS:
+        print(f"dlc-jax bench: unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    try:
+        mod = importlib.import_module(BENCHMARKS[name])
+    except ModuleNotFoundError as e:
+        print(f"dlc-jax bench: benchmark {name!r} is registered but its module is missing ({e})", file=sys.stderr)
+        return 2
+    sizes = list(getattr(mod, "SIZES", {}) or {"default": None})
+    ap = argparse.ArgumentParser(prog=f"dlc-jax bench {name}")
+    ap.add_argument("--size", default=sizes[0], choices=sizes)
+    ap.add_argument("--out", default="bench_results", help="directory for <name>.json and <name>.md")
+    if hasattr(mod, "add_args"):
+        mod.add_args(ap)
+    args = ap.parse_args(rest)
+    cfg = mod.from_args(args.size, args)
+    result = mod.run(cfg)
+    from .common import write_result
+
+    print(write_result(result, args.out))
+    print(f"wrote {args.out}/{result['name']}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

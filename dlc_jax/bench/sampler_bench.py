@@ -1,0 +1,281 @@
+"""`dlc-jax bench sampler`: the sampler service against its peers, measured in the same run.
+
+1. Rollout tokens/s through our gRPC service (client -> server -> vLLM AsyncLLM -> Rollout protos ->
+   client) vs calling the *same* AsyncLLM engine directly (same engine, same config, same requests
+   and seeds, all prompts concurrent), interleaved A B A B. The ratio is the service overhead.
+2. Weight-push MB/s over loopback gRPC (client chunks + sha256 trailers, server staging to a
+   safetensors file + verification) for a Qwen3-0.6B-shaped random model vs a raw loopback TCP
+   socket copy of the same bytes into a file. The push server here uses `TransportOnlyBackend`,
+   which accepts and verifies a push but does not load it into an engine (a 0.6B engine does not
+   fit this bench's CPU budget); the engine's own apply time is reported separately for the
+   rollout model (vLLM `reload_weights`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import pathlib
+import socket
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from . import common
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerBenchConfig:
+    model_dir: str | None = None  # rollout model; None = make a tiny random Qwen3
+    prompts: int = 16
+    n: int = 4
+    max_tokens: int = 64
+    prompt_len: int = 16
+    repeats: int = 3
+    # push model (shapes of Qwen3-0.6B by default)
+    push_vocab: int = 151936
+    push_hidden: int = 1024
+    push_intermediate: int = 3072
+    push_layers: int = 28
+    push_heads: int = 16
+    push_kv_heads: int = 8
+    push_head_dim: int = 128
+    push_dtype: str = "bfloat16"
+    chunk_mb: int = 4
+    push_repeats: int = 2
+
+
+SIZES = {
+    "default": SamplerBenchConfig(),
+    "small": SamplerBenchConfig(prompts=8, n=2, max_tokens=32, repeats=2, push_vocab=32768, push_layers=4),
+}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="rollout model dir (default: a tiny random Qwen3)")
+    p.add_argument("--push-layers", type=int, default=None)
+    p.add_argument("--push-dtype", choices=["float32", "bfloat16"], default=None)
+
+
+def from_args(size: str, args) -> SamplerBenchConfig:
+    if size not in SIZES:
+        raise KeyError(f"unknown sampler bench size {size!r}; choose from {sorted(SIZES)}")
+    cfg = SIZES[size]
+    kw = {}
+    if getattr(args, "model", None):
+        kw["model_dir"] = args.model
+    if getattr(args, "push_layers", None):
+        kw["push_layers"] = args.push_layers
+    if getattr(args, "push_dtype", None):
+        kw["push_dtype"] = args.push_dtype
+    return dataclasses.replace(cfg, **kw)
+
+
+# -- push server without an engine ------------------------------------------------------------
+from dlc_jax.sampler.backends.base import BackendConfig, SamplerBackend  # noqa: E402
+
+
+class TransportOnlyBackend(SamplerBackend):
+    """Bench harness: a backend that accepts verified pushes and records the version but has no
+    engine (cannot generate). Used only to time transport + staging + verification."""
+
+    name = "transport-only"
+
+    def __init__(self, specs: dict[str, tuple[tuple[int, ...], str]], vocab_size: int):
+        self.cfg = BackendConfig(model_dir="(none)")
+        self.model_config = {"vocab_size": vocab_size}
+        self.vocab_size = vocab_size
+        self.version = 0
+        self._expected = dict(specs)
+
+    async def start(self):
+        pass
+
+    def generate(self, request_id, prompts, params):
+        raise NotImplementedError("TransportOnlyBackend has no engine")
+
+    async def apply_weights(self, weights_dir, version):
+        self.version = int(version)
+
+    async def close(self):
+        pass
+
+
+def _push_shapes(cfg: SamplerBenchConfig) -> dict[str, tuple[int, ...]]:
+    from dlc_jax.model import Qwen3Config, hf_param_shapes
+
+    qc = Qwen3Config(vocab_size=cfg.push_vocab, hidden_size=cfg.push_hidden, intermediate_size=cfg.push_intermediate,
+                     num_hidden_layers=cfg.push_layers, num_attention_heads=cfg.push_heads,
+                     num_key_value_heads=cfg.push_kv_heads, head_dim=cfg.push_head_dim, tie_word_embeddings=True)
+    return hf_param_shapes(qc)
+
+
+def _raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
+    """Send the arrays' bytes over a loopback TCP socket; the receiver writes them to a file.
+    -> seconds from connect until the receiver has written and acknowledged every byte."""
+    total = sum(a.nbytes for a in arrays)
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def receive():
+        conn, _ = srv.accept()
+        buf = bytearray(chunk)
+        view = memoryview(buf)
+        got = 0
+        with conn, open(out_path, "wb") as f:
+            while got < total:
+                n = conn.recv_into(view, min(chunk, total - got))
+                if n == 0:
+                    raise ConnectionError("sender closed early")
+                f.write(view[:n])
+                got += n
+            f.flush()
+            conn.sendall(b"k")
+
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        for a in arrays:
+            s.sendall(memoryview(a.reshape(-1).view(np.uint8)))
+        assert s.recv(1) == b"k"
+    dt = time.perf_counter() - t0
+    th.join()
+    srv.close()
+    return dt
+
+
+def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
+    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.client import SamplerClient
+    from dlc_jax.sampler.server import ServerConfig, ServerThread
+
+    shapes = _push_shapes(cfg)
+    np_dtype = st.NP_DTYPES[cfg.push_dtype]
+    rng = np.random.default_rng(0)
+    tensors = {n: (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(np_dtype) for n, s in shapes.items()}
+    total = sum(a.nbytes for a in tensors.values())
+    specs = {n: (s, "float32") for n, s in shapes.items()}
+    srv = ServerThread(TransportOnlyBackend(specs, cfg.push_vocab), ServerConfig(staging_root=str(tmp))).start()
+    client = SamplerClient(srv.address, timeout=3600)
+    chunk = cfg.chunk_mb << 20
+    grpc_s, raw_s = [], []
+    try:
+        for r in range(cfg.push_repeats):
+            t0 = time.perf_counter()
+            pr = client.push_weights(tensors, r + 1, dtype=cfg.push_dtype, chunk_bytes=chunk)
+            grpc_s.append(time.perf_counter() - t0)
+            if not pr.ok:
+                raise RuntimeError(f"bench push rejected: {pr.message}")
+            raw_path = tmp / "raw_copy.bin"
+            raw_s.append(_raw_socket_copy(list(tensors.values()), raw_path, chunk))
+            raw_path.unlink()
+    finally:
+        client.close()
+        srv.stop()
+    mb = total / 1e6
+    g, rw = common.median(grpc_s), common.median(raw_s)
+    res["rows"] += [
+        {"measurement": "weight push, gRPC (chunks + sha256 + staged file + verify)", "ours": mb / g, "peer": None,
+         "unit": "MB/s", "ratio": None},
+        {"measurement": "weight push, raw loopback TCP socket -> file", "ours": None, "peer": mb / rw, "unit": "MB/s",
+         "ratio": None},
+        {"measurement": "weight push: gRPC / raw socket throughput", "ours": mb / g, "peer": mb / rw, "unit": "MB/s",
+         "ratio": (mb / g) / (mb / rw)},
+    ]
+    res["config"]["push_bytes"] = total
+    res["config"]["push_tensors"] = len(tensors)
+    res["notes"].append(f"push model: {len(tensors)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
+                        f"{cfg.push_layers} layers, D={cfg.push_hidden}, V={cfg.push_vocab}, tied); chunk {cfg.chunk_mb} MiB; "
+                        f"median of {cfg.push_repeats}: gRPC {g:.2f} s, raw socket {rw:.2f} s")
+
+
+def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
+    from vllm import TokensPrompt
+
+    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.backends import BackendConfig, make_backend
+    from dlc_jax.sampler.backends.vllm_backend import vllm_sampling_params
+    from dlc_jax.sampler.client import SamplerClient
+    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.types import SamplingParams
+
+    model_dir = cfg.model_dir
+    if model_dir is None:
+        from dlc_jax.model import make_tiny
+
+        model_dir = str(tmp / "tiny")
+        make_tiny(model_dir)
+    backend = make_backend("vllm", BackendConfig(model_dir=model_dir, max_model_len=cfg.prompt_len + cfg.max_tokens + 8,
+                                                 max_num_seqs=max(cfg.prompts * cfg.n, 1)))
+    srv = ServerThread(backend, ServerConfig()).start()
+    client = SamplerClient(srv.address, timeout=3600)
+    vocab = backend.vocab_size
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, vocab, cfg.prompt_len).tolist() for _ in range(cfg.prompts)]
+    params = SamplingParams(n=cfg.n, max_tokens=cfg.max_tokens, temperature=1.0, head_k=0, seed=1)
+    counter = [0]
+
+    def via_grpc():
+        return sum(len(r.response_ids) for r in client.generate(prompts, params))
+
+    async def _direct():
+        sp = vllm_sampling_params(params)
+
+        async def one(p):
+            counter[0] += 1
+            final = None
+            async for out in backend.engine.generate(TokensPrompt(prompt_token_ids=p), sp, request_id=f"direct-{counter[0]}"):
+                final = out
+            return sum(len(c.token_ids) for c in final.outputs)
+
+        return sum(await asyncio.gather(*(one(p) for p in prompts)))
+
+    def direct():
+        return srv.run(_direct())
+
+    try:
+        tokens = {"grpc": via_grpc(), "direct": direct()}  # warm-up, and token counts
+        times = common.time_interleaved({"grpc": via_grpc, "direct": direct}, warmup=0, repeats=cfg.repeats)
+        # engine apply time for a push into the running vLLM engine (tiny model)
+        w = dict(st.iter_tensors(model_dir))
+        t0 = time.perf_counter()
+        pr = client.push_weights(w, 1)
+        apply_s = time.perf_counter() - t0
+        assert pr.ok, pr.message
+    finally:
+        client.close()
+        srv.stop()
+    g = tokens["grpc"] / common.median(times["grpc"])
+    d = tokens["direct"] / common.median(times["direct"])
+    res["rows"].insert(0, {"measurement": "rollout tokens/s: gRPC service vs vLLM AsyncLLM direct", "ours": g, "peer": d,
+                           "unit": "tok/s", "ratio": g / d})
+    res["notes"].append(f"rollouts: {cfg.prompts} prompts x n={cfg.n} x {cfg.max_tokens} tokens (prompt {cfg.prompt_len}), "
+                        f"T=1, ignore EOS, per-request seed, vLLM fp32 eager on CPU, same engine for both paths; "
+                        f"median of {cfg.repeats} interleaved runs; the gRPC client runs in the server's process "
+                        f"(shares its GIL), so the ratio is a lower bound for a client on another host")
+    res["notes"].append(f"full push + vLLM reload_weights of the rollout model ({sum(a.nbytes for a in w.values()) / 1e6:.1f} MB): "
+                        f"{apply_s:.3f} s")
+
+
+def run(cfg: SamplerBenchConfig = SamplerBenchConfig()) -> dict:
+    res = common.new_result("sampler", "Sampler service: gRPC vs direct vLLM, weight push vs raw socket",
+                            ["measurement", "ours", "peer", "unit", "ratio"])
+    res["config"] = dataclasses.asdict(cfg)
+    with tempfile.TemporaryDirectory(prefix="dlc_sampler_bench_") as d:
+        tmp = pathlib.Path(d)
+        _bench_rollouts(cfg, res, tmp)
+        _bench_push(cfg, res, tmp)
+    return common.finish(res)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .cli import cli
+
+    sys.exit(cli(["sampler", *sys.argv[1:]]))
