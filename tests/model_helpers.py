@@ -60,3 +60,20 @@ def padded_batch(vocab: int, seed: int = 0):
     mask[3, :10] = 0
     ids[mask == 0] = 0
     return ids, mask
+
+
+def _fwd(m, ids, mask, positions, segment_ids):
+    return m(ids, mask, positions, segment_ids)
+
+
+_jit_fwd = None
+
+
+def jit_forward(model, ids, mask=None, positions=None, segment_ids=None) -> np.ndarray:
+    """model(ids, mask, positions, segment_ids) under nnx.jit (much cheaper than eager op-by-op on CPU)."""
+    global _jit_fwd
+    if _jit_fwd is None:
+        from flax import nnx
+
+        _jit_fwd = nnx.jit(_fwd)
+    return np.asarray(_jit_fwd(model, ids, mask, positions, segment_ids))

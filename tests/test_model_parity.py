@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from model_helpers import CONFIG_TIED, CONFIG_UNTIED, hf_logits, make_random_hf_dir, padded_batch
+from model_helpers import CONFIG_TIED, CONFIG_UNTIED, hf_logits, jit_forward, make_random_hf_dir, padded_batch
 
 from dlc_jax.model import PRESETS, Qwen3Config, UnsupportedModelError, load_hf
 
@@ -28,7 +28,7 @@ def test_logits_match_transformers_padded(hf_dir):
     cfg = model.config
     assert cfg.num_groups > 1
     ids, mask = padded_batch(cfg.vocab_size)
-    ours = np.asarray(model(ids, mask))
+    ours = jit_forward(model, ids, mask)
     ref = hf_logits(hf_dir, ids, mask)
     valid = mask.astype(bool)
     err = np.abs(ours - ref)[valid].max()
@@ -46,10 +46,10 @@ def test_explicit_positions_match_transformers(untied_dir):
     model = load_hf(untied_dir)
     ids = np.random.RandomState(3).randint(0, 257, (2, 7))
     pos = np.array([[5, 6, 7, 8, 9, 10, 11], [0, 1, 2, 50, 51, 52, 53]])
-    err = np.abs(np.asarray(model(ids, positions=pos)) - hf_logits(untied_dir, ids, positions=pos)).max()
+    err = np.abs(jit_forward(model, ids, positions=pos) - hf_logits(untied_dir, ids, positions=pos)).max()
     assert err <= 1e-4, err
     # RoPE is relative: a uniform shift (row 0) changes nothing; a gap (row 1) changes the logits
-    diff = np.abs(np.asarray(model(ids, positions=pos)) - np.asarray(model(ids))).max(axis=(1, 2))
+    diff = np.abs(jit_forward(model, ids, positions=pos) - jit_forward(model, ids)).max(axis=(1, 2))
     assert diff[0] < 1e-4 and diff[1] > 1e-3, diff
 
 
@@ -58,8 +58,8 @@ def test_left_padding_equals_unpadded(untied_dir):
     ids = np.random.RandomState(4).randint(0, 257, (1, 6))
     padded = np.concatenate([np.zeros((1, 3), int), ids], 1)
     mask = np.concatenate([np.zeros((1, 3), int), np.ones((1, 6), int)], 1)
-    a = np.asarray(model(ids))[0]
-    b = np.asarray(model(padded, mask))[0, 3:]
+    a = jit_forward(model, ids)[0]
+    b = jit_forward(model, padded, mask)[0, 3:]
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
@@ -70,11 +70,11 @@ def test_segment_ids_packed_equals_separate(untied_dir):
     packed = np.concatenate([s1, s2, [0, 0]])[None]
     seg = np.array([[1] * 5 + [2] * 4 + [0, 0]])
     mask = (seg > 0).astype(int)
-    out = np.asarray(model(packed, mask, segment_ids=seg))[0]
-    np.testing.assert_allclose(out[:5], np.asarray(model(s1[None]))[0], atol=1e-5)
-    np.testing.assert_allclose(out[5:9], np.asarray(model(s2[None]))[0], atol=1e-5)
+    out = jit_forward(model, packed, mask, segment_ids=seg)[0]
+    np.testing.assert_allclose(out[:5], jit_forward(model, s1[None])[0], atol=1e-5)
+    np.testing.assert_allclose(out[5:9], jit_forward(model, s2[None])[0], atol=1e-5)
     # without segment ids the second sequence sees the first: different logits
-    joined = np.asarray(model(packed, mask))[0]
+    joined = jit_forward(model, packed, mask)[0]
     assert np.abs(joined[5:9] - out[5:9]).max() > 1e-3
 
 
@@ -108,13 +108,14 @@ def test_grad_matches_finite_difference(untied_dir):
     def loss(m):
         return jnp.sum(jax.nn.log_softmax(m(ids, mask), -1)[..., 3] * mask)
 
-    g = nnx.grad(loss)(model).model.norm.weight.get_value()
+    g = nnx.jit(nnx.grad(loss))(model).model.norm.weight.get_value()
+    jloss = nnx.jit(loss)
     w0 = model.model.norm.weight.get_value()
     eps = 1e-2
     vals = []
     for sign in (1, -1):
         model.model.norm.weight.set_value(w0.at[5].add(sign * eps))
-        vals.append(float(loss(model)))
+        vals.append(float(jloss(model)))
     model.model.norm.weight.set_value(w0)
     fd = (vals[0] - vals[1]) / (2 * eps)
     assert abs(float(g[5])) > 1e-2
@@ -134,19 +135,22 @@ def test_kv_cache_greedy_decode_matches_recompute(untied_dir):
     cache = model.init_cache(b, t0 + steps, jnp.float32)
     pos = np.maximum(mask.cumsum(-1) - 1, 0)
     logits, cache = fwd(model, ids, pos, cache, mask)
-    np.testing.assert_allclose(np.asarray(logits)[mask.astype(bool)], np.asarray(model(ids, mask))[mask.astype(bool)], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(logits)[mask.astype(bool)], jit_forward(model, ids, mask)[mask.astype(bool)], atol=1e-5)
     seq, seq_mask = ids.copy(), mask.copy()
     nxt = np.asarray(logits[:, -1]).argmax(-1)
     last = pos[:, -1]
+    step_logits = []
     for _ in range(steps):
         seq = np.concatenate([seq, nxt[:, None]], 1)
         seq_mask = np.concatenate([seq_mask, np.ones((b, 1), int)], 1)
-        full = np.asarray(model(seq, seq_mask))[:, -1]
         last = last + 1
-        step_logits, cache = fwd(model, nxt[:, None], last[:, None], cache, np.ones((b, 1), int))
-        np.testing.assert_allclose(np.asarray(step_logits)[:, 0], full, atol=1e-4)
-        nxt = np.asarray(step_logits[:, 0]).argmax(-1)
-        assert (nxt == full.argmax(-1)).all()
+        lg, cache = fwd(model, nxt[:, None], last[:, None], cache, np.ones((b, 1), int))
+        step_logits.append(np.asarray(lg[:, 0]))
+        nxt = step_logits[-1].argmax(-1)
+    # one full recomputation over the final sequences: causal, so position t0-1+i gives step i's logits
+    full = jit_forward(model, seq, seq_mask)[:, t0:]
+    np.testing.assert_allclose(np.stack(step_logits, 1), full, atol=1e-4)
+    assert (seq[:, t0 + 1:] == full[:, :-1].argmax(-1)).all()  # greedy choices == argmax of recompute
     assert int(cache["index"]) == t0 + steps
 
 

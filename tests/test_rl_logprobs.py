@@ -121,3 +121,27 @@ def test_compiled_memory_has_no_full_logits(top_p):
             sds((b // 2, t), jnp.int32), sds((b // 2, t, k), jnp.int32))
         temp_half = jax.jit(fn).lower(*half).compile().memory_analysis().temp_size_in_bytes
         assert temp - temp_half < full / 64, (name, temp, temp_half)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(40, 1.0), (0, 0.85), (60, 0.9)])
+def test_matches_vllm_processed_logprobs(top_k, top_p):
+    """Against vLLM's own sampler op (the engine's top-k/top-p code, CPU torch), not a re-implementation."""
+    torch = pytest.importorskip("torch")
+    ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
+    rng = np.random.default_rng(5)
+    n, v, temperature = 24, 300, 0.7
+    logits = rng.normal(size=(n, v)).astype(np.float32) * 2.0
+    scaled = torch.from_numpy(logits.copy()).div_(temperature)
+    k = torch.full((n,), top_k, dtype=torch.long) if top_k else None
+    p = torch.full((n,), top_p, dtype=torch.float32) if top_p < 1 else None
+    want = ops.apply_top_k_top_p(scaled, k, p).log_softmax(dim=-1, dtype=torch.float32).numpy()
+    # hidden = logits, unembed = identity: token_logprobs sees exactly these logits
+    h = jnp.asarray(logits)[None]
+    ids = jnp.broadcast_to(jnp.arange(v, dtype=jnp.int32), (1, n, v))
+    out = token_logprobs(h, jnp.eye(v, dtype=jnp.float32), ids[..., 0], head_ids=ids,
+                         temperature=temperature, top_k=top_k, top_p=top_p, chunk_size=7)
+    got = np.asarray(out.lp_head[0])
+    kept = np.isfinite(want)
+    np.testing.assert_array_equal(got > OUT_OF_SUPPORT_LOGPROB, kept)
+    assert 0.02 < kept.mean() < 0.9
+    np.testing.assert_allclose(got[kept], want[kept], atol=1e-5, rtol=1e-5)

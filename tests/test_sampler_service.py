@@ -331,3 +331,46 @@ def test_push_during_generation_gives_two_spans(served, base_weights, tiny_dir):
         lp_new, _ = processed_logprobs(ref_new, r.prompt_ids, r.response_ids)
         assert np.max(np.abs(lp_new[:cut] - r.logprobs[:cut])) > 1e-2  # the two weight sets are distinguishable
     SERVED[name] = new
+
+
+def test_push_nnx_model_matches_trainer_logprobs(served, tiny_dir):
+    """Trainer side end to end: NNX params (perturbed) -> push_model -> sampler logprobs and head
+    equal the trainer's `dlc_jax.rl.token_logprobs` at the new weights (fp32)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from dlc_jax.model import load_hf
+    from dlc_jax.rl.logprobs import token_logprobs
+
+    srv, client, name = served
+    model = load_hf(tiny_dir)
+    params = nnx.state(model, nnx.Param)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(42), len(leaves))
+    leaves = [x + 0.3 * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    nnx.update(model, jax.tree.unflatten(tree, leaves))
+    v = client.info()["version"] + 1
+    res = client.push_model(model, v)
+    assert res.ok and res.version == v, res
+    p = SamplingParams(n=2, max_tokens=10, temperature=0.7, top_p=0.95, top_k=0, head_k=5, seed=77)
+    rollouts = list(client.generate(PROMPTS, p))
+    worst = worst_head = 0.0
+    for r in rollouts:
+        assert r.version_spans == [(v, 0, len(r.response_ids))]
+        ids = np.concatenate([r.prompt_ids, r.response_ids])[None]
+        h = model.hidden_states(jnp.asarray(ids))[:, len(r.prompt_ids) - 1:-1]
+        out = token_logprobs(h, model.unembedding(), jnp.asarray(r.response_ids)[None],
+                             head_ids=jnp.asarray(r.head_ids)[None], temperature=p.temperature, top_p=p.top_p)
+        worst = max(worst, float(np.max(np.abs(np.asarray(out.lp[0]) - r.logprobs))))
+        fin = np.isfinite(r.head_logprobs)
+        worst_head = max(worst_head, float(np.max(np.abs(np.asarray(out.lp_head[0])[fin] - r.head_logprobs[fin]))))
+    print(f"[{name}] NNX push: sampler vs trainer token_logprobs max |diff| = {worst:.2e} (head {worst_head:.2e})")
+    assert worst <= TOL and worst_head <= TOL
+    SERVED[name] = dict(iter_hf_tensors_np(model))
+
+
+def iter_hf_tensors_np(model):
+    from dlc_jax.model import iter_hf_tensors
+
+    return iter_hf_tensors(model, dtype=np.float32)

@@ -1,0 +1,59 @@
+"""Tiny-size runs of each benchmark: the JSON has its fields and every ratio is computed from the
+measured times / analysed bytes stored next to it (not a constant)."""
+
+import json
+import statistics
+
+import pytest
+
+from dlc_jax.bench import dlc_bench, logprobs_bench, trainer_bench
+
+
+def test_trainer_bench_tiny(tmp_path):
+    from dlc_jax.bench import common
+
+    res = trainer_bench.run(trainer_bench.SIZES["tiny"])
+    common.write_result(res, tmp_path)
+    data = json.loads((tmp_path / "trainer.json").read_text())
+    rows = {r["implementation"]: r for r in data["rows"]}
+    assert set(rows) == {"ours (chunked logprobs)", "ours (full logits)", "transformers"}
+    med = {k: statistics.median(v) for k, v in data["times_s"].items()}
+    for k, r in rows.items():
+        assert r["ratio_vs_transformers"] == pytest.approx(med["transformers"] / med[k])
+        assert r["tokens_per_s"] == pytest.approx(2 * 32 / med[k])
+        assert r["mfu"] is None  # CPU: no known peak
+    # same weights: our loss equals transformers' on the same batch
+    assert data["summary"]["loss_abs_diff_ours_vs_transformers"] < 1e-4
+    assert data["targets"][0]["value"] == pytest.approx(rows["ours (chunked logprobs)"]["ratio_vs_transformers"])
+    assert any("tunix" in n for n in data["notes"])
+
+
+def test_dlc_bench_tiny():
+    res = dlc_bench.run(dlc_bench.SIZES["tiny"])
+    med = {k: statistics.median(v) for k, v in res["times_s"].items()}
+    grpo, dlc = res["rows"]
+    assert dlc["ratio_vs_grpo"] == pytest.approx(med["dlc"] / med["grpo"])
+    assert dlc["snapshot_forward_ms"] == pytest.approx(1e3 * med["snapshot"])
+    assert res["summary"]["ratio_dlc_vs_grpo_isolated"] == pytest.approx(dlc["ratio_vs_grpo"])
+    assert res["dlc_metrics_sample"]["loss/dlc_centering_active"] == 1.0
+    assert res["targets"][0]["target"] == 1.35
+
+
+def test_logprobs_bench_tiny():
+    cfg = logprobs_bench.SIZES["tiny"]
+    res = logprobs_bench.run(cfg)
+    assert [r["tokens"] for r in res["rows"]] == [b * t for b, t in cfg.points]
+    for row, an in zip(res["rows"], res["analyses"]):
+        assert row["fwd_ratio"] == pytest.approx(an["ours_fwd"]["temp"] / an["naive_fwd"]["temp"])
+        assert row["fwd_bwd_ratio"] == pytest.approx(an["ours_fwd_bwd"]["temp"] / an["naive_fwd_bwd"]["temp"])
+    # the naive path's scratch holds [B,T,V] f32 logits: at least 4*V bytes per token
+    assert res["linear_fits"]["naive_fwd"]["bytes_per_token"] >= 4 * cfg.vocab_size
+    # ours does not: its growth per token is far below one logits row
+    assert res["linear_fits"]["ours_fwd_bwd"]["bytes_per_token"] < 4 * cfg.vocab_size / 8
+    assert res["check"]["max_abs_diff_lp"] < 1e-4
+
+
+def test_linear_fit_by_hand():
+    a, b, r2 = logprobs_bench.linear_fit([1, 2, 3], [5, 7, 9])
+    assert (a, b, r2) == pytest.approx((3.0, 2.0, 1.0))
+    assert logprobs_bench.linear_fit([1, 2, 3], [1, 4, 9])[2] < 1.0
