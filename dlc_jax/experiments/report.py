@@ -120,6 +120,8 @@ def plot_scenario(scenario: str, runs: list[RunResult], summaries: dict[str, Run
     ax_lag.set_title("std of lag ell (solid), discrepancy delta (dashed)")
     ax_rew.set_title("reward")
     ax_kl.set_yscale("log")
+    lo, hi = ax_kl.get_ylim()
+    ax_kl.set_ylim(max(lo, 1e-7), max(hi, 1e-6))  # on-policy k3 is ~1e-13 (float noise): keep the scale readable
     ax_kl.set_title("k3 on sampler prefixes (solid) vs D_t reference KL (dashed)")
     ax_rs.set_title("cumulative resyncs")
     for ax in axes.ravel():
