@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--weight-noise", type=float, default=0.0, help="jax: sigma relative to per-tensor rms")
     s.add_argument("--weight-noise-seed", type=int, default=0)
     s.add_argument("--token", default=None, help="require 'authorization: Bearer TOKEN' on every call")
+    s.add_argument("--token-file", default=None, help="read TOKEN from this file (keeps it out of the process list)")
     s.add_argument("--tls-cert", default=None)
     s.add_argument("--tls-key", default=None)
     s.add_argument("--max-message-bytes", type=int, default=64 << 20)
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="query a running server")
     i.add_argument("--address", required=True)
     i.add_argument("--token", default=None)
+    i.add_argument("--token-file", default=None)
     i.add_argument("--tls-root-cert", default=None)
     i.add_argument("--tls-server-name", default=None, help="expected name in the server certificate")
     return ap
@@ -67,8 +69,22 @@ async def _serve(args) -> int:
     return 0
 
 
+def _resolve_token(ap: argparse.ArgumentParser, args) -> None:
+    if args.token_file:
+        if args.token:
+            ap.error("--token and --token-file are exclusive")
+        try:
+            args.token = open(args.token_file).read().strip()
+        except OSError as e:
+            ap.error(f"--token-file: {e}")
+        if not args.token:
+            ap.error(f"--token-file: {args.token_file} is empty")
+
+
 def cli(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    _resolve_token(ap, args)
     if args.cmd == "serve":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return asyncio.run(_serve(args))
