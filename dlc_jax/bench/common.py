@@ -49,7 +49,9 @@ def load_note(info: dict) -> str:
     la = info.get("loadavg_1m_5m_15m")
     if not la:
         return "load average unknown"
-    return (f"load average {la[0]}/{la[1]}/{la[2]} (1/5/15 min) on {info.get('cpu_count')} CPUs; "
+    end = info.get("loadavg_at_end")
+    end_s = f", {end[0]}/{end[1]}/{end[2]} at the end" if end else ""
+    return (f"load average {la[0]}/{la[1]}/{la[2]} (1/5/15 min) at the start{end_s} on {info.get('cpu_count')} CPUs; "
             f"ratios are measured interleaved in the same process, absolute times are load-sensitive")
 
 

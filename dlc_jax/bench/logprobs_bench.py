@@ -1,0 +1,173 @@
+"""Log-prob memory: our chunked ``token_logprobs`` vs a naive full-softmax, as batch x length grows.
+
+For each [B, T] point both paths are compiled for hidden [B,T,D] f32, unembed [V,D] f32, targets [B,T]
+(``jax.jit(...).lower(ShapeDtypeStruct...).compile()``: nothing is allocated, so the naive path is
+analysed even where running it would not fit) and XLA's buffer assignment is read:
+
+* ``temp`` = ``memory_analysis().temp_size_in_bytes``: the scratch the program needs beyond its
+  arguments and outputs (the number that grows with the [B,T,V] logits);
+* forward = log-probs (+ entropy for ours, as the trainer computes it); forward+backward = the
+  gradient of sum(lp) w.r.t. hidden and unembed.
+
+Naive: ``log_softmax(hidden @ unembed.T)`` then gather — a [B,T,V] f32 array (and its gradient).
+The chunked path runs for real at the smallest point to check it executes and matches the naive
+values there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+
+from dlc_jax.bench import common
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobBenchConfig:
+    """V, D (Qwen3-0.6B's by default), the [B, T] points, our chunk size."""
+
+    vocab_size: int = 151936
+    hidden_size: int = 1024
+    points: tuple = ((1, 256), (1, 1024), (2, 2048), (4, 2048), (8, 2048))
+    chunk_size: int = 256
+    check_point: tuple = (1, 64)  # run both paths here and compare values
+
+
+SIZES = {
+    "default": LogprobBenchConfig(),
+    "tiny": LogprobBenchConfig(vocab_size=4096, hidden_size=64, points=((1, 64), (2, 64), (4, 64)),
+                               chunk_size=32, check_point=(1, 32)),
+}
+
+COLUMNS = ["batch_x_length", "tokens", "ours_fwd_MiB", "naive_fwd_MiB", "fwd_ratio",
+           "ours_fwd_bwd_MiB", "naive_fwd_bwd_MiB", "fwd_bwd_ratio"]
+
+MiB = float(1 << 20)
+
+
+def naive_logprobs(hidden, unembed, targets):
+    """[B,T,D] x [V,D] -> log p(targets) [B,T] through a full [B,T,V] log-softmax."""
+    import jax
+    import jax.numpy as jnp
+
+    logits = jnp.einsum("btd,vd->btv", hidden, unembed, preferred_element_type=jnp.float32)
+    return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[..., 0]
+
+
+def _fns(chunk_size: int):
+    import jax
+    import jax.numpy as jnp
+
+    from dlc_jax.rl import token_logprobs
+
+    def ours(h, w, y):
+        tl = token_logprobs(h, w, y, chunk_size=chunk_size)
+        return tl.lp, tl.entropy
+
+    def ours_loss(h, w, y):
+        return jnp.sum(ours(h, w, y)[0])
+
+    def naive_loss(h, w, y):
+        return jnp.sum(naive_logprobs(h, w, y))
+
+    return {
+        "ours_fwd": jax.jit(ours),
+        "naive_fwd": jax.jit(naive_logprobs),
+        "ours_fwd_bwd": jax.jit(jax.grad(ours_loss, argnums=(0, 1))),
+        "naive_fwd_bwd": jax.jit(jax.grad(naive_loss, argnums=(0, 1))),
+    }
+
+
+def compiled_temp_bytes(fn, b: int, t: int, d: int, v: int) -> dict:
+    """XLA memory analysis of ``fn(hidden [b,t,d], unembed [v,d], targets [b,t])`` without running it."""
+    import jax
+    import jax.numpy as jnp
+
+    args = (jax.ShapeDtypeStruct((b, t, d), jnp.float32), jax.ShapeDtypeStruct((v, d), jnp.float32),
+            jax.ShapeDtypeStruct((b, t), jnp.int32))
+    m = fn.lower(*args).compile().memory_analysis()
+    return {"temp": int(m.temp_size_in_bytes), "argument": int(m.argument_size_in_bytes),
+            "output": int(m.output_size_in_bytes), "peak": int(getattr(m, "peak_memory_in_bytes", 0) or 0)}
+
+
+def linear_fit(x, y) -> tuple[float, float, float]:
+    """Least squares y = a + b x; returns (a, b, R^2)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    b, a = np.polyfit(x, y, 1)
+    pred = a + b * x
+    ss = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((y - pred) ** 2)) / ss if ss > 0 else 1.0
+    return float(a), float(b), r2
+
+
+def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    res = common.new_result("logprobs", f"Log-prob memory: chunked vs naive full softmax (V={cfg.vocab_size})", COLUMNS)
+    res["config"] = dataclasses.asdict(cfg)
+    fns = _fns(cfg.chunk_size)
+    d, v = cfg.hidden_size, cfg.vocab_size
+    analyses = []
+    for b, t in cfg.points:
+        a = {k: compiled_temp_bytes(fn, b, t, d, v) for k, fn in fns.items()}
+        analyses.append({"batch": b, "length": t, **a})
+        res["rows"].append({
+            "batch_x_length": f"{b} x {t}", "tokens": b * t,
+            "ours_fwd_MiB": a["ours_fwd"]["temp"] / MiB, "naive_fwd_MiB": a["naive_fwd"]["temp"] / MiB,
+            "fwd_ratio": a["ours_fwd"]["temp"] / a["naive_fwd"]["temp"],
+            "ours_fwd_bwd_MiB": a["ours_fwd_bwd"]["temp"] / MiB,
+            "naive_fwd_bwd_MiB": a["naive_fwd_bwd"]["temp"] / MiB,
+            "fwd_bwd_ratio": a["ours_fwd_bwd"]["temp"] / a["naive_fwd_bwd"]["temp"],
+        })
+    res["analyses"] = analyses
+
+    # correctness at a small point: the benchmarked function computes the same numbers as the naive one
+    cb, ct = cfg.check_point
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    h = jax.random.normal(k1, (cb, ct, d), jnp.float32)
+    w = 0.05 * jax.random.normal(k2, (v, d), jnp.float32)
+    y = jax.random.randint(k3, (cb, ct), 0, v)
+    ours_lp = np.asarray(fns["ours_fwd"](h, w, y)[0])
+    naive_lp = np.asarray(fns["naive_fwd"](h, w, y))
+    res["check"] = {"point": [cb, ct], "max_abs_diff_lp": float(np.max(np.abs(ours_lp - naive_lp)))}
+
+    tokens = [r["tokens"] for r in res["rows"]]
+    fits = {}
+    for key in ("ours_fwd", "ours_fwd_bwd", "naive_fwd", "naive_fwd_bwd"):
+        a0, slope, r2 = linear_fit(tokens, [an[key]["temp"] for an in analyses])
+        fits[key] = {"intercept_bytes": a0, "bytes_per_token": slope, "r2": r2}
+    res["linear_fits"] = fits
+    last = res["rows"][-1]
+    res["summary"] = {"fwd_ratio_at_largest": last["fwd_ratio"], "fwd_bwd_ratio_at_largest": last["fwd_bwd_ratio"],
+                      "largest_point": last["batch_x_length"],
+                      "ours_fwd_bwd_r2_linear": fits["ours_fwd_bwd"]["r2"], "ours_fwd_r2_linear": fits["ours_fwd"]["r2"]}
+    res["targets"] += [
+        common.target(f"ours/naive temp bytes, forward, {last['batch_x_length']}", last["fwd_ratio"], 1 / 8, "<="),
+        common.target(f"ours/naive temp bytes, fwd+bwd, {last['batch_x_length']}", last["fwd_bwd_ratio"], 1 / 8, "<="),
+        common.target("ours fwd+bwd temp linear in tokens (R^2)", fits["ours_fwd_bwd"]["r2"], 0.98, ">="),
+    ]
+    res["notes"] += [
+        f"compile-only XLA buffer assignment (temp bytes beyond arguments/outputs), D={d}, V={v}, f32; "
+        f"ours = chunked token_logprobs (chunk {cfg.chunk_size} positions, remat per chunk, lp + entropy)",
+        f"linear fit temp = a + b*tokens: ours fwd b={fits['ours_fwd']['bytes_per_token']:.0f} B/token "
+        f"(R^2 {fits['ours_fwd']['r2']:.4f}); ours fwd+bwd b={fits['ours_fwd_bwd']['bytes_per_token']:.0f} B/token "
+        f"(R^2 {fits['ours_fwd_bwd']['r2']:.4f}); naive fwd+bwd b={fits['naive_fwd_bwd']['bytes_per_token']:.0f} B/token",
+        f"values checked at {cb} x {ct}: max |lp_ours - lp_naive| = {res['check']['max_abs_diff_lp']:.2e}",
+    ]
+    return common.finish(res)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chunk-size", type=int, default=None)
+
+
+def from_args(size: str, args) -> LogprobBenchConfig:
+    if size not in SIZES:
+        raise KeyError(f"unknown logprobs bench size {size!r}; choose from {sorted(SIZES)}")
+    cfg = SIZES[size]
+    if getattr(args, "chunk_size", None):
+        cfg = dataclasses.replace(cfg, chunk_size=args.chunk_size)
+    return cfg

@@ -1,0 +1,147 @@
+"""Weight sync: export + push of a Qwen3-sized NNX model to a sampler over loopback gRPC, vs a raw
+loopback socket copy of the same bytes (the physical limit here).
+
+* ``export + push``: ``SamplerClient.push_weights(lambda: iter_hf_tensors(model), ...)`` — the
+  trainer's path: each tensor is gathered from the NNX params, converted to HF layout and the push
+  dtype, chunked, sha256-hashed and streamed; the server stages it to a safetensors file and verifies
+  it (``sampler_bench.TransportOnlyBackend``: everything but the engine reload).
+* ``push only``: the same push from tensors already exported to host numpy arrays.
+* ``raw socket``: the same bytes through one loopback TCP connection into a file
+  (``sampler_bench._raw_socket_copy``).
+
+Runs interleaved, median reported; ratio = throughput / raw socket throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import tempfile
+import time
+
+import numpy as np
+
+from dlc_jax.bench import common
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSyncBenchConfig:
+    """Pushed model shapes (Qwen3-0.6B by default, random weights), push dtype, chunk, repeats."""
+
+    vocab_size: int = 151936
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    push_dtype: str = "bfloat16"
+    chunk_mb: int = 4
+    repeats: int = 2
+
+    def model_config(self):
+        from dlc_jax.model import Qwen3Config
+
+        return Qwen3Config(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+                           num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                           head_dim=self.head_dim, tie_word_embeddings=True)
+
+
+SIZES = {
+    "default": WeightSyncBenchConfig(),
+    "small": WeightSyncBenchConfig(vocab_size=32768, num_hidden_layers=4),
+    "tiny": WeightSyncBenchConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, chunk_mb=1),
+}
+
+COLUMNS = ["path", "seconds", "MB_per_s", "ratio_vs_raw_socket"]
+
+
+def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
+    from flax import nnx
+
+    from dlc_jax.bench.sampler_bench import TransportOnlyBackend, _raw_socket_copy
+    from dlc_jax.model import Qwen3ForCausalLM, hf_param_shapes, iter_hf_tensors
+    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.client import SamplerClient
+    from dlc_jax.sampler.server import ServerConfig, ServerThread
+
+    res = common.new_result("weight_sync", "Weight sync: export + gRPC push vs raw loopback socket", COLUMNS)
+    res["config"] = dataclasses.asdict(cfg)
+    mcfg = cfg.model_config()
+    model = Qwen3ForCausalLM(mcfg, rngs=nnx.Rngs(0))
+    shapes = hf_param_shapes(mcfg)
+    np_dtype = st.NP_DTYPES[cfg.push_dtype]
+    exported = {n: a.astype(np_dtype) for n, a in iter_hf_tensors(model)}
+    total = sum(a.nbytes for a in exported.values())
+    chunk = cfg.chunk_mb << 20
+    specs = {n: (s, "float32") for n, s in shapes.items()}
+    version = [0]
+    with tempfile.TemporaryDirectory(prefix="dlc_weight_sync_bench_") as d:
+        tmp = pathlib.Path(d)
+        (tmp / "stage").mkdir()
+        srv = ServerThread(TransportOnlyBackend(specs, mcfg.vocab_size), ServerConfig(staging_root=str(tmp / "stage"))).start()
+        client = SamplerClient(srv.address, timeout=3600)
+
+        def push(src, **kw):
+            version[0] += 1
+            pr = client.push_weights(src, version[0], dtype=cfg.push_dtype, chunk_bytes=chunk, **kw)
+            if not pr.ok:
+                raise RuntimeError(f"weight push rejected by the sampler: {pr.message}")
+            return pr
+
+        def raw():
+            p = tmp / "raw_copy.bin"
+            dt = _raw_socket_copy(list(exported.values()), p, chunk)
+            p.unlink()
+            return dt
+
+        times: dict[str, list[float]] = {"export + push (gRPC)": [], "push only (gRPC)": [], "raw socket": []}
+        try:
+            for _ in range(cfg.repeats):
+                t0 = time.perf_counter()
+                push(lambda: iter_hf_tensors(model), specs=shapes)
+                times["export + push (gRPC)"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                push(exported)
+                times["push only (gRPC)"].append(time.perf_counter() - t0)
+                times["raw socket"].append(raw())
+        finally:
+            client.close()
+            srv.stop()
+    mb = total / 1e6
+    med = {k: common.median(v) for k, v in times.items()}
+    for k, s in med.items():
+        res["rows"].append({"path": k, "seconds": s, "MB_per_s": mb / s, "ratio_vs_raw_socket": med["raw socket"] / s})
+    res["times_s"] = times
+    res["config"].update(push_bytes=total, push_tensors=len(exported))
+    res["summary"] = {"export_push_vs_raw": med["raw socket"] / med["export + push (gRPC)"],
+                      "push_only_vs_raw": med["raw socket"] / med["push only (gRPC)"]}
+    res["targets"] += [
+        common.target("export + push / raw socket throughput", res["summary"]["export_push_vs_raw"], 0.5, ">="),
+        common.target("push only / raw socket throughput", res["summary"]["push_only_vs_raw"], 0.5, ">="),
+    ]
+    res["notes"].append(f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: {mcfg.num_hidden_layers} "
+                        f"layers, D={mcfg.hidden_size}, V={mcfg.vocab_size}, tied, random weights); chunk {cfg.chunk_mb} MiB; "
+                        f"server = real gRPC service with a transport-only backend (staging + sha256 verify, no engine "
+                        f"reload); median of {cfg.repeats} interleaved repeats")
+    return common.finish(res)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--push-dtype", choices=["float32", "bfloat16"], default=None)
+
+
+def from_args(size: str, args) -> WeightSyncBenchConfig:
+    if size not in SIZES:
+        raise KeyError(f"unknown weight_sync bench size {size!r}; choose from {sorted(SIZES)}")
+    cfg = SIZES[size]
+    kw = {}
+    if getattr(args, "repeats", None):
+        kw["repeats"] = args.repeats
+    if getattr(args, "push_dtype", None):
+        kw["push_dtype"] = args.push_dtype
+    return dataclasses.replace(cfg, **kw)
