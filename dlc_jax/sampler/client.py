@@ -224,12 +224,14 @@ class SamplerClient:
         return self.push_messages(messages())
 
     def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20) -> PushResult:
-        """Push an NNX `Qwen3ForCausalLM` (converted to HF names/layout tensor by tensor)."""
-        from dlc_jax.model import iter_hf_tensors
+        """Push an NNX `Qwen3ForCausalLM`: HF names/layout via `dlc_jax.model.iter_hf_tensors`, one
+        tensor gathered and converted at a time; the header comes from `hf_param_shapes(config)`."""
+        from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
         np_dtype = st.NP_DTYPES[dtype]
-        return self.push_weights(lambda: iter_hf_tensors(model, dtype=np_dtype if dtype != "bfloat16" else np.float32),
-                                 version, dtype=dtype, chunk_bytes=chunk_bytes)
+        specs = hf_param_shapes(model.config)
+        return self.push_weights(lambda: iter_hf_tensors(model, dtype=np_dtype), version, dtype=dtype,
+                                 chunk_bytes=chunk_bytes, specs=specs)
 
     def load_weights(self, path: str, version: int) -> PushResult:
         """Ask the server to load an HF safetensors directory it can read (shared storage)."""
