@@ -32,3 +32,15 @@ def test_jsonl_tensorboard_and_summary(tmp_path):
         tags |= {v.tag for v in ev.summary.value}
         off += 12 + n + 4
     assert {"reward_mean", "ess_lag", "resync_count"} <= tags
+
+
+def test_resume_append_drops_rows_past_checkpoint(tmp_path):
+    m = MetricsLogger(tmp_path, tensorboard=False, progress=False)
+    for s in range(1, 6):
+        m.log(s, {"x": s})
+    m.close()
+    m = MetricsLogger(tmp_path, tensorboard=False, progress=False, append=True, initial_step=3)
+    m.log(4, {"x": 40})
+    m.close()
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["x"]) for r in rows] == [(1, 1), (2, 2), (3, 3), (4, 40)]

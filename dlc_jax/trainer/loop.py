@@ -86,13 +86,14 @@ class Trainer:
         self.data = PromptPipeline(cfg.data, self.tokenizer, cfg.train.batch_prompts)
         max_staleness = 10**9 if cfg.resync.policy == "never" else cfg.async_.max_staleness
         self.assembler = BatchAssembler(cfg.sampler.n, max_staleness)
+        self.feeder = RolloutFeeder(self.assembler, lambda: self.client, lambda: self.state.version, self._sampling_params)
         self.batches: dict[int, dict] = {}  # index -> {"prompts": {slot: PromptRecord}, "data_state": ...}
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, every=cfg.checkpoint.every)
         resumed = self._maybe_resume()
-        self._connect_sampler(fresh=True)
+        self._connect_sampler()
         if resumed:
-            self._push(self.state.synced_version, self.state.snapshot_params(self.state.synced_version), reason="resume")
-        self.feeder = RolloutFeeder(self.assembler, lambda: self.client, lambda: self.state.version, self._sampling_params)
+            self._push_retrying(self.state.synced_version, self.state.snapshot_params(self.state.synced_version),
+                                reason="resume")
         self.metrics = MetricsLogger(cfg.log.dir, jsonl=cfg.log.jsonl, tensorboard=cfg.log.tensorboard,
                                      progress=cfg.log.progress, total_steps=cfg.train.steps,
                                      initial_step=self.state.step, append=resumed)
@@ -108,7 +109,9 @@ class Trainer:
                               head_k=s.head_k, stop_token_ids=(int(self.eos_id),), seed=seed)
 
     # ---- sampler connection -----------------------------------------------------------------
-    def _connect_sampler(self, fresh: bool) -> None:
+    def _connect_sampler(self) -> None:
+        """Connect to ``sampler.address`` or (re)spawn a loopback sampler; a spawned sampler serves the
+        model directory (theta_0) as version 0 until the trainer pushes."""
         from dlc_jax.sampler.client import SamplerClient
         from dlc_jax.sampler.process import SamplerProcess
 
@@ -122,8 +125,7 @@ class Trainer:
         if self.sampler_proc is not None:
             self.sampler_proc.kill()
         extra = ["--dtype", s.dtype if s.dtype != "float16" else "bfloat16", "--max-model-len", str(s.max_model_len),
-                 "--max-head-k", str(max(1, s.head_k)), "--max-n", str(max(1, s.n)),
-                 "--initial-version", str(self.state.synced_version if not fresh else 0)]
+                 "--max-head-k", str(max(1, s.head_k)), "--max-n", str(max(1, s.n)), "--initial-version", "0"]
         if s.quantization:
             extra += ["--quantization", s.quantization]
         if s.weight_noise:
@@ -152,26 +154,41 @@ class Trainer:
         self.log(f"push: version {version} ({reason}) {res.bytes / 1e6:.1f} MB in {time.time() - t0:.1f}s") \
             if not self.cfg.log.progress else None
 
-    def _recover_sampler(self, err: BaseException) -> None:
-        """Wait for / respawn the sampler, push theta_t as a new version, and snapshot it."""
+    def _reconnect(self, err: BaseException) -> None:
+        """Wait for the sampler to come back (or respawn it when this process owns it)."""
         self.log(f"sampler failed ({type(err).__name__}: {str(err)[:200]}); reconnecting")
         deadline = time.time() + self.cfg.sampler.reconnect_timeout_s
         while True:
             try:
-                self._connect_sampler(fresh=False)
+                self._connect_sampler()
                 break
             except Exception as e:  # noqa: BLE001
                 if time.time() > deadline:
                     raise SamplerUnavailable(f"sampler did not come back within "
                                              f"{self.cfg.sampler.reconnect_timeout_s}s: {e}") from e
                 time.sleep(1.0)
-        self.feeder.failures.clear()
-        self._resync(reason="reconnect")
+        with self.feeder.cond:
+            self.feeder.failures.clear()
         self.counters["reconnects"] += 1
+
+    def _push_retrying(self, version: int, params, reason: str) -> None:
+        import grpc
+
+        for _ in range(5):
+            try:
+                return self._push(version, params, reason)
+            except grpc.RpcError as e:
+                self._reconnect(e)
+        raise SamplerUnavailable(f"could not push weight version {version} ({reason}) after 5 reconnects")
+
+    def _recover_sampler(self, err: BaseException) -> None:
+        """Reconnect, then push theta_t as a new version and snapshot it (a resync)."""
+        self._reconnect(err)
+        self._resync(reason="reconnect")
 
     def _resync(self, reason: str) -> None:
         st = self.state
-        self._push(st.version, st.params, reason)
+        self._push_retrying(st.version, st.params, reason)
         st.snapshot()
         keep = {r_v for b in self.assembler.batches.values() for r in b.cells.values() for r_v, _, _ in r.version_spans}
         st.prune(keep)
@@ -181,9 +198,10 @@ class Trainer:
         if reason == "staleness":
             self.counters["resync_forced"] += 1
         if self.cfg.resync.stale_rollouts == "drop":
-            for bi in list(self.assembler.batches):
-                self.counters["dropped_on_resync"] += len(self.assembler.drop_versions_below(bi, st.version))
-            self.assembler.min_version = st.version
+            with self.feeder.cond:
+                for bi in list(self.assembler.batches):
+                    self.counters["dropped_on_resync"] += len(self.assembler.drop_versions_below(bi, st.version))
+                self.assembler.min_version = st.version
 
     # ---- data / batches ---------------------------------------------------------------------
     def _open_batch(self, index: int) -> None:
@@ -202,6 +220,7 @@ class Trainer:
 
     def _wait_batch(self, index: int) -> list:
         """Block until batch ``index`` is complete; handles failures, staleness and re-requests."""
+        recoveries = 0
         while True:
             with self.feeder.cond:
                 if self.feeder.failures and all(self.feeder.idle(b) for b in self.assembler.batches):
@@ -216,6 +235,9 @@ class Trainer:
                         self.feeder.cond.wait(timeout=1.0)
                         continue
             if err is not None:
+                recoveries += 1
+                if recoveries > 5:
+                    raise SamplerUnavailable(f"batch {index}: sampler failed {recoveries} times in a row") from err
                 self._recover_sampler(err)
                 continue
             lag = self.state.version - self.state.synced_version
@@ -285,6 +307,7 @@ class Trainer:
         m.update(reward_mean=float(rewards.mean()), reward_std=float(rewards.std()), version_lag=lag, lr=lr,
                  resync=1.0 if reason else 0.0, response_len=float(resp_len), wait_s=t_wait,
                  step_s=time.time() - t0, dropped_stale=self.assembler.dropped_stale,
+                 dropped_old_version=self.assembler.dropped_old,
                  weight_version=st.version, synced_version=st.synced_version, **self.counters)
         if reason == "ess":
             self.log(f"step {st.step}: lag ESS {m['ess_lag']:.3f} < {cfg.resync.threshold} -> resync to version "

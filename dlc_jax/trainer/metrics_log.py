@@ -29,6 +29,7 @@ class MetricsLogger:
     """Writes ``{"step": s, **metrics}`` per step to ``<dir>/metrics.jsonl`` and TensorBoard events.
 
     progress: show a tqdm bar with step, reward, lag ESS and the resync count.
+    append: continue an existing metrics.jsonl (resume), dropping its rows after ``initial_step``.
     """
 
     BAR_KEYS = (("reward", "reward_mean"), ("ess", "ess_lag"), ("resyncs", "resync_count"))
@@ -38,6 +39,11 @@ class MetricsLogger:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.directory / "metrics.jsonl" if jsonl else None
+        if jsonl and append and self.jsonl_path.exists():
+            # resume: drop rows past the checkpoint (steps that will be recomputed)
+            keep = [l for l in self.jsonl_path.read_text().splitlines()
+                    if l.strip() and json.loads(l).get("step", 0) <= initial_step]
+            self.jsonl_path.write_text("".join(l + "\n" for l in keep))
         self._jsonl = open(self.jsonl_path, "a" if append else "w") if jsonl else None
         self._tb = None
         if tensorboard:
