@@ -77,12 +77,13 @@ class SamplerSection:
 @dataclasses.dataclass
 class DistributedSection:
     """Multi-host JAX (``dlc_jax.trainer.distributed``). mode: 'auto' (initialize when the environment
-    says there are several processes: TPU pod, or coordinator_address / JAX_COORDINATOR_ADDRESS set),
-    'on' (always call ``jax.distributed.initialize``), 'off' (single process). coordinator_address:
+    says there are several processes: coordinator_address / JAX_COORDINATOR_ADDRESS set),
+    'always' (always call ``jax.distributed.initialize``; on a TPU pod slice JAX detects the rest),
+    'never' (single process); not 'on'/'off', which YAML reads as booleans. coordinator_address:
     'host:port' of process 0 ('' = from the environment / auto-detected on TPU); num_processes and
     process_id: -1 = from the environment / auto-detected."""
 
-    mode: Literal["auto", "on", "off"] = "auto"
+    mode: Literal["auto", "always", "never"] = "auto"
     coordinator_address: str = ""
     num_processes: int = -1
     process_id: int = -1
