@@ -39,8 +39,8 @@ def worker(model_dir: str, addresses: str, out: str, coordinator: str, num_proce
     from dlc_jax.trainer.config import DistributedSection, MeshSection
     from dlc_jax.trainer import distributed as dist
 
-    sec = (DistributedSection(mode="off") if num_processes == 1 else
-           DistributedSection(mode="on", coordinator_address=coordinator, num_processes=num_processes,
+    sec = (DistributedSection(mode="never") if num_processes == 1 else
+           DistributedSection(mode="always", coordinator_address=coordinator, num_processes=num_processes,
                               process_id=process_id, initialization_timeout_s=120))
     info = dist.initialize(sec)
     import jax
@@ -202,14 +202,14 @@ def test_init_kwargs_from_config_and_environment():
     from dlc_jax.trainer.config import DistributedSection
     from dlc_jax.trainer.distributed import DistributedError, init_kwargs
 
-    assert init_kwargs(DistributedSection(mode="off"), {"JAX_NUM_PROCESSES": "4"}) is None
+    assert init_kwargs(DistributedSection(mode="never"), {"JAX_NUM_PROCESSES": "4"}) is None
     assert init_kwargs(DistributedSection(), {}) is None  # auto, nothing set: single process
     env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.2:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
     assert init_kwargs(DistributedSection(), env) == {"coordinator_address": "10.0.0.2:1234", "num_processes": 4,
                                                       "process_id": 3, "initialization_timeout": 300}
     kw = init_kwargs(DistributedSection(coordinator_address="h:1", process_id=1, initialization_timeout_s=9), env)
     assert kw == {"coordinator_address": "h:1", "num_processes": 4, "process_id": 1, "initialization_timeout": 9}
-    assert init_kwargs(DistributedSection(mode="on"), {}) == {"initialization_timeout": 300}  # TPU auto-detect
+    assert init_kwargs(DistributedSection(mode="always"), {}) == {"initialization_timeout": 300}  # TPU auto-detect
     with pytest.raises(DistributedError, match="distributed.process_id"):
         init_kwargs(DistributedSection(), {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2"})
     with pytest.raises(DistributedError, match="distributed.process_id: 5"):

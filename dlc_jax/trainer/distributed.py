@@ -3,7 +3,7 @@ weight push of a resync.
 
 Start-up (`initialize`): `jax.distributed.initialize` from the `distributed` config section, falling
 back to the environment (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`); on a
-TPU pod slice / GKE TPU node pool JAX detects all three itself (`distributed.mode=on` with the fields
+TPU pod slice / GKE TPU node pool JAX detects all three itself (`distributed.mode=always` with the fields
 left empty). It must run before any other JAX call.
 
 Mesh (`make_global_mesh`): one (data, fsdp, tensor) mesh over `jax.devices()` -- every device of
@@ -74,7 +74,7 @@ def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | Non
     section: `dlc_jax.trainer.config.DistributedSection` (mode, coordinator_address, num_processes,
     process_id, initialization_timeout_s)."""
     env = os.environ if environ is None else environ
-    if section.mode == "off":
+    if section.mode == "never":
         return None
 
     def env_int(name: str) -> int | None:
