@@ -1,11 +1,11 @@
 """`dlc-jax bench sampler`: the sampler service against its peers, measured in the same run.
 
-1. Rollout tokens/s through our gRPC service (client -> server -> vLLM AsyncLLM -> Rollout protos ->
+1. Rollout tokens/s through our gRPC service (client process -> server -> vLLM AsyncLLM -> Rollout protos ->
    client) vs calling the *same* AsyncLLM engine directly (same engine, same config, same requests
    and seeds, all prompts concurrent), interleaved A B A B. The ratio is the service overhead.
 2. Weight-push MB/s over loopback gRPC (client chunks + sha256 trailers, server staging to a
    safetensors file + verification) for a Qwen3-0.6B-shaped random model vs a raw loopback TCP
-   socket copy of the same bytes into a file. The push server here uses `TransportOnlyBackend`,
+   socket copy of the same bytes into a file (both senders in their own process). The push server here uses `TransportOnlyBackend`,
    which accepts and verifies a push but does not load it into an engine (a 0.6B engine does not
    fit this bench's CPU budget); the engine's own apply time is reported separately for the
    rollout model (vLLM `reload_weights`).
@@ -114,17 +114,59 @@ def _push_shapes(cfg: SamplerBenchConfig) -> dict[str, tuple[int, ...]]:
     return hf_param_shapes(qc)
 
 
-def _raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
-    """Send the arrays' bytes over a loopback TCP socket; the receiver writes them to a file.
-    -> seconds from connect until the receiver has written and acknowledged every byte."""
-    total = sum(a.nbytes for a in arrays)
+def _push_tensors(cfg: SamplerBenchConfig) -> dict[str, np.ndarray]:
+    from dlc_jax.sampler import safetensors_io as st
+
+    rng = np.random.default_rng(0)
+    np_dtype = st.NP_DTYPES[cfg.push_dtype]
+    return {n: (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(np_dtype) for n, s in _push_shapes(cfg).items()}
+
+
+def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
+    """Client-process side of the push benchmark (mode "grpc" or "raw"): make the tensors, then time
+    only the transfer. -> seconds (gRPC: until PushResult; raw: until the receiver's ack)."""
+    cfg = SamplerBenchConfig(**cfg_dict)
+    tensors = _push_tensors(cfg)
+    if mode == "grpc":
+        from dlc_jax.sampler.client import SamplerClient
+
+        with SamplerClient(target, timeout=3600) as c:
+            c.wait_ready(60)
+            t0 = time.perf_counter()
+            pr = c.push_weights(tensors, version, dtype=cfg.push_dtype, chunk_bytes=cfg.chunk_mb << 20)
+            dt = time.perf_counter() - t0
+            if not pr.ok:
+                raise RuntimeError(f"bench push rejected: {pr.message}")
+            return dt
+    host, port = target.rsplit(":", 1)
+    t0 = time.perf_counter()
+    with socket.create_connection((host, int(port))) as s:
+        for a in tensors.values():
+            s.sendall(memoryview(a.reshape(-1).view(np.uint8)))
+        if s.recv(1) != b"k":
+            raise ConnectionError("no ack from the receiver")
+    return time.perf_counter() - t0
+
+
+def _run_push_client(mode: str, target: str, cfg: SamplerBenchConfig, version: int) -> float:
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from dlc_jax.bench.sampler_bench import _push_client; "
+            "print(json.dumps(_push_client(*json.loads(sys.stdin.read()))))")
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps([mode, target, dataclasses.asdict(cfg), version]),
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _raw_receiver(total: int, out_path: pathlib.Path, chunk: int):
+    """Loopback TCP receiver writing `total` bytes to a file, then acking. -> (port, thread)."""
     srv = socket.create_server(("127.0.0.1", 0))
-    port = srv.getsockname()[1]
 
     def receive():
         conn, _ = srv.accept()
-        buf = bytearray(chunk)
-        view = memoryview(buf)
+        view = memoryview(bytearray(chunk))
         got = 0
         with conn, open(out_path, "wb") as f:
             while got < total:
@@ -135,63 +177,45 @@ def _raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: in
                 got += n
             f.flush()
             conn.sendall(b"k")
+        srv.close()
 
     th = threading.Thread(target=receive, daemon=True)
     th.start()
-    t0 = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        for a in arrays:
-            s.sendall(memoryview(a.reshape(-1).view(np.uint8)))
-        assert s.recv(1) == b"k"
-    dt = time.perf_counter() - t0
-    th.join()
-    srv.close()
-    return dt
+    return srv.getsockname()[1], th
 
 
 def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     from dlc_jax.sampler import safetensors_io as st
-    from dlc_jax.sampler.client import SamplerClient
     from dlc_jax.sampler.server import ServerConfig, ServerThread
 
     shapes = _push_shapes(cfg)
-    np_dtype = st.NP_DTYPES[cfg.push_dtype]
-    rng = np.random.default_rng(0)
-    tensors = {n: (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(np_dtype) for n, s in shapes.items()}
-    total = sum(a.nbytes for a in tensors.values())
+    itemsize = st.NP_DTYPES[cfg.push_dtype].itemsize
+    total = sum(int(np.prod(s)) * itemsize for s in shapes.values())
     specs = {n: (s, "float32") for n, s in shapes.items()}
     srv = ServerThread(TransportOnlyBackend(specs, cfg.push_vocab), ServerConfig(staging_root=str(tmp))).start()
-    client = SamplerClient(srv.address, timeout=3600)
-    chunk = cfg.chunk_mb << 20
     grpc_s, raw_s = [], []
     try:
-        for r in range(cfg.push_repeats):
-            t0 = time.perf_counter()
-            pr = client.push_weights(tensors, r + 1, dtype=cfg.push_dtype, chunk_bytes=chunk)
-            grpc_s.append(time.perf_counter() - t0)
-            if not pr.ok:
-                raise RuntimeError(f"bench push rejected: {pr.message}")
+        for r in range(cfg.push_repeats):  # interleaved
+            grpc_s.append(_run_push_client("grpc", srv.address, cfg, r + 1))
             raw_path = tmp / "raw_copy.bin"
-            raw_s.append(_raw_socket_copy(list(tensors.values()), raw_path, chunk))
+            port, th = _raw_receiver(total, raw_path, cfg.chunk_mb << 20)
+            raw_s.append(_run_push_client("raw", f"127.0.0.1:{port}", cfg, 0))
+            th.join()
             raw_path.unlink()
     finally:
-        client.close()
         srv.stop()
     mb = total / 1e6
     g, rw = common.median(grpc_s), common.median(raw_s)
     res["rows"] += [
-        {"measurement": "weight push, gRPC (chunks + sha256 + staged file + verify)", "ours": mb / g, "peer": None,
-         "unit": "MB/s", "ratio": None},
-        {"measurement": "weight push, raw loopback TCP socket -> file", "ours": None, "peer": mb / rw, "unit": "MB/s",
-         "ratio": None},
-        {"measurement": "weight push: gRPC / raw socket throughput", "ours": mb / g, "peer": mb / rw, "unit": "MB/s",
-         "ratio": (mb / g) / (mb / rw)},
+        {"measurement": "weight push MB/s: gRPC (chunks + sha256 + staged file + verify) vs raw loopback TCP -> file",
+         "ours": mb / g, "peer": mb / rw, "unit": "MB/s", "ratio": rw / g},
     ]
     res["config"]["push_bytes"] = total
-    res["config"]["push_tensors"] = len(tensors)
-    res["notes"].append(f"push model: {len(tensors)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
+    res["config"]["push_tensors"] = len(shapes)
+    res["notes"].append(f"push model: {len(shapes)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
                         f"{cfg.push_layers} layers, D={cfg.push_hidden}, V={cfg.push_vocab}, tied); chunk {cfg.chunk_mb} MiB; "
-                        f"median of {cfg.push_repeats}: gRPC {g:.2f} s, raw socket {rw:.2f} s")
+                        f"sender in its own process; median of {cfg.push_repeats}: gRPC {g:.2f} s, raw socket {rw:.2f} s; "
+                        f"the push server verifies and stages but does not load into an engine (TransportOnlyBackend)")
 
 
 def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
@@ -221,7 +245,17 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
     counter = [0]
 
     def via_grpc():
-        return sum(len(r.response_ids) for r in client.generate(prompts, params))
+        """The gRPC client runs in its own process (as a trainer would), timing only generate()."""
+        import json
+        import subprocess
+        import sys
+
+        code = ("import json, sys; from dlc_jax.bench.sampler_bench import _client_run; "
+                "print(json.dumps(_client_run(*json.loads(sys.stdin.read()))))")
+        payload = json.dumps([srv.address, prompts, dataclasses.asdict(params)])
+        out = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True)
+        tok, secs = json.loads(out.stdout.strip().splitlines()[-1])
+        return tok, secs
 
     async def _direct():
         sp = vllm_sampling_params(params)
@@ -236,11 +270,18 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
         return sum(await asyncio.gather(*(one(p) for p in prompts)))
 
     def direct():
-        return srv.run(_direct())
+        t0 = time.perf_counter()
+        tok = srv.run(_direct())
+        return tok, time.perf_counter() - t0
 
     try:
-        tokens = {"grpc": via_grpc(), "direct": direct()}  # warm-up, and token counts
-        times = common.time_interleaved({"grpc": via_grpc, "direct": direct}, warmup=0, repeats=cfg.repeats)
+        via_grpc(), direct()  # warm-up
+        runs = {"grpc": [], "direct": []}
+        for _ in range(cfg.repeats):  # interleaved A B A B
+            runs["grpc"].append(via_grpc())
+            runs["direct"].append(direct())
+        tokens = {k: v[0][0] for k, v in runs.items()}
+        times = {k: [s for _, s in v] for k, v in runs.items()}
         # engine apply time for a push into the running vLLM engine (tiny model)
         w = dict(st.iter_tensors(model_dir))
         t0 = time.perf_counter()
@@ -256,10 +297,23 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
                            "unit": "tok/s", "ratio": g / d})
     res["notes"].append(f"rollouts: {cfg.prompts} prompts x n={cfg.n} x {cfg.max_tokens} tokens (prompt {cfg.prompt_len}), "
                         f"T=1, ignore EOS, per-request seed, vLLM fp32 eager on CPU, same engine for both paths; "
-                        f"median of {cfg.repeats} interleaved runs; the gRPC client runs in the server's process "
-                        f"(shares its GIL), so the ratio is a lower bound for a client on another host")
+                        f"median of {cfg.repeats} interleaved runs; the gRPC client is a separate process (like the trainer), "
+                        f"the direct peer calls AsyncLLM.generate on the server's event loop")
     res["notes"].append(f"full push + vLLM reload_weights of the rollout model ({sum(a.nbytes for a in w.values()) / 1e6:.1f} MB): "
                         f"{apply_s:.3f} s")
+
+
+def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[int, float]:
+    """Client-process side of the rollout benchmark: -> (response tokens, seconds)."""
+    from dlc_jax.sampler.client import SamplerClient
+    from dlc_jax.sampler.types import SamplingParams
+
+    p = SamplingParams(**{**params, "stop_token_ids": tuple(params["stop_token_ids"])})
+    with SamplerClient(address, timeout=3600) as c:
+        c.wait_ready(60)
+        t0 = time.perf_counter()
+        n = sum(len(r.response_ids) for r in c.generate(prompts, p))
+        return n, time.perf_counter() - t0
 
 
 def run(cfg: SamplerBenchConfig = SamplerBenchConfig()) -> dict:
