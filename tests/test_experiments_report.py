@@ -59,6 +59,8 @@ def test_ess_crossings():
     assert first_below(STEPS, ess, 0.5) == 4
     assert stays_below_from(STEPS, ess, 0.5) == 6
     assert stays_below_from(STEPS, ess[:-1] + [0.7], 0.5) is None
+    assert stays_below_from(STEPS, ess, 0.5, min_steps=5) == 6
+    assert stays_below_from(STEPS, ess, 0.5, min_steps=6) is None  # only 5 steps below at the end
     assert first_below(STEPS, [None] * 10, 0.5) is None
 
 

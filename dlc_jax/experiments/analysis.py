@@ -23,13 +23,15 @@ LN2 = math.log(2.0)
 class AnalysisConfig:
     """ess_threshold: the 0.5 line; band: the pass band on D_t/N_t (2x); min_noise: N_t at or below this
     is treated as unmeasurable and its step skipped; fit_points: points (k > 0) used in the Var(ell)
-    fit; final_frac: fraction of the last steps averaged for the final reward."""
+    fit; final_frac: fraction of the last steps averaged for the final reward; min_stay_steps: logged steps the
+    ESS must stay below the threshold (to the end of the run) to count as "stays below"."""
 
     ess_threshold: float = 0.5
     band: float = 2.0
     min_noise: float = 1e-9
     fit_points: int = 4
     final_frac: float = 0.1
+    min_stay_steps: int = 3
 
 
 def _num(x) -> float | None:
@@ -59,17 +61,18 @@ def first_below(steps, values, threshold) -> int | None:
     return None
 
 
-def stays_below_from(steps, values, threshold) -> int | None:
-    """First step from which every later logged value is < threshold; None if the last value is not."""
+def stays_below_from(steps, values, threshold, min_steps: int = 1) -> int | None:
+    """First step from which every later logged value is < threshold; None if the last value is not, or
+    if fewer than ``min_steps`` logged values lie in that final stretch."""
     pairs = [(int(s), _num(v)) for s, v in zip(steps, values) if _num(v) is not None]
     if not pairs or pairs[-1][1] >= threshold:
         return None
-    start = pairs[-1][0]
+    start, count = pairs[-1][0], 0
     for s, v in reversed(pairs):
         if v >= threshold:
             break
-        start = s
-    return start
+        start, count = s, count + 1
+    return start if count >= min_steps else None
 
 
 def fit_lag_variance(k, var) -> tuple[float, float] | None:
@@ -171,7 +174,7 @@ def summarize(run: RunResult, noise: NoiseThreshold | None, cfg: AnalysisConfig 
     mx = max(rr) if rr else None
     mx_step = rs[int(np.argmax(rr))] if rr else None
     ess = run.get("ess_lag")
-    stays = stays_below_from(run.steps, ess, cfg.ess_threshold)
+    stays = stays_below_from(run.steps, ess, cfg.ess_threshold, cfg.min_stay_steps)
     after = [r for s, r in zip(rs, rr) if stays is not None and s >= stays]
     res = [_num(v) for v in run.get("resyncs")]
     res = [v for v in res if v is not None]

@@ -220,7 +220,8 @@ def claims(summaries: list[RunSummary], results: dict[str, RunResult], noise: No
         stays = [s for s in is_runs if s.ess_stays_below_from is not None]
         if not stays:
             out.append("- **IS leaves the band once ESS stays < 0.5** (not shown at this scale): in no IS run "
-                       "did the lag ESS stay below 0.5 to the end, so the condition never arose.")
+                       f"did the lag ESS stay below 0.5 for the last {cfg.min_stay_steps}+ steps, so the condition "
+                       "never arose.")
         else:
             left = [s for s in stays if s.max_ratio_after_ess_stays_below is not None
                     and s.max_ratio_after_ess_stays_below > band]
