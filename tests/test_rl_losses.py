@@ -173,6 +173,10 @@ def test_registry_is_complete():
         "naive", "tis", "tis_seq", "mis", "mis_seq", "mis_geo", "score_centering",
         "score_centering_tis", "score_centering_mask", "ppo_clip", "decoupled_ppo", "m2po",
         "vcpo", "dlc"}
+    # LossConfig is hashable, so it can be a static jit argument
+    inp = to_inputs(make_batch())
+    l_static, _ = jax.jit(compute_loss, static_argnums=0)(CFGS["dlc"], inp)
+    np.testing.assert_allclose(l_static, compute_loss(CFGS["dlc"], inp)[0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(CFGS))
