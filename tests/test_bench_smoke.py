@@ -50,6 +50,10 @@ def test_logprobs_bench_tiny():
     assert res["linear_fits"]["naive_fwd"]["bytes_per_token"] >= 4 * cfg.vocab_size
     # ours does not: its growth per token is far below one logits row
     assert res["linear_fits"]["ours_fwd_bwd"]["bytes_per_token"] < 4 * cfg.vocab_size / 8
+    assert res["linear_fits"]["ours_fwd_bwd_total"]["r2"] > 0.98
+    for row, an in zip(res["rows"], res["analyses"]):
+        tot = lambda a: a["argument"] + a["output"] + a["temp"]
+        assert row["total_ratio"] == pytest.approx(tot(an["ours_fwd_bwd"]) / tot(an["naive_fwd_bwd"]))
     assert res["check"]["max_abs_diff_lp"] < 1e-4
 
 
@@ -57,3 +61,29 @@ def test_linear_fit_by_hand():
     a, b, r2 = logprobs_bench.linear_fit([1, 2, 3], [5, 7, 9])
     assert (a, b, r2) == pytest.approx((3.0, 2.0, 1.0))
     assert logprobs_bench.linear_fit([1, 2, 3], [1, 4, 9])[2] < 1.0
+
+
+def test_raw_socket_copy_delivers_every_byte(tmp_path):
+    import numpy as np
+
+    from dlc_jax.bench.weight_sync_bench import raw_socket_copy
+
+    arrays = [np.arange(1000, dtype=np.float32), np.ones((3, 7), np.uint16)]
+    dt = raw_socket_copy(arrays, tmp_path / "copy.bin", chunk=256)
+    assert dt > 0
+    assert (tmp_path / "copy.bin").read_bytes() == b"".join(a.tobytes() for a in arrays)
+
+
+def test_weight_sync_bench_tiny():
+    from dlc_jax.bench import weight_sync_bench
+
+    res = weight_sync_bench.run(weight_sync_bench.SIZES["tiny"])
+    med = {k: statistics.median(v) for k, v in res["times_s"].items()}
+    rows = {r["path"]: r for r in res["rows"]}
+    assert set(rows) == {"export + push (gRPC)", "push only (gRPC)", "raw socket"}
+    mb = res["config"]["push_bytes"] / 1e6
+    for k, r in rows.items():
+        assert r["MB_per_s"] == pytest.approx(mb / med[k])
+        assert r["ratio_vs_raw_socket"] == pytest.approx(med["raw socket"] / med[k])
+    assert res["summary"]["export_push_vs_raw"] == pytest.approx(rows["export + push (gRPC)"]["ratio_vs_raw_socket"])
+    assert res["config"]["push_tensors"] == 24  # 2 layers x 11 + embed + final norm (tied: no lm_head)

@@ -41,6 +41,18 @@ class DlcBenchConfig:
     warmup: int = 1
     repeats: int = 3
     seed: int = 0
+    # end-to-end (async trainer loop + JAX-backend sampler over loopback gRPC, a tiny model)
+    end_to_end: bool = True
+    e2e_steps: int = 10
+    e2e_skip: int = 2  # first steps (compilation, sampler start) not counted
+    e2e_rounds: int = 2  # GRPO, DLC, GRPO, DLC, ...
+    e2e_hidden: int = 128
+    e2e_layers: int = 2
+    e2e_vocab: int = 2048
+    e2e_batch_prompts: int = 4
+    e2e_n: int = 4
+    e2e_max_tokens: int = 8
+    e2e_resync_k: int = 2
 
     def model_config(self):
         from dlc_jax.model import Qwen3Config
@@ -55,7 +67,7 @@ SIZES = {
     "default": DlcBenchConfig(),
     "tiny": DlcBenchConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, batch=4, length=32,
-                           head_k=4, chunk_size=64, repeats=2),
+                           head_k=4, chunk_size=64, repeats=2, end_to_end=False),
 }
 
 COLUMNS = ["variant", "step_ms", "tokens_per_s", "ratio_vs_grpo", "snapshot_forward_ms", "train_step_ms"]
@@ -145,13 +157,31 @@ def run(cfg: DlcBenchConfig = DlcBenchConfig()) -> dict:
     ratio = med["dlc"] / med["grpo"]
     res["summary"] = {"ratio_dlc_vs_grpo_isolated": ratio, "ratio_dlc_vs_grpo_end_to_end": None}
     res["targets"].append(common.target("DLC / GRPO step time (isolation)", ratio, 1.35, "<="))
-    if importlib.util.find_spec("dlc_jax.trainer.loop") is None:
-        res["targets"].append(common.target("DLC / GRPO steps/s (end-to-end, async)", None, 1.10, "<="))
-        res["notes"].append("end-to-end (async pipeline over loopback gRPC): not measured — "
-                            "dlc_jax.trainer.loop has not landed in this tree")
+    if not cfg.end_to_end:
+        res["targets"].append(common.target("DLC / GRPO step time (end-to-end, async)", None, 1.10, "<="))
+        res["notes"].append("end-to-end: not run at this size")
+    elif importlib.util.find_spec("dlc_jax.trainer.loop") is None:
+        res["targets"].append(common.target("DLC / GRPO step time (end-to-end, async)", None, 1.10, "<="))
+        res["notes"].append("end-to-end: not measured — dlc_jax.trainer.loop is missing in this tree")
     else:
-        res["targets"].append(common.target("DLC / GRPO steps/s (end-to-end, async)", None, 1.10, "<="))
-        res["notes"].append("end-to-end: dlc_jax.trainer.loop exists but this benchmark does not drive it yet")
+        e2e = end_to_end(cfg)
+        res["end_to_end"] = e2e
+        r = e2e["ratio_dlc_vs_grpo"]
+        res["summary"]["ratio_dlc_vs_grpo_end_to_end"] = r
+        for v in ("grpo", "dlc"):
+            sec = e2e["seconds_per_step"][v]
+            res["rows"].append({"variant": f"end-to-end {v.upper()} (async loop + gRPC JAX sampler)",
+                                "step_ms": 1e3 * sec, "tokens_per_s": None,
+                                "ratio_vs_grpo": sec / e2e["seconds_per_step"]["grpo"],
+                                "snapshot_forward_ms": None, "train_step_ms": None})
+        res["targets"].append(common.target("DLC / GRPO step time (end-to-end, async)", r, 1.10, "<="))
+        res["notes"].append(
+            f"end-to-end: tiny Qwen3 (D={cfg.e2e_hidden}, {cfg.e2e_layers} layers, V={cfg.e2e_vocab}), "
+            f"{cfg.e2e_batch_prompts} prompts x n={cfg.e2e_n}, {cfg.e2e_max_tokens} new tokens, resync every "
+            f"{cfg.e2e_resync_k} steps for both, prefetch 1; {cfg.e2e_steps} steps per run, first {cfg.e2e_skip} "
+            f"not counted, {cfg.e2e_rounds} alternating rounds, median seconds/step (incl. waiting for rollouts); "
+            f"theta_s forwards run: GRPO {e2e['snapshot_forwards']['grpo']}, DLC {e2e['snapshot_forwards']['dlc']} "
+            f"(the loop computes lp_s for the lag metrics whatever the loss)")
     mc = cfg.model_config()
     res["notes"] += [
         f"model: {mc.num_hidden_layers} layers, D={mc.hidden_size}, V={mc.vocab_size}, fp32; batch {cfg.batch} x "
@@ -172,3 +202,47 @@ def from_args(size: str, args) -> DlcBenchConfig:
     if getattr(args, "repeats", None):
         cfg = dataclasses.replace(cfg, repeats=args.repeats)
     return cfg
+
+
+def end_to_end(cfg: DlcBenchConfig) -> dict:
+    """Seconds per step of the async trainer loop with the ``naive`` loss and no head (GRPO) vs the
+    ``dlc`` loss with head K, each against its own JAX-backend sampler subprocess on loopback gRPC."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from dlc_jax.model.tiny import make_tiny
+    from dlc_jax.trainer.config import default_config_path, load_config
+    from dlc_jax.trainer.loop import Trainer
+
+    per_step: dict[str, list[float]] = {"grpo": [], "dlc": []}
+    forwards = {"grpo": 0, "dlc": 0}
+    with tempfile.TemporaryDirectory(prefix="dlc_bench_e2e_") as d:
+        tmp = Path(d)
+        model_dir = make_tiny(tmp / "model", vocab_size=cfg.e2e_vocab, hidden_size=cfg.e2e_hidden,
+                              intermediate_size=2 * cfg.e2e_hidden, num_hidden_layers=cfg.e2e_layers,
+                              head_dim=32)
+        variants = {"grpo": ["loss.name=naive", "sampler.head_k=0"],
+                    "dlc": ["loss.name=dlc", f"sampler.head_k={cfg.head_k}"]}
+        for rnd in range(cfg.e2e_rounds):
+            for v, extra in variants.items():
+                run_dir = tmp / f"{v}{rnd}"
+                tc = load_config(default_config_path(), [
+                    f"model.path={model_dir}", "sft.enabled=false", "sampler.backend=jax", f"sampler.n={cfg.e2e_n}",
+                    f"sampler.max_tokens={cfg.e2e_max_tokens}", f"train.batch_prompts={cfg.e2e_batch_prompts}",
+                    f"train.steps={cfg.e2e_steps}", "resync.policy=every_k", f"resync.k={cfg.e2e_resync_k}",
+                    "async.prefetch=1", "log.progress=false", "log.tensorboard=false", f"log.dir={run_dir}/logs",
+                    f"checkpoint.dir={run_dir}/ckpt", "checkpoint.every=0", "checkpoint.resume=false",
+                    f"train.seed={cfg.seed}", *extra])
+                summary = Trainer(tc, log=lambda *a: None).run()
+                if not summary.get("finished"):
+                    raise RuntimeError(f"end-to-end {v} run did not finish: {summary}")
+                rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+                steady = [r["step_s"] for r in rows[cfg.e2e_skip:]]
+                if not steady:
+                    raise ValueError(f"e2e_steps={cfg.e2e_steps} leaves no step after e2e_skip={cfg.e2e_skip}")
+                per_step[v].append(sum(steady) / len(steady))
+                forwards[v] += int(summary.get("snapshot_forwards", 0))
+    sec = {v: common.median(x) for v, x in per_step.items()}
+    return {"seconds_per_step_runs": per_step, "seconds_per_step": sec, "snapshot_forwards": forwards,
+            "ratio_dlc_vs_grpo": sec["dlc"] / sec["grpo"]}

@@ -7,7 +7,7 @@ loopback socket copy of the same bytes (the physical limit here).
   it (``sampler_bench.TransportOnlyBackend``: everything but the engine reload).
 * ``push only``: the same push from tensors already exported to host numpy arrays.
 * ``raw socket``: the same bytes through one loopback TCP connection into a file
-  (``sampler_bench._raw_socket_copy``).
+  (:func:`raw_socket_copy`: the receiver writes each chunk to disk, as the sampler stages a push).
 
 Runs interleaved, median reported; ratio = throughput / raw socket throughput.
 """
@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
+import socket
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -59,10 +61,52 @@ SIZES = {
 COLUMNS = ["path", "seconds", "MB_per_s", "ratio_vs_raw_socket"]
 
 
+def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
+    """Send the arrays' bytes over one loopback TCP connection; a receiver thread writes them to
+    ``out_path``. Returns seconds from connect until the receiver has written every byte and acked."""
+    total = sum(a.nbytes for a in arrays)
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    errors: list[BaseException] = []
+
+    def receive():
+        try:
+            conn, _ = srv.accept()
+            view = memoryview(bytearray(chunk))
+            got = 0
+            with conn, open(out_path, "wb") as f:
+                while got < total:
+                    n = conn.recv_into(view, min(chunk, total - got))
+                    if n == 0:
+                        raise ConnectionError(f"sender closed after {got} of {total} bytes")
+                    f.write(view[:n])
+                    got += n
+                f.flush()
+                conn.sendall(b"k")
+        except BaseException as e:  # noqa: BLE001 - surfaced to the caller below
+            errors.append(e)
+
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    try:
+        t0 = time.perf_counter()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            for a in arrays:
+                s.sendall(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+            ack = s.recv(1)
+        dt = time.perf_counter() - t0
+        th.join(timeout=60)
+    finally:
+        srv.close()
+    if errors or ack != b"k":
+        raise RuntimeError(f"raw socket copy failed: {errors[0] if errors else 'no ack'}")
+    return dt
+
+
 def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
     from flax import nnx
 
-    from dlc_jax.bench.sampler_bench import TransportOnlyBackend, _raw_socket_copy
+    from dlc_jax.bench.sampler_bench import TransportOnlyBackend
     from dlc_jax.model import Qwen3ForCausalLM, hf_param_shapes, iter_hf_tensors
     from dlc_jax.sampler import safetensors_io as st
     from dlc_jax.sampler.client import SamplerClient
@@ -94,7 +138,7 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
 
         def raw():
             p = tmp / "raw_copy.bin"
-            dt = _raw_socket_copy(list(exported.values()), p, chunk)
+            dt = raw_socket_copy(list(exported.values()), p, chunk)
             p.unlink()
             return dt
 
