@@ -374,3 +374,29 @@ def iter_hf_tensors_np(model):
     from dlc_jax.model import iter_hf_tensors
 
     return iter_hf_tensors(model, dtype=np.float32)
+
+
+def test_load_weights_from_shared_path(served, base_weights, tiny_dir, tmp_path):
+    srv, client, name = served
+    v0 = client.info()["version"]
+    new = _perturbed(base_weights, seed=9)
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    st.write_file(d / "model.safetensors", new)
+    bad = client.load_weights(str(tmp_path / "nope"), v0 + 1)
+    assert not bad.ok and "not a directory" in bad.message and bad.version == v0
+    stale = client.load_weights(str(d), v0)
+    assert not stale.ok and stale.code == "FAILED_PRECONDITION"
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    st.write_file(partial / "model.safetensors", dict(list(new.items())[:-2]))
+    res = client.load_weights(str(partial), v0 + 1)
+    assert not res.ok and "missing" in res.message and client.info()["version"] == v0
+    res = client.load_weights(str(d), v0 + 1)
+    assert res.ok and res.version == v0 + 1, res
+    assert d.exists()  # the caller's directory is never deleted
+    p = SamplingParams(n=1, max_tokens=8, temperature=1.0, seed=3)
+    rollouts = list(client.generate(PROMPTS, p))
+    assert all(r.version_spans[0][0] == v0 + 1 for r in rollouts)
+    _check_against_reference(load_hf_reference(tiny_dir, new), rollouts, p)
+    SERVED[name] = new
