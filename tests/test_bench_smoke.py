@@ -87,3 +87,30 @@ def test_weight_sync_bench_tiny():
         assert r["ratio_vs_raw_socket"] == pytest.approx(med["raw socket"] / med[k])
     assert res["summary"]["export_push_vs_raw"] == pytest.approx(rows["export + push (gRPC)"]["ratio_vs_raw_socket"])
     assert res["config"]["push_tensors"] == 24  # 2 layers x 11 + embed + final norm (tied: no lm_head)
+
+
+def test_all_bench_combines_results(tmp_path):
+    """`all` over logprobs (run) and a reused earlier result: one RESULTS.md with every target."""
+    from dlc_jax.bench import all_bench, common
+
+    prev = common.finish(common.new_result("dlc", "DLC (earlier run)", ["variant"]))
+    prev["targets"].append(common.target("DLC / GRPO step time (isolation)", 1.2, 1.35, "<="))
+    common.write_result(prev, tmp_path)
+    res = all_bench.run(all_bench.AllBenchConfig(size="tiny", out=str(tmp_path), only=("logprobs", "dlc"), reuse=True))
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert (tmp_path / "logprobs.json").exists()
+    assert "DLC (earlier run)" in text and "Log-prob memory" in text
+    names = [(r["benchmark"], r["target"]) for r in res["rows"]]
+    assert ("dlc", "DLC / GRPO step time (isolation)") in names
+    assert sum(1 for b, _ in names if b == "logprobs") == 4
+    assert res["results"]["logprobs"]["ok"] and res["results"]["dlc"]["ok"]
+
+
+def test_all_bench_records_a_failing_benchmark(tmp_path, monkeypatch):
+    from dlc_jax.bench import all_bench, cli
+
+    monkeypatch.setitem(cli.BENCHMARKS, "broken", "dlc_jax.bench.no_such_module")
+    res = all_bench.run(all_bench.AllBenchConfig(out=str(tmp_path), only=("broken",)))
+    assert res["results"]["broken"]["ok"] is False
+    assert "no_such_module" in res["results"]["broken"]["error"]
+    assert "FAILED" in (tmp_path / "RESULTS.md").read_text()

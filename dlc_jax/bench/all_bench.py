@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import json
 import traceback
 from pathlib import Path
 
@@ -24,6 +25,7 @@ class AllBenchConfig:
     out: str = "bench_results"
     only: tuple = ()
     skip: tuple = ("all",)
+    reuse: bool = False  # take <out>/<name>.json of an earlier run instead of running that benchmark again
 
 
 SIZES = {"default": AllBenchConfig(), "tiny": AllBenchConfig(size="tiny")}
@@ -52,11 +54,16 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
     names = [n for n in BENCHMARKS if n not in cfg.skip and n != "all" and (not cfg.only or n in cfg.only)]
     for name in names:
         try:
-            mod = importlib.import_module(BENCHMARKS[name])
-            size = _size_for(mod, cfg.size)
-            r = mod.run(mod.from_args(size, argparse.Namespace()))
-            r.setdefault("config", {})["bench_size"] = size
-            sections.append(common.write_result(r, out))
+            prev = out / f"{name}.json"
+            if cfg.reuse and prev.exists():
+                r = json.loads(prev.read_text())
+                sections.append(common.to_markdown(r))
+            else:
+                mod = importlib.import_module(BENCHMARKS[name])
+                size = _size_for(mod, cfg.size)
+                r = mod.run(mod.from_args(size, argparse.Namespace()))
+                r.setdefault("config", {})["bench_size"] = size
+                sections.append(common.write_result(r, out))
             results[name] = {"ok": True, "summary": r.get("summary"), "targets": r.get("targets", [])}
             for t in r.get("targets", []):
                 res["rows"].append({"benchmark": name, "target": t["name"], "measured": t["value"],
@@ -85,6 +92,8 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", default="", help="comma-separated benchmark names to run (default: all)")
     p.add_argument("--skip", default="", help="comma-separated benchmark names to skip")
+    p.add_argument("--reuse", action="store_true",
+                   help="use <out>/<name>.json from an earlier run where present instead of re-running it")
 
 
 def from_args(size: str, args) -> AllBenchConfig:
@@ -93,4 +102,5 @@ def from_args(size: str, args) -> AllBenchConfig:
     split = lambda s: tuple(x.strip() for x in (s or "").split(",") if x.strip())
     return dataclasses.replace(SIZES[size], out=getattr(args, "out", None) or "bench_results",
                                only=split(getattr(args, "only", "")),
-                               skip=("all",) + split(getattr(args, "skip", "")))
+                               skip=("all",) + split(getattr(args, "skip", "")),
+                               reuse=bool(getattr(args, "reuse", False)))
