@@ -52,7 +52,7 @@ def served(request, tiny_dir):
     from dlc_jax.sampler.backends import BackendConfig, make_backend
     from dlc_jax.sampler.server import ServerConfig, ServerThread
 
-    backend = make_backend(request.param, BackendConfig(model_dir=tiny_dir, max_model_len=640, max_head_k=8, max_n=8))
+    backend = make_backend(request.param, BackendConfig(model_dir=tiny_dir, max_model_len=320, max_head_k=8, max_n=8))
     srv = ServerThread(backend, ServerConfig()).start()
     client = SamplerClient(srv.address, timeout=120)
     yield srv, client, request.param
@@ -156,7 +156,7 @@ def test_malformed_requests_invalid_argument(served):
         ([[1, 2]], SamplingParams(n=0), "params.n"),
         ([[1, 2]], SamplingParams(n=100), "params.n"),
         ([[1, 2]], SamplingParams(max_tokens=0), "max_tokens"),
-        ([[1, 2]], SamplingParams(max_tokens=639), "max_model_len"),
+        ([[1, 2]], SamplingParams(max_tokens=319), "max_model_len"),
         ([[1, 2]], SamplingParams(head_k=9), "head_k"),
         ([[1, 2]], SamplingParams(temperature=-1.0), "temperature"),
         ([[1, 2]], SamplingParams(top_p=1.5), "top_p"),
@@ -291,7 +291,7 @@ def test_push_during_generation_gives_two_spans(served, base_weights, tiny_dir):
     v_old = client.info()["version"]
     old_w = SERVED.get(name, base_weights)
     new = _perturbed(base_weights, seed=3)
-    params = SamplingParams(n=1, max_tokens=600, temperature=1.0, seed=11)
+    params = SamplingParams(n=1, max_tokens=240, temperature=1.0, seed=11)
     prompts = [[21, 22], [31, 32, 33]]
     t0 = time.time()
     list(client.generate(prompts, params))  # warm-up (compiles) and measures the duration

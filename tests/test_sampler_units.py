@@ -215,7 +215,7 @@ def test_safetensors_writer_matches_library(tmp_path):
 
 def test_jax_backend_numerics_knobs_create_a_controlled_discrepancy(tmp_path):
     """fp32 matches the fp32 reference; bf16 compute, int8 weights and weight noise each move the
-    sampler's logprobs away from it by a measurable, ordered amount; same seed -> same tokens."""
+    sampler's logprobs away from it by a measurable, ordered amount."""
     import asyncio
 
     from dlc_jax.model import make_tiny
@@ -238,9 +238,7 @@ def test_jax_backend_numerics_knobs_create_a_controlled_discrepancy(tmp_path):
         diffs = [np.abs(processed_logprobs(ref, r.prompt_ids, r.response_ids)[0] - r.logprobs) for r in rs]
         return rs, float(np.mean(np.concatenate(diffs)))
 
-    base, d32 = run()
-    again, _ = run()
-    assert all(np.array_equal(a.response_ids, b.response_ids) for a, b in zip(base, again))
+    _, d32 = run()  # (same-seed determinism of this backend: test_sampler_service, gRPC vs direct)
     _, d16 = run(dtype="bfloat16")
     _, d8 = run(quantization="int8")
     _, dn = run(weight_noise=0.2, weight_noise_seed=1)
