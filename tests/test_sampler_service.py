@@ -400,3 +400,21 @@ def test_load_weights_from_shared_path(served, base_weights, tiny_dir, tmp_path)
     assert all(r.version_spans[0][0] == v0 + 1 for r in rollouts)
     _check_against_reference(load_hf_reference(tiny_dir, new), rollouts, p)
     SERVED[name] = new
+
+
+def test_client_cancel_frees_the_request(served):
+    srv, client, _ = served
+    params = SamplingParams(n=2, max_tokens=300, temperature=1.0, seed=1)
+    call = client.stub.Generate(pb.GenerateRequest(request_id="cancel-me", prompts=[pb.Prompt(slot_id=0, token_ids=[1, 2])],
+                                                   params=params.to_proto()), timeout=120)
+    deadline = time.time() + 30
+    while client.info()["queue_depth"] == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    assert client.info()["queue_depth"] == 2
+    call.cancel()
+    deadline = time.time() + 10
+    while client.info()["queue_depth"] != 0 and time.time() < deadline:
+        time.sleep(0.05)
+    assert client.info()["queue_depth"] == 0
+    (r,) = list(client.generate([[1, 2, 3]], SamplingParams(max_tokens=3, seed=2)))  # still serving
+    assert len(r.response_ids) == 3

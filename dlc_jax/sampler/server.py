@@ -122,14 +122,16 @@ class SamplerService(pb_grpc.SamplerServicer):
         self.counters["requests"] += 1
         pending = len(prompts) * params.n
         self.queue_depth += pending
+        rollouts = b.generate(request.request_id, prompts, params)
         try:
-            async for r in b.generate(request.request_id, prompts, params):
+            async for r in rollouts:
                 self.counters["tokens_generated"] += len(r.response_ids)
                 self.queue_depth -= 1
                 pending -= 1
                 yield r.to_proto()
-        finally:
+        finally:  # also on client disconnect: stop the engine work for this request now
             self.queue_depth -= pending
+            await rollouts.aclose()
 
     # -- weights ----------------------------------------------------------------------------
     async def _swap(self, path: pathlib.Path, version: int, owned: bool) -> None:

@@ -162,8 +162,9 @@ class JaxBackend(SamplerBackend):
 
     # -- generation -------------------------------------------------------------------------
     def _generate_batch(self, seqs: list[tuple[int, int, int, list[int]]], params: SamplingParams, seed: int,
-                        request_id: str) -> list[Rollout]:
-        """seqs: [(prompt_index, slot_id, sample_index, prompt)] -> rollouts (same order)."""
+                        request_id: str, cancel: threading.Event | None = None) -> list[Rollout]:
+        """seqs: [(prompt_index, slot_id, sample_index, prompt)] -> rollouts (same order); returns []
+        as soon as `cancel` is set (checked between decode steps)."""
         import jax
         import jax.numpy as jnp
 
@@ -198,6 +199,8 @@ class JaxBackend(SamplerBackend):
         state, version = self._snapshot()
         logits, cache = prefill(state, jnp.asarray(tokens[:, :lp_len]), jnp.asarray(mask[:, :lp_len]), cache_len)
         for t in range(t_max):
+            if cancel is not None and cancel.is_set():
+                return []
             new_state, new_version = self._snapshot()
             if new_version != version:  # weights changed: recompute the KV of the whole prefix
                 state, version = new_state, new_version
@@ -232,9 +235,13 @@ class JaxBackend(SamplerBackend):
         seed = params.seed if params.seed is not None else int(self._seed_counter.integers(2**31))
         seqs = [(i, slot, j, list(p)) for i, (slot, p) in enumerate(prompts) for j in range(params.n)]
         bs = self.cfg.max_batch
-        for k in range(0, len(seqs), bs):
-            for r in await asyncio.to_thread(self._generate_batch, seqs[k:k + bs], params, seed, request_id):
-                yield r
+        cancel = threading.Event()
+        try:
+            for k in range(0, len(seqs), bs):
+                for r in await asyncio.to_thread(self._generate_batch, seqs[k:k + bs], params, seed, request_id, cancel):
+                    yield r
+        finally:  # consumer gone (client disconnected / cancelled): stop the decode loop
+            cancel.set()
 
     async def close(self) -> None:
         self._state = None
