@@ -29,7 +29,10 @@ def _cfg(tiny_dir, tmp_path, *extra):
         f"model.path={tiny_dir}", "sft.enabled=false", "sampler.backend=jax", "sampler.n=4", "sampler.max_tokens=4",
         "sampler.head_k=4", "train.batch_prompts=4", "log.progress=false", "log.tensorboard=false",
         f"log.dir={tmp_path}/logs", f"checkpoint.dir={tmp_path}/ckpt", "checkpoint.every=0", "optim.lr=3e-3",
-        "sampler.temperature=1.0", *extra])
+        "sampler.temperature=1.0",
+        # the untrained tiny model never answers correctly; a format reward (response contains an "e")
+        # gives every group reward variance, so the policy moves and the lag grows
+        "reward.correct=0", "reward.format_bonus=1", "reward.strict_format=(?s).*e.*", *extra])
 
 
 def _rows(tmp_path):
@@ -62,12 +65,12 @@ def test_never_ess_falls_and_ess_policy_recovers(tiny_dir, tmp_path):
     assert lag == [0.0, 1.0, 2.0, 3.0, 4.0] and s["resync_count"] == 0
     assert ess[0] == 1.0 and ess[-1] < ess[1] < 1.0, ess  # the lag ratio degenerates as theta_t moves away
     essd = tmp_path / "ess"
-    _, s = _run(_cfg(tiny_dir, essd, "resync.policy=ess", "resync.threshold=0.9", "train.steps=6", "async.prefetch=0"))
+    _, s = _run(_cfg(tiny_dir, essd, "resync.policy=ess", "resync.threshold=0.985", "train.steps=6", "async.prefetch=0"))
     rows = _rows(essd)
     assert s["resync_ess"] >= 1
     for i, r in enumerate(rows[:-1]):
         if r["resync"]:
-            assert r["ess_lag"] < 0.9  # triggered by the ESS
+            assert r["ess_lag"] < 0.985  # triggered by the ESS
             assert rows[i + 1]["version_lag"] == 0.0 and rows[i + 1]["ess_lag"] == 1.0  # recovered: fresh sampler
 
 
@@ -95,7 +98,7 @@ def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path):
     while time.time() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= 2):
         time.sleep(0.2)
     proc.kill()
-    time.sleep(2.0)
+    time.sleep(20.0)  # longer than the client's own UNAVAILABLE retries (~16 s), so the trainer must reconnect
     proc2 = SamplerProcess("jax", str(tiny_dir), port=port, extra_args=args).start()
     try:
         th.join(400)

@@ -64,9 +64,7 @@ class Trainer:
         self.model_dir = ensure_sft_model(cfg, log=self.log) if cfg.sft.enabled else base_model_dir(cfg)
         self.tokenizer = load_tokenizer(str(self.model_dir))
         self.eos_id = self.tokenizer.eos_token_id
-        n_dev = len(jax.devices())
-        mc = MeshConfig(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
-        self.mesh = make_mesh(mc) if mc.shape(n_dev) != (1, 1, 1) else None
+        self.mesh = self._make_mesh(MeshConfig, make_mesh)
         model = load_hf(str(self.model_dir), mesh=self.mesh, param_dtype=_DTYPES[cfg.model.param_dtype],
                         compute_dtype=_DTYPES[cfg.model.compute_dtype], remat=cfg.model.remat)
         self.vocab = model.config.vocab_size
@@ -86,7 +84,8 @@ class Trainer:
         self.data = PromptPipeline(cfg.data, self.tokenizer, cfg.train.batch_prompts)
         max_staleness = 10**9 if cfg.resync.policy == "never" else cfg.async_.max_staleness
         self.assembler = BatchAssembler(cfg.sampler.n, max_staleness)
-        self.feeder = RolloutFeeder(self.assembler, lambda: self.client, lambda: self.state.version, self._sampling_params)
+        self.feeder = RolloutFeeder(self.assembler, lambda: self.client, lambda: self.state.version,
+                                    self._sampling_params, accept_fn=self._known_versions)
         self.batches: dict[int, dict] = {}  # index -> {"prompts": {slot: PromptRecord}, "data_state": ...}
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, every=cfg.checkpoint.every)
         resumed = self._maybe_resume()
@@ -97,6 +96,40 @@ class Trainer:
         self.metrics = MetricsLogger(cfg.log.dir, jsonl=cfg.log.jsonl, tensorboard=cfg.log.tensorboard,
                                      progress=cfg.log.progress, total_steps=cfg.train.steps,
                                      initial_step=self.state.step, append=resumed)
+
+    def _known_versions(self, rollout) -> bool:
+        """A rollout is usable only if the trainer holds theta_s for every version that sampled it."""
+        snaps = self.state.snapshots
+        return all(v in snaps or v == self.state.version for v, _, _ in rollout.version_spans)
+
+    def _check_sampler_version(self) -> None:
+        """A sampler serving an older version than the trainer last pushed has restarted: reconnect."""
+        import grpc
+
+        try:
+            v = self.client.info()["version"]
+        except grpc.RpcError as e:
+            self._recover_sampler(e)
+            return
+        if v < self.state.synced_version:
+            self._recover_sampler(RuntimeError(f"sampler serves version {v} < last pushed "
+                                               f"{self.state.synced_version} (restarted)"))
+
+    def _make_mesh(self, MeshConfig, make_mesh):
+        """The training mesh, or None for a single device. Fixed axis sizes may use fewer devices than exist."""
+        m = self.cfg.mesh
+        mc = MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+        devices = jax.devices()
+        if -1 not in (m.data, m.fsdp, m.tensor):
+            need = m.data * m.fsdp * m.tensor
+            if need > len(devices):
+                raise ValueError(f"mesh: data*fsdp*tensor = {need} devices, only {len(devices)} available")
+            devices = devices[:need]
+        try:
+            shape = mc.shape(len(devices))
+        except ValueError as e:
+            raise ValueError(f"mesh: {e}") from e
+        return None if shape == (1, 1, 1) else make_mesh(mc, devices)
 
     def _sampling_params(self, batch: int, attempt: int, g: int):
         from dlc_jax.sampler.types import SamplingParams
@@ -215,6 +248,7 @@ class Trainer:
             self.assembler.open(index, [r.slot for r in recs], prompts)
 
     def _request(self, index: int) -> None:
+        self._check_sampler_version()
         prompts = self.batches[index]["prompts"]
         self.feeder.request_missing(index, {s: r.prompt_ids for s, r in prompts.items()})
 
@@ -308,6 +342,7 @@ class Trainer:
                  resync=1.0 if reason else 0.0, response_len=float(resp_len), wait_s=t_wait,
                  step_s=time.time() - t0, dropped_stale=self.assembler.dropped_stale,
                  dropped_old_version=self.assembler.dropped_old,
+                 rejected_unknown_version=self.feeder.rejected_unknown_version,
                  weight_version=st.version, synced_version=st.synced_version, **self.counters)
         if reason == "ess":
             self.log(f"step {st.step}: lag ESS {m['ess_lag']:.3f} < {cfg.resync.threshold} -> resync to version "

@@ -28,11 +28,15 @@ class RolloutFeeder:
 
     client_fn: zero-arg callable returning the current ``SamplerClient`` (changes after a reconnect).
     version_fn: zero-arg callable returning the trainer's current weight version (for the staleness bound).
-    params_fn: ``(batch_index, attempt) -> SamplingParams`` with n = 1 (one request per sample index).
+    params_fn: ``(batch_index, attempt, sample_index) -> SamplingParams`` with n = 1.
+    accept_fn: ``rollout -> bool``; rollouts it refuses (e.g. weight versions the trainer has no snapshot
+    of, as after a sampler restart) are counted and their cells requested again.
     """
 
-    def __init__(self, assembler: BatchAssembler, client_fn, version_fn, params_fn):
+    def __init__(self, assembler: BatchAssembler, client_fn, version_fn, params_fn, accept_fn=None):
         self.asm = assembler
+        self.accept_fn = accept_fn or (lambda r: True)
+        self.rejected_unknown_version = 0
         self.client_fn = client_fn
         self.version_fn = version_fn
         self.params_fn = params_fn
@@ -77,6 +81,9 @@ class RolloutFeeder:
             for r in self.client_fn().generate([np.asarray(p).tolist() for p in prompts], params, slot_ids=slots):
                 r.sample_index = g
                 with self.cond:
+                    if not self.accept_fn(r):
+                        self.rejected_unknown_version += 1
+                        continue
                     status = self.asm.add(r, self.version_fn())
                     if status == "stale":
                         self.stale_in_flight += 1
