@@ -11,19 +11,31 @@ import time
 from .client import SamplerClient
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the server when the process (thread) that started it dies, so a crashed
+    trainer does not leave orphaned samplers. No-op elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class SamplerProcess:
     """Start a sampler server subprocess and wait until Info answers.
 
     port=0 lets the server pick a free port; it prints 'LISTENING host:port', read from its log.
     extra_args: more `serve` flags (e.g. ["--dtype", "bfloat16"], or "--tls-cert/--tls-key"); env:
     extra environment; token / tls_root_cert / tls_server_name: how `client()` (and the readiness
-    check) connect.
+    check) connect. die_with_parent: the server gets SIGTERM when the thread that started it exits
+    (Linux PR_SET_PDEATHSIG); start it from a long-lived thread, or pass False.
     """
 
     def __init__(self, backend: str, model_dir: str, *, port: int = 0, host: str = "127.0.0.1",
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
                  log_file: str | None = None, token: str | None = None, tls_root_cert: str | None = None,
-                 tls_server_name: str | None = None, startup_timeout: float = 300.0):
+                 tls_server_name: str | None = None, startup_timeout: float = 300.0, die_with_parent: bool = True):
         self.backend, self.model_dir, self.host, self.port = backend, model_dir, host, port
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
@@ -31,6 +43,7 @@ class SamplerProcess:
         self.token = token
         self.tls_root_cert, self.tls_server_name = tls_root_cert, tls_server_name
         self.startup_timeout = startup_timeout
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
         self.address: str | None = None
 
@@ -47,7 +60,8 @@ class SamplerProcess:
         env = {**os.environ, **self.env}
         self._log = open(self.log_file, "wb")
         # own process group: kill() also takes down engine children (vLLM's EngineCore process)
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=_die_with_parent if self.die_with_parent else None)
         deadline = time.monotonic() + self.startup_timeout
         while self.address is None:
             if self.proc.poll() is not None:
