@@ -41,7 +41,7 @@ class DlcBenchConfig:
     head_k: int = 8
     chunk_size: int = 256
     warmup: int = 1
-    repeats: int = 3
+    repeats: int = 5
     seed: int = 0
     # end-to-end (async trainer loop + JAX-backend sampler over loopback gRPC, a tiny model)
     end_to_end: bool = True
