@@ -19,7 +19,7 @@ def test_default_path_and_values():
     assert default_config_path() == CONFIGS / "tiny_cpu.yaml"
     cfg = load_config(default_config_path())
     assert cfg.sampler.backend == "vllm" and cfg.sft.enabled and cfg.data.arithmetic.digits == 1
-    assert cfg.async_.max_staleness == 8
+    assert cfg.async_.max_staleness == 16
 
 
 def test_overrides_coerce_types(tmp_path):
