@@ -29,7 +29,9 @@ def cli(argv: list[str]) -> int:
 
     print(f"dlc-jax train: config {path} ({len(a.overrides)} overrides); loss {cfg.loss.name}, "
           f"resync {cfg.resync.policy}, sampler {cfg.sampler.backend}, {cfg.train.steps} steps", flush=True)
-    summary = Trainer(cfg).run()
+    from tqdm import tqdm
+
+    summary = Trainer(cfg, log=lambda msg: tqdm.write(str(msg))).run()
     r = summary.get("reward_mean", {})
     e = summary.get("ess_lag", {})
     print(json.dumps({

@@ -184,8 +184,7 @@ class Trainer:
         res = self.client.push_model(model, version=version)
         if not res.ok:
             raise RuntimeError(f"sampler rejected weight push v{version} ({reason}): {res.message}")
-        self.log(f"push: version {version} ({reason}) {res.bytes / 1e6:.1f} MB in {time.time() - t0:.1f}s") \
-            if not self.cfg.log.progress else None
+        self.log(f"push: version {version} ({reason}) {res.bytes / 1e6:.1f} MB in {time.time() - t0:.1f}s")
 
     def _reconnect(self, err: BaseException) -> None:
         """Wait for the sampler to come back (or respawn it when this process owns it)."""
@@ -346,7 +345,7 @@ class Trainer:
                  weight_version=st.version, synced_version=st.synced_version, **self.counters)
         if reason == "ess":
             self.log(f"step {st.step}: lag ESS {m['ess_lag']:.3f} < {cfg.resync.threshold} -> resync to version "
-                     f"{st.version}") if not cfg.log.progress else None
+                     f"{st.version}")
         self.metrics.log(st.step, m)
         del self.batches[index]
         if self.ckpt.should_save(st.step):
