@@ -143,3 +143,14 @@ def test_bad_result_file_is_named(tmp_path):
         load_results(tmp_path)
     with pytest.raises(ValueError, match="series 'reward'"):
         RunResult("x", "a", "s", [1, 2], {"reward": [1.0]})
+
+
+def test_identical_arms_are_reported(tmp_path):
+    _, tis = _experiment(tmp_path)
+    twin = RunResult.from_json({**tis.to_json(), "name": "stale__naive", "arm": "naive"})
+    twin.save(tmp_path)
+    md = write_report(tmp_path).read_text()
+    assert "**Identical runs**" in md and "stale__naive = stale__tis" in md
+    twin.series["reward"] = [0.5] * len(twin.steps)
+    twin.save(tmp_path)
+    assert "**Identical runs**" not in write_report(tmp_path).read_text()

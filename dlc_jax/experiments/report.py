@@ -259,10 +259,11 @@ def claims(summaries: list[RunSummary], results: dict[str, RunResult], noise: No
             pairs.append((sc, a, b))
     if pairs:
         better = sum(1 for _, a, b in pairs if a.max_ratio < b.max_ratio)
-        det = "; ".join(f"{sc}: {_fmt(a.max_ratio)} with resync ({_fmt(a.resyncs)} resyncs) vs "
-                        f"{_fmt(b.max_ratio)} without" for sc, a, b in pairs)
-        out.append(f"- **Resync keeps DLC closer to on-policy**: max D/N lower with resync in {better} of "
-                   f"{len(pairs)} scenarios ({det}).")
+        det = "; ".join(f"{sc}: {_fmt(a.max_ratio)} with the ESS trigger ({_fmt(a.resyncs)} syncs) vs "
+                        f"{_fmt(b.max_ratio)} on the scenario's schedule ({_fmt(b.resyncs)} syncs)" for sc, a, b in pairs)
+        out.append(f"- **Resync keeps DLC closer to on-policy**: max D/N lower with DLC's ESS-triggered resync than "
+                   f"with the scenario's fixed schedule in {better} of {len(pairs)} scenarios ({det}). Where the "
+                   f"schedule syncs more often than the ESS trigger, this compares fewer syncs with more.")
     # 5. what the sampler-prefix KL sees
     pts = []
     for s in runs:
@@ -276,10 +277,29 @@ def claims(summaries: list[RunSummary], results: dict[str, RunResult], noise: No
         outside = [p for p in pts if p[2] > band]
         k3_med = float(np.median(k3s))
         quiet = [p for p in outside if p[1] <= k3_med]
-        out.append(f"- **Mismatch KL on the sampler's own prefixes vs reference-prefix distance**: across {len(pts)} "
-                   f"runs the rank correlation between the final k3 mismatch KL and the final D_t/N_t is "
-                   f"{_fmt(rho)}. {len(outside)} runs ended outside {band:g}x noise; {len(quiet)} of them had a k3 "
-                   f"at or below the median k3 ({_fmt(k3_med, 4)}), i.e. the sampler-prefix metric did not flag them.")
+        txt = (f"- **Mismatch KL on the sampler's own prefixes vs reference-prefix distance**: across {len(pts)} "
+               f"runs the rank correlation between the final k3 mismatch KL and the final D_t/N_t is {_fmt(rho)}. ")
+        if outside:
+            txt += (f"{len(outside)} runs ended outside {band:g}x noise; {len(quiet)} of them had a final k3 at or "
+                    f"below the median k3 ({_fmt(k3_med, 4)}), i.e. the sampler-prefix metric would not have flagged "
+                    f"them" + (f" ({', '.join(p[0] for p in quiet)})." if quiet else "."))
+        else:
+            txt += (f"No run ended outside {band:g}x noise at the last checkpoint, so there is no drifted run whose "
+                    f"detection by k3 could be checked.")
+        out.append(txt)
+    # 6. arms that produced identical training (the correction was a no-op in this setting)
+    same = []
+    for sc in sorted({s.scenario for s in runs}):
+        rs = [results[s.name] for s in runs if s.scenario == sc]
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                if a.arm != b.arm and a.series.get("reward") and a.series.get("reward") == b.series.get("reward") \
+                        and a.kl_forward == b.kl_forward:
+                    same.append(f"{a.name} = {b.name}")
+    if same:
+        out.append(f"- **Identical runs** (same rewards and same D_t at every step, so the two losses gave the same "
+                   f"updates here): {'; '.join(same)}. For PPO-style arms this happens when the proximal policy "
+                   f"lp_old is the current policy (one optimizer step per batch, r = 1).")
     return out
 
 
