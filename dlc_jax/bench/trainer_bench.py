@@ -120,6 +120,7 @@ def run(cfg: TrainerBenchConfig = TrainerBenchConfig()) -> dict:
         ok, msg = peers.prepare_tunix(cfg.tunix_dir)
         res["config"]["tunix_status"] = msg
         if ok:
+            res["notes"].append(f"tunix: {msg} (installed with pip --no-deps into a side folder, not the main environment)")
             try:
                 fns["tunix"] = peers.tunix_loss_and_grad_fn(peers.tunix_qwen3(mcfg, seed=cfg.seed), ids, tgt)
             except Exception as e:  # noqa: BLE001 - a peer failing to build is a result, not a crash
