@@ -279,7 +279,9 @@ class Experiment:
             res.save(self.out)
         (self.out / "failures.json").write_text(json.dumps(failures, indent=1))
         _log(f"all runs done in {time.time() - t_all:.0f}s ({len(failures)} failed)")
-        (self.out / "timings.json").write_text(json.dumps({"total_s": time.time() - t_all, "runs": self.timings}, indent=1))
+        if self.timings:  # keep earlier invocations' timings: name this one by its first run
+            (self.out / f"timings_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(
+                json.dumps({"total_s": time.time() - t_all, "runs": self.timings}, indent=1))
         if report:
             return self.write_report()
         return self.out
@@ -307,11 +309,10 @@ class Experiment:
         if f.exists() and json.loads(f.read_text()):
             notes.append(f"runs that failed and are missing from the tables: {sorted(json.loads(f.read_text()))} "
                          f"(see failures.json and runs/<name>/train.log).")
-        t = self.out / "timings.json"
-        if t.exists():
+        for t in sorted(self.out.glob("timings*.json")):  # one file per `run` invocation
             tt = json.loads(t.read_text())
-            notes.append(f"total wall time of the last `run`: {tt['total_s']:.0f} s "
-                         f"({len(tt['runs'])} runs trained/evaluated in it).")
+            notes.append(f"`{t.name}`: wall time {tt['total_s']:.0f} s for {len(tt['runs'])} runs trained and "
+                         f"evaluated ({', '.join(sorted(tt['runs']))}).")
         return write_report(self.out, title=f"KL to on-policy training — preset `{self.preset.name}`", notes=notes)
 
 
