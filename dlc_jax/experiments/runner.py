@@ -206,8 +206,8 @@ class Experiment:
     def checkpoint_steps(self) -> list[int]:
         return list(range(self.ckpt_every, self.steps + 1, self.ckpt_every))
 
-    def evaluate(self, spec: RunSpec, cfg, prefixes):
-        """The run's policy at each checkpoint step on the prefixes (cached as npz)."""
+    def reference_evals(self, spec: RunSpec, cfg, prefixes) -> dict:
+        """onpolicy_seed1 at each checkpoint evaluated on the prefixes (kept as npz: every D_t needs it)."""
         from dlc_jax.experiments.checkpoints import load_checkpoint_model
         from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy
 
@@ -218,26 +218,42 @@ class Experiment:
             p = edir / f"step_{step}.npz"
             if not p.exists():
                 model = load_checkpoint_model(cfg, step)
-                ev = evaluate_policy(model, prefixes, batch_size=self.preset.eval_batch_size)
-                ev.save(p)
+                evaluate_policy(model, prefixes, batch_size=self.preset.eval_batch_size).save(p)
             out[step] = PolicyOnPrefixes.load(p)
         return out
 
-    def result(self, spec: RunSpec, run_dir: Path, evals: dict, ref: dict) -> RunResult:
-        from dlc_jax.experiments.distance import prefix_kl
+    def distances(self, spec: RunSpec, cfg, prefixes, ref: dict) -> dict[int, tuple[float, float]]:
+        """{step: (KL(run_t || ref_t), KL(ref_t || run_t))}, one checkpoint in memory at a time (only the
+        numbers are cached, in ``evals/<name>/kl.json``: a big model's evaluations are not kept)."""
+        from dlc_jax.experiments.checkpoints import load_checkpoint_model
+        from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy, prefix_kl
 
+        edir = self.out / "evals" / spec.name
+        cache = edir / "kl.json"
+        if cache.exists():
+            return {int(k): tuple(v) for k, v in json.loads(cache.read_text()).items()}
+        edir.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for step in self.checkpoint_steps():
+            p = edir / f"step_{step}.npz"
+            if p.exists():
+                ev = PolicyOnPrefixes.load(p)
+            else:
+                ev = evaluate_policy(load_checkpoint_model(cfg, step), prefixes, batch_size=self.preset.eval_batch_size)
+            kl = prefix_kl(ev, ref[step], temperature=self.preset.kl_temperature, chunk_size=self.preset.kl_chunk_size)
+            out[step] = (kl["forward"], kl["reverse"])
+        cache.write_text(json.dumps({str(k): v for k, v in out.items()}))
+        return out
+
+    def result(self, spec: RunSpec, run_dir: Path, kl: dict) -> RunResult:
         rows = read_metrics(run_dir / "logs" / "metrics.jsonl")
         steps, series = normalize_metrics(rows)
-        kl_steps, fwd, rev = [], [], []
-        for s in sorted(evals):
-            kl = prefix_kl(evals[s], ref[s], temperature=self.preset.kl_temperature, chunk_size=self.preset.kl_chunk_size)
-            kl_steps.append(s)
-            fwd.append(kl["forward"])
-            rev.append(kl["reverse"])
+        kl_steps = sorted(kl)
         done = json.loads((run_dir / "DONE").read_text())
         return RunResult(name=spec.name, arm=spec.arm, scenario=spec.scenario, steps=steps, series=series,
-                         kl_steps=kl_steps, kl_forward=fwd, kl_reverse=rev, wall_s=float(done.get("wall_s", 0.0)),
-                         info={"overrides": list(spec.overrides)})
+                         kl_steps=kl_steps, kl_forward=[kl[s][0] for s in kl_steps],
+                         kl_reverse=[kl[s][1] for s in kl_steps], wall_s=float(done.get("wall_s", 0.0)),
+                         info={"overrides": list(spec.overrides), "trained_as": run_dir.name})
 
     def run(self, *, report: bool = True) -> Path:
         t_all = time.time()
@@ -247,7 +263,7 @@ class Experiment:
         _log(f"{prefixes.num_prefixes} reference prefixes; {len(self.specs)} runs x {self.steps} steps, "
              f"checkpoints at {self.checkpoint_steps()}")
         trained: dict[str, str] = {}  # training identity -> run name that trained it
-        evals_by_name: dict[str, dict] = {}
+        kl_by_name: dict[str, dict] = {}
         failures: dict[str, str] = {}
         ref = None
         for spec in self.specs:
@@ -256,10 +272,11 @@ class Experiment:
             src = trained.get(ident)
             if src is not None and src != spec.name:
                 _log(f"{spec.name}: identical config to {src}; reusing its run")
-                run_dir, evals = self.out / "runs" / src, evals_by_name[src]
+                run_dir, kl = self.out / "runs" / src, kl_by_name[src]
             else:
                 t0 = time.time()
                 try:
+                    fresh = not (self.out / "runs" / spec.name / "DONE").exists()
                     run_dir = self.train(spec, cfg)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     if spec.name in ONPOLICY:
@@ -267,37 +284,26 @@ class Experiment:
                     failures[spec.name] = str(e)[-2000:]
                     _log(f"{spec.name} FAILED (continuing; listed in failures.json): {str(e)[:300]}")
                     continue
-                evals = self.evaluate(spec, cfg, prefixes)
-                self.timings[spec.name] = time.time() - t0
+                if spec.name == ONPOLICY[0]:
+                    ref = self.reference_evals(spec, cfg, prefixes)
+                kl = self.distances(spec, cfg, prefixes, ref)
+                if fresh:
+                    self.timings[spec.name] = time.time() - t0
                 trained[ident] = spec.name
-                evals_by_name[spec.name] = evals
-            if spec.name == ONPOLICY[0]:
-                ref = evals
-            if spec.name == ONPOLICY[1]:
-                self.noise(ref, evals)
-            res = self.result(spec, run_dir, evals, ref)
-            res.save(self.out)
+                kl_by_name[spec.name] = kl
+            if spec.name == ONPOLICY[1]:  # N_t = KL(O1_t || O2_t) = the reverse direction of O2's distance
+                steps = sorted(kl)
+                NoiseThreshold(steps=steps, forward=[kl[s][1] for s in steps],
+                               reverse=[kl[s][0] for s in steps]).save(self.out)
+            self.result(spec, run_dir, kl).save(self.out)
         (self.out / "failures.json").write_text(json.dumps(failures, indent=1))
         _log(f"all runs done in {time.time() - t_all:.0f}s ({len(failures)} failed)")
-        if self.timings:  # keep earlier invocations' timings: name this one by its first run
+        if self.timings:  # keep earlier invocations' timings: one file per invocation
             (self.out / f"timings_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(
                 json.dumps({"total_s": time.time() - t_all, "runs": self.timings}, indent=1))
         if report:
             return self.write_report()
         return self.out
-
-    def noise(self, ref: dict, other: dict) -> NoiseThreshold:
-        from dlc_jax.experiments.distance import prefix_kl
-
-        steps, fwd, rev = [], [], []
-        for s in sorted(ref):
-            kl = prefix_kl(ref[s], other[s], temperature=self.preset.kl_temperature, chunk_size=self.preset.kl_chunk_size)
-            steps.append(s)
-            fwd.append(kl["forward"])
-            rev.append(kl["reverse"])
-        n = NoiseThreshold(steps=steps, forward=fwd, reverse=rev)
-        n.save(self.out)
-        return n
 
     def write_report(self) -> Path:
         from dlc_jax.experiments.report import write_report
