@@ -100,3 +100,16 @@ def test_pack_alignment_hand_checked():
         pack_rollouts([r], seq_len=4, head_k=2)
     with pytest.raises(ValueError, match="head_k"):
         pack_rollouts([r], seq_len=8, head_k=3)
+
+
+def test_drop_mode_after_resync_reopens_and_refuses_old_versions():
+    asm = BatchAssembler(2, max_staleness=10)
+    asm.open(0, [0])
+    assert asm.add(_ro(0, 0, version=1), current_version=3) == "accepted"
+    assert asm.add(_ro(0, 1, version=3), current_version=3) == "accepted"
+    # resync to version 3 with stale_rollouts=drop: cells sampled before 3 are reopened, late ones refused
+    assert asm.drop_versions_below(0, 3) == [(0, 0)]
+    asm.min_version = 3
+    assert asm.add(_ro(0, 0, version=2), current_version=3) == "old" and asm.dropped_old == 1
+    assert asm.add(_ro(0, 0, version=3), current_version=3) == "accepted"
+    assert [r.sample_index for r in asm.release(0, 3)] == [0, 1]
