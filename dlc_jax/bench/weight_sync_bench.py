@@ -1,8 +1,7 @@
 """Weight sync: export + push of a Qwen3-sized NNX model to a sampler over loopback gRPC, vs a raw
 loopback socket copy of the same bytes (the physical limit here).
 
-* ``export + push``: ``SamplerClient.push_weights(lambda: iter_hf_tensors(model), ...)`` — the
-  trainer's path: each tensor is gathered from the NNX params, converted to HF layout and the push
+* ``export + push``: ``SamplerClient.push_model(model, ...)`` — the trainer loop's path: each tensor is gathered from the NNX params, converted to HF layout and the push
   dtype, chunked, sha256-hashed and streamed; the server stages it to a safetensors file and verifies
   it (``sampler_bench.TransportOnlyBackend``: everything but the engine reload).
 * ``push only``: the same push from tensors already exported to host numpy arrays.
@@ -146,7 +145,10 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
         try:
             for _ in range(cfg.repeats):
                 t0 = time.perf_counter()
-                push(lambda: iter_hf_tensors(model), specs=shapes)
+                version[0] += 1
+                pr = client.push_model(model, version[0], dtype=cfg.push_dtype, chunk_bytes=chunk)
+                if not pr.ok:
+                    raise RuntimeError(f"weight push rejected by the sampler: {pr.message}")
                 times["export + push (gRPC)"].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 push(exported)
