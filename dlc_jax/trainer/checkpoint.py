@@ -15,20 +15,31 @@ from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be restored (corrupt, incomplete, or of another shape)."""
 
 
+def _checkpoint_path(directory: str | Path) -> epath.Path:
+    """``epath.Path`` of a checkpoint directory: URIs (``scheme://...``) untouched, local paths absolute."""
+    s = str(directory)
+    if "://" in s:
+        return epath.Path(s)
+    return epath.Path(Path(s).absolute())
+
+
 class Checkpointer:
     """Periodic + on-exit checkpoints under ``directory``.
 
+    directory: a local path or a cloud URI (``gs://bucket/run/ckpt``): held as an ``etils.epath.Path``
+    (orbax's own path type); local paths are made absolute, URIs are kept as they are.
     every: save when ``step % every == 0`` (0 = only forced saves); keep: the last N are kept.
     """
 
     def __init__(self, directory: str | Path, *, keep: int = 2, every: int = 0):
-        self.directory = Path(directory).absolute()
+        self.directory = _checkpoint_path(directory)
         self.every = int(every)
         opts = ocp.CheckpointManagerOptions(max_to_keep=int(keep), create=True, enable_async_checkpointing=False)
         self._mgr = ocp.CheckpointManager(self.directory, options=opts, item_names=("state", "meta"))

@@ -25,13 +25,34 @@ def cli(argv: list[str]) -> int:
     if a.print_config:
         print(dump_config(cfg))
         return 0
+    # multi-host: jax.distributed must be up before any JAX computation (the Trainer makes the mesh)
+    from dlc_jax.trainer import distributed
+
+    try:
+        info = distributed.initialize(cfg.distributed)
+    except distributed.DistributedError as e:
+        print(f"dlc-jax train: config error: {e}", file=sys.stderr)
+        return 2
     from dlc_jax.trainer.loop import Trainer
 
-    print(f"dlc-jax train: config {path} ({len(a.overrides)} overrides); loss {cfg.loss.name}, "
-          f"resync {cfg.resync.policy}, sampler {cfg.sampler.backend}, {cfg.train.steps} steps", flush=True)
+    lead = info.is_leader
+    where = (f"; process {info.process_index}/{info.process_count}, {info.local_devices}/{info.global_devices} devices"
+             if info.process_count > 1 else "")
+    if lead:
+        print(f"dlc-jax train: config {path} ({len(a.overrides)} overrides); loss {cfg.loss.name}, "
+              f"resync {cfg.resync.policy}, sampler {cfg.sampler.backend}, {cfg.train.steps} steps{where}", flush=True)
     from tqdm import tqdm
 
     summary = Trainer(cfg, log=lambda msg: tqdm.write(str(msg))).run()
+    if not lead:
+        return 0 if summary.get("finished") else 1
+    if summary.get("already_complete"):
+        print(f"dlc-jax train: this run is already complete (checkpoint step {summary.get('checkpoint_step')} "
+              f">= train.steps={cfg.train.steps}); nothing was trained. Outputs: checkpoint {summary['checkpoint_dir']}, "
+              f"metrics {summary['metrics_dir']}/metrics.jsonl, summary {summary['metrics_dir']}/summary.json. "
+              f"To train again use checkpoint.resume=false or a new checkpoint.dir/log.dir; to continue, raise "
+              f"train.steps.", flush=True)
+        return 0
     r = summary.get("reward_mean", {})
     e = summary.get("ess_lag", {})
     print(json.dumps({
