@@ -64,7 +64,11 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
                 r = mod.run(mod.from_args(size, argparse.Namespace()))
                 r.setdefault("config", {})["bench_size"] = size
                 sections.append(common.write_result(r, out))
-            results[name] = {"ok": True, "summary": r.get("summary"), "targets": r.get("targets", [])}
+            results[name] = {"ok": True, "summary": r.get("summary"), "targets": r.get("targets", []),
+                             "wall_s": r.get("wall_s"), "reused": bool(cfg.reuse and prev.exists())}
+            if not r.get("targets"):
+                res["rows"].append({"benchmark": name, "target": "(this result records no targets: see its section)",
+                                    "measured": None, "bound": "", "met": "n/a"})
             for t in r.get("targets", []):
                 res["rows"].append({"benchmark": name, "target": t["name"], "measured": t["value"],
                                     "bound": f"{t['op']} {common.fmt(t['target'])}",
@@ -83,7 +87,9 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
               "measured in the same run are the result; absolute times depend on the (shared) machine's load.", "",
               "## Targets", "", common.markdown_table(COLUMNS, res["rows"]), "",
               f"- machine: {res['machine'].get('device_kind')} ({res['machine'].get('jax_backend')}), "
-              f"{common.load_note(res['machine'])}; total wall time {common.fmt(res['wall_s'])} s", ""]
+              f"{common.load_note(res['machine'])}; benchmarks' own wall times add up to "
+              f"{common.fmt(sum(v.get('wall_s') or 0.0 for v in results.values()))} s"
+              + ("; reused: " + ", ".join(n for n, v in results.items() if v.get("reused")) if cfg.reuse else ""), ""]
     out.mkdir(parents=True, exist_ok=True)
     (out / "RESULTS.md").write_text("\n".join(header) + "\n" + "\n".join(sections))
     return res
