@@ -212,6 +212,17 @@ def claims(summaries: list[RunSummary], results: dict[str, RunResult], noise: No
                    else "cannot be checked")
         out.append(f"- **DLC within {band:g}x noise** ({verdict}): DLC's max_t D_t/N_t per scenario — {parts}; "
                    f"within the band in {len(ok)} of {len(dlc)} scenarios.")
+    # 1b. does the band discriminate at all at this scale?
+    arms_seen = sorted({s.arm for s in runs if s.max_ratio is not None}, key=_arm_key)
+    if arms_seen:
+        inside = [a for a in arms_seen if all(s.max_ratio <= band for s in runs if s.arm == a and s.max_ratio is not None)]
+        outside = [a for a in arms_seen if a not in inside]
+        o2 = next((s for s in summaries if s.name.endswith("seed2") and s.arm == "onpolicy"), None)
+        out.append(f"- **How discriminating the band is here**: arms within {band:g}x noise in every scenario: "
+                   f"{', '.join(inside) or 'none'}; arms outside it in at least one scenario: "
+                   f"{', '.join(outside) or 'none'}. Each arm ran once (one sampling seed); for scale, the second "
+                   f"on-policy run's own D_t/N_t (the reverse KL over the forward) reaches "
+                   f"{_fmt(o2.max_ratio) if o2 else '—'}.")
     # 2. IS leaves the band once its ESS stays below 0.5
     is_runs = [s for s in runs if s.arm in IS_ARMS]
     if not is_runs:
