@@ -235,6 +235,19 @@ class Trainer:
         if removed:
             self.log(f"samplers out of rotation after the push of version {version}: {list(removed)}")
 
+    def _log_rotation(self) -> None:
+        """Log a change of the sampler pool's rotation (who left or rejoined, and why)."""
+        report = self.client.report()
+        rot = [r["active"] for r in report]
+        prev = getattr(self, "_last_rotation", None)
+        self._last_rotation = rot
+        if prev is None or prev == rot:
+            return
+        out = [f"{r['address']} ({r['last_error'][:160]})" for r, p in zip(report, prev) if p and not r["active"]]
+        back = [r["address"] for r, p in zip(report, prev) if r["active"] and not p]
+        self.log(f"sampler pool: {sum(rot)}/{len(rot)} in rotation" + (f"; out of rotation: {out}" if out else "")
+                 + (f"; rejoined: {back}" if back else ""))
+
     def _leader_bool(self, value: bool) -> bool:
         """``value`` as decided by process 0 (identical on every process)."""
         if not self.multi:
@@ -443,6 +456,7 @@ class Trainer:
             self._resync(reason)
         if hasattr(self.client, "metrics"):
             m.update(self.client.metrics())  # pool/*: rotation, removals, re-requested slots
+            self._log_rotation()
         m.update(reward_mean=float(r_mean), reward_std=r_std, version_lag=lag, lr=lr,
                  resync=1.0 if reason else 0.0, response_len=float(g_sum[4] / rows_n), wait_s=t_wait,
                  step_s=time.time() - t0, dropped_stale=self.assembler.dropped_stale,
