@@ -2,7 +2,9 @@
 
 Weight push wire design: the header lists every tensor's name, shape, dtype and byte size; the
 bytes follow tensor by tensor in chunks of `chunk_bytes`; after a tensor's last chunk a
-`TensorDone` trailer carries its sha256 (computed while streaming). So the client makes ONE pass
+`TensorDone` trailer carries its checksum (computed while streaming; CRC-32C by default, sha256
+on request). Chunk messages are encoded by hand (`chunk_wire.encode_chunk`: one copy of the bytes,
+straight from the numpy buffer). So the client makes ONE pass
 over the source and holds ~one converted tensor plus one chunk in host memory; the server
 verifies each tensor against its trailer and swaps only on Commit.
 
@@ -21,9 +23,11 @@ import time
 import uuid
 from typing import Callable, Iterable, Iterator
 
+import crc32c
 import grpc
 import numpy as np
 
+from . import chunk_wire
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
@@ -53,6 +57,10 @@ class SamplerClient:
         else:
             self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = pb_grpc.SamplerStub(self.channel)
+        # PushWeights with pre-encoded chunk messages (bytes) passed through untouched
+        self._push_call = self.channel.stream_unary(
+            "/dlc_jax.sampler.v1.Sampler/PushWeights", request_serializer=chunk_wire.serialize_weight_message,
+            response_deserializer=pb.PushResult.FromString)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _md(self):
@@ -138,10 +146,11 @@ class SamplerClient:
                 delay = min(delay * 2, self.max_backoff)
 
     # -- weights ----------------------------------------------------------------------------
-    def push_messages(self, messages: Iterable[pb.WeightMessage]) -> PushResult:
-        """Send a raw WeightMessage stream (no retry). Rejections come back as ok=False."""
+    def push_messages(self, messages: Iterable[pb.WeightMessage | bytes]) -> PushResult:
+        """Send a raw WeightMessage stream (no retry); items may also be already-serialized
+        messages (bytes). Rejections come back as ok=False."""
         try:
-            r = self.stub.PushWeights(iter(messages), timeout=self.timeout, metadata=self._md())
+            r = self._push_call(iter(messages), timeout=self.timeout, metadata=self._md())
             return PushResult.from_proto(r)
         except grpc.RpcError as e:
             if e.code() in REJECT_CODES:
@@ -152,15 +161,18 @@ class SamplerClient:
                 return PushResult(False, v, e.details() or "", code=e.code().name)
             raise
 
-    def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20,
-                     specs: cabc.Mapping[str, tuple[int, ...]] | None = None) -> PushResult:
+    def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20,
+                     specs: cabc.Mapping[str, tuple[int, ...]] | None = None, checksum: str = "crc32c") -> PushResult:
         """Stream a full set of HF-named tensors as weight version `version`.
 
         named_tensors: a Mapping name -> array, a Sequence of (name, array), a zero-argument
         callable returning an iterator of (name, array), or a one-shot iterator together with
         `specs` ({name: shape}, all tensors, e.g. `hf_param_shapes(config)`). Arrays are converted
-        to `dtype` ("float32" | "bfloat16" | "float16") one at a time.
+        to `dtype` ("float32" | "bfloat16" | "float16") one at a time. `checksum`: "crc32c" (hardware
+        CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and verified by the server.
         """
+        if checksum not in ("crc32c", "sha256"):
+            raise ValueError(f"push checksum must be 'crc32c' or 'sha256', got {checksum!r}")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"push dtype must be float32, bfloat16 or float16, got {dtype!r}")
         np_dtype = st.NP_DTYPES[dtype]
@@ -185,14 +197,14 @@ class SamplerClient:
             src, retry = named_tensors, True
         else:
             raise TypeError("push_weights: a one-shot iterator needs specs={name: shape} (the header lists all tensors first)")
-        return self._retrying(lambda: self._push_once(src(), names_shapes, version, dtype, np_dtype, chunk_bytes),
-                              retry=retry)
+        return self._retrying(lambda: self._push_once(src(), names_shapes, version, dtype, np_dtype, chunk_bytes,
+                                                      checksum), retry=retry)
 
-    def _push_once(self, source, names_shapes, version, dtype, np_dtype, chunk_bytes) -> PushResult:
+    def _push_once(self, source, names_shapes, version, dtype, np_dtype, chunk_bytes, checksum) -> PushResult:
         index = {n: i for i, (n, _) in enumerate(names_shapes)}
 
         def messages():
-            header = pb.WeightHeader(version=int(version), dtype=dtype)
+            header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
             for n, shape in names_shapes:
                 nb = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
                 header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
@@ -208,12 +220,18 @@ class SamplerClient:
                 if tuple(a.shape) != names_shapes[i][1]:
                     raise ValueError(f"push_weights: tensor {name!r} has shape {a.shape}, header says {names_shapes[i][1]}")
                 buf = memoryview(a.reshape(-1).view(np.uint8))
-                h = hashlib.sha256()
+                h = hashlib.sha256() if checksum == "sha256" else None
+                crc = 0
                 for off in range(0, len(buf), chunk_bytes):
-                    piece = bytes(buf[off:off + chunk_bytes])
-                    h.update(piece)
-                    yield pb.WeightMessage(chunk=pb.WeightChunk(tensor_index=i, offset=off, data=piece))
-                yield pb.WeightMessage(done=pb.TensorDone(tensor_index=i, sha256=h.hexdigest()))
+                    piece = buf[off:off + chunk_bytes]
+                    if h is not None:
+                        h.update(piece)
+                    else:
+                        crc = crc32c.crc32c(piece, crc)
+                    yield chunk_wire.encode_chunk(i, off, piece)
+                done = (pb.TensorDone(tensor_index=i, sha256=h.hexdigest()) if h is not None
+                        else pb.TensorDone(tensor_index=i, crc32c=crc))
+                yield pb.WeightMessage(done=done)
                 sent.add(name)
                 del a, buf
             missing = [n for n, _ in names_shapes if n not in sent]
@@ -223,7 +241,7 @@ class SamplerClient:
 
         return self.push_messages(messages())
 
-    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20) -> PushResult:
+    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20) -> PushResult:
         """Push an NNX `Qwen3ForCausalLM`: HF names/layout via `dlc_jax.model.iter_hf_tensors`, one
         tensor gathered and converted at a time; the header comes from `hf_param_shapes(config)`."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors

@@ -10,6 +10,7 @@ applied only on Commit; any failure or disconnect discards the staging and keeps
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import hmac
 import json
@@ -22,6 +23,7 @@ import time
 
 import grpc
 
+from . import chunk_wire
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
@@ -95,6 +97,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         self.backend = backend
         self.cfg = cfg
         self._push_lock = asyncio.Lock()
+        self._io_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="push-io")
         self._current_dir = pathlib.Path(backend.cfg.model_dir)
         self._owned_dir: pathlib.Path | None = None  # staged dir now serving (deleted on next swap)
         self.counters = {"tokens_generated": 0, "requests": 0, "pushes": 0, "rejected_pushes": 0}
@@ -163,8 +166,17 @@ class SamplerService(pb_grpc.SamplerServicer):
             stager = WeightStager(self.backend.expected_tensors(), self.backend.version, self.cfg.staging_root)
             committed = False
             error: PushError | None = None
+            loop = asyncio.get_running_loop()
+            writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
             try:
                 async for msg in request_iterator:
+                    if writing is not None:  # one chunk in flight: ordered, host memory ~ 2 chunks
+                        await writing
+                        writing = None
+                    if isinstance(msg, chunk_wire.RawChunk):  # the fast path (see chunk_wire)
+                        # checksum + pwrite release the GIL: overlap them with receiving the next chunk
+                        writing = loop.run_in_executor(self._io_pool, stager.chunk, msg)
+                        continue
                     kind = msg.WhichOneof("kind")
                     if kind == "header":
                         stager.header(msg.header)
@@ -178,6 +190,9 @@ class SamplerService(pb_grpc.SamplerServicer):
                         break
                     else:
                         raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
+                if writing is not None:  # its error (if any) is the reason to report
+                    await writing
+                    writing = None
                 if not committed:
                     raise PushError(grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded")
                 swap = asyncio.ensure_future(self._swap(path, stager.version, owned=True))
@@ -189,6 +204,11 @@ class SamplerService(pb_grpc.SamplerServicer):
             except PushError as e:
                 error = e
             finally:
+                if writing is not None:  # stream ended/cancelled with a write in flight: let it finish
+                    try:
+                        await asyncio.shield(writing)
+                    except Exception:  # noqa: BLE001 - the push is discarded below anyway
+                        pass
                 if not committed or error is not None:
                     stager.discard()
                     if error is None:  # cancelled / disconnected mid-push
@@ -248,6 +268,28 @@ class SamplerService(pb_grpc.SamplerServicer):
         )
 
 
+def add_sampler_service(servicer: SamplerService, server) -> None:
+    """Register the Sampler service like `pb_grpc.add_SamplerServicer_to_server`, except that
+    PushWeights requests are decoded by `chunk_wire.decode_weight_message` (chunk bytes not copied)."""
+    rpc_method_handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate, request_deserializer=pb.GenerateRequest.FromString,
+            response_serializer=pb.Rollout.SerializeToString),
+        "PushWeights": grpc.stream_unary_rpc_method_handler(
+            servicer.PushWeights, request_deserializer=chunk_wire.decode_weight_message,
+            response_serializer=pb.PushResult.SerializeToString),
+        "LoadWeights": grpc.unary_unary_rpc_method_handler(
+            servicer.LoadWeights, request_deserializer=pb.LoadWeightsRequest.FromString,
+            response_serializer=pb.PushResult.SerializeToString),
+        "Info": grpc.unary_unary_rpc_method_handler(
+            servicer.Info, request_deserializer=pb.InfoRequest.FromString,
+            response_serializer=pb.InfoResponse.SerializeToString),
+    }
+    service = "dlc_jax.sampler.v1.Sampler"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, rpc_method_handlers),))
+    server.add_registered_method_handlers(service, rpc_method_handlers)
+
+
 class SamplerServer:
     """Owns the backend and the grpc.aio server. Use `await start()` / `await stop()` inside an
     event loop, or `ServerThread` to run it in a background thread."""
@@ -268,7 +310,7 @@ class SamplerServer:
         opts = [("grpc.max_receive_message_length", self.cfg.max_message_bytes),
                 ("grpc.max_send_message_length", self.cfg.max_message_bytes)]
         self.server = grpc.aio.server(options=opts)
-        pb_grpc.add_SamplerServicer_to_server(self.service, self.server)
+        add_sampler_service(self.service, self.server)
         bind = f"{self.cfg.host}:{self.cfg.port}"
         if self.cfg.tls_cert:
             creds = grpc.ssl_server_credentials([(pathlib.Path(self.cfg.tls_key).read_bytes(),

@@ -1,7 +1,10 @@
 """Server-side staging of one weight push: header -> chunks -> per-tensor checksums -> commit.
 
 Bytes are written straight into a preallocated safetensors file in a fresh temp directory at
-precomputed offsets, so host memory stays ~ one chunk. Every check failure raises `PushError`
+precomputed offsets, so host memory stays ~ one chunk. Checksums: the header names one
+("sha256", the default, or "crc32c"); every tensor must carry it (in its spec or its TensorDone
+trailer) and every value given is checked. Chunks may be `pb.WeightChunk` or `chunk_wire.RawChunk`
+(zero-copy memoryview data). The staging root is created if missing. Every check failure raises `PushError`
 with the gRPC status code to answer and a message naming the tensor; the caller deletes the
 staging directory with `discard()`. Only `commit()` returns the staged directory.
 """
@@ -14,12 +17,24 @@ import pathlib
 import shutil
 import tempfile
 
+import crc32c
 import grpc
 
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
 
 PUSH_DTYPES = ("float32", "bfloat16", "float16")
+CHECKSUMS = ("sha256", "crc32c")
+
+
+class _Crc32c:
+    """Incremental CRC-32C (hardware, GIL released) with the hashlib update() interface."""
+
+    def __init__(self):
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = crc32c.crc32c(data, self.value)
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -50,6 +65,9 @@ class WeightStager:
         if h.version <= self.current_version:
             raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
                             f"stale version {h.version}: server already serves version {self.current_version}")
+        algo = h.checksum or "sha256"
+        if algo not in CHECKSUMS:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"header.checksum {h.checksum!r} not one of {CHECKSUMS}")
         seen = set()
         for i, s in enumerate(h.tensors):
             if s.name in seen:
@@ -79,11 +97,14 @@ class WeightStager:
         if missing:
             raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
                             f"push is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+        self.checksum = algo
         self.version = int(h.version)
         self.specs = list(h.tensors)
         self._received = [0] * len(self.specs)
-        self._hash = [hashlib.sha256() for _ in self.specs]
-        self._trailer: list[str | None] = [None] * len(self.specs)
+        self._hash = [hashlib.sha256() if algo == "sha256" else _Crc32c() for _ in self.specs]
+        self._trailer: list[pb.TensorDone | None] = [None] * len(self.specs)
+        if self.staging_root is not None:
+            pathlib.Path(self.staging_root).mkdir(parents=True, exist_ok=True)
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dlc_push_v{self.version}_", dir=self.staging_root))
         prefix, self._offsets = st.layout([(s.name, tuple(s.shape), s.dtype, int(s.nbytes)) for s in self.specs])
         self._path = self.dir / "model.safetensors"
@@ -100,7 +121,8 @@ class WeightStager:
             raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor_index {i} out of range [0, {len(self.specs)})")
         return self.specs[i]
 
-    def chunk(self, c: pb.WeightChunk) -> None:
+    def chunk(self, c) -> None:
+        """`c`: a `pb.WeightChunk` or a `chunk_wire.RawChunk` (tensor_index, offset, data)."""
         s = self._spec(c.tensor_index)
         got = self._received[c.tensor_index]
         if c.offset != got:
@@ -116,19 +138,27 @@ class WeightStager:
 
     def done(self, d: pb.TensorDone) -> None:
         s = self._spec(d.tensor_index)
-        self._trailer[d.tensor_index] = d.sha256
+        self._trailer[d.tensor_index] = d
         self._verify(d.tensor_index, s)
 
     def _verify(self, i: int, s: pb.TensorSpec) -> None:
         if self._received[i] != s.nbytes:
             raise PushError(grpc.StatusCode.DATA_LOSS, f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes")
-        want = [c for c in (s.sha256, self._trailer[i]) if c]
+        t = self._trailer[i]
+        if self.checksum == "sha256":
+            want = [c.lower() for c in (s.sha256, t.sha256 if t is not None else "") if c]
+            got = self._hash[i].hexdigest()
+            shown = lambda x: f"{x[:16]}.."
+        else:
+            want = [m.crc32c for m in (s, t) if m is not None and m.HasField("crc32c")]
+            got = self._hash[i].value
+            shown = lambda x: f"{x:08x}"
         if not want:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r}: no sha256 in header or trailer")
-        got = self._hash[i].hexdigest()
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r}: no {self.checksum} in header or trailer")
         for w in want:
-            if w.lower() != got:
-                raise PushError(grpc.StatusCode.DATA_LOSS, f"tensor {s.name!r}: sha256 mismatch (corrupted data): got {got[:16]}.., expected {w[:16]}..")
+            if w != got:
+                raise PushError(grpc.StatusCode.DATA_LOSS, f"tensor {s.name!r}: {self.checksum} mismatch (corrupted data): "
+                                                           f"got {shown(got)}, expected {shown(w)}")
 
     def commit(self) -> pathlib.Path:
         """Verify every tensor; -> the staged directory (one safetensors file)."""
@@ -136,8 +166,7 @@ class WeightStager:
             raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "commit before header")
         for i, s in enumerate(self.specs):
             self._verify(i, s)
-        os.fsync(self._fd)
-        os.close(self._fd)
+        os.close(self._fd)  # no fsync: a staging file need not survive a crash (the push is redone)
         self._fd = None
         return self.dir
 
