@@ -118,3 +118,23 @@ def test_fsdp_tp_on_8_fake_devices_equals_single_device(tiny_dir):
     np.testing.assert_allclose(float(m1["loss/loss"]), float(m8["loss/loss"]), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(m1["grad_norm"]), float(m8["grad_norm"]), rtol=1e-5)
     _close(p1, p8, 1e-4)  # 1% of one Adam step (lr=1e-2)
+
+
+@pytest.mark.parametrize("old_policy", ["current", "sampler"])
+def test_ppo_anchor_old_policy(tiny_dir, old_policy):
+    """loss.old_policy picks lp_old: 'current' makes PPO-clip exactly the naive gradient (r = 1); 'sampler'
+    anchors at lp_q, whose ratios here are far from 1, so clipping cuts gradient and it differs."""
+    model = _load(tiny_dir)
+    tx = make_optimizer(OptimSection(lr=1e-2, decay="constant", grad_clip=0.0), 10)
+    st = TrainState.create(model, tx)
+    batch = device_batch(_batch(model.config.vocab_size))
+    out = {}
+    for name in ("naive", "ppo_clip"):
+        cfg = StepConfig(loss=LossConfig(name=name), head_k=4, old_policy=old_policy)
+        _, _, m = make_train_step(st.graphdef, tx, cfg)(st.params, st.opt_state, batch)
+        out[name] = m
+    same = abs(float(out["naive"]["grad_norm"]) - float(out["ppo_clip"]["grad_norm"])) < 1e-6
+    if old_policy == "current":
+        assert same and float(out["ppo_clip"]["loss/clip_frac"]) == 0.0
+    else:
+        assert not same and float(out["ppo_clip"]["loss/clip_frac"]) > 0.0

@@ -45,7 +45,7 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("mis", "mis"),
     Arm("score_centering", "score_centering"),
     Arm("score_centering_tis", "score_centering_tis"),
-    Arm("ppo_clip", "ppo_clip"),
+    Arm("ppo_clip", "ppo_clip", options=(("old_policy", "sampler"),)),  # clip vs the sampler (bypass)
     Arm("decoupled_ppo", "decoupled_ppo"),
     Arm("m2po", "m2po"),
     Arm("vcpo", "vcpo"),

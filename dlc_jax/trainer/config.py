@@ -96,6 +96,11 @@ class LossSection:
 
     name: str = "dlc"
     options: dict = dataclasses.field(default_factory=dict)
+    # What lp_old (the PPO anchor / proximal policy of ppo_clip, decoupled_ppo, m2po) is:
+    #   'current'  = stop_gradient(lp), the trainer at theta_t (one optimizer step per batch: r = 1);
+    #   'sampler'  = lp_q, the sampler's reported log-probs (the common async "bypass" PPO baseline);
+    #   'snapshot' = lp_s, the trainer at the sampler's weights theta_s.
+    old_policy: Literal["current", "sampler", "snapshot"] = "current"
 
 
 @dataclasses.dataclass

@@ -40,6 +40,7 @@ class StepConfig:
     micro_batches: int = 1
     chunk_size: int = 256
     resync_threshold: float = 0.5
+    old_policy: str = "current"  # lp_old: 'current' (sg(lp)) | 'sampler' (lp_q) | 'snapshot' (lp_s)
 
 
 def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig):
@@ -73,7 +74,8 @@ def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig):
     lps_head = None
     if cfg.head_k:
         lps_head = jnp.where(self_m[..., None], sg(tl.lp_head), mb["lps_head"])
-    inputs = LossInputs(lp=tl.lp, lp_q=mb["lp_q"], mask=mb["mask"], adv=mb["adv"], lp_s=lp_s,
+    lp_old = {"current": None, "sampler": mb["lp_q"], "snapshot": lp_s}[cfg.old_policy]
+    inputs = LossInputs(lp=tl.lp, lp_q=mb["lp_q"], mask=mb["mask"], adv=mb["adv"], lp_s=lp_s, lp_old=lp_old,
                         lp_head=tl.lp_head, lps_head=lps_head, lq_head=mb["lq_head"] if cfg.head_k else None,
                         num_tokens=num_tokens)
     loss, metrics = compute_loss(cfg.loss, inputs)
