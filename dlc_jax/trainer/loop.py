@@ -98,7 +98,8 @@ class Trainer:
         self.policy = make_policy(cfg.resync)
         self.step_cfg = StepConfig(loss=make_loss_config(cfg.loss), temperature=cfg.sampler.temperature,
                                    top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p, head_k=cfg.sampler.head_k,
-                                   micro_batches=cfg.train.micro_batches, resync_threshold=cfg.resync.threshold)
+                                   micro_batches=cfg.train.micro_batches, resync_threshold=cfg.resync.threshold,
+                                   old_policy=cfg.loss.old_policy)
         shard = {}
         if self.mesh is not None:
             shard = dict(mesh=self.mesh, param_shardings=jax.tree.map(lambda x: x.sharding, self.state.params),
