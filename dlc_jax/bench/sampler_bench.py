@@ -3,7 +3,7 @@
 1. Rollout tokens/s through our gRPC service (client process -> server -> vLLM AsyncLLM -> Rollout protos ->
    client) vs calling the *same* AsyncLLM engine directly (same engine, same config, same requests
    and seeds, all prompts concurrent), interleaved A B A B. The ratio is the service overhead.
-2. Weight-push MB/s over loopback gRPC (client chunks + sha256 trailers, server staging to a
+2. Weight-push MB/s over loopback gRPC (client chunks + CRC-32C trailers, server staging to a
    safetensors file + verification) for a Qwen3-0.6B-shaped random model vs a raw loopback TCP
    socket copy of the same bytes into a file (both senders in their own process). The push server here uses `TransportOnlyBackend`,
    which accepts and verifies a push but does not load it into an engine (a 0.6B engine does not
@@ -45,13 +45,13 @@ class SamplerBenchConfig:
     push_kv_heads: int = 8
     push_head_dim: int = 128
     push_dtype: str = "bfloat16"
-    chunk_mb: int = 4
+    chunk_mb: int = 16
     push_repeats: int = 2
 
 
 SIZES = {
     "default": SamplerBenchConfig(),
-    "small": SamplerBenchConfig(prompts=8, n=2, max_tokens=32, repeats=2, push_vocab=32768, push_layers=4),
+    "small": SamplerBenchConfig(prompts=8, n=2, max_tokens=32, repeats=5, push_vocab=32768, push_layers=4),
 }
 
 
@@ -207,7 +207,7 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     mb = total / 1e6
     g, rw = common.median(grpc_s), common.median(raw_s)
     res["rows"] += [
-        {"measurement": "weight push MB/s: gRPC (chunks + sha256 + staged file + verify) vs raw loopback TCP -> file",
+        {"measurement": "weight push MB/s: gRPC (chunks + CRC-32C + staged file + verify) vs raw loopback TCP -> file",
          "ours": mb / g, "peer": mb / rw, "unit": "MB/s", "ratio": rw / g},
     ]
     res["config"]["push_bytes"] = total

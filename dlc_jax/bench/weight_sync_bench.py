@@ -2,8 +2,9 @@
 loopback socket copy of the same bytes (the physical limit here).
 
 * ``export + push``: ``SamplerClient.push_model(model, ...)`` — the trainer loop's path: each tensor is gathered from the NNX params, converted to HF layout and the push
-  dtype, chunked, sha256-hashed and streamed; the server stages it to a safetensors file and verifies
-  it (``sampler_bench.TransportOnlyBackend``: everything but the engine reload).
+  dtype, chunked, CRC-32C-checksummed and streamed; the server (its own process, as a sampler
+  always is) stages it to a safetensors file and verifies it (``sampler_bench.TransportOnlyBackend``:
+  everything but the engine reload).
 * ``push only``: the same push from tensors already exported to host numpy arrays.
 * ``raw socket``: the same bytes through one loopback TCP connection into a file
   (:func:`raw_socket_copy`: the receiver writes each chunk to disk, as the sampler stages a push).
@@ -38,7 +39,7 @@ class WeightSyncBenchConfig:
     num_key_value_heads: int = 8
     head_dim: int = 128
     push_dtype: str = "bfloat16"
-    chunk_mb: int = 4
+    chunk_mb: int = 16
     repeats: int = 2
 
     def model_config(self):
@@ -102,31 +103,69 @@ def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int
     return dt
 
 
+def _serve(cfg_dict: dict, staging_root: str) -> None:
+    """Server-process side: a real gRPC sampler service with `TransportOnlyBackend` for the pushed
+    model's tensors; prints its address, serves until stdin closes."""
+    import sys
+
+    from dlc_jax.bench.sampler_bench import TransportOnlyBackend
+    from dlc_jax.model import hf_param_shapes
+    from dlc_jax.sampler.server import ServerConfig, ServerThread
+
+    cfg = WeightSyncBenchConfig(**cfg_dict)
+    mcfg = cfg.model_config()
+    specs = {n: (s, "float32") for n, s in hf_param_shapes(mcfg).items()}
+    srv = ServerThread(TransportOnlyBackend(specs, mcfg.vocab_size), ServerConfig(staging_root=staging_root)).start()
+    print(srv.address, flush=True)
+    sys.stdin.read()
+    srv.stop()
+
+
+class _ServerProcess:
+    """`_serve` in its own Python process (the sampler is always another process than the trainer)."""
+
+    def __init__(self, cfg: WeightSyncBenchConfig, staging_root: str):
+        import json
+        import subprocess
+        import sys
+
+        code = ("import json, sys; from dlc_jax.bench.weight_sync_bench import _serve; "
+                f"_serve(json.loads({json.dumps(json.dumps(dataclasses.asdict(cfg)))}), {staging_root!r})")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.address = self.proc.stdout.readline().strip()
+        if not self.address:
+            self.proc.kill()
+            raise RuntimeError(f"weight_sync bench server exited with {self.proc.wait()} before listening")
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except Exception:  # noqa: BLE001 - make sure it is gone
+            self.proc.kill()
+
+
 def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
     from flax import nnx
 
-    from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-    from dlc_jax.model import Qwen3ForCausalLM, hf_param_shapes, iter_hf_tensors
+    from dlc_jax.model import Qwen3ForCausalLM, iter_hf_tensors
     from dlc_jax.sampler import safetensors_io as st
     from dlc_jax.sampler.client import SamplerClient
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
 
     res = common.new_result("weight_sync", "Weight sync: export + gRPC push vs raw loopback socket", COLUMNS)
     res["config"] = dataclasses.asdict(cfg)
     mcfg = cfg.model_config()
     model = Qwen3ForCausalLM(mcfg, rngs=nnx.Rngs(0))
-    shapes = hf_param_shapes(mcfg)
     np_dtype = st.NP_DTYPES[cfg.push_dtype]
     exported = {n: a.astype(np_dtype) for n, a in iter_hf_tensors(model)}
     total = sum(a.nbytes for a in exported.values())
     chunk = cfg.chunk_mb << 20
-    specs = {n: (s, "float32") for n, s in shapes.items()}
     version = [0]
     with tempfile.TemporaryDirectory(prefix="dlc_weight_sync_bench_") as d:
         tmp = pathlib.Path(d)
-        (tmp / "stage").mkdir()
-        srv = ServerThread(TransportOnlyBackend(specs, mcfg.vocab_size), ServerConfig(staging_root=str(tmp / "stage"))).start()
+        srv = _ServerProcess(cfg, str(tmp / "stage"))
         client = SamplerClient(srv.address, timeout=3600)
+        client.wait_ready(120)
 
         def push(src, **kw):
             version[0] += 1
@@ -172,7 +211,7 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
     ]
     res["notes"].append(f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: {mcfg.num_hidden_layers} "
                         f"layers, D={mcfg.hidden_size}, V={mcfg.vocab_size}, tied, random weights); chunk {cfg.chunk_mb} MiB; "
-                        f"server = real gRPC service with a transport-only backend (staging + sha256 verify, no engine "
+                        f"server = real gRPC service in its own process with a transport-only backend (staging + CRC-32C verify, no engine "
                         f"reload); best of {cfg.repeats} interleaved repeats")
     return common.finish(res)
 

@@ -47,6 +47,7 @@ class SamplerClient:
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.max_message_bytes = max_message_bytes
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
         if tls_server_name:
@@ -171,6 +172,9 @@ class SamplerClient:
         to `dtype` ("float32" | "bfloat16" | "float16") one at a time. `checksum`: "crc32c" (hardware
         CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and verified by the server.
         """
+        if not 0 < chunk_bytes <= self.max_message_bytes - 64:
+            raise ValueError(f"chunk_bytes = {chunk_bytes} must be in (0, max_message_bytes - 64 = "
+                             f"{self.max_message_bytes - 64}] (a chunk message carries ~30 bytes of framing)")
         if checksum not in ("crc32c", "sha256"):
             raise ValueError(f"push checksum must be 'crc32c' or 'sha256', got {checksum!r}")
         if dtype not in ("float32", "bfloat16", "float16"):

@@ -314,7 +314,7 @@ class SamplerPool:
                     c.timeout, c.max_retries = saved
         return targets
 
-    def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20,
+    def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20,
                      specs: cabc.Mapping[str, tuple[int, ...]] | None = None) -> PoolPushResult:
         """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation ones
         when readmit) concurrently; wait for all. Same `named_tensors` forms as `SamplerClient.push_weights`;
@@ -418,7 +418,7 @@ class SamplerPool:
                               code="OK" if ok_n else "UNAVAILABLE", per_sampler=per, removed=tuple(removed),
                               readmitted=tuple(readmitted))
 
-    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20) -> PoolPushResult:
+    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20) -> PoolPushResult:
         """Push an NNX `Qwen3ForCausalLM`: each tensor is gathered once and fanned out to all samplers."""
         import numpy as np
 
