@@ -47,12 +47,7 @@ def cli(argv: list[str]) -> int:
     if not lead:
         return 0 if summary.get("finished") else 1
     if summary.get("already_complete"):
-        print(f"dlc-jax train: this run is already complete (checkpoint step {summary.get('checkpoint_step')} "
-              f">= train.steps={cfg.train.steps}); nothing was trained. Outputs: checkpoint {summary['checkpoint_dir']}, "
-              f"metrics {summary['metrics_dir']}/metrics.jsonl, summary {summary['metrics_dir']}/summary.json. "
-              f"To train again use checkpoint.resume=false or a new checkpoint.dir/log.dir; to continue, raise "
-              f"train.steps.", flush=True)
-        return 0
+        return 0  # the Trainer said so and where the outputs are
     r = summary.get("reward_mean", {})
     e = summary.get("ess_lag", {})
     print(json.dumps({

@@ -551,8 +551,9 @@ class Trainer:
                 saved = {}
         step = self.ckpt.latest_step()
         self.log(f"run already complete: checkpoint step {step} >= train.steps={cfg.train.steps} in "
-                 f"{self.ckpt.directory}; metrics in {metrics_dir}; nothing to train (raise train.steps to "
-                 f"continue, or use checkpoint.resume=false / a new checkpoint.dir and log.dir to start over)")
+                 f"{self.ckpt.directory}; metrics {metrics_dir}/metrics.jsonl, summary {metrics_dir}/summary.json; "
+                 f"nothing was trained (raise train.steps to continue, or use checkpoint.resume=false / a new "
+                 f"checkpoint.dir and log.dir to start over)")
         return dict(saved, already_complete=True, finished=True, seconds=0.0, checkpoint_dir=str(self.ckpt.directory),
                     checkpoint_step=step, metrics_dir=str(metrics_dir), model_dir=str(self.model_dir))
 
