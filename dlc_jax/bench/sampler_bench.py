@@ -297,7 +297,8 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
                            "unit": "tok/s", "ratio": g / d})
     res["notes"].append(f"rollouts: {cfg.prompts} prompts x n={cfg.n} x {cfg.max_tokens} tokens (prompt {cfg.prompt_len}), "
                         f"T=1, ignore EOS, per-request seed, vLLM fp32 eager on CPU, same engine for both paths; "
-                        f"median of {cfg.repeats} interleaved runs; the gRPC client is a separate process (like the trainer), "
+                        f"median of {cfg.repeats} interleaved runs; the gRPC client is a separate process (like the trainer; one "
+                        f"untimed warm-up call in that process before the timed one), "
                         f"the direct peer calls AsyncLLM.generate on the server's event loop")
     res["notes"].append(f"full push + vLLM reload_weights of the rollout model ({sum(a.nbytes for a in w.values()) / 1e6:.1f} MB): "
                         f"{apply_s:.3f} s")
@@ -311,6 +312,9 @@ def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[i
     p = SamplingParams(**{**params, "stop_token_ids": tuple(params["stop_token_ids"])})
     with SamplerClient(address, timeout=3600) as c:
         c.wait_ready(60)
+        # one untimed call first: a trainer's client process is long-lived, so the first streaming
+        # call's one-time costs in a fresh process (stream setup, message classes) are not per-call costs
+        sum(len(r.response_ids) for r in c.generate(prompts, p))
         t0 = time.perf_counter()
         n = sum(len(r.response_ids) for r in c.generate(prompts, p))
         return n, time.perf_counter() - t0

@@ -40,7 +40,7 @@ class WeightSyncBenchConfig:
     head_dim: int = 128
     push_dtype: str = "bfloat16"
     chunk_mb: int = 16
-    repeats: int = 2
+    repeats: int = 3
 
     def model_config(self):
         from dlc_jax.model import Qwen3Config
