@@ -210,6 +210,7 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
         {"measurement": "weight push MB/s: gRPC (chunks + CRC-32C + staged file + verify) vs raw loopback TCP -> file",
          "ours": mb / g, "peer": mb / rw, "unit": "MB/s", "ratio": rw / g},
     ]
+    res["targets"].append(common.target("weight push MB/s: gRPC / raw loopback socket", rw / g, 0.5, ">="))
     res["config"]["push_bytes"] = total
     res["config"]["push_tensors"] = len(shapes)
     res["notes"].append(f"push model: {len(shapes)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
@@ -295,6 +296,7 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
     d = tokens["direct"] / common.median(times["direct"])
     res["rows"].insert(0, {"measurement": "rollout tokens/s: gRPC service vs vLLM AsyncLLM direct", "ours": g, "peer": d,
                            "unit": "tok/s", "ratio": g / d})
+    res["targets"].append(common.target("rollout tokens/s: gRPC service / direct vLLM", g / d, 0.9, ">="))
     res["notes"].append(f"rollouts: {cfg.prompts} prompts x n={cfg.n} x {cfg.max_tokens} tokens (prompt {cfg.prompt_len}), "
                         f"T=1, ignore EOS, per-request seed, vLLM fp32 eager on CPU, same engine for both paths; "
                         f"median of {cfg.repeats} interleaved runs; the gRPC client is a separate process (like the trainer; one "
