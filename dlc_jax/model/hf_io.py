@@ -9,6 +9,7 @@ up front from the shapes (host memory ~ one tensor).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -76,12 +77,6 @@ def _to_ours(hf: np.ndarray, path: tuple, our_shape: tuple) -> np.ndarray:
     if path[-1] == "kernel":
         return np.ascontiguousarray(hf.T).reshape(our_shape)
     return hf
-
-
-def _to_hf(ours: np.ndarray, path: tuple, hf_shape: tuple) -> np.ndarray:
-    if path[-1] == "kernel":
-        return np.ascontiguousarray(ours.reshape(hf_shape[::-1]).T)
-    return ours
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,10 +194,20 @@ def _np_dtype(dtype):
     return np.dtype(jnp.dtype(dtype))
 
 
+@functools.partial(jax.jit, static_argnames=("hf_shape", "kernel", "dtype"))
+def _to_hf_on_device(x: jax.Array, *, hf_shape: tuple, kernel: bool, dtype) -> jax.Array:
+    """HF layout and export dtype computed where the parameter lives, so the device->host copy moves
+    the export bytes (half of fp32 for bf16) and the host does no transpose or cast."""
+    if kernel:
+        x = x.reshape(hf_shape[::-1]).T
+    return x if dtype is None else x.astype(dtype)
+
+
 def iter_hf_tensors(model: Qwen3ForCausalLM, *, dtype=np.float32) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (HF name, HF-layout numpy array) one tensor at a time, gathered to host.
 
-    `dtype=None` keeps the parameter dtype. Tied models yield no lm_head.weight.
+    `dtype=None` keeps the parameter dtype. Tied models yield no lm_head.weight. The transpose and
+    the cast run on device (one tensor at a time), then the tensor is gathered.
     """
     params = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(params))
@@ -210,8 +215,9 @@ def iter_hf_tensors(model: Qwen3ForCausalLM, *, dtype=np.float32) -> Iterator[tu
     npdt = _np_dtype(dtype)
     for name, hf_shape in hf_param_shapes(model.config).items():
         p = paths[name]
-        arr = _to_hf(_gather(flat[p].get_value()), p, hf_shape)
-        yield name, (arr if npdt is None else arr.astype(npdt))
+        x = _to_hf_on_device(flat[p].get_value(), hf_shape=tuple(hf_shape), kernel=p[-1] == "kernel",
+                             dtype=None if npdt is None else jnp.dtype(npdt))
+        yield name, np.ascontiguousarray(_gather(x))
 
 
 _ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32"}

@@ -209,7 +209,7 @@ class _LockedStream:
             return sum(1 for _ in self._it)
 
 
-def push_weights(sampler, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 4 << 20):
+def push_weights(sampler, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20):
     """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool).
 
     Collective over processes: all must call it; tensors are gathered one at a time on every process,
