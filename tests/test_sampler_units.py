@@ -246,3 +246,47 @@ def test_jax_backend_numerics_knobs_create_a_controlled_discrepancy(tmp_path):
     assert d32 < 1e-5
     assert d16 > 1e-4 and d8 > 1e-4 and dn > 1e-3
     assert dn > d8  # 20% rms noise is a larger perturbation than int8 rounding (~0.2% rms)
+
+
+def test_prefetched_keeps_order_reraises_and_stops_early():
+    import threading
+
+    from dlc_jax.sampler.client import prefetched
+
+    assert list(prefetched(iter(range(50)), depth=2)) == list(range(50))
+
+    def boom():
+        yield 1
+        raise RuntimeError("export failed at tensor 2")
+
+    it = prefetched(boom())
+    assert next(it) == 1
+    with pytest.raises(RuntimeError, match="tensor 2"):
+        next(it)
+
+    produced = []
+
+    def counting():
+        for i in range(1000):
+            produced.append(i)
+            yield i
+
+    g = prefetched(counting(), depth=1)
+    assert next(g) == 0
+    g.close()  # consumer stops: the producer must stop too, not run through all 1000
+    for t in threading.enumerate():
+        if t.name == "push-prefetch":
+            t.join(timeout=2)
+    assert len(produced) < 10
+
+
+def test_staging_root_auto_prefers_ram_when_it_has_room(tmp_path):
+    import shutil
+
+    from dlc_jax.sampler.staging import resolve_staging_root
+
+    free = shutil.disk_usage(tmp_path).free
+    assert resolve_staging_root("/data/stage", 10**15, shm_dir=str(tmp_path)) == "/data/stage"  # explicit wins
+    assert resolve_staging_root("auto", 1024, shm_dir=str(tmp_path)) == str(tmp_path)
+    assert resolve_staging_root(None, free, shm_dir=str(tmp_path)) is None  # no room for 2x: system temp
+    assert resolve_staging_root(None, 1024, shm_dir=str(tmp_path / "missing")) is None

@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-cert", default=None)
     s.add_argument("--tls-key", default=None)
     s.add_argument("--max-message-bytes", type=int, default=64 << 20)
-    s.add_argument("--staging-root", default=None, help="directory for staged weight pushes (default: system temp)")
+    s.add_argument("--staging-root", default=None, help="directory for staged weight pushes (default auto: /dev/shm when it has room for 2x the push, else the system temp dir)")
     i = sub.add_parser("info", help="query a running server")
     i.add_argument("--address", required=True)
     i.add_argument("--token", default=None)

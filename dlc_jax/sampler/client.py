@@ -19,6 +19,8 @@ from __future__ import annotations
 import collections.abc as cabc
 import hashlib
 import json
+import queue
+import threading
 import time
 import uuid
 from typing import Callable, Iterable, Iterator
@@ -252,7 +254,7 @@ class SamplerClient:
 
         np_dtype = st.NP_DTYPES[dtype]
         specs = hf_param_shapes(model.config)
-        return self.push_weights(lambda: iter_hf_tensors(model, dtype=np_dtype), version, dtype=dtype,
+        return self.push_weights(lambda: prefetched(iter_hf_tensors(model, dtype=np_dtype)), version, dtype=dtype,
                                  chunk_bytes=chunk_bytes, specs=specs)
 
     def load_weights(self, path: str, version: int) -> PushResult:
@@ -265,3 +267,41 @@ class SamplerClient:
             if e.code() in REJECT_CODES:
                 return PushResult(False, self._info_once()["version"], e.details() or "", code=e.code().name)
             raise
+
+
+def prefetched(items: Iterator, depth: int = 1) -> Iterator:
+    """Iterate `items` with the next `depth` elements produced ahead in a background thread, so a
+    tensor's export (device transpose/cast + device->host copy) overlaps the previous tensor's send.
+    Host memory: the tensor being sent plus `depth` ready ones. Errors re-raise in the consumer; a
+    consumer that stops early (closed generator) stops the producer."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce():
+        try:
+            for x in items:
+                while not stop.is_set():
+                    try:
+                        q.put((True, x), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((True, end))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put((False, e))
+
+    t = threading.Thread(target=produce, name="push-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            ok, x = q.get()
+            if not ok:
+                raise x
+            if x is end:
+                return
+            yield x
+    finally:
+        stop.set()

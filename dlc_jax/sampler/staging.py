@@ -45,6 +45,24 @@ class PushError(Exception):
         self.message = message
 
 
+SHM_DIR = "/dev/shm"
+
+
+def resolve_staging_root(staging_root: str | None, nbytes: int, *, shm_dir: str = SHM_DIR,
+                         headroom: float = 2.0) -> str | None:
+    """Where a push of `nbytes` is staged. An explicit directory wins. 'auto' (or None) picks the RAM
+    filesystem `shm_dir` when it has room for `headroom` x the push (the staged file lives only until
+    the engine has reloaded it, and RAM-backed staging avoids a disk write per push), else the
+    system temp directory (returned as None)."""
+    if staging_root not in (None, "", "auto"):
+        return staging_root
+    try:
+        free = shutil.disk_usage(shm_dir).free
+    except OSError:
+        return None
+    return shm_dir if free >= headroom * nbytes else None
+
+
 class WeightStager:
     """One push. `expected`: {hf_name: (shape, dtype)} the backend's model needs (all required)."""
 
@@ -103,12 +121,13 @@ class WeightStager:
         self._received = [0] * len(self.specs)
         self._hash = [hashlib.sha256() if algo == "sha256" else _Crc32c() for _ in self.specs]
         self._trailer: list[pb.TensorDone | None] = [None] * len(self.specs)
-        if self.staging_root is not None:
-            pathlib.Path(self.staging_root).mkdir(parents=True, exist_ok=True)
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dlc_push_v{self.version}_", dir=self.staging_root))
         prefix, self._offsets = st.layout([(s.name, tuple(s.shape), s.dtype, int(s.nbytes)) for s in self.specs])
-        self._path = self.dir / "model.safetensors"
         total = len(prefix) + sum(int(s.nbytes) for s in self.specs)
+        root = resolve_staging_root(self.staging_root, total)
+        if root is not None:
+            pathlib.Path(root).mkdir(parents=True, exist_ok=True)
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dlc_push_v{self.version}_", dir=root))
+        self._path = self.dir / "model.safetensors"
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.pwrite(self._fd, prefix, 0)
         os.ftruncate(self._fd, total)
