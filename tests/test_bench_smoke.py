@@ -82,12 +82,18 @@ def test_weight_sync_bench_tiny():
     res = weight_sync_bench.run(weight_sync_bench.SIZES["tiny"])
     med = {k: min(v) for k, v in res["times_s"].items()}
     rows = {r["path"]: r for r in res["rows"]}
-    assert set(rows) == {"export + push (gRPC)", "push only (gRPC)", "raw socket"}
+    assert set(rows) == {"export + push (gRPC)", "push only (gRPC)", "export + push (socket data plane)",
+                         "push only (gRPC, socket data plane)", "raw socket"}
     mb = res["config"]["push_bytes"] / 1e6
     for k, r in rows.items():
         assert r["MB_per_s"] == pytest.approx(mb / med[k])
         assert r["ratio_vs_raw_socket"] == pytest.approx(med["raw socket"] / med[k])
-    assert res["summary"]["export_push_vs_raw"] == pytest.approx(rows["export + push (gRPC)"]["ratio_vs_raw_socket"])
+    ep, po = res["summary"]["export_push_best"], res["summary"]["push_only_best"]
+    assert ep.startswith("export + push") and po.startswith("push only")
+    assert res["summary"]["export_push_vs_raw"] == pytest.approx(rows[ep]["ratio_vs_raw_socket"])
+    assert res["summary"]["push_only_vs_raw"] == pytest.approx(rows[po]["ratio_vs_raw_socket"])
+    assert res["summary"]["export_push_grpc_vs_raw"] == pytest.approx(rows["export + push (gRPC)"]["ratio_vs_raw_socket"])
+    assert any(po in t["name"] for t in res["targets"])
     assert res["config"]["push_tensors"] == 24  # 2 layers x 11 + embed + final norm (tied: no lm_head)
 
 

@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-cert", default=None)
     s.add_argument("--tls-key", default=None)
     s.add_argument("--max-message-bytes", type=int, default=64 << 20)
+    s.add_argument("--push-data-port", type=int, default=None,
+                   help="also accept weight-push bytes over a raw TCP socket on this port (0 = pick a free one; default off). "
+                        "Plaintext: loopback / trusted networks only; refused together with TLS")
     s.add_argument("--staging-root", default=None, help="directory for staged weight pushes (default auto: /dev/shm when it has room for 2x the push, else the system temp dir)")
     i = sub.add_parser("info", help="query a running server")
     i.add_argument("--address", required=True)
@@ -57,7 +60,7 @@ async def _serve(args) -> int:
     server = SamplerServer(make_backend(args.backend, cfg),
                            ServerConfig(host=args.host, port=args.port, token=args.token, tls_cert=args.tls_cert,
                                         tls_key=args.tls_key, max_message_bytes=args.max_message_bytes,
-                                        staging_root=args.staging_root))
+                                        staging_root=args.staging_root, data_port=args.push_data_port))
     await server.start()
     print(f"LISTENING {server.address}", flush=True)
     stop = asyncio.Event()

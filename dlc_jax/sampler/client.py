@@ -8,6 +8,12 @@ straight from the numpy buffer). So the client makes ONE pass
 over the source and holds ~one converted tensor plus one chunk in host memory; the server
 verifies each tensor against its trailer and swaps only on Commit.
 
+Socket data plane (`transport="socket"`, opt-in): the bytes go over one raw TCP connection to the
+server's data port (from Info) straight from the numpy buffer (`sendall(memoryview)`, no copy),
+while the gRPC stream carries the header, the per-tensor checksum trailers and Commit; the server
+verifies and swaps exactly as for gRPC chunks. Plaintext: loopback / trusted networks only, never
+with TLS (see data_plane.py).
+
 Retries: calls that fail with UNAVAILABLE (server restarting / not yet up) are retried with
 exponential backoff (`max_retries`, `backoff`..`max_backoff` seconds). `generate` retries only
 before the first rollout arrived (no duplicates); `push_weights` retries only when the source is
@@ -20,6 +26,7 @@ import collections.abc as cabc
 import hashlib
 import json
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -30,6 +37,7 @@ import grpc
 import numpy as np
 
 from . import chunk_wire
+from . import data_plane
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
@@ -50,6 +58,7 @@ class SamplerClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.max_message_bytes = max_message_bytes
+        self.tls = tls_root_cert is not None
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
         if tls_server_name:
@@ -97,7 +106,7 @@ class SamplerClient:
             "queue_depth": r.queue_depth, "tokens_generated": r.tokens_generated, "requests": r.requests,
             "pushes": r.pushes, "rejected_pushes": r.rejected_pushes, "vocab_size": r.vocab_size,
             "max_model_len": r.max_model_len, "max_n": r.max_n, "max_head_k": r.max_head_k,
-            "backend_config": json.loads(r.backend_config_json or "{}"),
+            "backend_config": json.loads(r.backend_config_json or "{}"), "data_port": r.data_port,
         }
 
     def wait_ready(self, timeout: float = 120.0) -> dict:
@@ -165,7 +174,8 @@ class SamplerClient:
             raise
 
     def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20,
-                     specs: cabc.Mapping[str, tuple[int, ...]] | None = None, checksum: str = "crc32c") -> PushResult:
+                     specs: cabc.Mapping[str, tuple[int, ...]] | None = None, checksum: str = "crc32c",
+                     transport: str = "grpc") -> PushResult:
         """Stream a full set of HF-named tensors as weight version `version`.
 
         named_tensors: a Mapping name -> array, a Sequence of (name, array), a zero-argument
@@ -173,7 +183,14 @@ class SamplerClient:
         `specs` ({name: shape}, all tensors, e.g. `hf_param_shapes(config)`). Arrays are converted
         to `dtype` ("float32" | "bfloat16" | "float16") one at a time. `checksum`: "crc32c" (hardware
         CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and verified by the server.
+        `transport`: "grpc" (default: bytes in chunk messages) or "socket" (bytes over the server's raw
+        TCP data port, zero-copy; needs a server started with a data port, refused with TLS).
         """
+        if transport not in ("grpc", "socket"):
+            raise ValueError(f"push transport must be 'grpc' or 'socket', got {transport!r}")
+        if transport == "socket" and self.tls:
+            raise ValueError("push transport 'socket' is plaintext raw TCP and is refused on a TLS channel; "
+                             "use transport='grpc' (or no TLS on loopback / a trusted network)")
         if not 0 < chunk_bytes <= self.max_message_bytes - 64:
             raise ValueError(f"chunk_bytes = {chunk_bytes} must be in (0, max_message_bytes - 64 = "
                              f"{self.max_message_bytes - 64}] (a chunk message carries ~30 bytes of framing)")
@@ -204,13 +221,45 @@ class SamplerClient:
         else:
             raise TypeError("push_weights: a one-shot iterator needs specs={name: shape} (the header lists all tensors first)")
         return self._retrying(lambda: self._push_once(src(), names_shapes, version, dtype, np_dtype, chunk_bytes,
-                                                      checksum), retry=retry)
+                                                      checksum, transport), retry=retry)
 
-    def _push_once(self, source, names_shapes, version, dtype, np_dtype, chunk_bytes, checksum) -> PushResult:
+    # socket data plane hooks (tests override them to corrupt / cut / mislabel the data connection)
+    def _data_preamble(self, push_id: str) -> bytes:
+        return data_plane.preamble(push_id, self.token)
+
+    def _send_data(self, sock: socket.socket, tensor_index: int, buf: memoryview) -> None:
+        sock.sendall(buf)
+
+    def _open_data(self, push_id: str) -> socket.socket:
+        port = self._retrying(lambda: self.stub.Info(pb.InfoRequest(), timeout=self.timeout, metadata=self._md())).data_port
+        if not port:
+            raise ValueError(f"sampler at {self.address} offers no push data port (start it with --push-data-port; "
+                             "never offered with TLS); use transport='grpc'")
+        host = self.address.rsplit(":", 1)[0].strip("[]")
+        if host.startswith("ipv4:") or host.startswith("ipv6:"):
+            host = host.split(":", 1)[1].strip("[]")
+        sock = socket.create_connection((host, port), timeout=self.timeout)
+        try:
+            sock.sendall(self._data_preamble(push_id))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _push_once(self, source, names_shapes, version, dtype, np_dtype, chunk_bytes, checksum,
+                   transport: str = "grpc") -> PushResult:
         index = {n: i for i, (n, _) in enumerate(names_shapes)}
+        sock = None
+        push_id = ""
+        data_failed: list[bool] = []
+        if transport == "socket":
+            push_id = uuid.uuid4().hex
+            sock = self._open_data(push_id)
 
         def messages():
             header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
+            if sock is not None:
+                header.data_plane, header.data_push_id = "socket", push_id
             for n, shape in names_shapes:
                 nb = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
                 header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
@@ -228,7 +277,17 @@ class SamplerClient:
                 buf = memoryview(a.reshape(-1).view(np.uint8))
                 h = hashlib.sha256() if checksum == "sha256" else None
                 crc = 0
-                for off in range(0, len(buf), chunk_bytes):
+                if sock is not None:  # checksum, then the raw bytes straight from the array
+                    if h is not None:
+                        h.update(buf)
+                    else:
+                        crc = crc32c.crc32c(buf)
+                    if not data_failed:
+                        try:
+                            self._send_data(sock, i, buf)
+                        except OSError:  # the server dropped the data connection: it will reject the
+                            data_failed.append(True)  # push and say why; keep the control stream going
+                for off in range(0, len(buf) if sock is None else 0, chunk_bytes):
                     piece = buf[off:off + chunk_bytes]
                     if h is not None:
                         h.update(piece)
@@ -245,9 +304,19 @@ class SamplerClient:
                 raise ValueError(f"push_weights: source ended without tensors {missing[:3]}")
             yield pb.WeightMessage(commit=pb.Commit())
 
-        return self.push_messages(messages())
+        if sock is None:
+            return self.push_messages(messages())
+        try:
+            return self.push_messages(messages())
+        finally:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # also wakes a sendall blocked on a server that gave up
+            except OSError:
+                pass
+            sock.close()
 
-    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20) -> PushResult:
+    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20,
+                   transport: str = "grpc") -> PushResult:
         """Push an NNX `Qwen3ForCausalLM`: HF names/layout via `dlc_jax.model.iter_hf_tensors`, one
         tensor gathered and converted at a time; the header comes from `hf_param_shapes(config)`."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
@@ -255,7 +324,7 @@ class SamplerClient:
         np_dtype = st.NP_DTYPES[dtype]
         specs = hf_param_shapes(model.config)
         return self.push_weights(lambda: prefetched(iter_hf_tensors(model, dtype=np_dtype)), version, dtype=dtype,
-                                 chunk_bytes=chunk_bytes, specs=specs)
+                                 chunk_bytes=chunk_bytes, specs=specs, transport=transport)
 
     def load_weights(self, path: str, version: int) -> PushResult:
         """Ask the server to load an HF safetensors directory it can read (shared storage)."""

@@ -18,12 +18,14 @@ import logging
 import math
 import pathlib
 import shutil
+import socket
 import threading
 import time
 
 import grpc
 
 from . import chunk_wire
+from . import data_plane
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
@@ -44,10 +46,17 @@ class ServerConfig:
     max_message_bytes: int = 64 << 20
     max_prompts: int = 4096
     staging_root: str | None = None
+    # Socket data plane for pushes (see data_plane.py): None = off (default), 0 = pick a free port.
+    # Plaintext: loopback / trusted networks only, so it cannot be combined with TLS.
+    data_port: int | None = None
+    data_wait_s: float = 10.0  # how long a socket-plane push waits for its data connection
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("ServerConfig: tls_cert and tls_key must be given together")
+        if self.data_port is not None and self.tls_cert is not None:
+            raise ValueError("ServerConfig: the push data port (raw TCP, unencrypted) cannot be used with TLS; "
+                             "use it only on loopback / trusted networks without TLS, or leave data_port off")
 
 
 class RequestError(ValueError):
@@ -103,6 +112,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         self.counters = {"tokens_generated": 0, "requests": 0, "pushes": 0, "rejected_pushes": 0}
         self.queue_depth = 0
         self.last_push_message = ""
+        self.data_listener: data_plane.DataPlaneListener | None = None  # set by SamplerServer.start
 
     async def _auth(self, context) -> None:
         if self.cfg.token is None:
@@ -168,23 +178,34 @@ class SamplerService(pb_grpc.SamplerServicer):
             error: PushError | None = None
             loop = asyncio.get_running_loop()
             writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
+            reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes
+            conn = None
+            push_id = ""
             try:
                 async for msg in request_iterator:
                     if writing is not None:  # one chunk in flight: ordered, host memory ~ 2 chunks
                         await writing
                         writing = None
+                    if reading is not None and reading.done():
+                        reading.result()  # a failed data socket / checksum rejects the push now
                     if isinstance(msg, chunk_wire.RawChunk):  # the fast path (see chunk_wire)
                         # checksum + pwrite release the GIL: overlap them with receiving the next chunk
                         writing = loop.run_in_executor(self._io_pool, stager.chunk, msg)
                         continue
                     kind = msg.WhichOneof("kind")
                     if kind == "header":
+                        push_id = msg.header.data_push_id
                         stager.header(msg.header)
+                        if stager.data_plane == "socket":
+                            conn = await self._claim_data(push_id)
+                            reading = loop.run_in_executor(self._io_pool, stager.read_socket, conn)
                     elif kind == "chunk":
                         stager.chunk(msg.chunk)
                     elif kind == "done":
                         stager.done(msg.done)
                     elif kind == "commit":
+                        if reading is not None:
+                            await reading
                         path = stager.commit()
                         committed = True
                         break
@@ -209,6 +230,19 @@ class SamplerService(pb_grpc.SamplerServicer):
                         await asyncio.shield(writing)
                     except Exception:  # noqa: BLE001 - the push is discarded below anyway
                         pass
+                if conn is not None:  # stops a reader still blocked on the data socket
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    conn.close()
+                elif push_id and self.data_listener is not None:
+                    self.data_listener.drop(push_id)
+                if reading is not None:
+                    try:
+                        await asyncio.shield(reading)
+                    except Exception:  # noqa: BLE001 - the push is discarded below anyway
+                        pass
                 if not committed or error is not None:
                     stager.discard()
                     if error is None:  # cancelled / disconnected mid-push
@@ -222,6 +256,22 @@ class SamplerService(pb_grpc.SamplerServicer):
             self.last_push_message = f"version {stager.version} applied"
             return pb.PushResult(ok=True, version=self.backend.version, message=self.last_push_message,
                                  bytes=stager.bytes_received, seconds=dt)
+
+    async def _claim_data(self, push_id: str):
+        if self.data_listener is None:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
+                            "push asks for the socket data plane but this server has no data port "
+                            "(start it with --push-data-port / ServerConfig.data_port; never offered with TLS)")
+        if len(push_id) != data_plane.PUSH_ID_LEN:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"header.data_push_id must be {data_plane.PUSH_ID_LEN} chars for the socket data plane")
+        wait = self.cfg.data_wait_s
+        conn = await asyncio.get_running_loop().run_in_executor(None, self.data_listener.claim, push_id, wait)
+        if conn is None:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"no data connection for push id {push_id[:8]}.. within {wait}s "
+                            "(not connected, wrong push id, or missing/wrong token in its preamble)")
+        return conn
 
     async def LoadWeights(self, request, context):
         await self._auth(context)
@@ -265,6 +315,7 @@ class SamplerService(pb_grpc.SamplerServicer):
             rejected_pushes=self.counters["rejected_pushes"], vocab_size=b.vocab_size,
             max_model_len=b.cfg.max_model_len, max_n=b.cfg.max_n, max_head_k=b.cfg.max_head_k,
             backend_config_json=b.cfg.to_json(),
+            data_port=self.data_listener.port if self.data_listener is not None else 0,
         )
 
 
@@ -320,6 +371,9 @@ class SamplerServer:
             self.port = self.server.add_insecure_port(bind)
         if not self.port:
             raise OSError(f"could not bind {bind}")
+        if self.cfg.data_port is not None:
+            self.service.data_listener = data_plane.DataPlaneListener(self.cfg.host, self.cfg.data_port, self.cfg.token)
+            log.info("push data plane (raw TCP, plaintext) on %s:%s", self.cfg.host, self.service.data_listener.port)
         await self.server.start()
         log.info("sampler (%s) listening on %s", self.backend.name, self.address)
         return self.port
@@ -327,6 +381,9 @@ class SamplerServer:
     async def stop(self, grace: float = 1.0) -> None:
         if self.server is not None:
             await self.server.stop(grace)
+        if self.service.data_listener is not None:
+            self.service.data_listener.close()
+            self.service.data_listener = None
         await self.backend.close()
         if self.service._owned_dir is not None:
             shutil.rmtree(self.service._owned_dir, ignore_errors=True)

@@ -15,7 +15,9 @@ import hashlib
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
+import threading
 
 import crc32c
 import grpc
@@ -75,6 +77,8 @@ class WeightStager:
         self.version: int | None = None
         self.specs: list[pb.TensorSpec] = []
         self.bytes_received = 0
+        self.data_plane = "grpc"
+        self._lock = threading.Lock()  # socket plane: reader thread vs TensorDone on the event loop
 
     # -- header -----------------------------------------------------------------------------
     def header(self, h: pb.WeightHeader) -> None:
@@ -83,6 +87,9 @@ class WeightStager:
         if h.version <= self.current_version:
             raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
                             f"stale version {h.version}: server already serves version {self.current_version}")
+        plane = h.data_plane or "grpc"
+        if plane not in ("grpc", "socket"):
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
         algo = h.checksum or "sha256"
         if algo not in CHECKSUMS:
             raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"header.checksum {h.checksum!r} not one of {CHECKSUMS}")
@@ -116,11 +123,13 @@ class WeightStager:
             raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
                             f"push is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
         self.checksum = algo
+        self.data_plane = plane
         self.version = int(h.version)
         self.specs = list(h.tensors)
         self._received = [0] * len(self.specs)
         self._hash = [hashlib.sha256() if algo == "sha256" else _Crc32c() for _ in self.specs]
         self._trailer: list[pb.TensorDone | None] = [None] * len(self.specs)
+        self._complete = [False] * len(self.specs)  # socket plane: all of the tensor's bytes read
         prefix, self._offsets = st.layout([(s.name, tuple(s.shape), s.dtype, int(s.nbytes)) for s in self.specs])
         total = len(prefix) + sum(int(s.nbytes) for s in self.specs)
         root = resolve_staging_root(self.staging_root, total)
@@ -143,6 +152,8 @@ class WeightStager:
     def chunk(self, c) -> None:
         """`c`: a `pb.WeightChunk` or a `chunk_wire.RawChunk` (tensor_index, offset, data)."""
         s = self._spec(c.tensor_index)
+        if self.data_plane == "socket":
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightChunk in a push whose bytes come over the socket data plane")
         got = self._received[c.tensor_index]
         if c.offset != got:
             raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -157,8 +168,47 @@ class WeightStager:
 
     def done(self, d: pb.TensorDone) -> None:
         s = self._spec(d.tensor_index)
+        if self.data_plane == "socket":  # verified once both its bytes and this trailer are in
+            with self._lock:
+                self._trailer[d.tensor_index] = d
+                if self._complete[d.tensor_index]:
+                    self._verify(d.tensor_index, s)
+            return
         self._trailer[d.tensor_index] = d
         self._verify(d.tensor_index, s)
+
+    def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
+        """Socket data plane: read every tensor's bytes, in header order, from `conn` into the
+        staging file (through one `piece`-byte buffer: host memory ~ one piece), checksumming as it
+        goes; each tensor whose trailer is already in is verified right away. Blocking (run it in a
+        worker thread; closing `conn` from elsewhere stops it). Raises PushError."""
+        if self.dir is None or self.data_plane != "socket":
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header")
+        buf = bytearray(piece)
+        view = memoryview(buf)
+        for i, s in enumerate(self.specs):
+            n, got, base = int(s.nbytes), 0, self._offsets[i]
+            h = self._hash[i]
+            while got < n:
+                want = min(piece, n - got)
+                try:
+                    k = conn.recv_into(view, want, socket.MSG_WAITALL)
+                except OSError as e:
+                    raise PushError(grpc.StatusCode.DATA_LOSS,
+                                    f"tensor {s.name!r}: data socket failed after {got} of {n} bytes: {e}") from None
+                if k == 0:
+                    raise PushError(grpc.StatusCode.DATA_LOSS,
+                                    f"tensor {s.name!r}: data socket closed after {got} of {n} bytes")
+                chunk = view[:k]
+                h.update(chunk)
+                os.pwrite(self._fd, chunk, base + got)
+                got += k
+                self._received[i] = got
+                self.bytes_received += k
+            with self._lock:
+                self._complete[i] = True
+                if self._trailer[i] is not None:
+                    self._verify(i, s)
 
     def _verify(self, i: int, s: pb.TensorSpec) -> None:
         if self._received[i] != s.nbytes:
