@@ -9,7 +9,6 @@ import socket
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from dlc_jax.trainer.config import load_config, default_config_path

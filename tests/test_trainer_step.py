@@ -2,7 +2,6 @@
 FSDP x TP sharding equals single device."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

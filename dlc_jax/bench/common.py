@@ -194,3 +194,26 @@ def finish(result: dict) -> dict:
         result["wall_s"] = time.perf_counter() - t0
     result["machine"]["loadavg_at_end"] = machine_info().get("loadavg_1m_5m_15m")
     return result
+
+
+def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
+    """The `size` preset of a benchmark's config with the CLI args that were given applied:
+    `arg_fields` maps an argparse attribute to the config field it overrides (unset/empty args keep
+    the preset's value). Unknown sizes are a KeyError naming the choices."""
+    import dataclasses
+
+    if size not in sizes:
+        raise KeyError(f"unknown {bench} bench size {size!r}; choose from {sorted(sizes)}")
+    kw = {field: getattr(args, arg) for arg, field in arg_fields.items() if getattr(args, arg, None)}
+    return dataclasses.replace(sizes[size], **kw)
+
+
+QWEN3_DIMS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim")
+
+
+def qwen3_config(dims, **extra):
+    """A tied-embedding `Qwen3Config` from a bench config's model-dimension fields (`QWEN3_DIMS`)."""
+    from dlc_jax.model import Qwen3Config
+
+    return Qwen3Config(**{k: getattr(dims, k) for k in QWEN3_DIMS}, tie_word_embeddings=True, **extra)

@@ -57,12 +57,7 @@ class DlcBenchConfig:
     e2e_resync_k: int = 2
 
     def model_config(self):
-        from dlc_jax.model import Qwen3Config
-
-        return Qwen3Config(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                           intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
-                           num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
-                           head_dim=self.head_dim, tie_word_embeddings=True)
+        return common.qwen3_config(self)
 
 
 SIZES = {
@@ -207,12 +202,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(size: str, args) -> DlcBenchConfig:
-    if size not in SIZES:
-        raise KeyError(f"unknown dlc bench size {size!r}; choose from {sorted(SIZES)}")
-    cfg = SIZES[size]
-    if getattr(args, "repeats", None):
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
-    return cfg
+    return common.sized_config("dlc", SIZES, size, args, repeats="repeats")
 
 
 def _xla_flops(jitted, *args) -> float | None:

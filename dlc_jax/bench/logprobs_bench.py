@@ -188,9 +188,4 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(size: str, args) -> LogprobBenchConfig:
-    if size not in SIZES:
-        raise KeyError(f"unknown logprobs bench size {size!r}; choose from {sorted(SIZES)}")
-    cfg = SIZES[size]
-    if getattr(args, "chunk_size", None):
-        cfg = dataclasses.replace(cfg, chunk_size=args.chunk_size)
-    return cfg
+    return common.sized_config("logprobs", SIZES, size, args, chunk_size="chunk_size")

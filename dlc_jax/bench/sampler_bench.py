@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import pathlib
 import socket
 import tempfile
@@ -62,17 +61,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(size: str, args) -> SamplerBenchConfig:
-    if size not in SIZES:
-        raise KeyError(f"unknown sampler bench size {size!r}; choose from {sorted(SIZES)}")
-    cfg = SIZES[size]
-    kw = {}
-    if getattr(args, "model", None):
-        kw["model_dir"] = args.model
-    if getattr(args, "push_layers", None):
-        kw["push_layers"] = args.push_layers
-    if getattr(args, "push_dtype", None):
-        kw["push_dtype"] = args.push_dtype
-    return dataclasses.replace(cfg, **kw)
+    return common.sized_config("sampler", SIZES, size, args, model="model_dir", push_layers="push_layers",
+                               push_dtype="push_dtype")
 
 
 # -- push server without an engine ------------------------------------------------------------

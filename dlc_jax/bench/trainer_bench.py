@@ -47,12 +47,7 @@ class TrainerBenchConfig:
     seed: int = 0
 
     def model_config(self):
-        from dlc_jax.model import Qwen3Config
-
-        return Qwen3Config(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                           intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
-                           num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
-                           head_dim=self.head_dim, tie_word_embeddings=True, max_position_embeddings=max(4096, self.length))
+        return common.qwen3_config(self, max_position_embeddings=max(4096, self.length))
 
 
 SIZES = {
@@ -178,11 +173,5 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(size: str, args) -> TrainerBenchConfig:
-    if size not in SIZES:
-        raise KeyError(f"unknown trainer bench size {size!r}; choose from {sorted(SIZES)}")
-    cfg = SIZES[size]
-    if getattr(args, "no_tunix", False):
-        cfg = dataclasses.replace(cfg, tunix=False)
-    if getattr(args, "repeats", None):
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
-    return cfg
+    cfg = common.sized_config("trainer", SIZES, size, args, repeats="repeats")
+    return dataclasses.replace(cfg, tunix=False) if getattr(args, "no_tunix", False) else cfg

@@ -47,12 +47,7 @@ class WeightSyncBenchConfig:
     repeats: int = 3
 
     def model_config(self):
-        from dlc_jax.model import Qwen3Config
-
-        return Qwen3Config(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                           intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
-                           num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
-                           head_dim=self.head_dim, tie_word_embeddings=True)
+        return common.qwen3_config(self)
 
 
 SIZES = {
@@ -235,12 +230,4 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(size: str, args) -> WeightSyncBenchConfig:
-    if size not in SIZES:
-        raise KeyError(f"unknown weight_sync bench size {size!r}; choose from {sorted(SIZES)}")
-    cfg = SIZES[size]
-    kw = {}
-    if getattr(args, "repeats", None):
-        kw["repeats"] = args.repeats
-    if getattr(args, "push_dtype", None):
-        kw["push_dtype"] = args.push_dtype
-    return dataclasses.replace(cfg, **kw)
+    return common.sized_config("weight_sync", SIZES, size, args, repeats="repeats", push_dtype="push_dtype")

@@ -357,7 +357,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 def _validate_loss(loss: LossSection) -> None:
     """Check loss.name and loss options against ``dlc_jax.rl`` when it is importable."""
     try:
-        from dlc_jax.rl import LOSSES, LossConfig
+        from dlc_jax.rl import LOSSES
     except ImportError:
         return
     if loss.name not in LOSSES:

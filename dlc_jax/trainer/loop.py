@@ -21,7 +21,6 @@ coordinates them); metrics, logs and the progress bar come from process 0 only.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
@@ -42,7 +41,7 @@ from dlc_jax.trainer.config import TrainConfig, make_loss_config, to_dict
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.resync import make_policy
 from dlc_jax.trainer.rollouts import RolloutFeeder
-from dlc_jax.trainer.state import TrainState, copy_tree, make_optimizer, make_schedule
+from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule
 from dlc_jax.trainer.step import STEP_KEYS, StepConfig, make_snapshot_logprobs, make_train_step
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -522,9 +521,8 @@ class Trainer:
                 self.train_one(i)
             finished = True
         finally:
-            saved = False
             try:
-                saved = self.save(force=True)
+                self.save(force=True)
             except Exception as e:  # noqa: BLE001
                 self.log(f"checkpoint on exit failed: {e}")
             summary = self.metrics.summary() if hasattr(self, "metrics") else {}
