@@ -8,7 +8,6 @@ for Dr.GRPO-style normalization). An all-zero mask gives loss 0 and finite metri
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Optional
 
@@ -45,63 +44,6 @@ class LossInputs:
     lq_head: Optional[jax.Array] = None
     head_valid: Optional[jax.Array] = None
     num_tokens: Optional[jax.Array] = None
-
-
-WEIGHT_MODES = ("none", "tis", "mask")
-VCPO_RULES = ("sqrt", "linear")
-BEHAVE_MODES = ("clamp", "mask")
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """Hyper-parameters of every loss (each loss reads the fields it needs).
-
-    name: key of ``LOSSES``. clip_low/clip_high: PPO eps (r kept in [1-low, 1+high]).
-    dual_clip: c > 1 bounds the PPO loss for A < 0 by c*|A| (None = off).
-    tis_cap: token TIS cap C (inf allowed). seq_tis_cap: sequence TIS cap (VCPO, tis_seq).
-    mis_low/mis_high: token and sequence MIS band. geo_low/geo_high: geometric-mean band.
-    behave_cap/behave_mode: decoupled-PPO behaviour weight cap; clamp or mask.
-    m2_threshold: M2PO tau. tail_floor: score-centering tail-mass floor.
-    centering_weight: f for ``score_centering`` (none|tis|mask); the ``_tis``/``_mask`` registry
-    names override it. vcpo_base_ess / vcpo_rule: lr_scale = min(1, ESS/base)^(1/2 or 1).
-    log_ratio_clip: |log ratio| bound before exp (the +-20 SAFETY_BOUND).
-    """
-
-    name: str = "dlc"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: Optional[float] = None
-    tis_cap: float = 2.0
-    seq_tis_cap: float = 8.0
-    mis_low: float = 0.5
-    mis_high: float = 5.0
-    geo_low: float = 0.999
-    geo_high: float = 1.001
-    behave_cap: float = 5.0
-    behave_mode: str = "clamp"
-    m2_threshold: float = 0.04
-    tail_floor: float = 1e-6
-    centering_weight: str = "none"
-    vcpo_base_ess: float = 1.0
-    vcpo_rule: str = "sqrt"
-    log_ratio_clip: float = 20.0
-
-    def __post_init__(self):
-        checks = [
-            ("clip_low", 0.0 <= self.clip_low < 1.0), ("clip_high", self.clip_high >= 0.0),
-            ("dual_clip", self.dual_clip is None or self.dual_clip > 1.0),
-            ("tis_cap", self.tis_cap > 0), ("seq_tis_cap", self.seq_tis_cap > 0),
-            ("mis_low", 0.0 <= self.mis_low <= self.mis_high),
-            ("geo_low", 0.0 <= self.geo_low <= self.geo_high),
-            ("behave_cap", self.behave_cap > 0), ("behave_mode", self.behave_mode in BEHAVE_MODES),
-            ("m2_threshold", self.m2_threshold > 0), ("tail_floor", 0 < self.tail_floor < 1),
-            ("centering_weight", self.centering_weight in WEIGHT_MODES),
-            ("vcpo_base_ess", self.vcpo_base_ess > 0), ("vcpo_rule", self.vcpo_rule in VCPO_RULES),
-            ("log_ratio_clip", self.log_ratio_clip > 0),
-        ]
-        for key, ok in checks:
-            if not ok:
-                raise ValueError(f"LossConfig.{key} has an invalid value: {getattr(self, key)!r}")
 
 
 TOKEN_FIELDS = ("lp", "lp_q", "lp_s", "lp_old", "adv")

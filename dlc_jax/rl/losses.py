@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from dlc_jax.rl import masked
 from dlc_jax.rl.centering import centering_residual, dlc_residual
 from dlc_jax.rl.ess import ess_from_log_weights
-from dlc_jax.rl.loss_inputs import LossConfig, LossInputs, Prepared, check_shapes, prepare, require
+from dlc_jax.rl.loss_config import LossConfig
+from dlc_jax.rl.loss_inputs import LossInputs, Prepared, check_shapes, prepare, require
 
 sg = jax.lax.stop_gradient
 LossFn = Callable[[LossConfig, Prepared], tuple[jax.Array, dict]]
