@@ -17,7 +17,9 @@ from dlc_jax.trainer.step import StepConfig, device_batch, make_snapshot_logprob
 def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
-    return make_tiny(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16)
+    return make_tiny(
+        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
+    )
 
 
 def _load(tiny_dir, mesh=None):
@@ -33,14 +35,27 @@ def _batch(vocab, b=8, k=4, seed=0):
         p, t = 3 + i % 3, 2 + (i * 5) % 5
         lq = np.log(rng.dirichlet(np.ones(k + 1), size=t)[:, :k]).astype(np.float32)
         head = rng.choice(vocab, size=(t, k), replace=True).astype(np.int32)
-        rolls.append(Rollout(prompt_ids=rng.integers(0, vocab, p).astype(np.int32),
-                             response_ids=head[:, 0].copy(), logprobs=lq[:, 0].copy(), head_ids=head,
-                             head_logprobs=lq, finish_reason="length", version_spans=[(0, 0, t)],
-                             slot_id=i // 2, sample_index=i % 2))
+        rolls.append(
+            Rollout(
+                prompt_ids=rng.integers(0, vocab, p).astype(np.int32),
+                response_ids=head[:, 0].copy(),
+                logprobs=lq[:, 0].copy(),
+                head_ids=head,
+                head_logprobs=lq,
+                finish_reason="length",
+                version_spans=[(0, 0, t)],
+                slot_id=i // 2,
+                sample_index=i % 2,
+            )
+        )
     arr = pack_rollouts(rolls, seq_len=16, head_k=k).arrays()
     adv = rng.normal(size=b).astype(np.float32)
-    arr.update(adv=adv, lp_s=np.zeros_like(arr["lp_q"]), lps_head=np.zeros_like(arr["lq_head"]),
-               self_mask=np.ones(arr["mask"].shape, bool))
+    arr.update(
+        adv=adv,
+        lp_s=np.zeros_like(arr["lp_q"]),
+        lps_head=np.zeros_like(arr["lq_head"]),
+        self_mask=np.ones(arr["mask"].shape, bool),
+    )
     return arr
 
 
@@ -69,7 +84,10 @@ def test_onpolicy_lag_exactly_zero_and_params_move(tiny_dir):
     params, opt, m = step(st.params, st.opt_state, device_batch(_batch(vocab)))
     assert float(m["ess_lag"]) == 1.0 and float(m["ell_mean"]) == 0.0 and float(m["ell_std"]) == 0.0
     assert float(m["resync_wanted"]) == 0.0 and np.isfinite(float(m["loss/loss"]))
-    moved = max(float(np.max(np.abs(np.asarray(a) - b))) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(p0)))
+    moved = max(
+        float(np.max(np.abs(np.asarray(a) - b)))
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(p0))
+    )
     assert moved > 1e-4
 
 
@@ -81,7 +99,9 @@ def test_micro_batches_accumulate_to_full_batch(tiny_dir):
     p2, _, m2 = step2(st2.params, st2.opt_state, batch)
     np.testing.assert_allclose(float(m1["grad_norm"]), float(m2["grad_norm"]), rtol=1e-5)
     np.testing.assert_allclose(float(m1["loss/loss"]), float(m2["loss/loss"]), rtol=1e-5, atol=1e-7)
-    _close(p1, p2, 1e-4)  # 1% of one Adam step (lr=1e-2): entries with near-zero gradient amplify fp noise
+    _close(
+        p1, p2, 1e-4
+    )  # 1% of one Adam step (lr=1e-2): entries with near-zero gradient amplify fp noise
 
 
 def test_snapshot_path_matches_self_and_detects_lag(tiny_dir):
@@ -89,7 +109,12 @@ def test_snapshot_path_matches_self_and_detects_lag(tiny_dir):
     batch = _batch(st.model().config.vocab_size)
     snap = make_snapshot_logprobs(st.graphdef, cfg)
     lp_s, lps_head = snap(st.snapshot_params(0), device_batch(batch))
-    b2 = dict(batch, lp_s=np.asarray(lp_s), lps_head=np.asarray(lps_head), self_mask=np.zeros_like(batch["self_mask"]))
+    b2 = dict(
+        batch,
+        lp_s=np.asarray(lp_s),
+        lps_head=np.asarray(lps_head),
+        self_mask=np.zeros_like(batch["self_mask"]),
+    )
     pa, oa, ma = step(st.params, st.opt_state, device_batch(batch))
     pb, ob, mb = step(st.params, st.opt_state, device_batch(b2))
     np.testing.assert_allclose(float(ma["grad_norm"]), float(mb["grad_norm"]), rtol=1e-5)
@@ -121,8 +146,9 @@ def test_fsdp_tp_on_8_fake_devices_equals_single_device(tiny_dir):
 
 @pytest.mark.parametrize("old_policy", ["current", "sampler"])
 def test_ppo_anchor_old_policy(tiny_dir, old_policy):
-    """loss.old_policy picks lp_old: 'current' makes PPO-clip exactly the naive gradient (r = 1); 'sampler'
-    anchors at lp_q, whose ratios here are far from 1, so clipping cuts gradient and it differs."""
+    """loss.old_policy picks lp_old: 'current' makes PPO-clip exactly the naive gradient (r = 1);
+    'sampler' anchors at lp_q, whose ratios here are far from 1, so clipping cuts gradient and it
+    differs."""
     model = _load(tiny_dir)
     tx = make_optimizer(OptimSection(lr=1e-2, decay="constant", grad_clip=0.0), 10)
     st = TrainState.create(model, tx)
@@ -137,3 +163,45 @@ def test_ppo_anchor_old_policy(tiny_dir, old_policy):
         assert same and float(out["ppo_clip"]["loss/clip_frac"]) == 0.0
     else:
         assert not same and float(out["ppo_clip"]["loss/clip_frac"]) > 0.0
+
+
+def test_scanned_micro_batches_equal_unrolled_loop(tiny_dir):
+    """The lax.scan accumulation (4 strided micro-batches) gives the grads, per-token log-probs and
+    loss of a plain Python loop over the same micro-batches; per-token outputs come back in row
+    order."""
+    import jax.numpy as jnp
+
+    from dlc_jax.trainer.step import _loss_fn, accumulate_grads, split_micro_batches
+
+    model = _load(tiny_dir)
+    from flax import nnx
+
+    graphdef, params = nnx.split(model, nnx.Param)
+    cfg = StepConfig(loss=LossConfig(name="dlc"), head_k=4, micro_batches=4)
+    batch = device_batch(_batch(model.config.vocab_size))
+    grads, lm, lp, _, _, lp_head = jax.jit(lambda p, b: accumulate_grads(p, graphdef, b, cfg))(
+        params, batch
+    )
+    n_tok = jnp.sum(batch["mask"])
+    ref_g = jax.tree.map(jnp.zeros_like, params)
+    ref_loss, ref_lp = 0.0, np.zeros(batch["mask"].shape, np.float32)
+    for i in range(4):
+        mb = {k: split_micro_batches(v, 4)[i] for k, v in batch.items()}
+        (loss, aux), g = jax.value_and_grad(_loss_fn, has_aux=True)(
+            params, graphdef, mb, n_tok, cfg
+        )
+        ref_g = jax.tree.map(jnp.add, ref_g, g)
+        ref_loss += float(loss)
+        ref_lp[i::4] = np.asarray(aux[1])
+    _close(grads, ref_g, 1e-6)
+    np.testing.assert_allclose(float(lm["loss"]), ref_loss, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(lp), ref_lp, atol=1e-6)
+    assert lp_head.shape == batch["head_ids"].shape
+    # micro-batch i holds rows i, i+4, ...: the split is its own inverse's inverse
+    x = jnp.arange(8 * 3).reshape(8, 3)
+    from dlc_jax.trainer.step import merge_micro_batches
+
+    np.testing.assert_array_equal(np.asarray(split_micro_batches(x, 4)[1]), np.asarray(x[1::4]))
+    np.testing.assert_array_equal(
+        np.asarray(merge_micro_batches(split_micro_batches(x, 4))), np.asarray(x)
+    )

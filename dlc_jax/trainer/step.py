@@ -6,9 +6,9 @@ weight version present in the batch, and combined per token by the caller; token
 current weights (``self_mask``) use ``stop_gradient(lp)`` instead, so when every token is current
 (``onpolicy``) no snapshot forward runs at all and the lag is exactly zero.
 
-Batch arrays (from :func:`dlc_jax.trainer.batching.pack_rollouts` plus advantages), B rows, L positions:
-input_ids/targets/positions/attention_mask [B,L] int32; mask/lp_q/lp_s [B,L] f32; self_mask [B,L] bool;
-head_ids [B,L,K] int32; lq_head/lps_head [B,L,K] f32; adv [B] f32.
+Batch arrays (from :func:`dlc_jax.trainer.batching.pack_rollouts` plus advantages), B rows,
+L positions: input_ids/targets/positions/attention_mask [B,L] int32; mask/lp_q/lp_s [B,L] f32;
+self_mask [B,L] bool; head_ids [B,L,K] int32; lq_head/lps_head [B,L,K] f32; adv [B] f32.
 """
 
 from __future__ import annotations
@@ -18,19 +18,32 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from dlc_jax.rl import LossInputs, compute_loss, resync_decision, step_metrics, token_logprobs
 from dlc_jax.trainer.state import apply_updates
 
-STEP_KEYS = ("input_ids", "targets", "positions", "attention_mask", "mask", "lp_q", "lp_s", "self_mask",
-             "head_ids", "lq_head", "lps_head", "adv")
+STEP_KEYS = (
+    "input_ids",
+    "targets",
+    "positions",
+    "attention_mask",
+    "mask",
+    "lp_q",
+    "lp_s",
+    "self_mask",
+    "head_ids",
+    "lq_head",
+    "lps_head",
+    "adv",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """Static settings of the step. ``loss`` is a ``dlc_jax.rl.LossConfig``; temperature/top_k/top_p are
-    the sampler's, so the trainer normalizes on the same support; head_k = 0 means no head."""
+    """Static settings of the step. ``loss`` is a ``dlc_jax.rl.LossConfig``; temperature/top_k/top_p
+    are the sampler's, so the trainer normalizes on the same support; head_k = 0 means no head."""
 
     loss: Any
     temperature: float = 1.0
@@ -44,14 +57,23 @@ class StepConfig:
 
 
 def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig):
-    """TokenLogprobs of ``batch['targets']`` (and the head) under ``params`` with the sampler transform."""
+    """TokenLogprobs of ``batch['targets']`` (and the head) under ``params``, sampler transform."""
     from flax import nnx
 
     model = nnx.merge(graphdef, params)
-    h = model.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"], positions=batch["positions"])
-    return token_logprobs(h, model.unembedding(), batch["targets"],
-                          head_ids=batch["head_ids"] if cfg.head_k else None, temperature=cfg.temperature,
-                          top_k=cfg.top_k, top_p=cfg.top_p, chunk_size=cfg.chunk_size)
+    h = model.hidden_states(
+        batch["input_ids"], attention_mask=batch["attention_mask"], positions=batch["positions"]
+    )
+    return token_logprobs(
+        h,
+        model.unembedding(),
+        batch["targets"],
+        head_ids=batch["head_ids"] if cfg.head_k else None,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        chunk_size=cfg.chunk_size,
+    )
 
 
 def make_snapshot_logprobs(graphdef, cfg: StepConfig):
@@ -60,7 +82,9 @@ def make_snapshot_logprobs(graphdef, cfg: StepConfig):
     @jax.jit
     def fn(params_s, batch):
         tl = policy_logprobs(graphdef, jax.lax.stop_gradient(params_s), batch, cfg)
-        lps_head = tl.lp_head if tl.lp_head is not None else jnp.zeros(batch["lq_head"].shape, jnp.float32)
+        lps_head = (
+            tl.lp_head if tl.lp_head is not None else jnp.zeros(batch["lq_head"].shape, jnp.float32)
+        )
         return tl.lp, lps_head
 
     return fn
@@ -75,49 +99,111 @@ def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig):
     if cfg.head_k:
         lps_head = jnp.where(self_m[..., None], sg(tl.lp_head), mb["lps_head"])
     lp_old = {"current": None, "sampler": mb["lp_q"], "snapshot": lp_s}[cfg.old_policy]
-    inputs = LossInputs(lp=tl.lp, lp_q=mb["lp_q"], mask=mb["mask"], adv=mb["adv"], lp_s=lp_s, lp_old=lp_old,
-                        lp_head=tl.lp_head, lps_head=lps_head, lq_head=mb["lq_head"] if cfg.head_k else None,
-                        num_tokens=num_tokens)
+    inputs = LossInputs(
+        lp=tl.lp,
+        lp_q=mb["lp_q"],
+        mask=mb["mask"],
+        adv=mb["adv"],
+        lp_s=lp_s,
+        lp_old=lp_old,
+        lp_head=tl.lp_head,
+        lps_head=lps_head,
+        lq_head=mb["lq_head"] if cfg.head_k else None,
+        num_tokens=num_tokens,
+    )
     loss, metrics = compute_loss(cfg.loss, inputs)
-    return loss, (metrics, sg(tl.lp), lp_s, sg(tl.entropy), None if tl.lp_head is None else sg(tl.lp_head))
+    return loss, (
+        metrics,
+        sg(tl.lp),
+        lp_s,
+        sg(tl.entropy),
+        None if tl.lp_head is None else sg(tl.lp_head),
+    )
 
 
-def _split(x, m):
-    return x.reshape((m, x.shape[0] // m) + x.shape[1:])
+def split_micro_batches(x, m: int):
+    """[B, ...] -> [m, B/m, ...] with micro-batch i = rows i, i+m, i+2m, ... (strided).
+
+    Strided rather than contiguous so that, with rows sharded in blocks over the mesh, every device
+    holds an equal share of every micro-batch (a contiguous split would put micro-batch 0 on the
+    first devices only and reshard each iteration)."""
+    b = x.shape[0]
+    if b % m:
+        raise ValueError(f"micro_batches={m} must divide the {b} rows of the batch")
+    return jnp.swapaxes(x.reshape((b // m, m) + x.shape[1:]), 0, 1)
 
 
-def make_train_step(graphdef, tx, cfg: StepConfig, *, mesh=None, param_shardings=None, opt_shardings=None):
+def merge_micro_batches(x):
+    """Inverse of :func:`split_micro_batches`: [m, B/m, ...] -> [B, ...] in the original order."""
+    m, r = x.shape[:2]
+    return jnp.swapaxes(x, 0, 1).reshape((m * r,) + x.shape[2:])
+
+
+_SUMMED_LOSS_METRICS = ("loss", "nonfinite_tokens", "valid_tokens")
+
+
+def accumulate_grads(params, graphdef, batch: dict, cfg: StepConfig):
+    """Gradients summed over ``cfg.micro_batches`` micro-batches with ``jax.lax.scan`` (one compiled
+    body; only one micro-batch's activations live at a time), normalized by the whole batch's token
+    count. Returns ``(grads, loss_metrics, lp, lp_s, entropy, lp_head)`` with per-token arrays in
+    the batch's row order; loss metrics are summed ('loss', token counts) or averaged over
+    micro-batches."""
+    m = cfg.micro_batches
+    num_tokens = jnp.sum(batch["mask"])
+    grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
+
+    def body(grads, mb):
+        (_, (lm, lp, lp_s, ent, lp_head)), g = grad_fn(params, graphdef, mb, num_tokens, cfg)
+        lm = {k: jnp.asarray(v, jnp.float32) for k, v in lm.items()}
+        return jax.tree.map(jnp.add, grads, g), (lm, lp, lp_s, ent, lp_head)
+
+    grads0 = jax.tree.map(jnp.zeros_like, params)
+    mbs = jax.tree.map(lambda x: split_micro_batches(x, m), batch)
+    grads, (lms, lp, lp_s, ent, lp_head) = jax.lax.scan(body, grads0, mbs)
+    lm = {k: jnp.sum(v) if k in _SUMMED_LOSS_METRICS else jnp.mean(v) for k, v in lms.items()}
+    lp_head = None if lp_head is None else merge_micro_batches(lp_head)
+    return (
+        grads,
+        lm,
+        merge_micro_batches(lp),
+        merge_micro_batches(lp_s),
+        merge_micro_batches(ent),
+        lp_head,
+    )
+
+
+def make_train_step(
+    graphdef, tx, cfg: StepConfig, *, mesh=None, param_shardings=None, opt_shardings=None
+):
     """Jitted ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
 
-    With ``mesh``: explicit shardings — params/opt state on ``param_shardings``/``opt_shardings`` (as
-    loaded), batch rows over the ('data', 'fsdp') axes, metrics replicated.
+    With ``mesh``: explicit shardings — params/opt state on ``param_shardings``/``opt_shardings``
+    (as loaded), batch rows over the ('data', 'fsdp') axes, metrics replicated.
     """
 
     def step(params, opt_state, batch):
-        m = cfg.micro_batches
-        num_tokens = jnp.sum(batch["mask"])
-        grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
-        grads = jax.tree.map(jnp.zeros_like, params)
-        lps, lp_ss, ents, lph, loss_metrics = [], [], [], [], []
-        for i in range(m):
-            mb = jax.tree.map(lambda x: _split(x, m)[i], batch)
-            (_, (lm, lp, lp_s, ent, lp_head)), g = grad_fn(params, graphdef, mb, num_tokens, cfg)
-            grads = jax.tree.map(jnp.add, grads, g)
-            lps.append(lp), lp_ss.append(lp_s), ents.append(ent), lph.append(lp_head), loss_metrics.append(lm)
-        cat = lambda xs: jnp.concatenate(xs, axis=0)
-        lp, lp_s, ent = cat(lps), cat(lp_ss), cat(ents)
-        lm = {k: (sum(d[k] for d in loss_metrics) if k in ("loss", "nonfinite_tokens", "valid_tokens")
-                  else sum(d[k] for d in loss_metrics) / m) for k in loss_metrics[0]}
+        grads, lm, lp, lp_s, ent, lp_head = accumulate_grads(params, graphdef, batch, cfg)
         lr_scale = lm.get("lr_scale", 1.0)
         gnorm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
         params, opt_state = apply_updates(tx, params, opt_state, grads, lr_scale)
         metrics = {f"loss/{k}": v for k, v in lm.items()}
-        metrics.update(step_metrics(lp, lp_s, batch["lp_q"], batch["mask"],
-                                    lq_head=batch["lq_head"] if cfg.head_k else None,
-                                    lp_head=cat(lph) if cfg.head_k else None, entropy=ent))
+        metrics.update(
+            step_metrics(
+                lp,
+                lp_s,
+                batch["lp_q"],
+                batch["mask"],
+                lq_head=batch["lq_head"] if cfg.head_k else None,
+                lp_head=lp_head if cfg.head_k else None,
+                entropy=ent,
+            )
+        )
         dec = resync_decision(lp, lp_s, batch["mask"], cfg.resync_threshold)
-        metrics.update(grad_norm=gnorm, lr_scale=jnp.asarray(lr_scale, jnp.float32),
-                       resync_wanted=dec.resync.astype(jnp.float32))
+        metrics.update(
+            grad_norm=gnorm,
+            lr_scale=jnp.asarray(lr_scale, jnp.float32),
+            resync_wanted=dec.resync.astype(jnp.float32),
+        )
         return params, opt_state, metrics
 
     if mesh is None:
@@ -125,12 +211,15 @@ def make_train_step(graphdef, tx, cfg: StepConfig, *, mesh=None, param_shardings
     rows = NamedSharding(mesh, P(("data", "fsdp")))
     repl = NamedSharding(mesh, P())
     batch_sh = {k: rows for k in STEP_KEYS}
-    return jax.jit(step, in_shardings=(param_shardings, opt_shardings, batch_sh),
-                   out_shardings=(param_shardings, opt_shardings, repl))
+    return jax.jit(
+        step,
+        in_shardings=(param_shardings, opt_shardings, batch_sh),
+        out_shardings=(param_shardings, opt_shardings, repl),
+    )
 
 
 def device_batch(batch: dict, mesh=None) -> dict:
-    """The ``STEP_KEYS`` arrays of ``batch`` on device (rows sharded over ('data', 'fsdp') with a mesh)."""
+    """The ``STEP_KEYS`` arrays of ``batch`` on device (rows over ('data', 'fsdp') with a mesh)."""
     missing = [k for k in STEP_KEYS if k not in batch]
     if missing:
         raise KeyError(f"step batch is missing arrays {missing}")
