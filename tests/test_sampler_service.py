@@ -47,13 +47,15 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def served(request, tiny_dir):
+def served(request, tiny_dir, tmp_path_factory):
     """(ServerThread, SamplerClient, backend name) on a fresh server per backend."""
     from dlc_jax.sampler.backends import BackendConfig, make_backend
     from dlc_jax.sampler.server import ServerConfig, ServerThread
 
     backend = make_backend(request.param, BackendConfig(model_dir=tiny_dir, max_model_len=320, max_head_k=8, max_n=8))
-    srv = ServerThread(backend, ServerConfig()).start()
+    load_root = tmp_path_factory.mktemp("load_root")
+    srv = ServerThread(backend, ServerConfig(load_root=str(load_root))).start()
+    srv.load_root = load_root
     client = SamplerClient(srv.address, timeout=120)
     yield srv, client, request.param
     client.close()
@@ -376,12 +378,13 @@ def iter_hf_tensors_np(model):
     return iter_hf_tensors(model, dtype=np.float32)
 
 
-def test_load_weights_from_shared_path(served, base_weights, tiny_dir, tmp_path):
+def test_load_weights_from_shared_path(served, base_weights, tiny_dir):
     srv, client, name = served
+    tmp_path = srv.load_root / name
     v0 = client.info()["version"]
     new = _perturbed(base_weights, seed=9)
     d = tmp_path / "ckpt"
-    d.mkdir()
+    d.mkdir(parents=True)
     st.write_file(d / "model.safetensors", new)
     bad = client.load_weights(str(tmp_path / "nope"), v0 + 1)
     assert not bad.ok and "not a directory" in bad.message and bad.version == v0

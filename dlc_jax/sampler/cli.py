@@ -38,6 +38,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--push-data-port", type=int, default=None,
                    help="also accept weight-push bytes over a raw TCP socket on this port (0 = pick a free one; default off). "
                         "Plaintext: loopback / trusted networks only; refused together with TLS")
+    s.add_argument("--push-idle-timeout", type=float, default=60.0,
+                   help="discard a weight push whose stream (or data socket) is silent this many seconds")
+    s.add_argument("--push-max-seconds", type=float, default=900.0,
+                   help="discard a weight push that takes longer than this in all")
+    s.add_argument("--data-auth-timeout", type=float, default=5.0,
+                   help="a push data connection must send its preamble (push id + token) within this many seconds")
+    s.add_argument("--data-max-pending", type=int, default=64,
+                   help="push data connections held at once (awaiting preamble or push); more are closed")
+    s.add_argument("--load-root", default=None,
+                   help="allow LoadWeights of directories under this root (default: LoadWeights disabled)")
     s.add_argument("--staging-root", default=None, help="directory for staged weight pushes (default auto: /dev/shm when it has room for 2x the push, else the system temp dir)")
     i = sub.add_parser("info", help="query a running server")
     i.add_argument("--address", required=True)
@@ -45,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--token-file", default=None)
     i.add_argument("--tls-root-cert", default=None)
     i.add_argument("--tls-server-name", default=None, help="expected name in the server certificate")
+    i.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
     return ap
 
 
@@ -60,7 +71,10 @@ async def _serve(args) -> int:
     server = SamplerServer(make_backend(args.backend, cfg),
                            ServerConfig(host=args.host, port=args.port, token=args.token, tls_cert=args.tls_cert,
                                         tls_key=args.tls_key, max_message_bytes=args.max_message_bytes,
-                                        staging_root=args.staging_root, data_port=args.push_data_port))
+                                        staging_root=args.staging_root, data_port=args.push_data_port,
+                                        push_idle_timeout_s=args.push_idle_timeout, push_max_s=args.push_max_seconds,
+                                        data_auth_timeout_s=args.data_auth_timeout,
+                                        data_max_pending=args.data_max_pending, load_root=args.load_root))
     await server.start()
     print(f"LISTENING {server.address}", flush=True)
     stop = asyncio.Event()
@@ -90,12 +104,29 @@ def cli(argv: list[str]) -> int:
     _resolve_token(ap, args)
     if args.cmd == "serve":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        return asyncio.run(_serve(args))
+        try:
+            return asyncio.run(_serve(args))
+        except (ValueError, OSError, RuntimeError, ImportError) as e:  # bad flags, model dir, engine version
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            print(f"dlc-jax sampler serve: {msg}", file=sys.stderr, flush=True)
+            return 2
+    import grpc
+
     from .client import SamplerClient
 
-    with SamplerClient(args.address, token=args.token, tls_root_cert=args.tls_root_cert,
-                       tls_server_name=args.tls_server_name, max_retries=0) as c:
-        print(json.dumps(c.info(), indent=2))
+    try:
+        with SamplerClient(args.address, token=args.token, tls_root_cert=args.tls_root_cert,
+                           tls_server_name=args.tls_server_name, max_retries=0, timeout=args.timeout) as c:
+            info = c.info()
+    except grpc.RpcError as e:
+        detail = (e.details() or "").splitlines()[0] if e.details() else ""
+        print(f"dlc-jax sampler info: no answer from {args.address}: {e.code().name}"
+              + (f" ({detail})" if detail else ""), file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as e:
+        print(f"dlc-jax sampler info: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(info, indent=2))
     return 0
 
 

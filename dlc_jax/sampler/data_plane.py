@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import selectors
 import socket
 import struct
 import threading
@@ -39,64 +40,136 @@ def preamble(push_id: str, token: str | None) -> bytes:
     return MAGIC + pid + struct.pack(">H", len(tok)) + tok
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = conn.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("closed during the preamble")
-        got += k
-    return bytes(buf)
-
-
 class DataPlaneListener:
     """Accepts data connections, checks their preamble (magic, token) and parks each under its push
-    id until the PushWeights call naming that id claims it. Unclaimed connections are closed after
-    `stale_s`."""
+    id until the PushWeights call naming that id claims it.
 
-    def __init__(self, host: str, port: int, token: str | None, *, preamble_timeout: float = 10.0,
-                 stale_s: float = 120.0):
+    One thread serves every connection with a selector (no thread per connection): a connection
+    must deliver its whole preamble within `preamble_timeout` s or it is closed; at most
+    `max_pending` connections (awaiting their preamble or their push) are held, further ones are
+    closed on accept. Unclaimed connections are closed after `stale_s`."""
+
+    def __init__(self, host: str, port: int, token: str | None, *, preamble_timeout: float = 5.0,
+                 stale_s: float = 120.0, max_pending: int = 64):
         self.token = token
         self.preamble_timeout = preamble_timeout
         self.stale_s = stale_s
+        self.max_pending = max_pending
         h = host.strip("[]")
         fam = socket.getaddrinfo(h or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        self.sock = socket.create_server((h, port), family=fam)
+        self.sock = socket.create_server((h, port), family=fam, backlog=128)
+        self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
-        self._pending: dict[str, tuple[socket.socket, float]] = {}
+        self._pending: dict[str, tuple[socket.socket, float]] = {}  # authenticated, awaiting claim
+        self._hello: dict[socket.socket, tuple[bytearray, float]] = {}  # awaiting preamble
+        self.refused = 0  # connections closed for a bad/late preamble or over the cap
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True, name="push-data-accept")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.sock, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="push-data-accept")
         self._thread.start()
 
-    def _accept_loop(self) -> None:
+    # -- the selector loop (its own thread) ---------------------------------------------------
+    def _drop_hello(self, conn: socket.socket, why: str) -> None:
+        self._hello.pop(conn, None)
+        try:
+            self._sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+        self.refused += 1
+        log.warning("push data connection refused: %s", why)
+
+    def _loop(self) -> None:
         while True:
+            now = time.monotonic()
+            timeout = min([d for _, d in self._hello.values()], default=now + 1.0) - now
+            events = self._sel.select(max(0.0, min(timeout, 1.0)))
+            with self._cond:
+                if self._closed:
+                    break
+            for key, _ in events:
+                if key.data == "wake":
+                    try:
+                        self._wake_r.recv(64)
+                    except OSError:
+                        pass
+                elif key.data == "accept":
+                    self._accept()
+                else:
+                    self._read_hello(key.fileobj)
+            now = time.monotonic()
+            for conn, (_, deadline) in list(self._hello.items()):
+                if now >= deadline:
+                    self._drop_hello(conn, f"no complete preamble within {self.preamble_timeout:g}s")
+        for conn in list(self._hello):
+            conn.close()
+        self._hello.clear()
+        self._sel.close()
+
+    def _accept(self) -> None:
+        for _ in range(64):  # drain the backlog a batch at a time
             try:
                 conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError:
                 return
-            threading.Thread(target=self._handshake, args=(conn,), daemon=True, name="push-data-hello").start()
+            with self._cond:
+                held = len(self._hello) + len(self._pending)
+            if held >= self.max_pending:
+                conn.close()
+                self.refused += 1
+                log.warning("push data connection refused: %d connections already held (cap)", held)
+                continue
+            conn.setblocking(False)
+            self._hello[conn] = (bytearray(), time.monotonic() + self.preamble_timeout)
+            self._sel.register(conn, selectors.EVENT_READ, "hello")
 
-    def _handshake(self, conn: socket.socket) -> None:
+    def _read_hello(self, conn: socket.socket) -> None:
+        buf, _ = self._hello[conn]
+        head = len(MAGIC) + PUSH_ID_LEN + 2
+        need = head if len(buf) < head else head + struct.unpack(">H", buf[head - 2:head])[0]
         try:
-            conn.settimeout(self.preamble_timeout)
-            head = _recv_exact(conn, len(MAGIC) + PUSH_ID_LEN + 2)
-            if head[:len(MAGIC)] != MAGIC:
-                raise ValueError("bad magic")
-            pid = head[len(MAGIC):len(MAGIC) + PUSH_ID_LEN].decode("ascii")
-            (tlen,) = struct.unpack(">H", head[-2:])
-            if tlen > MAX_TOKEN:
-                raise ValueError("token too long")
-            tok = _recv_exact(conn, tlen)
-            if self.token is not None and not hmac.compare_digest(tok, self.token.encode()):
-                raise PermissionError("missing or wrong token")
-        except Exception as e:  # noqa: BLE001 - a bad data connection is just dropped
-            log.warning("push data connection refused: %s", e)
-            conn.close()
+            data = conn.recv(need - len(buf))
+        except (BlockingIOError, InterruptedError):
             return
-        conn.settimeout(None)
+        except OSError as e:
+            self._drop_hello(conn, str(e))
+            return
+        if not data:
+            self._drop_hello(conn, "closed during the preamble")
+            return
+        buf += data
+        if len(buf) >= len(MAGIC) and buf[:len(MAGIC)] != MAGIC:
+            self._drop_hello(conn, "bad magic")
+            return
+        if len(buf) < head:
+            return
+        (tlen,) = struct.unpack(">H", buf[head - 2:head])
+        if tlen > MAX_TOKEN:
+            self._drop_hello(conn, "token too long")
+            return
+        if len(buf) < head + tlen:
+            return
+        tok = bytes(buf[head:head + tlen])
+        if self.token is not None and not hmac.compare_digest(tok, self.token.encode()):
+            self._drop_hello(conn, "missing or wrong token")
+            return
+        try:
+            pid = bytes(buf[len(MAGIC):len(MAGIC) + PUSH_ID_LEN]).decode("ascii")
+        except UnicodeDecodeError:
+            self._drop_hello(conn, "push id is not ASCII")
+            return
+        self._hello.pop(conn)
+        self._sel.unregister(conn)
+        conn.setblocking(True)
+        self._park(pid, conn)
+
+    def _park(self, pid: str, conn: socket.socket) -> None:
         now = time.monotonic()
         with self._cond:
             if self._closed:
@@ -114,6 +187,13 @@ class DataPlaneListener:
                 return
             self._pending[pid] = (conn, now)
             self._cond.notify_all()
+
+    # -- used by the server --------------------------------------------------------------------
+    @property
+    def held(self) -> int:
+        """Connections held now (awaiting preamble + authenticated awaiting their push)."""
+        with self._cond:
+            return len(self._hello) + len(self._pending)
 
     def claim(self, push_id: str, timeout: float) -> socket.socket | None:
         """The data connection for `push_id` (waiting up to `timeout` s for it), or None."""
@@ -138,9 +218,15 @@ class DataPlaneListener:
             pending, self._pending = self._pending, {}
             self._cond.notify_all()
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            self._wake_w.send(b"x")
         except OSError:
             pass
-        self.sock.close()
+        self._thread.join(5)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self._wake_r.close()
+        self._wake_w.close()
         for c, _ in pending.values():
             c.close()

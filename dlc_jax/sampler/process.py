@@ -9,6 +9,7 @@ import sys
 import time
 
 from .client import SamplerClient
+from .staging import clean_stale_staging, staging_roots
 
 
 def _die_with_parent() -> None:
@@ -89,7 +90,9 @@ class SamplerProcess:
         return SamplerClient(self.address, **kw)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (graceful: the server shuts its engine down), then SIGKILL the group if needed."""
+        """SIGTERM (graceful: the server shuts its engine down and deletes its staging), wait up to
+        `timeout` s, then SIGKILL the group if needed and delete whatever staging it left. Use this
+        (not `kill`) to replace a sampler: it never leaks a model-sized staged copy."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -99,8 +102,18 @@ class SamplerProcess:
         self.kill()  # leftovers in the group, if any
         return self.proc.returncode if self.proc else None
 
+    def _staging_root(self) -> str | None:
+        args = self.extra_args
+        for i, a in enumerate(args):
+            if a == "--staging-root" and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith("--staging-root="):
+                return a.split("=", 1)[1]
+        return None
+
     def kill(self) -> None:
-        """SIGKILL the server and its process group (crash tests)."""
+        """SIGKILL the server and its process group (crash tests), then delete the staging
+        directories the dead server owned (its /dev/shm copy of the weights)."""
         if self.proc is None:
             return
         try:
@@ -108,6 +121,7 @@ class SamplerProcess:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        clean_stale_staging(staging_roots(self._staging_root()), pid=self.proc.pid)
 
     def __enter__(self):
         return self.start()

@@ -1,5 +1,9 @@
 """Minimal safetensors reading/writing by header, with no framework: spec listing, streaming
 writes at precomputed offsets (host memory ~ one chunk), and numpy reads (bf16 via ml_dtypes).
+
+Reads are bounded: a header longer than `MAX_HEADER_BYTES` or than the file, an entry whose data
+range lies outside the file or disagrees with its shape and dtype, is refused with a ValueError
+naming the file (never a MemoryError or a short read).
 """
 
 from __future__ import annotations
@@ -31,12 +35,45 @@ def dtype_name(dtype) -> str:
     raise ValueError(f"unsupported dtype {d}")
 
 
-def read_header(path: pathlib.Path) -> tuple[dict, int]:
-    """-> (header dict without __metadata__, byte offset where tensor data starts)."""
+MAX_HEADER_BYTES = 100 << 20
+
+
+def read_header(path: pathlib.Path, max_header: int = MAX_HEADER_BYTES) -> tuple[dict, int]:
+    """-> (header dict without __metadata__, byte offset where tensor data starts). ValueError on
+    a header of absurd length, bad JSON, or entries that do not fit the file."""
+    path = pathlib.Path(path)
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ValueError(f"{path.name}: {size} bytes, too short for a safetensors file")
+        (n,) = struct.unpack("<Q", raw)
+        if n > min(max_header, size - 8):
+            raise ValueError(f"{path.name}: declared header length {n} exceeds the file ({size} bytes) "
+                             f"or the {max_header}-byte limit")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path.name}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name}: header is not a JSON object")
     header.pop("__metadata__", None)
+    data_size = size - 8 - n
+    for name, e in header.items():
+        try:
+            dt = NP_DTYPES[ST_TO_NAME[e["dtype"]]]
+            shape = [int(d) for d in e["shape"]]
+            b, end = (int(x) for x in e["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path.name}: tensor {name!r}: malformed header entry") from None
+        numel = 1
+        for d in shape:
+            if d < 0:
+                raise ValueError(f"{path.name}: tensor {name!r}: negative dimension in shape {shape}")
+            numel *= d
+        if not 0 <= b <= end <= data_size or end - b != numel * dt.itemsize:
+            raise ValueError(f"{path.name}: tensor {name!r}: data range [{b}, {end}) does not match shape "
+                             f"{shape} {e['dtype']} inside the {data_size}-byte data section")
     return header, 8 + n
 
 
@@ -68,6 +105,28 @@ def iter_tensors(model_dir: str | pathlib.Path) -> Iterator[tuple[str, np.ndarra
             arr = np.frombuffer(mm[start + b:start + end].tobytes(), dtype=dt).reshape(e["shape"])
             yield name, arr
         del mm
+
+
+def first_nonfinite(model_dir: str | pathlib.Path, piece: int = 16 << 20) -> str | None:
+    """Name of the first float tensor holding a NaN or Inf in a safetensors directory, else None.
+    Reads through a memory map in `piece`-byte slices (host memory ~ one slice)."""
+    for f in safetensors_files(model_dir):
+        header, start = read_header(f)
+        mm = np.memmap(f, dtype=np.uint8, mode="r")
+        try:
+            for name, e in header.items():
+                if ST_TO_NAME[e["dtype"]] not in ("float32", "bfloat16", "float16", "float64"):
+                    continue
+                dt = NP_DTYPES[ST_TO_NAME[e["dtype"]]]
+                b, end = e["data_offsets"]
+                step = piece - piece % dt.itemsize
+                for off in range(start + b, start + end, step):
+                    a = np.frombuffer(mm[off:min(off + step, start + end)], dtype=dt)
+                    if not np.isfinite(a.astype(np.float32) if dt == NP_DTYPES["bfloat16"] else a).all():
+                        return name
+        finally:
+            del mm
+    return None
 
 
 def layout(tensors: list[tuple[str, tuple[int, ...], str, int]]) -> tuple[bytes, list[int]]:

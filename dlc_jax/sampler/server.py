@@ -3,8 +3,13 @@
 Security/limits: binds 127.0.0.1 unless told otherwise; optional TLS (server cert + key); optional
 shared token checked on every call (`authorization: Bearer <token>` metadata, else UNAUTHENTICATED);
 bounded message sizes; every Generate request validated (INVALID_ARGUMENT with a message; the server
-stays up). Weight pushes are serialized by a lock, staged to disk and verified (see staging.py), and
-applied only on Commit; any failure or disconnect discards the staging and keeps the old weights.
+stays up; 0 < temperature < `min_temperature` is refused; a rollout with NaN log-probs is never
+sent, the call fails INTERNAL). Weight pushes are serialized by a lock taken only once a header
+arrived, bounded by an idle timeout and a maximum duration, staged to disk and verified (names,
+shapes, dtypes, checksums, finite values, size vs free space: see staging.py), and applied only on
+Commit; any failure or disconnect discards the staging and keeps the old weights. LoadWeights is off
+unless `load_root` is set, reads only under it, never the directory being served, and applies the
+same checks. Staging directories of dead samplers are removed at start.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import threading
 import time
 
 import grpc
+import numpy as np
 
 from . import chunk_wire
 from . import data_plane
@@ -30,7 +36,7 @@ from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .backends.base import SamplerBackend
-from .staging import PushError, WeightStager
+from .staging import PushError, WeightStager, clean_stale_staging, staging_roots, validate_specs
 from .types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -50,10 +56,27 @@ class ServerConfig:
     # Plaintext: loopback / trusted networks only, so it cannot be combined with TLS.
     data_port: int | None = None
     data_wait_s: float = 10.0  # how long a socket-plane push waits for its data connection
+    data_auth_timeout_s: float = 5.0  # a data connection must send its full preamble within this
+    data_max_pending: int = 64  # data connections awaiting their preamble or their push, at most
+    # A push is discarded when its stream is silent for push_idle_timeout_s (also a stalled data
+    # socket) or when it takes longer than push_max_s in all (lock wait included).
+    push_idle_timeout_s: float = 60.0
+    push_max_s: float = 900.0
+    staging_reserve_bytes: int = 64 << 20  # free space a staged push must leave on its filesystem
+    # LoadWeights reads only directories under load_root; None = LoadWeights disabled.
+    load_root: str | None = None
+    # 0 < temperature < min_temperature is refused (INVALID_ARGUMENT): vLLM silently raises such
+    # temperatures to 0.01, and logits / T overflow float32 for tiny T.
+    min_temperature: float = 0.01
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("ServerConfig: tls_cert and tls_key must be given together")
+        for k in ("push_idle_timeout_s", "push_max_s", "data_auth_timeout_s", "data_wait_s"):
+            if not getattr(self, k) > 0:
+                raise ValueError(f"ServerConfig.{k} must be > 0, got {getattr(self, k)!r}")
+        if self.data_max_pending < 1:
+            raise ValueError(f"ServerConfig.data_max_pending must be >= 1, got {self.data_max_pending!r}")
         if self.data_port is not None and self.tls_cert is not None:
             raise ValueError("ServerConfig: the push data port (raw TCP, unencrypted) cannot be used with TLS; "
                              "use it only on loopback / trusted networks without TLS, or leave data_port off")
@@ -64,7 +87,8 @@ class RequestError(ValueError):
 
 
 def validate_generate(req: pb.GenerateRequest, *, vocab_size: int, max_model_len: int, max_n: int,
-                      max_head_k: int, max_prompts: int) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
+                      max_head_k: int, max_prompts: int,
+                      min_temperature: float = 0.01) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
     """-> ([(slot_id, token_ids)], SamplingParams) or RequestError naming the bad field."""
     if not req.HasField("params"):
         raise RequestError("params: missing")
@@ -75,6 +99,9 @@ def validate_generate(req: pb.GenerateRequest, *, vocab_size: int, max_model_len
         raise RequestError(f"params.max_tokens = {p.max_tokens} must be >= 1")
     if not (math.isfinite(p.temperature) and p.temperature >= 0):
         raise RequestError(f"params.temperature = {p.temperature} must be finite and >= 0 (0 = greedy)")
+    if 0 < p.temperature < min_temperature:
+        raise RequestError(f"params.temperature = {p.temperature:g} is below the floor {min_temperature:g}; "
+                           "use 0 for greedy decoding")
     if not (0 < p.top_p <= 1):
         raise RequestError(f"params.top_p = {p.top_p} must be in (0, 1]")
     if p.top_k < -1:
@@ -129,7 +156,8 @@ class SamplerService(pb_grpc.SamplerServicer):
         try:
             prompts, params = validate_generate(request, vocab_size=b.vocab_size, max_model_len=b.cfg.max_model_len,
                                                 max_n=b.cfg.max_n, max_head_k=b.cfg.max_head_k,
-                                                max_prompts=self.cfg.max_prompts)
+                                                max_prompts=self.cfg.max_prompts,
+                                                min_temperature=self.cfg.min_temperature)
         except RequestError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         self.counters["requests"] += 1
@@ -138,6 +166,12 @@ class SamplerService(pb_grpc.SamplerServicer):
         rollouts = b.generate(request.request_id, prompts, params)
         try:
             async for r in rollouts:
+                if np.isnan(r.logprobs).any() or np.isnan(r.head_logprobs).any():
+                    log.error("engine returned NaN log-probs for request %r slot %s; answering INTERNAL",
+                              request.request_id, r.slot_id)
+                    await context.abort(grpc.StatusCode.INTERNAL,
+                                        f"engine returned NaN log-probs (request {request.request_id!r}, slot {r.slot_id}); "
+                                        "rollout withheld")
                 self.counters["tokens_generated"] += len(r.response_ids)
                 self.queue_depth -= 1
                 pending -= 1
@@ -169,93 +203,146 @@ class SamplerService(pb_grpc.SamplerServicer):
         log.warning("weight push rejected: %s", e.message)
         await context.abort(e.code, e.message)
 
+    async def _next(self, it, deadline: float, what: str):
+        """The next stream message (None at its end), within the idle timeout and the push deadline."""
+        loop = asyncio.get_running_loop()
+        left = deadline - loop.time()
+        if left <= 0:
+            raise PushError(grpc.StatusCode.ABORTED,
+                            f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s; discarded")
+        idle = self.cfg.push_idle_timeout_s
+        try:
+            return await asyncio.wait_for(it.__anext__(), min(idle, left))
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            if idle <= left:
+                raise PushError(grpc.StatusCode.ABORTED,
+                                f"no message for {idle:g}s while waiting for {what} (push idle timeout); discarded") from None
+            raise PushError(grpc.StatusCode.ABORTED,
+                            f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s; discarded") from None
+
     async def PushWeights(self, request_iterator, context):
         await self._auth(context)
         t0 = time.perf_counter()
-        async with self._push_lock:
-            stager = WeightStager(self.backend.expected_tensors(), self.backend.version, self.cfg.staging_root)
-            committed = False
-            error: PushError | None = None
-            loop = asyncio.get_running_loop()
-            writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
-            reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes
-            conn = None
-            push_id = ""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.push_max_s
+        it = request_iterator.__aiter__()
+        # The push lock is taken only once a header arrived: a stream that sends nothing (or junk)
+        # never blocks the pushes behind it.
+        try:
+            first = await self._next(it, deadline, "the header")
+            if first is None or isinstance(first, chunk_wire.RawChunk) or first.WhichOneof("kind") != "header":
+                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "a push must start with a WeightHeader message")
             try:
-                async for msg in request_iterator:
-                    if writing is not None:  # one chunk in flight: ordered, host memory ~ 2 chunks
-                        await writing
-                        writing = None
-                    if reading is not None and reading.done():
-                        reading.result()  # a failed data socket / checksum rejects the push now
-                    if isinstance(msg, chunk_wire.RawChunk):  # the fast path (see chunk_wire)
-                        # checksum + pwrite release the GIL: overlap them with receiving the next chunk
-                        writing = loop.run_in_executor(self._io_pool, stager.chunk, msg)
-                        continue
-                    kind = msg.WhichOneof("kind")
-                    if kind == "header":
-                        push_id = msg.header.data_push_id
-                        stager.header(msg.header)
-                        if stager.data_plane == "socket":
-                            conn = await self._claim_data(push_id)
-                            reading = loop.run_in_executor(self._io_pool, stager.read_socket, conn)
-                    elif kind == "chunk":
-                        stager.chunk(msg.chunk)
-                    elif kind == "done":
-                        stager.done(msg.done)
-                    elif kind == "commit":
-                        if reading is not None:
-                            await reading
-                        path = stager.commit()
-                        committed = True
-                        break
-                    else:
-                        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
-                if writing is not None:  # its error (if any) is the reason to report
+                await asyncio.wait_for(self._push_lock.acquire(), max(deadline - loop.time(), 0.001))
+            except TimeoutError:
+                raise PushError(grpc.StatusCode.ABORTED,
+                                f"another push held the push lock for the whole {self.cfg.push_max_s:g}s push duration") from None
+        except PushError as e:
+            await self._reject(context, e)
+        try:
+            return await self._push_locked(first.header, it, deadline, context, t0)
+        finally:
+            self._push_lock.release()
+
+    async def _push_locked(self, header, it, deadline: float, context, t0: float):
+        stager = WeightStager(self.backend.expected_tensors(), self.backend.version, self.cfg.staging_root,
+                              reserve_bytes=self.cfg.staging_reserve_bytes)
+        committed = False
+        error: PushError | None = None
+        loop = asyncio.get_running_loop()
+        writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
+        reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes
+        conn = None
+        push_id = header.data_push_id
+        try:
+            stager.header(header)
+            if stager.data_plane == "socket":
+                conn = await self._claim_data(push_id)
+                conn.settimeout(self.cfg.push_idle_timeout_s)  # a stalled data socket fails the push
+                reading = loop.run_in_executor(self._io_pool, stager.read_socket, conn)
+            while True:
+                msg = await self._next(it, deadline, "the next chunk or Commit")
+                if msg is None:
+                    break
+                if writing is not None:  # one chunk in flight: ordered, host memory ~ 2 chunks
                     await writing
                     writing = None
-                if not committed:
-                    raise PushError(grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded")
-                swap = asyncio.ensure_future(self._swap(path, stager.version, owned=True))
+                if reading is not None and reading.done():
+                    reading.result()  # a failed data socket / checksum rejects the push now
+                if isinstance(msg, chunk_wire.RawChunk):  # the fast path (see chunk_wire)
+                    # checksum + pwrite release the GIL: overlap them with receiving the next chunk
+                    writing = loop.run_in_executor(self._io_pool, stager.chunk, msg)
+                    continue
+                kind = msg.WhichOneof("kind")
+                if kind == "header":
+                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "second header in one push")
+                elif kind == "chunk":
+                    stager.chunk(msg.chunk)
+                elif kind == "done":
+                    stager.done(msg.done)
+                elif kind == "commit":
+                    if reading is not None:
+                        try:
+                            await asyncio.wait_for(asyncio.shield(reading), max(deadline - loop.time(), 0.001))
+                        except TimeoutError:
+                            raise PushError(grpc.StatusCode.ABORTED,
+                                            f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s "
+                                            "waiting for its data socket; discarded") from None
+                    if writing is not None:
+                        await writing
+                        writing = None
+                    path = stager.commit()
+                    committed = True
+                    break
+                else:
+                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
+            if writing is not None:  # its error (if any) is the reason to report
+                await writing
+                writing = None
+            if not committed:
+                raise PushError(grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded")
+            swap = asyncio.ensure_future(self._swap(path, stager.version, owned=True))
+            try:
+                await asyncio.shield(swap)
+            except asyncio.CancelledError:  # client went away during the swap: finish it anyway
+                await swap
+                raise
+        except PushError as e:
+            error = e
+        finally:
+            if writing is not None:  # stream ended/cancelled with a write in flight: let it finish
                 try:
-                    await asyncio.shield(swap)
-                except asyncio.CancelledError:  # client went away during the swap: finish it anyway
-                    await swap
-                    raise
-            except PushError as e:
-                error = e
-            finally:
-                if writing is not None:  # stream ended/cancelled with a write in flight: let it finish
-                    try:
-                        await asyncio.shield(writing)
-                    except Exception:  # noqa: BLE001 - the push is discarded below anyway
-                        pass
-                if conn is not None:  # stops a reader still blocked on the data socket
-                    try:
-                        conn.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                    conn.close()
-                elif push_id and self.data_listener is not None:
-                    self.data_listener.drop(push_id)
-                if reading is not None:
-                    try:
-                        await asyncio.shield(reading)
-                    except Exception:  # noqa: BLE001 - the push is discarded below anyway
-                        pass
-                if not committed or error is not None:
-                    stager.discard()
-                    if error is None:  # cancelled / disconnected mid-push
-                        self.counters["rejected_pushes"] += 1
-                        self.last_push_message = "client disconnected before Commit; push discarded"
-                        log.warning(self.last_push_message)
-            if error is not None:
-                await self._reject(context, error)
-            self.counters["pushes"] += 1
-            dt = time.perf_counter() - t0
-            self.last_push_message = f"version {stager.version} applied"
-            return pb.PushResult(ok=True, version=self.backend.version, message=self.last_push_message,
-                                 bytes=stager.bytes_received, seconds=dt)
+                    await asyncio.shield(writing)
+                except Exception:  # noqa: BLE001 - the push is discarded below anyway
+                    pass
+            if conn is not None:  # stops a reader still blocked on the data socket
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                conn.close()
+            elif push_id and self.data_listener is not None:
+                self.data_listener.drop(push_id)
+            if reading is not None:
+                try:
+                    await asyncio.shield(reading)
+                except Exception:  # noqa: BLE001 - the push is discarded below anyway
+                    pass
+            if not committed or error is not None:
+                stager.discard()
+                if error is None:  # cancelled / disconnected mid-push
+                    self.counters["rejected_pushes"] += 1
+                    self.last_push_message = "client disconnected before Commit; push discarded"
+                    log.warning(self.last_push_message)
+        if error is not None:
+            await self._reject(context, error)
+        self.counters["pushes"] += 1
+        dt = time.perf_counter() - t0
+        self.last_push_message = f"version {stager.version} applied"
+        return pb.PushResult(ok=True, version=self.backend.version, message=self.last_push_message,
+                             bytes=stager.bytes_received, seconds=dt)
 
     async def _claim_data(self, push_id: str):
         if self.data_listener is None:
@@ -273,31 +360,52 @@ class SamplerService(pb_grpc.SamplerServicer):
                             "(not connected, wrong push id, or missing/wrong token in its preamble)")
         return conn
 
+    def _check_load_path(self, raw: str) -> pathlib.Path:
+        """LoadWeights: `raw` resolved, inside `cfg.load_root`, a directory, not the one serving."""
+        root = self.cfg.load_root
+        if not root:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
+                            "LoadWeights is disabled on this server (start it with --load-root DIR to allow "
+                            "loading weight directories under DIR)")
+        path = pathlib.Path(raw).resolve()
+        root_p = pathlib.Path(root).resolve()
+        if path != root_p and root_p not in path.parents:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, f"path {raw!r} is outside the load root {root}")
+        if not path.is_dir():
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"path {raw!r} is not a directory")
+        serving = {self._current_dir.resolve()}
+        if self._owned_dir is not None:
+            serving.add(self._owned_dir.resolve())
+        if path in serving:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"path {raw!r} is the directory being served; write the new weights to another directory")
+        return path
+
+    def _check_load_files(self, path: pathlib.Path) -> None:
+        """Blocking: names/shapes/dtypes against the model, bounded header reads, finite values."""
+        try:
+            specs = st.read_specs(path)
+        except (OSError, ValueError) as e:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}") from None
+        validate_specs(self.backend.expected_tensors(), specs, where=str(path))
+        try:
+            bad = st.first_nonfinite(path)
+        except (OSError, ValueError) as e:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}") from None
+        if bad is not None:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"tensor {bad!r} in {path} contains NaN or Inf values (load refused; the current weights keep serving)")
+
     async def LoadWeights(self, request, context):
         await self._auth(context)
         t0 = time.perf_counter()
         async with self._push_lock:
             try:
-                path = pathlib.Path(request.path)
-                if not path.is_dir():
-                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"path {request.path!r} is not a directory")
+                path = self._check_load_path(request.path)
                 if request.version <= self.backend.version:
                     raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
                                     f"stale version {request.version}: server already serves version {self.backend.version}")
-                try:
-                    specs = st.read_specs(path)
-                except (OSError, ValueError) as e:
-                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}")
-                exp = self.backend.expected_tensors()
-                unknown = sorted(set(specs) - set(exp))
-                missing = sorted(set(exp) - set(specs))
-                if unknown:
-                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown tensor name(s) {unknown[:3]} in {path}")
-                if missing:
-                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"{path} is missing tensor(s) {missing[:3]}")
-                for n, (shape, _) in specs.items():
-                    if tuple(shape) != tuple(exp[n][0]):
-                        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {n!r}: shape {list(shape)} != expected {list(exp[n][0])}")
+                await asyncio.get_running_loop().run_in_executor(self._io_pool, self._check_load_files, path)
                 await self._swap(path, int(request.version), owned=False)
             except PushError as e:
                 await self._reject(context, e)
@@ -357,6 +465,7 @@ class SamplerServer:
         return f"{self.cfg.host}:{self.port}"
 
     async def start(self) -> int:
+        clean_stale_staging(staging_roots(self.cfg.staging_root))  # copies left by killed samplers
         await self.backend.start()
         opts = [("grpc.max_receive_message_length", self.cfg.max_message_bytes),
                 ("grpc.max_send_message_length", self.cfg.max_message_bytes)]
@@ -372,7 +481,9 @@ class SamplerServer:
         if not self.port:
             raise OSError(f"could not bind {bind}")
         if self.cfg.data_port is not None:
-            self.service.data_listener = data_plane.DataPlaneListener(self.cfg.host, self.cfg.data_port, self.cfg.token)
+            self.service.data_listener = data_plane.DataPlaneListener(
+                self.cfg.host, self.cfg.data_port, self.cfg.token, preamble_timeout=self.cfg.data_auth_timeout_s,
+                max_pending=self.cfg.data_max_pending)
             log.info("push data plane (raw TCP, plaintext) on %s:%s", self.cfg.host, self.service.data_listener.port)
         await self.server.start()
         log.info("sampler (%s) listening on %s", self.backend.name, self.address)

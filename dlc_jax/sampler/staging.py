@@ -7,11 +7,20 @@ trailer) and every value given is checked. Chunks may be `pb.WeightChunk` or `ch
 (zero-copy memoryview data). The staging root is created if missing. Every check failure raises `PushError`
 with the gRPC status code to answer and a message naming the tensor; the caller deletes the
 staging directory with `discard()`. Only `commit()` returns the staged directory.
+
+Limits: the header is checked against the served model (names, shapes, dtypes: `validate_specs`,
+shared with LoadWeights), the staged size against the model's largest possible push and against the
+free space of the staging filesystem (minus `reserve_bytes`) before anything is written; every float
+tensor's values are checked finite as its bytes arrive (`FiniteCheck`), so a NaN/Inf push is refused
+even with valid checksums. Staging directories are named `dlc_push_p<pid>_v<version>_*` after the
+sampler process that owns them; `clean_stale_staging` removes those of dead processes (a SIGKILLed
+sampler cannot clean its /dev/shm copy itself).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pathlib
 import shutil
@@ -21,12 +30,16 @@ import threading
 
 import crc32c
 import grpc
+import numpy as np
 
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
 
+log = logging.getLogger(__name__)
+
 PUSH_DTYPES = ("float32", "bfloat16", "float16")
 CHECKSUMS = ("sha256", "crc32c")
+STAGING_PREFIX = "dlc_push_p"
 
 
 class _Crc32c:
@@ -45,6 +58,130 @@ class PushError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+# (unsigned view dtype, exponent mask): a float is NaN/Inf iff all its exponent bits are set
+_EXP_MASKS = {"float32": (np.uint32, 0x7F800000), "bfloat16": (np.uint16, 0x7F80),
+              "float16": (np.uint16, 0x7C00), "float64": (np.uint64, 0x7FF0000000000000)}
+
+
+class FiniteCheck:
+    """Incremental NaN/Inf check over a tensor's raw bytes fed in arbitrary pieces (elements may
+    straddle pieces). `update` returns False once a non-finite value was seen."""
+
+    def __init__(self, dtype: str):
+        self.spec = _EXP_MASKS.get(dtype)
+        self.itemsize = np.dtype(self.spec[0]).itemsize if self.spec else 1
+        self.carry = b""
+        self.ok = True
+
+    def _check(self, raw) -> None:
+        u, m = self.spec
+        a = np.frombuffer(raw, dtype=u)
+        if a.size and bool(np.any((a & u(m)) == u(m))):
+            self.ok = False
+
+    def update(self, data) -> bool:
+        if self.spec is None or not self.ok:
+            return self.ok
+        mv = memoryview(data).cast("B")
+        if self.carry:
+            need = self.itemsize - len(self.carry)
+            self.carry += bytes(mv[:need])
+            mv = mv[need:]
+            if len(self.carry) < self.itemsize:
+                return self.ok
+            self._check(self.carry)
+            self.carry = b""
+        n = len(mv) // self.itemsize * self.itemsize
+        if n:
+            self._check(mv[:n])
+        self.carry = bytes(mv[n:])
+        return self.ok
+
+
+def validate_specs(expected: dict[str, tuple[tuple[int, ...], str]],
+                   specs: dict[str, tuple[tuple[int, ...], str]], where: str = "push") -> None:
+    """Names, shapes and dtypes of a full set of weights against the served model's. A float
+    parameter may come as any of PUSH_DTYPES (the engine casts); any other must match exactly."""
+    unknown = sorted(set(specs) - set(expected))
+    if unknown:
+        raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)")
+    missing = sorted(set(expected) - set(specs))
+    if missing:
+        raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+    for name, (shape, dtype) in specs.items():
+        exp_shape, exp_dtype = expected[name]
+        if tuple(shape) != tuple(exp_shape):
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}")
+        if dtype not in st.NP_DTYPES:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: unsupported dtype {dtype!r}")
+        if exp_dtype in FLOAT_DTYPES and dtype not in PUSH_DTYPES:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"tensor {name!r}: dtype {dtype!r} not allowed for a float parameter (use one of {PUSH_DTYPES})")
+        if exp_dtype not in FLOAT_DTYPES and dtype != exp_dtype:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}")
+
+
+def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
+    """The largest tensor payload a valid push of this model can have (every float as float32)."""
+    total = 0
+    for shape, dtype in expected.values():
+        n = 1
+        for d in shape:
+            n *= int(d)
+        isz = 4 if dtype in FLOAT_DTYPES else st.NP_DTYPES[dtype].itemsize if dtype in st.NP_DTYPES else 8
+        total += n * isz
+    return total
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def staging_roots(staging_root: str | None) -> list[pathlib.Path]:
+    """Directories a server with this `staging_root` setting may stage into."""
+    if staging_root not in (None, "", "auto"):
+        return [pathlib.Path(staging_root)]
+    return [pathlib.Path(SHM_DIR), pathlib.Path(tempfile.gettempdir())]
+
+
+def _owner(d: pathlib.Path) -> int | None:
+    rest = d.name[len(STAGING_PREFIX):]
+    head = rest.split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def clean_stale_staging(roots: list[pathlib.Path], *, pid: int | None = None) -> list[str]:
+    """Remove staging directories whose owner process is dead (or, with `pid`, those owned by that
+    pid, which the caller knows is dead). -> the removed paths."""
+    removed = []
+    for root in roots:
+        try:
+            entries = list(root.iterdir())
+        except OSError:
+            continue
+        for d in entries:
+            if not d.name.startswith(STAGING_PREFIX) or not d.is_dir():
+                continue
+            owner = _owner(d)
+            if owner is None or owner == os.getpid():
+                continue
+            if (pid is not None and owner == pid) or (pid is None and not _pid_alive(owner)):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(str(d))
+    if removed:
+        log.info("removed %d staging dir(s) of dead sampler(s): %s", len(removed), removed[:3])
+    return removed
 
 
 SHM_DIR = "/dev/shm"
@@ -69,8 +206,9 @@ class WeightStager:
     """One push. `expected`: {hf_name: (shape, dtype)} the backend's model needs (all required)."""
 
     def __init__(self, expected: dict[str, tuple[tuple[int, ...], str]], current_version: int,
-                 staging_root: str | None = None):
+                 staging_root: str | None = None, *, reserve_bytes: int = 0):
         self.expected = expected
+        self.reserve_bytes = reserve_bytes
         self.current_version = current_version
         self.staging_root = staging_root
         self.dir: pathlib.Path | None = None
@@ -93,24 +231,13 @@ class WeightStager:
         algo = h.checksum or "sha256"
         if algo not in CHECKSUMS:
             raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"header.checksum {h.checksum!r} not one of {CHECKSUMS}")
-        seen = set()
-        for i, s in enumerate(h.tensors):
+        seen: dict[str, tuple[tuple[int, ...], str]] = {}
+        for s in h.tensors:
             if s.name in seen:
                 raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r} listed twice in the header")
-            seen.add(s.name)
-            if s.name not in self.expected:
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown tensor name {s.name!r} (not a parameter of the served model)")
-            shape, exp_dtype = self.expected[s.name]
-            if tuple(s.shape) != tuple(shape):
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"tensor {s.name!r}: shape {list(s.shape)} != expected {list(shape)}")
-            if s.dtype not in st.NP_DTYPES:
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r}: unsupported dtype {s.dtype!r}")
-            if exp_dtype in FLOAT_DTYPES and s.dtype not in PUSH_DTYPES:
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"tensor {s.name!r}: dtype {s.dtype!r} not allowed for a float parameter (use one of {PUSH_DTYPES})")
-            if exp_dtype not in FLOAT_DTYPES and s.dtype != exp_dtype:
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r}: dtype {s.dtype!r} != expected {exp_dtype!r}")
+            seen[s.name] = (tuple(int(d) for d in s.shape), s.dtype)
+        validate_specs(self.expected, seen)
+        for s in h.tensors:
             n = 1
             for d in s.shape:
                 n *= int(d)
@@ -118,10 +245,6 @@ class WeightStager:
             if s.nbytes != want:
                 raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"tensor {s.name!r}: nbytes {s.nbytes} != {want} for shape {list(s.shape)} {s.dtype}")
-        missing = sorted(set(self.expected) - seen)
-        if missing:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"push is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
         self.checksum = algo
         self.data_plane = plane
         self.version = int(h.version)
@@ -130,12 +253,27 @@ class WeightStager:
         self._hash = [hashlib.sha256() if algo == "sha256" else _Crc32c() for _ in self.specs]
         self._trailer: list[pb.TensorDone | None] = [None] * len(self.specs)
         self._complete = [False] * len(self.specs)  # socket plane: all of the tensor's bytes read
+        self._finite = [FiniteCheck(s.dtype) for s in self.specs]
         prefix, self._offsets = st.layout([(s.name, tuple(s.shape), s.dtype, int(s.nbytes)) for s in self.specs])
-        total = len(prefix) + sum(int(s.nbytes) for s in self.specs)
+        payload = sum(int(s.nbytes) for s in self.specs)
+        cap = max_push_bytes(self.expected)
+        if payload > cap:  # cannot happen after validate_specs; kept as the explicit bound
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)")
+        total = len(prefix) + payload
         root = resolve_staging_root(self.staging_root, total)
         if root is not None:
             pathlib.Path(root).mkdir(parents=True, exist_ok=True)
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dlc_push_v{self.version}_", dir=root))
+        where = root if root is not None else tempfile.gettempdir()
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError as e:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, f"staging directory {where}: {e}") from None
+        if free - self.reserve_bytes < total:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"not enough space to stage the push: needs {total / 1e6:.1f} MB, {where} has "
+                            f"{free / 1e6:.1f} MB free with {self.reserve_bytes / 1e6:.1f} MB kept in reserve")
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}_v{self.version}_", dir=root))
         self._path = self.dir / "model.safetensors"
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.pwrite(self._fd, prefix, 0)
@@ -163,6 +301,7 @@ class WeightStager:
                             f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}")
         os.pwrite(self._fd, c.data, self._offsets[c.tensor_index] + got)
         self._hash[c.tensor_index].update(c.data)
+        self._finite[c.tensor_index].update(c.data)
         self._received[c.tensor_index] = got + len(c.data)
         self.bytes_received += len(c.data)
 
@@ -201,6 +340,7 @@ class WeightStager:
                                     f"tensor {s.name!r}: data socket closed after {got} of {n} bytes")
                 chunk = view[:k]
                 h.update(chunk)
+                self._finite[i].update(chunk)
                 os.pwrite(self._fd, chunk, base + got)
                 got += k
                 self._received[i] = got
@@ -228,6 +368,9 @@ class WeightStager:
             if w != got:
                 raise PushError(grpc.StatusCode.DATA_LOSS, f"tensor {s.name!r}: {self.checksum} mismatch (corrupted data): "
                                                            f"got {shown(got)}, expected {shown(w)}")
+        if not self._finite[i].ok:
+            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"tensor {s.name!r}: contains NaN or Inf values (push refused; the current weights keep serving)")
 
     def commit(self) -> pathlib.Path:
         """Verify every tensor; -> the staged directory (one safetensors file)."""

@@ -30,6 +30,7 @@ import numpy as np
 from .. import safetensors_io as st
 from ..types import Rollout, SamplingParams, spans_from_versions
 from .base import BackendConfig, SamplerBackend
+from .jax_sampling import sample_args, sample_step
 
 
 def available() -> bool:
@@ -117,8 +118,6 @@ class JaxBackend(SamplerBackend):
         import jax.numpy as jnp
         from flax import nnx
 
-        from dlc_jax.rl.sampling import processed_logits
-
         graphdef = self._graphdef
         cache_dtype = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
 
@@ -138,25 +137,15 @@ class JaxBackend(SamplerBackend):
             logits, cache = model.forward_with_cache(tok[:, None], pos[:, None], cache)
             return logits[:, 0].astype(jnp.float32), cache
 
-        @functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p", "head_k"))
+        max_head_k = self.cfg.max_head_k
+
         def sample(logits, keys, temperature, top_k, top_p, head_k):
-            """logits [B, V], keys [B] -> (tokens [B], logprobs [B], head ids/logprobs [B, K])."""
-            if temperature == 0.0:
-                lp_rows = jax.nn.log_softmax(logits, axis=-1)
-                tok = jnp.argmax(logits, axis=-1)
-            else:
-                z, mask = processed_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-                if mask is not None:
-                    z = jnp.where(mask, z, -jnp.inf)
-                lp_rows = jax.nn.log_softmax(z, axis=-1)
-                tok = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, lp_rows)
-            lp = jnp.take_along_axis(lp_rows, tok[:, None], axis=1)[:, 0]
-            if head_k:
-                hlp, hid = jax.lax.top_k(lp_rows, head_k)
-            else:
-                hlp = jnp.zeros((logits.shape[0], 0), jnp.float32)
-                hid = jnp.zeros((logits.shape[0], 0), jnp.int32)
-            return tok.astype(jnp.int32), lp, hid.astype(jnp.int32), hlp
+            """logits [B, V], keys [B] -> (tokens [B], logprobs [B], head ids/logprobs [B, head_k]).
+            The parameter values are traced (see jax_sampling): new values compile nothing."""
+            traced, static = sample_args(temperature, top_k, top_p, head_k, vocab=logits.shape[-1],
+                                         max_head_k=max_head_k)
+            tok, lp, hid, hlp = sample_step(logits, keys, *traced, **static)
+            return tok, lp, np.asarray(hid)[:, :head_k], np.asarray(hlp)[:, :head_k]
 
         return prefill, decode, sample
 

