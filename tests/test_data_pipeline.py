@@ -1,4 +1,4 @@
-"""Data: arithmetic determinism, reward extraction, grain prompt pipeline (slots, shuffle, shard, state)."""
+"""Data: arithmetic determinism, grain prompt pipeline (slots, shuffle, shard, state), files."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 
 from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource, arithmetic_example
 from dlc_jax.data.prompts import DataConfig, PromptPipeline, load_records
-from dlc_jax.data.rewards import RewardConfig, exact_match_reward, extract_answer
+from dlc_jax.data.sources import DataError
 
 
 class CharTok:
@@ -32,35 +32,6 @@ def test_arithmetic_is_deterministic_and_correct():
         ArithmeticConfig(operators="/")
 
 
-@pytest.mark.parametrize(
-    "text,expected",
-    [
-        ("so the total is #### 1,234", "1234"),
-        ("first 3 then #### 42\nlater 7", "42"),
-        ("we get \\boxed{17} and 3", "17"),
-        ("\\boxed{1} then \\boxed{-5.0}", "-5"),
-        ("numbers 3, 4 and finally 12.50.", "12.5"),
-        ("no digits here", None),
-        ("29", "29"),
-    ],
-)
-def test_extract_answer(text, expected):
-    assert extract_answer(text) == expected
-
-
-def test_exact_match_reward_and_format_bonus():
-    assert exact_match_reward("19", "19") == 1.0
-    assert exact_match_reward("the answer is 19", "#### 19") == 1.0
-    assert exact_match_reward("18", "19") == 0.0
-    assert exact_match_reward("", "19") == 0.0
-    cfg = RewardConfig(format_bonus=0.1)
-    assert exact_match_reward("19", "19", cfg) == pytest.approx(1.1)
-    assert exact_match_reward("it is 19", "19", cfg) == pytest.approx(1.0)
-    assert exact_match_reward("20", "19", cfg) == pytest.approx(0.1)
-    with pytest.raises(ValueError, match="no number"):
-        exact_match_reward("1", "abc")
-
-
 def _drain(p, n):
     return [[(r.slot, r.prompt) for r in next(p)] for _ in range(n)]
 
@@ -75,7 +46,9 @@ def test_pipeline_slots_epochs_shuffle_and_state():
     assert slots == list(range(24))  # slot = position in epoch order
     prompts = [x for b in batches for _, x in b]
     src = [ArithmeticSource(cfg.arithmetic, 5)[i]["prompt"] for i in range(12)]
-    assert sorted(prompts[:12]) == sorted(src) and sorted(prompts[12:]) == sorted(src)  # each epoch a permutation
+    assert sorted(prompts[:12]) == sorted(src) and sorted(prompts[12:]) == sorted(
+        src
+    )  # each epoch a permutation
     assert prompts[:12] != src  # shuffled
     assert prompts[:12] != prompts[12:]  # reshuffled per epoch
     # determinism and state round trip
@@ -87,7 +60,9 @@ def test_pipeline_slots_epochs_shuffle_and_state():
     assert _drain(r, 4) == batches[2:]
     rec = batches and PromptPipeline(cfg, CharTok(), 1, process_index=0, process_count=1)
     first = next(rec)[0]
-    assert first.prompt_ids.dtype == np.int32 and "".join(map(chr, first.prompt_ids)) == first.prompt
+    assert (
+        first.prompt_ids.dtype == np.int32 and "".join(map(chr, first.prompt_ids)) == first.prompt
+    )
 
 
 def test_pipeline_shards_by_process_disjointly():
@@ -108,17 +83,28 @@ def test_pipeline_reads_jsonl_and_parquet_with_custom_fields(tmp_path):
     pqf = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(rows), pqf)
     for path in (j, pqf):
-        cfg = DataConfig(source=str(path), prompt_field="question", answer_field="sol", shuffle=False, epochs=1)
-        got = [(r.slot, r.prompt, r.answer) for b in PromptPipeline(cfg, CharTok(), 3, process_index=0, process_count=1) for r in b]
+        cfg = DataConfig(
+            source=str(path), prompt_field="question", answer_field="sol", shuffle=False, epochs=1
+        )
+        got = [
+            (r.slot, r.prompt, r.answer)
+            for b in PromptPipeline(cfg, CharTok(), 3, process_index=0, process_count=1)
+            for r in b
+        ]
         assert got == [(i, f"q{i}", f"#### {i}") for i in range(6)]
-    with pytest.raises(KeyError, match="'prompt'"):
+    with pytest.raises(DataError, match=r"d.jsonl:1: no field 'prompt'"):
         load_records(DataConfig(source=str(j)))
-    with pytest.raises(FileNotFoundError, match="data.source"):
+    with pytest.raises(DataError, match="data.source: no such file"):
         load_records(DataConfig(source=str(tmp_path / "missing.jsonl")))
 
 
 def test_chatml_wrapping():
-    cfg = DataConfig(chat_template=True, system="be brief", epochs=1, arithmetic=ArithmeticConfig(num_examples=2))
+    cfg = DataConfig(
+        chat_template=True, system="be brief", epochs=1, arithmetic=ArithmeticConfig(num_examples=2)
+    )
     rec = next(PromptPipeline(cfg, CharTok(), 1, process_index=0, process_count=1))[0]
     text = "".join(map(chr, rec.prompt_ids))
-    assert text == f"<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n{rec.prompt}<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text == "<|im_start|>system\nbe brief<|im_end|>\n"
+        f"<|im_start|>user\n{rec.prompt}<|im_end|>\n<|im_start|>assistant\n"
+    )

@@ -1,88 +1,122 @@
-"""Grain prompt pipeline: local JSONL/Parquet files or the synthetic arithmetic task.
+"""Grain prompt pipeline over JSONL / Parquet / HF ``datasets`` / the synthetic arithmetic task.
 
-Order of operations (all on a ``grain.MapDataset``, so it is random-access and checkpointable):
-source -> shuffle(seed) (reshuffled every epoch) -> repeat(epochs) -> attach the global **slot id**
-(position in the epoch order: ``epoch * N + position``) -> shard by JAX process
-(``slots[process_index::process_count]``) -> tokenize -> ``to_iter_dataset`` -> batch into groups of
-``batch_prompts`` prompts. The iterator's ``get_state()/set_state()`` is a small JSON-able dict.
+Load (once, before training; :mod:`dlc_jax.data.validate`): rows are read, fields and gold answers
+checked (errors name file:line or the row), prompts rendered and measured, too-long ones dropped.
+
+Then, all on a ``grain.MapDataset`` (random-access and checkpointable): examples -> shuffle(seed)
+(reshuffled every epoch) -> repeat(epochs) -> attach the global **slot id** (position in the epoch
+order: ``epoch * N + position``) -> shard by JAX process
+(``slots[process_index::process_count]``) ->
+tokenize -> ``to_iter_dataset`` -> batch into groups of ``batch_prompts`` prompts. The iterator's
+``get_state()/set_state()`` is a small JSON-able dict.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any, Literal
 
 import grain
 import numpy as np
 
 from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
-from dlc_jax.data.tokenize import encode_prompt
+from dlc_jax.data.sources import DataError, open_source
+from dlc_jax.data.tokenize import count_prompt_tokens, encode_prompt
+from dlc_jax.data.validate import AnswerCheck, Example, LoadStats, load_examples
+
+__all__ = [
+    "DataConfig",
+    "DataError",
+    "PromptRecord",
+    "PromptPipeline",
+    "load_records",
+    "load_data",
+    "slot_dataset",
+]
 
 
 @dataclasses.dataclass
 class DataConfig:
-    """Where prompts come from and how they are ordered.
+    """Where prompts come from, how they are read and ordered.
 
-    source: "arithmetic" (synthetic, local) or a path to a ``.jsonl`` / ``.parquet`` file.
-    prompt_field / answer_field: record field names in the file.
+    source: "arithmetic" (synthetic, local), a ``.jsonl`` / ``.parquet`` file, or
+      ``hf:NAME_OR_PATH``
+      (HF ``datasets``: a ``save_to_disk`` directory, a data-files directory or a hub name).
+    split / subset: the HF split and configuration name (``hf:openai/gsm8k``: subset ``main``).
+    prompt_field / answer_field: record field names.
+    answer_format: how the gold answer is found in answer_field: 'raw' (as is), 'gsm8k' (after the
+      last '####'), 'boxed' (the last \\boxed{...}).
     seed: shuffle seed; shuffle: whether to shuffle; epochs: passes over the data (0 = forever).
-    chat_template: wrap prompts in ChatML; system: optional system prompt for ChatML.
+    chat_template: render prompts with the tokenizer's own chat template (ChatML when it has none);
+    system: optional system prompt; enable_thinking: passed to the template (Qwen3: false = no
+      thinking block).
     """
 
     source: str = "arithmetic"
+    split: str = "train"
+    subset: str = ""
     prompt_field: str = "prompt"
     answer_field: str = "answer"
+    answer_format: Literal["raw", "gsm8k", "boxed"] = "raw"
     seed: int = 0
     shuffle: bool = True
     epochs: int = 0
     chat_template: bool = False
     system: str = ""
+    enable_thinking: bool = True
     arithmetic: ArithmeticConfig = dataclasses.field(default_factory=ArithmeticConfig)
 
 
 @dataclasses.dataclass
 class PromptRecord:
-    """One prompt with its stable global slot id. ``prompt_ids`` is int32 [P]."""
+    """One prompt with its stable global slot id. ``prompt_ids`` is int32 [P]; ``row`` is the
+    source row; ``metadata`` the row's other scalar columns (passed to reward functions)."""
 
     slot: int
     prompt: str
     answer: str
     prompt_ids: np.ndarray
+    row: int = -1
+    metadata: dict = dataclasses.field(default_factory=dict)
 
 
-def _field(rec: dict, name: str, path: str, i: int):
-    if name not in rec:
-        raise KeyError(f"{path}: record {i} has no field {name!r} (fields: {sorted(rec)}); set data.prompt_field/answer_field")
-    return rec[name]
+def load_data(
+    cfg: DataConfig,
+    *,
+    answer_check: AnswerCheck | None = None,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
+    max_prompt_tokens: int | None = None,
+) -> tuple[list[Example], LoadStats]:
+    """Validated examples of ``cfg.source`` (see :mod:`dlc_jax.data.validate`)."""
+    src = open_source(
+        cfg.source, split=cfg.split, subset=cfg.subset, arithmetic=cfg.arithmetic, seed=cfg.seed
+    )
+    synthetic = cfg.source == "arithmetic"
+    return load_examples(
+        src,
+        prompt_field="prompt" if synthetic else cfg.prompt_field,
+        answer_field="answer" if synthetic else cfg.answer_field,
+        answer_format="raw" if synthetic else cfg.answer_format,
+        answer_check=answer_check,
+        count_tokens=count_tokens,
+        max_prompt_tokens=max_prompt_tokens,
+    )
 
 
 def load_records(cfg: DataConfig) -> list[dict] | ArithmeticSource:
-    """Random-access records ``{"prompt", "answer"}`` from the configured source."""
+    """Random-access records ``{"prompt", "answer"}`` (fields checked, gold answers extracted)."""
     if cfg.source == "arithmetic":
         return ArithmeticSource(cfg.arithmetic, seed=cfg.seed)
-    path = Path(cfg.source)
-    if not path.exists():
-        raise FileNotFoundError(f"data.source: no such file {cfg.source!r}")
-    if path.suffix == ".jsonl":
-        raw = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        raw = pq.read_table(path).to_pylist()
-    else:
-        raise ValueError(f"data.source: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
-    if not raw:
-        raise ValueError(f"data.source: {cfg.source!r} has no records")
-    return [
-        {"prompt": str(_field(r, cfg.prompt_field, cfg.source, i)), "answer": str(_field(r, cfg.answer_field, cfg.source, i))}
-        for i, r in enumerate(raw)
-    ]
+    examples, _ = load_data(cfg)
+    return [{"prompt": e.prompt, "answer": e.answer} for e in examples]
 
 
-def slot_dataset(cfg: DataConfig, *, process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
-    """MapDataset of ``(slot, record)`` for this process, before tokenization."""
-    ds = grain.MapDataset.source(load_records(cfg))
+def slot_dataset(
+    examples, cfg: DataConfig, *, process_index: int = 0, process_count: int = 1
+) -> grain.MapDataset:
+    """MapDataset of ``(slot, example)`` for this process, before tokenization."""
+    ds = grain.MapDataset.source(examples)
     if cfg.shuffle:
         ds = ds.shuffle(seed=cfg.seed)
     ds = ds.repeat(cfg.epochs if cfg.epochs > 0 else None)
@@ -95,12 +129,26 @@ def slot_dataset(cfg: DataConfig, *, process_index: int = 0, process_count: int 
 class PromptPipeline:
     """Iterator over batches (lists) of ``batch_prompts`` :class:`PromptRecord`, checkpointable.
 
-    tokenizer: anything with ``encode(text, add_special_tokens=False) -> list[int]``.
+    tokenizer: an HF tokenizer, or anything with
+      ``encode(text, add_special_tokens=False) -> list[int]``.
+    max_prompt_tokens: prompts with more tokens are dropped at load
+      (``max_model_len - max_tokens``).
+    answer_check: ``answers -> [error or None]`` run on every gold answer at load
+      (``RewardRunner.check_answers``).
     process_index / process_count default to ``jax.process_index()/process_count()``.
     """
 
-    def __init__(self, cfg: DataConfig, tokenizer, batch_prompts: int, *, process_index: int | None = None,
-                 process_count: int | None = None):
+    def __init__(
+        self,
+        cfg: DataConfig,
+        tokenizer,
+        batch_prompts: int,
+        *,
+        process_index: int | None = None,
+        process_count: int | None = None,
+        max_prompt_tokens: int | None = None,
+        answer_check: AnswerCheck | None = None,
+    ):
         if batch_prompts < 1:
             raise ValueError(f"train.batch_prompts must be >= 1, got {batch_prompts}")
         if process_index is None or process_count is None:
@@ -108,15 +156,41 @@ class PromptPipeline:
 
             process_index, process_count = jax.process_index(), jax.process_count()
         self.cfg = cfg
-        chat, system = cfg.chat_template, (cfg.system or None)
+        render: dict[str, Any] = dict(
+            chat_template=cfg.chat_template,
+            system=cfg.system or None,
+            enable_thinking=cfg.enable_thinking,
+        )
+        examples, self.stats = load_data(
+            cfg,
+            answer_check=answer_check,
+            max_prompt_tokens=max_prompt_tokens,
+            count_tokens=lambda prompts: count_prompt_tokens(tokenizer, prompts, **render),
+        )
+        if len(examples) < batch_prompts * process_count and cfg.epochs == 1:
+            raise DataError(
+                f"data.source: {len(examples)} usable prompts, fewer than one batch of "
+                f"{batch_prompts * process_count}"
+            )
 
         def tokenize(item):
-            slot, rec = item
-            ids = encode_prompt(tokenizer, rec["prompt"], chat_template=chat, system=system)
-            return PromptRecord(slot=slot, prompt=rec["prompt"], answer=rec["answer"], prompt_ids=ids)
+            slot, ex = item
+            ids = encode_prompt(tokenizer, ex.prompt, **render)
+            return PromptRecord(
+                slot=slot,
+                prompt=ex.prompt,
+                answer=ex.answer,
+                prompt_ids=ids,
+                row=ex.row,
+                metadata=ex.metadata,
+            )
 
-        ds = slot_dataset(cfg, process_index=process_index, process_count=process_count).map(tokenize)
-        self._iter = iter(ds.to_iter_dataset().batch(batch_prompts, drop_remainder=True, batch_fn=list))
+        ds = slot_dataset(
+            examples, cfg, process_index=process_index, process_count=process_count
+        ).map(tokenize)
+        self._iter = iter(
+            ds.to_iter_dataset().batch(batch_prompts, drop_remainder=True, batch_fn=list)
+        )
 
     def __iter__(self):
         return self

@@ -1,69 +1,278 @@
-"""Verifiable rewards: numeric-answer extraction (GSM8K style) and exact-match scoring.
+"""Reward functions and their config.
 
-Extraction order: ``#### 42`` (GSM8K), then ``\\boxed{42}`` (last one), then the last number in the
-text. Numbers are normalized (thousands separators removed, ``42.0`` -> ``42``) before comparison.
+A reward function is any importable ``package.module:function`` with the batch signature
+
+    fn(prompts: list[str], completions: list[str], answers: list[str], **metadata) -> list[float]
+
+(one float per completion; ``metadata`` holds ``ids`` — one id string per sample — plus any extra
+dataset columns, one list each). A function may also carry a ``check_answer(answer) -> str | None``
+attribute: the data pipeline calls it on every gold answer at load and refuses the data set (naming
+the row) on the first message it returns.
+
+Built-ins, plug-ins of the same signature:
+  - ``dlc_jax.data.rewards:exact_match`` — the response's candidate answer (``#### n``, the last
+    ``\\boxed{}``'s whole content, or the last standalone number) equals the gold number exactly;
+  - ``dlc_jax.data.rewards:math_verify`` — HF ``math-verify`` equivalence of the response and the
+    gold
+    answer (``\\boxed{0.5}`` vs ``1/2``, ``\\boxed{2^{10}}`` vs ``1024``).
+Rewards run in worker processes (``dlc_jax.data.reward_runner``), never on the training thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import math
 import re
-from fractions import Fraction
+import threading
+from collections.abc import Callable
 
-_NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
-_HASH_RE = re.compile(r"####\s*(" + _NUM + ")")
-_BOXED_RE = re.compile(r"\\boxed\{\s*([^{}]*)\s*\}")
-_NUM_RE = re.compile(_NUM)
+from dlc_jax.data.answers import (
+    candidate_answer,
+    extract_answer,
+    normalize_text,
+    parse_number,
+)
 
-
-def normalize_number(s: str) -> str | None:
-    """Canonical string of a number (``"1,234.50"`` -> ``"1234.5"``, ``"7.0"`` -> ``"7"``); None if not a number."""
-    s = s.strip().replace(",", "").rstrip(".")
-    if s.startswith("$"):
-        s = s[1:]
-    try:
-        v = Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        return None
-    if v.denominator == 1:
-        return str(v.numerator)
-    return repr(float(v))
-
-
-def extract_answer(text: str) -> str | None:
-    """The normalized numeric answer in ``text``, or None when there is none."""
-    m = _HASH_RE.findall(text)
-    if m:
-        return normalize_number(m[-1])
-    boxed = _BOXED_RE.findall(text)
-    if boxed:
-        nums = _NUM_RE.findall(boxed[-1])
-        if nums:
-            return normalize_number(nums[-1])
-    nums = _NUM_RE.findall(text)
-    if nums:
-        return normalize_number(nums[-1])
-    return None
+EXACT_MATCH = "dlc_jax.data.rewards:exact_match"
+MATH_VERIFY = "dlc_jax.data.rewards:math_verify"
+_FN_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_SPEC_KEYS = ("fn", "weight", "kwargs")
+# metric tags of the runner itself (reward/errors ...), not usable as reward names
+RESERVED_NAMES = frozenset({"errors", "timeouts", "seconds", "mean", "std", "total"})
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardConfig:
-    """correct: reward for a matching answer; format_bonus: added when the response is well formed
-    (``strict_format`` regex full-matches the stripped response); incorrect: reward otherwise."""
+class RewardFnSpec:
+    """One weighted reward: ``name`` (metric tag ``reward/<name>``), ``fn`` (``module:function``),
+    ``weight`` (its factor in the total) and ``kwargs`` (extra keyword arguments of every call)."""
 
+    name: str
+    fn: str
+    weight: float = 1.0
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    """The ``reward`` section.
+
+    fn: one reward function ``package.module:function`` (weight 1).
+    fns: several weighted rewards, replacing ``fn`` when non-empty: a mapping
+      ``NAME: {fn: module:function, weight: 1.0, kwargs: {...}}`` (or ``NAME: module:function``);
+      the total reward is the weighted sum. Overridable per entry: ``reward.fns.NAME.weight=0.5``.
+    workers: reward worker processes (each call is split into one contiguous chunk per worker; set 1
+      for a function that must see the whole batch at once).
+    timeout_s: time limit of one call on one chunk; past it the worker is killed and the chunk is
+      re-scored one sample at a time, each sample limited to sample_timeout_s, all of them to
+      timeout_s.
+      Samples that raise or do not finish score 0 and are logged with their ids.
+    correct / incorrect / format_bonus / strict_format: options of the built-in exact_match when it
+      is the ``fn`` (reward of a match / a miss; bonus when ``strict_format`` full-matches the
+      stripped response).
+    """
+
+    fn: str = EXACT_MATCH
+    fns: dict = dataclasses.field(default_factory=dict)
+    workers: int = 2
+    timeout_s: float = 60.0
+    sample_timeout_s: float = 10.0
     correct: float = 1.0
     incorrect: float = 0.0
     format_bonus: float = 0.0
     strict_format: str = r"-?\d+"
 
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"reward.workers must be >= 1, got {self.workers}")
+        if not self.timeout_s > 0 or not self.sample_timeout_s > 0:
+            raise ValueError("reward.timeout_s and reward.sample_timeout_s must be > 0")
+        try:
+            re.compile(self.strict_format)
+        except re.error as e:
+            raise ValueError(f"reward.strict_format: bad regex {self.strict_format!r}: {e}") from e
+        self.specs()  # validates fn / fns
 
-def exact_match_reward(response: str, answer: str, cfg: RewardConfig = RewardConfig()) -> float:
-    """Reward of one response against the reference ``answer`` (a number, or GSM8K text with ####)."""
-    ref = extract_answer(answer)
-    if ref is None:
+    def specs(self) -> list[RewardFnSpec]:
+        """The rewards to run, validated (one-line ValueError naming the key)."""
+        if not self.fns:
+            _check_fn_path("reward.fn", self.fn)
+            kw = {}
+            if self.fn == EXACT_MATCH:
+                kw = dict(
+                    correct=self.correct,
+                    incorrect=self.incorrect,
+                    format_bonus=self.format_bonus,
+                    strict_format=self.strict_format,
+                )
+            return [RewardFnSpec(name=self.fn.rsplit(":", 1)[1], fn=self.fn, kwargs=kw)]
+        out = []
+        for name, entry in self.fns.items():
+            key = f"reward.fns.{name}"
+            if isinstance(entry, str):
+                entry = {"fn": entry}
+            if not isinstance(entry, dict):
+                raise ValueError(
+                    f"{key}: expected 'module:function' or a mapping with {list(_SPEC_KEYS)}"
+                )
+            extra = sorted(set(entry) - set(_SPEC_KEYS))
+            if extra:
+                raise ValueError(f"{key}: unknown keys {extra} (known: {list(_SPEC_KEYS)})")
+            if "fn" not in entry:
+                raise ValueError(f"{key}: missing 'fn: module:function'")
+            if str(name) in RESERVED_NAMES:
+                raise ValueError(
+                    f"{key}: the name is reserved for a metric (reserved: {sorted(RESERVED_NAMES)})"
+                )
+            _check_fn_path(f"{key}.fn", entry["fn"])
+            w = entry.get("weight", 1.0)
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+                raise ValueError(f"{key}.weight: expected a finite number, got {w!r}")
+            kw = entry.get("kwargs") or {}
+            if not isinstance(kw, dict):
+                raise ValueError(f"{key}.kwargs: expected a mapping, got {kw!r}")
+            out.append(
+                RewardFnSpec(name=str(name), fn=entry["fn"], weight=float(w), kwargs=dict(kw))
+            )
+        return out
+
+
+def _check_fn_path(key: str, path) -> None:
+    if not isinstance(path, str) or not _FN_RE.match(path):
+        raise ValueError(f"{key}: expected 'package.module:function', got {path!r}")
+
+
+def resolve_fn(path: str) -> Callable:
+    """The function named by ``package.module:function``; one-line ValueError when not found."""
+    mod_name, _, fn_name = path.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - any import failure of user code is reported the same way
+        raise ValueError(
+            f"cannot import reward module {mod_name!r} ({type(e).__name__}: {e})"
+        ) from e
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"reward module {mod_name!r} has no function {fn_name!r}")
+    return fn
+
+
+# ---- exact match ------------------------------------------------------------------------------
+
+
+def _exact_match_one(completion: str, answer: str) -> bool:
+    gold = parse_number(answer)
+    cand = candidate_answer(completion)
+    if cand is None:
+        return False
+    if gold is None:  # a non-numeric gold: compare normalized text
+        return normalize_text(cand) == normalize_text(answer)
+    got = parse_number(cand)
+    return got is not None and got == gold
+
+
+def exact_match(
+    prompts: list[str],
+    completions: list[str],
+    answers: list[str],
+    *,
+    correct: float = 1.0,
+    incorrect: float = 0.0,
+    format_bonus: float = 0.0,
+    strict_format: str = r"-?\d+",
+    **metadata,
+) -> list[float]:
+    """``correct`` when the response's candidate answer equals the gold number, else ``incorrect``;
+    plus ``format_bonus`` when ``strict_format`` full-matches the stripped response."""
+    fmt = re.compile(strict_format) if format_bonus else None
+    out = []
+    for c, a in zip(completions, answers, strict=True):
+        r = correct if _exact_match_one(c, a) else incorrect
+        if fmt is not None and fmt.fullmatch(c.strip()):
+            r += format_bonus
+        out.append(float(r))
+    return out
+
+
+def _exact_match_check(answer: str) -> str | None:
+    if parse_number(answer) is None:
+        return f"gold answer {answer!r} is not a number (exact_match needs one)"
+    return None
+
+
+exact_match.check_answer = _exact_match_check  # type: ignore[attr-defined]
+
+
+def exact_match_reward(response: str, answer: str, cfg: RewardConfig | None = None) -> float:
+    """One response scored by :func:`exact_match` with ``cfg``'s options (for scripts)."""
+    cfg = cfg or RewardConfig()
+    gold = answer if parse_number(answer) is not None else extract_answer(answer)  # e.g. "#### 19"
+    if gold is None or parse_number(gold) is None:
         raise ValueError(f"reference answer {answer!r} contains no number")
-    got = extract_answer(response)
-    r = cfg.correct if got is not None and got == ref else cfg.incorrect
-    if cfg.format_bonus and re.fullmatch(cfg.strict_format, response.strip()):
-        r += cfg.format_bonus
-    return float(r)
+    return exact_match(
+        [""],
+        [response],
+        [gold],
+        correct=cfg.correct,
+        incorrect=cfg.incorrect,
+        format_bonus=cfg.format_bonus,
+        strict_format=cfg.strict_format,
+    )[0]
+
+
+# ---- math_verify ------------------------------------------------------------------------------
+
+
+def _mv_timeout(seconds: float) -> int | None:
+    """math-verify's own timeouts use signal.alarm, which works only on the main thread: off it they
+    are disabled (the reward runner's process timeout still bounds the call)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return max(1, int(math.ceil(seconds)))
+
+
+def _gold_text(answer: str) -> str:
+    """Gold answers are usually bare LaTeX/numbers; box them so math-verify parses all of it."""
+    if "$" in answer or "\\boxed" in answer or "\\(" in answer or "\\[" in answer:
+        return answer
+    return "\\boxed{" + normalize_text(answer) + "}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(answer: str, timeout: int | None):
+    from math_verify import parse
+
+    return parse(_gold_text(answer), parsing_timeout=timeout)
+
+
+def math_verify(
+    prompts: list[str],
+    completions: list[str],
+    answers: list[str],
+    *,
+    correct: float = 1.0,
+    incorrect: float = 0.0,
+    timeout_s: float = 5.0,
+    **metadata,
+) -> list[float]:
+    """``correct`` when HF math-verify finds the response's final answer equal to the gold one."""
+    from math_verify import parse, verify
+
+    t = _mv_timeout(timeout_s)
+    out = []
+    for c, a in zip(completions, answers, strict=True):
+        gold = _parse_gold(a, t)
+        pred = parse(c, parsing_timeout=t) if gold else []
+        ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=t)
+        out.append(float(correct if ok else incorrect))
+    return out
+
+
+def _math_verify_check(answer: str) -> str | None:
+    if not _parse_gold(answer, _mv_timeout(5.0)):
+        return f"gold answer {answer!r} is not parsed by math-verify"
+    return None
+
+
+math_verify.check_answer = _math_verify_check  # type: ignore[attr-defined]

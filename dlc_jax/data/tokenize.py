@@ -1,7 +1,11 @@
-"""Prompt tokenization with the model's HF tokenizer (loaded from the model directory, offline).
+"""Prompt rendering and tokenization with the model's HF tokenizer (from the model directory).
 
-Token ids are produced once here and then travel unchanged trainer -> sampler -> trainer; nothing
-downstream re-tokenizes text.
+With ``chat_template`` on, a prompt is rendered by the tokenizer's own chat template
+(``apply_chat_template`` with ``add_generation_prompt=True``, an optional system message and
+``enable_thinking`` — Qwen3's switch; templates that do not use it ignore it); a tokenizer without a
+template falls back to the hand-written ChatML below. Token ids are produced once here and then
+travel
+unchanged trainer -> sampler -> trainer; nothing downstream re-tokenizes text.
 """
 
 from __future__ import annotations
@@ -25,10 +29,80 @@ def chatml(prompt: str, system: str | None = None) -> str:
     return out + f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def encode_prompt(tokenizer, prompt: str, *, chat_template: bool = False, system: str | None = None) -> np.ndarray:
-    """Token ids [P] (int32) of ``prompt``; wrapped in ChatML first when ``chat_template``."""
-    text = chatml(prompt, system) if chat_template else prompt
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None)) and hasattr(
+        tokenizer, "apply_chat_template"
+    )
+
+
+def render_prompt(
+    tokenizer,
+    prompt: str,
+    *,
+    chat_template: bool = False,
+    system: str | None = None,
+    enable_thinking: bool = True,
+) -> str:
+    """The text the model sees for ``prompt`` (module doc)."""
+    if not chat_template:
+        return prompt
+    if not has_chat_template(tokenizer):
+        return chatml(prompt, system)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+    )
+
+
+def encode_prompt(
+    tokenizer,
+    prompt: str,
+    *,
+    chat_template: bool = False,
+    system: str | None = None,
+    enable_thinking: bool = True,
+) -> np.ndarray:
+    """Token ids [P] (int32) of the rendered ``prompt``."""
+    text = render_prompt(
+        tokenizer,
+        prompt,
+        chat_template=chat_template,
+        system=system,
+        enable_thinking=enable_thinking,
+    )
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) == 0:
         raise ValueError(f"prompt {prompt!r} tokenized to zero tokens")
     return np.asarray(ids, dtype=np.int32)
+
+
+def count_prompt_tokens(
+    tokenizer,
+    prompts: list[str],
+    *,
+    chat_template: bool = False,
+    system: str | None = None,
+    enable_thinking: bool = True,
+) -> list[int]:
+    """Token count of each rendered prompt (batched when the tokenizer is an HF one)."""
+    texts = [
+        render_prompt(
+            tokenizer,
+            p,
+            chat_template=chat_template,
+            system=system,
+            enable_thinking=enable_thinking,
+        )
+        for p in prompts
+    ]
+    if callable(tokenizer) and hasattr(tokenizer, "batch_decode"):
+        out: list[int] = []
+        for i in range(0, len(texts), 1024):
+            out.extend(
+                len(x)
+                for x in tokenizer(texts[i : i + 1024], add_special_tokens=False)["input_ids"]
+            )
+        return out
+    return [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]

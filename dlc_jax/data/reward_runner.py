@@ -1,0 +1,390 @@
+"""Runs reward functions in worker processes, with timeouts, off the training thread.
+
+``RewardRunner(cfg).score(prompts, completions, answers, ids) -> (rewards float32 [N], metrics)``.
+
+Why processes: a reward is user code; a hanging one must be stoppable (a thread cannot be killed),
+and HF math-verify's own timeouts use ``signal.alarm``, which only works on a process's main
+thread —
+a worker process runs every call on its main thread, so those timeouts work there. Workers are
+``spawn``ed (never forked from the multi-threaded trainer) and import the reward functions once at
+start-up, so a bad ``module:function`` fails the run at start in one line.
+
+Each reward function is called on the batch split into one contiguous chunk per worker. A chunk that
+raises, returns the wrong number of values / non-finite values, or runs past ``timeout_s`` (its
+worker
+is killed and replaced) is re-scored one sample at a time (``sample_timeout_s`` each, all of them
+within ``timeout_s``); samples that still fail score 0 and are logged with their ids. The run goes
+on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+import numpy as np
+
+from dlc_jax.data.rewards import RewardConfig, RewardFnSpec
+
+log = logging.getLogger(__name__)
+
+_STARTUP_TIMEOUT_S = 120.0
+_MAX_IDS_IN_LOG = 8
+
+
+class RewardError(ValueError):
+    """A reward set-up error (bad function path, import failure); the message is one line."""
+
+
+# ---- worker process -------------------------------------------------------------------------
+
+
+class _Worker:
+    """One ``dlc_jax.data.reward_worker`` subprocess and its socket connection."""
+
+    def __init__(self, fn_paths: list[str]):
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        # the worker imports what this process can (plug-ins next to a script, test modules)
+        path = [p or os.getcwd() for p in sys.path]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dlc_jax.data.reward_worker", str(child.fileno())],
+            pass_fds=(child.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        child.close()
+        self.conn = Connection(parent.detach())
+        self.conn.send(list(fn_paths))
+        self.ready = False
+        self.task: _Task | None = None
+        self.deadline = math.inf
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.conn.close()
+
+
+@dataclass
+class _Task:
+    spec: int  # index into specs
+    rows: list[int]  # sample indices of this call
+    timeout_s: float
+    single: bool  # a one-sample re-score (no further fallback)
+    deadline: float = math.inf  # hard limit for fallback tasks (the time budget)
+    result: list[float] | None = field(default=None)
+
+
+# ---- runner ---------------------------------------------------------------------------------
+
+
+class RewardRunner:
+    """Weighted rewards of ``cfg`` scored in ``cfg.workers`` worker processes. Use as a context
+    manager or call :meth:`close`."""
+
+    def __init__(self, cfg: RewardConfig):
+        self.cfg = cfg
+        try:
+            self.specs: list[RewardFnSpec] = cfg.specs()
+        except ValueError as e:
+            raise RewardError(str(e)) from e
+        self._paths = [s.fn for s in self.specs]
+        self._workers: list[_Worker] = []
+        self.totals = {"errors": 0, "timeouts": 0}
+        t0 = time.time()
+        for _ in range(cfg.workers):
+            self._workers.append(_Worker(self._paths))
+        for w in self._workers:
+            self._await_ready(w)
+        log.info(
+            "reward: %s in %d worker processes (ready in %.1f s)",
+            ", ".join(f"{s.name}={s.fn} x{s.weight:g}" for s in self.specs),
+            cfg.workers,
+            time.time() - t0,
+        )
+
+    def _await_ready(self, w: _Worker) -> None:
+        if not w.conn.poll(_STARTUP_TIMEOUT_S):
+            self.close()
+            raise RewardError(f"reward: worker did not start within {_STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            kind, msg = w.conn.recv()
+        except EOFError:
+            self.close()
+            raise RewardError(
+                f"reward: worker exited at start (exit code {w.proc.poll()})"
+            ) from None
+        if kind != "ready":
+            self.close()
+            raise RewardError(f"reward: {msg}")
+        w.ready = True
+
+    def close(self) -> None:
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for w in self._workers:
+            try:
+                w.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            w.kill()
+        self._workers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- public API ---------------------------------------------------------------------------
+    def score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        answers: list[str],
+        ids: list[str],
+        metadata: dict[str, list] | None = None,
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """Total reward per sample (float32 [N], weighted sum over the rewards) and metrics:
+        ``reward/<name>`` (mean of that reward), ``reward/errors`` and ``reward/timeouts`` (samples
+        that scored 0 because of a failure, this call), ``reward/seconds``."""
+        n = len(completions)
+        if not (len(prompts) == len(answers) == len(ids) == n):
+            raise ValueError(
+                f"score: {len(prompts)} prompts, {n} completions, {len(answers)} answers, "
+                f"{len(ids)} ids: lengths differ"
+            )
+        t0 = time.time()
+        meta = dict(metadata or {})
+        for k, v in meta.items():
+            if len(v) != n:
+                raise ValueError(f"score: metadata {k!r} has {len(v)} values for {n} samples")
+        total = np.zeros(n, np.float64)
+        metrics: dict[str, float] = {}
+        errors = timeouts = 0
+        if n == 0:
+            return total.astype(np.float32), metrics
+        payload = (prompts, completions, answers, meta, ids)
+        per_spec = self._run(payload, n)
+        for si, spec in enumerate(self.specs):
+            vals, failed = per_spec[si]
+            for kind, rows, why in failed:
+                if kind == "timeout":
+                    timeouts += len(rows)
+                else:
+                    errors += len(rows)
+                shown = ", ".join(ids[r] for r in rows[:_MAX_IDS_IN_LOG])
+                more = (
+                    f" (+{len(rows) - _MAX_IDS_IN_LOG} more)" if len(rows) > _MAX_IDS_IN_LOG else ""
+                )
+                log.warning(
+                    "reward %r (%s) %s on sample ids [%s]%s: %s; they score 0",
+                    spec.name,
+                    spec.fn,
+                    "timed out" if kind == "timeout" else "failed",
+                    shown,
+                    more,
+                    why,
+                )
+            metrics[f"reward/{spec.name}"] = float(np.mean(vals))
+            total += spec.weight * vals
+        self.totals["errors"] += errors
+        self.totals["timeouts"] += timeouts
+        metrics.update(
+            {
+                "reward/errors": float(errors),
+                "reward/timeouts": float(timeouts),
+                "reward/seconds": time.time() - t0,
+            }
+        )
+        return total.astype(np.float32), metrics
+
+    def check_answers(self, answers: list[str]) -> list[str | None]:
+        """Per gold answer, the first message of a reward's ``check_answer`` (None = fine)."""
+        out: list[str | None] = [None] * len(answers)
+        if not answers:
+            return out
+        for si in range(len(self.specs)):
+            chunks = _split(len(answers), len(self._workers))
+            results = self._map_simple("check", si, [[answers[i] for i in c] for c in chunks])
+            for c, res in zip(chunks, results):
+                for i, msg in zip(c, res):
+                    if msg is not None and out[i] is None:
+                        out[i] = f"{msg} (reward {self.specs[si].name})"
+        return out
+
+    # ---- scheduling ---------------------------------------------------------------------------
+    def _call_args(self, spec: RewardFnSpec, payload, rows: list[int]):
+        prompts, completions, answers, meta, ids = payload
+        kwargs = {k: [v[r] for r in rows] for k, v in meta.items()}
+        kwargs["ids"] = [ids[r] for r in rows]
+        kwargs.update(spec.kwargs)
+        return (
+            [prompts[r] for r in rows],
+            [completions[r] for r in rows],
+            [answers[r] for r in rows],
+            kwargs,
+        )
+
+    def _replace(self, i: int) -> _Worker:
+        """A fresh worker in place of worker ``i`` (killed, dead or broken)."""
+        self._workers[i].kill()
+        w = self._workers[i] = _Worker(self._paths)
+        self._await_ready(w)
+        return w
+
+    def _ensure_workers(self) -> None:
+        for i, w in enumerate(self._workers):
+            if not (w.ready and w.alive()):
+                self._replace(i)
+
+    def _run(self, payload, n: int):
+        """Per spec: (values float64 [n], failures [(kind, rows, why)])."""
+        cfg = self.cfg
+        self._ensure_workers()
+        vals = [np.zeros(n, np.float64) for _ in self.specs]
+        failed: list[list] = [[] for _ in self.specs]
+        queue: deque[_Task] = deque(
+            _Task(si, rows, cfg.timeout_s, single=(len(rows) == 1))
+            for si in range(len(self.specs))
+            for rows in _split(n, len(self._workers))
+        )
+        budget_end: dict[int, float] = {}  # per reward: end of its one-by-one re-scoring budget
+        busy: list[_Worker] = []
+        while queue or busy:
+            now = time.time()
+            # hand out tasks to idle, ready workers
+            for i, w in enumerate(self._workers):
+                if not queue:
+                    break
+                if w.task is not None:
+                    continue
+                if not w.ready:
+                    w = self._replace(i)
+                nxt = queue.popleft()
+                if nxt.deadline <= now:
+                    failed[nxt.spec].append(
+                        ("timeout", nxt.rows, "not scored within reward.timeout_s")
+                    )
+                    continue
+                w.task, w.deadline = nxt, min(now + nxt.timeout_s, nxt.deadline)
+                args = self._call_args(self.specs[nxt.spec], payload, nxt.rows)
+                w.conn.send(("score", nxt.spec, args))
+                busy.append(w)
+            if not busy:
+                continue
+            timeout = max(0.0, min(w.deadline for w in busy) - time.time())
+            ready = wait([w.conn for w in busy], timeout=timeout)
+            now = time.time()
+            for w in list(busy):
+                t = w.task
+                assert t is not None
+                why = None
+                kind = "error"
+                if w.conn in ready:
+                    try:
+                        status, res = w.conn.recv()
+                    except (EOFError, OSError):
+                        status, res = "err", f"worker died (exit code {w.proc.poll()})"
+                        w.ready = False
+                    if status == "ok":
+                        why = _check_values(res, len(t.rows))
+                        if why is None:
+                            vals[t.spec][t.rows] = res
+                    else:
+                        why = res
+                elif now >= w.deadline:
+                    kind, why = "timeout", f"no result within {t.timeout_s:g} s"
+                    w.kill()
+                    w.ready = False
+                else:
+                    continue
+                busy.remove(w)
+                w.task = None
+                if why is None:
+                    continue
+                if t.single:
+                    failed[t.spec].append((kind, t.rows, why))
+                    continue
+                log.info(
+                    "reward %r: a %d-sample call %s (%s); re-scoring its samples one by one",
+                    self.specs[t.spec].name,
+                    len(t.rows),
+                    "timed out" if kind == "timeout" else "failed",
+                    why,
+                )
+                end = budget_end.setdefault(t.spec, now + cfg.timeout_s)
+                queue.extend(
+                    _Task(t.spec, [r], cfg.sample_timeout_s, single=True, deadline=end)
+                    for r in t.rows
+                )
+        return list(zip(vals, [_merge_failures(f) for f in failed]))
+
+    def _map_simple(self, kind: str, si: int, payloads: list) -> list[list]:
+        """One request per worker (len(payloads) <= workers), no fallback; errors: RewardError."""
+        self._ensure_workers()
+        ws = self._workers[: len(payloads)]
+        for w, p in zip(ws, payloads):
+            w.conn.send((kind, si, p))
+        out = []
+        for w in ws:
+            if not w.conn.poll(max(self.cfg.timeout_s, 60.0)):
+                w.kill()
+                w.ready = False
+                raise RewardError(
+                    f"reward {self.specs[si].name!r}: check_answer did not finish in time"
+                )
+            status, res = w.conn.recv()
+            if status != "ok":
+                raise RewardError(f"reward {self.specs[si].name!r}: check_answer failed: {res}")
+            out.append(res)
+        return out
+
+
+def _split(n: int, parts: int) -> list[list[int]]:
+    """``range(n)`` in at most ``parts`` contiguous, non-empty, near-equal chunks."""
+    parts = max(1, min(parts, n))
+    bounds = np.linspace(0, n, parts + 1).round().astype(int)
+    return [
+        list(range(bounds[i], bounds[i + 1])) for i in range(parts) if bounds[i + 1] > bounds[i]
+    ]
+
+
+def _merge_failures(failed: list) -> list:
+    """One ``(kind, rows, first reason)`` per kind, rows sorted."""
+    out: dict[str, tuple[str, list[int], str]] = {}
+    for kind, rows, why in failed:
+        if kind in out:
+            out[kind][1].extend(rows)
+        else:
+            out[kind] = (kind, list(rows), why)
+    return [(k, sorted(rows), why) for k, rows, why in out.values()]
+
+
+def _check_values(res: list[float], n: int) -> str | None:
+    if len(res) != n:
+        return f"returned {len(res)} values for {n} samples"
+    bad = [x for x in res if not math.isfinite(x)]
+    if bad:
+        return f"returned non-finite values {bad[:3]}"
+    return None

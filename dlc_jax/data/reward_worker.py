@@ -1,0 +1,82 @@
+"""A reward worker process: ``python -m dlc_jax.data.reward_worker FD`` (run by ``RewardRunner``).
+
+The worker talks over the socket ``FD`` (a ``multiprocessing.connection.Connection``): it receives
+the
+list of ``module:function`` paths, imports them, answers ``("ready", None)`` (or
+``("error", msg)``),
+then serves ``(kind, fn_index, payload)`` requests until it reads ``None`` or EOF. Every call runs
+on
+the worker's main thread, so signal-based timeouts inside a reward (HF math-verify) work.
+
+It is a plain subprocess rather than a ``multiprocessing`` child: ``spawn`` would re-run the user's
+``__main__`` script in the worker, ``fork`` would copy the multi-threaded trainer. A watchdog thread
+exits the worker when its parent dies, even while a reward hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def _describe(e: BaseException) -> str:
+    where = traceback.extract_tb(e.__traceback__)[-1:]
+    at = f" at {os.path.basename(where[0].filename)}:{where[0].lineno}" if where else ""
+    return f"{type(e).__name__}: {e}{at}"
+
+
+def serve(conn: Connection) -> None:
+    from dlc_jax.data.rewards import resolve_fn
+
+    paths = conn.recv()
+    try:
+        fns = [resolve_fn(p) for p in paths]
+    except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+        conn.send(("error", str(e)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        kind, i, payload = msg
+        try:
+            if kind == "score":
+                prompts, completions, answers, kwargs = payload
+                out = fns[i](prompts, completions, answers, **kwargs)
+                conn.send(("ok", [float(x) for x in out]))
+            elif kind == "check":
+                check = getattr(fns[i], "check_answer", None)
+                conn.send(("ok", [check(a) if check else None for a in payload]))
+            else:
+                conn.send(("err", f"unknown request {kind!r}"))
+        except Exception as e:  # noqa: BLE001 - a failing reward must never end the worker
+            conn.send(("err", _describe(e)))
+
+
+def main(argv: list[str]) -> int:
+    conn = Connection(int(argv[0]))
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    try:
+        serve(conn)
+    finally:
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

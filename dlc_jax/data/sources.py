@@ -1,0 +1,199 @@
+"""Row sources of the prompt pipeline: JSONL, Parquet, HF ``datasets`` and the synthetic task.
+
+Every source is random-access (``len`` + ``row(i) -> dict``) so grain can shuffle and checkpoint it,
+and names where row ``i`` came from (``where(i)``: ``"data.jsonl:17"``,
+``"hf:openai/gsm8k[train] row
+17"``) for the data errors. ``data.source`` forms:
+  - ``arithmetic``: the synthetic task (:mod:`dlc_jax.data.arithmetic`);
+  - ``PATH.jsonl`` / ``PATH.parquet``: a local file;
+  - ``hf:NAME_OR_PATH``: HF ``datasets`` — a directory written by ``Dataset.save_to_disk`` /
+    ``DatasetDict.save_to_disk``, a local directory of data files, or a hub name
+    (``hf:openai/gsm8k``
+    with ``data.subset=main``; offline, ``HF_DATASETS_OFFLINE=1`` uses the local cache only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
+
+
+class DataError(ValueError):
+    """A problem with the data set; the message is one line and names the file/line or row."""
+
+
+class RowSource:
+    """Rows of a data set with their locations."""
+
+    name: str = ""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def row(self, i: int) -> dict:
+        raise NotImplementedError
+
+    def where(self, i: int) -> str:
+        return f"{self.name} row {i}"
+
+    def iter_rows(self):
+        """``(i, row)`` for every row, in order (sources override this with a faster scan)."""
+        for i in range(len(self)):
+            yield i, self.row(i)
+
+
+class ListSource(RowSource):
+    """Rows held in memory; ``lines`` maps a row to its 1-based file line (JSONL)."""
+
+    def __init__(self, name: str, rows: list[dict], lines: list[int] | None = None):
+        self.name, self.rows, self.lines = name, rows, lines
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row(self, i: int) -> dict:
+        return self.rows[i]
+
+    def where(self, i: int) -> str:
+        return f"{self.name}:{self.lines[i]}" if self.lines is not None else f"{self.name} row {i}"
+
+    def iter_rows(self):
+        return enumerate(self.rows)
+
+
+class ArithmeticRows(RowSource):
+    def __init__(self, cfg: ArithmeticConfig, seed: int):
+        self.src = ArithmeticSource(cfg, seed=seed)
+        self.name = "arithmetic"
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def row(self, i: int) -> dict:
+        return self.src[i]
+
+
+class HFSource(RowSource):
+    """A ``datasets.Dataset`` (memory-mapped Arrow: rows are read on access, not held in memory)."""
+
+    def __init__(self, name: str, ds: Any):
+        self.name, self.ds = name, ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def row(self, i: int) -> dict:
+        return self.ds[int(i)]
+
+    def iter_rows(self):
+        i = 0
+        for batch in self.ds.iter(batch_size=1024):
+            cols = list(batch)
+            for j in range(len(batch[cols[0]]) if cols else 0):
+                yield i, {c: batch[c][j] for c in cols}
+                i += 1
+
+
+def read_jsonl(path: Path) -> ListSource:
+    rows, lines = [], []
+    with path.open("r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})"
+                ) from None
+            if not isinstance(rec, dict):
+                raise DataError(
+                    f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}"
+                )
+            rows.append(rec)
+            lines.append(lineno)
+    return ListSource(str(path), rows, lines)
+
+
+def read_parquet(path: Path) -> ListSource:
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise DataError(f"{path}: cannot read Parquet ({type(e).__name__}: {e})") from None
+    return ListSource(str(path), rows)
+
+
+def read_hf(spec: str, split: str, subset: str = "") -> HFSource:
+    """The ``split`` of HF data set ``spec`` (a save_to_disk path, a data dir or a hub name)."""
+    import datasets
+
+    label = f"hf:{spec}" + (f"/{subset}" if subset else "") + f"[{split}]"
+    path = Path(spec).expanduser()
+    try:
+        if path.is_dir() and (
+            (path / "dataset_info.json").exists()
+            or (path / "dataset_dict.json").exists()
+            or (path / "state.json").exists()
+        ):
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise DataError(
+                        f"data.split: {split!r} is not a split of {label} (splits: {sorted(ds)})"
+                    )
+                ds = ds[split]
+        elif path.exists() and not path.is_dir():
+            raise DataError(
+                f"data.source: {spec!r} is a file; use it without 'hf:' (.jsonl/.parquet)"
+            )
+        else:
+            if spec.startswith(("/", ".", "~")) and not path.exists():
+                raise DataError(f"data.source: no such directory {spec!r}")
+            ds = datasets.load_dataset(
+                str(path) if path.is_dir() else spec, subset or None, split=split
+            )
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - datasets raises many types; report one line
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DataError(f"data.source: cannot load {label} ({type(e).__name__}: {msg})") from None
+    return HFSource(label, ds)
+
+
+def open_source(
+    source: str,
+    *,
+    split: str = "train",
+    subset: str = "",
+    arithmetic: ArithmeticConfig | None = None,
+    seed: int = 0,
+) -> RowSource:
+    """The :class:`RowSource` of ``data.source`` (module doc); one-line DataError if unreadable."""
+    if source == "arithmetic":
+        return ArithmeticRows(arithmetic or ArithmeticConfig(), seed)
+    if source.startswith("hf:"):
+        return read_hf(source[3:], split, subset)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(f"data.source: no such file {source!r}")
+    if path.is_dir():
+        raise DataError(
+            f"data.source: {source!r} is a directory; use 'hf:{source}' for a datasets directory"
+        )
+    if path.suffix == ".jsonl":
+        src: RowSource = read_jsonl(path)
+    elif path.suffix == ".parquet":
+        src = read_parquet(path)
+    else:
+        raise DataError(
+            f"data.source: unsupported file type {path.suffix!r} of {source!r} "
+            "(use .jsonl, .parquet, 'hf:NAME_OR_PATH' or 'arithmetic')"
+        )
+    if len(src) == 0:
+        raise DataError(f"data.source: {source!r} has no records")
+    return src
