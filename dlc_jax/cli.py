@@ -3,18 +3,64 @@
 Each subcommand lives in its own module and exposes `cli(argv: list[str]) -> int`; modules are
 imported lazily so `dlc-jax --help` and `dlc-jax X --help` stay fast and do not import JAX/vLLM
 for unrelated commands.
+
+Logging: library modules log through `logging.getLogger(__name__)` and never configure it; the
+command line does, once, here (`setup_logging`): records of `dlc_jax.*` at INFO and above, other
+libraries at WARNING and above, one line each on stdout, written through `tqdm.write` so they do
+not tear the training progress bar.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _TqdmHandler(logging.Handler):
+    """Writes each record as one line via `tqdm.write` (above a progress bar, if one is shown)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stdout)
+            sys.stdout.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Configure the root logger for a `dlc-jax` command (idempotent): `dlc_jax.*` at ``level``,
+    everything else at WARNING, one formatted line per record on stdout."""
+    root = logging.getLogger()
+    if not any(isinstance(h, _TqdmHandler) for h in root.handlers):
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
+        root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("dlc_jax").setLevel(level)
+
+
 COMMANDS: dict[str, tuple[str, str]] = {
-    "make-tiny": ("dlc_jax.model.tiny", "write a tiny random Qwen3 HF directory + offline tokenizer"),
-    "sampler": ("dlc_jax.sampler.cli", "sampler service: `dlc-jax sampler serve --backend vllm|jax ...`"),
-    "train": ("dlc_jax.trainer.cli", "run RL training: `dlc-jax train --config configs/X.yaml [k=v ...]`"),
-    "export": ("dlc_jax.trainer.export_cli", "convert an orbax training checkpoint to an HF directory"),
+    "make-tiny": (
+        "dlc_jax.model.tiny",
+        "write a tiny random Qwen3 HF directory + offline tokenizer",
+    ),
+    "sampler": (
+        "dlc_jax.sampler.cli",
+        "sampler service: `dlc-jax sampler serve --backend vllm|jax ...`",
+    ),
+    "train": (
+        "dlc_jax.trainer.cli",
+        "run RL training: `dlc-jax train --config configs/X.yaml [k=v ...]`",
+    ),
+    "export": (
+        "dlc_jax.trainer.export_cli",
+        "convert an orbax training checkpoint to an HF directory",
+    ),
     "experiment": ("dlc_jax.experiments.cli", "KL-to-on-policy experiments and report"),
     "bench": ("dlc_jax.bench.cli", "benchmarks against peers (writes JSON + markdown)"),
 }
@@ -41,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"dlc-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    setup_logging()
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.cli(rest) or 0)
 

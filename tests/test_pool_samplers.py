@@ -13,6 +13,8 @@ import pytest
 from dlc_jax.sampler import safetensors_io as st
 from dlc_jax.sampler.client import SamplerClient
 from dlc_jax.sampler.pool import NoActiveSamplerError, SamplerPool, connect_samplers, slot_seed
+from dlc_jax.sampler.protocol import Sampler
+from dlc_jax.sampler.retry import RetryPolicy
 from dlc_jax.sampler.types import SamplingParams
 
 PARAMS = SamplingParams(n=2, max_tokens=4, temperature=1.0, head_k=2, seed=7)
@@ -171,6 +173,10 @@ def test_killed_sampler_leaves_rotation_and_training_continues(servers, base_wei
             for k in range(2):
                 res = pool.push_weights(_perturbed(base_weights, 30 + k), v + 1 + k)
                 assert res.ok and list(res.per_sampler) == [a0]
+                # the readmission probe of the dead sampler used its own timeout / retry policy: the
+                # shared client's settings are untouched
+                dead = pool.clients[1]
+                assert dead.timeout == 120 and dead.retry == RetryPolicy(max_retries=1, backoff=0.05)
                 got = _generate(pool, slots=(0, 1))
                 assert {x for r in got.values() for x in r.versions} == {v + 1 + k}
         # a sampler down while still in rotation: its push fails and is reported, the rest go on
@@ -189,12 +195,14 @@ def test_killed_sampler_leaves_rotation_and_training_continues(servers, base_wei
 def test_connect_samplers_one_or_many(servers, tmp_path):
     a0, a1 = servers[0].address, servers[1].address
     c = connect_samplers(a0)
-    assert isinstance(c, SamplerClient)
+    assert isinstance(c, SamplerClient) and isinstance(c, Sampler)
+    assert c.metrics() == {} and c.rotation() == [] and c.report()[0]["active"]
     c.close()
     tok = tmp_path / "tok"
     tok.write_text("secret\n")
     p = connect_samplers(f"{a0}, {a1}", token_file=str(tok), timeout=5)
     assert isinstance(p, SamplerPool) and p.addresses == [a0, a1] and p.clients[0].token == "secret"
+    assert isinstance(p, Sampler) and p.rotation() == [True, True]
     p.close()
     tok.write_text("")
     with pytest.raises(ValueError, match="token_file"):

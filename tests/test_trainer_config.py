@@ -30,7 +30,7 @@ def test_overrides_coerce_types(tmp_path):
     assert cfg.optim.lr == 2e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.train.steps == 7 and cfg.sampler.backend == "jax" and cfg.log.progress is False
     assert cfg.async_.prefetch == 3 and cfg.data.arithmetic.operators == "+-"
-    assert cfg.loss.options == {"clip_low": 0.3}
+    assert cfg.loss.clip_low == 0.3 and cfg.loss.loss_config().clip_low == 0.3
     assert isinstance(cfg.sampler.temperature, float)
     # round trip through YAML
     p = tmp_path / "c.yaml"

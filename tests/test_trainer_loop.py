@@ -5,6 +5,7 @@ snapshot forward; sampler killed mid-run -> reconnect without losing or double-c
 """
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -41,11 +42,12 @@ def _rows(tmp_path):
 def _run(cfg):
     from dlc_jax.trainer.loop import Trainer
 
-    t = Trainer(cfg, log=lambda *a: None)
+    t = Trainer(cfg)
     return t, t.run()
 
 
-def test_onpolicy_lag_exactly_zero_no_snapshot_forward(tiny_dir, tmp_path):
+def test_onpolicy_lag_exactly_zero_no_snapshot_forward(tiny_dir, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="dlc_jax")
     t, s = _run(_cfg(tiny_dir, tmp_path, "resync.policy=onpolicy", "train.steps=3"))
     rows = _rows(tmp_path)
     assert s["finished"] and [r["step"] for r in rows] == [1, 2, 3]
@@ -54,6 +56,9 @@ def test_onpolicy_lag_exactly_zero_no_snapshot_forward(tiny_dir, tmp_path):
     assert s["snapshot_forwards"] == 0 and s["resync_count"] == 3
     # the decomposition still sees the sampler/trainer numerical discrepancy (tiny, not zero by construction)
     assert all(abs(r["delta_mean"]) < 1e-3 for r in rows)
+    # the spawned loopback sampler offers its socket data plane: every resync push used it
+    pushes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("push: version")]
+    assert len(pushes) == 3 and all(" via socket " in m for m in pushes), pushes
 
 
 def test_never_ess_falls_and_ess_policy_recovers(tiny_dir, tmp_path):
@@ -79,7 +84,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path):
+def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path, caplog):
     from dlc_jax.sampler.process import SamplerProcess
     from dlc_jax.trainer.loop import Trainer
 
@@ -88,7 +93,8 @@ def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path):
     proc = SamplerProcess("jax", str(tiny_dir), port=port, extra_args=args).start()
     cfg = _cfg(tiny_dir, tmp_path, f"sampler.address=127.0.0.1:{port}", "train.steps=5", "resync.policy=every_k",
                "resync.k=1", "sampler.reconnect_timeout_s=120")
-    trainer = Trainer(cfg, log=lambda *a: None)
+    caplog.set_level(logging.INFO, logger="dlc_jax")
+    trainer = Trainer(cfg)
     out = {}
     th = threading.Thread(target=lambda: out.update(trainer.run()))
     th.start()
@@ -106,5 +112,8 @@ def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path):
         assert out["finished"] and [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # no batch lost or repeated
         assert out["reconnects"] >= 1
         assert proc2.client().info()["version"] == 5  # the new sampler got the trainer's weights
+        # a sampler started without a data port: pushes fall back to gRPC
+        pushes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("push: version")]
+        assert pushes and all(" via grpc " in m for m in pushes), pushes
     finally:
         proc2.stop()

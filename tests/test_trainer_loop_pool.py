@@ -6,6 +6,7 @@ trainer-level reconnect. Also: a finished run re-invoked says so instead of sile
 """
 
 import json
+import logging
 import threading
 import time
 
@@ -39,7 +40,7 @@ def _rows(tmp_path):
     return [json.loads(l) for l in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_one_sampler_killed_training_continues(tiny_dir, tmp_path):
+def test_one_sampler_killed_training_continues(tiny_dir, tmp_path, caplog):
     from dlc_jax.sampler.process import SamplerProcess
     from dlc_jax.trainer.loop import Trainer
 
@@ -48,8 +49,8 @@ def test_one_sampler_killed_training_continues(tiny_dir, tmp_path):
                             startup_timeout=300).start() for i in range(2)]
     try:
         address = ",".join(p.address for p in procs)
-        logs = []
-        trainer = Trainer(_cfg(tiny_dir, tmp_path, address), log=logs.append)
+        caplog.set_level(logging.INFO, logger="dlc_jax")
+        trainer = Trainer(_cfg(tiny_dir, tmp_path, address))
         out = {}
         th = threading.Thread(target=lambda: out.update(trainer.run()))
         th.start()
@@ -68,6 +69,7 @@ def test_one_sampler_killed_training_continues(tiny_dir, tmp_path):
         assert last["pool/active"] == 1.0 and last["pool/sampler1/active"] == 0.0 and last["pool/removed_total"] >= 1
         assert last["pool/sampler0/version"] == STEPS and last["synced_version"] == STEPS
         assert procs[0].client().info()["version"] == STEPS  # the survivor got every push
+        logs = [r.getMessage() for r in caplog.records]
         assert any("out of rotation" in m for m in logs), logs
     finally:
         for p in procs:
@@ -76,9 +78,10 @@ def test_one_sampler_killed_training_continues(tiny_dir, tmp_path):
     # re-invoking the finished run (resume finds the final step) says so and trains nothing
     from dlc_jax.trainer.loop import Trainer
 
-    logs = []
+    caplog.clear()
     before = (tmp_path / "logs" / "metrics.jsonl").read_text()
-    s = Trainer(_cfg(tiny_dir, tmp_path, address), log=logs.append).run()
+    s = Trainer(_cfg(tiny_dir, tmp_path, address)).run()
+    logs = [r.getMessage() for r in caplog.records]
     assert s["already_complete"] and s["checkpoint_step"] == STEPS and s["seconds"] == 0.0
     assert any("already complete" in m and str(tmp_path / "ckpt") in m for m in logs), logs
     assert (tmp_path / "logs" / "metrics.jsonl").read_text() == before

@@ -14,80 +14,103 @@ while the gRPC stream carries the header, the per-tensor checksum trailers and C
 verifies and swaps exactly as for gRPC chunks. Plaintext: loopback / trusted networks only, never
 with TLS (see data_plane.py).
 
-Retries: calls that fail with UNAVAILABLE (server restarting / not yet up) are retried with
-exponential backoff (`max_retries`, `backoff`..`max_backoff` seconds). `generate` retries only
-before the first rollout arrived (no duplicates); `push_weights` retries only when the source is
-re-iterable (a Mapping, a Sequence, or a zero-argument callable returning an iterator).
+Retries (`dlc_jax.sampler.retry`): calls that fail with UNAVAILABLE (server restarting / not yet
+up) are retried under the client's `RetryPolicy` (`max_retries`, `backoff`..`max_backoff` seconds);
+`info` takes a per-call `timeout` / `retry` (a readiness probe passes `NO_RETRY`), so no call ever
+changes the client's own settings, which other threads share. `generate` retries only before the
+first rollout arrived (no duplicates); `push_weights` retries only when the source is re-iterable
+(a Mapping, a Sequence, or a zero-argument callable returning an iterator).
 """
 
 from __future__ import annotations
 
 import collections.abc as cabc
+import dataclasses
 import hashlib
 import json
 import queue
 import socket
 import threading
-import time
 import uuid
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import crc32c
 import grpc
 import numpy as np
 
-from . import chunk_wire
-from . import data_plane
+from . import chunk_wire, data_plane
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
+from .retry import NO_RETRY, RetryPolicy, call_with_retry
 from .types import PushResult, Rollout, SamplingParams
 
-REJECT_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DATA_LOSS,
-                grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL)
+REJECT_CODES = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.DATA_LOSS,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.INTERNAL,
+)
 
 
 class SamplerClient:
-    def __init__(self, address: str, *, token: str | None = None, tls_root_cert: str | bytes | None = None,
-                 timeout: float = 600.0, max_retries: int = 5, backoff: float = 0.25, max_backoff: float = 8.0,
-                 max_message_bytes: int = 64 << 20, tls_server_name: str | None = None):
+    """One sampler server over gRPC (implements `dlc_jax.sampler.protocol.Sampler`).
+
+    timeout: default deadline of a call in seconds; retry: the `RetryPolicy` for UNAVAILABLE (or
+    max_retries / backoff / max_backoff to build one); both are read-only after construction."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_root_cert: str | bytes | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 5,
+        backoff: float = 0.25,
+        max_backoff: float = 8.0,
+        retry: RetryPolicy | None = None,
+        max_message_bytes: int = 64 << 20,
+        tls_server_name: str | None = None,
+    ):
         self.address = address
         self.token = token
         self.timeout = timeout
-        self.max_retries = max_retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
+        self.retry = retry or RetryPolicy(
+            max_retries=max_retries, backoff=backoff, max_backoff=max_backoff
+        )
         self.max_message_bytes = max_message_bytes
         self.tls = tls_root_cert is not None
-        opts = [("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes)]
+        opts: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
         if tls_server_name:
             opts.append(("grpc.ssl_target_name_override", tls_server_name))
         if tls_root_cert is not None:
-            pem = tls_root_cert if isinstance(tls_root_cert, bytes) else open(tls_root_cert, "rb").read()
-            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=pem), options=opts)
+            pem = (
+                tls_root_cert
+                if isinstance(tls_root_cert, bytes)
+                else open(tls_root_cert, "rb").read()
+            )
+            self.channel = grpc.secure_channel(
+                address, grpc.ssl_channel_credentials(root_certificates=pem), options=opts
+            )
         else:
             self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = pb_grpc.SamplerStub(self.channel)
         # PushWeights with pre-encoded chunk messages (bytes) passed through untouched
         self._push_call = self.channel.stream_unary(
-            "/dlc_jax.sampler.v1.Sampler/PushWeights", request_serializer=chunk_wire.serialize_weight_message,
-            response_deserializer=pb.PushResult.FromString)
+            "/dlc_jax.sampler.v1.Sampler/PushWeights",
+            request_serializer=chunk_wire.serialize_weight_message,
+            response_deserializer=pb.PushResult.FromString,
+        )
 
     # -- plumbing ---------------------------------------------------------------------------
     def _md(self):
         return (("authorization", f"Bearer {self.token}"),) if self.token else None
-
-    def _retrying(self, fn: Callable, retry: bool = True):
-        delay = self.backoff
-        for attempt in range(self.max_retries + 1):
-            try:
-                return fn()
-            except grpc.RpcError as e:
-                if not retry or e.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.max_retries:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, self.max_backoff)
 
     def close(self) -> None:
         self.channel.close()
@@ -99,41 +122,79 @@ class SamplerClient:
         self.close()
 
     # -- info / health ----------------------------------------------------------------------
-    def info(self) -> dict:
-        r = self._retrying(lambda: self.stub.Info(pb.InfoRequest(), timeout=self.timeout, metadata=self._md()))
+    def _info_proto(
+        self, timeout: float | None = None, retry: RetryPolicy | None = None
+    ) -> pb.InfoResponse:
+        t = self.timeout if timeout is None else timeout
+        return call_with_retry(
+            lambda: self.stub.Info(pb.InfoRequest(), timeout=t, metadata=self._md()),
+            self.retry if retry is None else retry,
+        )
+
+    def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
+        """The server's Info as a dict; timeout / retry override the client's defaults for this
+        call."""
+        r = self._info_proto(timeout, retry)
         return {
-            "model_config": json.loads(r.model_config_json or "{}"), "version": r.version, "backend": r.backend,
-            "queue_depth": r.queue_depth, "tokens_generated": r.tokens_generated, "requests": r.requests,
-            "pushes": r.pushes, "rejected_pushes": r.rejected_pushes, "vocab_size": r.vocab_size,
-            "max_model_len": r.max_model_len, "max_n": r.max_n, "max_head_k": r.max_head_k,
-            "backend_config": json.loads(r.backend_config_json or "{}"), "data_port": r.data_port,
+            "model_config": json.loads(r.model_config_json or "{}"),
+            "version": r.version,
+            "backend": r.backend,
+            "queue_depth": r.queue_depth,
+            "tokens_generated": r.tokens_generated,
+            "requests": r.requests,
+            "pushes": r.pushes,
+            "rejected_pushes": r.rejected_pushes,
+            "vocab_size": r.vocab_size,
+            "max_model_len": r.max_model_len,
+            "max_n": r.max_n,
+            "max_head_k": r.max_head_k,
+            "backend_config": json.loads(r.backend_config_json or "{}"),
+            "data_port": r.data_port,
         }
 
     def wait_ready(self, timeout: float = 120.0) -> dict:
-        """Poll Info until it answers (raises TimeoutError)."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            try:
-                return self._info_once()
-            except grpc.RpcError as e:
-                last = e
-                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    raise
-                time.sleep(0.2)
-        raise TimeoutError(f"sampler at {self.address} not ready after {timeout}s: {last}")
+        """Poll Info every 0.2 s until it answers (raises TimeoutError; UNAUTHENTICATED at once)."""
+        poll = RetryPolicy(max_retries=None, backoff=0.2, max_backoff=0.2, deadline_s=timeout)
 
-    def _info_once(self) -> dict:
-        saved = self.max_retries
-        self.max_retries = 0
+        def not_auth(e: BaseException) -> bool:
+            return isinstance(e, grpc.RpcError) and e.code() != grpc.StatusCode.UNAUTHENTICATED
+
         try:
-            return self.info()
-        finally:
-            self.max_retries = saved
+            return call_with_retry(lambda: self.info(retry=NO_RETRY), poll, retryable=not_auth)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise
+            raise TimeoutError(f"sampler at {self.address} not ready after {timeout}s: {e}") from e
+
+    # -- rotation (a single server has none; see SamplerPool) --------------------------------
+    def metrics(self) -> dict[str, float]:
+        """Rotation metrics: none for a single server (a pool reports `pool/*`)."""
+        return {}
+
+    def report(self) -> list[dict]:
+        """One status dict (address, active) in the shape of `SamplerPool.report`."""
+        return [{"index": 0, "address": self.address, "active": True, "last_error": ""}]
+
+    def rotation(self) -> list[bool]:
+        """Empty: a single server has no rotation to agree on."""
+        return []
+
+    def set_rotation(
+        self, active: list[bool], version: int | None = None, reason: str = "set by caller"
+    ) -> None:
+        if active:
+            raise ValueError(
+                f"set_rotation: a single sampler has no rotation, got {len(active)} flags"
+            )
 
     # -- generate ---------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams, slot_ids: list[int] | None = None,
-                 request_id: str | None = None) -> Iterator[Rollout]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        slot_ids: list[int] | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[Rollout]:
         """Stream one Rollout per (prompt, sample) in completion order."""
         if slot_ids is None:
             slot_ids = list(range(len(prompts)))
@@ -141,21 +202,26 @@ class SamplerClient:
             raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
         req = pb.GenerateRequest(
             request_id=request_id or uuid.uuid4().hex,
-            prompts=[pb.Prompt(slot_id=int(s), token_ids=[int(t) for t in p]) for s, p in zip(slot_ids, prompts)],
-            params=params.to_proto())
-        delay = self.backoff
-        for attempt in range(self.max_retries + 1):
-            got_any = False
-            try:
-                for m in self.stub.Generate(req, timeout=self.timeout, metadata=self._md()):
-                    got_any = True
-                    yield Rollout.from_proto(m)
+            prompts=[
+                pb.Prompt(slot_id=int(s), token_ids=[int(t) for t in p])
+                for s, p in zip(slot_ids, prompts)
+            ],
+            params=params.to_proto(),
+        )
+
+        def open_stream():  # retried until the first message arrives; never after (no duplicates)
+            stream = self.stub.Generate(req, timeout=self.timeout, metadata=self._md())
+            return next(stream, None), stream
+
+        first, stream = call_with_retry(open_stream, self.retry)
+        try:
+            if first is None:
                 return
-            except grpc.RpcError as e:
-                if got_any or e.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.max_retries:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, self.max_backoff)
+            yield Rollout.from_proto(first)
+            for m in stream:
+                yield Rollout.from_proto(m)
+        finally:
+            stream.cancel()  # a consumer that stops early ends the call (no-op once it completed)
 
     # -- weights ----------------------------------------------------------------------------
     def push_messages(self, messages: Iterable[pb.WeightMessage | bytes]) -> PushResult:
@@ -167,33 +233,54 @@ class SamplerClient:
         except grpc.RpcError as e:
             if e.code() in REJECT_CODES:
                 try:
-                    v = self._info_once()["version"]
+                    v = self.info(retry=NO_RETRY)["version"]
                 except grpc.RpcError:
                     v = -1
                 return PushResult(False, v, e.details() or "", code=e.code().name)
             raise
 
-    def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20,
-                     specs: cabc.Mapping[str, tuple[int, ...]] | None = None, checksum: str = "crc32c",
-                     transport: str = "grpc") -> PushResult:
+    def push_weights(
+        self,
+        named_tensors,
+        version: int,
+        *,
+        dtype: str = "float32",
+        chunk_bytes: int = 16 << 20,
+        specs: cabc.Mapping[str, tuple[int, ...]] | None = None,
+        checksum: str = "crc32c",
+        transport: str = "grpc",
+    ) -> PushResult:
         """Stream a full set of HF-named tensors as weight version `version`.
 
         named_tensors: a Mapping name -> array, a Sequence of (name, array), a zero-argument
         callable returning an iterator of (name, array), or a one-shot iterator together with
         `specs` ({name: shape}, all tensors, e.g. `hf_param_shapes(config)`). Arrays are converted
-        to `dtype` ("float32" | "bfloat16" | "float16") one at a time. `checksum`: "crc32c" (hardware
-        CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and verified by the server.
-        `transport`: "grpc" (default: bytes in chunk messages) or "socket" (bytes over the server's raw
-        TCP data port, zero-copy; needs a server started with a data port, refused with TLS).
+        to `dtype` ("float32" | "bfloat16" | "float16") one at a time. `checksum`: "crc32c"
+        (hardware
+        CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and verified by the
+        server.
+        `transport`: "grpc" (default: bytes in chunk messages), "socket" (bytes over the server's
+        raw
+        TCP data port, zero-copy; needs a server started with a data port, refused with TLS) or
+        "auto"
+        (socket when the server offers a data port and the channel is not TLS, else grpc).
         """
-        if transport not in ("grpc", "socket"):
-            raise ValueError(f"push transport must be 'grpc' or 'socket', got {transport!r}")
+        if transport not in ("grpc", "socket", "auto"):
+            raise ValueError(
+                f"push transport must be 'grpc', 'socket' or 'auto', got {transport!r}"
+            )
+        if transport == "auto":
+            transport = self.push_transport()
         if transport == "socket" and self.tls:
-            raise ValueError("push transport 'socket' is plaintext raw TCP and is refused on a TLS channel; "
-                             "use transport='grpc' (or no TLS on loopback / a trusted network)")
+            raise ValueError(
+                "push transport 'socket' is plaintext raw TCP and is refused on a TLS channel; "
+                "use transport='grpc' (or no TLS on loopback / a trusted network)"
+            )
         if not 0 < chunk_bytes <= self.max_message_bytes - 64:
-            raise ValueError(f"chunk_bytes = {chunk_bytes} must be in (0, max_message_bytes - 64 = "
-                             f"{self.max_message_bytes - 64}] (a chunk message carries ~30 bytes of framing)")
+            raise ValueError(
+                f"chunk_bytes = {chunk_bytes} must be in (0, max_message_bytes - 64 = "
+                f"{self.max_message_bytes - 64}] (a chunk message carries ~30 bytes of framing)"
+            )
         if checksum not in ("crc32c", "sha256"):
             raise ValueError(f"push checksum must be 'crc32c' or 'sha256', got {checksum!r}")
         if dtype not in ("float32", "bfloat16", "float16"):
@@ -219,9 +306,24 @@ class SamplerClient:
             names_shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors()]
             src, retry = named_tensors, True
         else:
-            raise TypeError("push_weights: a one-shot iterator needs specs={name: shape} (the header lists all tensors first)")
-        return self._retrying(lambda: self._push_once(src(), names_shapes, version, dtype, np_dtype, chunk_bytes,
-                                                      checksum, transport), retry=retry)
+            raise TypeError(
+                "push_weights: a one-shot iterator needs specs={name: shape} (the header lists all "
+                "tensors first)"
+            )
+        result = call_with_retry(
+            lambda: self._push_once(
+                src(), names_shapes, version, dtype, np_dtype, chunk_bytes, checksum, transport
+            ),
+            self.retry if retry else NO_RETRY,
+        )
+        return dataclasses.replace(result, transport=transport)
+
+    def push_transport(self) -> str:
+        """'socket' when the server offers a push data port and the channel is plaintext, else
+        'grpc'."""
+        if self.tls:
+            return "grpc"
+        return "socket" if self._info_proto().data_port else "grpc"
 
     # socket data plane hooks (tests override them to corrupt / cut / mislabel the data connection)
     def _data_preamble(self, push_id: str) -> bytes:
@@ -231,10 +333,13 @@ class SamplerClient:
         sock.sendall(buf)
 
     def _open_data(self, push_id: str) -> socket.socket:
-        port = self._retrying(lambda: self.stub.Info(pb.InfoRequest(), timeout=self.timeout, metadata=self._md())).data_port
+        port = self._info_proto().data_port
         if not port:
-            raise ValueError(f"sampler at {self.address} offers no push data port (start it with --push-data-port; "
-                             "never offered with TLS); use transport='grpc'")
+            raise ValueError(
+                f"sampler at {self.address} offers no push data port (start it with "
+                "--push-data-port; "
+                "never offered with TLS); use transport='grpc'"
+            )
         host = self.address.rsplit(":", 1)[0].strip("[]")
         if host.startswith("ipv4:") or host.startswith("ipv6:"):
             host = host.split(":", 1)[1].strip("[]")
@@ -246,8 +351,17 @@ class SamplerClient:
             raise
         return sock
 
-    def _push_once(self, source, names_shapes, version, dtype, np_dtype, chunk_bytes, checksum,
-                   transport: str = "grpc") -> PushResult:
+    def _push_once(
+        self,
+        source,
+        names_shapes,
+        version,
+        dtype,
+        np_dtype,
+        chunk_bytes,
+        checksum,
+        transport: str = "grpc",
+    ) -> PushResult:
         index = {n: i for i, (n, _) in enumerate(names_shapes)}
         sock = None
         push_id = ""
@@ -262,7 +376,9 @@ class SamplerClient:
                 header.data_plane, header.data_push_id = "socket", push_id
             for n, shape in names_shapes:
                 nb = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
-                header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
+                header.tensors.append(
+                    pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb)
+                )
             yield pb.WeightMessage(header=header)
             sent = set()
             for name, arr in source:
@@ -273,7 +389,10 @@ class SamplerClient:
                 i = index[name]
                 a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
                 if tuple(a.shape) != names_shapes[i][1]:
-                    raise ValueError(f"push_weights: tensor {name!r} has shape {a.shape}, header says {names_shapes[i][1]}")
+                    raise ValueError(
+                        f"push_weights: tensor {name!r} has shape {a.shape}, header says "
+                        f"{names_shapes[i][1]}"
+                    )
                 buf = memoryview(a.reshape(-1).view(np.uint8))
                 h = hashlib.sha256() if checksum == "sha256" else None
                 crc = 0
@@ -285,17 +404,24 @@ class SamplerClient:
                     if not data_failed:
                         try:
                             self._send_data(sock, i, buf)
-                        except OSError:  # the server dropped the data connection: it will reject the
-                            data_failed.append(True)  # push and say why; keep the control stream going
+                        except (
+                            OSError
+                        ):  # the server dropped the data connection: it will reject the
+                            data_failed.append(
+                                True
+                            )  # push and say why; keep the control stream going
                 for off in range(0, len(buf) if sock is None else 0, chunk_bytes):
-                    piece = buf[off:off + chunk_bytes]
+                    piece = buf[off : off + chunk_bytes]
                     if h is not None:
                         h.update(piece)
                     else:
                         crc = crc32c.crc32c(piece, crc)
                     yield chunk_wire.encode_chunk(i, off, piece)
-                done = (pb.TensorDone(tensor_index=i, sha256=h.hexdigest()) if h is not None
-                        else pb.TensorDone(tensor_index=i, crc32c=crc))
+                done = (
+                    pb.TensorDone(tensor_index=i, sha256=h.hexdigest())
+                    if h is not None
+                    else pb.TensorDone(tensor_index=i, crc32c=crc)
+                )
                 yield pb.WeightMessage(done=done)
                 sent.add(name)
                 del a, buf
@@ -310,31 +436,54 @@ class SamplerClient:
             return self.push_messages(messages())
         finally:
             try:
-                sock.shutdown(socket.SHUT_RDWR)  # also wakes a sendall blocked on a server that gave up
+                sock.shutdown(
+                    socket.SHUT_RDWR
+                )  # also wakes a sendall blocked on a server that gave up
             except OSError:
                 pass
             sock.close()
 
-    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20,
-                   transport: str = "grpc") -> PushResult:
+    def push_model(
+        self,
+        model,
+        version: int,
+        *,
+        dtype: str = "float32",
+        chunk_bytes: int = 16 << 20,
+        transport: str = "grpc",
+    ) -> PushResult:
         """Push an NNX `Qwen3ForCausalLM`: HF names/layout via `dlc_jax.model.iter_hf_tensors`, one
         tensor gathered and converted at a time; the header comes from `hf_param_shapes(config)`."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
         np_dtype = st.NP_DTYPES[dtype]
         specs = hf_param_shapes(model.config)
-        return self.push_weights(lambda: prefetched(iter_hf_tensors(model, dtype=np_dtype)), version, dtype=dtype,
-                                 chunk_bytes=chunk_bytes, specs=specs, transport=transport)
+        return self.push_weights(
+            lambda: prefetched(iter_hf_tensors(model, dtype=np_dtype)),
+            version,
+            dtype=dtype,
+            chunk_bytes=chunk_bytes,
+            specs=specs,
+            transport=transport,
+        )
 
     def load_weights(self, path: str, version: int) -> PushResult:
         """Ask the server to load an HF safetensors directory it can read (shared storage)."""
         try:
-            r = self._retrying(lambda: self.stub.LoadWeights(pb.LoadWeightsRequest(path=str(path), version=int(version)),
-                                                             timeout=self.timeout, metadata=self._md()))
+            req = pb.LoadWeightsRequest(path=str(path), version=int(version))
+            r = call_with_retry(
+                lambda: self.stub.LoadWeights(req, timeout=self.timeout, metadata=self._md()),
+                self.retry,
+            )
             return PushResult.from_proto(r)
         except grpc.RpcError as e:
             if e.code() in REJECT_CODES:
-                return PushResult(False, self._info_once()["version"], e.details() or "", code=e.code().name)
+                return PushResult(
+                    False,
+                    self.info(retry=NO_RETRY)["version"],
+                    e.details() or "",
+                    code=e.code().name,
+                )
             raise
 
 

@@ -14,7 +14,8 @@ offered the next full push (`readmit=True`); it rejoins only if that push succee
 rotation always holds the latest pushed version.
 
 Pushes: `push_weights` streams to every target concurrently and waits for all. Each push is atomic
-per sampler (the server swaps only on Commit). For a callable or one-shot source, each tensor is read
+per sampler (the server swaps only on Commit). For a callable or one-shot source, each tensor is
+read
 once and fanned out to per-sampler bounded queues (host memory ~ one tensor x queue depth), so a
 multi-host gather runs once per tensor however many samplers there are.
 """
@@ -28,13 +29,14 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import grpc
 
 from .client import SamplerClient
-from .types import PushResult, Rollout, SamplingParams
+from .retry import NO_RETRY, RetryPolicy
+from .types import PushResult, Rollout, SamplingParams, mix_seed
 
 _END = object()
 
@@ -45,7 +47,7 @@ class NoActiveSamplerError(RuntimeError):
 
 def slot_seed(seed: int, slot: int) -> int:
     """Per-slot request seed in [0, 2**31): depends only on (seed, slot)."""
-    return (int(seed) * 1_000_003 + int(slot) * 7919 + 12345) % (2**31 - 1)
+    return mix_seed(seed, slot)
 
 
 @dataclasses.dataclass
@@ -62,43 +64,45 @@ class SamplerStatus:
     last_error: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class PoolPushResult:
-    """Push outcome over the pool; same leading fields as `PushResult` (ok, version, message, bytes,
-    seconds, code). ok: at least one sampler took `version` (all in-rotation samplers then hold it).
-    per_sampler: address -> PushResult; removed / readmitted: addresses that left / rejoined rotation."""
-
-    ok: bool
-    version: int
-    message: str
-    bytes: int = 0
-    seconds: float = 0.0
-    code: str = "OK"
-    per_sampler: dict = dataclasses.field(default_factory=dict)
-    removed: tuple = ()
-    readmitted: tuple = ()
+# A pool push reports per sampler in the same type (per_sampler / removed / readmitted filled in).
+PoolPushResult = PushResult
 
 
 def _describe(e: BaseException) -> tuple[str, str]:
-    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
+    if isinstance(e, grpc.RpcError) and isinstance(e, grpc.Call):
         return e.code().name, f"{e.code().name}: {e.details()}"
     return type(e).__name__, f"{type(e).__name__}: {e}"
 
 
 class SamplerPool:
-    """N sampler servers behind the `SamplerClient` interface (generate / push_weights / push_model /
-    load_weights / info / wait_ready / close).
+    """N sampler servers behind the `dlc_jax.sampler.protocol.Sampler` interface (generate /
+    push_weights / push_model / load_weights / info / wait_ready / metrics / report / close).
 
     addresses: 'host:port' list (or one comma-separated string). token / tls_root_cert /
-    tls_server_name / timeout / max_retries / backoff: passed to each `SamplerClient`.
+    tls_server_name / timeout / max_retries / backoff / retry: passed to each `SamplerClient`.
     readmit: offer full pushes to out-of-rotation samplers that answer Info within probe_timeout.
-    max_inflight: concurrent Generate requests per sampler. queue_depth: tensors buffered per sampler
+    max_inflight: concurrent Generate requests per sampler. queue_depth: tensors buffered per
+    sampler
     during a fanned-out push.
     """
 
-    def __init__(self, addresses, *, token: str | None = None, tls_root_cert=None, tls_server_name: str | None = None,
-                 timeout: float = 600.0, max_retries: int = 5, backoff: float = 0.25, max_backoff: float = 8.0,
-                 readmit: bool = True, probe_timeout: float = 5.0, max_inflight: int = 8, queue_depth: int = 2):
+    def __init__(
+        self,
+        addresses,
+        *,
+        token: str | None = None,
+        tls_root_cert=None,
+        tls_server_name: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 5,
+        backoff: float = 0.25,
+        max_backoff: float = 8.0,
+        retry: RetryPolicy | None = None,
+        readmit: bool = True,
+        probe_timeout: float = 5.0,
+        max_inflight: int = 8,
+        queue_depth: int = 2,
+    ):
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         addresses = list(addresses)
@@ -106,9 +110,20 @@ class SamplerPool:
             raise ValueError("SamplerPool: no sampler addresses given")
         if len(set(addresses)) != len(addresses):
             raise ValueError(f"SamplerPool: duplicate sampler addresses in {addresses}")
-        self.clients = [SamplerClient(a, token=token, tls_root_cert=tls_root_cert, tls_server_name=tls_server_name,
-                                      timeout=timeout, max_retries=max_retries, backoff=backoff,
-                                      max_backoff=max_backoff) for a in addresses]
+        self.clients = [
+            SamplerClient(
+                a,
+                token=token,
+                tls_root_cert=tls_root_cert,
+                tls_server_name=tls_server_name,
+                timeout=timeout,
+                max_retries=max_retries,
+                backoff=backoff,
+                max_backoff=max_backoff,
+                retry=retry,
+            )
+            for a in addresses
+        ]
         self.status = [SamplerStatus(i, a) for i, a in enumerate(addresses)]
         self.readmit = readmit
         self.probe_timeout = probe_timeout
@@ -147,7 +162,9 @@ class SamplerPool:
         with self._lock:
             return [s.active for s in self.status]
 
-    def set_rotation(self, active: list[bool], version: int | None = None, reason: str = "set by caller") -> None:
+    def set_rotation(
+        self, active: list[bool], version: int | None = None, reason: str = "set by caller"
+    ) -> None:
         """Impose a rotation decided elsewhere (multi-host: process 0 pushed; the others follow)."""
         if len(active) != len(self.status):
             raise ValueError(f"set_rotation: {len(active)} flags for {len(self.status)} samplers")
@@ -163,7 +180,8 @@ class SamplerPool:
                     st.version = int(version)
 
     def route(self, slot_ids: list[int]) -> dict[int, list[int]]:
-        """Sampler index -> positions in `slot_ids` it serves (round robin by slot over the rotation)."""
+        """Sampler index -> positions in `slot_ids` it serves (round robin by slot over the
+        rotation)."""
         active = self.active_indices()
         if not active:
             raise NoActiveSamplerError(self._why_none())
@@ -173,16 +191,21 @@ class SamplerPool:
         return out
 
     def _why_none(self) -> str:
-        return "no sampler in rotation: " + "; ".join(f"{s.address}: {s.last_error or 'out'}" for s in self.status)
+        return "no sampler in rotation: " + "; ".join(
+            f"{s.address}: {s.last_error or 'out'}" for s in self.status
+        )
 
     def metrics(self) -> dict[str, float]:
-        """Flat numeric metrics: pool/active, pool/out_of_rotation, totals, and per-sampler flags/versions."""
+        """Flat numeric metrics: pool/active, pool/out_of_rotation, totals, and per-sampler
+        flags/versions."""
         with self._lock:
-            m = {"pool/active": float(sum(s.active for s in self.status)),
-                 "pool/out_of_rotation": float(sum(not s.active for s in self.status)),
-                 "pool/removed_total": float(self.removed_total),
-                 "pool/readmitted_total": float(self.readmitted_total),
-                 "pool/resubmitted_slots": float(self.resubmitted_slots)}
+            m = {
+                "pool/active": float(sum(s.active for s in self.status)),
+                "pool/out_of_rotation": float(sum(not s.active for s in self.status)),
+                "pool/removed_total": float(self.removed_total),
+                "pool/readmitted_total": float(self.readmitted_total),
+                "pool/resubmitted_slots": float(self.resubmitted_slots),
+            }
             for s in self.status:
                 m[f"pool/sampler{s.index}/active"] = float(s.active)
                 m[f"pool/sampler{s.index}/version"] = float(s.version)
@@ -194,11 +217,11 @@ class SamplerPool:
             return [dataclasses.asdict(s) for s in self.status]
 
     # -- info -------------------------------------------------------------------------------
-    def info(self) -> dict:
+    def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
         """Info of the first in-rotation sampler, plus 'pool': the per-sampler report."""
         for i in self.active_indices():
             try:
-                d = self.clients[i].info()
+                d = self.clients[i].info(timeout=timeout, retry=retry)
             except grpc.RpcError as e:
                 self._take_out(i, f"info failed: {_describe(e)[1]}")
                 continue
@@ -224,8 +247,13 @@ class SamplerPool:
         return dict(infos[ready[0]], pool=self.report())
 
     # -- generate ---------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams, slot_ids: list[int] | None = None,
-                 request_id: str | None = None) -> Iterator[Rollout]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        slot_ids: list[int] | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[Rollout]:
         """Stream one Rollout per (prompt, sample) in completion order, spread over the rotation.
 
         A sampler that fails mid-stream leaves rotation and its missing (slot, sample) cells are
@@ -235,7 +263,9 @@ class SamplerPool:
         if len(slot_ids) != len(prompts):
             raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
         if len(set(int(s) for s in slot_ids)) != len(slot_ids):
-            raise ValueError("SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)")
+            raise ValueError(
+                "SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)"
+            )
         rid = request_id or uuid.uuid4().hex
         prompt_of = {int(s): list(p) for s, p in zip(slot_ids, prompts)}
         pending = {int(s): set(range(params.n)) for s in slot_ids}
@@ -246,9 +276,15 @@ class SamplerPool:
         outstanding = 0
 
         def job(i: int, slot: int, attempt: int):
-            p = params if params.seed is None else dataclasses.replace(params, seed=slot_seed(params.seed, slot))
+            p = (
+                params
+                if params.seed is None
+                else dataclasses.replace(params, seed=slot_seed(params.seed, slot))
+            )
             try:
-                for r in self.clients[i].generate([prompt_of[slot]], p, [slot], request_id=f"{rid}-{slot}-{attempt}"):
+                for r in self.clients[i].generate(
+                    [prompt_of[slot]], p, [slot], request_id=f"{rid}-{slot}-{attempt}"
+                ):
                     if stop.is_set():
                         break
                     out.put(("roll", i, slot, r))
@@ -286,8 +322,10 @@ class SamplerPool:
                     self._take_out(i, f"generate failed: {_describe(payload)[1]}")
                 if pending[slot]:
                     if kind == "done":
-                        raise RuntimeError(f"sampler {self.status[i].address} ended slot {slot} without samples "
-                                           f"{sorted(pending[slot])}")
+                        raise RuntimeError(
+                            f"sampler {self.status[i].address} ended slot {slot} without samples "
+                            f"{sorted(pending[slot])}"
+                        )
                     with self._lock:
                         self.resubmitted_slots += 1
                     submit(slot)
@@ -302,35 +340,56 @@ class SamplerPool:
             if st.active:
                 targets.append(st.index)
             elif self.readmit:
-                c = self.clients[st.index]
-                saved = (c.timeout, c.max_retries)
-                c.timeout, c.max_retries = self.probe_timeout, 0
-                try:
-                    c.info()
+                try:  # a probe: its own timeout and no retries (the client's settings are shared)
+                    self.clients[st.index].info(timeout=self.probe_timeout, retry=NO_RETRY)
                     targets.append(st.index)
                 except grpc.RpcError:
                     pass
-                finally:
-                    c.timeout, c.max_retries = saved
         return targets
 
-    def push_weights(self, named_tensors, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20,
-                     specs: cabc.Mapping[str, tuple[int, ...]] | None = None) -> PoolPushResult:
-        """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation ones
-        when readmit) concurrently; wait for all. Same `named_tensors` forms as `SamplerClient.push_weights`;
-        a callable or one-shot iterator needs `specs` ({name: shape}) and is read exactly once."""
+    def push_weights(
+        self,
+        named_tensors,
+        version: int,
+        *,
+        dtype: str = "float32",
+        chunk_bytes: int = 16 << 20,
+        specs: cabc.Mapping[str, tuple[int, ...]] | None = None,
+        transport: str = "grpc",
+    ) -> PushResult:
+        """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation
+        ones
+        when readmit) concurrently; wait for all. Same `named_tensors` forms and `transport` values
+        as
+        `SamplerClient.push_weights` ("auto" is decided per sampler); a callable or one-shot
+        iterator
+        needs `specs` ({name: shape}) and is read exactly once."""
         targets = self._push_targets()
         if not targets:
             raise NoActiveSamplerError(self._why_none())
         t0 = time.monotonic()
         if isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)):
-            results = self._push_each(targets, lambda c: c.push_weights(named_tensors, version, dtype=dtype,
-                                                                         chunk_bytes=chunk_bytes, specs=specs))
+            results = self._push_each(
+                targets,
+                lambda c: c.push_weights(
+                    named_tensors,
+                    version,
+                    dtype=dtype,
+                    chunk_bytes=chunk_bytes,
+                    specs=specs,
+                    transport=transport,
+                ),
+            )
         else:
             if specs is None:
-                raise TypeError("SamplerPool.push_weights: a callable or iterator source needs specs={name: shape}")
+                raise TypeError(
+                    "SamplerPool.push_weights: a callable or iterator source needs "
+                    "specs={name: shape}"
+                )
             source = named_tensors() if callable(named_tensors) else iter(named_tensors)
-            results = self._push_fanout(targets, source, version, dtype, chunk_bytes, specs)
+            results = self._push_fanout(
+                targets, source, version, dtype, chunk_bytes, specs, transport
+            )
         return self._settle(targets, results, version, time.monotonic() - t0)
 
     def _push_each(self, targets, fn) -> dict[int, PushResult]:
@@ -345,8 +404,10 @@ class SamplerPool:
                     res[i] = PushResult(False, -1, msg, code=code)
             return res
 
-    def _push_fanout(self, targets, source, version, dtype, chunk_bytes, specs) -> dict[int, PushResult]:
-        queues = {i: queue.Queue(maxsize=self.queue_depth) for i in targets}
+    def _push_fanout(
+        self, targets, source, version, dtype, chunk_bytes, specs, transport
+    ) -> dict[int, PushResult]:
+        queues: dict[int, queue.Queue] = {i: queue.Queue(maxsize=self.queue_depth) for i in targets}
         finished = {i: threading.Event() for i in targets}
 
         def drain(q):
@@ -358,7 +419,14 @@ class SamplerPool:
 
         def consume(c: SamplerClient, i: int):
             try:
-                return c.push_weights(drain(queues[i]), version, dtype=dtype, chunk_bytes=chunk_bytes, specs=specs)
+                return c.push_weights(
+                    drain(queues[i]),
+                    version,
+                    dtype=dtype,
+                    chunk_bytes=chunk_bytes,
+                    specs=specs,
+                    transport=transport,
+                )
             finally:
                 finished[i].set()
 
@@ -389,7 +457,9 @@ class SamplerPool:
                     res[i] = PushResult(False, -1, msg, code=code)
             return res
 
-    def _settle(self, targets, results: dict[int, PushResult], version: int, seconds: float) -> PoolPushResult:
+    def _settle(
+        self, targets, results: dict[int, PushResult], version: int, seconds: float
+    ) -> PushResult:
         removed, readmitted = [], []
         with self._lock:
             for i in targets:
@@ -413,29 +483,56 @@ class SamplerPool:
         msg = f"{ok_n}/{len(targets)} samplers at version {version}"
         if removed:
             msg += f"; out of rotation: {removed}"
-        return PoolPushResult(ok=ok_n > 0, version=int(version) if ok_n else -1, message=msg,
-                              bytes=sum(r.bytes for r in results.values() if r.ok), seconds=seconds,
-                              code="OK" if ok_n else "UNAVAILABLE", per_sampler=per, removed=tuple(removed),
-                              readmitted=tuple(readmitted))
+        return PushResult(
+            ok=ok_n > 0,
+            version=int(version) if ok_n else -1,
+            message=msg,
+            bytes=sum(r.bytes for r in results.values() if r.ok),
+            seconds=seconds,
+            code="OK" if ok_n else "UNAVAILABLE",
+            per_sampler=per,
+            removed=tuple(removed),
+            readmitted=tuple(readmitted),
+            transport=",".join(sorted({r.transport for r in results.values() if r.ok and r.transport})),
+        )
 
-    def push_model(self, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20) -> PoolPushResult:
-        """Push an NNX `Qwen3ForCausalLM`: each tensor is gathered once and fanned out to all samplers."""
+    def push_model(
+        self,
+        model,
+        version: int,
+        *,
+        dtype: str = "float32",
+        chunk_bytes: int = 16 << 20,
+        transport: str = "grpc",
+    ) -> PushResult:
+        """Push an NNX `Qwen3ForCausalLM`: each tensor is gathered once and fanned out to all
+        samplers."""
         import numpy as np
 
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
         src_dtype = np.float32 if dtype in ("bfloat16", "float32") else np.float16
-        return self.push_weights(lambda: iter_hf_tensors(model, dtype=src_dtype), version, dtype=dtype,
-                                 chunk_bytes=chunk_bytes, specs=hf_param_shapes(model.config))
+        return self.push_weights(
+            lambda: iter_hf_tensors(model, dtype=src_dtype),
+            version,
+            dtype=dtype,
+            chunk_bytes=chunk_bytes,
+            specs=hf_param_shapes(model.config),
+            transport=transport,
+        )
 
-    def load_weights(self, path: str, version: int) -> PoolPushResult:
+    def load_weights(self, path: str, version: int) -> PushResult:
         """Every target loads an HF directory from shared storage (concurrently)."""
         targets = self._push_targets()
         if not targets:
             raise NoActiveSamplerError(self._why_none())
         t0 = time.monotonic()
-        return self._settle(targets, self._push_each(targets, lambda c: c.load_weights(path, version)), version,
-                            time.monotonic() - t0)
+        return self._settle(
+            targets,
+            self._push_each(targets, lambda c: c.load_weights(path, version)),
+            version,
+            time.monotonic() - t0,
+        )
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -449,10 +546,12 @@ class SamplerPool:
         self.close()
 
 
-def connect_samplers(address: str, *, token_file: str = "", tls_root_cert: str = "", tls_server_name: str = "",
-                     **kw) -> SamplerClient | SamplerPool:
+def connect_samplers(
+    address: str, *, token_file: str = "", tls_root_cert: str = "", tls_server_name: str = "", **kw
+) -> SamplerClient | SamplerPool:
     """A `SamplerClient` for one address, a `SamplerPool` for a comma-separated list (config
-    `sampler.address`); token_file / tls_root_cert: paths ('' = none), as in the `sampler` config section."""
+    `sampler.address`); token_file / tls_root_cert: paths ('' = none), as in the `sampler` config
+    section."""
     token = Path(token_file).read_text().strip() if token_file else None
     if token_file and not token:
         raise ValueError(f"sampler.token_file: {token_file!r} is empty")
@@ -462,6 +561,12 @@ def connect_samplers(address: str, *, token_file: str = "", tls_root_cert: str =
     if not addrs:
         raise ValueError("sampler.address: no address given")
     if len(addrs) == 1:
-        client_kw = {k: v for k, v in kw.items() if k in ("timeout", "max_retries", "backoff", "max_backoff")}
-        return SamplerClient(addrs[0], token=token, tls_root_cert=tls, tls_server_name=name, **client_kw)
+        client_kw = {
+            k: v
+            for k, v in kw.items()
+            if k in ("timeout", "max_retries", "backoff", "max_backoff", "retry")
+        }
+        return SamplerClient(
+            addrs[0], token=token, tls_root_cert=tls, tls_server_name=name, **client_kw
+        )
     return SamplerPool(addrs, token=token, tls_root_cert=tls, tls_server_name=name, **kw)

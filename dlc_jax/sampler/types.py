@@ -6,7 +6,7 @@ Shapes: P prompt length, T response length, K head size.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class SamplingParams:
         )
 
     @classmethod
-    def from_proto(cls, m: pb.SamplingParams) -> "SamplingParams":
+    def from_proto(cls, m: pb.SamplingParams) -> SamplingParams:
         return cls(
             n=int(m.n),
             max_tokens=int(m.max_tokens),
@@ -95,22 +95,28 @@ class Rollout:
             head_ids=np.asarray(self.head_ids, np.int32).reshape(-1).tolist(),
             head_logprobs=np.asarray(self.head_logprobs, np.float32).reshape(-1).tolist(),
             finish_reason=self.finish_reason,
-            version_spans=[pb.VersionSpan(version=int(v), start=int(s), end=int(e)) for v, s, e in self.version_spans],
+            version_spans=[
+                pb.VersionSpan(version=int(v), start=int(s), end=int(e))
+                for v, s, e in self.version_spans
+            ],
         )
 
     @classmethod
-    def from_proto(cls, m: pb.Rollout) -> "Rollout":
+    def from_proto(cls, m: pb.Rollout) -> Rollout:
         t = len(m.response_ids)
         k = int(m.head_k)
         head_ids = np.asarray(m.head_ids, np.int32)
         head_lp = np.asarray(m.head_logprobs, np.float32)
         if head_ids.size != t * k or head_lp.size != t * k:
             raise ValueError(
-                f"rollout {m.request_id}/{m.slot_id}/{m.sample_index}: head has {head_ids.size} ids and "
+                f"rollout {m.request_id}/{m.slot_id}/{m.sample_index}: head has {head_ids.size} "
+                "ids and "
                 f"{head_lp.size} logprobs, expected T*K = {t}*{k}"
             )
         if len(m.logprobs) != t:
-            raise ValueError(f"rollout {m.request_id}: {len(m.logprobs)} logprobs for {t} response tokens")
+            raise ValueError(
+                f"rollout {m.request_id}: {len(m.logprobs)} logprobs for {t} response tokens"
+            )
         return cls(
             prompt_ids=np.asarray(m.prompt_ids, np.int32),
             response_ids=np.asarray(m.response_ids, np.int32),
@@ -127,16 +133,37 @@ class Rollout:
 
 @dataclasses.dataclass(frozen=True)
 class PushResult:
+    """Outcome of a weight push (or load) to one sampler or a pool.
+
+    ok: the sampler (for a pool: at least one sampler; all in-rotation samplers then hold `version`)
+    took `version`; code: gRPC status name when rejected. Pool pushes also fill per_sampler
+    (address -> PushResult) and removed / readmitted (addresses that left / rejoined rotation);
+    they stay empty for a single sampler. transport: how the bytes went ("grpc" | "socket"; a pool
+    lists those of its successful pushes, comma-separated; "" for a load)."""
+
     ok: bool
     version: int
     message: str
     bytes: int = 0
     seconds: float = 0.0
-    code: str = "OK"  # gRPC status name when rejected
+    code: str = "OK"
+    per_sampler: dict[str, PushResult] = dataclasses.field(default_factory=dict)
+    removed: tuple[str, ...] = ()
+    readmitted: tuple[str, ...] = ()
+    transport: str = ""
 
     @classmethod
-    def from_proto(cls, m: pb.PushResult) -> "PushResult":
+    def from_proto(cls, m: pb.PushResult) -> PushResult:
         return cls(bool(m.ok), int(m.version), m.message, int(m.bytes), float(m.seconds))
+
+
+def mix_seed(seed: int, *parts: int) -> int:
+    """A request seed in [0, 2**31 - 1) from a run seed and integers (slot, batch, attempt, ...):
+    depends only on its arguments, so a request's samples do not depend on who sends it."""
+    h = int(seed)
+    for p in parts:
+        h = h * 1_000_003 + int(p) * 7919 + 12345
+    return h % (2**31 - 1)
 
 
 def spans_from_versions(versions: Sequence[int]) -> list[tuple[int, int, int]]:

@@ -1,17 +1,25 @@
-"""`dlc-jax train --config configs/NAME.yaml [key.sub=value ...]` (no --config: configs/tiny_cpu.yaml)."""
+"""`dlc-jax train --config configs/NAME.yaml [key.sub=value ...]` (no --config:
+configs/tiny_cpu.yaml)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 
 def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="dlc-jax train", description=__doc__)
-    p.add_argument("--config", default=None, help="YAML config (default: the embedded configs/tiny_cpu.yaml)")
+    p.add_argument(
+        "--config", default=None, help="YAML config (default: the embedded configs/tiny_cpu.yaml)"
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. optim.lr=1e-5 resync.policy=never")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="key.sub=value overrides, e.g. optim.lr=1e-5 resync.policy=never",
+    )
     a = p.parse_args(argv)
 
     from dlc_jax.trainer.config import ConfigError, default_config_path, dump_config, load_config
@@ -36,27 +44,48 @@ def cli(argv: list[str]) -> int:
     from dlc_jax.trainer.loop import Trainer
 
     lead = info.is_leader
-    where = (f"; process {info.process_index}/{info.process_count}, {info.local_devices}/{info.global_devices} devices"
-             if info.process_count > 1 else "")
+    if not lead:  # logs, metrics and the progress bar come from process 0
+        logging.getLogger("dlc_jax").setLevel(logging.WARNING)
+    where = (
+        f"; process {info.process_index}/{info.process_count}, "
+        f"{info.local_devices}/{info.global_devices} devices"
+        if info.process_count > 1
+        else ""
+    )
     if lead:
-        print(f"dlc-jax train: config {path} ({len(a.overrides)} overrides); loss {cfg.loss.name}, "
-              f"resync {cfg.resync.policy}, sampler {cfg.sampler.backend}, {cfg.train.steps} steps{where}", flush=True)
-    from tqdm import tqdm
-
-    summary = Trainer(cfg, log=lambda msg: tqdm.write(str(msg))).run()
+        print(
+            f"dlc-jax train: config {path} ({len(a.overrides)} overrides); loss {cfg.loss.name}, "
+            f"resync {cfg.resync.policy}, sampler {cfg.sampler.backend}, {cfg.train.steps} "
+            f"steps{where}",
+            flush=True,
+        )
+    summary = Trainer(cfg).run()
     if not lead:
         return 0 if summary.get("finished") else 1
     if summary.get("already_complete"):
         return 0  # the Trainer said so and where the outputs are
     r = summary.get("reward_mean", {})
-    e = summary.get("ess_lag", {})
-    print(json.dumps({
-        "steps": summary.get("last_step"), "seconds": round(summary.get("seconds", 0.0), 1),
-        "reward_first": r.get("first"), "reward_last": r.get("last"), "reward_mean": r.get("mean"),
-        "ess_lag_min": e.get("min"), "resyncs": summary.get("resync_count"), "resyncs_ess": summary.get("resync_ess"),
-        "reconnects": summary.get("reconnects"),
-    }), flush=True)
-    print(f"metrics: {summary['metrics_dir']}/metrics.jsonl (TensorBoard: {summary['metrics_dir']}/tb, "
-          f"summary: {summary['metrics_dir']}/summary.json)")
+    ess = summary.get("ess_lag", {})
+    print(
+        json.dumps(
+            {
+                "steps": summary.get("last_step"),
+                "seconds": round(summary.get("seconds", 0.0), 1),
+                "reward_first": r.get("first"),
+                "reward_last": r.get("last"),
+                "reward_mean": r.get("mean"),
+                "ess_lag_min": ess.get("min"),
+                "resyncs": summary.get("resync_count"),
+                "resyncs_ess": summary.get("resync_ess"),
+                "reconnects": summary.get("reconnects"),
+            }
+        ),
+        flush=True,
+    )
+    print(
+        f"metrics: {summary['metrics_dir']}/metrics.jsonl (TensorBoard: "
+        f"{summary['metrics_dir']}/tb, "
+        f"summary: {summary['metrics_dir']}/summary.json)"
+    )
     print(f"checkpoint: {summary['checkpoint_dir']} (step {summary['checkpoint_step']})")
     return 0 if summary.get("finished") else 1

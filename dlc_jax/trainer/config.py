@@ -1,8 +1,22 @@
 """Training config schema: nested dataclasses, YAML loading, ``key.sub=value`` CLI overrides.
 
-Every key is checked: an unknown key or a value of the wrong type/choice is a :class:`ConfigError`
-whose message names the full dotted key (e.g. ``optim.lr``). The YAML section ``async`` maps to the
-field ``async_`` (``async`` is a Python keyword).
+Sections are the library's own dataclasses where one exists (``mesh`` = ``model.MeshConfig``,
+``data`` = ``DataConfig``, ``reward`` = ``RewardConfig``, ``loss`` = ``rl.LossConfig`` plus the
+trainer's ``old_policy``); the others are defined here.
+
+Every key is checked in one place (`load_config` -> `from_dict` for types and choices, `validate`
+for
+ranges and cross-field rules; a section dataclass's own checks are reported under its key): an
+unknown
+key or a bad value is a :class:`ConfigError` whose message starts with the full dotted key (e.g.
+``optim.lr``). The YAML section ``async`` maps to the field ``async_`` (``async`` is a Python
+keyword).
+
+No config library: OmegaConf / pydantic would replace the ~40 lines of type coercion below but
+accept
+different inputs (e.g. pydantic refuses an int for a str field, OmegaConf has no Literal choices)
+and
+word errors their own way; the dotted-key errors and the accepted inputs are what users rely on.
 """
 
 from __future__ import annotations
@@ -10,8 +24,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +36,8 @@ import yaml
 from dlc_jax.data.arithmetic import ArithmeticConfig
 from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
+from dlc_jax.model.sharding import MeshConfig
+from dlc_jax.rl.loss_config import LossConfig
 
 
 class ConfigError(ValueError):
@@ -28,7 +46,8 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass
 class ModelSection:
-    """path: HF model dir ('' = make the tiny model under sft.cache_dir); preset: model.PRESETS name for
+    """path: HF model dir ('' = make the tiny model under sft.cache_dir); preset: model.PRESETS name
+    for
     the tiny model; dtypes: 'float32' | 'bfloat16'; remat: rematerialize decoder layers."""
 
     path: str = ""
@@ -39,21 +58,17 @@ class ModelSection:
 
 
 @dataclasses.dataclass
-class MeshSection:
-    """Device mesh axis sizes; -1 on one axis means 'all remaining devices'."""
-
-    data: int = 1
-    fsdp: int = -1
-    tensor: int = 1
-
-
-@dataclasses.dataclass
 class SamplerSection:
-    """backend: 'vllm' | 'jax'; address: 'host:port' of a running sampler ('' = spawn one on loopback),
+    """backend: 'vllm' | 'jax'; address: 'host:port' of a running sampler ('' = spawn one on
+    loopback),
     or several comma-separated ('h1:p,h2:p') driven as one ``dlc_jax.sampler.pool.SamplerPool``;
-    token_file: file holding the bearer token ('' = none); tls_root_cert: PEM of the CA that signed the
+    token_file: file holding the bearer token ('' = none); tls_root_cert: PEM of the CA that signed
+    the
     samplers' certificates ('' = plaintext); tls_server_name: override of the TLS target name;
-    n: group size G; head_k: sampler top-k head reported per token (0 = none, no centering term)."""
+    n: group size G; head_k: sampler top-k head reported per token (0 = none, no centering term);
+    push_transport: how weight pushes carry the bytes: 'auto' (the sampler's raw socket data plane
+    when
+    it offers one -- a spawned loopback sampler does --, else gRPC), 'grpc' or 'socket'."""
 
     backend: Literal["vllm", "jax"] = "vllm"
     address: str = ""
@@ -72,11 +87,13 @@ class SamplerSection:
     max_model_len: int = 128
     startup_timeout_s: float = 600.0
     reconnect_timeout_s: float = 600.0
+    push_transport: Literal["auto", "grpc", "socket"] = "auto"
 
 
 @dataclasses.dataclass
 class DistributedSection:
-    """Multi-host JAX (``dlc_jax.trainer.distributed``). mode: 'auto' (initialize when the environment
+    """Multi-host JAX (``dlc_jax.trainer.distributed``). mode: 'auto' (initialize when the
+    environment
     says there are several processes: coordinator_address / JAX_COORDINATOR_ADDRESS set),
     'always' (always call ``jax.distributed.initialize``; on a TPU pod slice JAX detects the rest),
     'never' (single process); not 'on'/'off', which YAML reads as booleans. coordinator_address:
@@ -90,22 +107,27 @@ class DistributedSection:
     initialization_timeout_s: int = 300
 
 
-@dataclasses.dataclass
-class LossSection:
-    """name: key of ``dlc_jax.rl.LOSSES``; options: extra ``LossConfig`` fields (given inline in YAML)."""
+@dataclasses.dataclass(frozen=True)
+class LossSection(LossConfig):
+    """The ``loss`` section: ``rl.LossConfig`` (name + every loss hyper-parameter, given inline in
+    YAML) and what lp_old -- the PPO anchor / proximal policy of ppo_clip, decoupled_ppo, m2po --
+    is:
+    'current' = stop_gradient(lp), the trainer at theta_t (one optimizer step per batch: r = 1);
+    'sampler' = lp_q, the sampler's reported log-probs (the common async "bypass" PPO baseline);
+    'snapshot' = lp_s, the trainer at the sampler's weights theta_s."""
 
-    name: str = "dlc"
-    options: dict = dataclasses.field(default_factory=dict)
-    # What lp_old (the PPO anchor / proximal policy of ppo_clip, decoupled_ppo, m2po) is:
-    #   'current'  = stop_gradient(lp), the trainer at theta_t (one optimizer step per batch: r = 1);
-    #   'sampler'  = lp_q, the sampler's reported log-probs (the common async "bypass" PPO baseline);
-    #   'snapshot' = lp_s, the trainer at the sampler's weights theta_s.
     old_policy: Literal["current", "sampler", "snapshot"] = "current"
+
+    def loss_config(self) -> LossConfig:
+        """The ``LossConfig`` part (what the train step's loss reads)."""
+        fields = {f.name for f in dataclasses.fields(LossConfig)}
+        return LossConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in fields})
 
 
 @dataclasses.dataclass
 class OptimSection:
-    """AdamW with linear warmup then decay ('cosine' | 'linear' | 'constant') to lr * min_lr_ratio."""
+    """AdamW with linear warmup then decay ('cosine' | 'linear' | 'constant') to lr *
+    min_lr_ratio."""
 
     lr: float = 1e-5
     warmup: int = 0
@@ -121,7 +143,8 @@ class OptimSection:
 @dataclasses.dataclass
 class ResyncSection:
     """policy: 'ess' (push when lag ESS < threshold) | 'every_k' | 'never' | 'onpolicy';
-    stale_rollouts: rollouts in flight from an older version are 'train'ed with their snapshot or 'drop'ped."""
+    stale_rollouts: rollouts in flight from an older version are 'train'ed with their snapshot or
+    'drop'ped."""
 
     policy: Literal["ess", "every_k", "never", "onpolicy"] = "ess"
     threshold: float = 0.5
@@ -132,7 +155,8 @@ class ResyncSection:
 
 @dataclasses.dataclass
 class AsyncSection:
-    """max_staleness: rollouts more than this many versions behind theta_t are dropped and resampled;
+    """max_staleness: rollouts more than this many versions behind theta_t are dropped and
+    resampled;
     prefetch: how many upcoming batches are requested from the sampler ahead of training."""
 
     max_staleness: int = 8
@@ -153,7 +177,8 @@ class TrainSection:
 
 @dataclasses.dataclass
 class CheckpointSection:
-    """dir: orbax checkpoint directory; every: save period in steps (0 = only at exit); keep: last N."""
+    """dir: orbax checkpoint directory; every: save period in steps (0 = only at exit); keep:
+    last N."""
 
     dir: str = "runs/default/ckpt"
     every: int = 10
@@ -183,7 +208,7 @@ class SFTSection:
 @dataclasses.dataclass
 class TrainConfig:
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
-    mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     distributed: DistributedSection = dataclasses.field(default_factory=DistributedSection)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
@@ -263,7 +288,9 @@ def _coerce(key: str, tp, value):
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{key}: expected a bool, got {value!r}")
     if tp is int:
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        ):
             raise ConfigError(f"{key}: expected an int, got {value!r}")
         return int(value)
     if tp is float:
@@ -281,7 +308,7 @@ def _coerce(key: str, tp, value):
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
-    if tp is dict:
+    if tp is dict or typing.get_origin(tp) is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)
@@ -299,34 +326,34 @@ def from_dict(cls, d: dict | None, prefix: str = ""):
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
-    extra = {}
     for k, v in d.items():
         name = _FIELD_NAME.get(k, k)
         key = f"{prefix}.{k}" if prefix else str(k)
         if name not in names:
-            if cls is LossSection:  # inline LossConfig fields
-                extra[k] = v
-                continue
-            raise ConfigError(f"{key}: unknown config key (known: {sorted(_YAML_NAME.get(n, n) for n in names)})")
+            known = sorted(_YAML_NAME.get(n, n) for n in names)
+            raise ConfigError(f"{key}: unknown config key (known: {known})")
         kwargs[name] = _coerce(key, hints[name], v)
-    if extra:
-        kwargs["options"] = {**kwargs.get("options", {}), **extra}
     try:
         return cls(**kwargs)
-    except ConfigError:
-        raise
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{where}: {e}") from e
+        raise ConfigError(_section_error(where, cls, str(e))) from e
+
+
+def _section_error(where: str, cls, msg: str) -> str:
+    """A section dataclass's own error under its dotted key: "LossConfig.clip_low has ..." from the
+    ``loss`` section becomes "loss.clip_low: has ..."."""
+    for name in (cls.__name__, *(b.__name__ for b in cls.__mro__[1:])):
+        m = re.match(rf"{name}\.(\w+):?\s*(.*)", msg, re.S)
+        if m and m.group(1) in {f.name for f in dataclasses.fields(cls)}:
+            return f"{where}.{m.group(1)}: {re.sub(r'^has an? ', '', m.group(2))}"
+    return f"{where}: {msg}"
 
 
 def to_dict(obj) -> dict:
-    """Nested dict of a config dataclass (YAML names, e.g. ``async``); LossSection options inlined."""
+    """Nested dict of a config dataclass (YAML names, e.g. ``async``)."""
     out = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
-        if isinstance(obj, LossSection) and f.name == "options":
-            out.update(v)
-            continue
         out[_YAML_NAME.get(f.name, f.name)] = to_dict(v) if dataclasses.is_dataclass(v) else v
     return out
 
@@ -339,49 +366,27 @@ def _get(cfg: TrainConfig, dotted: str):
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Range checks (types are already checked while parsing); errors name the key."""
+    """Range and cross-field checks (types, choices and each section's own checks ran while
+    parsing); errors name the key."""
     for key, ok, req in _RULES:
         v = _get(cfg, key)
         if not ok(v):
             raise ConfigError(f"{key}: must be {req}, got {v!r}")
     if cfg.sampler.head_k > 20 and cfg.sampler.backend == "vllm":
-        raise ConfigError(f"sampler.head_k: vLLM reports at most 20 logprobs by default, got {cfg.sampler.head_k}")
+        raise ConfigError(
+            f"sampler.head_k: vLLM reports at most 20 logprobs by default, got {cfg.sampler.head_k}"
+        )
     if (cfg.train.batch_prompts * cfg.sampler.n) % cfg.train.micro_batches:
         raise ConfigError(
             f"train.micro_batches: {cfg.train.micro_batches} must divide batch_prompts*sampler.n = "
-            f"{cfg.train.batch_prompts * cfg.sampler.n}")
-    _validate_loss(cfg.loss)
+            f"{cfg.train.batch_prompts * cfg.sampler.n}"
+        )
     return cfg
 
 
-def _validate_loss(loss: LossSection) -> None:
-    """Check loss.name and loss options against ``dlc_jax.rl`` when it is importable."""
-    try:
-        from dlc_jax.rl import LOSSES
-    except ImportError:
-        return
-    if loss.name not in LOSSES:
-        raise ConfigError(f"loss.name: {loss.name!r} is not one of {sorted(LOSSES)}")
-    make_loss_config(loss)
-
-
-def make_loss_config(loss: LossSection):
-    """``dlc_jax.rl.LossConfig`` from the loss section (name + options), errors naming ``loss.<field>``."""
-    from dlc_jax.rl import LossConfig
-
-    fields = {f.name for f in dataclasses.fields(LossConfig)}
-    kw = {}
-    if "name" in fields:
-        kw["name"] = loss.name
-    hints = typing.get_type_hints(LossConfig)
-    for k, v in loss.options.items():
-        if k not in fields:
-            raise ConfigError(f"loss.{k}: unknown config key (LossConfig fields: {sorted(fields)})")
-        kw[k] = _coerce(f"loss.{k}", hints[k], v) if hints.get(k) in (int, float, bool, str) else v
-    try:
-        return LossConfig(**kw)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"loss: {e}") from e
+def make_loss_config(loss: LossSection) -> LossConfig:
+    """``rl.LossConfig`` of the loss section (kept for callers; same as ``loss.loss_config()``)."""
+    return loss.loss_config()
 
 
 def _set_dotted(d: dict, dotted: str, value) -> None:
@@ -396,7 +401,8 @@ def _set_dotted(d: dict, dotted: str, value) -> None:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """``"optim.lr=1e-5"`` -> ``("optim.lr", 1e-05)`` (value parsed as YAML, then type-coerced later)."""
+    """``"optim.lr=1e-5"`` -> ``("optim.lr", 1e-05)`` (value parsed as YAML, then type-coerced
+    later)."""
     if "=" not in item:
         raise ConfigError(f"{item}: override must look like key.sub=value")
     key, raw = item.split("=", 1)
@@ -415,7 +421,7 @@ def default_config_path() -> Path:
     return Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Load YAML (``None`` = no file, all defaults), apply overrides, parse and validate."""
     d: dict = {}
     if path is not None:
@@ -435,5 +441,18 @@ def dump_config(cfg: TrainConfig) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
-__all__ = ["ConfigError", "TrainConfig", "load_config", "dump_config", "from_dict", "to_dict", "validate",
-           "parse_override", "make_loss_config", "default_config_path", "ArithmeticConfig"]
+__all__ = [
+    "ConfigError",
+    "TrainConfig",
+    "LossSection",
+    "MeshConfig",
+    "load_config",
+    "dump_config",
+    "from_dict",
+    "to_dict",
+    "validate",
+    "parse_override",
+    "make_loss_config",
+    "default_config_path",
+    "ArithmeticConfig",
+]

@@ -1,14 +1,19 @@
-"""Multi-host JAX for the trainer: process start-up, the global mesh, per-host batch shards, and the
-weight push of a resync.
+"""Multi-host JAX for the trainer: process start-up, per-host batch shards, agreement between
+processes, and the weight push of a resync.
 
 Start-up (`initialize`): `jax.distributed.initialize` from the `distributed` config section, falling
 back to the environment (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`); on a
-TPU pod slice / GKE TPU node pool JAX detects all three itself (`distributed.mode=always` with the fields
+TPU pod slice / GKE TPU node pool JAX detects all three itself (`distributed.mode=always` with the
+fields
 left empty). It must run before any other JAX call.
 
-Mesh (`make_global_mesh`): one (data, fsdp, tensor) mesh over `jax.devices()` -- every device of
-every host. Parameters are sharded over it as on one host; the jitted step is the same program on
-every process.
+Mesh: one (data, fsdp, tensor) mesh over `jax.devices()` -- every device of every host (the
+trainer's `make_training_mesh`). Parameters are sharded over it as on one host; the jitted step is
+the same program on every process.
+
+Agreement (`leader_bool`, `allgather`, `global_versions`): everything that decides control flow must
+be the same on every process; these are the collectives that make it so (plain values in a single
+process).
 
 Batches -- CHOICE: rollouts are split by slot across processes. The batch rows are ordered by (slot
 order, sample index) and sharded over ('data', 'fsdp'); each process owns the rows that live on its
@@ -24,7 +29,8 @@ host and adds a broadcast of variable-length data every step.
 
 Resync push (`push_weights`): a collective -- every process must call it at the same point. Tensors
 are gathered one at a time (`dlc_jax.model.iter_hf_tensors`, which uses
-`jax.experimental.multihost_utils.process_allgather` per tensor for arrays spanning hosts), so a host
+`jax.experimental.multihost_utils.process_allgather` per tensor for arrays spanning hosts), so a
+host
 holds its shard of the model plus at most one gathered tensor (plus the pool's small fan-out queue)
 -- never the full model twice. Only process 0 streams the tensors to the sampler(s); it reads the
 gather stream to the end even if a push fails so that the other processes' gathers complete. The
@@ -38,10 +44,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
+
+from dlc_jax.sampler.protocol import Sampler
+from dlc_jax.sampler.types import PushResult
 
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
@@ -92,14 +102,23 @@ def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | Non
     if section.mode == "auto" and coord is None and (num is None or num <= 1):
         return None
     if coord is not None or num is not None or pid is not None:
-        missing = [k for k, v in (("distributed.coordinator_address", coord), ("distributed.num_processes", num),
-                                  ("distributed.process_id", pid)) if v is None]
+        missing = [
+            k
+            for k, v in (
+                ("distributed.coordinator_address", coord),
+                ("distributed.num_processes", num),
+                ("distributed.process_id", pid),
+            )
+            if v is None
+        ]
         if missing and section.mode == "auto":
-            raise DistributedError(f"{missing[0]}: needed with the other distributed settings "
-                                   f"(set it in the config or ${_ENV_OF[missing[0]]})")
+            raise DistributedError(
+                f"{missing[0]}: needed with the other distributed settings "
+                f"(set it in the config or ${_ENV_OF[missing[0]]})"
+            )
     if num is not None and pid is not None and not 0 <= pid < num:
         raise DistributedError(f"distributed.process_id: {pid} is not in [0, num_processes={num})")
-    kw = {"initialization_timeout": int(section.initialization_timeout_s)}
+    kw: dict[str, Any] = {"initialization_timeout": int(section.initialization_timeout_s)}
     if coord is not None:
         kw["coordinator_address"] = coord
     if num is not None:
@@ -109,8 +128,11 @@ def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | Non
     return kw
 
 
-_ENV_OF = {"distributed.coordinator_address": ENV_COORDINATOR, "distributed.num_processes": ENV_NUM_PROCESSES,
-           "distributed.process_id": ENV_PROCESS_ID}
+_ENV_OF = {
+    "distributed.coordinator_address": ENV_COORDINATOR,
+    "distributed.num_processes": ENV_NUM_PROCESSES,
+    "distributed.process_id": ENV_PROCESS_ID,
+}
 
 
 def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo:
@@ -123,15 +145,78 @@ def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo
 
 
 def process_info() -> ProcessInfo:
-    return ProcessInfo(jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
-                       bool(jax.distributed.is_initialized()))
+    return ProcessInfo(
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+        bool(jax.distributed.is_initialized()),
+    )
 
 
-def make_global_mesh(mesh_section):
-    """The (data, fsdp, tensor) mesh over every device of every process (`mesh` config section)."""
+def leader_bool(value: bool) -> bool:
+    """``value`` as decided by process 0 (identical on every process)."""
+    if jax.process_count() == 1:
+        return bool(value)
+    from jax.experimental import multihost_utils
+
+    flag = np.asarray(int(bool(value)), np.int32)
+    return bool(np.asarray(multihost_utils.broadcast_one_to_all(flag)))
+
+
+def allgather(x) -> np.ndarray:
+    """[P, ...] stack of ``x`` from every process ([1, ...] in a single process)."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x[None]
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x))
+
+
+def global_versions(local: set[int], candidates: set[int]) -> list[int]:
+    """Sorted union over processes of ``local`` (weight versions), each of which must be in
+    ``candidates`` (the versions every process holds: snapshots + current)."""
+    cands = sorted(candidates)
+    unknown = set(local) - set(cands)
+    if unknown:
+        raise RuntimeError(
+            f"rollouts of weight versions {sorted(unknown)} without a theta_s snapshot "
+            f"(have {cands})"
+        )
+    flags = np.asarray([v in local for v in cands], np.int32)
+    anyp = allgather(flags).max(axis=0)
+    return [v for v, f in zip(cands, anyp) if f]
+
+
+def make_training_mesh(mesh_section):
+    """The (data, fsdp, tensor) training mesh from the `mesh` section, or None for a single device.
+
+    Fixed axis sizes may use fewer devices than exist (first devices), except in a multi-host run,
+    which must use all devices of all its processes."""
     from dlc_jax.model import MeshConfig, make_mesh
 
-    return make_mesh(MeshConfig(data=mesh_section.data, fsdp=mesh_section.fsdp, tensor=mesh_section.tensor))
+    m = mesh_section
+    mc = MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+    devices = jax.devices()
+    if -1 not in (m.data, m.fsdp, m.tensor):
+        need = m.data * m.fsdp * m.tensor
+        if need > len(devices):
+            raise ValueError(
+                f"mesh: data*fsdp*tensor = {need} devices, only {len(devices)} available"
+            )
+        if jax.process_count() > 1 and need != len(devices):
+            raise ValueError(
+                f"mesh: data*fsdp*tensor = {need} but a multi-host run must use all "
+                f"{len(devices)} devices of its {jax.process_count()} processes (use -1 for one "
+                "axis)"
+            )
+        devices = devices[:need]
+    try:
+        shape = mc.shape(len(devices))
+    except ValueError as e:
+        raise ValueError(f"mesh: {e}") from e
+    return None if shape == (1, 1, 1) else make_mesh(mc, devices)
 
 
 def rows_sharding(mesh):
@@ -142,15 +227,20 @@ def rows_sharding(mesh):
 
 
 def local_row_range(sharding, global_rows: int) -> tuple[int, int]:
-    """[start, stop) of the batch rows stored on this process's devices under `sharding` (rows = axis 0).
+    """[start, stop) of the batch rows stored on this process's devices under `sharding` (rows =
+    axis 0).
     Raises DistributedError when they are not one contiguous block."""
     idx = sharding.addressable_devices_indices_map((int(global_rows),))
-    spans = sorted({(s[0].start or 0, global_rows if s[0].stop is None else s[0].stop) for s in idx.values()})
+    spans = sorted(
+        {(s[0].start or 0, global_rows if s[0].stop is None else s[0].stop) for s in idx.values()}
+    )
     start, stop = spans[0]
     for a, b in spans[1:]:
         if a > stop:
-            raise DistributedError(f"this process's batch rows are not contiguous: {spans} of {global_rows} "
-                                   f"(device order of the mesh interleaves hosts on the batch axes)")
+            raise DistributedError(
+                f"this process's batch rows are not contiguous: {spans} of {global_rows} "
+                f"(device order of the mesh interleaves hosts on the batch axes)"
+            )
         stop = max(stop, b)
     return int(start), int(stop)
 
@@ -163,11 +253,15 @@ def local_slots(slots: list[int], group_size: int, sharding) -> list[int]:
     start, stop = local_row_range(sharding, rows)
     if start % group_size or stop % group_size:
         raise DistributedError(
-            f"train.batch_prompts: this process owns rows [{start}, {stop}) of {rows}, which splits a group of "
-            f"sampler.n={group_size}; batch_prompts ({len(slots)}) must be a multiple of the number of row shards "
-            f"per process boundary (use batch_prompts divisible by jax.process_count()={jax.process_count()} "
-            f"times the row shards)")
-    return list(slots[start // group_size: stop // group_size])
+            f"train.batch_prompts: this process owns rows [{start}, {stop}) of {rows}, which "
+            "splits a group of "
+            f"sampler.n={group_size}; batch_prompts ({len(slots)}) must be a multiple of the "
+            "number of row shards "
+            "per process boundary (use batch_prompts divisible by "
+            f"jax.process_count()={jax.process_count()} "
+            f"times the row shards)"
+        )
+    return list(slots[start // group_size : stop // group_size])
 
 
 def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) -> dict:
@@ -179,9 +273,13 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
     for k, a in local.items():
         a = np.asarray(a)
         if a.shape[0] != stop - start:
-            raise DistributedError(f"batch array {k!r}: {a.shape[0]} local rows, this process owns "
-                                   f"{stop - start} (rows [{start}, {stop}) of {global_rows})")
-        out[k] = jax.make_array_from_process_local_data(sharding, a, (int(global_rows),) + a.shape[1:])
+            raise DistributedError(
+                f"batch array {k!r}: {a.shape[0]} local rows, this process owns "
+                f"{stop - start} (rows [{start}, {stop}) of {global_rows})"
+            )
+        out[k] = jax.make_array_from_process_local_data(
+            sharding, a, (int(global_rows),) + a.shape[1:]
+        )
     return out
 
 
@@ -209,17 +307,27 @@ class _LockedStream:
             return sum(1 for _ in self._it)
 
 
-def push_weights(sampler, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20):
+def push_weights(
+    sampler: Sampler,
+    model,
+    version: int,
+    *,
+    dtype: str = "float32",
+    chunk_bytes: int = 16 << 20,
+    transport: str = "grpc",
+) -> PushResult:
     """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool).
 
-    Collective over processes: all must call it; tensors are gathered one at a time on every process,
+    Collective over processes: all must call it; tensors are gathered one at a time on every
+    process,
     only process 0 talks to the sampler(s), and the result is broadcast so every process returns the
     same (ok, version) and a pool has the same rotation everywhere. Single process: a plain push."""
     from dlc_jax.model import hf_param_shapes, iter_hf_tensors
-    from dlc_jax.sampler.types import PushResult
 
     if jax.process_count() == 1:
-        return sampler.push_model(model, version, dtype=dtype, chunk_bytes=chunk_bytes)
+        return sampler.push_model(
+            model, version, dtype=dtype, chunk_bytes=chunk_bytes, transport=transport
+        )
     from jax.experimental import multihost_utils
 
     src_dtype = np.float16 if dtype == "float16" else np.float32
@@ -227,23 +335,41 @@ def push_weights(sampler, model, version: int, *, dtype: str = "float32", chunk_
     result = None
     if jax.process_index() == 0:
         try:
-            result = sampler.push_weights(stream, version, dtype=dtype, chunk_bytes=chunk_bytes,
-                                          specs=hf_param_shapes(model.config))
+            result = sampler.push_weights(
+                stream,
+                version,
+                dtype=dtype,
+                chunk_bytes=chunk_bytes,
+                specs=hf_param_shapes(model.config),
+                transport=transport,
+            )
         except Exception as e:  # noqa: BLE001 - every process must learn the outcome
-            result = PushResult(False, -1, f"push failed on process 0: {type(e).__name__}: {e}", code="UNKNOWN")
+            result = PushResult(
+                False, -1, f"push failed on process 0: {type(e).__name__}: {e}", code="UNKNOWN"
+            )
         finally:
             stream.close_and_drain()  # the other processes' gathers need this process to take part
     else:
         stream.close_and_drain()
-    rotation = sampler.rotation() if hasattr(sampler, "rotation") else []
-    flags = np.asarray([int(bool(result.ok)) if result else 0, int(result.version) if result else 0]
-                       + [int(a) for a in rotation], np.int64)
+    rotation = sampler.rotation()  # empty for a single sampler
+    flags = np.asarray(
+        [int(bool(result.ok)) if result else 0, int(result.version) if result else 0]
+        + [int(a) for a in rotation],
+        np.int64,
+    )
     flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
     ok, ver = bool(flags[0]), int(flags[1])
     if rotation:
-        sampler.set_rotation([bool(x) for x in flags[2:]], version=ver if ok else None,
-                             reason=f"left rotation in process 0's push of version {version}")
-    if jax.process_index() == 0:
+        sampler.set_rotation(
+            [bool(x) for x in flags[2:]],
+            version=ver if ok else None,
+            reason=f"left rotation in process 0's push of version {version}",
+        )
+    if result is not None:  # process 0
         return result
-    return PushResult(ok, ver, f"pushed by process 0 (version {version}: {'ok' if ok else 'failed'})",
-                      code="OK" if ok else "UNKNOWN")
+    return PushResult(
+        ok,
+        ver,
+        f"pushed by process 0 (version {version}: {'ok' if ok else 'failed'})",
+        code="OK" if ok else "UNKNOWN",
+    )

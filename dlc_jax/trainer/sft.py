@@ -9,8 +9,10 @@ both the trainer and the vLLM sampler load. A rerun with the same model/data/sft
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -21,13 +23,29 @@ import optax
 from dlc_jax.data.arithmetic import ArithmeticSource
 from dlc_jax.data.tokenize import encode_prompt, load_tokenizer
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                    "generation_config.json")
+logger = logging.getLogger(__name__)
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
-def sft_examples(source: ArithmeticSource, tokenizer, eos_id: int, indices, *, seq_len: int, chat_template: bool,
-                 system: str | None = None) -> dict[str, np.ndarray]:
-    """Batch of SFT sequences. Returns int32 ``input_ids``/``targets`` [N, seq_len] and float32 ``mask``
+def sft_examples(
+    source: ArithmeticSource,
+    tokenizer,
+    eos_id: int,
+    indices,
+    *,
+    seq_len: int,
+    chat_template: bool,
+    system: str | None = None,
+) -> dict[str, np.ndarray]:
+    """Batch of SFT sequences. Returns int32 ``input_ids``/``targets`` [N, seq_len] and float32
+    ``mask``
     [N, seq_len] (1 where ``targets`` is an answer or eos token), right-padded with eos."""
     n = len(indices)
     ids = np.full((n, seq_len), eos_id, np.int32)
@@ -42,7 +60,7 @@ def sft_examples(source: ArithmeticSource, tokenizer, eos_id: int, indices, *, s
             raise ValueError(f"SFT example {ex} is {len(seq)} tokens > seq_len {seq_len}")
         ids[row, : len(seq)] = seq
         tgt[row, : len(seq) - 1] = seq[1:]
-        mask[row, len(p) - 1: len(seq) - 1] = 1.0
+        mask[row, len(p) - 1 : len(seq) - 1] = 1.0
     return {"input_ids": ids, "targets": tgt, "mask": mask}
 
 
@@ -54,12 +72,30 @@ def sft_loss(model, batch) -> jax.Array:
     return -(tok * batch["mask"]).sum() / jnp.maximum(batch["mask"].sum(), 1.0)
 
 
-def sft_train(model, batches, *, lr: float, steps: int, log_every: int = 50, log=print) -> list[float]:
-    """Train ``model`` in place on ``batches`` (an iterator of dicts) for ``steps`` steps; returns losses."""
+def sft_train(
+    model,
+    batches,
+    *,
+    lr: float,
+    steps: int,
+    log_every: int = 50,
+    log: Callable[[str], None] | None = None,
+) -> list[float]:
+    """Train ``model`` in place on ``batches`` (an iterator of dicts) for ``steps`` steps; returns
+    losses.
+    Progress goes to ``log`` (default: this module's logger)."""
+    log = log or logger.info
     from flax import nnx
 
-    opt = nnx.Optimizer(model, optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 10), max(steps, 2),
-                                                                              lr * 0.1)), wrt=nnx.Param)
+    opt = nnx.Optimizer(
+        model,
+        optax.adamw(
+            optax.warmup_cosine_decay_schedule(
+                0.0, lr, max(1, steps // 10), max(steps, 2), lr * 0.1
+            )
+        ),
+        wrt=nnx.Param,
+    )
 
     @nnx.jit
     def step(model, opt, batch):
@@ -70,14 +106,23 @@ def sft_train(model, batches, *, lr: float, steps: int, log_every: int = 50, log
     losses = []
     for s in range(steps):
         losses.append(float(step(model, opt, next(batches))))
-        if log and (s % log_every == 0 or s == steps - 1):
+        if s % log_every == 0 or s == steps - 1:
             log(f"sft step {s}/{steps} loss {losses[-1]:.4f}")
     return losses
 
 
-def greedy_accuracy(model, source: ArithmeticSource, tokenizer, eos_id: int, indices, *, max_tokens: int,
-                    chat_template: bool) -> float:
-    """Fraction of ``indices`` answered exactly by greedy decoding (full forward per token; tiny only)."""
+def greedy_accuracy(
+    model,
+    source: ArithmeticSource,
+    tokenizer,
+    eos_id: int,
+    indices,
+    *,
+    max_tokens: int,
+    chat_template: bool,
+) -> float:
+    """Fraction of ``indices`` answered exactly by greedy decoding (full forward per token; tiny
+    only)."""
     from dlc_jax.data.rewards import exact_match_reward
 
     correct = 0
@@ -97,7 +142,8 @@ def greedy_accuracy(model, source: ArithmeticSource, tokenizer, eos_id: int, ind
 
 
 def sft_cache_dir(cfg) -> Path:
-    """Where the warmed model for ``cfg`` (a TrainConfig) lives: keyed by the model/data/sft sections."""
+    """Where the warmed model for ``cfg`` (a TrainConfig) lives: keyed by the model/data/sft
+    sections."""
     return Path(cfg.sft.cache_dir) / f"sft-{cfg.hash('model', 'data', 'sft')}"
 
 
@@ -118,8 +164,10 @@ def base_model_dir(cfg) -> Path:
     return d
 
 
-def ensure_sft_model(cfg, *, log=print) -> Path:
-    """HF dir of the SFT-warmed model for ``cfg``, training it if no cached copy exists."""
+def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
+    """HF dir of the SFT-warmed model for ``cfg``, training it if no cached copy exists. Progress
+    goes to ``log`` (default: this module's logger)."""
+    log = log or logger.info
     out = sft_cache_dir(cfg)
     if (out / "sft.json").exists():
         log(f"sft: reusing cached warm-up {out}")
@@ -136,30 +184,56 @@ def ensure_sft_model(cfg, *, log=print) -> Path:
     source = ArithmeticSource(cfg.data.arithmetic, seed=cfg.data.seed)
     model = load_hf(str(base))
     rng = np.random.default_rng(cfg.train.seed + 1)
-    seq_len = 8 + cfg.sampler.max_tokens + max(
-        len(encode_prompt(tok, source[i]["prompt"], chat_template=cfg.data.chat_template)) for i in range(min(len(source), 256)))
+    seq_len = (
+        8
+        + cfg.sampler.max_tokens
+        + max(
+            len(encode_prompt(tok, source[i]["prompt"], chat_template=cfg.data.chat_template))
+            for i in range(min(len(source), 256))
+        )
+    )
 
     def batches():
         while True:
             idx = rng.integers(0, len(source), cfg.sft.batch_size)
-            yield {k: jnp.asarray(v) for k, v in sft_examples(source, tok, eos, idx, seq_len=seq_len,
-                                                              chat_template=cfg.data.chat_template).items()}
+            yield {
+                k: jnp.asarray(v)
+                for k, v in sft_examples(
+                    source, tok, eos, idx, seq_len=seq_len, chat_template=cfg.data.chat_template
+                ).items()
+            }
 
     t0 = time.time()
     losses = sft_train(model, batches(), lr=cfg.sft.lr, steps=cfg.sft.steps, log=log)
-    acc = greedy_accuracy(model, source, tok, eos, range(min(len(source), 32)), max_tokens=cfg.sampler.max_tokens,
-                          chat_template=cfg.data.chat_template)
+    acc = greedy_accuracy(
+        model,
+        source,
+        tok,
+        eos,
+        range(min(len(source), 32)),
+        max_tokens=cfg.sampler.max_tokens,
+        chat_template=cfg.data.chat_template,
+    )
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_hf(model, tmp)
     for f in _TOKENIZER_FILES:
         if (base / f).exists() and not (tmp / f).exists():
             shutil.copy(base / f, tmp / f)
-    info = {"base": str(base), "steps": cfg.sft.steps, "loss_first": losses[0] if losses else None,
-            "loss_last": losses[-1] if losses else None, "greedy_accuracy": acc, "seconds": time.time() - t0}
+    info = {
+        "base": str(base),
+        "steps": cfg.sft.steps,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "greedy_accuracy": acc,
+        "seconds": time.time() - t0,
+    }
     (tmp / "sft.json").write_text(json.dumps(info, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    log(f"sft: trained {cfg.sft.steps} steps in {info['seconds']:.0f}s, loss {info['loss_first']:.3f} -> "
-        f"{info['loss_last']:.3f}, greedy accuracy {acc:.2f}; saved {out}")
+    log(
+        f"sft: trained {cfg.sft.steps} steps in {info['seconds']:.0f}s, loss "
+        f"{info['loss_first']:.3f} -> "
+        f"{info['loss_last']:.3f}, greedy accuracy {acc:.2f}; saved {out}"
+    )
     return out

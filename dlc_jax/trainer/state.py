@@ -1,7 +1,8 @@
 """Train state: theta_t (NNX params), optax AdamW with warmup + decay and global-norm clipping, the
 weight version, and the sampler snapshots theta_s keyed by weight version (bounded count).
 
-The model is split once into ``graphdef`` (static) and ``params`` (an ``nnx.State`` pytree of arrays);
+The model is split once into ``graphdef`` (static) and ``params`` (an ``nnx.State`` pytree of
+arrays);
 everything jitted works on ``params``. A per-step LR scale (VCPO) multiplies the final update, which
 for AdamW (decoupled weight decay included) equals scaling the learning rate for that step.
 """
@@ -9,6 +10,7 @@ for AdamW (decoupled weight decay included) equals scaling the learning rate for
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +38,15 @@ def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
     parts = []
     if optim.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(optim.grad_clip))
-    parts.append(optax.adamw(make_schedule(optim, total_steps), b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                             weight_decay=optim.weight_decay))
+    parts.append(
+        optax.adamw(
+            make_schedule(optim, total_steps),
+            b1=optim.b1,
+            b2=optim.b2,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+    )
     return optax.chain(*parts)
 
 
@@ -54,8 +63,14 @@ def place_on_mesh(tree, mesh):
 
     devs = set(mesh.devices.flat)
     repl = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(lambda x: x if getattr(x, "sharding", None) is not None and x.sharding.device_set == devs
-                        else jax.device_put(x, repl), tree)
+    return jax.tree.map(
+        lambda x: (
+            x
+            if getattr(x, "sharding", None) is not None and x.sharding.device_set == devs
+            else jax.device_put(x, repl)
+        ),
+        tree,
+    )
 
 
 def copy_tree(tree):
@@ -69,12 +84,13 @@ class TrainState:
 
     graphdef: the NNX graph definition; params: theta_t (``nnx.State``); opt_state: optax state;
     step: optimizer steps done. The weight version of theta_t is its step count (``version``), so
-    version lag = optimizer steps of staleness; ``synced_version`` is what the sampler last received.
+    version lag = optimizer steps of staleness; ``synced_version`` is what the sampler last
+    received.
     snapshots: {version: params} for versions the sampler may still be producing rollouts with;
     max_snapshots: bound on len(snapshots) (oldest dropped first).
     """
 
-    graphdef: object
+    graphdef: Any
     params: object
     opt_state: object
     step: int = 0
@@ -83,8 +99,9 @@ class TrainState:
     synced_version: int = 0
 
     @classmethod
-    def create(cls, model, tx, *, max_snapshots: int = 4, mesh=None) -> "TrainState":
-        """Split ``model`` and init the optimizer. With ``mesh``, optimizer leaves not derived from a
+    def create(cls, model, tx, *, max_snapshots: int = 4, mesh=None) -> TrainState:
+        """Split ``model`` and init the optimizer. With ``mesh``, optimizer leaves not derived from
+        a
         sharded param (e.g. step counts) are replicated over the mesh."""
         from flax import nnx
 
@@ -106,6 +123,12 @@ class TrainState:
 
         return nnx.merge(self.graphdef, self.params)
 
+    def model_at(self, version: int):
+        """The NNX module for the theta_s snapshot of weight ``version``."""
+        from flax import nnx
+
+        return nnx.merge(self.graphdef, self.snapshot_params(version))
+
     def snapshot(self) -> None:
         """Record theta_t as the sampler's weights for ``self.version`` (theta_s <- theta_t)."""
         self.snapshots[self.version] = copy_tree(self.params)
@@ -113,7 +136,8 @@ class TrainState:
         self.prune()
 
     def prune(self, keep_versions: set[int] | None = None) -> list[int]:
-        """Drop the oldest snapshots beyond ``max_snapshots`` (never the synced one); returns dropped."""
+        """Drop the oldest snapshots beyond ``max_snapshots`` (never the synced one); returns
+        dropped."""
         dropped = []
         keep_versions = keep_versions or set()
         for v in sorted(self.snapshots):
@@ -127,6 +151,9 @@ class TrainState:
 
     def snapshot_params(self, version: int):
         if version not in self.snapshots:
-            raise KeyError(f"no theta_s snapshot for weight version {version} (have {sorted(self.snapshots)}); "
-                           f"raise resync.max_snapshots or use resync.stale_rollouts=drop")
+            raise KeyError(
+                f"no theta_s snapshot for weight version {version} (have "
+                f"{sorted(self.snapshots)}); "
+                f"raise resync.max_snapshots or use resync.stale_rollouts=drop"
+            )
         return self.snapshots[version]

