@@ -63,6 +63,7 @@ class DataPlaneListener:
         self._pending: dict[str, tuple[socket.socket, float]] = {}  # authenticated, awaiting claim
         self._hello: dict[socket.socket, tuple[bytearray, float]] = {}  # awaiting preamble
         self.refused = 0  # connections closed for a bad/late preamble or over the cap
+        self._last_warn, self._warned = -1e9, 0
         self._cond = threading.Condition()
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -80,8 +81,16 @@ class DataPlaneListener:
         except (KeyError, ValueError):
             pass
         conn.close()
+        self._refuse(why)
+
+    def _refuse(self, why: str) -> None:
+        """Count a refused connection; log at most one warning per 10 s (a flood stays one line)."""
         self.refused += 1
-        log.warning("push data connection refused: %s", why)
+        now = time.monotonic()
+        if now - self._last_warn >= 10.0:
+            extra = f" (+{self.refused - self._warned} more refused since the last warning)" if self._warned else ""
+            log.warning("push data connection refused: %s%s", why, extra)
+            self._last_warn, self._warned = now, self.refused
 
     def _loop(self) -> None:
         while True:
@@ -122,8 +131,7 @@ class DataPlaneListener:
                 held = len(self._hello) + len(self._pending)
             if held >= self.max_pending:
                 conn.close()
-                self.refused += 1
-                log.warning("push data connection refused: %d connections already held (cap)", held)
+                self._refuse(f"{held} connections already held (cap {self.max_pending})")
                 continue
             conn.setblocking(False)
             self._hello[conn] = (bytearray(), time.monotonic() + self.preamble_timeout)
