@@ -16,7 +16,7 @@ def test_shipped_configs_load(name):
 
 
 def test_default_path_and_values():
-    assert default_config_path() == CONFIGS / "tiny_cpu.yaml"
+    assert default_config_path().resolve() == (CONFIGS / "tiny_cpu.yaml").resolve()
     cfg = load_config(default_config_path())
     assert cfg.sampler.backend == "vllm" and cfg.sft.enabled and cfg.data.arithmetic.digits == 1
     assert cfg.async_.max_staleness == 16

@@ -416,9 +416,17 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
+def packaged_config(name: str) -> Path:
+    """``dlc_jax/configs/<name>`` shipped inside the package (the repository's ``configs/`` links
+    there), found through importlib.resources so a non-editable install has it too."""
+    from importlib.resources import files
+
+    return Path(str(files("dlc_jax") / "configs" / name))
+
+
 def default_config_path() -> Path:
-    """``configs/tiny_cpu.yaml`` of this checkout (the embedded default)."""
-    return Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+    """The embedded default, ``tiny_cpu.yaml`` shipped with the package."""
+    return packaged_config("tiny_cpu.yaml")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -426,6 +434,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     d: dict = {}
     if path is not None:
         p = Path(path)
+        shipped = packaged_config(p.name)  # 'configs/X.yaml' or 'X.yaml' outside a checkout
+        if not (p.exists() or p.is_absolute()) and p.parent.name in ("", "configs"):
+            p = shipped if shipped.exists() else p
         if not p.exists():
             raise ConfigError(f"--config: no such file {str(p)!r}")
         d = yaml.safe_load(p.read_text()) or {}
