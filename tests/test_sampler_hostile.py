@@ -36,8 +36,15 @@ def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
     d = tmp_path_factory.mktemp("tiny_qwen3_hostile")
-    make_tiny(str(d), vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=2,
-              num_key_value_heads=1, head_dim=32)
+    make_tiny(
+        str(d),
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+    )
     return str(d)
 
 
@@ -54,9 +61,18 @@ def served(tiny_dir, tmp_path_factory):
 
     load_root = tmp_path_factory.mktemp("load_root")
     staging = tmp_path_factory.mktemp("staging")
-    backend = make_backend("jax", BackendConfig(model_dir=tiny_dir, max_model_len=96, max_head_k=8, max_n=4))
-    cfg = ServerConfig(load_root=str(load_root), staging_root=str(staging), push_idle_timeout_s=IDLE_S,
-                       push_max_s=MAX_PUSH_S, data_port=0, data_auth_timeout_s=0.5, data_max_pending=16)
+    backend = make_backend(
+        "jax", BackendConfig(model_dir=tiny_dir, max_model_len=96, max_head_k=8, max_n=4)
+    )
+    cfg = ServerConfig(
+        load_root=str(load_root),
+        staging_root=str(staging),
+        push_idle_timeout_s=IDLE_S,
+        push_max_s=MAX_PUSH_S,
+        data_port=0,
+        data_auth_timeout_s=0.5,
+        data_max_pending=16,
+    )
     srv = ServerThread(backend, cfg).start()
     client = SamplerClient(srv.address, timeout=60, max_retries=0)
     yield srv, client, load_root, staging
@@ -69,17 +85,25 @@ def _version(client) -> int:
 
 
 def _probe(client):
-    (r,) = list(client.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=1.0, seed=11)))
+    (r,) = list(
+        client.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=1.0, seed=11))
+    )
     return r
 
 
 def _perturbed(weights, seed):
     rng = np.random.default_rng(seed)
-    return {k: (v + 0.3 * v.std() * rng.standard_normal(v.shape)).astype(np.float32) for k, v in weights.items()}
+    return {
+        k: (v + 0.3 * v.std() * rng.standard_normal(v.shape)).astype(np.float32)
+        for k, v in weights.items()
+    }
 
 
 def _header_msg(weights, version):
-    specs = [pb.TensorSpec(name=n, shape=list(a.shape), dtype="float32", nbytes=int(a.nbytes)) for n, a in weights.items()]
+    specs = [
+        pb.TensorSpec(name=n, shape=list(a.shape), dtype="float32", nbytes=int(a.nbytes))
+        for n, a in weights.items()
+    ]
     return pb.WeightMessage(header=pb.WeightHeader(version=version, tensors=specs, dtype="float32"))
 
 
@@ -99,26 +123,34 @@ def test_silent_and_stalled_pushes_never_block_later_pushes(served, base_weights
         return
         yield  # noqa: B901 - a generator that yields nothing
 
-    def stalled_after_header():  # a valid header, then silence: holds the lock until the idle timeout
+    def stalled_after_header():  # a header, then silence: holds the lock until the idle timeout
         yield _header_msg(base_weights, v0 + 5)
         release.wait(30)
 
-    threads = [threading.Thread(target=lambda k=k, g=g: results.__setitem__(k, client.push_messages(g())))
-               for k, g in (("silent", silent), ("stalled", stalled_after_header))]
+    threads = [
+        threading.Thread(target=lambda k=k, g=g: results.__setitem__(k, client.push_messages(g())))
+        for k, g in (("silent", silent), ("stalled", stalled_after_header))
+    ]
     for t in threads:
         t.start()
     time.sleep(0.2)
     t0 = time.monotonic()
-    ok = client.push_weights(_perturbed(base_weights, 1), v0 + 1)  # waits at most for the stalled header
+    ok = client.push_weights(
+        _perturbed(base_weights, 1), v0 + 1
+    )  # waits at most for the stalled header
     took = time.monotonic() - t0
     for t in threads:
         t.join(10)
     release.set()
     assert ok.ok and ok.version == v0 + 1, ok
     assert took < IDLE_S + 3.0, f"a later push waited {took:.1f}s behind a silent stream"
-    assert results["silent"].code == "ABORTED" and "idle timeout" in results["silent"].message, results["silent"]
+    assert results["silent"].code == "ABORTED" and "idle timeout" in results["silent"].message, (
+        results["silent"]
+    )
     st_ = results["stalled"]
-    assert st_.code in ("ABORTED", "FAILED_PRECONDITION") and not st_.ok, st_  # idle timeout, or stale after ok
+    assert st_.code in ("ABORTED", "FAILED_PRECONDITION") and not st_.ok, (
+        st_
+    )  # idle timeout, or stale after ok
     assert _version(client) == v0 + 1
     assert len(_staging_dirs(staging)) == 1  # only the directory now serving
 
@@ -135,7 +167,9 @@ def test_trickling_push_is_cut_at_the_maximum_duration(served, base_weights):
         yield _header_msg(w, v0 + 1)
         for off in range(0, len(data), 64):
             time.sleep(IDLE_S / 2)
-            yield pb.WeightMessage(chunk=pb.WeightChunk(tensor_index=0, offset=off, data=data[off:off + 64]))
+            yield pb.WeightMessage(
+                chunk=pb.WeightChunk(tensor_index=0, offset=off, data=data[off : off + 64])
+            )
 
     t0 = time.monotonic()
     res = client.push_messages(trickle())
@@ -150,7 +184,11 @@ def test_trickling_push_is_cut_at_the_maximum_duration(served, base_weights):
 def test_push_that_does_not_start_with_a_header_is_refused(served, base_weights):
     _, client, _, _ = served
     res = client.push_messages([pb.WeightMessage(commit=pb.Commit())])
-    assert not res.ok and res.code == "INVALID_ARGUMENT" and "must start with a WeightHeader" in res.message, res
+    assert (
+        not res.ok
+        and res.code == "INVALID_ARGUMENT"
+        and "must start with a WeightHeader" in res.message
+    ), res
 
 
 def test_staged_size_checked_against_free_space_before_writing(served, base_weights):
@@ -164,7 +202,11 @@ def test_staged_size_checked_against_free_space_before_writing(served, base_weig
         res = client.push_weights(_perturbed(base_weights, 3), v0 + 1)
     finally:
         cfg.staging_reserve_bytes = old
-    assert not res.ok and res.code == "FAILED_PRECONDITION" and "not enough space to stage" in res.message, res
+    assert (
+        not res.ok
+        and res.code == "FAILED_PRECONDITION"
+        and "not enough space to stage" in res.message
+    ), res
     assert _staging_dirs(staging) == before  # nothing was written
     from dlc_jax.sampler.staging import max_push_bytes
 
@@ -179,6 +221,7 @@ def _closed_by_server(s: socket.socket) -> bool:
         return s.recv(1) == b""
     except ConnectionResetError:  # closed with our bytes unread
         return True
+
 
 def test_idle_data_connections_are_capped_and_timed_out_without_threads(served, base_weights):
     srv, client, _, _ = served
@@ -232,8 +275,14 @@ def test_new_sampling_values_compile_no_new_programs(served):
     rng = np.random.default_rng(0)
     t0 = time.monotonic()
     for i in range(24):
-        p = SamplingParams(max_tokens=3, temperature=float(rng.uniform(0.2, 1.8)), top_p=float(rng.uniform(0.5, 0.99)),
-                           top_k=int(rng.integers(2, 200)), head_k=int(rng.integers(1, 9)), seed=i)
+        p = SamplingParams(
+            max_tokens=3,
+            temperature=float(rng.uniform(0.2, 1.8)),
+            top_p=float(rng.uniform(0.5, 0.99)),
+            top_k=int(rng.integers(2, 200)),
+            head_k=int(rng.integers(1, 9)),
+            seed=i,
+        )
         (r,) = list(client.generate([[1, 2, 3]], p))
         assert np.isfinite(r.logprobs).all() and r.head_ids.shape == (3, p.head_k)
     assert sample_step._cache_size() == n0, "distinct sampling values compiled new programs"
@@ -246,12 +295,23 @@ def test_tiny_temperature_refused_zero_is_greedy(served):
     for t in (1e-40, 1e-6, 0.009):
         with pytest.raises(grpc.RpcError) as ei:
             list(client.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=t)))
-        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "below the floor" in ei.value.details()
+        assert (
+            ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and "below the floor" in ei.value.details()
+        )
     for t in (0.0, 0.01):
-        (r,) = list(client.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=t, head_k=2, seed=3)))
+        (r,) = list(
+            client.generate(
+                [[1, 2, 3]], SamplingParams(max_tokens=4, temperature=t, head_k=2, seed=3)
+            )
+        )
         assert np.isfinite(r.logprobs).all() and (r.logprobs <= 0).all()
-    (g1,) = list(client.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, seed=1)))
-    (g2,) = list(client.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, seed=2)))
+    (g1,) = list(
+        client.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, seed=1))
+    )
+    (g2,) = list(
+        client.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, seed=2))
+    )
     np.testing.assert_array_equal(g1.response_ids, g2.response_ids)  # greedy ignores the seed
 
 
@@ -272,10 +332,18 @@ def test_nan_inf_and_wrong_dtype_weights_refused_on_both_paths(served, base_weig
     one_inf = _perturbed(base_weights, 5)
     last = list(one_inf)[-1]
     one_inf[last].reshape(-1)[-1] = np.inf
-    for what, w, dtype in (("all NaN", nan, "float32"), ("one Inf (bf16)", one_inf, "bfloat16"),
-                           ("one Inf (crc, sha)", one_inf, "float16")):
-        res = client.push_weights(w, v0 + 1, dtype=dtype, checksum="sha256" if "sha" in what else "crc32c")
-        assert not res.ok and res.code == "INVALID_ARGUMENT" and "NaN or Inf" in res.message, (what, res)
+    for what, w, dtype in (
+        ("all NaN", nan, "float32"),
+        ("one Inf (bf16)", one_inf, "bfloat16"),
+        ("one Inf (crc, sha)", one_inf, "float16"),
+    ):
+        res = client.push_weights(
+            w, v0 + 1, dtype=dtype, checksum="sha256" if "sha" in what else "crc32c"
+        )
+        assert not res.ok and res.code == "INVALID_ARGUMENT" and "NaN or Inf" in res.message, (
+            what,
+            res,
+        )
     res = client.push_weights(nan, v0 + 1, transport="socket")
     assert not res.ok and "NaN or Inf" in res.message, res
     # LoadWeights: NaN values, int32 zeros with the right names
@@ -286,7 +354,10 @@ def test_nan_inf_and_wrong_dtype_weights_refused_on_both_paths(served, base_weig
     assert not res.ok and "NaN or Inf" in res.message, res
     d_int = load_root / "int32"
     d_int.mkdir()
-    st.write_file(d_int / "model.safetensors", {k: np.zeros(v.shape, np.int32) for k, v in base_weights.items()})
+    st.write_file(
+        d_int / "model.safetensors",
+        {k: np.zeros(v.shape, np.int32) for k, v in base_weights.items()},
+    )
     res = client.load_weights(str(d_int), v0 + 1)
     assert not res.ok and "dtype 'int32' not allowed" in res.message, res
     assert _version(client) == v0
@@ -315,7 +386,9 @@ def test_load_weights_confined_bounded_and_never_the_served_dir(served, base_wei
     huge.mkdir()
     (huge / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
     res = client.load_weights(str(huge), v0 + 1)
-    assert not res.ok and res.code == "INVALID_ARGUMENT" and "declared header length" in res.message, res
+    assert (
+        not res.ok and res.code == "INVALID_ARGUMENT" and "declared header length" in res.message
+    ), res
     # disabled without a load root
     cfg = srv.server.cfg
     cfg.load_root = None
@@ -329,7 +402,9 @@ def test_load_weights_confined_bounded_and_never_the_served_dir(served, base_wei
     res = client.load_weights(str(good), v0 + 2)  # loading the served directory again
     assert not res.ok and "being served" in res.message, res
     assert (good / "model.safetensors").exists()
-    res = client.push_weights(_perturbed(base_weights, 7), v0 + 2)  # a push after a load keeps `good`
+    res = client.push_weights(
+        _perturbed(base_weights, 7), v0 + 2
+    )  # a push after a load keeps `good`
     assert res.ok, res
     assert (good / "model.safetensors").exists()
 
@@ -353,7 +428,11 @@ def test_safetensors_reads_are_bounded(tmp_path, base_weights):
 def test_finite_check_across_piece_boundaries():
     from dlc_jax.sampler.staging import FiniteCheck
 
-    for dtype, np_dt in (("float32", np.float32), ("float16", np.float16), ("bfloat16", st.NP_DTYPES["bfloat16"])):
+    for dtype, np_dt in (
+        ("float32", np.float32),
+        ("float16", np.float16),
+        ("bfloat16", st.NP_DTYPES["bfloat16"]),
+    ):
         a = np.linspace(-3, 3, 101).astype(np_dt)
         b = a.copy()
         b[50] = np.nan
@@ -361,7 +440,7 @@ def test_finite_check_across_piece_boundaries():
             raw = arr.tobytes()
             c = FiniteCheck(dtype)
             for off in range(0, len(raw), 7):  # pieces that split elements
-                c.update(raw[off:off + 7])
+                c.update(raw[off : off + 7])
             assert c.ok is ok, (dtype, ok)
     assert FiniteCheck("int32").update(np.array([-1], np.int32).tobytes())
 
@@ -374,9 +453,9 @@ def _dead_pid() -> int:
 
 
 def test_stale_staging_of_dead_samplers_removed_at_start(tiny_dir, tmp_path):
+    from dlc_jax.bench.sampler_bench import TransportOnlyBackend
     from dlc_jax.sampler.server import SamplerServer, ServerConfig
     from dlc_jax.sampler.staging import STAGING_PREFIX
-    from dlc_jax.bench.sampler_bench import TransportOnlyBackend
 
     root = tmp_path / "staging"
     root.mkdir()
@@ -402,8 +481,13 @@ def test_killed_sampler_process_leaves_no_staging(tiny_dir, base_weights, tmp_pa
     from dlc_jax.sampler.process import SamplerProcess
 
     root = tmp_path / "staging"
-    proc = SamplerProcess("jax", tiny_dir, extra_args=["--max-model-len", "64", "--staging-root", str(root)],
-                          log_file=str(tmp_path / "s.log"), die_with_parent=False).start()
+    proc = SamplerProcess(
+        "jax",
+        tiny_dir,
+        extra_args=["--max-model-len", "64", "--staging-root", str(root)],
+        log_file=str(tmp_path / "s.log"),
+        die_with_parent=False,
+    ).start()
     try:
         with proc.client(timeout=60) as c:
             assert c.push_weights(_perturbed(base_weights, 8), 1).ok
@@ -418,8 +502,21 @@ def test_info_to_a_dead_address_is_one_line():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = subprocess.run([sys.executable, "-m", "dlc_jax.sampler.cli", "info", "--address", f"127.0.0.1:{port}",
-                        "--timeout", "3"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlc_jax.sampler.cli",
+            "info",
+            "--address",
+            f"127.0.0.1:{port}",
+            "--timeout",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in r.stderr and "UNAVAILABLE" in lines[0], r.stderr
@@ -447,5 +544,8 @@ def test_vllm_feature_check_names_what_is_missing():
         weight_versions: list | None = None
 
     assert missing_vllm_features(OldLLM, OldOutput) == [
-        "AsyncLLM.pause_generation(mode=...)", "AsyncLLM.update_weight_version", "CompletionOutput.weight_versions"]
+        "AsyncLLM.pause_generation(mode=...)",
+        "AsyncLLM.update_weight_version",
+        "CompletionOutput.weight_versions",
+    ]
     assert missing_vllm_features(NewLLM, NewOutput) == []

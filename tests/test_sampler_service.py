@@ -10,16 +10,18 @@ import time
 import grpc
 import numpy as np
 import pytest
+from sampler_reference import load_hf_reference, processed_logprobs
 
 from dlc_jax.sampler import safetensors_io as st
 from dlc_jax.sampler import sampler_pb2 as pb
 from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.reference import load_hf_reference, processed_logprobs
 from dlc_jax.sampler.types import SamplingParams
 
 TOL = 1e-4
 PROMPTS = [[11, 12, 13, 14], [200, 201, 202], [5, 900, 77, 31, 64]]
-PARAMS = SamplingParams(n=2, max_tokens=12, temperature=0.8, top_p=0.9, top_k=0, head_k=4, seed=1234)
+PARAMS = SamplingParams(
+    n=2, max_tokens=12, temperature=0.8, top_p=0.9, top_k=0, head_k=4, seed=1234
+)
 
 
 def _jax_backend_available() -> bool:
@@ -33,8 +35,16 @@ def _jax_backend_available() -> bool:
 
 SERVED: dict[str, dict] = {}  # backend name -> weights it serves now (when not the base ones)
 
-BACKENDS = ["vllm", pytest.param("jax", marks=pytest.mark.skipif(not _jax_backend_available(),
-                                                                 reason="dlc_jax.model Qwen3 with KV cache not available yet"))]
+BACKENDS = [
+    "vllm",
+    pytest.param(
+        "jax",
+        marks=pytest.mark.skipif(
+            not _jax_backend_available(),
+            reason="dlc_jax.model Qwen3 with KV cache not available yet",
+        ),
+    ),
+]
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +62,9 @@ def served(request, tiny_dir, tmp_path_factory):
     from dlc_jax.sampler.backends import BackendConfig, make_backend
     from dlc_jax.sampler.server import ServerConfig, ServerThread
 
-    backend = make_backend(request.param, BackendConfig(model_dir=tiny_dir, max_model_len=320, max_head_k=8, max_n=8))
+    backend = make_backend(
+        request.param, BackendConfig(model_dir=tiny_dir, max_model_len=320, max_head_k=8, max_n=8)
+    )
     load_root = tmp_path_factory.mktemp("load_root")
     srv = ServerThread(backend, ServerConfig(load_root=str(load_root))).start()
     srv.load_root = load_root
@@ -69,14 +81,23 @@ def base_weights(tiny_dir):
 
 def _perturbed(weights, seed, scale=0.5):
     rng = np.random.default_rng(seed)
-    return {k: (v + scale * v.std() * rng.standard_normal(v.shape)).astype(np.float32) for k, v in weights.items()}
+    return {
+        k: (v + scale * v.std() * rng.standard_normal(v.shape)).astype(np.float32)
+        for k, v in weights.items()
+    }
 
 
 def _check_against_reference(ref_model, rollouts, params, tol=TOL):
     worst = 0.0
     for r in rollouts:
-        lp, rows = processed_logprobs(ref_model, r.prompt_ids, r.response_ids, temperature=params.temperature,
-                                      top_k=params.top_k, top_p=params.top_p)
+        lp, rows = processed_logprobs(
+            ref_model,
+            r.prompt_ids,
+            r.response_ids,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+        )
         worst = max(worst, float(np.max(np.abs(lp - r.logprobs))))
         if params.head_k:
             ref_head = np.take_along_axis(rows, r.head_ids.astype(np.int64), axis=1)
@@ -94,7 +115,9 @@ def test_generate_matches_direct_engine_and_reference(served, tiny_dir):
     srv, client, name = served
     rollouts = list(client.generate(PROMPTS, PARAMS, slot_ids=[7, 8, 9]))
     assert len(rollouts) == len(PROMPTS) * PARAMS.n
-    assert sorted((r.slot_id, r.sample_index) for r in rollouts) == [(s, i) for s in (7, 8, 9) for i in range(2)]
+    assert sorted((r.slot_id, r.sample_index) for r in rollouts) == [
+        (s, i) for s in (7, 8, 9) for i in range(2)
+    ]
     for r in rollouts:
         assert r.response_ids.dtype == np.int32 and r.logprobs.dtype == np.float32
         assert r.head_ids.shape == (len(r.response_ids), PARAMS.head_k)
@@ -136,8 +159,9 @@ def test_vllm_grpc_equals_raw_engine(served):
 
     async def raw():
         final = None
-        async for out in srv.server.backend.engine.generate(TokensPrompt(prompt_token_ids=PROMPTS[0]),
-                                                             vllm_sampling_params(p), request_id="raw-1"):
+        async for out in srv.server.backend.engine.generate(
+            TokensPrompt(prompt_token_ids=PROMPTS[0]), vllm_sampling_params(p), request_id="raw-1"
+        ):
             final = out
         c = final.outputs[0]
         return list(c.token_ids), [c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)]
@@ -177,7 +201,9 @@ def test_malformed_requests_invalid_argument(served):
 
 def _probe(client):
     """A fixed seeded request; its logprobs identify the weights being served."""
-    (r,) = list(client.generate([PROMPTS[0]], SamplingParams(max_tokens=6, temperature=1.0, seed=5)))
+    (r,) = list(
+        client.generate([PROMPTS[0]], SamplingParams(max_tokens=6, temperature=1.0, seed=5))
+    )
     return r
 
 
@@ -200,10 +226,16 @@ def test_rejected_pushes_keep_old_weights(served, base_weights):
 
     def corrupt_chunk():
         for m in _stream(new, v0 + 1):
-            if m.WhichOneof("kind") == "chunk" and m.chunk.tensor_index == 3 and m.chunk.offset == 0:
+            if (
+                m.WhichOneof("kind") == "chunk"
+                and m.chunk.tensor_index == 3
+                and m.chunk.offset == 0
+            ):
                 data = bytearray(m.chunk.data)
                 data[10] ^= 0xFF
-                m = pb.WeightMessage(chunk=pb.WeightChunk(tensor_index=3, offset=0, data=bytes(data)))
+                m = pb.WeightMessage(
+                    chunk=pb.WeightChunk(tensor_index=3, offset=0, data=bytes(data))
+                )
             yield m
 
     def wrong_shape(specs):
@@ -216,8 +248,16 @@ def test_rejected_pushes_keep_old_weights(served, base_weights):
     cases = {
         "corrupted chunk": (corrupt_chunk(), "DATA_LOSS", "sha256 mismatch"),
         "wrong shape": ([_header(new, v0 + 1, override=wrong_shape)], "INVALID_ARGUMENT", "shape"),
-        "unknown name": ([_header(new, v0 + 1, override=unknown_name)], "INVALID_ARGUMENT", "unknown tensor name"),
-        "missing tensor": (_stream({k: new[k] for k in names[:-1]}, v0 + 1), "INVALID_ARGUMENT", "missing"),
+        "unknown name": (
+            [_header(new, v0 + 1, override=unknown_name)],
+            "INVALID_ARGUMENT",
+            "unknown tensor name",
+        ),
+        "missing tensor": (
+            _stream({k: new[k] for k in names[:-1]}, v0 + 1),
+            "INVALID_ARGUMENT",
+            "missing",
+        ),
         "stale version": (_stream(new, v0), "FAILED_PRECONDITION", "stale version"),
         "no commit": (_stream(new, v0 + 1, commit=False), "ABORTED", "before Commit"),
     }
@@ -254,7 +294,8 @@ def test_rejected_pushes_keep_old_weights(served, base_weights):
 
 
 def _stream(weights, version, *, chunk=1 << 16, commit=True):
-    """The wire stream SamplerClient.push_weights sends (header, chunks + sha256 trailers, commit)."""
+    """The wire stream SamplerClient.push_weights sends (header, chunks + sha256 trailers,
+    commit)."""
     import hashlib
 
     names = list(weights)
@@ -262,8 +303,12 @@ def _stream(weights, version, *, chunk=1 << 16, commit=True):
     for i, n in enumerate(names):
         b = np.ascontiguousarray(weights[n]).tobytes()
         for off in range(0, len(b), chunk):
-            yield pb.WeightMessage(chunk=pb.WeightChunk(tensor_index=i, offset=off, data=b[off:off + chunk]))
-        yield pb.WeightMessage(done=pb.TensorDone(tensor_index=i, sha256=hashlib.sha256(b).hexdigest()))
+            yield pb.WeightMessage(
+                chunk=pb.WeightChunk(tensor_index=i, offset=off, data=b[off : off + chunk])
+            )
+        yield pb.WeightMessage(
+            done=pb.TensorDone(tensor_index=i, sha256=hashlib.sha256(b).hexdigest())
+        )
     if commit:
         yield pb.WeightMessage(commit=pb.Commit())
 
@@ -318,7 +363,13 @@ def test_push_during_generation_gives_two_spans(served, base_weights, tiny_dir):
     for r in rollouts:
         assert len(r.version_spans) == 2, r.version_spans
         (va, s0, e0), (vb, s1, e1) = r.version_spans
-        assert (va, vb) == (v_old, v_old + 1) and s0 == 0 and e0 == s1 and e1 == len(r.response_ids) and 0 < e0
+        assert (
+            (va, vb) == (v_old, v_old + 1)
+            and s0 == 0
+            and e0 == s1
+            and e1 == len(r.response_ids)
+            and 0 < e0
+        )
     # tokens after the switch come from the new weights on the full prefix (KV recomputed)
     ref_new = load_hf_reference(tiny_dir, new)
     for r in rollouts:
@@ -331,7 +382,9 @@ def test_push_during_generation_gives_two_spans(served, base_weights, tiny_dir):
         lp_old, _ = processed_logprobs(ref_old, r.prompt_ids, r.response_ids)
         np.testing.assert_allclose(r.logprobs[:cut], lp_old[:cut], atol=TOL)
         lp_new, _ = processed_logprobs(ref_new, r.prompt_ids, r.response_ids)
-        assert np.max(np.abs(lp_new[:cut] - r.logprobs[:cut])) > 1e-2  # the two weight sets are distinguishable
+        assert (
+            np.max(np.abs(lp_new[:cut] - r.logprobs[:cut])) > 1e-2
+        )  # the two weight sets are distinguishable
     SERVED[name] = new
 
 
@@ -350,7 +403,9 @@ def test_push_nnx_model_matches_trainer_logprobs(served, tiny_dir):
     params = nnx.state(model, nnx.Param)
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(42), len(leaves))
-    leaves = [x + 0.3 * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    leaves = [
+        x + 0.3 * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)
+    ]
     nnx.update(model, jax.tree.unflatten(tree, leaves))
     v = client.info()["version"] + 1
     res = client.push_model(model, v)
@@ -361,13 +416,25 @@ def test_push_nnx_model_matches_trainer_logprobs(served, tiny_dir):
     for r in rollouts:
         assert r.version_spans == [(v, 0, len(r.response_ids))]
         ids = np.concatenate([r.prompt_ids, r.response_ids])[None]
-        h = model.hidden_states(jnp.asarray(ids))[:, len(r.prompt_ids) - 1:-1]
-        out = token_logprobs(h, model.unembedding(), jnp.asarray(r.response_ids)[None],
-                             head_ids=jnp.asarray(r.head_ids)[None], temperature=p.temperature, top_p=p.top_p)
+        h = model.hidden_states(jnp.asarray(ids))[:, len(r.prompt_ids) - 1 : -1]
+        out = token_logprobs(
+            h,
+            model.unembedding(),
+            jnp.asarray(r.response_ids)[None],
+            head_ids=jnp.asarray(r.head_ids)[None],
+            temperature=p.temperature,
+            top_p=p.top_p,
+        )
         worst = max(worst, float(np.max(np.abs(np.asarray(out.lp[0]) - r.logprobs))))
         fin = np.isfinite(r.head_logprobs)
-        worst_head = max(worst_head, float(np.max(np.abs(np.asarray(out.lp_head[0])[fin] - r.head_logprobs[fin]))))
-    print(f"[{name}] NNX push: sampler vs trainer token_logprobs max |diff| = {worst:.2e} (head {worst_head:.2e})")
+        worst_head = max(
+            worst_head,
+            float(np.max(np.abs(np.asarray(out.lp_head[0])[fin] - r.head_logprobs[fin]))),
+        )
+    print(
+        f"[{name}] NNX push: sampler vs trainer token_logprobs max |diff| = {worst:.2e} (head "
+        f"{worst_head:.2e})"
+    )
     assert worst <= TOL and worst_head <= TOL
     SERVED[name] = dict(iter_hf_tensors_np(model))
 
@@ -408,8 +475,14 @@ def test_load_weights_from_shared_path(served, base_weights, tiny_dir):
 def test_client_cancel_frees_the_request(served):
     srv, client, _ = served
     params = SamplingParams(n=2, max_tokens=300, temperature=1.0, seed=1)
-    call = client.stub.Generate(pb.GenerateRequest(request_id="cancel-me", prompts=[pb.Prompt(slot_id=0, token_ids=[1, 2])],
-                                                   params=params.to_proto()), timeout=120)
+    call = client.stub.Generate(
+        pb.GenerateRequest(
+            request_id="cancel-me",
+            prompts=[pb.Prompt(slot_id=0, token_ids=[1, 2])],
+            params=params.to_proto(),
+        ),
+        timeout=120,
+    )
     deadline = time.time() + 30
     while client.info()["queue_depth"] == 0 and time.time() < deadline:
         time.sleep(0.01)

@@ -4,8 +4,8 @@ Protobuf would copy each chunk's bytes twice on the client (into a `bytes` field
 serialized message) and once on the server (parsing into a `bytes` field). These helpers produce and
 read the exact protobuf wire format of a chunk message by hand instead:
 
-* `encode_chunk(i, offset, data)` -> the serialized `WeightMessage` (one copy of `data`), byte-for-byte
-  what `pb.WeightMessage(chunk=pb.WeightChunk(...)).SerializeToString()` gives.
+* `encode_chunk(i, offset, data)` -> the serialized `WeightMessage` (one copy of `data`),
+  byte-for-byte what `pb.WeightMessage(chunk=pb.WeightChunk(...)).SerializeToString()` gives.
 * `decode_weight_message(raw)` -> a `RawChunk` whose `data` is a zero-copy memoryview into `raw` for
   chunk messages, else the protobuf-parsed `pb.WeightMessage` (header, done, commit, or any chunk
   with fields this parser does not expect, which protobuf then handles/rejects).
@@ -91,7 +91,7 @@ def _decode_chunk(raw: bytes) -> RawChunk | None:
             n, pos = _read_varint(raw, pos)
             if pos + n > len(raw):
                 return None
-            data = mv[pos:pos + n]
+            data = mv[pos : pos + n]
             pos += n
         else:
             return None

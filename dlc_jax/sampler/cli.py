@@ -15,9 +15,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="start a sampler server")
     s.add_argument("--backend", choices=["vllm", "jax"], default="vllm")
-    s.add_argument("--model", required=True, help="HF Qwen3 directory (config.json + *.safetensors)")
+    s.add_argument(
+        "--model", required=True, help="HF Qwen3 directory (config.json + *.safetensors)"
+    )
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=0, help="0 = pick a free port (printed as 'LISTENING host:port')")
+    s.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="0 = pick a free port (printed as 'LISTENING host:port')",
+    )
     s.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     s.add_argument("--quantization", default=None, help="vLLM: e.g. fp8_per_channel; jax: int8")
     s.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -26,35 +33,77 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-head-k", type=int, default=20)
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--kv-cache-gib", type=float, default=None, help="vLLM KV cache size (default 1 GiB on CPU)")
+    s.add_argument(
+        "--kv-cache-gib", type=float, default=None, help="vLLM KV cache size (default 1 GiB on CPU)"
+    )
     s.add_argument("--initial-version", type=int, default=0)
-    s.add_argument("--weight-noise", type=float, default=0.0, help="jax: sigma relative to per-tensor rms")
+    s.add_argument(
+        "--weight-noise", type=float, default=0.0, help="jax: sigma relative to per-tensor rms"
+    )
     s.add_argument("--weight-noise-seed", type=int, default=0)
-    s.add_argument("--token", default=None, help="require 'authorization: Bearer TOKEN' on every call")
-    s.add_argument("--token-file", default=None, help="read TOKEN from this file (keeps it out of the process list)")
+    s.add_argument(
+        "--token", default=None, help="require 'authorization: Bearer TOKEN' on every call"
+    )
+    s.add_argument(
+        "--token-file",
+        default=None,
+        help="read TOKEN from this file (keeps it out of the process list)",
+    )
     s.add_argument("--tls-cert", default=None)
     s.add_argument("--tls-key", default=None)
     s.add_argument("--max-message-bytes", type=int, default=64 << 20)
-    s.add_argument("--push-data-port", type=int, default=None,
-                   help="also accept weight-push bytes over a raw TCP socket on this port (0 = pick a free one; default off). "
-                        "Plaintext: loopback / trusted networks only; refused together with TLS")
-    s.add_argument("--push-idle-timeout", type=float, default=60.0,
-                   help="discard a weight push whose stream (or data socket) is silent this many seconds")
-    s.add_argument("--push-max-seconds", type=float, default=900.0,
-                   help="discard a weight push that takes longer than this in all")
-    s.add_argument("--data-auth-timeout", type=float, default=5.0,
-                   help="a push data connection must send its preamble (push id + token) within this many seconds")
-    s.add_argument("--data-max-pending", type=int, default=64,
-                   help="push data connections held at once (awaiting preamble or push); more are closed")
-    s.add_argument("--load-root", default=None,
-                   help="allow LoadWeights of directories under this root (default: LoadWeights disabled)")
-    s.add_argument("--staging-root", default=None, help="directory for staged weight pushes (default auto: /dev/shm when it has room for 2x the push, else the system temp dir)")
+    s.add_argument(
+        "--push-data-port",
+        type=int,
+        default=None,
+        help="also accept weight-push bytes over a raw TCP socket on this port "
+        "(0 = pick a free one; default off). Plaintext: loopback / trusted networks only; "
+        "refused together with TLS",
+    )
+    s.add_argument(
+        "--push-idle-timeout",
+        type=float,
+        default=60.0,
+        help="discard a weight push whose stream (or data socket) is silent this many seconds",
+    )
+    s.add_argument(
+        "--push-max-seconds",
+        type=float,
+        default=900.0,
+        help="discard a weight push that takes longer than this in all",
+    )
+    s.add_argument(
+        "--data-auth-timeout",
+        type=float,
+        default=5.0,
+        help="a push data connection must send its preamble (push id + token) within this many "
+        "seconds",
+    )
+    s.add_argument(
+        "--data-max-pending",
+        type=int,
+        default=64,
+        help="push data connections held at once (awaiting preamble or push); more are closed",
+    )
+    s.add_argument(
+        "--load-root",
+        default=None,
+        help="allow LoadWeights of directories under this root (default: LoadWeights disabled)",
+    )
+    s.add_argument(
+        "--staging-root",
+        default=None,
+        help="directory for staged weight pushes (default auto: /dev/shm when it has room for 2x "
+        "the push, else the system temp dir)",
+    )
     i = sub.add_parser("info", help="query a running server")
     i.add_argument("--address", required=True)
     i.add_argument("--token", default=None)
     i.add_argument("--token-file", default=None)
     i.add_argument("--tls-root-cert", default=None)
-    i.add_argument("--tls-server-name", default=None, help="expected name in the server certificate")
+    i.add_argument(
+        "--tls-server-name", default=None, help="expected name in the server certificate"
+    )
     i.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
     return ap
 
@@ -63,18 +112,39 @@ async def _serve(args) -> int:
     from .backends import BackendConfig, make_backend
     from .server import SamplerServer, ServerConfig
 
-    cfg = BackendConfig(model_dir=args.model, dtype=args.dtype, quantization=args.quantization,
-                        tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
-                        max_n=args.max_n, max_head_k=args.max_head_k, max_num_seqs=args.max_num_seqs, seed=args.seed,
-                        initial_version=args.initial_version, weight_noise=args.weight_noise,
-                        weight_noise_seed=args.weight_noise_seed, kv_cache_gib=args.kv_cache_gib)
-    server = SamplerServer(make_backend(args.backend, cfg),
-                           ServerConfig(host=args.host, port=args.port, token=args.token, tls_cert=args.tls_cert,
-                                        tls_key=args.tls_key, max_message_bytes=args.max_message_bytes,
-                                        staging_root=args.staging_root, data_port=args.push_data_port,
-                                        push_idle_timeout_s=args.push_idle_timeout, push_max_s=args.push_max_seconds,
-                                        data_auth_timeout_s=args.data_auth_timeout,
-                                        data_max_pending=args.data_max_pending, load_root=args.load_root))
+    cfg = BackendConfig(
+        model_dir=args.model,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_model_len=args.max_model_len,
+        max_n=args.max_n,
+        max_head_k=args.max_head_k,
+        max_num_seqs=args.max_num_seqs,
+        seed=args.seed,
+        initial_version=args.initial_version,
+        weight_noise=args.weight_noise,
+        weight_noise_seed=args.weight_noise_seed,
+        kv_cache_gib=args.kv_cache_gib,
+    )
+    server = SamplerServer(
+        make_backend(args.backend, cfg),
+        ServerConfig(
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            max_message_bytes=args.max_message_bytes,
+            staging_root=args.staging_root,
+            data_port=args.push_data_port,
+            push_idle_timeout_s=args.push_idle_timeout,
+            push_max_s=args.push_max_seconds,
+            data_auth_timeout_s=args.data_auth_timeout,
+            data_max_pending=args.data_max_pending,
+            load_root=args.load_root,
+        ),
+    )
     await server.start()
     print(f"LISTENING {server.address}", flush=True)
     stop = asyncio.Event()
@@ -103,10 +173,17 @@ def cli(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     _resolve_token(ap, args)
     if args.cmd == "serve":
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
         try:
             return asyncio.run(_serve(args))
-        except (ValueError, OSError, RuntimeError, ImportError) as e:  # bad flags, model dir, engine version
+        except (
+            ValueError,
+            OSError,
+            RuntimeError,
+            ImportError,
+        ) as e:  # bad flags, model dir, engine version
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             print(f"dlc-jax sampler serve: {msg}", file=sys.stderr, flush=True)
             return 2
@@ -115,13 +192,22 @@ def cli(argv: list[str]) -> int:
     from .client import SamplerClient
 
     try:
-        with SamplerClient(args.address, token=args.token, tls_root_cert=args.tls_root_cert,
-                           tls_server_name=args.tls_server_name, max_retries=0, timeout=args.timeout) as c:
+        with SamplerClient(
+            args.address,
+            token=args.token,
+            tls_root_cert=args.tls_root_cert,
+            tls_server_name=args.tls_server_name,
+            max_retries=0,
+            timeout=args.timeout,
+        ) as c:
             info = c.info()
     except grpc.RpcError as e:
         detail = (e.details() or "").splitlines()[0] if e.details() else ""
-        print(f"dlc-jax sampler info: no answer from {args.address}: {e.code().name}"
-              + (f" ({detail})" if detail else ""), file=sys.stderr)
+        print(
+            f"dlc-jax sampler info: no answer from {args.address}: {e.code().name}"
+            + (f" ({detail})" if detail else ""),
+            file=sys.stderr,
+        )
         return 1
     except (ValueError, OSError) as e:
         print(f"dlc-jax sampler info: {e}", file=sys.stderr)

@@ -49,14 +49,24 @@ class DataPlaneListener:
     `max_pending` connections (awaiting their preamble or their push) are held, further ones are
     closed on accept. Unclaimed connections are closed after `stale_s`."""
 
-    def __init__(self, host: str, port: int, token: str | None, *, preamble_timeout: float = 5.0,
-                 stale_s: float = 120.0, max_pending: int = 64):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str | None,
+        *,
+        preamble_timeout: float = 5.0,
+        stale_s: float = 120.0,
+        max_pending: int = 64,
+    ):
         self.token = token
         self.preamble_timeout = preamble_timeout
         self.stale_s = stale_s
         self.max_pending = max_pending
         h = host.strip("[]")
-        fam = socket.getaddrinfo(h or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        fam = socket.getaddrinfo(h or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+            0
+        ][0]
         self.sock = socket.create_server((h, port), family=fam, backlog=128)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
@@ -88,7 +98,11 @@ class DataPlaneListener:
         self.refused += 1
         now = time.monotonic()
         if now - self._last_warn >= 10.0:
-            extra = f" (+{self.refused - self._warned} more refused since the last warning)" if self._warned else ""
+            extra = (
+                f" (+{self.refused - self._warned} more refused since the last warning)"
+                if self._warned
+                else ""
+            )
             log.warning("push data connection refused: %s%s", why, extra)
             self._last_warn, self._warned = now, self.refused
 
@@ -109,11 +123,13 @@ class DataPlaneListener:
                 elif key.data == "accept":
                     self._accept()
                 else:
-                    self._read_hello(key.fileobj)
+                    self._read_hello(key.fileobj)  # type: ignore[arg-type]
             now = time.monotonic()
             for conn, (_, deadline) in list(self._hello.items()):
                 if now >= deadline:
-                    self._drop_hello(conn, f"no complete preamble within {self.preamble_timeout:g}s")
+                    self._drop_hello(
+                        conn, f"no complete preamble within {self.preamble_timeout:g}s"
+                    )
         for conn in list(self._hello):
             conn.close()
         self._hello.clear()
@@ -140,7 +156,7 @@ class DataPlaneListener:
     def _read_hello(self, conn: socket.socket) -> None:
         buf, _ = self._hello[conn]
         head = len(MAGIC) + PUSH_ID_LEN + 2
-        need = head if len(buf) < head else head + struct.unpack(">H", buf[head - 2:head])[0]
+        need = head if len(buf) < head else head + struct.unpack(">H", buf[head - 2 : head])[0]
         try:
             data = conn.recv(need - len(buf))
         except (BlockingIOError, InterruptedError):
@@ -152,23 +168,23 @@ class DataPlaneListener:
             self._drop_hello(conn, "closed during the preamble")
             return
         buf += data
-        if len(buf) >= len(MAGIC) and buf[:len(MAGIC)] != MAGIC:
+        if len(buf) >= len(MAGIC) and buf[: len(MAGIC)] != MAGIC:
             self._drop_hello(conn, "bad magic")
             return
         if len(buf) < head:
             return
-        (tlen,) = struct.unpack(">H", buf[head - 2:head])
+        (tlen,) = struct.unpack(">H", buf[head - 2 : head])
         if tlen > MAX_TOKEN:
             self._drop_hello(conn, "token too long")
             return
         if len(buf) < head + tlen:
             return
-        tok = bytes(buf[head:head + tlen])
+        tok = bytes(buf[head : head + tlen])
         if self.token is not None and not hmac.compare_digest(tok, self.token.encode()):
             self._drop_hello(conn, "missing or wrong token")
             return
         try:
-            pid = bytes(buf[len(MAGIC):len(MAGIC) + PUSH_ID_LEN]).decode("ascii")
+            pid = bytes(buf[len(MAGIC) : len(MAGIC) + PUSH_ID_LEN]).decode("ascii")
         except UnicodeDecodeError:
             self._drop_hello(conn, "push id is not ASCII")
             return

@@ -33,10 +33,22 @@ class SamplerProcess:
     (Linux PR_SET_PDEATHSIG); start it from a long-lived thread, or pass False.
     """
 
-    def __init__(self, backend: str, model_dir: str, *, port: int = 0, host: str = "127.0.0.1",
-                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 log_file: str | None = None, token: str | None = None, tls_root_cert: str | None = None,
-                 tls_server_name: str | None = None, startup_timeout: float = 300.0, die_with_parent: bool = True):
+    def __init__(
+        self,
+        backend: str,
+        model_dir: str,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        log_file: str | None = None,
+        token: str | None = None,
+        tls_root_cert: str | None = None,
+        tls_server_name: str | None = None,
+        startup_timeout: float = 300.0,
+        die_with_parent: bool = True,
+    ):
         self.backend, self.model_dir, self.host, self.port = backend, model_dir, host, port
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
@@ -48,29 +60,52 @@ class SamplerProcess:
         self.proc: subprocess.Popen | None = None
         self.address: str | None = None
 
-    def start(self) -> "SamplerProcess":
+    def start(self) -> SamplerProcess:
         import tempfile
 
         if self.log_file is None:
             fd, self.log_file = tempfile.mkstemp(prefix="dlc_sampler_", suffix=".log")
             os.close(fd)
-        cmd = [sys.executable, "-m", "dlc_jax.sampler.cli", "serve", "--backend", self.backend, "--model",
-               self.model_dir, "--host", self.host, "--port", str(self.port), *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dlc_jax.sampler.cli",
+            "serve",
+            "--backend",
+            self.backend,
+            "--model",
+            self.model_dir,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
         if self.token:
             cmd += ["--token", self.token]
         env = {**os.environ, **self.env}
         self._log = open(self.log_file, "wb")
         # own process group: kill() also takes down engine children (vLLM's EngineCore process)
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=_die_with_parent if self.die_with_parent else None)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
+        )
         deadline = time.monotonic() + self.startup_timeout
         while self.address is None:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sampler exited with {self.proc.returncode} during startup; log {self.log_file}:\n"
-                                   + self.log_tail())
+                raise RuntimeError(
+                    f"sampler exited with {self.proc.returncode} during startup; log "
+                    f"{self.log_file}:\n" + self.log_tail()
+                )
             if time.monotonic() > deadline:
                 self.kill()
-                raise TimeoutError(f"sampler did not start in {self.startup_timeout}s; log {self.log_file}")
+                raise TimeoutError(
+                    f"sampler did not start in {self.startup_timeout}s; log {self.log_file}"
+                )
             for line in open(self.log_file, errors="replace"):
                 if line.startswith("LISTENING "):
                     self.address = line.split()[1]
@@ -81,12 +116,18 @@ class SamplerProcess:
 
     def log_tail(self, n: int = 4000) -> str:
         try:
-            return open(self.log_file, errors="replace").read()[-n:]
+            return open(str(self.log_file), errors="replace").read()[-n:]
         except OSError:
             return ""
 
     def client(self, **kw) -> SamplerClient:
-        kw = {"token": self.token, "tls_root_cert": self.tls_root_cert, "tls_server_name": self.tls_server_name, **kw}
+        kw = {
+            "token": self.token,
+            "tls_root_cert": self.tls_root_cert,
+            "tls_server_name": self.tls_server_name,
+            **kw,
+        }
+        assert self.address is not None, "client() before start()"
         return SamplerClient(self.address, **kw)
 
     def stop(self, timeout: float = 30.0) -> int | None:

@@ -11,19 +11,35 @@ from __future__ import annotations
 import json
 import pathlib
 import struct
-from typing import Iterator
+from collections.abc import Iterator
 
 import ml_dtypes
 import numpy as np
 
 # safetensors dtype tag <-> our dtype names
-ST_TO_NAME = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64",
-              "I64": "int64", "I32": "int32", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+ST_TO_NAME = {
+    "F32": "float32",
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F64": "float64",
+    "I64": "int64",
+    "I32": "int32",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 NAME_TO_ST = {v: k for k, v in ST_TO_NAME.items()}
-NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-             "float16": np.dtype(np.float16), "float64": np.dtype(np.float64), "int64": np.dtype(np.int64),
-             "int32": np.dtype(np.int32), "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8),
-             "bool": np.dtype(np.bool_)}
+NP_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+    "float64": np.dtype(np.float64),
+    "int64": np.dtype(np.int64),
+    "int32": np.dtype(np.int32),
+    "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "bool": np.dtype(np.bool_),
+}
 
 
 def dtype_name(dtype) -> str:
@@ -49,8 +65,10 @@ def read_header(path: pathlib.Path, max_header: int = MAX_HEADER_BYTES) -> tuple
             raise ValueError(f"{path.name}: {size} bytes, too short for a safetensors file")
         (n,) = struct.unpack("<Q", raw)
         if n > min(max_header, size - 8):
-            raise ValueError(f"{path.name}: declared header length {n} exceeds the file ({size} bytes) "
-                             f"or the {max_header}-byte limit")
+            raise ValueError(
+                f"{path.name}: declared header length {n} exceeds the file ({size} bytes) "
+                f"or the {max_header}-byte limit"
+            )
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -59,21 +77,25 @@ def read_header(path: pathlib.Path, max_header: int = MAX_HEADER_BYTES) -> tuple
         raise ValueError(f"{path.name}: header is not a JSON object")
     header.pop("__metadata__", None)
     data_size = size - 8 - n
-    for name, e in header.items():
+    for name, ent in header.items():
         try:
-            dt = NP_DTYPES[ST_TO_NAME[e["dtype"]]]
-            shape = [int(d) for d in e["shape"]]
-            b, end = (int(x) for x in e["data_offsets"])
+            dt = NP_DTYPES[ST_TO_NAME[ent["dtype"]]]
+            shape = [int(d) for d in ent["shape"]]
+            b, end = (int(x) for x in ent["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path.name}: tensor {name!r}: malformed header entry") from None
         numel = 1
         for d in shape:
             if d < 0:
-                raise ValueError(f"{path.name}: tensor {name!r}: negative dimension in shape {shape}")
+                raise ValueError(
+                    f"{path.name}: tensor {name!r}: negative dimension in shape {shape}"
+                )
             numel *= d
         if not 0 <= b <= end <= data_size or end - b != numel * dt.itemsize:
-            raise ValueError(f"{path.name}: tensor {name!r}: data range [{b}, {end}) does not match shape "
-                             f"{shape} {e['dtype']} inside the {data_size}-byte data section")
+            raise ValueError(
+                f"{path.name}: tensor {name!r}: data range [{b}, {end}) does not match shape "
+                f"{shape} {ent['dtype']} inside the {data_size}-byte data section"
+            )
     return header, 8 + n
 
 
@@ -90,7 +112,10 @@ def read_specs(model_dir: str | pathlib.Path) -> dict[str, tuple[tuple[int, ...]
     for f in safetensors_files(model_dir):
         header, _ = read_header(f)
         for name, e in header.items():
-            specs[name] = (tuple(int(s) for s in e["shape"]), ST_TO_NAME.get(e["dtype"], e["dtype"]))
+            specs[name] = (
+                tuple(int(s) for s in e["shape"]),
+                ST_TO_NAME.get(e["dtype"], e["dtype"]),
+            )
     return specs
 
 
@@ -102,7 +127,7 @@ def iter_tensors(model_dir: str | pathlib.Path) -> Iterator[tuple[str, np.ndarra
         for name, e in header.items():
             b, end = e["data_offsets"]
             dt = NP_DTYPES[ST_TO_NAME[e["dtype"]]]
-            arr = np.frombuffer(mm[start + b:start + end].tobytes(), dtype=dt).reshape(e["shape"])
+            arr = np.frombuffer(mm[start + b : start + end].tobytes(), dtype=dt).reshape(e["shape"])
             yield name, arr
         del mm
 
@@ -121,8 +146,10 @@ def first_nonfinite(model_dir: str | pathlib.Path, piece: int = 16 << 20) -> str
                 b, end = e["data_offsets"]
                 step = piece - piece % dt.itemsize
                 for off in range(start + b, start + end, step):
-                    a = np.frombuffer(mm[off:min(off + step, start + end)], dtype=dt)
-                    if not np.isfinite(a.astype(np.float32) if dt == NP_DTYPES["bfloat16"] else a).all():
+                    a = np.frombuffer(mm[off : min(off + step, start + end)], dtype=dt)
+                    if not np.isfinite(
+                        a.astype(np.float32) if dt == NP_DTYPES["bfloat16"] else a
+                    ).all():
                         return name
         finally:
             del mm
@@ -135,7 +162,11 @@ def layout(tensors: list[tuple[str, tuple[int, ...], str, int]]) -> tuple[bytes,
     header: dict = {"__metadata__": {"format": "pt"}}
     offsets, pos = [], 0
     for name, shape, dt, nbytes in tensors:
-        header[name] = {"dtype": NAME_TO_ST[dt], "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        header[name] = {
+            "dtype": NAME_TO_ST[dt],
+            "shape": list(shape),
+            "data_offsets": [pos, pos + nbytes],
+        }
         offsets.append(pos)
         pos += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()

@@ -30,8 +30,7 @@ import time
 import grpc
 import numpy as np
 
-from . import chunk_wire
-from . import data_plane
+from . import chunk_wire, data_plane
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
@@ -76,19 +75,30 @@ class ServerConfig:
             if not getattr(self, k) > 0:
                 raise ValueError(f"ServerConfig.{k} must be > 0, got {getattr(self, k)!r}")
         if self.data_max_pending < 1:
-            raise ValueError(f"ServerConfig.data_max_pending must be >= 1, got {self.data_max_pending!r}")
+            raise ValueError(
+                f"ServerConfig.data_max_pending must be >= 1, got {self.data_max_pending!r}"
+            )
         if self.data_port is not None and self.tls_cert is not None:
-            raise ValueError("ServerConfig: the push data port (raw TCP, unencrypted) cannot be used with TLS; "
-                             "use it only on loopback / trusted networks without TLS, or leave data_port off")
+            raise ValueError(
+                "ServerConfig: the push data port (raw TCP, unencrypted) cannot be used with TLS; "
+                "use it only on loopback / trusted networks without TLS, or leave data_port off"
+            )
 
 
 class RequestError(ValueError):
     pass
 
 
-def validate_generate(req: pb.GenerateRequest, *, vocab_size: int, max_model_len: int, max_n: int,
-                      max_head_k: int, max_prompts: int,
-                      min_temperature: float = 0.01) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
+def validate_generate(
+    req: pb.GenerateRequest,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    max_n: int,
+    max_head_k: int,
+    max_prompts: int,
+    min_temperature: float = 0.01,
+) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
     """-> ([(slot_id, token_ids)], SamplingParams) or RequestError naming the bad field."""
     if not req.HasField("params"):
         raise RequestError("params: missing")
@@ -98,10 +108,14 @@ def validate_generate(req: pb.GenerateRequest, *, vocab_size: int, max_model_len
     if p.max_tokens < 1:
         raise RequestError(f"params.max_tokens = {p.max_tokens} must be >= 1")
     if not (math.isfinite(p.temperature) and p.temperature >= 0):
-        raise RequestError(f"params.temperature = {p.temperature} must be finite and >= 0 (0 = greedy)")
+        raise RequestError(
+            f"params.temperature = {p.temperature} must be finite and >= 0 (0 = greedy)"
+        )
     if 0 < p.temperature < min_temperature:
-        raise RequestError(f"params.temperature = {p.temperature:g} is below the floor {min_temperature:g}; "
-                           "use 0 for greedy decoding")
+        raise RequestError(
+            f"params.temperature = {p.temperature:g} is below the floor {min_temperature:g}; "
+            "use 0 for greedy decoding"
+        )
     if not (0 < p.top_p <= 1):
         raise RequestError(f"params.top_p = {p.top_p} must be in (0, 1]")
     if p.top_k < -1:
@@ -110,7 +124,9 @@ def validate_generate(req: pb.GenerateRequest, *, vocab_size: int, max_model_len
         raise RequestError(f"params.head_k = {p.head_k} exceeds the server cap {max_head_k}")
     for t in p.stop_token_ids:
         if not 0 <= t < vocab_size:
-            raise RequestError(f"params.stop_token_ids: {t} outside the vocabulary [0, {vocab_size})")
+            raise RequestError(
+                f"params.stop_token_ids: {t} outside the vocabulary [0, {vocab_size})"
+            )
     if not 1 <= len(req.prompts) <= max_prompts:
         raise RequestError(f"prompts: {len(req.prompts)} prompts, expected 1..{max_prompts}")
     out = []
@@ -120,10 +136,16 @@ def validate_generate(req: pb.GenerateRequest, *, vocab_size: int, max_model_len
             raise RequestError(f"prompts[{i}] (slot {pr.slot_id}): empty token_ids")
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
-            raise RequestError(f"prompts[{i}] (slot {pr.slot_id}): token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+            raise RequestError(
+                f"prompts[{i}] (slot {pr.slot_id}): token id {bad[0]} outside the vocabulary [0, "
+                f"{vocab_size})"
+            )
         if len(ids) + p.max_tokens > max_model_len:
-            raise RequestError(f"prompts[{i}] (slot {pr.slot_id}): prompt length {len(ids)} + max_tokens {p.max_tokens} "
-                               f"exceeds max_model_len {max_model_len}")
+            raise RequestError(
+                f"prompts[{i}] (slot {pr.slot_id}): prompt length {len(ids)} + max_tokens "
+                f"{p.max_tokens} "
+                f"exceeds max_model_len {max_model_len}"
+            )
         out.append((int(pr.slot_id), ids))
     return out, p
 
@@ -147,17 +169,25 @@ class SamplerService(pb_grpc.SamplerServicer):
         md = dict(context.invocation_metadata() or ())
         got = md.get("authorization", "")
         if not hmac.compare_digest(got.encode(), f"Bearer {self.cfg.token}".encode()):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token in 'authorization' metadata")
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong bearer token in 'authorization' metadata",
+            )
 
     # -- Generate ---------------------------------------------------------------------------
     async def Generate(self, request, context):
         await self._auth(context)
         b = self.backend
         try:
-            prompts, params = validate_generate(request, vocab_size=b.vocab_size, max_model_len=b.cfg.max_model_len,
-                                                max_n=b.cfg.max_n, max_head_k=b.cfg.max_head_k,
-                                                max_prompts=self.cfg.max_prompts,
-                                                min_temperature=self.cfg.min_temperature)
+            prompts, params = validate_generate(
+                request,
+                vocab_size=b.vocab_size,
+                max_model_len=b.cfg.max_model_len,
+                max_n=b.cfg.max_n,
+                max_head_k=b.cfg.max_head_k,
+                max_prompts=self.cfg.max_prompts,
+                min_temperature=self.cfg.min_temperature,
+            )
         except RequestError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         self.counters["requests"] += 1
@@ -167,11 +197,17 @@ class SamplerService(pb_grpc.SamplerServicer):
         try:
             async for r in rollouts:
                 if np.isnan(r.logprobs).any() or np.isnan(r.head_logprobs).any():
-                    log.error("engine returned NaN log-probs for request %r slot %s; answering INTERNAL",
-                              request.request_id, r.slot_id)
-                    await context.abort(grpc.StatusCode.INTERNAL,
-                                        f"engine returned NaN log-probs (request {request.request_id!r}, slot {r.slot_id}); "
-                                        "rollout withheld")
+                    log.error(
+                        "engine returned NaN log-probs for request %r slot %s; answering INTERNAL",
+                        request.request_id,
+                        r.slot_id,
+                    )
+                    await context.abort(
+                        grpc.StatusCode.INTERNAL,
+                        f"engine returned NaN log-probs (request {request.request_id!r}, slot "
+                        f"{r.slot_id}); "
+                        "rollout withheld",
+                    )
                 self.counters["tokens_generated"] += len(r.response_ids)
                 self.queue_depth -= 1
                 pending -= 1
@@ -191,7 +227,10 @@ class SamplerService(pb_grpc.SamplerServicer):
                 await self.backend.apply_weights(str(old_dir), old_version)
             except Exception:
                 log.exception("restoring the previous weights failed too")
-            raise PushError(grpc.StatusCode.INTERNAL, f"backend failed to apply version {version}: {e!r}; previous weights restored")
+            raise PushError(
+                grpc.StatusCode.INTERNAL,
+                f"backend failed to apply version {version}: {e!r}; previous weights restored",
+            ) from e
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
         self._current_dir = path
@@ -204,12 +243,15 @@ class SamplerService(pb_grpc.SamplerServicer):
         await context.abort(e.code, e.message)
 
     async def _next(self, it, deadline: float, what: str):
-        """The next stream message (None at its end), within the idle timeout and the push deadline."""
+        """The next stream message (None at its end), within the idle timeout and the push
+        deadline."""
         loop = asyncio.get_running_loop()
         left = deadline - loop.time()
         if left <= 0:
-            raise PushError(grpc.StatusCode.ABORTED,
-                            f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s; discarded")
+            raise PushError(
+                grpc.StatusCode.ABORTED,
+                f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s; discarded",
+            )
         idle = self.cfg.push_idle_timeout_s
         try:
             return await asyncio.wait_for(it.__anext__(), min(idle, left))
@@ -217,10 +259,15 @@ class SamplerService(pb_grpc.SamplerServicer):
             return None
         except TimeoutError:
             if idle <= left:
-                raise PushError(grpc.StatusCode.ABORTED,
-                                f"no message for {idle:g}s while waiting for {what} (push idle timeout); discarded") from None
-            raise PushError(grpc.StatusCode.ABORTED,
-                            f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s; discarded") from None
+                raise PushError(
+                    grpc.StatusCode.ABORTED,
+                    f"no message for {idle:g}s while waiting for {what} (push idle timeout); "
+                    "discarded",
+                ) from None
+            raise PushError(
+                grpc.StatusCode.ABORTED,
+                f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s; discarded",
+            ) from None
 
     async def PushWeights(self, request_iterator, context):
         await self._auth(context)
@@ -232,13 +279,25 @@ class SamplerService(pb_grpc.SamplerServicer):
         # never blocks the pushes behind it.
         try:
             first = await self._next(it, deadline, "the header")
-            if first is None or isinstance(first, chunk_wire.RawChunk) or first.WhichOneof("kind") != "header":
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "a push must start with a WeightHeader message")
+            if (
+                first is None
+                or isinstance(first, chunk_wire.RawChunk)
+                or first.WhichOneof("kind") != "header"
+            ):
+                raise PushError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "a push must start with a WeightHeader message",
+                )
             try:
-                await asyncio.wait_for(self._push_lock.acquire(), max(deadline - loop.time(), 0.001))
+                await asyncio.wait_for(
+                    self._push_lock.acquire(), max(deadline - loop.time(), 0.001)
+                )
             except TimeoutError:
-                raise PushError(grpc.StatusCode.ABORTED,
-                                f"another push held the push lock for the whole {self.cfg.push_max_s:g}s push duration") from None
+                raise PushError(
+                    grpc.StatusCode.ABORTED,
+                    f"another push held the push lock for the whole {self.cfg.push_max_s:g}s "
+                    "push duration",
+                ) from None
         except PushError as e:
             await self._reject(context, e)
         try:
@@ -247,8 +306,12 @@ class SamplerService(pb_grpc.SamplerServicer):
             self._push_lock.release()
 
     async def _push_locked(self, header, it, deadline: float, context, t0: float):
-        stager = WeightStager(self.backend.expected_tensors(), self.backend.version, self.cfg.staging_root,
-                              reserve_bytes=self.cfg.staging_reserve_bytes)
+        stager = WeightStager(
+            self.backend.expected_tensors(),
+            self.backend.version,
+            self.cfg.staging_root,
+            reserve_bytes=self.cfg.staging_reserve_bytes,
+        )
         committed = False
         error: PushError | None = None
         loop = asyncio.get_running_loop()
@@ -260,7 +323,9 @@ class SamplerService(pb_grpc.SamplerServicer):
             stager.header(header)
             if stager.data_plane == "socket":
                 conn = await self._claim_data(push_id)
-                conn.settimeout(self.cfg.push_idle_timeout_s)  # a stalled data socket fails the push
+                conn.settimeout(
+                    self.cfg.push_idle_timeout_s
+                )  # a stalled data socket fails the push
                 reading = loop.run_in_executor(self._io_pool, stager.read_socket, conn)
             while True:
                 msg = await self._next(it, deadline, "the next chunk or Commit")
@@ -285,11 +350,15 @@ class SamplerService(pb_grpc.SamplerServicer):
                 elif kind == "commit":
                     if reading is not None:
                         try:
-                            await asyncio.wait_for(asyncio.shield(reading), max(deadline - loop.time(), 0.001))
+                            await asyncio.wait_for(
+                                asyncio.shield(reading), max(deadline - loop.time(), 0.001)
+                            )
                         except TimeoutError:
-                            raise PushError(grpc.StatusCode.ABORTED,
-                                            f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s "
-                                            "waiting for its data socket; discarded") from None
+                            raise PushError(
+                                grpc.StatusCode.ABORTED,
+                                f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s "
+                                "waiting for its data socket; discarded",
+                            ) from None
                     if writing is not None:
                         await writing
                         writing = None
@@ -297,12 +366,17 @@ class SamplerService(pb_grpc.SamplerServicer):
                     committed = True
                     break
                 else:
-                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
+                    raise PushError(
+                        grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set"
+                    )
             if writing is not None:  # its error (if any) is the reason to report
                 await writing
                 writing = None
             if not committed:
-                raise PushError(grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded")
+                raise PushError(
+                    grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded"
+                )
+            assert stager.version is not None
             swap = asyncio.ensure_future(self._swap(path, stager.version, owned=True))
             try:
                 await asyncio.shield(swap)
@@ -341,44 +415,65 @@ class SamplerService(pb_grpc.SamplerServicer):
         self.counters["pushes"] += 1
         dt = time.perf_counter() - t0
         self.last_push_message = f"version {stager.version} applied"
-        return pb.PushResult(ok=True, version=self.backend.version, message=self.last_push_message,
-                             bytes=stager.bytes_received, seconds=dt)
+        return pb.PushResult(
+            ok=True,
+            version=self.backend.version,
+            message=self.last_push_message,
+            bytes=stager.bytes_received,
+            seconds=dt,
+        )
 
     async def _claim_data(self, push_id: str):
         if self.data_listener is None:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
-                            "push asks for the socket data plane but this server has no data port "
-                            "(start it with --push-data-port / ServerConfig.data_port; never offered with TLS)")
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "push asks for the socket data plane but this server has no data port "
+                "(start it with --push-data-port / ServerConfig.data_port; never offered with TLS)",
+            )
         if len(push_id) != data_plane.PUSH_ID_LEN:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"header.data_push_id must be {data_plane.PUSH_ID_LEN} chars for the socket data plane")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"header.data_push_id must be {data_plane.PUSH_ID_LEN} chars for the socket data "
+                "plane",
+            )
         wait = self.cfg.data_wait_s
-        conn = await asyncio.get_running_loop().run_in_executor(None, self.data_listener.claim, push_id, wait)
+        conn = await asyncio.get_running_loop().run_in_executor(
+            None, self.data_listener.claim, push_id, wait
+        )
         if conn is None:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"no data connection for push id {push_id[:8]}.. within {wait}s "
-                            "(not connected, wrong push id, or missing/wrong token in its preamble)")
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no data connection for push id {push_id[:8]}.. within {wait}s "
+                "(not connected, wrong push id, or missing/wrong token in its preamble)",
+            )
         return conn
 
     def _check_load_path(self, raw: str) -> pathlib.Path:
         """LoadWeights: `raw` resolved, inside `cfg.load_root`, a directory, not the one serving."""
         root = self.cfg.load_root
         if not root:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
-                            "LoadWeights is disabled on this server (start it with --load-root DIR to allow "
-                            "loading weight directories under DIR)")
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "LoadWeights is disabled on this server (start it with --load-root DIR to allow "
+                "loading weight directories under DIR)",
+            )
         path = pathlib.Path(raw).resolve()
         root_p = pathlib.Path(root).resolve()
         if path != root_p and root_p not in path.parents:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, f"path {raw!r} is outside the load root {root}")
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"path {raw!r} is outside the load root {root}"
+            )
         if not path.is_dir():
             raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"path {raw!r} is not a directory")
         serving = {self._current_dir.resolve()}
         if self._owned_dir is not None:
             serving.add(self._owned_dir.resolve())
         if path in serving:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"path {raw!r} is the directory being served; write the new weights to another directory")
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"path {raw!r} is the directory being served; write the new weights to another "
+                "directory",
+            )
         return path
 
     def _check_load_files(self, path: pathlib.Path) -> None:
@@ -386,15 +481,22 @@ class SamplerService(pb_grpc.SamplerServicer):
         try:
             specs = st.read_specs(path)
         except (OSError, ValueError) as e:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}") from None
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
+            ) from None
         validate_specs(self.backend.expected_tensors(), specs, where=str(path))
         try:
             bad = st.first_nonfinite(path)
         except (OSError, ValueError) as e:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}") from None
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
+            ) from None
         if bad is not None:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"tensor {bad!r} in {path} contains NaN or Inf values (load refused; the current weights keep serving)")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {bad!r} in {path} contains NaN or Inf values (load refused; the current "
+                "weights keep serving)",
+            )
 
     async def LoadWeights(self, request, context):
         await self._auth(context)
@@ -403,25 +505,41 @@ class SamplerService(pb_grpc.SamplerServicer):
             try:
                 path = self._check_load_path(request.path)
                 if request.version <= self.backend.version:
-                    raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
-                                    f"stale version {request.version}: server already serves version {self.backend.version}")
-                await asyncio.get_running_loop().run_in_executor(self._io_pool, self._check_load_files, path)
+                    raise PushError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"stale version {request.version}: server already serves version "
+                        f"{self.backend.version}",
+                    )
+                await asyncio.get_running_loop().run_in_executor(
+                    self._io_pool, self._check_load_files, path
+                )
                 await self._swap(path, int(request.version), owned=False)
             except PushError as e:
                 await self._reject(context, e)
             self.counters["pushes"] += 1
-            return pb.PushResult(ok=True, version=self.backend.version, message=f"loaded {path}",
-                                 seconds=time.perf_counter() - t0)
+            return pb.PushResult(
+                ok=True,
+                version=self.backend.version,
+                message=f"loaded {path}",
+                seconds=time.perf_counter() - t0,
+            )
 
     async def Info(self, request, context):
         await self._auth(context)
         b = self.backend
         return pb.InfoResponse(
-            model_config_json=json.dumps(b.model_config), version=b.version, backend=b.name,
-            queue_depth=max(self.queue_depth, 0), tokens_generated=self.counters["tokens_generated"],
-            requests=self.counters["requests"], pushes=self.counters["pushes"],
-            rejected_pushes=self.counters["rejected_pushes"], vocab_size=b.vocab_size,
-            max_model_len=b.cfg.max_model_len, max_n=b.cfg.max_n, max_head_k=b.cfg.max_head_k,
+            model_config_json=json.dumps(b.model_config),
+            version=b.version,
+            backend=b.name,
+            queue_depth=max(self.queue_depth, 0),
+            tokens_generated=self.counters["tokens_generated"],
+            requests=self.counters["requests"],
+            pushes=self.counters["pushes"],
+            rejected_pushes=self.counters["rejected_pushes"],
+            vocab_size=b.vocab_size,
+            max_model_len=b.cfg.max_model_len,
+            max_n=b.cfg.max_n,
+            max_head_k=b.cfg.max_head_k,
             backend_config_json=b.cfg.to_json(),
             data_port=self.data_listener.port if self.data_listener is not None else 0,
         )
@@ -429,23 +547,34 @@ class SamplerService(pb_grpc.SamplerServicer):
 
 def add_sampler_service(servicer: SamplerService, server) -> None:
     """Register the Sampler service like `pb_grpc.add_SamplerServicer_to_server`, except that
-    PushWeights requests are decoded by `chunk_wire.decode_weight_message` (chunk bytes not copied)."""
+    PushWeights requests are decoded by `chunk_wire.decode_weight_message` (chunk bytes not
+    copied)."""
     rpc_method_handlers = {
         "Generate": grpc.unary_stream_rpc_method_handler(
-            servicer.Generate, request_deserializer=pb.GenerateRequest.FromString,
-            response_serializer=pb.Rollout.SerializeToString),
+            servicer.Generate,
+            request_deserializer=pb.GenerateRequest.FromString,
+            response_serializer=pb.Rollout.SerializeToString,
+        ),
         "PushWeights": grpc.stream_unary_rpc_method_handler(
-            servicer.PushWeights, request_deserializer=chunk_wire.decode_weight_message,
-            response_serializer=pb.PushResult.SerializeToString),
+            servicer.PushWeights,
+            request_deserializer=chunk_wire.decode_weight_message,
+            response_serializer=pb.PushResult.SerializeToString,
+        ),
         "LoadWeights": grpc.unary_unary_rpc_method_handler(
-            servicer.LoadWeights, request_deserializer=pb.LoadWeightsRequest.FromString,
-            response_serializer=pb.PushResult.SerializeToString),
+            servicer.LoadWeights,
+            request_deserializer=pb.LoadWeightsRequest.FromString,
+            response_serializer=pb.PushResult.SerializeToString,
+        ),
         "Info": grpc.unary_unary_rpc_method_handler(
-            servicer.Info, request_deserializer=pb.InfoRequest.FromString,
-            response_serializer=pb.InfoResponse.SerializeToString),
+            servicer.Info,
+            request_deserializer=pb.InfoRequest.FromString,
+            response_serializer=pb.InfoResponse.SerializeToString,
+        ),
     }
     service = "dlc_jax.sampler.v1.Sampler"
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, rpc_method_handlers),))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, rpc_method_handlers),)
+    )
     server.add_registered_method_handlers(service, rpc_method_handlers)
 
 
@@ -467,14 +596,22 @@ class SamplerServer:
     async def start(self) -> int:
         clean_stale_staging(staging_roots(self.cfg.staging_root))  # copies left by killed samplers
         await self.backend.start()
-        opts = [("grpc.max_receive_message_length", self.cfg.max_message_bytes),
-                ("grpc.max_send_message_length", self.cfg.max_message_bytes)]
+        opts = [
+            ("grpc.max_receive_message_length", self.cfg.max_message_bytes),
+            ("grpc.max_send_message_length", self.cfg.max_message_bytes),
+        ]
         self.server = grpc.aio.server(options=opts)
         add_sampler_service(self.service, self.server)
         bind = f"{self.cfg.host}:{self.cfg.port}"
         if self.cfg.tls_cert:
-            creds = grpc.ssl_server_credentials([(pathlib.Path(self.cfg.tls_key).read_bytes(),
-                                                  pathlib.Path(self.cfg.tls_cert).read_bytes())])
+            creds = grpc.ssl_server_credentials(
+                [
+                    (
+                        pathlib.Path(str(self.cfg.tls_key)).read_bytes(),
+                        pathlib.Path(str(self.cfg.tls_cert)).read_bytes(),
+                    )
+                ]
+            )
             self.port = self.server.add_secure_port(bind, creds)
         else:
             self.port = self.server.add_insecure_port(bind)
@@ -482,9 +619,17 @@ class SamplerServer:
             raise OSError(f"could not bind {bind}")
         if self.cfg.data_port is not None:
             self.service.data_listener = data_plane.DataPlaneListener(
-                self.cfg.host, self.cfg.data_port, self.cfg.token, preamble_timeout=self.cfg.data_auth_timeout_s,
-                max_pending=self.cfg.data_max_pending)
-            log.info("push data plane (raw TCP, plaintext) on %s:%s", self.cfg.host, self.service.data_listener.port)
+                self.cfg.host,
+                self.cfg.data_port,
+                self.cfg.token,
+                preamble_timeout=self.cfg.data_auth_timeout_s,
+                max_pending=self.cfg.data_max_pending,
+            )
+            log.info(
+                "push data plane (raw TCP, plaintext) on %s:%s",
+                self.cfg.host,
+                self.service.data_listener.port,
+            )
         await self.server.start()
         log.info("sampler (%s) listening on %s", self.backend.name, self.address)
         return self.port
@@ -500,6 +645,7 @@ class SamplerServer:
             shutil.rmtree(self.service._owned_dir, ignore_errors=True)
 
     async def wait(self) -> None:
+        assert self.server is not None, "wait() before start()"
         await self.server.wait_for_termination()
 
 
@@ -525,7 +671,7 @@ class ServerThread:
         self._ready.set()
         self.loop.run_forever()
 
-    def start(self, timeout: float = 300) -> "ServerThread":
+    def start(self, timeout: float = 300) -> ServerThread:
         self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError("sampler server did not start")

@@ -3,10 +3,11 @@
 Bytes are written straight into a preallocated safetensors file in a fresh temp directory at
 precomputed offsets, so host memory stays ~ one chunk. Checksums: the header names one
 ("sha256", the default, or "crc32c"); every tensor must carry it (in its spec or its TensorDone
-trailer) and every value given is checked. Chunks may be `pb.WeightChunk` or `chunk_wire.RawChunk`
-(zero-copy memoryview data). The staging root is created if missing. Every check failure raises `PushError`
-with the gRPC status code to answer and a message naming the tensor; the caller deletes the
-staging directory with `discard()`. Only `commit()` returns the staged directory.
+trailer) and every value given is checked. Chunks may be `pb.WeightChunk` or
+`chunk_wire.RawChunk` (zero-copy memoryview data). The staging root is created if missing. Every
+check failure raises `PushError` with the gRPC status code to answer and a message naming the
+tensor; the caller deletes the staging directory with `discard()`. Only `commit()` returns the
+staged directory.
 
 Limits: the header is checked against the served model (names, shapes, dtypes: `validate_specs`,
 shared with LoadWeights), the staged size against the model's largest possible push and against the
@@ -27,6 +28,7 @@ import shutil
 import socket
 import tempfile
 import threading
+from typing import Any
 
 import crc32c
 import grpc
@@ -50,6 +52,8 @@ class _Crc32c:
 
     def update(self, data) -> None:
         self.value = crc32c.crc32c(data, self.value)
+
+
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -61,8 +65,12 @@ class PushError(Exception):
 
 
 # (unsigned view dtype, exponent mask): a float is NaN/Inf iff all its exponent bits are set
-_EXP_MASKS = {"float32": (np.uint32, 0x7F800000), "bfloat16": (np.uint16, 0x7F80),
-              "float16": (np.uint16, 0x7C00), "float64": (np.uint64, 0x7FF0000000000000)}
+_EXP_MASKS = {
+    "float32": (np.uint32, 0x7F800000),
+    "bfloat16": (np.uint16, 0x7F80),
+    "float16": (np.uint16, 0x7C00),
+    "float64": (np.uint64, 0x7FF0000000000000),
+}
 
 
 class FiniteCheck:
@@ -76,6 +84,7 @@ class FiniteCheck:
         self.ok = True
 
     def _check(self, raw) -> None:
+        assert self.spec is not None
         u, m = self.spec
         a = np.frombuffer(raw, dtype=u)
         if a.size and bool(np.any((a & u(m)) == u(m))):
@@ -100,30 +109,47 @@ class FiniteCheck:
         return self.ok
 
 
-def validate_specs(expected: dict[str, tuple[tuple[int, ...], str]],
-                   specs: dict[str, tuple[tuple[int, ...], str]], where: str = "push") -> None:
+def validate_specs(
+    expected: dict[str, tuple[tuple[int, ...], str]],
+    specs: dict[str, tuple[tuple[int, ...], str]],
+    where: str = "push",
+) -> None:
     """Names, shapes and dtypes of a full set of weights against the served model's. A float
     parameter may come as any of PUSH_DTYPES (the engine casts); any other must match exactly."""
     unknown = sorted(set(specs) - set(expected))
     if unknown:
-        raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                        f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)")
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)",
+        )
     missing = sorted(set(expected) - set(specs))
     if missing:
-        raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                        f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}",
+        )
     for name, (shape, dtype) in specs.items():
         exp_shape, exp_dtype = expected[name]
         if tuple(shape) != tuple(exp_shape):
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}",
+            )
         if dtype not in st.NP_DTYPES:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: unsupported dtype {dtype!r}")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: unsupported dtype {dtype!r}"
+            )
         if exp_dtype in FLOAT_DTYPES and dtype not in PUSH_DTYPES:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"tensor {name!r}: dtype {dtype!r} not allowed for a float parameter (use one of {PUSH_DTYPES})")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {name!r}: dtype {dtype!r} not allowed for a float parameter (use one of "
+                f"{PUSH_DTYPES})",
+            )
         if exp_dtype not in FLOAT_DTYPES and dtype != exp_dtype:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}",
+            )
 
 
 def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
@@ -133,7 +159,13 @@ def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
         n = 1
         for d in shape:
             n *= int(d)
-        isz = 4 if dtype in FLOAT_DTYPES else st.NP_DTYPES[dtype].itemsize if dtype in st.NP_DTYPES else 8
+        isz = (
+            4
+            if dtype in FLOAT_DTYPES
+            else st.NP_DTYPES[dtype].itemsize
+            if dtype in st.NP_DTYPES
+            else 8
+        )
         total += n * isz
     return total
 
@@ -156,7 +188,7 @@ def staging_roots(staging_root: str | None) -> list[pathlib.Path]:
 
 
 def _owner(d: pathlib.Path) -> int | None:
-    rest = d.name[len(STAGING_PREFIX):]
+    rest = d.name[len(STAGING_PREFIX) :]
     head = rest.split("_", 1)[0]
     return int(head) if head.isdigit() else None
 
@@ -187,12 +219,13 @@ def clean_stale_staging(roots: list[pathlib.Path], *, pid: int | None = None) ->
 SHM_DIR = "/dev/shm"
 
 
-def resolve_staging_root(staging_root: str | None, nbytes: int, *, shm_dir: str = SHM_DIR,
-                         headroom: float = 2.0) -> str | None:
-    """Where a push of `nbytes` is staged. An explicit directory wins. 'auto' (or None) picks the RAM
-    filesystem `shm_dir` when it has room for `headroom` x the push (the staged file lives only until
-    the engine has reloaded it, and RAM-backed staging avoids a disk write per push), else the
-    system temp directory (returned as None)."""
+def resolve_staging_root(
+    staging_root: str | None, nbytes: int, *, shm_dir: str = SHM_DIR, headroom: float = 2.0
+) -> str | None:
+    """Where a push of `nbytes` is staged. An explicit directory wins. 'auto' (or None) picks the
+    RAM filesystem `shm_dir` when it has room for `headroom` x the push (the staged file lives only
+    until the engine has reloaded it, and RAM-backed staging avoids a disk write per push), else
+    the system temp directory (returned as None)."""
     if staging_root not in (None, "", "auto"):
         return staging_root
     try:
@@ -205,8 +238,14 @@ def resolve_staging_root(staging_root: str | None, nbytes: int, *, shm_dir: str 
 class WeightStager:
     """One push. `expected`: {hf_name: (shape, dtype)} the backend's model needs (all required)."""
 
-    def __init__(self, expected: dict[str, tuple[tuple[int, ...], str]], current_version: int,
-                 staging_root: str | None = None, *, reserve_bytes: int = 0):
+    def __init__(
+        self,
+        expected: dict[str, tuple[tuple[int, ...], str]],
+        current_version: int,
+        staging_root: str | None = None,
+        *,
+        reserve_bytes: int = 0,
+    ):
         self.expected = expected
         self.reserve_bytes = reserve_bytes
         self.current_version = current_version
@@ -216,6 +255,7 @@ class WeightStager:
         self.specs: list[pb.TensorSpec] = []
         self.bytes_received = 0
         self.data_plane = "grpc"
+        self._fd = -1  # the staging file, open between header() and commit()/discard()
         self._lock = threading.Lock()  # socket plane: reader thread vs TensorDone on the event loop
 
     # -- header -----------------------------------------------------------------------------
@@ -223,18 +263,29 @@ class WeightStager:
         if self.dir is not None:
             raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "second header in one push")
         if h.version <= self.current_version:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"stale version {h.version}: server already serves version {self.current_version}")
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"stale version {h.version}: server already serves version {self.current_version}",
+            )
         plane = h.data_plane or "grpc"
         if plane not in ("grpc", "socket"):
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'",
+            )
         algo = h.checksum or "sha256"
         if algo not in CHECKSUMS:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"header.checksum {h.checksum!r} not one of {CHECKSUMS}")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"header.checksum {h.checksum!r} not one of {CHECKSUMS}",
+            )
         seen: dict[str, tuple[tuple[int, ...], str]] = {}
         for s in h.tensors:
             if s.name in seen:
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r} listed twice in the header")
+                raise PushError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"tensor {s.name!r} listed twice in the header",
+                )
             seen[s.name] = (tuple(int(d) for d in s.shape), s.dtype)
         validate_specs(self.expected, seen)
         for s in h.tensors:
@@ -243,23 +294,32 @@ class WeightStager:
                 n *= int(d)
             want = n * st.NP_DTYPES[s.dtype].itemsize
             if s.nbytes != want:
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"tensor {s.name!r}: nbytes {s.nbytes} != {want} for shape {list(s.shape)} {s.dtype}")
+                raise PushError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"tensor {s.name!r}: nbytes {s.nbytes} != {want} for shape {list(s.shape)} "
+                    f"{s.dtype}",
+                )
         self.checksum = algo
         self.data_plane = plane
         self.version = int(h.version)
         self.specs = list(h.tensors)
         self._received = [0] * len(self.specs)
-        self._hash = [hashlib.sha256() if algo == "sha256" else _Crc32c() for _ in self.specs]
+        self._hash: list[Any] = [
+            hashlib.sha256() if algo == "sha256" else _Crc32c() for _ in self.specs
+        ]
         self._trailer: list[pb.TensorDone | None] = [None] * len(self.specs)
         self._complete = [False] * len(self.specs)  # socket plane: all of the tensor's bytes read
         self._finite = [FiniteCheck(s.dtype) for s in self.specs]
-        prefix, self._offsets = st.layout([(s.name, tuple(s.shape), s.dtype, int(s.nbytes)) for s in self.specs])
+        prefix, self._offsets = st.layout(
+            [(s.name, tuple(s.shape), s.dtype, int(s.nbytes)) for s in self.specs]
+        )
         payload = sum(int(s.nbytes) for s in self.specs)
         cap = max_push_bytes(self.expected)
         if payload > cap:  # cannot happen after validate_specs; kept as the explicit bound
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)",
+            )
         total = len(prefix) + payload
         root = resolve_staging_root(self.staging_root, total)
         if root is not None:
@@ -268,12 +328,18 @@ class WeightStager:
         try:
             free = shutil.disk_usage(where).free
         except OSError as e:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, f"staging directory {where}: {e}") from None
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"staging directory {where}: {e}"
+            ) from None
         if free - self.reserve_bytes < total:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"not enough space to stage the push: needs {total / 1e6:.1f} MB, {where} has "
-                            f"{free / 1e6:.1f} MB free with {self.reserve_bytes / 1e6:.1f} MB kept in reserve")
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}_v{self.version}_", dir=root))
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"not enough space to stage the push: needs {total / 1e6:.1f} MB, {where} has "
+                f"{free / 1e6:.1f} MB free with {self.reserve_bytes / 1e6:.1f} MB kept in reserve",
+            )
+        self.dir = pathlib.Path(
+            tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}_v{self.version}_", dir=root)
+        )
         self._path = self.dir / "model.safetensors"
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.pwrite(self._fd, prefix, 0)
@@ -284,21 +350,32 @@ class WeightStager:
         if self.dir is None:
             raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "data before header")
         if not 0 <= i < len(self.specs):
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor_index {i} out of range [0, {len(self.specs)})")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor_index {i} out of range [0, {len(self.specs)})",
+            )
         return self.specs[i]
 
     def chunk(self, c) -> None:
         """`c`: a `pb.WeightChunk` or a `chunk_wire.RawChunk` (tensor_index, offset, data)."""
         s = self._spec(c.tensor_index)
         if self.data_plane == "socket":
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightChunk in a push whose bytes come over the socket data plane")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "WeightChunk in a push whose bytes come over the socket data plane",
+            )
         got = self._received[c.tensor_index]
         if c.offset != got:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"tensor {s.name!r}: chunk at offset {c.offset}, expected {got} (chunks must be in order)")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {s.name!r}: chunk at offset {c.offset}, expected {got} (chunks must be "
+                "in order)",
+            )
         if got + len(c.data) > s.nbytes:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}",
+            )
         os.pwrite(self._fd, c.data, self._offsets[c.tensor_index] + got)
         self._hash[c.tensor_index].update(c.data)
         self._finite[c.tensor_index].update(c.data)
@@ -322,7 +399,9 @@ class WeightStager:
         goes; each tensor whose trailer is already in is verified right away. Blocking (run it in a
         worker thread; closing `conn` from elsewhere stops it). Raises PushError."""
         if self.dir is None or self.data_plane != "socket":
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header")
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
+            )
         buf = bytearray(piece)
         view = memoryview(buf)
         for i, s in enumerate(self.specs):
@@ -333,11 +412,15 @@ class WeightStager:
                 try:
                     k = conn.recv_into(view, want, socket.MSG_WAITALL)
                 except OSError as e:
-                    raise PushError(grpc.StatusCode.DATA_LOSS,
-                                    f"tensor {s.name!r}: data socket failed after {got} of {n} bytes: {e}") from None
+                    raise PushError(
+                        grpc.StatusCode.DATA_LOSS,
+                        f"tensor {s.name!r}: data socket failed after {got} of {n} bytes: {e}",
+                    ) from None
                 if k == 0:
-                    raise PushError(grpc.StatusCode.DATA_LOSS,
-                                    f"tensor {s.name!r}: data socket closed after {got} of {n} bytes")
+                    raise PushError(
+                        grpc.StatusCode.DATA_LOSS,
+                        f"tensor {s.name!r}: data socket closed after {got} of {n} bytes",
+                    )
                 chunk = view[:k]
                 h.update(chunk)
                 self._finite[i].update(chunk)
@@ -352,7 +435,10 @@ class WeightStager:
 
     def _verify(self, i: int, s: pb.TensorSpec) -> None:
         if self._received[i] != s.nbytes:
-            raise PushError(grpc.StatusCode.DATA_LOSS, f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes")
+            raise PushError(
+                grpc.StatusCode.DATA_LOSS,
+                f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes",
+            )
         t = self._trailer[i]
         if self.checksum == "sha256":
             want = [c.lower() for c in (s.sha256, t.sha256 if t is not None else "") if c]
@@ -363,14 +449,23 @@ class WeightStager:
             got = self._hash[i].value
             shown = lambda x: f"{x:08x}"
         if not want:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {s.name!r}: no {self.checksum} in header or trailer")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {s.name!r}: no {self.checksum} in header or trailer",
+            )
         for w in want:
             if w != got:
-                raise PushError(grpc.StatusCode.DATA_LOSS, f"tensor {s.name!r}: {self.checksum} mismatch (corrupted data): "
-                                                           f"got {shown(got)}, expected {shown(w)}")
+                raise PushError(
+                    grpc.StatusCode.DATA_LOSS,
+                    f"tensor {s.name!r}: {self.checksum} mismatch (corrupted data): "
+                    f"got {shown(got)}, expected {shown(w)}",
+                )
         if not self._finite[i].ok:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"tensor {s.name!r}: contains NaN or Inf values (push refused; the current weights keep serving)")
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {s.name!r}: contains NaN or Inf values (push refused; the current "
+                "weights keep serving)",
+            )
 
     def commit(self) -> pathlib.Path:
         """Verify every tensor; -> the staged directory (one safetensors file)."""
@@ -379,13 +474,12 @@ class WeightStager:
         for i, s in enumerate(self.specs):
             self._verify(i, s)
         os.close(self._fd)  # no fsync: a staging file need not survive a crash (the push is redone)
-        self._fd = None
+        self._fd = -1
         return self.dir
 
     def discard(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            os.close(fd)
-            self._fd = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -6,7 +6,7 @@ import abc
 import dataclasses
 import json
 import pathlib
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from .. import safetensors_io as st
 from ..types import Rollout, SamplingParams
@@ -37,11 +37,14 @@ class BackendConfig:
     weight_noise: float = 0.0
     weight_noise_seed: int = 0
     max_batch: int = 32  # JAX backend: sequences decoded together (static shape)
-    kv_cache_gib: float | None = None  # vLLM KV cache size; None = 1 GiB on CPU (unless VLLM_CPU_KVCACHE_SPACE), vLLM default on GPU
+    # vLLM KV cache size; None = 1 GiB on CPU (unless VLLM_CPU_KVCACHE_SPACE), vLLM default on GPU
+    kv_cache_gib: float | None = None
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"BackendConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+            raise ValueError(
+                f"BackendConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}"
+            )
         for k in ("max_model_len", "max_n", "max_num_seqs", "tensor_parallel_size", "max_batch"):
             if getattr(self, k) < 1:
                 raise ValueError(f"BackendConfig.{k} must be >= 1, got {getattr(self, k)!r}")
@@ -86,8 +89,9 @@ class SamplerBackend(abc.ABC):
     async def start(self) -> None: ...
 
     @abc.abstractmethod
-    def generate(self, request_id: str, prompts: list[tuple[int, list[int]]],
-                 params: SamplingParams) -> AsyncIterator[Rollout]:
+    def generate(
+        self, request_id: str, prompts: list[tuple[int, list[int]]], params: SamplingParams
+    ) -> AsyncIterator[Rollout]:
         """prompts: [(slot_id, token_ids)]. Yields rollouts in completion order."""
 
     @abc.abstractmethod

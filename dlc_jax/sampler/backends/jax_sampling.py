@@ -18,14 +18,18 @@ import jax
 import jax.numpy as jnp
 
 
-def kept_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array, *, use_k: bool, use_p: bool) -> jax.Array:
+def kept_mask(
+    z: jax.Array, top_k: jax.Array, top_p: jax.Array, *, use_k: bool, use_p: bool
+) -> jax.Array:
     """Kept-support mask [B, V] of temperature-scaled f32 logits `z` [B, V]; top_k int32 scalar
     (used when use_k, 0 < top_k < V), top_p f32 scalar (used when use_p)."""
     vocab = z.shape[-1]
     rows = z.shape[0]
     zs = jnp.sort(z, axis=-1)  # ascending
     if use_k:
-        kth = jnp.take_along_axis(zs, jnp.full((rows, 1), vocab - top_k, jnp.int32), axis=-1)  # k-th largest
+        kth = jnp.take_along_axis(
+            zs, jnp.full((rows, 1), vocab - top_k, jnp.int32), axis=-1
+        )  # k-th largest
         if not use_p:
             return z >= kth
         zs = jnp.where(zs < kth, -jnp.inf, zs)
@@ -58,12 +62,17 @@ def sample_step(logits, keys, temperature, top_k, top_p, *, use_k: bool, use_p: 
     return tok.astype(jnp.int32), lp, hid.astype(jnp.int32), hlp
 
 
-def sample_args(temperature: float, top_k: int, top_p: float, head_k: int, *, vocab: int, max_head_k: int):
+def sample_args(
+    temperature: float, top_k: int, top_p: float, head_k: int, *, vocab: int, max_head_k: int
+):
     """Host-side split of a request's parameters into (traced arrays, static flags)."""
     import numpy as np
 
     use_k = 0 < top_k < vocab
     use_p = top_p < 1.0
     traced = (np.float32(temperature), np.int32(top_k if use_k else 0), np.float32(top_p))
-    return traced, {"use_k": bool(use_k and temperature > 0), "use_p": bool(use_p and temperature > 0),
-                    "head": int(max_head_k) if head_k else 0}
+    return traced, {
+        "use_k": bool(use_k and temperature > 0),
+        "use_p": bool(use_p and temperature > 0),
+        "head": int(max_head_k) if head_k else 0,
+    }

