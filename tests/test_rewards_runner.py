@@ -141,7 +141,16 @@ def test_rewards_run_in_other_processes(plugin):
     with RewardRunner(RewardConfig(workers=2, fn=f"{plugin}:pid")) as r:
         total, _ = r.score(["p"] * 4, ["a"] * 4, ["1"] * 4, _ids(4))
         pids = set(total.astype(int).tolist())
+        procs = [w.proc for w in r._workers]
     assert os.getpid() not in pids and len(pids) == 2  # one chunk per worker
+    assert all(p.poll() is not None for p in procs)  # closed: no worker left behind
+    r = RewardRunner(RewardConfig(workers=1))
+    procs = [w.proc for w in r._workers]
+    del r  # garbage-collected without close(): its workers still stop
+    import gc
+
+    gc.collect()
+    assert all(p.wait(timeout=10) is not None for p in procs)
 
 
 def test_setup_errors_are_one_line(plugin):

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -107,6 +108,7 @@ class RewardRunner:
             raise RewardError(str(e)) from e
         self._paths = [s.fn for s in self.specs]
         self._workers: list[_Worker] = []
+        weakref.finalize(self, _stop_workers, self._workers)
         self.totals = {"errors": 0, "timeouts": 0}
         t0 = time.time()
         for _ in range(cfg.workers):
@@ -137,18 +139,8 @@ class RewardRunner:
         w.ready = True
 
     def close(self) -> None:
-        for w in self._workers:
-            try:
-                w.conn.send(None)
-            except (OSError, ValueError):
-                pass
-        for w in self._workers:
-            try:
-                w.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
-            w.kill()
-        self._workers = []
+        """Stop the workers (also done when the runner is garbage-collected)."""
+        _stop_workers(self._workers)
 
     def __enter__(self):
         return self
@@ -359,6 +351,21 @@ class RewardRunner:
                 raise RewardError(f"reward {self.specs[si].name!r}: check_answer failed: {res}")
             out.append(res)
         return out
+
+
+def _stop_workers(workers: list[_Worker]) -> None:
+    for w in workers:
+        try:
+            w.conn.send(None)
+        except (OSError, ValueError):
+            pass
+    for w in workers:
+        try:
+            w.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        w.kill()
+    workers.clear()
 
 
 def _split(n: int, parts: int) -> list[list[int]]:
