@@ -220,7 +220,7 @@ def test_jax_backend_numerics_knobs_create_a_controlled_discrepancy(tmp_path):
 
     from dlc_jax.model import make_tiny
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from dlc_jax.sampler.reference import load_hf_reference, processed_logprobs
+    from sampler_reference import load_hf_reference, processed_logprobs
 
     d = str(tmp_path / "tiny")
     make_tiny(d)

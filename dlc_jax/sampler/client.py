@@ -1,12 +1,8 @@
 """Trainer-side gRPC client for the sampler service.
 
-Weight push wire design: the header lists every tensor's name, shape, dtype and byte size; the
-bytes follow tensor by tensor in chunks of `chunk_bytes`; after a tensor's last chunk a
-`TensorDone` trailer carries its checksum (computed while streaming; CRC-32C by default, sha256
-on request). Chunk messages are encoded by hand (`chunk_wire.encode_chunk`: one copy of the bytes,
-straight from the numpy buffer). So the client makes ONE pass
-over the source and holds ~one converted tensor plus one chunk in host memory; the server
-verifies each tensor against its trailer and swaps only on Commit.
+Weight pushes: the request stream (header, chunks, per-tensor checksum trailers, commit) is built
+by `weight_stream.weight_messages` in one pass over the source (~one converted tensor plus one
+chunk in host memory); the server verifies each tensor against its trailer and swaps only on Commit.
 
 Socket data plane (`transport="socket"`, opt-in): the bytes go over one raw TCP connection to the
 server's data port (from Info) straight from the numpy buffer (`sendall(memoryview)`, no copy),
@@ -26,18 +22,13 @@ from __future__ import annotations
 
 import collections.abc as cabc
 import dataclasses
-import hashlib
 import json
-import queue
 import socket
-import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-import crc32c
 import grpc
-import numpy as np
 
 from . import chunk_wire, data_plane
 from . import safetensors_io as st
@@ -45,6 +36,9 @@ from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .retry import NO_RETRY, RetryPolicy, call_with_retry
 from .types import PushResult, Rollout, SamplingParams
+from .weight_stream import TensorSource, prefetched, tensor_source, weight_messages
+
+__all__ = ["SamplerClient", "REJECT_CODES", "prefetched"]
 
 REJECT_CODES = (
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -256,14 +250,11 @@ class SamplerClient:
         callable returning an iterator of (name, array), or a one-shot iterator together with
         `specs` ({name: shape}, all tensors, e.g. `hf_param_shapes(config)`). Arrays are converted
         to `dtype` ("float32" | "bfloat16" | "float16") one at a time. `checksum`: "crc32c"
-        (hardware
-        CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and verified by the
-        server.
-        `transport`: "grpc" (default: bytes in chunk messages), "socket" (bytes over the server's
-        raw
-        TCP data port, zero-copy; needs a server started with a data port, refused with TLS) or
-        "auto"
-        (socket when the server offers a data port and the channel is not TLS, else grpc).
+        (hardware CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and
+        verified by the server. `transport`: "grpc" (default: bytes in chunk messages), "socket"
+        (bytes over the server's raw TCP data port, zero-copy; needs a server started with a data
+        port, refused with TLS) or "auto" (socket when the server offers a data port and the
+        channel is not TLS, else grpc). A re-iterable source is pushed again on UNAVAILABLE.
         """
         if transport not in ("grpc", "socket", "auto"):
             raise ValueError(
@@ -285,36 +276,10 @@ class SamplerClient:
             raise ValueError(f"push checksum must be 'crc32c' or 'sha256', got {checksum!r}")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"push dtype must be float32, bfloat16 or float16, got {dtype!r}")
-        np_dtype = st.NP_DTYPES[dtype]
-        if isinstance(named_tensors, cabc.Mapping):
-            src: Callable[[], Iterator] = lambda: iter(named_tensors.items())
-            names_shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors.items()]
-            retry = True
-        elif isinstance(named_tensors, cabc.Sequence):
-            src = lambda: iter(named_tensors)
-            names_shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors]
-            retry = True
-        elif specs is not None:
-            if callable(named_tensors):
-                src, retry = named_tensors, True
-            else:
-                it = iter(named_tensors)
-                src, retry = (lambda: it), False
-            names_shapes = [(n, tuple(s)) for n, s in specs.items()]
-        elif callable(named_tensors):
-            # No specs: one extra pass to learn names and shapes (tensors are dropped right away).
-            names_shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors()]
-            src, retry = named_tensors, True
-        else:
-            raise TypeError(
-                "push_weights: a one-shot iterator needs specs={name: shape} (the header lists all "
-                "tensors first)"
-            )
+        src = tensor_source(named_tensors, specs)
         result = call_with_retry(
-            lambda: self._push_once(
-                src(), names_shapes, version, dtype, np_dtype, chunk_bytes, checksum, transport
-            ),
-            self.retry if retry else NO_RETRY,
+            lambda: self._push_once(src, version, dtype, chunk_bytes, checksum, transport),
+            self.retry if src.reiterable else NO_RETRY,
         )
         return dataclasses.replace(result, transport=transport)
 
@@ -353,92 +318,35 @@ class SamplerClient:
 
     def _push_once(
         self,
-        source,
-        names_shapes,
-        version,
-        dtype,
-        np_dtype,
-        chunk_bytes,
-        checksum,
-        transport: str = "grpc",
+        src: TensorSource,
+        version: int,
+        dtype: str,
+        chunk_bytes: int,
+        checksum: str,
+        transport: str,
     ) -> PushResult:
-        index = {n: i for i, (n, _) in enumerate(names_shapes)}
-        sock = None
-        push_id = ""
-        data_failed: list[bool] = []
-        if transport == "socket":
-            push_id = uuid.uuid4().hex
-            sock = self._open_data(push_id)
-
-        def messages():
-            header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
-            if sock is not None:
-                header.data_plane, header.data_push_id = "socket", push_id
-            for n, shape in names_shapes:
-                nb = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
-                header.tensors.append(
-                    pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb)
-                )
-            yield pb.WeightMessage(header=header)
-            sent = set()
-            for name, arr in source:
-                if name not in index:
-                    raise ValueError(f"push_weights: tensor {name!r} is not in the header specs")
-                if name in sent:
-                    raise ValueError(f"push_weights: tensor {name!r} yielded twice")
-                i = index[name]
-                a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
-                if tuple(a.shape) != names_shapes[i][1]:
-                    raise ValueError(
-                        f"push_weights: tensor {name!r} has shape {a.shape}, header says "
-                        f"{names_shapes[i][1]}"
-                    )
-                buf = memoryview(a.reshape(-1).view(np.uint8))
-                h = hashlib.sha256() if checksum == "sha256" else None
-                crc = 0
-                if sock is not None:  # checksum, then the raw bytes straight from the array
-                    if h is not None:
-                        h.update(buf)
-                    else:
-                        crc = crc32c.crc32c(buf)
-                    if not data_failed:
-                        try:
-                            self._send_data(sock, i, buf)
-                        except (
-                            OSError
-                        ):  # the server dropped the data connection: it will reject the
-                            data_failed.append(
-                                True
-                            )  # push and say why; keep the control stream going
-                for off in range(0, len(buf) if sock is None else 0, chunk_bytes):
-                    piece = buf[off : off + chunk_bytes]
-                    if h is not None:
-                        h.update(piece)
-                    else:
-                        crc = crc32c.crc32c(piece, crc)
-                    yield chunk_wire.encode_chunk(i, off, piece)
-                done = (
-                    pb.TensorDone(tensor_index=i, sha256=h.hexdigest())
-                    if h is not None
-                    else pb.TensorDone(tensor_index=i, crc32c=crc)
-                )
-                yield pb.WeightMessage(done=done)
-                sent.add(name)
-                del a, buf
-            missing = [n for n, _ in names_shapes if n not in sent]
-            if missing:
-                raise ValueError(f"push_weights: source ended without tensors {missing[:3]}")
-            yield pb.WeightMessage(commit=pb.Commit())
-
-        if sock is None:
-            return self.push_messages(messages())
+        if transport != "socket":
+            stream = weight_messages(
+                src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum
+            )
+            return self.push_messages(stream)
+        push_id = uuid.uuid4().hex
+        sock = self._open_data(push_id)
         try:
-            return self.push_messages(messages())
+            stream = weight_messages(
+                src.open(),
+                src.names_shapes,
+                version,
+                dtype,
+                chunk_bytes,
+                checksum,
+                send_data=lambda i, buf: self._send_data(sock, i, buf),
+                push_id=push_id,
+            )
+            return self.push_messages(stream)
         finally:
-            try:
-                sock.shutdown(
-                    socket.SHUT_RDWR
-                )  # also wakes a sendall blocked on a server that gave up
+            try:  # also wakes a sendall blocked on a server that gave up
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             sock.close()
@@ -485,41 +393,3 @@ class SamplerClient:
                     code=e.code().name,
                 )
             raise
-
-
-def prefetched(items: Iterator, depth: int = 1) -> Iterator:
-    """Iterate `items` with the next `depth` elements produced ahead in a background thread, so a
-    tensor's export (device transpose/cast + device->host copy) overlaps the previous tensor's send.
-    Host memory: the tensor being sent plus `depth` ready ones. Errors re-raise in the consumer; a
-    consumer that stops early (closed generator) stops the producer."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
-
-    def produce():
-        try:
-            for x in items:
-                while not stop.is_set():
-                    try:
-                        q.put((True, x), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put((True, end))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            q.put((False, e))
-
-    t = threading.Thread(target=produce, name="push-prefetch", daemon=True)
-    t.start()
-    try:
-        while True:
-            ok, x = q.get()
-            if not ok:
-                raise x
-            if x is end:
-                return
-            yield x
-    finally:
-        stop.set()

@@ -13,11 +13,11 @@ continues. `metrics()` reports the rotation. An out-of-rotation sampler that ans
 offered the next full push (`readmit=True`); it rejoins only if that push succeeds, so a sampler in
 rotation always holds the latest pushed version.
 
-Pushes: `push_weights` streams to every target concurrently and waits for all. Each push is atomic
-per sampler (the server swaps only on Commit). For a callable or one-shot source, each tensor is
-read
-once and fanned out to per-sampler bounded queues (host memory ~ one tensor x queue depth), so a
-multi-host gather runs once per tensor however many samplers there are.
+Pushes: `push_weights` streams to every target concurrently and waits for all. Each push is
+atomic per sampler (the server swaps only on Commit). For a callable or one-shot source, each
+tensor is read once and fanned out to per-sampler bounded queues (`fanout.fan_out`; host memory ~
+one tensor x queue depth), so a multi-host gather runs once per tensor however many samplers there
+are.
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from pathlib import Path
 import grpc
 
 from .client import SamplerClient
+from .fanout import describe, fan_out, run_each
 from .retry import NO_RETRY, RetryPolicy
 from .types import PushResult, Rollout, SamplingParams, mix_seed
-
-_END = object()
 
 
 class NoActiveSamplerError(RuntimeError):
@@ -68,12 +67,6 @@ class SamplerStatus:
 PoolPushResult = PushResult
 
 
-def _describe(e: BaseException) -> tuple[str, str]:
-    if isinstance(e, grpc.RpcError) and isinstance(e, grpc.Call):
-        return e.code().name, f"{e.code().name}: {e.details()}"
-    return type(e).__name__, f"{type(e).__name__}: {e}"
-
-
 class SamplerPool:
     """N sampler servers behind the `dlc_jax.sampler.protocol.Sampler` interface (generate /
     push_weights / push_model / load_weights / info / wait_ready / metrics / report / close).
@@ -82,8 +75,7 @@ class SamplerPool:
     tls_server_name / timeout / max_retries / backoff / retry: passed to each `SamplerClient`.
     readmit: offer full pushes to out-of-rotation samplers that answer Info within probe_timeout.
     max_inflight: concurrent Generate requests per sampler. queue_depth: tensors buffered per
-    sampler
-    during a fanned-out push.
+    sampler during a fanned-out push.
     """
 
     def __init__(
@@ -110,19 +102,12 @@ class SamplerPool:
             raise ValueError("SamplerPool: no sampler addresses given")
         if len(set(addresses)) != len(addresses):
             raise ValueError(f"SamplerPool: duplicate sampler addresses in {addresses}")
+        policy = retry or RetryPolicy(
+            max_retries=max_retries, backoff=backoff, max_backoff=max_backoff
+        )
+        tls = {"tls_root_cert": tls_root_cert, "tls_server_name": tls_server_name}
         self.clients = [
-            SamplerClient(
-                a,
-                token=token,
-                tls_root_cert=tls_root_cert,
-                tls_server_name=tls_server_name,
-                timeout=timeout,
-                max_retries=max_retries,
-                backoff=backoff,
-                max_backoff=max_backoff,
-                retry=retry,
-            )
-            for a in addresses
+            SamplerClient(a, token=token, timeout=timeout, retry=policy, **tls) for a in addresses
         ]
         self.status = [SamplerStatus(i, a) for i, a in enumerate(addresses)]
         self.readmit = readmit
@@ -223,7 +208,7 @@ class SamplerPool:
             try:
                 d = self.clients[i].info(timeout=timeout, retry=retry)
             except grpc.RpcError as e:
-                self._take_out(i, f"info failed: {_describe(e)[1]}")
+                self._take_out(i, f"info failed: {describe(e)[1]}")
                 continue
             return dict(d, pool=self.report())
         raise NoActiveSamplerError(self._why_none())
@@ -319,7 +304,7 @@ class SamplerPool:
                 if kind == "err":
                     with self._lock:
                         self.status[i].generate_failures += 1
-                    self._take_out(i, f"generate failed: {_describe(payload)[1]}")
+                    self._take_out(i, f"generate failed: {describe(payload)[1]}")
                 if pending[slot]:
                     if kind == "done":
                         raise RuntimeError(
@@ -358,28 +343,28 @@ class SamplerPool:
         transport: str = "grpc",
     ) -> PushResult:
         """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation
-        ones
-        when readmit) concurrently; wait for all. Same `named_tensors` forms and `transport` values
-        as
-        `SamplerClient.push_weights` ("auto" is decided per sampler); a callable or one-shot
-        iterator
-        needs `specs` ({name: shape}) and is read exactly once."""
+        ones when readmit) concurrently; wait for all. Same `named_tensors` forms and `transport`
+        values as `SamplerClient.push_weights` ("auto" is decided per sampler); a callable or
+        one-shot iterator needs `specs` ({name: shape}) and is read exactly once
+        (`fanout.fan_out`)."""
         targets = self._push_targets()
         if not targets:
             raise NoActiveSamplerError(self._why_none())
         t0 = time.monotonic()
-        if isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)):
-            results = self._push_each(
-                targets,
-                lambda c: c.push_weights(
-                    named_tensors,
-                    version,
-                    dtype=dtype,
-                    chunk_bytes=chunk_bytes,
-                    specs=specs,
-                    transport=transport,
-                ),
+        clients = {i: self.clients[i] for i in targets}
+
+        def push(c: SamplerClient, tensors) -> PushResult:
+            return c.push_weights(
+                tensors,
+                version,
+                dtype=dtype,
+                chunk_bytes=chunk_bytes,
+                specs=specs,
+                transport=transport,
             )
+
+        if isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)):
+            results = run_each(clients, lambda c: push(c, named_tensors))
         else:
             if specs is None:
                 raise TypeError(
@@ -387,75 +372,8 @@ class SamplerPool:
                     "specs={name: shape}"
                 )
             source = named_tensors() if callable(named_tensors) else iter(named_tensors)
-            results = self._push_fanout(
-                targets, source, version, dtype, chunk_bytes, specs, transport
-            )
+            results = fan_out(clients, source, push, self.queue_depth)
         return self._settle(targets, results, version, time.monotonic() - t0)
-
-    def _push_each(self, targets, fn) -> dict[int, PushResult]:
-        with cf.ThreadPoolExecutor(len(targets)) as ex:
-            futs = {i: ex.submit(fn, self.clients[i]) for i in targets}
-            res = {}
-            for i, f in futs.items():
-                try:
-                    res[i] = f.result()
-                except Exception as e:  # noqa: BLE001 - a failed sampler is reported, not fatal
-                    code, msg = _describe(e)
-                    res[i] = PushResult(False, -1, msg, code=code)
-            return res
-
-    def _push_fanout(
-        self, targets, source, version, dtype, chunk_bytes, specs, transport
-    ) -> dict[int, PushResult]:
-        queues: dict[int, queue.Queue] = {i: queue.Queue(maxsize=self.queue_depth) for i in targets}
-        finished = {i: threading.Event() for i in targets}
-
-        def drain(q):
-            while True:
-                item = q.get()
-                if item is _END:
-                    return
-                yield item
-
-        def consume(c: SamplerClient, i: int):
-            try:
-                return c.push_weights(
-                    drain(queues[i]),
-                    version,
-                    dtype=dtype,
-                    chunk_bytes=chunk_bytes,
-                    specs=specs,
-                    transport=transport,
-                )
-            finally:
-                finished[i].set()
-
-        with cf.ThreadPoolExecutor(len(targets)) as ex:
-            futs = {i: ex.submit(consume, self.clients[i], i) for i in targets}
-
-            def put(i, item):
-                while not finished[i].is_set():
-                    try:
-                        queues[i].put(item, timeout=0.1)
-                        return
-                    except queue.Full:
-                        continue
-
-            try:
-                for item in source:  # read every tensor once, whatever happens to the consumers
-                    for i in targets:
-                        put(i, item)
-            finally:
-                for i in targets:
-                    put(i, _END)
-            res = {}
-            for i, f in futs.items():
-                try:
-                    res[i] = f.result()
-                except Exception as e:  # noqa: BLE001
-                    code, msg = _describe(e)
-                    res[i] = PushResult(False, -1, msg, code=code)
-            return res
 
     def _settle(
         self, targets, results: dict[int, PushResult], version: int, seconds: float
@@ -493,7 +411,9 @@ class SamplerPool:
             per_sampler=per,
             removed=tuple(removed),
             readmitted=tuple(readmitted),
-            transport=",".join(sorted({r.transport for r in results.values() if r.ok and r.transport})),
+            transport=",".join(
+                sorted({r.transport for r in results.values() if r.ok and r.transport})
+            ),
         )
 
     def push_model(
@@ -529,7 +449,9 @@ class SamplerPool:
         t0 = time.monotonic()
         return self._settle(
             targets,
-            self._push_each(targets, lambda c: c.load_weights(path, version)),
+            run_each(
+                {i: self.clients[i] for i in targets}, lambda c: c.load_weights(path, version)
+            ),
             version,
             time.monotonic() - t0,
         )

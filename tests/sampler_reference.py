@@ -2,7 +2,7 @@
 given weights, computed with transformers (independent of both sampler backends) and the
 trainer's own sampling transform (`dlc_jax.rl.sampling.processed_logits`).
 
-Used by the tests and the benchmark; imports torch/transformers lazily.
+Used by the sampler tests; imports torch/transformers lazily.
 """
 
 from __future__ import annotations

@@ -1,0 +1,86 @@
+"""Concurrent calls over the samplers of a pool, each failure reported per sampler, never fatal.
+
+`run_each`: one call per sampler in its own thread. `fan_out`: one source read once (a multi-host
+gather runs once per tensor however many samplers there are) and each item handed to every
+sampler's consumer through a bounded queue (host memory ~ one tensor x `queue_depth`); a consumer
+that finished early (failed) stops receiving, the source is still read to its end.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TypeVar
+
+import grpc
+
+from .types import PushResult
+
+C = TypeVar("C")
+_END = object()
+
+
+def describe(e: BaseException) -> tuple[str, str]:
+    """(status code name, one-line message) of a failed call."""
+    if isinstance(e, grpc.RpcError) and isinstance(e, grpc.Call):
+        return e.code().name, f"{e.code().name}: {e.details()}"
+    return type(e).__name__, f"{type(e).__name__}: {e}"
+
+
+def _results(futs: Mapping[int, cf.Future]) -> dict[int, PushResult]:
+    res = {}
+    for i, f in futs.items():
+        try:
+            res[i] = f.result()
+        except Exception as e:  # a failed sampler is reported, not fatal
+            code, msg = describe(e)
+            res[i] = PushResult(False, -1, msg, code=code)
+    return res
+
+
+def run_each(clients: Mapping[int, C], fn: Callable[[C], PushResult]) -> dict[int, PushResult]:
+    """``fn(client)`` for every client concurrently; exceptions become failed PushResults."""
+    with cf.ThreadPoolExecutor(len(clients)) as ex:
+        return _results({i: ex.submit(fn, c) for i, c in clients.items()})
+
+
+def fan_out(
+    clients: Mapping[int, C],
+    source: Iterable,
+    push: Callable[[C, Iterator], PushResult],
+    queue_depth: int,
+) -> dict[int, PushResult]:
+    """``push(client, items)`` for every client concurrently, fed by one pass over ``source``."""
+    queues: dict[int, queue.Queue] = {i: queue.Queue(maxsize=queue_depth) for i in clients}
+    finished = {i: threading.Event() for i in clients}
+
+    def drain(q: queue.Queue) -> Iterator:
+        while (item := q.get()) is not _END:
+            yield item
+
+    def consume(i: int, c: C) -> PushResult:
+        try:
+            return push(c, drain(queues[i]))
+        finally:
+            finished[i].set()
+
+    def put(i: int, item: object) -> None:
+        while not finished[i].is_set():
+            try:
+                queues[i].put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    with cf.ThreadPoolExecutor(len(clients)) as ex:
+        futs = {i: ex.submit(consume, i, c) for i, c in clients.items()}
+        try:
+            for item in source:  # read every item once, whatever happens to the consumers
+                for i in clients:
+                    put(i, item)
+        finally:
+            for i in clients:
+                put(i, _END)
+        return _results(futs)

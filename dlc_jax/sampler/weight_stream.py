@@ -1,0 +1,170 @@
+"""The client side of a weight push, apart from the gRPC call: which tensors a source holds, the
+`WeightMessage` stream (header, chunks or socket bytes, per-tensor checksum trailers, commit), and
+the background prefetch of the next tensor's export.
+
+Wire design: the header lists every tensor's name, shape, dtype and byte size; the bytes follow
+tensor by tensor in chunks of `chunk_bytes` (encoded by hand, `chunk_wire.encode_chunk`: one copy,
+straight from the numpy buffer) or, on the socket data plane, go over the raw TCP connection
+(`send_data`); after a tensor's bytes a `TensorDone` trailer carries its checksum (CRC-32C by
+default, sha256 on request), computed while streaming. One pass over the source; host memory ~ one
+converted tensor plus one chunk.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import dataclasses
+import hashlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+import crc32c
+import numpy as np
+
+from . import chunk_wire
+from . import safetensors_io as st
+from . import sampler_pb2 as pb
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSource:
+    """open(): a fresh iterator of (name, array); names_shapes: every tensor in header order;
+    reiterable: open() may be called again (a failed push can be retried)."""
+
+    open: Callable[[], Iterator]
+    names_shapes: list[tuple[str, tuple[int, ...]]]
+    reiterable: bool
+
+
+def tensor_source(named_tensors, specs: cabc.Mapping[str, tuple[int, ...]] | None) -> TensorSource:
+    """A Mapping name -> array, a Sequence of (name, array), a zero-argument callable returning an
+    iterator of (name, array), or a one-shot iterator together with ``specs`` ({name: shape})."""
+    if isinstance(named_tensors, cabc.Mapping):
+        shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors.items()]
+        return TensorSource(lambda: iter(named_tensors.items()), shapes, True)
+    if isinstance(named_tensors, cabc.Sequence):
+        shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors]
+        return TensorSource(lambda: iter(named_tensors), shapes, True)
+    if specs is not None:
+        shapes = [(n, tuple(s)) for n, s in specs.items()]
+        if callable(named_tensors):
+            return TensorSource(named_tensors, shapes, True)
+        it = iter(named_tensors)
+        return TensorSource(lambda: it, shapes, False)
+    if callable(named_tensors):
+        # No specs: one extra pass to learn names and shapes (tensors are dropped right away).
+        shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors()]
+        return TensorSource(named_tensors, shapes, True)
+    raise TypeError(
+        "push_weights: a one-shot iterator needs specs={name: shape} (the header lists all "
+        "tensors first)"
+    )
+
+
+def weight_messages(
+    source: Iterator,
+    names_shapes: list[tuple[str, tuple[int, ...]]],
+    version: int,
+    dtype: str,
+    chunk_bytes: int,
+    checksum: str,
+    send_data: Callable[[int, memoryview], None] | None = None,
+    push_id: str = "",
+) -> Iterator:
+    """The PushWeights request stream. With ``send_data`` (the socket data plane) each tensor's
+    bytes go through ``send_data(tensor_index, bytes)`` instead of chunk messages; a data connection
+    the server dropped (OSError) stops the sending, and the server rejects the push saying why."""
+    np_dtype = st.NP_DTYPES[dtype]
+    index = {n: i for i, (n, _) in enumerate(names_shapes)}
+    header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
+    if send_data is not None:
+        header.data_plane, header.data_push_id = "socket", push_id
+    for n, shape in names_shapes:
+        nb = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+        header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
+    yield pb.WeightMessage(header=header)
+    sent: set[str] = set()
+    data_failed = False
+    for name, arr in source:
+        if name not in index:
+            raise ValueError(f"push_weights: tensor {name!r} is not in the header specs")
+        if name in sent:
+            raise ValueError(f"push_weights: tensor {name!r} yielded twice")
+        i = index[name]
+        a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
+        if tuple(a.shape) != names_shapes[i][1]:
+            raise ValueError(
+                f"push_weights: tensor {name!r} has shape {a.shape}, "
+                f"header says {names_shapes[i][1]}"
+            )
+        buf = a.reshape(-1).view(np.uint8).data  # a memoryview of the array (no copy)
+        h = hashlib.sha256() if checksum == "sha256" else None
+        crc = 0
+        if send_data is not None:  # checksum, then the raw bytes straight from the array
+            if h is not None:
+                h.update(buf)
+            else:
+                crc = crc32c.crc32c(buf)
+            if not data_failed:
+                try:
+                    send_data(i, buf)
+                except OSError:  # keep the control stream going: the server says why it rejects
+                    data_failed = True
+        for off in range(0, len(buf) if send_data is None else 0, chunk_bytes):
+            piece = buf[off : off + chunk_bytes]
+            if h is not None:
+                h.update(piece)
+            else:
+                crc = crc32c.crc32c(piece, crc)
+            yield chunk_wire.encode_chunk(i, off, piece)
+        done = (
+            pb.TensorDone(tensor_index=i, sha256=h.hexdigest())
+            if h is not None
+            else pb.TensorDone(tensor_index=i, crc32c=crc)
+        )
+        yield pb.WeightMessage(done=done)
+        sent.add(name)
+        del a, buf
+    missing = [n for n, _ in names_shapes if n not in sent]
+    if missing:
+        raise ValueError(f"push_weights: source ended without tensors {missing[:3]}")
+    yield pb.WeightMessage(commit=pb.Commit())
+
+
+def prefetched(items: Iterator, depth: int = 1) -> Iterator:
+    """Iterate `items` with the next `depth` elements produced ahead in a background thread, so a
+    tensor's export (device transpose/cast + device->host copy) overlaps the previous tensor's send.
+    Host memory: the tensor being sent plus `depth` ready ones. Errors re-raise in the consumer; a
+    consumer that stops early (closed generator) stops the producer."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce():
+        try:
+            for x in items:
+                while not stop.is_set():
+                    try:
+                        q.put((True, x), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((True, end))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put((False, e))
+
+    t = threading.Thread(target=produce, name="push-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            ok, x = q.get()
+            if not ok:
+                raise x
+            if x is end:
+                return
+            yield x
+    finally:
+        stop.set()
