@@ -46,6 +46,24 @@ def test_export_reload_transformers_identical(which, untied, tied, tmp_path):
     np.testing.assert_array_equal(np.asarray(load_hf(out)(ids, mask)), np.asarray(model(ids, mask)))
 
 
+@pytest.mark.parametrize("which", ["untied", "tied"])
+def test_scanned_load_and_export_bit_identical(which, untied, tied):
+    src = untied if which == "untied" else tied
+    loop, scan = load_hf(src, scan_layers=False), load_hf(src, scan_layers=True)
+    assert scan.scanned and not loop.scanned
+    q = scan.model.layers.self_attn.q_proj.kernel.get_value()
+    assert q.shape[0] == scan.config.num_hidden_layers  # one stacked [L, ...] parameter
+    a, b = list(iter_hf_tensors(loop)), list(iter_hf_tensors(scan))
+    assert [n for n, _ in a] == [n for n, _ in b] == list(hf_param_shapes(scan.config))
+    originals = _all_tensors(src)
+    for (name, x), (_, y) in zip(a, b):
+        np.testing.assert_array_equal(x, y, err_msg=name)
+        np.testing.assert_array_equal(y, originals[name], err_msg=name)
+    bf_a = dict(iter_hf_tensors(loop, dtype=jnp.bfloat16))
+    for name, y in iter_hf_tensors(scan, dtype=jnp.bfloat16):
+        assert y.dtype == bf_a[name].dtype and y.tobytes() == bf_a[name].tobytes(), name
+
+
 def test_bf16_export_and_iter(untied, tmp_path):
     model = load_hf(untied)
     names = [n for n, _ in iter_hf_tensors(model)]

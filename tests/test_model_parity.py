@@ -1,4 +1,5 @@
-"""NNX Qwen3 vs transformers (fp32), padding, positions, segments, remat, KV cache, config errors."""
+"""NNX Qwen3 vs transformers (fp32), padding, positions, segments, remat, KV cache, config errors;
+scanned (stacked) layers and the splash kernel against the same references."""
 
 import json
 
@@ -23,8 +24,10 @@ def untied_dir(tmp_path_factory):
     return make_random_hf_dir(tmp_path_factory.mktemp("untied_b"), seed=2, **CONFIG_UNTIED)
 
 
-def test_logits_match_transformers_padded(hf_dir):
-    model = load_hf(hf_dir)
+@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+def test_logits_match_transformers_padded(hf_dir, scan):
+    model = load_hf(hf_dir, scan_layers=scan)
+    assert model.scanned == scan
     cfg = model.config
     assert cfg.num_groups > 1
     ids, mask = padded_batch(cfg.vocab_size)
@@ -63,8 +66,9 @@ def test_left_padding_equals_unpadded(untied_dir):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_segment_ids_packed_equals_separate(untied_dir):
-    model = load_hf(untied_dir)
+@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+def test_segment_ids_packed_equals_separate(untied_dir, scan):
+    model = load_hf(untied_dir, scan_layers=scan)
     rng = np.random.RandomState(5)
     s1, s2 = rng.randint(0, 257, 5), rng.randint(0, 257, 4)
     packed = np.concatenate([s1, s2, [0, 0]])[None]
@@ -101,6 +105,53 @@ def test_remat_same_logits_and_grads(untied_dir):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+def _per_layer(model_or_grads, scanned, n_layers):
+    """{path string: array} of every parameter, stacked layer params split into layer i entries."""
+    out = {}
+    for path, v in nnx.to_flat_state(nnx.state(model_or_grads, nnx.Param)):
+        a = np.asarray(v.get_value())
+        if scanned and path[:2] == ("model", "layers"):
+            for i in range(n_layers):
+                out[".".join(map(str, ("model", "layers", i, *path[2:])))] = a[i]
+        else:
+            out[".".join(map(str, path))] = a
+    return out
+
+
+def test_scanned_equals_unscanned_with_remat_policies(untied_dir):
+    ids, mask = padded_batch(257, seed=6)
+    seg = np.where(np.arange(11) < 6, 1, 2)[None].repeat(4, 0)
+
+    def run(scan, remat):
+        model = load_hf(untied_dir, scan_layers=scan, remat=remat)
+
+        @nnx.jit
+        def step(m):
+            def loss(m):
+                return jnp.sum(jax.nn.log_softmax(m(ids, mask, segment_ids=seg), -1)[..., 0] * mask)
+            return nnx.value_and_grad(loss)(m)
+
+        loss, grads = step(model)
+        return float(loss), _per_layer(grads, scan, model.config.num_hidden_layers), jit_forward(model, ids, mask)
+
+    l0, g0, out0 = run(False, None)
+    for remat in ("full", "save_dots_and_attn_out"):
+        l1, g1, out1 = run(True, remat)
+        assert np.abs(out1 - out0)[mask.astype(bool)].max() <= 1e-5
+        np.testing.assert_allclose(l1, l0, rtol=1e-6)
+        assert set(g1) == set(g0) and len(g0) > 10
+        for k in g0:
+            np.testing.assert_allclose(g1[k], g0[k], rtol=1e-5, atol=1e-5, err_msg=f"{remat} {k}")
+
+
+def test_splash_in_scanned_model_matches_transformers(untied_dir):
+    # the Pallas splash kernel (interpret mode on CPU) inside the scanned model, padded batch
+    model = load_hf(untied_dir, scan_layers=True, attention_impl="splash")
+    ids, mask = padded_batch(257, seed=10)
+    err = np.abs(jit_forward(model, ids, mask) - hf_logits(untied_dir, ids, mask))[mask.astype(bool)].max()
+    assert err <= 1e-4, err
+
+
 def test_grad_matches_finite_difference(untied_dir):
     model = load_hf(untied_dir)
     ids, mask = padded_batch(257, seed=7)
@@ -122,8 +173,9 @@ def test_grad_matches_finite_difference(untied_dir):
     np.testing.assert_allclose(float(g[5]), fd, rtol=2e-2, atol=1e-3)
 
 
-def test_kv_cache_greedy_decode_matches_recompute(untied_dir):
-    model = load_hf(untied_dir)
+@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+def test_kv_cache_greedy_decode_matches_recompute(untied_dir, scan):
+    model = load_hf(untied_dir, scan_layers=scan)
     ids, mask = padded_batch(257, seed=8)
     ids, mask = ids[:3], mask[:3]
     # left-pad every row (row 1 was right padded): move its pads to the front
@@ -133,6 +185,12 @@ def test_kv_cache_greedy_decode_matches_recompute(untied_dir):
     steps = 6
     fwd = nnx.jit(lambda m, i, p, c, a: m.forward_with_cache(i, p, c, a))
     cache = model.init_cache(b, t0 + steps, jnp.float32)
+    # per-layer arrays (loop) or one stacked array per k/v (scan): never restacked per call
+    k_shape = (b, t0 + steps, model.config.num_key_value_heads, model.config.head_dim)
+    if scan:
+        assert cache["k"].shape == (model.config.num_hidden_layers, *k_shape)
+    else:
+        assert [a.shape for a in cache["k"]] == [k_shape] * model.config.num_hidden_layers
     pos = np.maximum(mask.cumsum(-1) - 1, 0)
     logits, cache = fwd(model, ids, pos, cache, mask)
     np.testing.assert_allclose(np.asarray(logits)[mask.astype(bool)], jit_forward(model, ids, mask)[mask.astype(bool)], atol=1e-5)
@@ -163,6 +221,14 @@ def test_config_roundtrip_presets_and_errors(untied_dir, tmp_path):
     assert (p.hidden_size, p.num_hidden_layers, p.num_attention_heads, p.num_key_value_heads, p.head_dim,
             p.intermediate_size, p.vocab_size, p.tie_word_embeddings) == (1024, 28, 16, 8, 128, 3072, 151936, True)
     assert PRESETS["Qwen3-8B"].tie_word_embeddings is False and PRESETS["Qwen3-4B"].num_hidden_layers == 36
+    # run options: presets scan, a 2-layer config does not by default; they never reach config.json
+    assert all(c.use_scan for c in PRESETS.values()) and not cfg.use_scan
+    assert Qwen3Config.from_hf_dict(d, scan_layers=True, remat_policy="save_dots").use_scan
+    assert "scan_layers" not in p.to_hf_dict() and "attention_impl" not in p.to_hf_dict()
+    with pytest.raises(ValueError, match="remat_policy must be one of"):
+        cfg.replace(remat_policy="bogus")
+    with pytest.raises(ValueError, match="attention_impl must be one of"):
+        cfg.replace(attention_impl="flash")
     bad = dict(d, architectures=["LlamaForCausalLM"], model_type="llama")
     with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM"):
         Qwen3Config.from_hf_dict(bad)

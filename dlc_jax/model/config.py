@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+ATTENTION_IMPLS = ("auto", "splash", "cudnn", "xla", "dense")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_attn_out", "save_dots_and_attn_out")
+SCAN_MIN_LAYERS = 8  # scan_layers=None scans models with at least this many layers
 
 
 class UnsupportedModelError(ValueError):
@@ -32,8 +35,22 @@ class Qwen3Config:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
+    # ---- how the model runs (not part of HF config.json; see docs/MODEL.md) ----
+    # attention kernel: auto (by the mesh's platform: splash on TPU, cudnn on GPU for bf16, xla on
+    # CPU) | splash | cudnn | xla | dense (the [B,KV,G,T,S] reference)
+    attention_impl: str = "auto"
+    # stack the decoder layers on the `layers` axis and run them with lax.scan (one compiled layer);
+    # None = scan when num_hidden_layers >= SCAN_MIN_LAYERS
+    scan_layers: bool | None = None
+    # what a decoder layer keeps for the backward pass: none (no remat) | full (recompute all) |
+    # save_dots (matmuls without batch dims) | save_attn_out | save_dots_and_attn_out
+    remat_policy: str = "none"
 
     def __post_init__(self):
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"Qwen3Config.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "
@@ -44,13 +61,21 @@ class Qwen3Config:
                 raise ValueError(f"Qwen3Config.{f} must be positive, got {getattr(self, f)}")
 
     @property
+    def use_scan(self) -> bool:
+        """Whether the decoder layers are stacked and scanned (resolves scan_layers=None)."""
+        if self.scan_layers is None:
+            return self.num_hidden_layers >= SCAN_MIN_LAYERS
+        return bool(self.scan_layers)
+
+    @property
     def num_groups(self) -> int:
         """Query heads per KV head (GQA ratio)."""
         return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> Qwen3Config:
-        """Build from an HF config dict; raises `UnsupportedModelError` naming what is unsupported."""
+    def from_hf_dict(cls, d: dict[str, Any], **options) -> Qwen3Config:
+        """Build from an HF config dict (`options`: attention_impl / scan_layers / remat_policy);
+        raises `UnsupportedModelError` naming what is unsupported."""
         archs = d.get("architectures") or []
         model_type = d.get("model_type")
         if archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
@@ -91,16 +116,16 @@ class Qwen3Config:
             eos_token_id=d.get("eos_token_id"),
             pad_token_id=d.get("pad_token_id"),
         )
-        return cls(**kw)
+        return cls(**kw, **options)
 
     @classmethod
-    def from_pretrained(cls, path) -> Qwen3Config:
-        """Read `<path>/config.json` (or a config.json file path)."""
+    def from_pretrained(cls, path, **options) -> Qwen3Config:
+        """Read `<path>/config.json` (or a config.json file path); `options` as in from_hf_dict."""
         p = Path(path)
         f = p / "config.json" if p.is_dir() else p
         if not f.exists():
             raise FileNotFoundError(f"no config.json at {f}")
-        return cls.from_hf_dict(json.loads(f.read_text()))
+        return cls.from_hf_dict(json.loads(f.read_text()), **options)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF `config.json` dict that transformers and vLLM load as Qwen3ForCausalLM."""
@@ -140,7 +165,8 @@ class Qwen3Config:
 
 
 _COMMON = dict(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=40960,
-               head_dim=128, num_key_value_heads=8, bos_token_id=151643, eos_token_id=151645)
+               head_dim=128, num_key_value_heads=8, bos_token_id=151643, eos_token_id=151645,
+               scan_layers=True)
 
 PRESETS: dict[str, Qwen3Config] = {
     "Qwen3-0.6B": Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .config import Qwen3Config
 from .qwen3 import Qwen3ForCausalLM
@@ -67,9 +68,18 @@ def _hf_name(path: tuple) -> str:
     return ".".join(parts)
 
 
-def _param_paths(state) -> dict[str, tuple]:
-    """HF name -> nnx state path for every Param in `state`."""
-    return {_hf_name(path): path for path, _ in nnx.to_flat_state(state)}
+def _param_slots(state, num_layers: int) -> dict[str, tuple[tuple, int | None]]:
+    """HF name -> (nnx state path, layer index) for every Param in `state`. The index is None for an
+    unstacked parameter; stacked (scanned) layer parameters [L, ...] map each HF layer tensor to
+    (path, i)."""
+    out: dict[str, tuple[tuple, int | None]] = {}
+    for path, _ in nnx.to_flat_state(state):
+        if path[:2] == ("model", "layers") and not isinstance(path[2], int):
+            for i in range(num_layers):
+                out[_hf_name(("model", "layers", i, *path[2:]))] = (path, i)
+        else:
+            out[_hf_name(path)] = (path, None)
+    return out
 
 
 def _to_ours(hf: np.ndarray, path: tuple, our_shape: tuple) -> np.ndarray:
@@ -118,6 +128,28 @@ def _place(arr: np.ndarray, sharding) -> jax.Array:
     return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
 
 
+def _layer_sharding(sharding):
+    """Sharding of one layer's slice of a stacked parameter (the stacked spec without its first axis)."""
+    if sharding is None:
+        return None
+    return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
+
+
+@functools.lru_cache(maxsize=256)
+def _stacked_zeros(shape: tuple, dtype, sharding):
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_writer(sharding):
+    """jit(stacked, layer, i) -> stacked with [i] = layer; the stacked buffer is donated (in place)."""
+
+    def write(stacked, layer, i):
+        return jax.lax.dynamic_update_index_in_dim(stacked, layer, i, 0)
+
+    return jax.jit(write, donate_argnums=(0,), out_shardings=sharding)
+
+
 def load_hf(
     path,
     *,
@@ -125,16 +157,22 @@ def load_hf(
     param_dtype=jnp.float32,
     compute_dtype=jnp.float32,
     rules=None,
-    remat: bool = False,
+    remat: bool | str | None = None,
+    scan_layers: bool | None = None,
+    attention_impl: str | None = None,
 ) -> Qwen3ForCausalLM:
     """Load an HF Qwen3 directory into a `Qwen3ForCausalLM`, one tensor at a time.
 
     With `mesh`, each parameter goes straight onto `NamedSharding(mesh, rules(logical axes))` and
-    activation sharding constraints are enabled. Raises `CheckpointError` naming a missing,
-    misshaped or unexpected tensor, `UnsupportedModelError` for other architectures.
+    activation sharding constraints are enabled. Stacked (scanned) layer parameters are allocated
+    once on their sharding and each HF layer tensor is written into its slice in place.
+    `scan_layers` / `attention_impl` override the config's (None keeps the config default);
+    `remat` as in `Qwen3ForCausalLM`. Raises `CheckpointError` naming a missing, misshaped or
+    unexpected tensor, `UnsupportedModelError` for other architectures.
     """
     path = Path(path)
-    config = Qwen3Config.from_pretrained(path)
+    options = {k: v for k, v in (("scan_layers", scan_layers), ("attention_impl", attention_impl)) if v is not None}
+    config = Qwen3Config.from_pretrained(path, **options)
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
     abstract = nnx.eval_shape(
         lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0), param_dtype=param_dtype,
@@ -143,8 +181,8 @@ def load_hf(
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
     index = _checkpoint_index(path)
     expected = hf_param_shapes(config)
-    paths = _param_paths(params)
-    assert set(paths) == set(expected), sorted(set(paths) ^ set(expected))
+    slots = _param_slots(params, config.num_hidden_layers)
+    assert set(slots) == set(expected), sorted(set(slots) ^ set(expected))
     missing = [n for n in expected if n not in index]
     if missing:
         raise CheckpointError(f"checkpoint {path} is missing tensor(s) {missing[:8]}")
@@ -157,20 +195,30 @@ def load_hf(
         raise CheckpointError(f"checkpoint {path} has unexpected tensor(s) {unexpected[:8]}")
 
     flat = dict(nnx.to_flat_state(params))
+    stacked: dict[tuple, jax.Array] = {}
     for name, hf_shape in expected.items():
-        p = paths[name]
+        p, layer = slots[name]
         var = flat[p]
         hf = _read_tensor(index[name], name)
         if tuple(hf.shape) != tuple(hf_shape):
             raise CheckpointError(
                 f"tensor {name} in {index[name].name} has shape {tuple(hf.shape)}, expected {tuple(hf_shape)}"
             )
-        ours = _to_ours(hf, p, var.shape).astype(param_dtype)
+        shape = var.shape if layer is None else var.shape[1:]
+        ours = _to_ours(hf, p, shape).astype(param_dtype)
         sharding = None
         if mesh is not None:
             axes = param_logical_axes(var) or (None,) * len(var.shape)
             sharding = named_sharding(axes, var.shape, mesh, rules)
-        var.set_value(_place(ours, sharding))
+        if layer is None:
+            var.set_value(_place(ours, sharding))
+        else:
+            if p not in stacked:
+                stacked[p] = _stacked_zeros(tuple(var.shape), jnp.dtype(param_dtype), sharding)()
+            piece = _place(ours, _layer_sharding(sharding))
+            stacked[p] = _layer_writer(sharding)(stacked[p], piece, jnp.int32(layer))
+            if layer == config.num_hidden_layers - 1:
+                var.set_value(stacked.pop(p))
         del hf, ours
     model = nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
     model.hf_source = str(path)
@@ -195,9 +243,12 @@ def _np_dtype(dtype):
 
 
 @functools.partial(jax.jit, static_argnames=("hf_shape", "kernel", "dtype"))
-def _to_hf_on_device(x: jax.Array, *, hf_shape: tuple, kernel: bool, dtype) -> jax.Array:
+def _to_hf_on_device(x: jax.Array, layer, *, hf_shape: tuple, kernel: bool, dtype) -> jax.Array:
     """HF layout and export dtype computed where the parameter lives, so the device->host copy moves
-    the export bytes (half of fp32 for bf16) and the host does no transpose or cast."""
+    the export bytes (half of fp32 for bf16) and the host does no transpose or cast. `layer`: index
+    into a stacked [L, ...] parameter, or None."""
+    if layer is not None:
+        x = jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False)
     if kernel:
         x = x.reshape(hf_shape[::-1]).T
     return x if dtype is None else x.astype(dtype)
@@ -211,11 +262,12 @@ def iter_hf_tensors(model: Qwen3ForCausalLM, *, dtype=np.float32) -> Iterator[tu
     """
     params = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(params))
-    paths = _param_paths(params)
+    slots = _param_slots(params, model.config.num_hidden_layers)
     npdt = _np_dtype(dtype)
     for name, hf_shape in hf_param_shapes(model.config).items():
-        p = paths[name]
-        x = _to_hf_on_device(flat[p].get_value(), hf_shape=tuple(hf_shape), kernel=p[-1] == "kernel",
+        p, layer = slots[name]
+        x = _to_hf_on_device(flat[p].get_value(), None if layer is None else jnp.int32(layer),
+                             hf_shape=tuple(hf_shape), kernel=p[-1] == "kernel",
                              dtype=None if npdt is None else jnp.dtype(npdt))
         yield name, np.ascontiguousarray(_gather(x))
 

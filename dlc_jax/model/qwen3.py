@@ -1,7 +1,8 @@
 """Qwen3ForCausalLM in Flax NNX.
 
 The module tree mirrors the HF names (`model.embed_tokens`, `model.layers[i].self_attn.q_proj`, ...,
-`model.norm`, `lm_head`) so HF conversion is transpose/reshape only (see `hf_io.py`):
+`model.norm`, `lm_head`) so HF conversion is transpose/reshape only (see `hf_io.py`). A scanned model
+(`config.use_scan`) has one `model.layers` whose parameters carry a leading [L] axis ("layers"):
 
     embedding / lm_head `weight`  [V, D]            (HF layout)
     norms `weight`                [D] or [head_dim]  (HF layout)
@@ -15,16 +16,15 @@ hd head_dim, F intermediate, V vocab, L layers.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
+from .attention import dense_attention, masked_attention, resolve_impl, self_attention
 from .config import Qwen3Config
 from .sharding import ActivationSharding
-
-_NEG = -1e30  # finite "minus infinity": fully masked rows give a uniform softmax, never NaN
+from .stack import ATTN_OUT, make_stacked, resolve_remat, run_layers, run_layers_with_cache
 
 
 def _param(rngs: nnx.Rngs | None, shape, dtype, logical, init: str):
@@ -91,15 +91,9 @@ def apply_rope(x, cos, sin):
 
 
 def attend(q, k, v, mask):
-    """Grouped-query attention. q [B,T,H,hd], k/v [B,S,KV,hd], mask [B,T,S] bool -> [B,T,H,hd]."""
-    b, t, h, hd = q.shape
-    kv = k.shape[2]
-    qg = q.reshape(b, t, kv, h // kv, hd)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, k).astype(jnp.float32) * (1.0 / math.sqrt(hd))
-    s = jnp.where(mask[:, None, None, :, :], s, _NEG)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", p, v)
-    return o.reshape(b, t, h, hd)
+    """Grouped-query attention. q [B,T,H,hd], k/v [B,S,KV,hd], mask [B,T,S] bool -> [B,T,H,hd]
+    (the dense reference, `attention.dense_attention`)."""
+    return dense_attention(q, k, v, mask)
 
 
 class Qwen3Attention(nnx.Module):
@@ -112,6 +106,7 @@ class Qwen3Attention(nnx.Module):
         self.o_proj = Projection((h, hd), (d,), ("heads", "head_dim", "embed"), **kw)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, param_dtype=param_dtype, logical=("head_dim",))
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, param_dtype=param_dtype, logical=("head_dim",))
+        self.attention_impl = cfg.attention_impl
         self.act_sharding = act_sharding
 
     def qkv(self, x, cos, sin):
@@ -122,17 +117,32 @@ class Qwen3Attention(nnx.Module):
         v = c(self.v_proj(x), ("batch", "length", "kv_heads", "head_dim"))
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def __call__(self, x, cos, sin, mask):
+    def __call__(self, x, cos, sin, valid, segment_ids=None):
+        """Causal self-attention; valid [B,T] bool, segment_ids [B,T] or None (see attention.py)."""
         q, k, v = self.qkv(x, cos, sin)
-        return self.o_proj(attend(q, k, v, mask))
+        a = self.act_sharding
+        out = self_attention(q, k, v, valid, segment_ids, impl=self.attention_impl, mesh=a.mesh, rules=a.rules)
+        return self.o_proj(checkpoint_name(out, ATTN_OUT))
 
-    def with_cache(self, x, cos, sin, mask, k_cache, v_cache, index):
-        """Write this step's k/v at slots [index, index+T) of k/v_cache [B,S,KV,hd], attend over S."""
+    def with_cache(self, x, cos, sin, mask, k_cache, v_cache, index, layer=None):
+        """Write this step's k/v at slots [index, index+T) of k/v_cache and attend over all S slots.
+
+        k/v_cache: [B,S,KV,hd] (layer None) or the stacked [L,B,S,KV,hd] with this layer at `layer`
+        (updated in place inside the scan)."""
         q, k, v = self.qkv(x, cos, sin)
-        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
-        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+        if layer is None:
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+            k_all, v_all = k_cache, v_cache
+        else:
+            at = (layer, 0, index, 0, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], at)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], at)
+            k_all = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)
+            v_all = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)
         dt = q.dtype
-        out = attend(q, k_cache.astype(dt), v_cache.astype(dt), mask)
+        impl = "dense" if resolve_impl(self.attention_impl, self.act_sharding.mesh, dt) == "dense" else "xla"
+        out = masked_attention(q, k_all.astype(dt), v_all.astype(dt), mask, impl)
         return self.o_proj(out), k_cache, v_cache
 
 
@@ -160,24 +170,36 @@ class Qwen3DecoderLayer(nnx.Module):
         self.mlp = Qwen3MLP(cfg, **kw)
         self.act_sharding = act_sharding
 
-    def __call__(self, x, cos, sin, mask):
+    def __call__(self, x, cos, sin, valid, segment_ids=None):
         c = self.act_sharding.constrain
-        h = c(x + self.self_attn(self.input_layernorm(x), cos, sin, mask), ("batch", "length", "act_embed"))
+        a = self.self_attn(self.input_layernorm(x), cos, sin, valid, segment_ids)
+        h = c(x + a, ("batch", "length", "act_embed"))
         return c(h + self.mlp(self.post_attention_layernorm(h)), ("batch", "length", "act_embed"))
 
-    def with_cache(self, x, cos, sin, mask, k_cache, v_cache, index):
-        a, k_cache, v_cache = self.self_attn.with_cache(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, index)
+    def with_cache(self, x, cos, sin, mask, k_cache, v_cache, index, layer=None):
+        a, k_cache, v_cache = self.self_attn.with_cache(
+            self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, index, layer
+        )
         h = x + a
         return h + self.mlp(self.post_attention_layernorm(h)), k_cache, v_cache
 
 
 class Qwen3Model(nnx.Module):
+    """`layers`: an nnx.List of L decoder layers, or (config.use_scan) one decoder layer whose
+    parameters are stacked [L, ...] on the logical axis 'layers'."""
+
     def __init__(self, cfg: Qwen3Config, *, rngs, param_dtype, compute_dtype, act_sharding):
         kw = dict(rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **kw)
-        self.layers = nnx.List(
-            [Qwen3DecoderLayer(cfg, act_sharding=act_sharding, **kw) for _ in range(cfg.num_hidden_layers)]
-        )
+
+        def layer(r):
+            return Qwen3DecoderLayer(cfg, rngs=r, param_dtype=param_dtype, compute_dtype=compute_dtype,
+                                     act_sharding=act_sharding)
+
+        if cfg.use_scan:
+            self.layers = make_stacked(layer, cfg.num_hidden_layers, rngs)
+        else:
+            self.layers = nnx.List([layer(rngs) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
 
 
@@ -201,14 +223,12 @@ def default_positions(attention_mask, segment_ids=None):
     return idx - seg_start
 
 
-def _layer_forward(layer, x, cos, sin, mask):
-    return layer(x, cos, sin, mask)
-
-
 class Qwen3ForCausalLM(nnx.Module):
     """Qwen3 causal LM. Parameters in `param_dtype`, math in `compute_dtype` (norms/softmax in fp32).
 
-    `remat=True` rematerializes each decoder layer in the backward pass (`nnx.remat`).
+    How it runs comes from the config (`attention_impl`, `scan_layers`, `remat_policy`; see
+    docs/MODEL.md). `remat` overrides the config's policy: True = rematerialize each decoder layer
+    (the config's policy, or 'full' when that is 'none'), a policy name = that policy.
     """
 
     def __init__(
@@ -218,7 +238,7 @@ class Qwen3ForCausalLM(nnx.Module):
         rngs: nnx.Rngs | None = None,
         param_dtype=jnp.float32,
         compute_dtype=jnp.float32,
-        remat: bool = False,
+        remat: bool | str | None = None,
         act_sharding: ActivationSharding | None = None,
     ):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
@@ -226,7 +246,9 @@ class Qwen3ForCausalLM(nnx.Module):
         self.config = config
         self.param_dtype = jnp.dtype(param_dtype)
         self.compute_dtype = jnp.dtype(compute_dtype)
-        self.remat = remat
+        self.remat_policy = resolve_remat(remat, config.remat_policy)
+        self.remat = self.remat_policy != "none"
+        self.scanned = config.use_scan
         self.act_sharding = act_sharding
         self.hf_source: str | None = None  # directory loaded from (tokenizer files are copied on save)
         self.model = Qwen3Model(config, rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype,
@@ -254,21 +276,19 @@ class Qwen3ForCausalLM(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
         attention_mask = jnp.asarray(attention_mask)
-        if positions is None:
-            positions = default_positions(attention_mask, segment_ids)
-        t = input_ids.shape[1]
-        valid = attention_mask.astype(bool)
-        causal = jnp.tril(jnp.ones((t, t), bool))
-        mask = causal[None] & valid[:, None, :]
         if segment_ids is not None:
             segment_ids = jnp.asarray(segment_ids)
-            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        if positions is None:
+            positions = default_positions(attention_mask, segment_ids)
+        valid = attention_mask.astype(bool)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         c = self.act_sharding.constrain
         x = c(self.model.embed_tokens(input_ids), ("batch", "length", "act_embed"))
-        fwd = nnx.remat(_layer_forward) if self.remat else _layer_forward
-        for layer in self.model.layers:
-            x = fwd(layer, x, cos, sin, mask)
+
+        def step(layer, h):
+            return layer(h, cos, sin, valid, segment_ids)
+
+        x = run_layers(self.model.layers, x, step, scanned=self.scanned, policy=self.remat_policy)
         return self.model.norm(x)
 
     def logits_from_hidden(self, h):
@@ -285,16 +305,19 @@ class Qwen3ForCausalLM(nnx.Module):
 
     # ---- KV cache (JAX sampler backend) -------------------------------------------------------
     def init_cache(self, batch: int, max_len: int, dtype=None) -> dict:
-        """Empty cache: k, v [L,B,S,KV,hd]; valid [B,S] bool (slot holds a real token); index [] int32."""
+        """Empty cache: valid [B,S] bool (slot holds a real token); index [] int32; k, v: stacked
+        [L,B,S,KV,hd] arrays for a scanned model, tuples of L [B,S,KV,hd] arrays otherwise. Each
+        forward writes its slots in place (jit callers should donate the cache)."""
         cfg = self.config
         dtype = self.compute_dtype if dtype is None else dtype
-        shape = (cfg.num_hidden_layers, batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
-        return {
-            "k": jnp.zeros(shape, dtype),
-            "v": jnp.zeros(shape, dtype),
-            "valid": jnp.zeros((batch, max_len), bool),
-            "index": jnp.zeros((), jnp.int32),
-        }
+        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        if self.scanned:
+            k = jnp.zeros((cfg.num_hidden_layers, *shape), dtype)
+            v = jnp.zeros((cfg.num_hidden_layers, *shape), dtype)
+        else:
+            k = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
+            v = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
+        return {"k": k, "v": v, "valid": jnp.zeros((batch, max_len), bool), "index": jnp.zeros((), jnp.int32)}
 
     def forward_with_cache(self, input_ids, positions, cache: dict, attention_mask=None):
         """Append T tokens to the cache and return their logits.
@@ -315,11 +338,10 @@ class Qwen3ForCausalLM(nnx.Module):
         mask = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & valid[:, None, :]
         cos, sin = rope_cos_sin(jnp.asarray(positions), self.config.head_dim, self.config.rope_theta)
         x = self.model.embed_tokens(input_ids)
-        ks, vs = [], []
-        for i, layer in enumerate(self.model.layers):
-            x, k_l, v_l = layer.with_cache(x, cos, sin, mask, cache["k"][i], cache["v"][i], index)
-            ks.append(k_l)
-            vs.append(v_l)
+
+        def step(layer, h, k_c, v_c, i):
+            return layer.with_cache(h, cos, sin, mask, k_c, v_c, index, i)
+
+        x, ks, vs = run_layers_with_cache(self.model.layers, x, cache["k"], cache["v"], step, scanned=self.scanned)
         logits = self.logits_from_hidden(self.model.norm(x))
-        new_cache = {"k": jnp.stack(ks), "v": jnp.stack(vs), "valid": valid, "index": index + t}
-        return logits, new_cache
+        return logits, {"k": ks, "v": vs, "valid": valid, "index": index + t}

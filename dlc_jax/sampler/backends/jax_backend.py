@@ -130,9 +130,10 @@ class JaxBackend(SamplerBackend):
             logits, cache = model.forward_with_cache(ids, positions, cache, attention_mask=mask)
             return logits[:, -1].astype(jnp.float32), cache
 
-        @jax.jit
+        @functools.partial(jax.jit, donate_argnames=("cache",))
         def decode(state, tok, pos, cache):
-            """tok, pos [B] -> (logits [B, V] f32, cache)."""
+            """tok, pos [B] -> (logits [B, V] f32, cache). The cache is donated: each layer's k/v
+            (per-layer arrays, or the stacked arrays of a scanned model) is written in place."""
             model = nnx.merge(graphdef, state)
             logits, cache = model.forward_with_cache(tok[:, None], pos[:, None], cache)
             return logits[:, 0].astype(jnp.float32), cache

@@ -1,0 +1,179 @@
+"""Causal self-attention behind one function, with the kernel chosen by the mesh's platform.
+
+`self_attention(q, k, v, valid, segment_ids, impl=..., mesh=..., rules=...)` computes
+
+    out[b, t] = softmax_s(q[b, t] . k[b, s] / sqrt(hd)  where allowed(b, t, s)) @ v[b, s]
+    allowed(b, t, s) = s <= t  and  valid[b, s]  and  segment_ids[b, t] == segment_ids[b, s]
+
+with grouped-query attention (H query heads over KV key/value heads, K/V never repeated).
+Rows of padding queries are unspecified (callers mask them out). Implementations:
+
+    dense   the reference: [B, KV, G, T, S] f32 scores and a [B, T, S] mask (memory ~ T^2)
+    xla     `jax.nn.dot_product_attention(implementation="xla")` with a [B, 1, T, S] mask
+    cudnn   `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16)
+    splash  Pallas splash attention (TPU flash kernel: memory ~ T) under `shard_map`: batch over
+            the mesh's batch axes, heads over `tensor` when both H and KV divide. Padding and
+            packing become segment ids (padding gets its own id), T is padded to a multiple of 128.
+            Off TPU the kernel runs in Pallas interpret mode (slow; for tests).
+    auto    splash when the mesh's devices are TPUs, cudnn on GPU for bf16/fp16, else xla.
+
+The platform is read from the devices of the mesh (abstract TPU devices when planning on a CPU
+host), not from `jax.default_backend()`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from .config import ATTENTION_IMPLS
+from .sharding import logical_to_spec
+
+_NEG = -1e30  # finite "minus infinity": fully masked rows give a uniform softmax, never NaN
+_PAD_SEGMENT = np.iinfo(np.int32).min  # segment id of padding tokens inside the splash kernel
+_SPLASH_BLOCKS = (512, 256, 128)  # largest one dividing the padded length is used
+
+
+def mesh_platform(mesh: Mesh | None) -> str:
+    """'tpu' | 'gpu' | 'cpu': platform of the mesh's devices (default backend without a mesh)."""
+    if mesh is None:
+        return jax.default_backend()
+    plat = str(mesh.devices.flat[0].platform).lower()
+    return "gpu" if plat in ("cuda", "rocm", "gpu") else plat
+
+
+def resolve_impl(impl: str, mesh: Mesh | None, dtype=jnp.float32) -> str:
+    """The concrete implementation `impl` ('auto' or one of ATTENTION_IMPLS) stands for."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    if impl != "auto":
+        return impl
+    plat = mesh_platform(mesh)
+    if plat == "tpu":
+        return "splash"
+    if plat == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return "xla"
+
+
+def causal_mask(valid, segment_ids=None):
+    """[B, T, T] bool: key s <= query t, key valid, same segment (when segment_ids is given)."""
+    t = valid.shape[1]
+    mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid.astype(bool)[:, None, :]
+    if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    return mask
+
+
+def dense_attention(q, k, v, mask):
+    """Reference GQA. q [B,T,H,hd], k/v [B,S,KV,hd], mask [B,T,S] bool -> [B,T,H,hd]."""
+    b, t, h, hd = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, t, kv, h // kv, hd)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k).astype(jnp.float32) * (1.0 / math.sqrt(hd))
+    s = jnp.where(mask[:, None, None, :, :], s, _NEG)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = jnp.einsum("bkgts,bskd->btkgd", p, v)
+    return o.reshape(b, t, h, hd)
+
+
+def masked_attention(q, k, v, mask, impl: str = "xla"):
+    """Attention with an explicit [B, T, S] bool mask (KV-cache decoding): 'dense' or jax.nn's
+    'xla'/'cudnn' (splash needs a causal self-attention layout and is not used here)."""
+    if impl == "dense":
+        return dense_attention(q, k, v, mask)
+    kind = "cudnn" if impl == "cudnn" else "xla"
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=kind)
+
+
+def self_attention(q, k, v, valid, segment_ids=None, *, impl: str = "auto", mesh: Mesh | None = None,
+                   rules=None):
+    """Causal GQA self-attention. q [B,T,H,hd], k/v [B,T,KV,hd], valid [B,T] (1 = real token),
+    segment_ids [B,T] int or None -> [B,T,H,hd] in q's dtype. See the module doc for `impl`."""
+    kind = resolve_impl(impl, mesh, q.dtype)
+    valid = valid.astype(bool)
+    if kind == "dense":
+        return dense_attention(q, k, v, causal_mask(valid, segment_ids))
+    if kind == "splash":
+        seg = jnp.zeros(valid.shape, jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+        seg = jnp.where(valid, seg, _PAD_SEGMENT)
+        return splash_self_attention(q, k, v, seg, mesh=mesh, rules=rules,
+                                     interpret=mesh_platform(mesh) != "tpu")
+    pad_seg = valid[:, None, :]
+    if segment_ids is not None:
+        pad_seg = pad_seg & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    if kind == "cudnn" and jnp.dtype(q.dtype) not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(f"attention_impl='cudnn' needs bf16/fp16 activations, got {q.dtype}")
+    return jax.nn.dot_product_attention(q, k, v, mask=pad_seg[:, None], is_causal=True,
+                                        implementation="cudnn" if kind == "cudnn" else "xla")
+
+
+# ---------------------------------------------------------------------------------------------
+# Splash (TPU)
+# ---------------------------------------------------------------------------------------------
+def splash_block(length: int) -> int:
+    """Splash tile size for a (128-padded) sequence length."""
+    return next(b for b in _SPLASH_BLOCKS if length % b == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _splash_kernel(heads: int, length: int, interpret: bool):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    blk = splash_block(length)
+    sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
+                          block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+    mask = sm.MultiHeadMask([sm.CausalMask((length, length))] * heads)
+    with jax.ensure_compile_time_eval():  # concrete mask tables, safe to cache across traces
+        return sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                  interpret=interpret)
+
+
+def _splash_local(q, k, v, seg, *, interpret: bool):
+    """Per-device splash: q [b,T,h,hd], k/v [b,T,kv,hd], seg [b,T] int32 (T multiple of 128)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    kernel = _splash_kernel(q.shape[2], q.shape[1], interpret)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    qh = (q * jnp.asarray(scale, q.dtype)).transpose(0, 2, 1, 3)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+    def one(qr, kr, vr, sr):
+        return kernel(qr, kr, vr, segment_ids=sk.SegmentIds(q=sr, kv=sr))
+
+    return jax.vmap(one)(qh, kh, vh, seg).transpose(0, 2, 1, 3)
+
+
+def _splash_specs(q_shape, kv_heads: int, mesh: Mesh, rules) -> tuple[PartitionSpec, PartitionSpec]:
+    """(q/k/v spec, segment spec): batch as the activation rules shard it, heads over the rules'
+    head axes only when both H and KV divide."""
+    b, t, h, hd = q_shape
+    qspec = logical_to_spec(("batch", "length", "heads", "head_dim"), q_shape, mesh, rules)
+    kspec = logical_to_spec(("batch", "length", "kv_heads", "head_dim"), (b, t, kv_heads, hd), mesh, rules)
+    heads = qspec[2] if qspec[2] == kspec[2] else None
+    return PartitionSpec(qspec[0], None, heads, None), PartitionSpec(qspec[0], None)
+
+
+def splash_self_attention(q, k, v, seg, *, mesh: Mesh | None = None, rules=None, interpret: bool = False):
+    """Causal splash attention with segment ids seg [B,T] (padding must carry its own id).
+    T is padded to a multiple of 128 (padding gets _PAD_SEGMENT) and cut back afterwards."""
+    t = q.shape[1]
+    tp = max(128, -(-t // 128) * 128)
+    if tp != t:
+        widths = ((0, 0), (0, tp - t), (0, 0), (0, 0))
+        q, k, v = jnp.pad(q, widths), jnp.pad(k, widths), jnp.pad(v, widths)
+        seg = jnp.pad(seg, ((0, 0), (0, tp - t)), constant_values=_PAD_SEGMENT)
+    local = functools.partial(_splash_local, interpret=interpret)
+    if mesh is None or mesh.size == 1:
+        out = local(q, k, v, seg)
+    else:
+        spec, seg_spec = _splash_specs(q.shape, k.shape[2], mesh, rules)
+        out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
+                            check_vma=False)(q, k, v, seg)
+    return out[:, :t]

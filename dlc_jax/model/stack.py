@@ -1,0 +1,107 @@
+"""Decoder-layer stacks: remat policies, stacked (scanned) layers, and the layer loops.
+
+Scanned models keep one `Qwen3DecoderLayer` whose parameters carry a leading `layers` axis
+(logical axis "layers", created with `nnx.vmap`); the forward runs it with `jax.lax.scan`, so XLA
+compiles one layer body instead of L copies. Unscanned models keep an `nnx.List` of layers and loop
+in Python. Both apply the same remat policy to each layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+from flax import nnx
+
+from .config import REMAT_POLICIES
+
+ATTN_OUT = "attn_out"  # checkpoint_name of each layer's attention output (save_attn_out policies)
+
+
+def checkpoint_policy(name: str):
+    """jax.checkpoint policy for a remat policy name (None = save nothing: full recompute)."""
+    cp = jax.checkpoint_policies
+    if name not in REMAT_POLICIES or name == "none":
+        raise ValueError(f"remat policy must be one of {REMAT_POLICIES[1:]}, got {name!r}")
+    return {
+        "full": None,
+        "save_dots": cp.dots_with_no_batch_dims_saveable,
+        "save_attn_out": cp.save_only_these_names(ATTN_OUT),
+        "save_dots_and_attn_out": cp.save_from_both_policies(
+            cp.dots_with_no_batch_dims_saveable, cp.save_only_these_names(ATTN_OUT)
+        ),
+    }[name]
+
+
+def resolve_remat(remat, config_policy: str) -> str:
+    """Policy name from a constructor `remat` (None/False: the config's; True: the config's, or
+    'full' when that is 'none'; a string: that policy)."""
+    if isinstance(remat, str):
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be a bool or one of {REMAT_POLICIES}, got {remat!r}")
+        return remat
+    if remat and config_policy == "none":
+        return "full"
+    return config_policy
+
+
+def with_remat(fn: Callable, policy: str) -> Callable:
+    """fn wrapped in jax.checkpoint with the named policy (fn itself for 'none')."""
+    if policy == "none":
+        return fn
+    return jax.checkpoint(fn, policy=checkpoint_policy(policy), prevent_cse=False)
+
+
+def make_stacked(make_layer: Callable[[nnx.Rngs], nnx.Module], n: int, rngs: nnx.Rngs) -> nnx.Module:
+    """n layers built by make_layer, as one module whose parameters have a leading [n] axis
+    named 'layers' in their logical axes."""
+
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def build(r):
+        return make_layer(r)
+
+    return build(rngs)
+
+
+def run_layers(layers, x, step: Callable, *, scanned: bool, policy: str):
+    """x through every layer: step(layer, x) -> x. `layers` is the stacked module (scanned) or a
+    sequence of modules."""
+
+    def body(state, x, graphdef):
+        return step(nnx.merge(graphdef, state), x)
+
+    if scanned:
+        graphdef, state = nnx.split(layers)
+        f = with_remat(lambda st, h: body(st, h, graphdef), policy)
+        x, _ = jax.lax.scan(lambda h, st: (f(st, h), None), x, state)
+        return x
+    for layer in layers:
+        graphdef, state = nnx.split(layer)
+        x = with_remat(lambda st, h, g=graphdef: body(st, h, g), policy)(state, x)
+    return x
+
+
+def run_layers_with_cache(layers, x, k_cache, v_cache, step: Callable, *, scanned: bool):
+    """KV-cache pass. step(layer, x, k, v, layer_index) -> (x, k, v).
+
+    Scanned: k/v_cache are stacked [L, B, S, KV, hd] arrays carried through the scan and updated in
+    place (step writes its layer's slots with dynamic_update_slice at `layer_index`). Unscanned:
+    tuples of per-layer [B, S, KV, hd] arrays (layer_index None); nothing is restacked."""
+    if scanned:
+        graphdef, state = nnx.split(layers)
+        n = jax.tree.leaves(state)[0].shape[0]
+
+        def body(carry, xs):
+            h, kc, vc = carry
+            st, i = xs
+            return step(nnx.merge(graphdef, st), h, kc, vc, i), None
+
+        (x, k_cache, v_cache), _ = jax.lax.scan(body, (x, k_cache, v_cache), (state, jax.numpy.arange(n)))
+        return x, k_cache, v_cache
+    ks, vs = [], []
+    for layer, k_l, v_l in zip(layers, k_cache, v_cache, strict=True):
+        x, k_l, v_l = step(layer, x, k_l, v_l, None)
+        ks.append(k_l)
+        vs.append(v_l)
+    return x, tuple(ks), tuple(vs)
