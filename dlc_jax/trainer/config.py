@@ -353,7 +353,7 @@ def to_dict(obj) -> dict:
     """Nested dict of a config dataclass (YAML names, e.g. ``async``)."""
     out = {}
     for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
+        v = vars(obj)[f.name]
         out[_YAML_NAME.get(f.name, f.name)] = to_dict(v) if dataclasses.is_dataclass(v) else v
     return out
 
@@ -361,7 +361,7 @@ def to_dict(obj) -> dict:
 def _get(cfg: TrainConfig, dotted: str):
     obj = cfg
     for part in dotted.split("."):
-        obj = getattr(obj, _FIELD_NAME.get(part, part))
+        obj = vars(obj)[_FIELD_NAME.get(part, part)]
     return obj
 
 

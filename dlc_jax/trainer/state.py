@@ -66,7 +66,7 @@ def place_on_mesh(tree, mesh):
     return jax.tree.map(
         lambda x: (
             x
-            if getattr(x, "sharding", None) is not None and x.sharding.device_set == devs
+            if isinstance(x, jax.Array) and x.sharding.device_set == devs
             else jax.device_put(x, repl)
         ),
         tree,
