@@ -274,7 +274,7 @@ class SamplerPool:
                         break
                     out.put(("roll", i, slot, r))
                 out.put(("done", i, slot, None))
-            except Exception as e:  # noqa: BLE001 - reported to the consumer thread
+            except Exception as e:  # reported to the consumer thread
                 out.put(("err", i, slot, e))
 
         attempts: dict[int, int] = {}

@@ -153,7 +153,7 @@ def prefetched(items: Iterator, depth: int = 1) -> Iterator:
                 if stop.is_set():
                     return
             q.put((True, end))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+        except BaseException as e:  # handed to the consumer
             q.put((False, e))
 
     t = threading.Thread(target=produce, name="push-prefetch", daemon=True)

@@ -18,7 +18,7 @@ def _scalar(v):
         return v
     try:
         a = np.asarray(v)
-    except Exception:  # noqa: BLE001
+    except Exception:  # not an array-like: not a scalar metric
         return None
     if a.shape == () and a.dtype.kind in "biuf":
         return a.item()
@@ -34,17 +34,31 @@ class MetricsLogger:
 
     BAR_KEYS = (("reward", "reward_mean"), ("ess", "ess_lag"), ("resyncs", "resync_count"))
 
-    def __init__(self, directory: str | Path, *, jsonl: bool = True, tensorboard: bool = True, progress: bool = True,
-                 total_steps: int | None = None, initial_step: int = 0, append: bool = False):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        jsonl: bool = True,
+        tensorboard: bool = True,
+        progress: bool = True,
+        total_steps: int | None = None,
+        initial_step: int = 0,
+        append: bool = False,
+    ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.directory / "metrics.jsonl" if jsonl else None
-        if jsonl and append and self.jsonl_path.exists():
-            # resume: drop rows past the checkpoint (steps that will be recomputed)
-            keep = [l for l in self.jsonl_path.read_text().splitlines()
-                    if l.strip() and json.loads(l).get("step", 0) <= initial_step]
-            self.jsonl_path.write_text("".join(l + "\n" for l in keep))
-        self._jsonl = open(self.jsonl_path, "a" if append else "w") if jsonl else None
+        self._jsonl = None
+        if self.jsonl_path is not None:
+            if append and self.jsonl_path.exists():
+                # resume: drop rows past the checkpoint (steps that will be recomputed)
+                keep = [
+                    line
+                    for line in self.jsonl_path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= initial_step
+                ]
+                self.jsonl_path.write_text("".join(line + "\n" for line in keep))
+            self._jsonl = open(self.jsonl_path, "a" if append else "w")
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -54,13 +68,16 @@ class MetricsLogger:
         if progress:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=initial_step, desc="train", dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_steps, initial=initial_step, desc="train", dynamic_ncols=True
+            )
         self.history: list[dict] = []
         self._t0 = time.time()
 
     def log(self, step: int, metrics: dict) -> dict:
-        """Record scalar ``metrics`` at ``step``; non-scalars are skipped. Returns what was written."""
-        row = {"step": int(step)}
+        """Record scalar ``metrics`` at ``step``; non-scalars are skipped. Returns what was
+        written."""
+        row: dict = {"step": int(step)}
         for k, v in metrics.items():
             s = _scalar(v)
             if s is not None:
@@ -75,7 +92,10 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, global_step=step)
         if self._bar is not None:
             post = {name: row[k] for name, k in self.BAR_KEYS if row.get(k) is not None}
-            self._bar.set_postfix({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in post.items()}, refresh=False)
+            self._bar.set_postfix(
+                {k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in post.items()},
+                refresh=False,
+            )
             self._bar.update(1)
         self.history.append(row)
         return row
@@ -85,12 +105,21 @@ class MetricsLogger:
         if not self.history:
             return {"steps": 0}
         keys = sorted({k for r in self.history for k in r} - {"step"})
-        out = {"steps": len(self.history), "first_step": self.history[0]["step"], "last_step": self.history[-1]["step"]}
+        out = {
+            "steps": len(self.history),
+            "first_step": self.history[0]["step"],
+            "last_step": self.history[-1]["step"],
+        }
         for k in keys:
             vals = [r[k] for r in self.history if r.get(k) is not None]
             if vals:
-                out[k] = {"first": vals[0], "last": vals[-1], "min": min(vals), "max": max(vals),
-                          "mean": float(np.mean(vals))}
+                out[k] = {
+                    "first": vals[0],
+                    "last": vals[-1],
+                    "min": min(vals),
+                    "max": max(vals),
+                    "mean": float(np.mean(vals)),
+                }
         return out
 
     def write_summary(self, extra: dict | None = None) -> Path:

@@ -2,7 +2,8 @@
 
 The trainer thread asks for the missing cells of a batch (``request``); a worker thread streams the
 rollouts from the sampler and files each into its (slot, sample_index) cell. A stream that fails
-records the error (``failures``) and leaves its unfilled cells open, so after a reconnect the trainer
+records the error (``failures``) and leaves its unfilled cells open, so after a reconnect the
+trainer
 simply requests the still-missing cells again: no batch is lost and no cell is filled twice.
 """
 
@@ -26,10 +27,13 @@ class _Request:
 class RolloutFeeder:
     """Issues Generate calls for batch cells and fills ``assembler`` from background threads.
 
-    client_fn: zero-arg callable returning the current ``SamplerClient`` (changes after a reconnect).
-    version_fn: zero-arg callable returning the trainer's current weight version (for the staleness bound).
+    client_fn: zero-arg callable returning the current ``SamplerClient`` (changes after a
+    reconnect).
+    version_fn: zero-arg callable returning the trainer's current weight version (for the staleness
+    bound).
     params_fn: ``(batch_index, attempt, sample_index) -> SamplingParams`` with n = 1.
-    accept_fn: ``rollout -> bool``; rollouts it refuses (e.g. weight versions the trainer has no snapshot
+    accept_fn: ``rollout -> bool``; rollouts it refuses (e.g. weight versions the trainer has no
+    snapshot
     of, as after a sampler restart) are counted and their cells requested again.
     """
 
@@ -49,9 +53,11 @@ class RolloutFeeder:
         self._threads: list[threading.Thread] = []
 
     def request_missing(self, batch: int, prompt_ids: dict) -> int:
-        """Request every open cell of ``batch`` that is not already being generated; returns how many.
+        """Request every open cell of ``batch`` that is not already being generated; returns how
+        many.
 
-        Cells are grouped by sample index: one Generate call per sample index g over the slots missing
+        Cells are grouped by sample index: one Generate call per sample index g over the slots
+        missing
         g (n = 1), and each returned rollout is renumbered to g. ``prompt_ids``: slot -> int32 [P].
         """
         with self.cond:
@@ -70,15 +76,21 @@ class RolloutFeeder:
             self.requested_samples += len(missing)
         for g, slots in sorted(by_g.items()):
             params = self.params_fn(batch, attempt, g)
-            t = threading.Thread(target=self._run, args=(batch, g, slots, [prompt_ids[s] for s in slots], params),
-                                 daemon=True, name=f"rollouts-b{batch}-g{g}")
+            t = threading.Thread(
+                target=self._run,
+                args=(batch, g, slots, [prompt_ids[s] for s in slots], params),
+                daemon=True,
+                name=f"rollouts-b{batch}-g{g}",
+            )
             t.start()
             self._threads.append(t)
         return len(missing)
 
     def _run(self, batch, g, slots, prompts, params):
         try:
-            for r in self.client_fn().generate([np.asarray(p).tolist() for p in prompts], params, slot_ids=slots):
+            for r in self.client_fn().generate(
+                [np.asarray(p).tolist() for p in prompts], params, slot_ids=slots
+            ):
                 r.sample_index = g
                 with self.cond:
                     if not self.accept_fn(r):
@@ -88,7 +100,7 @@ class RolloutFeeder:
                     if status == "stale":
                         self.stale_in_flight += 1
                     self.cond.notify_all()
-        except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
+        except BaseException as e:  # handed to the trainer thread
             with self.cond:
                 self.failures.append(e)
                 self.cond.notify_all()
