@@ -17,6 +17,7 @@ is sampled from logits computed entirely with one version.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import os
 import pathlib
@@ -73,6 +74,7 @@ class JaxBackend(SamplerBackend):
         self._graphdef = None
         self._state = None
         self._seed_counter = np.random.default_rng(cfg.seed)
+        self._load_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- weights ----------------------------------------------------------------------------
     def _load(self, weights_dir: str):
@@ -103,7 +105,11 @@ class JaxBackend(SamplerBackend):
         self._cache_dtype = "bfloat16" if self.cfg.dtype == "bfloat16" else "float32"
 
     async def apply_weights(self, weights_dir: str, version: int) -> None:
-        graphdef, state = await asyncio.to_thread(self._load, weights_dir)
+        # its own thread: decode batches queued on the default executor must not delay a push
+        if self._load_pool is None:
+            self._load_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-load")
+        loop = asyncio.get_running_loop()
+        graphdef, state = await loop.run_in_executor(self._load_pool, self._load, weights_dir)
         with self._lock:
             self._graphdef, self._state, self.version = graphdef, state, int(version)
 
@@ -234,4 +240,6 @@ class JaxBackend(SamplerBackend):
             cancel.set()
 
     async def close(self) -> None:
+        if self._load_pool is not None:
+            self._load_pool.shutdown(wait=False)
         self._state = None
