@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 120.0
 _MAX_IDS_IN_LOG = 8
+_POSITIONAL = ("prompts", "completions", "answers")  # dataset columns of these names are not passed
 
 
 class RewardError(ValueError):
@@ -228,7 +229,7 @@ class RewardRunner:
     # ---- scheduling ---------------------------------------------------------------------------
     def _call_args(self, spec: RewardFnSpec, payload, rows: list[int]):
         prompts, completions, answers, meta, ids = payload
-        kwargs = {k: [v[r] for r in rows] for k, v in meta.items()}
+        kwargs = {k: [v[r] for r in rows] for k, v in meta.items() if k not in _POSITIONAL}
         kwargs["ids"] = [ids[r] for r in rows]
         kwargs.update(spec.kwargs)
         return (

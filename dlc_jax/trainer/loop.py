@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from dlc_jax.data.prompts import PromptPipeline
+from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
 from dlc_jax.sampler.types import SamplingParams, mix_seed
@@ -137,12 +138,20 @@ class Trainer:
             )
         self.train_step = make_train_step(self.state.graphdef, self.tx, self.step_cfg, **shard)
         snapshot_lp = make_snapshot_logprobs(self.state.graphdef, self.step_cfg)
+        # rewards run in worker processes; the data is checked against them at load
+        self.rewards = RewardRunner(cfg.reward)
         self.inputs = StepInputs(
-            cfg, self.tokenizer, self.eos_id, self.mesh, self.rows, snapshot_lp
+            cfg, self.tokenizer, self.eos_id, self.mesh, self.rows, snapshot_lp, self.rewards
         )
         # every process builds the same prompt stream and keeps its slots (local_slots)
         self.data = PromptPipeline(
-            cfg.data, self.tokenizer, cfg.train.batch_prompts, process_index=0, process_count=1
+            cfg.data,
+            self.tokenizer,
+            cfg.train.batch_prompts,
+            process_index=0,
+            process_count=1,
+            max_prompt_tokens=s.max_model_len - s.max_tokens,
+            answer_check=self.rewards.check_answers,
         )
         max_staleness = 10**9 if cfg.resync.policy == "never" else cfg.async_.max_staleness
         self.assembler = BatchAssembler(s.n, max_staleness)
@@ -280,6 +289,7 @@ class Trainer:
             synced_version=st.synced_version,
             **self.counters,
         )
+        m.update({k: v for k, v in stats.items() if k.startswith("reward/")})
         if reason == "ess":
             logger.info(
                 "step %d: lag ESS %.3f < %s -> resync to version %d",
@@ -487,3 +497,4 @@ class Trainer:
 
     def close(self) -> None:
         self.link.close()
+        self.rewards.close()

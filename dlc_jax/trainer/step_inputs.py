@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dlc_jax.data.rewards import exact_match_reward
+from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.rl import group_advantages
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import pack_rollouts
@@ -39,12 +39,20 @@ def _select_version(ver, v, lp, lp_head, lp_s, lps_head):
 class StepInputs:
     """cfg: the TrainConfig; tokenizer / eos_id: to decode responses and pad; mesh / rows: the
     training mesh and its batch-row sharding (None on one device); snapshot_lp: the jitted theta_s
-    forward (`make_snapshot_logprobs`)."""
+    forward (`make_snapshot_logprobs`); rewards: the `RewardRunner` that scores responses."""
 
     def __init__(
-        self, cfg: Any, tokenizer: Any, eos_id: int, mesh: Any, rows: Any, snapshot_lp: Any
+        self,
+        cfg: Any,
+        tokenizer: Any,
+        eos_id: int,
+        mesh: Any,
+        rows: Any,
+        snapshot_lp: Any,
+        rewards: RewardRunner,
     ):
         self.cfg = cfg
+        self.rewards = rewards
         self.tokenizer = tokenizer
         self.eos_id = eos_id
         self.mesh = mesh
@@ -59,10 +67,7 @@ class StepInputs:
         version: the trainer's current weight version (the lag of each token is measured from
         it)."""
         cfg = self.cfg
-        rewards = np.zeros(len(rollouts), np.float32)
-        for i, r in enumerate(rollouts):
-            text = self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)
-            rewards[i] = exact_match_reward(text, prompts[r.slot_id].answer, cfg.reward)
+        rewards, reward_metrics = self._score(rollouts, prompts)
         adv = group_advantages(jnp.asarray(rewards.reshape(-1, cfg.sampler.n)), cfg.train.advantage)
         resp = np.asarray([len(r.response_ids) for r in rollouts], np.float64)
         lag_tok = sum((version - v) * (e - s) for r in rollouts for v, s, e in r.version_spans)
@@ -76,8 +81,13 @@ class StepInputs:
             resp.sum(),
             lag_tok,
         ]
+        # per-reward sums and failure counts (same names, same order on every process)
+        r_names = sorted(k for k in reward_metrics if k != "reward/seconds")
+        counts = ("reward/errors", "reward/timeouts")
+        local += [reward_metrics[k] * (1 if k in counts else len(rollouts)) for k in r_names]
         tot = dist.allgather(np.asarray(local, np.float64))
-        r_sum, r_sq, rows_n, _, resp_sum, lag_sum = tot.sum(axis=0)
+        r_sum, r_sq, rows_n, _, resp_sum, lag_sum = tot.sum(axis=0)[:6]
+        r_tot = tot.sum(axis=0)[6:]
         r_mean = r_sum / rows_n
         seq_len = bucket(int(tot[:, 3].max()))
         arrays = pack_rollouts(rollouts, seq_len, cfg.sampler.head_k, pad_id=self.eos_id).arrays()
@@ -87,8 +97,27 @@ class StepInputs:
             "reward_std": float(np.sqrt(max(r_sq / rows_n - r_mean**2, 0.0))),
             "version_lag": float(lag_sum / resp_sum) if resp_sum > 0 else 0.0,
             "response_len": float(resp_sum / rows_n),
+            "reward/seconds": reward_metrics.get("reward/seconds", 0.0),
         }
+        for k, v in zip(r_names, r_tot):
+            stats[k] = float(v if k in counts else v / rows_n)
         return stats, arrays
+
+    def _score(self, rollouts: list, prompts: dict) -> tuple[np.ndarray, dict]:
+        """Rewards float32 [N] of this process's rollouts (from the reward workers), metrics."""
+        recs = [prompts[r.slot_id] for r in rollouts]
+        texts = [
+            self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)
+            for r in rollouts
+        ]
+        keys = set.intersection(*(set(p.metadata) for p in recs)) if recs else set()
+        return self.rewards.score(
+            [p.prompt for p in recs],
+            texts,
+            [p.answer for p in recs],
+            [f"{r.slot_id}/{r.sample_index}" for r in rollouts],
+            metadata={k: [p.metadata[k] for p in recs] for k in sorted(keys)},
+        )
 
     def device_batch(self, arrays: dict) -> dict:
         """Global device arrays from this process's rows (all rows in a single process)."""
