@@ -33,13 +33,16 @@ class ArithmeticConfig:
             raise ValueError(f"arithmetic.digits must be >= 1, got {self.digits}")
         bad = [o for o in self.operators if o not in _OPS]
         if not self.operators or bad:
-            raise ValueError(f"arithmetic.operators must be a non-empty subset of '+-*', got {self.operators!r}")
+            raise ValueError(
+                f"arithmetic.operators must be a non-empty subset of '+-*', got {self.operators!r}"
+            )
         if self.num_examples < 1:
             raise ValueError(f"arithmetic.num_examples must be >= 1, got {self.num_examples}")
 
 
 def arithmetic_example(cfg: ArithmeticConfig, seed: int, index: int) -> dict:
-    """The ``index``-th example of the task with ``seed``: ``{"prompt": "12+7=", "answer": "19"}``."""
+    """The ``index``-th example of the task with ``seed``:
+    ``{"prompt": "12+7=", "answer": "19"}``."""
     if not 0 <= index < cfg.num_examples:
         raise IndexError(f"arithmetic example index {index} out of range [0, {cfg.num_examples})")
     rng = np.random.default_rng([int(seed), int(index)])
