@@ -223,7 +223,8 @@ class RewardRunner:
             for c, res in zip(chunks, results):
                 for i, msg in zip(c, res):
                     if msg is not None and out[i] is None:
-                        out[i] = f"{msg} (reward {self.specs[si].name})"
+                        name = self.specs[si].name
+                        out[i] = msg if name in msg else f"{msg} (reward {name})"
         return out
 
     # ---- scheduling ---------------------------------------------------------------------------
