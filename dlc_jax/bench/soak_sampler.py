@@ -696,7 +696,7 @@ def _soak_backend(
     pids.append(proc.proc.pid)
     m = metrics.setdefault(backend, {"crashes": 0, "bad_weights_served": 0})
     try:
-        client = proc.client(timeout=60, max_retries=0)
+        client = proc.client(timeout=300, max_retries=0)
         info = client.info()
         vocab, v = info["vocab_size"], info["version"]
         probe_p = SamplingParams(max_tokens=6, temperature=1.0, seed=5, head_k=3)

@@ -20,7 +20,6 @@ import dataclasses
 import hmac
 import json
 import logging
-import math
 import pathlib
 import shutil
 import socket
@@ -31,12 +30,12 @@ import grpc
 import numpy as np
 
 from . import chunk_wire, data_plane
-from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .backends.base import SamplerBackend
-from .staging import PushError, WeightStager, clean_stale_staging, staging_roots, validate_specs
-from .types import SamplingParams
+from .load_checks import check_load_files, check_load_path
+from .request_checks import RequestError, validate_generate
+from .staging import PushError, WeightStager, clean_stale_staging, staging_roots
 
 log = logging.getLogger(__name__)
 
@@ -83,71 +82,6 @@ class ServerConfig:
                 "ServerConfig: the push data port (raw TCP, unencrypted) cannot be used with TLS; "
                 "use it only on loopback / trusted networks without TLS, or leave data_port off"
             )
-
-
-class RequestError(ValueError):
-    pass
-
-
-def validate_generate(
-    req: pb.GenerateRequest,
-    *,
-    vocab_size: int,
-    max_model_len: int,
-    max_n: int,
-    max_head_k: int,
-    max_prompts: int,
-    min_temperature: float = 0.01,
-) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
-    """-> ([(slot_id, token_ids)], SamplingParams) or RequestError naming the bad field."""
-    if not req.HasField("params"):
-        raise RequestError("params: missing")
-    p = SamplingParams.from_proto(req.params)
-    if not 1 <= p.n <= max_n:
-        raise RequestError(f"params.n = {p.n} outside [1, {max_n}]")
-    if p.max_tokens < 1:
-        raise RequestError(f"params.max_tokens = {p.max_tokens} must be >= 1")
-    if not (math.isfinite(p.temperature) and p.temperature >= 0):
-        raise RequestError(
-            f"params.temperature = {p.temperature} must be finite and >= 0 (0 = greedy)"
-        )
-    if 0 < p.temperature < min_temperature:
-        raise RequestError(
-            f"params.temperature = {p.temperature:g} is below the floor {min_temperature:g}; "
-            "use 0 for greedy decoding"
-        )
-    if not (0 < p.top_p <= 1):
-        raise RequestError(f"params.top_p = {p.top_p} must be in (0, 1]")
-    if p.top_k < -1:
-        raise RequestError(f"params.top_k = {p.top_k} must be -1, 0 (off) or >= 1")
-    if p.head_k > max_head_k:
-        raise RequestError(f"params.head_k = {p.head_k} exceeds the server cap {max_head_k}")
-    for t in p.stop_token_ids:
-        if not 0 <= t < vocab_size:
-            raise RequestError(
-                f"params.stop_token_ids: {t} outside the vocabulary [0, {vocab_size})"
-            )
-    if not 1 <= len(req.prompts) <= max_prompts:
-        raise RequestError(f"prompts: {len(req.prompts)} prompts, expected 1..{max_prompts}")
-    out = []
-    for i, pr in enumerate(req.prompts):
-        ids = list(pr.token_ids)
-        if not ids:
-            raise RequestError(f"prompts[{i}] (slot {pr.slot_id}): empty token_ids")
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise RequestError(
-                f"prompts[{i}] (slot {pr.slot_id}): token id {bad[0]} outside the vocabulary [0, "
-                f"{vocab_size})"
-            )
-        if len(ids) + p.max_tokens > max_model_len:
-            raise RequestError(
-                f"prompts[{i}] (slot {pr.slot_id}): prompt length {len(ids)} + max_tokens "
-                f"{p.max_tokens} "
-                f"exceeds max_model_len {max_model_len}"
-            )
-        out.append((int(pr.slot_id), ids))
-    return out, p
 
 
 class SamplerService(pb_grpc.SamplerServicer):
@@ -448,70 +382,22 @@ class SamplerService(pb_grpc.SamplerServicer):
             )
         return conn
 
-    def _check_load_path(self, raw: str) -> pathlib.Path:
-        """LoadWeights: `raw` resolved, inside `cfg.load_root`, a directory, not the one serving."""
-        root = self.cfg.load_root
-        if not root:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "LoadWeights is disabled on this server (start it with --load-root DIR to allow "
-                "loading weight directories under DIR)",
-            )
-        path = pathlib.Path(raw).resolve()
-        root_p = pathlib.Path(root).resolve()
-        if path != root_p and root_p not in path.parents:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION, f"path {raw!r} is outside the load root {root}"
-            )
-        if not path.is_dir():
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"path {raw!r} is not a directory")
-        serving = {self._current_dir.resolve()}
-        if self._owned_dir is not None:
-            serving.add(self._owned_dir.resolve())
-        if path in serving:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"path {raw!r} is the directory being served; write the new weights to another "
-                "directory",
-            )
-        return path
-
-    def _check_load_files(self, path: pathlib.Path) -> None:
-        """Blocking: names/shapes/dtypes against the model, bounded header reads, finite values."""
-        try:
-            specs = st.read_specs(path)
-        except (OSError, ValueError) as e:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
-            ) from None
-        validate_specs(self.backend.expected_tensors(), specs, where=str(path))
-        try:
-            bad = st.first_nonfinite(path)
-        except (OSError, ValueError) as e:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
-            ) from None
-        if bad is not None:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {bad!r} in {path} contains NaN or Inf values (load refused; the current "
-                "weights keep serving)",
-            )
-
     async def LoadWeights(self, request, context):
         await self._auth(context)
         t0 = time.perf_counter()
         async with self._push_lock:
             try:
-                path = self._check_load_path(request.path)
+                serving = [self._current_dir] + ([self._owned_dir] if self._owned_dir else [])
+                path = check_load_path(request.path, self.cfg.load_root, serving)
                 if request.version <= self.backend.version:
                     raise PushError(
                         grpc.StatusCode.FAILED_PRECONDITION,
                         f"stale version {request.version}: server already serves version "
                         f"{self.backend.version}",
                     )
+                expected = self.backend.expected_tensors()
                 await asyncio.get_running_loop().run_in_executor(
-                    self._io_pool, self._check_load_files, path
+                    self._io_pool, check_load_files, path, expected
                 )
                 await self._swap(path, int(request.version), owned=False)
             except PushError as e:

@@ -1,0 +1,65 @@
+"""LoadWeights checks: which directories a server may load, and what their files must hold.
+
+A server loads only directories under its `load_root` (None = LoadWeights disabled), resolved
+(symlinks followed) before the check, never the directory it is serving (loading it would delete
+it on the next swap). The files get the push checks: names, shapes and dtypes against the served
+model (`staging.validate_specs`), bounded safetensors header reads, and finite values.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import grpc
+
+from . import safetensors_io as st
+from .staging import PushError, validate_specs
+
+
+def check_load_path(raw: str, load_root: str | None, serving: list[pathlib.Path]) -> pathlib.Path:
+    """`raw` resolved, inside `load_root`, a directory, none of `serving`; else PushError."""
+    if not load_root:
+        raise PushError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "LoadWeights is disabled on this server (start it with --load-root DIR to allow "
+            "loading weight directories under DIR)",
+        )
+    path = pathlib.Path(raw).resolve()
+    root = pathlib.Path(load_root).resolve()
+    if path != root and root not in path.parents:
+        raise PushError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"path {raw!r} is outside the load root {load_root}",
+        )
+    if not path.is_dir():
+        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"path {raw!r} is not a directory")
+    if path in {p.resolve() for p in serving}:
+        raise PushError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"path {raw!r} is the directory being served; write the new weights to another "
+            "directory",
+        )
+    return path
+
+
+def check_load_files(path: pathlib.Path, expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """Blocking: names/shapes/dtypes against `expected`, bounded header reads, finite values."""
+    try:
+        specs = st.read_specs(path)
+    except (OSError, ValueError) as e:
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
+        ) from None
+    validate_specs(expected, specs, where=str(path))
+    try:
+        bad = st.first_nonfinite(path)
+    except (OSError, ValueError) as e:
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
+        ) from None
+    if bad is not None:
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"tensor {bad!r} in {path} contains NaN or Inf values (load refused; the current "
+            "weights keep serving)",
+        )
