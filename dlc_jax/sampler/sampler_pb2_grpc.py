@@ -61,7 +61,9 @@ class SamplerServicer:
 
     def Generate(self, request, context):
         """Sample `n` responses for every prompt; one Rollout message per (prompt, sample), streamed in
-        completion order. Errors: INVALID_ARGUMENT (bad request), UNAUTHENTICATED.
+        completion order. Errors: INVALID_ARGUMENT (bad request, one-line message naming the field;
+        also a prompt whose length + max_tokens exceeds max_model_len), UNAUTHENTICATED, INTERNAL (the
+        engine produced NaN log-probs: the rollout is withheld, never sent).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -69,7 +71,13 @@ class SamplerServicer:
 
     def PushWeights(self, request_iterator, context):
         """One weight version as a client stream: Header, then Chunk/TensorDone messages, then Commit.
-        The server stages and verifies everything and swaps atomically only on Commit.
+        The server stages and verifies everything and swaps atomically only on Commit. Limits: the
+        first message must be the header (the push lock is taken only then, so a silent stream blocks
+        no one); a stream silent for the idle timeout (--push-idle-timeout, 60 s) or longer than the
+        maximum duration (--push-max-seconds, 900 s) is discarded (ABORTED); names, shapes, dtypes,
+        checksums and finite values (NaN/Inf refused: INVALID_ARGUMENT) are checked, and the staged
+        size against free space before anything is written (FAILED_PRECONDITION). Any rejection keeps
+        the old weights serving.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -77,6 +85,9 @@ class SamplerServicer:
 
     def LoadWeights(self, request, context):
         """Load a full HF safetensors directory from storage the server can read (shared filesystem).
+        Disabled unless the server was started with --load-root DIR; only directories under DIR
+        (symlinks resolved), never the directory being served (FAILED_PRECONDITION). Same checks as a
+        push (names, shapes, dtypes, finite values; bounded header reads).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
