@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dlc_jax.rl.logprobs import (OUT_OF_SUPPORT_LOGPROB, reference_token_logprobs,
-                                 token_logprobs)
+from dlc_jax.rl.logprobs import OUT_OF_SUPPORT_LOGPROB, token_logprobs
 from dlc_jax.rl.sampling import support_mask
+from rl_reference import reference_token_logprobs
 
 
 def _data(b=2, t=7, d=16, v=97, k=5, seed=0):

@@ -485,3 +485,89 @@ def test_minus_inf_head_padding_equals_head_valid_mask(name):
     np.testing.assert_allclose(l_pad, l_hv, rtol=1e-6)
     np.testing.assert_allclose(g_pad, g_hv, rtol=1e-6)
     validate_inputs(to_inputs({**d, **pad}))
+
+
+# ------------------------------------------------------------------ DLC edge cases (issue 12)
+
+
+def _full_head_grads(cfg, lp_theta, lq, ls, adv):
+    """Per sampled token a (rows), the gradient of the loss w.r.t. the logits theta (columns),
+    with the head = the whole vocabulary."""
+
+    def loss_for(theta, a):
+        lp = jax.nn.log_softmax(theta)
+        inp = LossInputs(lp=lp[a][None, None], lp_q=lq[a][None, None], lp_s=ls[a][None, None],
+                         mask=jnp.ones((1, 1)), adv=jnp.array([adv]), lp_head=lp[None, None],
+                         lq_head=lq[None, None], lps_head=ls[None, None])
+        return compute_loss(cfg, inp)[0]
+
+    v = lp_theta.shape[0]
+    return np.asarray(jax.jit(jax.vmap(jax.grad(loss_for), in_axes=(None, 0)))(
+        lp_theta, jnp.arange(v)))
+
+
+def test_dlc_centered_gradient_has_zero_mean_under_q_with_dual_clip():
+    """With loss.dual_clip set, tokens whose lag ratio exceeds c (A < 0) get no gradient; the
+    centering term must drop the same candidates, or its mean under q is no longer zero."""
+    rng = np.random.default_rng(11)
+    v = 9
+    theta0 = jnp.asarray(rng.normal(size=v), jnp.float32)
+    ls = jax.nn.log_softmax(theta0 + jnp.asarray(rng.normal(size=v) * 0.5, jnp.float32))
+    lq = jax.nn.log_softmax(ls + jnp.asarray(rng.normal(size=v) * 0.3, jnp.float32))
+    cfg = LossConfig(name="dlc", clip_low=0.1, clip_high=0.1, dual_clip=1.3)
+    r = np.exp(np.asarray(jax.nn.log_softmax(theta0) - ls))
+    assert (r > 1.3).any() and ((r >= 0.9) & (r <= 1.3)).any()  # the dual clip bites, not on all
+    q = np.exp(np.asarray(lq))
+    for adv in (-0.7, 1.0):
+        grads = _full_head_grads(cfg, theta0, lq, ls, adv)
+        assert np.abs(grads).max() > 1e-2
+        np.testing.assert_allclose((q[:, None] * grads).sum(0), 0.0, atol=2e-6)
+
+
+def test_dlc_head_lag_beyond_the_safety_bound_gives_a_bounded_gradient():
+    """A head candidate 24 nats more likely under theta than under theta_s: the sampled token's
+    ratio is clamped at e^20 with zero gradient there, so the candidate's centering coefficient
+    must be inactive too (not q * e^20, ~1e8). 3-token vocabulary, A < 0 (PPO active for r > 1)."""
+    lp = jnp.log(jnp.asarray([0.4, 0.3, 0.3], jnp.float32))
+    lq = jnp.log(jnp.asarray([0.5, 0.3, 0.2], jnp.float32))
+    ls = jnp.asarray([np.log(0.45), np.log(0.35), np.log(0.3) - 24.0], jnp.float32)
+    q = np.exp(np.asarray(lq))
+    for cfg in (LossConfig(name="dlc"), LossConfig(name="dlc", dual_clip=3.0)):
+        for adv in (-1.0, 1.0):
+            grads = _full_head_grads(cfg, lp, lq, ls, adv)
+            assert np.all(np.isfinite(grads))
+            assert np.abs(grads).max() < 5.0, np.abs(grads).max()
+            # consistent with the sampled token, so the centered gradient still has mean 0 under q
+            np.testing.assert_allclose((q[:, None] * grads).sum(0), 0.0, atol=2e-6)
+    # the raw per-head gradient of the centering term (w.r.t. lp_head) is bounded too
+    d = dict(lp=lp[:1][None], lp_q=lq[:1][None], lp_s=ls[:1][None], mask=np.ones((1, 1)),
+             adv=np.array([-1.0]), lp_head=lp[None, None], lq_head=lq[None, None],
+             lps_head=ls[None, None])
+    _, met, _, gh = jax_loss_and_grads(LossConfig(name="dlc"), d)
+    assert np.all(np.isfinite(gh)) and np.abs(gh).max() < 5.0
+    assert float(met["head_clip_frac"]) == pytest.approx(1 / 3)  # r = .89, .86 active; e^24 not
+
+
+def test_loss_config_imports_without_jax():
+    """Config parsing/validation uses dlc_jax.rl.loss_config alone: it must not pull in JAX."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from dlc_jax.rl import LossConfig, LOSS_SPECS; "
+            "from dlc_jax.rl.loss_config import loss_spec; "
+            "assert LossConfig().spec is loss_spec('dlc') is LOSS_SPECS['dlc']; "
+            "assert 'jax' not in sys.modules, 'jax imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_loss_specs_match_the_registry_and_the_config():
+    from dlc_jax.rl import LOSS_SPECS
+    from dlc_jax.rl.losses import _REGISTRY
+
+    assert set(LOSS_SPECS) == set(LOSSES) == set(_REGISTRY)
+    fields = {f.name for f in dataclasses.fields(LossConfig)} - {"name"}
+    inputs = {f.name for f in dataclasses.fields(LossInputs)}
+    for name, spec in LOSS_SPECS.items():
+        assert _REGISTRY[name].spec is spec and LOSSES[name] is _REGISTRY[name].fn
+        assert set(spec.options) <= fields, name
+        assert set(spec.requires) | set(spec.together) <= inputs, name

@@ -9,16 +9,17 @@ imports without JAX.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "advantages": ("ADVANTAGE_MODES", "broadcast_to_tokens", "group_advantages"),
     "decomposition": ("decompose", "mismatch_kl"),
-    "ess": ("ess", "ess_from_log_weights", "gaussian_ess", "sequence_ess"),
+    "effective_sample_size": ("ess", "ess_from_log_weights", "gaussian_ess", "sequence_ess"),
     "logprobs": ("OUT_OF_SUPPORT_LOGPROB", "TokenLogprobs", "token_logprobs"),
     "loss_config": ("LOSS_NAMES", "LOSS_SPECS", "LossConfig", "LossSpec"),
     "loss_inputs": ("LossInputs", "validate_inputs"),
-    "losses": ("LOSSES", "REQUIRED", "compute_loss"),
+    "losses": ("LOSSES", "compute_loss", "register_loss"),
     "metrics": ("step_metrics",),
     "resync": ("ResyncDecision", "resync_decision"),
 }
@@ -27,11 +28,16 @@ _MODULE_OF = {name: mod for mod, names in _EXPORTS.items() for name in names}
 if TYPE_CHECKING:
     from dlc_jax.rl.advantages import ADVANTAGE_MODES, broadcast_to_tokens, group_advantages
     from dlc_jax.rl.decomposition import decompose, mismatch_kl
-    from dlc_jax.rl.ess import ess, ess_from_log_weights, gaussian_ess, sequence_ess
+    from dlc_jax.rl.effective_sample_size import (
+        ess,
+        ess_from_log_weights,
+        gaussian_ess,
+        sequence_ess,
+    )
     from dlc_jax.rl.logprobs import OUT_OF_SUPPORT_LOGPROB, TokenLogprobs, token_logprobs
     from dlc_jax.rl.loss_config import LOSS_NAMES, LOSS_SPECS, LossConfig, LossSpec
     from dlc_jax.rl.loss_inputs import LossInputs, validate_inputs
-    from dlc_jax.rl.losses import LOSSES, REQUIRED, compute_loss
+    from dlc_jax.rl.losses import LOSSES, compute_loss, register_loss
     from dlc_jax.rl.metrics import step_metrics
     from dlc_jax.rl.resync import ResyncDecision, resync_decision
 
@@ -58,7 +64,6 @@ __all__ = [
     "LossInputs",
     "LossSpec",
     "OUT_OF_SUPPORT_LOGPROB",
-    "REQUIRED",
     "ResyncDecision",
     "TokenLogprobs",
     "broadcast_to_tokens",
@@ -69,6 +74,7 @@ __all__ = [
     "gaussian_ess",
     "group_advantages",
     "mismatch_kl",
+    "register_loss",
     "resync_decision",
     "sequence_ess",
     "step_metrics",
@@ -76,3 +82,5 @@ __all__ = [
     "validate_inputs",
 ]
 assert sorted(__all__) == sorted(_MODULE_OF)
+# A name exported like a submodule would be shadowed by that submodule once something imports it.
+assert not set(_MODULE_OF) & {m.name for m in pkgutil.iter_modules(__path__)}

@@ -14,6 +14,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dlc_jax.rl.loss_config import LossConfig
+from dlc_jax.rl.loss_inputs import Prepared
+
 sg = jax.lax.stop_gradient
 
 
@@ -44,32 +47,57 @@ def centering_residual(cfg, p, mode: str):
     w_tok = f(r_tok)
     r_h = jnp.exp(jnp.clip(sg(p.lp_head) - p.lq_head, -bound, bound))
     resid = jnp.where(p.hv > 0, q_h * f(r_h) - alpha[..., None] * p_h, 0.0)
-    info = {"p_mass": p_mass, "q_mass": q_mass, "rho": rho,
-            "capped": r_tok > cfg.tis_cap,
-            "dropped": (r_tok < cfg.mis_low) | (r_tok > cfg.mis_high)}
+    info = {
+        "p_mass": p_mass,
+        "q_mass": q_mass,
+        "rho": rho,
+        "capped": r_tok > cfg.tis_cap,
+        "dropped": (r_tok < cfg.mis_low) | (r_tok > cfg.mis_high),
+    }
     return sg(w_tok), sg(resid), info
 
 
-def dlc_residual(cfg, p):
-    """DLC centering residual [B,T,K] (corrections-math 8.9):
-    coefH = q_H r_H act_H with r_H = p_H / p_s,H; coefT = (q_t/p_t) r_t act_t on the tail masses;
-    resid = coefH - coefT p_H; act = r <= 1+eps_high if A >= 0 else r >= 1-eps_low."""
+def lag_active(cfg: LossConfig, log_r: jax.Array, pos: jax.Array) -> jax.Array:
+    """Where the DLC/PPO surrogate of the lag ratio r = exp(log_r) passes gradient (bool).
+
+    The same rule as the sampled token's PPO term in ``losses._ppo_terms``: A >= 0 needs
+    r <= 1+eps_high; A < 0 needs r >= 1-eps_low and, with a dual clip c, r <= c. And
+    |log_r| <= log_ratio_clip: beyond it the sampled token's ratio is clamped (zero gradient).
+    ``pos`` (A >= 0) broadcasts against ``log_r``."""
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+    r = jnp.exp(jnp.clip(log_r, -cfg.log_ratio_clip, cfg.log_ratio_clip))
+    neg_ok = r >= lo
+    if cfg.dual_clip is not None:
+        neg_ok = neg_ok & (r <= cfg.dual_clip)
+    return jnp.where(pos, r <= hi, neg_ok) & (jnp.abs(log_r) <= cfg.log_ratio_clip)
+
+
+def dlc_residual(cfg: LossConfig, p: Prepared) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """DLC centering residual [B,T,K] (docs/CORRECTIONS.md, DLC):
+    coefH = q_H r_H act_H with r_H = p_H / p_s,H; coefT = (q_t/p_t) r_t act_t on the tail masses;
+    resid = coefH - coefT p_H. ``act`` is ``lag_active``: exactly where the sampled token's clipped
+    (and dual-clipped, and safety-bounded) PPO term passes gradient, so the centered gradient has
+    mean zero under q."""
+    assert p.lp_head is not None and p.lq_head is not None and p.lps_head is not None
+    assert p.hv is not None
     bound = cfg.log_ratio_clip
     p_h, q_h, s_h = (_head_probs(p, x) for x in (p.lp_head, p.lq_head, p.lps_head))
     floor = cfg.tail_floor
     p_t = jnp.maximum(1.0 - jnp.sum(p_h, -1), floor)
     q_t = jnp.maximum(1.0 - jnp.sum(q_h, -1), floor)
     s_t = jnp.maximum(1.0 - jnp.sum(s_h, -1), floor)
-    pos = (p.adv >= 0)
-    r_h = jnp.exp(jnp.clip(sg(p.lp_head) - p.lps_head, -bound, bound))
-    act_h = jnp.where(pos[..., None], r_h <= hi, r_h >= lo)
-    coef_h = q_h * r_h * act_h
-    r_t = p_t / s_t
-    act_t = jnp.where(pos, r_t <= hi, r_t >= lo)
-    coef_t = (q_t / p_t) * r_t * act_t
+    pos = p.adv >= 0
+    ell_h = sg(p.lp_head) - p.lps_head
+    act_h = lag_active(cfg, ell_h, pos[..., None])
+    coef_h = q_h * jnp.exp(jnp.clip(ell_h, -bound, bound)) * act_h
+    ell_t = jnp.log(p_t) - jnp.log(s_t)
+    act_t = lag_active(cfg, ell_t, pos)
+    coef_t = (q_t / p_t) * jnp.exp(jnp.clip(ell_t, -bound, bound)) * act_t
     resid = jnp.where(p.hv > 0, coef_h - coef_t[..., None] * p_h, 0.0)
     n_head = jnp.maximum(jnp.sum(p.hv, -1), 1.0)
-    info = {"p_mass": jnp.sum(p_h, -1), "q_mass": jnp.sum(q_h, -1),
-            "head_clip": jnp.sum(jnp.where(p.hv > 0, ~act_h, False), -1) / n_head}
+    info = {
+        "p_mass": jnp.sum(p_h, -1),
+        "q_mass": jnp.sum(q_h, -1),
+        "head_clip": jnp.sum(jnp.where(p.hv > 0, ~act_h, False), -1) / n_head,
+    }
     return sg(resid), info

@@ -86,8 +86,12 @@ def _chunk_vocab_scan(h, w_blocks, ids, *, temperature, vocab, compute_entropy, 
         g = g + jnp.where(inside, zi, 0.0)
         return (m_new, s, t, g), None
 
-    init = (jnp.full((c,), -jnp.inf, jnp.float32), jnp.zeros((c,), jnp.float32),
-            jnp.zeros((c,), jnp.float32), jnp.zeros((c, k1), jnp.float32))
+    init = (
+        jnp.full((c,), -jnp.inf, jnp.float32),
+        jnp.zeros((c,), jnp.float32),
+        jnp.zeros((c,), jnp.float32),
+        jnp.zeros((c, k1), jnp.float32),
+    )
     (m, s, t, g), _ = jax.lax.scan(body, init, (jnp.arange(nb), w_blocks))
     lse = m + jnp.log(s)
     out = jnp.where(in_range, g - lse[:, None], jnp.float32(floor))
@@ -95,11 +99,20 @@ def _chunk_vocab_scan(h, w_blocks, ids, *, temperature, vocab, compute_entropy, 
     return out, ent
 
 
-def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
-                   head_ids: jax.Array | None = None, temperature: float = 1.0, top_k: int = 0,
-                   top_p: float = 1.0, chunk_size: int = 256, vocab_chunk: int | None = None,
-                   compute_entropy: bool = True,
-                   out_of_support: float = OUT_OF_SUPPORT_LOGPROB) -> TokenLogprobs:
+def token_logprobs(
+    hidden: jax.Array,
+    unembed: jax.Array,
+    targets: jax.Array,
+    *,
+    head_ids: jax.Array | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    chunk_size: int = 256,
+    vocab_chunk: int | None = None,
+    compute_entropy: bool = True,
+    out_of_support: float = OUT_OF_SUPPORT_LOGPROB,
+) -> TokenLogprobs:
     """Log-probs of ``targets`` (and ``head_ids``) under the sampler-transformed trainer policy.
 
     hidden [B,T,D] (any float dtype; logits are accumulated in f32), unembed [V,D],
@@ -112,8 +125,9 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
         raise ValueError(f"hidden must be [B,T,D], got shape {hidden.shape}")
     b, t, d = hidden.shape
     if unembed.ndim != 2 or unembed.shape[1] != d:
-        raise ValueError(f"unembed must be [V,{d}] to match hidden [B,T,D]={hidden.shape}, "
-                         f"got {unembed.shape}")
+        raise ValueError(
+            f"unembed must be [V,{d}] to match hidden [B,T,D]={hidden.shape}, got {unembed.shape}"
+        )
     if targets.shape != (b, t):
         raise ValueError(f"targets must be [B,T]={(b, t)}, got {targets.shape}")
     if head_ids is not None and (head_ids.ndim != 3 or head_ids.shape[:2] != (b, t)):
@@ -124,8 +138,10 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     check_sampling_params(temperature, top_k, top_p, vocab)
     truncating = (0 < top_k < vocab) or top_p < 1.0
     if vocab_chunk is not None and truncating:
-        raise ValueError("vocab_chunk requires top_k off and top_p == 1 (top-k/top-p need a sort "
-                         "over the full vocabulary); set vocab_chunk=None")
+        raise ValueError(
+            "vocab_chunk requires top_k off and top_p == 1 (top-k/top-p need a sort "
+            "over the full vocabulary); set vocab_chunk=None"
+        )
 
     n = b * t
     k = 0 if head_ids is None else head_ids.shape[-1]
@@ -143,11 +159,19 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     ids = ids.reshape(n_chunks, c, 1 + k)
 
     if vocab_chunk is None:
+
         def fn(xs):
             hc, ic = xs
-            return _chunk_full_vocab(hc, unembed, ic, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, compute_entropy=compute_entropy,
-                                     floor=out_of_support)
+            return _chunk_full_vocab(
+                hc,
+                unembed,
+                ic,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                compute_entropy=compute_entropy,
+                floor=out_of_support,
+            )
     else:
         if vocab_chunk < 1:
             raise ValueError(f"vocab_chunk must be >= 1, got {vocab_chunk}")
@@ -156,39 +180,18 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
 
         def fn(xs):
             hc, ic = xs
-            return _chunk_vocab_scan(hc, w, ic, temperature=temperature, vocab=vocab,
-                                     compute_entropy=compute_entropy, floor=out_of_support)
+            return _chunk_vocab_scan(
+                hc,
+                w,
+                ic,
+                temperature=temperature,
+                vocab=vocab,
+                compute_entropy=compute_entropy,
+                floor=out_of_support,
+            )
 
     out, ent = jax.lax.map(jax.checkpoint(fn), (h, ids))
     out = out.reshape(n_chunks * c, 1 + k)[:n].reshape(b, t, 1 + k)
     ent = ent.reshape(n_chunks * c)[:n].reshape(b, t)
     lp_head = out[..., 1:] if head_ids is not None else None
     return TokenLogprobs(lp=out[..., 0], lp_head=lp_head, entropy=ent)
-
-
-def reference_token_logprobs(hidden, unembed, targets, *, head_ids=None, temperature=1.0,
-                             top_k=0, top_p=1.0, out_of_support=OUT_OF_SUPPORT_LOGPROB):
-    """Naive reference for tests: materializes [B,T,V] and follows vLLM's positional algorithm
-    (ascending sort, mask sorted positions, scatter back) rather than the threshold form.
-    Never use on real vocabularies."""
-    logits = jnp.einsum("btd,vd->btv", hidden.astype(jnp.float32), unembed.astype(jnp.float32),
-                        precision=jax.lax.Precision.HIGHEST) / temperature
-    vocab = logits.shape[-1]
-    order = jnp.argsort(logits, axis=-1)  # ascending
-    srt = jnp.take_along_axis(logits, order, axis=-1)
-    if 0 < top_k < vocab:
-        kth = srt[..., vocab - top_k][..., None]
-        srt = jnp.where(srt < kth, -jnp.inf, srt)
-    if top_p < 1.0:
-        cum = jnp.cumsum(jax.nn.softmax(srt, axis=-1), axis=-1)
-        rm = (cum <= 1 - top_p).at[..., -1].set(False)
-        srt = jnp.where(rm, -jnp.inf, srt)
-    inv = jnp.argsort(order, axis=-1)
-    masked = jnp.take_along_axis(srt, inv, axis=-1)
-    logp = jax.nn.log_softmax(masked, axis=-1)
-    logp = jnp.where(jnp.isfinite(logp), logp, out_of_support)
-    lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    lp_head = None if head_ids is None else jnp.take_along_axis(logp, head_ids, axis=-1)
-    pr = jax.nn.softmax(masked, axis=-1)
-    ent = -jnp.sum(jnp.where(pr > 0, pr * jnp.log(jnp.where(pr > 0, pr, 1.0)), 0.0), axis=-1)
-    return TokenLogprobs(lp=lp, lp_head=lp_head, entropy=ent)

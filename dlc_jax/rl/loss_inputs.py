@@ -9,7 +9,6 @@ for Dr.GRPO-style normalization). An all-zero mask gives loss 0 and finite metri
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -37,13 +36,13 @@ class LossInputs:
     lp_q: jax.Array
     mask: jax.Array
     adv: jax.Array
-    lp_s: Optional[jax.Array] = None
-    lp_old: Optional[jax.Array] = None
-    lp_head: Optional[jax.Array] = None
-    lps_head: Optional[jax.Array] = None
-    lq_head: Optional[jax.Array] = None
-    head_valid: Optional[jax.Array] = None
-    num_tokens: Optional[jax.Array] = None
+    lp_s: jax.Array | None = None
+    lp_old: jax.Array | None = None
+    lp_head: jax.Array | None = None
+    lps_head: jax.Array | None = None
+    lq_head: jax.Array | None = None
+    head_valid: jax.Array | None = None
+    num_tokens: jax.Array | None = None
 
 
 TOKEN_FIELDS = ("lp", "lp_q", "lp_s", "lp_old", "adv")
@@ -58,23 +57,31 @@ def check_shapes(inp: LossInputs) -> None:
     for f in ("lp", "lp_q", "lp_s", "lp_old"):
         x = getattr(inp, f)
         if x is not None and tuple(x.shape) != bt:
-            raise ValueError(f"LossInputs.{f} has shape {tuple(x.shape)}, expected mask's [B,T]={bt}")
+            raise ValueError(
+                f"LossInputs.{f} has shape {tuple(x.shape)}, expected mask's [B,T]={bt}"
+            )
     if tuple(inp.adv.shape) not in (bt, bt[:1]):
-        raise ValueError(f"LossInputs.adv has shape {tuple(inp.adv.shape)}, expected [B]={bt[:1]} "
-                         f"or [B,T]={bt}")
+        raise ValueError(
+            f"LossInputs.adv has shape {tuple(inp.adv.shape)}, expected [B]={bt[:1]} or [B,T]={bt}"
+        )
     k = None
     for f in HEAD_FIELDS:
         x = getattr(inp, f)
         if x is None:
             continue
         if x.ndim != 3 or tuple(x.shape[:2]) != bt:
-            raise ValueError(f"LossInputs.{f} has shape {tuple(x.shape)}, expected [B,T,K] with "
-                             f"[B,T]={bt}")
+            raise ValueError(
+                f"LossInputs.{f} has shape {tuple(x.shape)}, expected [B,T,K] with [B,T]={bt}"
+            )
         if k is not None and x.shape[2] != k:
-            raise ValueError(f"LossInputs.{f} has head size K={x.shape[2]}, other head fields have {k}")
+            raise ValueError(
+                f"LossInputs.{f} has head size K={x.shape[2]}, other head fields have {k}"
+            )
         k = x.shape[2]
     if inp.num_tokens is not None and jnp.ndim(inp.num_tokens) != 0:
-        raise ValueError(f"LossInputs.num_tokens must be a scalar, got shape {jnp.shape(inp.num_tokens)}")
+        raise ValueError(
+            f"LossInputs.num_tokens must be a scalar, got shape {jnp.shape(inp.num_tokens)}"
+        )
 
 
 def require(loss: str, inp: LossInputs, fields: tuple[str, ...]) -> None:
@@ -106,8 +113,10 @@ def validate_inputs(inp: LossInputs) -> None:
             x = np.asarray(x)
             bad = int(np.sum((np.isnan(x) | (x == np.inf)) & hv))
             if bad:
-                raise ValueError(f"LossInputs.{f} has {bad} NaN/+inf value(s) on valid head entries "
-                                 "(-inf = probability 0 is allowed)")
+                raise ValueError(
+                    f"LossInputs.{f} has {bad} NaN/+inf value(s) on valid head entries "
+                    "(-inf = probability 0 is allowed)"
+                )
     if inp.num_tokens is not None and not math.isfinite(float(inp.num_tokens)):
         raise ValueError(f"LossInputs.num_tokens is not finite: {inp.num_tokens}")
 
@@ -120,12 +129,12 @@ class Prepared:
     adv: jax.Array
     lp: jax.Array
     lp_q: jax.Array
-    lp_s: Optional[jax.Array]
+    lp_s: jax.Array | None
     lp_old: jax.Array
-    hv: Optional[jax.Array]
-    lp_head: Optional[jax.Array]
-    lps_head: Optional[jax.Array]
-    lq_head: Optional[jax.Array]
+    hv: jax.Array | None
+    lp_head: jax.Array | None
+    lps_head: jax.Array | None
+    lq_head: jax.Array | None
     denom: jax.Array
     dropped: jax.Array  # valid tokens dropped for non-finite inputs
 
@@ -171,23 +180,44 @@ def prepare(inp: LossInputs) -> Prepared:
     problem is visible. Use ``validate_inputs`` on the host to refuse such a batch instead."""
     m_in = masked.as_mask(inp.mask)
     m = m_in * _finite_tokens(inp, m_in)
-    s = lambda x: None if x is None else masked.safe(x.astype(jnp.float32), m)
+    sg = jax.lax.stop_gradient
+
+    def tok(x: jax.Array) -> jax.Array:
+        return masked.safe(x.astype(jnp.float32), m)
+
     hv = None
-    if inp.lp_head is not None or inp.lq_head is not None or inp.lps_head is not None:
-        ref = next(x for x in (inp.lp_head, inp.lq_head, inp.lps_head) if x is not None)
-        base = jnp.ones(ref.shape, jnp.float32)
+    heads = [x for x in (inp.lp_head, inp.lq_head, inp.lps_head) if x is not None]
+    if heads:
+        base = jnp.ones(heads[0].shape, jnp.float32)
         hv = base if inp.head_valid is None else masked.as_mask(inp.head_valid)
         hv = hv * m[..., None]
-    # -inf head entries (probability 0) become the finite OUT_OF_SUPPORT floor: exp() is still 0,
-    # and no inf * 0 can appear in the centering term.
-    sh = lambda x: None if x is None else jnp.where(
-        hv > 0, jnp.maximum(x.astype(jnp.float32), OUT_OF_SUPPORT_LOGPROB), 0.0)
-    sg = lambda x: None if x is None else jax.lax.stop_gradient(x)
-    lp = s(inp.lp)
-    lp_old = sg(lp if inp.lp_old is None else s(inp.lp_old))
+
+    def head(x: jax.Array | None) -> jax.Array | None:
+        # -inf entries (probability 0) become the finite OUT_OF_SUPPORT floor: exp() is still 0,
+        # and no inf * 0 can appear in the centering term.
+        if x is None:
+            return None
+        assert hv is not None  # set whenever a head field is given
+        return jnp.where(hv > 0, jnp.maximum(x.astype(jnp.float32), OUT_OF_SUPPORT_LOGPROB), 0.0)
+
+    def head_sg(x: jax.Array | None) -> jax.Array | None:
+        h = head(x)
+        return None if h is None else sg(h)
+
+    lp = tok(inp.lp)
     adv = broadcast_to_tokens(jnp.where(jnp.isfinite(inp.adv), inp.adv, 0.0), m)
     n = jnp.sum(m_in) if inp.num_tokens is None else jnp.asarray(inp.num_tokens, jnp.float32)
-    return Prepared(m=m, adv=sg(adv), lp=lp, lp_q=sg(s(inp.lp_q)), lp_s=sg(s(inp.lp_s)),
-                    lp_old=lp_old, hv=hv, lp_head=sh(inp.lp_head), lps_head=sg(sh(inp.lps_head)),
-                    lq_head=sg(sh(inp.lq_head)), denom=jnp.maximum(n, 1.0),
-                    dropped=jnp.sum(m_in) - jnp.sum(m))
+    return Prepared(
+        m=m,
+        adv=sg(adv),
+        lp=lp,
+        lp_q=sg(tok(inp.lp_q)),
+        lp_s=None if inp.lp_s is None else sg(tok(inp.lp_s)),
+        lp_old=sg(lp if inp.lp_old is None else tok(inp.lp_old)),
+        hv=hv,
+        lp_head=head(inp.lp_head),
+        lps_head=head_sg(inp.lps_head),
+        lq_head=head_sg(inp.lq_head),
+        denom=jnp.maximum(n, 1.0),
+        dropped=jnp.sum(m_in) - jnp.sum(m),
+    )

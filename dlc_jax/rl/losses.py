@@ -1,28 +1,59 @@
-"""Correction losses: one signature, a registry, and ``compute_loss``.
+"""Correction losses: one signature, a decorator-built registry, and ``compute_loss``.
 
-Each registered function maps ``(LossConfig, Prepared) -> (per_token [B,T], metrics)``;
-``compute_loss`` validates the inputs, aggregates ``agg(per_token) = sum(m * x) / num_tokens`` and
+Each loss is registered with ``@register_loss(name)``, which binds it to its ``LossSpec`` in the
+JAX-free ``loss_config.LOSS_SPECS`` (the inputs it requires, the options it reads); registering a
+name without a spec, or a spec without a function, is an error at import. Each function maps
+``(LossConfig, Prepared) -> (per_token [B,T], metrics)``; ``compute_loss`` validates the inputs
+against the spec, aggregates ``agg(per_token) = sum(m * x) / num_tokens`` and
 adds the common metrics. Every loss reports ``clip_frac`` (fraction of valid tokens whose ratio or
 weight was clipped/capped, i.e. whose gradient is cut or bounded), ``masked_frac`` (fraction of
 valid tokens removed by a mask), and ``weight_ess`` (normalized ESS of its importance weights over
-valid tokens; 1.0 where it has none). Formulas: DESIGN.md section 3, corrections-math.md section 8.
+valid tokens; 1.0 where it has none). Formulas, defaults and sources: docs/CORRECTIONS.md.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from dlc_jax.rl import masked
 from dlc_jax.rl.centering import centering_residual, dlc_residual
-from dlc_jax.rl.ess import ess_from_log_weights
-from dlc_jax.rl.loss_config import LossConfig
+from dlc_jax.rl.effective_sample_size import ess_from_log_weights
+from dlc_jax.rl.loss_config import LOSS_SPECS, LossConfig, LossSpec
 from dlc_jax.rl.loss_inputs import LossInputs, Prepared, check_shapes, prepare, require
 
 sg = jax.lax.stop_gradient
 LossFn = Callable[[LossConfig, Prepared], tuple[jax.Array, dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredLoss:
+    """A loss function with the spec (required inputs, options) it was registered under."""
+
+    spec: LossSpec
+    fn: LossFn
+
+
+_REGISTRY: dict[str, RegisteredLoss] = {}
+LOSSES: dict[str, LossFn] = {}  # name -> function, filled by ``register_loss``
+
+
+def register_loss(name: str) -> Callable[[LossFn], LossFn]:
+    """Decorator: register ``fn`` as loss ``name`` with its ``LOSS_SPECS[name]`` requirements."""
+    if name not in LOSS_SPECS:
+        raise ValueError(f"loss {name!r} has no LossSpec in dlc_jax.rl.loss_config.LOSS_SPECS")
+
+    def deco(fn: LossFn) -> LossFn:
+        if name in _REGISTRY:
+            raise ValueError(f"loss {name!r} is registered twice")
+        _REGISTRY[name] = RegisteredLoss(LOSS_SPECS[name], fn)
+        LOSSES[name] = fn
+        return fn
+
+    return deco
 
 
 def clampexp(x: jax.Array, bound: float) -> jax.Array:
@@ -38,8 +69,11 @@ def weights_ess(w: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 def _metrics(clip=0.0, masked_frac=0.0, ess=1.0, **extra) -> dict:
-    out = {"clip_frac": jnp.float32(clip), "masked_frac": jnp.float32(masked_frac),
-           "weight_ess": jnp.float32(ess)}
+    out = {
+        "clip_frac": jnp.float32(clip),
+        "masked_frac": jnp.float32(masked_frac),
+        "weight_ess": jnp.float32(ess),
+    }
     out.update({k: jnp.float32(v) for k, v in extra.items()})
     return out
 
@@ -69,11 +103,13 @@ def _ppo_terms(cfg: LossConfig, r: jax.Array, adv: jax.Array):
 # ----------------------------------------------------------------------------------- losses
 
 
+@register_loss("naive")
 def naive(cfg: LossConfig, p: Prepared):
     """3.1 on-policy REINFORCE: -A * lp."""
     return -p.adv * p.lp, _metrics()
 
 
+@register_loss("tis")
 def tis(cfg: LossConfig, p: Prepared):
     """3.2 token TIS vs the sampler: w = min(exp(lp - lp_q), C) detached; -w A lp."""
     raw = clampexp(sg(p.lp) - p.lp_q, cfg.log_ratio_clip)
@@ -81,15 +117,18 @@ def tis(cfg: LossConfig, p: Prepared):
     return -w * p.adv * p.lp, _metrics(clip=p.frac(raw > cfg.tis_cap), ess=weights_ess(w, p.m))
 
 
+@register_loss("tis_seq")
 def tis_seq(cfg: LossConfig, p: Prepared):
     """Sequence TIS: w_i = min(exp(sum_t (lp - lp_q)), C_seq) broadcast to the sequence's tokens."""
     s, _, has = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
     raw = clampexp(s, cfg.log_ratio_clip)
     w = jnp.minimum(raw, cfg.seq_tis_cap)
-    return -w[:, None] * p.adv * p.lp, _metrics(clip=p.frac(raw > cfg.seq_tis_cap),
-                                                ess=weights_ess(w, has))
+    return -w[:, None] * p.adv * p.lp, _metrics(
+        clip=p.frac(raw > cfg.seq_tis_cap), ess=weights_ess(w, has)
+    )
 
 
+@register_loss("mis")
 def mis(cfg: LossConfig, p: Prepared):
     """3.3 token MIS (IcePop): k = exp(lp - lp_q), keep lo <= k <= hi; -M k A lp (no renorm)."""
     k = clampexp(sg(p.lp) - p.lp_q, cfg.log_ratio_clip)
@@ -98,8 +137,10 @@ def mis(cfg: LossConfig, p: Prepared):
     return -w * p.adv * p.lp, _metrics(masked_frac=p.frac(~keep), ess=weights_ess(w, p.m))
 
 
+@register_loss("mis_seq")
 def mis_seq(cfg: LossConfig, p: Prepared):
-    """Sequence MIS: K_i = exp(sum_t (lp - lp_q)); keep sequences with lo <= K_i <= hi, weighted by K_i."""
+    """Sequence MIS: K_i = exp(sum_t (lp - lp_q)); keep sequences with lo <= K_i <= hi, weighted
+    by K_i."""
     s, _, has = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
     k = clampexp(s, cfg.log_ratio_clip)
     keep = (k >= cfg.mis_low) & (k <= cfg.mis_high)
@@ -107,6 +148,7 @@ def mis_seq(cfg: LossConfig, p: Prepared):
     return -w[:, None] * p.adv * p.lp, _metrics(masked_frac=p.frac(~keep), ess=weights_ess(w, has))
 
 
+@register_loss("mis_geo")
 def mis_geo(cfg: LossConfig, p: Prepared):
     """Geometric sequence mask: keep sequences with geo_low <= exp(mean_t (lp - lp_q)) <= geo_high.
     Mask only (the geometric mean is not an importance weight): -M_i A lp."""
@@ -120,34 +162,44 @@ def _score_centering(cfg: LossConfig, p: Prepared, mode: str):
     """3.4: -A (sg(f(p/q)) lp - sum_H sg(resid) lp_H), resid = q_H f(p_H/q_H) - rho f(1/rho) p_H."""
     w_tok, resid, info = centering_residual(cfg, p, mode)
     per = -p.adv * (w_tok * p.lp - jnp.sum(resid * p.lp_head, axis=-1))
-    extra = {"head_mass_q": masked.mean(info["q_mass"], p.m),
-             "head_mass_p": masked.mean(info["p_mass"], p.m),
-             "tail_ratio_mean": masked.mean(info["rho"], p.m)}
+    extra = {
+        "head_mass_q": masked.mean(info["q_mass"], p.m),
+        "head_mass_p": masked.mean(info["p_mass"], p.m),
+        "tail_ratio_mean": masked.mean(info["rho"], p.m),
+    }
     clip = p.frac(info["capped"]) if mode == "tis" else 0.0
     msk = p.frac(info["dropped"]) if mode == "mask" else 0.0
     return per, _metrics(clip=clip, masked_frac=msk, ess=weights_ess(w_tok, p.m), **extra)
 
 
+@register_loss("score_centering")
 def score_centering(cfg: LossConfig, p: Prepared):
     return _score_centering(cfg, p, cfg.centering_weight)
 
 
+@register_loss("score_centering_tis")
 def score_centering_tis(cfg: LossConfig, p: Prepared):
     return _score_centering(cfg, p, "tis")
 
 
+@register_loss("score_centering_mask")
 def score_centering_mask(cfg: LossConfig, p: Prepared):
     return _score_centering(cfg, p, "mask")
 
 
+@register_loss("ppo_clip")
 def ppo_clip(cfg: LossConfig, p: Prepared):
     """3.5 PPO-clip vs lp_old (asymmetric eps, optional dual clip)."""
     r = clampexp(p.lp - p.lp_old, cfg.log_ratio_clip)
     per, clip, dual = _ppo_terms(cfg, r, p.adv)
-    return per, _metrics(clip=p.frac(clip), ess=ess_from_log_weights(sg(p.lp) - p.lp_old, p.m),
-                         dual_clip_frac=p.frac(dual))
+    return per, _metrics(
+        clip=p.frac(clip),
+        ess=ess_from_log_weights(sg(p.lp) - p.lp_old, p.m),
+        dual_clip_frac=p.frac(dual),
+    )
 
 
+@register_loss("decoupled_ppo")
 def decoupled_ppo(cfg: LossConfig, p: Prepared):
     """3.6 behaviour weight w = exp(lp_old - lp_q) (clamp at / mask above behave_cap) times PPO-clip
     of r = exp(lp - lp_old)."""
@@ -159,9 +211,13 @@ def decoupled_ppo(cfg: LossConfig, p: Prepared):
         w, capped, dropped = jnp.where(over, 0.0, raw), jnp.zeros_like(over), over
     r = clampexp(p.lp - p.lp_old, cfg.log_ratio_clip)
     per, clip, dual = _ppo_terms(cfg, r, p.adv)
-    return w * per, _metrics(clip=p.frac(clip), masked_frac=p.frac(dropped),
-                             ess=weights_ess(w, p.m), behave_cap_frac=p.frac(capped),
-                             dual_clip_frac=p.frac(dual))
+    return w * per, _metrics(
+        clip=p.frac(clip),
+        masked_frac=p.frac(dropped),
+        ess=weights_ess(w, p.m),
+        behave_cap_frac=p.frac(capped),
+        dual_clip_frac=p.frac(dual),
+    )
 
 
 def m2po_mask(d2: jax.Array, m: jax.Array, tau: float) -> jax.Array:
@@ -178,20 +234,24 @@ def m2po_mask(d2: jax.Array, m: jax.Array, tau: float) -> jax.Array:
     ok = (rest_mean < tau) & (j < n)
     n_drop = jnp.where(jnp.any(ok), jnp.argmax(ok), jnp.maximum(n - 1, 0)).astype(jnp.int32)
     rank = jnp.zeros(size, jnp.int32).at[order].set(jnp.arange(size, dtype=jnp.int32))
-    return ((rank >= n_drop).reshape(m.shape) & (m > 0))
+    return (rank >= n_drop).reshape(m.shape) & (m > 0)
 
 
+@register_loss("m2po")
 def m2po(cfg: LossConfig, p: Prepared):
     """3.7 M2PO: mask tokens with the largest (lp_q - lp_old)^2 until the rest's mean < tau;
     per = -M r A with r = exp(lp - lp_old), no clip (paper form)."""
     d2 = jnp.square(p.lp_q - p.lp_old)
     keep = m2po_mask(d2, p.m, cfg.m2_threshold)
     r = clampexp(p.lp - p.lp_old, cfg.log_ratio_clip)
-    return -keep.astype(jnp.float32) * r * p.adv, _metrics(masked_frac=p.frac(~keep),
-                                       m2_before=masked.mean(d2, p.m),
-                                       m2_after=masked.mean(d2, p.m * keep))
+    return -keep.astype(jnp.float32) * r * p.adv, _metrics(
+        masked_frac=p.frac(~keep),
+        m2_before=masked.mean(d2, p.m),
+        m2_after=masked.mean(d2, p.m * keep),
+    )
 
 
+@register_loss("vcpo")
 def vcpo(cfg: LossConfig, p: Prepared):
     """3.8 VCPO: sequence TIS (cap seq_tis_cap) and ``lr_scale`` = min(1, ESS_seq/base)^(1/2|1)
     from the unclipped sequence weights, for the optimizer to apply. The minimum-variance (OPOB)
@@ -202,41 +262,37 @@ def vcpo(cfg: LossConfig, p: Prepared):
     lr_scale = jnp.sqrt(scale) if cfg.vcpo_rule == "sqrt" else scale
     raw = clampexp(s, cfg.log_ratio_clip)
     w = jnp.minimum(raw, cfg.seq_tis_cap)
-    return -w[:, None] * p.adv * p.lp, _metrics(clip=p.frac(raw > cfg.seq_tis_cap), ess=e,
-                                                lr_scale=lr_scale, ess_seq=e)
+    return -w[:, None] * p.adv * p.lp, _metrics(
+        clip=p.frac(raw > cfg.seq_tis_cap), ess=e, lr_scale=lr_scale, ess_seq=e
+    )
 
 
+@register_loss("dlc")
 def dlc(cfg: LossConfig, p: Prepared):
     """3.9 DLC: PPO-clip of r = exp(lp - lp_s) against theta_s plus the centering term
     A * sum_H sg(q_H r_H act_H - coefT p_H) lp_H. Without a head the centering term is absent
     and ``dlc_centering_active`` = 0."""
+    assert p.lp_s is not None  # LossSpec("dlc").requires
     ell = p.lp - p.lp_s
     r = clampexp(ell, cfg.log_ratio_clip)
     pg, clip, dual = _ppo_terms(cfg, r, p.adv)
     have_head = p.lp_head is not None
     extra = {"dlc_centering_active": 1.0 if have_head else 0.0, "dual_clip_frac": p.frac(dual)}
     per = pg
-    if have_head:
+    if p.lp_head is not None:
         resid, info = dlc_residual(cfg, p)
         per = pg + p.adv * jnp.sum(resid * p.lp_head, axis=-1)
-        extra.update(head_mass_q=masked.mean(info["q_mass"], p.m),
-                     head_mass_p=masked.mean(info["p_mass"], p.m),
-                     head_clip_frac=masked.mean(info["head_clip"], p.m))
+        extra.update(
+            head_mass_q=masked.mean(info["q_mass"], p.m),
+            head_mass_p=masked.mean(info["p_mass"], p.m),
+            head_clip_frac=masked.mean(info["head_clip"], p.m),
+        )
     return per, _metrics(clip=p.frac(clip), ess=ess_from_log_weights(sg(ell), p.m), **extra)
 
 
-LOSSES: dict[str, LossFn] = {
-    "naive": naive, "tis": tis, "tis_seq": tis_seq, "mis": mis, "mis_seq": mis_seq,
-    "mis_geo": mis_geo, "score_centering": score_centering,
-    "score_centering_tis": score_centering_tis, "score_centering_mask": score_centering_mask,
-    "ppo_clip": ppo_clip, "decoupled_ppo": decoupled_ppo, "m2po": m2po, "vcpo": vcpo, "dlc": dlc,
-}
-
-_HEAD = ("lp_head", "lq_head")
-REQUIRED: dict[str, tuple[str, ...]] = {
-    "score_centering": _HEAD, "score_centering_tis": _HEAD, "score_centering_mask": _HEAD,
-    "dlc": ("lp_s",),
-}
+_unregistered = sorted(set(LOSS_SPECS) - set(_REGISTRY))
+if _unregistered:
+    raise ImportError(f"losses with a LossSpec but no registered function: {_unregistered}")
 
 
 def compute_loss(cfg: LossConfig, inputs: LossInputs) -> tuple[jax.Array, dict]:
@@ -247,23 +303,30 @@ def compute_loss(cfg: LossConfig, inputs: LossInputs) -> tuple[jax.Array, dict]:
     loss) and ``nonfinite_tokens`` (valid tokens dropped for NaN/inf inputs).
 
     Raises ValueError (at trace time) for an unknown name, a missing required field (naming the
-    loss and the field), or mismatched shapes. DLC with a partial head (some of lp_head, lq_head,
-    lps_head given, not all) is an error; with none it runs without centering.
+    loss and the field), or mismatched shapes. Fields in the spec's ``together`` group (DLC's head:
+    lp_head, lq_head, lps_head) are all-or-none: some but not all is an error; with none, DLC runs
+    without centering.
     """
-    if cfg.name not in LOSSES:
-        raise ValueError(f"LossConfig.name {cfg.name!r} is not a loss; choose from {sorted(LOSSES)}")
+    entry = _REGISTRY.get(cfg.name)
+    if entry is None:
+        raise ValueError(
+            f"LossConfig.name {cfg.name!r} is not a loss; choose from {sorted(LOSSES)}"
+        )
     check_shapes(inputs)
-    require(cfg.name, inputs, REQUIRED.get(cfg.name, ()))
-    if cfg.name == "dlc":
-        given = [f for f in ("lp_head", "lq_head", "lps_head") if getattr(inputs, f) is not None]
-        if given and len(given) != 3:
-            require("dlc (with a head)", inputs, ("lp_head", "lq_head", "lps_head"))
+    require(cfg.name, inputs, entry.spec.requires)
+    together = entry.spec.together
+    if any(getattr(inputs, f) is not None for f in together):
+        require(f"{cfg.name} (with a head)", inputs, together)
     p = prepare(inputs)
-    per, metrics = LOSSES[cfg.name](cfg, p)
+    per, metrics = entry.fn(cfg, p)
     loss = p.agg(per)
     metrics = dict(metrics)
-    n_tok = (jnp.sum(masked.as_mask(inputs.mask)) if inputs.num_tokens is None
-             else jnp.asarray(inputs.num_tokens, jnp.float32))
-    metrics.update(loss=loss, num_tokens=n_tok, nonfinite_tokens=p.dropped,
-                   valid_tokens=jnp.sum(p.m))
+    n_tok = (
+        jnp.sum(masked.as_mask(inputs.mask))
+        if inputs.num_tokens is None
+        else jnp.asarray(inputs.num_tokens, jnp.float32)
+    )
+    metrics.update(
+        loss=loss, num_tokens=n_tok, nonfinite_tokens=p.dropped, valid_tokens=jnp.sum(p.m)
+    )
     return loss, metrics

@@ -11,13 +11,21 @@ import jax.numpy as jnp
 
 from dlc_jax.rl import masked
 from dlc_jax.rl.decomposition import decompose
-from dlc_jax.rl.ess import ess, gaussian_ess, sequence_ess
+from dlc_jax.rl.effective_sample_size import ess, gaussian_ess, sequence_ess
 
 
-def step_metrics(lp: jax.Array, lp_s: jax.Array, lp_q: jax.Array, mask: jax.Array, *,
-                 lq_head: jax.Array | None = None, lp_head: jax.Array | None = None,
-                 head_valid: jax.Array | None = None, entropy: jax.Array | None = None,
-                 rewards: jax.Array | None = None) -> dict[str, jax.Array]:
+def step_metrics(
+    lp: jax.Array,
+    lp_s: jax.Array,
+    lp_q: jax.Array,
+    mask: jax.Array,
+    *,
+    lq_head: jax.Array | None = None,
+    lp_head: jax.Array | None = None,
+    head_valid: jax.Array | None = None,
+    entropy: jax.Array | None = None,
+    rewards: jax.Array | None = None,
+) -> dict[str, jax.Array]:
     """Scalars: delta/ell/total stats (see ``decompose``), kl_k1/k2/k3 (q vs p),
     ess_lag (token ESS of exp(ell)), ess_lag_seq, ess_lag_gaussian (exp(-var ell)), ess_total
     (token ESS of exp(lp - lp_q)), ess_total_gaussian, head_mass_q/head_mass_p (mean over valid
@@ -26,12 +34,18 @@ def step_metrics(lp: jax.Array, lp_s: jax.Array, lp_q: jax.Array, mask: jax.Arra
     m = masked.as_mask(mask)
     d = decompose(lp, lp_s, lp_q, m)
     out = {k: v for k, v in d.items() if k not in ("delta", "ell", "total")}
-    out.update(ess_lag=ess(d["ell"], m), ess_lag_seq=sequence_ess(d["ell"], m),
-               ess_lag_gaussian=gaussian_ess(d["ell"], m), ess_total=ess(d["total"], m),
-               ess_total_gaussian=gaussian_ess(d["total"], m))
+    out.update(
+        ess_lag=ess(d["ell"], m),
+        ess_lag_seq=sequence_ess(d["ell"], m),
+        ess_lag_gaussian=gaussian_ess(d["ell"], m),
+        ess_total=ess(d["total"], m),
+        ess_total_gaussian=gaussian_ess(d["total"], m),
+    )
     for name, h in (("head_mass_q", lq_head), ("head_mass_p", lp_head)):
         if h is not None:
-            hv = jnp.ones(h.shape, jnp.float32) if head_valid is None else masked.as_mask(head_valid)
+            hv = (
+                jnp.ones(h.shape, jnp.float32) if head_valid is None else masked.as_mask(head_valid)
+            )
             mass = jnp.sum(jnp.where(hv > 0, jnp.exp(jax.lax.stop_gradient(h)), 0.0), -1)
             out[name] = masked.mean(mass, m)
     if entropy is not None:

@@ -2,8 +2,8 @@
 
 vLLM with ``logprobs_mode="processed_logprobs"`` reports log-probs of the distribution it really
 sampled from: ``logits / temperature``, then top-k, then top-p, then ``log_softmax`` over the kept
-support. This module reproduces that transform on a ``[N, V]`` block of float32 logits so the trainer
-normalizes on the same support.
+support. This module reproduces that transform on a ``[N, V]`` block of float32 logits so the
+trainer normalizes on the same support.
 
 Semantics (vLLM ``apply_top_k_top_p_pytorch``):
 * top-k (k > 0 and k < V): entries strictly below the k-th largest value are removed (ties kept).
@@ -62,8 +62,9 @@ def support_mask(logits: jax.Array, *, top_k: int = 0, top_p: float = 1.0) -> ja
     return z >= threshold
 
 
-def processed_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
-                     top_p: float = 1.0) -> tuple[jax.Array, jax.Array | None]:
+def processed_logits(
+    logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> tuple[jax.Array, jax.Array | None]:
     """Temperature-scaled logits [N, V] and the kept-support mask (None = all kept).
 
     Entries outside the support are *not* set to -inf here; callers mask them where needed so the

@@ -33,7 +33,9 @@ def ess(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
 def sequence_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Per-sequence summed log-ratio [B] and a [B] validity flag (sequence has a valid token)."""
     m = masked.as_mask(mask)
-    return jnp.sum(masked.safe(log_ratio, m), axis=-1), (jnp.sum(m, axis=-1) > 0).astype(jnp.float32)
+    return jnp.sum(masked.safe(log_ratio, m), axis=-1), (jnp.sum(m, axis=-1) > 0).astype(
+        jnp.float32
+    )
 
 
 def sequence_ess(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
