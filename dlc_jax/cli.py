@@ -8,12 +8,18 @@ Logging: library modules log through `logging.getLogger(__name__)` and never con
 command line does, once, here (`setup_logging`): records of `dlc_jax.*` at INFO and above, other
 libraries at WARNING and above, one line each on stdout, written through `tqdm.write` so they do
 not tear the training progress bar.
+
+Errors: a user error (`dlc_jax.errors.UserError`, or a well-known "bad input" exception such as a
+missing file, a YAML syntax error or a config error; see `dlc_jax.errors.is_user_error`) is printed
+as one line, ``dlc-jax COMMAND: error: ...``, exit status 2; Ctrl-C prints one line and exits 130.
+``dlc-jax --debug COMMAND ...`` (or ``DLC_JAX_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -67,7 +73,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: dlc-jax COMMAND [args...]", "", "commands:"]
+    lines = [
+        "usage: dlc-jax [--debug] COMMAND [args...]",
+        "",
+        "  --debug      show tracebacks of user errors (also DLC_JAX_DEBUG=1)",
+        "",
+        "commands:",
+    ]
     for name, (_, doc) in COMMANDS.items():
         lines.append(f"  {name:<12} {doc}")
     return "\n".join(lines)
@@ -75,6 +87,9 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("DLC_JAX_DEBUG", "") not in ("", "0")
+    while argv and argv[0] == "--debug":
+        debug, argv = True, argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
@@ -88,8 +103,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dlc-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     setup_logging()
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.cli(rest) or 0)
+    return run_command(name, rest, debug=debug)
+
+
+def run_command(name: str, argv: list[str], *, debug: bool = False) -> int:
+    """Run subcommand ``name``: user errors as one line (exit 2), Ctrl-C as one line (exit 130);
+    with ``debug`` both raise with their traceback."""
+    from dlc_jax.errors import is_user_error, user_message
+
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.cli(argv) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"dlc-jax {name}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except Exception as e:
+        if debug or not is_user_error(e):
+            raise
+        print(f"dlc-jax {name}: error: {user_message(e)}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,30 +1,47 @@
-"""Orbax checkpoints of a training run: array state + JSON metadata per step, keep last N.
+"""Orbax checkpoints of a training run: array state + JSON metadata per step, verified on restore.
 
 Each step directory holds two items written atomically by orbax (temp dir + rename):
 * ``state``: a pytree of arrays (params theta_t, optimizer state, theta_s snapshots keyed by
-version,
-  RNG key data), restored onto the shardings of a caller-supplied abstract tree;
-* ``meta``: JSON (step, weight version, snapshot versions, data iterator state, config, counters).
+  version), restored onto the shardings of a caller-supplied abstract tree;
+* ``meta``: JSON (step, weight version, snapshot versions, data iterator state, config, counters)
+  and ``checksums``: two 32-bit sums per array (:func:`array_checksums`), computed from the arrays
+  in memory before they are written.
 
-A checkpoint whose files are missing or unreadable is refused with :class:`CheckpointError`;
-nothing is silently reinitialized.
+Verification: a restored state must match its checksums and hold only finite floats, else the
+step is refused with :class:`CheckpointError`. A save is read back and verified before older steps
+are rotated out (``keep``), so the last good checkpoint is never deleted for one that turned out
+bad; a step that fails verification is moved to ``<dir>/corrupt/`` (kept for inspection, out of
+the way of later saves and resumes). :func:`restore_train_state` falls back from a bad newest step
+to the newest good one, reporting each refusal in one line.
 """
 
 from __future__ import annotations
 
+import logging
+import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+from dlc_jax.errors import UserError, one_line
 
 if TYPE_CHECKING:
     from dlc_jax.trainer.state import TrainState
 
+logger = logging.getLogger(__name__)
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be restored (corrupt, incomplete, or of another shape)."""
+CHECKSUM_FORMAT = 1
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be restored (corrupt, incomplete, non-finite, of another shape)."""
 
 
 def _checkpoint_path(directory: str | Path) -> epath.Path:
@@ -36,20 +53,105 @@ def _checkpoint_path(directory: str | Path) -> epath.Path:
     return epath.Path(Path(s).absolute())
 
 
+# ---- checksums -------------------------------------------------------------------------------
+def _as_uint32(x):
+    """The bits of ``x`` as uint32 (2- and 1-byte types widened; 8-byte types split in two)."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    size = x.dtype.itemsize
+    if size == 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    if size in (1, 2):
+        u = jnp.uint8 if size == 1 else jnp.uint16
+        return jax.lax.bitcast_convert_type(x, u).astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8 bytes: a trailing axis of 2
+
+
+def _leaf_digest(x):
+    """(sum of bits*(2i+1), sum of rotl13(bits) ^ (i*golden), all finite) of one array, in
+    wrapping uint32 arithmetic: exact and order-free, so any sharding gives the same numbers.
+    Any single flipped bit changes both sums."""
+    bits = _as_uint32(x)
+    idx = jnp.zeros(bits.shape, jnp.uint32)
+    stride = 1
+    for d in reversed(range(bits.ndim)):
+        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, bits.shape, d) * jnp.uint32(stride)
+        stride *= bits.shape[d]
+    h1 = jnp.sum(bits * (idx * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)
+    rot = (bits << jnp.uint32(13)) | (bits >> jnp.uint32(19))
+    h2 = jnp.sum(rot ^ (idx * jnp.uint32(0x9E3779B1)), dtype=jnp.uint32)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        finite = jnp.all(jnp.isfinite(x))
+    else:
+        finite = jnp.asarray(True)
+    return h1, h2, finite
+
+
+_digest_tree = jax.jit(lambda tree: jax.tree.map(_leaf_digest, tree))
+
+
+def array_checksums(tree) -> tuple[dict[str, list[int]], list[str]]:
+    """({array path: [h1, h2]}, [paths of float arrays holding NaN/Inf]) of a pytree of arrays."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    digests = jax.device_get(_digest_tree([x for _, x in leaves]))
+    sums, bad = {}, []
+    for (path, _), (h1, h2, finite) in zip(leaves, digests):
+        key = jax.tree_util.keystr(path)
+        sums[key] = [int(np.asarray(h1)), int(np.asarray(h2))]
+        if not bool(np.asarray(finite)):
+            bad.append(key)
+    return sums, bad
+
+
+def _describe(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
+
+
+def verify_tree(tree, meta: dict) -> None:
+    """Raise ValueError unless ``tree`` holds only finite floats and matches ``meta``'s checksums
+    (a checkpoint written before checksums existed is only checked for finiteness)."""
+    sums, bad = array_checksums(tree)
+    if bad:
+        raise ValueError(f"non-finite values in {_describe(bad)}")
+    want = meta.get("checksums")
+    if want is None:
+        return
+    if set(want) != set(sums):
+        raise ValueError(
+            f"arrays differ from the saved list (missing {_describe(sorted(set(want) - set(sums)))}"
+            f"; extra {_describe(sorted(set(sums) - set(want)))})"
+        )
+    wrong = [k for k in sums if list(want[k]) != sums[k]]
+    if wrong:
+        raise ValueError(f"checksum mismatch in {len(wrong)} array(s): {_describe(wrong)}")
+
+
 class Checkpointer:
     """Periodic + on-exit checkpoints under ``directory``.
 
     directory: a local path or a cloud URI (``gs://bucket/run/ckpt``): held as an
-    ``etils.epath.Path``
-    (orbax's own path type); local paths are made absolute, URIs are kept as they are.
-    every: save when ``step % every == 0`` (0 = only forced saves); keep: the last N are kept.
+    ``etils.epath.Path`` (orbax's own path type); local paths are made absolute, URIs are kept.
+    every: save when ``step % every == 0`` (0 = only forced saves); keep: the last N verified
+    steps are kept (rotation happens only after the new step is read back and verified);
+    verify_on_save: read every save back and verify it (needs room for a second copy of the
+    state in device memory while it runs).
     """
 
-    def __init__(self, directory: str | Path, *, keep: int = 2, every: int = 0):
+    def __init__(
+        self, directory: str | Path, *, keep: int = 2, every: int = 0, verify_on_save: bool = True
+    ):
         self.directory = _checkpoint_path(directory)
         self.every = int(every)
+        self.keep = int(keep)
+        self.verify_on_save = verify_on_save
         opts = ocp.CheckpointManagerOptions(
-            max_to_keep=int(keep), create=True, enable_async_checkpointing=False
+            max_to_keep=None,
+            create=False,  # made by the first save: reading a missing directory creates nothing
+            save_root_metadata=False,
+            enable_async_checkpointing=False,
+            cleanup_tmp_directories=True,  # half-written saves of a killed run
         )
         self._mgr = ocp.CheckpointManager(
             self.directory, options=opts, item_names=("state", "meta")
@@ -59,21 +161,61 @@ class Checkpointer:
         return self.every > 0 and step > 0 and step % self.every == 0
 
     def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
-        """Write ``state`` (pytree of jax/numpy arrays) and ``meta`` (JSON-able) at ``step``."""
+        """Write ``state`` (pytree of jax/numpy arrays) and ``meta`` (JSON-able) at ``step``, read
+        it back and verify it, then rotate out steps beyond ``keep``. A state with non-finite
+        values is refused; a save that does not verify is moved to ``corrupt/`` and the older
+        steps are kept (both raise CheckpointError)."""
         if not force and not self.should_save(step):
             return False
         if step in self._mgr.all_steps():
             return False
+        sums, bad = array_checksums(state)
+        if bad:
+            raise CheckpointError(
+                f"not saving step {step} to {self.directory}: non-finite values in "
+                f"{_describe(bad)}"
+            )
+        meta = dict(meta, step=int(step), checksums=sums, checksum_format=CHECKSUM_FORMAT)
+        self.directory.mkdir(parents=True, exist_ok=True)
         self._mgr.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                meta=ocp.args.JsonSave(dict(meta, step=int(step))),
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
             ),
             force=True,
         )
         self._mgr.wait_until_finished()
+        if self.verify_on_save:
+            try:
+                self.restore_state(state, step, meta=meta)
+            except CheckpointError as e:
+                where = self.quarantine(step)
+                raise CheckpointError(
+                    f"checkpoint step {step} did not verify after saving ({e}); moved to {where}, "
+                    f"older checkpoints kept"
+                ) from e
+        self._rotate()
         return True
+
+    def _rotate(self) -> None:
+        steps = self.all_steps()
+        for s in steps[: max(0, len(steps) - self.keep)]:
+            self._mgr.delete(s)
+
+    def quarantine(self, step: int) -> str:
+        """Move step ``step`` to ``<dir>/corrupt/<step>-<time>`` (out of the manager's view);
+        returns where it went (process 0 moves it; the others only forget it)."""
+        src = self.directory / str(step)
+        dst = self.directory / "corrupt" / f"{step}-{int(time.time())}"
+        if jax.process_index() == 0:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                src.rename(dst)
+            except OSError:  # a filesystem without rename (some object stores): copy + delete
+                shutil.copytree(str(src), str(dst))
+                shutil.rmtree(str(src), ignore_errors=True)
+        self._mgr.reload()
+        return str(dst)
 
     def all_steps(self) -> list[int]:
         return sorted(self._mgr.all_steps())
@@ -88,19 +230,23 @@ class Checkpointer:
             out = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         except Exception as e:  # noqa: BLE001 - orbax raises many types; rewrap with the path
             raise CheckpointError(
-                f"checkpoint {self.directory}/{step}: metadata unreadable ({type(e).__name__}: {e})"
+                f"checkpoint {self.directory}/{step}: metadata unreadable "
+                f"({type(e).__name__}: {one_line(str(e), 200)})"
             ) from e
         meta = out["meta"]
         if not isinstance(meta, dict) or meta.get("step") != step:
             raise CheckpointError(
-                f"checkpoint {self.directory}/{step}: metadata is corrupt (got {meta!r:.200})"
+                f"checkpoint {self.directory}/{step}: metadata is corrupt "
+                f"(got {one_line(repr(meta), 200)})"
             )
         return meta
 
-    def restore_state(self, abstract_state, step: int | None = None):
+    def restore_state(self, abstract_state, step: int | None = None, *, meta: dict | None = None):
         """Arrays of ``step`` restored with the shapes/dtypes/shardings of ``abstract_state``
-        (a pytree of ``jax.ShapeDtypeStruct`` or arrays)."""
+        (a pytree of ``jax.ShapeDtypeStruct`` or arrays), verified against the step's checksums
+        (``meta``: its metadata when already read) and for finite values."""
         step = self._resolve(step)
+        meta = self.restore_meta(step) if meta is None else meta
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
         try:
             out = self._mgr.restore(
@@ -109,8 +255,12 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(
                 f"checkpoint {self.directory}/{step}: state unreadable or corrupt "
-                f"({type(e).__name__}: {str(e)[:500]})"
+                f"({type(e).__name__}: {one_line(str(e), 300)})"
             ) from e
+        try:
+            verify_tree(out["state"], meta)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: corrupt: {e}") from e
         return out["state"]
 
     def _resolve(self, step: int | None) -> int:
@@ -125,12 +275,18 @@ class Checkpointer:
             )
         return step
 
+    def clear(self) -> list[int]:
+        """Delete every step (a run started over with ``checkpoint.overwrite``); returns them."""
+        steps = self.all_steps()
+        for s in steps:
+            self._mgr.delete(s)
+        return steps
+
     def close(self) -> None:
         self._mgr.close()
 
 
-# ---- a training run's state
-# -----------------------------------------------------------------------
+# ---- a training run's state ------------------------------------------------------------------
 def state_tree(state: TrainState, snapshots: dict | None = None) -> dict:
     """The arrays of a checkpoint: theta_t, optimizer state, theta_s snapshots keyed by
     str(version)."""
@@ -146,9 +302,8 @@ def save_train_state(
     ckpt: Checkpointer, state: TrainState, extra_meta: dict, *, force: bool = False
 ) -> bool:
     """Save ``state`` at its step with meta (step, synced_version, snapshot_versions) +
-    ``extra_meta``
-    (data_state, counters, seed, config, ...). Collective in a multi-host run (orbax
-    coordinates)."""
+    ``extra_meta`` (data_state, counters, seed, config, ...). Collective in a multi-host run
+    (orbax coordinates)."""
     meta = {
         "step": state.step,
         "synced_version": state.synced_version,
@@ -158,13 +313,47 @@ def save_train_state(
     return ckpt.save(state.step, state_tree(state), meta, force=force)
 
 
-def restore_train_state(ckpt: Checkpointer, state: TrainState) -> dict:
-    """Restore the latest checkpoint into ``state`` (params, optimizer state, snapshots, step,
-    synced_version) onto the shardings ``state`` already has; returns its meta."""
-    meta = ckpt.restore_meta()
-    versions = [int(v) for v in meta["snapshot_versions"]]
-    tree = ckpt.restore_state(state_tree(state, {v: state.params for v in versions}))
-    state.params, state.opt_state = tree["params"], tree["opt_state"]
-    state.snapshots = {int(v): p for v, p in tree["snapshots"].items()}
-    state.step, state.synced_version = int(meta["step"]), int(meta["synced_version"])
-    return meta
+def restore_train_state(
+    ckpt: Checkpointer, state: TrainState, check_meta: Callable[[dict], Any] | None = None
+) -> dict:
+    """Restore the newest good checkpoint into ``state`` (params, optimizer state, snapshots,
+    step, synced_version) onto the shardings ``state`` already has; returns its meta.
+
+    Steps are tried newest first; one that is unreadable, fails its checksums or holds non-finite
+    values is reported in one line (warning), moved to ``corrupt/`` and the next older one is
+    tried. ``check_meta(meta)`` runs on each readable step's metadata before its arrays are read
+    (the config check: its errors are not corruption and are raised as they are). Raises
+    CheckpointError when no step is good."""
+    refused: list[tuple[int, str]] = []
+    for step in reversed(ckpt.all_steps()):
+        try:
+            meta = ckpt.restore_meta(step)
+            if check_meta is not None:
+                check_meta(meta)
+            versions = [int(v) for v in meta["snapshot_versions"]]
+            tree = ckpt.restore_state(
+                state_tree(state, {v: state.params for v in versions}), step, meta=meta
+            )
+        except (CheckpointError, KeyError, TypeError, ValueError) as e:
+            msg = str(e) if isinstance(e, CheckpointError) else f"metadata lacks {e}"
+            refused.append((step, msg))
+            logger.warning("%s; trying an older checkpoint", one_line(msg, 400))
+            continue
+        state.params, state.opt_state = tree["params"], tree["opt_state"]
+        state.snapshots = {int(v): p for v, p in tree["snapshots"].items()}
+        state.step, state.synced_version = int(meta["step"]), int(meta["synced_version"])
+        if refused:  # out of the way of later saves of the same steps and of later resumes
+            moved = [ckpt.quarantine(s) for s, _ in refused]
+            logger.warning(
+                "resuming from step %d, the newest good checkpoint: step(s) %s were corrupt "
+                "(moved to %s)",
+                step,
+                [s for s, _ in refused],
+                ", ".join(moved),
+            )
+        return meta
+    raise CheckpointError(
+        f"no good checkpoint in {ckpt.directory}: "
+        + "; ".join(f"step {s}: {one_line(m, 160)}" for s, m in refused)
+        + " -- start over with checkpoint.resume=false checkpoint.overwrite=true"
+    )

@@ -87,6 +87,7 @@ class SamplerSection:
     max_model_len: int = 128
     startup_timeout_s: float = 600.0
     reconnect_timeout_s: float = 600.0
+    connect_timeout_s: float = 30.0  # first connection to a given sampler.address
     push_transport: Literal["auto", "grpc", "socket"] = "auto"
 
 
@@ -173,6 +174,7 @@ class TrainSection:
     micro_batches: int = 1
     seed: int = 0
     advantage: Literal["grpo", "mean", "drgrpo"] = "grpo"
+    max_nonfinite_steps: int = 3  # consecutive NaN/Inf loss or gradient steps (skipped) -> stop
 
 
 @dataclasses.dataclass
@@ -184,6 +186,8 @@ class CheckpointSection:
     every: int = 10
     keep: int = 2
     resume: bool = True
+    overwrite: bool = False  # resume=false on a used run dir: delete the old run (else refuse)
+    allow_config_change: bool = False  # resume with a different training-relevant config
 
 
 @dataclasses.dataclass
@@ -264,6 +268,8 @@ _RULES: list[tuple[str, Any, str]] = [
     ("train.micro_batches", lambda v: v >= 1, ">= 1"),
     ("checkpoint.every", lambda v: v >= 0, ">= 0"),
     ("checkpoint.keep", lambda v: v >= 1, ">= 1"),
+    ("sampler.connect_timeout_s", lambda v: v > 0, "> 0"),
+    ("train.max_nonfinite_steps", lambda v: v >= 1, ">= 1"),
     ("sft.steps", lambda v: v >= 0, ">= 0"),
 ]
 

@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,15 +42,22 @@ import jax.numpy as jnp
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
+from dlc_jax.errors import UserError, require_dir
 from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
 from dlc_jax.sampler.types import SamplingParams, mix_seed
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import BatchAssembler
-from dlc_jax.trainer.checkpoint import Checkpointer, restore_train_state, save_train_state
+from dlc_jax.trainer.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    restore_train_state,
+    save_train_state,
+)
 from dlc_jax.trainer.config import TrainConfig, make_loss_config, to_dict
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.resync import make_policy
 from dlc_jax.trainer.rollouts import RolloutFeeder
+from dlc_jax.trainer.run_dir import check_resume_config, fingerprint, prepare_fresh_start
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule
 from dlc_jax.trainer.step import STEP_KEYS, StepConfig, make_snapshot_logprobs, make_train_step
@@ -61,6 +71,10 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 STREAM_RECOVERIES = RetryPolicy(max_retries=5, backoff=0.0, max_backoff=0.0)
 
 __all__ = ["Trainer", "SamplerUnavailable"]
+
+
+class NonFiniteTrainingError(UserError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
 
 
 class _StreamsFailed(Exception):
@@ -97,7 +111,11 @@ class Trainer:
             "reconnects": 0,
             "dropped_on_resync": 0,
             "snapshot_forwards": 0,
+            "nonfinite_skipped": 0,
         }
+        self._nonfinite_in_a_row = 0
+        if cfg.model.path:
+            require_dir(cfg.model.path, "model.path")
         self.model_dir = (
             ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
         )
@@ -187,7 +205,7 @@ class Trainer:
             return self._complete_summary()
         metrics = self._start()
         t0 = time.time()
-        finished = False
+        finished = interrupted = False
         try:
             while self.state.step < self.cfg.train.steps:
                 index = self.state.step
@@ -195,13 +213,26 @@ class Trainer:
                 self._open_batch(index)
                 self._request(index)
                 row = self._train_step(index)
-                metrics.log(self.state.step, row)
                 del self.batches[index]
+                if row is None:  # non-finite loss/gradient: not applied, next batch
+                    continue
+                metrics.log(self.state.step, row)
                 if self.ckpt.should_save(self.state.step):
                     self.save()
             finished = True
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
             summary = self._finish(metrics, finished, time.time() - t0)
+        if interrupted:
+            logger.warning(
+                "interrupted at step %d: checkpoint %s (step %s); resume by running the same "
+                "command again",
+                self.state.step,
+                self.ckpt.directory,
+                self.ckpt.latest_step(),
+            )
+            raise KeyboardInterrupt
         return summary
 
     def _start(self) -> MetricsLogger:
@@ -228,10 +259,15 @@ class Trainer:
     def _finish(self, metrics: MetricsLogger, finished: bool, seconds: float) -> dict:
         """Checkpoint on exit, write the summary (process 0), close everything; returns the
         summary."""
-        try:
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:  # a second Ctrl-C does not cut the checkpoint on exit short
             self.save(force=True)
         except Exception as e:
             logger.warning("checkpoint on exit failed: %s", e)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, old)
         extra = {
             "finished": finished,
             "seconds": seconds,
@@ -248,9 +284,9 @@ class Trainer:
         self.close()
         return dict(summary, **extra)
 
-    def _train_step(self, index: int) -> dict:
+    def _train_step(self, index: int) -> dict | None:
         """One optimizer step on batch ``index``: wait, score, pack, theta_s forwards, step,
-        resync."""
+        resync. None when the step was skipped (non-finite loss or gradient)."""
         cfg, st = self.cfg, self.state
         t0 = time.time()
         rollouts = self._wait_batch(index)
@@ -262,11 +298,14 @@ class Trainer:
         dev, forwards = self.inputs.device_inputs(arrays, st)
         self.counters["snapshot_forwards"] += forwards
         lr = float(self.schedule(st.step))
+        before = st.params, st.opt_state
         st.params, st.opt_state, out = self.train_step(
             st.params, st.opt_state, {k: dev[k] for k in STEP_KEYS}
         )
-        st.step += 1
         m = {k: float(v) for k, v in out.items()}
+        if not self._finite_step(index, m, before):
+            return None
+        st.step += 1
         reason = (
             self.policy.name if self.policy.should_resync(m, st.step - st.synced_version) else None
         )
@@ -299,6 +338,36 @@ class Trainer:
                 st.version,
             )
         return m
+
+    def _finite_step(self, index: int, m: dict, before: tuple) -> bool:
+        """False (and the step undone) when the loss or gradient is NaN/Inf: the update is not
+        applied (the jitted step already kept the old params when the gradient is not finite)
+        nor pushed; ``train.max_nonfinite_steps`` such steps in a row stop the run."""
+        loss, gnorm = m.get("loss/loss", 0.0), m.get("grad_norm", 0.0)
+        if math.isfinite(loss) and math.isfinite(gnorm):
+            self._nonfinite_in_a_row = 0
+            return True
+        self.state.params, self.state.opt_state = before
+        self.counters["nonfinite_skipped"] += 1
+        self._nonfinite_in_a_row += 1
+        limit = self.cfg.train.max_nonfinite_steps
+        logger.warning(
+            "step %d (batch %d): non-finite loss %s / grad_norm %s: update not applied, not "
+            "pushed (%d in a row, stop at %d)",
+            self.state.step + 1,
+            index,
+            loss,
+            gnorm,
+            self._nonfinite_in_a_row,
+            limit,
+        )
+        if self._nonfinite_in_a_row >= limit:
+            raise NonFiniteTrainingError(
+                f"stopped: {limit} steps in a row had a non-finite loss or gradient (last: loss "
+                f"{loss}, grad_norm {gnorm}); weights kept at step {self.state.step}. Check the "
+                f"reward function and data for NaN/Inf, or lower optim.lr"
+            )
+        return False
 
     # ---- batches --------------------------------------------------------------------------------
     def _open_batch(self, index: int) -> None:
@@ -442,13 +511,29 @@ class Trainer:
             "seed": self.cfg.train.seed,
             "dropped_stale": self.assembler.dropped_stale,
             "config": to_dict(self.cfg),
+            "config_fingerprint": fingerprint(to_dict(self.cfg)),
         }
-        return save_train_state(self.ckpt, self.state, meta, force=force)
+        try:
+            return save_train_state(self.ckpt, self.state, meta, force=force)
+        except CheckpointError as e:  # the previous good checkpoints are still there
+            logger.warning("%s", e)
+            return False
 
     def _resume(self) -> bool:
-        if not self.cfg.checkpoint.resume or self.ckpt.latest_step() is None:
+        c = self.cfg.checkpoint
+        if not c.resume or c.overwrite:
+            prepare_fresh_start(self.ckpt, self.cfg.log.dir, overwrite=c.overwrite)
             return False
-        meta = restore_train_state(self.ckpt, self.state)
+        if self.ckpt.latest_step() is None:
+            return False
+        current = to_dict(self.cfg)
+        meta = restore_train_state(
+            self.ckpt,
+            self.state,
+            check_meta=lambda m: check_resume_config(
+                m, current, allow_change=c.allow_config_change, where=str(self.ckpt.directory)
+            ),
+        )
         self.data.set_state(meta["data_state"])
         self.counters.update(meta.get("counters", {}))
         self.assembler.dropped_stale = int(meta.get("dropped_stale", 0))
@@ -477,7 +562,8 @@ class Trainer:
             "run already complete: checkpoint step %s >= train.steps=%d in %s; metrics "
             "%s/metrics.jsonl, "
             "summary %s/summary.json; nothing was trained (raise train.steps to continue, or use "
-            "checkpoint.resume=false / a new checkpoint.dir and log.dir to start over)",
+            "checkpoint.resume=false checkpoint.overwrite=true / a new checkpoint.dir and log.dir "
+            "to start over)",
             step,
             self.cfg.train.steps,
             self.ckpt.directory,

@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from dlc_jax.errors import UserError, one_line
 from dlc_jax.sampler.process import SamplerProcess
 from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 PUSH_RECONNECTS = RetryPolicy(max_retries=4, backoff=0.0, max_backoff=0.0)
 
 
-class SamplerUnavailable(RuntimeError):
+class SamplerUnavailable(UserError, RuntimeError):
     """The sampler could not be reached (or brought back) within the configured limits."""
 
 
@@ -70,6 +71,7 @@ class SamplerLink:
         self._client: Sampler | None = None
         self.process: SamplerProcess | None = None
         self._last_rotation: list[bool] | None = None
+        self._connected_once = False
 
     @property
     def client(self) -> Sampler:
@@ -86,7 +88,9 @@ class SamplerLink:
 
     # ---- connect / reconnect -----------------------------------------------------------------
     def connect(self) -> None:
-        """Connect to ``sampler.address`` or (re)spawn a loopback sampler."""
+        """Connect to ``sampler.address`` or (re)spawn a loopback sampler. The first connection to
+        an address waits at most ``sampler.connect_timeout_s`` and fails in one line
+        (SamplerUnavailable); later ones (reconnects) wait up to ``reconnect_timeout_s``."""
         from dlc_jax.sampler.pool import connect_samplers
 
         s = self.cfg
@@ -94,6 +98,8 @@ class SamplerLink:
             self._client.close()
             self._client = None
         if s.address:
+            first = not self._connected_once
+            limit = s.connect_timeout_s if first else s.reconnect_timeout_s
             client = connect_samplers(
                 s.address,
                 token_file=s.token_file,
@@ -102,7 +108,13 @@ class SamplerLink:
                 timeout=s.reconnect_timeout_s,
             )
             self._client = client
-            client.wait_ready(s.reconnect_timeout_s)
+            try:
+                client.wait_ready(limit)
+            except (TimeoutError, grpc.RpcError) as e:
+                if not first:
+                    raise
+                raise SamplerUnavailable(self._connect_failure(e, limit)) from e
+            self._connected_once = True
             return
         if self.multi:
             raise ValueError(
@@ -110,6 +122,21 @@ class SamplerLink:
                 "(host:port[,host:port]); it cannot spawn a loopback sampler per process"
             )
         self._spawn()
+
+    def _connect_failure(self, e: BaseException, limit: float) -> str:
+        s = self.cfg
+        code = e.code() if isinstance(e, grpc.RpcError) else None
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return (
+                f"sampler.address {s.address}: the sampler refused the token (UNAUTHENTICATED); "
+                f"check sampler.token_file ({s.token_file or 'none given'})"
+            )
+        return one_line(
+            f"sampler.address {s.address}: no sampler answered within {limit:g}s "
+            f"(sampler.connect_timeout_s); start one there (`dlc-jax sampler serve ...`), fix "
+            f"the address, or leave sampler.address empty to spawn one on loopback",
+            400,
+        )
 
     def _spawn(self) -> None:
         s = self.cfg

@@ -50,11 +50,28 @@ def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
     return optax.chain(*parts)
 
 
+def all_finite(tree) -> jax.Array:
+    """True when every float leaf of ``tree`` is free of NaN/Inf (a traced scalar bool)."""
+    oks = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+    ]
+    return jnp.all(jnp.stack(oks)) if oks else jnp.asarray(True)
+
+
 def apply_updates(tx, params, opt_state, grads, lr_scale=1.0):
-    """One optimizer update; ``lr_scale`` (scalar, traced ok) multiplies the update."""
-    updates, opt_state = tx.update(grads, opt_state, params)
+    """One optimizer update; ``lr_scale`` (scalar, traced ok) multiplies the update.
+
+    Guarded: when a gradient, ``lr_scale`` or the resulting update holds NaN/Inf the step is not
+    applied (params and optimizer state come back unchanged, Adam's moments and step count
+    included); the trainer sees it in the ``grad_norm`` metric and reports the skipped step."""
+    updates, new_opt_state = tx.update(grads, opt_state, params)
     updates = jax.tree.map(lambda u: u * jnp.asarray(lr_scale, u.dtype), updates)
-    return optax.apply_updates(params, updates), opt_state
+    ok = all_finite(grads) & all_finite(updates) & jnp.all(jnp.isfinite(jnp.asarray(lr_scale)))
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+    return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
 
 
 def place_on_mesh(tree, mesh):
