@@ -7,7 +7,7 @@ Used by the sampler tests; imports torch/transformers lazily.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -26,8 +26,9 @@ def load_hf_reference(model_dir: str, weights: Mapping[str, np.ndarray] | None =
     return model.eval()
 
 
-def processed_logprobs(model, prompt_ids, response_ids, *, temperature: float = 1.0, top_k: int = 0,
-                       top_p: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def processed_logprobs(
+    model, prompt_ids, response_ids, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """-> (lp [T] of each response token, full processed log-prob rows [T, V]; -inf off-support).
     temperature == 0 (greedy) -> plain log_softmax(logits)."""
     import jax
@@ -40,7 +41,7 @@ def processed_logprobs(model, prompt_ids, response_ids, *, temperature: float = 
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].float().numpy()
     p = len(prompt_ids)
-    rows = jnp.asarray(logits[p - 1:len(ids) - 1])  # [T, V] predicting the response tokens
+    rows = jnp.asarray(logits[p - 1 : len(ids) - 1])  # [T, V] predicting the response tokens
     if temperature == 0:
         lp_rows = jax.nn.log_softmax(rows, axis=-1)
     else:

@@ -1,6 +1,8 @@
 """SamplerPool against real gRPC JAX-backend samplers on loopback: round-robin routing by slot with
-split-independent seeds, concurrent pushes reported per sampler, a rejected push leaving that sampler
-on its old weights (atomic per sampler) and out of rotation, readmission after a full push, one tensor
+split-independent seeds, concurrent pushes reported per sampler, a rejected push leaving that
+sampler
+on its old weights (atomic per sampler) and out of rotation, readmission after a full push, one
+tensor
 read once for all samplers, and a killed sampler not stopping generation or pushes."""
 
 from __future__ import annotations
@@ -25,8 +27,15 @@ PROMPTS = {s: [3 + s, 17, 40 + 2 * s] for s in range(6)}
 def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
-    return str(make_tiny(tmp_path_factory.mktemp("pool_tiny") / "m", hidden_size=32, intermediate_size=64,
-                         head_dim=8, num_hidden_layers=1))
+    return str(
+        make_tiny(
+            tmp_path_factory.mktemp("pool_tiny") / "m",
+            hidden_size=32,
+            intermediate_size=64,
+            head_dim=8,
+            num_hidden_layers=1,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +43,15 @@ def servers(tiny_dir):
     from dlc_jax.sampler.backends import BackendConfig, make_backend
     from dlc_jax.sampler.server import ServerConfig, ServerThread
 
-    srvs = [ServerThread(make_backend("jax", BackendConfig(model_dir=tiny_dir, max_model_len=64, max_head_k=4,
-                                                           max_n=4)), ServerConfig()).start() for _ in range(2)]
+    srvs = [
+        ServerThread(
+            make_backend(
+                "jax", BackendConfig(model_dir=tiny_dir, max_model_len=64, max_head_k=4, max_n=4)
+            ),
+            ServerConfig(),
+        ).start()
+        for _ in range(2)
+    ]
     yield srvs
     for s in srvs:
         s.stop()
@@ -48,7 +64,10 @@ def base_weights(tiny_dir):
 
 def _perturbed(weights, seed, scale=0.3):
     rng = np.random.default_rng(seed)
-    return {k: (v + scale * v.std() * rng.standard_normal(v.shape)).astype(np.float32) for k, v in weights.items()}
+    return {
+        k: (v + scale * v.std() * rng.standard_normal(v.shape)).astype(np.float32)
+        for k, v in weights.items()
+    }
 
 
 def _pool(addrs, **kw):
@@ -77,7 +96,8 @@ def test_round_robin_by_slot_and_split_independent(servers):
         assert sorted(got) == [(s, g) for s in range(6) for g in range(2)]
         # one Generate per slot: slots 0,2,4 -> sampler 0; 1,3,5 -> sampler 1
         assert c0.info()["requests"] - req0 == 3 and c1.info()["requests"] - req1 == 3
-        # The same slot asked alone from the other sampler with its slot seed gives the same samples.
+        # The same slot asked alone from the other sampler with its slot seed gives the same
+        # samples.
         for s in (0, 3):
             p = dataclasses.replace(PARAMS, seed=slot_seed(PARAMS.seed, s))
             other = c1 if s % 2 == 0 else c0
@@ -104,12 +124,18 @@ def test_push_reported_per_sampler_rejection_atomic_and_readmission(servers, bas
         assert res.per_sampler[a0].ok and res.per_sampler[a0].version == v0 + 3
         assert not res.per_sampler[a1].ok and "stale" in res.per_sampler[a1].message
         assert res.removed == (a1,)
-        assert c0.info()["version"] == v0 + 3 and c1.info()["version"] == v0 + 5  # 1 kept its old weights
+        assert (
+            c0.info()["version"] == v0 + 3 and c1.info()["version"] == v0 + 5
+        )  # 1 kept its old weights
         again = _generate(c1, slots=(1,))
         for k in only_1:
             np.testing.assert_array_equal(again[k].response_ids, only_1[k].response_ids)
         m = pool.metrics()
-        assert m["pool/active"] == 1 and m["pool/removed_total"] == 1 and m["pool/sampler1/active"] == 0
+        assert (
+            m["pool/active"] == 1
+            and m["pool/removed_total"] == 1
+            and m["pool/sampler1/active"] == 0
+        )
         # generation goes to sampler 0 only, all at v0+3
         got = _generate(pool)
         assert sorted(got) == [(s, g) for s in range(6) for g in range(2)]
@@ -137,7 +163,9 @@ def test_streamed_push_reads_each_tensor_once(servers, base_weights, tiny_dir):
 
     with SamplerClient(a0) as c0, SamplerClient(a1) as c1, _pool([a0, a1], queue_depth=1) as pool:
         v = max(c0.info()["version"], c1.info()["version"]) + 1
-        res = pool.push_weights(source, v, specs=hf_param_shapes(Qwen3Config.from_pretrained(tiny_dir)))
+        res = pool.push_weights(
+            source, v, specs=hf_param_shapes(Qwen3Config.from_pretrained(tiny_dir))
+        )
         assert res.ok and [r.ok for r in res.per_sampler.values()] == [True, True], res.message
         assert len(reads) == len(set(reads)) == len(w)
         # both samplers now serve identical weights: same slot, same seed -> same samples
@@ -149,13 +177,20 @@ def test_streamed_push_reads_each_tensor_once(servers, base_weights, tiny_dir):
             pool.push_weights(source, v + 1)
 
 
-def test_killed_sampler_leaves_rotation_and_training_continues(servers, base_weights, tiny_dir, tmp_path):
+def test_killed_sampler_leaves_rotation_and_training_continues(
+    servers, base_weights, tiny_dir, tmp_path
+):
     from dlc_jax.sampler.process import SamplerProcess
 
     a0 = servers[0].address
-    proc = SamplerProcess("jax", tiny_dir, extra_args=["--max-model-len", "64", "--max-head-k", "4", "--max-n", "4"],
-                          log_file=str(tmp_path / "killed.log"), env={"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"},
-                          startup_timeout=300).start()
+    proc = SamplerProcess(
+        "jax",
+        tiny_dir,
+        extra_args=["--max-model-len", "64", "--max-head-k", "4", "--max-n", "4"],
+        log_file=str(tmp_path / "killed.log"),
+        env={"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"},
+        startup_timeout=300,
+    ).start()
     try:
         with SamplerClient(a0) as c0, _pool([a0, proc.address]) as pool:
             v = c0.info()["version"] + 1
@@ -167,7 +202,11 @@ def test_killed_sampler_leaves_rotation_and_training_continues(servers, base_wei
             got = _generate(pool)
             assert sorted(got) == [(s, g) for s in range(6) for g in range(2)]
             m = pool.metrics()
-            assert m["pool/active"] == 1 and m["pool/sampler1/active"] == 0 and m["pool/resubmitted_slots"] >= 1
+            assert (
+                m["pool/active"] == 1
+                and m["pool/sampler1/active"] == 0
+                and m["pool/resubmitted_slots"] >= 1
+            )
             assert "generate failed" in pool.report()[1]["last_error"]
             # "training" continues: pushes go to the live sampler, the dead one is not readmitted
             for k in range(2):
@@ -176,14 +215,19 @@ def test_killed_sampler_leaves_rotation_and_training_continues(servers, base_wei
                 # the readmission probe of the dead sampler used its own timeout / retry policy: the
                 # shared client's settings are untouched
                 dead = pool.clients[1]
-                assert dead.timeout == 120 and dead.retry == RetryPolicy(max_retries=1, backoff=0.05)
+                assert dead.timeout == 120 and dead.retry == RetryPolicy(
+                    max_retries=1, backoff=0.05
+                )
                 got = _generate(pool, slots=(0, 1))
                 assert {x for r in got.values() for x in r.versions} == {v + 1 + k}
         # a sampler down while still in rotation: its push fails and is reported, the rest go on
         with _pool([a0, proc.address]) as pool:
             res = pool.push_weights(_perturbed(base_weights, 40), v + 10)
             assert res.ok and res.per_sampler[a0].ok
-            assert not res.per_sampler[proc.address].ok and res.per_sampler[proc.address].code == "UNAVAILABLE"
+            assert (
+                not res.per_sampler[proc.address].ok
+                and res.per_sampler[proc.address].code == "UNAVAILABLE"
+            )
             assert res.removed == (proc.address,) and pool.rotation() == [True, False]
             pool.set_rotation([False, False])
             with pytest.raises(NoActiveSamplerError, match="no sampler in rotation"):

@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from dlc_jax.trainer.config import ConfigError, default_config_path, dump_config, load_config, parse_override
+from dlc_jax.trainer.config import (
+    ConfigError,
+    default_config_path,
+    dump_config,
+    load_config,
+    parse_override,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -23,10 +29,19 @@ def test_default_path_and_values():
 
 
 def test_overrides_coerce_types(tmp_path):
-    cfg = load_config(CONFIGS / "tiny_cpu.yaml", [
-        "optim.lr=2e-4", "train.steps=7", "sampler.backend=jax", "log.progress=false",
-        "async.prefetch=3", "data.arithmetic.operators=+-", "loss.clip_low=0.3", "sampler.temperature=1",
-    ])
+    cfg = load_config(
+        CONFIGS / "tiny_cpu.yaml",
+        [
+            "optim.lr=2e-4",
+            "train.steps=7",
+            "sampler.backend=jax",
+            "log.progress=false",
+            "async.prefetch=3",
+            "data.arithmetic.operators=+-",
+            "loss.clip_low=0.3",
+            "sampler.temperature=1",
+        ],
+    )
     assert cfg.optim.lr == 2e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.train.steps == 7 and cfg.sampler.backend == "jax" and cfg.log.progress is False
     assert cfg.async_.prefetch == 3 and cfg.data.arithmetic.operators == "+-"

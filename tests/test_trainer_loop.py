@@ -1,6 +1,7 @@
 """Integration: the RL loop against a real JAX-backend sampler on loopback (gRPC subprocess).
 
-policy never -> lag ESS falls; ess -> recovers after each resync; onpolicy -> lag exactly zero and no
+policy never -> lag ESS falls; ess -> recovers after each resync; onpolicy -> lag exactly zero and
+no
 snapshot forward; sampler killed mid-run -> reconnect without losing or double-counting a batch.
 """
 
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from dlc_jax.trainer.config import load_config, default_config_path
+from dlc_jax.trainer.config import default_config_path, load_config
 
 pytestmark = pytest.mark.slow
 
@@ -21,22 +22,42 @@ pytestmark = pytest.mark.slow
 def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
-    return make_tiny(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16)
+    return make_tiny(
+        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
+    )
 
 
 def _cfg(tiny_dir, tmp_path, *extra):
-    return load_config(default_config_path(), [
-        f"model.path={tiny_dir}", "sft.enabled=false", "sampler.backend=jax", "sampler.n=4", "sampler.max_tokens=4",
-        "sampler.head_k=4", "train.batch_prompts=4", "log.progress=false", "log.tensorboard=false",
-        f"log.dir={tmp_path}/logs", f"checkpoint.dir={tmp_path}/ckpt", "checkpoint.every=0", "optim.lr=3e-3",
-        "sampler.temperature=1.0",
-        # the untrained tiny model never answers correctly; a format reward (response contains an "e")
-        # gives every group reward variance, so the policy moves and the lag grows
-        "reward.correct=0", "reward.format_bonus=1", "reward.strict_format=(?s).*e.*", *extra])
+    return load_config(
+        default_config_path(),
+        [
+            f"model.path={tiny_dir}",
+            "sft.enabled=false",
+            "sampler.backend=jax",
+            "sampler.n=4",
+            "sampler.max_tokens=4",
+            "sampler.head_k=4",
+            "train.batch_prompts=4",
+            "log.progress=false",
+            "log.tensorboard=false",
+            f"log.dir={tmp_path}/logs",
+            f"checkpoint.dir={tmp_path}/ckpt",
+            "checkpoint.every=0",
+            "optim.lr=3e-3",
+            "sampler.temperature=1.0",
+            # the untrained tiny model never answers correctly; a format reward (response contains
+            # an "e") gives every group reward variance, so the policy moves and the lag grows
+            "reward.correct=0",
+            "reward.format_bonus=1",
+            "reward.strict_format=(?s).*e.*",
+            *extra,
+        ],
+    )
 
 
 def _rows(tmp_path):
-    return [json.loads(l) for l in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
 
 
 def _run(cfg):
@@ -54,7 +75,8 @@ def test_onpolicy_lag_exactly_zero_no_snapshot_forward(tiny_dir, tmp_path, caplo
     assert all(r["ell_mean"] == 0.0 and r["ell_std"] == 0.0 and r["ess_lag"] == 1.0 for r in rows)
     assert all(r["version_lag"] == 0.0 for r in rows)
     assert s["snapshot_forwards"] == 0 and s["resync_count"] == 3
-    # the decomposition still sees the sampler/trainer numerical discrepancy (tiny, not zero by construction)
+    # the decomposition still sees the sampler/trainer numerical discrepancy (tiny, not zero by
+    # construction)
     assert all(abs(r["delta_mean"]) < 1e-3 for r in rows)
     # the spawned loopback sampler offers its socket data plane: every resync push used it
     pushes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("push: version")]
@@ -67,15 +89,28 @@ def test_never_ess_falls_and_ess_policy_recovers(tiny_dir, tmp_path):
     ess = [r["ess_lag"] for r in _rows(never)]
     lag = [r["version_lag"] for r in _rows(never)]
     assert lag == [0.0, 1.0, 2.0, 3.0, 4.0] and s["resync_count"] == 0
-    assert ess[0] == 1.0 and ess[-1] < ess[1] < 1.0, ess  # the lag ratio degenerates as theta_t moves away
+    assert ess[0] == 1.0 and ess[-1] < ess[1] < 1.0, (
+        ess
+    )  # the lag ratio degenerates as theta_t moves away
     essd = tmp_path / "ess"
-    _, s = _run(_cfg(tiny_dir, essd, "resync.policy=ess", "resync.threshold=0.985", "train.steps=6", "async.prefetch=0"))
+    _, s = _run(
+        _cfg(
+            tiny_dir,
+            essd,
+            "resync.policy=ess",
+            "resync.threshold=0.985",
+            "train.steps=6",
+            "async.prefetch=0",
+        )
+    )
     rows = _rows(essd)
     assert s["resync_ess"] >= 1
     for i, r in enumerate(rows[:-1]):
         if r["resync"]:
             assert r["ess_lag"] < 0.985  # triggered by the ESS
-            assert rows[i + 1]["version_lag"] == 0.0 and rows[i + 1]["ess_lag"] == 1.0  # recovered: fresh sampler
+            assert (
+                rows[i + 1]["version_lag"] == 0.0 and rows[i + 1]["ess_lag"] == 1.0
+            )  # recovered: fresh sampler
 
 
 def _free_port():
@@ -91,8 +126,15 @@ def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path, caplog):
     port = _free_port()
     args = ["--max-model-len", "64", "--max-head-k", "4"]
     proc = SamplerProcess("jax", str(tiny_dir), port=port, extra_args=args).start()
-    cfg = _cfg(tiny_dir, tmp_path, f"sampler.address=127.0.0.1:{port}", "train.steps=5", "resync.policy=every_k",
-               "resync.k=1", "sampler.reconnect_timeout_s=120")
+    cfg = _cfg(
+        tiny_dir,
+        tmp_path,
+        f"sampler.address=127.0.0.1:{port}",
+        "train.steps=5",
+        "resync.policy=every_k",
+        "resync.k=1",
+        "sampler.reconnect_timeout_s=120",
+    )
     caplog.set_level(logging.INFO, logger="dlc_jax")
     trainer = Trainer(cfg)
     out = {}
@@ -100,20 +142,32 @@ def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path, caplog):
     th.start()
     path = tmp_path / "logs" / "metrics.jsonl"
     deadline = time.time() + 300
-    while time.time() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= 2):
+    while time.time() < deadline and not (
+        path.exists() and len(path.read_text().splitlines()) >= 2
+    ):
         time.sleep(0.2)
     proc.kill()
-    time.sleep(20.0)  # longer than the client's own UNAVAILABLE retries (~16 s), so the trainer must reconnect
+    time.sleep(
+        20.0
+    )  # longer than the client's own UNAVAILABLE retries (~16 s), so the trainer must reconnect
     proc2 = SamplerProcess("jax", str(tiny_dir), port=port, extra_args=args).start()
     try:
         th.join(400)
         assert not th.is_alive()
         rows = _rows(tmp_path)
-        assert out["finished"] and [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # no batch lost or repeated
+        assert out["finished"] and [r["step"] for r in rows] == [
+            1,
+            2,
+            3,
+            4,
+            5,
+        ]  # no batch lost or repeated
         assert out["reconnects"] >= 1
         assert proc2.client().info()["version"] == 5  # the new sampler got the trainer's weights
         # a sampler started without a data port: pushes fall back to gRPC
-        pushes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("push: version")]
+        pushes = [
+            r.getMessage() for r in caplog.records if r.getMessage().startswith("push: version")
+        ]
         assert pushes and all(" via grpc " in m for m in pushes), pushes
     finally:
         proc2.stop()
