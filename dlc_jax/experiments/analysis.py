@@ -3,7 +3,7 @@
 * D_t / N_t on the checkpoint steps both the run and the noise threshold have, skipping steps where
   N_t is not measurably positive (at step 0 both on-policy runs are the initial model, N_0 = 0).
 * First step the lag ESS falls below 0.5 (measured), and the Gaussian prediction of that step
-  (corrections-math 6.2): fit Var(ell) = a*k + b*k^2 against k = steps since the sampler's last sync
+  (docs/CORRECTIONS.md §6): fit Var(ell) = a*k + b*k^2 against k = steps since the sampler's last sync
   on the first points after the first sync, then solve Var(k*) = ln 2; predicted step = sync step + k*.
 """
 
