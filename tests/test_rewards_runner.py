@@ -161,3 +161,15 @@ def test_setup_errors_are_one_line(plugin):
     with RewardRunner(RewardConfig(workers=1)) as r:
         with pytest.raises(ValueError, match="lengths differ"):
             r.score(["p"], ["a", "b"], ["1", "1"], ["0", "1"])
+
+
+def test_plugin_in_the_working_directory(tmp_path, monkeypatch):
+    """`dlc-jax train reward.fn=my_rewards:f` run next to my_rewards.py (the console script's
+    sys.path does not have the working directory)."""
+    mod = f"rw_cwd_{time.monotonic_ns()}"
+    (tmp_path / f"{mod}.py").write_text(PLUGIN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    with RewardRunner(RewardConfig(workers=1, fn=f"{mod}:length")) as r:
+        total, _ = r.score(["p"], ["abc"], ["1"], ["0/0"])
+    assert total.tolist() == [3.0]
