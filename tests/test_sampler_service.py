@@ -313,6 +313,30 @@ def _stream(weights, version, *, chunk=1 << 16, commit=True):
         yield pb.WeightMessage(commit=pb.Commit())
 
 
+def test_nan_push_refused_then_next_good_push_serves_finite_logprobs(served, base_weights):
+    """All-NaN weights with valid checksums are refused on commit (both engines keep the old
+    weights); the next good push serves finite log-probs tagged with its version (vLLM used to
+    return NaN log-probs for requests after a NaN push)."""
+    srv, client, _ = served
+    v0 = client.info()["version"]
+    before = _probe(client)
+    nan = {k: np.full(v.shape, np.nan, np.float32) for k, v in base_weights.items()}
+    res = client.push_weights(nan, v0 + 1)
+    assert not res.ok and res.code == "INVALID_ARGUMENT" and "NaN or Inf" in res.message, res
+    after = _probe(client)
+    np.testing.assert_allclose(after.logprobs, before.logprobs, atol=1e-5)
+    good = _perturbed(base_weights, seed=21)
+    assert client.push_weights(good, v0 + 1).ok
+    p = SamplingParams(n=2, max_tokens=8, temperature=1.0, seed=4)
+    for _ in range(3):
+        rollouts = list(client.generate(PROMPTS, p))
+        for r in rollouts:
+            assert np.isfinite(r.logprobs).all() and r.version_spans == [
+                (v0 + 1, 0, len(r.response_ids))
+            ]
+    SERVED[srv.server.backend.name] = good
+
+
 def test_push_new_weights_then_logprobs_match(served, base_weights, tiny_dir):
     srv, client, name = served
     v = client.info()["version"] + 1
