@@ -1,9 +1,8 @@
 """Prefix KL between two real (tiny) Qwen3 models vs a direct full-logits computation."""
 
+import jax
 import numpy as np
 import pytest
-
-import jax
 from flax import nnx
 
 from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy, prefix_kl
@@ -20,7 +19,10 @@ def models(tmp_path_factory):
     graphdef, state = nnx.split(b)
     leaves, treedef = jax.tree.flatten(state)
     rng = np.random.default_rng(0)
-    leaves = [x + 0.05 * rng.normal(size=x.shape).astype(np.float32) if x.dtype == np.float32 else x for x in leaves]
+    leaves = [
+        x + 0.05 * rng.normal(size=x.shape).astype(np.float32) if x.dtype == np.float32 else x
+        for x in leaves
+    ]
     b = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     return a, b
 
@@ -35,8 +37,16 @@ def _prefixes(vocab):
 def _direct(model_a, model_b, ps, temperature):
     la = np.asarray(model_a(ps.tokens, attention_mask=ps.attention_mask), np.float64) / temperature
     lb = np.asarray(model_b(ps.tokens, attention_mask=ps.attention_mask), np.float64) / temperature
-    la = la - np.log(np.exp(la - la.max(-1, keepdims=True)).sum(-1, keepdims=True)) - la.max(-1, keepdims=True)
-    lb = lb - np.log(np.exp(lb - lb.max(-1, keepdims=True)).sum(-1, keepdims=True)) - lb.max(-1, keepdims=True)
+    la = (
+        la
+        - np.log(np.exp(la - la.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - la.max(-1, keepdims=True)
+    )
+    lb = (
+        lb
+        - np.log(np.exp(lb - lb.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - lb.max(-1, keepdims=True)
+    )
     m = ps.prefix_mask > 0
     fwd = (np.exp(la) * (la - lb)).sum(-1)[m].mean()
     rev = (np.exp(lb) * (lb - la)).sum(-1)[m].mean()
@@ -57,8 +67,9 @@ def test_prefix_kl_matches_full_logits(models, tmp_path):
     same = prefix_kl(ea, evaluate_policy(a, ps, batch_size=3))
     assert abs(same["forward"]) < 1e-6 and abs(same["reverse"]) < 1e-6
     ea.save(tmp_path / "a.npz")
-    assert prefix_kl(PolicyOnPrefixes.load(tmp_path / "a.npz"), eb, temperature=0.8)["forward"] == pytest.approx(
-        kl["forward"], rel=1e-6)
+    assert prefix_kl(PolicyOnPrefixes.load(tmp_path / "a.npz"), eb, temperature=0.8)[
+        "forward"
+    ] == pytest.approx(kl["forward"], rel=1e-6)
 
 
 def test_prefix_kl_refuses_different_prefix_sets(models):

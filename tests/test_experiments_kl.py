@@ -1,15 +1,15 @@
 """Exact next-token KL on reference prefixes: against a direct full-softmax computation."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jax.numpy as jnp
 
 from dlc_jax.experiments.kl import KLSums, kl_on_positions, kl_sums
 
 
 def _direct_kl(h_a, h_b, w_a, w_b, mask, temperature):
     """Float64 numpy reference: full softmax over the whole vocabulary, no chunking."""
+
     def logsoftmax(x):
         x = x - x.max(-1, keepdims=True)
         return x - np.log(np.exp(x).sum(-1, keepdims=True))
@@ -92,7 +92,9 @@ def test_masked_positions_do_not_count():
 def test_bf16_hidden_is_upcast_and_close():
     h_a, h_b, w_a, w_b, mask = _case(seed=4)
     f32, _, _ = kl_sums(h_a, h_b, w_a, w_b, mask)
-    fbf, _, _ = kl_sums(jnp.asarray(h_a, jnp.bfloat16), jnp.asarray(h_b, jnp.bfloat16), w_a, w_b, mask)
+    fbf, _, _ = kl_sums(
+        jnp.asarray(h_a, jnp.bfloat16), jnp.asarray(h_b, jnp.bfloat16), w_a, w_b, mask
+    )
     np.testing.assert_allclose(float(fbf), float(f32), rtol=5e-2)
 
 
@@ -100,7 +102,8 @@ def test_sums_accumulate_across_batches_and_means():
     h_a, h_b, w_a, w_b, mask = _case(seed=5)
     whole = kl_on_positions(h_a, h_b, w_a, w_b, mask)
     parts = kl_on_positions(h_a[:1], h_b[:1], w_a, w_b, mask[:1]) + kl_on_positions(
-        h_a[1:], h_b[1:], w_a, w_b, mask[1:])
+        h_a[1:], h_b[1:], w_a, w_b, mask[1:]
+    )
     a, b = whole.means(), parts.means()
     for k in ("forward", "reverse", "symmetric", "count"):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-6)

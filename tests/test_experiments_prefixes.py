@@ -4,8 +4,14 @@ import numpy as np
 import pytest
 
 from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
-from dlc_jax.experiments.prefixes import (PrefixConfig, PrefixSet, assemble, create_prefixes, heldout_prompts,
-                                          load_or_create)
+from dlc_jax.experiments.prefixes import (
+    PrefixConfig,
+    PrefixSet,
+    assemble,
+    create_prefixes,
+    heldout_prompts,
+    load_or_create,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +30,7 @@ def tokenizer(tiny_dir):
 
 def seeded_generate(calls):
     """A packing-test generator: responses are a pure function of (seed, prompt ids); records calls."""
+
     def generate(prompt_ids, *, max_tokens, temperature, seed):
         calls.append((len(prompt_ids), max_tokens, temperature, seed))
         out = []
@@ -32,11 +39,14 @@ def seeded_generate(calls):
             n = int(rng.integers(1, max_tokens + 1))
             out.append(rng.integers(3, 50, size=n).astype(np.int32))
         return out
+
     return generate
 
 
 def test_prefix_mask_marks_the_positions_that_generated_response_tokens():
-    ps = assemble([np.array([5, 6, 7]), np.array([8])], [np.array([1, 2]), np.array([3, 4, 9])], pad_id=0)
+    ps = assemble(
+        [np.array([5, 6, 7]), np.array([8])], [np.array([1, 2]), np.array([3, 4, 9])], pad_id=0
+    )
     np.testing.assert_array_equal(ps.tokens, [[5, 6, 7, 1, 2], [8, 3, 4, 9, 0]])
     # row 0: prompt len 3, response 2 -> positions 2, 3 predict tokens 1, 2
     np.testing.assert_array_equal(ps.prefix_mask, [[0, 0, 1, 1, 0], [1, 1, 1, 0, 0]])
@@ -67,10 +77,19 @@ def test_creation_is_deterministic_and_round_trips(tokenizer, tmp_path):
     np.testing.assert_array_equal(c.tokens, a.tokens)
     np.testing.assert_array_equal(c.prompt_lens, a.prompt_lens)
     np.testing.assert_array_equal(c.response_lens, a.response_lens)
-    assert c.pad_id == 1 and c.meta["prompts"] == a.meta["prompts"] and c.meta["config"]["sample_seed"] == 7
-    other = create_prefixes(PrefixConfig(num_prompts=6, max_tokens=5, temperature=0.9, sample_seed=8), tokenizer,
-                            seeded_generate([]))
-    assert not np.array_equal(other.tokens, a.tokens) or not np.array_equal(other.response_lens, a.response_lens)
+    assert (
+        c.pad_id == 1
+        and c.meta["prompts"] == a.meta["prompts"]
+        and c.meta["config"]["sample_seed"] == 7
+    )
+    other = create_prefixes(
+        PrefixConfig(num_prompts=6, max_tokens=5, temperature=0.9, sample_seed=8),
+        tokenizer,
+        seeded_generate([]),
+    )
+    assert not np.array_equal(other.tokens, a.tokens) or not np.array_equal(
+        other.response_lens, a.response_lens
+    )
 
 
 def test_load_or_create_creates_once(tokenizer, tmp_path):
@@ -85,7 +104,9 @@ def test_load_or_create_creates_once(tokenizer, tmp_path):
 def test_bad_responses_are_rejected(tokenizer):
     cfg = PrefixConfig(num_prompts=3, max_tokens=3)
     with pytest.raises(ValueError, match="empty response for held-out prompt 1"):
-        create_prefixes(cfg, tokenizer, lambda p, **k: [np.array([4]), np.array([], np.int32), np.array([5])])
+        create_prefixes(
+            cfg, tokenizer, lambda p, **k: [np.array([4]), np.array([], np.int32), np.array([5])]
+        )
     with pytest.raises(ValueError, match="2 responses for 3 prompts"):
         create_prefixes(cfg, tokenizer, lambda p, **k: [np.array([4]), np.array([5])])
     with pytest.raises(ValueError, match="max_tokens"):
@@ -113,8 +134,11 @@ def test_real_jax_sampler_is_deterministic_per_seed(tokenizer, tiny_dir):
             cfg = PrefixConfig(num_prompts=6, max_tokens=4)
             a = create_prefixes(cfg, tokenizer, client_generate(c))
             b = create_prefixes(cfg, tokenizer, client_generate(c))
-            other = create_prefixes(PrefixConfig(num_prompts=6, max_tokens=4, sample_seed=3), tokenizer,
-                                    client_generate(c))
+            other = create_prefixes(
+                PrefixConfig(num_prompts=6, max_tokens=4, sample_seed=3),
+                tokenizer,
+                client_generate(c),
+            )
     finally:
         proc.stop()
     np.testing.assert_array_equal(a.tokens, b.tokens)

@@ -5,15 +5,25 @@ import math
 import numpy as np
 import pytest
 
-from dlc_jax.experiments.analysis import (AnalysisConfig, distance_ratio, fit_lag_variance, first_below,
-                                          predicted_crossing, solve_crossing, stays_below_from, summarize)
+from dlc_jax.experiments.analysis import (
+    AnalysisConfig,
+    distance_ratio,
+    first_below,
+    fit_lag_variance,
+    predicted_crossing,
+    solve_crossing,
+    stays_below_from,
+    summarize,
+)
 from dlc_jax.experiments.report import write_report
 from dlc_jax.experiments.results import NoiseThreshold, RunResult, load_results
 
 STEPS = list(range(1, 11))
 
 
-def _run(name, arm, scenario, kl, ess, lag, ell_var, reward=None, resyncs=None, k3=None):
+def _run(
+    name, arm, scenario, kl, ess, lag, ell_var, reward=None, resyncs=None, k3=None, kl_steps=None
+):
     series = {
         "ess_lag": ess,
         "ess_gaussian": [math.exp(-v) for v in ell_var],
@@ -24,8 +34,17 @@ def _run(name, arm, scenario, kl, ess, lag, ell_var, reward=None, resyncs=None, 
         "delta_std": [0.01] * len(STEPS),
         "mismatch_k3": k3 or [0.001] * len(STEPS),
     }
-    return RunResult(name=name, arm=arm, scenario=scenario, steps=STEPS, series=series, kl_steps=[0, 5, 10],
-                     kl_forward=kl, kl_reverse=kl, wall_s=1.5)
+    return RunResult(
+        name=name,
+        arm=arm,
+        scenario=scenario,
+        steps=STEPS,
+        series=series,
+        kl_steps=kl_steps or [0, 5, 10][-len(kl) :],
+        kl_forward=kl,
+        kl_reverse=kl,
+        wall_s=1.5,
+    )
 
 
 NOISE = NoiseThreshold(steps=[0, 5, 10], forward=[0.0, 0.01, 0.02], reverse=[0.0, 0.011, 0.019])
@@ -33,13 +52,38 @@ NOISE = NoiseThreshold(steps=[0, 5, 10], forward=[0.0, 0.01, 0.02], reverse=[0.0
 
 def _experiment(tmp_path):
     never = list(STEPS)  # never synced: lag k = step
-    dlc = _run("stale__dlc", "dlc", "stale", [0.0, 0.015, 0.03], [0.9] * 10, [1, 2, 3, 1, 2, 3, 1, 2, 3, 1],
-               [0.05 * k * k for k in [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]], resyncs=[0, 0, 0, 1, 1, 1, 2, 2, 2, 3])
-    tis = _run("stale__tis", "tis", "stale", [0.0, 0.05, 0.01],
-               [0.9, 0.8, 0.6, 0.45, 0.6, 0.4, 0.3, 0.3, 0.2, 0.1], never, [0.1 * k for k in never],
-               reward=[0.0] * 9 + [0.7])
-    on1 = _run("onpolicy_seed1", "onpolicy", "reference", [0.0, 0.0, 0.0], [1.0] * 10, [0] * 10, [0.0] * 10)
-    on2 = _run("onpolicy_seed2", "onpolicy", "reference", [0.0, 0.01, 0.02], [1.0] * 10, [0] * 10, [0.0] * 10)
+    dlc = _run(
+        "stale__dlc",
+        "dlc",
+        "stale",
+        [0.0, 0.015, 0.03],
+        [0.9] * 10,
+        [1, 2, 3, 1, 2, 3, 1, 2, 3, 1],
+        [0.05 * k * k for k in [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]],
+        resyncs=[0, 0, 0, 1, 1, 1, 2, 2, 2, 3],
+    )
+    tis = _run(
+        "stale__tis",
+        "tis",
+        "stale",
+        [0.0, 0.05, 0.01],
+        [0.9, 0.8, 0.6, 0.45, 0.6, 0.4, 0.3, 0.3, 0.2, 0.1],
+        never,
+        [0.1 * k for k in never],
+        reward=[0.0] * 9 + [0.7],
+    )
+    on1 = _run(
+        "onpolicy_seed1", "onpolicy", "reference", [0.0, 0.0, 0.0], [1.0] * 10, [0] * 10, [0.0] * 10
+    )
+    on2 = _run(
+        "onpolicy_seed2",
+        "onpolicy",
+        "reference",
+        [0.0, 0.01, 0.02],
+        [1.0] * 10,
+        [0] * 10,
+        [0.0] * 10,
+    )
     for r in (dlc, tis, on1, on2):
         r.save(tmp_path)
     NOISE.save(tmp_path)
@@ -47,8 +91,16 @@ def _experiment(tmp_path):
 
 
 def test_distance_ratio_skips_zero_noise_and_divides():
-    r = RunResult("x", "tis", "s", [1], {}, kl_steps=[0, 5, 10, 15], kl_forward=[0.0, 0.05, 0.01, 9.0],
-                  kl_reverse=[0.0] * 4)
+    r = RunResult(
+        "x",
+        "tis",
+        "s",
+        [1],
+        {},
+        kl_steps=[0, 5, 10, 15],
+        kl_forward=[0.0, 0.05, 0.01, 9.0],
+        kl_reverse=[0.0] * 4,
+    )
     steps, ratios = distance_ratio(r, NOISE)
     assert steps == [5, 10]  # step 0 has N=0, step 15 has no noise measurement
     np.testing.assert_allclose(ratios, [5.0, 0.5])
@@ -79,15 +131,22 @@ def test_predicted_crossing_uses_first_sync_window():
     lag = [1, 0, 1, 2, 3, 0, 1]
     var = [0.05 * k * k if k else 0.0 for k in lag]
     var[5:] = [9.0, 9.0]  # after the resync: must not enter the fit
-    r = RunResult("x", "dlc", "s", steps, {"version_lag": lag, "ell_std": [math.sqrt(v) for v in var]})
+    r = RunResult(
+        "x", "dlc", "s", steps, {"version_lag": lag, "ell_std": [math.sqrt(v) for v in var]}
+    )
     # first window: steps 1..5 (lag 1, 0, 1, 2, 3 -- the drop at step 2 is a resync => window = [step 1])
     # so only the lag-1 point at step 1 (sync at step 0) is used: Var = 0.05 * 1
     pred = predicted_crossing(r, AnalysisConfig(fit_points=4))
     # one point: both single-term fits are exact; the linear one (0.05 k) wins the tie -> k* = ln2/0.05
     assert pred == pytest.approx(math.log(2) / 0.05)
     lag2 = [0, 1, 2, 3, 4, 0, 1]
-    r2 = RunResult("y", "dlc", "s", steps, {"version_lag": lag2,
-                                             "ell_std": [math.sqrt(0.05) * k for k in lag2[:5]] + [3.0, 3.0]})
+    r2 = RunResult(
+        "y",
+        "dlc",
+        "s",
+        steps,
+        {"version_lag": lag2, "ell_std": [math.sqrt(0.05) * k for k in lag2[:5]] + [3.0, 3.0]},
+    )
     assert predicted_crossing(r2) == pytest.approx(1 + math.sqrt(math.log(2) / 0.05))
 
 
@@ -105,35 +164,97 @@ def test_summary_numbers(tmp_path):
     assert d.ess_predicted == pytest.approx(math.sqrt(math.log(2) / 0.05))
 
 
+def _seeded_experiment(tmp_path, *, tis_far=True):
+    """3 on-policy runs (pairs KL 0.01 / 0.02 at steps 5 / 10), DLC close to them, TIS far (or not)."""
+    steps = [5, 10]
+    names = [f"onpolicy__s{i}" for i in range(3)]
+    pairs = {f"{a}|{b}": [0.01, 0.02] for a in names for b in names if a != b}
+    own_pairs = {k: [0.02, 0.04] for k in pairs}
+    NoiseThreshold(
+        steps=steps, forward=[0.01, 0.02], reverse=[0.01, 0.02], pairs=pairs, own_pairs=own_pairs
+    ).save(tmp_path)
+    never = list(STEPS)
+    ess_tis = [0.9, 0.8, 0.6, 0.45, 0.3, 0.3, 0.2, 0.2, 0.1, 0.1]
+    for i, n in enumerate(names):
+        refs = [m for m in names if m != n]
+        r = _run(n, "onpolicy", "reference", [0.01, 0.02], [1.0] * 10, [0] * 10, [0.0] * 10)
+        r.kl_steps, r.seed = steps, i
+        r.kl_by_ref = {m: [0.01, 0.02] for m in refs}
+        r.own_kl_by_ref = {m: [0.02, 0.04] for m in refs}
+        r.save(tmp_path)
+        far = 4.0 + i if tis_far else 1.0
+        t = _run(
+            f"collapse__tis__s{i}",
+            "tis",
+            "collapse",
+            [0.01, 0.02 * far],
+            ess_tis,
+            never,
+            [0.1 * k for k in never],
+            reward=[0.2] * 10,
+        )
+        t.kl_steps, t.seed = steps, i
+        t.kl_by_ref = {m: [0.01, 0.02 * far] for m in refs}
+        t.own_kl_by_ref = {m: [0.02, 0.04] for m in refs}  # looks on-policy on its own prefixes
+        t.save(tmp_path)
+        d = _run(
+            f"collapse__dlc__s{i}",
+            "dlc",
+            "collapse",
+            [0.01, 0.02],
+            [0.9] * 10,
+            [1, 2, 3, 1, 2, 3, 1, 2, 3, 1],
+            [0.05] * 10,
+            resyncs=[0, 0, 0, 1, 1, 1, 2, 2, 2, 3],
+        )
+        d.kl_steps, d.seed = steps, i
+        d.kl_by_ref = {m: [0.01, 0.015 + 0.005 * i] for m in refs}
+        d.own_kl_by_ref = {m: [0.02, 0.04] for m in refs}
+        d.save(tmp_path)
+        nr = RunResult.from_json(
+            {**t.to_json(), "name": f"collapse__dlc_noresync__s{i}", "arm": "dlc_noresync"}
+        )
+        nr.save(tmp_path)
+
+
 def test_report_is_generated_from_the_inputs(tmp_path):
-    _experiment(tmp_path)
-    assert set(load_results(tmp_path)) == {"stale__dlc", "stale__tis", "onpolicy_seed1", "onpolicy_seed2"}
+    _seeded_experiment(tmp_path)
     path = write_report(tmp_path)
     md = path.read_text()
-    assert "| stale__tis | tis | 5.00 (5) | 4 | 6.9 | 7 | 0 | 0.700 |" in md
-    assert "| stale__dlc | dlc | 1.50 (5) |" in md
-    assert "| onpolicy_seed2 | onpolicy | 1.00 (5) |" in md  # N_t vs itself
-    assert "**DLC within 2x noise** (agrees)" in md
-    assert "**IS leaves the band once ESS stays < 0.5** (disagrees): 0 of 1" in md
-    assert "**ESS crosses 0.5 earlier than the Gaussian prediction** (agrees): earlier in 1 of 1" in md
-    png = tmp_path / "plots" / "stale.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 400_000
-    assert (tmp_path / "plots" / "ess_crossing.png").exists()
-
-    # change the inputs -> the table changes with them
-    tis = load_results(tmp_path)["stale__tis"]
-    tis.kl_forward = [0.0, 0.01, 0.1]
-    tis.save(tmp_path)
-    md2 = write_report(tmp_path).read_text()
-    assert "| stale__tis | tis | 5.00 (10) |" in md2
-    assert "(agrees): 1 of 1 IS runs" in md2
+    # DLC: D/N is 1 at step 5 and mean(0.015, 0.02, 0.025)/0.02 = 1 at step 10 (resamples in [0.75, 1.25])
+    assert "| dlc | 3 | 1.00 [1.00, 1.25] | within |" in md
+    # TIS: factors 4, 5, 6 -> mean 5 at step 10; resamples in [4, 6]
+    assert "| tis | 3 | 5.00 [4.00, 6.00] | outside |" in md
+    assert "1. *DLC stays within 2x noise under the stale sampler*: **held**" in md
+    assert "2. *Importance weighting leaves the band once its ESS stays below 0.5*: **held**" in md
+    assert "3. *DLC's resync prevents collapses that per-token corrections leave*: **held**" in md
+    assert "4. *A KL on the sampler's own prefixes does not detect the collapses*: **held**" in md
+    assert "tis: reference 5.00 [4.00, 6.00] (outside) vs own 1.00 [1.00, 1.00] (within)" in md
+    assert "3 on-policy runs (onpolicy__s0, onpolicy__s1, onpolicy__s2)" in md
+    for png in ("collapse.png", "ess_crossing.png", "noise.png"):
+        b = (tmp_path / "plots" / png).read_bytes()
+        assert b[:8] == b"\x89PNG\r\n\x1a\n" and len(b) < 600_000
 
 
-def test_report_says_when_noise_is_unmeasurable(tmp_path):
-    _experiment(tmp_path)
-    NoiseThreshold(steps=[0, 5, 10], forward=[0.0, 0.0, 0.0], reverse=[0.0] * 3).save(tmp_path)
+def test_verdicts_follow_the_intervals(tmp_path):
+    _seeded_experiment(tmp_path, tis_far=False)
     md = write_report(tmp_path).read_text()
-    assert "N_t was not measurably positive" in md
+    assert "| tis | 3 | 1.00 [1.00, 1.00] | within |" in md
+    assert (
+        "2. *Importance weighting leaves the band once its ESS stays below 0.5*: **not held**" in md
+    )
+    assert "No per-token arm left the band, so there was no collapse to prevent." in md
+    assert (
+        "3. *DLC's resync prevents collapses that per-token corrections leave*: **inconclusive**"
+        in md
+    )
+
+
+def test_report_says_when_noise_is_missing(tmp_path):
+    _seeded_experiment(tmp_path)
+    (tmp_path / "noise.json").unlink()
+    md = write_report(tmp_path).read_text()
+    assert "No noise threshold" in md
 
 
 def test_bad_result_file_is_named(tmp_path):
@@ -143,14 +264,3 @@ def test_bad_result_file_is_named(tmp_path):
         load_results(tmp_path)
     with pytest.raises(ValueError, match="series 'reward'"):
         RunResult("x", "a", "s", [1, 2], {"reward": [1.0]})
-
-
-def test_identical_arms_are_reported(tmp_path):
-    _, tis = _experiment(tmp_path)
-    twin = RunResult.from_json({**tis.to_json(), "name": "stale__naive", "arm": "naive"})
-    twin.save(tmp_path)
-    md = write_report(tmp_path).read_text()
-    assert "**Identical runs**" in md and "stale__naive = stale__tis" in md
-    twin.series["reward"] = [0.5] * len(twin.steps)
-    twin.save(tmp_path)
-    assert "**Identical runs**" not in write_report(tmp_path).read_text()

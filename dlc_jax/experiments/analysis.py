@@ -166,7 +166,9 @@ class RunSummary:
     max_ratio_after_ess_stays_below: float | None
 
 
-def summarize(run: RunResult, noise: NoiseThreshold | None, cfg: AnalysisConfig = AnalysisConfig()) -> RunSummary:
+def summarize(
+    run: RunResult, noise: NoiseThreshold | None, cfg: AnalysisConfig = AnalysisConfig()
+) -> RunSummary:
     if noise is not None:
         rs, rr = distance_ratio(run, noise, cfg)
     else:
@@ -179,10 +181,18 @@ def summarize(run: RunResult, noise: NoiseThreshold | None, cfg: AnalysisConfig 
     res = [_num(v) for v in run.get("resyncs")]
     res = [v for v in res if v is not None]
     return RunSummary(
-        name=run.name, arm=run.arm, scenario=run.scenario, max_ratio=mx, max_ratio_step=mx_step,
-        ess_first_below=first_below(run.steps, ess, cfg.ess_threshold), ess_stays_below_from=stays,
+        name=run.name,
+        arm=run.arm,
+        scenario=run.scenario,
+        max_ratio=mx,
+        max_ratio_step=mx_step,
+        ess_first_below=first_below(run.steps, ess, cfg.ess_threshold),
+        ess_stays_below_from=stays,
         ess_predicted=predicted_crossing(run, cfg),
         gaussian_first_below=first_below(run.steps, run.get("ess_gaussian"), cfg.ess_threshold),
-        resyncs=int(max(res)) if res else None, final_reward=final_value(run.get("reward"), cfg.final_frac),
-        ratio_steps=rs, ratios=rr, max_ratio_after_ess_stays_below=max(after) if after else None,
+        resyncs=int(max(res)) if res else None,
+        final_reward=final_value(run.get("reward"), cfg.final_frac),
+        ratio_steps=rs,
+        ratios=rr,
+        max_ratio_after_ess_stays_below=max(after) if after else None,
     )

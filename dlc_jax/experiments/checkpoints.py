@@ -44,11 +44,15 @@ def restore_raw_state(ckpt_dir: str | Path, step: int) -> dict:
     mgr = ocp.CheckpointManager(ckpt_dir, item_names=("state", "meta"))
     try:
         if step not in mgr.all_steps():
-            raise CheckpointError(f"no checkpoint for step {step} in {ckpt_dir} (have {sorted(mgr.all_steps())})")
+            raise CheckpointError(
+                f"no checkpoint for step {step} in {ckpt_dir} (have {sorted(mgr.all_steps())})"
+            )
         try:
             out = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
         except Exception as e:  # noqa: BLE001 - orbax raises many types
-            raise CheckpointError(f"checkpoint {ckpt_dir}/{step}: state unreadable ({type(e).__name__}: {e})") from e
+            raise CheckpointError(
+                f"checkpoint {ckpt_dir}/{step}: state unreadable ({type(e).__name__}: {e})"
+            ) from e
         return out["state"]
     finally:
         mgr.close()
@@ -63,8 +67,10 @@ def find_params(state, key: str = "params"):
             if key in d:
                 return d[key]
             queue.extend(v for v in d.values() if isinstance(v, dict))
-    raise KeyError(f"checkpoint state has no {key!r} subtree (top-level keys: "
-                   f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
+    raise KeyError(
+        f"checkpoint state has no {key!r} subtree (top-level keys: "
+        f"{sorted(state) if isinstance(state, dict) else type(state).__name__})"
+    )
 
 
 @functools.lru_cache(maxsize=2)
@@ -90,7 +96,9 @@ def model_with_params(model_dir: str, raw_params):
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
     if missing or extra:
-        raise KeyError(f"checkpoint params do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise KeyError(
+            f"checkpoint params do not match the model: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
     paths, treedef = jax.tree_util.tree_flatten_with_path(params)
     leaves = []
     for path, leaf in paths:
@@ -98,7 +106,9 @@ def model_with_params(model_dir: str, raw_params):
         name = name[: -len("/value")] if name.endswith("/value") else name
         arr = np.asarray(got[name])
         if arr.shape != tuple(leaf.shape):
-            raise ValueError(f"checkpoint param {name}: shape {arr.shape}, model expects {tuple(leaf.shape)}")
+            raise ValueError(
+                f"checkpoint param {name}: shape {arr.shape}, model expects {tuple(leaf.shape)}"
+            )
         leaves.append(jnp.asarray(arr, jnp.float32))
     new = jax.tree_util.tree_unflatten(treedef, leaves)
     return nnx.merge(graphdef, new, rest)
@@ -107,5 +117,9 @@ def model_with_params(model_dir: str, raw_params):
 def load_checkpoint_model(cfg, step: int):
     """theta_t at ``step`` of the run configured by ``cfg`` (a TrainConfig with ``model.path`` set)."""
     if not cfg.model.path:
-        raise ValueError("model.path: the experiment runner resolves the initial model; it must be set here")
-    return model_with_params(cfg.model.path, find_params(restore_raw_state(cfg.checkpoint.dir, step)))
+        raise ValueError(
+            "model.path: the experiment runner resolves the initial model; it must be set here"
+        )
+    return model_with_params(
+        cfg.model.path, find_params(restore_raw_state(cfg.checkpoint.dir, step))
+    )

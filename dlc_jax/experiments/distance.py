@@ -10,6 +10,7 @@ The model API used is the contract ``model.hidden_states(input_ids, attention_ma
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -29,12 +30,14 @@ class PolicyOnPrefixes:
         np.savez(path, hidden=self.hidden, unembed=self.unembed)
 
     @classmethod
-    def load(cls, path) -> "PolicyOnPrefixes":
+    def load(cls, path) -> PolicyOnPrefixes:
         with np.load(path) as z:
             return cls(hidden=z["hidden"], unembed=z["unembed"])
 
 
+@functools.lru_cache(maxsize=1)
 def _hidden_fn():
+    """One jitted function for every evaluation (a new one per call would re-trace and re-compile)."""
     from flax import nnx
 
     @nnx.jit
@@ -54,29 +57,46 @@ def evaluate_policy(model, prefixes: PrefixSet, *, batch_size: int = 16) -> Poli
     bs = max(1, min(batch_size, n))
     rows = []
     for start in range(0, n, bs):
-        ids = tokens[start:start + bs]
-        am = attn[start:start + bs]
+        ids = tokens[start : start + bs]
+        am = attn[start : start + bs]
         real = ids.shape[0]
         if real < bs:  # pad the last batch so the jitted function keeps one shape
-            ids = np.concatenate([ids, np.full((bs - real, ids.shape[1]), prefixes.pad_id, ids.dtype)])
+            ids = np.concatenate(
+                [ids, np.full((bs - real, ids.shape[1]), prefixes.pad_id, ids.dtype)]
+            )
             am = np.concatenate([am, np.zeros((bs - real, am.shape[1]), am.dtype)])
             am[real:, 0] = 1  # never feed an all-masked row (softmax over nothing)
         h = np.asarray(hidden_fn(model, jnp.asarray(ids), jnp.asarray(am)), np.float32)[:real]
-        rows.append(h[pmask[start:start + real] > 0])
+        rows.append(h[pmask[start : start + real] > 0])
     unembed = np.asarray(model.unembedding(), np.float32)
     return PolicyOnPrefixes(hidden=np.concatenate(rows, 0), unembed=unembed)
 
 
-def prefix_kl(a: PolicyOnPrefixes, b: PolicyOnPrefixes, *, temperature: float = 1.0, chunk_size: int = 256,
-              block: int = 4096) -> dict[str, float]:
+def prefix_kl(
+    a: PolicyOnPrefixes,
+    b: PolicyOnPrefixes,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 256,
+    block: int = 4096,
+) -> dict[str, float]:
     """KL_P(a || b) ("forward"), KL_P(b || a) ("reverse"), their mean and the prefix count."""
     if a.hidden.shape != b.hidden.shape:
-        raise ValueError(f"policies evaluated on different prefix sets: hidden {a.hidden.shape} vs {b.hidden.shape}")
+        raise ValueError(
+            f"policies evaluated on different prefix sets: hidden {a.hidden.shape} vs {b.hidden.shape}"
+        )
     total = KLSums(0.0, 0.0, 0.0)
     p = a.hidden.shape[0]
     block = max(chunk_size, (block // chunk_size) * chunk_size)
     for s in range(0, p, block):  # host-side blocks keep the jitted shapes bounded for huge sets
-        ha, hb = a.hidden[s:s + block], b.hidden[s:s + block]
-        total = total + kl_on_positions(ha, hb, a.unembed, b.unembed, np.ones(ha.shape[0], np.float32),
-                                        temperature=temperature, chunk_size=chunk_size)
+        ha, hb = a.hidden[s : s + block], b.hidden[s : s + block]
+        total = total + kl_on_positions(
+            ha,
+            hb,
+            a.unembed,
+            b.unembed,
+            np.ones(ha.shape[0], np.float32),
+            temperature=temperature,
+            chunk_size=chunk_size,
+        )
     return total.means()

@@ -30,16 +30,24 @@ class KLSums:
     reverse: float
     count: float
 
-    def __add__(self, other: "KLSums") -> "KLSums":
-        return KLSums(self.forward + other.forward, self.reverse + other.reverse, self.count + other.count)
+    def __add__(self, other: KLSums) -> KLSums:
+        return KLSums(
+            self.forward + other.forward, self.reverse + other.reverse, self.count + other.count
+        )
 
     def means(self) -> dict[str, float]:
         """``{"forward", "reverse", "symmetric", "count"}``; raises if there are no valid prefixes."""
         if self.count <= 0:
-            raise ValueError("KL over reference prefixes: no valid prefix positions (mask is all zero)")
+            raise ValueError(
+                "KL over reference prefixes: no valid prefix positions (mask is all zero)"
+            )
         fwd, rev = self.forward / self.count, self.reverse / self.count
-        return {"forward": float(fwd), "reverse": float(rev), "symmetric": float(0.5 * (fwd + rev)),
-                "count": float(self.count)}
+        return {
+            "forward": float(fwd),
+            "reverse": float(rev),
+            "symmetric": float(0.5 * (fwd + rev)),
+            "count": float(self.count),
+        }
 
 
 def _chunk_kl(h_a, h_b, w_a, w_b, m, inv_temp):
@@ -70,12 +78,18 @@ def kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, 
       (forward_sum, reverse_sum, count) float32 scalars; forward = sum m * KL(a||b).
     """
     if hidden_a.shape != hidden_b.shape:
-        raise ValueError(f"hidden_a {hidden_a.shape} and hidden_b {hidden_b.shape} must have the same shape")
+        raise ValueError(
+            f"hidden_a {hidden_a.shape} and hidden_b {hidden_b.shape} must have the same shape"
+        )
     if unembed_a.shape != unembed_b.shape or unembed_a.shape[-1] != hidden_a.shape[-1]:
-        raise ValueError(f"unembed_a {unembed_a.shape} / unembed_b {unembed_b.shape} must both be [V, "
-                         f"{hidden_a.shape[-1]}]")
+        raise ValueError(
+            f"unembed_a {unembed_a.shape} / unembed_b {unembed_b.shape} must both be [V, "
+            f"{hidden_a.shape[-1]}]"
+        )
     if mask.shape != hidden_a.shape[:-1]:
-        raise ValueError(f"mask {mask.shape} must match the hidden states' leading shape {hidden_a.shape[:-1]}")
+        raise ValueError(
+            f"mask {mask.shape} must match the hidden states' leading shape {hidden_a.shape[:-1]}"
+        )
     d = hidden_a.shape[-1]
     h_a = hidden_a.reshape(-1, d)
     h_b = hidden_b.reshape(-1, d)
@@ -101,7 +115,17 @@ def kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, 
     return fwd, rev, jnp.sum(m)
 
 
-def kl_on_positions(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, chunk_size=256) -> KLSums:
+def kl_on_positions(
+    hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, chunk_size=256
+) -> KLSums:
     """:func:`kl_sums` as a host-side :class:`KLSums` (for accumulating over batches)."""
-    f, r, c = kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, temperature=temperature, chunk_size=chunk_size)
+    f, r, c = kl_sums(
+        hidden_a,
+        hidden_b,
+        unembed_a,
+        unembed_b,
+        mask,
+        temperature=temperature,
+        chunk_size=chunk_size,
+    )
     return KLSums(float(f), float(r), float(c))

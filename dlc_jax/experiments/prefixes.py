@@ -83,8 +83,10 @@ class PrefixSet:
     def __post_init__(self):
         n, length = self.tokens.shape
         if self.prompt_lens.shape != (n,) or self.response_lens.shape != (n,):
-            raise ValueError(f"prompt_lens {self.prompt_lens.shape} / response_lens {self.response_lens.shape} "
-                             f"must both be [{n}] for tokens {self.tokens.shape}")
+            raise ValueError(
+                f"prompt_lens {self.prompt_lens.shape} / response_lens {self.response_lens.shape} "
+                f"must both be [{n}] for tokens {self.tokens.shape}"
+            )
         if np.any(self.prompt_lens < 1):
             raise ValueError("prefix set: every prompt needs at least one token")
         if np.any(self.prompt_lens + self.response_lens > length):
@@ -111,13 +113,18 @@ class PrefixSet:
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        np.savez(out / NPZ_NAME, tokens=self.tokens.astype(np.int32), prompt_lens=self.prompt_lens.astype(np.int32),
-                 response_lens=self.response_lens.astype(np.int32), pad_id=np.int32(self.pad_id))
+        np.savez(
+            out / NPZ_NAME,
+            tokens=self.tokens.astype(np.int32),
+            prompt_lens=self.prompt_lens.astype(np.int32),
+            response_lens=self.response_lens.astype(np.int32),
+            pad_id=np.int32(self.pad_id),
+        )
         (out / META_NAME).write_text(json.dumps(self.meta, indent=1, sort_keys=True))
         return out
 
     @classmethod
-    def load(cls, out_dir: str | Path) -> "PrefixSet":
+    def load(cls, out_dir: str | Path) -> PrefixSet:
         out = Path(out_dir)
         path = out / NPZ_NAME
         if not path.exists():
@@ -126,7 +133,12 @@ class PrefixSet:
             missing = {"tokens", "prompt_lens", "response_lens", "pad_id"} - set(z.files)
             if missing:
                 raise ValueError(f"{path}: missing arrays {sorted(missing)}")
-            tokens, pl, rl, pad = z["tokens"], z["prompt_lens"], z["response_lens"], int(z["pad_id"])
+            tokens, pl, rl, pad = (
+                z["tokens"],
+                z["prompt_lens"],
+                z["response_lens"],
+                int(z["pad_id"]),
+            )
         meta = json.loads((out / META_NAME).read_text()) if (out / META_NAME).exists() else {}
         return cls(tokens=tokens, prompt_lens=pl, response_lens=rl, pad_id=pad, meta=meta)
 
@@ -140,50 +152,91 @@ def heldout_prompts(cfg: PrefixConfig, tokenizer) -> tuple[list[dict], list[np.n
     if cfg.source == "arithmetic":
         src = ArithmeticSource(cfg.arithmetic, seed=cfg.data_seed)
     else:
-        src = load_records(DataConfig(source=cfg.source, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field))
+        src = load_records(
+            DataConfig(
+                source=cfg.source, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field
+            )
+        )
     if cfg.num_prompts > len(src):
-        raise ValueError(f"prefixes.num_prompts={cfg.num_prompts} > {len(src)} records in {cfg.source!r}")
+        raise ValueError(
+            f"prefixes.num_prompts={cfg.num_prompts} > {len(src)} records in {cfg.source!r}"
+        )
     recs = [src[i] for i in range(cfg.num_prompts)]
-    ids = [encode_prompt(tokenizer, r["prompt"], chat_template=cfg.chat_template, system=cfg.system or None)
-           for r in recs]
+    ids = [
+        encode_prompt(
+            tokenizer, r["prompt"], chat_template=cfg.chat_template, system=cfg.system or None
+        )
+        for r in recs
+    ]
     return recs, ids
 
 
-def assemble(prompt_ids: Sequence[np.ndarray], responses: Sequence[np.ndarray], *, pad_id: int = 0,
-             meta: dict | None = None) -> PrefixSet:
+def assemble(
+    prompt_ids: Sequence[np.ndarray],
+    responses: Sequence[np.ndarray],
+    *,
+    pad_id: int = 0,
+    meta: dict | None = None,
+) -> PrefixSet:
     """Pack prompts and their responses into a right-padded :class:`PrefixSet`."""
     if len(prompt_ids) != len(responses):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(responses)} responses")
-    seqs = [np.concatenate([np.asarray(p, np.int32), np.asarray(r, np.int32)]) for p, r in zip(prompt_ids, responses)]
+    seqs = [
+        np.concatenate([np.asarray(p, np.int32), np.asarray(r, np.int32)])
+        for p, r in zip(prompt_ids, responses)
+    ]
     width = max(len(s) for s in seqs)
     tokens = np.full((len(seqs), width), pad_id, np.int32)
     for i, s in enumerate(seqs):
         tokens[i, : len(s)] = s
-    return PrefixSet(tokens=tokens, prompt_lens=np.array([len(p) for p in prompt_ids], np.int32),
-                     response_lens=np.array([len(r) for r in responses], np.int32), pad_id=pad_id, meta=meta or {})
+    return PrefixSet(
+        tokens=tokens,
+        prompt_lens=np.array([len(p) for p in prompt_ids], np.int32),
+        response_lens=np.array([len(r) for r in responses], np.int32),
+        pad_id=pad_id,
+        meta=meta or {},
+    )
 
 
-def create_prefixes(cfg: PrefixConfig, tokenizer, generate: GenerateFn, *, pad_id: int = 0,
-                    extra_meta: dict | None = None) -> PrefixSet:
+def create_prefixes(
+    cfg: PrefixConfig,
+    tokenizer,
+    generate: GenerateFn,
+    *,
+    pad_id: int = 0,
+    extra_meta: dict | None = None,
+) -> PrefixSet:
     """Sample one response per held-out prompt with ``generate`` (the initial policy) and pack them.
 
     Responses of length 0 are rejected (they contribute no prefixes and usually mean a broken sampler).
     """
     recs, ids = heldout_prompts(cfg, tokenizer)
-    responses = generate(ids, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=cfg.sample_seed)
+    responses = generate(
+        ids, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=cfg.sample_seed
+    )
     if len(responses) != len(ids):
         raise ValueError(f"generate returned {len(responses)} responses for {len(ids)} prompts")
     for i, r in enumerate(responses):
         if len(r) == 0:
-            raise ValueError(f"reference prefixes: empty response for held-out prompt {i} ({recs[i]['prompt']!r})")
+            raise ValueError(
+                f"reference prefixes: empty response for held-out prompt {i} ({recs[i]['prompt']!r})"
+            )
         if len(r) > cfg.max_tokens:
-            raise ValueError(f"reference prefixes: response {i} has {len(r)} tokens > max_tokens={cfg.max_tokens}")
-    meta = {"config": _jsonable(dataclasses.asdict(cfg)), "prompts": [r["prompt"] for r in recs],
-            "answers": [r["answer"] for r in recs], **(extra_meta or {})}
+            raise ValueError(
+                f"reference prefixes: response {i} has {len(r)} tokens > max_tokens={cfg.max_tokens}"
+            )
+    meta = {
+        "config": _jsonable(dataclasses.asdict(cfg)),
+        "prompts": [r["prompt"] for r in recs],
+        "answers": [r["answer"] for r in recs],
+        **(extra_meta or {}),
+    }
     return assemble(ids, responses, pad_id=pad_id, meta=meta)
 
 
-def load_or_create(out_dir: str | Path, cfg: PrefixConfig, tokenizer, generate: GenerateFn, **kw) -> PrefixSet:
+def load_or_create(
+    out_dir: str | Path, cfg: PrefixConfig, tokenizer, generate: GenerateFn, **kw
+) -> PrefixSet:
     """Load the prefix set in ``out_dir`` if it exists (shared by all runs), else create and save it."""
     if PrefixSet.exists(out_dir):
         return PrefixSet.load(out_dir)
@@ -207,7 +260,9 @@ def client_generate(client) -> GenerateFn:
     from dlc_jax.sampler.types import SamplingParams
 
     def generate(prompt_ids, *, max_tokens, temperature, seed):
-        params = SamplingParams(n=1, max_tokens=int(max_tokens), temperature=float(temperature), seed=int(seed))
+        params = SamplingParams(
+            n=1, max_tokens=int(max_tokens), temperature=float(temperature), seed=int(seed)
+        )
         out: dict[int, np.ndarray] = {}
         for r in client.generate([np.asarray(p).tolist() for p in prompt_ids], params):
             out[int(r.slot_id)] = np.asarray(r.response_ids, np.int32)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from dlc_jax.data.chain_arith import ChainArithConfig
 from dlc_jax.experiments.prefixes import PrefixConfig
-from dlc_jax.data.arithmetic import ArithmeticConfig
+from dlc_jax.experiments.warmup import ChainWarmup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,27 +40,37 @@ class Scenario:
     weight_noise: float = 0.0
 
 
-ARMS: dict[str, Arm] = {a.name: a for a in (
-    Arm("naive", "naive"),
-    Arm("tis", "tis"),
-    Arm("mis", "mis"),
-    Arm("score_centering", "score_centering"),
-    Arm("score_centering_tis", "score_centering_tis"),
-    Arm("ppo_clip", "ppo_clip", options=(("old_policy", "sampler"),)),  # clip vs the sampler (bypass)
-    Arm("decoupled_ppo", "decoupled_ppo"),
-    Arm("m2po", "m2po"),
-    Arm("vcpo", "vcpo"),
-    Arm("dlc", "dlc", own_resync="ess"),
-    Arm("dlc_noresync", "dlc"),
-)}
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("naive", "naive"),
+        Arm("tis", "tis"),
+        Arm("mis", "mis"),
+        Arm("score_centering", "score_centering"),
+        Arm("score_centering_tis", "score_centering_tis"),
+        Arm(
+            "ppo_clip", "ppo_clip", options=(("old_policy", "sampler"),)
+        ),  # clip vs the sampler (bypass)
+        Arm("decoupled_ppo", "decoupled_ppo"),
+        Arm("m2po", "m2po"),
+        Arm("vcpo", "vcpo"),
+        Arm("dlc", "dlc", own_resync="ess"),
+        Arm("dlc_noresync", "dlc"),
+    )
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentPreset:
     """base_config: YAML path relative to the repo root (or absolute); overrides: ``key=value`` applied
     to every run; steps / checkpoint_every: run length and the fixed checkpoint steps (the KL is
-    measured at every checkpoint); onpolicy_seeds: ``train.seed`` of the two on-policy runs (the arms
-    use the first); kl_temperature: temperature of the KL (the sampling temperature)."""
+    measured at every checkpoint); onpolicy_seeds: ``train.seed`` of the on-policy runs (>= 2; the noise
+    threshold is the mean KL over their pairs); seeds: ``train.seed`` of each arm's runs (an arm run with
+    seed s is compared with the on-policy runs of the other seeds, exactly like an on-policy pair);
+    kl_temperature: temperature of the KL (the sampling temperature); task: the chain-arithmetic
+    warm-up and data the runs use (None: the base config's model and data); own_prefix_scenarios:
+    scenarios whose runs are also measured on their own sampled prefixes (``own_prefix_prompts`` prompts
+    per checkpoint, see own_prefixes.py)."""
 
     name: str
     base_config: str
@@ -68,7 +79,11 @@ class ExperimentPreset:
     steps: int
     checkpoint_every: int
     overrides: tuple[str, ...] = ()
-    onpolicy_seeds: tuple[int, int] = (0, 1)
+    onpolicy_seeds: tuple[int, ...] = (0, 1)
+    seeds: tuple[int, ...] = (0,)
+    task: ChainWarmup | None = None
+    own_prefix_scenarios: tuple[str, ...] = ()
+    own_prefix_prompts: int = 16
     prefixes: PrefixConfig = dataclasses.field(default_factory=PrefixConfig)
     kl_temperature: float = 1.0
     kl_chunk_size: int = 256
@@ -79,62 +94,124 @@ class ExperimentPreset:
         bad = [a for a in self.arms if a not in ARMS]
         if bad:
             raise ValueError(f"preset {self.name}: unknown arms {bad} (known: {sorted(ARMS)})")
+        if len(set(self.onpolicy_seeds)) < 2 or len(set(self.seeds)) < 1:
+            raise ValueError(
+                f"preset {self.name}: need >= 2 distinct onpolicy_seeds and >= 1 seed, got "
+                f"{self.onpolicy_seeds}, {self.seeds}"
+            )
         if self.checkpoint_every < 1 or self.steps < self.checkpoint_every:
-            raise ValueError(f"preset {self.name}: need 1 <= checkpoint_every <= steps, got "
-                             f"{self.checkpoint_every}, {self.steps}")
+            raise ValueError(
+                f"preset {self.name}: need 1 <= checkpoint_every <= steps, got "
+                f"{self.checkpoint_every}, {self.steps}"
+            )
 
     def scenario(self, name: str) -> Scenario:
         for s in self.scenarios:
             if s.name == name:
                 return s
-        raise KeyError(f"preset {self.name}: no scenario {name!r} (have {[s.name for s in self.scenarios]})")
+        raise KeyError(
+            f"preset {self.name}: no scenario {name!r} (have {[s.name for s in self.scenarios]})"
+        )
 
 
 ALL_ARMS = tuple(ARMS)
+TINY_STEPS, TINY_CKPT, TINY_LR = 20, 5, 2e-4
+
+# The CPU matrix: 7 arms x 3 seeds under one collapse scenario + 3 on-policy runs = 24 trainings.
+# A stale (never synced) and int8-quantized sampler, chain-arithmetic answers of ~14-36 tokens.
+CPU_ARMS = ("naive", "tis", "mis", "ppo_clip", "decoupled_ppo", "dlc", "dlc_noresync")
 
 TINY = ExperimentPreset(
     name="tiny",
     base_config="configs/tiny_cpu.yaml",
-    # Measured on 2 shared CPU cores (load average 7-17 from other jobs): ~25-60 s per 40-step run with the
-    # persistent compile cache warm (~115 s cold), +~10 s of KL evaluation; the full matrix (2 on-policy
-    # runs + 11 arms x 4 scenarios, DLC shared by the two stale scenarios = 45 trainings) took ~41 minutes.
-    arms=ALL_ARMS,
-    scenarios=(
-        Scenario("stale_k4", sync="every_k", sync_k=4),
-        Scenario("stale_never", sync="never"),
-        Scenario("quant_int8", sync="every_k", sync_k=4, quantization="int8"),
-        Scenario("noise", sync="every_k", sync_k=4, weight_noise=0.05),
+    arms=CPU_ARMS,
+    scenarios=(Scenario("collapse", sync="never", quantization="int8"),),
+    steps=TINY_STEPS,
+    checkpoint_every=TINY_CKPT,
+    seeds=(0, 1, 2),
+    onpolicy_seeds=(0, 1, 2),
+    task=ChainWarmup(
+        task=ChainArithConfig(min_terms=3, max_terms=5, digits=1, num_examples=2000), steps=300
     ),
-    steps=40,
-    checkpoint_every=8,
-    overrides=("sampler.backend=jax", "log.tensorboard=false", "log.progress=false", "sampler.head_k=8"),
-    prefixes=PrefixConfig(num_prompts=32, max_tokens=4, arithmetic=ArithmeticConfig(digits=1, operators="+",
-                                                                                    num_examples=100)),
-    notes=("tiny preset: all 11 arms x 4 scenarios, 40 steps per run (8 prompts x 8 samples, lr 1e-3, "
-           "tiny SFT-warmed Qwen3 on 1-digit addition), 32 reference prompts x <= 4 response tokens = the "
-           "reference prefixes; the on-policy pair is shared by all scenarios.",),
+    own_prefix_scenarios=("collapse",),
+    overrides=(
+        "sampler.backend=jax",
+        "log.tensorboard=false",
+        "log.progress=false",
+        "sampler.head_k=8",
+        "sampler.max_tokens=48",
+        "sampler.max_model_len=96",
+        "train.batch_prompts=8",
+        "sampler.n=8",
+        f"optim.lr={TINY_LR}",
+    ),
+    prefixes=PrefixConfig(num_prompts=32, max_tokens=48),
+    notes=(),
 )
 
 QWEN3_0P6B = ExperimentPreset(
     name="qwen3_0p6b",
     base_config="configs/qwen3_0p6b_dlc.yaml",
-    arms=ALL_ARMS,
+    arms=CPU_ARMS,
     scenarios=(
+        Scenario("collapse", sync="never", quantization="fp8_per_channel"),
         Scenario("stale_k64", sync="every_k", sync_k=64),
-        Scenario("stale_never", sync="never"),
         Scenario("quant_fp8", sync="every_k", sync_k=8, quantization="fp8_per_channel"),
         Scenario("noise", sync="every_k", sync_k=8, weight_noise=0.02),
     ),
     steps=300,
     checkpoint_every=25,
+    seeds=(0, 1, 2),
+    onpolicy_seeds=(0, 1, 2),
     overrides=("checkpoint.keep=100",),
-    prefixes=PrefixConfig(num_prompts=128, max_tokens=512, chat_template=True, source="/data/gsm8k/test.parquet",
-                          prompt_field="question", answer_field="answer",
-                          system="Reason step by step and end with '#### <answer>'."),
+    prefixes=PrefixConfig(
+        num_prompts=128,
+        max_tokens=512,
+        chat_template=True,
+        source="/data/gsm8k/test.parquet",
+        prompt_field="question",
+        answer_field="answer",
+        system="Reason step by step and end with '#### <answer>'.",
+    ),
     eval_batch_size=16,
 )
 
-QWEN3_1P7B = dataclasses.replace(QWEN3_0P6B, name="qwen3_1p7b", base_config="configs/qwen3_1p7b_dlc.yaml",
-                                 eval_batch_size=8)
+QWEN3_1P7B = dataclasses.replace(
+    QWEN3_0P6B, name="qwen3_1p7b", base_config="configs/qwen3_1p7b_dlc.yaml", eval_batch_size=8
+)
 
-PRESETS: dict[str, ExperimentPreset] = {p.name: p for p in (TINY, QWEN3_0P6B, QWEN3_1P7B)}
+# Qwen3-0.6B's body (width, heads, MLP) with 4 of its 28 layers and the offline 4k tokenizer, random init then
+# the chain warm-up: the smallest accelerator preset (launch/gpu_experiment.sh), a few minutes on one GPU.
+QWEN3_0P6B_BODY_4L = (
+    ("vocab_size", 4096),
+    ("hidden_size", 1024),
+    ("intermediate_size", 3072),
+    ("num_hidden_layers", 4),
+    ("num_attention_heads", 16),
+    ("num_key_value_heads", 8),
+    ("head_dim", 128),
+    ("tie_word_embeddings", True),
+)
+
+QWEN3_0P6B_SMOKE = dataclasses.replace(
+    TINY,
+    name="qwen3_0p6b_smoke",
+    arms=("tis", "dlc"),
+    seeds=(0,),
+    onpolicy_seeds=(0, 1),
+    steps=12,
+    checkpoint_every=4,
+    task=ChainWarmup(
+        task=ChainArithConfig(min_terms=3, max_terms=5, digits=1, num_examples=2000),
+        steps=300,
+        lr=1e-3,
+        eval_prompts=16,
+        model_dims=QWEN3_0P6B_BODY_4L,
+    ),
+    overrides=TINY.overrides[:-1] + ("optim.lr=5e-5",),
+    prefixes=PrefixConfig(num_prompts=32, max_tokens=48),
+)
+
+PRESETS: dict[str, ExperimentPreset] = {
+    p.name: p for p in (TINY, QWEN3_0P6B, QWEN3_1P7B, QWEN3_0P6B_SMOKE)
+}

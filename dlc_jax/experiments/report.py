@@ -1,321 +1,367 @@
 """``report.md`` + PNG plots from an experiment's run results (everything computed, nothing typed).
 
-Per scenario: one figure with D_t/N_t (2x line), lag ESS (0.5 line, logged Gaussian prediction
-exp(-Var ell) dashed), lag and discrepancy (std of ell and delta), reward, the conventional mismatch
-KL on the sampler's own prefixes (k3) beside the reference-prefix KL D_t, and cumulative resyncs.
-One figure across all runs: measured vs Gaussian-predicted first step with ESS < 0.5.
-A table per scenario and an "agreement with the paper's claims" section generated from the numbers.
+Per scenario: one figure with the ratio D_t/N_t on the reference prefixes and on the runs' own prefixes
+(mean over seeds with its bootstrap 95% band, labelled 1x and 2x noise lines), the lag ESS, the reward,
+the lag std and the sampler-prefix mismatch KL (mean over seeds with the min-max seed band). One figure
+with the noise pairs, one with measured vs Gaussian ESS crossings. A table per scenario and a verdict
+per claim (see claims.py), with the intervals behind it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from dlc_jax.experiments.analysis import AnalysisConfig, RunSummary, final_value, summarize
+from dlc_jax.experiments.analysis import AnalysisConfig, summarize
+from dlc_jax.experiments.claims import ArmStats, arm_stats, claims
 from dlc_jax.experiments.results import NoiseThreshold, RunResult, load_results
+from dlc_jax.experiments.stats import mean_interval, seed_band
 
-# Order (and colour) of arms in tables and plots; unknown arms go last in name order.
-ARM_ORDER = ("onpolicy", "naive", "tis", "mis", "score_centering", "score_centering_tis", "ppo_clip",
-             "decoupled_ppo", "m2po", "vcpo", "dlc", "dlc_noresync")
-IS_ARMS = ("tis", "mis")
+# Order and style of arms in tables and plots; unknown arms go last in name order.
+ARM_ORDER = (
+    "onpolicy",
+    "naive",
+    "tis",
+    "mis",
+    "score_centering",
+    "score_centering_tis",
+    "ppo_clip",
+    "decoupled_ppo",
+    "m2po",
+    "vcpo",
+    "dlc",
+    "dlc_noresync",
+)
+_STYLES = (
+    ("-", "o"),
+    ("--", "s"),
+    ("-.", "^"),
+    (":", "D"),
+    ("-", "v"),
+    ("--", "P"),
+    ("-.", "X"),
+    (":", "*"),
+)
 
 
 def _arm_key(arm: str):
     return (ARM_ORDER.index(arm), arm) if arm in ARM_ORDER else (len(ARM_ORDER), arm)
 
 
-def _colour(arm: str):
+def arm_style(arm: str) -> dict:
+    """Colour, line style and marker of an arm: every arm differs in colour and in line style or marker."""
     import matplotlib
 
-    cmap = matplotlib.colormaps["tab20"]
-    i = ARM_ORDER.index(arm) if arm in ARM_ORDER else (len(ARM_ORDER) + hash(arm) % 8)
-    return cmap(i % 20)
+    if arm == "onpolicy":
+        return {"color": "black", "ls": "-", "marker": None, "lw": 2.2}
+    i = ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER) + sum(map(ord, arm)) % 8
+    ls, mk = _STYLES[i % len(_STYLES)]
+    return {"color": matplotlib.colormaps["tab10"](i % 10), "ls": ls, "marker": mk, "lw": 1.5}
 
 
 def _fmt(x, nd=2):
-    if x is None:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "—"
     if isinstance(x, float):
-        if not math.isfinite(x):
-            return "—"
         if x != 0 and (abs(x) >= 1e4 or abs(x) < 10 ** (-nd)):
             return f"{x:.{nd}e}"
         return f"{x:.{nd}f}"
     return str(x)
 
 
-def _series(run: RunResult, key: str):
-    xs, ys = [], []
-    for s, v in zip(run.steps, run.get(key)):
-        if v is not None and isinstance(v, (int, float)) and math.isfinite(v):
-            xs.append(s)
-            ys.append(v)
-    return xs, ys
+def _aligned(runs: list[RunResult], key: str) -> tuple[list[int], np.ndarray]:
+    """Series ``key`` of several runs on the union of their steps: (steps, [S, T] with NaN gaps)."""
+    steps = sorted({s for r in runs for s in r.steps})
+    idx = {s: i for i, s in enumerate(steps)}
+    out = np.full((len(runs), len(steps)), np.nan)
+    for k, r in enumerate(runs):
+        for s, v in zip(r.steps, r.get(key)):
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                out[k, idx[s]] = v
+    return steps, out
 
 
-def _scenario_runs(results: dict[str, RunResult]) -> dict[str, list[RunResult]]:
-    """Scenario -> its runs (arm order); the on-policy reference runs are added to every scenario."""
-    refs = [r for r in results.values() if r.scenario == "reference"]
-    out: dict[str, list[RunResult]] = {}
-    for r in results.values():
-        if r.scenario != "reference":
-            out.setdefault(r.scenario, []).append(r)
-    if not out and refs:
-        out["reference"] = []
-    for sc in out:
-        out[sc] = sorted(out[sc], key=lambda r: _arm_key(r.arm)) + sorted(refs, key=lambda r: r.name)
-    return dict(sorted(out.items()))
+def _band_plot(ax, x, rows, st, label, *, positive=False):
+    mean, lo, hi = seed_band(rows)
+    ok = np.isfinite(mean) & ((mean > 0) if positive else True)
+    if not ok.any():
+        return
+    x = np.asarray(x)[ok]
+    ax.plot(
+        x,
+        mean[ok],
+        ls=st["ls"],
+        color=st["color"],
+        lw=st["lw"],
+        label=label,
+        marker=st["marker"],
+        ms=3,
+        markevery=max(1, len(x) // 8),
+    )
+    if rows.shape[0] > 1:
+        ax.fill_between(x, lo[ok], hi[ok], color=st["color"], alpha=0.12, lw=0)
 
 
-def plot_scenario(scenario: str, runs: list[RunResult], summaries: dict[str, RunSummary], path: Path,
-                  cfg: AnalysisConfig) -> Path:
+def plot_scenario(
+    scenario: str,
+    by_arm: dict[str, list[RunResult]],
+    stats: dict[str, ArmStats],
+    path: Path,
+    cfg: AnalysisConfig,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), dpi=70)
-    ax_dn, ax_ess, ax_lag, ax_rew, ax_kl, ax_rs = axes.ravel()
-    ref_colours = iter(("black", "grey", "silver", "rosybrown"))
-    for r in runs:
-        c = next(ref_colours) if r.scenario == "reference" else _colour(r.arm)
-        ls = ":" if r.scenario == "reference" else "-"
-        s = summaries[r.name]
-        if s.ratios:
-            ax_dn.plot(s.ratio_steps, s.ratios, ls, marker="o", ms=3, color=c, label=r.name)
-        x, y = _series(r, "ess_lag")
-        if x:
-            ax_ess.plot(x, y, ls, color=c, label=r.name)
-        x, y = _series(r, "ess_gaussian")
-        if x:
-            ax_ess.plot(x, y, "--", color=c, alpha=0.6)
-        x, y = _series(r, "ell_std")
-        if x:
-            ax_lag.plot(x, y, ls, color=c, label=f"{r.name} lag")
-        x, y = _series(r, "delta_std")
-        if x:
-            ax_lag.plot(x, y, "--", color=c, alpha=0.7)
-        x, y = _series(r, "reward")
-        if x:
-            ax_rew.plot(x, y, ls, color=c, label=r.name)
-        x, y = _series(r, "mismatch_k3")
-        pos = [(a, b) for a, b in zip(x, y) if b > 0]  # log axis: only positive values
-        if pos:
-            ax_kl.plot(*zip(*pos), ls, color=c, label=f"{r.name} k3")
-        pos = [(a, b) for a, b in zip(r.kl_steps, r.kl_forward) if b is not None and b > 0]
-        if pos:
-            ax_kl.plot(*zip(*pos), "--", marker="s", ms=3, color=c, alpha=0.8)
-        x, y = _series(r, "resyncs")
-        if x:
-            ax_rs.step(x, y, ls, where="post", color=c, label=r.name)
-    ax_dn.axhline(cfg.band, color="k", lw=1.2, ls="--", label=f"{cfg.band:g}x noise")
-    ax_dn.set_yscale("log")
-    ax_dn.set_title("D_t / N_t on reference prefixes")
-    ax_ess.axhline(cfg.ess_threshold, color="k", lw=1.2, ls="--")
-    ax_ess.set_title("lag ESS (solid) and exp(-Var ell) (dashed)")
+    fig, axes = plt.subplots(2, 3, figsize=(17, 9.5), dpi=72)
+    ax_ref, ax_own, ax_ess, ax_rew, ax_lag, ax_k3 = axes.ravel()
+    for arm in sorted(by_arm, key=_arm_key):
+        runs, st = by_arm[arm], arm_style(arm)
+        label = f"{arm} ({len(runs)} seeds)"
+        a = stats.get(arm)
+        for ax, rs in ((ax_ref, a.ref if a else None), (ax_own, a.own if a else None)):
+            if rs is not None and len(rs.curve):
+                ax.plot(
+                    rs.steps,
+                    rs.curve,
+                    ls=st["ls"],
+                    color=st["color"],
+                    lw=st["lw"],
+                    marker=st["marker"] or "o",
+                    ms=4,
+                    label=label,
+                )
+                ax.fill_between(rs.steps, rs.lo, rs.hi, color=st["color"], alpha=0.12, lw=0)
+        if arm != "onpolicy":
+            x, rows = _aligned(runs, "ess_lag")
+            _band_plot(ax_ess, x, rows, st, label)
+            x, rows = _aligned(runs, "ell_std")
+            _band_plot(ax_lag, x, rows, st, label)
+            x, rows = _aligned(runs, "mismatch_k3")
+            _band_plot(ax_k3, x, rows, st, label, positive=True)
+        x, rows = _aligned(runs, "reward")
+        _band_plot(ax_rew, x, rows, st, label)
+    for ax, what in (
+        (ax_ref, "fixed reference prefixes"),
+        (ax_own, "each run's own sampled prefixes"),
+    ):
+        ax.axhline(
+            cfg.band,
+            color="red",
+            lw=1.2,
+            ls="--",
+            label=f"{cfg.band:g}x noise threshold (pass band)",
+        )
+        ax.axhline(1.0, color="grey", lw=1.0, ls=":", label="1x noise (on-policy vs on-policy)")
+        ax.set_yscale("log")
+        ax.set_title(f"KL to on-policy / noise threshold, on {what}")
+        ax.set_ylabel("D_t / N_t (ratio of KLs, unitless; log scale)")
+    ax_ess.axhline(
+        cfg.ess_threshold,
+        color="red",
+        lw=1.2,
+        ls="--",
+        label=f"ESS = {cfg.ess_threshold:g} (resync trigger)",
+    )
     ax_ess.set_ylim(0, 1.05)
-    ax_lag.set_title("std of lag ell (solid), discrepancy delta (dashed)")
-    ax_rew.set_title("reward")
-    ax_kl.set_yscale("log")
-    lo, hi = ax_kl.get_ylim()
-    ax_kl.set_ylim(max(lo, 1e-7), max(hi, 1e-6))  # on-policy k3 is ~1e-13 (float noise): keep the scale readable
-    ax_kl.set_title("k3 on sampler prefixes (solid) vs D_t reference KL (dashed)")
-    ax_rs.set_title("cumulative resyncs")
+    ax_ess.set_title("lag ESS of exp(ell) (mean over seeds, min-max band)")
+    ax_ess.set_ylabel("lag ESS (fraction of tokens, 0-1)")
+    ax_rew.set_title("reward per step (mean over seeds, min-max band)")
+    ax_rew.set_ylabel("mean reward (fraction of correct answers)")
+    ax_lag.set_title("policy lag: std of ell = log p - log p_s")
+    ax_lag.set_ylabel("std of ell over response tokens (nats)")
+    ax_k3.set_yscale("log")
+    ax_k3.set_title("conventional mismatch KL on the sampler's prefixes (k3)")
+    ax_k3.set_ylabel("k3 estimate of KL(q || p) (nats per token; log)")
     for ax in axes.ravel():
-        ax.set_xlabel("step")
+        ax.set_xlabel("training step (optimizer updates)")
         ax.grid(alpha=0.3)
-    handles, labels = ax_ess.get_legend_handles_labels()
-    if not handles:
-        handles, labels = ax_dn.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(7, max(1, len(labels))), fontsize=8)
-    fig.suptitle(f"scenario: {scenario}")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
+    for ax in (ax_ref, ax_ess):
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(
+        f"scenario `{scenario}`: bands = bootstrap 95% interval over seeds and on-policy pairs (top "
+        f"left/middle) or min-max over seeds (others)"
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
-def plot_crossings(summaries: list[RunSummary], path: Path) -> Path | None:
-    pts = [s for s in summaries if s.ess_first_below is not None or s.ess_predicted is not None]
-    if not pts:
+def plot_noise(noise: NoiseThreshold, path: Path) -> Path | None:
+    if not noise.pairs:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 5), dpi=70)
-    both = [s for s in pts if s.ess_first_below is not None and s.ess_predicted is not None]
-    for s in both:
-        ax.scatter(s.ess_predicted, s.ess_first_below, color=_colour(s.arm), s=25)
-        ax.annotate(s.name, (s.ess_predicted, s.ess_first_below), fontsize=6)
-    if both:
-        hi = max(max(s.ess_predicted for s in both), max(s.ess_first_below for s in both)) * 1.1 + 1
-        ax.plot([0, hi], [0, hi], "k--", lw=1, label="measured = predicted")
-        ax.legend(fontsize=8)
-    ax.set_xlabel("Gaussian-predicted step (fit of Var(ell) vs steps since sync)")
-    ax.set_ylabel("measured first step with lag ESS < 0.5")
-    ax.set_title("ESS < 0.5: measured vs predicted")
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=72)
+    for i, (k, v) in enumerate(sorted(noise.pairs.items())):
+        ax.plot(
+            noise.steps,
+            [np.nan if x is None else x for x in v],
+            ls=_STYLES[i % 8][0],
+            marker=_STYLES[i % 8][1],
+            ms=3,
+            lw=1,
+            alpha=0.7,
+            label=k.replace("onpolicy__", ""),
+        )
+    ax.plot(noise.steps, noise.forward, color="black", lw=2.5, label="N_t (mean over pairs)")
+    ax.set_xlabel("training step (optimizer updates)")
+    ax.set_ylabel("KL(O_i || O_j) on reference prefixes (nats per token)")
+    ax.set_title("noise threshold: KL between independent on-policy runs")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
-def _table(rows: list[RunSummary]) -> list[str]:
-    out = ["| run | arm | max_t D_t/N_t (step) | first ESS<0.5 step: measured | predicted (Gaussian fit) | "
-           "first exp(-Var ell)<0.5 | resyncs | final reward |",
-           "|---|---|---|---|---|---|---|---|"]
-    for s in rows:
-        mx = "—" if s.max_ratio is None else f"{_fmt(s.max_ratio)} ({s.max_ratio_step})"
-        out.append(f"| {s.name} | {s.arm} | {mx} | {_fmt(s.ess_first_below)} | {_fmt(s.ess_predicted, 1)} | "
-                   f"{_fmt(s.gaussian_first_below)} | {_fmt(s.resyncs)} | {_fmt(s.final_reward, 3)} |")
+def plot_crossings(rows: list[tuple[str, float, float]], path: Path) -> Path | None:
+    """rows: (arm, Gaussian exp(-Var ell) first-below step, measured ESS first-below step)."""
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5.5), dpi=72)
+    seen = set()
+    for arm, g, m in rows:
+        st = arm_style(arm)
+        ax.scatter(
+            g,
+            m,
+            color=st["color"],
+            marker=st["marker"] or "o",
+            s=40,
+            label=None if arm in seen else arm,
+            alpha=0.8,
+        )
+        seen.add(arm)
+    hi = max(max(g for _, g, _ in rows), max(m for _, _, m in rows)) * 1.1 + 1
+    ax.plot([0, hi], [0, hi], "k--", lw=1, label="measured = Gaussian prediction")
+    ax.set_xlabel("first step with exp(-Var ell) < 0.5 (Gaussian prediction, step)")
+    ax.set_ylabel("first step with measured lag ESS < 0.5 (step)")
+    ax.set_title("lag ESS crossing 0.5: measured vs Gaussian (one point per run)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _table(scenario_stats: dict[str, ArmStats], band: float) -> list[str]:
+    out = [
+        "| arm | seeds | max_t D_t/N_t, reference prefixes [95% CI] | vs 2x band | max_t D_t/N_t, own prefixes "
+        "[95% CI] | first ESS<0.5 step, measured (mean [CI]) | first exp(-Var ell)<0.5 step (mean [CI]) | "
+        "ESS stays <0.5 (seeds) | resyncs (mean) | final reward (mean [CI]) | wall time per run (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in sorted(scenario_stats, key=_arm_key):
+        a = scenario_stats[arm]
+        out.append(
+            f"| {arm} | {a.seeds} | {a.ref.max.fmt()} | {a.ref.max.versus(band)} | "
+            f"{a.own.max.fmt() if a.own is not None else '—'} | {a.ess_first.fmt(1)} | {a.gauss_first.fmt(1)} | "
+            f"{a.stays_count}/{a.seeds} | {_fmt(a.resyncs, 1)} | {a.final_reward.fmt(3)} | {_fmt(a.wall_s, 0)} |"
+        )
     return out
 
 
-def _ranks(x):
-    x = np.asarray(x, float)
-    order = np.argsort(x, kind="stable")
-    r = np.empty(len(x))
-    r[order] = np.arange(len(x))
-    return r
+def _header(
+    exp: Path, results: dict[str, RunResult], notes, preset, steps, ckpt_every
+) -> list[str]:
+    lines = []
+    arms = sorted({r.arm for r in results.values() if r.arm != "onpolicy"}, key=_arm_key)
+    scs = sorted({r.scenario for r in results.values() if r.scenario != "reference"})
+    onp = sorted(r.name for r in results.values() if r.arm == "onpolicy")
+    seeds = sorted({r.seed for r in results.values() if r.arm != "onpolicy"})
+    n_steps = sorted({len(r.steps) for r in results.values()})
+    lines.append(
+        f"- **What ran**: {len(results)} runs with results — {len(onp)} on-policy runs ({', '.join(onp)}) "
+        f"and arms {', '.join(arms) or 'none'} under scenario(s) {', '.join(scs) or 'none'} with sampling "
+        f"seeds {seeds}; logged steps per run: {n_steps}."
+    )
+    expected = None
+    if preset is not None:
+        expected = len(preset.onpolicy_seeds) + len(preset.arms) * len(preset.scenarios) * len(
+            preset.seeds
+        )
+        sc_desc = "; ".join(
+            f"`{s.name}`: sync {s.sync}"
+            + (f" every {s.sync_k}" if s.sync == "every_k" else "")
+            + (f", {s.quantization} sampler weights" if s.quantization else "")
+            + (f", weight noise {s.weight_noise}" if s.weight_noise else "")
+            for s in preset.scenarios
+        )
+        lines.append(
+            f"- **Preset `{preset.name}`**: {steps} steps per run, checkpoints every {ckpt_every} steps; "
+            f"scenarios {sc_desc}; base config `{preset.base_config}` with overrides "
+            f"{list(preset.overrides)}. Matrix: {expected} runs; "
+            + (
+                "all of them ran."
+                if expected == len(results)
+                else f"**{len(results)} of {expected} ran** (the others are missing from every table and figure)."
+            )
+        )
+    mj = exp / "model.json"
+    if mj.exists():
+        info = json.loads(mj.read_text())
+        w = info.get("warmup")
+        if w:
+            t = w["config"]["task"]
+            lines.append(
+                f"- **Task**: chain arithmetic, {t['min_terms']}-{t['max_terms']} one-digit terms, worked "
+                f"answer `a+b=s1,s1+c=s2,... #### total` (about 14-36 tokens); reward 1 when the `####` "
+                f"number is right. Warm-up: {w['config']['steps']} SFT steps on worked answers, greedy "
+                f"accuracy {w['greedy_accuracy']:.2f} on {w['config']['eval_prompts']} held-out prompts."
+            )
+    pj = exp / "prefixes" / "prefixes.json"
+    if pj.exists():
+        pm = json.loads(pj.read_text())
+        lines.append(
+            f"- **Reference prefixes**: {len(pm.get('prompts', []))} held-out prompts, one response each "
+            f"sampled once from the initial policy (every response position is a prefix)."
+        )
+    total, n_runs = 0.0, 0
+    for t in sorted(exp.glob("timings*.json")):
+        tt = json.loads(t.read_text())
+        total += float(tt["total_s"])
+        n_runs += len(tt["runs"])
+    if n_runs:
+        loads = sorted(
+            {json.loads(t.read_text()).get("loadavg", "") for t in exp.glob("timings*.json")} - {""}
+        )
+        lines.append(
+            f"- **Wall time of the matrix**: {total / 60:.1f} min for {n_runs} runs trained and evaluated "
+            f"(sum over {len(list(exp.glob('timings*.json')))} invocation(s)"
+            + (f"; load average at the end: {', '.join(loads)}" if loads else "")
+            + ")."
+        )
+    lines += [f"- {n}" for n in notes]
+    return lines
 
 
-def claims(summaries: list[RunSummary], results: dict[str, RunResult], noise: NoiseThreshold | None,
-           cfg: AnalysisConfig) -> list[str]:
-    """Generated bullet points comparing the numbers with the paper's claims."""
-    out: list[str] = []
-    band = cfg.band
-    runs = [s for s in summaries if s.scenario != "reference"]
-    # 0. is the noise threshold measurable at all?
-    if noise is None or not any(v is not None and v > cfg.min_noise for v in noise.forward):
-        out.append("- **Noise threshold**: N_t was not measurably positive at any checkpoint, so D_t/N_t is "
-                   "undefined and none of the distance claims can be checked at this scale.")
-        return out
-    nvals = [v for v in noise.forward if v is not None and v > cfg.min_noise]
-    out.append(f"- **Noise threshold**: N_t ranged {_fmt(min(nvals), 3)}–{_fmt(max(nvals), 3)} nats over "
-               f"{len(nvals)} checkpoints (two on-policy runs differing only in the sampling seed).")
-    # 1. DLC within 2x noise
-    dlc = [s for s in runs if s.arm == "dlc"]
-    if not dlc:
-        out.append("- **DLC within 2x noise**: no DLC run in this experiment.")
-    else:
-        ok = [s for s in dlc if s.max_ratio is not None and s.max_ratio <= band]
-        bad = [s for s in dlc if s.max_ratio is not None and s.max_ratio > band]
-        parts = ", ".join(f"{s.scenario}: {_fmt(s.max_ratio)}" for s in dlc)
-        verdict = ("agrees" if ok and not bad else "disagrees" if bad and not ok else "partly agrees" if ok
-                   else "cannot be checked")
-        out.append(f"- **DLC within {band:g}x noise** ({verdict}): DLC's max_t D_t/N_t per scenario — {parts}; "
-                   f"within the band in {len(ok)} of {len(dlc)} scenarios.")
-    # 1b. does the band discriminate at all at this scale?
-    arms_seen = sorted({s.arm for s in runs if s.max_ratio is not None}, key=_arm_key)
-    if arms_seen:
-        inside = [a for a in arms_seen if all(s.max_ratio <= band for s in runs if s.arm == a and s.max_ratio is not None)]
-        outside = [a for a in arms_seen if a not in inside]
-        o2 = next((s for s in summaries if s.name.endswith("seed2") and s.arm == "onpolicy"), None)
-        out.append(f"- **How discriminating the band is here**: arms within {band:g}x noise in every scenario: "
-                   f"{', '.join(inside) or 'none'}; arms outside it in at least one scenario: "
-                   f"{', '.join(outside) or 'none'}. Each arm ran once (one sampling seed); for scale, the second "
-                   f"on-policy run's own D_t/N_t (the reverse KL over the forward) reaches "
-                   f"{_fmt(o2.max_ratio) if o2 else '—'}.")
-    # 2. IS leaves the band once its ESS stays below 0.5
-    is_runs = [s for s in runs if s.arm in IS_ARMS]
-    if not is_runs:
-        out.append("- **IS leaves the band once ESS stays < 0.5**: no IS (TIS/MIS) runs.")
-    else:
-        stays = [s for s in is_runs if s.ess_stays_below_from is not None]
-        if not stays:
-            out.append("- **IS leaves the band once ESS stays < 0.5** (not shown at this scale): in no IS run "
-                       f"did the lag ESS stay below 0.5 for the last {cfg.min_stay_steps}+ steps, so the condition "
-                       "never arose.")
-        else:
-            left = [s for s in stays if s.max_ratio_after_ess_stays_below is not None
-                    and s.max_ratio_after_ess_stays_below > band]
-            nochk = [s for s in stays if s.max_ratio_after_ess_stays_below is None]
-            detail = "; ".join(
-                f"{s.name}: ESS < 0.5 from step {s.ess_stays_below_from}, max D/N afterwards "
-                f"{_fmt(s.max_ratio_after_ess_stays_below)}" for s in stays)
-            verdict = "agrees" if len(left) == len(stays) else "disagrees" if not left else "partly agrees"
-            out.append(f"- **IS leaves the band once ESS stays < 0.5** ({verdict}): {len(left)} of {len(stays)} "
-                       f"IS runs whose ESS stayed below 0.5 exceeded {band:g}x noise afterwards"
-                       + (f" ({len(nochk)} had no checkpoint after that step)" if nochk else "") + f". {detail}.")
-        never = [s for s in is_runs if s.ess_stays_below_from is None]
-        if never:
-            out.append(f"  IS runs whose ESS did not stay below 0.5: {', '.join(s.name for s in never)}; their max "
-                       f"D/N: {', '.join(_fmt(s.max_ratio) for s in never)}.")
-    # 3. ESS crosses 0.5 earlier than the Gaussian prediction
-    both = [s for s in summaries if s.ess_first_below is not None and s.ess_predicted is not None]
-    if not both:
-        out.append("- **ESS crosses 0.5 earlier than the Gaussian prediction** (not shown at this scale): no run "
-                   "had both a measured crossing and a fitted prediction.")
-    else:
-        d = np.array([s.ess_first_below - s.ess_predicted for s in both])
-        earlier = int(np.sum(d < 0))
-        verdict = ("agrees" if earlier == len(both) else "disagrees" if earlier == 0 else "partly agrees")
-        out.append(f"- **ESS crosses 0.5 earlier than the Gaussian prediction** ({verdict}): earlier in {earlier} "
-                   f"of {len(both)} runs; measured minus predicted step: mean {_fmt(float(d.mean()), 1)}, "
-                   f"range {_fmt(float(d.min()), 1)} to {_fmt(float(d.max()), 1)} (the paper reports ~3 steps "
-                   f"earlier).")
-    # 4. resync vs no resync
-    pairs = []
-    for sc in sorted({s.scenario for s in runs}):
-        a = next((s for s in runs if s.scenario == sc and s.arm == "dlc"), None)
-        b = next((s for s in runs if s.scenario == sc and s.arm == "dlc_noresync"), None)
-        if a and b and a.max_ratio is not None and b.max_ratio is not None:
-            pairs.append((sc, a, b))
-    if pairs:
-        better = sum(1 for _, a, b in pairs if a.max_ratio < b.max_ratio)
-        det = "; ".join(f"{sc}: {_fmt(a.max_ratio)} with the ESS trigger ({_fmt(a.resyncs)} syncs) vs "
-                        f"{_fmt(b.max_ratio)} on the scenario's schedule ({_fmt(b.resyncs)} syncs)" for sc, a, b in pairs)
-        out.append(f"- **Resync keeps DLC closer to on-policy**: max D/N lower with DLC's ESS-triggered resync than "
-                   f"with the scenario's fixed schedule in {better} of {len(pairs)} scenarios ({det}). Where the "
-                   f"schedule syncs more often than the ESS trigger, this compares fewer syncs with more.")
-    # 5. what the sampler-prefix KL sees
-    pts = []
-    for s in runs:
-        r = results[s.name]
-        k3 = final_value(r.get("mismatch_k3"), cfg.final_frac)
-        if k3 is not None and s.ratios:
-            pts.append((s.name, k3, s.ratios[-1]))
-    if len(pts) >= 3:
-        k3s, dns = np.array([p[1] for p in pts]), np.array([p[2] for p in pts])
-        rho = float(np.corrcoef(_ranks(k3s), _ranks(dns))[0, 1]) if np.std(k3s) > 0 and np.std(dns) > 0 else float("nan")
-        outside = [p for p in pts if p[2] > band]
-        k3_med = float(np.median(k3s))
-        quiet = [p for p in outside if p[1] <= k3_med]
-        txt = (f"- **Mismatch KL on the sampler's own prefixes vs reference-prefix distance**: across {len(pts)} "
-               f"runs the rank correlation between the final k3 mismatch KL and the final D_t/N_t is {_fmt(rho)}. ")
-        if outside:
-            txt += (f"{len(outside)} runs ended outside {band:g}x noise; {len(quiet)} of them had a final k3 at or "
-                    f"below the median k3 ({_fmt(k3_med, 4)}), i.e. the sampler-prefix metric would not have flagged "
-                    f"them" + (f" ({', '.join(p[0] for p in quiet)})." if quiet else "."))
-        else:
-            txt += (f"No run ended outside {band:g}x noise at the last checkpoint, so there is no drifted run whose "
-                    f"detection by k3 could be checked.")
-        out.append(txt)
-    # 6. arms that produced identical training (the correction was a no-op in this setting)
-    same = []
-    for sc in sorted({s.scenario for s in runs}):
-        rs = [results[s.name] for s in runs if s.scenario == sc]
-        for i, a in enumerate(rs):
-            for b in rs[i + 1:]:
-                if a.arm != b.arm and a.series.get("reward") and a.series.get("reward") == b.series.get("reward") \
-                        and a.kl_forward == b.kl_forward:
-                    same.append(f"{a.name} = {b.name}")
-    if same:
-        out.append(f"- **Identical runs** (same rewards and same D_t at every step, so the two losses gave the same "
-                   f"updates here): {'; '.join(same)}. For PPO-style arms this happens when the proximal policy "
-                   f"lp_old is the current policy (one optimizer step per batch, r = 1).")
-    return out
-
-
-def write_report(exp_dir: str | Path, *, cfg: AnalysisConfig = AnalysisConfig(), title: str = "",
-                 notes: list[str] = ()) -> Path:
+def write_report(
+    exp_dir: str | Path,
+    *,
+    cfg: AnalysisConfig = AnalysisConfig(),
+    title: str = "",
+    notes: list[str] = (),
+    preset=None,
+    steps: int | None = None,
+    ckpt_every: int | None = None,
+) -> Path:
     """Write ``report.md`` and ``plots/*.png`` under ``exp_dir`` from ``results/`` and ``noise.json``."""
     exp = Path(exp_dir)
     results = load_results(exp)
@@ -326,38 +372,90 @@ def write_report(exp_dir: str | Path, *, cfg: AnalysisConfig = AnalysisConfig(),
     except FileNotFoundError:
         noise = None
     summaries = {name: summarize(r, noise, cfg) for name, r in results.items()}
-    lines = [f"# {title or 'KL to on-policy training: experiment report'}", "",
-             "Generated by `dlc_jax.experiments.report` from the run outputs in this directory; every number "
-             "below is computed from `results/*.json` and `noise.json`.", ""]
-    lines += [f"- {n}" for n in notes]
-    if notes:
-        lines.append("")
-    lines += ["Definitions: D_t = KL(run_t || onpolicy_seed1_t), N_t = KL(onpolicy_seed1_t || onpolicy_seed2_t), "
-              "exact full-vocabulary next-token KL averaged over the reference prefixes, at checkpoint steps "
-              f"(steps with N_t <= {cfg.min_noise:g} are skipped). Lag ESS is the token ESS of exp(ell), "
-              f"ell = log p - log p_s. Predicted crossing: fit Var(ell) = a k + b k^2 on the first "
-              f"{cfg.fit_points} steps after the first sync, solve Var = ln 2. Final reward: mean over the last "
-              f"{cfg.final_frac:.0%} of steps.", ""]
+    lines = [
+        f"# {title or 'KL to on-policy training: experiment report'}",
+        "",
+        "Generated by `dlc_jax.experiments.report` from the run outputs in this directory; every number "
+        "below is computed from `results/*.json` and `noise.json`.",
+        "",
+    ]
+    lines += _header(exp, results, notes, preset, steps, ckpt_every) + [""]
+    lines += [
+        "Definitions: D_t(s) = mean over the on-policy runs O_j of the *other* sampling seeds of "
+        "KL(run_t || O_j,t); N_t = mean over on-policy pairs (i != j) of KL(O_i,t || O_j,t) — so an "
+        "on-policy run compared like an arm has D_t/N_t = 1 by construction. KL: exact full-vocabulary "
+        "next-token KL averaged over the prefixes, at checkpoint steps. Reference prefixes: fixed, sampled "
+        "once from the initial policy. Own prefixes: 16 prompts re-sampled at each checkpoint from the run's "
+        "theta_t (what its sampler produces once synced). Ratio per arm: mean_s D_t(s) / N_t; its interval "
+        "is a percentile bootstrap (2000 resamples) over the arm's seeds and the on-policy pairs. "
+        f"'within' = whole 95% interval <= {cfg.band:g}, 'outside' = whole interval > {cfg.band:g}, else "
+        "'inconclusive'. Lag ESS = token ESS of exp(ell), ell = log p - log p_s; Gaussian prediction = "
+        f"exp(-Var ell). Final reward: mean over the last {cfg.final_frac:.0%} of steps.",
+        "",
+    ]
     plots = exp / "plots"
-    by_sc = _scenario_runs(results)
-    for sc, runs in by_sc.items():
-        png = plot_scenario(sc, runs, summaries, plots / f"{sc}.png", cfg)
+    by_sc: dict[str, dict[str, list[RunResult]]] = {}
+    refs = sorted((r for r in results.values() if r.arm == "onpolicy"), key=lambda r: r.name)
+    for r in results.values():
+        if r.scenario != "reference":
+            by_sc.setdefault(r.scenario, {}).setdefault(r.arm, []).append(r)
+    all_stats: dict[str, dict[str, ArmStats]] = {}
+    for sc in sorted(by_sc):
+        by_arm = {a: sorted(v, key=lambda r: r.seed) for a, v in by_sc[sc].items()}
+        if refs:
+            by_arm["onpolicy"] = refs
+        st = {a: arm_stats(a, runs, noise, summaries, cfg) for a, runs in by_arm.items()}
+        all_stats[sc] = st
+        png = plot_scenario(sc, by_arm, st, plots / f"{sc}.png", cfg)
         lines += [f"## Scenario `{sc}`", "", f"![{sc}](plots/{png.name})", ""]
-        lines += _table([summaries[r.name] for r in runs]) + [""]
-    cross = plot_crossings(list(summaries.values()), plots / "ess_crossing.png")
-    lines += ["## Agreement with the paper's claims", ""]
-    lines += claims(sorted(summaries.values(), key=lambda s: (s.scenario, _arm_key(s.arm))), results, noise, cfg)
-    lines.append("")
-    if cross is not None:
-        lines += [f"![ESS crossing](plots/{cross.name})", ""]
+        lines += _table(st, cfg.band) + [""]
+    lines += ["## The paper's claims at this scale", ""]
+    lines += claims(all_stats, results, noise, summaries, cfg) + [""]
+    cross = [
+        (s.arm, float(s.gaussian_first_below), float(s.ess_first_below))
+        for s in summaries.values()
+        if s.gaussian_first_below is not None and s.ess_first_below is not None
+    ]
+    cpng = plot_crossings(cross, plots / "ess_crossing.png")
+    if cpng is not None:
+        lines += [f"![ESS crossing](plots/{cpng.name})", ""]
     if noise is not None:
-        lines += ["## Noise threshold", "", "| step | N_t forward | N_t reverse |", "|---|---|---|"]
-        lines += [f"| {s} | {_fmt(f, 4)} | {_fmt(r, 4)} |" for s, f, r in zip(noise.steps, noise.forward, noise.reverse)]
+        npng = plot_noise(noise, plots / "noise.png")
+        lines += ["## Noise threshold", ""]
+        if npng is not None:
+            lines += [f"![noise](plots/{npng.name})", ""]
+        pairs = sorted(noise.pairs)
+        lines += [
+            "| step | N_t (mean) | "
+            + " | ".join(p.replace("onpolicy__", "") for p in pairs)
+            + " |",
+            "|---|---|" + "---|" * len(pairs),
+        ]
+        for i, s in enumerate(noise.steps):
+            lines.append(
+                f"| {s} | {_fmt(noise.forward[i], 4)} | "
+                + " | ".join(_fmt(noise.pairs[p][i], 4) for p in pairs)
+                + " |"
+            )
         lines.append("")
-    lines += ["## Runs", "", "| run | arm | scenario | steps | wall time (s) |", "|---|---|---|---|---|"]
-    for r in sorted(results.values(), key=lambda r: (r.scenario, _arm_key(r.arm))):
-        lines.append(f"| {r.name} | {r.arm} | {r.scenario} | {len(r.steps)} | {_fmt(r.wall_s, 1)} |")
+    lines += [
+        "## Runs",
+        "",
+        "| run | arm | scenario | seed | steps | max D_t/N_t (step) | first ESS<0.5 | "
+        "final reward | wall time (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(results.values(), key=lambda r: (r.scenario, _arm_key(r.arm), r.seed)):
+        s = summaries[r.name]
+        mx = "—" if s.max_ratio is None else f"{_fmt(s.max_ratio)} ({s.max_ratio_step})"
+        lines.append(
+            f"| {r.name} | {r.arm} | {r.scenario} | {r.seed} | {len(r.steps)} | {mx} | "
+            f"{_fmt(s.ess_first_below)} | {_fmt(s.final_reward, 3)} | {_fmt(r.wall_s, 1)} |"
+        )
     lines.append("")
     path = exp / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+__all__ = ["write_report", "arm_style", "mean_interval"]

@@ -3,13 +3,16 @@
 Layout under an experiment directory::
 
     results/<run_name>.json   one RunResult each (written by the runner after a run and its KL pass)
-    noise.json                {"steps": [...], "forward": [...], "reverse": [...]}: N_t = KL(O1_t || O2_t)
+    noise.json                {"steps", "forward", "reverse", "pairs", "own_pairs"}: N_t over on-policy pairs
 
 Per-step series (all lists aligned with ``steps``; missing values are ``None``):
     reward, entropy, ess_lag (token ESS of exp(ell)), ess_gaussian (exp(-Var ell)), ell_mean, ell_std,
     delta_mean, delta_std, mismatch_k3 (KL(q||p) on the sampler's own prefixes, k3 estimator),
     version_lag (steps since the sampler's weights were synced, per step), resyncs (cumulative count)
-Checkpoint-step series: ``kl_steps`` with ``kl_forward`` = KL(run_t || O1_t) and ``kl_reverse``.
+Checkpoint-step series: ``kl_steps`` with ``kl_forward`` = mean over the compared on-policy runs O_j
+(those of the other sampling seeds) of KL(run_t || O_j,t) on the reference prefixes, ``kl_reverse``
+the other direction; ``kl_by_ref`` = {O_j: [KL(run_t || O_j,t)]} and ``own_kl_by_ref`` the same on
+prefixes the run sampled itself (empty when not measured).
 """
 
 from __future__ import annotations
@@ -19,8 +22,19 @@ import json
 import math
 from pathlib import Path
 
-SERIES = ("reward", "entropy", "ess_lag", "ess_gaussian", "ell_mean", "ell_std", "delta_mean", "delta_std",
-          "mismatch_k3", "version_lag", "resyncs")
+SERIES = (
+    "reward",
+    "entropy",
+    "ess_lag",
+    "ess_gaussian",
+    "ell_mean",
+    "ell_std",
+    "delta_mean",
+    "delta_std",
+    "mismatch_k3",
+    "version_lag",
+    "resyncs",
+)
 
 
 @dataclasses.dataclass
@@ -38,6 +52,9 @@ class RunResult:
     kl_reverse: list[float] = dataclasses.field(default_factory=list)
     wall_s: float = 0.0
     info: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    kl_by_ref: dict = dataclasses.field(default_factory=dict)
+    own_kl_by_ref: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         n = len(self.steps)
@@ -55,7 +72,7 @@ class RunResult:
         return _clean(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, d: dict) -> "RunResult":
+    def from_json(cls, d: dict) -> RunResult:
         return cls(**d)
 
     def save(self, exp_dir: str | Path) -> Path:
@@ -69,11 +86,14 @@ class RunResult:
 
 @dataclasses.dataclass
 class NoiseThreshold:
-    """N_t = KL(O1_t || O2_t) at checkpoint steps (forward; reverse kept for reference)."""
+    """N_t = mean over ordered on-policy pairs of KL(O_i,t || O_j,t) at checkpoint steps; ``pairs`` keeps
+    every pair ("O_i|O_j": [...]) for the bootstrap, ``own_pairs`` the same on O_i's own prefixes."""
 
     steps: list[int]
     forward: list[float]
     reverse: list[float]
+    pairs: dict = dataclasses.field(default_factory=dict)
+    own_pairs: dict = dataclasses.field(default_factory=dict)
 
     def save(self, exp_dir: str | Path) -> Path:
         p = Path(exp_dir) / "noise.json"
@@ -81,10 +101,12 @@ class NoiseThreshold:
         return p
 
     @classmethod
-    def load(cls, exp_dir: str | Path) -> "NoiseThreshold":
+    def load(cls, exp_dir: str | Path) -> NoiseThreshold:
         p = Path(exp_dir) / "noise.json"
         if not p.exists():
-            raise FileNotFoundError(f"no noise threshold at {p} (the two on-policy runs must finish first)")
+            raise FileNotFoundError(
+                f"no noise threshold at {p} (the two on-policy runs must finish first)"
+            )
         return cls(**json.loads(p.read_text()))
 
 

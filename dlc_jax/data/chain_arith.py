@@ -1,0 +1,107 @@
+"""Chain arithmetic: a synthetic task whose answers are worked chains of partial sums (16-48 tokens).
+
+A prompt lists ``terms`` one-digit numbers to add (``"3+5+2+7="``); the worked answer adds them one at a
+time and ends with the total in GSM8K form::
+
+    3+5=8,8+2=10,10+7=17 #### 17
+
+With single-digit tokenization (Qwen3 splits numbers into digits) 3-5 terms give responses of about
+14-36 tokens, so the policy lag and the numerical discrepancy are summed over many tokens per sequence
+(unlike the 1-4 token answers of ``arithmetic``). Every step depends on the previous partial sum, so an
+early mistake propagates and the final answer is wrong: the reward (the ``####`` number) is sparse and
+a small model reaches a middling accuracy after a short warm-up, leaving room for RL.
+
+Each example is a pure function of ``(seed, index)``. Records carry ``prompt``, ``answer`` (the final
+number, what the reward compares) and ``worked`` (the full worked answer, the supervised target).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainArithConfig:
+    """min_terms / max_terms: how many numbers are added (drawn uniformly, >= 2); digits: each term is
+    drawn from [0, 10**digits); num_examples: size of one epoch."""
+
+    min_terms: int = 3
+    max_terms: int = 5
+    digits: int = 1
+    num_examples: int = 2000
+
+    def __post_init__(self):
+        if not 2 <= self.min_terms <= self.max_terms:
+            raise ValueError(
+                f"chain_arith: need 2 <= min_terms <= max_terms, got {self.min_terms}, {self.max_terms}"
+            )
+        if self.digits < 1:
+            raise ValueError(f"chain_arith.digits must be >= 1, got {self.digits}")
+        if self.num_examples < 1:
+            raise ValueError(f"chain_arith.num_examples must be >= 1, got {self.num_examples}")
+
+
+def worked_answer(terms: list[int]) -> str:
+    """``[3, 5, 2]`` -> ``"3+5=8,8+2=10 #### 10"``."""
+    if len(terms) < 2:
+        raise ValueError(f"worked_answer needs at least 2 terms, got {terms}")
+    steps, acc = [], terms[0]
+    for t in terms[1:]:
+        steps.append(f"{acc}+{t}={acc + t}")
+        acc += t
+    return ",".join(steps) + f" #### {acc}"
+
+
+def chain_example(cfg: ChainArithConfig, seed: int, index: int) -> dict:
+    """The ``index``-th example: ``{"prompt": "3+5+2=", "answer": "10", "worked": "3+5=8,8+2=10 #### 10"}``."""
+    if not 0 <= index < cfg.num_examples:
+        raise IndexError(f"chain_arith example index {index} out of range [0, {cfg.num_examples})")
+    rng = np.random.default_rng([int(seed), int(index), 7])
+    n = int(rng.integers(cfg.min_terms, cfg.max_terms + 1))
+    terms = [int(x) for x in rng.integers(0, 10**cfg.digits, size=n)]
+    return {
+        "prompt": "+".join(map(str, terms)) + "=",
+        "answer": str(sum(terms)),
+        "worked": worked_answer(terms),
+    }
+
+
+class ChainArithSource:
+    """Random-access source (``len`` + ``__getitem__``), usable as a grain ``MapDataset`` source."""
+
+    def __init__(self, cfg: ChainArithConfig, seed: int = 0):
+        self.cfg, self.seed = cfg, int(seed)
+
+    def __len__(self) -> int:
+        return self.cfg.num_examples
+
+    def __getitem__(self, index: int) -> dict:
+        return chain_example(self.cfg, self.seed, int(index))
+
+
+class WorkedTargets:
+    """View of a source whose ``answer`` is the worked answer (the SFT target), for ``sft_examples``."""
+
+    def __init__(self, source: ChainArithSource):
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> dict:
+        ex = self.source[index]
+        return {"prompt": ex["prompt"], "answer": ex["worked"]}
+
+
+def write_jsonl(source: ChainArithSource, path: str | Path) -> Path:
+    """Write every record (prompt, answer, worked) as JSONL: a ``data.source`` file for the trainer."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(source[i]) + "\n" for i in range(len(source))))
+    tmp.replace(path)
+    return path
