@@ -122,6 +122,8 @@ def test_raising_and_hanging_plugins_score_zero_with_ids_and_run_goes_on(plugin,
         assert m2["reward/errors"] == 0 and m2["reward/timeouts"] == 0
         assert [w.proc.pid for w in r._workers] != pids_before
         assert r.totals == {"errors": 1, "timeouts": 1}
+        empty, m0 = r.score([], [], [], [])
+        assert empty.shape == (0,) and set(m0) == set(m2)  # same metric names with no samples
 
 
 def test_bad_return_is_a_failure_not_a_crash(plugin, caplog):

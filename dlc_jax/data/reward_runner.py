@@ -175,7 +175,9 @@ class RewardRunner:
         total = np.zeros(n, np.float64)
         metrics: dict[str, float] = {}
         errors = timeouts = 0
-        if n == 0:
+        if n == 0:  # the same metric names as always (processes sum them in a fixed layout)
+            metrics = {f"reward/{s.name}": 0.0 for s in self.specs}
+            metrics.update({"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/seconds": 0.0})
             return total.astype(np.float32), metrics
         payload = (prompts, completions, answers, meta, ids)
         per_spec = self._run(payload, n)
