@@ -1,5 +1,5 @@
-"""Attention kernels vs the dense reference (values and gradients) with left/right padding and packed
-segments; kernel choice by the mesh's platform; splash AOT-compiles for abstract TPU devices."""
+"""Attention kernels vs the dense reference (values and gradients) with left/right padding and
+packed segments; kernel choice by the mesh's platform; splash AOT-compiles for abstract TPUs."""
 
 import os
 
@@ -41,7 +41,9 @@ def _run(impl, mesh=None, with_segments=True):
         return self_attention(q, k, v, valid, seg, impl=impl, mesh=mesh)
 
     out = jax.jit(attn)(q, k, v)
-    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v) * w), argnums=(0, 1, 2)))(q, k, v)
+    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v) * w), argnums=(0, 1, 2)))(
+        q, k, v
+    )
     return np.asarray(out), [np.asarray(g) for g in grads], np.asarray(valid)
 
 
@@ -59,8 +61,13 @@ def test_dense_reference_is_masked_softmax():
 
 @pytest.mark.parametrize(
     "impl,mesh_cfg,with_segments",
-    [("xla", None, True), ("xla", None, False), ("splash", None, True),
-     ("splash", MeshConfig(data=2, fsdp=2, tensor=2), True), ("xla", MeshConfig(fsdp=4, tensor=2), True)],
+    [
+        ("xla", None, True),
+        ("xla", None, False),
+        ("splash", None, True),
+        ("splash", MeshConfig(data=2, fsdp=2, tensor=2), True),
+        ("xla", MeshConfig(fsdp=4, tensor=2), True),
+    ],
     ids=["xla", "xla_noseg", "splash_interpret", "splash_shard_map_dp2_fsdp2_tp2", "xla_mesh"],
 )
 def test_impl_matches_dense_values_and_grads(impl, mesh_cfg, with_segments):
@@ -87,11 +94,18 @@ def _tpu_devices():
     pytest.importorskip("libtpu")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu's lock
+    os.environ.setdefault(
+        "ALLOW_MULTIPLE_LIBTPU_LOAD", "1"
+    )  # other processes may hold libtpu's lock
     from jax.experimental import topologies
 
-    topo = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2", chip_config_name="default",
-                                        chips_per_host_bounds=(2, 2, 1), num_slices=1)
+    topo = topologies.get_topology_desc(
+        platform="tpu",
+        topology_name="v5e:2x2",
+        chip_config_name="default",
+        chips_per_host_bounds=(2, 2, 1),
+        num_slices=1,
+    )
     return topo.devices
 
 

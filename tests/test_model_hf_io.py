@@ -111,7 +111,9 @@ def test_missing_misshaped_unexpected_tensor_errors(untied, tmp_path):
         t["model.layers.0.self_attn.k_proj.weight"] = np.zeros((16, 64), np.float32)
 
     d = _copy_dir(untied, tmp_path / "shape", reshape)
-    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight.*\(16, 64\)"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight.*\(16, 64\)"
+    ):
         load_hf(d)
 
     def extra(t):

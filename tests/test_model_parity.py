@@ -8,7 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from model_helpers import CONFIG_TIED, CONFIG_UNTIED, hf_logits, jit_forward, make_random_hf_dir, padded_batch
+from model_helpers import (
+    CONFIG_TIED,
+    CONFIG_UNTIED,
+    hf_logits,
+    jit_forward,
+    make_random_hf_dir,
+    padded_batch,
+)
 
 from dlc_jax.model import PRESETS, Qwen3Config, UnsupportedModelError, load_hf
 
@@ -49,7 +56,9 @@ def test_explicit_positions_match_transformers(untied_dir):
     model = load_hf(untied_dir)
     ids = np.random.RandomState(3).randint(0, 257, (2, 7))
     pos = np.array([[5, 6, 7, 8, 9, 10, 11], [0, 1, 2, 50, 51, 52, 53]])
-    err = np.abs(jit_forward(model, ids, positions=pos) - hf_logits(untied_dir, ids, positions=pos)).max()
+    err = np.abs(
+        jit_forward(model, ids, positions=pos) - hf_logits(untied_dir, ids, positions=pos)
+    ).max()
     assert err <= 1e-4, err
     # RoPE is relative: a uniform shift (row 0) changes nothing; a gap (row 1) changes the logits
     diff = np.abs(jit_forward(model, ids, positions=pos) - jit_forward(model, ids)).max(axis=(1, 2))
@@ -92,6 +101,7 @@ def test_remat_same_logits_and_grads(untied_dir):
         def step(m):
             def loss(m):
                 return jnp.sum(jax.nn.log_softmax(m(ids, mask), -1)[..., 0] * mask)
+
             return nnx.value_and_grad(loss)(m)
 
         return step(model)
@@ -129,10 +139,15 @@ def test_scanned_equals_unscanned_with_remat_policies(untied_dir):
         def step(m):
             def loss(m):
                 return jnp.sum(jax.nn.log_softmax(m(ids, mask, segment_ids=seg), -1)[..., 0] * mask)
+
             return nnx.value_and_grad(loss)(m)
 
         loss, grads = step(model)
-        return float(loss), _per_layer(grads, scan, model.config.num_hidden_layers), jit_forward(model, ids, mask)
+        return (
+            float(loss),
+            _per_layer(grads, scan, model.config.num_hidden_layers),
+            jit_forward(model, ids, mask),
+        )
 
     l0, g0, out0 = run(False, None)
     for remat in ("full", "save_dots_and_attn_out"):
@@ -148,7 +163,9 @@ def test_splash_in_scanned_model_matches_transformers(untied_dir):
     # the Pallas splash kernel (interpret mode on CPU) inside the scanned model, padded batch
     model = load_hf(untied_dir, scan_layers=True, attention_impl="splash")
     ids, mask = padded_batch(257, seed=10)
-    err = np.abs(jit_forward(model, ids, mask) - hf_logits(untied_dir, ids, mask))[mask.astype(bool)].max()
+    err = np.abs(jit_forward(model, ids, mask) - hf_logits(untied_dir, ids, mask))[
+        mask.astype(bool)
+    ].max()
     assert err <= 1e-4, err
 
 
@@ -193,7 +210,11 @@ def test_kv_cache_greedy_decode_matches_recompute(untied_dir, scan):
         assert [a.shape for a in cache["k"]] == [k_shape] * model.config.num_hidden_layers
     pos = np.maximum(mask.cumsum(-1) - 1, 0)
     logits, cache = fwd(model, ids, pos, cache, mask)
-    np.testing.assert_allclose(np.asarray(logits)[mask.astype(bool)], jit_forward(model, ids, mask)[mask.astype(bool)], atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(logits)[mask.astype(bool)],
+        jit_forward(model, ids, mask)[mask.astype(bool)],
+        atol=1e-5,
+    )
     seq, seq_mask = ids.copy(), mask.copy()
     nxt = np.asarray(logits[:, -1]).argmax(-1)
     last = pos[:, -1]
@@ -205,10 +226,13 @@ def test_kv_cache_greedy_decode_matches_recompute(untied_dir, scan):
         lg, cache = fwd(model, nxt[:, None], last[:, None], cache, np.ones((b, 1), int))
         step_logits.append(np.asarray(lg[:, 0]))
         nxt = step_logits[-1].argmax(-1)
-    # one full recomputation over the final sequences: causal, so position t0-1+i gives step i's logits
+    # one full recomputation over the final sequences: causal, so position t0-1+i gives step i's
+    # logits
     full = jit_forward(model, seq, seq_mask)[:, t0:]
     np.testing.assert_allclose(np.stack(step_logits, 1), full, atol=1e-4)
-    assert (seq[:, t0 + 1:] == full[:, :-1].argmax(-1)).all()  # greedy choices == argmax of recompute
+    assert (
+        seq[:, t0 + 1 :] == full[:, :-1].argmax(-1)
+    ).all()  # greedy choices == argmax of recompute
     assert int(cache["index"]) == t0 + steps
 
 
@@ -216,11 +240,27 @@ def test_config_roundtrip_presets_and_errors(untied_dir, tmp_path):
     d = json.loads((untied_dir / "config.json").read_text())
     cfg = Qwen3Config.from_hf_dict(d)
     assert Qwen3Config.from_hf_dict(cfg.to_hf_dict()) == cfg
-    assert (cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim, cfg.rope_theta) == (64, 2, 16, 1e6)
+    assert (cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim, cfg.rope_theta) == (
+        64,
+        2,
+        16,
+        1e6,
+    )
     p = PRESETS["Qwen3-0.6B"]
-    assert (p.hidden_size, p.num_hidden_layers, p.num_attention_heads, p.num_key_value_heads, p.head_dim,
-            p.intermediate_size, p.vocab_size, p.tie_word_embeddings) == (1024, 28, 16, 8, 128, 3072, 151936, True)
-    assert PRESETS["Qwen3-8B"].tie_word_embeddings is False and PRESETS["Qwen3-4B"].num_hidden_layers == 36
+    assert (
+        p.hidden_size,
+        p.num_hidden_layers,
+        p.num_attention_heads,
+        p.num_key_value_heads,
+        p.head_dim,
+        p.intermediate_size,
+        p.vocab_size,
+        p.tie_word_embeddings,
+    ) == (1024, 28, 16, 8, 128, 3072, 151936, True)
+    assert (
+        PRESETS["Qwen3-8B"].tie_word_embeddings is False
+        and PRESETS["Qwen3-4B"].num_hidden_layers == 36
+    )
     # run options: presets scan, a 2-layer config does not by default; they never reach config.json
     assert all(c.use_scan for c in PRESETS.values()) and not cfg.use_scan
     assert Qwen3Config.from_hf_dict(d, scan_layers=True, remat_policy="save_dots").use_scan

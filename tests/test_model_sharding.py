@@ -56,8 +56,11 @@ def test_mesh_config():
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
-@pytest.mark.parametrize("mesh_cfg", [MeshConfig(fsdp=4, tensor=2), MeshConfig(data=2, fsdp=2, tensor=2)],
-                         ids=["fsdp4_tp2", "dp2_fsdp2_tp2"])
+@pytest.mark.parametrize(
+    "mesh_cfg",
+    [MeshConfig(fsdp=4, tensor=2), MeshConfig(data=2, fsdp=2, tensor=2)],
+    ids=["fsdp4_tp2", "dp2_fsdp2_tp2"],
+)
 def test_sharded_forward_equals_single_device(hf_dir, mesh_cfg, scan):
     ids, mask = padded_batch(301, seed=13)
     ids = np.concatenate([ids, ids[::-1]], 0) % 257  # batch 8, divisible by data*fsdp
@@ -70,8 +73,11 @@ def test_sharded_forward_equals_single_device(hf_dir, mesh_cfg, scan):
     q = layer0.self_attn.q_proj.kernel.get_value()
     assert _spec(q, i0) == P("fsdp", "tensor", None), q.sharding.spec
     shard = q.addressable_shards[0].data.shape
-    assert shard[-3:] == (cfg.hidden_size // 2 if mesh_cfg.data == 2 else cfg.hidden_size // 4,
-                          cfg.num_attention_heads // 2, cfg.head_dim)
+    assert shard[-3:] == (
+        cfg.hidden_size // 2 if mesh_cfg.data == 2 else cfg.hidden_size // 4,
+        cfg.num_attention_heads // 2,
+        cfg.head_dim,
+    )
     if scan:
         assert q.shape[0] == shard[0] == cfg.num_hidden_layers
     layer1, i1 = _layer(model, 1)
@@ -106,4 +112,6 @@ def test_shard_model_in_place_and_grads_sharded(hf_dir, scan):
     gk = gl.mlp.gate_proj.kernel.get_value()
     assert not gk.sharding.is_fully_replicated
     g_ref = grads(load_hf(hf_dir)).model.layers[0].mlp.gate_proj.kernel.get_value()
-    np.testing.assert_allclose(np.asarray(gk if gi is None else gk[gi]), np.asarray(g_ref), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(gk if gi is None else gk[gi]), np.asarray(g_ref), rtol=1e-4, atol=1e-6
+    )

@@ -20,13 +20,27 @@ from .qwen3 import Qwen3ForCausalLM
 from .sharding import ActivationSharding, model_shardings
 
 
-def abstract_model(config: Qwen3Config, *, mesh: Mesh, rules=None, param_dtype=jnp.float32,
-                   compute_dtype=jnp.float32, remat: bool | str | None = None) -> Qwen3ForCausalLM:
+def abstract_model(
+    config: Qwen3Config,
+    *,
+    mesh: Mesh,
+    rules=None,
+    param_dtype=jnp.float32,
+    compute_dtype=jnp.float32,
+    remat: bool | str | None = None,
+) -> Qwen3ForCausalLM:
     """`nnx.eval_shape` of the model, with activation sharding constraints over `mesh`."""
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
-    return nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0), param_dtype=param_dtype,
-                                                   compute_dtype=compute_dtype, remat=remat,
-                                                   act_sharding=act))
+    return nnx.eval_shape(
+        lambda: Qwen3ForCausalLM(
+            config,
+            rngs=nnx.Rngs(0),
+            param_dtype=param_dtype,
+            compute_dtype=compute_dtype,
+            remat=remat,
+            act_sharding=act,
+        )
+    )
 
 
 def abstract_params(model: Qwen3ForCausalLM, mesh: Mesh, rules=None):

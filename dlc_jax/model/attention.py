@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -87,12 +88,13 @@ def masked_attention(q, k, v, mask, impl: str = "xla"):
     'xla'/'cudnn' (splash needs a causal self-attention layout and is not used here)."""
     if impl == "dense":
         return dense_attention(q, k, v, mask)
-    kind = "cudnn" if impl == "cudnn" else "xla"
+    kind: Literal["cudnn", "xla"] = "cudnn" if impl == "cudnn" else "xla"
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=kind)
 
 
-def self_attention(q, k, v, valid, segment_ids=None, *, impl: str = "auto", mesh: Mesh | None = None,
-                   rules=None):
+def self_attention(
+    q, k, v, valid, segment_ids=None, *, impl: str = "auto", mesh: Mesh | None = None, rules=None
+):
     """Causal GQA self-attention. q [B,T,H,hd], k/v [B,T,KV,hd], valid [B,T] (1 = real token),
     segment_ids [B,T] int or None -> [B,T,H,hd] in q's dtype. See the module doc for `impl`."""
     kind = resolve_impl(impl, mesh, q.dtype)
@@ -100,17 +102,28 @@ def self_attention(q, k, v, valid, segment_ids=None, *, impl: str = "auto", mesh
     if kind == "dense":
         return dense_attention(q, k, v, causal_mask(valid, segment_ids))
     if kind == "splash":
-        seg = jnp.zeros(valid.shape, jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+        seg = (
+            jnp.zeros(valid.shape, jnp.int32)
+            if segment_ids is None
+            else segment_ids.astype(jnp.int32)
+        )
         seg = jnp.where(valid, seg, _PAD_SEGMENT)
-        return splash_self_attention(q, k, v, seg, mesh=mesh, rules=rules,
-                                     interpret=mesh_platform(mesh) != "tpu")
+        return splash_self_attention(
+            q, k, v, seg, mesh=mesh, rules=rules, interpret=mesh_platform(mesh) != "tpu"
+        )
     pad_seg = valid[:, None, :]
     if segment_ids is not None:
         pad_seg = pad_seg & (segment_ids[:, :, None] == segment_ids[:, None, :])
     if kind == "cudnn" and jnp.dtype(q.dtype) not in (jnp.bfloat16, jnp.float16):
         raise ValueError(f"attention_impl='cudnn' needs bf16/fp16 activations, got {q.dtype}")
-    return jax.nn.dot_product_attention(q, k, v, mask=pad_seg[:, None], is_causal=True,
-                                        implementation="cudnn" if kind == "cudnn" else "xla")
+    return jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        mask=pad_seg[:, None],
+        is_causal=True,
+        implementation="cudnn" if kind == "cudnn" else "xla",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,12 +140,21 @@ def _splash_kernel(heads: int, length: int, interpret: bool):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     blk = splash_block(length)
-    sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
-                          block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+    sizes = sk.BlockSizes(
+        block_q=blk,
+        block_kv=blk,
+        block_kv_compute=blk,
+        block_q_dkv=blk,
+        block_kv_dkv=blk,
+        block_kv_dkv_compute=blk,
+        block_q_dq=blk,
+        block_kv_dq=blk,
+    )
     mask = sm.MultiHeadMask([sm.CausalMask((length, length))] * heads)
     with jax.ensure_compile_time_eval():  # concrete mask tables, safe to cache across traces
-        return sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                  interpret=interpret)
+        return sk.make_splash_mha(
+            mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+        )
 
 
 def _splash_local(q, k, v, seg, *, interpret: bool):
@@ -155,12 +177,16 @@ def _splash_specs(q_shape, kv_heads: int, mesh: Mesh, rules) -> tuple[PartitionS
     head axes only when both H and KV divide."""
     b, t, h, hd = q_shape
     qspec = logical_to_spec(("batch", "length", "heads", "head_dim"), q_shape, mesh, rules)
-    kspec = logical_to_spec(("batch", "length", "kv_heads", "head_dim"), (b, t, kv_heads, hd), mesh, rules)
+    kspec = logical_to_spec(
+        ("batch", "length", "kv_heads", "head_dim"), (b, t, kv_heads, hd), mesh, rules
+    )
     heads = qspec[2] if qspec[2] == kspec[2] else None
     return PartitionSpec(qspec[0], None, heads, None), PartitionSpec(qspec[0], None)
 
 
-def splash_self_attention(q, k, v, seg, *, mesh: Mesh | None = None, rules=None, interpret: bool = False):
+def splash_self_attention(
+    q, k, v, seg, *, mesh: Mesh | None = None, rules=None, interpret: bool = False
+):
     """Causal splash attention with segment ids seg [B,T] (padding must carry its own id).
     T is padded to a multiple of 128 (padding gets _PAD_SEGMENT) and cut back afterwards."""
     t = q.shape[1]
@@ -174,6 +200,7 @@ def splash_self_attention(q, k, v, seg, *, mesh: Mesh | None = None, rules=None,
         out = local(q, k, v, seg)
     else:
         spec, seg_spec = _splash_specs(q.shape, k.shape[2], mesh, rules)
-        out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
-                            check_vma=False)(q, k, v, seg)
+        out = jax.shard_map(
+            local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec, check_vma=False
+        )(q, k, v, seg)
     return out[:, :t]

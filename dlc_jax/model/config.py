@@ -48,15 +48,27 @@ class Qwen3Config:
 
     def __post_init__(self):
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+            raise ValueError(
+                f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, "
+                f"got {self.attention_impl!r}"
+            )
         if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(f"Qwen3Config.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
+            raise ValueError(
+                f"Qwen3Config.remat_policy must be one of {REMAT_POLICIES}, "
+                f"got {self.remat_policy!r}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
-        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim"):
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "head_dim",
+        ):
             if int(getattr(self, f)) <= 0:
                 raise ValueError(f"Qwen3Config.{f} must be positive, got {getattr(self, f)}")
 
@@ -80,7 +92,8 @@ class Qwen3Config:
         model_type = d.get("model_type")
         if archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
             raise UnsupportedModelError(
-                f"unsupported architecture {archs} (model_type={model_type!r}); dlc_jax.model supports "
+                f"unsupported architecture {archs} (model_type={model_type!r}); "
+                "dlc_jax.model supports "
                 f"{list(SUPPORTED_ARCHITECTURES)}"
             )
         if not archs and model_type != "qwen3":
@@ -90,14 +103,19 @@ class Qwen3Config:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if scaling or rope_type not in ("default", None):
             raise UnsupportedModelError(
-                f"unsupported rope scaling {scaling or rope!r}; only plain RoPE (rope_scaling=None) is implemented"
+                f"unsupported rope scaling {scaling or rope!r}; "
+                "only plain RoPE (rope_scaling=None) is implemented"
             )
         if d.get("attention_bias"):
-            raise UnsupportedModelError("unsupported attention_bias=True (Qwen3 has no attention bias)")
+            raise UnsupportedModelError(
+                "unsupported attention_bias=True (Qwen3 has no attention bias)"
+            )
         if d.get("use_sliding_window"):
             raise UnsupportedModelError("unsupported use_sliding_window=True")
         if d.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"unsupported hidden_act {d['hidden_act']!r}; expected 'silu'")
+            raise UnsupportedModelError(
+                f"unsupported hidden_act {d['hidden_act']!r}; expected 'silu'"
+            )
         theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
         hidden, heads = d["hidden_size"], d["num_attention_heads"]
         kw = dict(
@@ -164,17 +182,49 @@ class Qwen3Config:
         return dataclasses.replace(self, **kw)
 
 
-_COMMON = dict(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=40960,
-               head_dim=128, num_key_value_heads=8, bos_token_id=151643, eos_token_id=151645,
-               scan_layers=True)
+_COMMON: dict[str, Any] = dict(
+    vocab_size=151936,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40960,
+    head_dim=128,
+    num_key_value_heads=8,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    scan_layers=True,
+)
 
 PRESETS: dict[str, Qwen3Config] = {
-    "Qwen3-0.6B": Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                              num_attention_heads=16, tie_word_embeddings=True, **_COMMON),
-    "Qwen3-1.7B": Qwen3Config(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                              num_attention_heads=16, tie_word_embeddings=True, **_COMMON),
-    "Qwen3-4B": Qwen3Config(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                            num_attention_heads=32, tie_word_embeddings=True, **_COMMON),
-    "Qwen3-8B": Qwen3Config(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                            num_attention_heads=32, tie_word_embeddings=False, **_COMMON),
+    "Qwen3-0.6B": Qwen3Config(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        tie_word_embeddings=True,
+        **_COMMON,
+    ),
+    "Qwen3-1.7B": Qwen3Config(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        tie_word_embeddings=True,
+        **_COMMON,
+    ),
+    "Qwen3-4B": Qwen3Config(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        tie_word_embeddings=True,
+        **_COMMON,
+    ),
+    "Qwen3-8B": Qwen3Config(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        tie_word_embeddings=False,
+        **_COMMON,
+    ),
 }

@@ -27,8 +27,14 @@ from .qwen3 import Qwen3ForCausalLM
 from .sharding import ActivationSharding, named_sharding, param_logical_axes
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
 )
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -93,7 +99,7 @@ def _to_ours(hf: np.ndarray, path: tuple, our_shape: tuple) -> np.ndarray:
 # Loading
 # ---------------------------------------------------------------------------------------------
 def _checkpoint_index(path: Path) -> dict[str, Path]:
-    """Tensor name -> safetensors file, from model.safetensors.index.json or the *.safetensors files."""
+    """Tensor name -> safetensors file (from model.safetensors.index.json, else the files)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         wm = json.loads(index.read_text())["weight_map"]
@@ -129,7 +135,7 @@ def _place(arr: np.ndarray, sharding) -> jax.Array:
 
 
 def _layer_sharding(sharding):
-    """Sharding of one layer's slice of a stacked parameter (the stacked spec without its first axis)."""
+    """Sharding of one layer's slice of a stacked parameter (stacked spec minus its first axis)."""
     if sharding is None:
         return None
     return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
@@ -142,7 +148,7 @@ def _stacked_zeros(shape: tuple, dtype, sharding):
 
 @functools.lru_cache(maxsize=256)
 def _layer_writer(sharding):
-    """jit(stacked, layer, i) -> stacked with [i] = layer; the stacked buffer is donated (in place)."""
+    """jit(stacked, layer, i) -> stacked with [i] = layer; stacked is donated (written in place)."""
 
     def write(stacked, layer, i):
         return jax.lax.dynamic_update_index_in_dim(stacked, layer, i, 0)
@@ -171,12 +177,22 @@ def load_hf(
     unexpected tensor, `UnsupportedModelError` for other architectures.
     """
     path = Path(path)
-    options = {k: v for k, v in (("scan_layers", scan_layers), ("attention_impl", attention_impl)) if v is not None}
+    options = {
+        k: v
+        for k, v in (("scan_layers", scan_layers), ("attention_impl", attention_impl))
+        if v is not None
+    }
     config = Qwen3Config.from_pretrained(path, **options)
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
     abstract = nnx.eval_shape(
-        lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0), param_dtype=param_dtype,
-                                 compute_dtype=compute_dtype, remat=remat, act_sharding=act)
+        lambda: Qwen3ForCausalLM(
+            config,
+            rngs=nnx.Rngs(0),
+            param_dtype=param_dtype,
+            compute_dtype=compute_dtype,
+            remat=remat,
+            act_sharding=act,
+        )
     )
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
     index = _checkpoint_index(path)
@@ -187,8 +203,10 @@ def load_hf(
     if missing:
         raise CheckpointError(f"checkpoint {path} is missing tensor(s) {missing[:8]}")
     unexpected = [
-        n for n in index
-        if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
+        n
+        for n in index
+        if n not in expected
+        and not n.endswith(_IGNORED_SUFFIXES)
         and not (n == "lm_head.weight" and config.tie_word_embeddings)
     ]
     if unexpected:
@@ -202,7 +220,8 @@ def load_hf(
         hf = _read_tensor(index[name], name)
         if tuple(hf.shape) != tuple(hf_shape):
             raise CheckpointError(
-                f"tensor {name} in {index[name].name} has shape {tuple(hf.shape)}, expected {tuple(hf_shape)}"
+                f"tensor {name} in {index[name].name} has shape {tuple(hf.shape)}, "
+                f"expected {tuple(hf_shape)}"
             )
         shape = var.shape if layer is None else var.shape[1:]
         ours = _to_ours(hf, p, shape).astype(param_dtype)
@@ -254,7 +273,9 @@ def _to_hf_on_device(x: jax.Array, layer, *, hf_shape: tuple, kernel: bool, dtyp
     return x if dtype is None else x.astype(dtype)
 
 
-def iter_hf_tensors(model: Qwen3ForCausalLM, *, dtype=np.float32) -> Iterator[tuple[str, np.ndarray]]:
+def iter_hf_tensors(
+    model: Qwen3ForCausalLM, *, dtype=np.float32
+) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (HF name, HF-layout numpy array) one tensor at a time, gathered to host.
 
     `dtype=None` keeps the parameter dtype. Tied models yield no lm_head.weight. The transpose and
@@ -266,22 +287,38 @@ def iter_hf_tensors(model: Qwen3ForCausalLM, *, dtype=np.float32) -> Iterator[tu
     npdt = _np_dtype(dtype)
     for name, hf_shape in hf_param_shapes(model.config).items():
         p, layer = slots[name]
-        x = _to_hf_on_device(flat[p].get_value(), None if layer is None else jnp.int32(layer),
-                             hf_shape=tuple(hf_shape), kernel=p[-1] == "kernel",
-                             dtype=None if npdt is None else jnp.dtype(npdt))
+        x = _to_hf_on_device(
+            flat[p].get_value(),
+            None if layer is None else jnp.int32(layer),
+            hf_shape=tuple(hf_shape),
+            kernel=p[-1] == "kernel",
+            dtype=None if npdt is None else jnp.dtype(npdt),
+        )
         yield name, np.ascontiguousarray(_gather(x))
 
 
-_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32"}
+_ST_DTYPES = {
+    "float32": "F32",
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "float64": "F64",
+    "int32": "I32",
+}
 
 
-def _write_safetensors_stream(file: Path, entries: list[tuple[str, tuple, np.dtype]], tensors: Iterator):
+def _write_safetensors_stream(
+    file: Path, entries: list[tuple[str, tuple, np.dtype]], tensors: Iterator
+):
     """Write a safetensors file whose header is built from `entries` (name, shape, dtype); the data
     comes one array at a time from `tensors` (same order)."""
     header, offset = {}, 0
     for name, shape, dt in entries:
         n = int(math.prod(shape)) * dt.itemsize
-        header[name] = {"dtype": _ST_DTYPES[dt.name], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        header[name] = {
+            "dtype": _ST_DTYPES[dt.name],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
     header["__metadata__"] = {"format": "pt"}
     hb = json.dumps(header, separators=(",", ":")).encode()
@@ -291,7 +328,9 @@ def _write_safetensors_stream(file: Path, entries: list[tuple[str, tuple, np.dty
         fh.write(hb)
         for (name, shape, dt), (tname, arr) in zip(entries, tensors):
             if tname != name or tuple(arr.shape) != tuple(shape) or arr.dtype != dt:
-                raise RuntimeError(f"export stream out of order at {name}: got {tname} {arr.shape} {arr.dtype}")
+                raise RuntimeError(
+                    f"export stream out of order at {name}: got {tname} {arr.shape} {arr.dtype}"
+                )
             fh.write(np.ascontiguousarray(arr).tobytes())
 
 
@@ -303,7 +342,7 @@ def save_hf(
     max_shard_bytes: int = 2 * 1024**3,
     tokenizer_from=None,
 ) -> Path:
-    """Write an HF directory (config.json, safetensors shard(s) + index) loadable by transformers and
+    """Write an HF directory (config.json, safetensors shard(s) + index) loadable by transformers,
     vLLM. `dtype` (e.g. jnp.bfloat16; default: the parameter dtype). Tokenizer files are copied from
     `tokenizer_from`, else from the directory the model was loaded from (if any). Multi-host: every
     process gathers, process 0 writes."""
@@ -323,7 +362,8 @@ def save_hf(
         shards[-1].append((name, shape, npdt))
         size += n
     names = (
-        ["model.safetensors"] if len(shards) == 1
+        ["model.safetensors"]
+        if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
     stream = iter_hf_tensors(model, dtype=npdt)

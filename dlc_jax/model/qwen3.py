@@ -1,8 +1,9 @@
 """Qwen3ForCausalLM in Flax NNX.
 
 The module tree mirrors the HF names (`model.embed_tokens`, `model.layers[i].self_attn.q_proj`, ...,
-`model.norm`, `lm_head`) so HF conversion is transpose/reshape only (see `hf_io.py`). A scanned model
-(`config.use_scan`) has one `model.layers` whose parameters carry a leading [L] axis ("layers"):
+`model.norm`, `lm_head`) so HF conversion is transpose/reshape only (see `hf_io.py`). A scanned
+model (`config.use_scan`) has one `model.layers` whose parameters carry a leading [L] axis
+("layers"):
 
     embedding / lm_head `weight`  [V, D]            (HF layout)
     norms `weight`                [D] or [head_dim]  (HF layout)
@@ -51,12 +52,16 @@ class RMSNorm(nnx.Module):
 
 
 class Projection(nnx.Module):
-    """Bias-free linear map contracting the last len(in_shape) axes: kernel [*in_shape, *out_shape]."""
+    """Bias-free linear map contracting the last len(in_shape) axes.
+
+    kernel: [*in_shape, *out_shape]."""
 
     def __init__(self, in_shape, out_shape, logical, *, rngs, param_dtype, compute_dtype):
         self.n_in = len(in_shape)
         self.compute_dtype = compute_dtype
-        self.kernel = _param(rngs, tuple(in_shape) + tuple(out_shape), param_dtype, logical, "normal")
+        self.kernel = _param(
+            rngs, tuple(in_shape) + tuple(out_shape), param_dtype, logical, "normal"
+        )
 
     def __call__(self, x):
         k = self.kernel.get_value().astype(self.compute_dtype)
@@ -98,7 +103,12 @@ def attend(q, k, v, mask):
 
 class Qwen3Attention(nnx.Module):
     def __init__(self, cfg: Qwen3Config, *, rngs, param_dtype, compute_dtype, act_sharding):
-        d, h, kv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        d, h, kv, hd = (
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         kw = dict(rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
         self.q_proj = Projection((d,), (h, hd), ("embed", "heads", "head_dim"), **kw)
         self.k_proj = Projection((d,), (kv, hd), ("embed", "kv_heads", "head_dim"), **kw)
@@ -121,7 +131,9 @@ class Qwen3Attention(nnx.Module):
         """Causal self-attention; valid [B,T] bool, segment_ids [B,T] or None (see attention.py)."""
         q, k, v = self.qkv(x, cos, sin)
         a = self.act_sharding
-        out = self_attention(q, k, v, valid, segment_ids, impl=self.attention_impl, mesh=a.mesh, rules=a.rules)
+        out = self_attention(
+            q, k, v, valid, segment_ids, impl=self.attention_impl, mesh=a.mesh, rules=a.rules
+        )
         return self.o_proj(checkpoint_name(out, ATTN_OUT))
 
     def with_cache(self, x, cos, sin, mask, k_cache, v_cache, index, layer=None):
@@ -131,8 +143,12 @@ class Qwen3Attention(nnx.Module):
         (updated in place inside the scan)."""
         q, k, v = self.qkv(x, cos, sin)
         if layer is None:
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+            k_cache = jax.lax.dynamic_update_slice(
+                k_cache, k.astype(k_cache.dtype), (0, index, 0, 0)
+            )
+            v_cache = jax.lax.dynamic_update_slice(
+                v_cache, v.astype(v_cache.dtype), (0, index, 0, 0)
+            )
             k_all, v_all = k_cache, v_cache
         else:
             at = (layer, 0, index, 0, 0)
@@ -141,7 +157,11 @@ class Qwen3Attention(nnx.Module):
             k_all = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)
             v_all = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)
         dt = q.dtype
-        impl = "dense" if resolve_impl(self.attention_impl, self.act_sharding.mesh, dt) == "dense" else "xla"
+        impl = (
+            "dense"
+            if resolve_impl(self.attention_impl, self.act_sharding.mesh, dt) == "dense"
+            else "xla"
+        )
         out = masked_attention(q, k_all.astype(dt), v_all.astype(dt), mask, impl)
         return self.o_proj(out), k_cache, v_cache
 
@@ -163,10 +183,17 @@ class Qwen3MLP(nnx.Module):
 
 class Qwen3DecoderLayer(nnx.Module):
     def __init__(self, cfg: Qwen3Config, *, rngs, param_dtype, compute_dtype, act_sharding):
-        kw = dict(rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype, act_sharding=act_sharding)
+        kw = dict(
+            rngs=rngs,
+            param_dtype=param_dtype,
+            compute_dtype=compute_dtype,
+            act_sharding=act_sharding,
+        )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.self_attn = Qwen3Attention(cfg, **kw)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
+        self.post_attention_layernorm = RMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype
+        )
         self.mlp = Qwen3MLP(cfg, **kw)
         self.act_sharding = act_sharding
 
@@ -193,8 +220,13 @@ class Qwen3Model(nnx.Module):
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **kw)
 
         def layer(r):
-            return Qwen3DecoderLayer(cfg, rngs=r, param_dtype=param_dtype, compute_dtype=compute_dtype,
-                                     act_sharding=act_sharding)
+            return Qwen3DecoderLayer(
+                cfg,
+                rngs=r,
+                param_dtype=param_dtype,
+                compute_dtype=compute_dtype,
+                act_sharding=act_sharding,
+            )
 
         if cfg.use_scan:
             self.layers = make_stacked(layer, cfg.num_hidden_layers, rngs)
@@ -211,20 +243,21 @@ class LMHead(nnx.Module):
 
 
 def default_positions(attention_mask, segment_ids=None):
-    """[B,T] positions: cumsum(mask)-1 clipped at 0; with segment_ids, restart at each segment start."""
+    """[B,T] positions: cumsum(mask)-1 clipped at 0; with segment_ids, restart at each segment."""
     if segment_ids is None:
         return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
     t = segment_ids.shape[-1]
     idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids.shape)
     starts = jnp.concatenate(
-        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=-1
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+        axis=-1,
     )
     seg_start = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
     return idx - seg_start
 
 
 class Qwen3ForCausalLM(nnx.Module):
-    """Qwen3 causal LM. Parameters in `param_dtype`, math in `compute_dtype` (norms/softmax in fp32).
+    """Qwen3 causal LM. Parameters in `param_dtype`, math in `compute_dtype` (norms, softmax fp32).
 
     How it runs comes from the config (`attention_impl`, `scan_layers`, `remat_policy`; see
     docs/MODEL.md). `remat` overrides the config's policy: True = rematerialize each decoder layer
@@ -250,13 +283,22 @@ class Qwen3ForCausalLM(nnx.Module):
         self.remat = self.remat_policy != "none"
         self.scanned = config.use_scan
         self.act_sharding = act_sharding
-        self.hf_source: str | None = None  # directory loaded from (tokenizer files are copied on save)
-        self.model = Qwen3Model(config, rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype,
-                                act_sharding=act_sharding)
+        self.hf_source: str | None = (
+            None  # directory loaded from (tokenizer files are copied on save)
+        )
+        self.model = Qwen3Model(
+            config,
+            rngs=rngs,
+            param_dtype=param_dtype,
+            compute_dtype=compute_dtype,
+            act_sharding=act_sharding,
+        )
         if not config.tie_word_embeddings:
-            self.lm_head = LMHead(config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype)
+            self.lm_head = LMHead(
+                config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype
+            )
         else:
-            self.lm_head = None
+            self.lm_head = None  # type: ignore[assignment]
 
     # ---- public API -----------------------------------------------------------------------
     def unembedding(self):
@@ -300,8 +342,10 @@ class Qwen3ForCausalLM(nnx.Module):
         return out
 
     def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None):
-        """input_ids [B,T] -> logits [B,T,V] (compute dtype). See `hidden_states` for the arguments."""
-        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
+        """input_ids [B,T] -> logits [B,T,V] (compute dtype); arguments as in `hidden_states`."""
+        return self.logits_from_hidden(
+            self.hidden_states(input_ids, attention_mask, positions, segment_ids)
+        )
 
     # ---- KV cache (JAX sampler backend) -------------------------------------------------------
     def init_cache(self, batch: int, max_len: int, dtype=None) -> dict:
@@ -311,13 +355,20 @@ class Qwen3ForCausalLM(nnx.Module):
         cfg = self.config
         dtype = self.compute_dtype if dtype is None else dtype
         shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        k: jax.Array | tuple[jax.Array, ...]
+        v: jax.Array | tuple[jax.Array, ...]
         if self.scanned:
             k = jnp.zeros((cfg.num_hidden_layers, *shape), dtype)
             v = jnp.zeros((cfg.num_hidden_layers, *shape), dtype)
         else:
             k = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
             v = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
-        return {"k": k, "v": v, "valid": jnp.zeros((batch, max_len), bool), "index": jnp.zeros((), jnp.int32)}
+        return {
+            "k": k,
+            "v": v,
+            "valid": jnp.zeros((batch, max_len), bool),
+            "index": jnp.zeros((), jnp.int32),
+        }
 
     def forward_with_cache(self, input_ids, positions, cache: dict, attention_mask=None):
         """Append T tokens to the cache and return their logits.
@@ -333,15 +384,21 @@ class Qwen3ForCausalLM(nnx.Module):
             attention_mask = jnp.ones((b, t), bool)
         index = cache["index"]
         s = cache["valid"].shape[1]
-        valid = jax.lax.dynamic_update_slice(cache["valid"], jnp.asarray(attention_mask).astype(bool), (0, index))
+        valid = jax.lax.dynamic_update_slice(
+            cache["valid"], jnp.asarray(attention_mask).astype(bool), (0, index)
+        )
         q_slot = index + jnp.arange(t)
         mask = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & valid[:, None, :]
-        cos, sin = rope_cos_sin(jnp.asarray(positions), self.config.head_dim, self.config.rope_theta)
+        cos, sin = rope_cos_sin(
+            jnp.asarray(positions), self.config.head_dim, self.config.rope_theta
+        )
         x = self.model.embed_tokens(input_ids)
 
         def step(layer, h, k_c, v_c, i):
             return layer.with_cache(h, cos, sin, mask, k_c, v_c, index, i)
 
-        x, ks, vs = run_layers_with_cache(self.model.layers, x, cache["k"], cache["v"], step, scanned=self.scanned)
+        x, ks, vs = run_layers_with_cache(
+            self.model.layers, x, cache["k"], cache["v"], step, scanned=self.scanned
+        )
         logits = self.logits_from_hidden(self.model.norm(x))
         return logits, {"k": ks, "v": vs, "valid": valid, "index": index + t}

@@ -45,19 +45,24 @@ def resolve_remat(remat, config_policy: str) -> str:
     return config_policy
 
 
-def with_remat(fn: Callable, policy: str) -> Callable:
-    """fn wrapped in jax.checkpoint with the named policy (fn itself for 'none')."""
+def with_remat(fn: Callable, policy: str, *, in_scan: bool) -> Callable:
+    """fn wrapped in jax.checkpoint with the named policy (fn itself for 'none'). Outside a scan
+    the recomputation is protected from CSE; inside one the loop already prevents it."""
     if policy == "none":
         return fn
-    return jax.checkpoint(fn, policy=checkpoint_policy(policy), prevent_cse=False)
+    return jax.checkpoint(fn, policy=checkpoint_policy(policy), prevent_cse=not in_scan)
 
 
-def make_stacked(make_layer: Callable[[nnx.Rngs], nnx.Module], n: int, rngs: nnx.Rngs) -> nnx.Module:
+def make_stacked(
+    make_layer: Callable[[nnx.Rngs], nnx.Module], n: int, rngs: nnx.Rngs
+) -> nnx.Module:
     """n layers built by make_layer, as one module whose parameters have a leading [n] axis
     named 'layers' in their logical axes."""
 
     @nnx.split_rngs(splits=n)
-    @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    @nnx.vmap(
+        in_axes=(0,), out_axes=0, axis_size=n, transform_metadata={nnx.PARTITION_NAME: "layers"}
+    )
     def build(r):
         return make_layer(r)
 
@@ -73,12 +78,12 @@ def run_layers(layers, x, step: Callable, *, scanned: bool, policy: str):
 
     if scanned:
         graphdef, state = nnx.split(layers)
-        f = with_remat(lambda st, h: body(st, h, graphdef), policy)
+        f = with_remat(lambda st, h: body(st, h, graphdef), policy, in_scan=True)
         x, _ = jax.lax.scan(lambda h, st: (f(st, h), None), x, state)
         return x
     for layer in layers:
         graphdef, state = nnx.split(layer)
-        x = with_remat(lambda st, h, g=graphdef: body(st, h, g), policy)(state, x)
+        x = with_remat(lambda st, h, g=graphdef: body(st, h, g), policy, in_scan=False)(state, x)
     return x
 
 
@@ -97,7 +102,9 @@ def run_layers_with_cache(layers, x, k_cache, v_cache, step: Callable, *, scanne
             st, i = xs
             return step(nnx.merge(graphdef, st), h, kc, vc, i), None
 
-        (x, k_cache, v_cache), _ = jax.lax.scan(body, (x, k_cache, v_cache), (state, jax.numpy.arange(n)))
+        (x, k_cache, v_cache), _ = jax.lax.scan(
+            body, (x, k_cache, v_cache), (state, jax.numpy.arange(n))
+        )
         return x, k_cache, v_cache
     ks, vs = [], []
     for layer, k_l, v_l in zip(layers, k_cache, v_cache, strict=True):
