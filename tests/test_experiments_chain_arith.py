@@ -1,4 +1,5 @@
-"""The chain-arithmetic task: worked answers, determinism, reward on the final number, JSONL file."""
+"""The chain-arithmetic task: worked answers, determinism, reward on the final number, JSONL
+file."""
 
 import json
 

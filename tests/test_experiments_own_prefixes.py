@@ -1,4 +1,5 @@
-"""Own-prefix sampling from a real tiny Qwen3 vs an independent greedy decode; prefix-set packing."""
+"""Own-prefix sampling from a real tiny Qwen3 vs an independent greedy decode; prefix-set
+packing."""
 
 import numpy as np
 import pytest

@@ -29,7 +29,8 @@ def tokenizer(tiny_dir):
 
 
 def seeded_generate(calls):
-    """A packing-test generator: responses are a pure function of (seed, prompt ids); records calls."""
+    """A packing-test generator: responses are a pure function of (seed, prompt ids); records
+    calls."""
 
     def generate(prompt_ids, *, max_tokens, temperature, seed):
         calls.append((len(prompt_ids), max_tokens, temperature, seed))
@@ -124,7 +125,8 @@ def test_load_refuses_missing_or_incomplete(tmp_path):
 
 
 def test_real_jax_sampler_is_deterministic_per_seed(tokenizer, tiny_dir):
-    """Prefixes sampled through the real gRPC sampler (JAX backend on loopback): same seed, same ids."""
+    """Prefixes sampled through the real gRPC sampler (JAX backend on loopback): same seed, same
+    ids."""
     from dlc_jax.experiments.prefixes import client_generate
     from dlc_jax.sampler.process import SamplerProcess
 

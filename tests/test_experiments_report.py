@@ -134,10 +134,12 @@ def test_predicted_crossing_uses_first_sync_window():
     r = RunResult(
         "x", "dlc", "s", steps, {"version_lag": lag, "ell_std": [math.sqrt(v) for v in var]}
     )
-    # first window: steps 1..5 (lag 1, 0, 1, 2, 3 -- the drop at step 2 is a resync => window = [step 1])
+    # first window: steps 1..5 (lag 1, 0, 1, 2, 3 -- the drop at step 2 is a resync => window =
+    # [step 1])
     # so only the lag-1 point at step 1 (sync at step 0) is used: Var = 0.05 * 1
     pred = predicted_crossing(r, AnalysisConfig(fit_points=4))
-    # one point: both single-term fits are exact; the linear one (0.05 k) wins the tie -> k* = ln2/0.05
+    # one point: both single-term fits are exact; the linear one (0.05 k) wins the tie -> k* =
+    # ln2/0.05
     assert pred == pytest.approx(math.log(2) / 0.05)
     lag2 = [0, 1, 2, 3, 4, 0, 1]
     r2 = RunResult(
@@ -165,7 +167,8 @@ def test_summary_numbers(tmp_path):
 
 
 def _seeded_experiment(tmp_path, *, tis_far=True):
-    """3 on-policy runs (pairs KL 0.01 / 0.02 at steps 5 / 10), DLC close to them, TIS far (or not)."""
+    """3 on-policy runs (pairs KL 0.01 / 0.02 at steps 5 / 10), DLC close to them, TIS far (or
+    not)."""
     steps = [5, 10]
     names = [f"onpolicy__s{i}" for i in range(3)]
     pairs = {f"{a}|{b}": [0.01, 0.02] for a in names for b in names if a != b}
@@ -221,7 +224,8 @@ def test_report_is_generated_from_the_inputs(tmp_path):
     _seeded_experiment(tmp_path)
     path = write_report(tmp_path)
     md = path.read_text()
-    # DLC: D/N is 1 at step 5 and mean(0.015, 0.02, 0.025)/0.02 = 1 at step 10 (resamples in [0.75, 1.25])
+    # DLC: D/N is 1 at step 5 and mean(0.015, 0.02, 0.025)/0.02 = 1 at step 10 (resamples in [0.75,
+    # 1.25])
     assert "| dlc | 3 | 1.00 [1.00, 1.25] | within |" in md
     # TIS: factors 4, 5, 6 -> mean 5 at step 10; resamples in [4, 6]
     assert "| tis | 3 | 5.00 [4.00, 6.00] | outside |" in md

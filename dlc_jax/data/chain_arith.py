@@ -1,17 +1,23 @@
-"""Chain arithmetic: a synthetic task whose answers are worked chains of partial sums (16-48 tokens).
+"""Chain arithmetic: a synthetic task whose answers are worked chains of partial sums (16-48
+tokens).
 
-A prompt lists ``terms`` one-digit numbers to add (``"3+5+2+7="``); the worked answer adds them one at a
+A prompt lists ``terms`` one-digit numbers to add (``"3+5+2+7="``); the worked answer adds them one
+at a
 time and ends with the total in GSM8K form::
 
     3+5=8,8+2=10,10+7=17 #### 17
 
 With single-digit tokenization (Qwen3 splits numbers into digits) 3-5 terms give responses of about
-14-36 tokens, so the policy lag and the numerical discrepancy are summed over many tokens per sequence
-(unlike the 1-4 token answers of ``arithmetic``). Every step depends on the previous partial sum, so an
-early mistake propagates and the final answer is wrong: the reward (the ``####`` number) is sparse and
+14-36 tokens, so the policy lag and the numerical discrepancy are summed over many tokens per
+sequence
+(unlike the 1-4 token answers of ``arithmetic``). Every step depends on the previous partial sum, so
+an
+early mistake propagates and the final answer is wrong: the reward (the ``####`` number) is sparse
+and
 a small model reaches a middling accuracy after a short warm-up, leaving room for RL.
 
-Each example is a pure function of ``(seed, index)``. Records carry ``prompt``, ``answer`` (the final
+Each example is a pure function of ``(seed, index)``. Records carry ``prompt``, ``answer`` (the
+final
 number, what the reward compares) and ``worked`` (the full worked answer, the supervised target).
 """
 
@@ -26,7 +32,8 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class ChainArithConfig:
-    """min_terms / max_terms: how many numbers are added (drawn uniformly, >= 2); digits: each term is
+    """min_terms / max_terms: how many numbers are added (drawn uniformly, >= 2); digits: each term
+    is
     drawn from [0, 10**digits); num_examples: size of one epoch."""
 
     min_terms: int = 3
@@ -37,7 +44,8 @@ class ChainArithConfig:
     def __post_init__(self):
         if not 2 <= self.min_terms <= self.max_terms:
             raise ValueError(
-                f"chain_arith: need 2 <= min_terms <= max_terms, got {self.min_terms}, {self.max_terms}"
+                f"chain_arith: need 2 <= min_terms <= max_terms, got {self.min_terms}, "
+                f"{self.max_terms}"
             )
         if self.digits < 1:
             raise ValueError(f"chain_arith.digits must be >= 1, got {self.digits}")
@@ -57,7 +65,8 @@ def worked_answer(terms: list[int]) -> str:
 
 
 def chain_example(cfg: ChainArithConfig, seed: int, index: int) -> dict:
-    """The ``index``-th example: ``{"prompt": "3+5+2=", "answer": "10", "worked": "3+5=8,8+2=10 #### 10"}``."""
+    """The ``index``-th example: ``{"prompt": "3+5+2=", "answer": "10", "worked": "3+5=8,8+2=10 ####
+    10"}``."""
     if not 0 <= index < cfg.num_examples:
         raise IndexError(f"chain_arith example index {index} out of range [0, {cfg.num_examples})")
     rng = np.random.default_rng([int(seed), int(index), 7])
@@ -84,7 +93,8 @@ class ChainArithSource:
 
 
 class WorkedTargets:
-    """View of a source whose ``answer`` is the worked answer (the SFT target), for ``sft_examples``."""
+    """View of a source whose ``answer`` is the worked answer (the SFT target), for
+    ``sft_examples``."""
 
     def __init__(self, source: ChainArithSource):
         self.source = source
@@ -98,7 +108,8 @@ class WorkedTargets:
 
 
 def write_jsonl(source: ChainArithSource, path: str | Path) -> Path:
-    """Write every record (prompt, answer, worked) as JSONL: a ``data.source`` file for the trainer."""
+    """Write every record (prompt, answer, worked) as JSONL: a ``data.source`` file for the
+    trainer."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -3,8 +3,10 @@
 * D_t / N_t on the checkpoint steps both the run and the noise threshold have, skipping steps where
   N_t is not measurably positive (at step 0 both on-policy runs are the initial model, N_0 = 0).
 * First step the lag ESS falls below 0.5 (measured), and the Gaussian prediction of that step
-  (docs/CORRECTIONS.md §6): fit Var(ell) = a*k + b*k^2 against k = steps since the sampler's last sync
-  on the first points after the first sync, then solve Var(k*) = ln 2; predicted step = sync step + k*.
+  (docs/CORRECTIONS.md §6): fit Var(ell) = a*k + b*k^2 against k = steps since the sampler's last
+  sync
+  on the first points after the first sync, then solve Var(k*) = ln 2; predicted step = sync step +
+  k*.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ LN2 = math.log(2.0)
 
 @dataclasses.dataclass(frozen=True)
 class AnalysisConfig:
-    """ess_threshold: the 0.5 line; band: the pass band on D_t/N_t (2x); min_noise: N_t at or below this
+    """ess_threshold: the 0.5 line; band: the pass band on D_t/N_t (2x); min_noise: N_t at or below
+    this
     is treated as unmeasurable and its step skipped; fit_points: points (k > 0) used in the Var(ell)
-    fit; final_frac: fraction of the last steps averaged for the final reward; min_stay_steps: logged steps the
+    fit; final_frac: fraction of the last steps averaged for the final reward; min_stay_steps:
+    logged steps the
     ESS must stay below the threshold (to the end of the run) to count as "stays below"."""
 
     ess_threshold: float = 0.5
@@ -42,9 +46,9 @@ def distance_ratio(run: RunResult, noise: NoiseThreshold, cfg: AnalysisConfig = 
     """(steps, D_t / N_t) over the checkpoint steps present in both, N_t > min_noise."""
     n_by_step = {int(s): _num(v) for s, v in zip(noise.steps, noise.forward)}
     steps, ratios = [], []
-    for s, d in zip(run.kl_steps, run.kl_forward):
+    for s, d_raw in zip(run.kl_steps, run.kl_forward):
         n = n_by_step.get(int(s))
-        d = _num(d)
+        d = _num(d_raw)
         if n is None or d is None or n <= cfg.min_noise:
             continue
         steps.append(int(s))
@@ -62,7 +66,8 @@ def first_below(steps, values, threshold) -> int | None:
 
 
 def stays_below_from(steps, values, threshold, min_steps: int = 1) -> int | None:
-    """First step from which every later logged value is < threshold; None if the last value is not, or
+    """First step from which every later logged value is < threshold; None if the last value is not,
+    or
     if fewer than ``min_steps`` logged values lie in that final stretch."""
     pairs = [(int(s), _num(v)) for s, v in zip(steps, values) if _num(v) is not None]
     if not pairs or pairs[-1][1] >= threshold:
@@ -104,9 +109,11 @@ def solve_crossing(a: float, b: float, target: float = LN2) -> float | None:
 
 
 def predicted_crossing(run: RunResult, cfg: AnalysisConfig = AnalysisConfig()) -> float | None:
-    """Gaussian-predicted step at which the lag ESS reaches ess_threshold, from the first sync window.
+    """Gaussian-predicted step at which the lag ESS reaches ess_threshold, from the first sync
+    window.
 
-    Uses the first ``fit_points`` steps with version lag k > 0 inside the first window (before the lag
+    Uses the first ``fit_points`` steps with version lag k > 0 inside the first window (before the
+    lag
     first drops, i.e. before the first resync), Var(ell) = ell_std^2.
     """
     target = -math.log(cfg.ess_threshold)
@@ -133,13 +140,12 @@ def predicted_crossing(run: RunResult, cfg: AnalysisConfig = AnalysisConfig()) -
     if fit is None:
         return None
     k_star = solve_crossing(*fit, target=target)
-    return None if k_star is None else float(sync_step + k_star)
+    return None if k_star is None or sync_step is None else float(sync_step + k_star)
 
 
 def final_value(values, frac: float) -> float | None:
     """Mean of the last ``ceil(frac * n)`` (at least 1) non-missing values."""
-    vals = [_num(v) for v in values]
-    vals = [v for v in vals if v is not None]
+    vals = [x for x in (_num(v) for v in values) if x is not None]
     if not vals:
         return None
     n = max(1, math.ceil(frac * len(vals)))
@@ -178,8 +184,7 @@ def summarize(
     ess = run.get("ess_lag")
     stays = stays_below_from(run.steps, ess, cfg.ess_threshold, cfg.min_stay_steps)
     after = [r for s, r in zip(rs, rr) if stays is not None and s >= stays]
-    res = [_num(v) for v in run.get("resyncs")]
-    res = [v for v in res if v is not None]
+    res = [x for x in (_num(v) for v in run.get("resyncs")) if x is not None]
     return RunSummary(
         name=run.name,
         arm=run.arm,

@@ -22,7 +22,8 @@ def _key_str(k) -> str:
 
 
 def flatten_params(tree) -> dict[str, object]:
-    """``{"model/layers/0/mlp/up_proj/kernel": array}``; a trailing ``value`` (NNX Variable) is dropped."""
+    """``{"model/layers/0/mlp/up_proj/kernel": array}``; a trailing ``value`` (NNX Variable) is
+    dropped."""
     import jax
 
     out = {}
@@ -80,7 +81,7 @@ def _template(model_dir: str):
     from dlc_jax.model import load_hf
 
     model = load_hf(model_dir)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
     return graphdef, params, rest
 
 
@@ -97,7 +98,8 @@ def model_with_params(model_dir: str, raw_params):
     extra = sorted(set(got) - set(want))
     if missing or extra:
         raise KeyError(
-            f"checkpoint params do not match the model: missing {missing[:5]}, unexpected {extra[:5]}"
+            f"checkpoint params do not match the model: missing {missing[:5]}, unexpected "
+            f"{extra[:5]}"
         )
     paths, treedef = jax.tree_util.tree_flatten_with_path(params)
     leaves = []
@@ -115,7 +117,8 @@ def model_with_params(model_dir: str, raw_params):
 
 
 def load_checkpoint_model(cfg, step: int):
-    """theta_t at ``step`` of the run configured by ``cfg`` (a TrainConfig with ``model.path`` set)."""
+    """theta_t at ``step`` of the run configured by ``cfg`` (a TrainConfig with ``model.path``
+    set)."""
     if not cfg.model.path:
         raise ValueError(
             "model.path: the experiment runner resolves the initial model; it must be set here"

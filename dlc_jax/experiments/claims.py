@@ -3,7 +3,8 @@ inconclusive), every verdict decided with bootstrap intervals (stats.py), never 
 
 Claims (docs/experiments/README-style wording in the report):
 1. With a stale sampler, DLC keeps the KL to on-policy training within 2x the noise threshold.
-2. Importance weighting leaves that band once its lag ESS stays below 0.5 (and the measured ESS falls
+2. Importance weighting leaves that band once its lag ESS stays below 0.5 (and the measured ESS
+falls
    below 0.5 before the Gaussian prediction exp(-Var ell) does).
 3. DLC's ESS-triggered resync prevents the collapses that per-token corrections leave in place.
 4. A KL measured on the sampler's own prefixes does not detect those collapses.
@@ -54,15 +55,15 @@ def _rows(runs: list[RunResult], steps: list[int], own: bool) -> np.ndarray:
     out = np.full((len(runs), len(steps)), np.nan)
     for k, r in enumerate(runs):
         by_ref = r.own_kl_by_ref if own else r.kl_by_ref
+        vals: dict[int, float | None] = {}
         if not by_ref:
             if own:
                 continue
-            vals = dict(zip(r.kl_steps, r.kl_forward))
+            vals.update(zip(r.kl_steps, r.kl_forward))
         else:
             per = [dict(zip(r.kl_steps, v)) for v in by_ref.values()]
-            vals = {}
             for s in r.kl_steps:
-                xs = [p.get(s) for p in per if p.get(s) is not None]
+                xs = [float(p[s]) for p in per if p.get(s) is not None]
                 vals[s] = float(np.mean(xs)) if xs else None
         for i, s in enumerate(steps):
             v = vals.get(s)
@@ -131,13 +132,15 @@ def claims(
     out: list[str] = []
     if noise is None or not noise.pairs:
         return [
-            "- No noise threshold (the on-policy runs did not finish): no distance claim can be checked."
+            "- No noise threshold (the on-policy runs did not finish): no distance claim can be "
+            "checked."
         ]
     npairs = unordered_pairs(noise.pairs)
     nmean = mean_interval(np.nanmax(npairs, axis=1)) if npairs.size else NAN_INTERVAL
     out.append(
         f"- **Noise threshold**: {npairs.shape[0]} on-policy pairs; N_t at the last checkpoint "
-        f"{noise.forward[-1]:.4f} nats (pairs: {', '.join(f'{v:.4f}' for v in npairs[:, -1])}); max over "
+        f"{noise.forward[-1]:.4f} nats (pairs: {', '.join(f'{v:.4f}' for v in npairs[:, -1])}); "
+        "max over "
         f"checkpoints per pair, mean [95% CI]: {nmean.fmt(4)} nats."
     )
     for sc, st in all_stats.items():
@@ -151,19 +154,24 @@ def claims(
             v = dlc.ref.max.versus(band)
             out.append(
                 f"  1. *DLC stays within {band:g}x noise under the stale sampler*: "
-                f"{_verdict(v == 'within', v == 'outside')} — max_t D_t/N_t = {dlc.ref.max.fmt()} over "
-                f"{dlc.seeds} seeds ({v}); DLC resynced {dlc.resyncs if dlc.resyncs is not None else '—'} "
+                f"{_verdict(v == 'within', v == 'outside')} — max_t D_t/N_t = {dlc.ref.max.fmt()} "
+                "over "
+                f"{dlc.seeds} seeds ({v}); DLC resynced "
+                f"{dlc.resyncs if dlc.resyncs is not None else '—'} "
                 f"times per run on average."
             )
         # 2. IS leaves the band once ESS stays below 0.5
-        parts, held, not_held = [], [], []
+        parts: list[str] = []
+        held: list[str] = []
+        not_held: list[str] = []
         for a in IS_ARMS:
             s = arms.get(a)
             if s is None:
                 continue
             if s.stays_count * 2 <= s.seeds or s.stays_step is None:
                 parts.append(
-                    f"{a}: lag ESS stayed below 0.5 to the end in {s.stays_count}/{s.seeds} seeds — "
+                    f"{a}: lag ESS stayed below 0.5 to the end in {s.stays_count}/{s.seeds} seeds "
+                    "— "
                     f"condition not reached"
                 )
                 continue
@@ -190,8 +198,10 @@ def claims(
         )
         if gaps:
             out.append(
-                f"     ESS crossing: measured minus Gaussian-predicted first step below 0.5 over {len(gaps)} "
-                f"runs without resync trigger: {gi.fmt(1)} steps (negative = measured crosses earlier; the "
+                "     ESS crossing: measured minus Gaussian-predicted first step below 0.5 over "
+                f"{len(gaps)} "
+                f"runs without resync trigger: {gi.fmt(1)} steps (negative = measured crosses "
+                "earlier; the "
                 f"paper reports about -3 on Qwen3-1.7B). Per arm (mean [CI] step): {firsts}."
             )
         else:
@@ -205,7 +215,8 @@ def claims(
         collapsed = [a for a, s in per_tok.items() if s.ref.max.versus(band) == "outside"]
         if dlc is None or "dlc_noresync" not in arms:
             out.append(
-                "  3. *Resync prevents collapses*: **inconclusive** — DLC or DLC without resync missing."
+                "  3. *Resync prevents collapses*: **inconclusive** — DLC or DLC without resync "
+                "missing."
             )
         else:
             nr = arms["dlc_noresync"]
@@ -222,7 +233,8 @@ def claims(
                 f"{_verdict(held3 and not not3, not3)} — per-token arms outside the band: "
                 f"{', '.join(collapsed) or 'none'} (max D_t/N_t: "
                 + ", ".join(f"{a} {s.ref.max.fmt()}" for a, s in sorted(per_tok.items()))
-                + f"); DLC {dlc.ref.max.fmt()} ({v_dlc}); DLC minus DLC-without-resync, paired over seeds: "
+                + f"); DLC {dlc.ref.max.fmt()} ({v_dlc}); DLC minus DLC-without-resync, paired "
+                "over seeds: "
                 f"{diff.fmt()}."
                 + (
                     ""
@@ -236,36 +248,42 @@ def claims(
         }
         if not with_own:
             out.append(
-                "  4. *KL on the sampler's own prefixes misses the collapses*: **inconclusive** — not "
+                "  4. *KL on the sampler's own prefixes misses the collapses*: **inconclusive** — "
+                "not "
                 "measured in this scenario."
             )
         else:
             rows = []
-            missed, caught = [], []
+            missed: list[str] = []
+            caught: list[str] = []
             for a, s in sorted(with_own.items()):
-                vr, vo = s.ref.max.versus(band), s.own.max.versus(band)
+                own_max = s.own.max if s.own is not None else NAN_INTERVAL
+                vr, vo = s.ref.max.versus(band), own_max.versus(band)
                 rows.append(
-                    f"{a}: reference {s.ref.max.fmt()} ({vr}) vs own {s.own.max.fmt()} ({vo})"
+                    f"{a}: reference {s.ref.max.fmt()} ({vr}) vs own {own_max.fmt()} ({vo})"
                 )
                 if vr == "outside":
                     (missed if vo == "within" else caught if vo == "outside" else []).append(a)
             held4 = bool(collapsed) and bool(missed) and not caught
             out.append(
                 f"  4. *A KL on the sampler's own prefixes does not detect the collapses*: "
-                f"{_verdict(held4, bool(caught) and not missed)} — arms outside the band on the reference "
-                f"prefixes that the own-prefix ratio places within it: {', '.join(missed) or 'none'}; that it "
+                f"{_verdict(held4, bool(caught) and not missed)} — arms outside the band on the "
+                "reference "
+                "prefixes that the own-prefix ratio places within it: "
+                f"{', '.join(missed) or 'none'}; that it "
                 f"also flags: {', '.join(caught) or 'none'}. Per arm: {'; '.join(rows)}."
             )
             k3 = []
             for a in sorted(with_own):
-                v = [
+                k3_vals = [
                     final_value(results[r].get("mismatch_k3"), cfg.final_frac)
                     for r in results
                     if results[r].scenario == sc and results[r].arm == a
                 ]
-                k3.append(f"{a} {mean_interval(v).fmt(4)}")
+                k3.append(f"{a} {mean_interval(k3_vals).fmt(4)}")
             out.append(
-                f"     Logged mismatch k3 KL(q||p) on the sampler's prefixes, last {cfg.final_frac:.0%} of "
+                "     Logged mismatch k3 KL(q||p) on the sampler's prefixes, last "
+                f"{cfg.final_frac:.0%} of "
                 f"steps (nats/token, mean [CI]): {'; '.join(k3)}."
             )
     return out

@@ -1,4 +1,5 @@
-"""``dlc-jax experiment --preset NAME [--out DIR] [--arms ...] [--scenarios ...] [--steps N] [--seeds ...]``.
+"""``dlc-jax experiment --preset NAME [--out DIR] [--arms ...] [--scenarios ...] [--steps N]
+[--seeds ...]``.
 
 ``--report-only`` regenerates ``report.md`` and the plots from the existing run outputs.
 """
@@ -35,6 +36,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="extra trainer config override for every run (repeatable), e.g. model.preset=...",
     )
+    ap.add_argument(
+        "--warmup",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="chain warm-up setting (steps, lr, batch_size, eval_prompts, dims.<make_tiny arg>), "
+        "e.g. "
+        "dims.num_hidden_layers=1 for a CPU smoke test of an accelerator preset",
+    )
     ap.add_argument("--report-only", action="store_true", help="only regenerate report.md + plots")
     ap.add_argument(
         "--run-timeout", type=float, default=3600.0, help="seconds before a single run is killed"
@@ -55,6 +65,8 @@ def cli(argv: list[str]) -> int:
         bad = [s for s in args.scenarios if s not in names]
         if bad:
             raise SystemExit(f"--scenarios: unknown {bad} for preset {preset.name} (have {names})")
+    if args.warmup:
+        preset = with_warmup(preset, args.warmup)
     exp = Experiment(
         preset,
         args.out or f"experiments_out/{preset.name}",
@@ -68,3 +80,27 @@ def cli(argv: list[str]) -> int:
     path = exp.write_report() if args.report_only else exp.run()
     print(f"report: {path}")
     return 0
+
+
+def with_warmup(preset, items: list[str]):
+    """``preset`` with its chain warm-up changed by ``KEY=VALUE`` items (``dims.NAME=INT`` for model
+    size)."""
+    import dataclasses
+
+    if preset.task is None:
+        raise SystemExit(f"--warmup: preset {preset.name} has no chain warm-up")
+    task, dims = preset.task, dict(preset.task.model_dims)
+    fields = {"steps": int, "lr": float, "batch_size": int, "eval_prompts": int}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--warmup: expected KEY=VALUE, got {item!r}")
+        if key.startswith("dims."):
+            v: object = val.lower() == "true" if val.lower() in ("true", "false") else int(val)
+            dims[key[5:]] = v
+        elif key in fields:
+            task = dataclasses.replace(task, **{key: fields[key](val)})
+        else:
+            raise SystemExit(f"--warmup: unknown key {key!r} (use {sorted(fields)} or dims.<name>)")
+    task = dataclasses.replace(task, model_dims=tuple(sorted(dims.items())))
+    return dataclasses.replace(preset, task=task)

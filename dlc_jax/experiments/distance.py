@@ -37,7 +37,8 @@ class PolicyOnPrefixes:
 
 @functools.lru_cache(maxsize=1)
 def _hidden_fn():
-    """One jitted function for every evaluation (a new one per call would re-trace and re-compile)."""
+    """One jitted function for every evaluation (a new one per call would re-trace and
+    re-compile)."""
     from flax import nnx
 
     @nnx.jit
@@ -48,7 +49,8 @@ def _hidden_fn():
 
 
 def evaluate_policy(model, prefixes: PrefixSet, *, batch_size: int = 16) -> PolicyOnPrefixes:
-    """Run ``model`` over the prefix set (fixed-size batches, fp32 out) and keep the prefix positions."""
+    """Run ``model`` over the prefix set (fixed-size batches, fp32 out) and keep the prefix
+    positions."""
     import jax.numpy as jnp
 
     hidden_fn = _hidden_fn()
@@ -83,7 +85,8 @@ def prefix_kl(
     """KL_P(a || b) ("forward"), KL_P(b || a) ("reverse"), their mean and the prefix count."""
     if a.hidden.shape != b.hidden.shape:
         raise ValueError(
-            f"policies evaluated on different prefix sets: hidden {a.hidden.shape} vs {b.hidden.shape}"
+            f"policies evaluated on different prefix sets: hidden {a.hidden.shape} vs "
+            f"{b.hidden.shape}"
         )
     total = KLSums(0.0, 0.0, 0.0)
     p = a.hidden.shape[0]

@@ -1,4 +1,5 @@
-"""Exact full-vocabulary next-token KL between two policies on a fixed set of prefixes (pure, jittable).
+"""Exact full-vocabulary next-token KL between two policies on a fixed set of prefixes (pure,
+jittable).
 
 Each policy is given by its final hidden states at the prefix positions and its unembedding matrix;
 logits are ``hidden @ unembed.T / temperature`` computed in float32. The KL is summed over the whole
@@ -36,7 +37,8 @@ class KLSums:
         )
 
     def means(self) -> dict[str, float]:
-        """``{"forward", "reverse", "symmetric", "count"}``; raises if there are no valid prefixes."""
+        """``{"forward", "reverse", "symmetric", "count"}``; raises if there are no valid
+        prefixes."""
         if self.count <= 0:
             raise ValueError(
                 "KL over reference prefixes: no valid prefix positions (mask is all zero)"
@@ -51,7 +53,8 @@ class KLSums:
 
 
 def _chunk_kl(h_a, h_b, w_a, w_b, m, inv_temp):
-    """KL both ways for one chunk. h_*: [C, D]; w_*: [V, D]; m: [C] -> (fwd_sum, rev_sum) scalars."""
+    """KL both ways for one chunk. h_*: [C, D]; w_*: [V, D]; m: [C] -> (fwd_sum, rev_sum)
+    scalars."""
     logits_a = jnp.einsum("cd,vd->cv", h_a.astype(jnp.float32), w_a.astype(jnp.float32)) * inv_temp
     logits_b = jnp.einsum("cd,vd->cv", h_b.astype(jnp.float32), w_b.astype(jnp.float32)) * inv_temp
     logp_a = jax.nn.log_softmax(logits_a, axis=-1)

@@ -2,7 +2,8 @@
 
 The reference prefixes are fixed (sampled once from the initial policy). A distance measured on the
 sequences a run generates itself instead -- what the conventional "KL on the sampler's own prefixes"
-looks at once its sampler holds theta_t -- weighs the positions that run now visits and ignores where
+looks at once its sampler holds theta_t -- weighs the positions that run now visits and ignores
+where
 it stopped going. The experiment measures KL to on-policy training on both prefix sets.
 
 Sampling is a plain full-forward loop over a fixed ``[B, prompt + max_tokens]`` buffer (one jitted
@@ -44,7 +45,8 @@ def sample_responses(
     eos_id: int,
     pad_id: int = 0,
 ) -> list[np.ndarray]:
-    """One response per prompt (int32, eos included when sampled), temperature sampling from ``model``."""
+    """One response per prompt (int32, eos included when sampled), temperature sampling from
+    ``model``."""
     import jax
     import jax.numpy as jnp
 
@@ -93,7 +95,8 @@ def own_prefix_set(
     eos_id: int,
     pad_id: int = 0,
 ) -> PrefixSet:
-    """A :class:`PrefixSet` of ``model``'s own responses to ``prompt_ids`` (empty responses get eos)."""
+    """A :class:`PrefixSet` of ``model``'s own responses to ``prompt_ids`` (empty responses get
+    eos)."""
     resp = sample_responses(
         model,
         prompt_ids,

@@ -1,11 +1,13 @@
-"""Reference prefixes: held-out prompts with one response each, sampled once from the initial policy.
+"""Reference prefixes: held-out prompts with one response each, sampled once from the initial
+policy.
 
 Every response position is a prefix: for a prompt of length P and a response r_0..r_{n-1}, the
 prefixes are ``prompt + r_<i`` for i = 0..n-1 (the n contexts that produced the response tokens).
 In a padded ``tokens [N, L]`` array, the next-token distribution at position t is the one for the
 prefix ``tokens[:t+1]``, so the prefix mask is 1 at positions ``P-1 .. P+n-2``.
 
-The set is created once per experiment (``prefixes.npz`` + ``prefixes.json``) and shared by all runs.
+The set is created once per experiment (``prefixes.npz`` + ``prefixes.json``) and shared by all
+runs.
 Prompts come from the synthetic arithmetic task with a seed distinct from any training seed.
 """
 
@@ -22,7 +24,8 @@ from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
 from dlc_jax.data.prompts import DataConfig, load_records
 from dlc_jax.data.tokenize import encode_prompt
 
-# generate(prompt_ids, max_tokens=..., temperature=..., seed=...) -> one response (int32 [n]) per prompt
+# generate(prompt_ids, max_tokens=..., temperature=..., seed=...) -> one response (int32 [n]) per
+# prompt
 GenerateFn = Callable[..., list[np.ndarray]]
 
 NPZ_NAME = "prefixes.npz"
@@ -100,7 +103,8 @@ class PrefixSet:
 
     @property
     def prefix_mask(self) -> np.ndarray:
-        """float32 [N, L]: 1 at positions whose next-token distribution generated a response token."""
+        """float32 [N, L]: 1 at positions whose next-token distribution generated a response
+        token."""
         pos = np.arange(self.tokens.shape[1])[None, :]
         start = (self.prompt_lens - 1)[:, None]
         stop = (self.prompt_lens + self.response_lens - 1)[:, None]
@@ -149,6 +153,7 @@ class PrefixSet:
 
 def heldout_prompts(cfg: PrefixConfig, tokenizer) -> tuple[list[dict], list[np.ndarray]]:
     """The first ``num_prompts`` records of the held-out split and their token ids."""
+    src: Sequence[dict] | ArithmeticSource
     if cfg.source == "arithmetic":
         src = ArithmeticSource(cfg.arithmetic, seed=cfg.data_seed)
     else:
@@ -208,7 +213,8 @@ def create_prefixes(
 ) -> PrefixSet:
     """Sample one response per held-out prompt with ``generate`` (the initial policy) and pack them.
 
-    Responses of length 0 are rejected (they contribute no prefixes and usually mean a broken sampler).
+    Responses of length 0 are rejected (they contribute no prefixes and usually mean a broken
+    sampler).
     """
     recs, ids = heldout_prompts(cfg, tokenizer)
     responses = generate(
@@ -219,11 +225,13 @@ def create_prefixes(
     for i, r in enumerate(responses):
         if len(r) == 0:
             raise ValueError(
-                f"reference prefixes: empty response for held-out prompt {i} ({recs[i]['prompt']!r})"
+                f"reference prefixes: empty response for held-out prompt {i} "
+                f"({recs[i]['prompt']!r})"
             )
         if len(r) > cfg.max_tokens:
             raise ValueError(
-                f"reference prefixes: response {i} has {len(r)} tokens > max_tokens={cfg.max_tokens}"
+                f"reference prefixes: response {i} has {len(r)} tokens > "
+                f"max_tokens={cfg.max_tokens}"
             )
     meta = {
         "config": _jsonable(dataclasses.asdict(cfg)),
@@ -237,7 +245,8 @@ def create_prefixes(
 def load_or_create(
     out_dir: str | Path, cfg: PrefixConfig, tokenizer, generate: GenerateFn, **kw
 ) -> PrefixSet:
-    """Load the prefix set in ``out_dir`` if it exists (shared by all runs), else create and save it."""
+    """Load the prefix set in ``out_dir`` if it exists (shared by all runs), else create and save
+    it."""
     if PrefixSet.exists(out_dir):
         return PrefixSet.load(out_dir)
     ps = create_prefixes(cfg, tokenizer, generate, **kw)
@@ -254,7 +263,8 @@ def _jsonable(x):
 
 
 def client_generate(client) -> GenerateFn:
-    """A :data:`GenerateFn` over a ``dlc_jax.sampler.SamplerClient`` (one sample per prompt, seeded).
+    """A :data:`GenerateFn` over a ``dlc_jax.sampler.SamplerClient`` (one sample per prompt,
+    seeded).
 
     Responses are returned in prompt order (matched by slot id, not by arrival order)."""
     from dlc_jax.sampler.types import SamplingParams

@@ -30,7 +30,8 @@ class Arm:
 class Scenario:
     """sync: 'every_k' | 'never' (the stale sampler's schedule; k = sync_k);
     quantization: sampler weight quantization ('' = none; 'int8' on the JAX backend,
-    'fp8_per_channel' on vLLM); weight_noise: std of Gaussian noise on the sampler's weights, relative
+    'fp8_per_channel' on vLLM); weight_noise: std of Gaussian noise on the sampler's weights,
+    relative
     to each tensor's RMS (0 = none)."""
 
     name: str
@@ -62,14 +63,18 @@ ARMS: dict[str, Arm] = {
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentPreset:
-    """base_config: YAML path relative to the repo root (or absolute); overrides: ``key=value`` applied
+    """base_config: YAML path relative to the repo root (or absolute); overrides: ``key=value``
+    applied
     to every run; steps / checkpoint_every: run length and the fixed checkpoint steps (the KL is
-    measured at every checkpoint); onpolicy_seeds: ``train.seed`` of the on-policy runs (>= 2; the noise
-    threshold is the mean KL over their pairs); seeds: ``train.seed`` of each arm's runs (an arm run with
+    measured at every checkpoint); onpolicy_seeds: ``train.seed`` of the on-policy runs (>= 2; the
+    noise
+    threshold is the mean KL over their pairs); seeds: ``train.seed`` of each arm's runs (an arm run
+    with
     seed s is compared with the on-policy runs of the other seeds, exactly like an on-policy pair);
     kl_temperature: temperature of the KL (the sampling temperature); task: the chain-arithmetic
     warm-up and data the runs use (None: the base config's model and data); own_prefix_scenarios:
-    scenarios whose runs are also measured on their own sampled prefixes (``own_prefix_prompts`` prompts
+    scenarios whose runs are also measured on their own sampled prefixes (``own_prefix_prompts``
+    prompts
     per checkpoint, see own_prefixes.py)."""
 
     name: str
@@ -180,8 +185,10 @@ QWEN3_1P7B = dataclasses.replace(
     QWEN3_0P6B, name="qwen3_1p7b", base_config="configs/qwen3_1p7b_dlc.yaml", eval_batch_size=8
 )
 
-# Qwen3-0.6B's body (width, heads, MLP) with 4 of its 28 layers and the offline 4k tokenizer, random init then
-# the chain warm-up: the smallest accelerator preset (launch/gpu_experiment.sh), a few minutes on one GPU.
+# Qwen3-0.6B's body (width, heads, MLP) with 4 of its 28 layers and the offline 4k tokenizer, random
+# init then
+# the chain warm-up: the smallest accelerator preset (launch/gpu_experiment.sh), a few minutes on
+# one GPU.
 QWEN3_0P6B_BODY_4L = (
     ("vocab_size", 4096),
     ("hidden_size", 1024),

@@ -1,9 +1,13 @@
 """``report.md`` + PNG plots from an experiment's run results (everything computed, nothing typed).
 
-Per scenario: one figure with the ratio D_t/N_t on the reference prefixes and on the runs' own prefixes
-(mean over seeds with its bootstrap 95% band, labelled 1x and 2x noise lines), the lag ESS, the reward,
-the lag std and the sampler-prefix mismatch KL (mean over seeds with the min-max seed band). One figure
-with the noise pairs, one with measured vs Gaussian ESS crossings. A table per scenario and a verdict
+Per scenario: one figure with the ratio D_t/N_t on the reference prefixes and on the runs' own
+prefixes
+(mean over seeds with its bootstrap 95% band, labelled 1x and 2x noise lines), the lag ESS, the
+reward,
+the lag std and the sampler-prefix mismatch KL (mean over seeds with the min-max seed band). One
+figure
+with the noise pairs, one with measured vs Gaussian ESS crossings. A table per scenario and a
+verdict
 per claim (see claims.py), with the intervals behind it.
 """
 
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +57,8 @@ def _arm_key(arm: str):
 
 
 def arm_style(arm: str) -> dict:
-    """Colour, line style and marker of an arm: every arm differs in colour and in line style or marker."""
+    """Colour, line style and marker of an arm: every arm differs in colour and in line style or
+    marker."""
     import matplotlib
 
     if arm == "onpolicy":
@@ -183,7 +189,8 @@ def plot_scenario(
     for ax in (ax_ref, ax_ess):
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(
-        f"scenario `{scenario}`: bands = bootstrap 95% interval over seeds and on-policy pairs (top "
+        f"scenario `{scenario}`: bands = bootstrap 95% interval over seeds and on-policy pairs "
+        "(top "
         f"left/middle) or min-max over seeds (others)"
     )
     fig.tight_layout(rect=(0, 0, 1, 0.96))
@@ -263,17 +270,22 @@ def plot_crossings(rows: list[tuple[str, float, float]], path: Path) -> Path | N
 
 def _table(scenario_stats: dict[str, ArmStats], band: float) -> list[str]:
     out = [
-        "| arm | seeds | max_t D_t/N_t, reference prefixes [95% CI] | vs 2x band | max_t D_t/N_t, own prefixes "
-        "[95% CI] | first ESS<0.5 step, measured (mean [CI]) | first exp(-Var ell)<0.5 step (mean [CI]) | "
-        "ESS stays <0.5 (seeds) | resyncs (mean) | final reward (mean [CI]) | wall time per run (s) |",
+        "| arm | seeds | max_t D_t/N_t, reference prefixes [95% CI] | vs 2x band | max_t D_t/N_t, "
+        "own prefixes "
+        "[95% CI] | first ESS<0.5 step, measured (mean [CI]) | first exp(-Var ell)<0.5 step (mean "
+        "[CI]) | "
+        "ESS stays <0.5 (seeds) | resyncs (mean) | final reward (mean [CI]) | wall time per run "
+        "(s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in sorted(scenario_stats, key=_arm_key):
         a = scenario_stats[arm]
         out.append(
             f"| {arm} | {a.seeds} | {a.ref.max.fmt()} | {a.ref.max.versus(band)} | "
-            f"{a.own.max.fmt() if a.own is not None else '—'} | {a.ess_first.fmt(1)} | {a.gauss_first.fmt(1)} | "
-            f"{a.stays_count}/{a.seeds} | {_fmt(a.resyncs, 1)} | {a.final_reward.fmt(3)} | {_fmt(a.wall_s, 0)} |"
+            f"{a.own.max.fmt() if a.own is not None else '—'} | {a.ess_first.fmt(1)} | "
+            f"{a.gauss_first.fmt(1)} | "
+            f"{a.stays_count}/{a.seeds} | {_fmt(a.resyncs, 1)} | {a.final_reward.fmt(3)} | "
+            f"{_fmt(a.wall_s, 0)} |"
         )
     return out
 
@@ -288,8 +300,10 @@ def _header(
     seeds = sorted({r.seed for r in results.values() if r.arm != "onpolicy"})
     n_steps = sorted({len(r.steps) for r in results.values()})
     lines.append(
-        f"- **What ran**: {len(results)} runs with results — {len(onp)} on-policy runs ({', '.join(onp)}) "
-        f"and arms {', '.join(arms) or 'none'} under scenario(s) {', '.join(scs) or 'none'} with sampling "
+        f"- **What ran**: {len(results)} runs with results — {len(onp)} on-policy runs "
+        f"({', '.join(onp)}) "
+        f"and arms {', '.join(arms) or 'none'} under scenario(s) {', '.join(scs) or 'none'} with "
+        "sampling "
         f"seeds {seeds}; logged steps per run: {n_steps}."
     )
     expected = None
@@ -305,13 +319,15 @@ def _header(
             for s in preset.scenarios
         )
         lines.append(
-            f"- **Preset `{preset.name}`**: {steps} steps per run, checkpoints every {ckpt_every} steps; "
+            f"- **Preset `{preset.name}`**: {steps} steps per run, checkpoints every {ckpt_every} "
+            "steps; "
             f"scenarios {sc_desc}; base config `{preset.base_config}` with overrides "
             f"{list(preset.overrides)}. Matrix: {expected} runs; "
             + (
                 "all of them ran."
                 if expected == len(results)
-                else f"**{len(results)} of {expected} ran** (the others are missing from every table and figure)."
+                else f"**{len(results)} of {expected} ran** (the others are missing from every "
+                "table and figure)."
             )
         )
     mj = exp / "model.json"
@@ -321,16 +337,21 @@ def _header(
         if w:
             t = w["config"]["task"]
             lines.append(
-                f"- **Task**: chain arithmetic, {t['min_terms']}-{t['max_terms']} one-digit terms, worked "
-                f"answer `a+b=s1,s1+c=s2,... #### total` (about 14-36 tokens); reward 1 when the `####` "
-                f"number is right. Warm-up: {w['config']['steps']} SFT steps on worked answers, greedy "
-                f"accuracy {w['greedy_accuracy']:.2f} on {w['config']['eval_prompts']} held-out prompts."
+                f"- **Task**: chain arithmetic, {t['min_terms']}-{t['max_terms']} one-digit terms, "
+                "worked "
+                "answer `a+b=s1,s1+c=s2,... #### total` (about 14-36 tokens); reward 1 when the "
+                "`####` "
+                f"number is right. Warm-up: {w['config']['steps']} SFT steps on worked answers, "
+                "greedy "
+                f"accuracy {w['greedy_accuracy']:.2f} on {w['config']['eval_prompts']} held-out "
+                "prompts."
             )
     pj = exp / "prefixes" / "prefixes.json"
     if pj.exists():
         pm = json.loads(pj.read_text())
         lines.append(
-            f"- **Reference prefixes**: {len(pm.get('prompts', []))} held-out prompts, one response each "
+            f"- **Reference prefixes**: {len(pm.get('prompts', []))} held-out prompts, one "
+            "response each "
             f"sampled once from the initial policy (every response position is a prefix)."
         )
     total, n_runs = 0.0, 0
@@ -343,7 +364,8 @@ def _header(
             {json.loads(t.read_text()).get("loadavg", "") for t in exp.glob("timings*.json")} - {""}
         )
         lines.append(
-            f"- **Wall time of the matrix**: {total / 60:.1f} min for {n_runs} runs trained and evaluated "
+            f"- **Wall time of the matrix**: {total / 60:.1f} min for {n_runs} runs trained and "
+            "evaluated "
             f"(sum over {len(list(exp.glob('timings*.json')))} invocation(s)"
             + (f"; load average at the end: {', '.join(loads)}" if loads else "")
             + ")."
@@ -355,14 +377,16 @@ def _header(
 def write_report(
     exp_dir: str | Path,
     *,
-    cfg: AnalysisConfig = AnalysisConfig(),
+    cfg: AnalysisConfig | None = None,
     title: str = "",
-    notes: list[str] = (),
+    notes: Sequence[str] = (),
     preset=None,
     steps: int | None = None,
     ckpt_every: int | None = None,
 ) -> Path:
-    """Write ``report.md`` and ``plots/*.png`` under ``exp_dir`` from ``results/`` and ``noise.json``."""
+    """Write ``report.md`` and ``plots/*.png`` under ``exp_dir`` from ``results/`` and
+    ``noise.json``."""
+    cfg = cfg or AnalysisConfig()
     exp = Path(exp_dir)
     results = load_results(exp)
     if not results:
@@ -375,21 +399,29 @@ def write_report(
     lines = [
         f"# {title or 'KL to on-policy training: experiment report'}",
         "",
-        "Generated by `dlc_jax.experiments.report` from the run outputs in this directory; every number "
+        "Generated by `dlc_jax.experiments.report` from the run outputs in this directory; every "
+        "number "
         "below is computed from `results/*.json` and `noise.json`.",
         "",
     ]
     lines += _header(exp, results, notes, preset, steps, ckpt_every) + [""]
     lines += [
         "Definitions: D_t(s) = mean over the on-policy runs O_j of the *other* sampling seeds of "
-        "KL(run_t || O_j,t); N_t = mean over on-policy pairs (i != j) of KL(O_i,t || O_j,t) — so an "
-        "on-policy run compared like an arm has D_t/N_t = 1 by construction. KL: exact full-vocabulary "
-        "next-token KL averaged over the prefixes, at checkpoint steps. Reference prefixes: fixed, sampled "
-        "once from the initial policy. Own prefixes: 16 prompts re-sampled at each checkpoint from the run's "
-        "theta_t (what its sampler produces once synced). Ratio per arm: mean_s D_t(s) / N_t; its interval "
+        "KL(run_t || O_j,t); N_t = mean over on-policy pairs (i != j) of KL(O_i,t || O_j,t) — so "
+        "an "
+        "on-policy run compared like an arm has D_t/N_t = 1 by construction. KL: exact "
+        "full-vocabulary "
+        "next-token KL averaged over the prefixes, at checkpoint steps. Reference prefixes: fixed, "
+        "sampled "
+        "once from the initial policy. Own prefixes: 16 prompts re-sampled at each checkpoint from "
+        "the run's "
+        "theta_t (what its sampler produces once synced). Ratio per arm: mean_s D_t(s) / N_t; its "
+        "interval "
         "is a percentile bootstrap (2000 resamples) over the arm's seeds and the on-policy pairs. "
-        f"'within' = whole 95% interval <= {cfg.band:g}, 'outside' = whole interval > {cfg.band:g}, else "
-        "'inconclusive'. Lag ESS = token ESS of exp(ell), ell = log p - log p_s; Gaussian prediction = "
+        f"'within' = whole 95% interval <= {cfg.band:g}, 'outside' = whole interval > "
+        f"{cfg.band:g}, else "
+        "'inconclusive'. Lag ESS = token ESS of exp(ell), ell = log p - log p_s; Gaussian "
+        "prediction = "
         f"exp(-Var ell). Final reward: mean over the last {cfg.final_frac:.0%} of steps.",
         "",
     ]
@@ -446,11 +478,11 @@ def write_report(
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(results.values(), key=lambda r: (r.scenario, _arm_key(r.arm), r.seed)):
-        s = summaries[r.name]
-        mx = "—" if s.max_ratio is None else f"{_fmt(s.max_ratio)} ({s.max_ratio_step})"
+        sm = summaries[r.name]
+        mx = "—" if sm.max_ratio is None else f"{_fmt(sm.max_ratio)} ({sm.max_ratio_step})"
         lines.append(
             f"| {r.name} | {r.arm} | {r.scenario} | {r.seed} | {len(r.steps)} | {mx} | "
-            f"{_fmt(s.ess_first_below)} | {_fmt(s.final_reward, 3)} | {_fmt(r.wall_s, 1)} |"
+            f"{_fmt(sm.ess_first_below)} | {_fmt(sm.final_reward, 3)} | {_fmt(r.wall_s, 1)} |"
         )
     lines.append("")
     path = exp / "report.md"

@@ -3,12 +3,15 @@
 Layout under an experiment directory::
 
     results/<run_name>.json   one RunResult each (written by the runner after a run and its KL pass)
-    noise.json                {"steps", "forward", "reverse", "pairs", "own_pairs"}: N_t over on-policy pairs
+    noise.json                {"steps", "forward", "reverse", "pairs", "own_pairs"}: N_t over
+    on-policy pairs
 
 Per-step series (all lists aligned with ``steps``; missing values are ``None``):
-    reward, entropy, ess_lag (token ESS of exp(ell)), ess_gaussian (exp(-Var ell)), ell_mean, ell_std,
+    reward, entropy, ess_lag (token ESS of exp(ell)), ess_gaussian (exp(-Var ell)), ell_mean,
+    ell_std,
     delta_mean, delta_std, mismatch_k3 (KL(q||p) on the sampler's own prefixes, k3 estimator),
-    version_lag (steps since the sampler's weights were synced, per step), resyncs (cumulative count)
+    version_lag (steps since the sampler's weights were synced, per step), resyncs (cumulative
+    count)
 Checkpoint-step series: ``kl_steps`` with ``kl_forward`` = mean over the compared on-policy runs O_j
 (those of the other sampling seeds) of KL(run_t || O_j,t) on the reference prefixes, ``kl_reverse``
 the other direction; ``kl_by_ref`` = {O_j: [KL(run_t || O_j,t)]} and ``own_kl_by_ref`` the same on
@@ -39,7 +42,8 @@ SERIES = (
 
 @dataclasses.dataclass
 class RunResult:
-    """One run's normalized outputs. ``arm`` is the correction (or "onpolicy"); ``scenario`` names the
+    """One run's normalized outputs. ``arm`` is the correction (or "onpolicy"); ``scenario`` names
+    the
     sampler condition (stale/quantized/noisy), "reference" for the on-policy runs."""
 
     name: str
@@ -86,8 +90,10 @@ class RunResult:
 
 @dataclasses.dataclass
 class NoiseThreshold:
-    """N_t = mean over ordered on-policy pairs of KL(O_i,t || O_j,t) at checkpoint steps; ``pairs`` keeps
-    every pair ("O_i|O_j": [...]) for the bootstrap, ``own_pairs`` the same on O_i's own prefixes."""
+    """N_t = mean over ordered on-policy pairs of KL(O_i,t || O_j,t) at checkpoint steps; ``pairs``
+    keeps
+    every pair ("O_i|O_j": [...]) for the bootstrap, ``own_pairs`` the same on O_i's own
+    prefixes."""
 
     steps: list[int]
     forward: list[float]

@@ -1,4 +1,5 @@
-"""The experiment matrix: reference prefixes, two on-policy runs, each arm under each scenario, KL, report.
+"""The experiment matrix: reference prefixes, two on-policy runs, each arm under each scenario, KL,
+report.
 
 Directory layout (``out``)::
 
@@ -11,7 +12,8 @@ Directory layout (``out``)::
 
 Every stage is skipped when its output exists, so an interrupted experiment resumes and the report
 can be regenerated from finished runs. All runs share the base config (model, data order, optimizer,
-batch, steps, checkpoint steps); an arm sets ``loss.*`` (and DLC its ESS resync), a scenario sets the
+batch, steps, checkpoint steps); an arm sets ``loss.*`` (and DLC its ESS resync), a scenario sets
+the
 sync schedule and the sampler perturbation. Runs whose resolved configs are identical (e.g. DLC with
 its own ESS trigger under "stale every K" and "stale never") are trained once and shared.
 """
@@ -56,7 +58,8 @@ METRIC_KEYS: dict[str, tuple[str, ...]] = {
 
 @dataclasses.dataclass
 class RunSpec:
-    """One training run: its name, arm, scenario, sampling seed and the config overrides that define it."""
+    """One training run: its name, arm, scenario, sampling seed and the config overrides that define
+    it."""
 
     name: str
     arm: str
@@ -74,7 +77,8 @@ def onpolicy_name(seed: int) -> str:
 
 
 def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -> list[RunSpec]:
-    """The matrix: the on-policy runs first, then seed-major scenario x arm (so an interrupted matrix has
+    """The matrix: the on-policy runs first, then seed-major scenario x arm (so an interrupted
+    matrix has
     every arm at its first seeds rather than some arms at all seeds)."""
     arms = list(arms or preset.arms)
     scs = [preset.scenario(s) for s in scenarios] if scenarios else list(preset.scenarios)
@@ -116,7 +120,8 @@ def arm_overrides(arm, sc: Scenario) -> tuple[str, ...]:
 
 
 class Experiment:
-    """Runs a preset's matrix under ``out``. ``steps`` overrides the preset's run length, ``seeds`` the
+    """Runs a preset's matrix under ``out``. ``steps`` overrides the preset's run length, ``seeds``
+    the
     arms' seeds (the on-policy runs always use all of ``preset.onpolicy_seeds``)."""
 
     def __init__(
@@ -155,7 +160,8 @@ class Experiment:
             f"checkpoint.every={self.ckpt_every}",
             f"checkpoint.keep={self.steps // self.ckpt_every + 2}",
             "checkpoint.resume=true",
-            # a never-synced sampler is up to `steps` versions behind: keep its rollouts (and theta_s)
+            # a never-synced sampler is up to `steps` versions behind: keep its rollouts (and
+            # theta_s)
             f"async.max_staleness={self.steps + 1}",
             f"sft.cache_dir={self.cache_dir()}",
         ]
@@ -192,8 +198,10 @@ class Experiment:
 
     # -- stages ---------------------------------------------------------------------------------
     def resolve_model(self) -> str:
-        """The initial policy's HF dir: model.path, the chain-task warm-up, or the (SFT-warmed) tiny model,
-        made once. All runs then point at this directory with SFT off, so the on-policy runs differ only
+        """The initial policy's HF dir: model.path, the chain-task warm-up, or the (SFT-warmed) tiny
+        model,
+        made once. All runs then point at this directory with SFT off, so the on-policy runs differ
+        only
         in ``train.seed`` (sampling), never in their starting weights."""
         marker = self.out / "model.json"
         if marker.exists():
@@ -257,7 +265,8 @@ class Experiment:
         tok = load_tokenizer(model_dir)
         pcfg = dataclasses.replace(self.prefix_config(), temperature=cfg.sampler.temperature)
         _log(
-            f"creating reference prefixes ({pcfg.num_prompts} prompts) with the {cfg.sampler.backend} sampler"
+            f"creating reference prefixes ({pcfg.num_prompts} prompts) with the "
+            f"{cfg.sampler.backend} sampler"
         )
         proc = SamplerProcess(
             cfg.sampler.backend,
@@ -320,7 +329,8 @@ class Experiment:
         return list(range(self.ckpt_every, self.steps + 1, self.ckpt_every))
 
     def _model(self, name: str, cfg, step: int):
-        """theta_t of run ``name`` at ``step`` (on-policy models are kept: every run is compared with them)."""
+        """theta_t of run ``name`` at ``step`` (on-policy models are kept: every run is compared
+        with them)."""
         from dlc_jax.experiments.checkpoints import load_checkpoint_model
 
         key = (name, step)
@@ -332,7 +342,8 @@ class Experiment:
         return model
 
     def reference_evals(self, spec: RunSpec, cfg, prefixes) -> dict:
-        """An on-policy run at each checkpoint evaluated on the prefixes (kept as npz: every D_t needs it)."""
+        """An on-policy run at each checkpoint evaluated on the prefixes (kept as npz: every D_t
+        needs it)."""
         from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy
 
         edir = self.out / "evals" / spec.name
@@ -360,7 +371,8 @@ class Experiment:
     def distances(
         self, spec: RunSpec, cfg, prefixes, refs: dict
     ) -> dict[str, dict[int, tuple[float, float]]]:
-        """{ref: {step: (KL(run_t || ref_t), KL(ref_t || run_t))}} on the reference prefixes, one checkpoint
+        """{ref: {step: (KL(run_t || ref_t), KL(ref_t || run_t))}} on the reference prefixes, one
+        checkpoint
         in memory at a time (cached as numbers in ``evals/<name>/kl.json``)."""
         from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy, prefix_kl
 
@@ -401,8 +413,10 @@ class Experiment:
     def own_distances(
         self, spec: RunSpec, cfg, prefixes, ref_cfgs: dict
     ) -> dict[str, dict[int, tuple[float, float]]]:
-        """Like :meth:`distances`, but on prefixes the run samples itself from theta_t at each checkpoint
-        (the first ``own_prefix_prompts`` reference prompts, one response each, a fixed seed per step)."""
+        """Like :meth:`distances`, but on prefixes the run samples itself from theta_t at each
+        checkpoint
+        (the first ``own_prefix_prompts`` reference prompts, one response each, a fixed seed per
+        step)."""
         from dlc_jax.data.tokenize import load_tokenizer
         from dlc_jax.experiments.distance import evaluate_policy, prefix_kl
         from dlc_jax.experiments.own_prefixes import own_prefix_set
@@ -483,7 +497,8 @@ class Experiment:
         model_dir = self.resolve_model()
         prefixes = self.make_prefixes(model_dir)
         _log(
-            f"{prefixes.num_prefixes} reference prefixes; {len(self.specs)} runs x {self.steps} steps, "
+            f"{prefixes.num_prefixes} reference prefixes; {len(self.specs)} runs x {self.steps} "
+            "steps, "
             f"checkpoints at {self.checkpoint_steps()}"
         )
         trained: dict[str, str] = {}  # training identity -> run name that trained it
@@ -543,7 +558,8 @@ class Experiment:
         return self.out
 
     def _write_noise(self, onpol: list[RunSpec]) -> None:
-        """N_t = mean over ordered on-policy pairs (i != j) of KL(O_i,t || O_j,t), on the reference prefixes
+        """N_t = mean over ordered on-policy pairs (i != j) of KL(O_i,t || O_j,t), on the reference
+        prefixes
         and (when measured) on each run's own prefixes; every pair is kept for the bootstrap."""
         from dlc_jax.experiments.results import load_results
 
@@ -574,7 +590,8 @@ class Experiment:
         f = self.out / "failures.json"
         if f.exists() and json.loads(f.read_text()):
             notes.append(
-                f"runs that failed and are missing from the tables: {sorted(json.loads(f.read_text()))} "
+                "runs that failed and are missing from the tables: "
+                f"{sorted(json.loads(f.read_text()))} "
                 f"(see failures.json and runs/<name>/train.log)."
             )
         return write_report(
@@ -597,7 +614,7 @@ def _loadavg() -> str:
 def read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"no metrics at {path} (did the run log JSONL?)")
-    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     by_step = {}
     for r in rows:  # a resumed run may log a step twice: keep the last
         by_step[int(r["step"])] = r

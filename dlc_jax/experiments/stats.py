@@ -1,10 +1,14 @@
 """Seed statistics for the report: bootstrap 95% intervals and the "within 2x noise" decision.
 
-An arm run with sampling seed s has a distance curve D_t(s) (mean KL to the on-policy runs of the other
+An arm run with sampling seed s has a distance curve D_t(s) (mean KL to the on-policy runs of the
+other
 seeds); the on-policy runs give pair curves N_t(i, j). The arm's ratio curve is
-``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)`` and its summary ``max_t R_t``. The bootstrap resamples the
-arm's seeds and the on-policy pairs (unordered; both directions averaged), each with replacement, and
-recomputes the curve: the 2.5/97.5 percentiles give the intervals. With three seeds and three pairs an
+``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)`` and its summary ``max_t R_t``. The bootstrap
+resamples the
+arm's seeds and the on-policy pairs (unordered; both directions averaged), each with replacement,
+and
+recomputes the curve: the 2.5/97.5 percentiles give the intervals. With three seeds and three pairs
+an
 interval is coarse; it is still the honest amount of evidence, and the decision uses it:
 
 * ``within``: the whole interval of max_t R_t is <= band,
@@ -24,7 +28,8 @@ N_BOOT = 2000
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-    """A point estimate with its bootstrap 95% interval (``n``: how many units it was resampled from)."""
+    """A point estimate with its bootstrap 95% interval (``n``: how many units it was resampled
+    from)."""
 
     point: float
     lo: float
@@ -51,7 +56,8 @@ NAN_INTERVAL = Interval(float("nan"), float("nan"), float("nan"), 0)
 
 
 def unordered_pairs(pairs: dict[str, list]) -> np.ndarray:
-    """``{"a|b": [...], "b|a": [...]}`` -> rows [P, T], one per unordered pair (both directions averaged)."""
+    """``{"a|b": [...], "b|a": [...]}`` -> rows [P, T], one per unordered pair (both directions
+    averaged)."""
     rows: dict[tuple[str, str], list[np.ndarray]] = {}
     for key, vals in pairs.items():
         a, b = key.split("|")
@@ -85,7 +91,8 @@ def mean_interval(values, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
 
 @dataclasses.dataclass
 class RatioStats:
-    """Per checkpoint: ``curve`` (point), ``lo``/``hi`` (bootstrap band); ``max`` = max_t R_t with its
+    """Per checkpoint: ``curve`` (point), ``lo``/``hi`` (bootstrap band); ``max`` = max_t R_t with
+    its
     interval; ``steps`` the checkpoint steps used."""
 
     steps: list[int]
@@ -95,7 +102,8 @@ class RatioStats:
     max: Interval
 
     def max_from(self, step: int, *, d=None, n=None) -> Interval:
-        """max_t R_t over checkpoints t >= step (from the stored band: point, lo, hi of the max are the
+        """max_t R_t over checkpoints t >= step (from the stored band: point, lo, hi of the max are
+        the
         max of the point/lo/hi curves, a conservative envelope)."""
         idx = [i for i, s in enumerate(self.steps) if s >= step]
         if not idx:
@@ -149,7 +157,8 @@ def ratio_stats(
 
 
 def paired_difference(a_rows, b_rows, n_rows, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """max_t R_t(a) - max_t R_t(b), bootstrapping seeds jointly (a and b ran with the same seeds, row i
+    """max_t R_t(a) - max_t R_t(b), bootstrapping seeds jointly (a and b ran with the same seeds,
+    row i
     of each is seed i) and the noise pairs."""
     a, b, n = (np.asarray(x, np.float64) for x in (a_rows, b_rows, n_rows))
     if a.shape != b.shape or a.size == 0 or n.size == 0:

@@ -1,10 +1,12 @@
 """Supervised warm-up of the tiny Qwen3 on the chain-arithmetic task (worked answers), cached.
 
 The trainer's own warm-up (``dlc_jax.trainer.sft``) teaches the 1-digit ``arithmetic`` answer; the
-chain task needs the worked answer (``3+5=8,8+2=10 #### 10``) as the target while the reward compares
+chain task needs the worked answer (``3+5=8,8+2=10 #### 10``) as the target while the reward
+compares
 only the final number. This module reuses the trainer's SFT pieces (``sft_examples``, ``sft_train``,
 ``greedy_accuracy``) with that target, and writes the HF directory every experiment run starts from,
-plus the task's JSONL (the ``data.source`` file of the runs). Both are keyed by a hash of the settings.
+plus the task's JSONL (the ``data.source`` file of the runs). Both are keyed by a hash of the
+settings.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class ChainWarmup:
-    """task: the chain task; data_seed: its training split seed; steps / batch_size / lr: SFT length (few
-    steps on purpose: a middling accuracy leaves RL room to improve); model_seed: the tiny model's init;
+    """task: the chain task; data_seed: its training split seed; steps / batch_size / lr: SFT length
+    (few
+    steps on purpose: a middling accuracy leaves RL room to improve); model_seed: the tiny model's
+    init;
     eval_prompts: held-out prompts for the (near-)greedy accuracy recorded in ``warmup.json``;
     model_dims: ``make_tiny`` keyword overrides (a larger Qwen3 body for accelerator presets)."""
 
@@ -77,7 +81,7 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
     base = cache_dir / f"tiny-seed{cfg.model_seed}{dims}"
     if not (base / "DONE").exists():
         shutil.rmtree(base, ignore_errors=True)
-        make_tiny(base, seed=cfg.model_seed, **dict(cfg.model_dims))
+        make_tiny(base, seed=cfg.model_seed, **dict(cfg.model_dims))  # type: ignore[arg-type]
         (base / "DONE").write_text("ok")
     tok = load_tokenizer(str(base))
     eos = tok.eos_token_id
@@ -139,7 +143,8 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
 def greedy_accuracy(
     model, source: ChainArithSource, tok, eos_id: int, *, n: int, max_tokens: int
 ) -> float:
-    """Fraction of the first ``n`` prompts whose near-greedy (temperature 1e-4) answer scores 1 (one jitted
+    """Fraction of the first ``n`` prompts whose near-greedy (temperature 1e-4) answer scores 1 (one
+    jitted
     shape for all prompts, see own_prefixes.sample_responses)."""
     from dlc_jax.data.rewards import exact_match_reward
     from dlc_jax.data.tokenize import encode_prompt

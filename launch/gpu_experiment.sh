@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The smallest accelerator experiment, as one prepared script: preset `qwen3_0p6b_smoke` = Qwen3-0.6B's
+# body (1024 wide, 16/8 heads, head_dim 128, MLP 3072) with 4 layers and the offline 4k tokenizer, random
+# init + a short SFT warm-up on chain arithmetic, then 2 on-policy runs (noise threshold), TIS and DLC (1
+# seed each) under the collapse scenario (never-synced, int8 sampler), JAX sampler backend (no vLLM needed),
+# KL on reference and own prefixes, report.md + plots. Resumable: rerun with the same OUT_DIR to continue.
+#
+#   launch/gpu_experiment.sh OUT_DIR [extra `dlc-jax experiment` args]
+#
+# Env: STEPS (default 8), PYTHON (default python3), RUN_TIMEOUT (seconds per run, default 300),
+# CPU_SMOKE=1 shrinks the model to 1 layer x 64 wide and the warm-up to 5 steps (the same path on CPU,
+# for testing the script; its numbers mean nothing).
+set -euo pipefail
+OUT="${1:?usage: launch/gpu_experiment.sh OUT_DIR [extra dlc-jax experiment args]}"
+shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export PYTHONUNBUFFERED=1
+# the trainer, the sampler and the evaluating process share one device: none may grab 75% of it up front
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+EXTRA=()
+if [[ "${CPU_SMOKE:-0}" == 1 ]]; then
+  EXTRA=(--warmup steps=5 --warmup eval_prompts=2 --warmup dims.hidden_size=64
+         --warmup dims.intermediate_size=128 --warmup dims.num_hidden_layers=1
+         --warmup dims.num_attention_heads=2 --warmup dims.num_key_value_heads=1 --warmup dims.head_dim=32)
+fi
+"$PY" -c "import jax; print('[gpu-experiment] jax', jax.__version__, jax.devices())" >&2
+T0=$(date +%s)
+"$PY" -m dlc_jax.cli experiment --preset qwen3_0p6b_smoke --out "$OUT" --steps "${STEPS:-8}" \
+  --run-timeout "${RUN_TIMEOUT:-300}" "${EXTRA[@]}" "$@" 2>&1 | tee -a "$OUT/experiment.log"
+echo "[gpu-experiment] done in $(( $(date +%s) - T0 )) s; report: $OUT/report.md" >&2
