@@ -90,3 +90,21 @@ def test_presets_are_consistent():
         assert p.steps % p.checkpoint_every == 0
         assert len(set(p.onpolicy_seeds)) >= 2
     assert set(PRESETS["qwen3_0p6b"].arms) == set(TINY.arms)
+
+
+def test_gpu_smoke_preset_and_warmup_overrides():
+    from dlc_jax.experiments.cli import with_warmup
+
+    p = PRESETS["qwen3_0p6b_smoke"]
+    dims = dict(p.task.model_dims)
+    assert (dims["hidden_size"], dims["num_hidden_layers"], dims["head_dim"]) == (1024, 4, 128)
+    assert p.arms == ("tis", "dlc") and len(p.onpolicy_seeds) == 2 and "sampler.backend=jax" in p.overrides
+    small = with_warmup(p, ["steps=5", "dims.num_hidden_layers=1", "dims.tie_word_embeddings=false"])
+    d = dict(small.task.model_dims)
+    assert small.task.steps == 5 and d["num_hidden_layers"] == 1 and d["tie_word_embeddings"] is False
+    assert d["hidden_size"] == 1024 and small.task.key() != p.task.key()  # a different warm-up cache
+    assert with_warmup(TINY, []).task.key() == TINY.task.key()  # no override, same cached warm-up
+    with pytest.raises(SystemExit, match="unknown key"):
+        with_warmup(p, ["nope=1"])
+    with pytest.raises(SystemExit, match="no chain warm-up"):
+        with_warmup(PRESETS["qwen3_0p6b"], ["steps=1"])

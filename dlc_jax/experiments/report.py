@@ -122,6 +122,7 @@ def plot_scenario(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5), dpi=72)
     ax_ref, ax_own, ax_ess, ax_rew, ax_lag, ax_k3 = axes.ravel()
@@ -164,6 +165,9 @@ def plot_scenario(
         )
         ax.axhline(1.0, color="grey", lw=1.0, ls=":", label="1x noise (on-policy vs on-policy)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=2))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_title(f"KL to on-policy / noise threshold, on {what}")
         ax.set_ylabel("D_t / N_t (ratio of KLs, unitless; log scale)")
     ax_ess.axhline(
