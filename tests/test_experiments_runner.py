@@ -98,11 +98,13 @@ def test_gpu_smoke_preset_and_warmup_overrides():
     p = PRESETS["qwen3_0p6b_smoke"]
     dims = dict(p.task.model_dims)
     assert (dims["hidden_size"], dims["num_hidden_layers"], dims["head_dim"]) == (1024, 4, 128)
-    assert p.arms == ("tis", "dlc") and len(p.onpolicy_seeds) == 2 and "sampler.backend=jax" in p.overrides
-    small = with_warmup(p, ["steps=5", "dims.num_hidden_layers=1", "dims.tie_word_embeddings=false"])
+    assert p.arms == ("tis", "dlc") and len(p.onpolicy_seeds) == 2
+    assert "sampler.backend=jax" in p.overrides
+    small = with_warmup(p, ["steps=5", "dims.num_hidden_layers=1", "dims.tie_word_embeddings=0"])
     d = dict(small.task.model_dims)
-    assert small.task.steps == 5 and d["num_hidden_layers"] == 1 and d["tie_word_embeddings"] is False
-    assert d["hidden_size"] == 1024 and small.task.key() != p.task.key()  # a different warm-up cache
+    assert small.task.steps == 5 and d["num_hidden_layers"] == 1 and d["tie_word_embeddings"] == 0
+    assert d["hidden_size"] == 1024
+    assert small.task.key() != p.task.key()  # a different warm-up cache
     assert with_warmup(TINY, []).task.key() == TINY.task.key()  # no override, same cached warm-up
     with pytest.raises(SystemExit, match="unknown key"):
         with_warmup(p, ["nope=1"])
