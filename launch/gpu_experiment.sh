@@ -7,7 +7,8 @@
 #
 #   launch/gpu_experiment.sh OUT_DIR [extra `dlc-jax experiment` args]
 #
-# Env: STEPS (default 8), PYTHON (default python3), RUN_TIMEOUT (seconds per run, default 300),
+# Env: STEPS (default 8), PYTHON (default python3), RUN_TIMEOUT (seconds per run, default 300; 3600
+# with CPU_SMOKE),
 # CPU_SMOKE=1 shrinks the model to 1 layer x 64 wide and the warm-up to 5 steps (the same path on CPU,
 # for testing the script; its numbers mean nothing).
 set -euo pipefail
@@ -22,7 +23,9 @@ export PYTHONUNBUFFERED=1
 # the trainer, the sampler and the evaluating process share one device: none may grab 75% of it up front
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 EXTRA=()
+DEFAULT_TIMEOUT=300
 if [[ "${CPU_SMOKE:-0}" == 1 ]]; then
+  DEFAULT_TIMEOUT=3600
   EXTRA=(--warmup steps=5 --warmup eval_prompts=2 --warmup dims.hidden_size=64
          --warmup dims.intermediate_size=128 --warmup dims.num_hidden_layers=1
          --warmup dims.num_attention_heads=2 --warmup dims.num_key_value_heads=1 --warmup dims.head_dim=32)
@@ -30,5 +33,5 @@ fi
 "$PY" -c "import jax; print('[gpu-experiment] jax', jax.__version__, jax.devices())" >&2
 T0=$(date +%s)
 "$PY" -m dlc_jax.cli experiment --preset qwen3_0p6b_smoke --out "$OUT" --steps "${STEPS:-8}" \
-  --run-timeout "${RUN_TIMEOUT:-300}" "${EXTRA[@]}" "$@" 2>&1 | tee -a "$OUT/experiment.log"
+  --run-timeout "${RUN_TIMEOUT:-$DEFAULT_TIMEOUT}" "${EXTRA[@]}" "$@" 2>&1 | tee -a "$OUT/experiment.log"
 echo "[gpu-experiment] done in $(( $(date +%s) - T0 )) s; report: $OUT/report.md" >&2

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -307,14 +308,21 @@ class Experiment:
         env.setdefault("JAX_COMPILATION_CACHE_DIR", str(self.out / "jax_cache"))
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
         with open(run_dir / "train.log", "ab") as logf:
-            rc = subprocess.run(
+            # its own session, so a timeout also ends the sampler and reward workers it started
+            proc = subprocess.Popen(
                 cmd,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 cwd=str(REPO_ROOT),
                 env=env,
-                timeout=self.run_timeout_s,
-            ).returncode
+                start_new_session=True,
+            )
+            try:
+                rc = proc.wait(timeout=self.run_timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
         wall = time.time() - t0
         if rc != 0:
             tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
