@@ -358,21 +358,21 @@ def _header(
             "response each "
             f"sampled once from the initial policy (every response position is a prefix)."
         )
-    total, n_runs = 0.0, 0
-    for t in sorted(exp.glob("timings*.json")):
-        tt = json.loads(t.read_text())
-        total += float(tt["total_s"])
-        n_runs += len(tt["runs"])
+    timings = [json.loads(t.read_text()) for t in sorted(exp.glob("timings*.json"))]
+    n_runs = sum(len(tt["runs"]) for tt in timings)
     if n_runs:
-        loads = sorted(
-            {json.loads(t.read_text()).get("loadavg", "") for t in exp.glob("timings*.json")} - {""}
-        )
+        total = sum(float(tt["total_s"]) for tt in timings)
+        loads = sorted({tt.get("loadavg", "") for tt in timings} - {""})
+        span = ""
+        if all("started" in tt and "finished" in tt for tt in timings):
+            wall = max(tt["finished"] for tt in timings) - min(tt["started"] for tt in timings)
+            span = f"{wall / 60:.1f} min from the first start to the last finish; "
         lines.append(
-            f"- **Wall time of the matrix**: {total / 60:.1f} min for {n_runs} runs trained and "
-            "evaluated "
-            f"(sum over {len(list(exp.glob('timings*.json')))} invocation(s)"
-            + (f"; load average at the end: {', '.join(loads)}" if loads else "")
-            + ")."
+            f"- **Wall time of the matrix**: {span}{total / 60:.1f} min summed over "
+            f"{len(timings)} invocation(s) (they may overlap) for {n_runs} runs trained and "
+            "evaluated"
+            + (f"; load average at the end of each: {'; '.join(loads)}" if loads else "")
+            + "."
         )
     lines += [f"- {n}" for n in notes]
     return lines

@@ -557,7 +557,13 @@ class Experiment:
         if self.timings:  # keep earlier invocations' timings: one file per invocation
             (self.out / f"timings_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(
                 json.dumps(
-                    {"total_s": time.time() - t_all, "runs": self.timings, "loadavg": _loadavg()},
+                    {
+                        "total_s": time.time() - t_all,
+                        "started": t_all,
+                        "finished": time.time(),
+                        "runs": self.timings,
+                        "loadavg": _loadavg(),
+                    },
                     indent=1,
                 )
             )
