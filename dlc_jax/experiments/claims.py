@@ -43,6 +43,7 @@ class ArmStats:
     d_rows: np.ndarray
     ess_first: Interval
     gauss_first: Interval
+    fit_pred: Interval
     stays_count: int
     stays_step: int | None
     resyncs: float | None
@@ -108,6 +109,7 @@ def arm_stats(
         d_rows=d,
         ess_first=mean_interval([s.ess_first_below for s in sm]),
         gauss_first=mean_interval([s.gaussian_first_below for s in sm]),
+        fit_pred=mean_interval([s.ess_predicted for s in sm]),
         stays_count=len(stays),
         stays_step=int(max(stays)) if stays else None,
         resyncs=float(np.mean(res)) if res else None,
@@ -192,7 +194,8 @@ def claims(
         gaps = [g for a, s in arms.items() if a not in ("dlc",) for g in s.crossing_gap]
         gi = mean_interval(gaps)
         firsts = "; ".join(
-            f"{a}: measured {s.ess_first.fmt(1)} vs Gaussian {s.gauss_first.fmt(1)}"
+            f"{a}: measured {s.ess_first.fmt(1)} vs Gaussian {s.gauss_first.fmt(1)} (extrapolated "
+            f"from a fit of Var ell over the first steps: {s.fit_pred.fmt(1)})"
             for a, s in sorted(arms.items())
             if np.isfinite(s.ess_first.point)
         )
