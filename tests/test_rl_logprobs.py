@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from rl_reference import reference_token_logprobs
 
 from dlc_jax.rl.logprobs import OUT_OF_SUPPORT_LOGPROB, token_logprobs
 from dlc_jax.rl.sampling import support_mask
-from rl_reference import reference_token_logprobs
 
 
 def _data(b=2, t=7, d=16, v=97, k=5, seed=0):
@@ -19,23 +19,37 @@ def _data(b=2, t=7, d=16, v=97, k=5, seed=0):
     return h, w, tgt, head
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,chunk,vchunk", [
-    (1.0, 0, 1.0, 4, None),
-    (0.7, 0, 1.0, 5, None),
-    (1.3, 0, 1.0, 3, 10),   # vocab-chunked online log-sum-exp, V=97 not a multiple of 10
-    (1.0, 0, 0.8, 4, None),
-    (0.6, 0, 0.9, 64, None),
-    (1.0, 20, 1.0, 4, None),
-    (0.8, 30, 0.7, 6, None),
-])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,chunk,vchunk",
+    [
+        (1.0, 0, 1.0, 4, None),
+        (0.7, 0, 1.0, 5, None),
+        (1.3, 0, 1.0, 3, 10),  # vocab-chunked online log-sum-exp, V=97 not a multiple of 10
+        (1.0, 0, 0.8, 4, None),
+        (0.6, 0, 0.9, 64, None),
+        (1.0, 20, 1.0, 4, None),
+        (0.8, 30, 0.7, 6, None),
+    ],
+)
 def test_chunked_equals_naive(temperature, top_k, top_p, chunk, vchunk):
     h, w, tgt, head = _data()
-    ref = reference_token_logprobs(h, w, tgt, head_ids=head, temperature=temperature,
-                                   top_k=top_k, top_p=top_p)
+    ref = reference_token_logprobs(
+        h, w, tgt, head_ids=head, temperature=temperature, top_k=top_k, top_p=top_p
+    )
     # make sure the sampled targets include in-support tokens: take targets from the head too
-    out = jax.jit(lambda h, w, tgt, head: token_logprobs(
-        h, w, tgt, head_ids=head, temperature=temperature, top_k=top_k, top_p=top_p,
-        chunk_size=chunk, vocab_chunk=vchunk))(h, w, tgt, head)
+    out = jax.jit(
+        lambda h, w, tgt, head: token_logprobs(
+            h,
+            w,
+            tgt,
+            head_ids=head,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            chunk_size=chunk,
+            vocab_chunk=vchunk,
+        )
+    )(h, w, tgt, head)
     np.testing.assert_allclose(out.lp, ref.lp, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(out.lp_head, ref.lp_head, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(out.entropy, ref.entropy, atol=1e-5, rtol=1e-5)
@@ -51,8 +65,9 @@ def test_support_matches_hand_example():
     # cum ascending = [.05,.2,.5,1.]; 1-p=0.5 -> remove cum<=0.5 -> keep only 0.5 entry
     np.testing.assert_array_equal(support_mask(z, top_p=0.5), [[False, False, False, True]])
     np.testing.assert_array_equal(support_mask(z, top_k=2), [[False, False, True, True]])
-    np.testing.assert_array_equal(support_mask(z, top_k=3, top_p=0.6),
-                                  [[False, False, True, True]])  # renormalized .3/.95+.5/.95
+    np.testing.assert_array_equal(
+        support_mask(z, top_k=3, top_p=0.6), [[False, False, True, True]]
+    )  # renormalized .3/.95+.5/.95
 
 
 def test_hand_logprob_with_top_p():
@@ -62,21 +77,30 @@ def test_hand_logprob_with_top_p():
     w = jnp.eye(4, dtype=jnp.float32)
     out = token_logprobs(h, w, jnp.array([[2]]), head_ids=jnp.array([[[0, 1, 2, 3]]]), top_p=0.75)
     np.testing.assert_allclose(out.lp, [[np.log(0.3 / 0.8)]], rtol=1e-6)
-    np.testing.assert_allclose(out.lp_head[0, 0], [OUT_OF_SUPPORT_LOGPROB, OUT_OF_SUPPORT_LOGPROB,
-                                                   np.log(0.375), np.log(0.625)], rtol=1e-6)
+    np.testing.assert_allclose(
+        out.lp_head[0, 0],
+        [OUT_OF_SUPPORT_LOGPROB, OUT_OF_SUPPORT_LOGPROB, np.log(0.375), np.log(0.625)],
+        rtol=1e-6,
+    )
     ent = -(0.375 * np.log(0.375) + 0.625 * np.log(0.625))
     np.testing.assert_allclose(out.entropy, [[ent]], rtol=1e-6)
 
 
 def test_gradients_match_naive():
     h, w, tgt, head = _data(b=2, t=5, d=8, v=41, k=3, seed=1)
-    for kw, extra in [(dict(temperature=0.9), dict(chunk_size=3)),
-                      (dict(temperature=0.8), dict(chunk_size=4, vocab_chunk=16)),
-                      (dict(temperature=1.1, top_p=0.85, top_k=25), dict(chunk_size=3))]:
-        def f(fn, h, w, **extra):
+    for kw, extra in [
+        (dict(temperature=0.9), dict(chunk_size=3)),
+        (dict(temperature=0.8), dict(chunk_size=4, vocab_chunk=16)),
+        (dict(temperature=1.1, top_p=0.85, top_k=25), dict(chunk_size=3)),
+    ]:
+
+        def f(fn, h, w, kw=kw, **extra):
             o = fn(h, w, tgt, head_ids=head, **kw, **extra)
             return jnp.sum(o.lp * 1.3) + jnp.sum(o.lp_head * 0.7) + jnp.sum(o.entropy * 0.2)
-        g = jax.jit(jax.grad(lambda h, w: f(token_logprobs, h, w, **extra), argnums=(0, 1)))(h, w)
+
+        g = jax.jit(jax.grad(lambda h, w, ex=extra: f(token_logprobs, h, w, **ex), argnums=(0, 1)))(
+            h, w
+        )
         gr = jax.jit(jax.grad(lambda h, w: f(reference_token_logprobs, h, w), argnums=(0, 1)))(h, w)
         for a, b_ in zip(g, gr):
             np.testing.assert_allclose(a, b_, atol=2e-5, rtol=1e-4)
@@ -104,8 +128,12 @@ def test_compiled_memory_has_no_full_logits(top_p):
     b, t, d, k = 8, 2048, 256, 8
     full = b * t * QWEN3_VOCAB * 4
     sds = jax.ShapeDtypeStruct
-    args = (sds((b, t, d), jnp.bfloat16), sds((QWEN3_VOCAB, d), jnp.bfloat16),
-            sds((b, t), jnp.int32), sds((b, t, k), jnp.int32))
+    args = (
+        sds((b, t, d), jnp.bfloat16),
+        sds((QWEN3_VOCAB, d), jnp.bfloat16),
+        sds((b, t), jnp.int32),
+        sds((b, t, k), jnp.int32),
+    )
 
     def fwd(h, w, tgt, head):
         o = token_logprobs(h, w, tgt, head_ids=head, top_p=top_p, chunk_size=128)
@@ -114,18 +142,25 @@ def test_compiled_memory_has_no_full_logits(top_p):
     for name, fn in [("forward", fwd), ("value_and_grad", jax.value_and_grad(fwd, argnums=(0, 1)))]:
         mem = jax.jit(fn).lower(*args).compile().memory_analysis()
         temp = mem.temp_size_in_bytes
-        print(f"top_p={top_p} {name}: temp {temp / 2**20:.1f} MiB vs full logits {full / 2**30:.2f} GiB")
+        print(
+            f"top_p={top_p} {name}: temp {temp / 2**20:.1f} MiB "
+            f"vs full logits {full / 2**30:.2f} GiB"
+        )
         assert temp < full / 8, (name, temp)
         # temp memory is set by the chunk, not by B*T: half the tokens, (almost) the same temp
-        half = (sds((b // 2, t, d), jnp.bfloat16),) + args[1:2] + (
-            sds((b // 2, t), jnp.int32), sds((b // 2, t, k), jnp.int32))
+        half = (
+            (sds((b // 2, t, d), jnp.bfloat16),)
+            + args[1:2]
+            + (sds((b // 2, t), jnp.int32), sds((b // 2, t, k), jnp.int32))
+        )
         temp_half = jax.jit(fn).lower(*half).compile().memory_analysis().temp_size_in_bytes
         assert temp - temp_half < full / 64, (name, temp, temp_half)
 
 
 @pytest.mark.parametrize("top_k,top_p", [(40, 1.0), (0, 0.85), (60, 0.9)])
 def test_matches_vllm_processed_logprobs(top_k, top_p):
-    """Against vLLM's own sampler op (the engine's top-k/top-p code, CPU torch), not a re-implementation."""
+    """Against vLLM's own sampler op (the engine's top-k/top-p code, CPU torch), not a
+    re-implementation."""
     torch = pytest.importorskip("torch")
     ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
     rng = np.random.default_rng(5)
@@ -138,8 +173,16 @@ def test_matches_vllm_processed_logprobs(top_k, top_p):
     # hidden = logits, unembed = identity: token_logprobs sees exactly these logits
     h = jnp.asarray(logits)[None]
     ids = jnp.broadcast_to(jnp.arange(v, dtype=jnp.int32), (1, n, v))
-    out = token_logprobs(h, jnp.eye(v, dtype=jnp.float32), ids[..., 0], head_ids=ids,
-                         temperature=temperature, top_k=top_k, top_p=top_p, chunk_size=7)
+    out = token_logprobs(
+        h,
+        jnp.eye(v, dtype=jnp.float32),
+        ids[..., 0],
+        head_ids=ids,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        chunk_size=7,
+    )
     got = np.asarray(out.lp_head[0])
     kept = np.isfinite(want)
     np.testing.assert_array_equal(got > OUT_OF_SUPPORT_LOGPROB, kept)

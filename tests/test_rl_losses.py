@@ -28,16 +28,27 @@ def make_batch(seed=0, lag=0.15, disc=0.3, full_head=False):
     k = V if full_head else K
     head = np.argsort(-lqv, axis=-1)[..., :k]
     g = lambda a, i: np.take_along_axis(a, i, -1)
-    mask = np.ones((B, T)); mask[0, 3:] = 0; mask[2, 4] = 0
-    return dict(lp=g(lpv, tok[..., None])[..., 0], lp_q=g(lqv, tok[..., None])[..., 0],
-                lp_s=g(lsv, tok[..., None])[..., 0], lp_old=g(lov, tok[..., None])[..., 0],
-                lp_head=g(lpv, head), lq_head=g(lqv, head), lps_head=g(lsv, head),
-                mask=mask, adv=rng.normal(size=B))
+    mask = np.ones((B, T))
+    mask[0, 3:] = 0
+    mask[2, 4] = 0
+    return dict(
+        lp=g(lpv, tok[..., None])[..., 0],
+        lp_q=g(lqv, tok[..., None])[..., 0],
+        lp_s=g(lsv, tok[..., None])[..., 0],
+        lp_old=g(lov, tok[..., None])[..., 0],
+        lp_head=g(lpv, head),
+        lq_head=g(lqv, head),
+        lps_head=g(lsv, head),
+        mask=mask,
+        adv=rng.normal(size=B),
+    )
 
 
 def to_inputs(d, **over):
     d = {**d, **over}
-    return LossInputs(**{k: None if v is None else jnp.asarray(v, jnp.float32) for k, v in d.items()})
+    return LossInputs(
+        **{k: None if v is None else jnp.asarray(v, jnp.float32) for k, v in d.items()}
+    )
 
 
 CFGS = {
@@ -94,24 +105,34 @@ def np_reference(cfg, d, lp_var=None, lph_var=None):
     if name == "naive":
         per, coef = -A * x, A
     elif name == "tis":
-        w = np.minimum(np.exp(lp - lq), cfg.tis_cap); per, coef = -w * A * x, w * A
+        w = np.minimum(np.exp(lp - lq), cfg.tis_cap)
+        per, coef = -w * A * x, w * A
     elif name in ("tis_seq", "vcpo"):
         w = np.minimum(np.exp(seq(lp - lq)), cfg.seq_tis_cap)[:, None]
         per, coef = -w * A * x, w * A
     elif name == "mis":
-        k = np.exp(lp - lq); w = k * ((k >= cfg.mis_low) & (k <= cfg.mis_high))
+        k = np.exp(lp - lq)
+        w = k * ((k >= cfg.mis_low) & (k <= cfg.mis_high))
         per, coef = -w * A * x, w * A
     elif name == "mis_seq":
-        k = np.exp(seq(lp - lq)); w = (k * ((k >= cfg.mis_low) & (k <= cfg.mis_high)))[:, None]
+        k = np.exp(seq(lp - lq))
+        w = (k * ((k >= cfg.mis_low) & (k <= cfg.mis_high)))[:, None]
         per, coef = -w * A * x, w * A
     elif name == "mis_geo":
-        g = np.exp(seq(lp - lq) / m.sum(-1)); w = ((g >= cfg.geo_low) & (g <= cfg.geo_high))[:, None].astype(float)
+        g = np.exp(seq(lp - lq) / m.sum(-1))
+        w = ((g >= cfg.geo_low) & (g <= cfg.geo_high))[:, None].astype(float)
         per, coef = -w * A * x, w * A
     elif name.startswith("score_centering"):
-        mode = {"score_centering": cfg.centering_weight, "score_centering_tis": "tis",
-                "score_centering_mask": "mask"}[name]
-        f = {"none": lambda r: np.ones_like(r), "tis": lambda r: np.minimum(r, cfg.tis_cap),
-             "mask": lambda r: r * ((r >= cfg.mis_low) & (r <= cfg.mis_high))}[mode]
+        mode = {
+            "score_centering": cfg.centering_weight,
+            "score_centering_tis": "tis",
+            "score_centering_mask": "mask",
+        }[name]
+        f = {
+            "none": lambda r: np.ones_like(r),
+            "tis": lambda r: np.minimum(r, cfg.tis_cap),
+            "mask": lambda r: r * ((r >= cfg.mis_low) & (r <= cfg.mis_high)),
+        }[mode]
         pH, qH = np.exp(lpH), np.exp(lqH)
         rho = np.maximum(1 - qH.sum(-1), 1e-6) / np.maximum(1 - pH.sum(-1), 1e-6)
         alpha = rho * f(1 / rho)
@@ -121,14 +142,21 @@ def np_reference(cfg, d, lp_var=None, lph_var=None):
         coef = A * wt
         g_h = A[..., None] * resid
     elif name == "ppo_clip":
-        r = np.exp(x - lo); per, act = ppo(r, A); coef = A * r * act
+        r = np.exp(x - lo)
+        per, act = ppo(r, A)
+        coef = A * r * act
     elif name == "decoupled_ppo":
         w = np.minimum(np.exp(lo - lq), cfg.behave_cap)
-        r = np.exp(x - lo); per, act = ppo(r, A); per = w * per; coef = w * A * r * act
+        r = np.exp(x - lo)
+        per, act = ppo(r, A)
+        per = w * per
+        coef = w * A * r * act
     elif name == "m2po":
         d2 = (lq - lo) ** 2
-        vals = sorted(((d2[b, t], b * T + t) for b in range(B) for t in range(T) if m[b, t]),
-                      key=lambda x: -x[0])
+        vals = sorted(
+            ((d2[b, t], b * T + t) for b in range(B) for t in range(T) if m[b, t]),
+            key=lambda x: -x[0],
+        )
         nv = len(vals)
         n_drop = nv - 1
         for j in range(nv):
@@ -138,11 +166,16 @@ def np_reference(cfg, d, lp_var=None, lph_var=None):
         keep = np.ones((B, T))
         for _, idx in vals[:n_drop]:
             keep[idx // T, idx % T] = 0
-        r = np.exp(x - lo); per = -keep * r * A; coef = keep * r * A
+        r = np.exp(x - lo)
+        per = -keep * r * A
+        coef = keep * r * A
     elif name == "dlc":
-        r = np.exp(x - ls); per, act = ppo(r, A); coef = A * r * act
+        r = np.exp(x - ls)
+        per, act = ppo(r, A)
+        coef = A * r * act
         pH, qH, sH = np.exp(lpH), np.exp(lqH), np.exp(lsH)
-        pt = np.maximum(1 - pH.sum(-1), 1e-6); qt = np.maximum(1 - qH.sum(-1), 1e-6)
+        pt = np.maximum(1 - pH.sum(-1), 1e-6)
+        qt = np.maximum(1 - qH.sum(-1), 1e-6)
         st = np.maximum(1 - sH.sum(-1), 1e-6)
         rH = pH / sH
         actH = np.where(A[..., None] >= 0, rH <= hi_c, rH >= lo_c)
@@ -164,15 +197,32 @@ def jax_loss_and_grads(cfg, d, **over):
         return compute_loss(cfg, dataclasses.replace(inp, lp=lp, lp_head=lp_head))
 
     (loss, metrics), (g, gh) = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(
-        inp.lp, inp.lp_head)
+        inp.lp, inp.lp_head
+    )
     return loss, metrics, g, gh
 
 
 def test_registry_is_complete():
-    assert set(LOSSES) == set(CFGS) == {
-        "naive", "tis", "tis_seq", "mis", "mis_seq", "mis_geo", "score_centering",
-        "score_centering_tis", "score_centering_mask", "ppo_clip", "decoupled_ppo", "m2po",
-        "vcpo", "dlc"}
+    assert (
+        set(LOSSES)
+        == set(CFGS)
+        == {
+            "naive",
+            "tis",
+            "tis_seq",
+            "mis",
+            "mis_seq",
+            "mis_geo",
+            "score_centering",
+            "score_centering_tis",
+            "score_centering_mask",
+            "ppo_clip",
+            "decoupled_ppo",
+            "m2po",
+            "vcpo",
+            "dlc",
+        }
+    )
     # LossConfig is hashable, so it can be a static jit argument
     inp = to_inputs(make_batch())
     l_static, _ = jax.jit(compute_loss, static_argnums=0)(CFGS["dlc"], inp)
@@ -211,7 +261,9 @@ def test_gradient_matches_finite_differences(name):
             minus[idx] -= eps
             kw_p = {"lp_var" if var == "lp" else "lph_var": plus}
             kw_m = {"lp_var" if var == "lp" else "lph_var": minus}
-            fd[idx] = (np_reference(cfg, d, **kw_p)[0] - np_reference(cfg, d, **kw_m)[0]) / (2 * eps)
+            fd[idx] = (np_reference(cfg, d, **kw_p)[0] - np_reference(cfg, d, **kw_m)[0]) / (
+                2 * eps
+            )
         np.testing.assert_allclose(got, fd, rtol=1e-4, atol=1e-7, err_msg=var)
 
 
@@ -246,18 +298,19 @@ def test_metrics_are_exercised():
     a = np.broadcast_to(d["adv"][:, None], m.shape)[m]
     clip = np.where(a >= 0, r > 1.1, r < 0.9)
     np.testing.assert_allclose(met["clip_frac"], clip.mean(), rtol=1e-6)
-    np.testing.assert_allclose(met["weight_ess"], r.sum() ** 2 / (len(r) * (r ** 2).sum()), rtol=1e-5)
+    np.testing.assert_allclose(met["weight_ess"], r.sum() ** 2 / (len(r) * (r**2).sum()), rtol=1e-5)
     assert 0 < float(met["clip_frac"]) < 1 and float(met["dlc_centering_active"]) == 1.0
     _, met, _, _ = jax_loss_and_grads(CFGS["m2po"], d)
     assert 0 < float(met["masked_frac"]) < 1 and float(met["m2_after"]) < 0.02
     _, met, _, _ = jax_loss_and_grads(CFGS["vcpo"], d)
     s = np.array([(d["lp"] - d["lp_q"])[b][m[b]].sum() for b in range(B)])
     w = np.exp(s)
-    ess = w.sum() ** 2 / (B * (w ** 2).sum())
+    ess = w.sum() ** 2 / (B * (w**2).sum())
     np.testing.assert_allclose(met["ess_seq"], ess, rtol=1e-5)
     np.testing.assert_allclose(met["lr_scale"], np.sqrt(min(1.0, ess)), rtol=1e-5)
-    _, met, _, _ = jax_loss_and_grads(dataclasses.replace(CFGS["vcpo"], vcpo_rule="linear",
-                                                          vcpo_base_ess=0.5), d)
+    _, met, _, _ = jax_loss_and_grads(
+        dataclasses.replace(CFGS["vcpo"], vcpo_rule="linear", vcpo_base_ess=0.5), d
+    )
     np.testing.assert_allclose(met["lr_scale"], min(1.0, ess / 0.5), rtol=1e-5)
 
 
@@ -273,42 +326,60 @@ def one(lp, lq, adv, **kw):
 def test_hand_values():
     ln = np.log
     # naive: -A lp = -2 * ln .5
-    assert float(compute_loss(LossConfig(name="naive"), one(ln(.5), ln(.5), 2.0))[0]) == \
-        pytest.approx(2 * ln(2), rel=1e-6)
+    assert float(
+        compute_loss(LossConfig(name="naive"), one(ln(0.5), ln(0.5), 2.0))[0]
+    ) == pytest.approx(2 * ln(2), rel=1e-6)
     # tis: r = .5/.2 = 2.5 capped at 2 -> -2 * 1 * ln .5
-    assert float(compute_loss(LossConfig(name="tis"), one(ln(.5), ln(.2), 1.0))[0]) == \
-        pytest.approx(2 * ln(2), rel=1e-6)
+    assert float(
+        compute_loss(LossConfig(name="tis"), one(ln(0.5), ln(0.2), 1.0))[0]
+    ) == pytest.approx(2 * ln(2), rel=1e-6)
     # mis: r = 2.5 in [0.5, 5] -> -2.5 ln .5 ; r = 10 -> masked -> 0
-    assert float(compute_loss(LossConfig(name="mis"), one(ln(.5), ln(.2), 1.0))[0]) == \
-        pytest.approx(2.5 * ln(2), rel=1e-6)
-    assert float(compute_loss(LossConfig(name="mis"), one(ln(.5), ln(.05), 1.0))[0]) == 0.0
+    assert float(
+        compute_loss(LossConfig(name="mis"), one(ln(0.5), ln(0.2), 1.0))[0]
+    ) == pytest.approx(2.5 * ln(2), rel=1e-6)
+    assert float(compute_loss(LossConfig(name="mis"), one(ln(0.5), ln(0.05), 1.0))[0]) == 0.0
     # ppo: r = .6/.4 = 1.5, A = 1, clip_high .28 -> -1.28 ; A = -1 -> -min(-1.5, -1.28) = 1.5
     ppo = LossConfig(name="ppo_clip")
-    assert float(compute_loss(ppo, one(ln(.6), ln(.4), 1.0, lp_old=ln(.4)))[0]) == \
-        pytest.approx(-1.28, rel=1e-6)
-    assert float(compute_loss(ppo, one(ln(.6), ln(.4), -1.0, lp_old=ln(.4)))[0]) == \
-        pytest.approx(1.5, rel=1e-6)
+    assert float(compute_loss(ppo, one(ln(0.6), ln(0.4), 1.0, lp_old=ln(0.4)))[0]) == pytest.approx(
+        -1.28, rel=1e-6
+    )
+    assert float(
+        compute_loss(ppo, one(ln(0.6), ln(0.4), -1.0, lp_old=ln(0.4)))[0]
+    ) == pytest.approx(1.5, rel=1e-6)
     # dual clip c=1.2 bounds the A<0 loss at 1.2 * |A|
-    assert float(compute_loss(dataclasses.replace(ppo, dual_clip=1.2),
-                              one(ln(.6), ln(.4), -1.0, lp_old=ln(.4)))[0]) == pytest.approx(1.2)
+    assert float(
+        compute_loss(
+            dataclasses.replace(ppo, dual_clip=1.2), one(ln(0.6), ln(0.4), -1.0, lp_old=ln(0.4))
+        )[0]
+    ) == pytest.approx(1.2)
     # decoupled: behaviour weight .4/.1 = 4 (< cap 5) times PPO value -1.28
-    assert float(compute_loss(LossConfig(name="decoupled_ppo"),
-                              one(ln(.6), ln(.1), 1.0, lp_old=ln(.4)))[0]) == \
-        pytest.approx(-4 * 1.28, rel=1e-6)
+    assert float(
+        compute_loss(LossConfig(name="decoupled_ppo"), one(ln(0.6), ln(0.1), 1.0, lp_old=ln(0.4)))[
+            0
+        ]
+    ) == pytest.approx(-4 * 1.28, rel=1e-6)
     # score centering, head {a: p=.5 q=.4, b: p=.2 q=.3}; tail p .3 q .3 -> rho = 1
     # resid = q - p = [-.1, .1]; loss = -A (lp - sum resid lp_H) = -(ln .5 - (-.1 ln .5 + .1 ln .2))
-    sc = one(ln(.5), ln(.4), 1.0, lp_head=[ln(.5), ln(.2)], lq_head=[ln(.4), ln(.3)])
-    want = -(ln(.5) - (-.1 * ln(.5) + .1 * ln(.2)))
-    assert float(compute_loss(LossConfig(name="score_centering"), sc)[0]) == \
-        pytest.approx(want, rel=1e-6)
+    sc = one(ln(0.5), ln(0.4), 1.0, lp_head=[ln(0.5), ln(0.2)], lq_head=[ln(0.4), ln(0.3)])
+    want = -(ln(0.5) - (-0.1 * ln(0.5) + 0.1 * ln(0.2)))
+    assert float(compute_loss(LossConfig(name="score_centering"), sc)[0]) == pytest.approx(
+        want, rel=1e-6
+    )
     # DLC: same head, p_s = [.4, .25] on the head (tail .35); token a: r = .5/.4 = 1.25, A=1,
     # eps .28 -> pg = -1.25 (unclipped); head r = [1.25, .8] both active (A>=0, r<=1.28);
     # coefH = q r = [.5, .24]; tail: p_t .3, s_t .35, q_t .3, r_t = .3/.35 -> coefT = (.3/.3) * .857
-    dl = one(ln(.5), ln(.4), 1.0, lp_s=ln(.4), lp_head=[ln(.5), ln(.2)], lq_head=[ln(.4), ln(.3)],
-             lps_head=[ln(.4), ln(.25)])
-    coef_t = .3 / .35
-    resid = np.array([.5 - coef_t * .5, .24 - coef_t * .2])
-    want = -1.25 + (resid * np.log([.5, .2])).sum()
+    dl = one(
+        ln(0.5),
+        ln(0.4),
+        1.0,
+        lp_s=ln(0.4),
+        lp_head=[ln(0.5), ln(0.2)],
+        lq_head=[ln(0.4), ln(0.3)],
+        lps_head=[ln(0.4), ln(0.25)],
+    )
+    coef_t = 0.3 / 0.35
+    resid = np.array([0.5 - coef_t * 0.5, 0.24 - coef_t * 0.2])
+    want = -1.25 + (resid * np.log([0.5, 0.2])).sum()
     assert float(compute_loss(LossConfig(name="dlc"), dl)[0]) == pytest.approx(want, rel=1e-5)
 
 
@@ -334,7 +405,9 @@ def test_dlc_with_sampler_equal_to_ps_and_full_head_is_ppo_vs_theta_s():
     cfg = LossConfig(name="dlc")
     l_dlc, met, g_dlc, gh_dlc = jax_loss_and_grads(cfg, d1)
     assert float(met["clip_frac"]) == 0.0 and float(met["head_clip_frac"]) == 0.0
-    l_ppo, _, g_ppo, _ = jax_loss_and_grads(LossConfig(name="ppo_clip"), {**d1, "lp_old": d["lp_s"]})
+    l_ppo, _, g_ppo, _ = jax_loss_and_grads(
+        LossConfig(name="ppo_clip"), {**d1, "lp_old": d["lp_s"]}
+    )
     np.testing.assert_allclose(l_dlc, l_ppo, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(g_dlc, g_ppo, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(gh_dlc, 0.0, atol=1e-6)  # the centering term vanishes
@@ -342,19 +415,23 @@ def test_dlc_with_sampler_equal_to_ps_and_full_head_is_ppo_vs_theta_s():
 
 def test_tis_without_cap_is_full_importance_sampling():
     d = make_batch()
-    l, _, g, _ = jax_loss_and_grads(LossConfig(name="tis", tis_cap=float("inf")), d)
+    loss, _, g, _ = jax_loss_and_grads(LossConfig(name="tis", tis_cap=float("inf")), d)
     m, a = d["mask"], np.broadcast_to(d["adv"][:, None], d["mask"].shape)
     w = np.exp(d["lp"] - d["lp_q"])
-    np.testing.assert_allclose(l, -(m * w * a * d["lp"]).sum() / m.sum(), rtol=1e-5)
+    np.testing.assert_allclose(loss, -(m * w * a * d["lp"]).sum() / m.sum(), rtol=1e-5)
     np.testing.assert_allclose(g, -m * w * a / m.sum(), rtol=1e-5)
     assert w[m > 0].max() > 1.3  # the cap would have been active
 
 
-@pytest.mark.parametrize("name,cfg_over", [
-    ("score_centering", {}), ("score_centering_tis", {"tis_cap": 1.1}),
-    ("score_centering_mask", {"mis_low": 0.9, "mis_high": 1.1}),
-    ("dlc", {"clip_low": 0.1, "clip_high": 0.1}),
-])
+@pytest.mark.parametrize(
+    "name,cfg_over",
+    [
+        ("score_centering", {}),
+        ("score_centering_tis", {"tis_cap": 1.1}),
+        ("score_centering_mask", {"mis_low": 0.9, "mis_high": 1.1}),
+        ("dlc", {"clip_low": 0.1, "clip_high": 0.1}),
+    ],
+)
 def test_centered_gradient_has_zero_expectation_under_q(name, cfg_over):
     """One prefix, logits theta as parameters, head = whole vocabulary, constant advantage:
     sum_a q_a grad_theta loss(a) = 0 exactly (expectation over every possible sampled token)."""
@@ -367,9 +444,16 @@ def test_centered_gradient_has_zero_expectation_under_q(name, cfg_over):
 
     def loss_for(theta, a, adv):
         lp = jax.nn.log_softmax(theta)
-        inp = LossInputs(lp=lp[a][None, None], lp_q=lq[a][None, None], lp_s=ls[a][None, None],
-                         mask=jnp.ones((1, 1)), adv=jnp.array([adv]), lp_head=lp[None, None],
-                         lq_head=lq[None, None], lps_head=ls[None, None])
+        inp = LossInputs(
+            lp=lp[a][None, None],
+            lp_q=lq[a][None, None],
+            lp_s=ls[a][None, None],
+            mask=jnp.ones((1, 1)),
+            adv=jnp.array([adv]),
+            lp_head=lp[None, None],
+            lq_head=lq[None, None],
+            lps_head=ls[None, None],
+        )
         return compute_loss(cfg, inp)[0]
 
     q = np.exp(np.asarray(lq))
@@ -392,9 +476,12 @@ def test_uncentered_gradient_is_biased_under_q():
 
     def loss_for(theta, a):
         lp = jax.nn.log_softmax(theta)
-        return compute_loss(LossConfig(name="naive"), LossInputs(
-            lp=lp[a][None, None], lp_q=lq[a][None, None], mask=jnp.ones((1, 1)),
-            adv=jnp.ones(1)))[0]
+        return compute_loss(
+            LossConfig(name="naive"),
+            LossInputs(
+                lp=lp[a][None, None], lp_q=lq[a][None, None], mask=jnp.ones((1, 1)), adv=jnp.ones(1)
+            ),
+        )[0]
 
     q = np.exp(np.asarray(lq))
     expect = sum(q[a] * np.asarray(jax.grad(loss_for)(theta0, a)) for a in range(9))
@@ -403,13 +490,16 @@ def test_uncentered_gradient_is_biased_under_q():
 
 def test_dlc_without_head_reports_missing_centering():
     d = make_batch()
-    l, met, g, gh = jax_loss_and_grads(LossConfig(name="dlc"), d, lp_head=d["lp_head"],
-                                       lq_head=d["lq_head"])  # sanity: full head works
+    jax_loss_and_grads(
+        LossConfig(name="dlc"), d, lp_head=d["lp_head"], lq_head=d["lq_head"]
+    )  # sanity: full head works
     inp = to_inputs(d, lp_head=None, lq_head=None, lps_head=None)
     loss, met = compute_loss(LossConfig(name="dlc"), inp)
     assert float(met["dlc_centering_active"]) == 0.0
-    l_ppo, _ = compute_loss(LossConfig(name="ppo_clip"),
-                            to_inputs(d, lp_old=d["lp_s"], lp_head=None, lq_head=None, lps_head=None))
+    l_ppo, _ = compute_loss(
+        LossConfig(name="ppo_clip"),
+        to_inputs(d, lp_old=d["lp_s"], lp_head=None, lq_head=None, lps_head=None),
+    )
     np.testing.assert_allclose(loss, l_ppo, rtol=1e-6)
     with pytest.raises(ValueError, match="lps_head"):
         compute_loss(LossConfig(name="dlc"), to_inputs(d, lps_head=None))
@@ -429,7 +519,9 @@ def test_missing_fields_and_bad_shapes_raise():
     with pytest.raises(ValueError, match="LossInputs.adv"):
         compute_loss(LossConfig(name="naive"), to_inputs(d, adv=np.ones(B + 1)))
     with pytest.raises(ValueError, match="head size"):
-        compute_loss(LossConfig(name="score_centering"), to_inputs(d, lq_head=d["lq_head"][..., :2]))
+        compute_loss(
+            LossConfig(name="score_centering"), to_inputs(d, lq_head=d["lq_head"][..., :2])
+        )
     with pytest.raises(ValueError, match="not a loss"):
         compute_loss(LossConfig(name="grpo"), to_inputs(d))
     with pytest.raises(ValueError, match="LossConfig.clip_low"):
@@ -452,13 +544,14 @@ def test_all_zero_mask_gives_zero_loss_and_finite_metrics(name):
 def test_nan_inputs_are_dropped_reported_or_refused(name):
     d = make_batch()
     bad = {**d, "lp_q": d["lp_q"].copy(), "lp": d["lp"].copy()}
-    bad["lp_q"][1, 2] = np.nan     # valid token -> dropped + reported
-    bad["lp"][0, 4] = np.nan       # padding (mask 0) -> ignored
+    bad["lp_q"][1, 2] = np.nan  # valid token -> dropped + reported
+    bad["lp"][0, 4] = np.nan  # padding (mask 0) -> ignored
     loss, met, g, gh = jax_loss_and_grads(CFGS[name], bad)
     assert np.isfinite(float(loss)) and np.all(np.isfinite(g)) and np.all(np.isfinite(gh))
     assert float(met["nonfinite_tokens"]) == 1.0
     # equals the loss with that token masked out but still counted in the denominator
-    m2 = d["mask"].copy(); m2[1, 2] = 0
+    m2 = d["mask"].copy()
+    m2[1, 2] = 0
     ref, _, _, _ = jax_loss_and_grads(CFGS[name], {**d, "mask": m2}, num_tokens=d["mask"].sum())
     if name not in ("m2po", "mis_geo"):  # these depend on batch-level statistics of the valid set
         np.testing.assert_allclose(loss, ref, rtol=1e-5, atol=1e-7)
@@ -468,8 +561,9 @@ def test_nan_inputs_are_dropped_reported_or_refused(name):
     validate_inputs(to_inputs({**d, "lp": bad["lp"]}))
 
 
-@pytest.mark.parametrize("name", ["score_centering", "score_centering_tis", "score_centering_mask",
-                                  "dlc"])
+@pytest.mark.parametrize(
+    "name", ["score_centering", "score_centering_tis", "score_centering_mask", "dlc"]
+)
 def test_minus_inf_head_padding_equals_head_valid_mask(name):
     """A sampler that returned fewer than K candidates pads the head with -inf log-probs (prob 0);
     that must equal marking those entries invalid, and must not drop the token."""
@@ -477,7 +571,8 @@ def test_minus_inf_head_padding_equals_head_valid_mask(name):
     pad = {k: d[k].copy() for k in ("lp_head", "lq_head", "lps_head")}
     for k in pad:
         pad[k][:, :, -1] = -np.inf
-    hv = np.ones(d["lp_head"].shape); hv[:, :, -1] = 0
+    hv = np.ones(d["lp_head"].shape)
+    hv[:, :, -1] = 0
     cfg = CFGS[name]
     l_pad, m_pad, g_pad, _ = jax_loss_and_grads(cfg, {**d, **pad})
     l_hv, _, g_hv, _ = jax_loss_and_grads(cfg, {**d, "head_valid": hv})
@@ -496,14 +591,22 @@ def _full_head_grads(cfg, lp_theta, lq, ls, adv):
 
     def loss_for(theta, a):
         lp = jax.nn.log_softmax(theta)
-        inp = LossInputs(lp=lp[a][None, None], lp_q=lq[a][None, None], lp_s=ls[a][None, None],
-                         mask=jnp.ones((1, 1)), adv=jnp.array([adv]), lp_head=lp[None, None],
-                         lq_head=lq[None, None], lps_head=ls[None, None])
+        inp = LossInputs(
+            lp=lp[a][None, None],
+            lp_q=lq[a][None, None],
+            lp_s=ls[a][None, None],
+            mask=jnp.ones((1, 1)),
+            adv=jnp.array([adv]),
+            lp_head=lp[None, None],
+            lq_head=lq[None, None],
+            lps_head=ls[None, None],
+        )
         return compute_loss(cfg, inp)[0]
 
     v = lp_theta.shape[0]
-    return np.asarray(jax.jit(jax.vmap(jax.grad(loss_for), in_axes=(None, 0)))(
-        lp_theta, jnp.arange(v)))
+    return np.asarray(
+        jax.jit(jax.vmap(jax.grad(loss_for), in_axes=(None, 0)))(lp_theta, jnp.arange(v))
+    )
 
 
 def test_dlc_centered_gradient_has_zero_mean_under_q_with_dual_clip():
@@ -540,9 +643,16 @@ def test_dlc_head_lag_beyond_the_safety_bound_gives_a_bounded_gradient():
             # consistent with the sampled token, so the centered gradient still has mean 0 under q
             np.testing.assert_allclose((q[:, None] * grads).sum(0), 0.0, atol=2e-6)
     # the raw per-head gradient of the centering term (w.r.t. lp_head) is bounded too
-    d = dict(lp=lp[:1][None], lp_q=lq[:1][None], lp_s=ls[:1][None], mask=np.ones((1, 1)),
-             adv=np.array([-1.0]), lp_head=lp[None, None], lq_head=lq[None, None],
-             lps_head=ls[None, None])
+    d = dict(
+        lp=lp[:1][None],
+        lp_q=lq[:1][None],
+        lp_s=ls[:1][None],
+        mask=np.ones((1, 1)),
+        adv=np.array([-1.0]),
+        lp_head=lp[None, None],
+        lq_head=lq[None, None],
+        lps_head=ls[None, None],
+    )
     _, met, _, gh = jax_loss_and_grads(LossConfig(name="dlc"), d)
     assert np.all(np.isfinite(gh)) and np.abs(gh).max() < 5.0
     assert float(met["head_clip_frac"]) == pytest.approx(1 / 3)  # r = .89, .86 active; e^24 not
@@ -553,10 +663,12 @@ def test_loss_config_imports_without_jax():
     import subprocess
     import sys
 
-    code = ("import sys; from dlc_jax.rl import LossConfig, LOSS_SPECS; "
-            "from dlc_jax.rl.loss_config import loss_spec; "
-            "assert LossConfig().spec is loss_spec('dlc') is LOSS_SPECS['dlc']; "
-            "assert 'jax' not in sys.modules, 'jax imported'")
+    code = (
+        "import sys; from dlc_jax.rl import LossConfig, LOSS_SPECS; "
+        "from dlc_jax.rl.loss_config import loss_spec; "
+        "assert LossConfig().spec is loss_spec('dlc') is LOSS_SPECS['dlc']; "
+        "assert 'jax' not in sys.modules, 'jax imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -7,10 +7,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from dlc_jax.rl import (LOSSES, LossConfig, LossInputs, compute_loss, resync_decision,
-                        step_metrics, token_logprobs)
+from dlc_jax.rl import (
+    LOSSES,
+    LossConfig,
+    LossInputs,
+    compute_loss,
+    resync_decision,
+    step_metrics,
+    token_logprobs,
+)
 
 NB, T, K = 16, 6, 4
 
@@ -30,10 +38,17 @@ def batch(seed=0):
     head = rng.normal(-3.0, 0.5, size=(NB, T, K))
     mask = (rng.random((NB, T)) > 0.25).astype(np.float32)
     mask[:, 0] = 1
-    return dict(lp=f(lp), lp_q=f(lp + rng.normal(0, .3, lp.shape)), lp_s=f(lp + rng.normal(0, .2, lp.shape)),
-                lp_old=f(lp + rng.normal(0, .1, lp.shape)), mask=f(mask), adv=f(rng.normal(size=NB)),
-                lp_head=f(head), lq_head=f(head + rng.normal(0, .3, head.shape)),
-                lps_head=f(head + rng.normal(0, .1, head.shape)))
+    return dict(
+        lp=f(lp),
+        lp_q=f(lp + rng.normal(0, 0.3, lp.shape)),
+        lp_s=f(lp + rng.normal(0, 0.2, lp.shape)),
+        lp_old=f(lp + rng.normal(0, 0.1, lp.shape)),
+        mask=f(mask),
+        adv=f(rng.normal(size=NB)),
+        lp_head=f(head),
+        lq_head=f(head + rng.normal(0, 0.3, head.shape)),
+        lps_head=f(head + rng.normal(0, 0.1, head.shape)),
+    )
 
 
 def shard(d, mesh):
@@ -54,9 +69,11 @@ def test_losses_sharded_equal_single_device(mesh, name):
 
     def f(d):
         inp = LossInputs(**d)
-        return jax.value_and_grad(lambda lp, lh: compute_loss(
-            cfg, dataclasses.replace(inp, lp=lp, lp_head=lh)), argnums=(0, 1), has_aux=True)(
-            inp.lp, inp.lp_head)
+        return jax.value_and_grad(
+            lambda lp, lh: compute_loss(cfg, dataclasses.replace(inp, lp=lp, lp_head=lh)),
+            argnums=(0, 1),
+            has_aux=True,
+        )(inp.lp, inp.lp_head)
 
     fn = jax.jit(f)
     (l1, m1), g1 = fn(d)
@@ -74,9 +91,20 @@ def test_losses_sharded_equal_single_device(mesh, name):
 def test_metrics_and_resync_sharded(mesh):
     d = batch(1)
     ent = jnp.abs(d["lp"])
-    f = jax.jit(lambda d, e: (step_metrics(d["lp"], d["lp_s"], d["lp_q"], d["mask"],
-                                           lq_head=d["lq_head"], lp_head=d["lp_head"], entropy=e),
-                              resync_decision(d["lp"], d["lp_s"], d["mask"])))
+    f = jax.jit(
+        lambda d, e: (
+            step_metrics(
+                d["lp"],
+                d["lp_s"],
+                d["lp_q"],
+                d["mask"],
+                lq_head=d["lq_head"],
+                lp_head=d["lp_head"],
+                entropy=e,
+            ),
+            resync_decision(d["lp"], d["lp_s"], d["mask"]),
+        )
+    )
     m1, r1 = f(d, ent)
     m8, r8 = f(shard(d, mesh), jax.device_put(ent, NamedSharding(mesh, P("data", None))))
     for k in m1:

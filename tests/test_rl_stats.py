@@ -5,8 +5,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dlc_jax.rl import (decompose, ess, gaussian_ess, group_advantages, resync_decision,
-                        sequence_ess, step_metrics)
+from dlc_jax.rl import (
+    decompose,
+    ess,
+    gaussian_ess,
+    group_advantages,
+    resync_decision,
+    sequence_ess,
+    step_metrics,
+)
 from dlc_jax.rl.masked import quantiles
 
 
@@ -32,7 +39,8 @@ def test_decomposition_identity_and_stats():
 
 def test_kl_hand_values():
     # one valid token: lp - lp_q = ln 2 -> k1 = -ln2, k3 = 2 - 1 - ln 2
-    lp = jnp.array([[np.log(0.5), 0.0]]); lq = jnp.array([[np.log(0.25), 5.0]])
+    lp = jnp.array([[np.log(0.5), 0.0]])
+    lq = jnp.array([[np.log(0.25), 5.0]])
     d = decompose(lp, lp, lq, jnp.array([[1.0, 0.0]]))
     np.testing.assert_allclose(d["kl_k1"], -np.log(2), rtol=1e-6)
     np.testing.assert_allclose(d["kl_k3"], 1 - np.log(2), rtol=1e-6)
@@ -59,8 +67,9 @@ def test_ess_hand_values():
     # sequence ESS: sums per row are log 6 and log 4 -> (10)^2/(2*52)
     np.testing.assert_allclose(sequence_ess(lr, mask), 100 / 104, rtol=1e-6)
     # gaussian: var of log([1,2,3,4])
-    np.testing.assert_allclose(gaussian_ess(lr, mask), np.exp(-np.var(np.log([1, 2, 3, 4]))),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        gaussian_ess(lr, mask), np.exp(-np.var(np.log([1, 2, 3, 4]))), rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("sigma2", [np.log(2.0), 0.2, 1.0])
@@ -70,8 +79,9 @@ def test_ess_lognormal_matches_gaussian_prediction(sigma2):
     mask = jnp.ones(x.shape)
     e = float(ess(jnp.asarray(x, jnp.float32), mask))
     np.testing.assert_allclose(e, np.exp(-sigma2), rtol=0.03)
-    np.testing.assert_allclose(float(gaussian_ess(jnp.asarray(x, jnp.float32), mask)),
-                               np.exp(-sigma2), rtol=0.01)
+    np.testing.assert_allclose(
+        float(gaussian_ess(jnp.asarray(x, jnp.float32), mask)), np.exp(-sigma2), rtol=0.01
+    )
     if np.isclose(sigma2, np.log(2)):
         assert abs(e - 0.5) < 0.015
 
@@ -79,10 +89,13 @@ def test_ess_lognormal_matches_gaussian_prediction(sigma2):
 def test_group_advantages():
     r = jnp.array([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
     # group 0: mean .5, unbiased std sqrt(1/3)
-    np.testing.assert_allclose(group_advantages(r, "grpo")[0],
-                               np.array([.5, -.5, -.5, .5]) / (np.sqrt(1 / 3) + 1e-6), rtol=1e-6)
+    np.testing.assert_allclose(
+        group_advantages(r, "grpo")[0],
+        np.array([0.5, -0.5, -0.5, 0.5]) / (np.sqrt(1 / 3) + 1e-6),
+        rtol=1e-6,
+    )
     np.testing.assert_allclose(group_advantages(r, "grpo")[1], 0.0)  # constant group -> 0, no NaN
-    np.testing.assert_allclose(group_advantages(r, "mean")[0], [.5, -.5, -.5, .5])
+    np.testing.assert_allclose(group_advantages(r, "mean")[0], [0.5, -0.5, -0.5, 0.5])
     np.testing.assert_allclose(group_advantages(r, "drgrpo"), group_advantages(r, "mean"))
     with pytest.raises(ValueError, match="advantage mode"):
         group_advantages(r, "ppo")
@@ -99,7 +112,7 @@ def test_resync_decision():
     lp = jnp.array([[0.0, 0.0, 0.0, 3.0]])
     d = jax.jit(resync_decision)(lp, lp_s, mask)
     e3 = np.exp(3.0)
-    np.testing.assert_allclose(d.ess, (3 + e3) ** 2 / (4 * (3 + e3 ** 2)), rtol=1e-6)
+    np.testing.assert_allclose(d.ess, (3 + e3) ** 2 / (4 * (3 + e3**2)), rtol=1e-6)
     assert bool(d.resync)
     np.testing.assert_allclose(d.ess_gaussian, np.exp(-np.var([0, 0, 0, 3.0])), rtol=1e-6)
     assert not bool(resync_decision(lp, lp_s, mask, threshold=0.2).resync)
@@ -108,15 +121,18 @@ def test_resync_decision():
 
 
 def test_step_metrics_values():
-    lp = jnp.array([[-1.0, -2.0, -3.0]]); lp_s = jnp.array([[-1.5, -2.0, -2.0]])
-    lp_q = jnp.array([[-1.0, -1.0, -1.0]]); mask = jnp.array([[1.0, 1.0, 0.0]])
+    lp = jnp.array([[-1.0, -2.0, -3.0]])
+    lp_s = jnp.array([[-1.5, -2.0, -2.0]])
+    lp_q = jnp.array([[-1.0, -1.0, -1.0]])
+    mask = jnp.array([[1.0, 1.0, 0.0]])
     lq_head = jnp.log(jnp.array([[[0.5, 0.2], [0.1, 0.1], [0.9, 0.9]]]))
-    out = jax.jit(step_metrics)(lp, lp_s, lp_q, mask, lq_head=lq_head,
-                                entropy=jnp.array([[1.0, 3.0, 100.0]]))
+    out = jax.jit(step_metrics)(
+        lp, lp_s, lp_q, mask, lq_head=lq_head, entropy=jnp.array([[1.0, 3.0, 100.0]])
+    )
     np.testing.assert_allclose(out["ell_mean"], 0.25, rtol=1e-6)
     np.testing.assert_allclose(out["delta_mean"], -0.75, rtol=1e-6)
     np.testing.assert_allclose(out["head_mass_q"], 0.45, rtol=1e-6)
     np.testing.assert_allclose(out["entropy_mean"], 2.0, rtol=1e-6)
     w = np.exp([0.5, 0.0])
-    np.testing.assert_allclose(out["ess_lag"], w.sum() ** 2 / (2 * (w ** 2).sum()), rtol=1e-6)
+    np.testing.assert_allclose(out["ess_lag"], w.sum() ** 2 / (2 * (w**2).sum()), rtol=1e-6)
     np.testing.assert_allclose(out["ess_lag_gaussian"], np.exp(-np.var([0.5, 0.0])), rtol=1e-6)

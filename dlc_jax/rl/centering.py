@@ -7,9 +7,13 @@ at ``tail_floor``. Since sum_v p_v s_v = 0, the tail term reduces to ``-coef_tai
 head, which is what ``resid`` contains. When the head covers the whole vocabulary the tail masses
 are ~0 and hit the floor: the tail coefficient is then arbitrary, but multiplies sum_H p_H s_H = 0,
 so the gradient is still exact (the loss value is not meaningful).
+
+Formulas, the DLC active set and why: docs/CORRECTIONS.md sections 3 and 5.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +24,7 @@ from dlc_jax.rl.loss_inputs import Prepared
 sg = jax.lax.stop_gradient
 
 
-def weight_fn(mode: str, cfg):
+def weight_fn(mode: str, cfg: LossConfig) -> Callable[[jax.Array], jax.Array]:
     """f(r) for score centering: none -> 1, tis -> min(r, tis_cap), mask -> r 1[lo <= r <= hi]."""
     if mode == "none":
         return lambda r: jnp.ones_like(r)
@@ -31,12 +35,16 @@ def weight_fn(mode: str, cfg):
     raise ValueError(f"centering weight mode must be none|tis|mask, got {mode!r}")
 
 
-def _head_probs(p, x):
+def _head_probs(p: Prepared, x: jax.Array) -> jax.Array:
+    assert p.hv is not None  # set by prepare() whenever a head is given
     return jnp.where(p.hv > 0, jnp.exp(sg(x)), 0.0)
 
 
-def centering_residual(cfg, p, mode: str):
+def centering_residual(
+    cfg: LossConfig, p: Prepared, mode: str
+) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """-> (w_tok [B,T], resid [B,T,K], info). resid_v = q_v f(p_v/q_v) - rho f(1/rho) p_v."""
+    assert p.lp_head is not None and p.lq_head is not None and p.hv is not None
     f = weight_fn(mode, cfg)
     bound = cfg.log_ratio_clip
     p_h, q_h = _head_probs(p, p.lp_head), _head_probs(p, p.lq_head)

@@ -160,6 +160,7 @@ def mis_geo(cfg: LossConfig, p: Prepared):
 
 def _score_centering(cfg: LossConfig, p: Prepared, mode: str):
     """3.4: -A (sg(f(p/q)) lp - sum_H sg(resid) lp_H), resid = q_H f(p_H/q_H) - rho f(1/rho) p_H."""
+    assert p.lp_head is not None  # LossSpec.requires
     w_tok, resid, info = centering_residual(cfg, p, mode)
     per = -p.adv * (w_tok * p.lp - jnp.sum(resid * p.lp_head, axis=-1))
     extra = {
