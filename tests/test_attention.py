@@ -83,8 +83,8 @@ def test_impl_matches_dense_values_and_grads(impl, mesh_cfg, with_segments):
 
 def test_impl_choice_follows_mesh_platform():
     cpu_mesh = make_mesh(MeshConfig(fsdp=-1))
-    assert resolve_impl("auto", cpu_mesh) == "xla"
-    assert resolve_impl("auto", None) == "xla"  # tests run on CPU
+    assert resolve_impl("auto", cpu_mesh) == "dense"
+    assert resolve_impl("auto", None) == "dense"  # tests run on CPU
     assert resolve_impl("dense", cpu_mesh) == "dense"
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         resolve_impl("flash", cpu_mesh)

@@ -36,7 +36,7 @@ class Qwen3Config:
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     # ---- how the model runs (not part of HF config.json; see docs/MODEL.md) ----
-    # attention kernel: auto (by the mesh's platform: splash on TPU, cudnn on GPU for bf16, xla on
+    # attention kernel: auto (by the mesh's platform: splash on TPU, cudnn on GPU for bf16, dense on
     # CPU) | splash | cudnn | xla | dense (the [B,KV,G,T,S] reference)
     attention_impl: str = "auto"
     # stack the decoder layers on the `layers` axis and run them with lax.scan (one compiled layer);
