@@ -16,6 +16,7 @@ exits the worker when its parent dies, even while a reward hangs.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -69,6 +70,8 @@ def serve(conn: Connection) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # a terminal's Ctrl-C reaches the whole process group: the trainer handles it and stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(argv[0]))
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     try:
