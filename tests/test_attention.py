@@ -91,17 +91,14 @@ def test_impl_choice_follows_mesh_platform():
 
 
 def _tpu_devices():
-    pytest.importorskip("libtpu")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault(
-        "ALLOW_MULTIPLE_LIBTPU_LOAD", "1"
-    )  # other processes may hold libtpu's lock
     from jax.experimental import topologies
 
     from dlc_jax.plan.libtpu import ensure_libtpu
 
-    ensure_libtpu()
+    ensure_libtpu()  # libtpu is part of the dev/CI env (launch/setup_env.sh); a clear error if not
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold its lock
 
     topo = topologies.get_topology_desc(
         platform="tpu",
