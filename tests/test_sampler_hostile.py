@@ -462,9 +462,11 @@ def test_stale_staging_of_dead_samplers_removed_at_start(tiny_dir, tmp_path):
     dead = root / f"{STAGING_PREFIX}{_dead_pid()}_v3_abc"
     alive = root / f"{STAGING_PREFIX}{os.getppid()}_v4_def"
     other = root / "not_ours"
-    for d in (dead, alive, other):
+    foreign = root / f"{STAGING_PREFIX}{_dead_pid()}_v5_ghi"  # same pid number, another container
+    for d in (dead, alive, other, foreign):
         d.mkdir()
         (d / "model.safetensors").write_bytes(b"x" * 100)
+    (foreign / ".owner").write_text("pid:[1] 7\n")
     specs = st.read_specs(tiny_dir)
     import asyncio
 
@@ -474,7 +476,7 @@ def test_stale_staging_of_dead_samplers_removed_at_start(tiny_dir, tmp_path):
         await s.stop()
 
     asyncio.run(start_stop())
-    assert not dead.exists() and alive.exists() and other.exists()
+    assert not dead.exists() and alive.exists() and other.exists() and foreign.exists()
 
 
 def test_killed_sampler_process_leaves_no_staging(tiny_dir, base_weights, tmp_path):

@@ -14,8 +14,9 @@ shared with LoadWeights), the staged size against the model's largest possible p
 free space of the staging filesystem (minus `reserve_bytes`) before anything is written; every float
 tensor's values are checked finite as its bytes arrive (`FiniteCheck`), so a NaN/Inf push is refused
 even with valid checksums. Staging directories are named `dlc_push_p<pid>_v<version>_*` after the
-sampler process that owns them; `clean_stale_staging` removes those of dead processes (a SIGKILLed
-sampler cannot clean its /dev/shm copy itself).
+sampler process that owns them (and hold an `.owner` file naming its pid namespace);
+`clean_stale_staging` removes those of dead processes in this pid namespace (a SIGKILLed sampler
+cannot clean its /dev/shm copy itself).
 """
 
 from __future__ import annotations
@@ -193,6 +194,26 @@ def _owner(d: pathlib.Path) -> int | None:
     return int(head) if head.isdigit() else None
 
 
+OWNER_FILE = ".owner"  # "<pid namespace> <pid>": who staged this directory
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace ("pid:[4026531836]"; "" where unknown): pids are only
+    comparable inside one namespace (containers sharing /dev/shm may each have a pid 7)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _same_namespace(d: pathlib.Path) -> bool:
+    try:
+        ns = (d / OWNER_FILE).read_text().split()[0]
+    except (OSError, IndexError):
+        return True  # no marker (older sampler, or being created): the name's pid decides
+    return ns == pid_namespace()
+
+
 def clean_stale_staging(roots: list[pathlib.Path], *, pid: int | None = None) -> list[str]:
     """Remove staging directories whose owner process is dead (or, with `pid`, those owned by that
     pid, which the caller knows is dead). -> the removed paths."""
@@ -206,7 +227,7 @@ def clean_stale_staging(roots: list[pathlib.Path], *, pid: int | None = None) ->
             if not d.name.startswith(STAGING_PREFIX) or not d.is_dir():
                 continue
             owner = _owner(d)
-            if owner is None or owner == os.getpid():
+            if owner is None or owner == os.getpid() or not _same_namespace(d):
                 continue
             if (pid is not None and owner == pid) or (pid is None and not _pid_alive(owner)):
                 shutil.rmtree(d, ignore_errors=True)
@@ -340,6 +361,7 @@ class WeightStager:
         self.dir = pathlib.Path(
             tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}_v{self.version}_", dir=root)
         )
+        (self.dir / OWNER_FILE).write_text(f"{pid_namespace()} {os.getpid()}\n")
         self._path = self.dir / "model.safetensors"
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.pwrite(self._fd, prefix, 0)
