@@ -268,3 +268,14 @@ def test_bad_result_file_is_named(tmp_path):
         load_results(tmp_path)
     with pytest.raises(ValueError, match="series 'reward'"):
         RunResult("x", "a", "s", [1, 2], {"reward": [1.0]})
+
+
+def test_stays_below_uses_the_trailing_median():
+    from dlc_jax.experiments.analysis import trailing_median
+
+    ess = [0.9, 0.4, 0.3, 0.7, 0.2, 0.1, 0.6, 0.2, 0.1]
+    assert trailing_median(ess, 3) == [0.9, 0.65, 0.4, 0.4, 0.3, 0.2, 0.2, 0.2, 0.2]
+    assert trailing_median([0.5, None, 0.1], 2) == [0.5, None, 0.3]
+    steps = list(range(1, 10))
+    assert stays_below_from(steps, ess, 0.5) == 8  # raw: the 0.6 at step 7 resets the onset
+    assert stays_below_from(steps, trailing_median(ess, 3), 0.5) == 3

@@ -24,11 +24,11 @@ LN2 = math.log(2.0)
 @dataclasses.dataclass(frozen=True)
 class AnalysisConfig:
     """ess_threshold: the 0.5 line; band: the pass band on D_t/N_t (2x); min_noise: N_t at or below
-    this
-    is treated as unmeasurable and its step skipped; fit_points: points (k > 0) used in the Var(ell)
-    fit; final_frac: fraction of the last steps averaged for the final reward; min_stay_steps:
-    logged steps the
-    ESS must stay below the threshold (to the end of the run) to count as "stays below"."""
+    this is treated as unmeasurable and its step skipped; fit_points: points (k > 0) used in the
+    Var(ell) fit; final_frac: fraction of the last steps averaged for the final reward;
+    min_stay_steps: logged steps the ESS must stay below the threshold (to the end of the run) to
+    count as "stays below"; ess_smooth: "stays below" is judged on the trailing median of this many
+    steps (one batch's token ESS is noisy: a single lucky batch should not reset the onset)."""
 
     ess_threshold: float = 0.5
     band: float = 2.0
@@ -36,6 +36,7 @@ class AnalysisConfig:
     fit_points: int = 4
     final_frac: float = 0.1
     min_stay_steps: int = 3
+    ess_smooth: int = 3
 
 
 def _num(x) -> float | None:
@@ -78,6 +79,18 @@ def stays_below_from(steps, values, threshold, min_steps: int = 1) -> int | None
             break
         start, count = s, count + 1
     return start if count >= min_steps else None
+
+
+def trailing_median(values, window: int) -> list[float | None]:
+    """Median of the last ``window`` non-missing values up to each position (fewer at the start)."""
+    out: list[float | None] = []
+    seen: list[float] = []
+    for v in values:
+        x = _num(v)
+        if x is not None:
+            seen.append(x)
+        out.append(float(np.median(seen[-window:])) if x is not None and seen else None)
+    return out
 
 
 def fit_lag_variance(k, var) -> tuple[float, float] | None:
@@ -182,7 +195,9 @@ def summarize(
     mx = max(rr) if rr else None
     mx_step = rs[int(np.argmax(rr))] if rr else None
     ess = run.get("ess_lag")
-    stays = stays_below_from(run.steps, ess, cfg.ess_threshold, cfg.min_stay_steps)
+    stays = stays_below_from(
+        run.steps, trailing_median(ess, cfg.ess_smooth), cfg.ess_threshold, cfg.min_stay_steps
+    )
     after = [r for s, r in zip(rs, rr) if stays is not None and s >= stays]
     res = [x for x in (_num(v) for v in run.get("resyncs")) if x is not None]
     return RunSummary(

@@ -172,7 +172,8 @@ def claims(
                 continue
             if s.stays_count * 2 <= s.seeds or s.stays_step is None:
                 parts.append(
-                    f"{a}: lag ESS stayed below 0.5 to the end in {s.stays_count}/{s.seeds} seeds "
+                    f"{a}: lag ESS (trailing median) stayed below 0.5 to the end in "
+                    f"{s.stays_count}/{s.seeds} seeds "
                     "— "
                     f"condition not reached"
                 )
@@ -181,7 +182,8 @@ def claims(
             v = after.versus(band)
             (held if v == "outside" else not_held if v == "within" else []).append(a)
             parts.append(
-                f"{a}: ESS < 0.5 to the end in {s.stays_count}/{s.seeds} seeds (latest onset step "
+                f"{a}: ESS (trailing median) < 0.5 to the end in {s.stays_count}/{s.seeds} seeds "
+                "(latest onset step "
                 f"{s.stays_step}); max D_t/N_t from then on {after.fmt()} ({v})"
             )
         n_is = sum(1 for a in IS_ARMS if a in arms)

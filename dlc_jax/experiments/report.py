@@ -428,7 +428,9 @@ def write_report(
         f"{cfg.band:g}, else "
         "'inconclusive'. Lag ESS = token ESS of exp(ell), ell = log p - log p_s; Gaussian "
         "prediction = "
-        f"exp(-Var ell). Final reward: mean over the last {cfg.final_frac:.0%} of steps.",
+        f"exp(-Var ell). 'ESS stays < 0.5': the {cfg.ess_smooth}-step trailing median of the lag "
+        f"ESS is below 0.5 from that step to the end (at least {cfg.min_stay_steps} steps). Final "
+        f"reward: mean over the last {cfg.final_frac:.0%} of steps.",
         "",
     ]
     plots = exp / "plots"
