@@ -69,6 +69,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "experiment": ("dlc_jax.experiments.cli", "KL-to-on-policy experiments and report"),
     "bench": ("dlc_jax.bench.cli", "benchmarks against peers (writes JSON + markdown)"),
+    "plan": ("dlc_jax.plan.cli", "will a config fit a TPU slice: AOT-compile it for the topology"),
 }
 
 

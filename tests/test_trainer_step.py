@@ -205,3 +205,36 @@ def test_scanned_micro_batches_equal_unrolled_loop(tiny_dir):
     np.testing.assert_array_equal(
         np.asarray(merge_micro_batches(split_micro_batches(x, 4))), np.asarray(x)
     )
+
+
+def test_snapshot_forward_over_micro_batches_equals_whole_batch(tiny_dir):
+    """The theta_s forward maps over the step's micro-batches; rows in order, values equal."""
+    model = _load(tiny_dir)
+    from flax import nnx
+
+    graphdef, params = nnx.split(model, nnx.Param)
+    batch = device_batch(_batch(model.config.vocab_size))
+    outs = [
+        make_snapshot_logprobs(
+            graphdef, StepConfig(loss=LossConfig(name="dlc"), head_k=4, micro_batches=m)
+        )(params, batch)
+        for m in (1, 4)
+    ]
+    for a, b in zip(outs[0], outs[1]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_optimizer_moments_sharded_like_params(tiny_dir):
+    """On a mesh, Adam's mu/nu take their parameter's sharding (not one device, not replicated)."""
+    from dlc_jax.model.sharding import MeshConfig, make_mesh
+
+    mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
+    st, _, _, _ = _setup(tiny_dir, mesh=mesh)
+    adam = st.opt_state[1][0]
+    for p, mu, nu in zip(*(jax.tree.leaves(t) for t in (st.params, adam.mu, adam.nu))):
+        assert mu.sharding.is_equivalent_to(p.sharding, p.ndim), (mu.sharding, p.sharding)
+        assert nu.sharding.is_equivalent_to(p.sharding, p.ndim)
+    assert any(
+        len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
+        for x in jax.tree.leaves(adam.mu)
+    )

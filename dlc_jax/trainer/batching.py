@@ -1,9 +1,9 @@
 """Slot-based batch assembly and packing of rollouts into fixed [B, L] arrays.
 
 A batch is a fixed set of prompt slots (pre-assigned by the data pipeline), each needing G samples
-keyed by ``sample_index``. Rollouts arriving in any order fill their (slot, sample_index) cell; a batch
-is released only when every cell is filled, and its rows are always ordered by (slot order, sample
-index) — never by arrival order or outcome. Rollouts sampled with a weight version more than
+keyed by ``sample_index``. Rollouts arriving in any order fill their (slot, sample_index) cell; a
+batch is released only when every cell is filled, and its rows are always ordered by (slot order,
+sample index) — never by arrival order or outcome. Rollouts sampled with a weight version more than
 ``max_staleness`` versions behind the trainer are dropped (counted) and their cells reopened for
 resampling.
 """
@@ -29,11 +29,15 @@ class SlotBatch:
     index: int
     slots: list[int]
     group_size: int
-    prompts: dict = dataclasses.field(default_factory=dict)  # slot -> PromptRecord (optional payload)
+    prompts: dict = dataclasses.field(
+        default_factory=dict
+    )  # slot -> PromptRecord (optional payload)
     cells: dict = dataclasses.field(default_factory=dict)  # (slot, sample_index) -> Rollout
 
     def missing(self) -> list[tuple[int, int]]:
-        return [(s, g) for s in self.slots for g in range(self.group_size) if (s, g) not in self.cells]
+        return [
+            (s, g) for s in self.slots for g in range(self.group_size) if (s, g) not in self.cells
+        ]
 
     def complete(self) -> bool:
         return len(self.cells) == len(self.slots) * self.group_size
@@ -67,7 +71,9 @@ class BatchAssembler:
         dup = [s for s in slots if s in self._slot_to_batch]
         if dup or len(set(slots)) != len(slots):
             raise ValueError(f"batch {index}: slots {dup or slots} are already assigned")
-        b = SlotBatch(index=index, slots=list(slots), group_size=self.group_size, prompts=dict(prompts or {}))
+        b = SlotBatch(
+            index=index, slots=list(slots), group_size=self.group_size, prompts=dict(prompts or {})
+        )
         self.batches[index] = b
         for s in slots:
             self._slot_to_batch[s] = index
@@ -77,9 +83,9 @@ class BatchAssembler:
         return rollout_min_version(rollout) < current_version - self.max_staleness
 
     def add(self, rollout, current_version: int) -> str:
-        """File ``rollout`` into its cell. Returns 'accepted', 'stale' (dropped, cell stays open), 'old'
-        (sampled before ``min_version``, dropped),
-        'duplicate' (cell already filled) or 'unknown' (slot not in an open batch / bad sample index)."""
+        """File ``rollout`` into its cell. Returns 'accepted', 'stale' (dropped, cell stays open),
+        'old' (sampled before ``min_version``, dropped), 'duplicate' (cell already filled) or
+        'unknown' (slot not in an open batch / bad sample index)."""
         bi = self._slot_to_batch.get(int(rollout.slot_id))
         if bi is None or not 0 <= int(rollout.sample_index) < self.group_size:
             self.rejected += 1
@@ -108,7 +114,8 @@ class BatchAssembler:
         return out
 
     def drop_versions_below(self, index: int, version: int) -> list[tuple[int, int]]:
-        """Drop filled cells of batch ``index`` with any token older than ``version`` (resync 'drop' mode)."""
+        """Drop filled cells of batch ``index`` with any token older than ``version`` (resync
+        'drop' mode)."""
         b = self.batches[index]
         out = [k for k, r in b.cells.items() if rollout_min_version(r) < version]
         for k in out:
@@ -116,8 +123,8 @@ class BatchAssembler:
         return out
 
     def release(self, index: int, current_version: int) -> list | None:
-        """The ordered rollouts of batch ``index`` if complete after evicting stale cells, else None.
-        A released batch is closed and its slots freed."""
+        """The ordered rollouts of batch ``index`` if complete after evicting stale cells, else
+        None. A released batch is closed and its slots freed."""
         self.evict_stale(index, current_version)
         b = self.batches[index]
         if not b.complete():
@@ -131,23 +138,31 @@ class BatchAssembler:
 
 @dataclasses.dataclass
 class PackedBatch:
-    """Arrays for the jitted step. Row i is rollout i; position t predicts ``targets[:, t]``.
+    """Arrays for the jitted step; position t predicts ``targets[:, t]``.
+
+    Unpacked (:func:`pack_rollouts`): row i is rollout i. Packed (:func:`pack_by_tokens`): a row
+    holds several rollouts back to back, each its own segment (attention stays inside a segment,
+    positions restart at 0).
 
     input_ids/targets/positions int32 [B, L]; attention_mask int32 [B, L] (1 on prompt+response);
-    mask float32 [B, L] (1 where targets[:, t] is a response token); lp_q float32 [B, L];
-    head_ids int32 [B, L, K]; lq_head float32 [B, L, K]; version int32 [B, L] (-1 off-mask);
-    slot, sample_index int32 [B].
+    segment_ids int32 [B, L] (k+1 for the k-th rollout of the row, 0 on padding); mask float32
+    [B, L] (1 where targets[:, t] is a response token); lp_q float32 [B, L]; head_ids int32
+    [B, L, K]; lq_head float32 [B, L, K]; version int32 [B, L] (-1 off-mask); seq_index int32
+    [B, L] (index of the rollout in the input list, -1 on padding); slot, sample_index int32 [N]
+    (per rollout, in input order).
     """
 
     input_ids: np.ndarray
     targets: np.ndarray
     positions: np.ndarray
     attention_mask: np.ndarray
+    segment_ids: np.ndarray
     mask: np.ndarray
     lp_q: np.ndarray
     head_ids: np.ndarray
     lq_head: np.ndarray
     version: np.ndarray
+    seq_index: np.ndarray
     slot: np.ndarray
     sample_index: np.ndarray
 
@@ -155,53 +170,152 @@ class PackedBatch:
         return dataclasses.asdict(self)
 
 
-def pack_rollouts(rollouts: list, seq_len: int, head_k: int, pad_id: int = 0) -> PackedBatch:
-    """Right-pad prompt+response of each rollout to ``seq_len`` and align sampler data to targets.
-
-    Response token j of a rollout with prompt length P sits at position P+j and is predicted at
-    position P+j-1, so ``targets[P+j-1] = response[j]``, ``mask[P+j-1] = 1``, ``lp_q[P+j-1] = logprobs[j]``.
-    """
-    b = len(rollouts)
-    k = int(head_k)
-    out = PackedBatch(
-        input_ids=np.full((b, seq_len), pad_id, np.int32),
-        targets=np.full((b, seq_len), pad_id, np.int32),
-        positions=np.tile(np.arange(seq_len, dtype=np.int32), (b, 1)),
-        attention_mask=np.zeros((b, seq_len), np.int32),
-        mask=np.zeros((b, seq_len), np.float32),
-        lp_q=np.zeros((b, seq_len), np.float32),
-        head_ids=np.zeros((b, seq_len, k), np.int32),
-        lq_head=np.zeros((b, seq_len, k), np.float32),
-        version=np.full((b, seq_len), -1, np.int32),
-        slot=np.zeros((b,), np.int32),
-        sample_index=np.zeros((b,), np.int32),
+def _empty(rows: int, seq_len: int, k: int, n: int, pad_id: int) -> PackedBatch:
+    return PackedBatch(
+        input_ids=np.full((rows, seq_len), pad_id, np.int32),
+        targets=np.full((rows, seq_len), pad_id, np.int32),
+        positions=np.zeros((rows, seq_len), np.int32),
+        attention_mask=np.zeros((rows, seq_len), np.int32),
+        segment_ids=np.zeros((rows, seq_len), np.int32),
+        mask=np.zeros((rows, seq_len), np.float32),
+        lp_q=np.zeros((rows, seq_len), np.float32),
+        head_ids=np.zeros((rows, seq_len, k), np.int32),
+        lq_head=np.zeros((rows, seq_len, k), np.float32),
+        version=np.full((rows, seq_len), -1, np.int32),
+        seq_index=np.full((rows, seq_len), -1, np.int32),
+        slot=np.zeros((n,), np.int32),
+        sample_index=np.zeros((n,), np.int32),
     )
+
+
+def _check(r, seq_len: int, k: int) -> int:
+    """Length (prompt + response) of rollout ``r``, after checking it against the batch layout."""
+    p, t = len(r.prompt_ids), len(r.response_ids)
+    if p < 1:
+        raise ValueError(f"rollout slot={r.slot_id}: empty prompt")
+    if p + t > seq_len:
+        raise ValueError(
+            f"rollout slot={r.slot_id} sample={r.sample_index}: prompt {p} + response "
+            f"{t} tokens exceed seq_len {seq_len} (raise sampler.max_model_len)"
+        )
+    if len(r.logprobs) != t:
+        raise ValueError(f"rollout slot={r.slot_id}: {len(r.logprobs)} logprobs for {t} tokens")
+    hk = r.head_ids.shape[1] if k and r.head_ids.ndim == 2 else 0
+    if k and hk < k:
+        raise ValueError(
+            f"rollout slot={r.slot_id}: head has {hk} entries, expected sampler.head_k={k}"
+        )
+    return p + t
+
+
+def _write(out: PackedBatch, i: int, row: int, off: int, segment: int, r, k: int) -> None:
+    """Rollout ``r`` (index ``i``) into ``row`` at offset ``off`` as segment ``segment``.
+
+    Response token j of a rollout with prompt length P sits at P+j and is predicted at P+j-1, so
+    ``targets[P+j-1] = response[j]``, ``mask[P+j-1] = 1``, ``lp_q[P+j-1] = logprobs[j]``; the last
+    token of a segment predicts nothing (its target stays padding, mask 0).
+    """
+    p, t = len(r.prompt_ids), len(r.response_ids)
+    seq = np.concatenate([np.asarray(r.prompt_ids, np.int32), np.asarray(r.response_ids, np.int32)])
+    n = p + t
+    span = slice(off, off + n)
+    out.input_ids[row, span] = seq
+    out.attention_mask[row, span] = 1
+    out.segment_ids[row, span] = segment
+    out.positions[row, span] = np.arange(n, dtype=np.int32)
+    out.seq_index[row, span] = i
+    out.targets[row, off : off + n - 1] = seq[1:]
+    sl = slice(off + p - 1, off + p - 1 + t)
+    out.mask[row, sl] = 1.0
+    out.lp_q[row, sl] = r.logprobs
+    if k:
+        out.head_ids[row, sl] = r.head_ids[:, :k]
+        out.lq_head[row, sl] = r.head_logprobs[:, :k]
+    vers = np.empty(t, np.int32)
+    for v, s, e in r.version_spans:
+        vers[s:e] = v
+    out.version[row, sl] = vers
+    out.slot[i] = r.slot_id
+    out.sample_index[i] = r.sample_index
+
+
+def pack_rollouts(rollouts: list, seq_len: int, head_k: int, pad_id: int = 0) -> PackedBatch:
+    """One rollout per row, right-padded to ``seq_len`` (positions 0..seq_len-1, segment 1)."""
+    k = int(head_k)
+    out = _empty(len(rollouts), seq_len, k, len(rollouts), pad_id)
+    out.positions[:] = np.arange(seq_len, dtype=np.int32)
     for i, r in enumerate(rollouts):
-        p, t = len(r.prompt_ids), len(r.response_ids)
-        if p < 1:
-            raise ValueError(f"rollout slot={r.slot_id}: empty prompt")
-        if p + t > seq_len:
-            raise ValueError(f"rollout slot={r.slot_id} sample={r.sample_index}: prompt {p} + response {t} tokens "
-                             f"exceed seq_len {seq_len} (raise sampler.max_model_len)")
-        if len(r.logprobs) != t:
-            raise ValueError(f"rollout slot={r.slot_id}: {len(r.logprobs)} logprobs for {t} tokens")
-        seq = np.concatenate([np.asarray(r.prompt_ids, np.int32), np.asarray(r.response_ids, np.int32)])
-        out.input_ids[i, : p + t] = seq
-        out.attention_mask[i, : p + t] = 1
-        out.targets[i, : p + t - 1] = seq[1:]
-        sl = slice(p - 1, p - 1 + t)
-        out.mask[i, sl] = 1.0
-        out.lp_q[i, sl] = r.logprobs
-        if k:
-            hk = r.head_ids.shape[1] if r.head_ids.ndim == 2 else 0
-            if hk < k:
-                raise ValueError(f"rollout slot={r.slot_id}: head has {hk} entries, expected sampler.head_k={k}")
-            out.head_ids[i, sl] = r.head_ids[:, :k]
-            out.lq_head[i, sl] = r.head_logprobs[:, :k]
-        vers = np.empty(t, np.int32)
-        for v, s, e in r.version_spans:
-            vers[s:e] = v
-        out.version[i, sl] = vers
-        out.slot[i] = r.slot_id
-        out.sample_index[i] = r.sample_index
+        _check(r, seq_len, k)
+        _write(out, i, i, 0, 1, r, k)
+    return out
+
+
+def pack_by_tokens(
+    rollouts: list,
+    row_len: int,
+    head_k: int,
+    pad_id: int = 0,
+    *,
+    rows: int | None = None,
+    row_multiple: int = 1,
+) -> PackedBatch:
+    """Pack rollouts back to back into rows of ``row_len`` tokens (first fit, in input order, so the
+    layout depends only on the lengths). The row count is the fewest that hold them, rounded up to
+    a multiple of ``row_multiple`` (e.g. micro-batches x batch-sharding devices), or exactly
+    ``rows`` when given (an error if they do not fit). Every micro-batch of the strided split then
+    carries about the same number of tokens."""
+    k = int(head_k)
+    fill: list[int] = []
+    place = []
+    for r in rollouts:
+        n = _check(r, row_len, k)
+        row = next((j for j, f in enumerate(fill) if f + n <= row_len), len(fill))
+        if row == len(fill):
+            fill.append(0)
+        place.append((row, fill[row]))
+        fill[row] += n
+    need = len(fill)
+    if rows is None:
+        rows = max(1, -(-need // row_multiple) * row_multiple)
+    elif need > rows:
+        raise ValueError(
+            f"pack_by_tokens: {len(rollouts)} rollouts need {need} rows of {row_len} tokens, "
+            f"only {rows} allowed"
+        )
+    out = _empty(rows, row_len, k, len(rollouts), pad_id)
+    segment = [0] * rows
+    for i, (r, (row, off)) in enumerate(zip(rollouts, place)):
+        segment[row] += 1
+        _write(out, i, row, off, segment[row], r, k)
+    return out
+
+
+def token_advantages(adv: np.ndarray, seq_index: np.ndarray) -> np.ndarray:
+    """Per-rollout advantages [N] spread over the tokens of each rollout [B, L] (0 on padding)."""
+    adv = np.asarray(adv, np.float32)
+    return np.where(seq_index >= 0, adv[np.maximum(seq_index, 0)], 0.0).astype(np.float32)
+
+
+def step_arrays(
+    rollouts: list,
+    adv: np.ndarray,
+    *,
+    seq_len: int,
+    head_k: int,
+    pad_id: int = 0,
+    pack: bool = False,
+    row_multiple: int = 1,
+    rows: int | None = None,
+) -> dict:
+    """Host arrays of the train step (``dlc_jax.trainer.step.STEP_KEYS`` less the theta_s ones):
+    unpacked, one rollout per row of ``seq_len`` with ``adv`` [N]; or (``pack``, ``train.pack``)
+    packed into rows of ``seq_len`` tokens with per-token advantages [B, L]."""
+    if not pack:
+        out = pack_rollouts(rollouts, seq_len, head_k, pad_id).arrays()
+        out["adv"] = np.asarray(adv, np.float32).reshape(-1)
+        return out
+    out = pack_by_tokens(
+        rollouts, seq_len, head_k, pad_id, rows=rows, row_multiple=row_multiple
+    ).arrays()
+    out["adv"] = token_advantages(np.asarray(adv).reshape(-1), out["seq_index"])
     return out

@@ -37,6 +37,7 @@ from dlc_jax.data.arithmetic import ArithmeticConfig
 from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
 from dlc_jax.model.sharding import MeshConfig
+from dlc_jax.plan.config import PlanConfig
 from dlc_jax.rl.loss_config import LossConfig
 
 
@@ -172,6 +173,7 @@ class TrainSection:
     steps: int = 20
     batch_prompts: int = 8
     micro_batches: int = 1
+    pack: bool = False  # pack rollouts into rows of sampler.max_model_len tokens (segment ids)
     seed: int = 0
     advantage: Literal["grpo", "mean", "drgrpo"] = "grpo"
     max_nonfinite_steps: int = 3  # consecutive NaN/Inf loss or gradient steps (skipped) -> stop
@@ -225,6 +227,7 @@ class TrainConfig:
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
     log: LogSection = dataclasses.field(default_factory=LogSection)
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
+    plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)  # dlc-jax plan defaults
 
     def to_dict(self) -> dict:
         return to_dict(self)

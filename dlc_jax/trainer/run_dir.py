@@ -31,6 +31,7 @@ NOT_TRAINING_RELEVANT = (
     "checkpoint.",
     "distributed.",
     "mesh.",
+    "plan.",
     "train.steps",
     "train.micro_batches",
     "train.max_nonfinite_steps",

@@ -123,8 +123,17 @@ class TrainState:
         from flax import nnx
 
         graphdef, params = nnx.split(model, nnx.Param)
-        opt_state = jax.jit(tx.init)(params)
-        if mesh is not None:
+        if mesh is None:
+            opt_state = jax.jit(tx.init)(params)
+        else:  # Adam moments sharded like their params (jit alone leaves them on one device)
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            from dlc_jax.trainer.step import opt_state_shardings
+
+            repl = NamedSharding(mesh, PartitionSpec())
+            on_mesh = lambda x: x.sharding if getattr(x.sharding, "mesh", None) == mesh else repl
+            out = opt_state_shardings(tx, params, jax.tree.map(on_mesh, params), mesh)
+            opt_state = jax.jit(tx.init, out_shardings=out)(params)
             opt_state = place_on_mesh(opt_state, mesh)
         st = cls(graphdef=graphdef, params=params, opt_state=opt_state, max_snapshots=max_snapshots)
         st.snapshot()

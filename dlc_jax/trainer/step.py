@@ -1,14 +1,16 @@
 """The jitted training step: forward at theta_t (with grad), the lag/discrepancy decomposition, the
-chosen loss, gradient accumulation over micro-batches, the AdamW update, and the step metrics.
+chosen loss, gradient accumulation over micro-batches (``jax.lax.scan``: one compiled body, one
+micro-batch of activations alive at a time), the AdamW update, and the step metrics.
 
 theta_s log-probs (``lp_s``, ``lps_head``) are computed by :func:`snapshot_logprobs` (no grad) per
 weight version present in the batch, and combined per token by the caller; tokens sampled with the
 current weights (``self_mask``) use ``stop_gradient(lp)`` instead, so when every token is current
 (``onpolicy``) no snapshot forward runs at all and the lag is exactly zero.
 
-Batch arrays (from :func:`dlc_jax.trainer.batching.pack_rollouts` plus advantages), B rows,
-L positions: input_ids/targets/positions/attention_mask [B,L] int32; mask/lp_q/lp_s [B,L] f32;
-self_mask [B,L] bool; head_ids [B,L,K] int32; lq_head/lps_head [B,L,K] f32; adv [B] f32.
+Batch arrays (from :func:`dlc_jax.trainer.batching.step_arrays`), B rows, L positions:
+input_ids/targets/positions/attention_mask [B,L] int32; segment_ids [B,L] int32 (optional; packed
+rows hold several sequences); mask/lp_q/lp_s [B,L] f32; self_mask [B,L] bool; head_ids [B,L,K]
+int32; lq_head/lps_head [B,L,K] f32; adv [B] f32 (one per row) or [B,L] (per token, packed rows).
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ STEP_KEYS = (
     "lq_head",
     "lps_head",
     "adv",
+    "segment_ids",
 )
+# may be absent: without segment ids every row is one sequence (attention_mask alone)
+OPTIONAL_STEP_KEYS = ("segment_ids",)
+# losses that reduce over a row's tokens as one sequence: wrong on packed rows (several sequences)
+SEQUENCE_LOSSES = ("tis_seq", "mis_seq", "mis_geo", "vcpo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +63,38 @@ class StepConfig:
     old_policy: str = "current"  # lp_old: 'current' (sg(lp)) | 'sampler' (lp_q) | 'snapshot' (lp_s)
 
 
+def step_config(cfg) -> StepConfig:
+    """The StepConfig of a ``dlc_jax.trainer.config.TrainConfig`` (what the trainer compiles)."""
+    from dlc_jax.trainer.config import make_loss_config
+
+    s = cfg.sampler
+    if cfg.train.pack and cfg.loss.name in SEQUENCE_LOSSES:
+        raise ValueError(
+            f"train.pack: loss.name={cfg.loss.name!r} reduces over each row as one sequence, but a "
+            f"packed row holds several; use a token-level loss or train.pack=false"
+        )
+    return StepConfig(
+        loss=make_loss_config(cfg.loss),
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        head_k=s.head_k,
+        micro_batches=cfg.train.micro_batches,
+        resync_threshold=cfg.resync.threshold,
+        old_policy=cfg.loss.old_policy,
+    )
+
+
 def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig):
     """TokenLogprobs of ``batch['targets']`` (and the head) under ``params``, sampler transform."""
     from flax import nnx
 
     model = nnx.merge(graphdef, params)
     h = model.hidden_states(
-        batch["input_ids"], attention_mask=batch["attention_mask"], positions=batch["positions"]
+        batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        positions=batch["positions"],
+        segment_ids=batch.get("segment_ids"),
     )
     return token_logprobs(
         h,
@@ -77,15 +109,25 @@ def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig):
 
 
 def make_snapshot_logprobs(graphdef, cfg: StepConfig):
-    """Jitted ``(params_s, batch) -> (lp_s [B,L], lps_head [B,L,K] | zeros)`` without gradients."""
+    """Jitted ``(params_s, batch) -> (lp_s [B,L], lps_head [B,L,K] | zeros)`` without gradients,
+    over the step's ``micro_batches`` (``jax.lax.map``): one micro-batch of activations at once."""
 
-    @jax.jit
-    def fn(params_s, batch):
-        tl = policy_logprobs(graphdef, jax.lax.stop_gradient(params_s), batch, cfg)
+    def one(params_s, batch):
+        tl = policy_logprobs(graphdef, params_s, batch, cfg)
         lps_head = (
             tl.lp_head if tl.lp_head is not None else jnp.zeros(batch["lq_head"].shape, jnp.float32)
         )
         return tl.lp, lps_head
+
+    @jax.jit
+    def fn(params_s, batch):
+        params_s = jax.lax.stop_gradient(params_s)
+        m = cfg.micro_batches
+        if m == 1:
+            return one(params_s, batch)
+        mbs = jax.tree.map(lambda x: split_micro_batches(x, m), batch)
+        lp, lps_head = jax.lax.map(lambda mb: one(params_s, mb), mbs)
+        return merge_micro_batches(lp), merge_micro_batches(lps_head)
 
     return fn
 
@@ -210,20 +252,33 @@ def make_train_step(
         return jax.jit(step)
     rows = NamedSharding(mesh, P(("data", "fsdp")))
     repl = NamedSharding(mesh, P())
-    batch_sh = {k: rows for k in STEP_KEYS}
     return jax.jit(
         step,
-        in_shardings=(param_shardings, opt_shardings, batch_sh),
+        in_shardings=(param_shardings, opt_shardings, rows),  # every batch array: rows sharded
         out_shardings=(param_shardings, opt_shardings, repl),
+    )
+
+
+def opt_state_shardings(tx, params, param_shardings, mesh):
+    """Shardings of ``tx.init(params)`` on ``mesh``: every parameter-shaped leaf (Adam's mu/nu)
+    takes its parameter's sharding, the rest (step counts) is replicated. ``jax.jit(tx.init)`` alone
+    leaves the moments on one device, and replicating them puts a full copy on every chip."""
+    import optax
+
+    repl = NamedSharding(mesh, P())
+    abstract = jax.eval_shape(tx.init, params)
+    return optax.tree_map_params(
+        tx, lambda _, s: s, abstract, param_shardings, transform_non_params=lambda _: repl
     )
 
 
 def device_batch(batch: dict, mesh=None) -> dict:
     """The ``STEP_KEYS`` arrays of ``batch`` on device (rows over ('data', 'fsdp') with a mesh)."""
-    missing = [k for k in STEP_KEYS if k not in batch]
+    missing = [k for k in STEP_KEYS if k not in batch and k not in OPTIONAL_STEP_KEYS]
     if missing:
         raise KeyError(f"step batch is missing arrays {missing}")
+    keys = [k for k in STEP_KEYS if k in batch]
     if mesh is None:
-        return {k: jnp.asarray(batch[k]) for k in STEP_KEYS}
+        return {k: jnp.asarray(batch[k]) for k in keys}
     rows = NamedSharding(mesh, P(("data", "fsdp")))
-    return {k: jax.device_put(batch[k], rows) for k in STEP_KEYS}
+    return {k: jax.device_put(batch[k], rows) for k in keys}

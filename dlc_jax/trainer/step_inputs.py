@@ -18,9 +18,9 @@ import numpy as np
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.rl import group_advantages
 from dlc_jax.trainer import distributed as dist
-from dlc_jax.trainer.batching import pack_rollouts
+from dlc_jax.trainer.batching import step_arrays
 from dlc_jax.trainer.state import TrainState
-from dlc_jax.trainer.step import STEP_KEYS
+from dlc_jax.trainer.step import SEQUENCE_LOSSES, STEP_KEYS
 
 
 def bucket(n: int, mult: int = 16) -> int:
@@ -59,6 +59,16 @@ class StepInputs:
         self.rows = rows
         self.snapshot_lp = snapshot_lp
         self.multi = jax.process_count() > 1
+        if self.multi and cfg.train.pack:
+            raise ValueError(
+                "train.pack: packed rows are single-process for now (multi-host batches "
+                "have a fixed global row count); use train.pack=false"
+            )
+        if cfg.train.pack and cfg.loss.name in SEQUENCE_LOSSES:
+            raise ValueError(
+                f"train.pack: loss.name={cfg.loss.name!r} reduces over each row as one sequence, "
+                f"but a packed row holds several; use a token-level loss or train.pack=false"
+            )
 
     def score_and_pack(self, rollouts: list, prompts: dict, version: int) -> tuple[dict, dict]:
         """(global batch statistics for the metrics row, packed host arrays incl. advantages
@@ -90,8 +100,18 @@ class StepInputs:
         r_tot = tot.sum(axis=0)[6:]
         r_mean = r_sum / rows_n
         seq_len = bucket(int(tot[:, 3].max()))
-        arrays = pack_rollouts(rollouts, seq_len, cfg.sampler.head_k, pad_id=self.eos_id).arrays()
-        arrays["adv"] = np.asarray(adv).reshape(-1)
+        # train.pack: rollouts back to back in rows of max_model_len tokens (segment ids), as many
+        # rows as they need, a multiple of micro-batches x the devices the rows are split over
+        row_devices = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        arrays = step_arrays(
+            rollouts,
+            np.asarray(adv),
+            seq_len=cfg.sampler.max_model_len if cfg.train.pack else seq_len,
+            head_k=cfg.sampler.head_k,
+            pad_id=self.eos_id,
+            pack=cfg.train.pack,
+            row_multiple=cfg.train.micro_batches * row_devices,
+        )
         stats = {
             "reward_mean": float(r_mean),
             "reward_std": float(np.sqrt(max(r_sq / rows_n - r_mean**2, 0.0))),

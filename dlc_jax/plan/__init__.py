@@ -1,0 +1,12 @@
+"""dlc_jax.plan: ``dlc-jax plan`` -- AOT-compile a training config for a TPU topology on a CPU host
+and report whether it fits in HBM, its FLOPs, projected step time and compile time.
+
+Modules: ``chips`` (per-chip HBM and bf16 peak), ``topology`` (slice names -> libtpu topology),
+``abstract_state`` (the run's state as sharded shapes), ``compile`` (AOT compile + XLA analyses),
+``flops`` (analytic FLOPs vs XLA's count), ``report`` (the plan, fit verdict, advice), ``markdown``,
+``cli``. Importing this package does not import JAX.
+"""
+
+from dlc_jax.plan.config import PlanConfig
+
+__all__ = ["PlanConfig"]

@@ -1,0 +1,197 @@
+"""The run's state as shapes with shardings: model, theta_t, optimizer state, theta_s snapshots and
+the worst-case batch, over a mesh of (abstract) devices. Nothing is allocated.
+
+The model is built the way the trainer builds it (``dlc_jax.trainer.loop``): the config's dtypes,
+remat, and any run options the model config knows (attention kernel, scanned layers, remat policy)
+copied from the ``model`` section; parameter shardings come from the logical-axis rules, the
+optimizer state's from compiling ``tx.init`` for the mesh (as ``jax.jit(tx.init)`` places it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# dims of the model `make_tiny` writes with its defaults (the trainer's model.path='' case)
+TINY_DIMS = dict(
+    vocab_size=2048,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    tie_word_embeddings=False,
+)
+
+# Qwen3Config fields that say how the model runs, settable from the trainer's model section
+RUN_OPTIONS = ("attention_impl", "scan_layers", "remat_policy")
+
+
+def model_config(model_section):
+    """Qwen3Config for the ``model`` section: ``path``'s config.json when it exists, else the preset
+    named by the path's last component (``/data/models/Qwen3-1.7B``) or by ``preset``; ``tiny``
+    (and an empty path) are the dims ``make_tiny`` writes. Run options present in the section are
+    applied."""
+    from dlc_jax.model import PRESETS, Qwen3Config
+
+    path = str(model_section.path or "")
+    by_lower = {k.lower(): v for k, v in PRESETS.items()}
+    if path and (Path(path) / "config.json").exists():
+        cfg = Qwen3Config.from_hf_dict(json.loads((Path(path) / "config.json").read_text()))
+    elif path and Path(path).name.lower() in by_lower:
+        cfg = by_lower[Path(path).name.lower()]
+    elif str(model_section.preset).lower() in by_lower:
+        cfg = by_lower[str(model_section.preset).lower()]
+    elif not path and model_section.preset == "tiny":
+        cfg = Qwen3Config(**TINY_DIMS)
+    else:
+        raise ValueError(
+            f"model.path: {path!r} has no config.json and names no preset "
+            f"(known: {sorted(PRESETS)}); set model.preset to one of them"
+        )
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    opts = {
+        k: getattr(model_section, k)
+        for k in RUN_OPTIONS
+        if k in fields and hasattr(model_section, k)
+    }
+    return cfg.replace(**opts) if opts else cfg
+
+
+def plan_mesh(mesh_section, devices: list, num_slices: int):
+    """The trainer's (data, fsdp, tensor) mesh over ``devices``. With several slices the data axis
+    spans them (data-parallel over DCN): ``data`` is multiplied by the slice count when it does not
+    already divide it. Returns (mesh, note)."""
+    from dlc_jax.model import MeshConfig, make_mesh
+
+    data, fsdp, tensor = mesh_section.data, mesh_section.fsdp, mesh_section.tensor
+    note = ""
+    if num_slices > 1 and data % num_slices:
+        if -1 not in (fsdp, tensor) and data != -1:
+            raise ValueError(
+                f"mesh: data={data} must be a multiple of --slices={num_slices} (the data axis "
+                f"spans slices) or give fsdp=-1"
+            )
+        data = data * num_slices if data != -1 else data
+        note = f"data axis x{num_slices} across slices"
+    mc = MeshConfig(data=data, fsdp=fsdp, tensor=tensor)
+    try:
+        mc.shape(len(devices))
+    except ValueError as e:
+        raise ValueError(f"mesh: {e}") from e
+    return make_mesh(mc, devices), note
+
+
+def data_axis_spans_slices(mesh) -> bool:
+    """True when every slice of the mesh's 'data' axis holds devices of one TPU slice only (the data
+    axis is the one that crosses slices, over DCN), and there is more than one slice."""
+    devs = np.asarray(mesh.devices)
+    slice_of = np.vectorize(lambda d: getattr(d, "slice_index", 0))(devs)
+    per_data = [set(slice_of[i].flat) for i in range(devs.shape[0])]
+    return len(set().union(*per_data)) > 1 and all(len(s) == 1 for s in per_data)
+
+
+@dataclasses.dataclass
+class AbstractRun:
+    """Shapes-with-shardings of everything the step and the theta_s forward take."""
+
+    mesh: object
+    qcfg: Any
+    model: Any  # the abstract Qwen3ForCausalLM (remat policy, scanned layers)
+    graphdef: object
+    params: object
+    opt_state: object
+    batch: dict
+    tx: object
+    rows: int
+    seq_len: int
+
+
+def per_chip_bytes(tree) -> int:
+    """Bytes one device holds of a pytree of sharded ShapeDtypeStructs (the largest shard)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def batch_structs(rows: int, seq_len: int, head_k: int, mesh, packed: bool = False) -> dict:
+    """The step batch (``dlc_jax.trainer.step.STEP_KEYS``), rows sharded over ('data', 'fsdp')."""
+    sh = NamedSharding(mesh, P(("data", "fsdp")))
+    k = max(int(head_k), 0)
+    two = {
+        "input_ids": jnp.int32,
+        "targets": jnp.int32,
+        "positions": jnp.int32,
+        "attention_mask": jnp.int32,
+        "mask": jnp.float32,
+        "lp_q": jnp.float32,
+        "lp_s": jnp.float32,
+        "self_mask": jnp.bool_,
+        "segment_ids": jnp.int32,
+    }
+    three = {"head_ids": jnp.int32, "lq_head": jnp.float32, "lps_head": jnp.float32}
+    out = {n: jax.ShapeDtypeStruct((rows, seq_len), dt, sharding=sh) for n, dt in two.items()}
+    out.update(
+        {n: jax.ShapeDtypeStruct((rows, seq_len, k), dt, sharding=sh) for n, dt in three.items()}
+    )
+    adv_shape = (rows, seq_len) if packed else (rows,)  # packed rows: one advantage per token
+    out["adv"] = jax.ShapeDtypeStruct(adv_shape, jnp.float32, sharding=sh)
+    return out
+
+
+def abstract_run(cfg, mesh) -> AbstractRun:
+    """Abstract model, theta_t, optimizer state and worst-case batch of ``cfg`` on ``mesh``."""
+    from dlc_jax.model.abstract import abstract_model, abstract_params
+    from dlc_jax.trainer.state import make_optimizer
+    from dlc_jax.trainer.step import opt_state_shardings
+
+    qcfg = model_config(cfg.model)
+    model = abstract_model(
+        qcfg,
+        mesh=mesh,
+        param_dtype=DTYPES[cfg.model.param_dtype],
+        compute_dtype=DTYPES[cfg.model.compute_dtype],
+        remat=cfg.model.remat,
+    )
+    graphdef, params = abstract_params(model, mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, params)
+    tx = make_optimizer(cfg.optim, cfg.train.steps)
+    opt_sh = opt_state_shardings(tx, params, shardings, mesh)
+    opt_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        jax.eval_shape(tx.init, params),
+        opt_sh,
+    )
+    rows = cfg.train.batch_prompts * cfg.sampler.n
+    seq_len = cfg.sampler.max_model_len
+    batch = batch_structs(rows, seq_len, cfg.sampler.head_k, mesh, cfg.train.pack)
+    return AbstractRun(
+        mesh=mesh,
+        qcfg=qcfg,
+        model=model,
+        graphdef=graphdef,
+        params=params,
+        opt_state=opt_state,
+        batch=batch,
+        tx=tx,
+        rows=rows,
+        seq_len=seq_len,
+    )
+
+
+def param_count(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))

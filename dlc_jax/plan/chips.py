@@ -1,0 +1,92 @@
+"""Per-chip specs of TPU generations: HBM and published bf16 peak FLOP/s.
+
+``peak_bf16_flops`` and ``hbm_published_bytes`` are Google's published per-chip figures (the page is
+named in ``source``). ``hbm_usable_bytes`` is what the TPU compiler in libtpu 0.0.42.1 lets one
+program use: measured here by AOT-compiling a program with too large temporaries and reading the
+``RESOURCE_EXHAUSTED ... exceeds available HBM (X G)`` message (v5p 95.74 GiB, v5e 15.75 GiB,
+v6e 31.25 GiB, v4 30.75 GiB). A plan fits when its peak is within the usable figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GIB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipSpec:
+    """One TPU chip. ``libtpu_name``: the prefix of topology strings (``v5p:2x2x2``);
+    ``chip_config``: libtpu's chip config (``megacore`` = one JAX device per chip on v4)."""
+
+    generation: str
+    libtpu_name: str
+    device_kind: str
+    hbm_published_bytes: int
+    hbm_usable_bytes: int
+    peak_bf16_flops: float
+    dims: int  # torus dimensions of a slice: 3 (v4, v5p) or 2 (v5e, v6e)
+    cores_in_type_name: bool  # GCP type names count TensorCores (v4-8 = 4 chips) instead of chips
+    chip_config: str
+    source: str
+
+
+CHIPS: dict[str, ChipSpec] = {
+    "v4": ChipSpec(
+        "v4",
+        "v4",
+        "TPU v4",
+        32 * GIB,
+        int(30.75 * GIB),
+        275e12,
+        3,
+        True,
+        "megacore",
+        "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2, 275 TFLOP/s bf16 per chip)",
+    ),
+    "v5p": ChipSpec(
+        "v5p",
+        "v5p",
+        "TPU v5",
+        95 * GIB,
+        int(95.74 * GIB),
+        459e12,
+        3,
+        True,
+        "default",
+        "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e, 459 TFLOP/s bf16 per chip)",
+    ),
+    "v5e": ChipSpec(
+        "v5e",
+        "v5e",
+        "TPU v5 lite",
+        16 * GIB,
+        int(15.75 * GIB),
+        197e12,
+        2,
+        False,
+        "default",
+        "https://cloud.google.com/tpu/docs/v5e (16 GB HBM2, 197 TFLOP/s bf16 per chip)",
+    ),
+    "v6e": ChipSpec(
+        "v6e",
+        "v6e",
+        "TPU v6 lite",
+        32 * GIB,
+        int(31.25 * GIB),
+        918e12,
+        2,
+        False,
+        "default",
+        "https://cloud.google.com/tpu/docs/v6e (32 GB HBM, 918 TFLOP/s bf16 per chip)",
+    ),
+}
+
+# GCP accelerator-type prefixes -> generation ("v5litepod-16" and "v5e-16" are the same slice)
+TYPE_PREFIXES = {"v4": "v4", "v5p": "v5p", "v5litepod": "v5e", "v5e": "v5e", "v6e": "v6e"}
+
+
+def chip(generation: str) -> ChipSpec:
+    if generation not in CHIPS:
+        raise ValueError(f"unknown TPU generation {generation!r} (known: {sorted(CHIPS)})")
+    return CHIPS[generation]

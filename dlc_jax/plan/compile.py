@@ -1,0 +1,124 @@
+"""Ahead-of-time compilation of the run's programs for the plan's devices, and what XLA reports.
+
+A program that does not fit fails inside the TPU compiler with ``RESOURCE_EXHAUSTED: ... HLO
+temporaries (154.65G) exceeds available HBM (95.74G)``; :func:`compile_program` turns that into a
+:class:`ProgramReport` with ``oom`` set instead of an exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+
+import jax
+
+log = logging.getLogger(__name__)
+
+_OOM_RE = re.compile(r"\(([\d.]+)([KMGT])\)\s*exceeds available HBM\s*\(([\d.]+)([KMGT])\)")
+_UNIT = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+@dataclasses.dataclass
+class ProgramReport:
+    """Per-device memory (bytes) and cost of one compiled program. ``peak`` = arguments + outputs +
+    temporaries - aliased (what the program needs while it runs). ``xla_flops`` is XLA's cost
+    analysis of the per-device program (a while/scan body is counted once; custom Pallas kernels
+    count 0). ``oom``: the compiler's message when it ran out of HBM (sizes then are the
+    compiler's)."""
+
+    name: str
+    compile_s: float
+    compile_cpu_s: float = 0.0  # CPU seconds of this process (all threads): less load-sensitive
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    alias_bytes: int = 0
+    temp_bytes: int = 0
+    code_bytes: int = 0
+    xla_flops: float = 0.0
+    oom: str = ""
+    oom_required_bytes: int = 0
+    oom_available_bytes: int = 0
+
+    @property
+    def peak_bytes(self) -> int:
+        if self.oom:
+            return self.oom_required_bytes
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["peak_bytes"] = self.peak_bytes
+        return d
+
+
+def _oom_report(name: str, seconds: float, msg: str) -> ProgramReport:
+    m = _OOM_RE.search(msg)
+    req = avail = 0
+    if m:
+        req = int(float(m.group(1)) * _UNIT[m.group(2)])
+        avail = int(float(m.group(3)) * _UNIT[m.group(4)])
+    line = next(
+        (ln.strip() for ln in msg.splitlines() if "RESOURCE_EXHAUSTED" in ln), msg.splitlines()[0]
+    )
+    return ProgramReport(
+        name=name,
+        compile_s=seconds,
+        oom=line[:300],
+        oom_required_bytes=req,
+        oom_available_bytes=avail,
+    )
+
+
+def compile_program(name: str, jitted, *args) -> ProgramReport:
+    """Lower and compile ``jitted(*args)`` (sharded ShapeDtypeStructs); read its analyses."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        compiled = jitted.lower(*args).compile()
+    except Exception as e:  # noqa: BLE001 - the TPU compiler raises XlaRuntimeError / ValueError
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        log.info("%s: compiler ran out of HBM", name)
+        rep = _oom_report(name, time.perf_counter() - t0, str(e))
+        rep.compile_cpu_s = time.process_time() - c0
+        return rep
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    flops = float((cost or {}).get("flops", 0.0))
+    log.info("%s: compiled in %.1f s", name, seconds)
+    return ProgramReport(
+        name=name,
+        compile_s=seconds,
+        compile_cpu_s=cpu,
+        argument_bytes=int(mem.argument_size_in_bytes),
+        output_bytes=int(mem.output_size_in_bytes),
+        alias_bytes=int(mem.alias_size_in_bytes),
+        temp_bytes=int(mem.temp_size_in_bytes),
+        code_bytes=int(mem.generated_code_size_in_bytes),
+        xla_flops=flops,
+    )
+
+
+def compile_run(run, step_cfg) -> dict[str, ProgramReport]:
+    """Compile the real jitted train step and the theta_s forward of ``run`` (an AbstractRun)."""
+    from dlc_jax.trainer.step import make_snapshot_logprobs, make_train_step
+
+    param_sh = jax.tree.map(lambda x: x.sharding, run.params)
+    opt_sh = jax.tree.map(lambda x: x.sharding, run.opt_state)
+    step = make_train_step(
+        run.graphdef,
+        run.tx,
+        step_cfg,
+        mesh=run.mesh,
+        param_shardings=param_sh,
+        opt_shardings=opt_sh,
+    )
+    snap = make_snapshot_logprobs(run.graphdef, step_cfg)
+    return {
+        "train_step": compile_program("train_step", step, run.params, run.opt_state, run.batch),
+        "snapshot_forward": compile_program("snapshot_forward", snap, run.params, run.batch),
+    }

@@ -1,0 +1,250 @@
+"""Build a pod plan: compile the run's programs for a topology, count what stays in HBM, project the
+step time, and say in one line what to change when it does not fit.
+
+HBM per chip while training (bytes on one chip; shardings decide the share):
+
+* during the train step: the step program's peak (arguments = theta_t + optimizer state + batch,
+  outputs = new theta_t + optimizer state + metrics, temporaries) + the theta_s snapshots
+  (``resync.max_snapshots`` copies of the parameters);
+* during the theta_s forward: theta_t + optimizer state + the snapshots + the batch + the forward's
+  outputs and temporaries (its log-prob chunks of ``chunk_size`` positions x vocabulary logits).
+
+The plan fits when the larger of the two is within the chip's usable HBM (``chips.ChipSpec``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+from dlc_jax.plan.chips import GIB
+
+log = logging.getLogger(__name__)
+
+
+def gib(x: float) -> str:
+    return f"{x / GIB:.2f} GiB"
+
+
+def _remat_policy(model) -> str:
+    return str(getattr(model, "remat_policy", "full" if getattr(model, "remat", False) else "none"))
+
+
+def _pallas(qcfg, mesh, compute_dtype) -> bool:
+    try:
+        from dlc_jax.model.attention import resolve_impl
+    except ImportError:
+        return False
+    return resolve_impl(getattr(qcfg, "attention_impl", "auto"), mesh, compute_dtype) == "splash"
+
+
+def build_plan(cfg, topo, *, efficiency: float = 0.4) -> dict:
+    """The plan of TrainConfig ``cfg`` on Topology ``topo`` as a JSON-able dict (see module doc)."""
+    from dlc_jax.plan.abstract_state import (
+        abstract_run,
+        data_axis_spans_slices,
+        param_count,
+        per_chip_bytes,
+        plan_mesh,
+    )
+    from dlc_jax.plan.compile import compile_run
+    from dlc_jax.plan.flops import StepShape, chunks_replicated, explain, step_flops
+    from dlc_jax.plan.topology import abstract_devices
+    from dlc_jax.trainer.step import step_config
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    devices = abstract_devices(topo)
+    mesh, mesh_note = plan_mesh(cfg.mesh, devices, topo.num_slices)
+    run = abstract_run(cfg, mesh)
+    scfg = step_config(cfg)
+    progs = compile_run(run, scfg)
+    compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    step, snap = progs["train_step"], progs["snapshot_forward"]
+
+    params_b = per_chip_bytes(run.params)
+    opt_b = per_chip_bytes(run.opt_state)
+    batch_b = per_chip_bytes(run.batch)
+    snaps_b = cfg.resync.max_snapshots * params_b
+    resident = params_b + opt_b + snaps_b + batch_b
+    step_total = resident + step.oom_required_bytes if step.oom else snaps_b + step.peak_bytes
+    snap_extra = snap.oom_required_bytes if snap.oom else snap.output_bytes + snap.temp_bytes
+    snap_total = resident + snap_extra
+    peak = max(step_total, snap_total)
+    chip = topo.chip
+    usable = chip.hbm_usable_bytes
+    fits = not step.oom and not snap.oom and peak <= usable
+
+    model = run.model
+    policy = _remat_policy(model)
+    compute = cfg.model.compute_dtype
+    shape = StepShape(
+        rows=run.rows,
+        seq_len=run.seq_len,
+        micro_batches=cfg.train.micro_batches,
+        chunk_size=scfg.chunk_size,
+        chips=topo.chips,
+        remat_policy=policy,
+        scanned_layers=bool(getattr(model, "scanned", False)),
+        pallas_attention=_pallas(run.qcfg, mesh, compute),
+        snapshot_forward=cfg.resync.policy != "onpolicy",
+    )
+    fl = step_flops(run.qcfg, shape)
+    peak_flops = chip.peak_bf16_flops * topo.chips
+    projected = fl["hardware_flops"] / (peak_flops * efficiency)
+    mfu = fl["model_flops"] / (projected * peak_flops)
+    # one log-prob chunk's f32 logits [chunk_size, V], spread over the chips (inside the
+    # temporaries)
+    chunk_logits = -(-scfg.chunk_size * run.qcfg.vocab_size * 4 // topo.chips)
+    result = {
+        "config": {
+            "model": cfg.model.path or cfg.model.preset,
+            "rows": run.rows,
+            "seq_len": run.seq_len,
+            "tokens": run.rows * run.seq_len,
+            "micro_batches": cfg.train.micro_batches,
+            "param_dtype": cfg.model.param_dtype,
+            "compute_dtype": cfg.model.compute_dtype,
+            "remat_policy": policy,
+            "scanned_layers": shape.scanned_layers,
+            "attention": "splash (Pallas)"
+            if shape.pallas_attention
+            else str(getattr(run.qcfg, "attention_impl", "dense")),
+            "head_k": cfg.sampler.head_k,
+            "max_snapshots": cfg.resync.max_snapshots,
+            "params": param_count(run.params),
+        },
+        "topology": {
+            "name": topo.name,
+            "accelerator_type": topo.accelerator_type,
+            "topology": topo.topology_name,
+            "slices": topo.num_slices,
+            "chips": topo.chips,
+            "mesh": dict(mesh.shape),
+            "mesh_note": mesh_note,
+            "data_axis_spans_slices": data_axis_spans_slices(mesh),
+            "chip": chip.generation,
+            "chip_source": chip.source,
+        },
+        "fits": fits,
+        "hbm_bytes_per_chip": usable,
+        "hbm_published_bytes_per_chip": chip.hbm_published_bytes,
+        "peak_bytes_per_chip": {
+            "total": peak,
+            "train_step_phase": step_total,
+            "snapshot_forward_phase": snap_total,
+            "train_step": step.peak_bytes,
+            "snapshot_forward": snap.peak_bytes,
+        },
+        "hbm_left_fraction": 1.0 - peak / usable,
+        "resident_bytes_per_chip": {
+            "params": params_b,
+            "optimizer_state": opt_b,
+            "theta_s_snapshots": snaps_b,
+            "batch": batch_b,
+        },
+        "logits_chunk_bytes_per_chip": chunk_logits,
+        "programs": {k: v.as_dict() for k, v in progs.items()},
+        "flops_per_step": fl["hardware_flops"],
+        "model_flops_per_step": fl["model_flops"],
+        "analytic_flops": fl,
+        "xla_flops_per_device": {"train_step": step.xla_flops, "snapshot_forward": snap.xla_flops},
+        "logprob_chunks_replicated": chunks_replicated(fl, step.xla_flops)
+        if not step.oom
+        else False,
+        "flops_note": explain(fl, step.xla_flops, snap.xla_flops, shape) if not step.oom else "",
+        "efficiency": efficiency,
+        "peak_bf16_flops_per_chip": chip.peak_bf16_flops,
+        "projected_step_s": projected,
+        "mfu": mfu,
+        "compile_s": compile_s,
+        "compile_cpu_s": compile_cpu_s,
+        "loadavg": list(os.getloadavg()),
+    }
+    if not fits:
+        result["advice"] = advice(cfg, topo, result)
+    return result
+
+
+def advice(cfg, topo, r: dict) -> str:
+    """One line: by how much the plan is over and what to change."""
+    usable = r["hbm_bytes_per_chip"]
+    peak = r["peak_bytes_per_chip"]["total"]
+    res = r["resident_bytes_per_chip"]
+    state = res["params"] + res["optimizer_state"] + res["theta_s_snapshots"]
+    over = peak - usable
+    head = (
+        f"does not fit on {topo.name}: {gib(peak)} per chip needed, {gib(usable)} usable "
+        f"(over by {gib(over)}, {100 * over / usable:.0f}%)"
+    )
+    tips = []
+    if state >= usable:
+        tips.append(
+            f"the state alone (params + optimizer + {cfg.resync.max_snapshots} theta_s copies) is "
+            f"{gib(state)}: use more chips (a larger --topology, FSDP over all of them) or fewer "
+            f"copies (resync.max_snapshots)"
+        )
+    else:
+        room = usable - state - res["batch"]
+        temps = peak - state - res["batch"]
+        factor = max(2, math.ceil(temps / max(room, 1)))
+        rows, m = r["config"]["rows"], cfg.train.micro_batches
+        cands = [k for k in range(m * factor, rows + 1) if rows % k == 0]
+        if cands and m < rows:
+            tips.append(
+                f"train.micro_batches={cands[0]} (now {m}; activations scale with rows per "
+                f"micro-batch, {gib(temps)} of them now)"
+            )
+        if r["config"]["remat_policy"] == "none":
+            tips.append("model.remat=true")
+        tips.append(f"more chips (a larger --topology; now {topo.chips})")
+    return head + "; try " + ", or ".join(tips)
+
+
+def table(r: dict) -> str:
+    """Human-readable summary."""
+    c, t = r["config"], r["topology"]
+    pk = r["peak_bytes_per_chip"]
+    res = r["resident_bytes_per_chip"]
+    lines = [
+        f"plan: {c['model']} ({c['params'] / 1e9:.2f}B params) on {t['name']}, {t['chips']} "
+        "chips, mesh "
+        f"{t['mesh']}" + (f" ({t['mesh_note']})" if t["mesh_note"] else ""),
+        f"  batch {c['rows']} rows x {c['seq_len']} tokens, {c['micro_batches']} micro-batches, "
+        "params "
+        f"{c['param_dtype']}, compute {c['compute_dtype']}, remat {c['remat_policy']}, scanned "
+        "layers "
+        f"{c['scanned_layers']}, attention {c['attention']}, head K={c['head_k']}",
+        "",
+        f"  {'HBM per chip':<34}{'GiB':>10}",
+        *[f"  {k:<34}{v / GIB:>10.2f}" for k, v in res.items()],
+    ]
+    for name, p in r["programs"].items():
+        if p["oom"]:
+            lines.append(f"  {name:<34}{'OOM':>10}  {p['oom']}")
+            continue
+        lines.append(
+            f"  {name + ' args/out/temp':<34}{p['argument_bytes'] / GIB:>10.2f}"
+            f"{p['output_bytes'] / GIB:>8.2f}{p['temp_bytes'] / GIB:>8.2f}   compile "
+            f"{p['compile_s']:.1f} s"
+        )
+    lines += [
+        f"  {'peak: train step phase':<34}{pk['train_step_phase'] / GIB:>10.2f}",
+        f"  {'peak: theta_s forward phase':<34}{pk['snapshot_forward_phase'] / GIB:>10.2f}",
+        f"  {'usable HBM':<34}{r['hbm_bytes_per_chip'] / GIB:>10.2f}   "
+        f"({100 * r['hbm_left_fraction']:.0f}% left)",
+        "",
+        f"  FLOPs/step {r['flops_per_step']:.3e} (model {r['model_flops_per_step']:.3e}, "
+        "6*N*tokens "
+        f"{r['analytic_flops']['six_n_tokens']:.3e}); XLA per device: step "
+        f"{r['xla_flops_per_device']['train_step']:.3e}, theta_s forward "
+        f"{r['xla_flops_per_device']['snapshot_forward']:.3e}",
+        f"  projected step {r['projected_step_s']:.2f} s at {100 * r['efficiency']:.0f}% of "
+        f"{r['peak_bf16_flops_per_chip'] / 1e12:.0f} TFLOP/s bf16 per chip; MFU "
+        f"{100 * r['mfu']:.1f}%",
+        f"  compile {r['compile_s']:.1f} s wall, {r['compile_cpu_s']:.1f} s CPU (load "
+        f"{r['loadavg'][0]:.1f})",
+        "  fits: " + ("yes" if r["fits"] else "NO"),
+    ]
+    return "\n".join(lines)
