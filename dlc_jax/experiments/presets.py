@@ -210,7 +210,8 @@ QWEN3_0P6B_SMOKE = dataclasses.replace(
     checkpoint_every=4,
     task=ChainWarmup(
         task=ChainArithConfig(min_terms=3, max_terms=5, digits=1, num_examples=2000),
-        steps=300,
+        steps=500,
+        batch_size=64,
         lr=1e-3,
         eval_prompts=16,
         model_dims=QWEN3_0P6B_BODY_4L,
