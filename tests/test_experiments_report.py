@@ -279,3 +279,13 @@ def test_stays_below_uses_the_trailing_median():
     steps = list(range(1, 10))
     assert stays_below_from(steps, ess, 0.5) == 8  # raw: the 0.6 at step 7 resets the onset
     assert stays_below_from(steps, trailing_median(ess, 3), 0.5) == 3
+
+
+def test_report_says_when_noise_is_zero(tmp_path):
+    _seeded_experiment(tmp_path)
+    n = NoiseThreshold.load(tmp_path)
+    n.forward = [0.0, 0.0]
+    n.pairs = {k: [0.0, 0.0] for k in n.pairs}
+    n.save(tmp_path)
+    md = write_report(tmp_path).read_text()
+    assert "N_t is 0 at every checkpoint" in md and "**held**" not in md

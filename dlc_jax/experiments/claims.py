@@ -137,6 +137,12 @@ def claims(
             "- No noise threshold (the on-policy runs did not finish): no distance claim can be "
             "checked."
         ]
+    if not any(v is not None and v > cfg.min_noise for v in noise.forward):
+        return [
+            "- The noise threshold N_t is 0 at every checkpoint: the on-policy runs never moved apart "
+            "(e.g. every reward was equal, so every GRPO advantage was 0), so D_t/N_t is undefined "
+            "and no distance claim can be checked."
+        ]
     npairs = unordered_pairs(noise.pairs)
     nmean = mean_interval(np.nanmax(npairs, axis=1)) if npairs.size else NAN_INTERVAL
     out.append(
