@@ -139,7 +139,8 @@ def claims(
         ]
     if not any(v is not None and v > cfg.min_noise for v in noise.forward):
         return [
-            "- The noise threshold N_t is 0 at every checkpoint: the on-policy runs never moved apart "
+            "- The noise threshold N_t is 0 at every checkpoint: the on-policy runs never moved "
+            "apart "
             "(e.g. every reward was equal, so every GRPO advantage was 0), so D_t/N_t is undefined "
             "and no distance claim can be checked."
         ]
