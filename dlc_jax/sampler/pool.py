@@ -9,9 +9,9 @@ samplers are up.
 Failures: a sampler whose Generate stream or weight push fails (unreachable, killed, push rejected)
 is taken out of rotation; the slots it still owed are re-requested from the remaining samplers
 (samples already received are kept; duplicates by (slot, sample_index) are dropped), and training
-continues. `metrics()` reports the rotation. An out-of-rotation sampler that answers Info again is
-offered the next full push (`readmit=True`); it rejoins only if that push succeeds, so a sampler in
-rotation always holds the latest pushed version.
+continues. `metrics()` reports the rotation (kept by `rotation.Rotation`). An out-of-rotation
+sampler that answers Info again is offered the next full push (`readmit=True`); it rejoins only if
+that push succeeds, so a sampler in rotation always holds the latest pushed version.
 
 Pushes: `push_weights` streams to every target concurrently and waits for all. Each push is
 atomic per sampler (the server swaps only on Commit). For a callable or one-shot source, each
@@ -37,30 +37,13 @@ import grpc
 from .client import SamplerClient
 from .fanout import describe, fan_out, run_each
 from .retry import NO_RETRY, RetryPolicy
+from .rotation import NoActiveSamplerError, Rotation
 from .types import PushResult, Rollout, SamplingParams, mix_seed
-
-
-class NoActiveSamplerError(RuntimeError):
-    """Every sampler of the pool is out of rotation (the message lists why)."""
 
 
 def slot_seed(seed: int, slot: int) -> int:
     """Per-slot request seed in [0, 2**31): depends only on (seed, slot)."""
     return mix_seed(seed, slot)
-
-
-@dataclasses.dataclass
-class SamplerStatus:
-    """One pool member: its address, rotation state, last pushed version and last error."""
-
-    index: int
-    address: str
-    active: bool = True
-    version: int = -1
-    pushes_ok: int = 0
-    pushes_failed: int = 0
-    generate_failures: int = 0
-    last_error: str = ""
 
 
 # A pool push reports per sampler in the same type (per_sampler / removed / readmitted filled in).
@@ -109,97 +92,50 @@ class SamplerPool:
         self.clients = [
             SamplerClient(a, token=token, timeout=timeout, retry=policy, **tls) for a in addresses
         ]
-        self.status = [SamplerStatus(i, a) for i, a in enumerate(addresses)]
+        self.rot = Rotation(addresses)
         self.readmit = readmit
         self.probe_timeout = probe_timeout
         self.max_inflight = max(1, int(max_inflight))
         self.queue_depth = max(1, int(queue_depth))
-        self.removed_total = 0
-        self.readmitted_total = 0
-        self.resubmitted_slots = 0
-        self._lock = threading.Lock()
 
-    # -- rotation ---------------------------------------------------------------------------
+    # -- rotation (`rotation.Rotation`) ----------------------------------------------------------
     @property
     def address(self) -> str:
-        return ",".join(s.address for s in self.status)
+        return ",".join(self.addresses)
 
     @property
     def addresses(self) -> list[str]:
-        return [s.address for s in self.status]
+        return [s.address for s in self.rot.status]
 
     def active_indices(self) -> list[int]:
-        with self._lock:
-            return [s.index for s in self.status if s.active]
-
-    def _take_out(self, i: int, reason: str) -> bool:
-        with self._lock:
-            st = self.status[i]
-            st.last_error = reason
-            if not st.active:
-                return False
-            st.active = False
-            self.removed_total += 1
-            return True
+        return self.rot.active_indices()
 
     def rotation(self) -> list[bool]:
         """In-rotation flag per sampler (pool order)."""
-        with self._lock:
-            return [s.active for s in self.status]
+        return self.rot.flags()
 
     def set_rotation(
         self, active: list[bool], version: int | None = None, reason: str = "set by caller"
     ) -> None:
         """Impose a rotation decided elsewhere (multi-host: process 0 pushed; the others follow)."""
-        if len(active) != len(self.status):
-            raise ValueError(f"set_rotation: {len(active)} flags for {len(self.status)} samplers")
-        with self._lock:
-            for st, a in zip(self.status, active):
-                if st.active and not a:
-                    self.removed_total += 1
-                    st.last_error = reason
-                elif a and not st.active:
-                    self.readmitted_total += 1
-                st.active = bool(a)
-                if a and version is not None:
-                    st.version = int(version)
+        self.rot.impose(active, version, reason)
 
     def route(self, slot_ids: list[int]) -> dict[int, list[int]]:
         """Sampler index -> positions in `slot_ids` it serves (round robin by slot over the
         rotation)."""
-        active = self.active_indices()
-        if not active:
-            raise NoActiveSamplerError(self._why_none())
+        active = self.rot.require_active()
         out: dict[int, list[int]] = {}
         for k, s in enumerate(slot_ids):
             out.setdefault(active[int(s) % len(active)], []).append(k)
         return out
 
-    def _why_none(self) -> str:
-        return "no sampler in rotation: " + "; ".join(
-            f"{s.address}: {s.last_error or 'out'}" for s in self.status
-        )
-
     def metrics(self) -> dict[str, float]:
-        """Flat numeric metrics: pool/active, pool/out_of_rotation, totals, and per-sampler
-        flags/versions."""
-        with self._lock:
-            m = {
-                "pool/active": float(sum(s.active for s in self.status)),
-                "pool/out_of_rotation": float(sum(not s.active for s in self.status)),
-                "pool/removed_total": float(self.removed_total),
-                "pool/readmitted_total": float(self.readmitted_total),
-                "pool/resubmitted_slots": float(self.resubmitted_slots),
-            }
-            for s in self.status:
-                m[f"pool/sampler{s.index}/active"] = float(s.active)
-                m[f"pool/sampler{s.index}/version"] = float(s.version)
-            return m
+        """`pool/*` numbers: in / out of rotation, totals, per-sampler flags and versions."""
+        return self.rot.metrics()
 
     def report(self) -> list[dict]:
         """Per-sampler status dicts (address, active, version, counters, last_error)."""
-        with self._lock:
-            return [dataclasses.asdict(s) for s in self.status]
+        return self.rot.report()
 
     # -- info -------------------------------------------------------------------------------
     def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
@@ -208,10 +144,10 @@ class SamplerPool:
             try:
                 d = self.clients[i].info(timeout=timeout, retry=retry)
             except grpc.RpcError as e:
-                self._take_out(i, f"info failed: {describe(e)[1]}")
+                self.rot.take_out(i, f"info failed: {describe(e)[1]}")
                 continue
             return dict(d, pool=self.report())
-        raise NoActiveSamplerError(self._why_none())
+        raise NoActiveSamplerError(self.rot.why_none())
 
     def wait_ready(self, timeout: float = 120.0) -> dict:
         """Wait for every sampler concurrently; those not ready in `timeout` leave rotation. Raises
@@ -222,13 +158,13 @@ class SamplerPool:
             for i, f in futs.items():
                 try:
                     infos[i] = f.result()
-                    with self._lock:
-                        self.status[i].version = int(infos[i]["version"])
+                    self.rot.set_version(i, infos[i]["version"])
                 except (TimeoutError, grpc.RpcError) as e:
-                    self._take_out(i, f"not ready: {e}")
-        ready = [i for i in sorted(infos) if self.status[i].active]
+                    self.rot.take_out(i, f"not ready: {e}")
+        active = set(self.rot.active_indices())
+        ready = [i for i in sorted(infos) if i in active]
         if not ready:
-            raise TimeoutError(self._why_none())
+            raise TimeoutError(self.rot.why_none())
         return dict(infos[ready[0]], pool=self.report())
 
     # -- generate ---------------------------------------------------------------------------
@@ -281,9 +217,7 @@ class SamplerPool:
 
         def submit(slot: int):
             nonlocal outstanding
-            active = self.active_indices()
-            if not active:
-                raise NoActiveSamplerError(self._why_none())
+            active = self.rot.require_active()
             attempts[slot] = attempts.get(slot, -1) + 1
             ex.submit(job, active[slot % len(active)], slot, attempts[slot])
             outstanding += 1
@@ -302,17 +236,14 @@ class SamplerPool:
                 if kind == "err" and not isinstance(payload, grpc.RpcError):
                     raise payload
                 if kind == "err":
-                    with self._lock:
-                        self.status[i].generate_failures += 1
-                    self._take_out(i, f"generate failed: {describe(payload)[1]}")
+                    self.rot.generate_failed(i, f"generate failed: {describe(payload)[1]}")
                 if pending[slot]:
                     if kind == "done":
                         raise RuntimeError(
-                            f"sampler {self.status[i].address} ended slot {slot} without samples "
+                            f"sampler {self.addresses[i]} ended slot {slot} without samples "
                             f"{sorted(pending[slot])}"
                         )
-                    with self._lock:
-                        self.resubmitted_slots += 1
+                    self.rot.resubmitted()
                     submit(slot)
         finally:
             stop.set()
@@ -321,7 +252,7 @@ class SamplerPool:
     # -- weights ----------------------------------------------------------------------------
     def _push_targets(self) -> list[int]:
         targets = []
-        for st in self.status:
+        for st in self.rot.status:
             if st.active:
                 targets.append(st.index)
             elif self.readmit:
@@ -349,7 +280,7 @@ class SamplerPool:
         (`fanout.fan_out`)."""
         targets = self._push_targets()
         if not targets:
-            raise NoActiveSamplerError(self._why_none())
+            raise NoActiveSamplerError(self.rot.why_none())
         t0 = time.monotonic()
         clients = {i: self.clients[i] for i in targets}
 
@@ -373,48 +304,7 @@ class SamplerPool:
                 )
             source = named_tensors() if callable(named_tensors) else iter(named_tensors)
             results = fan_out(clients, source, push, self.queue_depth)
-        return self._settle(targets, results, version, time.monotonic() - t0)
-
-    def _settle(
-        self, targets, results: dict[int, PushResult], version: int, seconds: float
-    ) -> PushResult:
-        removed, readmitted = [], []
-        with self._lock:
-            for i in targets:
-                st, r = self.status[i], results[i]
-                if r.ok:
-                    st.pushes_ok += 1
-                    st.version = int(r.version)
-                    if not st.active:
-                        st.active = True
-                        self.readmitted_total += 1
-                        readmitted.append(st.address)
-                else:
-                    st.pushes_failed += 1
-                    st.last_error = f"push of version {version} failed: {r.code} {r.message}"
-                    if st.active:
-                        st.active = False
-                        self.removed_total += 1
-                        removed.append(st.address)
-        ok_n = sum(results[i].ok for i in targets)
-        per = {self.status[i].address: results[i] for i in targets}
-        msg = f"{ok_n}/{len(targets)} samplers at version {version}"
-        if removed:
-            msg += f"; out of rotation: {removed}"
-        return PushResult(
-            ok=ok_n > 0,
-            version=int(version) if ok_n else -1,
-            message=msg,
-            bytes=sum(r.bytes for r in results.values() if r.ok),
-            seconds=seconds,
-            code="OK" if ok_n else "UNAVAILABLE",
-            per_sampler=per,
-            removed=tuple(removed),
-            readmitted=tuple(readmitted),
-            transport=",".join(
-                sorted({r.transport for r in results.values() if r.ok and r.transport})
-            ),
-        )
+        return self.rot.settle(results, version, time.monotonic() - t0)
 
     def push_model(
         self,
@@ -445,16 +335,11 @@ class SamplerPool:
         """Every target loads an HF directory from shared storage (concurrently)."""
         targets = self._push_targets()
         if not targets:
-            raise NoActiveSamplerError(self._why_none())
+            raise NoActiveSamplerError(self.rot.why_none())
         t0 = time.monotonic()
-        return self._settle(
-            targets,
-            run_each(
-                {i: self.clients[i] for i in targets}, lambda c: c.load_weights(path, version)
-            ),
-            version,
-            time.monotonic() - t0,
-        )
+        clients = {i: self.clients[i] for i in targets}
+        results = run_each(clients, lambda c: c.load_weights(path, version))
+        return self.rot.settle(results, version, time.monotonic() - t0)
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
