@@ -69,6 +69,12 @@ def test_overrides_coerce_types(tmp_path):
         ("train.micro_batches=3", "train.micro_batches"),
         ("async.max_staleness=-1", "async.max_staleness"),
         ("sampler.head_k=50", "sampler.head_k"),
+        ("eval.every=-1", "eval.every"),
+        ("eval.temperature=-0.5", "eval.temperature"),
+        ("log.samples_every=-2", "log.samples_every"),
+        ("log.progress_every=0", "log.progress_every"),
+        ("sft.enabled=sometimes", "sft.enabled"),
+        ("base=tiny_cpu", "base"),
     ],
 )
 def test_bad_values_name_the_key(override, key):
@@ -86,3 +92,67 @@ def test_bad_override_syntax_and_missing_file(tmp_path):
     bad.write_text("optim:\n  lr: 1e-3\n  betas: 3\n")
     with pytest.raises(ConfigError, match=r"^optim\.betas"):
         load_config(bad)
+
+
+def test_sft_auto_only_for_the_tiny_model():
+    # the embedded default warms up the tiny model it makes, never a model the user gives
+    assert load_config(default_config_path()).sft.enabled is True
+    assert load_config(default_config_path(), ["model.path=/my/model"]).sft.enabled is False
+    asked = load_config(default_config_path(), ["model.path=/my/model", "sft.enabled=true"])
+    assert asked.sft.enabled is True
+    assert load_config(None).sft.enabled is False  # the dataclass default
+
+
+def test_base_layers_a_user_file_on_the_embedded_default(tmp_path):
+    user = tmp_path / "mine.yaml"
+    user.write_text("base: tiny_cpu\noptim: {lr: 1.0e-5}\nmodel: {path: /my/model}\n")
+    cfg = load_config(user)
+    tiny = load_config(default_config_path())
+    assert cfg.optim.lr == 1e-5 and cfg.optim.decay == tiny.optim.decay == "constant"
+    assert cfg.sampler.n == tiny.sampler.n == 8 and cfg.mesh.fsdp == 1
+    assert cfg.train.steps == tiny.train.steps and cfg.sft.enabled is False
+    # without a base the file starts from the dataclass defaults (a different job)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("optim: {lr: 1.0e-5}\n")
+    assert load_config(bare).sampler.n == 4
+    # a base by path, relative to the file naming it, with its own base; mappings replace whole
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "top.yaml").write_text(
+        "base: ../mine.yaml\nreward: {fns: {a: {fn: dlc_jax.data.rewards:math_verify}}}\n"
+        "train: {steps: 3}\n"
+    )
+    top = load_config(tmp_path / "sub" / "top.yaml", ["optim.warmup=2"])
+    assert top.optim.lr == 1e-5 and top.train.steps == 3 and top.optim.warmup == 2
+    assert list(top.reward.fns) == ["a"] and top.train.batch_prompts == tiny.train.batch_prompts
+
+
+def test_base_errors_name_the_file(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("base: b.yaml\n")
+    b.write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"^base: config files include each other"):
+        load_config(a)
+    c = tmp_path / "c.yaml"
+    c.write_text("base: no_such_recipe\n")
+    with pytest.raises(ConfigError, match=r"^base: no packaged config or file 'no_such_recipe'.*tiny_cpu"):
+        load_config(c)
+    d = tmp_path / "d.yaml"
+    d.write_text("base: tiny_cpu\noptim: {lrr: 1}\n")
+    with pytest.raises(ConfigError, match=r"^optim\.lrr: unknown config key"):
+        load_config(d)
+
+
+def test_packaged_names_and_print_config_shows_every_key(capsys):
+    from dlc_jax.trainer.cli import cli
+
+    assert load_config("tiny_cpu") == load_config(default_config_path())
+    assert cli(["--config", "qwen3_0p6b_gsm8k", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    for key in ("clip_low:", "tail_floor:", "old_policy:", "eval:", "samples_every:", "wandb:"):
+        assert key in out, key
+    # every key of the dump loads back to the same config
+    import yaml
+
+    from dlc_jax.trainer.config import from_dict, TrainConfig
+
+    assert from_dict(TrainConfig, yaml.safe_load(out)) == load_config("qwen3_0p6b_gsm8k")

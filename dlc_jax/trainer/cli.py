@@ -1,5 +1,6 @@
-"""`dlc-jax train --config configs/NAME.yaml [key.sub=value ...]` (no --config:
-configs/tiny_cpu.yaml)."""
+"""`dlc-jax train --config configs/NAME.yaml [key.sub=value ...]` (no --config: the embedded
+tiny_cpu). A config file may start from another with ``base: NAME_OR_PATH`` (e.g. ``base:
+tiny_cpu``); ``--print-config`` prints every key of the resolved config."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import sys
 def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="dlc-jax train", description=__doc__)
     p.add_argument(
-        "--config", default=None, help="YAML config (default: the embedded configs/tiny_cpu.yaml)"
+        "--config",
+        default=None,
+        help="YAML config, a path or a packaged name such as tiny_cpu or qwen3_0p6b_gsm8k "
+        "(default: the embedded tiny_cpu)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument(
@@ -66,22 +70,26 @@ def cli(argv: list[str]) -> int:
         return 0  # the Trainer said so and where the outputs are
     r = summary.get("reward_mean", {})
     ess = summary.get("ess_lag", {})
-    print(
-        json.dumps(
-            {
-                "steps": summary.get("last_step"),
-                "seconds": round(summary.get("seconds", 0.0), 1),
-                "reward_first": r.get("first"),
-                "reward_last": r.get("last"),
-                "reward_mean": r.get("mean"),
-                "ess_lag_min": ess.get("min"),
-                "resyncs": summary.get("resync_count"),
-                "resyncs_ess": summary.get("resync_ess"),
-                "reconnects": summary.get("reconnects"),
-            }
-        ),
-        flush=True,
-    )
+    line = {
+        "model": summary.get("model"),
+        "steps": summary.get("last_step"),
+        "seconds": round(summary.get("seconds", 0.0), 1),
+        # window means: the first / last 10% of steps (one step alone is noisy)
+        "reward_first_10pct": r.get("first_10pct"),
+        "reward_last_10pct": r.get("last_10pct"),
+        "reward_mean": r.get("mean"),
+        "ess_lag_min": ess.get("min"),
+        "resyncs": summary.get("resync_count"),
+        "resyncs_ess": summary.get("resync_ess"),
+        "reconnects": summary.get("reconnects"),
+    }
+    acc = summary.get("eval/accuracy", {})
+    if acc:
+        line.update(eval_accuracy_first=acc.get("first"), eval_accuracy_last=acc.get("last"))
+    print(json.dumps(line), flush=True)
+    if summary.get("sft"):
+        sft = summary["sft"]
+        print(f"sft: warmed up {sft['steps']} steps first; trained copy {sft['model_dir']}")
     print(
         f"metrics: {summary['metrics_dir']}/metrics.jsonl (TensorBoard: "
         f"{summary['metrics_dir']}/tb, "

@@ -194,17 +194,51 @@ class CheckpointSection:
 
 @dataclasses.dataclass
 class LogSection:
+    """dir: metrics.jsonl, samples.jsonl, summary.json and tb/ go here; progress: a tqdm bar on a
+    terminal (a plain line every progress_every steps when stdout is not one, or when false);
+    samples_every: log sample completions (prompt, response, reward, per-token delta/ell summary) to
+    samples.jsonl and TensorBoard text every N steps (0 = off), samples_n of them;
+    wandb: also log to Weights & Biases (wandb_project / wandb_run_name; WANDB_MODE=offline
+    works)."""
+
     dir: str = "runs/default/logs"
     jsonl: bool = True
     tensorboard: bool = True
     progress: bool = True
+    progress_every: int = 10
+    samples_every: int = 0
+    samples_n: int = 4
+    wandb: bool = False
+    wandb_project: str = "dlc-jax"
+    wandb_run_name: str = ""
+
+
+@dataclasses.dataclass
+class EvalSection:
+    """Held-out evaluation through the training sampler every ``every`` steps (0 = off).
+
+    source / subset / split: like ``data.*`` (same source syntax; '' = data.source); the prompt and
+    answer fields, answer format and chat template are the ``data`` section's. n: prompts (the
+    first n, in order); temperature: 0 = greedy, else sampled; max_tokens: 0 = sampler.max_tokens.
+    Scored by the training rewards: eval/reward_mean is the mean total reward, eval/accuracy the
+    share of responses whose total reward is >= correct_min (1.0 = a right answer under the
+    built-in rewards)."""
+
+    every: int = 0
+    source: str = ""
+    subset: str = ""
+    split: str = "test"
+    n: int = 64
+    temperature: float = 0.0
+    correct_min: float = 1.0
+    max_tokens: int = 0
 
 
 @dataclasses.dataclass
 class SFTSection:
     """Supervised warm-up of the tiny model on the synthetic task (cached by config hash)."""
 
-    enabled: bool = False
+    enabled: bool = False  # YAML may say 'auto': on only when model.path is '' (the tiny model)
     steps: int = 300
     batch_size: int = 32
     lr: float = 3e-3
@@ -227,6 +261,7 @@ class TrainConfig:
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
     log: LogSection = dataclasses.field(default_factory=LogSection)
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
+    eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)  # dlc-jax plan defaults
 
     def to_dict(self) -> dict:
@@ -274,6 +309,13 @@ _RULES: list[tuple[str, Any, str]] = [
     ("sampler.connect_timeout_s", lambda v: v > 0, "> 0"),
     ("train.max_nonfinite_steps", lambda v: v >= 1, ">= 1"),
     ("sft.steps", lambda v: v >= 0, ">= 0"),
+    ("log.progress_every", lambda v: v >= 1, ">= 1"),
+    ("log.samples_every", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("log.samples_n", lambda v: v >= 1, ">= 1"),
+    ("eval.every", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("eval.n", lambda v: v >= 1, ">= 1"),
+    ("eval.temperature", lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    ("eval.max_tokens", lambda v: v >= 0, ">= 0 (0 = sampler.max_tokens)"),
 ]
 
 
@@ -438,22 +480,85 @@ def default_config_path() -> Path:
     return packaged_config("tiny_cpu.yaml")
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Load YAML (``None`` = no file, all defaults), apply overrides, parse and validate."""
-    d: dict = {}
-    if path is not None:
-        p = Path(path)
-        shipped = packaged_config(p.name)  # 'configs/X.yaml' or 'X.yaml' outside a checkout
-        if not (p.exists() or p.is_absolute()) and p.parent.name in ("", "configs"):
-            p = shipped if shipped.exists() else p
-        if not p.exists():
-            raise ConfigError(f"--config: no such file {str(p)!r}")
+def _resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Path:
+    """A config file: a path (relative to the including file's folder for ``base:``), or a packaged
+    config by name (``tiny_cpu``, ``tiny_cpu.yaml``, ``configs/tiny_cpu.yaml``)."""
+    p = Path(name)
+    if relative_to is not None and not p.is_absolute() and (relative_to / p).exists():
+        return relative_to / p
+    if p.exists() or p.is_absolute():
+        return p
+    if p.parent.name in ("", "configs"):
+        shipped = packaged_config(p.name if p.suffix in (".yaml", ".yml") else p.name + ".yaml")
+        if shipped.exists():
+            return shipped
+    return p
+
+
+def _merge(cls, base: dict, over: dict) -> dict:
+    """``over`` layered on ``base``: config sections merge key by key, any other value (a
+    mapping-typed field such as ``reward.fns`` included) is replaced whole."""
+    hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+    out = dict(base)
+    for k, v in over.items():
+        tp = hints.get(_FIELD_NAME.get(k, k))
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and dataclasses.is_dataclass(tp):
+            out[k] = _merge(tp, out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_layered(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
+    """The YAML mapping of ``path`` with its ``base:`` chain applied (base first, then the file).
+
+    ``base`` names a packaged config (``base: tiny_cpu``) or a path, relative to the file that
+    names it; a base may have its own base. Errors name the file."""
+    p = _resolve_config_path(path)
+    if not p.exists():
+        raise ConfigError(f"--config: no such file {str(p)!r}")
+    if p.resolve() in _seen:
+        chain = " -> ".join(str(s) for s in (*_seen, p.resolve()))
+        raise ConfigError(f"base: config files include each other ({chain})")
+    try:
         d = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(d, dict):
-            raise ConfigError(f"{p}: top level must be a mapping")
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    base = d.pop("base", None)
+    if base in (None, ""):
+        return d
+    if not isinstance(base, str):
+        raise ConfigError(f"base: expected a config name or path in {p}, got {base!r}")
+    bp = _resolve_config_path(base, relative_to=p.parent)
+    if not bp.exists():
+        raise ConfigError(
+            f"base: no packaged config or file {base!r} (named in {p}; packaged: "
+            f"{sorted(x.stem for x in packaged_config('').glob('*.yaml'))})"
+        )
+    return _merge(TrainConfig, read_layered(bp, (*_seen, p.resolve())), d)
+
+
+def _resolve_auto(d: dict) -> None:
+    """``sft.enabled: auto`` (the embedded default's): on for the tiny model made locally
+    (``model.path`` empty), off for a model the user gives."""
+    sft = d.get("sft")
+    if isinstance(sft, dict) and str(sft.get("enabled")).lower() == "auto":
+        model = d.get("model") if isinstance(d.get("model"), dict) else {}
+        sft["enabled"] = not (model or {}).get("path")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Load YAML (``None`` = no file, all defaults) with its ``base:`` chain, apply overrides, parse
+    and validate."""
+    d: dict = read_layered(path) if path is not None else {}
     for item in overrides:
         k, v = parse_override(item)
+        if k == "base":
+            raise ConfigError("base: give it in the config file (base: NAME), not as an override")
         _set_dotted(d, k, v)
+    _resolve_auto(d)
     return validate(from_dict(TrainConfig, d))
 
 

@@ -54,11 +54,13 @@ from dlc_jax.trainer.checkpoint import (
     save_train_state,
 )
 from dlc_jax.trainer.config import TrainConfig, make_loss_config, to_dict
+from dlc_jax.trainer.eval import Evaluator
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.resync import make_policy
 from dlc_jax.trainer.rollouts import RolloutFeeder
 from dlc_jax.trainer.run_dir import check_resume_config, fingerprint, prepare_fresh_start
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
+from dlc_jax.trainer.samples import sample_records
 from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule
 from dlc_jax.trainer.step import STEP_KEYS, StepConfig, make_snapshot_logprobs, make_train_step
 from dlc_jax.trainer.step_inputs import StepInputs
@@ -161,6 +163,14 @@ class Trainer:
         self.inputs = StepInputs(
             cfg, self.tokenizer, self.eos_id, self.mesh, self.rows, snapshot_lp, self.rewards
         )
+        # eval.every: held-out prompts through the same sampler, scored by the same rewards
+        self.evaluator = (
+            Evaluator(cfg, self.tokenizer, self.eos_id, self.rewards)
+            if cfg.eval.every and self.proc.is_leader
+            else None
+        )
+        self._samples: list[dict] = []  # log.samples_every: this step's sample completions
+        self._partial_row: dict | None = None  # the current step's metrics before its resync
         # every process builds the same prompt stream and keeps its slots (local_slots)
         self.data = PromptPipeline(
             cfg.data,
@@ -216,12 +226,18 @@ class Trainer:
                 del self.batches[index]
                 if row is None:  # non-finite loss/gradient: not applied, next batch
                     continue
+                self._partial_row = None
+                if self.evaluator is not None and self.evaluator.due(self.state.step):
+                    row.update(self._evaluate())
                 metrics.log(self.state.step, row)
+                metrics.log_samples(self.state.step, self._samples)
                 if self.ckpt.should_save(self.state.step):
                     self.save()
             finished = True
         except KeyboardInterrupt:
             interrupted = True
+            if self._partial_row is not None:  # stepped, then interrupted before its row
+                metrics.log(self.state.step, dict(self._partial_row, interrupted=1))
         finally:
             summary = self._finish(metrics, finished, time.time() - t0)
         if interrupted:
@@ -246,14 +262,21 @@ class Trainer:
         except BaseException:
             self.link.close()
             raise
+        lg = cfg.log
         return MetricsLogger(
-            cfg.log.dir,
-            jsonl=cfg.log.jsonl and lead,
-            tensorboard=cfg.log.tensorboard and lead,
-            progress=cfg.log.progress and lead,
+            lg.dir,
+            jsonl=lg.jsonl and lead,
+            tensorboard=lg.tensorboard and lead,
+            progress=lg.progress and lead,
             total_steps=cfg.train.steps,
             initial_step=self.state.step,
             append=self.resumed,
+            progress_every=lg.progress_every,
+            config=to_dict(cfg),
+            wandb={"project": lg.wandb_project, "run_name": lg.wandb_run_name}
+            if lg.wandb and lead
+            else None,
+            quiet=not lead,
         )
 
     def _finish(self, metrics: MetricsLogger, finished: bool, seconds: float) -> dict:
@@ -275,6 +298,7 @@ class Trainer:
             "checkpoint_step": self.ckpt.latest_step(),
             "metrics_dir": str(Path(self.cfg.log.dir).absolute()),
             "model_dir": str(self.model_dir),
+            **self._model_names(),
             **self.counters,
         }
         summary = metrics.summary()
@@ -306,6 +330,8 @@ class Trainer:
         if not self._finite_step(index, m, before):
             return None
         st.step += 1
+        self._partial_row = dict(m)
+        self._samples = self._sample_log(rollouts, index, dev, before[0])
         reason = (
             self.policy.name if self.policy.should_resync(m, st.step - st.synced_version) else None
         )
@@ -338,6 +364,46 @@ class Trainer:
                 st.version,
             )
         return m
+
+    def _model_names(self) -> dict:
+        """The model the user gave (``model``) and, when the SFT warm-up ran, its copy (``sft``)."""
+        cfg = self.cfg
+        out: dict[str, Any] = {"model": cfg.model.path or f"tiny model (preset {cfg.model.preset})"}
+        if cfg.sft.enabled:
+            out["sft"] = {"model_dir": str(self.model_dir), "steps": cfg.sft.steps}
+        return out
+
+    def _evaluate(self) -> dict:
+        """``eval/*`` of the held-out prompts; a failed evaluation is logged, not fatal."""
+        assert self.evaluator is not None
+        try:
+            return self.evaluator.run(self.link.client, self.state.step)
+        except Exception as e:
+            logger.warning("eval at step %d failed (%s); training goes on", self.state.step, e)
+            return {}
+
+    def _sample_log(self, rollouts: list, index: int, dev: dict, params) -> list[dict]:
+        """log.samples_every: records of ``log.samples_n`` rollouts of this step (empty when not
+        due); the delta/ell summary needs one forward at the step's weights (single process,
+        unpacked rows)."""
+        lg, step = self.cfg.log, self.state.step
+        if not (lg.samples_every and step % lg.samples_every == 0 and self.proc.is_leader):
+            return []
+        prompts = self.batches[index]["prompts"]
+        order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))
+        chosen = [rollouts[i] for i in order[: lg.samples_n]]
+        rewards, _ = self.inputs._score(chosen, prompts)
+        texts = [
+            self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True) for r in chosen
+        ]
+        per_token = None
+        if not self.multi:
+            lp, _ = self.inputs.snapshot_lp(params, dev)
+            rows = jnp.asarray(order[: lg.samples_n])
+            lp_s = jnp.where(dev["self_mask"], lp, dev["lp_s"])
+            arrays = {"lp": lp, "lp_s": lp_s, "lp_q": dev["lp_q"], "mask": dev["mask"]}
+            per_token = {k: jax.device_get(v[rows]) for k, v in arrays.items()}
+        return sample_records(chosen, prompts, texts, rewards, per_token, lg.samples_n)
 
     def _finite_step(self, index: int, m: dict, before: tuple) -> bool:
         """False (and the step undone) when the loss or gradient is NaN/Inf: the update is not

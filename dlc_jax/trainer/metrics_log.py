@@ -1,13 +1,33 @@
-"""Per-step metrics to JSONL and TensorBoard (tensorboardX), a tqdm progress bar, an end summary."""
+"""Per-step metrics to JSONL, TensorBoard (tensorboardX, grouped tags) and optionally wandb; a tqdm
+bar on a terminal or a plain line every N steps; sample completions; an end summary.
+
+metrics.jsonl is durable: one flushed line per step; on resume the rows past the checkpoint are
+dropped, a half-written last line (a crash mid-write) is skipped with a warning, and the kept rows
+are read back so the summary covers the whole run.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import yaml
+
+from dlc_jax.trainer.writers import (
+    ProgressLine,
+    SampleWriter,
+    WandbWriter,
+    flatten,
+    samples_markdown,
+    tb_tag,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def _scalar(v):
@@ -25,11 +45,34 @@ def _scalar(v):
     return None
 
 
-class MetricsLogger:
-    """Writes ``{"step": s, **metrics}`` per step to ``<dir>/metrics.jsonl`` and TensorBoard events.
+def read_rows(path: Path, upto: int | None = None) -> list[dict]:
+    """Rows of a metrics.jsonl (those with step <= ``upto`` when given); an unreadable line (a
+    half-written last one) is skipped with a warning."""
+    rows = []
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            where = "its half-written last line" if i == len(lines) - 1 else f"line {i + 1}"
+            logger.warning("%s: skipping %s (not JSON: %.60r)", path, where, line)
+            continue
+        if upto is None or row.get("step", 0) <= upto:
+            rows.append(row)
+    return rows
 
-    progress: show a tqdm bar with step, reward, lag ESS and the resync count.
+
+class MetricsLogger:
+    """Writes ``{"step": s, **metrics}`` per step to ``<dir>/metrics.jsonl``, TensorBoard events
+    (grouped tags, see :func:`~dlc_jax.trainer.writers.tb_tag`) and a wandb run when asked.
+
+    progress: a tqdm bar (step, reward, lag ESS, resyncs) when stdout is a terminal, else a plain
+    line every ``progress_every`` steps; progress=False also prints the plain line.
     append: continue an existing metrics.jsonl (resume), dropping its rows after ``initial_step``.
+    config: the resolved config (a dict), logged as TensorBoard text and wandb config.
+    wandb: ``{"project": ..., "run_name": ...}`` to log to wandb too (None = off).
     """
 
     BAR_KEYS = (("reward", "reward_mean"), ("ess", "ess_lag"), ("resyncs", "resync_count"))
@@ -44,34 +87,53 @@ class MetricsLogger:
         total_steps: int | None = None,
         initial_step: int = 0,
         append: bool = False,
+        progress_every: int = 10,
+        config: dict | None = None,
+        wandb: dict | None = None,
+        quiet: bool = False,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.directory / "metrics.jsonl" if jsonl else None
         self._jsonl = None
+        self.history: list[dict] = []
         if self.jsonl_path is not None:
             if append and self.jsonl_path.exists():
-                # resume: drop rows past the checkpoint (steps that will be recomputed)
-                keep = [
-                    line
-                    for line in self.jsonl_path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= initial_step
-                ]
-                self.jsonl_path.write_text("".join(line + "\n" for line in keep))
+                # resume: drop rows past the checkpoint (steps that will be recomputed); the kept
+                # rows stay in the history so the summary covers the whole run
+                self.history = read_rows(self.jsonl_path, initial_step)
+                self.jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
             self._jsonl = open(self.jsonl_path, "a" if append else "w")
+        self._samples: SampleWriter | None = None
+        self._append = append
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(self.directory / "tb"))
+            if config is not None:
+                text = "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```"
+                self._tb.add_text("config", text, global_step=initial_step)
+        self._wandb = (
+            WandbWriter(
+                self.directory,
+                wandb.get("project", "dlc-jax"),
+                wandb.get("run_name", ""),
+                flatten(config or {}),
+            )
+            if wandb is not None
+            else None
+        )
         self._bar = None
-        if progress:
+        self._line: ProgressLine | None = None
+        if progress and sys.stdout.isatty():
             from tqdm import tqdm
 
             self._bar = tqdm(
                 total=total_steps, initial=initial_step, desc="train", dynamic_ncols=True
             )
-        self.history: list[dict] = []
+        elif not quiet:
+            self._line = ProgressLine(progress_every, total_steps)
         self._t0 = time.time()
 
     def log(self, step: int, metrics: dict) -> dict:
@@ -86,10 +148,18 @@ class MetricsLogger:
         if self._jsonl:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
+        tags = {}
+        for k, v in row.items():
+            tag = tb_tag(k, row) if v is not None else None
+            if tag is not None:
+                tags[tag] = v
         if self._tb:
-            for k, v in row.items():
-                if k != "step" and v is not None:
-                    self._tb.add_scalar(k, v, global_step=step)
+            for tag, v in tags.items():
+                self._tb.add_scalar(tag, v, global_step=step)
+        if self._wandb is not None:
+            self._wandb.log(step, tags)
+        if self._line is not None:
+            self._line.update(row)
         if self._bar is not None:
             post = {name: row[k] for name, k in self.BAR_KEYS if row.get(k) is not None}
             self._bar.set_postfix(
@@ -100,8 +170,23 @@ class MetricsLogger:
         self.history.append(row)
         return row
 
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        """Sample completions of step ``step`` to samples.jsonl, TensorBoard text and wandb."""
+        if not records:
+            return
+        records = [{"step": int(step), **r} for r in records]
+        if self._samples is None:
+            self._samples = SampleWriter(self.directory, self._append)
+        self._samples.write(records)
+        if self._tb:
+            self._tb.add_text("samples", samples_markdown(records), global_step=step)
+        if self._wandb is not None:
+            self._wandb.log_samples(step, records)
+
     def summary(self) -> dict:
-        """First/last/min/max of each metric over the run plus counters."""
+        """First/last/min/max/mean of each metric over the run (every row of metrics.jsonl after a
+        resume), and the means of the first and last 10% of steps (``first_10pct`` /
+        ``last_10pct``, at least one step each: single steps are noisy)."""
         if not self.history:
             return {"steps": 0}
         keys = sorted({k for r in self.history for k in r} - {"step"})
@@ -112,13 +197,16 @@ class MetricsLogger:
         }
         for k in keys:
             vals = [r[k] for r in self.history if r.get(k) is not None]
-            if vals:
+            if vals and all(isinstance(v, (int, float)) for v in vals):
+                w = max(1, math.ceil(0.1 * len(vals)))
                 out[k] = {
                     "first": vals[0],
                     "last": vals[-1],
                     "min": min(vals),
                     "max": max(vals),
                     "mean": float(np.mean(vals)),
+                    "first_10pct": float(np.mean(vals[:w])),
+                    "last_10pct": float(np.mean(vals[-w:])),
                 }
         return out
 
@@ -131,6 +219,10 @@ class MetricsLogger:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+        if self._samples is not None:
+            self._samples.close()
+        if self._wandb is not None:
+            self._wandb.close()
         if self._tb:
             self._tb.close()
         if self._jsonl:

@@ -1,0 +1,117 @@
+"""Held-out evaluation during training: the ``eval`` section's prompts through the training sampler,
+scored by the training rewards (the same :class:`~dlc_jax.data.reward_runner.RewardRunner`).
+
+The prompts are read once (same source syntax and validation as ``data``; the first ``eval.n``
+usable ones, in order) and rendered like the training prompts. Each evaluation asks the sampler for
+one response per prompt at ``eval.temperature`` (0 = greedy) with the weights it holds at that
+moment (``eval/version``: the last pushed version, which may trail the trainer's by the resync
+lag).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from dlc_jax.data.prompts import DataConfig, load_data
+from dlc_jax.data.tokenize import count_prompt_tokens, encode_prompt
+from dlc_jax.sampler.types import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def eval_data_config(data: DataConfig, ev) -> DataConfig:
+    """The ``data`` section with the eval source / subset / split, in order, one pass."""
+    return dataclasses.replace(
+        data,
+        source=ev.source or data.source,
+        subset=ev.subset if ev.source else data.subset,
+        split=ev.split,
+        shuffle=False,
+        epochs=1,
+    )
+
+
+class Evaluator:
+    """``run(client, step)`` -> ``eval/*`` metrics of one evaluation.
+
+    cfg: the TrainConfig; rewards: the run's RewardRunner; the prompts are loaded here (a source
+    with no usable prompt is a one-line error naming ``eval.source``)."""
+
+    def __init__(self, cfg, tokenizer, eos_id: int, rewards):
+        self.cfg, self.ev, self.rewards, self.eos_id = cfg, cfg.eval, rewards, eos_id
+        self.tokenizer = tokenizer
+        data = eval_data_config(cfg.data, cfg.eval)
+        render: dict[str, Any] = dict(
+            chat_template=data.chat_template,
+            system=data.system or None,
+            enable_thinking=data.enable_thinking,
+        )
+        self.max_tokens = cfg.eval.max_tokens or cfg.sampler.max_tokens
+        examples, stats = load_data(
+            data,
+            answer_check=rewards.check_answers,
+            max_prompt_tokens=cfg.sampler.max_model_len - self.max_tokens,
+            count_tokens=lambda prompts: count_prompt_tokens(tokenizer, prompts, **render),
+        )
+        self.examples = examples[: cfg.eval.n]
+        if not self.examples:
+            raise ValueError(f"eval.source: no usable prompt in {data.source!r} ({stats})")
+        self.prompt_ids = [encode_prompt(tokenizer, e.prompt, **render) for e in self.examples]
+        logger.info(
+            "eval: %d prompts of %s (split %s) every %d steps, temperature %g",
+            len(self.examples),
+            data.source,
+            data.split,
+            cfg.eval.every,
+            cfg.eval.temperature,
+        )
+
+    def due(self, step: int) -> bool:
+        return self.ev.every > 0 and step > 0 and step % self.ev.every == 0
+
+    def run(self, client, step: int) -> dict[str, float]:
+        """One evaluation: responses from ``client`` (a Sampler), scores, ``eval/*`` metrics."""
+        t0 = time.time()
+        params = SamplingParams(
+            n=1,
+            max_tokens=self.max_tokens,
+            temperature=self.ev.temperature,
+            top_p=1.0,
+            top_k=0,
+            head_k=0,
+            stop_token_ids=(self.eos_id,),
+            seed=step if self.cfg.sampler.backend == "jax" else None,
+        )
+        texts = [""] * len(self.examples)
+        lens = np.zeros(len(self.examples))
+        versions = []
+        for r in client.generate(self.prompt_ids, params, request_id=f"eval-{step}"):
+            texts[r.slot_id] = self.tokenizer.decode(
+                r.response_ids.tolist(), skip_special_tokens=True
+            )
+            lens[r.slot_id] = len(r.response_ids)
+            versions += [v for v, _, _ in r.version_spans]
+        ex = self.examples
+        keys = set.intersection(*(set(e.metadata) for e in ex))
+        rewards, _ = self.rewards.score(
+            [e.prompt for e in ex],
+            texts,
+            [e.answer for e in ex],
+            [f"eval-{step}/{i}" for i in range(len(ex))],
+            metadata={k: [e.metadata[k] for e in ex] for k in sorted(keys)},
+        )
+        return {
+            "eval/accuracy": float(np.mean(rewards >= self.ev.correct_min)),
+            "eval/reward_mean": float(np.mean(rewards)),
+            "eval/response_len": float(lens.mean()),
+            "eval/version": float(min(versions)) if versions else -1.0,
+            "eval/seconds": time.time() - t0,
+        }
+
+
+__all__ = ["Evaluator", "eval_data_config"]

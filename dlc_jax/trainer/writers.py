@@ -1,0 +1,153 @@
+"""Where metrics go besides metrics.jsonl: grouped TensorBoard tags, an optional wandb run, sample
+completions (samples.jsonl + TensorBoard text), and the plain progress line.
+
+TensorBoard tags are grouped by what they measure -- ``reward/``, ``mismatch/`` (delta / ell /
+total log-ratio statistics, KL, head mass, lag), ``ess/``, ``loss/`` (loss terms, gradient norm,
+learning rate), ``system/`` (timings, counters, versions), ``eval/``, ``pool/`` -- and a flat key
+that repeats a ``loss/`` key of the same row (``head_mass_p`` next to ``loss/head_mass_p``) is
+written once. metrics.jsonl keeps the flat names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_MISMATCH_PREFIXES = ("delta_", "ell_", "total_", "kl_", "head_mass_", "entropy_")
+_MISMATCH_KEYS = ("version_lag",)
+_LOSS_KEYS = ("grad_norm", "lr", "lr_scale")
+_GROUPS = ("reward/", "mismatch/", "ess/", "loss/", "system/", "eval/", "pool/")
+
+
+def tb_tag(key: str, row: dict) -> str | None:
+    """The grouped TensorBoard tag of metrics key ``key`` in ``row``; None = not written (a flat
+    duplicate of a ``loss/`` key, or the step itself)."""
+    if key == "step":
+        return None
+    if key.startswith(_GROUPS):
+        return key
+    if "/" not in key and f"loss/{key}" in row:
+        return None
+    if key.startswith("reward_"):
+        return "reward/" + key[len("reward_") :]
+    if key.startswith("ess_"):
+        return "ess/" + key[len("ess_") :]
+    if key.startswith(_MISMATCH_PREFIXES) or key in _MISMATCH_KEYS:
+        return "mismatch/" + key
+    if key in _LOSS_KEYS:
+        return "loss/" + key
+    if key == "response_len":
+        return "reward/response_len"
+    return "system/" + key.replace("/", "_")
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (scalars and strings; lists/dicts as JSON text)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (bool, int, float, str)) or v is None:
+            out[key] = "" if v is None else v
+        else:
+            out[key] = json.dumps(v)
+    return out
+
+
+class WandbWriter:
+    """A wandb run (``log.wandb``): metrics under their grouped tags, the resolved config, sample
+    completions as a table. ``WANDB_MODE=offline`` writes the run under ``<dir>/wandb``."""
+
+    def __init__(self, directory: Path, project: str, run_name: str, config: dict | None):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ValueError(
+                "log.wandb: the wandb package is not installed (pip install wandb)"
+            ) from e
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=project,
+            name=run_name or None,
+            dir=str(directory),
+            config=config or {},
+            reinit=True,
+        )
+
+    def log(self, step: int, tags: dict[str, float]) -> None:
+        self.run.log(tags, step=step)
+
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        cols = ["step", "prompt", "response", "reward", "delta_mean", "ell_mean"]
+        table = self._wandb.Table(columns=cols)
+        for r in records:
+            table.add_data(*(r.get(c) for c in cols))
+        self.run.log({"samples": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class SampleWriter:
+    """Sample completions to ``<dir>/samples.jsonl`` (one flushed line per sample)."""
+
+    def __init__(self, directory: Path, append: bool):
+        self.path = directory / "samples.jsonl"
+        self._f = open(self.path, "a" if append else "w")
+
+    def write(self, records: list[dict]) -> None:
+        for r in records:
+            self._f.write(json.dumps(r) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def samples_markdown(records: list[dict]) -> str:
+    """TensorBoard text of sample completions (one markdown block per sample)."""
+    parts = []
+    for r in records:
+        stats = ", ".join(
+            f"{k} {r[k]:.4g}"
+            for k in ("reward", "delta_mean", "delta_abs_max", "ell_mean", "ell_abs_max")
+            if isinstance(r.get(k), (int, float))
+        )
+        parts.append(
+            f"**prompt** {r.get('prompt', '')!s}\n\n**response** {r.get('response', '')!s}\n\n"
+            f"{stats}, tokens {r.get('tokens')}"
+        )
+    return "\n\n---\n\n".join(parts)
+
+
+class ProgressLine:
+    """The plain progress mode: one line on stdout every ``every`` steps (and at the last)."""
+
+    KEYS = (("reward", "reward_mean"), ("ess", "ess_lag"), ("resyncs", "resync_count"))
+
+    def __init__(self, every: int, total_steps: int | None, stream=None):
+        self.every, self.total = max(1, every), total_steps
+        self.stream = stream or sys.stdout
+
+    def update(self, row: dict) -> None:
+        step = row["step"]
+        if step % self.every and step != self.total:
+            return
+        parts = [f"step {step}" + (f"/{self.total}" if self.total else "")]
+        for name, k in self.KEYS:
+            v = row.get(k)
+            if v is not None:
+                parts.append(f"{name} {v:.3f}" if isinstance(v, float) else f"{name} {v}")
+        for k in ("eval/accuracy", "step_s"):
+            if isinstance(row.get(k), (int, float)):
+                parts.append(f"{k} {row[k]:.3f}")
+        print(" | ".join(parts), file=self.stream, flush=True)
+
+
+__all__ = ["tb_tag", "flatten", "WandbWriter", "SampleWriter", "samples_markdown", "ProgressLine"]
