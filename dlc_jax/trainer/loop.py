@@ -397,7 +397,7 @@ class Trainer:
             self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True) for r in chosen
         ]
         per_token = None
-        if not self.multi:
+        if not (self.multi or self.cfg.train.pack):
             lp, _ = self.inputs.snapshot_lp(params, dev)
             rows = jnp.asarray(order[: lg.samples_n])
             lp_s = jnp.where(dev["self_mask"], lp, dev["lp_s"])
