@@ -298,6 +298,10 @@ def _header(
     exp: Path, results: dict[str, RunResult], notes, preset, steps, ckpt_every
 ) -> list[str]:
     lines = []
+    # what ran, from the results (a --report-only call need not repeat --steps)
+    steps = max((max(r.steps) for r in results.values() if r.steps), default=steps)
+    kl_steps = sorted({s for r in results.values() for s in r.kl_steps})
+    ckpt_every = kl_steps[0] if kl_steps else ckpt_every
     arms = sorted({r.arm for r in results.values() if r.arm != "onpolicy"}, key=_arm_key)
     scs = sorted({r.scenario for r in results.values() if r.scenario != "reference"})
     onp = sorted(r.name for r in results.values() if r.arm == "onpolicy")
