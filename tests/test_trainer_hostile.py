@@ -110,12 +110,17 @@ def test_nonfinite_state_is_neither_saved_nor_restored(tmp_path):
     from dlc_jax.trainer.checkpoint import state_tree
 
     mgr = ocp.CheckpointManager(
-        Path(ck.directory), options=ocp.CheckpointManagerOptions(create=True),
+        Path(ck.directory),
+        options=ocp.CheckpointManagerOptions(create=True),
         item_names=("state", "meta"),
     )
     meta = {"step": 1, "synced_version": 1, "snapshot_versions": [1]}
-    mgr.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state_tree(bad)),
-                                        meta=ocp.args.JsonSave(meta)))
+    mgr.save(
+        1,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state_tree(bad)), meta=ocp.args.JsonSave(meta)
+        ),
+    )
     mgr.wait_until_finished()
     mgr.close()
     ck2 = Checkpointer(tmp_path / "ck")
@@ -155,8 +160,11 @@ def test_apply_updates_skips_nonfinite_gradients():
     for poison in (jnp.nan, jnp.inf):
         grads = {"w": jnp.array([1.0, poison, 0.0, 2.0]), "b": jnp.ones(2)}
         p2, o2 = step(params, opt, grads)
-        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                     (p2, o2), (params, opt))
+        jax.tree.map(
+            lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+            (p2, o2),
+            (params, opt),
+        )
     p3, o3 = step(params, opt, {"w": jnp.ones(4), "b": jnp.ones(2)})
     assert not np.allclose(np.asarray(p3["w"]), 1.0) and int(o3[1][0].count) == 1
 
@@ -168,12 +176,22 @@ def test_config_diff_names_training_keys_only():
 
     base = to_dict(load_config(default_config_path()))
     meta = {"step": 4, "config": base}
-    moved = to_dict(load_config(default_config_path(), [
-        "log.dir=/elsewhere", "checkpoint.dir=/x", "train.steps=999", "sampler.address=h:1",
-        "train.micro_batches=2"]))
+    moved = to_dict(
+        load_config(
+            default_config_path(),
+            [
+                "log.dir=/elsewhere",
+                "checkpoint.dir=/x",
+                "train.steps=999",
+                "sampler.address=h:1",
+                "train.micro_batches=2",
+            ],
+        )
+    )
     check_resume_config(meta, moved, allow_change=False, where="ck")  # not training-relevant
-    other = to_dict(load_config(default_config_path(), ["loss.name=ppo_clip",
-                                                         "resync.policy=never"]))
+    other = to_dict(
+        load_config(default_config_path(), ["loss.name=ppo_clip", "resync.policy=never"])
+    )
     with pytest.raises(ConfigMismatchError) as e:
         check_resume_config(meta, other, allow_change=False, where="ck")
     msg = str(e.value)
@@ -221,8 +239,13 @@ def test_user_errors_are_one_line(tmp_path, capsys):
         ("train", "--config", str(bad_yaml)): "YAML",
         ("train", "--config", str(tmp_path / "nope.yaml")): "no such file",
         ("train", "optim.lrr=1"): "unknown config key",
-        ("export", "--checkpoint", str(tmp_path / "no_ckpt"), "--out", str(tmp_path / "o")):
-            "no checkpoint",
+        (
+            "export",
+            "--checkpoint",
+            str(tmp_path / "no_ckpt"),
+            "--out",
+            str(tmp_path / "o"),
+        ): "no checkpoint",
         ("make-tiny", str(bad_yaml)): "exists",
     }
     for argv, needle in cases.items():
@@ -239,16 +262,33 @@ def test_user_errors_are_one_line(tmp_path, capsys):
 def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
-    return make_tiny(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64,
-                     intermediate_size=128, head_dim=16)
+    return make_tiny(
+        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
+    )
 
 
 def _args(tiny_dir, d, *extra):
-    return ["train", f"model.path={tiny_dir}", "sft.enabled=false", "sampler.backend=jax",
-            "sampler.n=2", "sampler.max_tokens=4", "sampler.head_k=2", "train.batch_prompts=2",
-            "async.prefetch=0", "resync.policy=every_k", "resync.k=1", "optim.lr=3e-3",
-            "log.progress=false", "log.tensorboard=false", f"log.dir={d}/logs",
-            f"checkpoint.dir={d}/ckpt", "checkpoint.every=1", "checkpoint.keep=2", *extra]
+    return [
+        "train",
+        f"model.path={tiny_dir}",
+        "sft.enabled=false",
+        "sampler.backend=jax",
+        "sampler.n=2",
+        "sampler.max_tokens=4",
+        "sampler.head_k=2",
+        "train.batch_prompts=2",
+        "async.prefetch=0",
+        "resync.policy=every_k",
+        "resync.k=1",
+        "optim.lr=3e-3",
+        "log.progress=false",
+        "log.tensorboard=false",
+        f"log.dir={d}/logs",
+        f"checkpoint.dir={d}/ckpt",
+        "checkpoint.every=1",
+        "checkpoint.keep=2",
+        *extra,
+    ]
 
 
 def _metric_steps(d) -> list[int]:
@@ -280,23 +320,41 @@ def test_resume_guards_end_to_end(tiny_dir, tmp_path, capsys):
 
     rc, out, err = _main(capsys, *_args(tiny_dir, d, "train.steps=1", "checkpoint.resume=false"))
     assert rc == 2 and "overwrite=true" in _one_error_line(err)
-    rc, out, err = _main(capsys, *_args(tiny_dir, d, "train.steps=0", "checkpoint.resume=false",
-                                        "checkpoint.overwrite=true"))
+    rc, out, err = _main(
+        capsys,
+        *_args(
+            tiny_dir, d, "train.steps=0", "checkpoint.resume=false", "checkpoint.overwrite=true"
+        ),
+    )
     assert rc == 0, err[-2000:]
     assert Checkpointer(d / "ckpt").all_steps() == [0] and _metric_steps(d) == []
 
 
 @pytest.mark.slow
 def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_dir, tmp_path):
-    """lr=1e30: step 1 blows the weights up to ~1e30 (finite), after which every loss is
-    non-finite: those updates are not applied or pushed, and the third in a row stops the run."""
+    """lr=1e15: step 1 moves every weight by ~1e15 (finite), after which the forward pass
+    overflows and every loss is non-finite: those updates are not applied or pushed, and the
+    third in a row stops the run."""
     from dlc_jax.trainer.config import default_config_path, load_config
     from dlc_jax.trainer.loop import NonFiniteTrainingError, Trainer
 
     d = tmp_path / "nan"
-    cfg = load_config(default_config_path(), _args(tiny_dir, d, "train.steps=8", "optim.lr=1e30",
-                                                   "resync.policy=never",
-                                                   "train.max_nonfinite_steps=3")[1:])
+    # a format reward (response contains an "e") gives the untrained model's groups variance
+    cfg = load_config(
+        default_config_path(),
+        _args(
+            tiny_dir,
+            d,
+            "train.steps=8",
+            "optim.lr=1e15",
+            "resync.policy=never",
+            "sampler.n=4",
+            "reward.correct=0",
+            "reward.format_bonus=1",
+            "reward.strict_format=(?s).*e.*",
+            "train.max_nonfinite_steps=3",
+        )[1:],
+    )
     t = Trainer(cfg)
     with pytest.raises(NonFiniteTrainingError, match="3 steps in a row") as e:
         t.run()
@@ -317,9 +375,16 @@ def _free_port() -> int:
 def test_unreachable_sampler_address_fails_fast_in_one_line(tiny_dir, tmp_path, capsys):
     port = _free_port()  # nothing listens there
     t0 = time.time()
-    rc, out, err = _main(capsys, *_args(tiny_dir, tmp_path, "train.steps=2",
-                                        f"sampler.address=127.0.0.1:{port}",
-                                        "sampler.connect_timeout_s=2"))
+    rc, out, err = _main(
+        capsys,
+        *_args(
+            tiny_dir,
+            tmp_path,
+            "train.steps=2",
+            f"sampler.address=127.0.0.1:{port}",
+            "sampler.connect_timeout_s=2",
+        ),
+    )
     line = _one_error_line(err)
     assert rc == 2 and f"127.0.0.1:{port}" in line and "connect_timeout_s" in line
     assert time.time() - t0 < 120  # model load + 2 s, not the 600 s reconnect deadline
@@ -330,17 +395,64 @@ def test_ctrl_c_saves_says_where_and_exits_130(tiny_dir, tmp_path):
     d = tmp_path / "int"
     env = dict(os.environ, XLA_FLAGS="")
     args = _args(tiny_dir, d, "train.steps=200", "checkpoint.every=0")
-    p = subprocess.Popen([sys.executable, "-m", "dlc_jax.cli", *args], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dlc_jax.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 600
     while time.time() < deadline and p.poll() is None and len(_metric_steps(d)) < 1:
         time.sleep(0.1)
     assert p.poll() is None
-    p.send_signal(signal.SIGINT)
+    os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
     out, err = p.communicate(timeout=300)
     assert p.returncode == 130, err[-3000:]
-    assert "Traceback" not in out + err and err.strip().splitlines()[-1] == "dlc-jax train: interrupted"
+    assert (
+        "Traceback" not in out + err
+        and err.strip().splitlines()[-1] == "dlc-jax train: interrupted"
+    )
     steps = Checkpointer(d / "ckpt").all_steps()
     assert len(steps) == 1 and steps[0] >= 1  # checkpoint.every=0: the save on Ctrl-C
     assert f"interrupted at step {steps[0]}: checkpoint {d / 'ckpt'} (step {steps[0]})" in out
     assert "running the same command again" in out
+
+
+@pytest.mark.slow
+def test_sampler_limits_and_invalid_requests_are_not_respawned(tiny_dir, tmp_path, capsys):
+    """A sampler with a shorter max_model_len is refused at connect (one line); a request it
+    answers INVALID_ARGUMENT (head_k above its --max-head-k) stops the run in one line at once,
+    without the reconnect/respawn cycle (a new sampler would refuse it too)."""
+    from dlc_jax.sampler.process import SamplerProcess
+
+    port = _free_port()
+    args = ["--max-model-len", "32", "--max-head-k", "1"]
+    proc = SamplerProcess("jax", str(tiny_dir), port=port, extra_args=args).start()
+    try:
+        addr = f"sampler.address=127.0.0.1:{port}"
+        rc, out, err = _main(
+            capsys,
+            *_args(tiny_dir, tmp_path / "a", "train.steps=2", addr, "sampler.max_model_len=64"),
+        )
+        line = _one_error_line(err)
+        assert rc == 2 and "max_model_len 32 < sampler.max_model_len 64" in line
+        t0 = time.time()
+        rc, out, err = _main(
+            capsys,
+            *_args(
+                tiny_dir,
+                tmp_path / "b",
+                "train.steps=2",
+                addr,
+                "sampler.max_model_len=32",
+                "sampler.head_k=2",
+            ),
+        )
+        line = _one_error_line(err)
+        assert rc == 2 and "refused a request as invalid" in line and "head_k" in line, line
+        assert "reconnecting" not in out and time.time() - t0 < 300
+        assert proc.client().info()["version"] == 0  # nothing was pushed
+    finally:
+        proc.stop()

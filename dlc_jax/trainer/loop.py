@@ -61,7 +61,7 @@ from dlc_jax.trainer.rollouts import RolloutFeeder
 from dlc_jax.trainer.run_dir import check_resume_config, fingerprint, prepare_fresh_start
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.samples import sample_records
-from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule
+from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule, update_count
 from dlc_jax.trainer.step import STEP_KEYS, StepConfig, make_snapshot_logprobs, make_train_step
 from dlc_jax.trainer.step_inputs import StepInputs
 
@@ -89,6 +89,18 @@ class _StreamsFailed(Exception):
 
 def _cause(e: BaseException) -> BaseException:
     return e.cause if isinstance(e, _StreamsFailed) else e
+
+
+class InvalidRequestError(UserError):
+    """The sampler answered INVALID_ARGUMENT: the request, not the sampler, is at fault."""
+
+
+def _invalid_request(e: BaseException) -> bool:
+    """True when a failed stream was refused as INVALID_ARGUMENT (never fixed by a respawn)."""
+    import grpc
+
+    c = _cause(e)
+    return isinstance(c, grpc.RpcError) and c.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 class Trainer:
@@ -327,7 +339,8 @@ class Trainer:
             st.params, st.opt_state, {k: dev[k] for k in STEP_KEYS}
         )
         m = {k: float(v) for k, v in out.items()}
-        if not self._finite_step(index, m, before):
+        applied = update_count(st.opt_state) != update_count(before[1])
+        if not self._finite_step(index, m, before, applied):
             return None
         st.step += 1
         self._partial_row = dict(m)
@@ -405,12 +418,12 @@ class Trainer:
             per_token = {k: jax.device_get(v[rows]) for k, v in arrays.items()}
         return sample_records(chosen, prompts, texts, rewards, per_token, lg.samples_n)
 
-    def _finite_step(self, index: int, m: dict, before: tuple) -> bool:
-        """False (and the step undone) when the loss or gradient is NaN/Inf: the update is not
-        applied (the jitted step already kept the old params when the gradient is not finite)
-        nor pushed; ``train.max_nonfinite_steps`` such steps in a row stop the run."""
+    def _finite_step(self, index: int, m: dict, before: tuple, applied: bool = True) -> bool:
+        """False (and the step undone) when the loss or gradient is NaN/Inf or the jitted step
+        refused the update (``applied`` False: non-finite update or params): not applied, not
+        pushed; ``train.max_nonfinite_steps`` such steps in a row stop the run."""
         loss, gnorm = m.get("loss/loss", 0.0), m.get("grad_norm", 0.0)
-        if math.isfinite(loss) and math.isfinite(gnorm):
+        if math.isfinite(loss) and math.isfinite(gnorm) and applied:
             self._nonfinite_in_a_row = 0
             return True
         self.state.params, self.state.opt_state = before
@@ -418,8 +431,8 @@ class Trainer:
         self._nonfinite_in_a_row += 1
         limit = self.cfg.train.max_nonfinite_steps
         logger.warning(
-            "step %d (batch %d): non-finite loss %s / grad_norm %s: update not applied, not "
-            "pushed (%d in a row, stop at %d)",
+            "step %d (batch %d): loss %s, grad_norm %s: non-finite loss, gradient or update; not "
+            "applied, not pushed (%d in a row, stop at %d)",
             self.state.step + 1,
             index,
             loss,
@@ -494,10 +507,15 @@ class Trainer:
             return call_with_retry(
                 lambda: self._collect(index),
                 STREAM_RECOVERIES,
-                retryable=lambda e: isinstance(e, _StreamsFailed),
+                retryable=lambda e: isinstance(e, _StreamsFailed) and not _invalid_request(e),
                 on_retry=lambda e, attempt, wait: self._recover_sampler(_cause(e)),
             )
         except _StreamsFailed as e:
+            if _invalid_request(e):  # a request problem: a new sampler would refuse it too
+                raise InvalidRequestError(
+                    f"batch {index}: the sampler refused a request as invalid "
+                    f"({_cause(e).details() or _cause(e)}); not retried"  # type: ignore[attr-defined]
+                ) from e.cause
             n = (STREAM_RECOVERIES.max_retries or 0) + 1
             raise SamplerUnavailable(
                 f"batch {index}: sampler failed {n} times in a row"

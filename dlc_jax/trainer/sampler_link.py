@@ -115,6 +115,7 @@ class SamplerLink:
                     raise
                 raise SamplerUnavailable(self._connect_failure(e, limit)) from e
             self._connected_once = True
+            self._check_limits()
             return
         if self.multi:
             raise ValueError(
@@ -122,6 +123,19 @@ class SamplerLink:
                 "(host:port[,host:port]); it cannot spawn a loopback sampler per process"
             )
         self._spawn()
+
+    def _check_limits(self) -> None:
+        """Refuse (one line) a sampler whose max_model_len is below ``sampler.max_model_len``: the
+        data was filtered at load for the configured length, so longer prompts would reach it and
+        be refused there (INVALID_ARGUMENT) in the middle of training."""
+        served = int(self.client.info().get("max_model_len") or 0)
+        if 0 < served < self.cfg.max_model_len:
+            raise SamplerUnavailable(
+                f"sampler.address {self.cfg.address}: the sampler serves max_model_len {served} < "
+                f"sampler.max_model_len {self.cfg.max_model_len}; set sampler.max_model_len="
+                f"{served} (prompts longer than {served} - sampler.max_tokens are then dropped "
+                f"at load) or restart the sampler with --max-model-len {self.cfg.max_model_len}"
+            )
 
     def _connect_failure(self, e: BaseException, limit: float) -> str:
         s = self.cfg
@@ -169,14 +183,17 @@ class SamplerLink:
             for k, v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
             if k not in os.environ
         }
-        self.process = SamplerProcess(
-            s.backend,
-            str(self.model_dir),
-            extra_args=extra,
-            log_file=log_file,
-            env=env,
-            startup_timeout=s.startup_timeout_s,
-        ).start()
+        try:
+            self.process = SamplerProcess(
+                s.backend,
+                str(self.model_dir),
+                extra_args=extra,
+                log_file=log_file,
+                env=env,
+                startup_timeout=s.startup_timeout_s,
+            ).start()
+        except (RuntimeError, TimeoutError) as e:  # exited or not listening: its log says why
+            raise SamplerUnavailable(one_line(f"spawned sampler did not start: {e}", 500)) from e
         self._client = self.process.client(timeout=s.reconnect_timeout_s)
         logger.info("sampler: %s on %s (log %s)", s.backend, self.process.address, log_file)
 

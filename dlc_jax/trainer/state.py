@@ -63,15 +63,23 @@ def all_finite(tree) -> jax.Array:
 def apply_updates(tx, params, opt_state, grads, lr_scale=1.0):
     """One optimizer update; ``lr_scale`` (scalar, traced ok) multiplies the update.
 
-    Guarded: when a gradient, ``lr_scale`` or the resulting update holds NaN/Inf the step is not
-    applied (params and optimizer state come back unchanged, Adam's moments and step count
-    included); the trainer sees it in the ``grad_norm`` metric and reports the skipped step."""
+    Guarded: when a gradient, ``lr_scale``, the update or the updated params (overflow) hold
+    NaN/Inf the step is not applied (params and optimizer state come back unchanged, Adam's
+    moments and step count included: see :func:`update_count`); the trainer reports the skip."""
     updates, new_opt_state = tx.update(grads, opt_state, params)
     updates = jax.tree.map(lambda u: u * jnp.asarray(lr_scale, u.dtype), updates)
-    ok = all_finite(grads) & all_finite(updates) & jnp.all(jnp.isfinite(jnp.asarray(lr_scale)))
     new_params = optax.apply_updates(params, updates)
+    ok = all_finite(grads) & all_finite(updates) & all_finite(new_params)
+    ok = ok & jnp.all(jnp.isfinite(jnp.asarray(lr_scale)))
     keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
     return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
+
+
+def update_count(opt_state) -> int | None:
+    """The optimizer's update counter (the first ``count`` in its state: Adam's), or None. It
+    does not move when :func:`apply_updates` refused a non-finite step."""
+    found = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+    return int(found[0][1]) if found else None
 
 
 def place_on_mesh(tree, mesh):

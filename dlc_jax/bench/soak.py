@@ -1,0 +1,130 @@
+"""`dlc-jax bench soak`: the sampler soak (`soak_sampler`) and the trainer soak (`soak_trainer`)
+together, loopback only and bounded; one summary table (``soak.{json,md}``) plus each part's own
+table under ``<out>/soak/``.
+
+Targets (issue 12): at least 90 bad inputs, 20 push attacks and 200 concurrent streams against the
+sampler; checkpoint bit flips and truncations and SIGKILLs at random points against the trainer;
+0 crashes, 0 bad weights served, 0 silent resumes from a corrupt or different run, 0 files left
+behind, every user error one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from . import common
+
+
+@dataclasses.dataclass
+class SoakBenchConfig:
+    parts: tuple[str, ...] = ("sampler", "trainer")
+    kills: int = 3
+    out: str = "bench_results"
+
+
+SIZES = {"default": SoakBenchConfig()}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parts", default="sampler,trainer", help="comma-separated: sampler,trainer")
+    p.add_argument("--kills", type=int, default=3, help="trainer SIGKILLs (each then resumed)")
+
+
+def from_args(size: str, args) -> SoakBenchConfig:
+    """Config from the CLI args (``bench all`` passes none: the defaults)."""
+    raw = getattr(args, "parts", None) or "sampler,trainer"
+    parts = tuple(p.strip() for p in raw.split(",") if p.strip())
+    bad = sorted(set(parts) - {"sampler", "trainer"})
+    if bad:
+        raise ValueError(f"--parts: unknown part(s) {bad}; choose from sampler, trainer")
+    return SoakBenchConfig(
+        parts=parts,
+        kills=int(getattr(args, "kills", None) or 3),
+        out=getattr(args, "out", None) or "bench_results",
+    )
+
+
+COLUMNS = [
+    "part",
+    "cases",
+    "bad_inputs",
+    "push_attacks",
+    "streams",
+    "kills",
+    "checkpoint_damage",
+    "crashes",
+    "bad_weights_served",
+    "silent_bad_resumes",
+    "files_left_behind",
+    "multi_line_errors",
+    "failed_cases",
+]
+
+
+def run(cfg: SoakBenchConfig) -> dict:
+    res = common.new_result(
+        "soak", "Soak: sampler service + trainer failure paths (loopback)", COLUMNS
+    )
+    res["config"] = dataclasses.asdict(cfg)
+    parts_dir = Path(cfg.out) / "soak"
+    if "sampler" in cfg.parts:
+        from . import soak_sampler
+
+        r = soak_sampler.run(parts_dir)
+        s = r["summary"]
+        res["rows"].append(
+            {
+                "part": "sampler",
+                "cases": s["bad_inputs"] + s["push_attacks"],
+                "bad_inputs": s["bad_inputs"],
+                "push_attacks": s["push_attacks"],
+                "streams": r["config"].get("streams"),
+                "crashes": s["crashes"],
+                "bad_weights_served": s["bad_weights_served"],
+                "silent_bad_resumes": 0,
+                "files_left_behind": s["files_left_behind"],
+                "multi_line_errors": s["multi_line_errors"],
+                "failed_cases": s["attacks_accepted"] + s.get("wrong_codes", 0),
+            }
+        )
+        res["notes"].append(f"sampler: {parts_dir}/sampler_soak.md")
+    if "trainer" in cfg.parts:
+        from . import soak_trainer
+
+        r = soak_trainer.run(parts_dir, soak_trainer.SoakConfig(kills=cfg.kills))
+        s = r["summary"]
+        res["rows"].append(
+            {
+                "part": "trainer",
+                "cases": s["cases"],
+                "bad_inputs": s["user_errors"],
+                "kills": s["kills"],
+                "checkpoint_damage": s["checkpoint_damage"],
+                "crashes": s["crashes"],
+                "bad_weights_served": s["bad_weights"],
+                "silent_bad_resumes": s["silent_bad_resumes"],
+                "files_left_behind": s["files_left_behind"],
+                "multi_line_errors": s["multi_line_user_errors"],
+                "failed_cases": s["failed_cases"],
+            }
+        )
+        res["notes"].append(f"trainer: {parts_dir}/trainer_soak.md")
+    tot = {c: sum(r.get(c) or 0 for r in res["rows"]) for c in COLUMNS[1:]}
+    res["summary"] = tot
+    sampler: dict = next((r for r in res["rows"] if r["part"] == "sampler"), {})
+    res["targets"] = [
+        common.target("sampler bad inputs", sampler.get("bad_inputs"), 90, ">="),
+        common.target("push attacks", sampler.get("push_attacks"), 20, ">="),
+        common.target("concurrent streams", sampler.get("streams"), 200, ">="),
+        common.target("crashes", tot["crashes"], 0, "<="),
+        common.target("bad weights served", tot["bad_weights_served"], 0, "<="),
+        common.target(
+            "silent resumes from a corrupt or different run", tot["silent_bad_resumes"], 0, "<="
+        ),
+        common.target("files left behind", tot["files_left_behind"], 0, "<="),
+        common.target("user errors not one line", tot["multi_line_errors"], 0, "<="),
+    ]
+    res["notes"].append(common.load_note(res["machine"]))
+    return common.finish(res)
