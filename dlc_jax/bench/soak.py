@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import common
@@ -20,7 +21,7 @@ from . import common
 @dataclasses.dataclass
 class SoakBenchConfig:
     parts: tuple[str, ...] = ("sampler", "trainer")
-    kills: int = 3
+    kills: int = 2
     out: str = "bench_results"
 
 
@@ -29,7 +30,7 @@ SIZES = {"default": SoakBenchConfig()}
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", default="sampler,trainer", help="comma-separated: sampler,trainer")
-    p.add_argument("--kills", type=int, default=3, help="trainer SIGKILLs (each then resumed)")
+    p.add_argument("--kills", type=int, default=2, help="trainer SIGKILLs (each then resumed)")
 
 
 def from_args(size: str, args) -> SoakBenchConfig:
@@ -41,7 +42,7 @@ def from_args(size: str, args) -> SoakBenchConfig:
         raise ValueError(f"--parts: unknown part(s) {bad}; choose from sampler, trainer")
     return SoakBenchConfig(
         parts=parts,
-        kills=int(getattr(args, "kills", None) or 3),
+        kills=int(getattr(args, "kills", None) or 2),
         out=getattr(args, "out", None) or "bench_results",
     )
 
@@ -69,48 +70,13 @@ def run(cfg: SoakBenchConfig) -> dict:
     )
     res["config"] = dataclasses.asdict(cfg)
     parts_dir = Path(cfg.out) / "soak"
-    if "sampler" in cfg.parts:
-        from . import soak_sampler
-
-        r = soak_sampler.run(parts_dir)
-        s = r["summary"]
-        res["rows"].append(
-            {
-                "part": "sampler",
-                "cases": s["bad_inputs"] + s["push_attacks"],
-                "bad_inputs": s["bad_inputs"],
-                "push_attacks": s["push_attacks"],
-                "streams": r["config"].get("streams"),
-                "crashes": s["crashes"],
-                "bad_weights_served": s["bad_weights_served"],
-                "silent_bad_resumes": 0,
-                "files_left_behind": s["files_left_behind"],
-                "multi_line_errors": s["multi_line_errors"],
-                "failed_cases": s["attacks_accepted"] + s.get("wrong_codes", 0),
-            }
-        )
-        res["notes"].append(f"sampler: {parts_dir}/sampler_soak.md")
-    if "trainer" in cfg.parts:
-        from . import soak_trainer
-
-        r = soak_trainer.run(parts_dir, soak_trainer.SoakConfig(kills=cfg.kills))
-        s = r["summary"]
-        res["rows"].append(
-            {
-                "part": "trainer",
-                "cases": s["cases"],
-                "bad_inputs": s["user_errors"],
-                "kills": s["kills"],
-                "checkpoint_damage": s["checkpoint_damage"],
-                "crashes": s["crashes"],
-                "bad_weights_served": s["bad_weights"],
-                "silent_bad_resumes": s["silent_bad_resumes"],
-                "files_left_behind": s["files_left_behind"],
-                "multi_line_errors": s["multi_line_user_errors"],
-                "failed_cases": s["failed_cases"],
-            }
-        )
-        res["notes"].append(f"trainer: {parts_dir}/trainer_soak.md")
+    # the two parts drive separate processes (a sampler server; trainer runs): run them side by
+    # side, each writing its own table under <out>/soak/
+    with ThreadPoolExecutor(2) as ex:
+        futs = {p: ex.submit(_PARTS[p], parts_dir, cfg) for p in cfg.parts}
+        for p in cfg.parts:
+            res["rows"].append(futs[p].result())
+            res["notes"].append(f"{p}: {parts_dir}/{p}_soak.md")
     tot = {c: sum(r.get(c) or 0 for r in res["rows"]) for c in COLUMNS[1:]}
     res["summary"] = tot
     sampler: dict = next((r for r in res["rows"] if r["part"] == "sampler"), {})
@@ -128,3 +94,46 @@ def run(cfg: SoakBenchConfig) -> dict:
     ]
     res["notes"].append(common.load_note(res["machine"]))
     return common.finish(res)
+
+
+def _sampler_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
+    from . import soak_sampler
+
+    r = soak_sampler.run(parts_dir)
+    s = r["summary"]
+    return {
+        "part": "sampler",
+        "cases": s["bad_inputs"] + s["push_attacks"],
+        "bad_inputs": s["bad_inputs"],
+        "push_attacks": s["push_attacks"],
+        "streams": r["config"].get("streams"),
+        "crashes": s["crashes"],
+        "bad_weights_served": s["bad_weights_served"],
+        "silent_bad_resumes": 0,
+        "files_left_behind": s["files_left_behind"],
+        "multi_line_errors": s["multi_line_errors"],
+        "failed_cases": s["attacks_accepted"] + s.get("wrong_codes", 0),
+    }
+
+
+def _trainer_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
+    from . import soak_trainer
+
+    r = soak_trainer.run(parts_dir, soak_trainer.SoakConfig(kills=cfg.kills))
+    s = r["summary"]
+    return {
+        "part": "trainer",
+        "cases": s["cases"],
+        "bad_inputs": s["user_errors"],
+        "kills": s["kills"],
+        "checkpoint_damage": s["checkpoint_damage"],
+        "crashes": s["crashes"],
+        "bad_weights_served": s["bad_weights"],
+        "silent_bad_resumes": s["silent_bad_resumes"],
+        "files_left_behind": s["files_left_behind"],
+        "multi_line_errors": s["multi_line_user_errors"],
+        "failed_cases": s["failed_cases"],
+    }
+
+
+_PARTS = {"sampler": _sampler_part, "trainer": _trainer_part}

@@ -45,10 +45,10 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class SoakConfig:
-    kills: int = 3  # SIGKILLs of the trainer at random points, each followed by a resume
-    flips: int = 1  # bit flips of the newest checkpoint, each followed by a resume
+    kills: int = 2  # SIGKILLs of the trainer at random points, each followed by a resume
+    flips: int = 1  # bit flips of the newest checkpoint, each followed by a resume (+ a kill)
     truncations: int = 1  # truncations of the newest checkpoint, each followed by a resume
-    steps: int = 8  # train.steps of the soaked run
+    steps: int = 12  # train.steps of the soaked run
     flip_bytes: int = 300
     run_timeout_s: float = 900.0
     seed: int = 0
@@ -297,8 +297,9 @@ def _kills_and_corruption(
     """Kill / damage / resume cycles on one run directory, then let it finish."""
     args = _train_args(model, run, cfg.steps)
     metrics = run / "logs" / "metrics.jsonl"
-    plan = ["kill"] * cfg.kills + ["flip"] * cfg.flips + ["truncate"] * cfg.truncations
-    rng.shuffle(plan)
+    damage = ["flip"] * cfg.flips + ["truncate"] * cfg.truncations
+    rng.shuffle(damage)
+    plan = ["kill"] * cfg.kills + damage  # kills first: damage needs an older step to fall to
     for what in plan:
         rows_now = len(_rows(run / "logs"))
         if rows_now >= cfg.steps - 1:
@@ -332,7 +333,7 @@ def _kills_and_corruption(
             timeout,
             kill_after_rows=len(_rows(run / "logs")) + 1,
             metrics=metrics,
-            kill_delay_s=0.0,
+            kill_delay_s=rng.uniform(0.0, 1.5),
         )
         at = _resumed_at(o)
         named = re.search(rf"ckpt/{newest}\b.*corrupt|corrupt.*\b{newest}\b", o.out + o.err)
@@ -347,6 +348,7 @@ def _kills_and_corruption(
             silent=silent,
             note=f"(resumed at {at}, damaged {newest})",
         )
+        t.record("SIGKILL at a random point", o, ok=o.killed and not o.traceback)
     o = _dlc(args, timeout)  # finish the run
     t.record("resume to the end", o, ok=o.rc == 0 and not o.traceback, crash=o.rc != 0)
 
