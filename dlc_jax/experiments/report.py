@@ -108,7 +108,7 @@ def _band_plot(ax, x, rows, st, label, *, positive=False):
         markevery=max(1, len(x) // 8),
     )
     if rows.shape[0] > 1:
-        ax.fill_between(x, lo[ok], hi[ok], color=st["color"], alpha=0.12, lw=0)
+        ax.fill_between(x, lo[ok], hi[ok], color=st["color"], alpha=0.1, lw=0)
 
 
 def plot_scenario(
@@ -180,8 +180,8 @@ def plot_scenario(
     ax_ess.set_ylim(0, 1.05)
     ax_ess.set_title("lag ESS of exp(ell) (mean over seeds, min-max band)")
     ax_ess.set_ylabel("lag ESS (fraction of tokens, 0-1)")
-    ax_rew.set_title("reward per step (mean over seeds, min-max band)")
-    ax_rew.set_ylabel("mean reward (fraction of correct answers)")
+    ax_rew.set_title("reward of the sampled rollouts (mean over seeds, min-max band)")
+    ax_rew.set_ylabel("mean reward of the batch (fraction correct)")
     ax_lag.set_title("policy lag: std of ell = log p - log p_s")
     ax_lag.set_ylabel("std of ell over response tokens (nats)")
     ax_k3.set_yscale("log")
@@ -278,7 +278,8 @@ def _table(scenario_stats: dict[str, ArmStats], band: float) -> list[str]:
         "own prefixes "
         "[95% CI] | first ESS<0.5 step, measured (mean [CI]) | first exp(-Var ell)<0.5 step (mean "
         "[CI]) | "
-        "ESS stays <0.5 (seeds) | resyncs (mean) | final reward (mean [CI]) | wall time per run "
+        "ESS stays <0.5 (seeds) | resyncs (mean) | final reward of rollouts (mean [CI]) | wall "
+        "time per run "
         "(s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -434,7 +435,12 @@ def write_report(
         "prediction = "
         f"exp(-Var ell). 'ESS stays < 0.5': the {cfg.ess_smooth}-step trailing median of the lag "
         f"ESS is below 0.5 from that step to the end (at least {cfg.min_stay_steps} steps). Final "
-        f"reward: mean over the last {cfg.final_frac:.0%} of steps.",
+        f"reward: mean over the last {cfg.final_frac:.0%} of steps of the reward of the rollouts "
+        "the "
+        "run trained on, i.e. of the *sampler's* answers: a never-synced sampler keeps answering "
+        "with "
+        "the initial weights, so arms that never sync share the same rollouts (and rewards) per "
+        "seed.",
         "",
     ]
     plots = exp / "plots"
