@@ -68,3 +68,15 @@ def test_paired_difference_and_seed_band():
     np.testing.assert_allclose(mean, [2.0, 2.0])
     np.testing.assert_allclose(lo, [1.0, 2.0])
     np.testing.assert_allclose(hi, [3.0, 2.0])
+
+
+def test_bootstrap_band_of_three_seeds_spans_min_to_max():
+    from dlc_jax.experiments.stats import bootstrap_band
+
+    mean, lo, hi = bootstrap_band([[1.0, 2.0], [2.0, np.nan], [6.0, 4.0]])
+    np.testing.assert_allclose(mean, [3.0, 3.0])
+    # P(all three draws = the min) = 1/27 > 2.5%, so the percentile interval reaches min and max
+    np.testing.assert_allclose(lo, [1.0, 2.0])
+    np.testing.assert_allclose(hi, [6.0, 4.0])
+    m1, l1, h1 = bootstrap_band([[0.5, 0.7]])
+    np.testing.assert_allclose([m1, l1, h1], [[0.5, 0.7]] * 3)

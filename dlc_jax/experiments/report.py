@@ -4,7 +4,7 @@ Per scenario: one figure with the ratio D_t/N_t on the reference prefixes and on
 prefixes
 (mean over seeds with its bootstrap 95% band, labelled 1x and 2x noise lines), the lag ESS, the
 reward,
-the lag std and the sampler-prefix mismatch KL (mean over seeds with the min-max seed band). One
+the lag std and the sampler-prefix mismatch KL (mean over seeds with its bootstrap 95% band). One
 figure
 with the noise pairs, one with measured vs Gaussian ESS crossings. A table per scenario and a
 verdict
@@ -23,7 +23,7 @@ import numpy as np
 from dlc_jax.experiments.analysis import AnalysisConfig, summarize
 from dlc_jax.experiments.claims import ArmStats, arm_stats, claims
 from dlc_jax.experiments.results import NoiseThreshold, RunResult, load_results
-from dlc_jax.experiments.stats import mean_interval, seed_band
+from dlc_jax.experiments.stats import bootstrap_band, mean_interval
 
 # Order and style of arms in tables and plots; unknown arms go last in name order.
 ARM_ORDER = (
@@ -91,7 +91,7 @@ def _aligned(runs: list[RunResult], key: str) -> tuple[list[int], np.ndarray]:
 
 
 def _band_plot(ax, x, rows, st, label, *, positive=False):
-    mean, lo, hi = seed_band(rows)
+    mean, lo, hi = bootstrap_band(rows)
     ok = np.isfinite(mean) & ((mean > 0) if positive else True)
     if not ok.any():
         return
@@ -178,9 +178,9 @@ def plot_scenario(
         label=f"ESS = {cfg.ess_threshold:g} (resync trigger)",
     )
     ax_ess.set_ylim(0, 1.05)
-    ax_ess.set_title("lag ESS of exp(ell) (mean over seeds, min-max band)")
+    ax_ess.set_title("lag ESS of exp(ell) (mean over seeds, 95% CI band)")
     ax_ess.set_ylabel("lag ESS (fraction of tokens, 0-1)")
-    ax_rew.set_title("reward of the sampled rollouts (mean over seeds, min-max band)")
+    ax_rew.set_title("reward of the sampled rollouts (mean over seeds, 95% CI band)")
     ax_rew.set_ylabel("mean reward of the batch (fraction correct)")
     ax_lag.set_title("policy lag: std of ell = log p - log p_s")
     ax_lag.set_ylabel("std of ell over response tokens (nats)")
@@ -193,9 +193,8 @@ def plot_scenario(
     for ax in (ax_ref, ax_ess):
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(
-        f"scenario `{scenario}`: bands = bootstrap 95% interval over seeds and on-policy pairs "
-        "(top "
-        f"left/middle) or min-max over seeds (others)"
+        f"scenario `{scenario}`: bands = bootstrap 95% intervals (over seeds and, for D_t/N_t, "
+        "over the on-policy pairs too)"
     )
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import numpy as np
 
@@ -173,6 +174,20 @@ def paired_difference(a_rows, b_rows, n_rows, *, n_boot: int = N_BOOT, seed: int
     return Interval(
         point, float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5)), int(a.shape[0])
     )
+
+
+def bootstrap_band(rows, *, n_boot: int = N_BOOT, seed: int = 0):
+    """(mean, lo, hi) per step of rows [S, T]: the mean over seeds and its percentile-bootstrap 95%
+    interval (seeds resampled with replacement; NaN-aware). With 3 seeds it spans min..max."""
+    x = np.asarray(rows, np.float64)
+    with warnings.catch_warnings():  # all-NaN columns (a step no seed logged) stay NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(x, 0)
+        if x.shape[0] < 2:
+            return mean, mean.copy(), mean.copy()
+        idx = np.random.default_rng(seed).integers(0, x.shape[0], (n_boot, x.shape[0]))
+        boots = np.nanmean(x[idx], axis=1)  # [B, T]
+        return mean, np.nanpercentile(boots, 2.5, axis=0), np.nanpercentile(boots, 97.5, axis=0)
 
 
 def seed_band(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
