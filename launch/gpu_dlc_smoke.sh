@@ -63,7 +63,7 @@ echo "[gpu-smoke] sampler at $ADDR" >&2
   sampler.n="${N:-8}" sampler.max_tokens="$MAX_TOKENS" sampler.max_model_len="$MAX_LEN" \
   train.steps="$STEPS" train.batch_prompts="${PROMPTS:-16}" train.micro_batches=1 \
   optim.warmup=0 resync.policy=every_k resync.k=2 \
-  checkpoint.dir="$OUT/ckpt" checkpoint.every=100000 checkpoint.resume=false \
+  checkpoint.dir="$OUT/ckpt" checkpoint.every=100000 checkpoint.resume=false checkpoint.overwrite=true \
   log.dir="$OUT/logs" log.tensorboard=false \
   2>&1 | tee "$OUT/train.log"
 
