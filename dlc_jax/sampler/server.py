@@ -22,14 +22,13 @@ import json
 import logging
 import pathlib
 import shutil
-import socket
 import threading
 import time
 
 import grpc
 import numpy as np
 
-from . import chunk_wire, data_plane
+from . import chunk_wire, data_plane, push_session
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .backends.base import SamplerBackend
@@ -176,33 +175,6 @@ class SamplerService(pb_grpc.SamplerServicer):
         log.warning("weight push rejected: %s", e.message)
         await context.abort(e.code, e.message)
 
-    async def _next(self, it, deadline: float, what: str):
-        """The next stream message (None at its end), within the idle timeout and the push
-        deadline."""
-        loop = asyncio.get_running_loop()
-        left = deadline - loop.time()
-        if left <= 0:
-            raise PushError(
-                grpc.StatusCode.ABORTED,
-                f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s; discarded",
-            )
-        idle = self.cfg.push_idle_timeout_s
-        try:
-            return await asyncio.wait_for(it.__anext__(), min(idle, left))
-        except StopAsyncIteration:
-            return None
-        except TimeoutError:
-            if idle <= left:
-                raise PushError(
-                    grpc.StatusCode.ABORTED,
-                    f"no message for {idle:g}s while waiting for {what} (push idle timeout); "
-                    "discarded",
-                ) from None
-            raise PushError(
-                grpc.StatusCode.ABORTED,
-                f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s; discarded",
-            ) from None
-
     async def PushWeights(self, request_iterator, context):
         await self._auth(context)
         t0 = time.perf_counter()
@@ -212,7 +184,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         # The push lock is taken only once a header arrived: a stream that sends nothing (or junk)
         # never blocks the pushes behind it.
         try:
-            first = await self._next(it, deadline, "the header")
+            first = await push_session.next_message(it, deadline, self.cfg, "the header")
             if (
                 first is None
                 or isinstance(first, chunk_wire.RawChunk)
@@ -246,99 +218,25 @@ class SamplerService(pb_grpc.SamplerServicer):
             self.cfg.staging_root,
             reserve_bytes=self.cfg.staging_reserve_bytes,
         )
-        committed = False
+        applied = False
         error: PushError | None = None
-        loop = asyncio.get_running_loop()
-        writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
-        reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes
-        conn = None
-        push_id = header.data_push_id
         try:
-            stager.header(header)
-            if stager.data_plane == "socket":
-                conn = await self._claim_data(push_id)
-                conn.settimeout(
-                    self.cfg.push_idle_timeout_s
-                )  # a stalled data socket fails the push
-                reading = loop.run_in_executor(self._io_pool, stager.read_socket, conn)
-            while True:
-                msg = await self._next(it, deadline, "the next chunk or Commit")
-                if msg is None:
-                    break
-                if writing is not None:  # one chunk in flight: ordered, host memory ~ 2 chunks
-                    await writing
-                    writing = None
-                if reading is not None and reading.done():
-                    reading.result()  # a failed data socket / checksum rejects the push now
-                if isinstance(msg, chunk_wire.RawChunk):  # the fast path (see chunk_wire)
-                    # checksum + pwrite release the GIL: overlap them with receiving the next chunk
-                    writing = loop.run_in_executor(self._io_pool, stager.chunk, msg)
-                    continue
-                kind = msg.WhichOneof("kind")
-                if kind == "header":
-                    raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "second header in one push")
-                elif kind == "chunk":
-                    stager.chunk(msg.chunk)
-                elif kind == "done":
-                    stager.done(msg.done)
-                elif kind == "commit":
-                    if reading is not None:
-                        try:
-                            await asyncio.wait_for(
-                                asyncio.shield(reading), max(deadline - loop.time(), 0.001)
-                            )
-                        except TimeoutError:
-                            raise PushError(
-                                grpc.StatusCode.ABORTED,
-                                f"push exceeded the maximum duration of {self.cfg.push_max_s:g}s "
-                                "waiting for its data socket; discarded",
-                            ) from None
-                    if writing is not None:
-                        await writing
-                        writing = None
-                    path = stager.commit()
-                    committed = True
-                    break
-                else:
-                    raise PushError(
-                        grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set"
-                    )
-            if writing is not None:  # its error (if any) is the reason to report
-                await writing
-                writing = None
-            if not committed:
-                raise PushError(
-                    grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded"
-                )
+            path = await push_session.receive(
+                stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener
+            )
             assert stager.version is not None
             swap = asyncio.ensure_future(self._swap(path, stager.version, owned=True))
             try:
                 await asyncio.shield(swap)
             except asyncio.CancelledError:  # client went away during the swap: finish it anyway
                 await swap
+                applied = True
                 raise
+            applied = True
         except PushError as e:
             error = e
         finally:
-            if writing is not None:  # stream ended/cancelled with a write in flight: let it finish
-                try:
-                    await asyncio.shield(writing)
-                except Exception:  # noqa: BLE001 - the push is discarded below anyway
-                    pass
-            if conn is not None:  # stops a reader still blocked on the data socket
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                conn.close()
-            elif push_id and self.data_listener is not None:
-                self.data_listener.drop(push_id)
-            if reading is not None:
-                try:
-                    await asyncio.shield(reading)
-                except Exception:  # noqa: BLE001 - the push is discarded below anyway
-                    pass
-            if not committed or error is not None:
+            if not applied:
                 stager.discard()
                 if error is None:  # cancelled / disconnected mid-push
                     self.counters["rejected_pushes"] += 1
@@ -356,31 +254,6 @@ class SamplerService(pb_grpc.SamplerServicer):
             bytes=stager.bytes_received,
             seconds=dt,
         )
-
-    async def _claim_data(self, push_id: str):
-        if self.data_listener is None:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "push asks for the socket data plane but this server has no data port "
-                "(start it with --push-data-port / ServerConfig.data_port; never offered with TLS)",
-            )
-        if len(push_id) != data_plane.PUSH_ID_LEN:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"header.data_push_id must be {data_plane.PUSH_ID_LEN} chars for the socket data "
-                "plane",
-            )
-        wait = self.cfg.data_wait_s
-        conn = await asyncio.get_running_loop().run_in_executor(
-            None, self.data_listener.claim, push_id, wait
-        )
-        if conn is None:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"no data connection for push id {push_id[:8]}.. within {wait}s "
-                "(not connected, wrong push id, or missing/wrong token in its preamble)",
-            )
-        return conn
 
     async def LoadWeights(self, request, context):
         await self._auth(context)
