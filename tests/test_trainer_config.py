@@ -134,7 +134,9 @@ def test_base_errors_name_the_file(tmp_path):
         load_config(a)
     c = tmp_path / "c.yaml"
     c.write_text("base: no_such_recipe\n")
-    with pytest.raises(ConfigError, match=r"^base: no packaged config or file 'no_such_recipe'.*tiny_cpu"):
+    with pytest.raises(
+        ConfigError, match=r"^base: no packaged config or file 'no_such_recipe'.*tiny_cpu"
+    ):
         load_config(c)
     d = tmp_path / "d.yaml"
     d.write_text("base: tiny_cpu\noptim: {lrr: 1}\n")
@@ -153,6 +155,6 @@ def test_packaged_names_and_print_config_shows_every_key(capsys):
     # every key of the dump loads back to the same config
     import yaml
 
-    from dlc_jax.trainer.config import from_dict, TrainConfig
+    from dlc_jax.trainer.config import TrainConfig, from_dict
 
     assert from_dict(TrainConfig, yaml.safe_load(out)) == load_config("qwen3_0p6b_gsm8k")

@@ -58,7 +58,9 @@ def test_eval_and_samples_in_a_tiny_run(tmp_path):
         assert 1 <= r["eval/response_len"] <= 4 and r["eval/version"] == 0
     assert evals[0]["eval/accuracy"] == evals[1]["eval/accuracy"]
     assert evals[0]["eval/response_len"] == evals[1]["eval/response_len"]
-    samples = [json.loads(x) for x in (tmp_path / "logs" / "samples.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(x) for x in (tmp_path / "logs" / "samples.jsonl").read_text().splitlines()
+    ]
     assert [x["step"] for x in samples] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
     first = [x for x in samples if x["step"] == 1]
     assert len({x["slot"] for x in first}) == 3  # one sample of each of 3 prompts

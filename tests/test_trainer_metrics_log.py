@@ -87,7 +87,9 @@ def test_tb_tag_groups_every_main_job_key():
          "num_tokens", "loss/num_tokens"], 1.0)  # fmt: skip
     tags = {k: tb_tag(k, row) for k in row}
     assert tags["delta_q05"] == "mismatch/delta_q05" and tags["kl_k3"] == "mismatch/kl_k3"
-    assert tags["ess_total_gaussian"] == "ess/total_gaussian" and tags["lr_scale"] == "loss/lr_scale"
+    assert (
+        tags["ess_total_gaussian"] == "ess/total_gaussian" and tags["lr_scale"] == "loss/lr_scale"
+    )
     assert tags["reward_std"] == "reward/std" and tags["step_s"] == "system/step_s"
     assert tags["num_tokens"] is None and tags["loss/num_tokens"] == "loss/num_tokens"
 

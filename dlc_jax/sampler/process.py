@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 from .client import SamplerClient
 from .staging import clean_stale_staging, staging_roots
@@ -86,14 +87,18 @@ class SamplerProcess:
         env = {**os.environ, **self.env}
         self._log = open(self.log_file, "wb")
         # own process group: kill() also takes down engine children (vLLM's EngineCore process)
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
-        )
+        with warnings.catch_warnings():
+            # the child runs only prctl before exec (no Python threads, no JAX): JAX's fork warning,
+            # raised because preexec_fn forks from a threaded parent, does not apply
+            warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
+            )
         deadline = time.monotonic() + self.startup_timeout
         while self.address is None:
             if self.proc.poll() is not None:

@@ -52,12 +52,18 @@ class Evaluator:
             enable_thinking=data.enable_thinking,
         )
         self.max_tokens = cfg.eval.max_tokens or cfg.sampler.max_tokens
-        examples, stats = load_data(
-            data,
-            answer_check=rewards.check_answers,
-            max_prompt_tokens=cfg.sampler.max_model_len - self.max_tokens,
-            count_tokens=lambda prompts: count_prompt_tokens(tokenizer, prompts, **render),
-        )
+        try:
+            examples, stats = load_data(
+                data,
+                answer_check=rewards.check_answers,
+                max_prompt_tokens=cfg.sampler.max_model_len - self.max_tokens,
+                count_tokens=lambda prompts: count_prompt_tokens(tokenizer, prompts, **render),
+            )
+        except ValueError as e:  # the source's errors name data.*: here they are eval.*'s
+            msg = str(e)
+            for key in ("source", "split", "subset"):
+                msg = msg.replace(f"data.{key}", f"eval.{key}")
+            raise type(e)(msg) from None
         self.examples = examples[: cfg.eval.n]
         if not self.examples:
             raise ValueError(f"eval.source: no usable prompt in {data.source!r} ({stats})")

@@ -72,12 +72,23 @@ class WandbWriter:
                 "log.wandb: the wandb package is not installed (pip install wandb)"
             ) from e
         self._wandb = wandb
+        # wandb's own banner and run-history printout stay out of the training output (they are in
+        # the run's debug log); our one line says where the run is
+        quiet = not logger.isEnabledFor(logging.DEBUG)
         self.run = wandb.init(
             project=project,
             name=run_name or None,
             dir=str(directory),
             config=config or {},
-            reinit=True,
+            reinit="finish_previous",
+            settings=wandb.Settings(silent=quiet, show_info=not quiet, console="off"),
+        )
+        offline = self.run.settings.mode in ("offline", "dryrun")
+        logger.info(
+            "wandb: run %s in %s%s",
+            self.run.name,
+            self.run.dir.rsplit("/files", 1)[0],
+            " (offline; upload later with `wandb sync` on that directory)" if offline else "",
         )
 
     def log(self, step: int, tags: dict[str, float]) -> None:
