@@ -298,4 +298,29 @@ def claims(
                 f"{cfg.final_frac:.0%} of "
                 f"steps (nats/token, mean [CI]): {'; '.join(k3)}."
             )
+    out += caveats(results, cfg)
     return out
+
+
+def caveats(results: dict[str, RunResult], cfg: AnalysisConfig) -> list[str]:
+    """Computed context a reader needs before trusting the verdicts."""
+    onp = [r for r in results.values() if r.arm == "onpolicy"]
+    if not onp:
+        return []
+    first = mean_interval([_first_value(r.get("reward"), cfg.final_frac) for r in onp])
+    last = mean_interval([final_value(r.get("reward"), cfg.final_frac) for r in onp])
+    return [
+        f"- *Context*: on-policy reward, first vs last {cfg.final_frac:.0%} of steps (mean [95% "
+        "CI] "
+        f"over {len(onp)} runs): {first.fmt(3)} vs {last.fmt(3)} — whether RL improved the task in "
+        "this many steps; the noise threshold N_t measures how far two such runs drift apart, and "
+        "a large N_t makes the 2x band wide."
+    ]
+
+
+def _first_value(values, frac: float) -> float | None:
+    vals = [float(v) for v in values if isinstance(v, (int, float))]
+    if not vals:
+        return None
+    n = max(1, int(np.ceil(frac * len(vals))))
+    return float(np.mean(vals[:n]))
