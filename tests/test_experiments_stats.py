@@ -80,3 +80,13 @@ def test_bootstrap_band_of_three_seeds_spans_min_to_max():
     np.testing.assert_allclose(hi, [6.0, 4.0])
     m1, l1, h1 = bootstrap_band([[0.5, 0.7]])
     np.testing.assert_allclose([m1, l1, h1], [[0.5, 0.7]] * 3)
+
+
+def test_rank_correlation():
+    from dlc_jax.experiments.claims import rank_correlation
+
+    up = rank_correlation([(1, 10), (2, 20), (3, 25), (4, 40), (5, 41)])
+    assert up.point == pytest.approx(1.0) and up.lo == pytest.approx(1.0)
+    down = rank_correlation([(1, 5), (2, 4), (3, 3), (4, 2)])
+    assert down.point == pytest.approx(-1.0)
+    assert np.isnan(rank_correlation([(1, 2), (2, 3)]).point)  # too few runs

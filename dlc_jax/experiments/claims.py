@@ -298,6 +298,17 @@ def claims(
                 f"{cfg.final_frac:.0%} of "
                 f"steps (nats/token, mean [CI]): {'; '.join(k3)}."
             )
+            pts = [
+                (final_value(results[n].get("mismatch_k3"), cfg.final_frac), summaries[n].max_ratio)
+                for n in results
+                if results[n].scenario == sc
+            ]
+            rho = rank_correlation([p for p in pts if p[0] is not None and p[1] is not None])
+            out.append(
+                "     Does that mismatch KL track the distance to on-policy training? Rank "
+                f"correlation over runs between final k3 and max_t D_t/N_t: {rho.fmt()} (bootstrap "
+                "over runs; an interval containing 0 = no detectable relation)."
+            )
     out += caveats(results, cfg)
     return out
 
@@ -324,3 +335,26 @@ def _first_value(values, frac: float) -> float | None:
         return None
     n = max(1, int(np.ceil(frac * len(vals))))
     return float(np.mean(vals[:n]))
+
+
+def rank_correlation(pairs, *, n_boot: int = 2000, seed: int = 3) -> Interval:
+    """Spearman correlation of (x, y) pairs with a percentile-bootstrap interval over the pairs."""
+    if len(pairs) < 3:
+        return NAN_INTERVAL
+    xy = np.asarray(pairs, np.float64)
+
+    def rho(a):
+        rx = np.argsort(np.argsort(a[:, 0])).astype(float)
+        ry = np.argsort(np.argsort(a[:, 1])).astype(float)
+        if rx.std() == 0 or ry.std() == 0:
+            return np.nan
+        return float(np.corrcoef(rx, ry)[0, 1])
+
+    rng = np.random.default_rng(seed)
+    boots = np.array([rho(xy[rng.integers(0, len(xy), len(xy))]) for _ in range(n_boot)])
+    boots = boots[np.isfinite(boots)]
+    if boots.size == 0:
+        return NAN_INTERVAL
+    return Interval(
+        rho(xy), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5)), len(xy)
+    )
