@@ -158,3 +158,17 @@ def test_packaged_names_and_print_config_shows_every_key(capsys):
     from dlc_jax.trainer.config import TrainConfig, from_dict
 
     assert from_dict(TrainConfig, yaml.safe_load(out)) == load_config("qwen3_0p6b_gsm8k")
+
+
+def test_eval_and_log_keys_are_not_training_relevant():
+    from dlc_jax.trainer.config import to_dict
+    from dlc_jax.trainer.run_dir import config_diff
+
+    a = to_dict(load_config(default_config_path()))
+    b = to_dict(
+        load_config(
+            default_config_path(),
+            ["eval.every=5", "eval.n=3", "log.samples_every=2", "log.wandb=true"],
+        )
+    )
+    assert config_diff(a, b) == []  # a resume may switch evaluation and logging on or off

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 # Dotted keys (or whole sections, by prefix) that may change between a checkpoint and its resume.
 NOT_TRAINING_RELEVANT = (
     "log.",
+    "eval.",  # held-out evaluation reads the sampler; training is the same with or without it
     "checkpoint.",
     "distributed.",
     "mesh.",
@@ -53,7 +54,7 @@ NOT_TRAINING_RELEVANT = (
 )
 
 # Run outputs in log.dir that belong to one run (cleared by checkpoint.overwrite).
-RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "tb")
+RUN_OUTPUTS = ("metrics.jsonl", "samples.jsonl", "summary.json", "tb")
 
 
 class ConfigMismatchError(UserError):
