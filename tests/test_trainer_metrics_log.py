@@ -71,6 +71,8 @@ def test_jsonl_grouped_tensorboard_and_summary(tmp_path, capsys):
         "eval/accuracy",
         "pool/removed",
     } <= tags
+    assert "_hparams_/experiment" in tags and "_hparams_/session_start_info" in tags  # the config
+    tags = {t for t in tags if not t.startswith("_hparams_/")}
     assert "head_mass_p" not in tags and not any("/" not in t for t in tags)
     prefixes = ("reward/", "mismatch/", "ess/", "loss/", "system/", "eval/", "pool/")
     assert all(t.startswith(prefixes) for t in tags)

@@ -45,6 +45,17 @@ def _scalar(v):
     return None
 
 
+def _write_hparams(tb, flat: dict) -> None:
+    """The resolved config in TensorBoard's HPARAMS tab (this run's own event file), next to the
+    headline metrics."""
+    from tensorboardX.summary import hparams
+
+    metrics = dict.fromkeys(("reward/mean", "eval/accuracy", "ess/lag"))
+    writer = tb._get_file_writer()
+    for summary in hparams(flat, metrics):
+        writer.add_summary(summary)
+
+
 def read_rows(path: Path, upto: int | None = None) -> list[dict]:
     """Rows of a metrics.jsonl (those with step <= ``upto`` when given); an unreadable line (a
     half-written last one) is skipped with a warning."""
@@ -114,6 +125,7 @@ class MetricsLogger:
             if config is not None:
                 text = "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```"
                 self._tb.add_text("config", text, global_step=initial_step)
+                _write_hparams(self._tb, flatten(config))
         self._wandb = (
             WandbWriter(
                 self.directory,
