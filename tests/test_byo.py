@@ -10,6 +10,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,4 +94,8 @@ def test_byo_doc_end_to_end(tmp_path):
     assert not [t for t in tags if "/" not in t]
     runs = list((logs / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
-    assert b"eval/accuracy" in next(runs[0].glob("*.wandb")).read_bytes()
+    deadline, record = time.time() + 60, b""  # written by wandb's service process
+    while time.time() < deadline and b"eval/accuracy" not in record:
+        time.sleep(0.5)
+        record = next(runs[0].glob("*.wandb")).read_bytes()
+    assert b"eval/accuracy" in record

@@ -4,6 +4,7 @@ means, the plain progress line, sample completions, an offline wandb run."""
 
 import json
 import struct
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -166,6 +167,10 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     m.close()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
-    record = next(runs[0].glob("*.wandb")).read_bytes()  # the run's records: config and metrics
+    # the run's records (config, metrics) are written by wandb's service process: wait for them
+    deadline, record = time.time() + 60, b""
+    while time.time() < deadline and not (b"ess/lag" in record and b"optim.lr" in record):
+        time.sleep(0.5)
+        record = next(runs[0].glob("*.wandb")).read_bytes()
     assert b"optim.lr" in record and b"reward/mean" in record and b"ess/lag" in record
     assert list((runs[0] / "files" / "media" / "table").glob("samples_1_*.table.json"))
