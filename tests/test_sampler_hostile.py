@@ -208,7 +208,7 @@ def test_staged_size_checked_against_free_space_before_writing(served, base_weig
         and "not enough space to stage" in res.message
     ), res
     assert _staging_dirs(staging) == before  # nothing was written
-    from dlc_jax.sampler.staging import max_push_bytes
+    from dlc_jax.sampler.weight_checks import max_push_bytes
 
     exp = srv.server.backend.expected_tensors()
     assert max_push_bytes(exp) == sum(4 * int(np.prod(s)) for s, _ in exp.values())
@@ -426,7 +426,7 @@ def test_safetensors_reads_are_bounded(tmp_path, base_weights):
 
 
 def test_finite_check_across_piece_boundaries():
-    from dlc_jax.sampler.staging import FiniteCheck
+    from dlc_jax.sampler.weight_checks import FiniteCheck
 
     for dtype, np_dt in (
         ("float32", np.float32),
@@ -455,7 +455,7 @@ def _dead_pid() -> int:
 def test_stale_staging_of_dead_samplers_removed_at_start(tiny_dir, tmp_path):
     from dlc_jax.bench.sampler_bench import TransportOnlyBackend
     from dlc_jax.sampler.server import SamplerServer, ServerConfig
-    from dlc_jax.sampler.staging import STAGING_PREFIX
+    from dlc_jax.sampler.staging_dirs import STAGING_PREFIX
 
     root = tmp_path / "staging"
     root.mkdir()

@@ -13,7 +13,7 @@ import pytest
 
 from dlc_jax.sampler import safetensors_io as st
 from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.server import RequestError, validate_generate
+from dlc_jax.sampler.request_checks import RequestError, validate_generate
 from dlc_jax.sampler.staging import PushError, WeightStager
 from dlc_jax.sampler.types import Rollout, SamplingParams, spans_from_versions
 
@@ -283,7 +283,7 @@ def test_prefetched_keeps_order_reraises_and_stops_early():
 def test_staging_root_auto_prefers_ram_when_it_has_room(tmp_path):
     import shutil
 
-    from dlc_jax.sampler.staging import resolve_staging_root
+    from dlc_jax.sampler.staging_dirs import resolve_staging_root
 
     free = shutil.disk_usage(tmp_path).free
     assert resolve_staging_root("/data/stage", 10**15, shm_dir=str(tmp_path)) == "/data/stage"  # explicit wins

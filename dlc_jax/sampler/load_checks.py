@@ -3,7 +3,7 @@
 A server loads only directories under its `load_root` (None = LoadWeights disabled), resolved
 (symlinks followed) before the check, never the directory it is serving (loading it would delete
 it on the next swap). The files get the push checks: names, shapes and dtypes against the served
-model (`staging.validate_specs`), bounded safetensors header reads, and finite values.
+model (`weight_checks.validate_specs`), bounded safetensors header reads, and finite values.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pathlib
 import grpc
 
 from . import safetensors_io as st
-from .staging import PushError, validate_specs
+from .weight_checks import PushError, validate_specs
 
 
 def check_load_path(raw: str, load_root: str | None, serving: list[pathlib.Path]) -> pathlib.Path:

@@ -10,7 +10,7 @@ import time
 import warnings
 
 from .client import SamplerClient
-from .staging import clean_stale_staging, staging_roots
+from .staging_dirs import clean_stale_staging, staging_roots
 
 
 def _die_with_parent() -> None:

@@ -4,45 +4,37 @@ Bytes are written straight into a preallocated safetensors file in a fresh temp 
 precomputed offsets, so host memory stays ~ one chunk. Checksums: the header names one
 ("sha256", the default, or "crc32c"); every tensor must carry it (in its spec or its TensorDone
 trailer) and every value given is checked. Chunks may be `pb.WeightChunk` or
-`chunk_wire.RawChunk` (zero-copy memoryview data). The staging root is created if missing. Every
-check failure raises `PushError` with the gRPC status code to answer and a message naming the
-tensor; the caller deletes the staging directory with `discard()`. Only `commit()` returns the
-staged directory.
+`chunk_wire.RawChunk` (zero-copy memoryview data). Every check failure raises `PushError` with the
+gRPC status code to answer and a message naming the tensor; the caller deletes the staging
+directory with `discard()`. Only `commit()` returns the staged directory.
 
-Limits: the header is checked against the served model (names, shapes, dtypes: `validate_specs`,
-shared with LoadWeights), the staged size against the model's largest possible push and against the
-free space of the staging filesystem (minus `reserve_bytes`) before anything is written; every float
-tensor's values are checked finite as its bytes arrive (`FiniteCheck`), so a NaN/Inf push is refused
-even with valid checksums. Staging directories are named `dlc_push_p<pid>_v<version>_*` after the
-sampler process that owns them (and hold an `.owner` file naming its pid namespace);
-`clean_stale_staging` removes those of dead processes in this pid namespace (a SIGKILLed sampler
-cannot clean its /dev/shm copy itself).
+Limits: the header is checked against the served model (`weight_checks.validate_specs`, shared
+with LoadWeights), the staged size against the model's largest possible push and against the free
+space of the staging filesystem (minus `reserve_bytes`, `staging_dirs.make_staging_dir`) before
+anything is written; every float tensor's values are checked finite as its bytes arrive
+(`weight_checks.FiniteCheck`), so a NaN/Inf push is refused even with valid checksums. Where the
+directory lives and how dead samplers' directories are removed: `staging_dirs`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import pathlib
 import shutil
 import socket
-import tempfile
 import threading
 from typing import Any
 
 import crc32c
 import grpc
-import numpy as np
 
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
+from .staging_dirs import make_staging_dir
+from .weight_checks import FiniteCheck, PushError, max_push_bytes, validate_specs
 
-log = logging.getLogger(__name__)
-
-PUSH_DTYPES = ("float32", "bfloat16", "float16")
 CHECKSUMS = ("sha256", "crc32c")
-STAGING_PREFIX = "dlc_push_p"
 
 
 class _Crc32c:
@@ -53,212 +45,6 @@ class _Crc32c:
 
     def update(self, data) -> None:
         self.value = crc32c.crc32c(data, self.value)
-
-
-FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-class PushError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-# (unsigned view dtype, exponent mask): a float is NaN/Inf iff all its exponent bits are set
-_EXP_MASKS = {
-    "float32": (np.uint32, 0x7F800000),
-    "bfloat16": (np.uint16, 0x7F80),
-    "float16": (np.uint16, 0x7C00),
-    "float64": (np.uint64, 0x7FF0000000000000),
-}
-
-
-class FiniteCheck:
-    """Incremental NaN/Inf check over a tensor's raw bytes fed in arbitrary pieces (elements may
-    straddle pieces). `update` returns False once a non-finite value was seen."""
-
-    def __init__(self, dtype: str):
-        self.spec = _EXP_MASKS.get(dtype)
-        self.itemsize = np.dtype(self.spec[0]).itemsize if self.spec else 1
-        self.carry = b""
-        self.ok = True
-
-    def _check(self, raw) -> None:
-        assert self.spec is not None
-        u, m = self.spec
-        if u is np.uint16:  # bfloat16 / float16: |x| bits >= the all-ones exponent (exact, fast)
-            a = np.frombuffer(raw, dtype=np.uint16)
-            if a.size and int(np.bitwise_and(a, np.uint16(0x7FFF)).max()) >= m:
-                self.ok = False
-            return
-        f = np.float32 if u is np.uint32 else np.float64
-        if not np.isfinite(np.frombuffer(raw, dtype=f)).all():  # native isfinite: ~4 GB/s
-            self.ok = False
-
-    def update(self, data) -> bool:
-        if self.spec is None or not self.ok:
-            return self.ok
-        mv = memoryview(data).cast("B")
-        if self.carry:
-            need = self.itemsize - len(self.carry)
-            self.carry += bytes(mv[:need])
-            mv = mv[need:]
-            if len(self.carry) < self.itemsize:
-                return self.ok
-            self._check(self.carry)
-            self.carry = b""
-        n = len(mv) // self.itemsize * self.itemsize
-        if n:
-            self._check(mv[:n])
-        self.carry = bytes(mv[n:])
-        return self.ok
-
-
-def validate_specs(
-    expected: dict[str, tuple[tuple[int, ...], str]],
-    specs: dict[str, tuple[tuple[int, ...], str]],
-    where: str = "push",
-) -> None:
-    """Names, shapes and dtypes of a full set of weights against the served model's. A float
-    parameter may come as any of PUSH_DTYPES (the engine casts); any other must match exactly."""
-    unknown = sorted(set(specs) - set(expected))
-    if unknown:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)",
-        )
-    missing = sorted(set(expected) - set(specs))
-    if missing:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}",
-        )
-    for name, (shape, dtype) in specs.items():
-        exp_shape, exp_dtype = expected[name]
-        if tuple(shape) != tuple(exp_shape):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}",
-            )
-        if dtype not in st.NP_DTYPES:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: unsupported dtype {dtype!r}"
-            )
-        if exp_dtype in FLOAT_DTYPES and dtype not in PUSH_DTYPES:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {name!r}: dtype {dtype!r} not allowed for a float parameter (use one of "
-                f"{PUSH_DTYPES})",
-            )
-        if exp_dtype not in FLOAT_DTYPES and dtype != exp_dtype:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}",
-            )
-
-
-def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
-    """The largest tensor payload a valid push of this model can have (every float as float32)."""
-    total = 0
-    for shape, dtype in expected.values():
-        n = 1
-        for d in shape:
-            n *= int(d)
-        isz = (
-            4
-            if dtype in FLOAT_DTYPES
-            else st.NP_DTYPES[dtype].itemsize
-            if dtype in st.NP_DTYPES
-            else 8
-        )
-        total += n * isz
-    return total
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def staging_roots(staging_root: str | None) -> list[pathlib.Path]:
-    """Directories a server with this `staging_root` setting may stage into."""
-    if staging_root not in (None, "", "auto"):
-        return [pathlib.Path(staging_root)]
-    return [pathlib.Path(SHM_DIR), pathlib.Path(tempfile.gettempdir())]
-
-
-def _owner(d: pathlib.Path) -> int | None:
-    rest = d.name[len(STAGING_PREFIX) :]
-    head = rest.split("_", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
-OWNER_FILE = ".owner"  # "<pid namespace> <pid>": who staged this directory
-
-
-def pid_namespace() -> str:
-    """This process's pid namespace ("pid:[4026531836]"; "" where unknown): pids are only
-    comparable inside one namespace (containers sharing /dev/shm may each have a pid 7)."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def _same_namespace(d: pathlib.Path) -> bool:
-    try:
-        ns = (d / OWNER_FILE).read_text().split()[0]
-    except (OSError, IndexError):
-        return True  # no marker (older sampler, or being created): the name's pid decides
-    return ns == pid_namespace()
-
-
-def clean_stale_staging(roots: list[pathlib.Path], *, pid: int | None = None) -> list[str]:
-    """Remove staging directories whose owner process is dead (or, with `pid`, those owned by that
-    pid, which the caller knows is dead). -> the removed paths."""
-    removed = []
-    for root in roots:
-        try:
-            entries = list(root.iterdir())
-        except OSError:
-            continue
-        for d in entries:
-            if not d.name.startswith(STAGING_PREFIX) or not d.is_dir():
-                continue
-            owner = _owner(d)
-            if owner is None or owner == os.getpid() or not _same_namespace(d):
-                continue
-            if (pid is not None and owner == pid) or (pid is None and not _pid_alive(owner)):
-                shutil.rmtree(d, ignore_errors=True)
-                removed.append(str(d))
-    if removed:
-        log.info("removed %d staging dir(s) of dead sampler(s): %s", len(removed), removed[:3])
-    return removed
-
-
-SHM_DIR = "/dev/shm"
-
-
-def resolve_staging_root(
-    staging_root: str | None, nbytes: int, *, shm_dir: str = SHM_DIR, headroom: float = 2.0
-) -> str | None:
-    """Where a push of `nbytes` is staged. An explicit directory wins. 'auto' (or None) picks the
-    RAM filesystem `shm_dir` when it has room for `headroom` x the push (the staged file lives only
-    until the engine has reloaded it, and RAM-backed staging avoids a disk write per push), else
-    the system temp directory (returned as None)."""
-    if staging_root not in (None, "", "auto"):
-        return staging_root
-    try:
-        free = shutil.disk_usage(shm_dir).free
-    except OSError:
-        return None
-    return shm_dir if free >= headroom * nbytes else None
 
 
 class WeightStager:
@@ -347,26 +133,7 @@ class WeightStager:
                 f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)",
             )
         total = len(prefix) + payload
-        root = resolve_staging_root(self.staging_root, total)
-        if root is not None:
-            pathlib.Path(root).mkdir(parents=True, exist_ok=True)
-        where = root if root is not None else tempfile.gettempdir()
-        try:
-            free = shutil.disk_usage(where).free
-        except OSError as e:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION, f"staging directory {where}: {e}"
-            ) from None
-        if free - self.reserve_bytes < total:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"not enough space to stage the push: needs {total / 1e6:.1f} MB, {where} has "
-                f"{free / 1e6:.1f} MB free with {self.reserve_bytes / 1e6:.1f} MB kept in reserve",
-            )
-        self.dir = pathlib.Path(
-            tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}_v{self.version}_", dir=root)
-        )
-        (self.dir / OWNER_FILE).write_text(f"{pid_namespace()} {os.getpid()}\n")
+        self.dir = make_staging_dir(self.staging_root, total, self.reserve_bytes, self.version)
         self._path = self.dir / "model.safetensors"
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.pwrite(self._fd, prefix, 0)

@@ -1,0 +1,50 @@
+"""`ServerConfig`: the sampler server's settings (address, auth, TLS, message and push limits,
+staging, LoadWeights root, minimum temperature), checked when built."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port
+    token: str | None = None
+    tls_cert: str | None = None  # PEM paths; both or neither
+    tls_key: str | None = None
+    max_message_bytes: int = 64 << 20
+    max_prompts: int = 4096
+    staging_root: str | None = None
+    # Socket data plane for pushes (see data_plane.py): None = off (default), 0 = pick a free port.
+    # Plaintext: loopback / trusted networks only, so it cannot be combined with TLS.
+    data_port: int | None = None
+    data_wait_s: float = 10.0  # how long a socket-plane push waits for its data connection
+    data_auth_timeout_s: float = 5.0  # a data connection must send its full preamble within this
+    data_max_pending: int = 64  # data connections awaiting their preamble or their push, at most
+    # A push is discarded when its stream is silent for push_idle_timeout_s (also a stalled data
+    # socket) or when it takes longer than push_max_s in all (lock wait included).
+    push_idle_timeout_s: float = 60.0
+    push_max_s: float = 900.0
+    staging_reserve_bytes: int = 64 << 20  # free space a staged push must leave on its filesystem
+    # LoadWeights reads only directories under load_root; None = LoadWeights disabled.
+    load_root: str | None = None
+    # 0 < temperature < min_temperature is refused (INVALID_ARGUMENT): vLLM silently raises such
+    # temperatures to 0.01, and logits / T overflow float32 for tiny T.
+    min_temperature: float = 0.01
+
+    def __post_init__(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("ServerConfig: tls_cert and tls_key must be given together")
+        for k in ("push_idle_timeout_s", "push_max_s", "data_auth_timeout_s", "data_wait_s"):
+            if not getattr(self, k) > 0:
+                raise ValueError(f"ServerConfig.{k} must be > 0, got {getattr(self, k)!r}")
+        if self.data_max_pending < 1:
+            raise ValueError(
+                f"ServerConfig.data_max_pending must be >= 1, got {self.data_max_pending!r}"
+            )
+        if self.data_port is not None and self.tls_cert is not None:
+            raise ValueError(
+                "ServerConfig: the push data port (raw TCP, unencrypted) cannot be used with TLS; "
+                "use it only on loopback / trusted networks without TLS, or leave data_port off"
+            )

@@ -1,0 +1,287 @@
+"""The Sampler gRPC service (`SamplerService`): bearer-token auth on every call, Generate
+(validated requests; a rollout with NaN log-probs is never sent, the call fails INTERNAL), weight
+pushes (serialized by a lock taken only once a header arrived, received by `push_session`, applied
+only on Commit; any failure or disconnect discards the staging and keeps the old weights),
+LoadWeights (off unless `load_root` is set; `load_checks`) and Info. `add_sampler_service`
+registers it with PushWeights requests decoded zero-copy by `chunk_wire`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import json
+import logging
+import pathlib
+import shutil
+import time
+
+import grpc
+import numpy as np
+
+from . import chunk_wire, data_plane, push_session
+from . import sampler_pb2 as pb
+from . import sampler_pb2_grpc as pb_grpc
+from .backends.base import SamplerBackend
+from .load_checks import check_load_files, check_load_path
+from .request_checks import RequestError, validate_generate
+from .server_config import ServerConfig
+from .staging import WeightStager
+from .weight_checks import PushError
+
+log = logging.getLogger(__name__)
+
+
+class SamplerService(pb_grpc.SamplerServicer):
+    def __init__(self, backend: SamplerBackend, cfg: ServerConfig):
+        self.backend = backend
+        self.cfg = cfg
+        self._push_lock = asyncio.Lock()
+        self._io_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="push-io")
+        self._current_dir = pathlib.Path(backend.cfg.model_dir)
+        self._owned_dir: pathlib.Path | None = None  # staged dir now serving (deleted on next swap)
+        self.counters = {"tokens_generated": 0, "requests": 0, "pushes": 0, "rejected_pushes": 0}
+        self.queue_depth = 0
+        self.last_push_message = ""
+        self.data_listener: data_plane.DataPlaneListener | None = None  # set by SamplerServer.start
+
+    async def _auth(self, context) -> None:
+        if self.cfg.token is None:
+            return
+        md = dict(context.invocation_metadata() or ())
+        got = md.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.cfg.token}".encode()):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong bearer token in 'authorization' metadata",
+            )
+
+    # -- Generate ---------------------------------------------------------------------------
+    async def Generate(self, request, context):
+        await self._auth(context)
+        b = self.backend
+        try:
+            prompts, params = validate_generate(
+                request,
+                vocab_size=b.vocab_size,
+                max_model_len=b.cfg.max_model_len,
+                max_n=b.cfg.max_n,
+                max_head_k=b.cfg.max_head_k,
+                max_prompts=self.cfg.max_prompts,
+                min_temperature=self.cfg.min_temperature,
+            )
+        except RequestError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self.counters["requests"] += 1
+        pending = len(prompts) * params.n
+        self.queue_depth += pending
+        rollouts = b.generate(request.request_id, prompts, params)
+        try:
+            async for r in rollouts:
+                if np.isnan(r.logprobs).any() or np.isnan(r.head_logprobs).any():
+                    log.error(
+                        "engine returned NaN log-probs for request %r slot %s; answering INTERNAL",
+                        request.request_id,
+                        r.slot_id,
+                    )
+                    await context.abort(
+                        grpc.StatusCode.INTERNAL,
+                        f"engine returned NaN log-probs (request {request.request_id!r}, slot "
+                        f"{r.slot_id}); "
+                        "rollout withheld",
+                    )
+                self.counters["tokens_generated"] += len(r.response_ids)
+                self.queue_depth -= 1
+                pending -= 1
+                yield r.to_proto()
+        finally:  # also on client disconnect: stop the engine work for this request now
+            self.queue_depth -= pending
+            await rollouts.aclose()
+
+    # -- weights ----------------------------------------------------------------------------
+    async def _swap(self, path: pathlib.Path, version: int, owned: bool) -> None:
+        old_dir, old_version = self._current_dir, self.backend.version
+        try:
+            await self.backend.apply_weights(str(path), version)
+        except Exception as e:
+            log.exception("applying weights v%s failed; restoring v%s", version, old_version)
+            try:
+                await self.backend.apply_weights(str(old_dir), old_version)
+            except Exception:
+                log.exception("restoring the previous weights failed too")
+            raise PushError(
+                grpc.StatusCode.INTERNAL,
+                f"backend failed to apply version {version}: {e!r}; previous weights restored",
+            ) from e
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+        self._current_dir = path
+        self._owned_dir = path if owned else None
+
+    async def _reject(self, context, e: PushError):
+        self.counters["rejected_pushes"] += 1
+        self.last_push_message = e.message
+        log.warning("weight push rejected: %s", e.message)
+        await context.abort(e.code, e.message)
+
+    async def PushWeights(self, request_iterator, context):
+        await self._auth(context)
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.push_max_s
+        it = request_iterator.__aiter__()
+        # The push lock is taken only once a header arrived: a stream that sends nothing (or junk)
+        # never blocks the pushes behind it.
+        try:
+            first = await push_session.next_message(it, deadline, self.cfg, "the header")
+            if (
+                first is None
+                or isinstance(first, chunk_wire.RawChunk)
+                or first.WhichOneof("kind") != "header"
+            ):
+                raise PushError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "a push must start with a WeightHeader message",
+                )
+            try:
+                await asyncio.wait_for(
+                    self._push_lock.acquire(), max(deadline - loop.time(), 0.001)
+                )
+            except TimeoutError:
+                raise PushError(
+                    grpc.StatusCode.ABORTED,
+                    f"another push held the push lock for the whole {self.cfg.push_max_s:g}s "
+                    "push duration",
+                ) from None
+        except PushError as e:
+            await self._reject(context, e)
+        try:
+            return await self._push_locked(first.header, it, deadline, context, t0)
+        finally:
+            self._push_lock.release()
+
+    async def _push_locked(self, header, it, deadline: float, context, t0: float):
+        stager = WeightStager(
+            self.backend.expected_tensors(),
+            self.backend.version,
+            self.cfg.staging_root,
+            reserve_bytes=self.cfg.staging_reserve_bytes,
+        )
+        applied = False
+        error: PushError | None = None
+        try:
+            path = await push_session.receive(
+                stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener
+            )
+            assert stager.version is not None
+            swap = asyncio.ensure_future(self._swap(path, stager.version, owned=True))
+            try:
+                await asyncio.shield(swap)
+            except asyncio.CancelledError:  # client went away during the swap: finish it anyway
+                await swap
+                applied = True
+                raise
+            applied = True
+        except PushError as e:
+            error = e
+        finally:
+            if not applied:
+                stager.discard()
+                if error is None:  # cancelled / disconnected mid-push
+                    self.counters["rejected_pushes"] += 1
+                    self.last_push_message = "client disconnected before Commit; push discarded"
+                    log.warning(self.last_push_message)
+        if error is not None:
+            await self._reject(context, error)
+        self.counters["pushes"] += 1
+        dt = time.perf_counter() - t0
+        self.last_push_message = f"version {stager.version} applied"
+        return pb.PushResult(
+            ok=True,
+            version=self.backend.version,
+            message=self.last_push_message,
+            bytes=stager.bytes_received,
+            seconds=dt,
+        )
+
+    async def LoadWeights(self, request, context):
+        await self._auth(context)
+        t0 = time.perf_counter()
+        async with self._push_lock:
+            try:
+                serving = [self._current_dir] + ([self._owned_dir] if self._owned_dir else [])
+                path = check_load_path(request.path, self.cfg.load_root, serving)
+                if request.version <= self.backend.version:
+                    raise PushError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"stale version {request.version}: server already serves version "
+                        f"{self.backend.version}",
+                    )
+                expected = self.backend.expected_tensors()
+                await asyncio.get_running_loop().run_in_executor(
+                    self._io_pool, check_load_files, path, expected
+                )
+                await self._swap(path, int(request.version), owned=False)
+            except PushError as e:
+                await self._reject(context, e)
+            self.counters["pushes"] += 1
+            return pb.PushResult(
+                ok=True,
+                version=self.backend.version,
+                message=f"loaded {path}",
+                seconds=time.perf_counter() - t0,
+            )
+
+    async def Info(self, request, context):
+        await self._auth(context)
+        b = self.backend
+        return pb.InfoResponse(
+            model_config_json=json.dumps(b.model_config),
+            version=b.version,
+            backend=b.name,
+            queue_depth=max(self.queue_depth, 0),
+            tokens_generated=self.counters["tokens_generated"],
+            requests=self.counters["requests"],
+            pushes=self.counters["pushes"],
+            rejected_pushes=self.counters["rejected_pushes"],
+            vocab_size=b.vocab_size,
+            max_model_len=b.cfg.max_model_len,
+            max_n=b.cfg.max_n,
+            max_head_k=b.cfg.max_head_k,
+            backend_config_json=b.cfg.to_json(),
+            data_port=self.data_listener.port if self.data_listener is not None else 0,
+        )
+
+
+def add_sampler_service(servicer: SamplerService, server) -> None:
+    """Register the Sampler service like `pb_grpc.add_SamplerServicer_to_server`, except that
+    PushWeights requests are decoded by `chunk_wire.decode_weight_message` (chunk bytes not
+    copied)."""
+    rpc_method_handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate,
+            request_deserializer=pb.GenerateRequest.FromString,
+            response_serializer=pb.Rollout.SerializeToString,
+        ),
+        "PushWeights": grpc.stream_unary_rpc_method_handler(
+            servicer.PushWeights,
+            request_deserializer=chunk_wire.decode_weight_message,
+            response_serializer=pb.PushResult.SerializeToString,
+        ),
+        "LoadWeights": grpc.unary_unary_rpc_method_handler(
+            servicer.LoadWeights,
+            request_deserializer=pb.LoadWeightsRequest.FromString,
+            response_serializer=pb.PushResult.SerializeToString,
+        ),
+        "Info": grpc.unary_unary_rpc_method_handler(
+            servicer.Info,
+            request_deserializer=pb.InfoRequest.FromString,
+            response_serializer=pb.InfoResponse.SerializeToString,
+        ),
+    }
+    service = "dlc_jax.sampler.v1.Sampler"
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, rpc_method_handlers),)
+    )
+    server.add_registered_method_handlers(service, rpc_method_handlers)

@@ -1,0 +1,133 @@
+"""Checks on a full set of pushed or loaded weights, shared by pushes (`staging.WeightStager`) and
+LoadWeights (`load_checks`): names, shapes and dtypes against the served model (`validate_specs`),
+the largest push a model can have (`max_push_bytes`), and an incremental NaN/Inf check over raw
+tensor bytes (`FiniteCheck`). Every failure raises `PushError` with the gRPC status code to answer.
+"""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+
+from . import safetensors_io as st
+
+PUSH_DTYPES = ("float32", "bfloat16", "float16")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+class PushError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# (unsigned view dtype, exponent mask): a float is NaN/Inf iff all its exponent bits are set
+_EXP_MASKS = {
+    "float32": (np.uint32, 0x7F800000),
+    "bfloat16": (np.uint16, 0x7F80),
+    "float16": (np.uint16, 0x7C00),
+    "float64": (np.uint64, 0x7FF0000000000000),
+}
+
+
+class FiniteCheck:
+    """Incremental NaN/Inf check over a tensor's raw bytes fed in arbitrary pieces (elements may
+    straddle pieces). `update` returns False once a non-finite value was seen."""
+
+    def __init__(self, dtype: str):
+        self.spec = _EXP_MASKS.get(dtype)
+        self.itemsize = np.dtype(self.spec[0]).itemsize if self.spec else 1
+        self.carry = b""
+        self.ok = True
+
+    def _check(self, raw) -> None:
+        assert self.spec is not None
+        u, m = self.spec
+        if u is np.uint16:  # bfloat16 / float16: |x| bits >= the all-ones exponent (exact, fast)
+            a = np.frombuffer(raw, dtype=np.uint16)
+            if a.size and int(np.bitwise_and(a, np.uint16(0x7FFF)).max()) >= m:
+                self.ok = False
+            return
+        f = np.float32 if u is np.uint32 else np.float64
+        if not np.isfinite(np.frombuffer(raw, dtype=f)).all():  # native isfinite: ~4 GB/s
+            self.ok = False
+
+    def update(self, data) -> bool:
+        if self.spec is None or not self.ok:
+            return self.ok
+        mv = memoryview(data).cast("B")
+        if self.carry:
+            need = self.itemsize - len(self.carry)
+            self.carry += bytes(mv[:need])
+            mv = mv[need:]
+            if len(self.carry) < self.itemsize:
+                return self.ok
+            self._check(self.carry)
+            self.carry = b""
+        n = len(mv) // self.itemsize * self.itemsize
+        if n:
+            self._check(mv[:n])
+        self.carry = bytes(mv[n:])
+        return self.ok
+
+
+def validate_specs(
+    expected: dict[str, tuple[tuple[int, ...], str]],
+    specs: dict[str, tuple[tuple[int, ...], str]],
+    where: str = "push",
+) -> None:
+    """Names, shapes and dtypes of a full set of weights against the served model's. A float
+    parameter may come as any of PUSH_DTYPES (the engine casts); any other must match exactly."""
+    unknown = sorted(set(specs) - set(expected))
+    if unknown:
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)",
+        )
+    missing = sorted(set(expected) - set(specs))
+    if missing:
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}",
+        )
+    for name, (shape, dtype) in specs.items():
+        exp_shape, exp_dtype = expected[name]
+        if tuple(shape) != tuple(exp_shape):
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}",
+            )
+        if dtype not in st.NP_DTYPES:
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: unsupported dtype {dtype!r}"
+            )
+        if exp_dtype in FLOAT_DTYPES and dtype not in PUSH_DTYPES:
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {name!r}: dtype {dtype!r} not allowed for a float parameter (use one of "
+                f"{PUSH_DTYPES})",
+            )
+        if exp_dtype not in FLOAT_DTYPES and dtype != exp_dtype:
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}",
+            )
+
+
+def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
+    """The largest tensor payload a valid push of this model can have (every float as float32)."""
+    total = 0
+    for shape, dtype in expected.values():
+        n = 1
+        for d in shape:
+            n *= int(d)
+        isz = (
+            4
+            if dtype in FLOAT_DTYPES
+            else st.NP_DTYPES[dtype].itemsize
+            if dtype in st.NP_DTYPES
+            else 8
+        )
+        total += n * isz
+    return total
