@@ -89,7 +89,8 @@ def test_tiny_plan_on_v5litepod_4(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     _check_fits(r, 4)
     assert r["topology"]["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
-    assert "fits: yes" in proc.stdout and proc.stderr.strip() == ""
+    # no verdict line on stderr (it may hold environment warnings from JAX/libtpu)
+    assert "fits: yes" in proc.stdout and "dlc-jax plan:" not in proc.stderr
 
 
 @pytest.mark.slow
@@ -115,8 +116,9 @@ def test_plan_that_does_not_fit_exits_1_with_one_line(tmp_path):
     )
     proc, r = _plan(tmp_path, "--topology", "v5litepod-4", config=big)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+    # exactly one verdict line, the last thing on stderr (JAX/libtpu may warn about the environment)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("dlc-jax plan:")]
+    assert len(lines) == 1 and proc.stderr.strip().endswith(lines[0]), proc.stderr
     line = lines[0]
     assert line.startswith("dlc-jax plan: does not fit on v5litepod-4") and "over by" in line
     assert "train.micro_batches=" in line and "larger --topology" in line

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dlc_jax.plan.chips import GIB
 
 TABLE_COLUMNS = (
@@ -15,6 +17,7 @@ TABLE_COLUMNS = (
     "HBM left",
     "step temps GiB",
     "FLOPs/step",
+    "XLA/pred",
     "projected step s",
     "MFU",
     "compile s (CPU s)",
@@ -37,10 +40,21 @@ def _row(r: dict) -> dict:
         if step["oom"]
         else f"{step['temp_bytes'] / GIB:.1f}",
         "FLOPs/step": f"{r['flops_per_step']:.2e}",
+        "XLA/pred": _xla_ratio(r),
         "projected step s": f"{r['projected_step_s']:.2f}",
         "MFU": f"{100 * r['mfu']:.0f}%",
         "compile s (CPU s)": f"{r['compile_s']:.0f} ({r.get('compile_cpu_s', 0):.0f})",
     }
+
+
+def _xla_ratio(r: dict) -> str:
+    """XLA's per-device count of the train step over the closest analytic prediction of it."""
+    xla = r["xla_flops_per_device"]["train_step"]
+    preds = [v for k, v in r["analytic_flops"].items() if k.startswith("xla_visible_train_step")]
+    if not xla or not preds:
+        return "n/a"
+    best = min(preds, key=lambda v: abs(math.log(xla / v)) if v > 0 else float("inf"))
+    return f"{xla / best:.2f}"
 
 
 def plans_table(results: list[dict]) -> str:
