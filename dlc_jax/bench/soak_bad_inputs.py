@@ -1,0 +1,192 @@
+"""Sampler soak, bad inputs: malformed Generate requests, bad authorization on every RPC, garbage
+serialized as requests, and garbage bytes on the gRPC and push data ports (the server must
+survive each).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import uuid
+
+import grpc
+import numpy as np
+
+from .soak_harness import (
+    TOKEN,
+    SoakConfig,
+    Tally,
+)
+
+
+def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: SoakConfig) -> None:
+    from dlc_jax.sampler import sampler_pb2 as pb
+    from dlc_jax.sampler import sampler_pb2_grpc as pb_grpc
+
+    def gen(params=None, prompts=((1, 2, 3),), **kw):
+        p = {**dict(n=1, max_tokens=4, temperature=1.0, top_p=1.0), **(params or {})}
+        req = pb.GenerateRequest(
+            request_id="bad",
+            prompts=[pb.Prompt(slot_id=i, token_ids=list(x)) for i, x in enumerate(prompts)],
+            params=None if kw.get("no_params") else pb.SamplingParams(**p),
+        )
+        return lambda: list(client.stub.Generate(req, timeout=30, metadata=client._md()))
+
+    nan, inf = float("nan"), float("inf")
+    param_cases = [
+        {"n": 0},
+        {"n": 1000},
+        {"max_tokens": 0},
+        {"max_tokens": 100000},
+        {"temperature": -1.0},
+        {"temperature": nan},
+        {"temperature": inf},
+        {"temperature": -inf},
+        {"temperature": 1e-40},
+        {"temperature": 1e-10},
+        {"temperature": 0.005},
+        {"top_p": 1.5},
+        {"top_p": -0.5},
+        {"top_p": nan},
+        {"top_k": -2},
+        {"top_k": -100},
+        {"head_k": 9},
+        {"head_k": 1000},
+        {"stop_token_ids": [vocab]},
+        {"stop_token_ids": [-1]},
+        {"stop_token_ids": [2**31 - 1]},
+        {"stop_token_ids": [1, vocab + 5]},
+        {"n": 5},
+        {"head_k": 20},
+        {"top_k": -3},
+        {"max_tokens": cfg.max_model_len - 2},
+        {"temperature": 1e-300},
+        {"top_p": 1.0000001},
+    ]
+    for p in param_cases:
+        t.rpc("generate: bad params", gen(p), ("INVALID_ARGUMENT",))
+    prompt_cases = [
+        (),
+        ((),),
+        ((-1,),),
+        ((vocab,),),
+        ((2**31 - 1,),),
+        (tuple(range(1, cfg.max_model_len)),),
+        tuple((1,) for _ in range(4097)),
+        ((1, 2),) * 50 + ((vocab + 1,),),
+        ((-(2**31),),),
+    ]
+    for pr in prompt_cases:
+        t.rpc("generate: bad prompts", gen(prompts=pr), ("INVALID_ARGUMENT",))
+    t.rpc("generate: bad prompts", gen(no_params=True), ("INVALID_ARGUMENT",))
+    # authorization on every RPC
+    chan = grpc.insecure_channel(address)
+    stub = pb_grpc.SamplerStub(chan)
+    auths = [
+        None,
+        "Bearer wrong",
+        "Bearer",
+        "bearer " + TOKEN,
+        f"Bearer {TOKEN} ",
+        "Basic " + TOKEN,
+        TOKEN,
+        f"Bearer {TOKEN}{TOKEN}",
+    ]
+    for a in auths:
+        md = None if a is None else (("authorization", a),)
+        t.rpc(
+            "bad auth",
+            lambda md=md: stub.Info(pb.InfoRequest(), timeout=10, metadata=md),
+            ("UNAUTHENTICATED",),
+        )
+        req = pb.GenerateRequest(
+            prompts=[pb.Prompt(token_ids=[1, 2])], params=pb.SamplingParams(n=1, max_tokens=2)
+        )
+        t.rpc(
+            "bad auth",
+            lambda md=md, req=req: list(stub.Generate(req, timeout=10, metadata=md)),
+            ("UNAUTHENTICATED",),
+        )
+        t.rpc(
+            "bad auth",
+            lambda md=md: stub.PushWeights(
+                iter([pb.WeightMessage(commit=pb.Commit())]), timeout=10, metadata=md
+            ),
+            ("UNAUTHENTICATED",),
+        )
+        t.rpc(
+            "bad auth",
+            lambda md=md: stub.LoadWeights(
+                pb.LoadWeightsRequest(path="/", version=99), timeout=10, metadata=md
+            ),
+            ("UNAUTHENTICATED",),
+        )
+    chan.close()
+    # garbage serialized as requests (the server's deserializer sees random bytes)
+    rng = np.random.default_rng(cfg.seed)
+    raw_chan = grpc.insecure_channel(address)
+    ident = lambda b: b  # noqa: E731
+    raw_gen = raw_chan.unary_stream(
+        "/dlc_jax.sampler.v1.Sampler/Generate",
+        request_serializer=ident,
+        response_deserializer=ident,
+    )
+    raw_info = raw_chan.unary_unary(
+        "/dlc_jax.sampler.v1.Sampler/Info", request_serializer=ident, response_deserializer=ident
+    )
+    for n in (1, 2, 3, 7, 64, 255, 1000, 4096, 100_000):
+        junk = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        t.rpc(
+            "garbage request bytes",
+            lambda j=junk: list(raw_gen(j, timeout=10, metadata=client._md())),
+            (),
+        )
+    t.rpc(
+        "garbage request bytes",
+        lambda: raw_info(b"\xff" * 50, timeout=10, metadata=client._md()),
+        (),
+    )
+    raw_chan.close()
+    # garbage on the wire (no answer expected; the server must just survive)
+    host, port = address.rsplit(":", 1)
+    wire = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (1, 16, 200, 5000, 70000)]
+    wire += [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 100,
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        + struct.pack(">I", 0xFFFFFF)[1:]
+        + b"\x00\x00\x00\x00\x01",
+        b"PRI * HTTP/2.0\r\n",
+        b"",
+    ]
+    for w in wire:
+        send_raw(host, int(port), w)
+        t.record("garbage on the gRPC port", "CLOSED", "", ())
+    good_pid = uuid.uuid4().hex.encode()
+    dwire = [
+        b"junk" * 10,
+        b"DLCPUSH2" + good_pid + b"\x00\x00",
+        b"DLCPUSH1" + good_pid + struct.pack(">H", 5) + b"wrong",
+        b"DLCPUSH1" + good_pid + struct.pack(">H", 65535) + b"x" * 100,
+        b"DLCPUSH1" + good_pid + b"\x00\x00",
+        b"DLC",
+        b"",
+        rng.integers(0, 256, 100000, dtype=np.uint8).tobytes(),
+    ]
+    for w in dwire:
+        send_raw(host, data_port, w)
+        t.record("garbage on the data port", "CLOSED", "", ())
+
+
+def send_raw(host: str, port: int, data: bytes) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            if data:
+                s.sendall(data)
+            s.settimeout(1.0)
+            try:
+                s.recv(4096)
+            except (TimeoutError, OSError):
+                pass
+    except OSError:
+        pass

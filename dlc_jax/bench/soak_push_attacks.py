@@ -1,0 +1,216 @@
+"""Sampler soak, push attacks: silent, stalled, trickling, partial, cut, oversized, out-of-order,
+NaN/Inf, wrong dtype / shape / name / checksum / version pushes, socket-plane tricks, and
+LoadWeights escapes (outside the root, symlinks, NaN, int32, a 1 TB header, /etc); each must be
+refused with its status code while the served weights stay unchanged (`probe`).
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .soak_harness import (
+    Tally,
+    perturbed,
+    push_stream,
+)
+
+
+def all_int32(h) -> None:
+    for spec in h.tensors:
+        spec.dtype = "int32"
+
+
+def socket_plane_without_connection(h) -> None:
+    h.data_plane = "socket"
+    h.data_push_id = "a" * 32
+
+
+def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int) -> None:
+    from dlc_jax.sampler import sampler_pb2 as pb
+
+    good = perturbed(weights, 99)
+    names = list(good)
+
+    def messages(gen_fn):
+        return lambda: client.push_messages(gen_fn())
+
+    def silent():
+        time.sleep(2.5)
+        return
+        yield
+
+    def stalled():
+        yield next(push_stream(good, v + 1))
+        time.sleep(2.5)
+
+    def trickle():
+        s = push_stream(good, v + 1, chunk=64)
+        yield next(s)
+        for m in s:
+            time.sleep(0.5)
+            yield m
+
+    def mut_chunk(fn):
+        return messages(
+            lambda: push_stream(good, v + 1, mutate=lambda k, m: fn(m) if k == "chunk" else m)
+        )
+
+    def bad_header(fn):
+        def mutate(k, m):
+            if k == "header":
+                fn(m.header)
+            return m
+
+        return messages(lambda: push_stream(good, v + 1, mutate=mutate))
+
+    def flip(m):
+        if m.chunk.tensor_index == 1 and m.chunk.offset == 0:
+            d = bytearray(m.chunk.data)
+            d[0] ^= 1
+            return pb.WeightMessage(chunk=pb.WeightChunk(tensor_index=1, offset=0, data=bytes(d)))
+        return m
+
+    def oversize(m):
+        if m.chunk.tensor_index == 0 and m.chunk.offset == 0:
+            return [
+                m,
+                pb.WeightMessage(
+                    chunk=pb.WeightChunk(
+                        tensor_index=0, offset=len(m.chunk.data), data=b"\0" * (1 << 20)
+                    )
+                ),
+            ]
+        return m
+
+    nan = {k: np.full(a.shape, np.nan, np.float32) for k, a in weights.items()}
+    inf1 = perturbed(weights, 5)
+    inf1[names[-1]].reshape(-1)[0] = np.inf
+    attacks = {
+        "silent stream": (messages(silent), ("ABORTED",)),
+        "stalled after header": (messages(stalled), ("ABORTED",)),
+        "trickle past max duration": (messages(trickle), ("ABORTED",)),
+        "partial (no commit)": (
+            messages(lambda: push_stream(good, v + 1, commit=False)),
+            ("ABORTED",),
+        ),
+        "flipped bit, valid length": (mut_chunk(flip), ("DATA_LOSS",)),
+        "oversized tensor": (mut_chunk(oversize), ("INVALID_ARGUMENT",)),
+        "chunk out of order": (
+            mut_chunk(
+                lambda m: pb.WeightMessage(
+                    chunk=pb.WeightChunk(
+                        tensor_index=m.chunk.tensor_index,
+                        offset=m.chunk.offset + 4,
+                        data=m.chunk.data,
+                    )
+                )
+            ),
+            ("INVALID_ARGUMENT",),
+        ),
+        "tensor index out of range": (
+            mut_chunk(
+                lambda m: pb.WeightMessage(
+                    chunk=pb.WeightChunk(tensor_index=10_000, offset=0, data=m.chunk.data)
+                )
+            ),
+            ("INVALID_ARGUMENT",),
+        ),
+        "all NaN, valid checksums": (
+            lambda: client.push_weights(nan, v + 1),
+            ("INVALID_ARGUMENT",),
+        ),
+        "one Inf (bf16, socket)": (
+            lambda: client.push_weights(inf1, v + 1, dtype="bfloat16", transport="socket"),
+            ("INVALID_ARGUMENT",),
+        ),
+        "wrong dtype int32": (
+            bad_header(all_int32),
+            ("INVALID_ARGUMENT",),
+        ),
+        "wrong shape": (
+            bad_header(lambda h: h.tensors[0].shape.__setitem__(0, h.tensors[0].shape[0] + 1)),
+            ("INVALID_ARGUMENT",),
+        ),
+        "unknown name": (
+            bad_header(lambda h: setattr(h.tensors[0], "name", "model.evil.weight")),
+            ("INVALID_ARGUMENT",),
+        ),
+        "missing tensor": (bad_header(lambda h: h.tensors.pop()), ("INVALID_ARGUMENT",)),
+        "wrong sha256 in header": (
+            bad_header(lambda h: setattr(h.tensors[0], "sha256", "0" * 64)),
+            ("DATA_LOSS",),
+        ),
+        "unknown checksum": (
+            bad_header(lambda h: setattr(h, "checksum", "md5")),
+            ("INVALID_ARGUMENT",),
+        ),
+        "stale version": (lambda: client.push_weights(good, v), ("FAILED_PRECONDITION",)),
+        "no header first": (
+            messages(lambda: iter([pb.WeightMessage(commit=pb.Commit())])),
+            ("INVALID_ARGUMENT",),
+        ),
+        "empty message": (messages(lambda: iter([pb.WeightMessage()])), ("INVALID_ARGUMENT",)),
+        "socket plane, no data connection": (
+            bad_header(socket_plane_without_connection),
+            ("FAILED_PRECONDITION", "INVALID_ARGUMENT"),
+        ),
+        "garbage message bytes": (
+            messages(lambda: iter([b"\x0a\xff\xff\xff\xff\x0f" + b"x" * 10])),
+            (),
+        ),
+    }
+    outside = Path(tempfile.mkdtemp(prefix="soak_outside_"))
+    try:
+        from dlc_jax.sampler import safetensors_io as st
+
+        st.write_file(outside / "model.safetensors", good)
+        for name, arrays in (
+            ("nan", nan),
+            ("int32", {k: np.zeros(a.shape, np.int32) for k, a in weights.items()}),
+        ):
+            (load_root / name).mkdir(exist_ok=True)
+            st.write_file(load_root / name / "model.safetensors", arrays)
+        (load_root / "huge").mkdir(exist_ok=True)
+        (load_root / "huge" / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+        (load_root / "escape").unlink(missing_ok=True)
+        (load_root / "escape").symlink_to(outside)
+        attacks.update(
+            {
+                "load: outside root": (
+                    lambda: client.load_weights(str(outside), v + 1),
+                    ("FAILED_PRECONDITION",),
+                ),
+                "load: symlink escape": (
+                    lambda: client.load_weights(str(load_root / "escape"), v + 1),
+                    ("FAILED_PRECONDITION",),
+                ),
+                "load: NaN values": (
+                    lambda: client.load_weights(str(load_root / "nan"), v + 1),
+                    ("INVALID_ARGUMENT",),
+                ),
+                "load: int32 zeros": (
+                    lambda: client.load_weights(str(load_root / "int32"), v + 1),
+                    ("INVALID_ARGUMENT",),
+                ),
+                "load: 1 TB header": (
+                    lambda: client.load_weights(str(load_root / "huge"), v + 1),
+                    ("INVALID_ARGUMENT",),
+                ),
+                "load: /etc": (
+                    lambda: client.load_weights("/etc", v + 1),
+                    ("FAILED_PRECONDITION",),
+                ),
+            }
+        )
+        for name, (fn, codes) in attacks.items():
+            t.rpc(f"push attack: {name}", fn, codes)
+            probe(f"after push attack {name!r}")
+    finally:
+        import shutil
+
+        shutil.rmtree(outside, ignore_errors=True)
