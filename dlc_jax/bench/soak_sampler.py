@@ -3,15 +3,17 @@
 A real sampler (`python -m dlc_jax.sampler.cli serve`, JAX backend on a tiny model; vLLM too when
 asked) with a token, a push data port, a load root and short push limits receives:
 
-* bad inputs: malformed Generate requests, bad authorization on every RPC, garbage bytes on the gRPC
-  and data ports (and as serialized requests);
-* push attacks: silent, stalled, trickling, partial, cut, oversized, out-of-order, NaN/Inf, wrong
-  dtype / shape / name / checksum / version, socket-plane tricks, LoadWeights escapes, a 1 TB
-  safetensors header, the served directory;
-* 200 concurrent Generate streams with a good push in the middle;
+* bad inputs (`soak_bad_inputs`): malformed Generate requests, bad authorization on every RPC,
+  garbage bytes on the gRPC and data ports (and as serialized requests);
+* push attacks (`soak_push_attacks`): silent, stalled, trickling, partial, cut, oversized,
+  out-of-order, NaN/Inf, wrong dtype / shape / name / checksum / version, socket-plane tricks,
+  LoadWeights escapes, a 1 TB safetensors header, the served directory;
+* 200 concurrent Generate streams with a good push in the middle (`soak_concurrency`);
 * 100 requests with distinct sampling values (time and server RSS growth), 300 idle data
   connections (server thread count);
-* a SIGKILL after a push, then a restart on the same staging root.
+* a SIGKILL after a push, then a restart on the same staging root (here).
+
+The sampler process, its config (`SoakConfig`) and the outcome tally are in `soak_harness`.
 
 Counted: crashes (the server process died or stopped answering), bad weights served (a rejected
 push changed what is served, a NaN log-prob, a version span naming a rejected version), files left
