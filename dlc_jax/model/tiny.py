@@ -191,7 +191,15 @@ def make_tiny(
     model.generation_config.eos_token_id = ids[IM_END]
     model.generation_config.pad_token_id = ids[ENDOFTEXT]
     model.generation_config.bos_token_id = ids[ENDOFTEXT]
-    model.save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the training output
+    try:
+        model.save_pretrained(out)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     return out
 
 
