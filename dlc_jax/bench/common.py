@@ -17,8 +17,9 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 
 def machine_info() -> dict:
@@ -37,8 +38,12 @@ def machine_info() -> dict:
         import jax
 
         dev = jax.devices()[0]
-        info.update(jax=jax.__version__, jax_backend=jax.default_backend(), device_kind=dev.device_kind,
-                    device_count=jax.device_count())
+        info.update(
+            jax=jax.__version__,
+            jax_backend=jax.default_backend(),
+            device_kind=dev.device_kind,
+            device_count=jax.device_count(),
+        )
     except Exception as e:  # pragma: no cover - jax is a hard dependency
         info["jax_error"] = repr(e)
     return info
@@ -51,8 +56,11 @@ def load_note(info: dict) -> str:
         return "load average unknown"
     end = info.get("loadavg_at_end")
     end_s = f", {end[0]}/{end[1]}/{end[2]} at the end" if end else ""
-    return (f"load average {la[0]}/{la[1]}/{la[2]} (1/5/15 min) at the start{end_s} on {info.get('cpu_count')} CPUs; "
-            f"ratios are measured interleaved in the same process, absolute times are load-sensitive")
+    return (
+        f"load average {la[0]}/{la[1]}/{la[2]} (1/5/15 min) at the start{end_s} on "
+        f"{info.get('cpu_count')} CPUs; "
+        f"ratios are measured interleaved in the same process, absolute times are load-sensitive"
+    )
 
 
 def block(x):
@@ -72,7 +80,9 @@ def time_call(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def time_interleaved(fns: dict[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 3) -> dict[str, list[float]]:
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 3
+) -> dict[str, list[float]]:
     """Time several callables round-robin (A B A B ...) so background load hits them alike.
 
     Each is called ``warmup`` times first (compilation, allocator warm-up), untimed. Returns
@@ -129,13 +139,22 @@ def fmt(v: Any) -> str:
 def markdown_table(columns: list[str], rows: list[dict]) -> str:
     head = "| " + " | ".join(columns) + " |"
     sep = "| " + " | ".join("---" for _ in columns) + " |"
-    body = ["| " + " | ".join(fmt(r.get(c)).replace("|", "\\|") for c in columns) + " |" for r in rows]
+    body = [
+        "| " + " | ".join(fmt(r.get(c)).replace("|", "\\|") for c in columns) + " |" for r in rows
+    ]
     return "\n".join([head, sep, *body])
 
 
 def targets_table(targets: list[dict]) -> str:
-    rows = [{"target": t["name"], "measured": t["value"], "bound": f"{t['op']} {fmt(t['target'])}",
-             "met": "n/a" if t["met"] is None else ("yes" if t["met"] else "NO")} for t in targets]
+    rows = [
+        {
+            "target": t["name"],
+            "measured": t["value"],
+            "bound": f"{t['op']} {fmt(t['target'])}",
+            "met": "n/a" if t["met"] is None else ("yes" if t["met"] else "NO"),
+        }
+        for t in targets
+    ]
     return markdown_table(["target", "measured", "bound", "met"], rows)
 
 
@@ -149,8 +168,13 @@ def to_markdown(result: dict) -> str:
     for n in result.get("notes", []):
         parts.append(f"- {n}")
     m = result.get("machine", {})
-    parts.append(f"- machine: {m.get('device_kind', '?')} x{m.get('device_count', '?')} "
-                 f"({m.get('jax_backend', '?')}), {load_note(m)}; bench wall time {fmt(result.get('wall_s'))} s")
+    parts.append(
+        f"- machine: {m.get('device_kind', '?')} x{m.get('device_count', '?')} "
+        f"({m.get('jax_backend', '?')}), {load_note(m)}; bench wall time "
+        f"{fmt(result.get('wall_s'))} s"
+    )
+    if result.get("sections"):  # extra markdown (e.g. per-case details) after the notes
+        parts += ["", *result["sections"]]
     return "\n".join(parts) + "\n"
 
 
@@ -178,14 +202,26 @@ def write_result(result: dict, out_dir) -> str:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(result)
-    (out / f"{result['name']}.json").write_text(json.dumps(_jsonable(result), indent=2, allow_nan=True) + "\n")
+    (out / f"{result['name']}.json").write_text(
+        json.dumps(_jsonable(result), indent=2, allow_nan=True) + "\n"
+    )
     (out / f"{result['name']}.md").write_text(md)
     return md
 
 
 def new_result(name: str, title: str, columns: list[str]) -> dict:
-    return {"name": name, "title": title, "machine": machine_info(), "config": {}, "columns": columns,
-            "rows": [], "targets": [], "notes": [], "wall_s": None, "_t0": time.perf_counter()}
+    return {
+        "name": name,
+        "title": title,
+        "machine": machine_info(),
+        "config": {},
+        "columns": columns,
+        "rows": [],
+        "targets": [],
+        "notes": [],
+        "wall_s": None,
+        "_t0": time.perf_counter(),
+    }
 
 
 def finish(result: dict) -> dict:
@@ -204,16 +240,27 @@ def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
 
     if size not in sizes:
         raise KeyError(f"unknown {bench} bench size {size!r}; choose from {sorted(sizes)}")
-    kw = {field: getattr(args, arg) for arg, field in arg_fields.items() if getattr(args, arg, None)}
+    kw = {
+        field: getattr(args, arg) for arg, field in arg_fields.items() if getattr(args, arg, None)
+    }
     return dataclasses.replace(sizes[size], **kw)
 
 
-QWEN3_DIMS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "head_dim")
+QWEN3_DIMS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 
 
 def qwen3_config(dims, **extra):
-    """A tied-embedding `Qwen3Config` from a bench config's model-dimension fields (`QWEN3_DIMS`)."""
+    """A tied-embedding `Qwen3Config` from a bench config's model dims (`QWEN3_DIMS`)."""
     from dlc_jax.model import Qwen3Config
 
-    return Qwen3Config(**{k: getattr(dims, k) for k in QWEN3_DIMS}, tie_word_embeddings=True, **extra)
+    return Qwen3Config(
+        **{k: getattr(dims, k) for k in QWEN3_DIMS}, tie_word_embeddings=True, **extra
+    )

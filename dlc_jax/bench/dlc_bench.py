@@ -2,16 +2,19 @@
 
 * ``grpo``: ``make_train_step`` with the ``naive`` loss (policy gradient with the sampler's tokens,
   no lag correction), no head, and no theta_s forward.
-* ``dlc``: the theta_s forward (``make_snapshot_logprobs``: log-probs of the sampled tokens and of the
-  head under the snapshot, no gradient) followed by ``make_train_step`` with the ``dlc`` loss and the
-  centering head of ``head_k`` ids. Every token is marked stale (``self_mask`` all False), the worst
-  case: the snapshot forward always runs.
+* ``dlc``: the theta_s forward (``make_snapshot_logprobs``: log-probs of the sampled tokens and
+  of the head under the snapshot, no gradient) followed by ``make_train_step`` with the ``dlc`` loss
+  and the centering head of ``head_k`` ids. Every token is marked stale (``self_mask`` all False),
+  the worst case: the snapshot forward always runs.
 
 Both include the AdamW update and the step metrics. Calls are interleaved; the fastest repeat is
-reported (``common.best``); ratio = dlc / grpo time. XLA's cost analysis gives the same ratio in FLOPs
-(independent of machine load).
+reported (``common.best``); ratio = dlc / grpo time. XLA's cost analysis gives the same ratio in
+FLOPs (independent of machine load).
 End-to-end: the async trainer loop (``dlc_jax.trainer.loop``) against a JAX-backend sampler over
-loopback gRPC.
+loopback gRPC. The GRPO run is what an async trainer without DLC does: the same loop and resync
+schedule, ``naive`` loss, no head, and no theta_s forward at all (every token is treated as sampled
+by the current weights, so ``lp_s = stop_gradient(lp)`` and no snapshot is evaluated); the DLC run
+evaluates theta_s for every lagged token. Their ratio is DLC's whole cost in the loop.
 """
 
 from __future__ import annotations
@@ -61,12 +64,31 @@ class DlcBenchConfig:
 
 SIZES = {
     "default": DlcBenchConfig(),
-    "tiny": DlcBenchConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, batch=4, length=32,
-                           head_k=4, chunk_size=64, repeats=2, end_to_end=False),
+    "tiny": DlcBenchConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        batch=4,
+        length=32,
+        head_k=4,
+        chunk_size=64,
+        repeats=2,
+        end_to_end=False,
+    ),
 }
 
-COLUMNS = ["variant", "step_ms", "tokens_per_s", "ratio_vs_grpo", "snapshot_forward_ms", "train_step_ms"]
+COLUMNS = [
+    "variant",
+    "step_ms",
+    "tokens_per_s",
+    "ratio_vs_grpo",
+    "snapshot_forward_ms",
+    "train_step_ms",
+]
 
 
 def make_batch(cfg: DlcBenchConfig) -> dict:
@@ -76,7 +98,7 @@ def make_batch(cfg: DlcBenchConfig) -> dict:
     b, t, k, v = cfg.batch, cfg.length, cfg.head_k, cfg.vocab_size
     ids = rng.integers(0, v, (b, t), dtype=np.int32)
     mask = np.zeros((b, t), np.float32)
-    mask[:, t // 2:] = 1.0
+    mask[:, t // 2 :] = 1.0
     return {
         "input_ids": ids,
         "targets": np.concatenate([ids[:, 1:], rng.integers(0, v, (b, 1), dtype=np.int32)], axis=1),
@@ -87,7 +109,9 @@ def make_batch(cfg: DlcBenchConfig) -> dict:
         "lp_s": np.zeros((b, t), np.float32),
         "self_mask": np.zeros((b, t), bool),
         "head_ids": rng.integers(0, v, (b, t, k), dtype=np.int32),
-        "lq_head": np.sort(-rng.exponential(3.0, (b, t, k)), axis=-1)[..., ::-1].astype(np.float32).copy(),
+        "lq_head": np.sort(-rng.exponential(3.0, (b, t, k)), axis=-1)[..., ::-1]
+        .astype(np.float32)
+        .copy(),
         "lps_head": np.zeros((b, t, k), np.float32),
         "adv": rng.standard_normal(b).astype(np.float32),
     }
@@ -99,13 +123,20 @@ def run(cfg: DlcBenchConfig = DlcBenchConfig()) -> dict:
 
     from dlc_jax.model import Qwen3ForCausalLM
     from dlc_jax.rl import LossConfig
-    from dlc_jax.trainer.step import StepConfig, device_batch, make_snapshot_logprobs, make_train_step
+    from dlc_jax.trainer.step import (
+        StepConfig,
+        device_batch,
+        make_snapshot_logprobs,
+        make_train_step,
+    )
 
     res = common.new_result("dlc", "DLC step overhead vs plain GRPO", COLUMNS)
     res["config"] = dataclasses.asdict(cfg)
     model = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed))
     graphdef, params = nnx.split(model, nnx.Param)
-    params_s = nnx.split(Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed + 1)), nnx.Param)[1]
+    params_s = nnx.split(
+        Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed + 1)), nnx.Param
+    )[1]
     tx = optax.adamw(1e-5)
     opt_state = tx.init(params)
     batch = device_batch(make_batch(cfg))
@@ -132,38 +163,70 @@ def run(cfg: DlcBenchConfig = DlcBenchConfig()) -> dict:
     lp_s, lps_head = snapshot()
     batch_s = dict(batch, lp_s=lp_s, lps_head=lps_head)
     _, _, dm = dlc_train(batch_s)
-    res["dlc_metrics_sample"] = {k: float(np.asarray(v)) for k, v in dm.items()
-                                 if k in ("loss/loss", "loss/dlc_centering_active", "ess_lag", "grad_norm")}
+    res["dlc_metrics_sample"] = {
+        k: float(np.asarray(v))
+        for k, v in dm.items()
+        if k in ("loss/loss", "loss/dlc_centering_active", "ess_lag", "grad_norm")
+    }
     if float(np.asarray(dm.get("loss/dlc_centering_active", 0.0))) != 1.0:
-        raise RuntimeError("DLC step ran without its centering head (loss/dlc_centering_active != 1)")
+        raise RuntimeError(
+            "DLC step ran without its centering head (loss/dlc_centering_active != 1)"
+        )
 
-    times = common.time_interleaved({"grpo": grpo, "dlc": dlc_full, "snapshot": snapshot,
-                                     "dlc_train": lambda: dlc_train(batch_s)}, warmup=cfg.warmup, repeats=cfg.repeats)
+    times = common.time_interleaved(
+        {
+            "grpo": grpo,
+            "dlc": dlc_full,
+            "snapshot": snapshot,
+            "dlc_train": lambda: dlc_train(batch_s),
+        },
+        warmup=cfg.warmup,
+        repeats=cfg.repeats,
+    )
     med = {k: common.best(v) for k, v in times.items()}
     res["median_s"] = {k: common.median(v) for k, v in times.items()}
     tokens = cfg.batch * cfg.length
     res["rows"] = [
-        {"variant": "plain GRPO (naive loss, no theta_s forward, no head)", "step_ms": 1e3 * med["grpo"],
-         "tokens_per_s": tokens / med["grpo"], "ratio_vs_grpo": 1.0, "snapshot_forward_ms": 0.0,
-         "train_step_ms": 1e3 * med["grpo"]},
-        {"variant": f"DLC (theta_s forward + dlc loss + head K={cfg.head_k})", "step_ms": 1e3 * med["dlc"],
-         "tokens_per_s": tokens / med["dlc"], "ratio_vs_grpo": med["dlc"] / med["grpo"],
-         "snapshot_forward_ms": 1e3 * med["snapshot"], "train_step_ms": 1e3 * med["dlc_train"]},
+        {
+            "variant": "plain GRPO (naive loss, no theta_s forward, no head)",
+            "step_ms": 1e3 * med["grpo"],
+            "tokens_per_s": tokens / med["grpo"],
+            "ratio_vs_grpo": 1.0,
+            "snapshot_forward_ms": 0.0,
+            "train_step_ms": 1e3 * med["grpo"],
+        },
+        {
+            "variant": f"DLC (theta_s forward + dlc loss + head K={cfg.head_k})",
+            "step_ms": 1e3 * med["dlc"],
+            "tokens_per_s": tokens / med["dlc"],
+            "ratio_vs_grpo": med["dlc"] / med["grpo"],
+            "snapshot_forward_ms": 1e3 * med["snapshot"],
+            "train_step_ms": 1e3 * med["dlc_train"],
+        },
     ]
     res["times_s"] = times
     ratio = med["dlc"] / med["grpo"]
     res["summary"] = {"ratio_dlc_vs_grpo_isolated": ratio, "ratio_dlc_vs_grpo_end_to_end": None}
     res["targets"].append(common.target("DLC / GRPO step time (isolation)", ratio, 1.35, "<="))
-    fl = {"grpo": _xla_flops(grpo_step, params, opt_state, batch), "dlc_train": _xla_flops(dlc_step, params, opt_state, batch_s),
-          "snapshot": _xla_flops(snap, params_s, batch)}
+    fl = {
+        "grpo": _xla_flops(grpo_step, params, opt_state, batch),
+        "dlc_train": _xla_flops(dlc_step, params, opt_state, batch_s),
+        "snapshot": _xla_flops(snap, params_s, batch),
+    }
     res["xla_flops"] = fl
-    if fl["grpo"]:
+    if fl["grpo"] and fl["dlc_train"] is not None and fl["snapshot"] is not None:
         res["summary"]["flops_ratio_dlc_vs_grpo"] = (fl["dlc_train"] + fl["snapshot"]) / fl["grpo"]
-        res["notes"].append(f"XLA cost analysis: GRPO step {fl['grpo']:.3e} FLOPs, DLC step {fl['dlc_train']:.3e} + theta_s "
-                            f"forward {fl['snapshot']:.3e} -> FLOP ratio {res['summary']['flops_ratio_dlc_vs_grpo']:.3f} "
-                            f"(what the time ratio approaches on an unloaded machine)")
+        res["notes"].append(
+            f"XLA cost analysis: GRPO step {fl['grpo']:.3e} FLOPs, DLC step "
+            f"{fl['dlc_train']:.3e} + theta_s "
+            f"forward {fl['snapshot']:.3e} -> FLOP ratio "
+            f"{res['summary']['flops_ratio_dlc_vs_grpo']:.3f} "
+            f"(what the time ratio approaches on an unloaded machine)"
+        )
     if not cfg.end_to_end:
-        res["targets"].append(common.target("DLC / GRPO step time (end-to-end, async)", None, 1.10, "<="))
+        res["targets"].append(
+            common.target("DLC / GRPO step time (end-to-end, async)", None, 1.10, "<=")
+        )
         res["notes"].append("end-to-end: not run at this size")
     else:
         e2e = end_to_end(cfg)
@@ -172,23 +235,40 @@ def run(cfg: DlcBenchConfig = DlcBenchConfig()) -> dict:
         res["summary"]["ratio_dlc_vs_grpo_end_to_end"] = r
         for v in ("grpo", "dlc"):
             sec = e2e["seconds_per_step"][v]
-            res["rows"].append({"variant": f"end-to-end {v.upper()} (async loop + gRPC JAX sampler)",
-                                "step_ms": 1e3 * sec, "tokens_per_s": None,
-                                "ratio_vs_grpo": sec / e2e["seconds_per_step"]["grpo"],
-                                "snapshot_forward_ms": None, "train_step_ms": None})
-        res["targets"].append(common.target("DLC / GRPO step time (end-to-end, async)", r, 1.10, "<="))
+            res["rows"].append(
+                {
+                    "variant": f"end-to-end {v.upper()} (async loop + gRPC JAX sampler)",
+                    "step_ms": 1e3 * sec,
+                    "tokens_per_s": None,
+                    "ratio_vs_grpo": sec / e2e["seconds_per_step"]["grpo"],
+                    "snapshot_forward_ms": None,
+                    "train_step_ms": None,
+                }
+            )
+        res["targets"].append(
+            common.target("DLC / GRPO step time (end-to-end, async)", r, 1.10, "<=")
+        )
         res["notes"].append(
-            f"end-to-end: tiny Qwen3 (D={cfg.e2e_hidden}, {cfg.e2e_layers} layers, V={cfg.e2e_vocab}), "
-            f"{cfg.e2e_batch_prompts} prompts x n={cfg.e2e_n}, {cfg.e2e_max_tokens} new tokens, resync every "
-            f"{cfg.e2e_resync_k} steps for both, prefetch 1; {cfg.e2e_steps} steps per run, first {cfg.e2e_skip} "
-            f"not counted, median seconds/step of a run (incl. waiting for rollouts), best of {cfg.e2e_rounds} alternating rounds; "
-            f"theta_s forwards run: GRPO {e2e['snapshot_forwards']['grpo']}, DLC {e2e['snapshot_forwards']['dlc']} "
-            f"(the loop computes lp_s for the lag metrics whatever the loss)")
+            f"end-to-end: tiny Qwen3 (D={cfg.e2e_hidden}, {cfg.e2e_layers} layers, "
+            f"V={cfg.e2e_vocab}), "
+            f"{cfg.e2e_batch_prompts} prompts x n={cfg.e2e_n}, {cfg.e2e_max_tokens} new tokens, "
+            "resync every "
+            f"{cfg.e2e_resync_k} steps for both, prefetch 1; {cfg.e2e_steps} steps per run, "
+            f"first {cfg.e2e_skip} "
+            "not counted, median seconds/step of a run (incl. waiting for rollouts), best of "
+            f"{cfg.e2e_rounds} alternating rounds; "
+            f"theta_s forwards run: GRPO {e2e['snapshot_forwards']['grpo']} (an async GRPO "
+            "never evaluates "
+            f"theta_s), DLC {e2e['snapshot_forwards']['dlc']}"
+        )
     mc = cfg.model_config()
     res["notes"] += [
-        f"model: {mc.num_hidden_layers} layers, D={mc.hidden_size}, V={mc.vocab_size}, fp32; batch {cfg.batch} x "
-        f"{cfg.length}, half of each row response tokens; all tokens stale (theta_s forward always runs)",
-        "snapshot_forward_ms and train_step_ms are timed separately; step_ms of DLC is the two in sequence",
+        f"model: {mc.num_hidden_layers} layers, D={mc.hidden_size}, V={mc.vocab_size}, fp32; "
+        f"batch {cfg.batch} x "
+        f"{cfg.length}, half of each row response tokens; all tokens stale (theta_s forward "
+        "always runs)",
+        "snapshot_forward_ms and train_step_ms are timed separately; step_ms of DLC is the two "
+        "in sequence",
     ]
     return common.finish(res)
 
@@ -210,8 +290,9 @@ def _xla_flops(jitted, *args) -> float | None:
 
 
 def end_to_end(cfg: DlcBenchConfig) -> dict:
-    """Seconds per step of the async trainer loop with the ``naive`` loss and no head (GRPO) vs the
-    ``dlc`` loss with head K, each against its own JAX-backend sampler subprocess on loopback gRPC."""
+    """Seconds per step of the async trainer loop with the ``naive`` loss, no head and no theta_s
+    forward (GRPO) vs the ``dlc`` loss with head K, each against its own JAX-backend sampler
+    subprocess on loopback gRPC."""
     import json
     import tempfile
     from pathlib import Path
@@ -220,34 +301,82 @@ def end_to_end(cfg: DlcBenchConfig) -> dict:
     from dlc_jax.trainer.config import default_config_path, load_config
     from dlc_jax.trainer.loop import Trainer
 
+    class GrpoTrainer(Trainer):
+        """The loop with its theta_s forward removed: every token counts as current."""
+
+        def __init__(self, cfg) -> None:
+            super().__init__(cfg)
+            device_inputs = self.inputs.device_inputs
+
+            def current_only(arrays, state):
+                return device_inputs(
+                    dict(arrays, version=np.full_like(arrays["version"], state.version)), state
+                )
+
+            setattr(self.inputs, "device_inputs", current_only)  # noqa: B010
+
     per_step: dict[str, list[float]] = {"grpo": [], "dlc": []}
     forwards = {"grpo": 0, "dlc": 0}
     with tempfile.TemporaryDirectory(prefix="dlc_bench_e2e_") as d:
         tmp = Path(d)
-        model_dir = make_tiny(tmp / "model", vocab_size=cfg.e2e_vocab, hidden_size=cfg.e2e_hidden,
-                              intermediate_size=2 * cfg.e2e_hidden, num_hidden_layers=cfg.e2e_layers,
-                              head_dim=32)
-        variants = {"grpo": ["loss.name=naive", "sampler.head_k=0"],
-                    "dlc": ["loss.name=dlc", f"sampler.head_k={cfg.head_k}"]}
+        model_dir = make_tiny(
+            tmp / "model",
+            vocab_size=cfg.e2e_vocab,
+            hidden_size=cfg.e2e_hidden,
+            intermediate_size=2 * cfg.e2e_hidden,
+            num_hidden_layers=cfg.e2e_layers,
+            head_dim=32,
+        )
+        variants = {
+            "grpo": ["loss.name=naive", "sampler.head_k=0"],
+            "dlc": ["loss.name=dlc", f"sampler.head_k={cfg.head_k}"],
+        }
         for rnd in range(cfg.e2e_rounds):
             for v, extra in variants.items():
                 run_dir = tmp / f"{v}{rnd}"
-                tc = load_config(default_config_path(), [
-                    f"model.path={model_dir}", "sft.enabled=false", "sampler.backend=jax", f"sampler.n={cfg.e2e_n}",
-                    f"sampler.max_tokens={cfg.e2e_max_tokens}", f"train.batch_prompts={cfg.e2e_batch_prompts}",
-                    f"train.steps={cfg.e2e_steps}", "resync.policy=every_k", f"resync.k={cfg.e2e_resync_k}",
-                    "async.prefetch=1", "log.progress=false", "log.tensorboard=false", f"log.dir={run_dir}/logs",
-                    f"checkpoint.dir={run_dir}/ckpt", "checkpoint.every=0", "checkpoint.resume=false",
-                    f"train.seed={cfg.seed}", *extra])
-                summary = Trainer(tc).run()
+                tc = load_config(
+                    default_config_path(),
+                    [
+                        f"model.path={model_dir}",
+                        "sft.enabled=false",
+                        "sampler.backend=jax",
+                        f"sampler.n={cfg.e2e_n}",
+                        f"sampler.max_tokens={cfg.e2e_max_tokens}",
+                        f"train.batch_prompts={cfg.e2e_batch_prompts}",
+                        f"train.steps={cfg.e2e_steps}",
+                        "resync.policy=every_k",
+                        f"resync.k={cfg.e2e_resync_k}",
+                        "async.prefetch=1",
+                        "log.progress=false",
+                        "log.tensorboard=false",
+                        f"log.dir={run_dir}/logs",
+                        f"checkpoint.dir={run_dir}/ckpt",
+                        "checkpoint.every=0",
+                        "checkpoint.resume=false",
+                        f"train.seed={cfg.seed}",
+                        *extra,
+                    ],
+                )
+                summary = (GrpoTrainer if v == "grpo" else Trainer)(tc).run()
                 if not summary.get("finished"):
                     raise RuntimeError(f"end-to-end {v} run did not finish: {summary}")
-                rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
-                steady = [r["step_s"] for r in rows[cfg.e2e_skip:]]
+                rows = [
+                    json.loads(line)
+                    for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()
+                ]
+                steady = [r["step_s"] for r in rows[cfg.e2e_skip :]]
                 if not steady:
-                    raise ValueError(f"e2e_steps={cfg.e2e_steps} leaves no step after e2e_skip={cfg.e2e_skip}")
-                per_step[v].append(common.median(steady))  # robust to a recompile for a new length bucket
+                    raise ValueError(
+                        f"e2e_steps={cfg.e2e_steps} leaves no step after e2e_skip={cfg.e2e_skip}"
+                    )
+                per_step[v].append(
+                    common.median(steady)
+                )  # robust to a recompile for a new length bucket
                 forwards[v] += int(summary.get("snapshot_forwards", 0))
     sec = {v: common.best(x) for v, x in per_step.items()}
-    return {"seconds_per_step_runs": per_step, "seconds_per_step": sec, "snapshot_forwards": forwards,
-            "ratio_dlc_vs_grpo": sec["dlc"] / sec["grpo"]}
+    return {
+        "seconds_per_step_runs": per_step,
+        "seconds_per_step": sec,
+        "snapshot_forwards": forwards,
+        "ratio_dlc_vs_grpo": sec["dlc"] / sec["grpo"],
+    }

@@ -4,14 +4,17 @@
 Each implementation computes the mean next-token NLL of the same [B,T] targets and its gradient with
 respect to every parameter (no optimizer update: that is identical elementwise work for all):
 
-* ``ours (chunked logprobs)``: jitted ``value_and_grad`` of ``-mean(token_logprobs(hidden, W, y).lp)``,
+* ``ours (chunked logprobs)``: jitted ``value_and_grad`` of ``-mean(token_logprobs(hidden, W,
+y).lp)``,
   the trainer's path (logits never materialized as [B,T,V]);
-* ``ours (full logits)``: jitted ``value_and_grad`` of full logits + log-softmax (the textbook path);
-* ``transformers``: ``Qwen3ForCausalLM`` fp32, SDPA attention, same weights, ``cross_entropy`` +
+* ``ours (full logits)``: jitted ``value_and_grad`` of full logits + log-softmax (the textbook
+path); * ``transformers``: ``Qwen3ForCausalLM`` fp32, SDPA attention, same weights,
+``cross_entropy`` +
   ``backward()``, ``torch.set_num_threads(cpu_count)`` (XLA's CPU client also uses every core);
 * ``tunix``: tunix's Qwen3 (random weights, same shapes) full logits, jitted ``value_and_grad``.
 
-Calls are interleaved (A B C A B C ...); the fastest repeat is reported (``common.best``), medians in the JSON. ratio = tokens/s / transformers'.
+Calls are interleaved (A B C A B C ...); the fastest repeat is reported (``common.best``), medians
+in the JSON. ratio = tokens/s / transformers'.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class TrainerBenchConfig:
     tunix: bool = True
     tunix_dir: str = str(Path(tempfile.gettempdir()) / "dlc_jax_bench_tunix")
     seed: int = 0
+    name: str = "trainer"  # result file name (<out>/<name>.json, .md)
 
     def model_config(self):
         return common.qwen3_config(self, max_position_embeddings=max(4096, self.length))
@@ -52,16 +56,60 @@ class TrainerBenchConfig:
 
 SIZES = {
     "default": TrainerBenchConfig(),
-    "tiny": TrainerBenchConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, batch=2, length=32,
-                               chunk_size=32, repeats=2, tunix=False),
+    "tiny": TrainerBenchConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        batch=2,
+        length=32,
+        chunk_size=32,
+        repeats=2,
+        tunix=False,
+    ),
     # Qwen3-0.6B's vocabulary and width with 4 layers: the LM head dominates, as in RL fine-tuning.
-    "qwen3_vocab": TrainerBenchConfig(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                                      num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
-                                      head_dim=128, batch=1, length=256, repeats=2),
+    "qwen3_vocab": TrainerBenchConfig(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        batch=1,
+        length=256,
+        repeats=2,
+    ),
+    # Qwen3-0.6B's full shape (28 layers, tied embeddings; scanned layers in ours): a real model
+    # size
+    "qwen3_0p6b": TrainerBenchConfig(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        batch=1,
+        length=256,
+        repeats=2,
+        tunix=False,
+        name="trainer_qwen3_0p6b",
+    ),
 }
 
-COLUMNS = ["implementation", "tokens_per_s", "step_ms", "ratio_vs_transformers", "achieved_gflop_s", "mfu", "loss"]
+COLUMNS = [
+    "implementation",
+    "tokens_per_s",
+    "step_ms",
+    "ratio_vs_transformers",
+    "achieved_gflop_s",
+    "mfu",
+    "loss",
+]
 
 
 def _our_fns(model, ids, tgt, chunk_size):
@@ -98,28 +146,41 @@ def run(cfg: TrainerBenchConfig = TrainerBenchConfig()) -> dict:
     from dlc_jax.bench import peers
     from dlc_jax.model import Qwen3ForCausalLM
 
-    res = common.new_result("trainer", "Trainer step: forward+backward tokens/s vs peers", COLUMNS)
+    res = common.new_result(cfg.name, "Trainer step: forward+backward tokens/s vs peers", COLUMNS)
     res["config"] = dataclasses.asdict(cfg)
     mcfg = cfg.model_config()
     rng = np.random.default_rng(cfg.seed)
     ids = rng.integers(0, cfg.vocab_size, (cfg.batch, cfg.length), dtype=np.int32)
-    tgt = np.concatenate([ids[:, 1:], rng.integers(0, cfg.vocab_size, (cfg.batch, 1), dtype=np.int32)], axis=1)
+    tgt = np.concatenate(
+        [ids[:, 1:], rng.integers(0, cfg.vocab_size, (cfg.batch, 1), dtype=np.int32)], axis=1
+    )
 
     model = Qwen3ForCausalLM(mcfg, rngs=nnx.Rngs(cfg.seed))
     ours_chunked, ours_full = _our_fns(model, ids, tgt, cfg.chunk_size)
     tmodel = peers.torch_qwen3(mcfg, model)
     torch_step = peers.torch_loss_and_grad_fn(tmodel, ids, tgt)
 
-    fns = {"ours (chunked logprobs)": ours_chunked, "ours (full logits)": ours_full, "transformers": torch_step}
+    fns = {
+        "ours (chunked logprobs)": ours_chunked,
+        "ours (full logits)": ours_full,
+        "transformers": torch_step,
+    }
     if cfg.tunix:
         ok, msg = peers.prepare_tunix(cfg.tunix_dir)
         res["config"]["tunix_status"] = msg
         if ok:
-            res["notes"].append(f"tunix: {msg} (installed with pip --no-deps into a side folder, not the main environment)")
+            res["notes"].append(
+                f"tunix: {msg} (installed with pip --no-deps into a side folder, not the main "
+                "environment)"
+            )
             try:
-                fns["tunix"] = peers.tunix_loss_and_grad_fn(peers.tunix_qwen3(mcfg, seed=cfg.seed), ids, tgt)
+                fns["tunix"] = peers.tunix_loss_and_grad_fn(
+                    peers.tunix_qwen3(mcfg, seed=cfg.seed), ids, tgt
+                )
             except Exception as e:  # noqa: BLE001 - a peer failing to build is a result, not a crash
-                res["notes"].append(f"tunix: installed but its Qwen3 failed to run: {type(e).__name__}: {e}")
+                res["notes"].append(
+                    f"tunix: installed but its Qwen3 failed to run: {type(e).__name__}: {e}"
+                )
         else:
             res["notes"].append(f"tunix: not measured — {msg}")
     else:
@@ -140,28 +201,44 @@ def run(cfg: TrainerBenchConfig = TrainerBenchConfig()) -> dict:
         tps = tokens / med[k]
         fl = step_flops / med[k]
         uses_jax = k != "transformers"
-        res["rows"].append({
-            "implementation": k, "tokens_per_s": tps, "step_ms": 1e3 * med[k],
-            "ratio_vs_transformers": med["transformers"] / med[k],
-            "achieved_gflop_s": fl / 1e9,
-            "mfu": flops.mfu(fl, kind, "float32", jax.device_count()) if uses_jax else None,
-            "loss": losses[k],
-        })
+        res["rows"].append(
+            {
+                "implementation": k,
+                "tokens_per_s": tps,
+                "step_ms": 1e3 * med[k],
+                "ratio_vs_transformers": med["transformers"] / med[k],
+                "achieved_gflop_s": fl / 1e9,
+                "mfu": flops.mfu(fl, kind, "float32", jax.device_count()) if uses_jax else None,
+                "loss": losses[k],
+            }
+        )
     res["times_s"] = times
     res["flops_per_step"] = step_flops
     ratio = med["transformers"] / med["ours (chunked logprobs)"]
-    res["summary"] = {"ratio_ours_vs_transformers": ratio,
-                      "ratio_ours_full_logits_vs_transformers": med["transformers"] / med["ours (full logits)"],
-                      "ratio_ours_vs_tunix": (med["tunix"] / med["ours (chunked logprobs)"]) if "tunix" in med else None,
-                      "loss_abs_diff_ours_vs_transformers": abs(losses["ours (chunked logprobs)"] - losses["transformers"])}
+    res["summary"] = {
+        "ratio_ours_vs_transformers": ratio,
+        "ratio_ours_full_logits_vs_transformers": med["transformers"] / med["ours (full logits)"],
+        "ratio_ours_vs_tunix": (med["tunix"] / med["ours (chunked logprobs)"])
+        if "tunix" in med
+        else None,
+        "loss_abs_diff_ours_vs_transformers": abs(
+            losses["ours (chunked logprobs)"] - losses["transformers"]
+        ),
+    }
     res["targets"].append(common.target("ours (chunked) / transformers tokens/s", ratio, 1.0, ">="))
     res["notes"] += [
-        f"model: {mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, F={mcfg.intermediate_size}, "
-        f"H={mcfg.num_attention_heads}/KV={mcfg.num_key_value_heads}, hd={mcfg.head_dim}, V={mcfg.vocab_size}, fp32; "
-        f"batch {cfg.batch} x {cfg.length} tokens; best of {cfg.repeats} interleaved repeats after {cfg.warmup} warm-up",
+        f"model: {mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, "
+        f"F={mcfg.intermediate_size}, "
+        f"H={mcfg.num_attention_heads}/KV={mcfg.num_key_value_heads}, hd={mcfg.head_dim}, "
+        f"V={mcfg.vocab_size}, fp32; "
+        f"{'scanned' if mcfg.use_scan else 'unrolled'} layers in ours; "
+        f"batch {cfg.batch} x {cfg.length} tokens; best of {cfg.repeats} interleaved repeats "
+        f"after {cfg.warmup} warm-up",
         f"same weights in ours and transformers: |loss difference| = "
-        f"{res['summary']['loss_abs_diff_ours_vs_transformers']:.2e} (tunix uses its own random init)",
-        f"FLOPs per step (3x forward, attention full TxT) = {step_flops:.3e}; MFU needs a known peak: "
+        f"{res['summary']['loss_abs_diff_ours_vs_transformers']:.2e} (tunix uses its own random "
+        "init)",
+        f"FLOPs per step (3x forward, attention full TxT) = {step_flops:.3e}; MFU needs a known "
+        "peak: "
         f"n/a on CPU ({kind}), computed on TPU v4/v5e/v5p and H100/H200",
     ]
     return common.finish(res)
