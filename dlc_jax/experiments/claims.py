@@ -166,7 +166,7 @@ def claims(
                 f"{_verdict(v == 'within', v == 'outside')} — max_t D_t/N_t = {dlc.ref.max.fmt()} "
                 "over "
                 f"{dlc.seeds} seeds ({v}); DLC resynced "
-                f"{dlc.resyncs if dlc.resyncs is not None else '—'} "
+                f"{f'{dlc.resyncs:.1f}' if dlc.resyncs is not None else '—'} "
                 f"times per run on average."
             )
         # 2. IS leaves the band once ESS stays below 0.5

@@ -40,6 +40,19 @@ ARM_ORDER = (
     "dlc",
     "dlc_noresync",
 )
+_COLOURS = {
+    "naive": "tab:orange",
+    "tis": "tab:green",
+    "mis": "tab:red",
+    "score_centering": "tab:brown",
+    "score_centering_tis": "tab:olive",
+    "ppo_clip": "tab:pink",
+    "decoupled_ppo": "tab:gray",
+    "m2po": "tab:cyan",
+    "vcpo": "gold",
+    "dlc": "tab:blue",
+    "dlc_noresync": "tab:purple",
+}
 _STYLES = (
     ("-", "o"),
     ("--", "s"),
@@ -57,15 +70,13 @@ def _arm_key(arm: str):
 
 
 def arm_style(arm: str) -> dict:
-    """Colour, line style and marker of an arm: every arm differs in colour and in line style or
-    marker."""
-    import matplotlib
-
+    """Colour, line style and marker of an arm: every known arm has its own colour, and neighbours
+    in ARM_ORDER differ in line style and marker too."""
     if arm == "onpolicy":
         return {"color": "black", "ls": "-", "marker": None, "lw": 2.2}
     i = ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER) + sum(map(ord, arm)) % 8
     ls, mk = _STYLES[i % len(_STYLES)]
-    return {"color": matplotlib.colormaps["tab10"](i % 10), "ls": ls, "marker": mk, "lw": 1.5}
+    return {"color": _COLOURS.get(arm, "tab:olive"), "ls": ls, "marker": mk, "lw": 1.5}
 
 
 def _fmt(x, nd=2):
