@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +24,7 @@ class SoakBenchConfig:
     parts: tuple[str, ...] = ("sampler", "trainer")
     kills: int = 2
     out: str = "bench_results"
+    reuse: bool = False  # read a part's <out>/soak/<part>_soak.json instead of running it again
 
 
 SIZES = {"default": SoakBenchConfig()}
@@ -31,6 +33,9 @@ SIZES = {"default": SoakBenchConfig()}
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", default="sampler,trainer", help="comma-separated: sampler,trainer")
     p.add_argument("--kills", type=int, default=2, help="trainer SIGKILLs (each then resumed)")
+    p.add_argument(
+        "--reuse", action="store_true", help="reuse <out>/soak/<part>_soak.json of earlier runs"
+    )
 
 
 def from_args(size: str, args) -> SoakBenchConfig:
@@ -44,6 +49,7 @@ def from_args(size: str, args) -> SoakBenchConfig:
         parts=parts,
         kills=int(getattr(args, "kills", None) or 2),
         out=getattr(args, "out", None) or "bench_results",
+        reuse=bool(getattr(args, "reuse", False)),
     )
 
 
@@ -72,6 +78,10 @@ def run(cfg: SoakBenchConfig) -> dict:
     parts_dir = Path(cfg.out) / "soak"
     # the two parts drive separate processes (a sampler server; trainer runs): run them side by
     # side, each writing its own table under <out>/soak/
+    # transformers resolves its names lazily, and two threads importing the first one at once can
+    # fail ("cannot import name 'Qwen3Config'"): import it here, before the threads start
+    from transformers import Qwen3Config  # noqa: F401
+
     with ThreadPoolExecutor(2) as ex:
         futs = {p: ex.submit(_PARTS[p], parts_dir, cfg) for p in cfg.parts}
         for p in cfg.parts:
@@ -96,10 +106,15 @@ def run(cfg: SoakBenchConfig) -> dict:
     return common.finish(res)
 
 
+def _earlier(parts_dir: Path, name: str, cfg: SoakBenchConfig) -> dict | None:
+    path = parts_dir / f"{name}_soak.json"
+    return json.loads(path.read_text()) if cfg.reuse and path.exists() else None
+
+
 def _sampler_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
     from . import soak_sampler
 
-    r = soak_sampler.run(parts_dir)
+    r = _earlier(parts_dir, "sampler", cfg) or soak_sampler.run(parts_dir)
     s = r["summary"]
     return {
         "part": "sampler",
@@ -119,7 +134,9 @@ def _sampler_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
 def _trainer_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
     from . import soak_trainer
 
-    r = soak_trainer.run(parts_dir, soak_trainer.SoakConfig(kills=cfg.kills))
+    r = _earlier(parts_dir, "trainer", cfg) or soak_trainer.run(
+        parts_dir, soak_trainer.SoakConfig(kills=cfg.kills)
+    )
     s = r["summary"]
     return {
         "part": "trainer",
