@@ -102,6 +102,11 @@ def run(cfg: SoakBenchConfig) -> dict:
         common.target("files left behind", tot["files_left_behind"], 0, "<="),
         common.target("user errors not one line", tot["multi_line_errors"], 0, "<="),
     ]
+    if cfg.reuse:
+        res["notes"].append(
+            "--reuse: parts present under <out>/soak/ were read back, not run again (each part's "
+            "table has its own wall time and load)"
+        )
     res["notes"].append(common.load_note(res["machine"]))
     return common.finish(res)
 
