@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dlc_jax.trainer.checkpoint import CheckpointError, Checkpointer
+from dlc_jax.trainer.checkpoint import Checkpointer, CheckpointError
 
 
 def _state(seed):
@@ -26,7 +26,9 @@ def test_round_trip_keep_and_period(tmp_path):
     assert not ck.should_save(0) and not ck.should_save(4) and ck.should_save(5)
     assert ck.save(3, _state(3), {"x": 1}) is False  # not a period step
     for step in (5, 10, 15):
-        assert ck.save(step, _state(step), {"weight_version": step // 5, "data": {"next_index": step}})
+        assert ck.save(
+            step, _state(step), {"weight_version": step // 5, "data": {"next_index": step}}
+        )
     assert ck.save(17, _state(17), {"weight_version": 9}, force=True)
     assert ck.all_steps() == [15, 17]  # keep last 2
     ck.close()
@@ -37,13 +39,16 @@ def test_round_trip_keep_and_period(tmp_path):
     assert meta == {"weight_version": 3, "data": {"next_index": 15}, "step": 15}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _state(0))
     got = ck2.restore_state(abstract, 15)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), got, _state(15))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), got, _state(15)
+    )
     with pytest.raises(CheckpointError, match="step 5"):
         ck2.restore_meta(5)
 
 
 def test_sharded_restore_on_fake_devices(tmp_path):
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("fsdp", "tensor"))
     sh = NamedSharding(mesh, P("fsdp", "tensor"))
@@ -61,7 +66,11 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _state(0))
     ck.restore_state(abstract, 1)  # sane before corruption
     state_dir = Path(ck.directory) / "1" / "state"
-    files = [p for p in state_dir.rglob("*") if p.is_file() and p.stat().st_size > 0 and "d" in p.parent.name]
+    files = [
+        p
+        for p in state_dir.rglob("*")
+        if p.is_file() and p.stat().st_size > 0 and "d" in p.parent.name
+    ]
     assert files, list(state_dir.rglob("*"))
     for p in files:  # overwrite the array data files with garbage
         p.write_bytes(os.urandom(p.stat().st_size))
