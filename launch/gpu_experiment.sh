@@ -55,7 +55,24 @@ collect() {  # copy the light outputs to OUT_DIR (runs even when the experiment 
 }
 trap collect EXIT
 
-"$PY" -c "import jax; print('[gpu-experiment] jax', jax.__version__, jax.devices())" 2>&1 | tee -a "$OUT/experiment.log"
+# preflight (seconds): every module the warm-up, trainer, sampler and report need, named if missing
+"$PY" - <<'PY' 2>&1 | tee -a "$OUT/experiment.log"
+import importlib, sys
+need = ["jax", "flax", "optax", "orbax.checkpoint", "grain", "grpc", "numpy", "yaml", "matplotlib",
+        "transformers", "torch", "tokenizers", "safetensors", "dlc_jax.trainer.loop",
+        "dlc_jax.sampler.server", "dlc_jax.experiments.runner"]
+missing = []
+for m in need:
+    try:
+        importlib.import_module(m)
+    except Exception as e:  # noqa: BLE001
+        missing.append(f"{m} ({type(e).__name__}: {str(e)[:80]})")
+if missing:
+    sys.exit("[gpu-experiment] missing modules: " + "; ".join(missing))
+import jax
+print("[gpu-experiment] jax", jax.__version__, jax.devices())
+PY
+[[ ${PIPESTATUS[0]} -eq 0 ]] || exit 1
 T0=$(date +%s)
 "$PY" -m dlc_jax.cli experiment --preset qwen3_0p6b_smoke --out "$WORK" --steps "${STEPS:-8}" \
   --run-timeout "${RUN_TIMEOUT:-$DEFAULT_TIMEOUT}" "${EXTRA[@]}" "$@" 2>&1 | tee -a "$OUT/experiment.log"
