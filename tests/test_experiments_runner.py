@@ -4,8 +4,10 @@ import json
 
 import pytest
 
+from dlc_jax.experiments.matrix import run_specs
 from dlc_jax.experiments.presets import PRESETS, TINY
-from dlc_jax.experiments.runner import Experiment, normalize_metrics, read_metrics, run_specs
+from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
+from dlc_jax.experiments.runner import Experiment
 
 
 def test_matrix_is_onpolicy_runs_then_seed_major_scenario_by_arm():

@@ -1,0 +1,144 @@
+"""A run's checkpoints evaluated on prefixes: the on-policy runs' evaluations (kept as npz, every
+D_t needs them) and each run's KL to the on-policy runs at every checkpoint, on the reference
+prefixes and on prefixes it samples itself. Results are cached under ``out/evals/<name>/``, so an
+interrupted experiment resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dlc_jax.experiments.presets import ExperimentPreset
+
+KLByRef = dict[str, dict[int, tuple[float, float]]]
+
+
+class CheckpointEvals:
+    """Evaluates runs of ``preset`` under ``out`` at ``steps`` (their checkpoint steps)."""
+
+    def __init__(self, preset: ExperimentPreset, out: Path, steps: list[int]):
+        self.preset = preset
+        self.out = out
+        self.steps = steps
+        self._models: dict[tuple[str, int], object] = {}
+
+    def _model(self, name: str, cfg, step: int):
+        """theta_t of run ``name`` at ``step`` (on-policy models are kept: every run is compared
+        with them)."""
+        from dlc_jax.experiments.checkpoints import load_checkpoint_model
+
+        key = (name, step)
+        if key in self._models:
+            return self._models[key]
+        model = load_checkpoint_model(cfg, step)
+        if name.startswith("onpolicy__"):
+            self._models[key] = model
+        return model
+
+    def reference_evals(self, name: str, cfg, prefixes) -> dict:
+        """An on-policy run at each checkpoint evaluated on the prefixes (kept as npz: every D_t
+        needs it)."""
+        from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy
+
+        edir = self.out / "evals" / name
+        edir.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for step in self.steps:
+            p = edir / f"step_{step}.npz"
+            if not p.exists():
+                evaluate_policy(
+                    self._model(name, cfg, step),
+                    prefixes,
+                    batch_size=self.preset.eval_batch_size,
+                ).save(p)
+            out[step] = PolicyOnPrefixes.load(p)
+        return out
+
+    def distances(self, name: str, cfg, prefixes, refs: dict) -> KLByRef:
+        """{ref: {step: (KL(run_t || ref_t), KL(ref_t || run_t))}} on the reference prefixes for
+        each reference run in ``refs`` (name -> its :meth:`reference_evals`), one checkpoint in
+        memory at a time (cached as numbers in ``evals/<name>/kl.json``)."""
+        from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy
+
+        edir = self.out / "evals" / name
+        cache = edir / "kl.json"
+        if cache.exists():
+            return _load_kl(cache)
+        edir.mkdir(parents=True, exist_ok=True)
+        out: KLByRef = {r: {} for r in refs}
+        for step in self.steps:
+            p = edir / f"step_{step}.npz"
+            if p.exists():
+                ev = PolicyOnPrefixes.load(p)
+            else:
+                ev = evaluate_policy(
+                    self._model(name, cfg, step),
+                    prefixes,
+                    batch_size=self.preset.eval_batch_size,
+                )
+            for r in out:
+                out[r][step] = self._kl_pair(ev, refs[r][step])
+        _save_kl(cache, out)
+        return out
+
+    def own_distances(self, name: str, cfg, prefixes, ref_cfgs: dict) -> KLByRef:
+        """Like :meth:`distances`, but on prefixes the run samples itself from theta_t at each
+        checkpoint (the first ``own_prefix_prompts`` reference prompts, one response each, a fixed
+        seed per step), for each reference run in ``ref_cfgs`` (name -> its run config)."""
+        from dlc_jax.data.tokenize import load_tokenizer
+        from dlc_jax.experiments.distance import evaluate_policy
+        from dlc_jax.experiments.own_prefixes import own_prefix_set
+
+        edir = self.out / "evals" / name
+        cache = edir / "own_kl.json"
+        if cache.exists():
+            return _load_kl(cache)
+        edir.mkdir(parents=True, exist_ok=True)
+        tok = load_tokenizer(cfg.model.path)
+        k = min(self.preset.own_prefix_prompts, prefixes.tokens.shape[0])
+        prompts = [prefixes.tokens[i, : prefixes.prompt_lens[i]] for i in range(k)]
+        max_tokens = int(prefixes.meta.get("config", {}).get("max_tokens", cfg.sampler.max_tokens))
+        out: KLByRef = {r: {} for r in ref_cfgs}
+        lens = {}
+        for step in self.steps:
+            model = self._model(name, cfg, step)
+            own = own_prefix_set(
+                model,
+                prompts,
+                max_tokens=max_tokens,
+                temperature=cfg.sampler.temperature,
+                seed=10_000 + step,
+                eos_id=int(tok.eos_token_id),
+                pad_id=prefixes.pad_id,
+            )
+            lens[step] = float(own.response_lens.mean())
+            ev = evaluate_policy(model, own, batch_size=self.preset.eval_batch_size)
+            for r in out:
+                ev_r = evaluate_policy(
+                    self._model(r, ref_cfgs[r], step), own, batch_size=self.preset.eval_batch_size
+                )
+                out[r][step] = self._kl_pair(ev, ev_r)
+        _save_kl(cache, out)
+        (edir / "own_lens.json").write_text(json.dumps(lens))
+        return out
+
+    def _kl_pair(self, ev, ev_ref) -> tuple[float, float]:
+        """(forward, reverse) KL between two evaluations on the same prefixes."""
+        from dlc_jax.experiments.distance import prefix_kl
+
+        kl = prefix_kl(
+            ev,
+            ev_ref,
+            temperature=self.preset.kl_temperature,
+            chunk_size=self.preset.kl_chunk_size,
+        )
+        return (kl["forward"], kl["reverse"])
+
+
+def _load_kl(path: Path) -> KLByRef:
+    d = json.loads(path.read_text())
+    return {r: {int(k): tuple(v) for k, v in by.items()} for r, by in d.items()}
+
+
+def _save_kl(path: Path, kl: KLByRef) -> None:
+    path.write_text(json.dumps({r: {str(k): v for k, v in by.items()} for r, by in kl.items()}))

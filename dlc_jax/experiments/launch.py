@@ -1,0 +1,101 @@
+"""Launching the processes an experiment needs: one training run (``dlc-jax train`` in a
+subprocess) and the sampler that draws the reference prefixes. Both are skipped when their output
+exists, so an interrupted experiment resumes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dlc_jax.experiments.matrix import RunSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def log_progress(msg: str) -> None:
+    print(f"[experiment {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def train_run(spec: RunSpec, cfg, run_dir: Path, *, jax_cache: Path, timeout_s: float) -> Path:
+    """Train one run in a subprocess (``dlc-jax train``) under ``run_dir``, unless it already
+    finished (``run_dir/DONE``, which records its wall time)."""
+    from dlc_jax.trainer.config import dump_config
+
+    if (run_dir / "DONE").exists():
+        return run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = run_dir / "config.yaml"
+    cfg_path.write_text(dump_config(cfg))
+    cmd = [sys.executable, "-m", "dlc_jax.cli", "train", "--config", str(cfg_path)]
+    log_progress(f"train {spec.name}: {' '.join(spec.overrides)}")
+    t0 = time.time()
+    env = dict(os.environ)
+    # runs share shapes: a persistent compilation cache saves most of each run's compile time
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(jax_cache))
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+    with open(run_dir / "train.log", "ab") as logf:
+        # its own session, so a timeout also ends the sampler and reward workers it started
+        proc = subprocess.Popen(
+            cmd,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO_ROOT),
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    wall = time.time() - t0
+    if rc != 0:
+        tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(
+            f"run {spec.name} failed with exit code {rc}; log {run_dir / 'train.log'}:\n{tail}"
+        )
+    (run_dir / "DONE").write_text(json.dumps({"wall_s": wall}))
+    log_progress(f"train {spec.name}: done in {wall:.0f}s")
+    return run_dir
+
+
+def sample_reference_prefixes(out: Path, cfg, pcfg, model_dir: str):
+    """The reference prefix set under ``out/prefixes``, sampled from ``model_dir`` by a sampler
+    process with the backend of run config ``cfg`` at its temperature."""
+    from dlc_jax.data.tokenize import load_tokenizer
+    from dlc_jax.experiments.prefixes import client_generate, load_or_create
+    from dlc_jax.sampler.process import SamplerProcess
+
+    tok = load_tokenizer(model_dir)
+    pcfg = dataclasses.replace(pcfg, temperature=cfg.sampler.temperature)
+    log_progress(
+        f"creating reference prefixes ({pcfg.num_prompts} prompts) with the "
+        f"{cfg.sampler.backend} sampler"
+    )
+    proc = SamplerProcess(
+        cfg.sampler.backend,
+        model_dir,
+        extra_args=["--max-model-len", str(cfg.sampler.max_model_len)],
+        log_file=str(out / "prefixes_sampler.log"),
+    )
+    proc.start()
+    try:
+        with proc.client() as client:
+            pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+            return load_or_create(
+                out / "prefixes",
+                pcfg,
+                tok,
+                client_generate(client),
+                pad_id=int(pad),
+                extra_meta={"model_dir": model_dir, "backend": cfg.sampler.backend},
+            )
+    finally:
+        proc.stop()

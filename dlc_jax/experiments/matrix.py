@@ -1,0 +1,71 @@
+"""The experiment matrix: which runs a preset asks for and the config overrides that define each.
+
+All runs share the base config (model, data order, optimizer, batch, steps, checkpoint steps); an
+arm sets ``loss.*`` (and DLC its ESS resync), a scenario sets the sync schedule and the sampler
+perturbation, a seed sets ``train.seed`` (sampling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dlc_jax.experiments.presets import ARMS, ExperimentPreset, Scenario
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """One training run: its name, arm, scenario, sampling seed and the config overrides that define
+    it."""
+
+    name: str
+    arm: str
+    scenario: str
+    overrides: tuple[str, ...]
+    seed: int = 0
+
+
+def onpolicy_name(seed: int) -> str:
+    return f"onpolicy__s{seed}"
+
+
+def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -> list[RunSpec]:
+    """The matrix: the on-policy runs first, then seed-major scenario x arm (so an interrupted
+    matrix has
+    every arm at its first seeds rather than some arms at all seeds)."""
+    arms = list(arms or preset.arms)
+    scs = [preset.scenario(s) for s in scenarios] if scenarios else list(preset.scenarios)
+    bad = [a for a in arms if a not in ARMS]
+    if bad:
+        raise ValueError(f"--arms: unknown arms {bad} (known: {sorted(ARMS)})")
+    seeds = list(seeds if seeds is not None else preset.seeds)
+    specs = [
+        RunSpec(
+            onpolicy_name(s),
+            "onpolicy",
+            "reference",
+            ("loss.name=naive", "resync.policy=onpolicy", f"train.seed={s}"),
+            seed=s,
+        )
+        for s in preset.onpolicy_seeds
+    ]
+    for seed in seeds:
+        for sc in scs:
+            for a in arms:
+                specs.append(
+                    RunSpec(
+                        f"{sc.name}__{a}__s{seed}",
+                        a,
+                        sc.name,
+                        arm_overrides(ARMS[a], sc) + (f"train.seed={seed}",),
+                        seed=seed,
+                    )
+                )
+    return specs
+
+
+def arm_overrides(arm, sc: Scenario) -> tuple[str, ...]:
+    out = [f"loss.name={arm.loss}"] + [f"loss.{k}={v}" for k, v in arm.options]
+    policy = arm.own_resync or sc.sync
+    out += [f"resync.policy={policy}", f"resync.k={sc.sync_k}"]
+    out += [f"sampler.quantization={sc.quantization}", f"sampler.weight_noise={sc.weight_noise}"]
+    return tuple(out)
