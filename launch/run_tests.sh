@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# Set up the environment (if needed) and run the whole test suite. Extra args go to pytest.
+# Set up the environment (if needed), then lint (ruff), type-check (mypy) and run the whole test
+# suite (pytest). Extra args go to pytest. Fails if any of the three fails; all three always run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash launch/setup_env.sh
 VENV="${DLC_JAX_VENV:-$ROOT/.venv}"
 set +e
+checks=0
+echo "[tests] ruff check + ruff format --check (config: pyproject.toml)" >&2
+"$VENV/bin/ruff" check dlc_jax tests || checks=1
+"$VENV/bin/ruff" format --check dlc_jax tests || checks=1
+echo "[tests] mypy dlc_jax" >&2
+"$VENV/bin/mypy" dlc_jax || checks=1
 "$VENV/bin/python" -m pytest -q "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then
   echo "[tests] pytest collected no tests: failing" >&2
   exit 1
+fi
+if [[ $checks -ne 0 ]]; then
+  echo "[tests] lint or type check failed (see above)" >&2
+  [[ $rc -eq 0 ]] && rc=1
 fi
 exit $rc
