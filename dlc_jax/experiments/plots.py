@@ -51,6 +51,10 @@ def _band_plot(ax, x, rows, st, label, *, positive=False):
         ax.fill_between(x, lo[ok], hi[ok], color=st["color"], alpha=0.1, lw=0)
 
 
+def _threshold_line(ax, y: float, label: str) -> None:
+    ax.axhline(y, color="red", lw=1.2, ls="--", label=label)
+
+
 def plot_scenario(
     scenario: str,
     by_arm: dict[str, list[RunResult]],
@@ -96,13 +100,7 @@ def plot_scenario(
         (ax_ref, "fixed reference prefixes"),
         (ax_own, "each run's own sampled prefixes"),
     ):
-        ax.axhline(
-            cfg.band,
-            color="red",
-            lw=1.2,
-            ls="--",
-            label=f"{cfg.band:g}x noise threshold (pass band)",
-        )
+        _threshold_line(ax, cfg.band, f"{cfg.band:g}x noise threshold (pass band)")
         ax.axhline(1.0, color="grey", lw=1.0, ls=":", label="1x noise (on-policy vs on-policy)")
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=2))
@@ -110,13 +108,7 @@ def plot_scenario(
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_title(f"KL to on-policy / noise threshold, on {what}")
         ax.set_ylabel("D_t / N_t (ratio of KLs, unitless; log scale)")
-    ax_ess.axhline(
-        cfg.ess_threshold,
-        color="red",
-        lw=1.2,
-        ls="--",
-        label=f"ESS = {cfg.ess_threshold:g} (resync trigger)",
-    )
+    _threshold_line(ax_ess, cfg.ess_threshold, f"ESS = {cfg.ess_threshold:g} (resync trigger)")
     ax_ess.set_ylim(0, 1.05)
     ax_ess.set_title("lag ESS of exp(ell) (mean over seeds, 95% CI band)")
     ax_ess.set_ylabel("lag ESS (fraction of tokens, 0-1)")
