@@ -7,12 +7,28 @@ from pathlib import Path
 import numpy as np
 
 # Two odd random configs: tied with GQA 3, untied with GQA 4 (no tokenizer needed).
-CONFIG_TIED = dict(vocab_size=301, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
-                   num_attention_heads=6, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True,
-                   rope_theta=10000.0)
-CONFIG_UNTIED = dict(vocab_size=257, hidden_size=64, intermediate_size=136, num_hidden_layers=2,
-                     num_attention_heads=8, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
-                     rope_theta=1_000_000.0)
+CONFIG_TIED = dict(
+    vocab_size=301,
+    hidden_size=96,
+    intermediate_size=200,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=24,
+    tie_word_embeddings=True,
+    rope_theta=10000.0,
+)
+CONFIG_UNTIED = dict(
+    vocab_size=257,
+    hidden_size=64,
+    intermediate_size=136,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=16,
+    tie_word_embeddings=False,
+    rope_theta=1_000_000.0,
+)
 
 
 def make_random_hf_dir(path, *, seed=0, noise=0.1, **cfg) -> Path:
@@ -46,7 +62,11 @@ def hf_logits(path_or_model, ids, mask=None, positions=None) -> np.ndarray:
     if positions is None:
         positions = np.maximum(mask.cumsum(-1) - 1, 0)
     with torch.no_grad():
-        out = m(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(np.asarray(positions)))
+        out = m(
+            torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            position_ids=torch.tensor(np.asarray(positions)),
+        )
     return out.logits.float().numpy()
 
 

@@ -16,8 +16,16 @@ import pytest
 def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
-    return str(make_tiny(tmp_path_factory.mktemp("export_tiny") / "m", hidden_size=32, intermediate_size=64,
-                         head_dim=8, num_hidden_layers=2, vocab_size=512))
+    return str(
+        make_tiny(
+            tmp_path_factory.mktemp("export_tiny") / "m",
+            hidden_size=32,
+            intermediate_size=64,
+            head_dim=8,
+            num_hidden_layers=2,
+            vocab_size=512,
+        )
+    )
 
 
 def _perturbed_params(tiny_dir, seed):
@@ -50,8 +58,17 @@ def checkpoint(tiny_dir, tmp_path_factory):
         model, params = _perturbed_params(tiny_dir, seed)
         st = TrainState.create(model, make_optimizer(OptimSection(), 10))
         tree = {"params": st.params, "opt_state": st.opt_state, "snapshots": {"0": st.params}}
-        ck.save(step, tree, {"step": step, "synced_version": step, "snapshot_versions": [0],
-                             "config": to_dict(cfg)}, force=True)
+        ck.save(
+            step,
+            tree,
+            {
+                "step": step,
+                "synced_version": step,
+                "snapshot_versions": [0],
+                "config": to_dict(cfg),
+            },
+            force=True,
+        )
         models[step] = model
     ck.close()
     return str(d), models
@@ -77,7 +94,9 @@ def test_export_fp32_roundtrips_tensors_and_transformers_logits(checkpoint, tiny
     assert sorted(written) == sorted(want)
     for k in want:
         np.testing.assert_array_equal(written[k], want[k], err_msg=k)
-    assert (out / "tokenizer.json").exists() and json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    assert (out / "tokenizer.json").exists() and json.loads((out / "config.json").read_text())[
+        "dtype"
+    ] == "float32"
     hf = AutoModelForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32).eval()
     ids = np.array([[1, 7, 99, 300, 42, 5, 17, 8]], np.int64)
     with torch.no_grad():
@@ -98,14 +117,22 @@ def test_export_latest_bf16_with_model_dir_from_checkpoint_config(checkpoint, tm
 
     ckpt, models = checkpoint
     out = tmp_path / "hf_bf16"
-    assert cli(["--checkpoint", ckpt, "--out", str(out), "--dtype", "bfloat16"]) == 0  # latest = step 5
-    header = json.loads((out / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
-        (out / "model.safetensors").read_bytes()[:8], "little")])
+    assert (
+        cli(["--checkpoint", ckpt, "--out", str(out), "--dtype", "bfloat16"]) == 0
+    )  # latest = step 5
+    header = json.loads(
+        (out / "model.safetensors").read_bytes()[
+            8 : 8 + int.from_bytes((out / "model.safetensors").read_bytes()[:8], "little")
+        ]
+    )
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
     written = dict(st.iter_tensors(str(out)))
     for k, v in iter_hf_tensors(models[5]):
-        np.testing.assert_array_equal(np.asarray(written[k], np.float32),
-                                      v.astype(ml_dtypes.bfloat16).astype(np.float32), err_msg=k)
+        np.testing.assert_array_equal(
+            np.asarray(written[k], np.float32),
+            v.astype(ml_dtypes.bfloat16).astype(np.float32),
+            err_msg=k,
+        )
 
 
 def test_export_errors_name_the_problem(checkpoint, tmp_path, capsys):
@@ -114,11 +141,16 @@ def test_export_errors_name_the_problem(checkpoint, tmp_path, capsys):
     ckpt, _ = checkpoint
     assert cli(["--checkpoint", ckpt, "--step", "9", "--out", str(tmp_path / "x")]) == 2
     assert "no checkpoint for step 9" in capsys.readouterr().err
-    assert cli(["--checkpoint", ckpt, "--out", str(tmp_path / "y"), "--model", str(tmp_path / "nope")]) == 2
+    assert (
+        cli(["--checkpoint", ckpt, "--out", str(tmp_path / "y"), "--model", str(tmp_path / "nope")])
+        == 2
+    )
     assert "config.json" in capsys.readouterr().err
     other = tmp_path / "other"
     from dlc_jax.model.tiny import make_tiny
 
-    make_tiny(other, hidden_size=48, intermediate_size=64, head_dim=8, num_hidden_layers=2, vocab_size=512)
+    make_tiny(
+        other, hidden_size=48, intermediate_size=64, head_dim=8, num_hidden_layers=2, vocab_size=512
+    )
     assert cli(["--checkpoint", ckpt, "--out", str(tmp_path / "z"), "--model", str(other)]) == 2
     assert "not matching the model" in capsys.readouterr().err

@@ -37,14 +37,23 @@ def _shellcheck() -> str:
 def test_cluster_scripts_and_manifests_exist():
     names = {p.name for p in SCRIPTS}
     assert set(CLUSTER_SCRIPTS) <= names, set(CLUSTER_SCRIPTS) - names
-    assert {p.name for p in MANIFESTS} >= {"samplers.yaml", "trainer-jobset.yaml", "secrets.example.yaml"}
+    assert {p.name for p in MANIFESTS} >= {
+        "samplers.yaml",
+        "trainer-jobset.yaml",
+        "secrets.example.yaml",
+    }
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_syntax_and_shellcheck(script):
     r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([_shellcheck(), "-x", "-S", "style", str(script)], capture_output=True, text=True, cwd=LAUNCH)
+    r = subprocess.run(
+        [_shellcheck(), "-x", "-S", "style", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=LAUNCH,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -74,31 +83,66 @@ JOBSET_SCHEMA = {
         "apiVersion": {"const": "jobset.x-k8s.io/v1alpha2"},
         "kind": {"const": "JobSet"},
         "metadata": {
-            "type": "object", "required": ["name"],
-            "properties": {"name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
-                           "namespace": {"type": "string"},
-                           "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                           "annotations": {"type": "object", "additionalProperties": {"type": "string"}}},
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {
+                    "type": "string",
+                    "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                    "maxLength": 63,
+                },
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
         },
         "spec": {
-            "type": "object", "required": ["replicatedJobs"], "additionalProperties": False,
+            "type": "object",
+            "required": ["replicatedJobs"],
+            "additionalProperties": False,
             "properties": {
                 "replicatedJobs": {
-                    "type": "array", "minItems": 1,
-                    "items": {"type": "object", "required": ["name", "template"], "additionalProperties": False,
-                              "properties": {"name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                                             "replicas": {"type": "integer", "minimum": 1},
-                                             "dependsOn": {"type": "array"},
-                                             "template": {"type": "object", "required": ["spec"],
-                                                          "properties": {"metadata": {"type": "object"},
-                                                                         "spec": {"type": "object"}}}}},
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "template"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {
+                                "type": "string",
+                                "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                            },
+                            "replicas": {"type": "integer", "minimum": 1},
+                            "dependsOn": {"type": "array"},
+                            "template": {
+                                "type": "object",
+                                "required": ["spec"],
+                                "properties": {
+                                    "metadata": {"type": "object"},
+                                    "spec": {"type": "object"},
+                                },
+                            },
+                        },
+                    },
                 },
-                "network": {"type": "object", "additionalProperties": False,
-                            "properties": {"enableDNSHostnames": {"type": "boolean"}, "subdomain": {"type": "string"},
-                                           "publishNotReadyAddresses": {"type": "boolean"}}},
-                "failurePolicy": {"type": "object", "properties": {"maxRestarts": {"type": "integer", "minimum": 0},
-                                                                   "rules": {"type": "array"},
-                                                                   "restartStrategy": {"type": "string"}}},
+                "network": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "enableDNSHostnames": {"type": "boolean"},
+                        "subdomain": {"type": "string"},
+                        "publishNotReadyAddresses": {"type": "boolean"},
+                    },
+                },
+                "failurePolicy": {
+                    "type": "object",
+                    "properties": {
+                        "maxRestarts": {"type": "integer", "minimum": 0},
+                        "rules": {"type": "array"},
+                        "restartStrategy": {"type": "string"},
+                    },
+                },
                 "successPolicy": {"type": "object"},
                 "startupPolicy": {"type": "object"},
                 "suspend": {"type": "boolean"},
@@ -126,12 +170,18 @@ def test_manifests_pass_schema_checks():
         if doc.get("kind") == "JobSet":
             jsonschema.validate(doc, JOBSET_SCHEMA)
             for rj in doc["spec"]["replicatedJobs"]:
-                job = {"apiVersion": "batch/v1", "kind": "Job",
-                       "metadata": {"name": f"{doc['metadata']['name']}-{rj['name']}"}, "spec": rj["template"]["spec"]}
+                job = {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": f"{doc['metadata']['name']}-{rj['name']}"},
+                    "spec": rj["template"]["spec"],
+                }
                 try:
                     _validate_k8s(job)
                 except Exception as e:  # noqa: BLE001 - name the document
-                    pytest.fail(f"{where} replicatedJobs[{rj['name']}].template is not a valid batch/v1 Job: {e}")
+                    pytest.fail(
+                        f"{where} replicatedJobs[{rj['name']}].template is not a valid batch/v1 Job: {e}"
+                    )
         else:
             try:
                 _validate_k8s(doc)
@@ -164,18 +214,30 @@ def test_manifests_wire_secrets_and_pool_addresses():
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     for d in docs:
         if d["kind"] in ("Deployment", "JobSet"):
-            pods = ([d["spec"]["template"]["spec"]] if d["kind"] == "Deployment"
-                    else [rj["template"]["spec"]["template"]["spec"] for rj in d["spec"]["replicatedJobs"]])
+            pods = (
+                [d["spec"]["template"]["spec"]]
+                if d["kind"] == "Deployment"
+                else [
+                    rj["template"]["spec"]["template"]["spec"] for rj in d["spec"]["replicatedJobs"]
+                ]
+            )
             for pod in pods:
                 refs = {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
                 assert refs and refs <= secrets, (d["metadata"]["name"], refs - secrets)
     for name, svc in services.items():  # each Service selects exactly its own sampler Deployment
         sel = svc["spec"]["selector"]
-        hits = [n for n, dep in deployments.items()
-                if all(dep["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+        hits = [
+            n
+            for n, dep in deployments.items()
+            if all(
+                dep["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items()
+            )
+        ]
         assert hits == [name]
     js = next(d for d in docs if d["kind"] == "JobSet")
-    cmd = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    cmd = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
     addr = next(a.split("=", 1)[1] for a in cmd if a.startswith("sampler.address="))
     ports = {n: s["spec"]["ports"][0]["port"] for n, s in services.items()}
     assert addr.split(",") == [f"{n}:{p}" for n, p in sorted(ports.items())]
@@ -206,7 +268,12 @@ def _manifest_commands() -> list[list[str]]:
     def walk(x):
         if isinstance(x, dict):
             for k, v in x.items():
-                if k in ("command", "args") and isinstance(v, list) and v and str(v[0]).endswith("dlc-jax"):
+                if (
+                    k in ("command", "args")
+                    and isinstance(v, list)
+                    and v
+                    and str(v[0]).endswith("dlc-jax")
+                ):
                     cmds.append([str(t) for t in v[1:]])
                 else:
                     walk(v)
@@ -233,8 +300,13 @@ def _subcommand(toks: list[str]) -> list[str]:
 
 def _help(sub: tuple[str, ...], cache={}) -> str:
     if sub not in cache:
-        r = subprocess.run([sys.executable, "-m", "dlc_jax.cli", *sub, "--help"], capture_output=True, text=True,
-                           cwd=ROOT, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "dlc_jax.cli", *sub, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
         assert r.returncode == 0, f"dlc-jax {' '.join(sub)} --help failed: {r.stderr[-2000:]}"
         cache[sub] = r.stdout
     return cache[sub]
@@ -247,10 +319,11 @@ def test_every_command_matches_the_cli():
     for where, toks in cmds:
         sub = tuple(_subcommand(toks))
         helptext = _help(sub)
-        flags = {t.split("=", 1)[0] for t in toks[len(sub):] if t.startswith("--")}
+        flags = {t.split("=", 1)[0] for t in toks[len(sub) :] if t.startswith("--")}
         for f in flags:
-            assert re.search(rf"(^|[\s,\[]){re.escape(f)}([\s,=\]]|$)", helptext, re.M), \
+            assert re.search(rf"(^|[\s,\[]){re.escape(f)}([\s,=\]]|$)", helptext, re.M), (
                 f"{where}: `dlc-jax {' '.join(sub)}` has no flag {f}"
+            )
 
 
 def test_train_overrides_are_valid_config_keys():
@@ -264,8 +337,12 @@ def test_train_overrides_are_valid_config_keys():
         if config and "$" in config:
             config = "configs/qwen3_1p7b_dlc.yaml"  # the scripts' default
         overrides = [t for t in toks[1:] if "=" in t and not t.startswith("-") and "$" not in t]
-        overrides += ["distributed.mode=always", "sampler.address=a:1,b:2", "sampler.token_file=/t",
-                      "sampler.tls_root_cert=/c"]  # what the scripts add from the environment
+        overrides += [
+            "distributed.mode=always",
+            "sampler.address=a:1,b:2",
+            "sampler.token_file=/t",
+            "sampler.tls_root_cert=/c",
+        ]  # what the scripts add from the environment
         cfg = load_config(ROOT / config if config else None, overrides)
         assert cfg.distributed.mode == "always"
         found += 1

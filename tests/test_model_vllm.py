@@ -22,15 +22,23 @@ def test_export_loads_in_vllm_and_logprobs_match(tmp_path):
     model.lm_head.weight.set_value(model.lm_head.weight.get_value() * 25.0)
     out = save_hf(model, tmp_path / "exp", max_shard_bytes=1_000_000)
 
-    llm = vllm.LLM(model=str(out), dtype="float32", enforce_eager=True, max_model_len=128,
-                   logprobs_mode="processed_logprobs", seed=0, gpu_memory_utilization=0.1)
+    llm = vllm.LLM(
+        model=str(out),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=128,
+        logprobs_mode="processed_logprobs",
+        seed=0,
+        gpu_memory_utilization=0.1,
+    )
     try:
         # the tokenizer came along: a chat prompt renders and tokenizes through vLLM
         chat = llm.chat([{"role": "user", "content": "12+7=?"}], vllm.SamplingParams(max_tokens=2))
         assert chat[0].prompt_token_ids[0] == 2046  # <|im_start|>
         prompts = [[2046, 16, 17, 10, 22, 28], [2046, 18, 19], [5, 6, 7, 8, 9, 10, 11, 12]]
-        params = vllm.SamplingParams(max_tokens=10, temperature=1.0, top_p=1.0, top_k=0, logprobs=0,
-                                     ignore_eos=True)
+        params = vllm.SamplingParams(
+            max_tokens=10, temperature=1.0, top_p=1.0, top_k=0, logprobs=0, ignore_eos=True
+        )
         res = llm.generate([vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], params)
     finally:
         del llm

@@ -31,19 +31,47 @@ def _free_port() -> int:
 
 
 def _overrides(model_dir: str, addresses: str, run: Path) -> list[str]:
-    return [f"model.path={model_dir}", "sft.enabled=false", "sampler.backend=jax", f"sampler.address={addresses}",
-            "sampler.n=2", "sampler.max_tokens=4", "sampler.head_k=2", "sampler.max_model_len=64",
-            "sampler.reconnect_timeout_s=120", "train.batch_prompts=8", f"train.steps={STEPS}", "train.seed=3",
-            "mesh.data=1", "mesh.fsdp=-1", "mesh.tensor=2", "optim.lr=3e-2", "resync.policy=every_k", "resync.k=2",
-            "async.prefetch=0", "loss.name=dlc", "log.progress=false", "log.tensorboard=false",
-            f"log.dir={run}/logs", f"checkpoint.dir={run}/ckpt", "checkpoint.every=2", "checkpoint.resume=false",
-            # the untrained tiny model never answers correctly; a format reward gives groups reward variance
-            "reward.correct=0", "reward.format_bonus=1", "reward.strict_format=(?s).*e.*"]
+    return [
+        f"model.path={model_dir}",
+        "sft.enabled=false",
+        "sampler.backend=jax",
+        f"sampler.address={addresses}",
+        "sampler.n=2",
+        "sampler.max_tokens=4",
+        "sampler.head_k=2",
+        "sampler.max_model_len=64",
+        "sampler.reconnect_timeout_s=120",
+        "train.batch_prompts=8",
+        f"train.steps={STEPS}",
+        "train.seed=3",
+        "mesh.data=1",
+        "mesh.fsdp=-1",
+        "mesh.tensor=2",
+        "optim.lr=3e-2",
+        "resync.policy=every_k",
+        "resync.k=2",
+        "async.prefetch=0",
+        "loss.name=dlc",
+        "log.progress=false",
+        "log.tensorboard=false",
+        f"log.dir={run}/logs",
+        f"checkpoint.dir={run}/ckpt",
+        "checkpoint.every=2",
+        "checkpoint.resume=false",
+        # the untrained tiny model never answers correctly; a format reward gives groups reward variance
+        "reward.correct=0",
+        "reward.format_bonus=1",
+        "reward.strict_format=(?s).*e.*",
+    ]
 
 
 def _launch(overrides, devices: int, log: Path, env_extra: dict):
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-           **env_extra}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+        **env_extra,
+    }
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         if k not in env_extra:
             env.pop(k, None)
@@ -69,8 +97,18 @@ def _wait(procs, logs, timeout=480):
 def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
-    return str(make_tiny(tmp_path_factory.mktemp("mh_tiny") / "m", hidden_size=32, intermediate_size=64, head_dim=8,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512))
+    return str(
+        make_tiny(
+            tmp_path_factory.mktemp("mh_tiny") / "m",
+            hidden_size=32,
+            intermediate_size=64,
+            head_dim=8,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +120,16 @@ def sampler_sets(tiny_dir, tmp_path_factory):
     procs = []
     try:
         for i in range(4):
-            procs.append(SamplerProcess("jax", tiny_dir, extra_args=["--max-model-len", "64", "--max-head-k", "4"],
-                                        env={"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}, log_file=str(d / f"s{i}.log"),
-                                        startup_timeout=300).start())
+            procs.append(
+                SamplerProcess(
+                    "jax",
+                    tiny_dir,
+                    extra_args=["--max-model-len", "64", "--max-head-k", "4"],
+                    env={"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"},
+                    log_file=str(d / f"s{i}.log"),
+                    startup_timeout=300,
+                ).start()
+            )
         yield procs[:2], procs[2:]
     finally:
         for p in procs:
@@ -98,14 +143,30 @@ def _rows(run: Path) -> list[dict]:
 def test_train_two_processes_match_one_process(tiny_dir, sampler_sets, tmp_path):
     single_s, multi_s = sampler_sets
     one = tmp_path / "single"
-    t_one = _wait([_launch(_overrides(tiny_dir, ",".join(p.address for p in single_s), one), 8,
-                           tmp_path / "single.log", {})], [tmp_path / "single.log"])
+    t_one = _wait(
+        [
+            _launch(
+                _overrides(tiny_dir, ",".join(p.address for p in single_s), one),
+                8,
+                tmp_path / "single.log",
+                {},
+            )
+        ],
+        [tmp_path / "single.log"],
+    )
     mh = tmp_path / "multi"
     coord = f"127.0.0.1:{_free_port()}"
     logs = [tmp_path / f"mh{i}.log" for i in range(2)]
     ov = _overrides(tiny_dir, ",".join(p.address for p in multi_s), mh)
-    procs = [_launch(ov, 4, logs[i], {"JAX_COORDINATOR_ADDRESS": coord, "JAX_NUM_PROCESSES": "2",
-                                      "JAX_PROCESS_ID": str(i)}) for i in range(2)]
+    procs = [
+        _launch(
+            ov,
+            4,
+            logs[i],
+            {"JAX_COORDINATOR_ADDRESS": coord, "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)},
+        )
+        for i in range(2)
+    ]
     t_mh = _wait(procs, logs)
     ref, got = _rows(one), _rows(mh)
     out0, out1 = logs[0].read_text(), logs[1].read_text()
@@ -120,14 +181,29 @@ def test_train_two_processes_match_one_process(tiny_dir, sampler_sets, tmp_path)
         assert rows[-1]["pool/active"] == 2.0 and rows[-1]["pool/sampler0/version"] == 4.0
         assert rows[-1]["pool/sampler1/version"] == 4.0
     for key in ("reward_mean", "reward_std", "response_len"):  # the same samples in both runs
-        np.testing.assert_allclose([r[key] for r in got], [r[key] for r in ref], rtol=1e-6, err_msg=key)
-    diffs = {k: float(np.max(np.abs(np.subtract([r[k] for r in got], [r[k] for r in ref]))))
-             for k in ("loss/loss", "grad_norm", "ess_lag", "kl_k3")}
-    print("max |diff| per metric", diffs, "losses", [r["loss/loss"] for r in ref],
-          f"seconds single {t_one:.1f} multi {t_mh:.1f}")
-    np.testing.assert_allclose([r["loss/loss"] for r in got], [r["loss/loss"] for r in ref], rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose([r["grad_norm"] for r in got], [r["grad_norm"] for r in ref], rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose([r["ess_lag"] for r in got], [r["ess_lag"] for r in ref], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            [r[key] for r in got], [r[key] for r in ref], rtol=1e-6, err_msg=key
+        )
+    diffs = {
+        k: float(np.max(np.abs(np.subtract([r[k] for r in got], [r[k] for r in ref]))))
+        for k in ("loss/loss", "grad_norm", "ess_lag", "kl_k3")
+    }
+    print(
+        "max |diff| per metric",
+        diffs,
+        "losses",
+        [r["loss/loss"] for r in ref],
+        f"seconds single {t_one:.1f} multi {t_mh:.1f}",
+    )
+    np.testing.assert_allclose(
+        [r["loss/loss"] for r in got], [r["loss/loss"] for r in ref], rtol=1e-5, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        [r["grad_norm"] for r in got], [r["grad_norm"] for r in ref], rtol=1e-4, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        [r["ess_lag"] for r in got], [r["ess_lag"] for r in ref], rtol=1e-5, atol=1e-6
+    )
     # the comparison is not vacuous: nonzero gradients every step; the lagged steps (group advantages sum to
     # zero, so on-policy steps of equal-length responses have loss value ~0) have nonzero losses and a real lag
     assert min(r["grad_norm"] for r in ref) > 1e-3
@@ -146,16 +222,37 @@ def test_init_kwargs_from_config_and_environment():
 
     assert init_kwargs(DistributedSection(mode="never"), {"JAX_NUM_PROCESSES": "4"}) is None
     assert init_kwargs(DistributedSection(), {}) is None  # auto, nothing set: single process
-    env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.2:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
-    assert init_kwargs(DistributedSection(), env) == {"coordinator_address": "10.0.0.2:1234", "num_processes": 4,
-                                                      "process_id": 3, "initialization_timeout": 300}
-    kw = init_kwargs(DistributedSection(coordinator_address="h:1", process_id=1, initialization_timeout_s=9), env)
-    assert kw == {"coordinator_address": "h:1", "num_processes": 4, "process_id": 1, "initialization_timeout": 9}
-    assert init_kwargs(DistributedSection(mode="always"), {}) == {"initialization_timeout": 300}  # TPU auto-detect
+    env = {
+        "JAX_COORDINATOR_ADDRESS": "10.0.0.2:1234",
+        "JAX_NUM_PROCESSES": "4",
+        "JAX_PROCESS_ID": "3",
+    }
+    assert init_kwargs(DistributedSection(), env) == {
+        "coordinator_address": "10.0.0.2:1234",
+        "num_processes": 4,
+        "process_id": 3,
+        "initialization_timeout": 300,
+    }
+    kw = init_kwargs(
+        DistributedSection(coordinator_address="h:1", process_id=1, initialization_timeout_s=9), env
+    )
+    assert kw == {
+        "coordinator_address": "h:1",
+        "num_processes": 4,
+        "process_id": 1,
+        "initialization_timeout": 9,
+    }
+    assert init_kwargs(DistributedSection(mode="always"), {}) == {
+        "initialization_timeout": 300
+    }  # TPU auto-detect
     with pytest.raises(DistributedError, match="distributed.process_id"):
-        init_kwargs(DistributedSection(), {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2"})
+        init_kwargs(
+            DistributedSection(), {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2"}
+        )
     with pytest.raises(DistributedError, match="distributed.process_id: 5"):
-        init_kwargs(DistributedSection(coordinator_address="h:1", num_processes=2, process_id=5), {})
+        init_kwargs(
+            DistributedSection(coordinator_address="h:1", num_processes=2, process_id=5), {}
+        )
     with pytest.raises(DistributedError, match="JAX_NUM_PROCESSES"):
         init_kwargs(DistributedSection(), {"JAX_NUM_PROCESSES": "two"})
 
@@ -164,7 +261,13 @@ def test_row_and_slot_layout_single_process():
     import jax
 
     from dlc_jax.model import MeshConfig, make_mesh
-    from dlc_jax.trainer.distributed import DistributedError, global_batch, local_row_range, local_slots, rows_sharding
+    from dlc_jax.trainer.distributed import (
+        DistributedError,
+        global_batch,
+        local_row_range,
+        local_slots,
+        rows_sharding,
+    )
 
     mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=2))
     sh = rows_sharding(mesh)
@@ -176,6 +279,3 @@ def test_row_and_slot_layout_single_process():
     np.testing.assert_array_equal(np.asarray(g), x)
     with pytest.raises(DistributedError, match="'x': 6 local rows"):
         global_batch({"x": x[:6]}, sh, 8)
-
-
-

@@ -74,7 +74,9 @@ def _reject(c, backend, tmp_path, **kw):
     assert not r.ok
     assert r.version == 1 and backend.version == 1 and c.info()["version"] == 1
     assert _staged_dirs(tmp_path) == before  # the rejected staging was deleted
-    np.testing.assert_array_equal(backend.weights["a.weight"], _weights(1)["a.weight"])  # old weights still serve
+    np.testing.assert_array_equal(
+        backend.weights["a.weight"], _weights(1)["a.weight"]
+    )  # old weights still serve
     return r
 
 
@@ -89,6 +91,7 @@ def test_socket_push_rejections_keep_old_weights(server, tmp_path, monkeypatch):
             if i == 1:
                 b[17] ^= 0x01
             sock.sendall(b)
+
         monkeypatch.setattr(c, "_send_data", corrupt)
         r = _reject(c, backend, tmp_path)
         assert r.code == "DATA_LOSS" and "mismatch" in r.message and "b.weight" in r.message
@@ -98,18 +101,23 @@ def test_socket_push_rejections_keep_old_weights(server, tmp_path, monkeypatch):
             if i == 0:
                 sock.sendall(buf[:100])
                 sock.shutdown(socket.SHUT_RDWR)
+
         monkeypatch.setattr(c, "_send_data", cut)
         r = _reject(c, backend, tmp_path)
         assert r.code == "DATA_LOSS" and "closed after" in r.message
         monkeypatch.undo()
 
         # the data connection names another push id
-        monkeypatch.setattr(c, "_data_preamble", lambda pid: SamplerClient._data_preamble(c, "0" * 32))
+        monkeypatch.setattr(
+            c, "_data_preamble", lambda pid: SamplerClient._data_preamble(c, "0" * 32)
+        )
         r = _reject(c, backend, tmp_path)
         assert r.code == "FAILED_PRECONDITION" and "no data connection" in r.message
         monkeypatch.undo()
 
-        assert c.push_weights(_weights(4), 4, transport="socket").ok and backend.version == 4  # still healthy
+        assert (
+            c.push_weights(_weights(4), 4, transport="socket").ok and backend.version == 4
+        )  # still healthy
     stats = SamplerClient(srv.address).info()
     assert stats["rejected_pushes"] == 3 and stats["pushes"] == 2
 
@@ -120,15 +128,20 @@ def test_socket_push_token_required(server, tmp_path, monkeypatch):
         assert c.push_weights(_weights(1), 1, transport="socket").ok
         # right token on gRPC but none / a wrong one in the data preamble: the data connection is refused
         from dlc_jax.sampler import data_plane
+
         for bad in (None, "wrong"):
-            monkeypatch.setattr(c, "_data_preamble", lambda pid, bad=bad: data_plane.preamble(pid, bad))
+            monkeypatch.setattr(
+                c, "_data_preamble", lambda pid, bad=bad: data_plane.preamble(pid, bad)
+            )
             r = _reject(c, backend, tmp_path)
             assert r.code == "FAILED_PRECONDITION" and "token" in r.message
 
 
 def test_socket_transport_off_or_tls_is_refused(tmp_path):
     backend = RecordingBackend({n: (s, "float32") for n, s in SHAPES.items()}, 100)
-    with ServerThread(backend, ServerConfig(staging_root=str(tmp_path / "stage"))) as srv:  # no data port
+    with ServerThread(
+        backend, ServerConfig(staging_root=str(tmp_path / "stage"))
+    ) as srv:  # no data port
         with SamplerClient(srv.address, timeout=30) as c:
             assert c.info()["data_port"] == 0
             with pytest.raises(ValueError, match="no push data port"):

@@ -19,20 +19,43 @@ from dlc_jax.sampler.types import Rollout, SamplingParams, spans_from_versions
 
 
 def test_sampling_params_and_rollout_roundtrip():
-    p = SamplingParams(n=3, max_tokens=7, temperature=0.7, top_p=0.9, top_k=5, head_k=2, stop_token_ids=(4, 9), seed=0)
+    p = SamplingParams(
+        n=3,
+        max_tokens=7,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        head_k=2,
+        stop_token_ids=(4, 9),
+        seed=0,
+    )
     assert SamplingParams.from_proto(p.to_proto()) == p  # seed=0 survives (has_seed)
     assert SamplingParams.from_proto(SamplingParams(seed=None).to_proto()).seed is None
-    assert SamplingParams.from_proto(pb.SamplingParams(n=1, max_tokens=1, temperature=1)).top_p == 1.0
-    r = Rollout(prompt_ids=np.array([1, 2], np.int32), response_ids=np.array([5, 6, 7], np.int32),
-                logprobs=np.array([-0.1, -2.0, -np.inf], np.float32),
-                head_ids=np.arange(6, dtype=np.int32).reshape(3, 2),
-                head_logprobs=np.array([[-0.1, -3], [-1, -2], [-0.5, -np.inf]], np.float32),
-                finish_reason="stop", version_spans=[(3, 0, 1), (4, 1, 3)], slot_id=17, sample_index=2, request_id="q")
+    assert (
+        SamplingParams.from_proto(pb.SamplingParams(n=1, max_tokens=1, temperature=1)).top_p == 1.0
+    )
+    r = Rollout(
+        prompt_ids=np.array([1, 2], np.int32),
+        response_ids=np.array([5, 6, 7], np.int32),
+        logprobs=np.array([-0.1, -2.0, -np.inf], np.float32),
+        head_ids=np.arange(6, dtype=np.int32).reshape(3, 2),
+        head_logprobs=np.array([[-0.1, -3], [-1, -2], [-0.5, -np.inf]], np.float32),
+        finish_reason="stop",
+        version_spans=[(3, 0, 1), (4, 1, 3)],
+        slot_id=17,
+        sample_index=2,
+        request_id="q",
+    )
     back = Rollout.from_proto(pb.Rollout.FromString(r.to_proto().SerializeToString()))
     for f in ("prompt_ids", "response_ids", "logprobs", "head_ids", "head_logprobs"):
         np.testing.assert_array_equal(getattr(back, f), getattr(r, f))
         assert getattr(back, f).dtype == getattr(r, f).dtype
-    assert (back.finish_reason, back.version_spans, back.slot_id, back.sample_index) == ("stop", [(3, 0, 1), (4, 1, 3)], 17, 2)
+    assert (back.finish_reason, back.version_spans, back.slot_id, back.sample_index) == (
+        "stop",
+        [(3, 0, 1), (4, 1, 3)],
+        17,
+        2,
+    )
     bad = r.to_proto()
     del bad.head_ids[-1]
     with pytest.raises(ValueError, match="head has 5 ids"):
@@ -46,8 +69,11 @@ def test_spans_from_versions():
 
 
 def _req(prompts, **kw):
-    return pb.GenerateRequest(request_id="r", prompts=[pb.Prompt(slot_id=i, token_ids=p) for i, p in enumerate(prompts)],
-                              params=SamplingParams(**kw).to_proto())
+    return pb.GenerateRequest(
+        request_id="r",
+        prompts=[pb.Prompt(slot_id=i, token_ids=p) for i, p in enumerate(prompts)],
+        params=SamplingParams(**kw).to_proto(),
+    )
 
 
 LIMITS = dict(vocab_size=100, max_model_len=32, max_n=4, max_head_k=5, max_prompts=3)
@@ -76,19 +102,28 @@ EXPECTED = {"a.weight": ((3, 4), "float32"), "b.weight": ((5,), "float32")}
 
 def _tensors(dtype=np.float32):
     rng = np.random.default_rng(0)
-    return {"a.weight": rng.standard_normal((3, 4)).astype(dtype), "b.weight": rng.standard_normal(5).astype(dtype)}
+    return {
+        "a.weight": rng.standard_normal((3, 4)).astype(dtype),
+        "b.weight": rng.standard_normal(5).astype(dtype),
+    }
 
 
 def _header(t, version=1, dtype="float32"):
-    return pb.WeightHeader(version=version, dtype=dtype, tensors=[
-        pb.TensorSpec(name=n, shape=list(a.shape), dtype=dtype, nbytes=a.nbytes) for n, a in t.items()])
+    return pb.WeightHeader(
+        version=version,
+        dtype=dtype,
+        tensors=[
+            pb.TensorSpec(name=n, shape=list(a.shape), dtype=dtype, nbytes=a.nbytes)
+            for n, a in t.items()
+        ],
+    )
 
 
 def _feed(stager, t, chunk=7, corrupt=None, trailer=True):
     for i, (n, a) in enumerate(t.items()):
         b = a.tobytes()
         for off in range(0, len(b), chunk):
-            data = b[off:off + chunk]
+            data = b[off : off + chunk]
             if corrupt == (i, off):
                 data = bytes([data[0] ^ 1]) + data[1:]
             stager.chunk(pb.WeightChunk(tensor_index=i, offset=off, data=data))
@@ -127,13 +162,21 @@ def _expect(code, needle, fn):
 def test_stager_rejections(tmp_path):
     t = _tensors()
     mk = lambda v=0: WeightStager(EXPECTED, current_version=v, staging_root=str(tmp_path))  # noqa: E731
-    _expect(grpc.StatusCode.FAILED_PRECONDITION, "stale version", lambda: mk(v=1).header(_header(t, version=1)))
+    _expect(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "stale version",
+        lambda: mk(v=1).header(_header(t, version=1)),
+    )
     h = _header(t)
     h.tensors[0].name = "c.weight"
-    _expect(grpc.StatusCode.INVALID_ARGUMENT, "unknown tensor name 'c.weight'", lambda: mk().header(h))
+    _expect(
+        grpc.StatusCode.INVALID_ARGUMENT, "unknown tensor name 'c.weight'", lambda: mk().header(h)
+    )
     h = _header(t)
     h.tensors[0].shape[:] = [4, 3]
-    _expect(grpc.StatusCode.INVALID_ARGUMENT, "shape [4, 3] != expected [3, 4]", lambda: mk().header(h))
+    _expect(
+        grpc.StatusCode.INVALID_ARGUMENT, "shape [4, 3] != expected [3, 4]", lambda: mk().header(h)
+    )
     h = _header(t)
     h.tensors[1].dtype = "int8"
     h.tensors[1].nbytes = 5
@@ -141,9 +184,16 @@ def test_stager_rejections(tmp_path):
     h = _header(t)
     h.tensors[1].nbytes += 4
     _expect(grpc.StatusCode.INVALID_ARGUMENT, "nbytes", lambda: mk().header(h))
-    _expect(grpc.StatusCode.INVALID_ARGUMENT, "missing 1 tensor", lambda: mk().header(_header({"a.weight": t["a.weight"]})))
-    _expect(grpc.StatusCode.FAILED_PRECONDITION, "data before header",
-            lambda: mk().chunk(pb.WeightChunk(tensor_index=0, offset=0, data=b"x")))
+    _expect(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "missing 1 tensor",
+        lambda: mk().header(_header({"a.weight": t["a.weight"]})),
+    )
+    _expect(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "data before header",
+        lambda: mk().chunk(pb.WeightChunk(tensor_index=0, offset=0, data=b"x")),
+    )
 
     s = mk()
     s.header(_header(t))
@@ -154,10 +204,21 @@ def test_stager_rejections(tmp_path):
 
     s = mk()
     s.header(_header(t))
-    _expect(grpc.StatusCode.INVALID_ARGUMENT, "expected 0", lambda: s.chunk(pb.WeightChunk(tensor_index=0, offset=8, data=b"x")))
-    _expect(grpc.StatusCode.INVALID_ARGUMENT, "tensor_index 2 out of range",
-            lambda: s.chunk(pb.WeightChunk(tensor_index=2, offset=0, data=b"x")))
-    _expect(grpc.StatusCode.INVALID_ARGUMENT, "exceed", lambda: s.chunk(pb.WeightChunk(tensor_index=1, offset=0, data=b"x" * 21)))
+    _expect(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "expected 0",
+        lambda: s.chunk(pb.WeightChunk(tensor_index=0, offset=8, data=b"x")),
+    )
+    _expect(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "tensor_index 2 out of range",
+        lambda: s.chunk(pb.WeightChunk(tensor_index=2, offset=0, data=b"x")),
+    )
+    _expect(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "exceed",
+        lambda: s.chunk(pb.WeightChunk(tensor_index=1, offset=0, data=b"x" * 21)),
+    )
     s.discard()
 
     s = mk()  # truncated tensor: commit refuses
@@ -183,19 +244,27 @@ def test_int8_and_noise_knobs():
     from dlc_jax.sampler.backends.jax_backend import transform_weights
 
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((16, 64)).astype(np.float32) * np.linspace(0.1, 3, 16)[:, None].astype(np.float32)
+    w = rng.standard_normal((16, 64)).astype(np.float32) * np.linspace(0.1, 3, 16)[:, None].astype(
+        np.float32
+    )
     q = transform_weights("x.weight", w, BackendConfig(model_dir=".", quantization="int8"))
     scale = np.abs(w).max(1, keepdims=True) / 127
     err = np.abs(q - w)
     assert np.all(err <= scale / 2 + 1e-6) and err.max() > 0  # round-to-nearest, per row
     assert len(np.unique(np.round(q[3] / scale[3]))) <= 255
-    n1 = transform_weights("x.weight", w, BackendConfig(model_dir=".", weight_noise=0.1, weight_noise_seed=4))
-    n2 = transform_weights("x.weight", w, BackendConfig(model_dir=".", weight_noise=0.1, weight_noise_seed=4))
+    n1 = transform_weights(
+        "x.weight", w, BackendConfig(model_dir=".", weight_noise=0.1, weight_noise_seed=4)
+    )
+    n2 = transform_weights(
+        "x.weight", w, BackendConfig(model_dir=".", weight_noise=0.1, weight_noise_seed=4)
+    )
     np.testing.assert_array_equal(n1, n2)  # fixed seed
-    rel = np.sqrt(np.mean((n1 - w) ** 2)) / np.sqrt(np.mean(w ** 2))
+    rel = np.sqrt(np.mean((n1 - w) ** 2)) / np.sqrt(np.mean(w**2))
     assert 0.09 < rel < 0.11, rel
     norm = rng.standard_normal(8).astype(np.float32)
-    np.testing.assert_array_equal(transform_weights("n.weight", norm, BackendConfig(model_dir=".", weight_noise=1.0)), norm)
+    np.testing.assert_array_equal(
+        transform_weights("n.weight", norm, BackendConfig(model_dir=".", weight_noise=1.0)), norm
+    )
 
 
 def test_safetensors_writer_matches_library(tmp_path):
@@ -218,9 +287,10 @@ def test_jax_backend_numerics_knobs_create_a_controlled_discrepancy(tmp_path):
     sampler's logprobs away from it by a measurable, ordered amount."""
     import asyncio
 
+    from sampler_reference import load_hf_reference, processed_logprobs
+
     from dlc_jax.model import make_tiny
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from sampler_reference import load_hf_reference, processed_logprobs
 
     d = str(tmp_path / "tiny")
     make_tiny(d)
@@ -235,7 +305,10 @@ def test_jax_backend_numerics_knobs_create_a_controlled_discrepancy(tmp_path):
             return [r async for r in b.generate("k", [(0, [3, 4, 5]), (1, [9, 8])], p)]
 
         rs = asyncio.run(go())
-        diffs = [np.abs(processed_logprobs(ref, r.prompt_ids, r.response_ids)[0] - r.logprobs) for r in rs]
+        diffs = [
+            np.abs(processed_logprobs(ref, r.prompt_ids, r.response_ids)[0] - r.logprobs)
+            for r in rs
+        ]
         return rs, float(np.mean(np.concatenate(diffs)))
 
     _, d32 = run()  # (same-seed determinism of this backend: test_sampler_service, gRPC vs direct)
@@ -286,7 +359,11 @@ def test_staging_root_auto_prefers_ram_when_it_has_room(tmp_path):
     from dlc_jax.sampler.staging_dirs import resolve_staging_root
 
     free = shutil.disk_usage(tmp_path).free
-    assert resolve_staging_root("/data/stage", 10**15, shm_dir=str(tmp_path)) == "/data/stage"  # explicit wins
+    assert (
+        resolve_staging_root("/data/stage", 10**15, shm_dir=str(tmp_path)) == "/data/stage"
+    )  # explicit wins
     assert resolve_staging_root("auto", 1024, shm_dir=str(tmp_path)) == str(tmp_path)
-    assert resolve_staging_root(None, free, shm_dir=str(tmp_path)) is None  # no room for 2x: system temp
+    assert (
+        resolve_staging_root(None, free, shm_dir=str(tmp_path)) is None
+    )  # no room for 2x: system temp
     assert resolve_staging_root(None, 1024, shm_dir=str(tmp_path / "missing")) is None

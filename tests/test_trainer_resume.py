@@ -21,15 +21,36 @@ pytestmark = pytest.mark.slow
 def tiny_dir(tmp_path_factory):
     from dlc_jax.model.tiny import make_tiny
 
-    return make_tiny(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16)
+    return make_tiny(
+        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
+    )
 
 
 def _cmd(tiny_dir, d):
-    return [sys.executable, "-m", "dlc_jax.cli", "train", f"model.path={tiny_dir}", "sft.enabled=false",
-            "sampler.backend=jax", "sampler.n=4", "sampler.max_tokens=4", "sampler.head_k=4", "train.batch_prompts=4",
-            "train.steps=6", "async.prefetch=0", "resync.policy=every_k", "resync.k=2", "optim.lr=3e-3",
-            "log.progress=false", "log.tensorboard=false", f"log.dir={d}/logs", f"checkpoint.dir={d}/ckpt",
-            "checkpoint.every=1", "checkpoint.keep=2"]
+    return [
+        sys.executable,
+        "-m",
+        "dlc_jax.cli",
+        "train",
+        f"model.path={tiny_dir}",
+        "sft.enabled=false",
+        "sampler.backend=jax",
+        "sampler.n=4",
+        "sampler.max_tokens=4",
+        "sampler.head_k=4",
+        "train.batch_prompts=4",
+        "train.steps=6",
+        "async.prefetch=0",
+        "resync.policy=every_k",
+        "resync.k=2",
+        "optim.lr=3e-3",
+        "log.progress=false",
+        "log.tensorboard=false",
+        f"log.dir={d}/logs",
+        f"checkpoint.dir={d}/ckpt",
+        "checkpoint.every=1",
+        "checkpoint.keep=2",
+    ]
 
 
 def _env():
@@ -39,13 +60,18 @@ def _env():
 
 
 def _rows(d):
-    return {r["step"]: r for r in map(json.loads, (d / "logs" / "metrics.jsonl").read_text().splitlines())}
+    return {
+        r["step"]: r
+        for r in map(json.loads, (d / "logs" / "metrics.jsonl").read_text().splitlines())
+    }
 
 
 def test_sigkill_and_resume_equals_uninterrupted(tiny_dir, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     subprocess.run(_cmd(tiny_dir, a), check=True, env=_env(), capture_output=True, timeout=900)
-    p = subprocess.Popen(_cmd(tiny_dir, b), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        _cmd(tiny_dir, b), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     metrics = b / "logs" / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and p.poll() is None:

@@ -24,7 +24,10 @@ def test_sft_examples_mask_answer_and_eos_only():
     np.testing.assert_array_equal(b["targets"][0, : n - 1], seq[1:])
     # loss on the positions that predict the answer characters and eos
     assert b["mask"][0].tolist() == [0.0] * (p - 1) + [1.0] * (n - p) + [0.0] * (12 - n + 1)
-    assert "".join(chr(t) for t, m in zip(b["targets"][0], b["mask"][0]) if m and t != 3) == ex["answer"]
+    assert (
+        "".join(chr(t) for t, m in zip(b["targets"][0], b["mask"][0]) if m and t != 3)
+        == ex["answer"]
+    )
     with pytest.raises(ValueError, match="seq_len"):
         sft_examples(src, CharTok(), 3, [0], seq_len=3, chat_template=False)
 
@@ -36,8 +39,15 @@ def test_sft_trains_and_is_cached(tmp_path):
     from dlc_jax.trainer.sft import ensure_sft_model
 
     tiny = make_tiny(tmp_path / "tiny", hidden_size=64, intermediate_size=128, head_dim=16)
-    cfg = load_config(default_config_path(), [f"model.path={tiny}", "sft.steps=30", "sft.batch_size=16",
-                                              f"sft.cache_dir={tmp_path}/cache"])
+    cfg = load_config(
+        default_config_path(),
+        [
+            f"model.path={tiny}",
+            "sft.steps=30",
+            "sft.batch_size=16",
+            f"sft.cache_dir={tmp_path}/cache",
+        ],
+    )
     logs = []
     out = ensure_sft_model(cfg, log=logs.append)
     info = json.loads((out / "sft.json").read_text())
@@ -48,7 +58,10 @@ def test_sft_trains_and_is_cached(tmp_path):
     load_hf(str(out))  # a loadable HF dir
     logs.clear()
     assert ensure_sft_model(cfg, log=logs.append) == out and any("reusing" in l for l in logs)
-    other = load_config(default_config_path(), [f"model.path={tiny}", "sft.steps=31", f"sft.cache_dir={tmp_path}/cache"])
+    other = load_config(
+        default_config_path(),
+        [f"model.path={tiny}", "sft.steps=31", f"sft.cache_dir={tmp_path}/cache"],
+    )
     from dlc_jax.trainer.sft import sft_cache_dir
 
     assert sft_cache_dir(other) != out  # keyed by the config hash

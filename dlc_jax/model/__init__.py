@@ -7,7 +7,18 @@ from .sharding import LOGICAL_RULES, MeshConfig, make_mesh, shard_model
 from .tiny import make_tiny
 
 __all__ = [
-    "PRESETS", "Qwen3Config", "UnsupportedModelError", "CheckpointError", "hf_param_shapes",
-    "iter_hf_tensors", "load_hf", "save_hf", "Qwen3ForCausalLM", "LOGICAL_RULES", "MeshConfig",
-    "make_mesh", "shard_model", "make_tiny",
+    "PRESETS",
+    "Qwen3Config",
+    "UnsupportedModelError",
+    "CheckpointError",
+    "hf_param_shapes",
+    "iter_hf_tensors",
+    "load_hf",
+    "save_hf",
+    "Qwen3ForCausalLM",
+    "LOGICAL_RULES",
+    "MeshConfig",
+    "make_mesh",
+    "shard_model",
+    "make_tiny",
 ]

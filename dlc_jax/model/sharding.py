@@ -21,8 +21,8 @@ MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp")),
     ("length", None),
-    ("embed", "fsdp"),        # parameters: FSDP shards the model dimension
-    ("act_embed", None),      # activations keep the model dimension whole
+    ("embed", "fsdp"),  # parameters: FSDP shards the model dimension
+    ("act_embed", None),  # activations keep the model dimension whole
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
@@ -84,7 +84,9 @@ def _rules_dict(rules) -> dict:
     return dict(LOGICAL_RULES if rules is None else rules)
 
 
-def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules=None) -> PartitionSpec:
+def logical_to_spec(
+    logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules=None
+) -> PartitionSpec:
     """PartitionSpec for an array of `shape` with `logical` axis names; indivisible dims replicate."""
     if len(logical) != len(shape):
         raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
@@ -118,7 +120,9 @@ class ActivationSharding:
         """`with_sharding_constraint(x, ...)` by logical names; identity without a mesh."""
         if self.mesh is None or self.mesh.size == 1:
             return x
-        return jax.lax.with_sharding_constraint(x, named_sharding(logical, x.shape, self.mesh, self.rules))
+        return jax.lax.with_sharding_constraint(
+            x, named_sharding(logical, x.shape, self.mesh, self.rules)
+        )
 
 
 def param_logical_axes(variable) -> tuple | None:
@@ -150,7 +154,9 @@ def shard_model(model, mesh: Mesh, rules=None):
     state = nnx.state(model, nnx.Param)
     placed = jax.tree.map(
         lambda v, s: v.replace(jax.device_put(v.get_value(), s.get_value())),
-        state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable),
+        state,
+        shardings,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
     )
     nnx.update(model, placed)
     set_activation_sharding(model, mesh, rules)

@@ -44,7 +44,13 @@ _WORDS = (
 ).split()
 
 
-_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "ing", "er", "st", "qu"]
+_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + [
+    "th",
+    "ing",
+    "er",
+    "st",
+    "qu",
+]
 
 
 def _pseudo_word(rng: random.Random) -> str:
@@ -76,7 +82,9 @@ def generate_corpus(n_lines: int = 20000, seed: int = 0) -> list[str]:
         elif kind == 4:
             lines.append(" ".join(_pseudo_word(rng) for _ in range(rng.randrange(4, 12))) + ".")
         else:
-            lines.append(f"#### {a - b}  ({a} - {b}) \\boxed{{{a - b}}} step {rng.randrange(10)}: {a} {b}")
+            lines.append(
+                f"#### {a - b}  ({a} - {b}) \\boxed{{{a - b}}} step {rng.randrange(10)}: {a} {b}"
+            )
     return lines
 
 
@@ -108,8 +116,12 @@ def _write_tokenizer_files(tok, out: Path, model_max_length: int) -> dict[str, i
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     added = {
         str(ids[t]): {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": True,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
         }
         for t in SPECIAL_TOKENS
     }
@@ -127,7 +139,14 @@ def _write_tokenizer_files(tok, out: Path, model_max_length: int) -> dict[str, i
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     (out / "special_tokens_map.json").write_text(
-        json.dumps({"eos_token": IM_END, "pad_token": ENDOFTEXT, "additional_special_tokens": [IM_START, IM_END]}, indent=2)
+        json.dumps(
+            {
+                "eos_token": IM_END,
+                "pad_token": ENDOFTEXT,
+                "additional_special_tokens": [IM_START, IM_END],
+            },
+            indent=2,
+        )
     )
     (out / "chat_template.jinja").write_text(CHATML_TEMPLATE)
     return ids
@@ -207,7 +226,9 @@ def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="dlc-jax make-tiny", description=make_tiny.__doc__)
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab", type=int, default=2048, help="target BPE vocab size (incl. 3 specials)")
+    p.add_argument(
+        "--vocab", type=int, default=2048, help="target BPE vocab size (incl. 3 specials)"
+    )
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--intermediate", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
@@ -218,9 +239,16 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--tied", action="store_true", help="tie lm_head to the embedding")
     a = p.parse_args(argv)
     out = make_tiny(
-        a.out_dir, seed=a.seed, vocab_size=a.vocab, hidden_size=a.hidden,
-        intermediate_size=a.intermediate, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-        num_key_value_heads=a.kv_heads, head_dim=a.head_dim, tie_word_embeddings=a.tied,
+        a.out_dir,
+        seed=a.seed,
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=a.intermediate,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads,
+        head_dim=a.head_dim,
+        tie_word_embeddings=a.tied,
         max_position_embeddings=a.max_pos,
     )
     print(out)

@@ -14,9 +14,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def generate(out_dir: pathlib.Path = HERE) -> list[pathlib.Path]:
-    from grpc_tools import protoc
-
     import grpc_tools
+    from grpc_tools import protoc
 
     include = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     args = [

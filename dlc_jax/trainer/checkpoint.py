@@ -172,8 +172,7 @@ class Checkpointer:
         sums, bad = array_checksums(state)
         if bad:
             raise CheckpointError(
-                f"not saving step {step} to {self.directory}: non-finite values in "
-                f"{_describe(bad)}"
+                f"not saving step {step} to {self.directory}: non-finite values in {_describe(bad)}"
             )
         meta = dict(meta, step=int(step), checksums=sums, checksum_format=CHECKSUM_FORMAT)
         self.directory.mkdir(parents=True, exist_ok=True)

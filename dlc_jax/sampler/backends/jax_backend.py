@@ -69,7 +69,9 @@ class JaxBackend(SamplerBackend):
     def __init__(self, cfg: BackendConfig):
         super().__init__(cfg)
         if cfg.quantization not in (None, "", "int8"):
-            raise ValueError(f"jax backend: quantization must be None or 'int8', got {cfg.quantization!r}")
+            raise ValueError(
+                f"jax backend: quantization must be None or 'int8', got {cfg.quantization!r}"
+            )
         self._lock = threading.Lock()
         self._graphdef = None
         self._state = None
@@ -88,8 +90,10 @@ class JaxBackend(SamplerBackend):
         try:
             shutil.copy(pathlib.Path(self.cfg.model_dir) / "config.json", tmp / "config.json")
             if self.cfg.weight_noise > 0 or self.cfg.quantization == "int8":
-                st.write_file(tmp / "model.safetensors",
-                              {n: transform_weights(n, w, self.cfg) for n, w in st.iter_tensors(weights_dir)})
+                st.write_file(
+                    tmp / "model.safetensors",
+                    {n: transform_weights(n, w, self.cfg) for n, w in st.iter_tensors(weights_dir)},
+                )
             else:
                 for f in st.safetensors_files(weights_dir):
                     os.symlink(f.resolve(), tmp / f.name)
@@ -107,7 +111,9 @@ class JaxBackend(SamplerBackend):
     async def apply_weights(self, weights_dir: str, version: int) -> None:
         # its own thread: decode batches queued on the default executor must not delay a push
         if self._load_pool is None:
-            self._load_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-load")
+            self._load_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="jax-load"
+            )
         loop = asyncio.get_running_loop()
         graphdef, state = await loop.run_in_executor(self._load_pool, self._load, weights_dir)
         with self._lock:
@@ -149,16 +155,23 @@ class JaxBackend(SamplerBackend):
         def sample(logits, keys, temperature, top_k, top_p, head_k):
             """logits [B, V], keys [B] -> (tokens [B], logprobs [B], head ids/logprobs [B, head_k]).
             The parameter values are traced (see jax_sampling): new values compile nothing."""
-            traced, static = sample_args(temperature, top_k, top_p, head_k, vocab=logits.shape[-1],
-                                         max_head_k=max_head_k)
+            traced, static = sample_args(
+                temperature, top_k, top_p, head_k, vocab=logits.shape[-1], max_head_k=max_head_k
+            )
             tok, lp, hid, hlp = sample_step(logits, keys, *traced, **static)
             return tok, lp, np.asarray(hid)[:, :head_k], np.asarray(hlp)[:, :head_k]
 
         return prefill, decode, sample
 
     # -- generation -------------------------------------------------------------------------
-    def _generate_batch(self, seqs: list[tuple[int, int, int, list[int]]], params: SamplingParams, seed: int,
-                        request_id: str, cancel: threading.Event | None = None) -> list[Rollout]:
+    def _generate_batch(
+        self,
+        seqs: list[tuple[int, int, int, list[int]]],
+        params: SamplingParams,
+        seed: int,
+        request_id: str,
+        cancel: threading.Event | None = None,
+    ) -> list[Rollout]:
         """seqs: [(prompt_index, slot_id, sample_index, prompt)] -> rollouts (same order); returns []
         as soon as `cancel` is set (checked between decode steps)."""
         import jax
@@ -173,8 +186,8 @@ class JaxBackend(SamplerBackend):
         tokens = np.zeros((b, lp_len + t_max), np.int32)
         mask = np.zeros((b, lp_len + t_max), np.int32)
         for r, (_, _, _, p) in enumerate(seqs):
-            tokens[r, lp_len - len(p):lp_len] = p
-            mask[r, lp_len - len(p):lp_len] = 1
+            tokens[r, lp_len - len(p) : lp_len] = p
+            mask[r, lp_len - len(p) : lp_len] = 1
         for r in range(b_real, b):  # padding rows: a one-token dummy prompt
             tokens[r, lp_len - 1] = 0
             mask[r, lp_len - 1] = 1
@@ -193,18 +206,30 @@ class JaxBackend(SamplerBackend):
         length = np.full(b, t_max)
         finish = ["length"] * b
         state, version = self._snapshot()
-        logits, cache = prefill(state, jnp.asarray(tokens[:, :lp_len]), jnp.asarray(mask[:, :lp_len]), cache_len)
+        logits, cache = prefill(
+            state, jnp.asarray(tokens[:, :lp_len]), jnp.asarray(mask[:, :lp_len]), cache_len
+        )
         for t in range(t_max):
             if cancel is not None and cancel.is_set():
                 return []
             new_state, new_version = self._snapshot()
             if new_version != version:  # weights changed: recompute the KV of the whole prefix
                 state, version = new_state, new_version
-                logits, cache = prefill(state, jnp.asarray(tokens[:, :lp_len + t]), jnp.asarray(mask[:, :lp_len + t]),
-                                        cache_len)
+                logits, cache = prefill(
+                    state,
+                    jnp.asarray(tokens[:, : lp_len + t]),
+                    jnp.asarray(mask[:, : lp_len + t]),
+                    cache_len,
+                )
             keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
-            tok, lp, hid, hlp = sample(logits, keys, float(params.temperature), int(max(params.top_k, 0)),
-                                       float(params.top_p), int(params.head_k))
+            tok, lp, hid, hlp = sample(
+                logits,
+                keys,
+                float(params.temperature),
+                int(max(params.top_k, 0)),
+                float(params.top_p),
+                int(params.head_k),
+            )
             tok = np.asarray(tok)
             tokens[:, lp_len + t] = tok
             mask[:, lp_len + t] = 1
@@ -220,21 +245,34 @@ class JaxBackend(SamplerBackend):
         rollouts = []
         for r, (_, slot, j, p) in enumerate(seqs):
             n = int(length[r])
-            rollouts.append(Rollout(
-                prompt_ids=np.asarray(p, np.int32), response_ids=tokens[r, lp_len:lp_len + n].copy(),
-                logprobs=out_lp[r, :n].copy(), head_ids=out_hid[r, :n].copy(), head_logprobs=out_hlp[r, :n].copy(),
-                finish_reason=finish[r], version_spans=spans_from_versions(out_ver[r, :n].tolist()),
-                slot_id=slot, sample_index=j, request_id=request_id))
+            rollouts.append(
+                Rollout(
+                    prompt_ids=np.asarray(p, np.int32),
+                    response_ids=tokens[r, lp_len : lp_len + n].copy(),
+                    logprobs=out_lp[r, :n].copy(),
+                    head_ids=out_hid[r, :n].copy(),
+                    head_logprobs=out_hlp[r, :n].copy(),
+                    finish_reason=finish[r],
+                    version_spans=spans_from_versions(out_ver[r, :n].tolist()),
+                    slot_id=slot,
+                    sample_index=j,
+                    request_id=request_id,
+                )
+            )
         return rollouts
 
     async def generate(self, request_id, prompts, params):
         seed = params.seed if params.seed is not None else int(self._seed_counter.integers(2**31))
-        seqs = [(i, slot, j, list(p)) for i, (slot, p) in enumerate(prompts) for j in range(params.n)]
+        seqs = [
+            (i, slot, j, list(p)) for i, (slot, p) in enumerate(prompts) for j in range(params.n)
+        ]
         bs = self.cfg.max_batch
         cancel = threading.Event()
         try:
             for k in range(0, len(seqs), bs):
-                for r in await asyncio.to_thread(self._generate_batch, seqs[k:k + bs], params, seed, request_id, cancel):
+                for r in await asyncio.to_thread(
+                    self._generate_batch, seqs[k : k + bs], params, seed, request_id, cancel
+                ):
                     yield r
         finally:  # consumer gone (client disconnected / cancelled): stop the decode loop
             cancel.set()
