@@ -1,4 +1,5 @@
-"""Shared helpers for tests/test_model_*.py: random HF Qwen3 directories and a transformers reference."""
+"""Shared helpers for tests/test_model_*.py: random HF Qwen3 directories and a transformers
+reference."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ CONFIG_UNTIED = dict(
 
 
 def make_random_hf_dir(path, *, seed=0, noise=0.1, **cfg) -> Path:
-    """Random transformers Qwen3 saved to `path` (fp32). Every tensor (norms too) gets extra N(0, noise)
-    so parity tests exercise non-trivial norm weights and non-uniform logits."""
+    """Random transformers Qwen3 saved to `path` (fp32). Every tensor (norms too) gets extra
+    N(0, noise) so parity tests exercise non-trivial norm weights and non-uniform logits."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -50,7 +51,8 @@ def make_random_hf_dir(path, *, seed=0, noise=0.1, **cfg) -> Path:
 
 
 def hf_logits(path_or_model, ids, mask=None, positions=None) -> np.ndarray:
-    """fp32 transformers logits [B,T,V] with explicit position_ids (HF does not derive them from the mask)."""
+    """fp32 transformers logits [B,T,V] with explicit position_ids (HF does not derive them from
+    the mask)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -71,7 +73,8 @@ def hf_logits(path_or_model, ids, mask=None, positions=None) -> np.ndarray:
 
 
 def padded_batch(vocab: int, seed: int = 0):
-    """(ids [4,11], mask): row 0 left-padded by 3, row 1 right-padded by 4, row 2 full, row 3 a single real token at the end."""
+    """(ids [4,11], mask): row 0 left-padded by 3, row 1 right-padded by 4, row 2 full, row 3 a
+    single real token at the end."""
     rng = np.random.RandomState(seed)
     ids = rng.randint(0, vocab, (4, 11))
     mask = np.ones((4, 11), np.int64)
@@ -90,7 +93,8 @@ _jit_fwd = None
 
 
 def jit_forward(model, ids, mask=None, positions=None, segment_ids=None) -> np.ndarray:
-    """model(ids, mask, positions, segment_ids) under nnx.jit (much cheaper than eager op-by-op on CPU)."""
+    """model(ids, mask, positions, segment_ids) under nnx.jit (much cheaper than eager op-by-op on
+    CPU)."""
     global _jit_fwd
     if _jit_fwd is None:
         from flax import nnx

@@ -1,7 +1,7 @@
 """`dlc-jax export`: an orbax training checkpoint (saved like the trainer does: params, optimizer
-state, theta_s snapshots + JSON meta with the run config) becomes an HF directory whose tensors equal
-theta_t exactly (fp32) and whose logits in transformers match our model's; step selection, bf16,
-model dir from the checkpoint's config, clear errors."""
+state, theta_s snapshots + JSON meta with the run config) becomes an HF directory whose tensors
+equal theta_t exactly (fp32) and whose logits in transformers match our model's; step selection,
+bf16, model dir from the checkpoint's config, clear errors."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ subcommand's `--help` lists every flag used, and `dlc-jax train` overrides are v
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import shutil
@@ -180,7 +181,8 @@ def test_manifests_pass_schema_checks():
                     _validate_k8s(job)
                 except Exception as e:  # noqa: BLE001 - name the document
                     pytest.fail(
-                        f"{where} replicatedJobs[{rj['name']}].template is not a valid batch/v1 Job: {e}"
+                        f"{where} replicatedJobs[{rj['name']}].template is not a valid"
+                        f" batch/v1 Job: {e}"
                     )
         else:
             try:
@@ -298,18 +300,17 @@ def _subcommand(toks: list[str]) -> list[str]:
     return toks[:2] if toks and toks[0] == "sampler" else toks[:1]
 
 
-def _help(sub: tuple[str, ...], cache={}) -> str:
-    if sub not in cache:
-        r = subprocess.run(
-            [sys.executable, "-m", "dlc_jax.cli", *sub, "--help"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
-        assert r.returncode == 0, f"dlc-jax {' '.join(sub)} --help failed: {r.stderr[-2000:]}"
-        cache[sub] = r.stdout
-    return cache[sub]
+@functools.cache
+def _help(sub: tuple[str, ...]) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "dlc_jax.cli", *sub, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0, f"dlc-jax {' '.join(sub)} --help failed: {r.stderr[-2000:]}"
+    return r.stdout
 
 
 def test_every_command_matches_the_cli():
@@ -330,7 +331,7 @@ def test_train_overrides_are_valid_config_keys():
     from dlc_jax.trainer.config import load_config
 
     found = 0
-    for where, toks in _all_commands():
+    for _where, toks in _all_commands():
         if toks[:1] != ["train"]:
             continue
         config = toks[toks.index("--config") + 1] if "--config" in toks else None

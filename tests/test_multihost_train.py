@@ -1,9 +1,10 @@
-"""Multi-host training on CPU through the real `dlc-jax train` loop: 2 JAX processes x 4 fake devices
-joined by `jax.distributed` (coordinator on loopback, settings from the JAX_* environment) against 2
-JAX-backend sampler servers (a SamplerPool: `sampler.address=a,b`), vs the single-process 8-device run
-of the same config against 2 fresh samplers. Each process requests only its own slots, builds the
-global batch from its rows, and takes part in the collective pushes (every_k: a lagged step with a
-theta_s snapshot forward, then a resync) and orbax checkpoints; only process 0 writes metrics.
+"""Multi-host training on CPU through the real `dlc-jax train` loop: 2 JAX processes x 4 fake
+devices joined by `jax.distributed` (coordinator on loopback, settings from the JAX_* environment)
+against 2 JAX-backend sampler servers (a SamplerPool: `sampler.address=a,b`), vs the single-process
+8-device run of the same config against 2 fresh samplers. Each process requests only its own
+slots, builds the global batch from its rows, and takes part in the collective pushes (every_k: a
+lagged step with a theta_s snapshot forward, then a resync) and orbax checkpoints; only process 0
+writes metrics.
 Per-step losses, gradient norms, lag ESS and rewards must agree to float tolerance.
 Also: init_kwargs from config/environment and the per-process row/slot layout.
 """
@@ -58,7 +59,8 @@ def _overrides(model_dir: str, addresses: str, run: Path) -> list[str]:
         f"checkpoint.dir={run}/ckpt",
         "checkpoint.every=2",
         "checkpoint.resume=false",
-        # the untrained tiny model never answers correctly; a format reward gives groups reward variance
+        # the untrained tiny model never answers correctly; a format reward gives groups reward
+        # variance
         "reward.correct=0",
         "reward.format_bonus=1",
         "reward.strict_format=(?s).*e.*",
@@ -113,7 +115,8 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sampler_sets(tiny_dir, tmp_path_factory):
-    """Two pairs of fresh samplers (each run needs samplers at version 0 serving the model directory)."""
+    """Two pairs of fresh samplers (each run needs samplers at version 0 serving the model
+    directory)."""
     from dlc_jax.sampler.process import SamplerProcess
 
     d = tmp_path_factory.mktemp("mh_samplers")
@@ -137,7 +140,7 @@ def sampler_sets(tiny_dir, tmp_path_factory):
 
 
 def _rows(run: Path) -> list[dict]:
-    return [json.loads(l) for l in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_train_two_processes_match_one_process(tiny_dir, sampler_sets, tmp_path):
@@ -173,8 +176,8 @@ def test_train_two_processes_match_one_process(tiny_dir, sampler_sets, tmp_path)
     assert "process 0/2, 4/8 devices" in out0, out0[-2000:]
     assert "metrics:" in out0 and "metrics:" not in out1  # only process 0 reports / writes metrics
     assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, STEPS + 1))
-    # every_k k=2 with no prefetch: steps 2 and 4 train on rollouts one version old (theta_s forward),
-    # a resync after step 2 pushes version 2 to both samplers of each pool
+    # every_k k=2 with no prefetch: steps 2 and 4 train on rollouts one version old
+    # (theta_s forward), a resync after step 2 pushes version 2 to both samplers of each pool
     for rows in (ref, got):
         assert [r["version_lag"] for r in rows] == [0.0, 1.0, 0.0, 1.0]
         assert rows[-1]["snapshot_forwards"] == 2 and rows[-1]["resync_count"] >= 1
@@ -204,8 +207,9 @@ def test_train_two_processes_match_one_process(tiny_dir, sampler_sets, tmp_path)
     np.testing.assert_allclose(
         [r["ess_lag"] for r in got], [r["ess_lag"] for r in ref], rtol=1e-5, atol=1e-6
     )
-    # the comparison is not vacuous: nonzero gradients every step; the lagged steps (group advantages sum to
-    # zero, so on-policy steps of equal-length responses have loss value ~0) have nonzero losses and a real lag
+    # the comparison is not vacuous: nonzero gradients every step; the lagged steps (group
+    # advantages sum to zero, so on-policy steps of equal-length responses have loss value ~0) have
+    # nonzero losses and a real lag
     assert min(r["grad_norm"] for r in ref) > 1e-3
     assert abs(ref[1]["loss/loss"]) > 1e-4 and abs(ref[3]["loss/loss"]) > 1e-4
     assert ref[1]["ess_lag"] < 1.0 and ref[3]["ess_lag"] < 1.0

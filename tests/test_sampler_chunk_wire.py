@@ -1,5 +1,6 @@
 """Weight-push fast path (no engine, no server): hand-encoded chunk messages against protobuf's own
-encoding, the zero-copy decoder, and CRC-32C verification in the stager (incl. the standard check value)."""
+encoding, the zero-copy decoder, and CRC-32C verification in the stager (incl. the standard check
+value)."""
 
 from __future__ import annotations
 

@@ -72,8 +72,8 @@ def test_subprocess_auth_tls_info_and_kill(backend, tiny_dir, tmp_path):  # noqa
             bad = proc.client(token=token, max_retries=0)
             calls = (
                 bad.info,
-                lambda: list(bad.generate([[1, 2]], SamplingParams(max_tokens=2))),
-                lambda: bad.push_weights({"lm_head.weight": np.zeros((2, 2), np.float32)}, 5),
+                lambda c=bad: list(c.generate([[1, 2]], SamplingParams(max_tokens=2))),
+                lambda c=bad: c.push_weights({"lm_head.weight": np.zeros((2, 2), np.float32)}, 5),
             )
             for call in calls:
                 with pytest.raises(grpc.RpcError) as ei:

@@ -15,7 +15,8 @@ from dlc_jax.sampler.server import ServerConfig, ServerThread
 
 
 class RecordingBackend(TransportOnlyBackend):
-    """Loads every applied push back from its staged safetensors (what a real engine would serve)."""
+    """Loads every applied push back from its staged safetensors (what a real engine would
+    serve)."""
 
     async def apply_weights(self, weights_dir, version):
         self.weights = dict(st.iter_tensors(weights_dir))
@@ -126,7 +127,8 @@ def test_socket_push_token_required(server, tmp_path, monkeypatch):
     srv, backend = server(token="s3cret")
     with SamplerClient(srv.address, token="s3cret", timeout=30) as c:
         assert c.push_weights(_weights(1), 1, transport="socket").ok
-        # right token on gRPC but none / a wrong one in the data preamble: the data connection is refused
+        # right token on gRPC but none / a wrong one in the data preamble: the data connection is
+        # refused
         from dlc_jax.sampler import data_plane
 
         for bad in (None, "wrong"):

@@ -120,7 +120,7 @@ def _header(t, version=1, dtype="float32"):
 
 
 def _feed(stager, t, chunk=7, corrupt=None, trailer=True):
-    for i, (n, a) in enumerate(t.items()):
+    for i, a in enumerate(t.values()):
         b = a.tobytes()
         for off in range(0, len(b), chunk):
             data = b[off : off + chunk]

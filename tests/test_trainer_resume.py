@@ -1,5 +1,5 @@
-"""SIGKILL mid-training and resume: with the JAX sampler backend and fixed seeds the resumed run ends
-with the same params, optimizer state and metrics as an uninterrupted run."""
+"""SIGKILL mid-training and resume: with the JAX sampler backend and fixed seeds the resumed run
+ends with the same params, optimizer state and metrics as an uninterrupted run."""
 
 import json
 import os

@@ -57,7 +57,7 @@ def test_sft_trains_and_is_cached(tmp_path):
 
     load_hf(str(out))  # a loadable HF dir
     logs.clear()
-    assert ensure_sft_model(cfg, log=logs.append) == out and any("reusing" in l for l in logs)
+    assert ensure_sft_model(cfg, log=logs.append) == out and any("reusing" in line for line in logs)
     other = load_config(
         default_config_path(),
         [f"model.path={tiny}", "sft.steps=31", f"sft.cache_dir={tmp_path}/cache"],

@@ -194,7 +194,7 @@ def load_hf(
             act_sharding=act,
         )
     )
-    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+    graphdef, params, *rest = nnx.split(abstract, nnx.Param, ...)  # rest: [non-Param state]
     index = _checkpoint_index(path)
     expected = hf_param_shapes(config)
     slots = _param_slots(params, config.num_hidden_layers)
@@ -239,7 +239,7 @@ def load_hf(
             if layer == config.num_hidden_layers - 1:
                 var.set_value(stacked.pop(p))
         del hf, ours
-    model = nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
+    model = nnx.merge(graphdef, nnx.from_flat_state(flat), *rest)
     model.hf_source = str(path)
     return model
 

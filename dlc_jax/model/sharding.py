@@ -55,11 +55,12 @@ class MeshConfig:
             dims[dims.index(-1)] = n_devices // known
         if math.prod(dims) != n_devices:
             raise ValueError(f"MeshConfig {self} needs {math.prod(dims)} devices, have {n_devices}")
-        return tuple(dims)
+        return dims[0], dims[1], dims[2]
 
 
 def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default: all global devices, multi-host aware)."""
+    """A (data, fsdp, tensor) mesh over `devices` (default: all global devices, multi-host
+    aware)."""
     cfg = cfg or MeshConfig()
     devices = list(jax.devices() if devices is None else devices)
     shape = cfg.shape(len(devices))
@@ -68,12 +69,14 @@ def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | Non
     n_slices = len({getattr(d, "slice_index", 0) for d in devices})
     try:
         if n_slices > 1 and shape[0] % n_slices == 0:
-            # multi-slice (DCN between slices): split the data axis across slices, ICI inside a slice
+            # multi-slice (DCN between slices): split the data axis across slices,
+            # ICI inside a slice
             arr = mesh_utils.create_hybrid_device_mesh(
                 (shape[0] // n_slices, shape[1], shape[2]), (n_slices, 1, 1), devices
             )
         else:
-            # single slice (possibly many hosts): topology-aware ICI mesh over the global device list
+            # single slice (possibly many hosts): topology-aware ICI mesh over the global
+            # device list
             arr = mesh_utils.create_device_mesh(shape, devices)
     except (ValueError, NotImplementedError, AssertionError):
         arr = np.asarray(devices).reshape(shape)
@@ -87,7 +90,8 @@ def _rules_dict(rules) -> dict:
 def logical_to_spec(
     logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules=None
 ) -> PartitionSpec:
-    """PartitionSpec for an array of `shape` with `logical` axis names; indivisible dims replicate."""
+    """PartitionSpec for an array of `shape` with `logical` axis names; indivisible dims
+    replicate."""
     if len(logical) != len(shape):
         raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
     table = _rules_dict(rules)
@@ -111,7 +115,8 @@ def named_sharding(logical, shape, mesh: Mesh, rules=None) -> NamedSharding:
 
 @dataclasses.dataclass(frozen=True)
 class ActivationSharding:
-    """Mesh + rules used for activation constraints inside the model (hashable: static module attr)."""
+    """Mesh + rules used for activation constraints inside the model (hashable: static module
+    attr)."""
 
     mesh: Mesh | None = None
     rules: tuple | None = None

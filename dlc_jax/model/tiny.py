@@ -89,7 +89,8 @@ def generate_corpus(n_lines: int = 20000, seed: int = 0) -> list[str]:
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int):
-    """Byte-level BPE (Qwen-style split) with the ChatML specials appended at the end of the vocab."""
+    """Byte-level BPE (Qwen-style split) with the ChatML specials appended at the end of the
+    vocab."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())

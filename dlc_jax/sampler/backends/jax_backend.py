@@ -3,10 +3,10 @@ decode steps, vLLM-equivalent sampling (temperature -> top-k -> top-p via
 `dlc_jax.rl.sampling.processed_logits`, processed logprobs), a top-K head, and weight versions.
 
 Numerics knobs (a controlled sampler/trainer discrepancy), applied in HF layout every time weights
-are loaded: `dtype="bfloat16"` (compute dtype; params stay fp32), `quantization="int8"` (weight-only,
-symmetric, per output channel = per row of every 2-D HF weight, dequantized back: round-to-nearest),
-`weight_noise=s` (w += s * rms(w) * N(0,1) on every 2-D weight, fixed `weight_noise_seed`, the same
-pattern for every version). Norm vectors are left unchanged by both.
+are loaded: `dtype="bfloat16"` (compute dtype; params stay fp32), `quantization="int8"`
+(weight-only, symmetric, per output channel = per row of every 2-D HF weight, dequantized back:
+round-to-nearest), `weight_noise=s` (w += s * rms(w) * N(0,1) on every 2-D weight, fixed
+`weight_noise_seed`, the same pattern for every version). Norm vectors are left unchanged by both.
 
 Determinism: the key of token t of sample j of prompt i is fold_in(seed, i, j, t), so results do
 not depend on batching. Weight swaps happen between decode steps; a sequence whose weights changed
@@ -135,7 +135,8 @@ class JaxBackend(SamplerBackend):
 
         @functools.partial(jax.jit, static_argnames=("cache_len",))
         def prefill(state, ids, mask, cache_len):
-            """ids, mask [B, L] (left-padded) -> (last logits [B, V] f32, cache of length cache_len)."""
+            """ids, mask [B, L] (left-padded) -> (last logits [B, V] f32, cache of length
+            cache_len)."""
             model = nnx.merge(graphdef, state)
             positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
             cache = model.init_cache(ids.shape[0], cache_len, cache_dtype)
@@ -172,8 +173,8 @@ class JaxBackend(SamplerBackend):
         request_id: str,
         cancel: threading.Event | None = None,
     ) -> list[Rollout]:
-        """seqs: [(prompt_index, slot_id, sample_index, prompt)] -> rollouts (same order); returns []
-        as soon as `cancel` is set (checked between decode steps)."""
+        """seqs: [(prompt_index, slot_id, sample_index, prompt)] -> rollouts (same order);
+        returns [] as soon as `cancel` is set (checked between decode steps)."""
         import jax
         import jax.numpy as jnp
 
@@ -193,9 +194,8 @@ class JaxBackend(SamplerBackend):
             mask[r, lp_len - 1] = 1
         plen = mask[:, :lp_len].sum(1)
         base = jax.random.PRNGKey(seed)
-        row_keys = [jax.random.fold_in(jax.random.fold_in(base, s[0]), s[2]) for s in seqs]
-        row_keys += [base] * (b - b_real)
-        row_keys = jnp.stack(row_keys)
+        per_row = [jax.random.fold_in(jax.random.fold_in(base, s[0]), s[2]) for s in seqs]
+        row_keys = jnp.stack(per_row + [base] * (b - b_real))
         stop = set(params.stop_token_ids)
         out_lp = np.zeros((b, t_max), np.float32)
         out_hid = np.zeros((b, t_max, params.head_k), np.int32)
@@ -221,7 +221,7 @@ class JaxBackend(SamplerBackend):
                     jnp.asarray(mask[:, : lp_len + t]),
                     cache_len,
                 )
-            keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, t)
             tok, lp, hid, hlp = sample(
                 logits,
                 keys,
