@@ -14,9 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-LIBTPU_VERSION = (
-    "0.0.42.1"  # the libtpu that jax[tpu]==0.10.2 pins; launch/setup_env.sh installs it
-)
+# the libtpu that jax[tpu]==0.10.2 pins; launch/setup_env.sh reads this line and installs it
+LIBTPU_VERSION = "0.0.42.1"
 
 
 def _candidates() -> list[Path]:
