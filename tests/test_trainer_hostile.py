@@ -14,6 +14,7 @@ spawned on loopback, the ``dlc-jax`` entry point (in process, or as a subprocess
 
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -456,3 +457,43 @@ def test_sampler_limits_and_invalid_requests_are_not_respawned(tiny_dir, tmp_pat
         assert proc.client().info()["version"] == 0  # nothing was pushed
     finally:
         proc.stop()
+
+
+@pytest.mark.slow
+def test_prompt_the_sampler_refuses_is_dropped_counted_and_named(tiny_dir, tmp_path, capsys):
+    """A prompt with a token id outside the sampler's vocabulary (the tokenizer knows one token
+    more than the model: it passes the trainer's load checks) is refused as INVALID_ARGUMENT: its
+    batch is asked for again one slot per request, that prompt alone is dropped (one warning
+    naming its data row, ``dropped_invalid`` counted), and every step still trains -- no
+    reconnect, no respawn."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    m = tmp_path / "model"
+    shutil.copytree(tiny_dir, m)
+    vocab = json.loads((m / "config.json").read_text())["vocab_size"]
+    tok = Tokenizer.from_file(str(m / "tokenizer.json"))
+    tok.add_tokens(["<|beyond|>"])
+    assert tok.token_to_id("<|beyond|>") == vocab  # one past the model's embeddings
+    tok.save(str(m / "tokenizer.json"))
+    data = tmp_path / "data.jsonl"
+    rows = [f"What is {i} + 1?" for i in range(4)]
+    rows[1] = "What is <|beyond|> + 1?"
+    data.write_text(
+        "".join(json.dumps({"prompt": p, "answer": str(i + 1)}) + "\n" for i, p in enumerate(rows))
+    )
+    d = tmp_path / "run"
+    rc, out, err = _main(
+        capsys,
+        *_args(m, d, "train.steps=2", f"data.source={data}", "data.shuffle=false"),
+    )
+    assert rc == 0, err[-3000:]
+    named = [ln for ln in out.splitlines() if "refused prompt slot" in ln]
+    assert len(named) == 1 and "data row 1" in named[0] and "vocabulary" in named[0], out[-3000:]
+    assert "reconnecting" not in out and "respawn" not in out.lower()
+    metrics = [json.loads(ln) for ln in (d / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics] == [1, 2]
+    assert [r["dropped_invalid"] for r in metrics] == [1, 1]  # cumulative
+    assert [r["reconnects"] for r in metrics] == [0, 0]
+    assert all(math.isfinite(r["loss/loss"]) for r in metrics)

@@ -10,9 +10,13 @@ Collaborators, one job each: `SamplerLink` (spawn / connect / reconnect / push, 
 checkpoint helpers (`checkpoint.py`), and the multi-host agreement helpers (`distributed.py`). A
 dead
 sampler is waited for, reconnected (or respawned when this process started it), given the current
-weights, and the still-missing cells are requested again. ``sampler.address`` = "h1:p,h2:p" drives
-a :class:`~dlc_jax.sampler.pool.SamplerPool`: a failed sampler leaves rotation inside the pool and
-training goes on with the others (``pool/*`` metrics).
+weights, and the still-missing cells are requested again. A request the sampler refuses as
+INVALID_ARGUMENT is a data problem, never a reason to reconnect: its slots are requested again one
+slot per request, and a slot refused on its own is dropped (one warning naming the prompt, counted
+in ``dropped_invalid``) and its cells filled with rows that teach nothing (``filler_rollouts``),
+so the row count stays the same; a batch with every slot refused stops the run.
+``sampler.address`` = "h1:p,h2:p" drives a :class:`~dlc_jax.sampler.pool.SamplerPool`: a failed
+sampler leaves rotation inside the pool and training goes on with the others (``pool/*`` metrics).
 
 Multi-host (``jax.distributed`` initialized by the CLI first): every process builds the same prompt
 stream, requests only its own slots (``local_slots``: the rows on its devices), scores and packs
@@ -63,7 +67,7 @@ from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.samples import sample_records
 from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule, update_count
 from dlc_jax.trainer.step import STEP_KEYS, StepConfig, make_snapshot_logprobs, make_train_step
-from dlc_jax.trainer.step_inputs import StepInputs
+from dlc_jax.trainer.step_inputs import StepInputs, filler_rollouts
 
 logger = logging.getLogger(__name__)
 
@@ -92,15 +96,7 @@ def _cause(e: BaseException) -> BaseException:
 
 
 class InvalidRequestError(UserError):
-    """The sampler answered INVALID_ARGUMENT: the request, not the sampler, is at fault."""
-
-
-def _invalid_request(e: BaseException) -> bool:
-    """True when a failed stream was refused as INVALID_ARGUMENT (never fixed by a respawn)."""
-    import grpc
-
-    c = _cause(e)
-    return isinstance(c, grpc.RpcError) and c.code() == grpc.StatusCode.INVALID_ARGUMENT
+    """The sampler refused every prompt of a batch as INVALID_ARGUMENT: a config problem."""
 
 
 class Trainer:
@@ -126,13 +122,12 @@ class Trainer:
             "dropped_on_resync": 0,
             "snapshot_forwards": 0,
             "nonfinite_skipped": 0,
+            "dropped_invalid": 0,
         }
         self._nonfinite_in_a_row = 0
         if cfg.model.path:
             require_dir(cfg.model.path, "model.path")
-        self.model_dir = (
-            ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
-        )
+        self.model_dir = ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
         self.tokenizer = load_tokenizer(str(self.model_dir))
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.mesh = dist.make_training_mesh(cfg.mesh)
@@ -325,7 +320,7 @@ class Trainer:
         resync. None when the step was skipped (non-finite loss or gradient)."""
         cfg, st = self.cfg, self.state
         t0 = time.time()
-        rollouts = self._wait_batch(index)
+        rollouts = self._with_fillers(index, self._wait_batch(index))
         t_wait = time.time() - t0
         self._prefetch_after(index)
         stats, arrays = self.inputs.score_and_pack(
@@ -457,7 +452,13 @@ class Trainer:
         prompts = {r.slot: r for r in recs}
         slots = [r.slot for r in recs]
         local = dist.local_slots(slots, self.cfg.sampler.n, self.rows) if self.multi else slots
-        self.batches[index] = {"prompts": prompts, "data_state": state_before, "local_slots": local}
+        self.batches[index] = {
+            "prompts": prompts,
+            "data_state": state_before,
+            "local_slots": local,
+            "alone": set(),  # slots of a refused request: asked for one slot per request
+            "dropped": set(),  # slots refused on their own: filler rows
+        }
         with self.feeder.cond:
             self.assembler.open(index, local, {s: prompts[s] for s in local})
 
@@ -467,8 +468,10 @@ class Trainer:
         err = self.link.restart_detected(self.state.synced_version)
         if err is not None:
             self._recover_sampler(err)
-        prompts = self.batches[index]["prompts"]
-        self.feeder.request_missing(index, {s: r.prompt_ids for s, r in prompts.items()})
+        b = self.batches[index]
+        self.feeder.request_missing(
+            index, {s: r.prompt_ids for s, r in b["prompts"].items()}, alone=b["alone"]
+        )
 
     def _prefetch_after(self, index: int) -> None:
         """Open and request the next ``async.prefetch`` batches (none when the policy forbids
@@ -507,15 +510,10 @@ class Trainer:
             return call_with_retry(
                 lambda: self._collect(index),
                 STREAM_RECOVERIES,
-                retryable=lambda e: isinstance(e, _StreamsFailed) and not _invalid_request(e),
+                retryable=lambda e: isinstance(e, _StreamsFailed),
                 on_retry=lambda e, attempt, wait: self._recover_sampler(_cause(e)),
             )
         except _StreamsFailed as e:
-            if _invalid_request(e):  # a request problem: a new sampler would refuse it too
-                raise InvalidRequestError(
-                    f"batch {index}: the sampler refused a request as invalid "
-                    f"({_cause(e).details() or _cause(e)}); not retried"  # type: ignore[attr-defined]
-                ) from e.cause
             n = (STREAM_RECOVERIES.max_retries or 0) + 1
             raise SamplerUnavailable(
                 f"batch {index}: sampler failed {n} times in a row"
@@ -536,7 +534,60 @@ class Trainer:
                 if not self.feeder.idle(index):
                     self.feeder.cond.wait(timeout=1.0)
                     continue
+                refused = self.feeder.take_refused(index)
+            for slots, err in refused:
+                self._refused(index, slots, err)
             self._request(index)
+
+    def _refused(self, index: int, slots: list[int], err: BaseException) -> None:
+        """A request of batch ``index`` answered INVALID_ARGUMENT (a data problem: a new sampler
+        would refuse it too, so no reconnect): its slots are asked for again one per request; a
+        slot refused on its own is dropped from the batch (filler rows at the step)."""
+        b = self.batches[index]
+        why = getattr(err, "details", lambda: None)() or str(err)
+        if len(slots) > 1:
+            b["alone"].update(slots)
+            return
+        s = slots[0]
+        if s in b["dropped"]:  # its other samples' requests were refused as well
+            return
+        rec = b["prompts"][s]
+        b["dropped"].add(s)
+        self.counters["dropped_invalid"] += 1
+        logger.warning(
+            "batch %d: the sampler refused prompt slot %d (data row %d) as invalid (%s); dropped, "
+            "not trained on (%d dropped so far)",
+            index,
+            s,
+            rec.row,
+            why,
+            self.counters["dropped_invalid"],
+        )
+        if b["dropped"] >= set(b["local_slots"]):
+            raise InvalidRequestError(
+                f"batch {index}: the sampler refused a request as invalid for every prompt of the "
+                f"batch (last: {why}); a config problem, not data; not retried"
+            )
+        with self.feeder.cond:  # the batch completes without it
+            sb = self.assembler.batches[index]
+            sb.slots.remove(s)
+            for g in range(sb.group_size):
+                sb.cells.pop((s, g), None)
+            self.assembler._slot_to_batch.pop(s, None)
+
+    def _with_fillers(self, index: int, rollouts: list) -> list:
+        """The released ``rollouts`` of batch ``index`` with filler rows for its dropped slots, in
+        slot order (the row count of the batch never changes)."""
+        b, n = self.batches[index], self.cfg.sampler.n
+        if not b["dropped"]:
+            return rollouts
+        out, it = [], iter(rollouts)
+        for s in b["local_slots"]:
+            if s in b["dropped"]:
+                out += filler_rollouts(s, n, self.eos_id, self.cfg.sampler.head_k)
+            else:
+                out += [next(it) for _ in range(n)]
+        return out
 
     # ---- resync and recovery --------------------------------------------------------------------
     def _resync(self, reason: str) -> None:

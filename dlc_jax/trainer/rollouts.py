@@ -5,6 +5,9 @@ rollouts from the sampler and files each into its (slot, sample_index) cell. A s
 records the error (``failures``) and leaves its unfilled cells open, so after a reconnect the
 trainer
 simply requests the still-missing cells again: no batch is lost and no cell is filled twice.
+A request the sampler refuses as INVALID_ARGUMENT is a data problem, not a failure: it is filed in
+``refused`` (batch, slots, error) for the trainer, which asks for those slots again one slot per
+request (``alone``) and drops a slot refused on its own.
 """
 
 from __future__ import annotations
@@ -47,18 +50,20 @@ class RolloutFeeder:
         self.cond = threading.Condition()
         self.outstanding: dict[int, int] = {}
         self.failures: list[BaseException] = []
+        self.refused: list[tuple[int, list[int], BaseException]] = []  # INVALID_ARGUMENT answers
         self.attempts: dict[int, int] = {}
         self.requested_samples = 0
         self.stale_in_flight = 0
         self._threads: list[threading.Thread] = []
 
-    def request_missing(self, batch: int, prompt_ids: dict) -> int:
+    def request_missing(self, batch: int, prompt_ids: dict, alone=frozenset()) -> int:
         """Request every open cell of ``batch`` that is not already being generated; returns how
         many.
 
         Cells are grouped by sample index: one Generate call per sample index g over the slots
         missing
         g (n = 1), and each returned rollout is renumbered to g. ``prompt_ids``: slot -> int32 [P].
+        Slots in ``alone`` get a request of their own (one refused prompt cannot sink others).
         """
         with self.cond:
             if self.outstanding.get(batch, 0):
@@ -69,12 +74,12 @@ class RolloutFeeder:
                 return 0
             attempt = self.attempts.get(batch, 0)
             self.attempts[batch] = attempt + 1
-            by_g: dict[int, list[int]] = {}
+            by_req: dict[tuple[int, int], list[int]] = {}  # (g, own slot or -1) -> slots
             for s, g in missing:
-                by_g.setdefault(g, []).append(s)
-            self.outstanding[batch] = len(by_g)
+                by_req.setdefault((g, s if s in alone else -1), []).append(s)
+            self.outstanding[batch] = len(by_req)
             self.requested_samples += len(missing)
-        for g, slots in sorted(by_g.items()):
+        for (g, _), slots in sorted(by_req.items()):
             params = self.params_fn(batch, attempt, g)
             t = threading.Thread(
                 target=self._run,
@@ -102,12 +107,22 @@ class RolloutFeeder:
                     self.cond.notify_all()
         except BaseException as e:  # handed to the trainer thread
             with self.cond:
-                self.failures.append(e)
+                if _invalid_argument(e):
+                    self.refused.append((batch, list(slots), e))
+                else:
+                    self.failures.append(e)
                 self.cond.notify_all()
         finally:
             with self.cond:
                 self.outstanding[batch] -= 1
                 self.cond.notify_all()
+
+    def take_refused(self, batch: int) -> list[tuple[list[int], BaseException]]:
+        """The refused requests of ``batch`` (slots, error), removed from ``refused``; hold
+        ``cond``."""
+        mine = [(slots, e) for b, slots, e in self.refused if b == batch]
+        self.refused = [x for x in self.refused if x[0] != batch]
+        return mine
 
     def idle(self, batch: int) -> bool:
         return self.outstanding.get(batch, 0) == 0
@@ -116,3 +131,10 @@ class RolloutFeeder:
         for t in self._threads:
             t.join(timeout)
         self._threads = [t for t in self._threads if t.is_alive()]
+
+
+def _invalid_argument(e: BaseException) -> bool:
+    """True for a gRPC INVALID_ARGUMENT answer: the request, not the sampler, is at fault."""
+    import grpc
+
+    return isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -5,6 +5,10 @@ the batch statistics of the metrics row and the packed length agreed over all pr
 `StepInputs.device_inputs`: the global device batch plus the theta_s log-probs of every token, from
 the snapshot of the weight version that sampled it (no forward when every token is current); which
 snapshot forwards run is agreed over processes, since each one is collective.
+`filler_rollouts`: the cells of prompts the sampler refused (INVALID_ARGUMENT, dropped by the
+trainer) keep their rows, so the row count is the same on every process: one pad token as prompt,
+no response, hence an all-zero loss mask and advantage 0; they are left out of the rewards and the
+batch statistics.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.rl import group_advantages
+from dlc_jax.sampler.types import Rollout
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import step_arrays
 from dlc_jax.trainer.state import TrainState
@@ -34,6 +39,29 @@ def _select_version(ver, v, lp, lp_head, lp_s, lps_head):
     """Tokens of weight version ``v`` take theta_s log-probs ``lp`` [B,L] / ``lp_head`` [B,L,K]."""
     sel = ver == v
     return jnp.where(sel, lp, lp_s), jnp.where(sel[..., None], lp_head, lps_head)
+
+
+FILLER = "dropped_invalid"  # finish_reason of a filler rollout
+
+
+def filler_rollouts(slot: int, group_size: int, pad_id: int, head_k: int) -> list[Rollout]:
+    """The ``group_size`` cells of a dropped prompt: prompt [pad_id], empty response (no token is
+    learned from; no version spans, so no weight version is needed for it)."""
+    k = int(head_k)
+    return [
+        Rollout(
+            prompt_ids=np.asarray([pad_id], np.int32),
+            response_ids=np.zeros((0,), np.int32),
+            logprobs=np.zeros((0,), np.float32),
+            head_ids=np.zeros((0, k), np.int32),
+            head_logprobs=np.zeros((0, k), np.float32),
+            finish_reason=FILLER,
+            version_spans=[],
+            slot_id=slot,
+            sample_index=g,
+        )
+        for g in range(group_size)
+    ]
 
 
 class StepInputs:
@@ -77,8 +105,15 @@ class StepInputs:
         version: the trainer's current weight version (the lag of each token is measured from
         it)."""
         cfg = self.cfg
-        rewards, reward_metrics = self._score(rollouts, prompts)
-        adv = group_advantages(jnp.asarray(rewards.reshape(-1, cfg.sampler.n)), cfg.train.advantage)
+        real = np.asarray([r.finish_reason != FILLER for r in rollouts])
+        scored, reward_metrics = self._score([r for r, k in zip(rollouts, real) if k], prompts)
+        rewards = np.zeros(len(rollouts), np.float32)
+        rewards[real] = scored
+        grouped = group_advantages(
+            jnp.asarray(rewards.reshape(-1, cfg.sampler.n)), cfg.train.advantage
+        )
+        adv = np.where(real, np.asarray(grouped).reshape(-1), 0.0)  # fillers: advantage 0
+        rewards = rewards[real]
         resp = np.asarray([len(r.response_ids) for r in rollouts], np.float64)
         lag_tok = sum((version - v) * (e - s) for r in rollouts for v, s, e in r.version_spans)
         max_len = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
@@ -94,7 +129,7 @@ class StepInputs:
         # per-reward sums and failure counts (same names, same order on every process)
         r_names = sorted(k for k in reward_metrics if k != "reward/seconds")
         counts = ("reward/errors", "reward/timeouts")
-        local += [reward_metrics[k] * (1 if k in counts else len(rollouts)) for k in r_names]
+        local += [reward_metrics[k] * (1 if k in counts else len(rewards)) for k in r_names]
         tot = dist.allgather(np.asarray(local, np.float64))
         r_sum, r_sq, rows_n, _, resp_sum, lag_sum = tot.sum(axis=0)[:6]
         r_tot = tot.sum(axis=0)[6:]
