@@ -165,6 +165,6 @@ def from_args(size: str, args) -> AllBenchConfig:
         SIZES[size],
         out=getattr(args, "out", None) or "bench_results",
         only=split(getattr(args, "only", "")),
-        skip=("all",) + split(getattr(args, "skip", "")),
+        skip=SIZES[size].skip + split(getattr(args, "skip", "")),
         reuse=bool(getattr(args, "reuse", False)),
     )

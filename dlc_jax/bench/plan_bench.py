@@ -124,11 +124,15 @@ class PlanBenchConfig:
 
 
 def _dedupe(cases) -> tuple[PlanCase, ...]:
+    """One case per (model, slice, rows x length, micro-batches); the first listed wins (the
+    targets and shipped configs come first), keeping a 'before' figure from any duplicate."""
     seen: dict[tuple, PlanCase] = {}
     for c in cases:
-        k = dataclasses.replace(c, before="")
-        if k not in seen or c.before:
+        k = (c.model, c.topology, c.rows, c.seq_len, c.micro_batches, c.slices)
+        if k not in seen:
             seen[k] = c
+        elif c.before and not seen[k].before:
+            seen[k] = dataclasses.replace(seen[k], before=c.before)
     return tuple(seen.values())
 
 
