@@ -13,21 +13,14 @@ run (`InvalidRequestError`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
 
-from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
 from dlc_jax.sampler.types import SamplingParams, mix_seed
 from dlc_jax.trainer import distributed as dist
-from dlc_jax.trainer.batching import BatchAssembler
-from dlc_jax.trainer.config import TrainConfig
-from dlc_jax.trainer.resync import ResyncPolicy
-from dlc_jax.trainer.rollouts import RolloutFeeder
-from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
-from dlc_jax.trainer.state import TrainState
+from dlc_jax.trainer.sampler_link import SamplerUnavailable
 from dlc_jax.trainer.step_inputs import filler_rollouts
+from dlc_jax.trainer.trainer_fields import TrainerFields
 
 logger = logging.getLogger(__name__)
 
@@ -52,23 +45,9 @@ class InvalidRequestError(UserError):
     """The sampler refused every prompt of a batch as INVALID_ARGUMENT: a config problem."""
 
 
-class BatchRequests:
-    """The `Trainer`'s batch collection (a mixin: it works on the trainer's attributes below)."""
-
-    cfg: TrainConfig
-    state: TrainState
-    data: PromptPipeline
-    multi: bool
-    rows: Any
-    eos_id: int
-    counters: dict[str, int]
-    policy: ResyncPolicy
-    link: SamplerLink
-    feeder: RolloutFeeder
-    assembler: BatchAssembler
-    # index -> {"prompts": {slot: PromptRecord}, "data_state", "local_slots", "alone", "dropped"}
-    batches: dict[int, dict]
-    _recover_sampler: Callable[[BaseException], None]
+class BatchRequests(TrainerFields):
+    """The `Trainer`'s batch collection (a mixin: it works on the trainer's attributes,
+    `TrainerFields`)."""
 
     def _open_batch(self, index: int) -> None:
         if index in self.batches:

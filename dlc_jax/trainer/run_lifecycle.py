@@ -12,41 +12,22 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dlc_jax.data.prompts import PromptPipeline
-from dlc_jax.data.reward_runner import RewardRunner
-from dlc_jax.trainer import distributed as dist
-from dlc_jax.trainer.batching import BatchAssembler
 from dlc_jax.trainer.checkpoint import (
-    Checkpointer,
     CheckpointError,
     restore_train_state,
     save_train_state,
 )
-from dlc_jax.trainer.config import TrainConfig, to_dict
+from dlc_jax.trainer.config import to_dict
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.run_dir import check_resume_config, fingerprint, prepare_fresh_start
-from dlc_jax.trainer.sampler_link import SamplerLink
-from dlc_jax.trainer.state import TrainState
+from dlc_jax.trainer.trainer_fields import TrainerFields
 
 logger = logging.getLogger(__name__)
 
 
-class RunLifecycle:
+class RunLifecycle(TrainerFields):
     """The `Trainer`'s start, finish, checkpoints and resume (a mixin: it works on the trainer's
-    attributes below)."""
-
-    cfg: TrainConfig
-    proc: dist.ProcessInfo
-    model_dir: Path
-    state: TrainState
-    data: PromptPipeline
-    rewards: RewardRunner
-    counters: dict[str, int]
-    link: SamplerLink
-    assembler: BatchAssembler
-    ckpt: Checkpointer
-    resumed: bool
-    batches: dict[int, dict]
+    attributes, `TrainerFields`)."""
 
     def _start(self) -> MetricsLogger:
         """Connect the sampler (giving it the resumed weights) and open the metrics outputs."""
