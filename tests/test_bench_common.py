@@ -27,7 +27,9 @@ def test_write_result_json_and_markdown(tmp_path):
     assert data["rows"][0] == {"impl": "ours", "x": 1.5}
     assert data["targets"][0]["met"] is True and data["wall_s"] >= 0
     assert (tmp_path / "demo.md").read_text() == md
-    assert "| ours | 1.5 |" in md and "| peer | n/a |" in md and "| x ratio | 1.5 | >= 1 | yes |" in md
+    assert (
+        "| ours | 1.5 |" in md and "| peer | n/a |" in md and "| x ratio | 1.5 | >= 1 | yes |" in md
+    )
 
 
 def test_write_result_names_missing_field(tmp_path):
@@ -37,16 +39,25 @@ def test_write_result_names_missing_field(tmp_path):
 
 def test_time_interleaved_order_and_counts():
     calls = []
-    out = common.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
-                                  warmup=1, repeats=2)
+    out = common.time_interleaved(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, warmup=1, repeats=2
+    )
     assert calls == ["a", "b", "a", "b", "a", "b"]
     assert len(out["a"]) == 2 and all(t >= 0 for t in out["b"])
 
 
 def test_qwen3_flops_by_hand():
-    cfg = Qwen3Config(vocab_size=10, hidden_size=4, intermediate_size=6, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=3)
-    # per layer: q 4*2*3=24, k,v 2*4*1*3=24, o 2*3*4=24, mlp 3*4*6=72 -> 144; x2 layers=288; head 10*4=40
+    cfg = Qwen3Config(
+        vocab_size=10,
+        hidden_size=4,
+        intermediate_size=6,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=3,
+    )
+    # per layer: q 4*2*3=24, k,v 2*4*1*3=24, o 2*3*4=24, mlp 3*4*6=72 -> 144; x2 layers=288;
+    # head 10*4=40
     b, t = 2, 5
     dense = 2 * b * t * (288 + 40)
     attn = 2 * 2 * 2 * b * t * t * 2 * 3
@@ -57,6 +68,8 @@ def test_qwen3_flops_by_hand():
 def test_peaks_and_mfu():
     assert flops.peak_flops("cpu") is None and flops.mfu(1e9, "cpu") is None
     assert flops.peak_flops("TPU v5 lite", "bfloat16") == 197e12
-    assert flops.peak_flops("TPU v5p", "bfloat16") == 459e12  # longest matching name wins over "TPU v5"
+    assert (
+        flops.peak_flops("TPU v5p", "bfloat16") == 459e12
+    )  # longest matching name wins over "TPU v5"
     assert flops.peak_flops("NVIDIA H200", "bfloat16") == 989e12
     assert flops.mfu(98.9e12, "NVIDIA H100 80GB HBM3", "bfloat16") == pytest.approx(0.1)

@@ -23,7 +23,9 @@ def test_trainer_bench_tiny(tmp_path):
         assert r["mfu"] is None  # CPU: no known peak
     # same weights: our loss equals transformers' on the same batch
     assert data["summary"]["loss_abs_diff_ours_vs_transformers"] < 1e-4
-    assert data["targets"][0]["value"] == pytest.approx(rows["ours (chunked logprobs)"]["ratio_vs_transformers"])
+    assert data["targets"][0]["value"] == pytest.approx(
+        rows["ours (chunked logprobs)"]["ratio_vs_transformers"]
+    )
     assert any("tunix" in n for n in data["notes"])
 
 
@@ -38,7 +40,9 @@ def test_dlc_bench_tiny():
     assert res["targets"][0]["target"] == 1.35
     fl = res["xla_flops"]
     assert fl["snapshot"] < fl["grpo"]  # a forward without gradient costs less than a train step
-    assert res["summary"]["flops_ratio_dlc_vs_grpo"] == pytest.approx((fl["dlc_train"] + fl["snapshot"]) / fl["grpo"])
+    assert res["summary"]["flops_ratio_dlc_vs_grpo"] == pytest.approx(
+        (fl["dlc_train"] + fl["snapshot"]) / fl["grpo"]
+    )
 
 
 def test_logprobs_bench_tiny():
@@ -47,7 +51,9 @@ def test_logprobs_bench_tiny():
     assert [r["tokens"] for r in res["rows"]] == [b * t for b, t in cfg.points]
     for row, an in zip(res["rows"], res["analyses"]):
         assert row["fwd_ratio"] == pytest.approx(an["ours_fwd"]["temp"] / an["naive_fwd"]["temp"])
-        assert row["fwd_bwd_ratio"] == pytest.approx(an["ours_fwd_bwd"]["temp"] / an["naive_fwd_bwd"]["temp"])
+        assert row["fwd_bwd_ratio"] == pytest.approx(
+            an["ours_fwd_bwd"]["temp"] / an["naive_fwd_bwd"]["temp"]
+        )
     # the naive path's scratch holds [B,T,V] f32 logits: at least 4*V bytes per token
     assert res["linear_fits"]["naive_fwd"]["bytes_per_token"] >= 4 * cfg.vocab_size
     # ours does not: its growth per token is far below one logits row
@@ -55,7 +61,9 @@ def test_logprobs_bench_tiny():
     assert res["linear_fits"]["ours_fwd_bwd_total"]["r2"] > 0.98
     for row, an in zip(res["rows"], res["analyses"]):
         tot = lambda a: a["argument"] + a["output"] + a["temp"]
-        assert row["total_ratio"] == pytest.approx(tot(an["ours_fwd_bwd"]) / tot(an["naive_fwd_bwd"]))
+        assert row["total_ratio"] == pytest.approx(
+            tot(an["ours_fwd_bwd"]) / tot(an["naive_fwd_bwd"])
+        )
     assert res["check"]["max_abs_diff_lp"] < 1e-4
 
 
@@ -82,8 +90,13 @@ def test_weight_sync_bench_tiny():
     res = weight_sync_bench.run(weight_sync_bench.SIZES["tiny"])
     med = {k: min(v) for k, v in res["times_s"].items()}
     rows = {r["path"]: r for r in res["rows"]}
-    assert set(rows) == {"export + push (gRPC)", "push only (gRPC)", "export + push (socket data plane)",
-                         "push only (gRPC, socket data plane)", "raw socket"}
+    assert set(rows) == {
+        "export + push (gRPC)",
+        "push only (gRPC)",
+        "export + push (socket data plane)",
+        "push only (gRPC, socket data plane)",
+        "raw socket",
+    }
     mb = res["config"]["push_bytes"] / 1e6
     for k, r in rows.items():
         assert r["MB_per_s"] == pytest.approx(mb / med[k])
@@ -92,9 +105,13 @@ def test_weight_sync_bench_tiny():
     assert ep.startswith("export + push") and po.startswith("push only")
     assert res["summary"]["export_push_vs_raw"] == pytest.approx(rows[ep]["ratio_vs_raw_socket"])
     assert res["summary"]["push_only_vs_raw"] == pytest.approx(rows[po]["ratio_vs_raw_socket"])
-    assert res["summary"]["export_push_grpc_vs_raw"] == pytest.approx(rows["export + push (gRPC)"]["ratio_vs_raw_socket"])
+    assert res["summary"]["export_push_grpc_vs_raw"] == pytest.approx(
+        rows["export + push (gRPC)"]["ratio_vs_raw_socket"]
+    )
     assert any(po in t["name"] for t in res["targets"])
-    assert res["config"]["push_tensors"] == 24  # 2 layers x 11 + embed + final norm (tied: no lm_head)
+    assert (
+        res["config"]["push_tensors"] == 24
+    )  # 2 layers x 11 + embed + final norm (tied: no lm_head)
 
 
 def test_all_bench_combines_results(tmp_path):
@@ -104,7 +121,11 @@ def test_all_bench_combines_results(tmp_path):
     prev = common.finish(common.new_result("dlc", "DLC (earlier run)", ["variant"]))
     prev["targets"].append(common.target("DLC / GRPO step time (isolation)", 1.2, 1.35, "<="))
     common.write_result(prev, tmp_path)
-    res = all_bench.run(all_bench.AllBenchConfig(size="tiny", out=str(tmp_path), only=("logprobs", "dlc"), reuse=True))
+    res = all_bench.run(
+        all_bench.AllBenchConfig(
+            size="tiny", out=str(tmp_path), only=("logprobs", "dlc"), reuse=True
+        )
+    )
     text = (tmp_path / "RESULTS.md").read_text()
     assert (tmp_path / "logprobs.json").exists()
     assert "DLC (earlier run)" in text and "Log-prob memory" in text

@@ -32,7 +32,13 @@ def peak_flops(device_kind: str, dtype: str = "float32") -> float | None:
 def qwen3_forward_flops(cfg, batch: int, length: int) -> float:
     """Forward FLOPs for ``batch`` x ``length`` tokens of a Qwen3 ``cfg`` (a ``Qwen3Config``),
     including the vocabulary projection."""
-    d, f, h, kv, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    d, f, h, kv, hd = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    )
     per_layer_params = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f
     tokens = batch * length
     dense = 2 * tokens * (cfg.num_hidden_layers * per_layer_params + cfg.vocab_size * d)
@@ -45,6 +51,8 @@ def qwen3_train_flops(cfg, batch: int, length: int) -> float:
     return 3.0 * qwen3_forward_flops(cfg, batch, length)
 
 
-def mfu(flops_per_s: float, device_kind: str, dtype: str = "float32", n_chips: int = 1) -> float | None:
+def mfu(
+    flops_per_s: float, device_kind: str, dtype: str = "float32", n_chips: int = 1
+) -> float | None:
     peak = peak_flops(device_kind, dtype)
     return None if peak is None else flops_per_s / (peak * n_chips)

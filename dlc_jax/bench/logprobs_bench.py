@@ -1,8 +1,9 @@
-"""Log-prob memory: our chunked ``token_logprobs`` vs a naive full-softmax, as batch x length grows.
+"""Log-prob memory: our chunked ``token_logprobs`` vs a naive full-softmax, as batch x length
+grows.
 
-For each [B, T] point both paths are compiled for hidden [B,T,D] f32, unembed [V,D] f32, targets [B,T]
-(``jax.jit(...).lower(ShapeDtypeStruct...).compile()``: nothing is allocated, so the naive path is
-analysed even where running it would not fit) and XLA's buffer assignment is read:
+For each [B, T] point both paths are compiled for hidden [B,T,D] f32, unembed [V,D] f32, targets
+[B,T] (``jax.jit(...).lower(ShapeDtypeStruct...).compile()``: nothing is allocated, so the naive
+path is analysed even where running it would not fit) and XLA's buffer assignment is read:
 
 * ``temp`` = ``memory_analysis().temp_size_in_bytes``: the scratch the program needs beyond its
   arguments and outputs (the number that grows with the [B,T,V] logits);
@@ -37,13 +38,28 @@ class LogprobBenchConfig:
 
 SIZES = {
     "default": LogprobBenchConfig(),
-    "tiny": LogprobBenchConfig(vocab_size=4096, hidden_size=64, points=((1, 64), (2, 64), (4, 64)),
-                               chunk_size=32, check_point=(1, 32)),
+    "tiny": LogprobBenchConfig(
+        vocab_size=4096,
+        hidden_size=64,
+        points=((1, 64), (2, 64), (4, 64)),
+        chunk_size=32,
+        check_point=(1, 32),
+    ),
 }
 
-COLUMNS = ["batch_x_length", "tokens", "ours_fwd_MiB", "naive_fwd_MiB", "fwd_ratio",
-           "ours_fwd_bwd_MiB", "naive_fwd_bwd_MiB", "fwd_bwd_ratio", "ours_fwd_bwd_total_MiB",
-           "naive_fwd_bwd_total_MiB", "total_ratio"]
+COLUMNS = [
+    "batch_x_length",
+    "tokens",
+    "ours_fwd_MiB",
+    "naive_fwd_MiB",
+    "fwd_ratio",
+    "ours_fwd_bwd_MiB",
+    "naive_fwd_bwd_MiB",
+    "fwd_bwd_ratio",
+    "ours_fwd_bwd_total_MiB",
+    "naive_fwd_bwd_total_MiB",
+    "total_ratio",
+]
 
 MiB = float(1 << 20)
 
@@ -54,7 +70,9 @@ def naive_logprobs(hidden, unembed, targets):
     import jax.numpy as jnp
 
     logits = jnp.einsum("btd,vd->btv", hidden, unembed, preferred_element_type=jnp.float32)
-    return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[..., 0]
+    return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[
+        ..., 0
+    ]
 
 
 def _fns(chunk_size: int):
@@ -82,15 +100,23 @@ def _fns(chunk_size: int):
 
 
 def compiled_temp_bytes(fn, b: int, t: int, d: int, v: int) -> dict:
-    """XLA memory analysis of ``fn(hidden [b,t,d], unembed [v,d], targets [b,t])`` without running it."""
+    """XLA memory analysis of ``fn(hidden [b,t,d], unembed [v,d], targets [b,t])``, without
+    running it."""
     import jax
     import jax.numpy as jnp
 
-    args = (jax.ShapeDtypeStruct((b, t, d), jnp.float32), jax.ShapeDtypeStruct((v, d), jnp.float32),
-            jax.ShapeDtypeStruct((b, t), jnp.int32))
+    args = (
+        jax.ShapeDtypeStruct((b, t, d), jnp.float32),
+        jax.ShapeDtypeStruct((v, d), jnp.float32),
+        jax.ShapeDtypeStruct((b, t), jnp.int32),
+    )
     m = fn.lower(*args).compile().memory_analysis()
-    return {"temp": int(m.temp_size_in_bytes), "argument": int(m.argument_size_in_bytes),
-            "output": int(m.output_size_in_bytes), "peak": int(getattr(m, "peak_memory_in_bytes", 0) or 0)}
+    return {
+        "temp": int(m.temp_size_in_bytes),
+        "argument": int(m.argument_size_in_bytes),
+        "output": int(m.output_size_in_bytes),
+        "peak": int(getattr(m, "peak_memory_in_bytes", 0) or 0),
+    }
 
 
 def _total(an: dict) -> int:
@@ -112,7 +138,9 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     import jax
     import jax.numpy as jnp
 
-    res = common.new_result("logprobs", f"Log-prob memory: chunked vs naive full softmax (V={cfg.vocab_size})", COLUMNS)
+    res = common.new_result(
+        "logprobs", f"Log-prob memory: chunked vs naive full softmax (V={cfg.vocab_size})", COLUMNS
+    )
     res["config"] = dataclasses.asdict(cfg)
     fns = _fns(cfg.chunk_size)
     d, v = cfg.hidden_size, cfg.vocab_size
@@ -120,20 +148,25 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     for b, t in cfg.points:
         a = {k: compiled_temp_bytes(fn, b, t, d, v) for k, fn in fns.items()}
         analyses.append({"batch": b, "length": t, **a})
-        res["rows"].append({
-            "batch_x_length": f"{b} x {t}", "tokens": b * t,
-            "ours_fwd_MiB": a["ours_fwd"]["temp"] / MiB, "naive_fwd_MiB": a["naive_fwd"]["temp"] / MiB,
-            "fwd_ratio": a["ours_fwd"]["temp"] / a["naive_fwd"]["temp"],
-            "ours_fwd_bwd_MiB": a["ours_fwd_bwd"]["temp"] / MiB,
-            "naive_fwd_bwd_MiB": a["naive_fwd_bwd"]["temp"] / MiB,
-            "fwd_bwd_ratio": a["ours_fwd_bwd"]["temp"] / a["naive_fwd_bwd"]["temp"],
-            "ours_fwd_bwd_total_MiB": _total(a["ours_fwd_bwd"]) / MiB,
-            "naive_fwd_bwd_total_MiB": _total(a["naive_fwd_bwd"]) / MiB,
-            "total_ratio": _total(a["ours_fwd_bwd"]) / _total(a["naive_fwd_bwd"]),
-        })
+        res["rows"].append(
+            {
+                "batch_x_length": f"{b} x {t}",
+                "tokens": b * t,
+                "ours_fwd_MiB": a["ours_fwd"]["temp"] / MiB,
+                "naive_fwd_MiB": a["naive_fwd"]["temp"] / MiB,
+                "fwd_ratio": a["ours_fwd"]["temp"] / a["naive_fwd"]["temp"],
+                "ours_fwd_bwd_MiB": a["ours_fwd_bwd"]["temp"] / MiB,
+                "naive_fwd_bwd_MiB": a["naive_fwd_bwd"]["temp"] / MiB,
+                "fwd_bwd_ratio": a["ours_fwd_bwd"]["temp"] / a["naive_fwd_bwd"]["temp"],
+                "ours_fwd_bwd_total_MiB": _total(a["ours_fwd_bwd"]) / MiB,
+                "naive_fwd_bwd_total_MiB": _total(a["naive_fwd_bwd"]) / MiB,
+                "total_ratio": _total(a["ours_fwd_bwd"]) / _total(a["naive_fwd_bwd"]),
+            }
+        )
     res["analyses"] = analyses
 
-    # correctness at a small point: the benchmarked function computes the same numbers as the naive one
+    # correctness at a small point: the benchmarked function computes the same numbers as the
+    # naive one
     cb, ct = cfg.check_point
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     h = jax.random.normal(k1, (cb, ct, d), jnp.float32)
@@ -144,8 +177,9 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     res["check"] = {"point": [cb, ct], "max_abs_diff_lp": float(np.max(np.abs(ours_lp - naive_lp)))}
 
     tokens = [r["tokens"] for r in res["rows"]]
-    # Fit over the multi-chunk points: with a single chunk (tokens <= chunk_size) XLA drops the loop and
-    # its carried [V,D] gradient accumulator, so that point sits below the line every larger one is on.
+    # Fit over the multi-chunk points: with a single chunk (tokens <= chunk_size) XLA drops the
+    # loop and its carried [V,D] gradient accumulator, so that point sits below the line every
+    # larger one is on.
     multi = [i for i, n in enumerate(tokens) if n > cfg.chunk_size]
     idx = multi if len(multi) >= 2 else list(range(len(tokens)))
     res["fit_points"] = [res["rows"][i]["batch_x_length"] for i in idx]
@@ -158,27 +192,60 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
         fits[key + "_total"] = {"intercept_bytes": a0, "bytes_per_token": slope, "r2": r2}
     res["linear_fits"] = fits
     last = res["rows"][-1]
-    res["summary"] = {"fwd_ratio_at_largest": last["fwd_ratio"], "fwd_bwd_ratio_at_largest": last["fwd_bwd_ratio"],
-                      "total_ratio_at_largest": last["total_ratio"], "largest_point": last["batch_x_length"],
-                      "ours_temp_bytes_per_token": fits["ours_fwd_bwd"]["bytes_per_token"],
-                      "naive_temp_bytes_per_token": fits["naive_fwd_bwd"]["bytes_per_token"],
-                      "ours_total_r2_linear": fits["ours_fwd_bwd_total"]["r2"]}
+    res["summary"] = {
+        "fwd_ratio_at_largest": last["fwd_ratio"],
+        "fwd_bwd_ratio_at_largest": last["fwd_bwd_ratio"],
+        "total_ratio_at_largest": last["total_ratio"],
+        "largest_point": last["batch_x_length"],
+        "ours_temp_bytes_per_token": fits["ours_fwd_bwd"]["bytes_per_token"],
+        "naive_temp_bytes_per_token": fits["naive_fwd_bwd"]["bytes_per_token"],
+        "ours_total_r2_linear": fits["ours_fwd_bwd_total"]["r2"],
+    }
     res["targets"] += [
-        common.target(f"ours/naive temp bytes, forward, {last['batch_x_length']}", last["fwd_ratio"], 1 / 8, "<="),
-        common.target(f"ours/naive temp bytes, fwd+bwd, {last['batch_x_length']}", last["fwd_bwd_ratio"], 1 / 8, "<="),
-        common.target(f"ours/naive args+outputs+temp, fwd+bwd, {last['batch_x_length']}", last["total_ratio"], 1 / 8, "<="),
-        common.target("ours fwd+bwd args+outputs+temp linear in tokens (R^2)", fits["ours_fwd_bwd_total"]["r2"], 0.98, ">="),
+        common.target(
+            f"ours/naive temp bytes, forward, {last['batch_x_length']}",
+            last["fwd_ratio"],
+            1 / 8,
+            "<=",
+        ),
+        common.target(
+            f"ours/naive temp bytes, fwd+bwd, {last['batch_x_length']}",
+            last["fwd_bwd_ratio"],
+            1 / 8,
+            "<=",
+        ),
+        common.target(
+            f"ours/naive args+outputs+temp, fwd+bwd, {last['batch_x_length']}",
+            last["total_ratio"],
+            1 / 8,
+            "<=",
+        ),
+        common.target(
+            "ours fwd+bwd args+outputs+temp linear in tokens (R^2)",
+            fits["ours_fwd_bwd_total"]["r2"],
+            0.98,
+            ">=",
+        ),
     ]
+    fit_points = ", ".join(res["fit_points"])
+    ours_temp = fits["ours_fwd_bwd"]["bytes_per_token"]
+    ours_total = fits["ours_fwd_bwd_total"]
+    naive_temp = fits["naive_fwd_bwd"]["bytes_per_token"]
+    max_diff = res["check"]["max_abs_diff_lp"]
     res["notes"] += [
-        f"compile-only XLA buffer assignment, D={d}, V={v}, f32; temp = scratch beyond arguments/outputs; "
-        f"total = arguments + outputs + temp (an upper bound on the live peak; includes the [V,D] unembedding "
-        f"and its gradient); ours = chunked token_logprobs (chunk {cfg.chunk_size} positions, remat per chunk, lp + entropy)",
-        f"growth per token (least squares over the multi-chunk points {', '.join(res['fit_points'])}): ours temp {fits['ours_fwd_bwd']['bytes_per_token']:.0f} B/token "
+        f"compile-only XLA buffer assignment, D={d}, V={v}, f32; "
+        f"temp = scratch beyond arguments/outputs; "
+        f"total = arguments + outputs + temp (an upper bound on the live peak; "
+        f"includes the [V,D] unembedding and its gradient); "
+        f"ours = chunked token_logprobs (chunk {cfg.chunk_size} positions, remat per chunk, "
+        f"lp + entropy)",
+        f"growth per token (least squares over the multi-chunk points {fit_points}): "
+        f"ours temp {ours_temp:.0f} B/token "
         f"fwd+bwd (constant chunk scratch: it does not grow with B x T), ours total "
-        f"{fits['ours_fwd_bwd_total']['bytes_per_token']:.0f} B/token (R^2 {fits['ours_fwd_bwd_total']['r2']:.4f}: "
-        f"linear, the hidden states and their gradient); naive temp {fits['naive_fwd_bwd']['bytes_per_token']:.0f} B/token "
+        f"{ours_total['bytes_per_token']:.0f} B/token (R^2 {ours_total['r2']:.4f}: "
+        f"linear, the hidden states and their gradient); naive temp {naive_temp:.0f} B/token "
         f"(the [B,T,V] f32 logits, log-softmax and gradient)",
-        f"values checked at {cb} x {ct}: max |lp_ours - lp_naive| = {res['check']['max_abs_diff_lp']:.2e}",
+        f"values checked at {cb} x {ct}: max |lp_ours - lp_naive| = {max_diff:.2e}",
     ]
     return common.finish(res)
 

@@ -3,9 +3,9 @@
 * ``transformers``: ``transformers.Qwen3ForCausalLM`` (PyTorch, CPU, fp32) built from our config and
   loaded with *our* weights (so both compute the same loss; the benchmark checks it).
 * ``tunix``: ``google-tunix``'s Flax NNX Qwen3 (random weights of the same shapes). Tunix is not a
-  dependency of this package; :func:`prepare_tunix` installs it with ``pip --no-deps --target`` into a
-  separate folder (never into the main environment) plus the few pure-Python packages its import
-  chain needs, and reports why when that fails.
+  dependency of this package; :func:`prepare_tunix` installs it with ``pip --no-deps --target``
+  into a separate folder (never into the main environment) plus the few pure-Python packages its
+  import chain needs, and reports why when that fails.
 """
 
 from __future__ import annotations
@@ -16,16 +16,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Packages tunix's import chain (tunix/__init__ -> sft/metrics, generate/mappings) needs beyond our
-# environment; installed --no-deps into the side folder. Found by importing tunix.models.qwen3.model.
-TUNIX_SIDE_PACKAGES = ("google-tunix", "google-metrax", "qwix", "jaxtyping", "wadler_lindig", "omegaconf",
-                       "antlr4-python3-runtime", "clu", "wrapt", "perfetto", "pandas")
+# Packages tunix's import chain (tunix/__init__ -> sft/metrics, generate/mappings) needs beyond
+# our environment; installed --no-deps into the side folder. Found by importing
+# tunix.models.qwen3.model.
+TUNIX_SIDE_PACKAGES = (
+    "google-tunix",
+    "google-metrax",
+    "qwix",
+    "jaxtyping",
+    "wadler_lindig",
+    "omegaconf",
+    "antlr4-python3-runtime",
+    "clu",
+    "wrapt",
+    "perfetto",
+    "pandas",
+)
 
 
 def torch_qwen3(cfg, our_model=None, *, threads: int | None = None):
     """A ``transformers`` Qwen3ForCausalLM (fp32, eval-free train mode) with ``cfg``'s dimensions.
 
-    With ``our_model`` (our NNX Qwen3) its weights are copied in, so the two compute the same function.
+    With ``our_model`` (our NNX Qwen3) its weights are copied in, so the two compute the same
+    function.
     ``threads`` sets torch's intra-op threads (default: all CPUs, as XLA uses).
     """
     import numpy as np
@@ -33,19 +46,29 @@ def torch_qwen3(cfg, our_model=None, *, threads: int | None = None):
     import transformers
 
     torch.set_num_threads(int(threads or os.cpu_count() or 1))
-    hf_cfg = transformers.Qwen3Config(**{k: v for k, v in cfg.to_hf_dict().items()
-                                         if k not in ("architectures", "model_type", "dtype")})
+    hf_cfg = transformers.Qwen3Config(
+        **{
+            k: v
+            for k, v in cfg.to_hf_dict().items()
+            if k not in ("architectures", "model_type", "dtype")
+        }
+    )
     hf_cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(hf_cfg).to(torch.float32)
     if our_model is not None:
         from dlc_jax.model import iter_hf_tensors
 
-        sd = {name: torch.from_numpy(np.ascontiguousarray(arr)) for name, arr in iter_hf_tensors(our_model)}
+        sd = {
+            name: torch.from_numpy(np.ascontiguousarray(arr))
+            for name, arr in iter_hf_tensors(our_model)
+        }
         missing, unexpected = model.load_state_dict(sd, strict=False)
         missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
         if missing or unexpected:
-            raise RuntimeError(f"copying our weights into transformers: missing {missing}, unexpected {unexpected}")
+            raise RuntimeError(
+                f"copying our weights into transformers: missing {missing}, unexpected {unexpected}"
+            )
         if cfg.tie_word_embeddings:
             model.tie_weights()
     model.train()
@@ -54,7 +77,8 @@ def torch_qwen3(cfg, our_model=None, *, threads: int | None = None):
 
 def torch_loss_and_grad_fn(model, input_ids, targets):
     """Closure: mean next-token NLL of ``targets`` [B,T] given ``input_ids`` [B,T] (full logits +
-    cross-entropy, the usual PyTorch recipe), backward into the parameters. Returns the loss float."""
+    cross-entropy, the usual PyTorch recipe), backward into the parameters. Returns the loss
+    float."""
     import torch
 
     ids = torch.as_tensor(input_ids, dtype=torch.long)
@@ -64,7 +88,9 @@ def torch_loss_and_grad_fn(model, input_ids, targets):
         for p in model.parameters():
             p.grad = None
         logits = model(input_ids=ids, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1)
+        )
         loss.backward()
         return float(loss.detach())
 
@@ -75,7 +101,9 @@ def _side_paths(target_dir: Path) -> list[str]:
     return [str(target_dir / "pkgs")]
 
 
-def prepare_tunix(target_dir, *, install: bool = True, timeout_s: float = 300.0) -> tuple[bool, str]:
+def prepare_tunix(
+    target_dir, *, install: bool = True, timeout_s: float = 300.0
+) -> tuple[bool, str]:
     """Make ``tunix.models.qwen3.model`` importable from ``target_dir`` (appended to ``sys.path``).
 
     Returns (ok, message). With ``install`` it runs ``pip install --no-deps --target`` for
@@ -83,7 +111,10 @@ def prepare_tunix(target_dir, *, install: bool = True, timeout_s: float = 300.0)
     """
     target_dir = Path(target_dir)
     probe = [sys.executable, "-c", "import tunix.models.qwen3.model"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(_side_paths(target_dir) + [os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(_side_paths(target_dir) + [os.environ.get("PYTHONPATH", "")]),
+    )
 
     def try_import() -> tuple[bool, str]:
         try:
@@ -97,15 +128,26 @@ def prepare_tunix(target_dir, *, install: bool = True, timeout_s: float = 300.0)
 
     ok, msg = try_import()
     if not ok and install:
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-               str(target_dir / "pkgs"), *TUNIX_SIDE_PACKAGES]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target_dir / "pkgs"),
+            *TUNIX_SIDE_PACKAGES,
+        ]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return False, f"pip install of google-tunix timed out after {timeout_s}s"
         if r.returncode != 0:
             tail = (r.stderr or r.stdout).strip().splitlines()
-            return False, "pip install google-tunix failed: " + (tail[-1] if tail else f"exit {r.returncode}")
+            return False, "pip install google-tunix failed: " + (
+                tail[-1] if tail else f"exit {r.returncode}"
+            )
         ok, msg = try_import()
     if not ok:
         return False, f"tunix does not import: {msg}"
@@ -128,14 +170,23 @@ def prepare_tunix(target_dir, *, install: bool = True, timeout_s: float = 300.0)
 
 
 def tunix_qwen3(cfg, *, seed: int = 0):
-    """tunix's Qwen3 (``tunix.models.qwen3.model.Qwen3``) with ``cfg``'s dimensions, fp32, random weights."""
-    from flax import nnx
+    """tunix's Qwen3 (``tunix.models.qwen3.model.Qwen3``) with ``cfg``'s dimensions, fp32,
+    random weights."""
     import tunix.models.qwen3.model as tq
+    from flax import nnx
 
-    tcfg = tq.ModelConfig(num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.hidden_size,
-                          hidden_dim=cfg.intermediate_size, num_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
-                          num_kv_heads=cfg.num_key_value_heads, rope_theta=int(cfg.rope_theta),
-                          norm_eps=cfg.rms_norm_eps, use_tied_embedding=cfg.tie_word_embeddings)
+    tcfg = tq.ModelConfig(
+        num_layers=cfg.num_hidden_layers,
+        vocab_size=cfg.vocab_size,
+        embed_dim=cfg.hidden_size,
+        hidden_dim=cfg.intermediate_size,
+        num_heads=cfg.num_attention_heads,
+        head_dim=cfg.head_dim,
+        num_kv_heads=cfg.num_key_value_heads,
+        rope_theta=int(cfg.rope_theta),
+        norm_eps=cfg.rms_norm_eps,
+        use_tied_embedding=cfg.tie_word_embeddings,
+    )
     return tq.Qwen3(tcfg, rngs=nnx.Rngs(seed))
 
 

@@ -1,14 +1,15 @@
 """`dlc-jax bench sampler`: the sampler service against its peers, measured in the same run.
 
-1. Rollout tokens/s through our gRPC service (client process -> server -> vLLM AsyncLLM -> Rollout protos ->
-   client) vs calling the *same* AsyncLLM engine directly (same engine, same config, same requests
-   and seeds, all prompts concurrent), interleaved A B A B. The ratio is the service overhead.
+1. Rollout tokens/s through our gRPC service (client process -> server -> vLLM AsyncLLM ->
+   Rollout protos -> client) vs calling the *same* AsyncLLM engine directly (same engine, same
+   config, same requests and seeds, all prompts concurrent), interleaved A B A B. The ratio is the
+   service overhead.
 2. Weight-push MB/s over loopback gRPC (client chunks + CRC-32C trailers, server staging to a
    safetensors file + verification) for a Qwen3-0.6B-shaped random model vs a raw loopback TCP
-   socket copy of the same bytes into a file (both senders in their own process). The push server here uses `TransportOnlyBackend`,
-   which accepts and verifies a push but does not load it into an engine (a 0.6B engine does not
-   fit this bench's CPU budget); the engine's own apply time is reported separately for the
-   rollout model (vLLM `reload_weights`).
+   socket copy of the same bytes into a file (both senders in their own process). The push
+   server here uses `TransportOnlyBackend`, which accepts and verifies a push but does not load
+   it into an engine (a 0.6B engine does not fit this bench's CPU budget); the engine's own apply
+   time is reported separately for the rollout model (vLLM `reload_weights`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class SamplerBenchConfig:
 
 SIZES = {
     "default": SamplerBenchConfig(),
-    "small": SamplerBenchConfig(prompts=8, n=2, max_tokens=32, repeats=5, push_vocab=32768, push_layers=4),
+    "small": SamplerBenchConfig(
+        prompts=8, n=2, max_tokens=32, repeats=5, push_vocab=32768, push_layers=4
+    ),
 }
 
 
@@ -61,8 +64,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(size: str, args) -> SamplerBenchConfig:
-    return common.sized_config("sampler", SIZES, size, args, model="model_dir", push_layers="push_layers",
-                               push_dtype="push_dtype")
+    return common.sized_config(
+        "sampler",
+        SIZES,
+        size,
+        args,
+        model="model_dir",
+        push_layers="push_layers",
+        push_dtype="push_dtype",
+    )
 
 
 # -- push server without an engine ------------------------------------------------------------
@@ -98,9 +108,16 @@ class TransportOnlyBackend(SamplerBackend):
 def _push_shapes(cfg: SamplerBenchConfig) -> dict[str, tuple[int, ...]]:
     from dlc_jax.model import Qwen3Config, hf_param_shapes
 
-    qc = Qwen3Config(vocab_size=cfg.push_vocab, hidden_size=cfg.push_hidden, intermediate_size=cfg.push_intermediate,
-                     num_hidden_layers=cfg.push_layers, num_attention_heads=cfg.push_heads,
-                     num_key_value_heads=cfg.push_kv_heads, head_dim=cfg.push_head_dim, tie_word_embeddings=True)
+    qc = Qwen3Config(
+        vocab_size=cfg.push_vocab,
+        hidden_size=cfg.push_hidden,
+        intermediate_size=cfg.push_intermediate,
+        num_hidden_layers=cfg.push_layers,
+        num_attention_heads=cfg.push_heads,
+        num_key_value_heads=cfg.push_kv_heads,
+        head_dim=cfg.push_head_dim,
+        tie_word_embeddings=True,
+    )
     return hf_param_shapes(qc)
 
 
@@ -109,7 +126,10 @@ def _push_tensors(cfg: SamplerBenchConfig) -> dict[str, np.ndarray]:
 
     rng = np.random.default_rng(0)
     np_dtype = st.NP_DTYPES[cfg.push_dtype]
-    return {n: (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(np_dtype) for n, s in _push_shapes(cfg).items()}
+    return {
+        n: (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(np_dtype)
+        for n, s in _push_shapes(cfg).items()
+    }
 
 
 def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
@@ -123,7 +143,9 @@ def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
         with SamplerClient(target, timeout=3600) as c:
             c.wait_ready(60)
             t0 = time.perf_counter()
-            pr = c.push_weights(tensors, version, dtype=cfg.push_dtype, chunk_bytes=cfg.chunk_mb << 20)
+            pr = c.push_weights(
+                tensors, version, dtype=cfg.push_dtype, chunk_bytes=cfg.chunk_mb << 20
+            )
             dt = time.perf_counter() - t0
             if not pr.ok:
                 raise RuntimeError(f"bench push rejected: {pr.message}")
@@ -132,7 +154,7 @@ def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
     t0 = time.perf_counter()
     with socket.create_connection((host, int(port))) as s:
         for a in tensors.values():
-            s.sendall(memoryview(a.reshape(-1).view(np.uint8)))
+            s.sendall(a.reshape(-1).view(np.uint8).data)
         if s.recv(1) != b"k":
             raise ConnectionError("no ack from the receiver")
     return time.perf_counter() - t0
@@ -143,10 +165,17 @@ def _run_push_client(mode: str, target: str, cfg: SamplerBenchConfig, version: i
     import subprocess
     import sys
 
-    code = ("import json, sys; from dlc_jax.bench.sampler_bench import _push_client; "
-            "print(json.dumps(_push_client(*json.loads(sys.stdin.read()))))")
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps([mode, target, dataclasses.asdict(cfg), version]),
-                         capture_output=True, text=True, check=True)
+    code = (
+        "import json, sys; from dlc_jax.bench.sampler_bench import _push_client; "
+        "print(json.dumps(_push_client(*json.loads(sys.stdin.read()))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps([mode, target, dataclasses.asdict(cfg), version]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -182,7 +211,9 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     itemsize = st.NP_DTYPES[cfg.push_dtype].itemsize
     total = sum(int(np.prod(s)) * itemsize for s in shapes.values())
     specs = {n: (s, "float32") for n, s in shapes.items()}
-    srv = ServerThread(TransportOnlyBackend(specs, cfg.push_vocab), ServerConfig(staging_root=str(tmp))).start()
+    srv = ServerThread(
+        TransportOnlyBackend(specs, cfg.push_vocab), ServerConfig(staging_root=str(tmp))
+    ).start()
     grpc_s, raw_s = [], []
     try:
         for r in range(cfg.push_repeats):  # interleaved
@@ -197,16 +228,29 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     mb = total / 1e6
     g, rw = common.median(grpc_s), common.median(raw_s)
     res["rows"] += [
-        {"measurement": "weight push MB/s: gRPC (chunks + CRC-32C + staged file + verify) vs raw loopback TCP -> file",
-         "ours": mb / g, "peer": mb / rw, "unit": "MB/s", "ratio": rw / g},
+        {
+            "measurement": (
+                "weight push MB/s: gRPC (chunks + CRC-32C + staged file + verify)"
+                " vs raw loopback TCP -> file"
+            ),
+            "ours": mb / g,
+            "peer": mb / rw,
+            "unit": "MB/s",
+            "ratio": rw / g,
+        },
     ]
-    res["targets"].append(common.target("weight push MB/s: gRPC / raw loopback socket", rw / g, 0.5, ">="))
+    res["targets"].append(
+        common.target("weight push MB/s: gRPC / raw loopback socket", rw / g, 0.5, ">=")
+    )
     res["config"]["push_bytes"] = total
     res["config"]["push_tensors"] = len(shapes)
-    res["notes"].append(f"push model: {len(shapes)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
-                        f"{cfg.push_layers} layers, D={cfg.push_hidden}, V={cfg.push_vocab}, tied); chunk {cfg.chunk_mb} MiB; "
-                        f"sender in its own process; median of {cfg.push_repeats}: gRPC {g:.2f} s, raw socket {rw:.2f} s; "
-                        f"the push server verifies and stages but does not load into an engine (TransportOnlyBackend)")
+    res["notes"].append(
+        f"push model: {len(shapes)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
+        f"{cfg.push_layers} layers, D={cfg.push_hidden}, V={cfg.push_vocab}, tied); "
+        f"chunk {cfg.chunk_mb} MiB; sender in its own process; median of {cfg.push_repeats}: "
+        f"gRPC {g:.2f} s, raw socket {rw:.2f} s; the push server verifies and stages but does "
+        f"not load into an engine (TransportOnlyBackend)"
+    )
 
 
 def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
@@ -225,8 +269,14 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
 
         model_dir = str(tmp / "tiny")
         make_tiny(model_dir)
-    backend = make_backend("vllm", BackendConfig(model_dir=model_dir, max_model_len=cfg.prompt_len + cfg.max_tokens + 8,
-                                                 max_num_seqs=max(cfg.prompts * cfg.n, 1)))
+    backend = make_backend(
+        "vllm",
+        BackendConfig(
+            model_dir=model_dir,
+            max_model_len=cfg.prompt_len + cfg.max_tokens + 8,
+            max_num_seqs=max(cfg.prompts * cfg.n, 1),
+        ),
+    )
     srv = ServerThread(backend, ServerConfig()).start()
     client = SamplerClient(srv.address, timeout=3600)
     vocab = backend.vocab_size
@@ -241,10 +291,14 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
         import subprocess
         import sys
 
-        code = ("import json, sys; from dlc_jax.bench.sampler_bench import _client_run; "
-                "print(json.dumps(_client_run(*json.loads(sys.stdin.read()))))")
+        code = (
+            "import json, sys; from dlc_jax.bench.sampler_bench import _client_run; "
+            "print(json.dumps(_client_run(*json.loads(sys.stdin.read()))))"
+        )
         payload = json.dumps([srv.address, prompts, dataclasses.asdict(params)])
-        out = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True
+        )
         tok, secs = json.loads(out.stdout.strip().splitlines()[-1])
         return tok, secs
 
@@ -254,7 +308,9 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
         async def one(p):
             counter[0] += 1
             final = None
-            async for out in backend.engine.generate(TokensPrompt(prompt_token_ids=p), sp, request_id=f"direct-{counter[0]}"):
+            async for out in backend.engine.generate(
+                TokensPrompt(prompt_token_ids=p), sp, request_id=f"direct-{counter[0]}"
+            ):
                 final = out
             return sum(len(c.token_ids) for c in final.outputs)
 
@@ -267,7 +323,7 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
 
     try:
         via_grpc(), direct()  # warm-up
-        runs = {"grpc": [], "direct": []}
+        runs: dict[str, list] = {"grpc": [], "direct": []}
         for _ in range(cfg.repeats):  # interleaved A B A B
             runs["grpc"].append(via_grpc())
             runs["direct"].append(direct())
@@ -284,16 +340,31 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
         srv.stop()
     g = tokens["grpc"] / common.median(times["grpc"])
     d = tokens["direct"] / common.median(times["direct"])
-    res["rows"].insert(0, {"measurement": "rollout tokens/s: gRPC service vs vLLM AsyncLLM direct", "ours": g, "peer": d,
-                           "unit": "tok/s", "ratio": g / d})
-    res["targets"].append(common.target("rollout tokens/s: gRPC service / direct vLLM", g / d, 0.9, ">="))
-    res["notes"].append(f"rollouts: {cfg.prompts} prompts x n={cfg.n} x {cfg.max_tokens} tokens (prompt {cfg.prompt_len}), "
-                        f"T=1, ignore EOS, per-request seed, vLLM fp32 eager on CPU, same engine for both paths; "
-                        f"median of {cfg.repeats} interleaved runs; the gRPC client is a separate process (like the trainer; one "
-                        f"untimed warm-up call in that process before the timed one), "
-                        f"the direct peer calls AsyncLLM.generate on the server's event loop")
-    res["notes"].append(f"full push + vLLM reload_weights of the rollout model ({sum(a.nbytes for a in w.values()) / 1e6:.1f} MB): "
-                        f"{apply_s:.3f} s")
+    res["rows"].insert(
+        0,
+        {
+            "measurement": "rollout tokens/s: gRPC service vs vLLM AsyncLLM direct",
+            "ours": g,
+            "peer": d,
+            "unit": "tok/s",
+            "ratio": g / d,
+        },
+    )
+    res["targets"].append(
+        common.target("rollout tokens/s: gRPC service / direct vLLM", g / d, 0.9, ">=")
+    )
+    res["notes"].append(
+        f"rollouts: {cfg.prompts} prompts x n={cfg.n} x {cfg.max_tokens} tokens "
+        f"(prompt {cfg.prompt_len}), "
+        f"T=1, ignore EOS, per-request seed, vLLM fp32 eager on CPU, same engine for both paths; "
+        f"median of {cfg.repeats} interleaved runs; the gRPC client is a separate process "
+        f"(like the trainer; one untimed warm-up call in that process before the timed one), "
+        f"the direct peer calls AsyncLLM.generate on the server's event loop"
+    )
+    res["notes"].append(
+        f"full push + vLLM reload_weights of the rollout model "
+        f"({sum(a.nbytes for a in w.values()) / 1e6:.1f} MB): {apply_s:.3f} s"
+    )
 
 
 def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[int, float]:
@@ -305,7 +376,8 @@ def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[i
     with SamplerClient(address, timeout=3600) as c:
         c.wait_ready(60)
         # one untimed call first: a trainer's client process is long-lived, so the first streaming
-        # call's one-time costs in a fresh process (stream setup, message classes) are not per-call costs
+        # call's one-time costs in a fresh process (stream setup, message classes) are not
+        # per-call costs
         sum(len(r.response_ids) for r in c.generate(prompts, p))
         t0 = time.perf_counter()
         n = sum(len(r.response_ids) for r in c.generate(prompts, p))
@@ -313,8 +385,11 @@ def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[i
 
 
 def run(cfg: SamplerBenchConfig = SamplerBenchConfig()) -> dict:
-    res = common.new_result("sampler", "Sampler service: gRPC vs direct vLLM, weight push vs raw socket",
-                            ["measurement", "ours", "peer", "unit", "ratio"])
+    res = common.new_result(
+        "sampler",
+        "Sampler service: gRPC vs direct vLLM, weight push vs raw socket",
+        ["measurement", "ours", "peer", "unit", "ratio"],
+    )
     res["config"] = dataclasses.asdict(cfg)
     with tempfile.TemporaryDirectory(prefix="dlc_sampler_bench_") as d:
         tmp = pathlib.Path(d)

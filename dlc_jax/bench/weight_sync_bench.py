@@ -1,10 +1,11 @@
 """Weight sync: export + push of a Qwen3-sized NNX model to a sampler over loopback gRPC, vs a raw
 loopback socket copy of the same bytes (the physical limit here).
 
-* ``export + push``: ``SamplerClient.push_model(model, ...)`` — the trainer loop's path: each tensor is gathered from the NNX params, converted to HF layout and the push
-  dtype, chunked, CRC-32C-checksummed and streamed; the server (its own process, as a sampler
-  always is) stages it to a safetensors file and verifies it (``sampler_bench.TransportOnlyBackend``:
-  everything but the engine reload).
+* ``export + push``: ``SamplerClient.push_model(model, ...)`` — the trainer loop's path: each
+  tensor is gathered from the NNX params, converted to HF layout and the push dtype, chunked,
+  CRC-32C-checksummed and streamed; the server (its own process, as a sampler always is) stages
+  it to a safetensors file and verifies it (``sampler_bench.TransportOnlyBackend``: everything
+  but the engine reload).
 * ``push only``: the same push from tensors already exported to host numpy arrays.
 * ``(socket data plane)`` rows: the same pushes with ``transport="socket"``: gRPC carries the
   header, the per-tensor CRC-32C trailers and Commit, the bytes go zero-copy over the server's raw
@@ -12,7 +13,8 @@ loopback socket copy of the same bytes (the physical limit here).
 * ``raw socket``: the same bytes through one loopback TCP connection into a file
   (:func:`raw_socket_copy`: the receiver writes each chunk to disk, as the sampler stages a push).
 
-Runs interleaved, the fastest repeat reported (``common.best``); ratio = throughput / raw socket throughput.
+Runs interleaved, the fastest repeat reported (``common.best``); ratio = throughput / raw socket
+throughput.
 The targets use the best transport for each path (named in the target and in ``summary``).
 """
 
@@ -53,8 +55,16 @@ class WeightSyncBenchConfig:
 SIZES = {
     "default": WeightSyncBenchConfig(),
     "small": WeightSyncBenchConfig(vocab_size=32768, num_hidden_layers=4),
-    "tiny": WeightSyncBenchConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, chunk_mb=1),
+    "tiny": WeightSyncBenchConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        chunk_mb=1,
+    ),
 }
 
 COLUMNS = ["path", "seconds", "MB_per_s", "ratio_vs_raw_socket"]
@@ -62,7 +72,8 @@ COLUMNS = ["path", "seconds", "MB_per_s", "ratio_vs_raw_socket"]
 
 def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
     """Send the arrays' bytes over one loopback TCP connection; a receiver thread writes them to
-    ``out_path``. Returns seconds from connect until the receiver has written every byte and acked."""
+    ``out_path``. Returns seconds from connect until the receiver has written every byte and
+    acked."""
     total = sum(a.nbytes for a in arrays)
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]
@@ -91,7 +102,7 @@ def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int
         t0 = time.perf_counter()
         with socket.create_connection(("127.0.0.1", port)) as s:
             for a in arrays:
-                s.sendall(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+                s.sendall(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
             ack = s.recv(1)
         dt = time.perf_counter() - t0
         th.join(timeout=60)
@@ -114,29 +125,42 @@ def _serve(cfg_dict: dict, staging_root: str) -> None:
     cfg = WeightSyncBenchConfig(**cfg_dict)
     mcfg = cfg.model_config()
     specs = {n: (s, "float32") for n, s in hf_param_shapes(mcfg).items()}
-    srv = ServerThread(TransportOnlyBackend(specs, mcfg.vocab_size), ServerConfig(staging_root=staging_root, data_port=0)).start()
+    srv = ServerThread(
+        TransportOnlyBackend(specs, mcfg.vocab_size),
+        ServerConfig(staging_root=staging_root, data_port=0),
+    ).start()
     print(srv.address, flush=True)
     sys.stdin.read()
     srv.stop()
 
 
 class _ServerProcess:
-    """`_serve` in its own Python process (the sampler is always another process than the trainer)."""
+    """`_serve` in its own Python process (the sampler is always another process than the
+    trainer)."""
 
     def __init__(self, cfg: WeightSyncBenchConfig, staging_root: str):
         import json
         import subprocess
         import sys
 
-        code = ("import json, sys; from dlc_jax.bench.weight_sync_bench import _serve; "
-                f"_serve(json.loads({json.dumps(json.dumps(dataclasses.asdict(cfg)))}), {staging_root!r})")
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        code = (
+            "import json, sys; from dlc_jax.bench.weight_sync_bench import _serve; "
+            f"_serve(json.loads({json.dumps(json.dumps(dataclasses.asdict(cfg)))}), "
+            f"{staging_root!r})"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None  # stdout=PIPE
         self.address = self.proc.stdout.readline().strip()
         if not self.address:
             self.proc.kill()
-            raise RuntimeError(f"weight_sync bench server exited with {self.proc.wait()} before listening")
+            raise RuntimeError(
+                f"weight_sync bench server exited with {self.proc.wait()} before listening"
+            )
 
     def stop(self) -> None:
+        assert self.proc.stdin is not None  # stdin=PIPE
         self.proc.stdin.close()
         try:
             self.proc.wait(60)
@@ -151,7 +175,9 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
     from dlc_jax.sampler import safetensors_io as st
     from dlc_jax.sampler.client import SamplerClient
 
-    res = common.new_result("weight_sync", "Weight sync: export + gRPC push vs raw loopback socket", COLUMNS)
+    res = common.new_result(
+        "weight_sync", "Weight sync: export + gRPC push vs raw loopback socket", COLUMNS
+    )
     res["config"] = dataclasses.asdict(cfg)
     mcfg = cfg.model_config()
     model = Qwen3ForCausalLM(mcfg, rngs=nnx.Rngs(0))
@@ -179,17 +205,32 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
             p.unlink()
             return dt
 
-        times: dict[str, list[float]] = {"export + push (gRPC)": [], "push only (gRPC)": [],
-                                         "export + push (socket data plane)": [],
-                                         "push only (gRPC, socket data plane)": [], "raw socket": []}
+        times: dict[str, list[float]] = {
+            "export + push (gRPC)": [],
+            "push only (gRPC)": [],
+            "export + push (socket data plane)": [],
+            "push only (gRPC, socket data plane)": [],
+            "raw socket": [],
+        }
         try:
             for _ in range(cfg.repeats):
-                for transport, ep_row, po_row in (("grpc", "export + push (gRPC)", "push only (gRPC)"),
-                                                  ("socket", "export + push (socket data plane)",
-                                                   "push only (gRPC, socket data plane)")):
+                for transport, ep_row, po_row in (
+                    ("grpc", "export + push (gRPC)", "push only (gRPC)"),
+                    (
+                        "socket",
+                        "export + push (socket data plane)",
+                        "push only (gRPC, socket data plane)",
+                    ),
+                ):
                     t0 = time.perf_counter()
                     version[0] += 1
-                    pr = client.push_model(model, version[0], dtype=cfg.push_dtype, chunk_bytes=chunk, transport=transport)
+                    pr = client.push_model(
+                        model,
+                        version[0],
+                        dtype=cfg.push_dtype,
+                        chunk_bytes=chunk,
+                        transport=transport,
+                    )
                     if not pr.ok:
                         raise RuntimeError(f"weight push rejected by the sampler: {pr.message}")
                     times[ep_row].append(time.perf_counter() - t0)
@@ -204,23 +245,47 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
     med = {k: common.best(v) for k, v in times.items()}
     res["median_s"] = {k: common.median(v) for k, v in times.items()}
     for k, s in med.items():
-        res["rows"].append({"path": k, "seconds": s, "MB_per_s": mb / s, "ratio_vs_raw_socket": med["raw socket"] / s})
+        res["rows"].append(
+            {
+                "path": k,
+                "seconds": s,
+                "MB_per_s": mb / s,
+                "ratio_vs_raw_socket": med["raw socket"] / s,
+            }
+        )
     res["times_s"] = times
     res["config"].update(push_bytes=total, push_tensors=len(exported))
     ep = min(("export + push (gRPC)", "export + push (socket data plane)"), key=med.__getitem__)
     po = min(("push only (gRPC)", "push only (gRPC, socket data plane)"), key=med.__getitem__)
-    res["summary"] = {"export_push_vs_raw": med["raw socket"] / med[ep], "export_push_best": ep,
-                      "push_only_vs_raw": med["raw socket"] / med[po], "push_only_best": po,
-                      "export_push_grpc_vs_raw": med["raw socket"] / med["export + push (gRPC)"],
-                      "push_only_grpc_vs_raw": med["raw socket"] / med["push only (gRPC)"]}
+    res["summary"] = {
+        "export_push_vs_raw": med["raw socket"] / med[ep],
+        "export_push_best": ep,
+        "push_only_vs_raw": med["raw socket"] / med[po],
+        "push_only_best": po,
+        "export_push_grpc_vs_raw": med["raw socket"] / med["export + push (gRPC)"],
+        "push_only_grpc_vs_raw": med["raw socket"] / med["push only (gRPC)"],
+    }
     res["targets"] += [
-        common.target(f"export + push / raw socket throughput (best: {ep})", res["summary"]["export_push_vs_raw"], 0.5, ">="),
-        common.target(f"push only / raw socket throughput (best: {po})", res["summary"]["push_only_vs_raw"], 0.5, ">="),
+        common.target(
+            f"export + push / raw socket throughput (best: {ep})",
+            res["summary"]["export_push_vs_raw"],
+            0.5,
+            ">=",
+        ),
+        common.target(
+            f"push only / raw socket throughput (best: {po})",
+            res["summary"]["push_only_vs_raw"],
+            0.5,
+            ">=",
+        ),
     ]
-    res["notes"].append(f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: {mcfg.num_hidden_layers} "
-                        f"layers, D={mcfg.hidden_size}, V={mcfg.vocab_size}, tied, random weights); chunk {cfg.chunk_mb} MiB; "
-                        f"server = real gRPC service in its own process with a transport-only backend (staging + CRC-32C verify, no engine "
-                        f"reload); best of {cfg.repeats} interleaved repeats")
+    res["notes"].append(
+        f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} "
+        f"(Qwen3 shapes: {mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, "
+        f"V={mcfg.vocab_size}, tied, random weights); chunk {cfg.chunk_mb} MiB; "
+        f"server = real gRPC service in its own process with a transport-only backend "
+        f"(staging + CRC-32C verify, no engine reload); best of {cfg.repeats} interleaved repeats"
+    )
     return common.finish(res)
 
 
@@ -230,4 +295,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(size: str, args) -> WeightSyncBenchConfig:
-    return common.sized_config("weight_sync", SIZES, size, args, repeats="repeats", push_dtype="push_dtype")
+    return common.sized_config(
+        "weight_sync", SIZES, size, args, repeats="repeats", push_dtype="push_dtype"
+    )
