@@ -90,8 +90,8 @@ class DataPlaneListener:
             self._sel.unregister(conn)
         except (KeyError, ValueError):
             pass
+        self._refuse(why)  # counted before the close, so a peer that sees the close sees the count
         conn.close()
-        self._refuse(why)
 
     def _refuse(self, why: str) -> None:
         """Count a refused connection; log at most one warning per 10 s (a flood stays one line)."""
@@ -146,8 +146,8 @@ class DataPlaneListener:
             with self._cond:
                 held = len(self._hello) + len(self._pending)
             if held >= self.max_pending:
-                conn.close()
                 self._refuse(f"{held} connections already held (cap {self.max_pending})")
+                conn.close()
                 continue
             conn.setblocking(False)
             self._hello[conn] = (bytearray(), time.monotonic() + self.preamble_timeout)
