@@ -179,6 +179,11 @@ class Trainer(BatchRequests, RunLifecycle):
         self.resumed = self._resume()
         # a finished run re-invoked: nothing to train, no sampler, metrics files left as they are
         self.already_complete = self.resumed and self.state.step >= cfg.train.steps
+        if self.multi:
+            # Set up the cross-process collective context now, while every process stands at the
+            # same point: its set-up waits only 30 s for the peers, and the first batch reaches
+            # different hosts at very different times (sampler start-up, first compiles).
+            dist.allgather([0.0])
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self) -> dict:
