@@ -28,21 +28,30 @@ BENCHMARKS: dict[str, str] = {
 
 def cli(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dlc-jax bench NAME [--size SIZE] [--out DIR] [options]\n\nbenchmarks: " + ", ".join(BENCHMARKS))
+        usage = "usage: dlc-jax bench NAME [--size SIZE] [--out DIR] [options]"
+        print(f"{usage}\n\nbenchmarks: " + ", ".join(BENCHMARKS))
         return 0
     name, rest = argv[0], argv[1:]
     if name not in BENCHMARKS:
-        print(f"dlc-jax bench: unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
+        print(
+            f"dlc-jax bench: unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}",
+            file=sys.stderr,
+        )
         return 2
     try:
         mod = importlib.import_module(BENCHMARKS[name])
     except ModuleNotFoundError as e:
-        print(f"dlc-jax bench: benchmark {name!r} is registered but its module is missing ({e})", file=sys.stderr)
+        print(
+            f"dlc-jax bench: benchmark {name!r} is registered but its module is missing ({e})",
+            file=sys.stderr,
+        )
         return 2
     sizes = list(getattr(mod, "SIZES", {}) or {"default": None})
     ap = argparse.ArgumentParser(prog=f"dlc-jax bench {name}")
     ap.add_argument("--size", default=sizes[0], choices=sizes)
-    ap.add_argument("--out", default="bench_results", help="directory for <name>.json and <name>.md")
+    ap.add_argument(
+        "--out", default="bench_results", help="directory for <name>.json and <name>.md"
+    )
     if hasattr(mod, "add_args"):
         mod.add_args(ap)
     args = ap.parse_args(rest)
