@@ -62,11 +62,11 @@ def model_config(model_section):
             f"(known: {sorted(PRESETS)}); set model.preset to one of them"
         )
     fields = {f.name for f in dataclasses.fields(cfg)}
-    opts = {
-        k: getattr(model_section, k)
-        for k in RUN_OPTIONS
-        if k in fields and hasattr(model_section, k)
-    }
+    if hasattr(model_section, "run_options"):  # the trainer's ModelSection (remat policy resolved)
+        given = model_section.run_options()
+    else:
+        given = {k: getattr(model_section, k) for k in RUN_OPTIONS if hasattr(model_section, k)}
+    opts = {k: v for k, v in given.items() if k in fields}
     return cfg.replace(**opts) if opts else cfg
 
 
@@ -165,7 +165,7 @@ def abstract_run(cfg, mesh) -> AbstractRun:
         mesh=mesh,
         param_dtype=DTYPES[cfg.model.param_dtype],
         compute_dtype=DTYPES[cfg.model.compute_dtype],
-        remat=cfg.model.remat,
+        remat=qcfg.remat_policy,
     )
     graphdef, params = abstract_params(model, mesh)
     shardings = jax.tree.map(lambda x: x.sharding, params)

@@ -50,8 +50,8 @@ def _set_dotted(d: dict, dotted: str, value) -> None:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """``"optim.lr=1e-5"`` -> ``("optim.lr", 1e-05)`` (value parsed as YAML, then type-coerced
-    later)."""
+    """``"optim.lr=1e-5"`` -> ``("optim.lr", 1e-05)``: the value is parsed as YAML here and
+    coerced to the key's type when the config is parsed."""
     if "=" not in item:
         raise ConfigError(f"{item}: override must look like key.sub=value")
     key, raw = item.split("=", 1)
@@ -148,8 +148,8 @@ def _resolve_auto(d: dict) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Load YAML (``None`` = no file, all defaults) with its ``base:`` chain, apply overrides, parse
-    and validate."""
+    """Load YAML (``None`` = no file, all defaults) with its ``base:`` chain, apply the overrides,
+    then parse and validate."""
     d: dict = read_layered(path) if path is not None else {}
     for item in overrides:
         k, v = parse_override(item)

@@ -15,6 +15,7 @@ from typing import Literal
 
 from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
+from dlc_jax.model.config import ATTENTION_IMPLS, REMAT_POLICIES
 from dlc_jax.model.sharding import MeshConfig
 from dlc_jax.plan.config import PlanConfig
 from dlc_jax.rl.loss_config import LossConfig
@@ -26,29 +27,81 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass
 class ModelSection:
-    """path: HF model dir ('' = make the tiny model under sft.cache_dir); preset: model.PRESETS name
-    for
-    the tiny model; dtypes: 'float32' | 'bfloat16'; remat: rematerialize decoder layers."""
+    """The model to train and how it runs.
+
+    path: HF model directory ('' = make the tiny model under sft.cache_dir); preset: the
+    ``model.PRESETS`` name of the tiny model; param_dtype / compute_dtype: 'float32' | 'bfloat16'.
+
+    How it runs (the ``Qwen3Config`` run options, docs/MODEL.md): attention_impl is the attention
+    kernel, 'auto' (splash on TPU, cuDNN on GPU in bf16, dense on CPU) or one of 'splash', 'cudnn',
+    'xla', 'dense'. scan_layers: true stacks the decoder layers and runs them with lax.scan (one
+    compiled layer), false loops over them; null scans models of at least
+    ``model.config.SCAN_MIN_LAYERS`` layers.
+
+    remat and remat_policy say what a decoder layer keeps for the backward pass. remat_policy names
+    the policy ('none', 'full', 'save_dots', 'save_attn_out', 'save_dots_and_attn_out'); '' takes
+    it from remat: 'full' when remat is true, else 'none'. remat may be left null when a policy is
+    named. Both given must agree (remat true with a policy other than 'none', remat false with
+    'none'); a contradiction is a config error, so turning remat off on a config that names a
+    policy never leaves the policy silently on. `remat_policy_name` is the policy used.
+    """
 
     path: str = ""
     preset: str = "tiny"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    remat: bool = False
+    remat: bool | None = None
+    remat_policy: str = ""
+    scan_layers: bool | None = None
+    attention_impl: str = "auto"
+
+    def __post_init__(self):
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"ModelSection.attention_impl: must be one of {list(ATTENTION_IMPLS)}, "
+                f"got {self.attention_impl!r}"
+            )
+        if self.remat_policy not in ("", *REMAT_POLICIES):
+            raise ValueError(
+                f"ModelSection.remat_policy: must be '' (from remat) or one of "
+                f"{list(REMAT_POLICIES)}, got {self.remat_policy!r}"
+            )
+        if self.remat_policy and self.remat is not None:
+            if self.remat != (self.remat_policy != "none"):
+                raise ValueError(
+                    f"ModelSection.remat_policy: {self.remat_policy!r} contradicts model.remat="
+                    f"{str(self.remat).lower()} (remat=true goes with a policy other than 'none', "
+                    "remat=false with 'none'; '' follows remat)"
+                )
+
+    def remat_policy_name(self) -> str:
+        """The remat policy the model is built with (remat_policy, or 'full'/'none' from remat)."""
+        if self.remat_policy:
+            return self.remat_policy
+        return "full" if self.remat else "none"
+
+    def run_options(self) -> dict:
+        """The ``Qwen3Config`` run options of this section (scan_layers None = by layer count)."""
+        return {
+            "attention_impl": self.attention_impl,
+            "scan_layers": self.scan_layers,
+            "remat_policy": self.remat_policy_name(),
+        }
 
 
 @dataclasses.dataclass
 class SamplerSection:
-    """backend: 'vllm' | 'jax'; address: 'host:port' of a running sampler ('' = spawn one on
-    loopback),
-    or several comma-separated ('h1:p,h2:p') driven as one ``dlc_jax.sampler.pool.SamplerPool``;
-    token_file: file holding the bearer token ('' = none); tls_root_cert: PEM of the CA that signed
-    the
-    samplers' certificates ('' = plaintext); tls_server_name: override of the TLS target name;
-    n: group size G; head_k: sampler top-k head reported per token (0 = none, no centering term);
-    push_transport: how weight pushes carry the bytes: 'auto' (the sampler's raw socket data plane
-    when
-    it offers one -- a spawned loopback sampler does --, else gRPC), 'grpc' or 'socket'."""
+    """The sampler the trainer drives and how it samples.
+
+    backend: 'vllm' | 'jax'. address: 'host:port' of a running sampler ('' = spawn one on
+    loopback), or several comma-separated ('h1:p,h2:p') driven as one
+    ``dlc_jax.sampler.pool.SamplerPool``. token_file: the file holding the bearer token ('' =
+    none). tls_root_cert: PEM of the CA that signed the samplers' certificates ('' = plaintext);
+    tls_server_name: an override of the TLS target name. n: the group size G. head_k: the size of
+    the sampler's top-k head reported per token (0 = none, no centering term). push_transport: how
+    weight pushes carry the bytes: 'auto' (the sampler's raw socket data plane when it offers one,
+    as a spawned loopback sampler does, else gRPC), 'grpc' or 'socket'.
+    """
 
     backend: Literal["vllm", "jax"] = "vllm"
     address: str = ""
@@ -73,13 +126,15 @@ class SamplerSection:
 
 @dataclasses.dataclass
 class DistributedSection:
-    """Multi-host JAX (``dlc_jax.trainer.distributed``). mode: 'auto' (initialize when the
-    environment
-    says there are several processes: coordinator_address / JAX_COORDINATOR_ADDRESS set),
-    'always' (always call ``jax.distributed.initialize``; on a TPU pod slice JAX detects the rest),
-    'never' (single process); not 'on'/'off', which YAML reads as booleans. coordinator_address:
-    'host:port' of process 0 ('' = from the environment / auto-detected on TPU); num_processes and
-    process_id: -1 = from the environment / auto-detected."""
+    """Multi-host JAX (``dlc_jax.trainer.distributed``).
+
+    mode: 'auto' initializes when the environment says there are several processes
+    (coordinator_address or JAX_COORDINATOR_ADDRESS set); 'always' always calls
+    ``jax.distributed.initialize`` (on a TPU pod slice JAX detects the rest); 'never' runs a single
+    process. Not 'on'/'off', which YAML reads as booleans. coordinator_address: 'host:port' of
+    process 0 ('' = from the environment, or auto-detected on TPU). num_processes and process_id:
+    -1 = from the environment, or auto-detected.
+    """
 
     mode: Literal["auto", "always", "never"] = "auto"
     coordinator_address: str = ""
@@ -90,12 +145,14 @@ class DistributedSection:
 
 @dataclasses.dataclass(frozen=True)
 class LossSection(LossConfig):
-    """The ``loss`` section: ``rl.LossConfig`` (name + every loss hyper-parameter, given inline in
-    YAML) and what lp_old -- the PPO anchor / proximal policy of ppo_clip, decoupled_ppo, m2po --
-    is:
+    """The ``loss`` section: ``rl.LossConfig`` (the name and every loss hyper-parameter, given
+    inline in YAML) plus old_policy, what lp_old (the PPO anchor, or proximal policy, of ppo_clip,
+    decoupled_ppo and m2po) is.
+
     'current' = stop_gradient(lp), the trainer at theta_t (one optimizer step per batch: r = 1);
     'sampler' = lp_q, the sampler's reported log-probs (the common async "bypass" PPO baseline);
-    'snapshot' = lp_s, the trainer at the sampler's weights theta_s."""
+    'snapshot' = lp_s, the trainer at the sampler's weights theta_s.
+    """
 
     old_policy: Literal["current", "sampler", "snapshot"] = "current"
 
@@ -107,8 +164,8 @@ class LossSection(LossConfig):
 
 @dataclasses.dataclass
 class OptimSection:
-    """AdamW with linear warmup then decay ('cosine' | 'linear' | 'constant') to lr *
-    min_lr_ratio."""
+    """AdamW with a linear warmup, then a decay ('cosine' | 'linear' | 'constant') to
+    lr * min_lr_ratio."""
 
     lr: float = 1e-5
     warmup: int = 0
@@ -123,9 +180,12 @@ class OptimSection:
 
 @dataclasses.dataclass
 class ResyncSection:
-    """policy: 'ess' (push when lag ESS < threshold) | 'every_k' | 'never' | 'onpolicy';
+    """When theta_t is pushed to the sampler.
+
+    policy: 'ess' (push when the lag ESS < threshold) | 'every_k' | 'never' | 'onpolicy'.
     stale_rollouts: rollouts in flight from an older version are 'train'ed with their snapshot or
-    'drop'ped."""
+    'drop'ped.
+    """
 
     policy: Literal["ess", "every_k", "never", "onpolicy"] = "ess"
     threshold: float = 0.5
@@ -137,8 +197,8 @@ class ResyncSection:
 @dataclasses.dataclass
 class AsyncSection:
     """max_staleness: rollouts more than this many versions behind theta_t are dropped and
-    resampled;
-    prefetch: how many upcoming batches are requested from the sampler ahead of training."""
+    resampled. prefetch: how many upcoming batches are requested from the sampler ahead of
+    training."""
 
     max_staleness: int = 8
     prefetch: int = 1
@@ -146,8 +206,8 @@ class AsyncSection:
 
 @dataclasses.dataclass
 class TrainSection:
-    """steps: optimizer steps; batch_prompts: prompts per step (each with sampler.n samples);
-    micro_batches: gradient accumulation splits; advantage: 'grpo' | 'mean' | 'drgrpo'."""
+    """steps: optimizer steps. batch_prompts: prompts per step (each with sampler.n samples).
+    micro_batches: gradient accumulation splits. advantage: 'grpo' | 'mean' | 'drgrpo'."""
 
     steps: int = 20
     batch_prompts: int = 8
@@ -160,8 +220,8 @@ class TrainSection:
 
 @dataclasses.dataclass
 class CheckpointSection:
-    """dir: orbax checkpoint directory; every: save period in steps (0 = only at exit); keep:
-    last N."""
+    """dir: the orbax checkpoint directory. every: the save period in steps (0 = only at exit).
+    keep: how many of the last checkpoints are kept."""
 
     dir: str = "runs/default/ckpt"
     every: int = 10
@@ -173,12 +233,14 @@ class CheckpointSection:
 
 @dataclasses.dataclass
 class LogSection:
-    """dir: metrics.jsonl, samples.jsonl, summary.json and tb/ go here; progress: a tqdm bar on a
-    terminal (a plain line every progress_every steps when stdout is not one, or when false);
-    samples_every: log sample completions (prompt, response, reward, per-token delta/ell summary) to
-    samples.jsonl and TensorBoard text every N steps (0 = off), samples_n of them;
-    wandb: also log to Weights & Biases (wandb_project / wandb_run_name; WANDB_MODE=offline
-    works)."""
+    """Where and how the run's metrics go.
+
+    dir: metrics.jsonl, samples.jsonl, summary.json and tb/ go here. progress: a tqdm bar on a
+    terminal (a plain line every progress_every steps when stdout is not one, or when false).
+    samples_every: log samples_n sample completions (prompt, response, reward, a per-token
+    delta/ell summary) to samples.jsonl and TensorBoard text every N steps (0 = off). wandb: also
+    log to Weights & Biases (wandb_project, wandb_run_name; WANDB_MODE=offline works).
+    """
 
     dir: str = "runs/default/logs"
     jsonl: bool = True
@@ -196,12 +258,13 @@ class LogSection:
 class EvalSection:
     """Held-out evaluation through the training sampler every ``every`` steps (0 = off).
 
-    source / subset / split: like ``data.*`` (same source syntax; '' = data.source); the prompt and
-    answer fields, answer format and chat template are the ``data`` section's. n: prompts (the
-    first n, in order); temperature: 0 = greedy, else sampled; max_tokens: 0 = sampler.max_tokens.
-    Scored by the training rewards: eval/reward_mean is the mean total reward, eval/accuracy the
-    share of responses whose total reward is >= correct_min (1.0 = a right answer under the
-    built-in rewards)."""
+    source / subset / split: like ``data.*`` (the same source syntax; '' = data.source); the prompt
+    and answer fields, the answer format and the chat template are the ``data`` section's. n: how
+    many prompts (the first n, in order). temperature: 0 = greedy, else sampled. max_tokens: 0 =
+    sampler.max_tokens. Scored by the training rewards: eval/reward_mean is the mean total reward,
+    eval/accuracy the share of responses whose total reward is >= correct_min (1.0 = a right
+    answer under the built-in rewards).
+    """
 
     every: int = 0
     source: str = ""
@@ -246,11 +309,16 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return to_dict(self)
 
-    def hash(self, *sections: str) -> str:
-        """Stable short hash of the given sections (all when none)."""
+    def hash(self, *sections: str, drop: tuple[str, ...] = ()) -> str:
+        """Stable short hash of the given sections (all when none), without the dotted keys in
+        ``drop`` (``model.scan_layers``)."""
         d = self.to_dict()
         if sections:
             d = {s: d[s] for s in sections}
+        for key in drop:
+            section, name = key.split(".", 1)
+            if section in d:
+                d[section] = {k: v for k, v in d[section].items() if k != name}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 

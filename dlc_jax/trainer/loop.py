@@ -63,6 +63,24 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 __all__ = ["Trainer", "SamplerUnavailable"]
 
 
+def load_train_model(cfg: TrainConfig, model_dir, mesh):
+    """The model the trainer trains: ``model_dir`` loaded with the ``model`` section's dtypes and
+    run options (attention kernel, scanned layers, remat policy), sharded over ``mesh`` when
+    given."""
+    from dlc_jax.model import load_hf
+
+    m = cfg.model
+    return load_hf(
+        str(model_dir),
+        mesh=mesh,
+        param_dtype=_DTYPES[m.param_dtype],
+        compute_dtype=_DTYPES[m.compute_dtype],
+        remat=m.remat_policy_name(),
+        scan_layers=m.scan_layers,
+        attention_impl=m.attention_impl,
+    )
+
+
 class NonFiniteTrainingError(UserError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
@@ -76,7 +94,6 @@ class Trainer(BatchRequests, RunLifecycle):
     """
 
     def __init__(self, cfg: TrainConfig):
-        from dlc_jax.model import load_hf
         from dlc_jax.trainer.sft import base_model_dir, ensure_sft_model
 
         self.cfg = cfg
@@ -100,13 +117,7 @@ class Trainer(BatchRequests, RunLifecycle):
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.mesh = dist.make_training_mesh(cfg.mesh)
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
-        model = load_hf(
-            str(self.model_dir),
-            mesh=self.mesh,
-            param_dtype=_DTYPES[cfg.model.param_dtype],
-            compute_dtype=_DTYPES[cfg.model.compute_dtype],
-            remat=cfg.model.remat,
-        )
+        model = load_train_model(cfg, self.model_dir, self.mesh)
         self.tx = make_optimizer(cfg.optim, cfg.train.steps)
         self.schedule = make_schedule(cfg.optim, cfg.train.steps)
         self.state = TrainState.create(

@@ -37,6 +37,8 @@ NOT_TRAINING_RELEVANT = (
     "train.micro_batches",
     "train.max_nonfinite_steps",
     "model.remat",
+    "model.remat_policy",  # memory vs recompute; model.scan_layers changes the checkpoint layout
+    "model.attention_impl",  # the same attention by another kernel
     "model.path",
     "sft.cache_dir",
     "reward.workers",

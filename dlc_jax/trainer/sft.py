@@ -143,8 +143,10 @@ def greedy_accuracy(
 
 def sft_cache_dir(cfg) -> Path:
     """Where the warmed model for ``cfg`` (a TrainConfig) lives: keyed by the model/data/sft
-    sections."""
-    return Path(cfg.sft.cache_dir) / f"sft-{cfg.hash('model', 'data', 'sft')}"
+    sections. The warm-up builds its model with the defaults, so the model's run options other than
+    ``model.remat`` (which keyed it before they existed) do not key it."""
+    drop = ("model.attention_impl", "model.scan_layers", "model.remat_policy")
+    return Path(cfg.sft.cache_dir) / f"sft-{cfg.hash('model', 'data', 'sft', drop=drop)}"
 
 
 def base_model_dir(cfg) -> Path:
