@@ -75,12 +75,58 @@ def test_overrides_coerce_types(tmp_path):
         ("log.progress_every=0", "log.progress_every"),
         ("sft.enabled=sometimes", "sft.enabled"),
         ("base=tiny_cpu", "base"),
+        ("model.attention_impl=foo", "model.attention_impl"),
+        ("model.remat_policy=sometimes", "model.remat_policy"),
+        ("model.remat_policy=full", "model.remat_policy"),  # tiny_cpu says remat: false
+        ("model.scan_layers=maybe", "model.scan_layers"),
     ],
 )
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:
         load_config(CONFIGS / "tiny_cpu.yaml", [override])
     assert str(e.value).startswith(key), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,policy",
+    [
+        ([], "none"),
+        (["model.remat=true"], "full"),
+        (["model.remat_policy=save_dots"], "save_dots"),  # remat left out: the policy decides
+        (["model.remat=true", "model.remat_policy=save_attn_out"], "save_attn_out"),
+        (["model.remat=false", "model.remat_policy=none"], "none"),
+    ],
+)
+def test_remat_policy_follows_remat_unless_named(overrides, policy):
+    cfg = load_config(None, overrides)
+    assert cfg.model.remat_policy_name() == policy
+    assert cfg.model.run_options() == {
+        "attention_impl": "auto",
+        "scan_layers": None,
+        "remat_policy": policy,
+    }
+
+
+def test_model_run_options_parse_and_contradictions_are_one_line(tmp_path):
+    cfg = load_config(
+        None, ["model.scan_layers=true", "model.attention_impl=splash", "model.remat=true"]
+    )
+    assert cfg.model.scan_layers is True and cfg.model.attention_impl == "splash"
+    auto = load_config(None, ["model.scan_layers=null", "model.remat_policy=save_dots"])
+    assert auto.model.scan_layers is None and auto.model.remat is None
+    for c in (cfg, auto):  # true, null and a named policy survive the YAML round trip
+        p = tmp_path / "c.yaml"
+        p.write_text(dump_config(c))
+        assert load_config(p) == c
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.remat=true", "model.remat_policy=none"])
+    msg = str(e.value)
+    assert msg.startswith("model.remat_policy: 'none' contradicts model.remat=true") and (
+        "\n" not in msg
+    )
+    for name in ("qwen3_0p6b_dlc", "qwen3_1p7b_dlc", "qwen3_8b_dlc"):
+        run = load_config(name).model.run_options()
+        assert run == {"attention_impl": "auto", "scan_layers": True, "remat_policy": "full"}
 
 
 def test_bad_override_syntax_and_missing_file(tmp_path):
@@ -172,3 +218,13 @@ def test_eval_and_log_keys_are_not_training_relevant():
         )
     )
     assert config_diff(a, b) == []  # a resume may switch evaluation and logging on or off
+    # how the model runs may change too, but not the layer layout the checkpoint holds
+    c = to_dict(
+        load_config(
+            default_config_path(),
+            ["model.remat=true", "model.remat_policy=save_dots", "model.attention_impl=xla"],
+        )
+    )
+    assert config_diff(a, c) == []
+    d = to_dict(load_config(default_config_path(), ["model.scan_layers=true"]))
+    assert [k for k, *_ in config_diff(a, d)] == ["model.scan_layers"]
