@@ -76,3 +76,30 @@ def test_plan_builds_the_model_with_the_policy():
     run = abstract_run(cfg, mesh)
     assert _remat_policy(run.model) == "save_dots" and run.qcfg.remat_policy == "save_dots"
     assert run.model.scanned and run.qcfg.attention_impl == "auto"
+
+
+def test_export_reads_a_scanned_run_in_its_layout(model_dir, tmp_path):
+    """A run with model.scan_layers=true on a model the default would loop (3 layers) exports:
+    the exporter builds the model in the checkpoint's layout, named by its stored config."""
+    from dlc_jax.model import iter_hf_tensors
+    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.trainer.checkpoint import Checkpointer, save_train_state
+    from dlc_jax.trainer.config import to_dict
+    from dlc_jax.trainer.export_cli import export_checkpoint
+    from dlc_jax.trainer.loop import load_train_model
+    from dlc_jax.trainer.state import TrainState, make_optimizer
+
+    cfg = load_config(None, [f"model.path={model_dir}", "model.scan_layers=true"])
+    model = load_train_model(cfg, model_dir, None)
+    assert model.scanned
+    ck = Checkpointer(tmp_path / "ckpt", keep=1)
+    state = TrainState.create(model, make_optimizer(cfg.optim, 10))
+    state.step = 1
+    save_train_state(ck, state, {"config": to_dict(cfg)}, force=True)
+    ck.close()
+    step, out = export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    written = dict(st.iter_tensors(str(out)))
+    expected = dict(iter_hf_tensors(model))
+    assert step == 1 and set(written) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(np.asarray(written[name]), np.asarray(value), err_msg=name)

@@ -131,10 +131,12 @@ def export_checkpoint(
         ck.close()
     step = int(meta["step"])
     model_dir = Path(model_dir) if model_dir else model_dir_from_meta(meta)
+    run_model = meta.get("config", {}).get("model", {})
     param_dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[
-        meta.get("config", {}).get("model", {}).get("param_dtype", "float32")
+        run_model.get("param_dtype", "float32")
     ]
-    config = Qwen3Config.from_pretrained(model_dir)
+    # the checkpoint holds the decoder layers in the run's layout (None: by layer count)
+    config = Qwen3Config.from_pretrained(model_dir, scan_layers=run_model.get("scan_layers"))
     abstract = nnx.eval_shape(
         lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0), param_dtype=param_dtype)
     )
