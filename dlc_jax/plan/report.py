@@ -197,7 +197,7 @@ def advice(cfg, topo, r: dict) -> str:
                 f"micro-batch, {gib(temps)} of them now)"
             )
         if r["config"]["remat_policy"] == "none":
-            tips.append("model.remat=true")
+            tips.append("model.remat=true model.remat_policy=full")
         tips.append(f"more chips (a larger --topology; now {topo.chips})")
     return head + "; try " + ", or ".join(tips)
 
