@@ -131,3 +131,27 @@ def test_splash_aot_compiles_for_abstract_tpu():
     assert "tpu_custom_call" in lowered.as_text()  # the Pallas kernel, not an XLA fallback
     mem = lowered.compile().memory_analysis()
     assert mem.temp_size_in_bytes < 64 * 2**20
+
+
+def test_splash_block_cached_causal_mask_matches_causal_mask():
+    """The block cache is an optimization only: every block, and the mask info splash builds from
+    the whole mask (fwd and dkv), equal those of the library's CausalMask."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
+
+    from dlc_jax.model.attention import _block_cached_causal_mask_class
+
+    t, blk = 1024, 128
+    cached, ref = _block_cached_causal_mask_class()((t, t)), sm.CausalMask((t, t))
+    for q0, k0 in [(0, 0), (128, 0), (0, 128), (512, 384), (896, 896), (256, 768)]:
+        idx = (slice(q0, q0 + blk), slice(k0, k0 + blk))
+        np.testing.assert_array_equal(cached[idx], ref[idx])
+    assert 0 < len(cached._blocks) < (t // blk) ** 2
+    for is_dkv in (False, True):
+        got, _ = mi._process_mask(sm.MultiHeadMask([cached] * 2), (blk, blk), is_dkv)
+        want, _ = mi._process_mask(sm.MultiHeadMask([ref] * 2), (blk, blk), is_dkv)
+        for a, b in zip(got, want):
+            if a is None or b is None:
+                assert a is b
+            else:
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
