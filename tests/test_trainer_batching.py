@@ -259,3 +259,34 @@ def test_packed_rows_give_the_unpacked_loss_and_grads():
         u_tok = np.asarray(ulp)[i][ua["mask"][i] > 0]
         sel = (pa["seq_index"] == i) & (pa["mask"] > 0)
         np.testing.assert_allclose(np.asarray(plp)[sel], u_tok, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "n, mode, max_len, want",
+    [
+        (1, "pow2", 2048, 16),
+        (17, "pow2", 2048, 32),
+        (100, "pow2", 2048, 128),
+        (129, "pow2", 2048, 256),
+        (1500, "pow2", 2000, 2000),  # capped at max_model_len (a multiple of 16)
+        (1500, "pow2", 1990, 2000),  # ... rounded up to 16
+        (2100, "pow2", 2048, 2112),  # never below n
+        (100, "pow2", 0, 128),  # no cap
+        (100, "fine", 2048, 112),
+        (100, "max", 2048, 2048),
+        (3000, "max", 2048, 3008),
+    ],
+)
+def test_length_buckets_hand_checked(n, mode, max_len, want):
+    from dlc_jax.trainer.step_inputs import bucket
+
+    assert bucket(n, mode, max_len) == want
+
+
+def test_pow2_buckets_give_few_lengths():
+    from dlc_jax.trainer.step_inputs import bucket
+
+    assert len({bucket(n, "pow2", 2048) for n in range(1, 2049)}) == 8  # 16 .. 2048
+    assert len({bucket(n, "fine", 2048) for n in range(1, 2049)}) == 128
+    with pytest.raises(ValueError, match="pow2"):
+        bucket(10, "pow3", 2048)

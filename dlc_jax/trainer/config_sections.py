@@ -213,6 +213,9 @@ class TrainSection:
     batch_prompts: int = 8
     micro_batches: int = 1
     pack: bool = False  # pack rollouts into rows of sampler.max_model_len tokens (segment ids)
+    # unpacked row lengths: 'pow2' (next power of two), 'fine' (next multiple of 16), 'max'
+    # (always sampler.max_model_len); each distinct length compiles the step again
+    length_buckets: Literal["pow2", "fine", "max"] = "pow2"
     seed: int = 0
     advantage: Literal["grpo", "mean", "drgrpo"] = "grpo"
     max_nonfinite_steps: int = 3  # consecutive NaN/Inf loss or gradient steps (skipped) -> stop

@@ -35,6 +35,7 @@ NOT_TRAINING_RELEVANT = (
     "plan.",
     "train.steps",
     "train.micro_batches",
+    "train.length_buckets",  # padding only: masked tokens
     "train.max_nonfinite_steps",
     "model.remat",
     "model.remat_policy",  # memory vs recompute; model.scan_layers changes the checkpoint layout

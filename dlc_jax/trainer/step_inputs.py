@@ -28,10 +28,24 @@ from dlc_jax.trainer.state import TrainState
 from dlc_jax.trainer.step import SEQUENCE_LOSSES, STEP_KEYS
 
 
-def bucket(n: int, mult: int = 16) -> int:
-    """``n`` rounded up to a multiple of ``mult`` (fewer distinct packed lengths, fewer
-    compiles)."""
-    return -(-n // mult) * mult
+def bucket(n: int, mode: str = "pow2", max_len: int = 0, mult: int = 16) -> int:
+    """The padded row length for a batch whose longest row has ``n`` tokens. Each distinct length
+    compiles the train step and the theta_s forward again (about a minute each on a TPU pod), so
+    lengths are bucketed (``train.length_buckets``): 'pow2' the next power of two (at least
+    ``mult``; a 2,048-token run has 8 lengths), 'fine' the next multiple of ``mult`` (up to
+    max_len / mult lengths, least padding), 'max' always ``max_len`` (one length). The result is
+    at least ``n`` and, unless ``n`` exceeds it, at most ``max_len`` rounded up to ``mult``
+    (``max_len`` 0: no cap)."""
+    fine = -(-n // mult) * mult
+    if mode == "fine":
+        return fine
+    cap = -(-max_len // mult) * mult if max_len > 0 else 0
+    if mode == "max":
+        return max(fine, cap)
+    if mode != "pow2":
+        raise ValueError(f"length bucket mode must be 'pow2', 'fine' or 'max', got {mode!r}")
+    p = max(mult, 1 << max(n - 1, 0).bit_length())
+    return max(fine, min(p, cap)) if cap else p
 
 
 @jax.jit
@@ -134,7 +148,7 @@ class StepInputs:
         r_sum, r_sq, rows_n, _, resp_sum, lag_sum = tot.sum(axis=0)[:6]
         r_tot = tot.sum(axis=0)[6:]
         r_mean = r_sum / rows_n
-        seq_len = bucket(int(tot[:, 3].max()))
+        seq_len = bucket(int(tot[:, 3].max()), cfg.train.length_buckets, cfg.sampler.max_model_len)
         # train.pack: rollouts back to back in rows of max_model_len tokens (segment ids), as many
         # rows as they need, a multiple of micro-batches x the devices the rows are split over
         row_devices = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
