@@ -361,13 +361,15 @@ class SamplerClient:
         transport: str = "grpc",
     ) -> PushResult:
         """Push an NNX `Qwen3ForCausalLM`: HF names/layout via `dlc_jax.model.iter_hf_tensors`, one
-        tensor gathered and converted at a time; the header comes from `hf_param_shapes(config)`."""
+        tensor gathered and converted (to `dtype`, where the parameter lives) at a time, the next
+        one exported in a background thread while this one is sent; the header comes from
+        `hf_param_shapes(config)`."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
         np_dtype = st.NP_DTYPES[dtype]
         specs = hf_param_shapes(model.config)
         return self.push_weights(
-            lambda: prefetched(iter_hf_tensors(model, dtype=np_dtype)),
+            lambda: iter_hf_tensors(model, dtype=np_dtype),  # prefetched by weight_messages
             version,
             dtype=dtype,
             chunk_bytes=chunk_bytes,

@@ -317,13 +317,14 @@ class SamplerPool:
     ) -> PushResult:
         """Push an NNX `Qwen3ForCausalLM`: each tensor is gathered once and fanned out to all
         samplers."""
-        import numpy as np
-
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
-        src_dtype = np.float32 if dtype in ("bfloat16", "float32") else np.float16
+        from . import safetensors_io as st
+
+        # exported in the push dtype (cast where the parameter lives: half the device->host bytes
+        # for bf16, and no per-sampler host conversion of the fanned-out tensors)
         return self.push_weights(
-            lambda: iter_hf_tensors(model, dtype=src_dtype),
+            lambda: iter_hf_tensors(model, dtype=st.NP_DTYPES[dtype]),
             version,
             dtype=dtype,
             chunk_bytes=chunk_bytes,

@@ -1,13 +1,14 @@
 """The client side of a weight push, apart from the gRPC call: which tensors a source holds, the
 `WeightMessage` stream (header, chunks or socket bytes, per-tensor checksum trailers, commit), and
-the background prefetch of the next tensor's export.
+the background prefetch of the next tensors' export, conversion and checksum.
 
 Wire design: the header lists every tensor's name, shape, dtype and byte size; the bytes follow
 tensor by tensor in chunks of `chunk_bytes` (encoded by hand, `chunk_wire.encode_chunk`: one copy,
 straight from the numpy buffer) or, on the socket data plane, go over the raw TCP connection
 (`send_data`); after a tensor's bytes a `TensorDone` trailer carries its checksum (CRC-32C by
-default, sha256 on request), computed while streaming. One pass over the source; host memory ~ one
-converted tensor plus one chunk.
+default, sha256 on request) over exactly the bytes sent, computed in the prefetch thread (where the
+tensor was just produced) while the previous tensor is being sent. One pass over the source; host
+memory ~ one converted tensor being sent plus `prefetch` ready ones (plus one chunk on gRPC).
 """
 
 from __future__ import annotations
@@ -62,6 +63,49 @@ def tensor_source(named_tensors, specs: cabc.Mapping[str, tuple[int, ...]] | Non
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedTensor:
+    """A tensor ready to send: its header index, the converted C-contiguous array, a zero-copy
+    byte view of it and its checksum over exactly those bytes (crc32c int or sha256 hex)."""
+
+    index: int
+    array: np.ndarray
+    buf: memoryview
+    checksum: int | str
+
+
+def prepared_tensors(
+    source: Iterator,
+    names_shapes: list[tuple[str, tuple[int, ...]]],
+    dtype: str,
+    checksum: str,
+) -> Iterator[PreparedTensor]:
+    """Check, convert (to `dtype`, C order; no copy when it already is) and checksum each
+    (name, array) of `source`, in order. Runs in the prefetch thread of a push, so the conversion
+    and the checksum of the next tensor overlap the send of this one."""
+    np_dtype = st.NP_DTYPES[dtype]
+    index = {n: i for i, (n, _) in enumerate(names_shapes)}
+    seen: set[str] = set()
+    for name, arr in source:
+        if name not in index:
+            raise ValueError(f"push_weights: tensor {name!r} is not in the header specs")
+        if name in seen:
+            raise ValueError(f"push_weights: tensor {name!r} yielded twice")
+        seen.add(name)
+        i = index[name]
+        a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
+        if tuple(a.shape) != names_shapes[i][1]:
+            raise ValueError(
+                f"push_weights: tensor {name!r} has shape {a.shape}, "
+                f"header says {names_shapes[i][1]}"
+            )
+        buf = a.reshape(-1).view(np.uint8).data  # a memoryview of the array (no copy)
+        digest: int | str = (
+            hashlib.sha256(buf).hexdigest() if checksum == "sha256" else crc32c.crc32c(buf)
+        )
+        yield PreparedTensor(i, a, buf, digest)
+
+
 def weight_messages(
     source: Iterator,
     names_shapes: list[tuple[str, tuple[int, ...]]],
@@ -71,62 +115,44 @@ def weight_messages(
     checksum: str,
     send_data: Callable[[int, memoryview], None] | None = None,
     push_id: str = "",
+    prefetch: int = 1,
 ) -> Iterator:
     """The PushWeights request stream. With ``send_data`` (the socket data plane) each tensor's
     bytes go through ``send_data(tensor_index, bytes)`` instead of chunk messages; a data connection
-    the server dropped (OSError) stops the sending, and the server rejects the push saying why."""
+    the server dropped (OSError) stops the sending, and the server rejects the push saying why.
+    ``prefetch``: tensors produced (exported, converted, checksummed) ahead in a background thread
+    while the current one is sent (0: in the caller's thread)."""
     np_dtype = st.NP_DTYPES[dtype]
-    index = {n: i for i, (n, _) in enumerate(names_shapes)}
     header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
     if send_data is not None:
         header.data_plane, header.data_push_id = "socket", push_id
     for n, shape in names_shapes:
         nb = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
         header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
+    ready = prepared_tensors(source, names_shapes, dtype, checksum)
+    if prefetch > 0:
+        ready = prefetched(ready, depth=prefetch)
     yield pb.WeightMessage(header=header)
-    sent: set[str] = set()
+    sent: set[int] = set()
     data_failed = False
-    for name, arr in source:
-        if name not in index:
-            raise ValueError(f"push_weights: tensor {name!r} is not in the header specs")
-        if name in sent:
-            raise ValueError(f"push_weights: tensor {name!r} yielded twice")
-        i = index[name]
-        a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
-        if tuple(a.shape) != names_shapes[i][1]:
-            raise ValueError(
-                f"push_weights: tensor {name!r} has shape {a.shape}, "
-                f"header says {names_shapes[i][1]}"
-            )
-        buf = a.reshape(-1).view(np.uint8).data  # a memoryview of the array (no copy)
-        h = hashlib.sha256() if checksum == "sha256" else None
-        crc = 0
-        if send_data is not None:  # checksum, then the raw bytes straight from the array
-            if h is not None:
-                h.update(buf)
-            else:
-                crc = crc32c.crc32c(buf)
-            if not data_failed:
-                try:
-                    send_data(i, buf)
-                except OSError:  # keep the control stream going: the server says why it rejects
-                    data_failed = True
+    for t in ready:
+        buf = t.buf
+        if send_data is not None and not data_failed:  # the raw bytes straight from the array
+            try:
+                send_data(t.index, buf)
+            except OSError:  # keep the control stream going: the server says why it rejects
+                data_failed = True
         for off in range(0, len(buf) if send_data is None else 0, chunk_bytes):
-            piece = buf[off : off + chunk_bytes]
-            if h is not None:
-                h.update(piece)
-            else:
-                crc = crc32c.crc32c(piece, crc)
-            yield chunk_wire.encode_chunk(i, off, piece)
+            yield chunk_wire.encode_chunk(t.index, off, buf[off : off + chunk_bytes])
         done = (
-            pb.TensorDone(tensor_index=i, sha256=h.hexdigest())
-            if h is not None
-            else pb.TensorDone(tensor_index=i, crc32c=crc)
+            pb.TensorDone(tensor_index=t.index, sha256=t.checksum)
+            if checksum == "sha256"
+            else pb.TensorDone(tensor_index=t.index, crc32c=t.checksum)
         )
         yield pb.WeightMessage(done=done)
-        sent.add(name)
-        del a, buf
-    missing = [n for n, _ in names_shapes if n not in sent]
+        sent.add(t.index)
+        del t, buf
+    missing = [n for i, (n, _) in enumerate(names_shapes) if i not in sent]
     if missing:
         raise ValueError(f"push_weights: source ended without tensors {missing[:3]}")
     yield pb.WeightMessage(commit=pb.Commit())
