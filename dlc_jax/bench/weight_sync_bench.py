@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import pathlib
 import socket
 import tempfile
@@ -67,7 +68,18 @@ SIZES = {
     ),
 }
 
-COLUMNS = ["path", "seconds", "MB_per_s", "ratio_vs_raw_socket"]
+COLUMNS = ["path", "seconds", "MB_per_s", "ratio_vs_raw_socket", "cpu_s", "cpu_bound_s"]
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc), else None."""
+    import os
+
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
@@ -182,7 +194,7 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
     mcfg = cfg.model_config()
     model = Qwen3ForCausalLM(mcfg, rngs=nnx.Rngs(0))
     np_dtype = st.NP_DTYPES[cfg.push_dtype]
-    exported = {n: a.astype(np_dtype) for n, a in iter_hf_tensors(model)}
+    exported = dict(iter_hf_tensors(model, dtype=np_dtype))  # also compiles the export
     total = sum(a.nbytes for a in exported.values())
     chunk = cfg.chunk_mb << 20
     version = [0]
@@ -212,7 +224,30 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
             "push only (gRPC, socket data plane)": [],
             "raw socket": [],
         }
+        # CPU seconds of a repeat: this process (export, send; the raw copy's receiver thread)
+        # plus the server process (receive, stage, verify); load-independent, unlike wall time
+        cpu: dict[str, list[float]] = {k: [] for k in times}
+
+        def cpu_now() -> float | None:
+            server = _proc_cpu_s(srv.proc.pid)
+            return None if server is None else time.process_time() + server
+
+        def timed(row: str, fn) -> None:
+            """Run `fn` once; its wall time is what it returns if that is a float (the raw copy's
+            own connect-to-ack time), else measured around the call."""
+            c0 = cpu_now()
+            t0 = time.perf_counter()
+            dt = fn()
+            times[row].append(dt if isinstance(dt, float) else time.perf_counter() - t0)
+            c1 = cpu_now()
+            if c0 is not None and c1 is not None:
+                cpu[row].append(c1 - c0)
+
         try:
+            c0 = time.process_time()
+            for _ in iter_hf_tensors(model, dtype=np_dtype):
+                pass
+            export_cpu = time.process_time() - c0  # after the warm-up above: no compiles
             for _ in range(cfg.repeats):
                 for transport, ep_row, po_row in (
                     ("grpc", "export + push (gRPC)", "push only (gRPC)"),
@@ -222,26 +257,27 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
                         "push only (gRPC, socket data plane)",
                     ),
                 ):
-                    t0 = time.perf_counter()
-                    version[0] += 1
-                    pr = client.push_model(
-                        model,
-                        version[0],
-                        dtype=cfg.push_dtype,
-                        chunk_bytes=chunk,
-                        transport=transport,
-                    )
-                    if not pr.ok:
-                        raise RuntimeError(f"weight push rejected by the sampler: {pr.message}")
-                    times[ep_row].append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    push(exported, transport=transport)
-                    times[po_row].append(time.perf_counter() - t0)
-                times["raw socket"].append(raw())
+
+                    def export_push(transport=transport):
+                        version[0] += 1
+                        pr = client.push_model(
+                            model,
+                            version[0],
+                            dtype=cfg.push_dtype,
+                            chunk_bytes=chunk,
+                            transport=transport,
+                        )
+                        if not pr.ok:
+                            raise RuntimeError(f"weight push rejected by the sampler: {pr.message}")
+
+                    timed(ep_row, export_push)
+                    timed(po_row, lambda transport=transport: push(exported, transport=transport))
+                timed("raw socket", raw)
         finally:
             client.close()
             srv.stop()
     mb = total / 1e6
+    ncpu = os.cpu_count() or 1
     med = {k: common.best(v) for k, v in times.items()}
     res["median_s"] = {k: common.median(v) for k, v in times.items()}
     for k, s in med.items():
@@ -251,9 +287,13 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
                 "seconds": s,
                 "MB_per_s": mb / s,
                 "ratio_vs_raw_socket": med["raw socket"] / s,
+                "cpu_s": common.median(cpu[k]) if cpu[k] else None,
+                "cpu_bound_s": common.median(cpu[k]) / ncpu if cpu[k] else None,
             }
         )
     res["times_s"] = times
+    res["cpu_s"] = cpu
+    res["export_only_cpu_s"] = export_cpu
     res["config"].update(push_bytes=total, push_tensors=len(exported))
     ep = min(("export + push (gRPC)", "export + push (socket data plane)"), key=med.__getitem__)
     po = min(("push only (gRPC)", "push only (gRPC, socket data plane)"), key=med.__getitem__)
@@ -285,6 +325,12 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
         f"V={mcfg.vocab_size}, tied, random weights); chunk {cfg.chunk_mb} MiB; "
         f"server = real gRPC service in its own process with a transport-only backend "
         f"(staging + CRC-32C verify, no engine reload); best of {cfg.repeats} interleaved repeats"
+    )
+    res["notes"].append(
+        f"cpu_s: median CPU seconds of a repeat, this process (export, send; the raw copy's "
+        f"receiver thread) + the server process; cpu_bound_s = cpu_s / {ncpu} CPUs, the wall "
+        f"time no overlap can beat on this machine. Export alone (iter_hf_tensors to "
+        f"{cfg.push_dtype}, no send): {export_cpu:.3f} CPU s"
     )
     return common.finish(res)
 
