@@ -311,13 +311,15 @@ def iter_hf_tensors(
     layer slice) runs on device, one tensor at a time, then the tensor is gathered. Kernels are
     transposed to HF [out, in] on device, or on host after the gather with `host_transpose`
     (default: when the parameter lives on CPU devices, where XLA's transpose costs 3-5x the
-    host's blocked copy; on an accelerator the device does it). Same bytes either way.
+    host's blocked copy; on an accelerator the device does it). Same bytes either way. The next
+    tensor's device work is dispatched before this one is gathered (at most two in flight).
     """
     params = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(params))
     slots = _param_slots(params, model.config.num_hidden_layers)
     npdt = _np_dtype(dtype)
-    for name, hf_shape in hf_param_shapes(model.config).items():
+
+    def dispatch(name: str, hf_shape: tuple) -> tuple[str, jax.Array, bool]:
         p, layer = slots[name]
         value = flat[p].get_value()
         kernel = p[-1] == "kernel"
@@ -330,8 +332,23 @@ def iter_hf_tensors(
             transpose=not on_host,
             dtype=None if npdt is None else jnp.dtype(npdt),
         )
+        return name, x, on_host
+
+    def finish(name: str, x: jax.Array, on_host: bool) -> tuple[str, np.ndarray]:
         a = _gather(x)
-        yield name, _host_transpose(a) if on_host else np.ascontiguousarray(a)
+        return name, _host_transpose(a) if on_host else np.ascontiguousarray(a)
+
+    # One tensor of lookahead: JAX dispatch is asynchronous, so the device work (slice, cast) of
+    # tensor i+1 runs while tensor i is gathered and transposed on host. Same order everywhere
+    # (multi-host: every process gathers the same tensors in the same order).
+    pending = None
+    for name, hf_shape in hf_param_shapes(model.config).items():
+        nxt = dispatch(name, hf_shape)
+        if pending is not None:
+            yield finish(*pending)
+        pending = nxt
+    if pending is not None:
+        yield finish(*pending)
 
 
 _ST_DTYPES = {
