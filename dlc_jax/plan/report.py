@@ -89,6 +89,8 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4) -> dict:
         scanned_layers=bool(getattr(model, "scanned", False)),
         pallas_attention=_pallas(run.qcfg, mesh, compute),
         snapshot_forward=cfg.resync.policy != "onpolicy",
+        fsdp=int(dict(mesh.shape).get("fsdp", 1)),
+        slices=topo.num_slices,
     )
     fl = step_flops(run.qcfg, shape)
     peak_flops = chip.peak_bf16_flops * topo.chips
