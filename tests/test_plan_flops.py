@@ -1,16 +1,18 @@
 """The plan's prediction of XLA's FLOP count (dlc_jax.plan.flops) against a real compile.
 
-A tiny scanned model is AOT-compiled for 2 slices of v5e:2x2 (8 abstract TPU chips, mesh data=2 x
-fsdp=4) by `dlc-jax plan`: the train step exercises every counting rule that needs no large shapes
-(loop bodies once: micro-batch scan, layer scan, log-prob chunk map; the remat recompute counted;
-one backward layer iteration peeled out of the loop with 2 slices). XLA's per-device counts of the
-train step and the theta_s forward must be within a few percent of the predictions, and the
-prediction without the peeling rule must not be (so the test fails if the rules drift from what
-the compiler does). The other rules are covered by hand-computed numbers below.
+A tiny scanned model's train step is AOT-compiled for 2 slices of v5e:2x2 (8 abstract TPU chips,
+mesh data=2 x fsdp=4): it exercises every counting rule that needs no large shapes (loop bodies
+once: micro-batch scan, layer scan, log-prob chunk map; splash counted 0; the remat recompute
+counted; one backward layer iteration peeled out of the loop with 2 slices). XLA's per-device count
+must be within the elementwise work of the prediction, and the prediction without the peeling rule
+must not be, so the test fails if the rules drift from what the compiler does. The other rules are
+covered by hand-computed numbers below; the collective-matmul rule needs large shapes (minutes to
+compile) and is checked against the cached full-size plans (docs/bench/PLAN.md).
 """
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,50 +30,65 @@ train: {batch_prompts: 2, micro_batches: 1}
 resync: {max_snapshots: 1}
 """
 
+# compiles the train step only (what `dlc-jax plan` compiles first) for 2 x v5e:2x2 and prints
+# XLA's per-device count; a subprocess, as libtpu is loaded before JAX picks its backends
+COMPILE_STEP = """
+import json, sys
+from dlc_jax.plan.abstract_state import abstract_run, plan_mesh
+from dlc_jax.plan.compile import compile_program
+from dlc_jax.plan.topology import abstract_devices, parse_topology
+from dlc_jax.trainer.config import load_config
+from dlc_jax.trainer.step import make_train_step, step_config
+import jax
+cfg = load_config(sys.argv[1], [])
+topo = parse_topology("v5e:2x2", 2)
+mesh, _ = plan_mesh(cfg.mesh, abstract_devices(topo), topo.num_slices)
+run = abstract_run(cfg, mesh)
+scfg = step_config(cfg)
+shard = lambda t: jax.tree.map(lambda x: x.sharding, t)
+step = make_train_step(run.graphdef, run.tx, scfg, mesh=mesh, param_shardings=shard(run.params),
+                       opt_shardings=shard(run.opt_state))
+rep = compile_program("train_step", step, run.params, run.opt_state, run.batch)
+print(json.dumps({"xla": rep.xla_flops, "mesh": dict(mesh.shape), "chunk": scfg.chunk_size,
+                  "policy": run.model.remat_policy, "scanned": bool(run.model.scanned)}))
+"""
 
-def test_xla_count_of_a_two_slice_tiny_plan_matches_the_prediction(tmp_path: Path):
+
+def test_xla_count_of_a_two_slice_tiny_step_matches_the_prediction(tmp_path: Path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(TINY_SCANNED)
-    out = tmp_path / "plan.json"
+    env = {**os.environ, "TPU_STDERR_LOG_LEVEL": "3", "TPU_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(
-        [sys.executable, "-m", "dlc_jax.cli", "plan", "--config", str(cfg), "--json", str(out)]
-        + ["--topology", "v5e:2x2", "--slices", "2"],
+        [sys.executable, "-c", COMPILE_STEP, str(cfg)],
         capture_output=True,
         text=True,
         timeout=900,
+        env=env,
     )
-    assert out.exists(), proc.stderr[-2000:]
-    r = json.loads(out.read_text())
-    assert r["topology"]["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
-    assert r["config"]["scanned_layers"] and r["config"]["remat_policy"] == "full"
-    a, x = r["analytic_flops"], r["xla_flops_per_device"]
-    assert a["loops"]["backward_layer_bodies_counted"] == 2
-    step = x["train_step"] / a["xla_visible_train_step_per_device"]
-    fwd = x["snapshot_forward"] / a["xla_visible_snapshot_forward_per_device"]
-    # XLA also counts norms, softmax, RoPE and the optimizer update: a few percent above
-    assert 0.97 < step < 1.10, r["flops_note"]
-    assert 0.97 < fwd < 1.10, r["flops_note"]
-    assert "matches" in r["flops_note"] and "NOT explained" not in r["flops_note"]
-    # the same step counted as if the backward layer loop were not peeled is far off
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert got["scanned"] and got["policy"] == "full"
     qcfg = Qwen3Config(**{**TINY_DIMS, "scan_layers": True})
     shape = StepShape(
         rows=8,
         seq_len=512,
         micro_batches=1,
-        chunk_size=a["logprob_chunk_positions"],
+        chunk_size=got["chunk"],
         chips=8,
         remat_policy="full",
         scanned_layers=True,
-        pallas_attention=False,
+        pallas_attention=True,  # attention_impl auto = splash on TPU devices
         fsdp=4,
         slices=2,
     )
-    assert (
-        step_flops(qcfg, shape)["xla_visible_train_step_per_device"]
-        == (a["xla_visible_train_step_per_device"])
-    )
+    pred = step_flops(qcfg, shape)["xla_visible_train_step_per_device"]
+    # XLA also counts norms, softmax, RoPE, the log-softmax over the vocabulary and the optimizer
+    # update: at d=128 that is ~15% on top of the matmuls (a 1.7B model: ~1%)
+    assert 1.0 < got["xla"] / pred < 1.2, (got, pred)
+    # the same step counted as if the backward layer loop were not peeled is far off
     unpeeled = step_flops(qcfg, dataclasses.replace(shape, slices=1))
-    assert x["train_step"] / unpeeled["xla_visible_train_step_per_device"] > 1.3
+    assert got["xla"] / unpeeled["xla_visible_train_step_per_device"] > 1.35, (got, unpeeled)
 
 
 def _shape(**kw) -> StepShape:
@@ -110,7 +127,9 @@ def test_loop_rules_by_hand():
     assert fl["xla_visible_snapshot_forward_per_device"] == (layer + attn) / 2 + vocab / 4 / 2
     # remat full: the backward body adds one forward; splash: attention is 0 to XLA
     full = step_flops(cfg, dataclasses.replace(s, remat_policy="full"))
-    assert full["xla_visible_train_step_per_device"] == 4 * (layer + attn) / 2 + 4 * vocab / 8
+    # (less the MLP down projection, 2*tokens*d*f, which the backward pass does not need)
+    down = 2 * tokens * 8 * 16
+    assert full["xla_visible_train_step_per_device"] == (4 * (layer + attn) - down) / 2 + vocab / 2
     splash = step_flops(cfg, dataclasses.replace(s, pallas_attention=True))
     assert splash["xla_visible_train_step_per_device"] == 3 * layer / 2 + 4 * vocab / 8
     # 2 micro-batches: the scan body is one micro-batch (half the layer work; a chunk is a chunk)
