@@ -14,7 +14,10 @@ loopback socket copy of the same bytes (the physical limit here).
   (:func:`raw_socket_copy`: the receiver writes each chunk to disk, as the sampler stages a push).
 
 Runs interleaved, the fastest repeat reported (``common.best``); ratio = throughput / raw socket
-throughput.
+throughput. ``cpu_s``: CPU seconds of a repeat (this process + the server process), and
+``cpu_bound_s`` = cpu_s / CPUs, the wall time no overlap can beat here (on a 2-CPU machine the
+export, the send and the server compete for the same cores); the notes add the export's own CPU
+with the kernels transposed on host (as pushed on CPU devices) and on device (XLA).
 The targets use the best transport for each path (named in the target and in ``summary``).
 """
 
