@@ -135,6 +135,18 @@ def test_loop_rules_by_hand():
     # 2 micro-batches: the scan body is one micro-batch (half the layer work; a chunk is a chunk)
     two = step_flops(cfg, dataclasses.replace(s, micro_batches=2))
     assert two["xla_visible_train_step_per_device"] == 3 * (layer + attn) / 4 + 4 * vocab / 8
+    # 2 slices: one backward layer iteration and (with 2+ micro-batches) one micro-batch of the
+    # train step are peeled out of their loops, so those bodies count twice; not the forward's
+    bwd = 2 * (layer + attn)
+    two_slices = step_flops(cfg, dataclasses.replace(s, slices=2))
+    assert two_slices["xla_visible_train_step_per_device"] == (
+        (layer + attn + 2 * bwd) / 2 + 4 * vocab / 8
+    )
+    both = step_flops(cfg, dataclasses.replace(s, slices=2, micro_batches=2))
+    assert both["xla_visible_train_step_per_device"] == 2 * (
+        (layer + attn + 2 * bwd) / 4 + 4 * vocab / 8
+    )
+    assert both["xla_visible_snapshot_forward_per_device"] == (layer + attn) / 4 + vocab / 8
     # collective matmuls over fsdp=8 shards: XLA sees 4 of 8 shards of each layer matmul
     assert windowed_fraction(8) == 0.5 and windowed_fraction(4) == 1.0
     win = step_flops(cfg, dataclasses.replace(s, fsdp=8))

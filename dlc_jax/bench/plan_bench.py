@@ -260,7 +260,10 @@ FLOPS_SECTION = [
     "differs by exactly the attention matmuls); the remat recompute is counted;",
     "3. with 2 slices the compiler peels one iteration of the backward layer loop out of the "
     "loop (the HLO holds the backward layer's matmuls once in the program and once in the "
-    "loop, for 2, 4 and 8 layers), so the backward layer body counts twice;",
+    "loop, for 2, 4 and 8 layers), so the backward layer body counts twice; with several "
+    "micro-batches it does the same to the train step's micro-batch scan (2 and 4 "
+    "micro-batches: one micro-batch's step outside the loop, one inside; the theta_s "
+    "forward's micro-batch map is not peeled), so the micro-batch body counts twice as well;",
     "4. when a slice has more than 4 FSDP shards and the activations are large, the compiler "
     "turns FSDP matmuls into collective matmuls (windowed einsums: `windowed_dot_general` "
     "loops of fsdp/2 iterations that interleave the weight all-gather or the gradient "

@@ -23,7 +23,8 @@ FLOPs are counted" in docs/bench/PLAN.md):
 2. a Pallas kernel (splash attention) counts 0;
 3. with more than one slice, the compiler peels one iteration of the backward layer loop out of the
    loop (to overlap the data-parallel gradient reduction over DCN), so the backward layer body is
-   counted twice;
+   counted twice; so is the train step's micro-batch body when there are several micro-batches
+   (the theta_s forward's micro-batch map is not peeled);
 4. for a large enough FSDP matmul the compiler may use a collective matmul ("windowed einsum"):
    the weight all-gather (forward) or the gradient reduce-scatter (backward) is interleaved with
    the matmul in a ``windowed_dot_general`` loop of fsdp/2 iterations, which rule 1 counts once;
@@ -108,6 +109,7 @@ def _xla_view(cfg, s: StepShape, p: dict, mm_seen: float) -> dict:
     fwd = mm + at
     bwd = 2.0 * fwd + _remat_recompute(s.remat_policy, mm, at, down)
     peeled = 2.0 if s.slices > 1 and s.scanned_layers else 1.0  # rule 3
+    mb_peeled = 2.0 if s.slices > 1 and s.micro_batches > 1 else 1.0  # rule 3
     n_chunks = max(1, -(-(s.rows * s.seq_len // s.micro_batches) // s.chunk_size))
     chunk = p["vocab_fwd"] / (s.micro_batches * n_chunks)  # one log-prob chunk's projection
     layers_step = layer_bodies * (fwd + peeled * bwd) / s.chips
@@ -115,11 +117,12 @@ def _xla_view(cfg, s: StepShape, p: dict, mm_seen: float) -> dict:
     # the chunk map body: forward + rematerialized forward + backward (2x) = 4 projections; split
     # over the chips, or (when XLA cannot split a chunk over the rows' devices) whole on each
     return {
-        "train_step": layers_step + 4.0 * chunk / s.chips,
-        "train_step_chunks_replicated": layers_step + 4.0 * chunk,
+        "train_step": mb_peeled * (layers_step + 4.0 * chunk / s.chips),
+        "train_step_chunks_replicated": mb_peeled * (layers_step + 4.0 * chunk),
         "snapshot_forward": layers_snap + chunk / s.chips,
         "n_chunks": n_chunks,
         "peeled": peeled,
+        "mb_peeled": mb_peeled,
     }
 
 
@@ -160,6 +163,7 @@ def step_flops(cfg, s: StepShape) -> dict:
             "layer_scan": cfg.num_hidden_layers if s.scanned_layers else 1,
             "logprob_chunks": full["n_chunks"],
             "backward_layer_bodies_counted": int(full["peeled"]) if s.scanned_layers else 0,
+            "micro_batch_bodies_counted": int(full["mb_peeled"]),
             "collective_matmul_iterations": max(1, s.fsdp // 2),
         },
         "logprob_chunk_positions": s.chunk_size,
@@ -224,6 +228,8 @@ def explain(fl: dict, xla_step: float, xla_snap: float, s: StepShape) -> str:
             "loop (to overlap the gradient reduction over DCN): the backward layer body counts "
             "twice."
         )
+    if loops.get("micro_batch_bodies_counted", 1) > 1:
+        text += " It peels one micro-batch of the train step too: that body counts twice."
     if s.fsdp > 2:
         text += (
             f" A collective matmul (windowed einsum over fsdp={s.fsdp}) loops "
