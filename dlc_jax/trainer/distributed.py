@@ -319,9 +319,9 @@ def push_weights(
     """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool).
 
     Collective over processes: all must call it; tensors are gathered one at a time on every
-    process,
-    only process 0 talks to the sampler(s), and the result is broadcast so every process returns the
-    same (ok, version) and a pool has the same rotation everywhere. Single process: a plain push."""
+    process, only process 0 talks to the sampler(s), and the result is broadcast so every process
+    returns the same (ok, version) and a pool has the same rotation everywhere. Single process: a
+    plain push."""
     from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
     if jax.process_count() == 1:
@@ -330,8 +330,10 @@ def push_weights(
         )
     from jax.experimental import multihost_utils
 
-    src_dtype = np.float16 if dtype == "float16" else np.float32
-    stream = _LockedStream(iter_hf_tensors(model, dtype=src_dtype))
+    from dlc_jax.sampler.safetensors_io import NP_DTYPES
+
+    # gathered in the push dtype (bf16 pushes move half the bytes of an fp32 gather), as push_model
+    stream = _LockedStream(iter_hf_tensors(model, dtype=NP_DTYPES[dtype]))
     result = None
     if jax.process_index() == 0:
         try:
