@@ -216,6 +216,8 @@ class TrainSection:
     # unpacked row lengths: 'pow2' (next power of two), 'fine' (next multiple of 16), 'max'
     # (always sampler.max_model_len); each distinct length compiles the step again
     length_buckets: Literal["pow2", "fine", "max"] = "pow2"
+    # JAX's persistent compilation cache ('' = off): a restarted run reads its programs back
+    compile_cache_dir: str = ""
     seed: int = 0
     advantage: Literal["grpo", "mean", "drgrpo"] = "grpo"
     max_nonfinite_steps: int = 3  # consecutive NaN/Inf loss or gradient steps (skipped) -> stop

@@ -45,6 +45,7 @@ from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchRequests
 from dlc_jax.trainer.batching import BatchAssembler
 from dlc_jax.trainer.checkpoint import Checkpointer
+from dlc_jax.trainer.compile_cache import enable_compile_cache
 from dlc_jax.trainer.config import TrainConfig, make_loss_config
 from dlc_jax.trainer.eval import Evaluator
 from dlc_jax.trainer.resync import make_policy
@@ -97,6 +98,7 @@ class Trainer(BatchRequests, RunLifecycle):
         from dlc_jax.trainer.sft import base_model_dir, ensure_sft_model
 
         self.cfg = cfg
+        enable_compile_cache(cfg.train.compile_cache_dir)
         self.proc = dist.process_info()
         self.multi = self.proc.process_count > 1
         self.counters = {

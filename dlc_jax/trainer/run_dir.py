@@ -36,6 +36,7 @@ NOT_TRAINING_RELEVANT = (
     "train.steps",
     "train.micro_batches",
     "train.length_buckets",  # padding only: masked tokens
+    "train.compile_cache_dir",
     "train.max_nonfinite_steps",
     "model.remat",
     "model.remat_policy",  # memory vs recompute; model.scan_layers changes the checkpoint layout
