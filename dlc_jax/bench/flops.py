@@ -32,14 +32,10 @@ def peak_flops(device_kind: str, dtype: str = "float32") -> float | None:
 def qwen3_forward_flops(cfg, batch: int, length: int) -> float:
     """Forward FLOPs for ``batch`` x ``length`` tokens of a Qwen3 ``cfg`` (a ``Qwen3Config``),
     including the vocabulary projection."""
-    d, f, h, kv, hd = (
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-    )
-    per_layer_params = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f
+    from dlc_jax.plan.flops import layer_matmul_params
+
+    d, h, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    per_layer_params = layer_matmul_params(cfg)
     tokens = batch * length
     dense = 2 * tokens * (cfg.num_hidden_layers * per_layer_params + cfg.vocab_size * d)
     attn = cfg.num_hidden_layers * 2 * 2 * batch * length * length * h * hd

@@ -65,7 +65,8 @@ class StepShape:
     slices: int = 1  # TPU slices (data-parallel over DCN)
 
 
-def _parts(cfg, tokens: int, rows: int, seq_len: int) -> dict:
+def layer_matmul_params(cfg) -> int:
+    """Matmul parameters of one Qwen3 decoder layer: q, k, v, o projections and the 3 MLP ones."""
     d, f, h, kv, hd = (
         cfg.hidden_size,
         cfg.intermediate_size,
@@ -73,7 +74,12 @@ def _parts(cfg, tokens: int, rows: int, seq_len: int) -> dict:
         cfg.num_key_value_heads,
         cfg.head_dim,
     )
-    per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f
+    return d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f
+
+
+def _parts(cfg, tokens: int, rows: int, seq_len: int) -> dict:
+    d, f, h, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.head_dim
+    per_layer = layer_matmul_params(cfg)
     return {
         "layers_fwd": 2.0 * tokens * cfg.num_hidden_layers * per_layer,
         "attn_fwd": 4.0 * cfg.num_hidden_layers * rows * seq_len * seq_len * h * hd,
