@@ -12,3 +12,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Test tiers: a test's directory is its tier (tests/unit, tests/integration, tests/e2e); the marker
+# of the same name is added here, so `-m unit` selects the unit tier. Files still at tests/ top
+# level are not in a tier yet and get no marker.
+_TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        parts = item.path.parts
+        for tier in _TIERS:
+            if "tests" in parts and tier in parts[parts.index("tests") + 1 : parts.index("tests") + 2]:
+                item.add_marker(getattr(pytest.mark, tier))
