@@ -96,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
         help="directory for staged weight pushes (default auto: /dev/shm when it has room for 2x "
         "the push, else the system temp dir)",
     )
+    s.add_argument(
+        "--push-staging",
+        choices=["memory", "file"],
+        default="memory",
+        help="memory (default): staging file memory-mapped, checks overlapped with receiving, the "
+        "JAX engine loads each verified tensor as the next arrives; file: the engine loads the "
+        "staged file at Commit",
+    )
     i = sub.add_parser("info", help="query a running server")
     i.add_argument("--address", required=True)
     i.add_argument("--token", default=None)
@@ -137,6 +145,7 @@ async def _serve(args) -> int:
             tls_key=args.tls_key,
             max_message_bytes=args.max_message_bytes,
             staging_root=args.staging_root,
+            push_staging=args.push_staging,
             data_port=args.push_data_port,
             push_idle_timeout_s=args.push_idle_timeout,
             push_max_s=args.push_max_seconds,

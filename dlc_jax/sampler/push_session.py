@@ -120,7 +120,8 @@ async def receive(
                 if writing is not None:
                     await writing
                     writing = None
-                return stager.commit()
+                # blocking in memory mode (the engine's load of the last tensors): off the loop
+                return await loop.run_in_executor(io_pool, stager.commit)
             else:
                 raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
         if writing is not None:  # its error (if any) is the reason to report

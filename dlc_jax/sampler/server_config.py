@@ -27,6 +27,10 @@ class ServerConfig:
     push_idle_timeout_s: float = 60.0
     push_max_s: float = 900.0
     staging_reserve_bytes: int = 64 << 20  # free space a staged push must leave on its filesystem
+    # "memory": the staging file is memory-mapped, socket bytes received straight into it, checks
+    # overlapped with receiving, and an engine that can (JAX backend) loads each verified tensor
+    # while the next arrives; "file": write the file, the engine loads it at Commit.
+    push_staging: str = "memory"
     # LoadWeights reads only directories under load_root; None = LoadWeights disabled.
     load_root: str | None = None
     # 0 < temperature < min_temperature is refused (INVALID_ARGUMENT): vLLM silently raises such
@@ -39,6 +43,10 @@ class ServerConfig:
         for k in ("push_idle_timeout_s", "push_max_s", "data_auth_timeout_s", "data_wait_s"):
             if not getattr(self, k) > 0:
                 raise ValueError(f"ServerConfig.{k} must be > 0, got {getattr(self, k)!r}")
+        if self.push_staging not in ("memory", "file"):
+            raise ValueError(
+                f"ServerConfig.push_staging must be 'memory' or 'file', got {self.push_staging!r}"
+            )
         if self.data_max_pending < 1:
             raise ValueError(
                 f"ServerConfig.data_max_pending must be >= 1, got {self.data_max_pending!r}"

@@ -100,10 +100,15 @@ class SamplerService(pb_grpc.SamplerServicer):
             await rollouts.aclose()
 
     # -- weights ----------------------------------------------------------------------------
-    async def _swap(self, path: pathlib.Path, version: int, owned: bool) -> None:
+    async def _swap(self, path: pathlib.Path, version: int, owned: bool, load=None) -> None:
+        """Serve `path` (or the finished in-memory `load` of it) as `version`; on failure the
+        previous weights are restored and PushError(INTERNAL) raised."""
         old_dir, old_version = self._current_dir, self.backend.version
         try:
-            await self.backend.apply_weights(str(path), version)
+            if load is not None:
+                await self.backend.apply_load(load, version)
+            else:
+                await self.backend.apply_weights(str(path), version)
         except Exception as e:
             log.exception("applying weights v%s failed; restoring v%s", version, old_version)
             try:
@@ -162,11 +167,14 @@ class SamplerService(pb_grpc.SamplerServicer):
             self._push_lock.release()
 
     async def _push_locked(self, header, it, deadline: float, context, t0: float):
+        memory = self.cfg.push_staging == "memory"
         stager = WeightStager(
             self.backend.expected_tensors(),
             self.backend.version,
             self.cfg.staging_root,
             reserve_bytes=self.cfg.staging_reserve_bytes,
+            memory=memory,
+            load=self.backend.begin_load() if memory else None,
         )
         applied = False
         error: PushError | None = None
@@ -175,7 +183,9 @@ class SamplerService(pb_grpc.SamplerServicer):
                 stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener
             )
             assert stager.version is not None
-            swap = asyncio.ensure_future(self._swap(path, stager.version, owned=True))
+            swap = asyncio.ensure_future(
+                self._swap(path, stager.version, owned=True, load=stager.load)
+            )
             try:
                 await asyncio.shield(swap)
             except asyncio.CancelledError:  # client went away during the swap: finish it anyway

@@ -14,11 +14,20 @@ space of the staging filesystem (minus `reserve_bytes`, `staging_dirs.make_stagi
 anything is written; every float tensor's values are checked finite as its bytes arrive
 (`weight_checks.FiniteCheck`), so a NaN/Inf push is refused even with valid checksums. Where the
 directory lives and how dead samplers' directories are removed: `staging_dirs`.
+
+Two modes. `memory=False` ("file", the original path): bytes are `pwrite`n into the file and the
+engine loads the committed directory. `memory=True`: the same file (same size and free-space
+checks; a RAM filesystem by default) is memory-mapped; socket-plane bytes are received straight
+into it (`recv_into`, no bounce buffer) while a second thread checksums and finite-checks the
+previous piece, and each tensor, once verified, is handed to the engine's `load` (a
+`backends.base.WeightLoad`) on a third thread while the next one arrives, so at Commit only the
+atomic swap is left. The old weights serve until then; a failed push drops the load unseen.
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import pathlib
 import shutil
@@ -26,25 +35,16 @@ import socket
 import threading
 from typing import Any
 
-import crc32c
 import grpc
+import numpy as np
 
 from . import safetensors_io as st
 from . import sampler_pb2 as pb
+from .stage_worker import StageWorker
 from .staging_dirs import make_staging_dir
-from .weight_checks import FiniteCheck, PushError, max_push_bytes, validate_specs
+from .weight_checks import Crc32c, FiniteCheck, PushError, max_push_bytes, validate_specs
 
 CHECKSUMS = ("sha256", "crc32c")
-
-
-class _Crc32c:
-    """Incremental CRC-32C (hardware, GIL released) with the hashlib update() interface."""
-
-    def __init__(self):
-        self.value = 0
-
-    def update(self, data) -> None:
-        self.value = crc32c.crc32c(data, self.value)
 
 
 class WeightStager:
@@ -57,7 +57,16 @@ class WeightStager:
         staging_root: str | None = None,
         *,
         reserve_bytes: int = 0,
+        memory: bool = False,
+        load=None,
     ):
+        if load is not None and not memory:
+            raise ValueError("WeightStager: an engine load needs memory=True")
+        self.memory = memory
+        self.load = load  # backends.base.WeightLoad or None
+        self._mm: mmap.mmap | None = None
+        self._mv: memoryview | None = None
+        self._loader: StageWorker | None = None
         self.expected = expected
         self.reserve_bytes = reserve_bytes
         self.current_version = current_version
@@ -117,7 +126,7 @@ class WeightStager:
         self.specs = list(h.tensors)
         self._received = [0] * len(self.specs)
         self._hash: list[Any] = [
-            hashlib.sha256() if algo == "sha256" else _Crc32c() for _ in self.specs
+            hashlib.sha256() if algo == "sha256" else Crc32c() for _ in self.specs
         ]
         self._trailer: list[pb.TensorDone | None] = [None] * len(self.specs)
         self._complete = [False] * len(self.specs)  # socket plane: all of the tensor's bytes read
@@ -138,6 +147,13 @@ class WeightStager:
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.pwrite(self._fd, prefix, 0)
         os.ftruncate(self._fd, total)
+        self._hashed = [0] * len(self.specs)  # memory mode, socket plane: bytes checksummed
+        self._sent = [False] * len(self.specs)  # handed to the engine load
+        if self.memory:
+            self._mm = mmap.mmap(self._fd, total)
+            self._mv = memoryview(self._mm)
+        if self.load is not None:
+            self._loader = StageWorker(self._load_tensor, "push-load")
 
     # -- data -------------------------------------------------------------------------------
     def _spec(self, i: int) -> pb.TensorSpec:
@@ -170,7 +186,11 @@ class WeightStager:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}",
             )
-        os.pwrite(self._fd, c.data, self._offsets[c.tensor_index] + got)
+        at = self._offsets[c.tensor_index] + got
+        if self._mv is not None:
+            self._mv[at : at + len(c.data)] = c.data
+        else:
+            os.pwrite(self._fd, c.data, at)
         self._hash[c.tensor_index].update(c.data)
         self._finite[c.tensor_index].update(c.data)
         self._received[c.tensor_index] = got + len(c.data)
@@ -196,6 +216,9 @@ class WeightStager:
             raise PushError(
                 grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
             )
+        if self._mv is not None:
+            self._read_socket_mapped(conn, piece)
+            return
         buf = bytearray(piece)
         view = memoryview(buf)
         for i, s in enumerate(self.specs):
@@ -226,6 +249,77 @@ class WeightStager:
                 self._complete[i] = True
                 if self._trailer[i] is not None:
                     self._verify(i, s)
+
+    def _recv(self, conn: socket.socket, into: memoryview, name: str, got: int, n: int) -> int:
+        try:
+            k = conn.recv_into(into, len(into), socket.MSG_WAITALL)
+        except OSError as e:
+            raise PushError(
+                grpc.StatusCode.DATA_LOSS,
+                f"tensor {name!r}: data socket failed after {got} of {n} bytes: {e}",
+            ) from None
+        if k == 0:
+            raise PushError(
+                grpc.StatusCode.DATA_LOSS,
+                f"tensor {name!r}: data socket closed after {got} of {n} bytes",
+            )
+        return k
+
+    def _read_socket_mapped(self, conn: socket.socket, piece: int) -> None:
+        """Memory mode: `recv_into` the mapped staging file; the checksum + finite check of each
+        piece runs on a second thread while the next piece is received."""
+        assert self._mv is not None
+        checker = StageWorker(self._check_piece, "push-verify")
+        try:
+            for i, s in enumerate(self.specs):
+                n, got, base = int(s.nbytes), 0, self._offsets[i]
+                if n == 0:
+                    checker.put((i, base, 0))
+                while got < n:
+                    if checker.error is not None:
+                        raise checker.error
+                    want = min(piece, n - got)
+                    k = self._recv(conn, self._mv[base + got : base + got + want], s.name, got, n)
+                    self._received[i] = got + k  # before the checker may verify the tensor
+                    self.bytes_received += k
+                    checker.put((i, base + got, k))
+                    got += k
+            checker.finish()
+        finally:
+            checker.cancel()
+
+    def _check_piece(self, item) -> None:
+        i, at, k = item  # type: ignore[misc]
+        assert self._mv is not None
+        piece = self._mv[at : at + k]
+        self._hash[i].update(piece)
+        self._finite[i].update(piece)
+        self._hashed[i] += k
+        if self._hashed[i] == self.specs[i].nbytes:
+            with self._lock:
+                self._complete[i] = True
+                if self._trailer[i] is not None:
+                    self._verify(i, self.specs[i])
+
+    def _load_tensor(self, i) -> None:
+        s = self.specs[i]
+        assert self._mm is not None and self.load is not None
+        arr = np.frombuffer(
+            self._mm,
+            st.NP_DTYPES[s.dtype],
+            int(s.nbytes) // st.NP_DTYPES[s.dtype].itemsize,
+            self._offsets[i],
+        ).reshape(tuple(s.shape))
+        arr.flags.writeable = False
+        try:
+            self.load.add(s.name, arr)
+        except Exception as e:
+            raise PushError(
+                grpc.StatusCode.INTERNAL,
+                f"tensor {s.name!r}: the engine failed to load it: {type(e).__name__}: {e}",
+            ) from e
+        finally:
+            del arr
 
     def _verify(self, i: int, s: pb.TensorSpec) -> None:
         if self._received[i] != s.nbytes:
@@ -260,6 +354,9 @@ class WeightStager:
                 f"tensor {s.name!r}: contains NaN or Inf values (push refused; the current "
                 "weights keep serving)",
             )
+        if self._loader is not None and not self._sent[i]:  # verified: load it (in order)
+            self._sent[i] = True
+            self._loader.put(i)
 
     def commit(self) -> pathlib.Path:
         """Verify every tensor; -> the staged directory (one safetensors file)."""
@@ -267,11 +364,31 @@ class WeightStager:
             raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "commit before header")
         for i, s in enumerate(self.specs):
             self._verify(i, s)
+        if self._loader is not None:  # blocking: the engine's load of the last tensors
+            self._loader.finish()
+        self._unmap()
         os.close(self._fd)  # no fsync: a staging file need not survive a crash (the push is redone)
         self._fd = -1
         return self.dir
 
+    def _unmap(self) -> None:
+        if self._loader is not None:
+            self._loader.cancel()
+        if self._mv is not None:
+            try:
+                self._mv.release()
+            except BufferError:
+                pass
+            self._mv = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a view still held somewhere: unmapped when it is collected
+                pass
+            self._mm = None
+
     def discard(self) -> None:
+        self._unmap()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

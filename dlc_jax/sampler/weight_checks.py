@@ -6,6 +6,7 @@ tensor bytes (`FiniteCheck`). Every failure raises `PushError` with the gRPC sta
 
 from __future__ import annotations
 
+import crc32c
 import grpc
 import numpy as np
 
@@ -20,6 +21,16 @@ class PushError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class Crc32c:
+    """Incremental CRC-32C (hardware, GIL released) with the hashlib update() interface."""
+
+    def __init__(self):
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = crc32c.crc32c(data, self.value)
 
 
 # (unsigned view dtype, exponent mask): a float is NaN/Inf iff all its exponent bits are set

@@ -7,6 +7,9 @@ import dataclasses
 import json
 import pathlib
 from collections.abc import AsyncIterator
+from typing import Protocol
+
+import numpy as np
 
 from .. import safetensors_io as st
 from ..types import Rollout, SamplingParams
@@ -62,6 +65,17 @@ def read_model_config(model_dir: str) -> dict:
     return json.loads(path.read_text())
 
 
+class WeightLoad(Protocol):
+    """A push being loaded into the engine tensor by tensor, beside the weights it serves.
+
+    `add(name, array)` is called once per tensor, in push order, from one worker thread, as soon
+    as the tensor's bytes are verified (checksum and finite values); `array` is a read-only view
+    into the staging buffer, valid only during the call (copy what you keep). Nothing serves the
+    new weights until `SamplerBackend.apply_load`; a push that fails is simply dropped."""
+
+    def add(self, name: str, array: np.ndarray) -> None: ...
+
+
 class SamplerBackend(abc.ABC):
     """A generation engine with versioned, atomically swappable weights.
 
@@ -96,6 +110,15 @@ class SamplerBackend(abc.ABC):
 
     @abc.abstractmethod
     async def apply_weights(self, weights_dir: str, version: int) -> None: ...
+
+    def begin_load(self) -> WeightLoad | None:
+        """A tensor-by-tensor load of the next push (memory staging), or None when this engine
+        loads only from a directory (`apply_weights` at commit)."""
+        return None
+
+    async def apply_load(self, load: WeightLoad, version: int) -> None:
+        """Serve the weights of a completed `begin_load()` as `version`, atomically."""
+        raise NotImplementedError(f"{self.name} backend has no in-memory load")
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -119,6 +119,26 @@ class JaxBackend(SamplerBackend):
         with self._lock:
             self._graphdef, self._state, self.version = graphdef, state, int(version)
 
+    def begin_load(self):
+        from .jax_weights import JaxWeightLoad
+
+        knobs = self.cfg.weight_noise > 0 or self.cfg.quantization == "int8"
+        state, _ = self._snapshot()
+        return JaxWeightLoad(
+            state,
+            int(self.model_config["num_hidden_layers"]),
+            (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
+        )
+
+    async def apply_load(self, load, version: int) -> None:
+        if self._load_pool is None:
+            self._load_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="jax-load"
+            )
+        state = await asyncio.get_running_loop().run_in_executor(self._load_pool, load.state)
+        with self._lock:
+            self._state, self.version = state, int(version)
+
     def _snapshot(self):
         with self._lock:
             return self._state, self.version
