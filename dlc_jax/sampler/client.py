@@ -243,6 +243,8 @@ class SamplerClient:
         specs: cabc.Mapping[str, tuple[int, ...]] | None = None,
         checksum: str = "crc32c",
         transport: str = "grpc",
+        relay_to: cabc.Sequence[str] = (),
+        relay_fanout: int = 1,
     ) -> PushResult:
         """Stream a full set of HF-named tensors as weight version `version`.
 
@@ -255,6 +257,8 @@ class SamplerClient:
         (bytes over the server's raw TCP data port, zero-copy; needs a server started with a data
         port, refused with TLS) or "auto" (socket when the server offers a data port and the
         channel is not TLS, else grpc). A re-iterable source is pushed again on UNAVAILABLE.
+        `relay_to` / `relay_fanout`: samplers the receiving one forwards the push to while it
+        stages it (chain: fanout 1); their outcomes come back in `PushResult.relayed`.
         """
         if transport not in ("grpc", "socket", "auto"):
             raise ValueError(
@@ -276,9 +280,12 @@ class SamplerClient:
             raise ValueError(f"push checksum must be 'crc32c' or 'sha256', got {checksum!r}")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"push dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        if relay_fanout < 1:
+            raise ValueError(f"relay_fanout must be >= 1, got {relay_fanout}")
         src = tensor_source(named_tensors, specs)
+        relay = (tuple(relay_to), int(relay_fanout))
         result = call_with_retry(
-            lambda: self._push_once(src, version, dtype, chunk_bytes, checksum, transport),
+            lambda: self._push_once(src, version, dtype, chunk_bytes, checksum, transport, relay),
             self.retry if src.reiterable else NO_RETRY,
         )
         return dataclasses.replace(result, transport=transport)
@@ -324,10 +331,12 @@ class SamplerClient:
         chunk_bytes: int,
         checksum: str,
         transport: str,
+        relay: tuple[tuple[str, ...], int] = ((), 1),
     ) -> PushResult:
+        relay_kw: dict[str, Any] = {"relay_to": relay[0], "relay_fanout": relay[1]}
         if transport != "socket":
             stream = weight_messages(
-                src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum
+                src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum, **relay_kw
             )
             return self.push_messages(stream)
         push_id = uuid.uuid4().hex
@@ -342,6 +351,7 @@ class SamplerClient:
                 checksum,
                 send_data=lambda i, buf: self._send_data(sock, i, buf),
                 push_id=push_id,
+                **relay_kw,
             )
             return self.push_messages(stream)
         finally:

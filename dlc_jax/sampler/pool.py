@@ -40,6 +40,8 @@ from .retry import NO_RETRY, RetryPolicy
 from .rotation import NoActiveSamplerError, Rotation
 from .types import PushResult, Rollout, SamplingParams, mix_seed
 
+RELAY_MODES = ("off", "chain", "tree", "auto")
+
 
 def slot_seed(seed: int, slot: int) -> int:
     """Per-slot request seed in [0, 2**31): depends only on (seed, slot)."""
@@ -58,7 +60,7 @@ class SamplerPool:
     tls_server_name / timeout / max_retries / backoff / retry: passed to each `SamplerClient`.
     readmit: offer full pushes to out-of-rotation samplers that answer Info within probe_timeout.
     max_inflight: concurrent Generate requests per sampler. queue_depth: tensors buffered per
-    sampler during a fanned-out push.
+    sampler during a fanned-out push. relay: default relay mode of pushes (`push_weights`).
     """
 
     def __init__(
@@ -77,7 +79,11 @@ class SamplerPool:
         probe_timeout: float = 5.0,
         max_inflight: int = 8,
         queue_depth: int = 2,
+        relay: str = "off",
     ):
+        if relay not in RELAY_MODES:
+            raise ValueError(f"SamplerPool: relay must be one of {RELAY_MODES}, got {relay!r}")
+        self.relay = relay
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         addresses = list(addresses)
@@ -272,19 +278,29 @@ class SamplerPool:
         chunk_bytes: int = 16 << 20,
         specs: cabc.Mapping[str, tuple[int, ...]] | None = None,
         transport: str = "grpc",
+        relay: str | None = None,
     ) -> PushResult:
         """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation
         ones when readmit) concurrently; wait for all. Same `named_tensors` forms and `transport`
         values as `SamplerClient.push_weights` ("auto" is decided per sampler); a callable or
         one-shot iterator needs `specs` ({name: shape}) and is read exactly once
-        (`fanout.fan_out`)."""
+        (`fanout.fan_out`). `relay`: "off" (one copy per sampler from here), "chain", "tree" or
+        "auto" (chain up to 4 samplers, else tree): one copy goes to the first target, which
+        forwards it (`relay.py`); samplers the relay did not reach are pushed to directly (a
+        one-shot iterator cannot be resent: they fail); None: the pool's `relay`."""
+        relay = self.relay if relay is None else relay
+        if relay not in RELAY_MODES:
+            raise ValueError(f"push relay must be one of {RELAY_MODES}, got {relay!r}")
+        if not isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)) and specs is None:
+            raise TypeError(
+                "SamplerPool.push_weights: a callable or iterator source needs specs={name: shape}"
+            )
         targets = self._push_targets()
         if not targets:
             raise NoActiveSamplerError(self.rot.why_none())
         t0 = time.monotonic()
-        clients = {i: self.clients[i] for i in targets}
 
-        def push(c: SamplerClient, tensors) -> PushResult:
+        def push(c: SamplerClient, tensors, **kw) -> PushResult:
             return c.push_weights(
                 tensors,
                 version,
@@ -292,19 +308,55 @@ class SamplerPool:
                 chunk_bytes=chunk_bytes,
                 specs=specs,
                 transport=transport,
+                **kw,
             )
+
+        if relay != "off" and len(targets) > 1:
+            results = self._push_relayed(targets, named_tensors, push, relay)
+        else:
+            results = self._push_direct(targets, named_tensors, push, specs)
+        out = self.rot.settle(results, version, time.monotonic() - t0)
+        egress = sum(r.egress_bytes for r in results.values())
+        return dataclasses.replace(out, egress_bytes=egress)
+
+    def _push_relayed(self, targets, named_tensors, push, relay: str) -> dict[int, PushResult]:
+        """One copy to targets[0], relayed to the rest; direct pushes to those it missed."""
+        head, rest = targets[0], targets[1:]
+        fanout = 1 if relay == "chain" or (relay == "auto" and len(targets) <= 4) else 2
+        addrs = [self.clients[i].address for i in rest]
+        try:
+            r = push(self.clients[head], named_tensors, relay_to=addrs, relay_fanout=fanout)
+        except Exception as e:  # a failed sampler is reported, not fatal
+            code, msg = describe(e)
+            r = PushResult(False, -1, msg, code=code)
+        results = {head: dataclasses.replace(r, egress_bytes=r.bytes)}
+        for i, a in zip(rest, addrs):
+            sub = r.relayed.get(a)
+            if sub is not None and sub.ok:
+                results[i] = dataclasses.replace(sub, transport="relay")
+        missed = [i for i in rest if i not in results]
+        reiterable = isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)) or callable(
+            named_tensors
+        )
+        if missed and reiterable:  # a failed hop: its subtree gets direct pushes
+            results.update(self._push_direct(missed, named_tensors, push, None))
+        for i in missed:
+            if i not in results:
+                why = r.relayed[addrs[rest.index(i)]] if addrs[rest.index(i)] in r.relayed else r
+                results[i] = PushResult(
+                    False, -1, f"relay did not reach it: {why.message}", code=why.code
+                )
+        return results
+
+    def _push_direct(self, targets, named_tensors, push, specs) -> dict[int, PushResult]:
+        clients = {i: self.clients[i] for i in targets}
 
         if isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)):
             results = run_each(clients, lambda c: push(c, named_tensors))
         else:
-            if specs is None:
-                raise TypeError(
-                    "SamplerPool.push_weights: a callable or iterator source needs "
-                    "specs={name: shape}"
-                )
             source = named_tensors() if callable(named_tensors) else iter(named_tensors)
             results = fan_out(clients, source, push, self.queue_depth)
-        return self.rot.settle(results, version, time.monotonic() - t0)
+        return {i: dataclasses.replace(r, egress_bytes=r.bytes) for i, r in results.items()}
 
     def push_model(
         self,
@@ -314,9 +366,10 @@ class SamplerPool:
         dtype: str = "float32",
         chunk_bytes: int = 16 << 20,
         transport: str = "grpc",
+        relay: str | None = None,
     ) -> PushResult:
         """Push an NNX `Qwen3ForCausalLM`: each tensor is gathered once and fanned out to all
-        samplers."""
+        samplers (or relayed: `relay` as in `push_weights`)."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
         from . import safetensors_io as st
@@ -330,6 +383,7 @@ class SamplerPool:
             chunk_bytes=chunk_bytes,
             specs=hf_param_shapes(model.config),
             transport=transport,
+            relay=relay,
         )
 
     def load_weights(self, path: str, version: int) -> PushResult:

@@ -76,9 +76,11 @@ async def receive(
     cfg,
     io_pool: concurrent.futures.Executor,
     listener: data_plane.DataPlaneListener | None,
+    after_header=None,
 ) -> pathlib.Path:
     """Stage the push announced by `header` from the rest of the stream `it`; -> the committed
-    directory. Raises PushError on any check failure, limit or early end of the stream."""
+    directory. `after_header()` runs once the header passed its checks. Raises PushError on any
+    check failure, limit or early end of the stream."""
     loop = asyncio.get_running_loop()
     writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
     reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes
@@ -86,6 +88,8 @@ async def receive(
     push_id = header.data_push_id
     try:
         stager.header(header)
+        if after_header is not None:  # e.g. start relaying (header valid, nothing received yet)
+            after_header()
         if stager.data_plane == "socket":
             conn = await claim_data(listener, push_id, cfg.data_wait_s)
             conn.settimeout(cfg.push_idle_timeout_s)  # a stalled data socket fails the push

@@ -20,7 +20,7 @@ import time
 import grpc
 import numpy as np
 
-from . import chunk_wire, data_plane, push_session
+from . import chunk_wire, data_plane, push_session, relay
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .backends.base import SamplerBackend
@@ -178,11 +178,36 @@ class SamplerService(pb_grpc.SamplerServicer):
         )
         applied = False
         error: PushError | None = None
+        loop = asyncio.get_running_loop()
+        forwards: list[relay.RelayForward] = []  # the push's relay, once its header passed
+        relayed: asyncio.Future | None = None
+
+        def start_relay() -> None:
+            fwd = relay.RelayForward(
+                header,
+                stager.tensor_view,
+                relay.bearer_token(context.invocation_metadata()),
+                timeout=max(deadline - loop.time(), 1.0),
+            )
+            stager.relay = fwd
+            forwards.append(fwd)
+
         try:
+            if header.relay_to:
+                relay.check_relay(header, memory, self.cfg.tls_cert is not None)
             path = await push_session.receive(
-                stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener
+                stager,
+                header,
+                it,
+                deadline,
+                self.cfg,
+                self._io_pool,
+                self.data_listener,
+                after_header=start_relay if header.relay_to else None,
             )
             assert stager.version is not None
+            if forwards:  # verified here: the children commit while this one swaps
+                relayed = loop.run_in_executor(None, forwards[0].finish, True)
             swap = asyncio.ensure_future(
                 self._swap(path, stager.version, owned=True, load=stager.load)
             )
@@ -196,12 +221,15 @@ class SamplerService(pb_grpc.SamplerServicer):
         except PushError as e:
             error = e
         finally:
+            if forwards and relayed is None:  # failed here: cut the onward pushes
+                relayed = loop.run_in_executor(None, forwards[0].finish, False)
             if not applied:
                 stager.discard()
                 if error is None:  # cancelled / disconnected mid-push
                     self.counters["rejected_pushes"] += 1
                     self.last_push_message = "client disconnected before Commit; push discarded"
                     log.warning(self.last_push_message)
+        outcomes = await relayed if relayed is not None else []
         if error is not None:
             await self._reject(context, error)
         self.counters["pushes"] += 1
@@ -213,6 +241,7 @@ class SamplerService(pb_grpc.SamplerServicer):
             message=self.last_push_message,
             bytes=stager.bytes_received,
             seconds=dt,
+            relayed=outcomes,
         )
 
     async def LoadWeights(self, request, context):

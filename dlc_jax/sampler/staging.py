@@ -62,6 +62,7 @@ class WeightStager:
     ):
         if load is not None and not memory:
             raise ValueError("WeightStager: an engine load needs memory=True")
+        self.relay: Any = None  # relay.RelayForward: told of each verified tensor (after header)
         self.memory = memory
         self.load = load  # backends.base.WeightLoad or None
         self._mm: mmap.mmap | None = None
@@ -301,16 +302,21 @@ class WeightStager:
                 if self._trailer[i] is not None:
                     self._verify(i, self.specs[i])
 
+    def tensor_view(self, i: int) -> np.ndarray:
+        """Memory mode: a read-only array over tensor i's staged bytes (keeps the map alive)."""
+        s = self.specs[i]
+        if self._mm is None:
+            raise RuntimeError("tensor_view needs a memory-mode stager between header and commit")
+        dt = st.NP_DTYPES[s.dtype]
+        arr = np.frombuffer(self._mm, dt, int(s.nbytes) // dt.itemsize, self._offsets[i])
+        arr = arr.reshape(tuple(s.shape))
+        arr.flags.writeable = False
+        return arr
+
     def _load_tensor(self, i) -> None:
         s = self.specs[i]
-        assert self._mm is not None and self.load is not None
-        arr = np.frombuffer(
-            self._mm,
-            st.NP_DTYPES[s.dtype],
-            int(s.nbytes) // st.NP_DTYPES[s.dtype].itemsize,
-            self._offsets[i],
-        ).reshape(tuple(s.shape))
-        arr.flags.writeable = False
+        assert self.load is not None
+        arr = self.tensor_view(i)
         try:
             self.load.add(s.name, arr)
         except Exception as e:
@@ -354,9 +360,12 @@ class WeightStager:
                 f"tensor {s.name!r}: contains NaN or Inf values (push refused; the current "
                 "weights keep serving)",
             )
-        if self._loader is not None and not self._sent[i]:  # verified: load it (in order)
+        if not self._sent[i]:  # verified: load it / forward it (each once)
             self._sent[i] = True
-            self._loader.put(i)
+            if self._loader is not None:
+                self._loader.put(i)
+            if self.relay is not None:
+                self.relay.verified(i)
 
     def commit(self) -> pathlib.Path:
         """Verify every tensor; -> the staged directory (one safetensors file)."""

@@ -151,10 +151,20 @@ class PushResult:
     removed: tuple[str, ...] = ()
     readmitted: tuple[str, ...] = ()
     transport: str = ""
+    # relayed push: address -> outcome at each sampler this one's push was forwarded to
+    relayed: dict[str, PushResult] = dataclasses.field(default_factory=dict)
+    # pool push: tensor bytes this process itself sent (direct pushes; relays excluded)
+    egress_bytes: int = 0
 
     @classmethod
     def from_proto(cls, m: pb.PushResult) -> PushResult:
-        return cls(bool(m.ok), int(m.version), m.message, int(m.bytes), float(m.seconds))
+        relayed = {
+            r.address: cls(r.ok, int(r.version), r.message, int(r.bytes), code=r.code or "OK")
+            for r in m.relayed
+        }
+        return cls(
+            bool(m.ok), int(m.version), m.message, int(m.bytes), float(m.seconds), relayed=relayed
+        )
 
 
 def mix_seed(seed: int, *parts: int) -> int:

@@ -116,14 +116,20 @@ def weight_messages(
     send_data: Callable[[int, memoryview], None] | None = None,
     push_id: str = "",
     prefetch: int = 1,
+    relay_to: tuple[str, ...] = (),
+    relay_fanout: int = 1,
 ) -> Iterator:
     """The PushWeights request stream. With ``send_data`` (the socket data plane) each tensor's
     bytes go through ``send_data(tensor_index, bytes)`` instead of chunk messages; a data connection
     the server dropped (OSError) stops the sending, and the server rejects the push saying why.
     ``prefetch``: tensors produced (exported, converted, checksummed) ahead in a background thread
-    while the current one is sent (0: in the caller's thread)."""
+    while the current one is sent (0: in the caller's thread). ``relay_to`` / ``relay_fanout``: the
+    samplers the receiver forwards the push to (`relay`)."""
     np_dtype = st.NP_DTYPES[dtype]
     header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
+    if relay_to:  # the receiving sampler forwards the push to these (see relay.py)
+        header.relay_to.extend(relay_to)
+        header.relay_fanout = int(relay_fanout)
     if send_data is not None:
         header.data_plane, header.data_push_id = "socket", push_id
     for n, shape in names_shapes:

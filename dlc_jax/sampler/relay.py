@@ -1,0 +1,186 @@
+"""Relay of a weight push between samplers: the trainer sends one copy, and each sampler forwards
+it to the next ones while it stages it itself, so the trainer's egress is one model whatever the
+number of samplers.
+
+A push whose header lists `relay_to` (and `relay_fanout` k >= 1) is forwarded by the receiving
+sampler to k children: `relay_to` split into k contiguous groups, each group's first address
+receiving the push with the rest of its group as its own `relay_to` (k = 1: a chain; k = 2: a
+binary tree, depth ~log2 n). Each tensor is forwarded once it is verified here (checksum and
+finite values), straight from the memory-mapped staging buffer, over the child's own push path
+(`SamplerClient.push_weights`, socket data plane when the child offers one), so a corrupt upstream
+never reaches the children: a push that fails here is cut before its Commit and every child drops
+it. The sampler answers only once its children answered, with every forwarded sampler's outcome
+(`PushResult.relayed`); a sampler missing from them (a failed hop cut its subtree) is pushed to
+directly by the trainer (`SamplerPool.push_weights(relay=...)`), and leaves rotation if that fails
+too. The bearer token of the incoming push is used for the onward pushes (a pool shares one).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+
+import grpc
+import numpy as np
+
+from . import sampler_pb2 as pb
+from .fanout import describe
+from .weight_checks import PushError
+
+MAX_RELAY = 256  # addresses one header may list
+_END, _ABORT = object(), object()
+
+
+def relay_groups(addresses: Sequence[str], fanout: int) -> list[list[str]]:
+    """`addresses` split into min(fanout, n) contiguous groups of near-equal size."""
+    n, k = len(addresses), max(1, min(int(fanout), len(addresses)))
+    if n == 0:
+        return []
+    sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
+    out, at = [], 0
+    for s in sizes:
+        out.append(list(addresses[at : at + s]))
+        at += s
+    return out
+
+
+def check_relay(header: pb.WeightHeader, memory: bool, tls: bool) -> None:
+    """PushError when this server cannot relay the push `header` asks it to relay."""
+    to = list(header.relay_to)
+    if not memory:
+        raise PushError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "header.relay_to: relaying needs push_staging='memory' on the relaying sampler",
+        )
+    if tls:
+        raise PushError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "header.relay_to: a TLS sampler does not relay (onward pushes are plaintext)",
+        )
+    if len(to) > MAX_RELAY or len(set(to)) != len(to) or not all(to):
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"header.relay_to: at most {MAX_RELAY} distinct non-empty addresses, got {len(to)}",
+        )
+
+
+def bearer_token(metadata) -> str | None:
+    """The token of an incoming call's `authorization: Bearer ...` metadata, else None."""
+    got = dict(metadata or ()).get("authorization", "")
+    return got[len("Bearer ") :] if got.startswith("Bearer ") else None
+
+
+class RelayAborted(Exception):
+    """The push being relayed failed at this sampler: the onward pushes are cut before Commit."""
+
+
+class RelayForward:
+    """Forwards one push to its children, tensor by tensor as `verified(i)` is called.
+
+    header: the incoming `WeightHeader` (relay_to non-empty); tensor(i): a read-only array of
+    tensor i's verified bytes; token: bearer token for the children; timeout: their push deadline.
+    """
+
+    def __init__(
+        self,
+        header: pb.WeightHeader,
+        tensor: Callable[[int], np.ndarray],
+        token: str | None,
+        timeout: float,
+        chunk_bytes: int = 16 << 20,
+    ):
+        self.header = header
+        self._tensor = tensor
+        self._names = [(s.name, tuple(int(d) for d in s.shape)) for s in header.tensors]
+        self._queues: list[queue.SimpleQueue] = []
+        self._threads: list[threading.Thread] = []
+        self._outcomes: list[list[pb.RelayOutcome]] = []
+        fanout = max(1, int(header.relay_fanout))
+        for g, group in enumerate(relay_groups(list(header.relay_to), fanout)):
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            self._queues.append(q)
+            self._outcomes.append([])
+            t = threading.Thread(
+                target=self._forward,
+                args=(g, group, fanout, q, token, timeout, chunk_bytes),
+                name=f"push-relay-{g}",
+                daemon=True,
+            )
+            self._threads.append(t)
+            t.start()
+
+    def _source(self, q: queue.SimpleQueue):
+        """Tensors in header order as they are verified; RelayAborted cuts the onward push."""
+        ready: dict[int, np.ndarray] = {}
+        nxt = 0
+        while nxt < len(self._names):
+            item = q.get()
+            if item is _ABORT:
+                raise RelayAborted("the push failed at the relaying sampler")
+            if item is _END:
+                return
+            ready[item[0]] = item[1]
+            while nxt in ready:
+                yield self._names[nxt][0], ready.pop(nxt)
+                nxt += 1
+
+    def _forward(self, g, group, fanout, q, token, timeout, chunk_bytes) -> None:
+        from .client import SamplerClient
+        from .retry import NO_RETRY
+
+        head, rest = group[0], group[1:]
+        try:
+            with SamplerClient(head, token=token, timeout=timeout, retry=NO_RETRY) as c:
+                r = c.push_weights(
+                    self._source(q),
+                    int(self.header.version),
+                    dtype=self.header.dtype or "float32",
+                    chunk_bytes=chunk_bytes,
+                    specs=dict(self._names),
+                    checksum=self.header.checksum or "sha256",
+                    transport="auto",
+                    relay_to=rest,
+                    relay_fanout=fanout,
+                )
+            out = [
+                pb.RelayOutcome(
+                    address=head,
+                    ok=r.ok,
+                    version=r.version,
+                    message=r.message,
+                    code=r.code,
+                    bytes=r.bytes,
+                )
+            ]
+            for addr, sub in r.relayed.items():
+                out.append(
+                    pb.RelayOutcome(
+                        address=addr,
+                        ok=sub.ok,
+                        version=sub.version,
+                        message=sub.message,
+                        code=sub.code,
+                        bytes=sub.bytes,
+                    )
+                )
+        except Exception as e:  # noqa: BLE001 - reported per sampler, never fatal here
+            code, msg = describe(e)
+            out = [pb.RelayOutcome(address=head, ok=False, version=-1, message=msg, code=code)]
+        self._outcomes[g] = out
+
+    def verified(self, i: int) -> None:
+        """Tensor i is verified: its view is taken now (it keeps the staging map alive until the
+        children have sent it, even after this sampler's commit)."""
+        arr = self._tensor(i)
+        for q in self._queues:
+            q.put((i, arr))
+
+    def finish(self, ok: bool, timeout: float | None = None) -> list[pb.RelayOutcome]:
+        """Blocking: let the children commit (`ok`) or cut them; -> every forwarded outcome (a
+        sampler cut off by a failed hop above it is absent)."""
+        for q in self._queues:
+            q.put(_END if ok else _ABORT)
+        for t in self._threads:
+            t.join(timeout)
+        return [o for outs in self._outcomes for o in outs]
