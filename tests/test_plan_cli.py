@@ -91,6 +91,11 @@ def test_tiny_plan_on_v5litepod_4(tmp_path):
     assert r["topology"]["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     # no verdict line on stderr (it may hold environment warnings from JAX/libtpu)
     assert "fits: yes" in proc.stdout and "dlc-jax plan:" not in proc.stderr
+    # the resync projection: a full push of the model in the sampler dtype, 100 Gb/s by default
+    rs = r["resync"]
+    assert rs["push_bytes"] == r["config"]["params"] * {"float32": 4}.get(rs["dtype"], 2)
+    assert rs["nic_gbps"] == 100.0 and rs["trainer_hosts"] == 1 and rs["samplers"] >= 1
+    assert "resync (" in proc.stdout
 
 
 @pytest.mark.slow

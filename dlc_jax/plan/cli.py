@@ -2,7 +2,7 @@
 compile?
 
     dlc-jax plan --config configs/qwen3_1p7b_dlc.yaml --topology v5p-16 [--slices N] [--json OUT]
-                 [--markdown OUT] [--efficiency E] [key.sub=value ...]
+                 [--markdown OUT] [--efficiency E] [--nic-gbps G] [key.sub=value ...]
 
 Runs on a CPU machine without a TPU or network: libtpu describes the slice's devices and compiles
 the trainer's real jitted programs for them ahead of time. Prints a table; exit status 0 when it
@@ -49,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="fraction of the chip's bf16 peak the step is assumed to reach (for projected_step_s)",
     )
+    p.add_argument(
+        "--nic-gbps",
+        type=float,
+        default=100.0,
+        help="NIC bandwidth (Gb/s) between trainer hosts and samplers, for the projected resync "
+        "time (default 100)",
+    )
     p.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     return p
 
@@ -73,7 +80,7 @@ def plan_from_args(args) -> dict:
     if not 0 < efficiency <= 1:
         raise ValueError(f"--efficiency must be in (0, 1], got {efficiency}")
     topo = parse_topology(topo_text, slices)
-    return build_plan(cfg, topo, efficiency=efficiency)
+    return build_plan(cfg, topo, efficiency=efficiency, nic_gbps=args.nic_gbps)
 
 
 def cli(argv: list[str]) -> int:

@@ -40,8 +40,9 @@ def _pallas(qcfg, mesh, compute_dtype) -> bool:
     return resolve_impl(getattr(qcfg, "attention_impl", "auto"), mesh, compute_dtype) == "splash"
 
 
-def build_plan(cfg, topo, *, efficiency: float = 0.4) -> dict:
-    """The plan of TrainConfig ``cfg`` on Topology ``topo`` as a JSON-able dict (see module doc)."""
+def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -> dict:
+    """The plan of TrainConfig ``cfg`` on Topology ``topo`` as a JSON-able dict (see module doc);
+    ``nic_gbps``: the trainer/sampler NIC bandwidth of the resync projection (`plan.resync`)."""
     from dlc_jax.plan.abstract_state import (
         abstract_run,
         data_axis_spans_slices,
@@ -164,9 +165,27 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4) -> dict:
         "compile_cpu_s": compile_cpu_s,
         "loadavg": list(os.getloadavg()),
     }
+    result["resync"] = _resync(cfg, topo, run.qcfg, result, nic_gbps)
     if not fits:
         result["advice"] = advice(cfg, topo, result)
     return result
+
+
+def _resync(cfg, topo, qcfg, result: dict, nic_gbps: float) -> dict:
+    from dlc_jax.plan.resync import project_resync, sampler_count
+
+    c = topo.chips_per_host_bounds
+    hosts = max(1, topo.chips // (c[0] * c[1] * c[2]))
+    dtype = cfg.sampler.dtype
+    return project_resync(
+        result["config"]["params"],
+        dtype,
+        sampler_count(cfg.sampler.address),
+        hosts,
+        nic_gbps,
+        largest_tensor_params=qcfg.vocab_size * qcfg.hidden_size,
+        step_s=result["projected_step_s"],
+    )
 
 
 def advice(cfg, topo, r: dict) -> str:
@@ -249,4 +268,8 @@ def table(r: dict) -> str:
         f"{r['loadavg'][0]:.1f})",
         "  fits: " + ("yes" if r["fits"] else "NO"),
     ]
+    if "resync" in r:
+        from dlc_jax.plan.resync import resync_line
+
+        lines.insert(-2, resync_line(r["resync"]))
     return "\n".join(lines)
