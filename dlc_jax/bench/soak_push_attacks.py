@@ -1,5 +1,6 @@
 """Sampler soak, push attacks: silent, stalled, trickling, partial, cut, oversized, out-of-order,
-NaN/Inf, wrong dtype / shape / name / checksum / version pushes, socket-plane tricks, and
+NaN/Inf, wrong dtype / shape / name / checksum / version pushes, socket-plane tricks, relay tricks
+(a corrupt push asking to be relayed, too many or repeated hops), and
 LoadWeights escapes (outside the root, symlinks, NaN, int32, a 1 TB header, /etc); each must be
 refused with its status code while the served weights stay unchanged (`probe`).
 """
@@ -87,6 +88,12 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
             ]
         return m
 
+    def relayed_flip(k, m):  # a corrupt push that asks to be relayed: never forwarded whole
+        if k == "header":
+            m.header.relay_to.append("127.0.0.1:9")
+            return m
+        return flip(m) if k == "chunk" else m
+
     nan = {k: np.full(a.shape, np.nan, np.float32) for k, a in weights.items()}
     inf1 = perturbed(weights, 5)
     inf1[names[-1]].reshape(-1)[0] = np.inf
@@ -162,6 +169,18 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
         "garbage message bytes": (
             messages(lambda: iter([b"\x0a\xff\xff\xff\xff\x0f" + b"x" * 10])),
             (),
+        ),
+        "relay: flipped bit, forwarded to a dead hop": (
+            messages(lambda: push_stream(good, v + 1, mutate=relayed_flip)),
+            ("DATA_LOSS",),
+        ),
+        "relay: 300 hops": (
+            bad_header(lambda h: h.relay_to.extend(f"127.0.0.1:{i + 1}" for i in range(300))),
+            ("INVALID_ARGUMENT",),
+        ),
+        "relay: the same hop twice": (
+            bad_header(lambda h: h.relay_to.extend(["127.0.0.1:9", "127.0.0.1:9"])),
+            ("INVALID_ARGUMENT",),
         ),
     }
     outside = Path(tempfile.mkdtemp(prefix="soak_outside_"))

@@ -18,6 +18,8 @@ side adds little once it keeps up with the NIC; on the measured CPU machine it d
 
 from __future__ import annotations
 
+from typing import Any
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -41,7 +43,7 @@ def project_resync(
     nbytes = int(params) * DTYPE_BYTES[dtype]
     rate = nic_gbps * 1e9 / 8  # bytes per second through one NIC
     hop = int(largest_tensor_params) * DTYPE_BYTES[dtype] / rate
-    out = {
+    out: dict[str, Any] = {
         "nic_gbps": nic_gbps,
         "dtype": dtype,
         "samplers": samplers,
