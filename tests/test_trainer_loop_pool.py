@@ -87,7 +87,8 @@ def test_one_sampler_killed_training_continues(tiny_dir, tmp_path, caplog):
     try:
         address = ",".join(p.address for p in procs)
         caplog.set_level(logging.INFO, logger="dlc_jax")
-        trainer = Trainer(_cfg(tiny_dir, tmp_path, address))
+        # pushes relayed (trainer -> sampler 0 -> sampler 1) until sampler 1 dies
+        trainer = Trainer(_cfg(tiny_dir, tmp_path, address, "sampler.push_relay=chain"))
         out = {}
         th = threading.Thread(target=lambda: out.update(trainer.run()))
         th.start()

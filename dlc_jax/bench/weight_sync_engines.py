@@ -77,6 +77,25 @@ class _SamplerProcess:
             self.proc.kill()
 
 
+def _descendants(pid: int) -> list[int]:
+    """`pid` and every live process below it (Linux /proc), e.g. vLLM's engine-core process."""
+    children: dict[int, list[int]] = {}
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
 def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, proc_cpu) -> dict:
     """Time the engine and relay rows (interleaved with `raw()`, the raw-socket copy of the same
     bytes); -> {"times": {row: [s]}, "cpu": {row: [cpu s]}, "egress": {row: bytes}, "notes": []}."""
@@ -150,7 +169,7 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, pr
 
         for _ in range(cfg.repeats):
             for row in rows:
-                pids = [p.proc.pid for p in procs[row]]
+                pids = [q for p in procs[row] for q in _descendants(p.proc.pid)]
                 c0 = time.process_time() + sum(proc_cpu(pid) or 0.0 for pid in pids)
                 t0 = time.perf_counter()
                 push(row)
@@ -167,7 +186,8 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, pr
         "engine rows: push from host arrays over the socket data plane until the sampler "
         "answers, i.e. received, verified (CRC-32C + finite), loaded into the engine and swapped "
         "in; memory staging = the engine loads each verified tensor while the next arrives, "
-        "file staging = it loads the staged file at Commit. relay rows: transport-only samplers "
+        "file staging = it loads the staged file at Commit; cpu_s counts the sampler's whole "
+        "process tree (vLLM's engine core). relay rows: transport-only samplers "
         "(staging + verify, no engine), one process each; egress = bytes the trainer sent"
     )
     return out

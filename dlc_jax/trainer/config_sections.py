@@ -100,7 +100,9 @@ class SamplerSection:
     tls_server_name: an override of the TLS target name. n: the group size G. head_k: the size of
     the sampler's top-k head reported per token (0 = none, no centering term). push_transport: how
     weight pushes carry the bytes: 'auto' (the sampler's raw socket data plane when it offers one,
-    as a spawned loopback sampler does, else gRPC), 'grpc' or 'socket'.
+    as a spawned loopback sampler does, else gRPC), 'grpc' or 'socket'. push_relay: with several
+    samplers, 'off' (a copy to each from the trainer), 'chain' / 'tree' / 'auto' (one copy from
+    the trainer, forwarded between samplers; ``dlc_jax.sampler.relay``).
     """
 
     backend: Literal["vllm", "jax"] = "vllm"
@@ -122,6 +124,7 @@ class SamplerSection:
     reconnect_timeout_s: float = 600.0
     connect_timeout_s: float = 30.0  # first connection to a given sampler.address
     push_transport: Literal["auto", "grpc", "socket"] = "auto"
+    push_relay: Literal["off", "chain", "tree", "auto"] = "off"
 
 
 @dataclasses.dataclass

@@ -55,6 +55,7 @@ NOT_TRAINING_RELEVANT = (
     "sampler.reconnect_timeout_s",
     "sampler.connect_timeout_s",
     "sampler.push_transport",
+    "sampler.push_relay",
 )
 
 # Run outputs in log.dir that belong to one run (cleared by checkpoint.overwrite).

@@ -106,6 +106,7 @@ class SamplerLink:
                 tls_root_cert=s.tls_root_cert,
                 tls_server_name=s.tls_server_name,
                 timeout=s.reconnect_timeout_s,
+                relay=s.push_relay,
             )
             self._client = client
             try:

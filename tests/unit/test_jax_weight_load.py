@@ -59,6 +59,33 @@ def test_added_tensors_equal_load_hf_of_the_same_weights(tiny, tmp_path, scan):
         np.testing.assert_array_equal(before[p], old[p])
 
 
+def test_numerics_knobs_applied_per_tensor(tiny, tmp_path):
+    """int8 + noise knobs: the same params as load_hf of the transformed weights on disk."""
+    import shutil
+
+    from flax import nnx
+
+    from dlc_jax.model import load_hf
+    from dlc_jax.sampler.backends.base import BackendConfig
+    from dlc_jax.sampler.backends.jax_backend import transform_weights
+
+    bcfg = BackendConfig(model_dir=str(tiny), quantization="int8", weight_noise=0.1)
+    new = dict(st.iter_tensors(tiny))
+    d = tmp_path / "knobs"
+    d.mkdir()
+    shutil.copy(tiny / "config.json", d / "config.json")
+    st.write_file(
+        d / "model.safetensors", {n: transform_weights(n, a, bcfg) for n, a in new.items()}
+    )
+    _, served = nnx.split(load_hf(tiny))
+    load = JaxWeightLoad(served, 2, lambda n, w: transform_weights(n, w, bcfg))
+    for n, a in new.items():
+        load.add(n, a)
+    got, exp = _flat(load.state()), _flat(nnx.split(load_hf(d))[1])
+    for p in exp:
+        np.testing.assert_array_equal(got[p], exp[p], err_msg=str(p))
+
+
 def test_missing_tensor_builds_nothing(tiny):
     from flax import nnx
 

@@ -1,20 +1,35 @@
 """The JAX backend's in-memory, tensor-by-tensor weight load (`SamplerBackend.begin_load`).
 
 Each verified HF tensor of a push is converted as it arrives (numerics knobs, HF -> our layout,
-the parameter dtype) and placed on the device while the next tensor is still being received; a
-stacked (scanned) parameter is filled layer by layer in one host buffer and placed when its last
-layer is in. `state()` then builds the new params state; nothing serves it until the backend
+the parameter dtype; without knobs the cast and transpose run on the device, jitted) while the next
+tensor is still being received; a stacked (scanned) parameter is stacked on the device when its
+last layer is in. `state()` then builds the new params state; nothing serves it until the backend
 swaps it in (`JaxBackend.apply_load`), so the old weights keep serving meanwhile and a failed push
 changes nothing.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from dlc_jax.model.hf_io import _param_slots, _to_ours
+
+
+@functools.lru_cache(maxsize=256)
+def _converter(kernel: bool, shape: tuple, dtype: np.dtype):
+    """jit(HF tensor -> ours): cast to the parameter dtype; kernels transposed and reshaped (as
+    `hf_io._to_ours`). The output is a fresh device buffer (the input view may be released)."""
+    import jax
+
+    def convert(x):
+        x = x.astype(dtype)
+        return x.T.reshape(shape) if kernel else x.reshape(shape)
+
+    return jax.jit(convert)
 
 
 class JaxWeightLoad:
@@ -34,7 +49,7 @@ class JaxWeightLoad:
         self._slots = _param_slots(state, num_layers)
         self._transform = transform
         self._values: dict[tuple, object] = {}
-        self._stacks: dict[tuple, tuple[np.ndarray, set[int]]] = {}
+        self._stacks: dict[tuple, tuple[dict[int, Any], set[int]]] = {}
 
     def add(self, name: str, array: np.ndarray) -> None:
         import jax.numpy as jnp
@@ -45,18 +60,22 @@ class JaxWeightLoad:
         var = self._vars[path]
         dtype = np.dtype(var.dtype)
         shape = tuple(var.shape) if layer is None else tuple(var.shape[1:])
-        hf = self._transform(name, array) if self._transform is not None else array
-        ours = np.asarray(_to_ours(hf, path, shape)).astype(dtype)  # always a copy (owned)
+        if self._transform is not None:  # numerics knobs: fp32 numpy math in HF layout
+            ours = jnp.asarray(np.asarray(_to_ours(self._transform(name, array), path, shape)))
+            ours = ours.astype(dtype)
+        else:  # cast + HF -> our layout on the device (XLA: ~6x less CPU than numpy for bf16)
+            ours = _converter(path[-1] == "kernel", shape, dtype)(array)
         if layer is None:
-            self._values[path] = jnp.asarray(ours)
+            self._values[path] = ours
             return
         if path not in self._stacks:
-            self._stacks[path] = (np.empty(tuple(var.shape), dtype), set(range(var.shape[0])))
-        buf, left = self._stacks[path]
-        buf[layer] = ours
+            self._stacks[path] = ({}, set(range(var.shape[0])))
+        layers, left = self._stacks[path]
+        layers[layer] = ours
         left.discard(layer)
         if not left:
-            self._values[path] = jnp.asarray(self._stacks.pop(path)[0])
+            self._values[path] = jnp.stack([layers[i] for i in range(var.shape[0])])
+            del self._stacks[path]
 
     def state(self):
         """The new state: every parameter replaced; KeyError naming one the push did not give."""
