@@ -177,3 +177,13 @@ def test_socket_plane_bad_bytes_reject_and_load_nothing_past_them(tmp_path, kind
     assert e.value.code == code
     assert "b.weight" not in load.got and "c.bias" not in load.got
     assert not list(tmp_path.iterdir())  # staging removed
+
+
+def test_relay_groups_chain_and_tree():
+    from dlc_jax.sampler.relay import relay_groups
+
+    hops = ["a", "b", "c", "d", "e"]
+    assert relay_groups(hops, 1) == [hops]  # chain: a forwards to b, ..., d to e
+    assert relay_groups(hops, 2) == [["a", "b", "c"], ["d", "e"]]
+    assert relay_groups(hops, 9) == [[h] for h in hops]
+    assert relay_groups([], 2) == []
