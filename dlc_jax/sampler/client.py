@@ -333,12 +333,21 @@ class SamplerClient:
         transport: str,
         relay: tuple[tuple[str, ...], int] = ((), 1),
     ) -> PushResult:
-        relay_kw: dict[str, Any] = {"relay_to": relay[0], "relay_fanout": relay[1]}
+        sent = [0]  # tensor bytes handed to the transport by this attempt (egress)
+
+        def count(n: int) -> None:
+            sent[0] += n
+
+        relay_kw: dict[str, Any] = {
+            "relay_to": relay[0],
+            "relay_fanout": relay[1],
+            "on_sent": count,
+        }
         if transport != "socket":
             stream = weight_messages(
                 src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum, **relay_kw
             )
-            return self.push_messages(stream)
+            return dataclasses.replace(self.push_messages(stream), egress_bytes=sent[0])
         push_id = uuid.uuid4().hex
         sock = self._open_data(push_id)
         try:
@@ -353,7 +362,7 @@ class SamplerClient:
                 push_id=push_id,
                 **relay_kw,
             )
-            return self.push_messages(stream)
+            return dataclasses.replace(self.push_messages(stream), egress_bytes=sent[0])
         finally:
             try:  # also wakes a sendall blocked on a server that gave up
                 sock.shutdown(socket.SHUT_RDWR)

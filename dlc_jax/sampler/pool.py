@@ -312,14 +312,16 @@ class SamplerPool:
             )
 
         if relay != "off" and len(targets) > 1:
-            results = self._push_relayed(targets, named_tensors, push, relay)
+            results = self._push_relayed(targets, named_tensors, push, relay, version)
         else:
             results = self._push_direct(targets, named_tensors, push, specs)
         out = self.rot.settle(results, version, time.monotonic() - t0)
         egress = sum(r.egress_bytes for r in results.values())
         return dataclasses.replace(out, egress_bytes=egress)
 
-    def _push_relayed(self, targets, named_tensors, push, relay: str) -> dict[int, PushResult]:
+    def _push_relayed(
+        self, targets, named_tensors, push, relay: str, version: int
+    ) -> dict[int, PushResult]:
         """One copy to targets[0], relayed to the rest; direct pushes to those it missed."""
         head, rest = targets[0], targets[1:]
         fanout = 1 if relay == "chain" or (relay == "auto" and len(targets) <= 4) else 2
@@ -329,12 +331,20 @@ class SamplerPool:
         except Exception as e:  # a failed sampler is reported, not fatal
             code, msg = describe(e)
             r = PushResult(False, -1, msg, code=code)
-        results = {head: dataclasses.replace(r, egress_bytes=r.bytes)}
+        results = {head: r}
         for i, a in zip(rest, addrs):
             sub = r.relayed.get(a)
             if sub is not None and sub.ok:
                 results[i] = dataclasses.replace(sub, transport="relay")
         missed = [i for i in rest if i not in results]
+        for i in list(missed):  # e.g. the head failed its own swap after its children committed
+            try:
+                v = self.clients[i].info(timeout=self.probe_timeout, retry=NO_RETRY)["version"]
+            except grpc.RpcError:
+                continue
+            if v == version:
+                results[i] = PushResult(True, v, "took the relayed push", transport="relay")
+                missed.remove(i)
         reiterable = isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)) or callable(
             named_tensors
         )
@@ -356,7 +366,7 @@ class SamplerPool:
         else:
             source = named_tensors() if callable(named_tensors) else iter(named_tensors)
             results = fan_out(clients, source, push, self.queue_depth)
-        return {i: dataclasses.replace(r, egress_bytes=r.bytes) for i, r in results.items()}
+        return results
 
     def push_model(
         self,

@@ -153,7 +153,7 @@ class PushResult:
     transport: str = ""
     # relayed push: address -> outcome at each sampler this one's push was forwarded to
     relayed: dict[str, PushResult] = dataclasses.field(default_factory=dict)
-    # pool push: tensor bytes this process itself sent (direct pushes; relays excluded)
+    # tensor bytes this process itself sent (a pool: summed over its direct pushes; relays excluded)
     egress_bytes: int = 0
 
     @classmethod

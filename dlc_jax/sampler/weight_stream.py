@@ -118,13 +118,15 @@ def weight_messages(
     prefetch: int = 1,
     relay_to: tuple[str, ...] = (),
     relay_fanout: int = 1,
+    on_sent: Callable[[int], None] | None = None,
 ) -> Iterator:
     """The PushWeights request stream. With ``send_data`` (the socket data plane) each tensor's
     bytes go through ``send_data(tensor_index, bytes)`` instead of chunk messages; a data connection
     the server dropped (OSError) stops the sending, and the server rejects the push saying why.
     ``prefetch``: tensors produced (exported, converted, checksummed) ahead in a background thread
     while the current one is sent (0: in the caller's thread). ``relay_to`` / ``relay_fanout``: the
-    samplers the receiver forwards the push to (`relay`)."""
+    samplers the receiver forwards the push to (`relay`). ``on_sent(n)``: called with each tensor's
+    byte count once its bytes are handed to the transport."""
     np_dtype = st.NP_DTYPES[dtype]
     header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
     if relay_to:  # the receiving sampler forwards the push to these (see relay.py)
@@ -155,6 +157,8 @@ def weight_messages(
             if checksum == "sha256"
             else pb.TensorDone(tensor_index=t.index, crc32c=t.checksum)
         )
+        if on_sent is not None and not (send_data is not None and data_failed):
+            on_sent(len(buf))
         yield pb.WeightMessage(done=done)
         sent.add(t.index)
         del t, buf

@@ -116,3 +116,33 @@ def test_corrupt_push_at_the_relay_head_is_never_committed_downstream(samplers):
     with SamplerPool(addrs, token="tok", relay="chain") as pool:  # and the next push goes through
         r = pool.push_weights(bad, 2)
     assert r.ok and not r.removed and r.egress_bytes == MODEL_BYTES
+
+
+class FailingSwapBackend(RecordingBackend):
+    """Verifies and relays pushes but cannot apply version 2 (an engine failure at the swap)."""
+
+    async def apply_weights(self, weights_dir, version):
+        if int(version) == 2:
+            raise RuntimeError("engine failed to reload")
+        await super().apply_weights(weights_dir, version)
+
+
+def test_head_swap_failure_keeps_children_that_committed(tmp_path):
+    specs = {n: (s, "float32") for n, s in SHAPES.items()}
+    backends = [FailingSwapBackend(specs, 100), RecordingBackend(specs, 100)]
+    servers = [
+        ServerThread(b, ServerConfig(staging_root=str(tmp_path / f"s{k}"), data_port=0)).start()
+        for k, b in enumerate(backends)
+    ]
+    try:
+        with SamplerPool([s.address for s in servers], relay="chain") as pool:
+            assert pool.push_weights(_weights(6), 1).ok
+            r = pool.push_weights(_weights(7), 2)
+        # the head failed (out of rotation); its child committed v2 and stays in, without a
+        # second copy from the trainer
+        assert r.removed == (servers[0].address,) and r.per_sampler[servers[1].address].ok
+        assert r.egress_bytes == MODEL_BYTES and backends[1].version == 2
+        assert backends[0].version == 1 and _served(backends[0], _weights(6))
+    finally:
+        for s in servers:
+            s.stop()
