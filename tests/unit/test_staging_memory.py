@@ -187,3 +187,19 @@ def test_relay_groups_chain_and_tree():
     assert relay_groups(hops, 2) == [["a", "b", "c"], ["d", "e"]]
     assert relay_groups(hops, 9) == [[h] for h in hops]
     assert relay_groups([], 2) == []
+
+
+def test_memory_staging_keeps_the_free_space_check(tmp_path):
+    """Memory staging is bounded like file staging: a push that would leave less than the reserve
+    free on the staging filesystem is refused before anything is mapped or loaded."""
+    import shutil
+
+    w, load = _weights(), RecordingLoad()
+    expected = {n: (s, "float32") for n, s in SHAPES.items()}
+    free = shutil.disk_usage(tmp_path).free
+    s = WeightStager(expected, 0, str(tmp_path), reserve_bytes=free, memory=True, load=load)
+    with pytest.raises(PushError) as e:
+        s.header(_header(w))
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    s.discard()
+    assert not load.got and not list(tmp_path.iterdir())
