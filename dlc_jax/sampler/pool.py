@@ -36,6 +36,7 @@ import grpc
 
 from .client import SamplerClient
 from .fanout import describe, fan_out, run_each
+from .pool_relay import relayed_push
 from .retry import NO_RETRY, RetryPolicy
 from .rotation import NoActiveSamplerError, Rotation
 from .types import PushResult, Rollout, SamplingParams, mix_seed
@@ -312,51 +313,21 @@ class SamplerPool:
             )
 
         if relay != "off" and len(targets) > 1:
-            results = self._push_relayed(targets, named_tensors, push, relay, version)
+            results = relayed_push(
+                self.clients,
+                targets,
+                named_tensors,
+                push,
+                relay,
+                version,
+                self.probe_timeout,
+                lambda idx: self._push_direct(idx, named_tensors, push, None),
+            )
         else:
             results = self._push_direct(targets, named_tensors, push, specs)
         out = self.rot.settle(results, version, time.monotonic() - t0)
         egress = sum(r.egress_bytes for r in results.values())
         return dataclasses.replace(out, egress_bytes=egress)
-
-    def _push_relayed(
-        self, targets, named_tensors, push, relay: str, version: int
-    ) -> dict[int, PushResult]:
-        """One copy to targets[0], relayed to the rest; direct pushes to those it missed."""
-        head, rest = targets[0], targets[1:]
-        fanout = 1 if relay == "chain" or (relay == "auto" and len(targets) <= 4) else 2
-        addrs = [self.clients[i].address for i in rest]
-        try:
-            r = push(self.clients[head], named_tensors, relay_to=addrs, relay_fanout=fanout)
-        except Exception as e:  # a failed sampler is reported, not fatal
-            code, msg = describe(e)
-            r = PushResult(False, -1, msg, code=code)
-        results = {head: r}
-        for i, a in zip(rest, addrs):
-            sub = r.relayed.get(a)
-            if sub is not None and sub.ok:
-                results[i] = dataclasses.replace(sub, transport="relay")
-        missed = [i for i in rest if i not in results]
-        for i in list(missed):  # e.g. the head failed its own swap after its children committed
-            try:
-                v = self.clients[i].info(timeout=self.probe_timeout, retry=NO_RETRY)["version"]
-            except grpc.RpcError:
-                continue
-            if v == version:
-                results[i] = PushResult(True, v, "took the relayed push", transport="relay")
-                missed.remove(i)
-        reiterable = isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)) or callable(
-            named_tensors
-        )
-        if missed and reiterable:  # a failed hop: its subtree gets direct pushes
-            results.update(self._push_direct(missed, named_tensors, push, None))
-        for i in missed:
-            if i not in results:
-                why = r.relayed[addrs[rest.index(i)]] if addrs[rest.index(i)] in r.relayed else r
-                results[i] = PushResult(
-                    False, -1, f"relay did not reach it: {why.message}", code=why.code
-                )
-        return results
 
     def _push_direct(self, targets, named_tensors, push, specs) -> dict[int, PushResult]:
         clients = {i: self.clients[i] for i in targets}
