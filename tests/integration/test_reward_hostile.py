@@ -41,6 +41,10 @@ PLUGIN = textwrap.dedent("""
     def no_kwargs(prompts, completions, answers):  # a wrong signature: ids= is always passed
         return [1.0] * len(completions)
 
+    def dies(prompts, completions, answers, **kw):  # the worker process itself dies
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def spawns(prompts, completions, answers, *, pidfile, **kw):
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
         with open(pidfile, "a") as f:
@@ -155,3 +159,16 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def test_a_worker_that_dies_is_reported_with_its_signal(plugin, caplog):
+    with (
+        caplog.at_level(logging.INFO),
+        RewardRunner(
+            RewardConfig(workers=1, fn=f"{plugin}:dies", timeout_s=20, sample_timeout_s=5)
+        ) as r,
+    ):
+        total, m = _score(r, ["a"])
+    np.testing.assert_allclose(total, [0.0])
+    assert m["reward/errors"] == 1
+    assert "worker died (killed by SIGKILL)" in caplog.text and "exit code None" not in caplog.text
