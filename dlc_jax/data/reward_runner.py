@@ -208,9 +208,6 @@ class RewardRunner:
         per_spec = self._run(payload, n)
         for si, spec in enumerate(self.specs):
             vals, failed = per_spec[si]
-            failed_rows = sum(len(rows) for _, rows, _ in failed)
-            last = failed[-1][2] if failed else None
-            self.budget.record(spec.name, spec.fn, failed_rows, n, last)
             for kind, rows, why in failed:
                 if kind == "timeout":
                     timeouts += len(rows)
@@ -229,6 +226,10 @@ class RewardRunner:
                     more,
                     why,
                 )
+            # after the warnings above: a stop names the last error, they name the samples
+            failed_rows = sum(len(rows) for _, rows, _ in failed)
+            last = failed[-1][2] if failed else None
+            self.budget.record(spec.name, spec.fn, failed_rows, n, last)
             metrics[f"reward/{spec.name}"] = float(np.mean(vals))
             total += spec.weight * vals
         big = np.flatnonzero(~(np.abs(total) <= MAX_ABS_REWARD))  # weights x values overflowing
