@@ -56,7 +56,7 @@ REWARDS = textwrap.dedent("""
 """)
 
 # metrics that must be finite numbers in every row of a run that finished
-FINITE_KEYS = ("reward_mean", "reward_std", "grad_norm", "loss")
+FINITE_KEYS = ("reward_mean", "reward_std", "grad_norm", "loss/loss")
 
 
 def _alive(pid: int) -> bool:

@@ -50,6 +50,11 @@ def test_hostile_part_row_reports_each_class(tmp_path):
 
 
 def test_nonfinite_rows():
-    good = {"reward_mean": 0.5, "reward_std": 0.1, "grad_norm": 1.0, "loss": 0.2}
+    good = {"reward_mean": 0.5, "reward_std": 0.1, "grad_norm": 1.0, "loss/loss": 0.2}
     assert _nonfinite_rows([good, good]) == 0
-    assert _nonfinite_rows([good, dict(good, reward_mean=None), dict(good, loss=float("nan"))]) == 2
+    assert (
+        _nonfinite_rows(
+            [good, dict(good, reward_mean=None), dict(good, **{"loss/loss": float("nan")})]
+        )
+        == 2
+    )
