@@ -12,6 +12,8 @@ not tear the training progress bar.
 Errors: a user error (`dlc_jax.errors.UserError`, or a well-known "bad input" exception such as a
 missing file, a YAML syntax error or a config error; see `dlc_jax.errors.is_user_error`) is printed
 as one line, ``dlc-jax COMMAND: error: ...``, exit status 2; Ctrl-C prints one line and exits 130.
+Subcommands raise their errors rather than print them, and parse their arguments with
+`dlc_jax.cli_args.ArgumentParser`, whose errors are user errors too (argparse's own are 4-5 lines).
 ``dlc-jax --debug COMMAND ...`` (or ``DLC_JAX_DEBUG=1``) shows the traceback instead.
 """
 
@@ -101,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"dlc-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        print(
+            f"dlc-jax: error: unknown command {name!r} (commands: {', '.join(COMMANDS)}; "
+            "see dlc-jax --help)",
+            file=sys.stderr,
+        )
         return 2
     setup_logging()
     return run_command(name, rest, debug=debug)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from dlc_jax.cli_args import UsageError
 from dlc_jax.experiments.matrix import run_specs
 from dlc_jax.experiments.presets import PRESETS, TINY
 from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
@@ -108,7 +109,7 @@ def test_gpu_smoke_preset_and_warmup_overrides():
     assert d["hidden_size"] == 1024
     assert small.task.key() != p.task.key()  # a different warm-up cache
     assert with_warmup(TINY, []).task.key() == TINY.task.key()  # no override, same cached warm-up
-    with pytest.raises(SystemExit, match="unknown key"):
+    with pytest.raises(UsageError, match="unknown key"):
         with_warmup(p, ["nope=1"])
-    with pytest.raises(SystemExit, match="no chain warm-up"):
+    with pytest.raises(UsageError, match="no chain warm-up"):
         with_warmup(PRESETS["qwen3_0p6b"], ["steps=1"])

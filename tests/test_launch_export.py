@@ -136,7 +136,11 @@ def test_export_latest_bf16_with_model_dir_from_checkpoint_config(checkpoint, tm
 
 
 def test_export_errors_name_the_problem(checkpoint, tmp_path, capsys):
-    from dlc_jax.trainer.export_cli import cli
+    from functools import partial
+
+    from dlc_jax.cli import run_command
+
+    cli = partial(run_command, "export")  # user errors print as one line, exit 2
 
     ckpt, _ = checkpoint
     assert cli(["--checkpoint", ckpt, "--step", "9", "--out", str(tmp_path / "x")]) == 2

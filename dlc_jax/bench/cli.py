@@ -10,9 +10,11 @@ The result is printed as markdown and written to `<out>/<name>.json` and `<out>/
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+
+from dlc_jax.cli_args import ArgumentParser, UsageError
+from dlc_jax.errors import UserError
 
 BENCHMARKS: dict[str, str] = {
     "sampler": "dlc_jax.bench.sampler_bench",
@@ -33,21 +35,13 @@ def cli(argv: list[str]) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in BENCHMARKS:
-        print(
-            f"dlc-jax bench: unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError(f"unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}")
     try:
         mod = importlib.import_module(BENCHMARKS[name])
     except ModuleNotFoundError as e:
-        print(
-            f"dlc-jax bench: benchmark {name!r} is registered but its module is missing ({e})",
-            file=sys.stderr,
-        )
-        return 2
+        raise UserError(f"benchmark {name!r} is registered but its module is missing ({e})") from e
     sizes = list(getattr(mod, "SIZES", {}) or {"default": None})
-    ap = argparse.ArgumentParser(prog=f"dlc-jax bench {name}")
+    ap = ArgumentParser(prog=f"dlc-jax bench {name}")
     ap.add_argument("--size", default=sizes[0], choices=sizes)
     ap.add_argument(
         "--out", default="bench_results", help="directory for <name>.json and <name>.md"
@@ -65,4 +59,6 @@ def cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))
+    from dlc_jax.cli import run_command
+
+    sys.exit(run_command("bench", sys.argv[1:]))

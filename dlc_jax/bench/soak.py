@@ -1,11 +1,13 @@
-"""`dlc-jax bench soak`: the sampler soak (`soak_sampler`) and the trainer soak (`soak_trainer`)
-together, loopback only and bounded; one summary table (``soak.{json,md}``) plus each part's own
-table under ``<out>/soak/``.
+"""`dlc-jax bench soak`: the sampler soak (`soak_sampler`), the trainer soak (`soak_trainer`) and
+the hostile-input soak (`soak_hostile`: reward values and types, export of corrupt checkpoints, data
+edges, config and plan ranges) together, loopback only and bounded; one summary table
+(``soak.{json,md}``) plus each part's own table under ``<out>/soak/``.
 
 Targets (issue 12): at least 90 bad inputs, 20 push attacks and 200 concurrent streams against the
 sampler; checkpoint bit flips and truncations and SIGKILLs at random points against the trainer;
 0 crashes, 0 bad weights served, 0 silent resumes from a corrupt or different run, 0 files left
-behind, every user error one line.
+behind, every user error one line. Issue 25 adds: 0 NaN metrics rows, 0 corrupt checkpoints
+exported, 0 processes a reward spawned outliving the run.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dlc_jax.cli_args import UsageError
+
 from . import common
 
 
 @dataclasses.dataclass
 class SoakBenchConfig:
-    parts: tuple[str, ...] = ("sampler", "trainer")
+    parts: tuple[str, ...] = ("sampler", "trainer", "hostile")
     kills: int = 2
     out: str = "bench_results"
     reuse: bool = False  # read a part's <out>/soak/<part>_soak.json instead of running it again
@@ -31,7 +35,11 @@ SIZES = {"default": SoakBenchConfig()}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parts", default="sampler,trainer", help="comma-separated: sampler,trainer")
+    p.add_argument(
+        "--parts",
+        default="sampler,trainer,hostile",
+        help="comma-separated: sampler,trainer,hostile",
+    )
     p.add_argument("--kills", type=int, default=2, help="trainer SIGKILLs (each then resumed)")
     p.add_argument(
         "--reuse", action="store_true", help="reuse <out>/soak/<part>_soak.json of earlier runs"
@@ -40,11 +48,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def from_args(size: str, args) -> SoakBenchConfig:
     """Config from the CLI args (``bench all`` passes none: the defaults)."""
-    raw = getattr(args, "parts", None) or "sampler,trainer"
+    raw = getattr(args, "parts", None) or "sampler,trainer,hostile"
     parts = tuple(p.strip() for p in raw.split(",") if p.strip())
-    bad = sorted(set(parts) - {"sampler", "trainer"})
+    bad = sorted(set(parts) - set(_PARTS))
     if bad:
-        raise ValueError(f"--parts: unknown part(s) {bad}; choose from sampler, trainer")
+        raise UsageError(f"--parts: unknown part(s) {bad}; choose from {', '.join(_PARTS)}")
     return SoakBenchConfig(
         parts=parts,
         kills=int(getattr(args, "kills", None) or 2),
@@ -66,13 +74,16 @@ COLUMNS = [
     "silent_bad_resumes",
     "files_left_behind",
     "multi_line_errors",
+    "nan_metric_rows",
+    "corrupt_exported",
     "failed_cases",
+    "classes",  # the hostile part: per class, cases ok / crashes / multi-line errors
 ]
 
 
 def run(cfg: SoakBenchConfig) -> dict:
     res = common.new_result(
-        "soak", "Soak: sampler service + trainer failure paths (loopback)", COLUMNS
+        "soak", "Soak: sampler service, trainer failure paths, hostile inputs (loopback)", COLUMNS
     )
     res["config"] = dataclasses.asdict(cfg)
     parts_dir = Path(cfg.out) / "soak"
@@ -87,7 +98,7 @@ def run(cfg: SoakBenchConfig) -> dict:
         for p in cfg.parts:
             res["rows"].append(futs[p].result())
             res["notes"].append(f"{p}: {parts_dir}/{p}_soak.md")
-    tot = {c: sum(r.get(c) or 0 for r in res["rows"]) for c in COLUMNS[1:]}
+    tot = {c: sum(r.get(c) or 0 for r in res["rows"]) for c in COLUMNS[1:-1]}
     res["summary"] = tot
     sampler: dict = next((r for r in res["rows"] if r["part"] == "sampler"), {})
     res["targets"] = [
@@ -102,6 +113,11 @@ def run(cfg: SoakBenchConfig) -> dict:
         common.target("files left behind", tot["files_left_behind"], 0, "<="),
         common.target("user errors not one line", tot["multi_line_errors"], 0, "<="),
     ]
+    if "hostile" in cfg.parts:
+        res["targets"] += [
+            common.target("metrics rows with NaN/missing values", tot["nan_metric_rows"], 0, "<="),
+            common.target("corrupt checkpoints exported", tot["corrupt_exported"], 0, "<="),
+        ]
     if cfg.reuse:
         res["notes"].append(
             "--reuse: parts present under <out>/soak/ were read back, not run again (each part's "
@@ -158,4 +174,28 @@ def _trainer_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
     }
 
 
-_PARTS = {"sampler": _sampler_part, "trainer": _trainer_part}
+def _hostile_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
+    from . import soak_hostile
+
+    r = _earlier(parts_dir, "hostile", cfg) or soak_hostile.run(parts_dir)
+    s = r["summary"]
+    return {
+        "part": "hostile",
+        "cases": s["cases"],
+        "bad_inputs": s["cases"],
+        "crashes": s["crashes"],
+        "files_left_behind": s["orphans"],
+        "multi_line_errors": s["multi_line_user_errors"],
+        "nan_metric_rows": s["nan_metric_rows"],
+        "corrupt_exported": s["corrupt_exported"],
+        "failed_cases": s["failed_cases"],
+        # per class: cases / ok / crashes / multi-line errors (the part's own table has each case)
+        "classes": "; ".join(
+            f"{c} {v['ok']}/{v['cases']} ok, {v['crashes']} crashes, "
+            f"{v['multi_line_errors']} multi-line"
+            for c, v in s["per_class"].items()
+        ),
+    }
+
+
+_PARTS = {"sampler": _sampler_part, "trainer": _trainer_part, "hostile": _hostile_part}

@@ -81,16 +81,17 @@ def run_dlc(
     kill_after_rows: int | None = None,
     metrics: Path | None = None,
     kill_delay_s: float = 0.0,
+    env: dict | None = None,
 ) -> Outcome:
     """Run ``python -m dlc_jax.cli ARGS``; with ``kill_after_rows``, SIGKILL it ``kill_delay_s``
-    after ``metrics`` has that many rows."""
+    after ``metrics`` has that many rows. ``env``: variables set on top of the soak's own."""
     t0 = time.time()
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
         p = subprocess.Popen(
             [sys.executable, "-m", "dlc_jax.cli", *args],
             stdout=fo,
             stderr=fe,
-            env=_env(),
+            env={**_env(), **(env or {})},
             stdin=subprocess.DEVNULL,
         )
         killed = False

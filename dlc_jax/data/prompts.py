@@ -14,6 +14,7 @@ tokenize -> ``to_iter_dataset`` -> batch into groups of ``batch_prompts`` prompt
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -28,12 +29,19 @@ from dlc_jax.data.validate import AnswerCheck, Example, LoadStats, load_examples
 __all__ = [
     "DataConfig",
     "DataError",
+    "DataExhausted",
     "PromptRecord",
     "PromptPipeline",
     "load_records",
     "load_data",
     "slot_dataset",
 ]
+
+
+class DataExhausted(DataError, StopIteration):
+    """The prompts ran out (``data.epochs`` set): a ``for`` loop over the pipeline ends cleanly, a
+    ``next()`` caller that did not expect the end (the trainer) gets a one-line :class:`DataError`
+    saying how many steps the data gives."""
 
 
 @dataclasses.dataclass
@@ -48,6 +56,11 @@ class DataConfig:
     answer_format: how the gold answer is found in answer_field: 'raw' (as is), 'gsm8k' (after the
       last '####'), 'boxed' (the last \\boxed{...}).
     seed: shuffle seed; shuffle: whether to shuffle; epochs: passes over the data (0 = forever).
+      With epochs set, the run can train ``epochs * usable prompts // batch_prompts`` steps: a
+      pipeline given ``steps`` refuses at start when that is fewer; one that runs out anyway
+      raises a one-line DataError (the trainer saves its last completed step on the way out).
+    timeout_s: deadline of loading an HF data set (a hub download included); past it, a one-line
+      error.
     chat_template: render prompts with the tokenizer's own chat template (ChatML when it has none);
     system: optional system prompt; enable_thinking: passed to the template (Qwen3: false = no
       thinking block).
@@ -65,7 +78,16 @@ class DataConfig:
     chat_template: bool = False
     system: str = ""
     enable_thinking: bool = True
+    timeout_s: float = 300.0
     arithmetic: ArithmeticConfig = dataclasses.field(default_factory=ArithmeticConfig)
+
+    def __post_init__(self):
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
+            raise ValueError(f"DataConfig.epochs: must be an integer >= 0, got {self.epochs!r}")
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s < math.inf):
+            raise ValueError(
+                f"DataConfig.timeout_s: must be finite and > 0, got {self.timeout_s!r}"
+            )
 
 
 @dataclasses.dataclass
@@ -90,7 +112,12 @@ def load_data(
 ) -> tuple[list[Example], LoadStats]:
     """Validated examples of ``cfg.source`` (see :mod:`dlc_jax.data.validate`)."""
     src = open_source(
-        cfg.source, split=cfg.split, subset=cfg.subset, arithmetic=cfg.arithmetic, seed=cfg.seed
+        cfg.source,
+        split=cfg.split,
+        subset=cfg.subset,
+        arithmetic=cfg.arithmetic,
+        seed=cfg.seed,
+        timeout_s=cfg.timeout_s,
     )
     synthetic = cfg.source == "arithmetic"
     return load_examples(
@@ -136,6 +163,8 @@ class PromptPipeline:
     answer_check: ``answers -> [error or None]`` run on every gold answer at load
       (``RewardRunner.check_answers``).
     process_index / process_count default to ``jax.process_index()/process_count()``.
+    steps: the batches the run will take (``train.steps``): with ``data.epochs`` set, fewer
+      available batches is refused here, at start (``total_batches``).
     """
 
     def __init__(
@@ -148,6 +177,7 @@ class PromptPipeline:
         process_count: int | None = None,
         max_prompt_tokens: int | None = None,
         answer_check: AnswerCheck | None = None,
+        steps: int | None = None,
     ):
         if batch_prompts < 1:
             raise ValueError(f"train.batch_prompts must be >= 1, got {batch_prompts}")
@@ -172,6 +202,14 @@ class PromptPipeline:
                 f"data.source: {len(examples)} usable prompts, fewer than one batch of "
                 f"{batch_prompts * process_count}"
             )
+        self._n_examples, self._batch_prompts = len(examples), batch_prompts
+        # with epochs set: the full batches of this process (grain drops the last partial one)
+        self.total_batches: int | None = None
+        if cfg.epochs > 0:
+            mine = len(range(process_index, len(examples) * cfg.epochs, process_count))
+            self.total_batches = mine // batch_prompts
+        if steps is not None and self.total_batches is not None and self.total_batches < steps:
+            raise DataError(f"train.steps={steps}: {self._ran_out()}")
 
         def tokenize(item):
             slot, ex = item
@@ -196,7 +234,17 @@ class PromptPipeline:
         return self
 
     def __next__(self) -> list[PromptRecord]:
-        return next(self._iter)
+        try:
+            return next(self._iter)
+        except StopIteration:
+            raise DataExhausted(f"the data ran out: {self._ran_out()}") from None
+
+    def _ran_out(self) -> str:
+        return (
+            f"data.epochs={self.cfg.epochs} over {self._n_examples} usable prompts gives "
+            f"{self.total_batches} batches of train.batch_prompts={self._batch_prompts}; lower "
+            f"train.steps to {self.total_batches} or raise data.epochs (0 = forever)"
+        )
 
     def get_state(self) -> dict:
         """JSON-able iterator position."""

@@ -14,7 +14,11 @@ raises, returns the wrong number of values / non-finite values, or runs past ``t
 worker
 is killed and replaced) is re-scored one sample at a time (``sample_timeout_s`` each, all of them
 within ``timeout_s``); samples that still fail score 0 and are logged with their ids. The run goes
-on.
+on, until a reward's failures exceed ``reward.max_failed_fraction`` over ``reward.window`` batches
+(:mod:`dlc_jax.data.reward_budget`). What a reward may return: :mod:`dlc_jax.data.reward_values`.
+
+Each worker leads its own process group (session): closing the runner, replacing a hung worker, or
+the trainer dying kills the whole group, so processes a reward spawned do not outlive the run.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +38,8 @@ from multiprocessing.connection import Connection, wait
 
 import numpy as np
 
+from dlc_jax.data.reward_budget import FailureBudget
+from dlc_jax.data.reward_values import MAX_ABS_REWARD, check_clip, check_values
 from dlc_jax.data.rewards import RewardConfig, RewardFnSpec
 
 log = logging.getLogger(__name__)
@@ -63,6 +70,7 @@ class _Worker:
             pass_fds=(child.fileno(),),
             env=env,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: killed whole (module doc)
         )
         child.close()
         self.conn = Connection(parent.detach())
@@ -75,13 +83,30 @@ class _Worker:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.alive():
-            self.proc.kill()
+        """Kill the worker's whole process group (what its reward spawned too)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
         self.conn.close()
+
+    def exit_status(self) -> str:
+        """How the worker ended (it is waited for up to 5 s): ``exit code N`` / ``killed by
+        SIGNAME`` / ``still running``."""
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
 
 
 @dataclass
@@ -111,6 +136,8 @@ class RewardRunner:
         self._workers: list[_Worker] = []
         weakref.finalize(self, _stop_workers, self._workers)
         self.totals = {"errors": 0, "timeouts": 0}
+        self._clip = check_clip(cfg.clip)
+        self.budget = FailureBudget(cfg.max_failed_fraction, cfg.window)
         t0 = time.time()
         for _ in range(cfg.workers):
             self._workers.append(_Worker(self._paths))
@@ -131,9 +158,7 @@ class RewardRunner:
             kind, msg = w.conn.recv()
         except EOFError:
             self.close()
-            raise RewardError(
-                f"reward: worker exited at start (exit code {w.proc.poll()})"
-            ) from None
+            raise RewardError(f"reward: worker exited at start ({w.exit_status()})") from None
         if kind != "ready":
             self.close()
             raise RewardError(f"reward: {msg}")
@@ -201,8 +226,21 @@ class RewardRunner:
                     more,
                     why,
                 )
+            # after the warnings above: a stop names the last error, they name the samples
+            failed_rows = sum(len(rows) for _, rows, _ in failed)
+            last = failed[-1][2] if failed else None
+            self.budget.record(spec.name, spec.fn, failed_rows, n, last)
             metrics[f"reward/{spec.name}"] = float(np.mean(vals))
             total += spec.weight * vals
+        big = np.flatnonzero(~(np.abs(total) <= MAX_ABS_REWARD))  # weights x values overflowing
+        if big.size:
+            errors += big.size
+            log.warning(
+                "rewards: the weighted total of sample ids [%s] is outside ±%g; they score 0",
+                ", ".join(ids[r] for r in big[:_MAX_IDS_IN_LOG]),
+                MAX_ABS_REWARD,
+            )
+            total[big] = 0.0
         self.totals["errors"] += errors
         self.totals["timeouts"] += timeouts
         metrics.update(
@@ -301,12 +339,12 @@ class RewardRunner:
                     try:
                         status, res = w.conn.recv()
                     except (EOFError, OSError):
-                        status, res = "err", f"worker died (exit code {w.proc.poll()})"
+                        status, res = "err", f"worker died ({w.exit_status()})"
                         w.ready = False
                     if status == "ok":
-                        why = _check_values(res, len(t.rows))
-                        if why is None:
-                            vals[t.spec][t.rows] = res
+                        got, why = check_values(res, len(t.rows), self._clip)
+                        if got is not None:
+                            vals[t.spec][t.rows] = got
                     else:
                         why = res
                 elif now >= w.deadline:
@@ -368,7 +406,7 @@ def _stop_workers(workers: list[_Worker]) -> None:
             w.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             pass
-        w.kill()
+        w.kill()  # the process group too: what the reward spawned
     workers.clear()
 
 
@@ -390,12 +428,3 @@ def _merge_failures(failed: list) -> list:
         else:
             out[kind] = (kind, list(rows), why)
     return [(k, sorted(rows), why) for k, rows, why in out.values()]
-
-
-def _check_values(res: list[float], n: int) -> str | None:
-    if len(res) != n:
-        return f"returned {len(res)} values for {n} samples"
-    bad = [x for x in res if not math.isfinite(x)]
-    if bad:
-        return f"returned non-finite values {bad[:3]}"
-    return None

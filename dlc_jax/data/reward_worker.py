@@ -27,8 +27,11 @@ from multiprocessing.connection import Connection
 def _watch_parent(parent: int) -> None:
     while True:
         time.sleep(1.0)
-        if os.getppid() != parent:
-            os._exit(0)
+        if os.getppid() != parent:  # the trainer died: take the rewards' children with us
+            try:
+                os.killpg(0, signal.SIGKILL)
+            finally:
+                os._exit(0)
 
 
 def _describe(e: BaseException) -> str:
@@ -38,6 +41,7 @@ def _describe(e: BaseException) -> str:
 
 
 def serve(conn: Connection) -> None:
+    from dlc_jax.data.reward_values import as_reward_list
     from dlc_jax.data.rewards import resolve_fn
 
     paths = conn.recv()
@@ -58,8 +62,8 @@ def serve(conn: Connection) -> None:
         try:
             if kind == "score":
                 prompts, completions, answers, kwargs = payload
-                out = fns[i](prompts, completions, answers, **kwargs)
-                conn.send(("ok", [float(x) for x in out]))
+                out = as_reward_list(fns[i](prompts, completions, answers, **kwargs))
+                conn.send(("err", out) if isinstance(out, str) else ("ok", out))
             elif kind == "check":
                 check = getattr(fns[i], "check_answer", None)
                 conn.send(("ok", [check(a) if check else None for a in payload]))

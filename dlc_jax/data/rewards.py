@@ -34,6 +34,7 @@ from dlc_jax.data.answers import (
     normalize_text,
     parse_number,
 )
+from dlc_jax.data.reward_values import check_clip
 
 EXACT_MATCH = "dlc_jax.data.rewards:exact_match"
 MATH_VERIFY = "dlc_jax.data.rewards:math_verify"
@@ -68,6 +69,11 @@ class RewardConfig:
       re-scored one sample at a time, each sample limited to sample_timeout_s, all of them to
       timeout_s.
       Samples that raise or do not finish score 0 and are logged with their ids.
+    clip: ``[lo, hi]``: reward values are clipped into this range; null (default): a value outside
+      ±1e15 (or NaN, or not a number; ``dlc_jax.data.reward_values``) fails its call like an error.
+    max_failed_fraction / window: a reward failing on more than this fraction of its samples over
+      ``window`` scored batches stops the run in one line naming it and its last error
+      (``dlc_jax.data.reward_budget``; 1.0 = never).
     correct / incorrect / format_bonus / strict_format: options of the built-in exact_match when it
       is the ``fn`` (reward of a match / a miss; bonus when ``strict_format`` full-matches the
       stripped response).
@@ -78,6 +84,9 @@ class RewardConfig:
     workers: int = 2
     timeout_s: float = 60.0
     sample_timeout_s: float = 10.0
+    clip: list | None = None
+    max_failed_fraction: float = 0.9
+    window: int = 10
     correct: float = 1.0
     incorrect: float = 0.0
     format_bonus: float = 0.0
@@ -88,6 +97,18 @@ class RewardConfig:
             raise ValueError(f"reward.workers must be >= 1, got {self.workers}")
         if not self.timeout_s > 0 or not self.sample_timeout_s > 0:
             raise ValueError("reward.timeout_s and reward.sample_timeout_s must be > 0")
+        if not math.isfinite(self.timeout_s) or not math.isfinite(self.sample_timeout_s):
+            raise ValueError("reward.timeout_s and reward.sample_timeout_s must be finite")
+        check_clip(self.clip)
+        f = self.max_failed_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            raise ValueError(f"reward.max_failed_fraction must be in [0, 1], got {f!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"reward.window must be an integer >= 1, got {self.window!r}")
+        for key in ("correct", "incorrect", "format_bonus"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"reward.{key}: expected a finite number, got {v!r}")
         try:
             re.compile(self.strict_format)
         except re.error as e:

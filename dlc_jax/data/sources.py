@@ -10,11 +10,19 @@ and names where row ``i`` came from (``where(i)``: ``"data.jsonl:17"``,
     ``DatasetDict.save_to_disk``, a local directory of data files, or a hub name
     (``hf:openai/gsm8k``
     with ``data.subset=main``; offline, ``HF_DATASETS_OFFLINE=1`` uses the local cache only).
+
+Hostile input ends in one line (:class:`DataError`): loading an HF data set runs under a deadline
+(``data.timeout_s``; the hub's own HTTP timeouts are set to it too), so an endpoint that accepts and
+never answers fails instead of hanging; bytes that are not UTF-8 and lone surrogates in a JSONL row
+name ``file:line``; an empty data set, and a ``data.split`` that a single saved ``Dataset`` cannot
+honour, are errors rather than an ``IndexError`` or a silently ignored split.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +105,34 @@ class HFSource(RowSource):
                 i += 1
 
 
+def _no_surrogates(value: Any) -> str | None:
+    """The first string in ``value`` (nested) that is not valid Unicode text (a lone surrogate, as
+    JSON's ``"\\ud800"`` decodes to), as its repr; None when all are fine."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return repr(value[:40])
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for v in items:
+        bad = _no_surrogates(v)
+        if bad is not None:
+            return bad
+    return None
+
+
 def read_jsonl(path: Path) -> ListSource:
     rows, lines = [], []
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                    f"{e.start + 1})"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -113,6 +145,9 @@ def read_jsonl(path: Path) -> ListSource:
                 raise DataError(
                     f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}"
                 )
+            bad = _no_surrogates(rec)
+            if bad is not None:
+                raise DataError(f"{path}:{lineno}: a lone surrogate (not valid text) in {bad}")
             rows.append(rec)
             lines.append(lineno)
     return ListSource(str(path), rows, lines)
@@ -128,11 +163,65 @@ def read_parquet(path: Path) -> ListSource:
     return ListSource(str(path), rows)
 
 
-def read_hf(spec: str, split: str, subset: str = "") -> HFSource:
-    """The ``split`` of HF data set ``spec`` (a save_to_disk path, a data dir or a hub name)."""
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def with_deadline(fn, timeout_s: float, what: str):
+    """``fn()`` run in a daemon thread; a DataError naming ``what`` when it takes longer than
+    ``timeout_s`` (the thread is abandoned: a network read that never returns cannot be
+    interrupted, and a daemon thread does not keep the process alive)."""
+    box: dict[str, Any] = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="dlc-jax-data-load", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise DataError(
+            f"{what}: no answer within data.timeout_s={timeout_s:g} s (network down, or an "
+            "endpoint that does not answer; HF_DATASETS_OFFLINE=1 uses the local cache only)"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _hub_timeouts(timeout_s: float) -> None:
+    """The hub client's HTTP timeouts at most ``timeout_s`` (unless the user set them)."""
+    t = str(max(1, int(timeout_s)))
+    for var in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
+        os.environ.setdefault(var, t)
+    try:
+        from huggingface_hub import constants
+
+        for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
+            if hasattr(constants, name):
+                setattr(constants, name, min(getattr(constants, name), int(t)))
+    except ImportError:
+        pass
+
+
+def read_hf(
+    spec: str, split: str, subset: str = "", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> HFSource:
+    """The ``split`` of HF data set ``spec`` (a save_to_disk path, a data dir or a hub name),
+    loaded within ``timeout_s``."""
+    label = f"hf:{spec}" + (f"/{subset}" if subset else "") + f"[{split}]"
+    _hub_timeouts(timeout_s)
+    ds = with_deadline(lambda: _load_hf(spec, split, subset, label), timeout_s, label)
+    if len(ds) == 0:
+        raise DataError(f"data.source: {label} has no rows")
+    return HFSource(label, ds)
+
+
+def _load_hf(spec: str, split: str, subset: str, label: str) -> Any:
     import datasets
 
-    label = f"hf:{spec}" + (f"/{subset}" if subset else "") + f"[{split}]"
     path = Path(spec).expanduser()
     try:
         if path.is_dir() and (
@@ -140,13 +229,23 @@ def read_hf(spec: str, split: str, subset: str = "") -> HFSource:
             or (path / "dataset_dict.json").exists()
             or (path / "state.json").exists()
         ):
-            ds = datasets.load_from_disk(str(path))
+            try:
+                ds = datasets.load_from_disk(str(path))
+            except IndexError:  # datasets' own failure on a saved data set with no data files
+                raise DataError(f"data.source: {label} has no rows (no data files)") from None
             if isinstance(ds, datasets.DatasetDict):
                 if split not in ds:
                     raise DataError(
                         f"data.split: {split!r} is not a split of {label} (splits: {sorted(ds)})"
                     )
                 ds = ds[split]
+            else:  # one saved Dataset: it is the split it was saved as ("train" when unnamed)
+                have = str(ds.split) if ds.split is not None else "train"
+                if split != have:
+                    raise DataError(
+                        f"data.split: {split!r} cannot be selected: hf:{spec} is a single saved "
+                        f"Dataset (split {have!r}); use data.split={have} or save a DatasetDict"
+                    )
         elif path.exists() and not path.is_dir():
             raise DataError(
                 f"data.source: {spec!r} is a file; use it without 'hf:' (.jsonl/.parquet)"
@@ -162,7 +261,7 @@ def read_hf(spec: str, split: str, subset: str = "") -> HFSource:
     except Exception as e:  # noqa: BLE001 - datasets raises many types; report one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise DataError(f"data.source: cannot load {label} ({type(e).__name__}: {msg})") from None
-    return HFSource(label, ds)
+    return ds
 
 
 def open_source(
@@ -172,12 +271,13 @@ def open_source(
     subset: str = "",
     arithmetic: ArithmeticConfig | None = None,
     seed: int = 0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> RowSource:
     """The :class:`RowSource` of ``data.source`` (module doc); one-line DataError if unreadable."""
     if source == "arithmetic":
         return ArithmeticRows(arithmetic or ArithmeticConfig(), seed)
     if source.startswith("hf:"):
-        return read_hf(source[3:], split, subset)
+        return read_hf(source[3:], split, subset, timeout_s)
     path = Path(source).expanduser()
     if not path.exists():
         raise DataError(f"data.source: no such file {source!r}")

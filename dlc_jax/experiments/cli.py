@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-import argparse
+from dlc_jax.cli_args import ArgumentParser, UsageError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     from dlc_jax.experiments.presets import ARMS, PRESETS
 
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="dlc-jax experiment", description="KL-to-on-policy experiments and report"
     )
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
@@ -59,12 +59,12 @@ def cli(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     preset = PRESETS[args.preset]
     if args.steps is not None and args.steps < 1:
-        raise SystemExit(f"--steps must be >= 1, got {args.steps}")
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.scenarios:
         names = [s.name for s in preset.scenarios]
         bad = [s for s in args.scenarios if s not in names]
         if bad:
-            raise SystemExit(f"--scenarios: unknown {bad} for preset {preset.name} (have {names})")
+            raise UsageError(f"--scenarios: unknown {bad} for preset {preset.name} (have {names})")
     if args.warmup:
         preset = with_warmup(preset, args.warmup)
     exp = Experiment(
@@ -88,19 +88,19 @@ def with_warmup(preset, items: list[str]):
     import dataclasses
 
     if preset.task is None:
-        raise SystemExit(f"--warmup: preset {preset.name} has no chain warm-up")
+        raise UsageError(f"--warmup: preset {preset.name} has no chain warm-up")
     task, dims = preset.task, dict(preset.task.model_dims)
     fields = {"steps": int, "lr": float, "batch_size": int, "eval_prompts": int}
     for item in items:
         key, sep, val = item.partition("=")
         if not sep:
-            raise SystemExit(f"--warmup: expected KEY=VALUE, got {item!r}")
+            raise UsageError(f"--warmup: expected KEY=VALUE, got {item!r}")
         if key.startswith("dims."):
             v: object = val.lower() == "true" if val.lower() in ("true", "false") else int(val)
             dims[key[5:]] = v
         elif key in fields:
             task = dataclasses.replace(task, **{key: fields[key](val)})
         else:
-            raise SystemExit(f"--warmup: unknown key {key!r} (use {sorted(fields)} or dims.<name>)")
+            raise UsageError(f"--warmup: unknown key {key!r} (use {sorted(fields)} or dims.<name>)")
     task = dataclasses.replace(task, model_dims=tuple(sorted(dims.items())))
     return dataclasses.replace(preset, task=task)

@@ -11,7 +11,6 @@ Output directory layout (what transformers and vLLM expect):
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from collections.abc import Iterable
@@ -224,7 +223,9 @@ def make_tiny(
 
 
 def cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="dlc-jax make-tiny", description=make_tiny.__doc__)
+    from dlc_jax.cli_args import ArgumentParser
+
+    p = ArgumentParser(prog="dlc-jax make-tiny", description=make_tiny.__doc__)
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -12,21 +12,28 @@ input.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import sys
+from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
+
+from dlc_jax.cli_args import ArgumentParser
+from dlc_jax.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+class PlanInputError(UserError):
+    """A bad ``dlc-jax plan`` input: topology, slices, efficiency."""
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="dlc-jax plan",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", required=True, help="training config YAML")
     p.add_argument(
@@ -67,6 +74,8 @@ def _quiet_libtpu() -> None:
 
 
 def plan_from_args(args) -> dict:
+    """The plan of ``args``; bad input (config, topology, slices, efficiency) raises a one-line
+    user error before anything is compiled."""
     from dlc_jax.plan.report import build_plan
     from dlc_jax.plan.topology import parse_topology
     from dlc_jax.trainer.config import load_config
@@ -74,25 +83,26 @@ def plan_from_args(args) -> dict:
     cfg = load_config(args.config, list(args.overrides))
     topo_text = args.topology or cfg.plan.topology
     if not topo_text:
-        raise ValueError("--topology: none given and the config has no plan.topology")
+        raise PlanInputError("--topology: none given and the config has no plan.topology")
+    if args.slices < 0:
+        raise PlanInputError(f"--slices must be >= 1, got {args.slices}")
     slices = args.slices or (cfg.plan.slices if not args.topology else 1)
     efficiency = cfg.plan.efficiency if args.efficiency is None else args.efficiency
     if not 0 < efficiency <= 1:
-        raise ValueError(f"--efficiency must be in (0, 1], got {efficiency}")
-    topo = parse_topology(topo_text, slices)
+        raise PlanInputError(f"--efficiency must be in (0, 1], got {efficiency}")
+    try:
+        topo = parse_topology(topo_text, slices)
+    except ValueError as e:
+        raise PlanInputError(f"--topology {e}" if args.topology else f"plan.topology {e}") from e
     return build_plan(cfg, topo, efficiency=efficiency, nic_gbps=args.nic_gbps)
 
 
 def cli(argv: list[str]) -> int:
+    """Exit 0 when it fits, 1 when not; user errors are raised (`dlc_jax.cli` prints them in one
+    line, exit 2)."""
     args = _parser().parse_args(argv)
     _quiet_libtpu()
-    from dlc_jax.trainer.config import ConfigError
-
-    try:
-        result = plan_from_args(args)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
-        print(f"dlc-jax plan: {e}", file=sys.stderr)
-        return 2
+    result = plan_from_args(args)
     from dlc_jax.plan.markdown import plan_markdown
     from dlc_jax.plan.report import table
 

@@ -77,6 +77,8 @@ def slice_shape(chips: int, dims: int) -> tuple[int, ...]:
     ...; 2-D 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, ..."""
     if not _pow2(chips):
         raise ValueError(f"{chips} chips: only power-of-two slices are supported")
+    if chips > MAX_SLICE_CHIPS:
+        raise ValueError(f"{chips} chips: more than a pod ({MAX_SLICE_CHIPS})")
     if dims == 2:
         a = 1 << (chips.bit_length() - 1) // 2
         return (a, chips // a)
@@ -102,6 +104,8 @@ def parse_topology(text: str, num_slices: int = 1) -> Topology:
     if m:
         spec = CHIPS[TYPE_PREFIXES[m.group(1)]]
         n = int(m.group(2))
+        if n < 1:
+            raise ValueError(f"{text}: a slice has at least one chip")
         if spec.cores_in_type_name:
             if n % 2:
                 raise ValueError(
@@ -118,11 +122,34 @@ def parse_topology(text: str, num_slices: int = 1) -> Topology:
         shape = tuple(int(x) for x in m.group(2).split("x"))
         if len(shape) != spec.dims:
             raise ValueError(f"{text}: {spec.generation} slices have {spec.dims}-D topologies")
+        check_shape(text, shape, spec.dims)
         return Topology(spec, shape, num_slices)
     raise ValueError(
         f"{text}: expected a GCP accelerator type (v4-8, v5p-16, v5litepod-16, v6e-8) or a "
         f"topology (v5p:2x2x2, v5e:4x4)"
     )
+
+
+MAX_SLICE_CHIPS = 16384
+
+
+def check_shape(text: str, shape: tuple[int, ...], dims: int) -> None:
+    """A torus shape GCP can provision (before libtpu sees it): every dimension >= 1; 2-D (v5e,
+    v6e) dimensions powers of two up to 16; 3-D (v4, v5p) dimensions 1, 2 or multiples of 4; at
+    most ``MAX_SLICE_CHIPS`` chips. Raises a one-line ValueError naming ``text``."""
+    if any(d < 1 for d in shape):
+        raise ValueError(f"{text}: every topology dimension must be >= 1")
+    if dims == 2 and not all(_pow2(d) and d <= 16 for d in shape):
+        raise ValueError(
+            f"{text}: 2-D slice dimensions are powers of two up to 16 (1x1, 2x2, 2x4, 4x4, ...)"
+        )
+    if dims == 3 and not all(d in (1, 2) or d % 4 == 0 for d in shape):
+        raise ValueError(
+            f"{text}: 3-D slice dimensions are 1, 2 or multiples of 4 (2x2x1, 2x2x2, 2x2x4, "
+            "4x4x4, ...)"
+        )
+    if math.prod(shape) > MAX_SLICE_CHIPS:
+        raise ValueError(f"{text}: {math.prod(shape)} chips, more than a pod ({MAX_SLICE_CHIPS})")
 
 
 def abstract_devices(topo: Topology) -> list:

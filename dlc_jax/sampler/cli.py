@@ -9,9 +9,16 @@ import logging
 import signal
 import sys
 
+from dlc_jax.cli_args import ArgumentParser
+from dlc_jax.errors import UserError
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dlc-jax sampler", description="sampler service")
+
+class SamplerCliError(UserError):
+    """``dlc-jax sampler serve`` / ``info`` could not start or get an answer."""
+
+
+def _parser() -> ArgumentParser:
+    ap = ArgumentParser(prog="dlc-jax sampler", description="sampler service")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="start a sampler server")
     s.add_argument("--backend", choices=["vllm", "jax"], default="vllm")
@@ -194,8 +201,7 @@ def cli(argv: list[str]) -> int:
             ImportError,
         ) as e:  # bad flags, model dir, engine version
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            print(f"dlc-jax sampler serve: {msg}", file=sys.stderr, flush=True)
-            return 2
+            raise SamplerCliError(f"serve: {msg}") from e
     import grpc
 
     from .client import SamplerClient
@@ -212,18 +218,17 @@ def cli(argv: list[str]) -> int:
             info = c.info()
     except grpc.RpcError as e:
         detail = (e.details() or "").splitlines()[0] if e.details() else ""
-        print(
-            f"dlc-jax sampler info: no answer from {args.address}: {e.code().name}"
-            + (f" ({detail})" if detail else ""),
-            file=sys.stderr,
-        )
-        return 1
+        raise SamplerCliError(
+            f"info: no answer from {args.address}: {e.code().name}"
+            + (f" ({detail})" if detail else "")
+        ) from None
     except (ValueError, OSError) as e:
-        print(f"dlc-jax sampler info: {e}", file=sys.stderr)
-        return 1
+        raise SamplerCliError(f"info: {e}") from None
     print(json.dumps(info, indent=2))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))
+if __name__ == "__main__":  # `python -m dlc_jax.sampler.cli` (a spawned sampler): the same errors
+    from dlc_jax.cli import run_command
+
+    sys.exit(run_command("sampler", sys.argv[1:]))

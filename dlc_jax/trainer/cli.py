@@ -4,14 +4,14 @@ tiny_cpu``); ``--print-config`` prints every key of the resolved config."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
+
+from dlc_jax.cli_args import ArgumentParser
 
 
 def cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="dlc-jax train", description=__doc__)
+    p = ArgumentParser(prog="dlc-jax train", description=__doc__)
     p.add_argument(
         "--config",
         default=None,
@@ -26,25 +26,18 @@ def cli(argv: list[str]) -> int:
     )
     a = p.parse_args(argv)
 
-    from dlc_jax.trainer.config import ConfigError, default_config_path, dump_config, load_config
+    from dlc_jax.trainer.config import default_config_path, dump_config, load_config
 
+    # ConfigError / DistributedError are user errors: `dlc_jax.cli` prints them in one line
     path = a.config or default_config_path()
-    try:
-        cfg = load_config(path, a.overrides)
-    except ConfigError as e:
-        print(f"dlc-jax train: config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(path, a.overrides)
     if a.print_config:
         print(dump_config(cfg))
         return 0
     # multi-host: jax.distributed must be up before any JAX computation (the Trainer makes the mesh)
     from dlc_jax.trainer import distributed
 
-    try:
-        info = distributed.initialize(cfg.distributed)
-    except distributed.DistributedError as e:
-        print(f"dlc-jax train: config error: {e}", file=sys.stderr)
-        return 2
+    info = distributed.initialize(cfg.distributed)
     from dlc_jax.trainer.loop import Trainer
 
     lead = info.is_leader

@@ -17,7 +17,13 @@ import yaml
 
 from dlc_jax.data.arithmetic import ArithmeticConfig
 from dlc_jax.model.sharding import MeshConfig
-from dlc_jax.trainer.config_parse import from_dict, make_loss_config, validate
+from dlc_jax.trainer.config_parse import (
+    from_dict,
+    load_yaml,
+    make_loss_config,
+    safe_yaml,
+    validate,
+)
 from dlc_jax.trainer.config_sections import (
     _FIELD_NAME,
     AsyncSection,
@@ -59,7 +65,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"{item}: empty key in override")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_yaml(raw, key, lines=False) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -118,10 +124,7 @@ def read_layered(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     if p.resolve() in _seen:
         chain = " -> ".join(str(s) for s in (*_seen, p.resolve()))
         raise ConfigError(f"base: config files include each other ({chain})")
-    try:
-        d = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    d = load_yaml(p) or {}
     if not isinstance(d, dict):
         raise ConfigError(f"{p}: top level must be a mapping")
     base = d.pop("base", None)

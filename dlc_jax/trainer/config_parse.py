@@ -1,5 +1,5 @@
 """Parsing and checking a config mapping: types and choices (`from_dict`), then ranges and
-cross-field rules (`validate`).
+cross-field rules (`validate`); reading a YAML text safely (`load_yaml`).
 
 Every key is checked here: an unknown key or a bad value is a :class:`ConfigError` whose message
 starts with the full dotted key (e.g. ``optim.lr``); a section dataclass's own checks are reported
@@ -9,15 +9,23 @@ No config library: OmegaConf / pydantic would replace the ~40 lines of type coer
 accept different inputs (e.g. pydantic refuses an int for a str field, OmegaConf has no Literal
 choices) and word errors their own way; the dotted-key errors and the accepted inputs are what
 users rely on.
+
+Numbers: NaN is refused for every float key, infinity for all but the few where it means "no cap"
+(``_INF_OK``). YAML: a file that is not UTF-8 or nests deeper than ``MAX_YAML_DEPTH`` is a one-line
+ConfigError (the YAML composer recurses per level and would raise RecursionError).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 from dlc_jax.rl.loss_config import LossConfig
 from dlc_jax.trainer.config_sections import (
@@ -28,8 +36,23 @@ from dlc_jax.trainer.config_sections import (
     TrainConfig,
 )
 
+MAX_YAML_DEPTH = 64
+# float keys where +inf is meaningful ("no cap"); every other float must be finite
+_INF_OK = frozenset({"tis_cap", "seq_tis_cap", "behave_cap", "dual_clip"})
+_AXIS = (lambda v: v == -1 or v >= 1, ">= 1 or -1 (all remaining devices)")
+
 # Checks beyond type: (dotted key, predicate, requirement text).
 _RULES: list[tuple[str, Any, str]] = [
+    ("mesh.data", *_AXIS),
+    ("mesh.fsdp", *_AXIS),
+    ("mesh.tensor", *_AXIS),
+    ("sampler.max_model_len", lambda v: v >= 2, ">= 2"),
+    ("sampler.startup_timeout_s", lambda v: v > 0, "> 0"),
+    ("sampler.reconnect_timeout_s", lambda v: v > 0, "> 0"),
+    ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
+    ("optim.eps", lambda v: v > 0, "> 0"),
+    ("sft.batch_size", lambda v: v >= 1, ">= 1"),
+    ("sft.lr", lambda v: v > 0, "> 0"),
     ("sampler.n", lambda v: v >= 1, ">= 1"),
     ("sampler.max_tokens", lambda v: v >= 1, ">= 1"),
     ("sampler.temperature", lambda v: v > 0, "> 0"),
@@ -97,18 +120,25 @@ def _coerce(key: str, tp, value):
     if tp is float:
         if isinstance(value, str):
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+        value = float(value)
+        if math.isnan(value) or (math.isinf(value) and key.rsplit(".", 1)[-1] not in _INF_OK):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return value
     if tp is str:
         if value is None:
             return ""
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
+    if tp is list or typing.get_origin(tp) is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return list(value)
     if tp is dict or typing.get_origin(tp) is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
@@ -143,6 +173,8 @@ def from_dict(cls, d: dict | None, prefix: str = ""):
 def _section_error(where: str, cls, msg: str) -> str:
     """A section dataclass's own error under its dotted key: "LossConfig.clip_low has ..." from the
     ``loss`` section becomes "loss.clip_low: has ..."."""
+    if msg.startswith((f"{where}.", f"{where}:")):  # already names its dotted key
+        return msg
     for name in (cls.__name__, *(b.__name__ for b in cls.__mro__[1:])):
         m = re.match(rf"{name}\.(\w+):?\s*(.*)", msg, re.S)
         if m and m.group(1) in {f.name for f in dataclasses.fields(cls)}:
@@ -164,6 +196,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         v = _get(cfg, key)
         if not ok(v):
             raise ConfigError(f"{key}: must be {req}, got {v!r}")
+    axes = {a: getattr(cfg.mesh, a) for a in ("data", "fsdp", "tensor")}
+    if sum(v == -1 for v in axes.values()) > 1:
+        raise ConfigError(f"mesh: at most one axis may be -1, got {axes}")
+    if cfg.sampler.max_tokens >= cfg.sampler.max_model_len:
+        raise ConfigError(
+            f"sampler.max_model_len: {cfg.sampler.max_model_len} leaves no room for a prompt "
+            f"before sampler.max_tokens={cfg.sampler.max_tokens} (must be larger)"
+        )
     if cfg.sampler.head_k > 20 and cfg.sampler.backend == "vllm":
         raise ConfigError(
             f"sampler.head_k: vLLM reports at most 20 logprobs by default, got {cfg.sampler.head_k}"
@@ -179,3 +219,35 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 def make_loss_config(loss: LossSection) -> LossConfig:
     """``rl.LossConfig`` of the loss section (kept for callers; same as ``loss.loss_config()``)."""
     return loss.loss_config()
+
+
+def load_yaml(path: Path):
+    """The YAML document of file ``path``; a ConfigError naming the file when it is not UTF-8,
+    not valid YAML, or nested deeper than ``MAX_YAML_DEPTH``."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (a YAML config must be UTF-8)") from None
+    try:
+        return safe_yaml(text, str(path))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+def safe_yaml(text: str, where: str, *, lines: bool = True):
+    """``yaml.safe_load(text)`` after checking its nesting depth (iteratively, on the parser's
+    events); deeper than ``MAX_YAML_DEPTH``: a ConfigError naming ``where`` (and the line, with
+    ``lines``). YAML syntax errors
+    are raised as they are."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                at = f":{event.start_mark.line + 1}" if lines and event.start_mark else ""
+                raise ConfigError(f"{where}{at}: nested more than {MAX_YAML_DEPTH} levels deep")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return yaml.safe_load(text)

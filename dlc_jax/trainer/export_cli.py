@@ -9,19 +9,29 @@ Only the `params` subtree is read (orbax partial restore: no optimizer state, no
 The architecture and tokenizer come from `--model`, else from the run's config stored in the
 checkpoint metadata (the SFT-warmed directory when `sft.enabled`, else `model.path`). Writing goes
 through `dlc_jax.model.save_hf` (streamed, one tensor at a time).
+
+What is exported is verified as a resume verifies it: the step's metadata must be readable and name
+its step, and the restored params must hold only finite values and match the checksums saved with
+them (`dlc_jax.trainer.checkpoint.verify_tree`); any failure is a one-line error and nothing is
+written. The HF directory is written next to ``--out`` and renamed into place when complete; an
+existing non-empty ``--out`` is refused unless ``--overwrite`` (it is then replaced whole).
 """
 
 from __future__ import annotations
 
-import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
+
+from dlc_jax.cli_args import ArgumentParser
+from dlc_jax.errors import UserError, one_line
 
 _DTYPES = ("float32", "bfloat16")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dlc-jax export", description=__doc__.split("\n\n")[0])
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="dlc-jax export", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--checkpoint", required=True, help="orbax checkpoint directory of a run (checkpoint.dir)"
     )
@@ -39,7 +49,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-shard-gb", type=float, default=2.0, help="largest safetensors shard (GiB)"
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty --out directory (default: refuse)",
+    )
     return p
+
+
+class ExportError(UserError):
+    """An export refused: a bad argument, an unusable output directory, an unreadable checkpoint."""
+
+
+def check_out_dir(out_dir, overwrite: bool) -> Path:
+    """``out_dir`` as a Path once it may be written: refused when it is a file, or a non-empty
+    directory without ``overwrite``."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {str(out)!r} is a file, not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(
+            f"--out {str(out)!r} is not empty; pass --overwrite to replace it, or choose a new "
+            "directory"
+        )
+    return out
 
 
 def model_dir_from_meta(meta: dict) -> Path:
@@ -48,11 +81,11 @@ def model_dir_from_meta(meta: dict) -> Path:
     from dlc_jax.trainer.sft import sft_cache_dir
 
     if "config" not in meta:
-        raise ValueError("checkpoint metadata has no 'config'; pass --model HF_DIR")
+        raise ExportError("checkpoint metadata has no 'config'; pass --model HF_DIR")
     try:
         cfg = from_dict(TrainConfig, meta["config"])
     except ConfigError as e:
-        raise ValueError(
+        raise ExportError(
             f"checkpoint metadata config is not readable ({e}); pass --model HF_DIR"
         ) from e
     if cfg.sft.enabled:
@@ -62,7 +95,7 @@ def model_dir_from_meta(meta: dict) -> Path:
     else:
         d = Path(cfg.sft.cache_dir) / f"tiny-{cfg.model.preset}-seed{cfg.train.seed}"
     if not (d / "config.json").exists():
-        raise ValueError(
+        raise ExportError(
             f"the run's model directory {str(d)!r} (from the checkpoint config) has no "
             "config.json; "
             f"pass --model HF_DIR"
@@ -70,17 +103,19 @@ def model_dir_from_meta(meta: dict) -> Path:
     return d
 
 
-def restore_params(ckpt_dir, step: int | None, abstract_params):
+def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | None = None):
     """(step, params): the `params` subtree of the checkpoint `state` item, restored onto the
-    shapes/dtypes/shardings of `abstract_params` (an nnx.State of ShapeDtypeStruct)."""
+    shapes/dtypes/shardings of `abstract_params` (an nnx.State of ShapeDtypeStruct) and verified
+    against `meta`'s checksums (the step's metadata, read here when None) and for finite values."""
     import jax
     import orbax.checkpoint as ocp
 
-    from dlc_jax.trainer.checkpoint import Checkpointer, CheckpointError
+    from dlc_jax.trainer.checkpoint import Checkpointer, CheckpointError, verify_tree
 
     ck = Checkpointer(ckpt_dir)
     try:
         step = ck._resolve(step)
+        meta = ck.restore_meta(step) if meta is None else meta
         target = {"params": abstract_params}
         restore_args = jax.tree.map(
             lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype), target
@@ -97,11 +132,26 @@ def restore_params(ckpt_dir, step: int | None, abstract_params):
         except Exception as e:  # orbax raises many types; rewrap naming the checkpoint
             raise CheckpointError(
                 f"checkpoint {ck.directory}/{step}: params unreadable or not matching the model "
-                f"({type(e).__name__}: {str(e)[:500]})"
+                f"({type(e).__name__}: {one_line(_short(e), 300)})"
             ) from e
-        return step, out["state"]["params"]
+        params = out["state"]["params"]
+        want = meta.get("checksums")
+        if want is not None:  # the params' own sums (the checkpoint also holds optimizer state)
+            want = {k: v for k, v in want.items() if k.startswith("['params']")}
+        try:
+            verify_tree({"params": params}, {"checksums": want} if want is not None else {})
+        except ValueError as e:
+            raise CheckpointError(
+                f"checkpoint {ck.directory}/{step}: corrupt, not exported: {e}"
+            ) from e
+        return step, params
     finally:
         ck.close()
+
+
+def _short(e: BaseException) -> str:
+    """An orbax/TensorStore read error without the TensorStore spec dump it carries."""
+    return str(e).split(" See full TensorStore details")[0]
 
 
 def export_checkpoint(
@@ -112,9 +162,10 @@ def export_checkpoint(
     dtype: str = "float32",
     model_dir=None,
     max_shard_bytes: int = 2 * 1024**3,
+    overwrite: bool = False,
 ) -> tuple[int, Path]:
     """Write theta_t of checkpoint `step` (latest when None) as an HF directory; returns (step,
-    out_dir)."""
+    out_dir). Verified first (module doc); a non-empty `out_dir` needs `overwrite`."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -123,7 +174,12 @@ def export_checkpoint(
     from dlc_jax.trainer.checkpoint import Checkpointer
 
     if dtype not in _DTYPES:
-        raise ValueError(f"--dtype: {dtype!r} is not one of {list(_DTYPES)}")
+        raise ExportError(f"--dtype: {dtype!r} is not one of {list(_DTYPES)}")
+    if not max_shard_bytes > 0:
+        raise ExportError(f"--max-shard-gb must be > 0, got {max_shard_bytes / 1024**3:g}")
+    out_path = check_out_dir(out_dir, overwrite)
+    if not Path(str(ckpt_dir)).exists() and "://" not in str(ckpt_dir):
+        raise ExportError(f"no checkpoint: --checkpoint {str(ckpt_dir)!r} does not exist")
     ck = Checkpointer(ckpt_dir)
     try:
         meta = ck.restore_meta(step)
@@ -132,9 +188,10 @@ def export_checkpoint(
     step = int(meta["step"])
     model_dir = Path(model_dir) if model_dir else model_dir_from_meta(meta)
     run_model = meta.get("config", {}).get("model", {})
-    param_dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[
-        run_model.get("param_dtype", "float32")
-    ]
+    pd = run_model.get("param_dtype", "float32")
+    if pd not in _DTYPES:
+        raise ExportError(f"checkpoint metadata: model.param_dtype {pd!r} is not one of {_DTYPES}")
+    param_dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[pd]
     # the checkpoint holds the decoder layers in the run's layout (None: by layer count)
     config = Qwen3Config.from_pretrained(model_dir, scan_layers=run_model.get("scan_layers"))
     abstract = nnx.eval_shape(
@@ -145,37 +202,47 @@ def export_checkpoint(
     abstract_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), params
     )
-    step, restored = restore_params(ckpt_dir, step, abstract_params)
+    step, restored = restore_params(ckpt_dir, step, abstract_params, meta)
     model = nnx.merge(graphdef, restored, *rest)
     model.hf_source = str(model_dir)
-    out = save_hf(
-        model,
-        out_dir,
-        dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype],
-        max_shard_bytes=max_shard_bytes,
-    )
-    return step, Path(out)
+    # written beside --out, renamed into place when complete: a failed export leaves no directory
+    tmp = out_path.parent / f".{out_path.name}.export-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        save_hf(
+            model,
+            tmp,
+            dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype],
+            max_shard_bytes=max_shard_bytes,
+        )
+        if out_path.exists():
+            shutil.rmtree(out_path)
+        tmp.rename(out_path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return step, out_path
 
 
 def cli(argv: list[str]) -> int:
+    """Errors are raised as user errors (``dlc_jax.errors``): `dlc_jax.cli` prints them in one
+    line."""
     a = _parser().parse_args(argv)
-    from dlc_jax.trainer.checkpoint import CheckpointError
-
-    try:
-        step, out = export_checkpoint(
-            a.checkpoint,
-            a.out,
-            step=a.step,
-            dtype=a.dtype,
-            model_dir=a.model,
-            max_shard_bytes=int(a.max_shard_gb * 1024**3),
-        )
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
-        print(f"dlc-jax export: {e}", file=sys.stderr)
-        return 2
+    if not a.max_shard_gb > 0:
+        raise ExportError(f"--max-shard-gb must be > 0, got {a.max_shard_gb}")
+    step, out = export_checkpoint(
+        a.checkpoint,
+        a.out,
+        step=a.step,
+        dtype=a.dtype,
+        model_dir=a.model,
+        max_shard_bytes=int(a.max_shard_gb * 1024**3),
+        overwrite=a.overwrite,
+    )
     print(f"exported step {step} of {a.checkpoint} to {out} ({a.dtype})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))
+    from dlc_jax.cli import run_command
+
+    sys.exit(run_command("export", sys.argv[1:]))

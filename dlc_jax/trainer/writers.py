@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from dlc_jax.errors import UserError, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +63,33 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+WANDB_INIT_TIMEOUT_S = 30.0  # wandb's own default is 90 s, retried: 100-115 s without a network
+
+
+def wandb_api_key_known() -> bool:
+    """Whether wandb has an API key to log in with: ``WANDB_API_KEY``, or a netrc entry for its
+    host (what ``wandb login`` writes). A netrc that cannot be read counts as none."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 class WandbWriter:
     """A wandb run (``log.wandb``): metrics under their grouped tags, the resolved config, sample
-    completions as a table. ``WANDB_MODE=offline`` writes the run under ``<dir>/wandb``."""
+    completions as a table. ``WANDB_MODE=offline`` writes the run under ``<dir>/wandb``.
+
+    Never a traceback, never a long wait: with no ``WANDB_MODE`` and no API key the run is offline
+    from the start (one line says so); an online start has ``WANDB_INIT_TIMEOUT_S`` and, when it
+    fails (no network, a refused key), the run falls back to offline with a one-line warning. Only
+    an offline start that fails too stops the run, in one line."""
 
     def __init__(self, directory: Path, project: str, run_name: str, config: dict | None):
         try:
@@ -72,23 +99,60 @@ class WandbWriter:
                 "log.wandb: the wandb package is not installed (pip install wandb)"
             ) from e
         self._wandb = wandb
-        # wandb's own banner and run-history printout stay out of the training output (they are in
-        # the run's debug log); our one line says where the run is
-        quiet = not logger.isEnabledFor(logging.DEBUG)
-        self.run = wandb.init(
-            project=project,
-            name=run_name or None,
-            dir=str(directory),
-            config=config or {},
-            reinit="finish_previous",
-            settings=wandb.Settings(silent=quiet, show_info=not quiet, console="off"),
-        )
+        mode = os.environ.get("WANDB_MODE") or None
+        if mode is None and not wandb_api_key_known():
+            mode = "offline"
+            logger.warning(
+                "log.wandb: no wandb API key (WANDB_API_KEY or `wandb login`) and no WANDB_MODE: "
+                "logging offline under %s/wandb (upload later with `wandb sync`)",
+                directory,
+            )
+        try:
+            self.run = self._init(directory, project, run_name, config, mode)
+        except Exception as e:  # noqa: BLE001 - wandb raises many types (network, auth, usage)
+            if mode in ("offline", "dryrun", "disabled"):
+                why = _first(e)
+                raise UserError(f"log.wandb: cannot start an offline wandb run ({why})") from e
+            logger.warning(
+                "log.wandb: the online wandb run did not start within %g s (%s); logging offline "
+                "under %s/wandb instead (upload later with `wandb sync`)",
+                WANDB_INIT_TIMEOUT_S,
+                _first(e),
+                directory,
+            )
+            try:
+                self.run = self._init(directory, project, run_name, config, "offline")
+            except Exception as e2:  # noqa: BLE001
+                raise UserError(
+                    f"log.wandb: cannot start a wandb run, online ({_first(e)}) or offline "
+                    f"({_first(e2)})"
+                ) from e2
         offline = self.run.settings.mode in ("offline", "dryrun")
         logger.info(
             "wandb: run %s in %s%s",
             self.run.name,
             self.run.dir.rsplit("/files", 1)[0],
             " (offline; upload later with `wandb sync` on that directory)" if offline else "",
+        )
+
+    def _init(self, directory: Path, project: str, run_name: str, config, mode: str | None):
+        wandb = self._wandb
+        # wandb's own banner and run-history printout stay out of the training output (they are in
+        # the run's debug log); our one line says where the run is
+        quiet = not logger.isEnabledFor(logging.DEBUG)
+        return wandb.init(
+            project=project,
+            name=run_name or None,
+            dir=str(directory),
+            config=config or {},
+            reinit="finish_previous",
+            mode=mode,
+            settings=wandb.Settings(
+                silent=quiet,
+                show_info=not quiet,
+                console="off",
+                init_timeout=WANDB_INIT_TIMEOUT_S,
+            ),
         )
 
     def log(self, step: int, tags: dict[str, float]) -> None:
@@ -162,3 +226,9 @@ class ProgressLine:
 
 
 __all__ = ["tb_tag", "flatten", "WandbWriter", "SampleWriter", "samples_markdown", "ProgressLine"]
+
+
+def _first(e: BaseException) -> str:
+    """``e`` as one short line (wandb's messages run over several)."""
+    text = str(e).strip()
+    return one_line(f"{type(e).__name__}: {text.splitlines()[0] if text else ''}", 200)

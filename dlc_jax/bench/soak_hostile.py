@@ -1,0 +1,98 @@
+"""The hostile-input soak (issue 25): the newer surfaces (reward plug-ins, data sources, export,
+config, plan) under hostile input, on real ``python -m dlc_jax.cli`` processes (a tiny model, the
+JAX sampler spawned on loopback). Cases: `soak_hostile_cases`.
+
+Counted: crashes (a traceback or an unexpected exit status), user errors that are not exactly one
+line, metrics rows with a non-finite or missing reward/loss/gradient value (``nan_metric_rows``),
+corrupt checkpoints that ``export`` let out (``corrupt_exported``), processes a reward spawned that
+outlived the run (``orphans``). `run(out_dir)` writes ``hostile_soak.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from . import common
+from .soak_hostile_cases import config_plan_cases, data_cases, export_cases, reward_cases
+from .soak_trainer_harness import Tally
+
+CLASSES = ("reward", "export", "data", "config/plan")
+
+
+@dataclasses.dataclass
+class HostileSoakConfig:
+    classes: tuple[str, ...] = CLASSES
+    run_timeout_s: float = 600.0
+
+
+def run(out_dir, cfg: HostileSoakConfig | None = None) -> dict:
+    """Run the hostile-input soak; write ``<out_dir>/hostile_soak.{json,md}``; return the result."""
+    cfg = cfg or HostileSoakConfig()
+    cols = ["scenario", "cases", "ok", "crashes", "multi_line_errors", "seconds"]
+    res = common.new_result(
+        "hostile_soak", "Hostile inputs: rewards, export, data, config and plan (loopback)", cols
+    )
+    res["config"] = dataclasses.asdict(cfg)
+    t = Tally()
+    counts = {"nan_metric_rows": 0, "corrupt_exported": 0, "orphans": 0}
+    timeout = cfg.run_timeout_s
+    with tempfile.TemporaryDirectory(prefix="dlc_hostile_soak_") as tmp:
+        work = Path(tmp)
+        from dlc_jax.model.tiny import make_tiny
+
+        model = make_tiny(work / "tiny", hidden_size=64, intermediate_size=128, head_dim=16)
+        if "config/plan" in cfg.classes:
+            config_plan_cases(work, t, timeout)
+        if "data" in cfg.classes:
+            data_cases(model, work, t, timeout)
+        if "export" in cfg.classes:
+            export_cases(model, work, t, counts, timeout)
+        if "reward" in cfg.classes:
+            reward_cases(model, work, t, counts, timeout)
+    rows = [{k: r[k] for k in cols} for r in t.rows.values()]
+    res["rows"] = rows
+    per_class = {}
+    for c in CLASSES:
+        mine = [r for r in rows if r["scenario"].startswith(c + ":")]
+        per_class[c] = {
+            "cases": sum(r["cases"] for r in mine),
+            "ok": sum(r["ok"] for r in mine),
+            "crashes": sum(r["crashes"] for r in mine),
+            "multi_line_errors": sum(r["multi_line_errors"] for r in mine),
+        }
+    crashes = sum(r["crashes"] for r in rows)
+    multi = sum(r["multi_line_errors"] for r in rows)
+    failed = sum(r["cases"] - r["ok"] for r in rows)
+    res["summary"] = {
+        "cases": sum(r["cases"] for r in rows),
+        "failed_cases": failed,
+        "crashes": crashes,
+        "multi_line_user_errors": multi,
+        **counts,
+        "per_class": per_class,
+    }
+    res["targets"] = [
+        common.target("crashes", crashes, 0, "<="),
+        common.target("user errors not one line", multi, 0, "<="),
+        common.target("metrics rows with NaN/missing values", counts["nan_metric_rows"], 0, "<="),
+        common.target("corrupt checkpoints exported", counts["corrupt_exported"], 0, "<="),
+        common.target("reward children outliving the run", counts["orphans"], 0, "<="),
+        common.target("failed cases", failed, 0, "<="),
+    ]
+    res["notes"] += t.examples[:60]
+    res["notes"].append(common.load_note(res["machine"]))
+    common.finish(res)
+    common.write_result(res, out_dir)
+    return res
+
+
+if __name__ == "__main__":  # python -m dlc_jax.bench.soak_hostile OUT_DIR [CLASS,...]
+    logging.basicConfig(level=logging.WARNING)
+    classes = tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else CLASSES
+    r = run(sys.argv[1] if len(sys.argv) > 1 else "soak_out", HostileSoakConfig(classes=classes))
+    print(json.dumps(r["summary"], indent=2))

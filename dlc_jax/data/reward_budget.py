@@ -1,0 +1,49 @@
+"""The reward-failure budget: a reward that fails on most samples stops the run in one line.
+
+A reward whose calls raise (a wrong signature, e.g. no ``**metadata``, raises on every call), time
+out or return unusable values scores 0 for those samples and the run goes on. Over the last
+``reward.window`` scored batches (training steps, and evals when they run), a reward function whose
+failed samples exceed ``reward.max_failed_fraction`` of its samples stops the run with
+:class:`RewardFailureError`, naming the function and its last error, instead of training on zeros
+to the end. ``max_failed_fraction: 1.0`` turns the check off.
+
+The decision is taken by each process on its own samples (no collective): a reward failing on
+every sample stops every process at the same step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from dlc_jax.errors import UserError
+
+
+class RewardFailureError(UserError):
+    """A reward function failed on more than ``reward.max_failed_fraction`` of its samples over
+    ``reward.window`` batches."""
+
+
+class FailureBudget:
+    """Failed / scored sample counts per reward over the last ``window`` batches."""
+
+    def __init__(self, max_failed_fraction: float, window: int):
+        self.max_failed_fraction = float(max_failed_fraction)
+        self.window = int(window)
+        self._seen: dict[str, deque[tuple[int, int]]] = {}
+
+    def record(self, name: str, fn: str, failed: int, total: int, last_error: str | None) -> None:
+        """Count one batch of reward ``name`` (``fn``: its ``module:function``); raise
+        :class:`RewardFailureError` once a full window's failure fraction exceeds the budget."""
+        if total <= 0:
+            return
+        seen = self._seen.setdefault(name, deque(maxlen=self.window))
+        seen.append((failed, total))
+        if len(seen) < self.window or last_error is None:
+            return
+        bad, n = sum(f for f, _ in seen), sum(t for _, t in seen)
+        if bad > self.max_failed_fraction * n:
+            raise RewardFailureError(
+                f"reward {name!r} ({fn}) failed on {bad} of {n} samples over the last "
+                f"{self.window} batches (more than reward.max_failed_fraction="
+                f"{self.max_failed_fraction:g}); last error: {last_error}"
+            )
