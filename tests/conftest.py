@@ -24,6 +24,8 @@ def pytest_collection_modifyitems(config, items):
 
     for item in items:
         parts = item.path.parts
-        for tier in _TIERS:
-            if "tests" in parts and tier in parts[parts.index("tests") + 1 : parts.index("tests") + 2]:
-                item.add_marker(getattr(pytest.mark, tier))
+        if "tests" not in parts:
+            continue
+        tier = parts[parts.index("tests") + 1]
+        if tier in _TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
