@@ -259,15 +259,6 @@ def test_user_errors_are_one_line(tmp_path, capsys):
 
 
 # ---- real runs (tiny model, JAX sampler spawned on loopback) ----------------------------------
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
-    )
-
-
 def _args(tiny_dir, d, *extra):
     return [
         "train",

@@ -18,15 +18,6 @@ from dlc_jax.trainer.config import default_config_path, load_config
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
-    )
-
-
 def _cfg(tiny_dir, tmp_path, *extra):
     return load_config(
         default_config_path(),

@@ -22,11 +22,8 @@ STEPS = 5
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("tiny_pool") / "m",
+def tiny_dir(make_tiny_dir):
+    return make_tiny_dir(
         hidden_size=32,
         intermediate_size=64,
         head_dim=8,

@@ -17,15 +17,6 @@ from dlc_jax.trainer.checkpoint import Checkpointer
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
-    )
-
-
 def _cmd(tiny_dir, d):
     return [
         sys.executable,

@@ -15,10 +15,8 @@ from dlc_jax.experiments.prefixes import (
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(tmp_path_factory.mktemp("tiny"))
+def tiny_dir(make_tiny_dir):
+    return make_tiny_dir()
 
 
 @pytest.fixture(scope="module")
