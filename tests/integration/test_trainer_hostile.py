@@ -327,8 +327,9 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_dir, tmp_path):
     """lr=1e15: step 1 moves every weight by ~1e15 (finite), after which the forward pass
     overflows and every loss is non-finite: those updates are not applied or pushed, and the
     third in a row stops the run."""
+    from dlc_jax.trainer.build import build_trainer
     from dlc_jax.trainer.config import default_config_path, load_config
-    from dlc_jax.trainer.loop import NonFiniteTrainingError, Trainer
+    from dlc_jax.trainer.loop import NonFiniteTrainingError
 
     d = tmp_path / "nan"
     # a format reward (response contains an "e") gives the untrained model's groups variance
@@ -347,7 +348,7 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_dir, tmp_path):
             "train.max_nonfinite_steps=3",
         )[1:],
     )
-    t = Trainer(cfg)
+    t = build_trainer(cfg)
     with pytest.raises(NonFiniteTrainingError, match="3 steps in a row") as e:
         t.run()
     assert "\n" not in str(e.value)
