@@ -61,8 +61,9 @@ class RunCheckpoints:
         self.meta_fn = meta_fn
 
     @property
-    def directory(self) -> Path:
-        return Path(self.ckpt.directory)
+    def directory(self) -> Any:
+        """Where the checkpoints are (an ``etils.epath.Path``: gs:// too)."""
+        return self.ckpt.directory
 
     def latest_step(self) -> int | None:
         return self.ckpt.latest_step()
