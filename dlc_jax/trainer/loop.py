@@ -31,7 +31,6 @@ processes' logs).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,7 +42,6 @@ import jax.numpy as jnp
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
-from dlc_jax.errors import UserError
 from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
@@ -51,6 +49,7 @@ from dlc_jax.trainer.config import TrainConfig, make_loss_config
 from dlc_jax.trainer.eval import Evaluator
 from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
 from dlc_jax.trainer.metrics_log import MetricsLogger
+from dlc_jax.trainer.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from dlc_jax.trainer.resync import make_policy
 from dlc_jax.trainer.run_lifecycle import (
     RunCheckpoints,
@@ -87,10 +86,6 @@ def load_train_model(cfg: TrainConfig, model_dir, mesh):
         scan_layers=m.scan_layers,
         attention_impl=m.attention_impl,
     )
-
-
-class NonFiniteTrainingError(UserError):
-    """Too many consecutive steps with a non-finite loss or gradient."""
 
 
 COUNTERS = (
@@ -131,7 +126,7 @@ class Trainer:
         self.proc = dist.process_info()
         self.multi = self.proc.process_count > 1
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self._nonfinite_in_a_row = 0
+        self.nonfinite = NonFiniteGuard(cfg.train.max_nonfinite_steps, self.counters)
         self.model_dir = Path(model_dir)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(model_dir))
         self.eos_id = int(self.tokenizer.eos_token_id)
@@ -344,7 +339,7 @@ class Trainer:
         )
         m = {k: float(v) for k, v in out.items()}
         applied = update_count(st.opt_state) != update_count(before[1])
-        if not self._finite_step(index, m, before, applied):
+        if not self.nonfinite.check(st, index, m, before, applied):
             return None
         st.step += 1
         self._partial_row = dict(m)
@@ -411,36 +406,6 @@ class Trainer:
             arrays = {"lp": lp, "lp_s": lp_s, "lp_q": dev["lp_q"], "mask": dev["mask"]}
             per_token = {k: jax.device_get(v[rows]) for k, v in arrays.items()}
         return sample_records(chosen, prompts, texts, rewards, per_token, lg.samples_n)
-
-    def _finite_step(self, index: int, m: dict, before: tuple, applied: bool = True) -> bool:
-        """False (and the step undone) when the loss or gradient is NaN/Inf or the jitted step
-        refused the update (``applied`` False: non-finite update or params): not applied, not
-        pushed; ``train.max_nonfinite_steps`` such steps in a row stop the run."""
-        loss, gnorm = m.get("loss/loss", 0.0), m.get("grad_norm", 0.0)
-        if math.isfinite(loss) and math.isfinite(gnorm) and applied:
-            self._nonfinite_in_a_row = 0
-            return True
-        self.state.params, self.state.opt_state = before
-        self.counters["nonfinite_skipped"] += 1
-        self._nonfinite_in_a_row += 1
-        limit = self.cfg.train.max_nonfinite_steps
-        logger.warning(
-            "step %d (batch %d): loss %s, grad_norm %s: non-finite loss, gradient or update; not "
-            "applied, not pushed (%d in a row, stop at %d)",
-            self.state.step + 1,
-            index,
-            loss,
-            gnorm,
-            self._nonfinite_in_a_row,
-            limit,
-        )
-        if self._nonfinite_in_a_row >= limit:
-            raise NonFiniteTrainingError(
-                f"stopped: {limit} steps in a row had a non-finite loss or gradient (last: loss "
-                f"{loss}, grad_norm {gnorm}); weights kept at step {self.state.step}. Check the "
-                f"reward function and data for NaN/Inf, or lower optim.lr"
-            )
-        return False
 
     # ---- resync and recovery ---------------------------------------------------------------------
     def _resync(self, reason: str) -> None:

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_eval_and_samples_in_a_tiny_run(tiny_dir, tmp_path):
     from dlc_jax.trainer.build import build_trainer
+    from dlc_jax.trainer.hooks import Hook
 
     tiny = tiny_dir
     cfg = load_config(
@@ -43,7 +44,10 @@ def test_eval_and_samples_in_a_tiny_run(tiny_dir, tmp_path):
         ],
     )
     assert cfg.sft.enabled is False  # a model.path of our own: no arithmetic warm-up
-    t = build_trainer(cfg)
+    seen = []  # a hook of the caller's: runs after the trainer's own (eval, metrics, checkpoint)
+    probe = Hook("probe", 2, lambda info: seen.append((info.step, sorted(info.row))))
+    t = build_trainer(cfg, hooks=[probe])
+    assert t.hooks.names() == ["eval", "metrics", "checkpoint", "probe"]
     assert len(t.evaluator.examples) == 6
     s = t.run()
     assert s["finished"] and s["model"] == str(tiny) and "sft" not in s
@@ -51,6 +55,7 @@ def test_eval_and_samples_in_a_tiny_run(tiny_dir, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [2, 4]
+    assert [st for st, _ in seen] == [2, 4] and all("eval/accuracy" in keys for _, keys in seen)
     for r in evals:
         assert r["eval/accuracy"] == pytest.approx(r["eval/reward_mean"])
         assert round(r["eval/accuracy"] * 6, 6) == int(round(r["eval/accuracy"] * 6))
