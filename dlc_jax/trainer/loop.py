@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
+from dlc_jax.errors import UserError
 from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
@@ -376,10 +377,13 @@ class Trainer:
         return m
 
     def _evaluate(self) -> dict:
-        """``eval/*`` of the held-out prompts; a failed evaluation is logged, not fatal."""
+        """``eval/*`` of the held-out prompts; a failed evaluation is logged, not fatal, except a
+        user error (e.g. rewards failing too often), which ends the run in one line."""
         assert self.evaluator is not None
         try:
             return self.evaluator.run(self.link.client, self.state.step)
+        except UserError:
+            raise
         except Exception as e:
             logger.warning("eval at step %d failed (%s); training goes on", self.state.step, e)
             return {}
