@@ -38,7 +38,7 @@ def cli(argv: list[str]) -> int:
     from dlc_jax.trainer import distributed
 
     info = distributed.initialize(cfg.distributed)
-    from dlc_jax.trainer.loop import Trainer
+    from dlc_jax.trainer.build import build_trainer
 
     lead = info.is_leader
     if not lead:  # logs, metrics and the progress bar come from process 0
@@ -56,7 +56,7 @@ def cli(argv: list[str]) -> int:
             f"steps{where}",
             flush=True,
         )
-    summary = Trainer(cfg).run()
+    summary = build_trainer(cfg).run()
     if not lead:
         return 0 if summary.get("finished") else 1
     if summary.get("already_complete"):
