@@ -238,7 +238,7 @@ def data_cases(model: Path, work: Path, t: Tally, timeout: float) -> None:
         "rows run out with data.epochs=1": (
             [f"data.source={d}/six.jsonl", "data.epochs=1"],
             {},
-            "the data ran out",
+            "data.epochs=1",
         ),
     }
     try:

@@ -40,6 +40,7 @@ def make_prompts(cfg: TrainConfig, tokenizer: Any, rewards: RewardRunner) -> Pro
         process_count=1,
         max_prompt_tokens=s.max_model_len - s.max_tokens,
         answer_check=rewards.check_answers,
+        steps=cfg.train.steps,  # with data.epochs set: refuse at start when the rows cannot last
     )
 
 
