@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlc_jax.data.chain_arith import ChainArithConfig
+from dlc_jax.experiments.heldout import HeldoutConfig
 from dlc_jax.experiments.prefixes import PrefixConfig
 from dlc_jax.experiments.warmup import ChainWarmup
 
@@ -18,27 +19,57 @@ from dlc_jax.experiments.warmup import ChainWarmup
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """loss: LOSSES key; options: extra LossConfig fields; own_resync: the arm's resync policy
-    (DLC's ESS trigger) overriding the scenario's schedule, or None to follow the scenario."""
+    (DLC's ESS trigger) overriding the scenario's schedule, or None to follow the scenario;
+    extra: other trainer ``key=value`` overrides of the arm (e.g. ``sampler.head_k=0``)."""
 
     name: str
     loss: str
     options: tuple[tuple[str, object], ...] = ()
     own_resync: str | None = None
+    extra: tuple[str, ...] = ()
+
+
+SCENARIO_KINDS = ("lag", "discrepancy", "both")
+SYNCS = ("every_k", "never", "onpolicy")
 
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """sync: 'every_k' | 'never' (the stale sampler's schedule; k = sync_k);
+    """sync: 'every_k' | 'never' (the stale sampler's schedule; k = sync_k) | 'onpolicy' (synced
+    before every batch, no prefetch: zero lag, for every arm, DLC's own trigger included);
     quantization: sampler weight quantization ('' = none; 'int8' on the JAX backend,
-    'fp8_per_channel' on vLLM); weight_noise: std of Gaussian noise on the sampler's weights,
-    relative
-    to each tensor's RMS (0 = none)."""
+    'fp8_per_channel' on vLLM); dtype: the sampler's compute dtype ('' = the base config's);
+    weight_noise: std of Gaussian noise on the sampler's weights, relative to each tensor's RMS
+    (0 = none). kind: which error source the scenario has: 'lag' (the sampler computes like the
+    trainer but holds old weights), 'discrepancy' (current weights, other numerics) or 'both'."""
 
     name: str
     sync: str = "every_k"
     sync_k: int = 4
     quantization: str = ""
     weight_noise: float = 0.0
+    dtype: str = ""
+    kind: str = "both"
+
+    def __post_init__(self):
+        if self.sync not in SYNCS:
+            raise ValueError(
+                f"scenario {self.name}: sync must be one of {SYNCS}, got {self.sync!r}"
+            )
+        if self.kind not in SCENARIO_KINDS:
+            raise ValueError(
+                f"scenario {self.name}: kind must be one of {SCENARIO_KINDS}, got {self.kind!r}"
+            )
+        perturbed = bool(self.quantization or self.dtype or self.weight_noise)
+        lagged = self.sync != "onpolicy"
+        want = {(True, False): "lag", (False, True): "discrepancy", (True, True): "both"}.get(
+            (lagged, perturbed)
+        )
+        if want != self.kind:
+            raise ValueError(
+                f"scenario {self.name}: sync={self.sync} with perturbation={perturbed} is kind "
+                f"{want!r}, not {self.kind!r}"
+            )
 
 
 ARMS: dict[str, Arm] = {
@@ -57,6 +88,8 @@ ARMS: dict[str, Arm] = {
         Arm("vcpo", "vcpo"),
         Arm("dlc", "dlc", own_resync="ess"),
         Arm("dlc_noresync", "dlc"),
+        # diagnostic: DLC's lag clip against theta_s alone (no head, so no centering), no resync
+        Arm("dlc_nocenter", "dlc", extra=("sampler.head_k=0",)),
     )
 }
 
@@ -75,7 +108,8 @@ class ExperimentPreset:
     warm-up and data the runs use (None: the base config's model and data); own_prefix_scenarios:
     scenarios whose runs are also measured on their own sampled prefixes (``own_prefix_prompts``
     prompts
-    per checkpoint, see own_prefixes.py)."""
+    per checkpoint, see own_prefixes.py); heldout: greedy and sampled accuracy of every
+    checkpoint on held-out prompts (heldout.py)."""
 
     name: str
     base_config: str
@@ -90,6 +124,7 @@ class ExperimentPreset:
     own_prefix_scenarios: tuple[str, ...] = ()
     own_prefix_prompts: int = 16
     prefixes: PrefixConfig = dataclasses.field(default_factory=PrefixConfig)
+    heldout: HeldoutConfig = dataclasses.field(default_factory=HeldoutConfig)
     kl_temperature: float = 1.0
     kl_chunk_size: int = 256
     eval_batch_size: int = 16
@@ -160,7 +195,7 @@ QWEN3_0P6B = ExperimentPreset(
     arms=CPU_ARMS,
     scenarios=(
         Scenario("collapse", sync="never", quantization="fp8_per_channel"),
-        Scenario("stale_k64", sync="every_k", sync_k=64),
+        Scenario("stale_k64", sync="every_k", sync_k=64, kind="lag"),
         Scenario("quant_fp8", sync="every_k", sync_k=8, quantization="fp8_per_channel"),
         Scenario("noise", sync="every_k", sync_k=8, weight_noise=0.02),
     ),
