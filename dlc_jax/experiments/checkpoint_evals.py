@@ -188,10 +188,11 @@ class HeldoutEvals:
         cache = self.out / "evals" / name / "heldout.json"
         if cache.exists():
             return json.loads(cache.read_text())
+        steps = self.steps if self.preset.heldout.every_checkpoint else self.steps[-1:]
         scores = [self.initial(cfg.model.path)]
-        for step in self.steps:
+        for step in steps:
             scores.append(self._score(load_model(name, cfg, step), cfg.model.path, step))
-        out = {"steps": [0, *self.steps]}
+        out = {"steps": [0, *steps]}
         for key in ("greedy", "sampled", "greedy_correct", "sampled_correct"):
             out[key] = [s[key] for s in scores]
         cache.parent.mkdir(parents=True, exist_ok=True)

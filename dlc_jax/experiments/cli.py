@@ -107,9 +107,12 @@ def cli(argv: list[str]) -> int:
             raise SystemExit(
                 f"--sweep: unknown points {bad} for preset {preset.name} (have {known})"
             )
-        chosen = [p for p in points if not args.sweep or p.name in args.sweep]
+        chosen = {p.name for p in points if not args.sweep or p.name in args.sweep}
         out = args.out or f"experiments_out/{preset.name}_sweep"
-        print(f"sweep: {run_sweep(preset, out, chosen, seeds=args.seeds, workers=args.workers)}")
+        md = run_sweep(
+            preset, out, list(points), seeds=args.seeds, workers=args.workers, run=chosen
+        )
+        print(f"sweep: {md}")
         return 0
     path = exp.write_report() if args.report_only else exp.run()
     print(f"report: {path}")

@@ -27,13 +27,15 @@ GREEDY_TEMPERATURE = 1e-4
 class HeldoutConfig:
     """prompts: held-out prompts (>= 1; the experiment uses 64); samples: sampled answers per
     prompt; temperature: sampling temperature of the sampled accuracy; max_tokens: answer length
-    cap; seed: base sampling seed (the step is added, the run is not)."""
+    cap; seed: base sampling seed (the step is added, the run is not); every_checkpoint: evaluate
+    every checkpoint (a curve) or only the last one (step 0 is always evaluated, once)."""
 
     prompts: int = 64
     samples: int = 4
     temperature: float = 1.0
     max_tokens: int = 48
     seed: int = 20_000
+    every_checkpoint: bool = True
 
     def __post_init__(self):
         if self.prompts < 1 or self.samples < 1 or self.max_tokens < 1:

@@ -37,7 +37,8 @@ def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -
     bad = [a for a in arms if a not in ARMS]
     if bad:
         raise ValueError(f"--arms: unknown arms {bad} (known: {sorted(ARMS)})")
-    seeds = list(seeds if seeds is not None else preset.seeds)
+    more = () if seeds is not None else preset.more_seeds
+    seeds = list(seeds if seeds is not None else preset.seeds) + list(more)
     specs = [
         RunSpec(
             onpolicy_name(s),
@@ -51,6 +52,8 @@ def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -
     for seed in seeds:
         for sc in scs:
             for a in arms:
+                if seed in more and a not in preset.more_seed_arms:
+                    continue
                 specs.append(
                     RunSpec(
                         f"{sc.name}__{a}__s{seed}",

@@ -63,8 +63,10 @@ def run_sweep(
     *,
     seeds: tuple[int, ...] | None = None,
     workers: int = 1,
+    run: set[str] | None = None,
 ) -> Path:
-    """Train and evaluate every point (resumable: finished runs and evaluations are kept)."""
+    """Train and evaluate the points named in ``run`` (default: all; resumable: finished runs and
+    evaluations are kept); the table lists every point of ``points`` evaluated so far."""
     from dlc_jax.experiments.launch import log_progress
     from dlc_jax.experiments.runner import Experiment
 
@@ -82,6 +84,12 @@ def run_sweep(
             cache_dir=out / "cache",
         )
         exp.specs = [s for s in exp.specs if s.seed in seeds]
+        if run is not None and pt.name not in run:  # only what an earlier call evaluated
+            exp.specs = [
+                s for s in exp.specs if (exp.out / "evals" / s.name / "heldout.json").exists()
+            ]
+            if not exp.specs:
+                continue
         exp.out.mkdir(parents=True, exist_ok=True)
         model_dir = exp.resolve_model()
         cfgs = {s.name: exp.run_config(s, model_dir) for s in exp.specs}
@@ -172,5 +180,7 @@ SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
         _point(5e-4, 8, 20),
         _point(1e-3, 8, 20),
         _point(5e-4, 16, 20),
+        _point(5e-5, 32, 20),
+        _point(2e-5, 32, 20),
     )
 }

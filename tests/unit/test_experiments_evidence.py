@@ -113,3 +113,35 @@ def test_summary_has_the_issue_schema():
     assert arm["max_ratio"]["mean"] is None  # no KL measured for it here
     assert [c["claim"] for c in out["claims"]] == [1, 2, 3, 4]
     assert all(c["verdict"] in ("held", "not held", "inconclusive") for c in out["claims"])
+
+
+def test_report_and_summary_are_regenerated_byte_for_byte(tmp_path):
+    from dlc_jax.experiments.presets import TINY
+    from dlc_jax.experiments.report import write_report
+    from dlc_jax.experiments.results import NoiseThreshold
+
+    names = [f"onpolicy__s{i}" for i in range(3)]
+    pairs = {f"{a}|{b}": [0.01, 0.02] for a in names for b in names if a != b}
+    NoiseThreshold(steps=[5, 10], forward=[0.01, 0.02], reverse=[0.01, 0.02], pairs=pairs).save(
+        tmp_path
+    )
+    for i, n in enumerate(names):
+        r = _run(n, "onpolicy", "reference", i, _held(0.25, 0.75))
+        r.kl_steps, r.kl_forward, r.kl_reverse = [5, 10], [0.01, 0.02], [0.01, 0.02]
+        r.kl_by_ref = {m: [0.01, 0.02] for m in names if m != n}
+        r.save(tmp_path)
+        for arm, far in (("tis", 3.0), ("dlc", 1.0)):
+            a = _run(f"collapse__{arm}__s{i}", arm, "collapse", i, _held(0.25, 0.5), 0.01, 0.2)
+            a.kl_steps, a.kl_forward, a.kl_reverse = [5, 10], [0.01, 0.02 * far], [0.01, 0.02]
+            a.kl_by_ref = {m: [0.01, 0.02 * far] for m in names if m != n}
+            a.save(tmp_path)
+    first = write_report(tmp_path, preset=TINY).read_bytes()
+    summary = (tmp_path / "summary.json").read_bytes()
+    assert write_report(tmp_path, preset=TINY).read_bytes() == first
+    assert (tmp_path / "summary.json").read_bytes() == summary
+    md, s = first.decode(), json.loads(summary)
+    assert md.index("## At a glance") < md.index("## Scenario `collapse`")  # the first table
+    assert "| collapse | both | 0.0100 | 0.4000 |" in md  # measured |delta| and |ell|
+    assert s["onpolicy_learning"]["delta"] == 0.5
+    assert s["scenarios"]["collapse"]["arms"]["tis"]["max_ratio"]["mean"] == pytest.approx(3.0)
+    assert "- dlc - tis, final held-out sampled accuracy paired over 3 seeds" in md
