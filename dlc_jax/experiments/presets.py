@@ -191,7 +191,11 @@ TINY_V1 = ExperimentPreset(
     own_prefix_scenarios=("collapse",),
     overrides=TINY_OVERRIDES[:6] + ("train.batch_prompts=8", "sampler.n=8", f"optim.lr={TINY_LR}"),
     prefixes=PrefixConfig(num_prompts=32, max_tokens=48),
-    notes=(),
+    notes=(
+        "These runs predate the held-out evaluation and used DLC's first centering term, which "
+        "also centered the clipped lag and was fixed afterwards; at this learning rate the "
+        "on-policy runs lose held-out accuracy (docs/experiments/README.md, findings 1 and 2).",
+    ),
 )
 
 # The matrix of issue 19: every source of mismatch on its own, then both; ten arms; 5 seeds for
@@ -295,6 +299,7 @@ QWEN3_0P6B_SMOKE = dataclasses.replace(
         model_dims=QWEN3_0P6B_BODY_4L,
     ),
     overrides=TINY_V1.overrides[:-1] + ("optim.lr=5e-5",),
+    notes=(),
     prefixes=PrefixConfig(num_prompts=32, max_tokens=48),
 )
 

@@ -150,14 +150,15 @@ def sweep_table(rows: list[dict]) -> list[str]:
         e0 = np.mean([r["entropy_first"] for r in rs])
         e1 = np.mean([r["entropy_last"] for r in rs])
         emax = max(r["entropy_max"] for r in rs)
-        cpu = np.mean([r["cpu_s"] or np.nan for r in rs])
+        cpus = [r["cpu_s"] for r in rs if r["cpu_s"] is not None]
+        cpu = f"{np.mean(cpus):.0f}" if cpus else "—"
         loads = ", ".join(sorted({r["loadavg"].split(" ")[0] for r in rs if r["loadavg"]}))
         r0 = rs[0]
         out.append(
             f"| {name} | {r0['lr']:g} | {r0['batch_prompts']} x {r0['n']} | {r0['steps']} | "
             f"{len(rs)} | {g0:.3f} -> {g1:.3f} | {s0:.3f} -> {s1:.3f} | "
             f"{learning_delta(h, 'sampled').fmt(3)} | {learning_delta(h, 'greedy').fmt(3)} | "
-            f"{e0:.2f} -> {e1:.2f} ({emax:.2f}) | {cpu:.0f} ({loads}) |"
+            f"{e0:.2f} -> {e1:.2f} ({emax:.2f}) | {cpu} ({loads or '—'}) |"
         )
     return out
 

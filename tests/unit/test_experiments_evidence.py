@@ -145,3 +145,30 @@ def test_report_and_summary_are_regenerated_byte_for_byte(tmp_path):
     assert s["onpolicy_learning"]["delta"] == 0.5
     assert s["scenarios"]["collapse"]["arms"]["tis"]["max_ratio"]["mean"] == pytest.approx(3.0)
     assert "- dlc - tis, final held-out sampled accuracy paired over 3 seeds" in md
+
+
+def test_sweep_table_has_one_row_per_point_with_the_learning_interval():
+    from dlc_jax.experiments.sweep import sweep_table
+
+    def row(point, seed, end, cpu):
+        return {
+            "point": point,
+            "seed": seed,
+            "lr": 5e-5,
+            "batch_prompts": 8,
+            "n": 8,
+            "steps": 20,
+            "heldout": _held(0.25, end),
+            "entropy_first": 0.3,
+            "entropy_last": 0.2,
+            "entropy_max": 0.35,
+            "cpu_s": cpu,
+            "loadavg": "1.5 1.0 0.5",
+        }
+
+    rows = [row("a", 0, 0.75, 40.0), row("a", 1, 0.75, 60.0), row("b", 0, 0.25, None)]
+    lines = sweep_table(rows)
+    assert len(lines) == 4 and lines[2].startswith("| a | 5e-05 | 8 x 8 | 20 | 2 |")
+    assert "| 0.250 -> 0.750 | 0.500 [0.125, 0.875] |" in lines[2]  # half the prompts gained
+    assert lines[2].endswith("| 0.30 -> 0.20 (0.35) | 50 (1.5) |")
+    assert lines[3].endswith("| — (1.5) |")  # CPU-s not recorded
