@@ -305,3 +305,45 @@ def _fmt_iv(m, lo, hi, nd: int = 3) -> str:
     if m is None:
         return "—"
     return f"{m:.{nd}f} [{_num(_f(lo), nd)}, {_num(_f(hi), nd)}]"
+
+
+def seeds_from_interval(iv: Interval, band: float) -> int | None:
+    """Seeds (and on-policy runs, scaled together) for the 95% interval of max_t D_t/N_t to
+    exclude ``band`` with 80% power: the measured half-width shrinks as 1/sqrt(seeds), and the
+    power adds (z_95 + z_80) / z_95 to it (normal approximation)."""
+    if iv.n < 1 or not (math.isfinite(iv.lo) and math.isfinite(iv.hi)):
+        return None
+    gap = abs(iv.point - band)
+    if gap == 0.0:
+        return None
+    half = (iv.hi - iv.lo) / 2.0 * (Z_95 + Z_80) / Z_95
+    return max(iv.n, math.ceil(iv.n * (half / gap) ** 2))
+
+
+def power_lines(all_stats: dict, band: float) -> list[str]:
+    """For every arm whose KL-ratio verdict is inconclusive: the seeds that would decide it."""
+    rows = []
+    for sc in sorted(all_stats):
+        for arm in sorted(all_stats[sc], key=arm_order):
+            iv = all_stats[sc][arm].ref.max
+            if arm == "onpolicy" or iv.versus(band) != "inconclusive":
+                continue
+            need = seeds_from_interval(iv, band)
+            rows.append(
+                f"| {sc} | {arm} | {iv.n} | {iv.fmt()} | {need if need is not None else '—'} |"
+            )
+    if not rows:
+        return []
+    return [
+        "## How many seeds would decide the inconclusive verdicts",
+        "",
+        f"For max_t D_t/N_t against {band:g}: the bootstrap interval's half-width scaled by "
+        "sqrt(seeds now / seeds then), seeds and on-policy runs grown together, for an interval "
+        "that excludes the band with 80% power at the measured point (normal approximation; "
+        "'—' when the point sits on the band).",
+        "",
+        "| scenario | arm | seeds | max_t D_t/N_t [95% CI] | seeds needed |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]

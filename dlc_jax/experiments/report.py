@@ -13,7 +13,13 @@ from pathlib import Path
 from dlc_jax.experiments.analysis import AnalysisConfig, summarize
 from dlc_jax.experiments.arm_styles import arm_key
 from dlc_jax.experiments.claims import ArmStats, arm_stats, claims
-from dlc_jax.experiments.evidence import first_table, heldout_lines, summary_json, write_summary
+from dlc_jax.experiments.evidence import (
+    first_table,
+    heldout_lines,
+    power_lines,
+    summary_json,
+    write_summary,
+)
 from dlc_jax.experiments.plots import plot_crossings, plot_noise, plot_scenario
 from dlc_jax.experiments.results import NoiseThreshold, RunResult, load_results
 
@@ -229,6 +235,7 @@ def write_report(
         lines += heldout_lines(by_sc, refs)
     lines += ["## The paper's claims at this scale", ""]
     lines += claim_lines + [""]
+    lines += power_lines(all_stats, cfg.band)
     cross = [
         (s.arm, float(s.gaussian_first_below), float(s.ess_first_below))
         for s in summaries.values()

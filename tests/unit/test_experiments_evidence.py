@@ -172,3 +172,14 @@ def test_sweep_table_has_one_row_per_point_with_the_learning_interval():
     assert "| 0.250 -> 0.750 | 0.500 [0.125, 0.875] |" in lines[2]  # half the prompts gained
     assert lines[2].endswith("| 0.30 -> 0.20 (0.35) | 50 (1.5) |")
     assert lines[3].endswith("| — (1.5) |")  # CPU-s not recorded
+
+
+def test_seeds_from_interval_scales_the_half_width():
+    from dlc_jax.experiments.evidence import Z_80, Z_95, seeds_from_interval
+    from dlc_jax.experiments.stats import Interval
+
+    # half-width 0.5, gap 0.5 to the band: k = ((z95 + z80) / z95)^2 = 2.04 -> 3 seeds x 2.04 -> 7
+    iv = Interval(1.5, 1.0, 2.0, 3)
+    assert seeds_from_interval(iv, 2.0) == int(np.ceil(3 * ((Z_95 + Z_80) / Z_95) ** 2)) == 7
+    assert seeds_from_interval(Interval(2.0, 1.5, 2.5, 3), 2.0) is None  # on the band
+    assert seeds_from_interval(Interval(1.0, 0.99, 1.01, 3), 2.0) == 3  # already decided
