@@ -58,6 +58,14 @@ def _parser() -> argparse.ArgumentParser:
         help="run the preset's on-policy sweep (all points, or those named) instead of the matrix; "
         "--seeds picks the seeds",
     )
+    ap.add_argument(
+        "--check-sources",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="train TIS for STEPS steps under each scenario and tabulate its measured |delta| and "
+        "|ell| (does each scenario have the error source it names?)",
+    )
     ap.add_argument("--report-only", action="store_true", help="only regenerate report.md + plots")
     ap.add_argument(
         "--workers",
@@ -97,6 +105,12 @@ def cli(argv: list[str]) -> int:
         extra_overrides=tuple(args.override),
         workers=args.workers,
     )
+    if args.check_sources is not None:
+        from dlc_jax.experiments.sources import check_sources
+
+        out = args.out or f"experiments_out/{preset.name}_sources"
+        print(f"sources: {check_sources(preset, out, args.check_sources)}")
+        return 0
     if args.sweep is not None:
         from dlc_jax.experiments.sweep import SWEEPS, run_sweep
 

@@ -53,3 +53,13 @@ def test_workers_train_at_the_same_time_and_errors_are_reported(tmp_path):
     assert got["a"] is None and isinstance(got["b"], RuntimeError)
     with pytest.raises(ValueError, match="--workers must be >= 1"):
         Experiment(TINY, tmp_path, workers=0)
+
+
+def test_source_verdict_matches_the_measured_errors_to_the_kind():
+    from dlc_jax.experiments.sources import source_verdict
+
+    assert source_verdict("lag", [1e-6, 2e-6], [0.0, 0.3]) == "separated"
+    assert source_verdict("lag", [0.05, 0.05], [0.0, 0.3]) == "NOT separated"  # a discrepancy too
+    assert source_verdict("discrepancy", [0.05, 0.04], [0.0, 0.0]) == "separated"
+    assert source_verdict("discrepancy", [0.05, 0.04], [0.0, 0.2]) == "NOT separated"
+    assert source_verdict("both", [0.01, 0.01], [0.0, 0.2]) == "separated"
