@@ -201,7 +201,8 @@ TINY_V1 = ExperimentPreset(
 # The matrix of issue 19: every source of mismatch on its own, then both; ten arms; 5 seeds for
 # the arms the main comparisons need (on-policy, naive, TIS, DLC), 3 for the rest. The learning
 # rate / batch are the sweep's (docs/experiments/README.md): at TINY_V1's 2e-4 the on-policy runs
-# lose held-out accuracy.
+# lose held-out accuracy; at 5e-5 with 32 prompts x 8 samples three on-policy runs raise the
+# greedy held-out accuracy by 0.094 [0.016, 0.177] in 20 steps.
 TINY_ARMS = (
     "naive",
     "tis",
@@ -232,7 +233,7 @@ TINY = dataclasses.replace(
     more_seeds=(3, 4),
     more_seed_arms=("naive", "tis", "dlc"),
     own_prefix_scenarios=("collapse",),
-    overrides=TINY_OVERRIDES + ("train.batch_prompts=8", "optim.lr=5e-05"),
+    overrides=TINY_OVERRIDES + ("train.batch_prompts=32", "optim.lr=5e-05"),
     heldout=HeldoutConfig(every_checkpoint=False),  # the final accuracy; the curve costs 4x
 )
 

@@ -144,7 +144,7 @@ def test_report_and_summary_are_regenerated_byte_for_byte(tmp_path):
     assert "| collapse | both | 0.0100 | 0.4000 |" in md  # measured |delta| and |ell|
     assert s["onpolicy_learning"]["delta"] == 0.5
     assert s["scenarios"]["collapse"]["arms"]["tis"]["max_ratio"]["mean"] == pytest.approx(3.0)
-    assert "- dlc - tis, final held-out sampled accuracy paired over 3 seeds" in md
+    assert "- dlc - tis, final held-out greedy accuracy paired over 3 seeds" in md
 
 
 def test_sweep_table_has_one_row_per_point_with_the_learning_interval():
