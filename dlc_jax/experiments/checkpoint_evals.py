@@ -1,7 +1,7 @@
 """A run's checkpoints evaluated on prefixes: the on-policy runs' evaluations (kept as npz, every
-D_t needs them) and each run's KL to the on-policy runs at every checkpoint, on the reference
-prefixes and on prefixes it samples itself. Results are cached under ``out/evals/<name>/``, so an
-interrupted experiment resumes."""
+D_t needs them), each run's KL to the on-policy runs at every checkpoint, on the reference
+prefixes and on prefixes it samples itself, and its held-out accuracy (heldout.py). Results are
+cached under ``out/evals/<name>/``, so an interrupted experiment resumes."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class CheckpointEvals:
         self.steps = steps
         self._models: dict[tuple[str, int], object] = {}
 
-    def _model(self, name: str, cfg, step: int):
+    def model(self, name: str, cfg, step: int):
         """theta_t of run ``name`` at ``step`` (on-policy models are kept: every run is compared
         with them)."""
         from dlc_jax.experiments.checkpoints import load_checkpoint_model
@@ -47,7 +47,7 @@ class CheckpointEvals:
             p = edir / f"step_{step}.npz"
             if not p.exists():
                 evaluate_policy(
-                    self._model(name, cfg, step),
+                    self.model(name, cfg, step),
                     prefixes,
                     batch_size=self.preset.eval_batch_size,
                 ).save(p)
@@ -72,7 +72,7 @@ class CheckpointEvals:
                 ev = PolicyOnPrefixes.load(p)
             else:
                 ev = evaluate_policy(
-                    self._model(name, cfg, step),
+                    self.model(name, cfg, step),
                     prefixes,
                     batch_size=self.preset.eval_batch_size,
                 )
@@ -101,7 +101,7 @@ class CheckpointEvals:
         out: KLByRef = {r: {} for r in ref_cfgs}
         lens = {}
         for step in self.steps:
-            model = self._model(name, cfg, step)
+            model = self.model(name, cfg, step)
             own = own_prefix_set(
                 model,
                 prompts,
@@ -115,7 +115,7 @@ class CheckpointEvals:
             ev = evaluate_policy(model, own, batch_size=self.preset.eval_batch_size)
             for r in out:
                 ev_r = evaluate_policy(
-                    self._model(r, ref_cfgs[r], step), own, batch_size=self.preset.eval_batch_size
+                    self.model(r, ref_cfgs[r], step), own, batch_size=self.preset.eval_batch_size
                 )
                 out[r][step] = self._kl_pair(ev, ev_r)
         _save_kl(cache, out)
@@ -133,6 +133,71 @@ class CheckpointEvals:
             chunk_size=self.preset.kl_chunk_size,
         )
         return (kl["forward"], kl["reverse"])
+
+
+class HeldoutEvals:
+    """Held-out accuracy of runs at step 0 (the initial policy, computed once) and at every
+    checkpoint, cached as ``evals/<name>/heldout.json`` and ``evals/initial_heldout.json``."""
+
+    def __init__(self, preset: ExperimentPreset, out: Path, steps: list[int], prefix_cfg):
+        """prefix_cfg: () -> the PrefixConfig of the held-out split (called when first needed)."""
+        self.preset, self.out, self.steps, self.prefix_cfg = preset, out, steps, prefix_cfg
+        self._prompts: tuple | None = None
+
+    def _inputs(self, model_dir: str):
+        import dataclasses
+
+        from dlc_jax.data.tokenize import load_tokenizer
+        from dlc_jax.experiments.prefixes import heldout_prompts
+
+        if self._prompts is None:
+            tok = load_tokenizer(model_dir)
+            pcfg = dataclasses.replace(self.prefix_cfg(), num_prompts=self.preset.heldout.prompts)
+            recs, ids = heldout_prompts(pcfg, tok)
+            self._prompts = (ids, [r["answer"] for r in recs], tok)
+        return self._prompts
+
+    def _score(self, model, model_dir: str, step: int) -> dict:
+        from dlc_jax.experiments.heldout import heldout_score
+
+        ids, answers, tok = self._inputs(model_dir)
+        return heldout_score(
+            model,
+            ids,
+            answers,
+            lambda t: tok.decode(t, skip_special_tokens=True),
+            eos_id=int(tok.eos_token_id),
+            cfg=self.preset.heldout,
+            step=step,
+        ).to_json()
+
+    def initial(self, model_dir: str) -> dict:
+        cache = self.out / "evals" / "initial_heldout.json"
+        if cache.exists():
+            return json.loads(cache.read_text())
+        from dlc_jax.model import load_hf
+
+        score = self._score(load_hf(model_dir), model_dir, 0)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(score))
+        return score
+
+    def run(self, name: str, cfg, load_model) -> dict:
+        """{"steps": [0, t...], "greedy": [...], "sampled": [...], "greedy_correct": [[...]...],
+        "sampled_correct": [[...]...]}; load_model(name, cfg, step) -> theta_t."""
+        cache = self.out / "evals" / name / "heldout.json"
+        if cache.exists():
+            return json.loads(cache.read_text())
+        steps = self.steps if self.preset.heldout.every_checkpoint else self.steps[-1:]
+        scores = [self.initial(cfg.model.path)]
+        for step in steps:
+            scores.append(self._score(load_model(name, cfg, step), cfg.model.path, step))
+        out = {"steps": [0, *steps]}
+        for key in ("greedy", "sampled", "greedy_correct", "sampled_correct"):
+            out[key] = [s[key] for s in scores]
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(out))
+        return out
 
 
 def _load_kl(path: Path) -> KLByRef:

@@ -1,5 +1,5 @@
 """``dlc-jax experiment --preset NAME [--out DIR] [--arms ...] [--scenarios ...] [--steps N]
-[--seeds ...]``.
+[--seeds ...] [--workers N]``.
 
 ``--report-only`` regenerates ``report.md`` and the plots from the existing run outputs.
 """
@@ -20,6 +20,11 @@ def _parser() -> ArgumentParser:
         "--out", default=None, help="experiment directory (default experiments_out/<preset>)"
     )
     ap.add_argument("--arms", nargs="+", default=None, choices=sorted(ARMS), help="subset of arms")
+    ap.add_argument(
+        "--onpolicy-only",
+        action="store_true",
+        help="only the on-policy runs (a learning-rate / batch sweep: see docs/experiments)",
+    )
     ap.add_argument("--scenarios", nargs="+", default=None, help="subset of the preset's scenarios")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: the preset's)")
     ap.add_argument(
@@ -45,7 +50,29 @@ def _parser() -> ArgumentParser:
         "e.g. "
         "dims.num_hidden_layers=1 for a CPU smoke test of an accelerator preset",
     )
+    ap.add_argument(
+        "--sweep",
+        nargs="*",
+        default=None,
+        metavar="POINT",
+        help="run the preset's on-policy sweep (all points, or those named) instead of the matrix; "
+        "--seeds picks the seeds",
+    )
+    ap.add_argument(
+        "--check-sources",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="train TIS for STEPS steps under each scenario and tabulate its measured |delta| and "
+        "|ell| (does each scenario have the error source it names?)",
+    )
     ap.add_argument("--report-only", action="store_true", help="only regenerate report.md + plots")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="trainings at once (each a subprocess; evaluation runs one at a time in this process)",
+    )
     ap.add_argument(
         "--run-timeout", type=float, default=3600.0, help="seconds before a single run is killed"
     )
@@ -70,13 +97,37 @@ def cli(argv: list[str]) -> int:
     exp = Experiment(
         preset,
         args.out or f"experiments_out/{preset.name}",
-        arms=args.arms,
+        arms=[] if args.onpolicy_only else args.arms,
         scenarios=args.scenarios,
         steps=args.steps,
         seeds=args.seeds,
         run_timeout_s=args.run_timeout,
         extra_overrides=tuple(args.override),
+        workers=args.workers,
     )
+    if args.check_sources is not None:
+        from dlc_jax.experiments.sources import check_sources
+
+        out = args.out or f"experiments_out/{preset.name}_sources"
+        print(f"sources: {check_sources(preset, out, args.check_sources)}")
+        return 0
+    if args.sweep is not None:
+        from dlc_jax.experiments.sweep import SWEEPS, run_sweep
+
+        points = SWEEPS.get(preset.name, ())
+        known = [p.name for p in points]
+        bad = [p for p in args.sweep if p not in known]
+        if bad or not points:
+            raise SystemExit(
+                f"--sweep: unknown points {bad} for preset {preset.name} (have {known})"
+            )
+        chosen = {p.name for p in points if not args.sweep or p.name in args.sweep}
+        out = args.out or f"experiments_out/{preset.name}_sweep"
+        md = run_sweep(
+            preset, out, list(points), seeds=args.seeds, workers=args.workers, run=chosen
+        )
+        print(f"sweep: {md}")
+        return 0
     path = exp.write_report() if args.report_only else exp.run()
     print(f"report: {path}")
     return 0

@@ -49,21 +49,43 @@ def train_run(spec: RunSpec, cfg, run_dir: Path, *, jax_cache: Path, timeout_s: 
             env=env,
             start_new_session=True,
         )
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+        rc, cpu_s = _wait_with_usage(proc, timeout_s)
     wall = time.time() - t0
     if rc != 0:
         tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(
             f"run {spec.name} failed with exit code {rc}; log {run_dir / 'train.log'}:\n{tail}"
         )
-    (run_dir / "DONE").write_text(json.dumps({"wall_s": wall}))
-    log_progress(f"train {spec.name}: done in {wall:.0f}s")
+    (run_dir / "DONE").write_text(
+        json.dumps({"wall_s": wall, "cpu_s": cpu_s, "loadavg": loadavg()})
+    )
+    log_progress(f"train {spec.name}: done in {wall:.0f}s ({cpu_s:.0f} CPU-s, load {loadavg()})")
     return run_dir
+
+
+def _wait_with_usage(proc: subprocess.Popen, timeout_s: float) -> tuple[int, float]:
+    """Wait for ``proc`` (killing its session after ``timeout_s``) -> (exit code, CPU-seconds of
+    the process and the children it waited for). CPU-seconds do not depend on the machine's load,
+    wall seconds do."""
+    deadline = time.time() + timeout_s
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, float(usage.ru_utime + usage.ru_stime)
+        if time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        time.sleep(0.2)
+
+
+def loadavg() -> str:
+    """The 1/5/15-minute load averages ("" where unavailable)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return ""
 
 
 def sample_reference_prefixes(out: Path, cfg, pcfg, model_dir: str):

@@ -32,12 +32,13 @@ def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -
     """The matrix: the on-policy runs first, then seed-major scenario x arm (so an interrupted
     matrix has
     every arm at its first seeds rather than some arms at all seeds)."""
-    arms = list(arms or preset.arms)
+    arms = list(preset.arms if arms is None else arms)  # [] = the on-policy runs only
     scs = [preset.scenario(s) for s in scenarios] if scenarios else list(preset.scenarios)
     bad = [a for a in arms if a not in ARMS]
     if bad:
         raise ValueError(f"--arms: unknown arms {bad} (known: {sorted(ARMS)})")
-    seeds = list(seeds if seeds is not None else preset.seeds)
+    more = () if seeds is not None else preset.more_seeds
+    seeds = list(seeds if seeds is not None else preset.seeds) + list(more)
     specs = [
         RunSpec(
             onpolicy_name(s),
@@ -51,6 +52,8 @@ def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -
     for seed in seeds:
         for sc in scs:
             for a in arms:
+                if seed in more and a not in preset.more_seed_arms:
+                    continue
                 specs.append(
                     RunSpec(
                         f"{sc.name}__{a}__s{seed}",
@@ -65,7 +68,10 @@ def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -
 
 def arm_overrides(arm, sc: Scenario) -> tuple[str, ...]:
     out = [f"loss.name={arm.loss}"] + [f"loss.{k}={v}" for k, v in arm.options]
-    policy = arm.own_resync or sc.sync
+    # a sampler synced before every batch has no lag to trigger on: every arm follows it
+    policy = sc.sync if sc.sync == "onpolicy" else (arm.own_resync or sc.sync)
     out += [f"resync.policy={policy}", f"resync.k={sc.sync_k}"]
     out += [f"sampler.quantization={sc.quantization}", f"sampler.weight_noise={sc.weight_noise}"]
-    return tuple(out)
+    if sc.dtype:
+        out.append(f"sampler.dtype={sc.dtype}")
+    return tuple(out) + tuple(arm.extra)

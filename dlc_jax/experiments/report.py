@@ -13,6 +13,13 @@ from pathlib import Path
 from dlc_jax.experiments.analysis import AnalysisConfig, summarize
 from dlc_jax.experiments.arm_styles import arm_key
 from dlc_jax.experiments.claims import ArmStats, arm_stats, claims
+from dlc_jax.experiments.evidence import (
+    first_table,
+    heldout_lines,
+    power_lines,
+    summary_json,
+    write_summary,
+)
 from dlc_jax.experiments.plots import plot_crossings, plot_noise, plot_scenario
 from dlc_jax.experiments.results import NoiseThreshold, RunResult, load_results
 
@@ -205,17 +212,30 @@ def write_report(
         if r.scenario != "reference":
             by_sc.setdefault(r.scenario, {}).setdefault(r.arm, []).append(r)
     all_stats: dict[str, dict[str, ArmStats]] = {}
+    by_sc = {sc: {a: sorted(v, key=lambda r: r.seed) for a, v in by_sc[sc].items()} for sc in by_sc}
     for sc in sorted(by_sc):
-        by_arm = {a: sorted(v, key=lambda r: r.seed) for a, v in by_sc[sc].items()}
+        by_arm = dict(by_sc[sc])
         if refs:
             by_arm["onpolicy"] = refs
-        st = {a: arm_stats(a, runs, noise, summaries, cfg) for a, runs in by_arm.items()}
-        all_stats[sc] = st
+        all_stats[sc] = {a: arm_stats(a, runs, noise, summaries, cfg) for a, runs in by_arm.items()}
+    claim_lines = claims(all_stats, results, noise, summaries, cfg)
+    kinds = {s.name: s.kind for s in preset.scenarios} if preset is not None else {}
+    summary = summary_json(by_sc, refs, all_stats, kinds, claim_lines)
+    write_summary(exp / "summary.json", summary)
+    lines += first_table(summary, cfg.band) + [""]
+    for sc in sorted(by_sc):
+        by_arm = dict(by_sc[sc])
+        if refs:
+            by_arm["onpolicy"] = refs
+        st = all_stats[sc]
         png = plot_scenario(sc, by_arm, st, plots / f"{sc}.png", cfg)
         lines += [f"## Scenario `{sc}`", "", f"![{sc}](plots/{png.name})", ""]
         lines += _table(st, cfg.band) + [""]
+    if any(r.heldout for r in results.values()):
+        lines += heldout_lines(by_sc, refs)
     lines += ["## The paper's claims at this scale", ""]
-    lines += claims(all_stats, results, noise, summaries, cfg) + [""]
+    lines += claim_lines + [""]
+    lines += power_lines(all_stats, cfg.band)
     cross = [
         (s.arm, float(s.gaussian_first_below), float(s.ess_first_below))
         for s in summaries.values()

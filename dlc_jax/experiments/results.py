@@ -11,11 +11,15 @@ Per-step series (all lists aligned with ``steps``; missing values are ``None``):
     ell_std,
     delta_mean, delta_std, mismatch_k3 (KL(q||p) on the sampler's own prefixes, k3 estimator),
     version_lag (steps since the sampler's weights were synced, per step), resyncs (cumulative
-    count)
+    count), delta_abs_mean and ell_abs_mean (mean |delta| and |ell| over the batch's tokens)
 Checkpoint-step series: ``kl_steps`` with ``kl_forward`` = mean over the compared on-policy runs O_j
 (those of the other sampling seeds) of KL(run_t || O_j,t) on the reference prefixes, ``kl_reverse``
 the other direction; ``kl_by_ref`` = {O_j: [KL(run_t || O_j,t)]} and ``own_kl_by_ref`` the same on
 prefixes the run sampled itself (empty when not measured).
+Held-out accuracy of theta_t from the run's checkpoints (heldout.py): ``heldout`` = {"steps": [0,
+checkpoint steps...], "greedy", "sampled": [accuracy per step], "greedy_correct",
+"sampled_correct": [[per-prompt score] per step]} (step 0 is the initial policy; empty when not
+measured).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ SERIES = (
     "mismatch_k3",
     "version_lag",
     "resyncs",
+    "delta_abs_mean",
+    "ell_abs_mean",
 )
 
 
@@ -59,6 +65,7 @@ class RunResult:
     seed: int = 0
     kl_by_ref: dict = dataclasses.field(default_factory=dict)
     own_kl_by_ref: dict = dataclasses.field(default_factory=dict)
+    heldout: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         n = len(self.steps)

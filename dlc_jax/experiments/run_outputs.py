@@ -19,6 +19,8 @@ METRIC_KEYS: dict[str, tuple[str, ...]] = {
     "ell_mean": ("ell_mean", "lag/mean"),
     "ell_std": ("ell_std", "lag/std"),
     "delta_mean": ("delta_mean", "discrepancy/mean"),
+    "delta_abs_mean": ("delta_abs_mean",),
+    "ell_abs_mean": ("ell_abs_mean",),
     "delta_std": ("delta_std", "discrepancy/std"),
     "mismatch_k3": ("kl_k3", "mismatch/kl_k3"),
     "version_lag": (
@@ -53,9 +55,12 @@ def normalize_metrics(rows: list[dict]) -> tuple[list[int], dict[str, list]]:
     return steps, series
 
 
-def run_result(spec: RunSpec, run_dir: Path, kl: dict, own: dict | None) -> RunResult:
+def run_result(
+    spec: RunSpec, run_dir: Path, kl: dict, own: dict | None, heldout: dict | None = None
+) -> RunResult:
     """``spec``'s result from the run trained in ``run_dir`` (possibly another spec's identical
-    run) and its KL to each on-policy run on the reference (``kl``) and own (``own``) prefixes."""
+    run), its KL to each on-policy run on the reference (``kl``) and own (``own``) prefixes and
+    its held-out accuracy per checkpoint (``heldout``, see results.py)."""
     rows = read_metrics(run_dir / "logs" / "metrics.jsonl")
     steps, series = normalize_metrics(rows)
     kl_steps = sorted({s for by in kl.values() for s in by})
@@ -80,7 +85,13 @@ def run_result(spec: RunSpec, run_dir: Path, kl: dict, own: dict | None) -> RunR
         seed=spec.seed,
         kl_by_ref={r: [kl[r].get(s, (None,))[0] for s in kl_steps] for r in refs},
         own_kl_by_ref={r: [own[r].get(s, (None,))[0] for s in kl_steps] for r in sorted(own)},
-        info={"overrides": list(spec.overrides), "trained_as": run_dir.name},
+        info={
+            "overrides": list(spec.overrides),
+            "trained_as": run_dir.name,
+            "cpu_s": done.get("cpu_s"),
+            "loadavg": done.get("loadavg"),
+        },
+        heldout=dict(heldout or {}),
     )
 
 

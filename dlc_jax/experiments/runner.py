@@ -23,11 +23,13 @@ import dataclasses
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from dlc_jax.experiments.checkpoint_evals import CheckpointEvals
+from dlc_jax.experiments.checkpoint_evals import CheckpointEvals, HeldoutEvals
 from dlc_jax.experiments.launch import (
     REPO_ROOT,
+    loadavg,
     log_progress,
     sample_reference_prefixes,
     train_run,
@@ -39,7 +41,8 @@ from dlc_jax.experiments.run_outputs import run_result, write_noise
 
 class Experiment:
     """Runs a preset's matrix under ``out``. ``steps`` overrides the preset's run length, ``seeds``
-    the arms' seeds (the on-policy runs always use all of ``preset.onpolicy_seeds``)."""
+    the arms' seeds (the on-policy runs always use all of ``preset.onpolicy_seeds``); ``workers``
+    trainings run at once (subprocesses; evaluation stays in this process, one run at a time)."""
 
     def __init__(
         self,
@@ -52,7 +55,13 @@ class Experiment:
         seeds=None,
         run_timeout_s: float = 3600.0,
         extra_overrides: tuple[str, ...] = (),
+        workers: int = 1,
+        cache_dir: str | Path | None = None,
     ):
+        if workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {workers}")
+        self.workers = int(workers)
+        self._cache_dir = Path(cache_dir).absolute() if cache_dir is not None else None
         self.preset = preset
         self.out = Path(out).absolute()
         self.steps = int(steps or preset.steps)
@@ -62,6 +71,7 @@ class Experiment:
         self.extra_overrides = tuple(extra_overrides)
         self.timings: dict[str, float] = {}
         self.evals = CheckpointEvals(preset, self.out, self.checkpoint_steps())
+        self.heldout = HeldoutEvals(preset, self.out, self.checkpoint_steps(), self.prefix_config)
 
     # -- configs --------------------------------------------------------------------------------
     def _base_path(self) -> Path:
@@ -69,7 +79,8 @@ class Experiment:
         return p if p.is_absolute() else REPO_ROOT / p
 
     def cache_dir(self) -> Path:
-        return self.out / "cache"
+        """Warm-up model, task data and compile cache (``out/cache`` unless shared)."""
+        return self._cache_dir or self.out / "cache"
 
     def base_overrides(self) -> list[str]:
         ov = list(self.preset.overrides) + [
@@ -158,11 +169,14 @@ class Experiment:
             from dlc_jax.data.chain_arith import ChainArithSource, write_jsonl
 
             t = self.preset.task
-            held = self.cache_dir() / f"chain_arith_heldout-{t.key()}.jsonl"
+            n = max(pcfg.num_prompts, self.preset.heldout.prompts, 64)
+            suffix = "" if n == 64 else f"-{n}"  # 64: the name older experiments used
+            held = self.cache_dir() / f"chain_arith_heldout-{t.key()}{suffix}.jsonl"
             if not held.exists():
+                held.parent.mkdir(parents=True, exist_ok=True)
                 write_jsonl(
                     ChainArithSource(
-                        dataclasses.replace(t.task, num_examples=max(pcfg.num_prompts, 64)),
+                        dataclasses.replace(t.task, num_examples=n),
                         seed=pcfg.data_seed,
                     ),
                     held,
@@ -213,56 +227,31 @@ class Experiment:
         prefixes = self.make_prefixes(model_dir)
         log_progress(
             f"{prefixes.num_prefixes} reference prefixes; {len(self.specs)} runs x {self.steps} "
-            "steps, "
-            f"checkpoints at {self.checkpoint_steps()}"
+            f"steps, checkpoints at {self.checkpoint_steps()}, {self.workers} worker(s)"
         )
-        trained: dict[str, str] = {}  # training identity -> run name that trained it
-        done: dict[str, tuple[Path, dict, dict | None]] = {}
+        cfgs = {s.name: self.run_config(s, model_dir) for s in self.specs}
+        owner: dict[str, str] = {}  # run name -> the run with the identical config that trains
+        first: dict[str, str] = {}
+        for spec in self.specs:
+            owner[spec.name] = first.setdefault(self.training_identity(cfgs[spec.name]), spec.name)
+        aliases: dict[str, list[RunSpec]] = {}
+        for spec in self.specs:
+            aliases.setdefault(owner[spec.name], []).append(spec)
         failures: dict[str, str] = {}
         onpol = [s for s in self.specs if s.arm == "onpolicy"]
-        ref_cfgs = {s.name: self.run_config(s, model_dir) for s in onpol}
-        refs = {}
-        for spec in onpol:  # no reference, no experiment: these must all finish
-            t0 = time.time()
-            fresh = not (self.out / "runs" / spec.name / "DONE").exists()
-            self.train(spec, ref_cfgs[spec.name])
-            refs[spec.name] = self.evals.reference_evals(spec.name, ref_cfgs[spec.name], prefixes)
-            if fresh:
-                self.timings[spec.name] = time.time() - t0
-        for spec in self.specs:
-            cfg = ref_cfgs.get(spec.name) or self.run_config(spec, model_dir)
-            ident = self.training_identity(cfg)
-            src = trained.get(ident)
-            if src is not None and src != spec.name and src in done:
-                log_progress(f"{spec.name}: identical config to {src}; reusing its run")
-                run_dir, kl, own = done[src]
-            else:
-                t0 = time.time()
-                try:
-                    fresh = not (self.out / "runs" / spec.name / "DONE").exists()
-                    run_dir = self.train(spec, cfg)
-                    others = self.refs_for(spec)
-                    kl = self.evals.distances(
-                        spec.name, cfg, prefixes, {r: refs[r] for r in others}
-                    )
-                    own = (
-                        self.evals.own_distances(
-                            spec.name, cfg, prefixes, {r: ref_cfgs[r] for r in others}
-                        )
-                        if self.wants_own_prefixes(spec)
-                        else None
-                    )
-                except (RuntimeError, subprocess.TimeoutExpired) as e:
-                    failures[spec.name] = str(e)[-2000:]
-                    log_progress(
-                        f"{spec.name} FAILED (continuing; listed in failures.json): {str(e)[:300]}"
-                    )
-                    continue
-                if fresh and spec.name not in self.timings:
-                    self.timings[spec.name] = time.time() - t0
-                trained[ident] = spec.name
-                done[spec.name] = (run_dir, kl, own)
-            run_result(spec, run_dir, kl, own).save(self.out)
+        for spec, err in self._train_parallel(onpol, cfgs):  # no reference, no experiment
+            if err is not None:
+                raise RuntimeError(f"on-policy run {spec.name} failed: {err}")
+        refs = {s.name: self.evals.reference_evals(s.name, cfgs[s.name], prefixes) for s in onpol}
+        todo = onpol + [s for s in self.specs if s.arm != "onpolicy" and owner[s.name] == s.name]
+        for spec, err in self._train_parallel(todo, cfgs):
+            if err is not None:
+                failures[spec.name] = str(err)[-2000:]
+                log_progress(
+                    f"{spec.name} FAILED (continuing; listed in failures.json): {str(err)[:300]}"
+                )
+                continue
+            self._evaluate(spec, cfgs, prefixes, refs, aliases[spec.name])
             write_noise(self.out, [s.name for s in onpol])
         (self.out / "failures.json").write_text(json.dumps(failures, indent=1))
         log_progress(f"all runs done in {time.time() - t_all:.0f}s ({len(failures)} failed)")
@@ -273,8 +262,9 @@ class Experiment:
                         "total_s": time.time() - t_all,
                         "started": t_all,
                         "finished": time.time(),
+                        "workers": self.workers,
                         "runs": self.timings,
-                        "loadavg": _loadavg(),
+                        "loadavg": loadavg(),
                     },
                     indent=1,
                 )
@@ -282,6 +272,56 @@ class Experiment:
         if report:
             return self.write_report()
         return self.out
+
+    def _train_parallel(self, specs: list[RunSpec], cfgs: dict):
+        """Yield (spec, None | error) as the trainings of ``specs`` finish, ``self.workers`` at a
+        time (subprocesses; the caller evaluates each in this process while the others train)."""
+
+        def one(spec: RunSpec) -> None:
+            t0 = time.time()
+            fresh = not (self.out / "runs" / spec.name / "DONE").exists()
+            self.train(spec, cfgs[spec.name])
+            if fresh:
+                self.timings[spec.name] = time.time() - t0
+
+        errors = (RuntimeError, subprocess.TimeoutExpired)
+        if self.workers <= 1:
+            for spec in specs:
+                try:
+                    one(spec)
+                except errors as e:
+                    yield spec, e
+                    continue
+                yield spec, None
+            return
+        with ThreadPoolExecutor(self.workers) as pool:
+            futures = {pool.submit(one, spec): spec for spec in specs}
+            for fut in as_completed(futures):
+                err = fut.exception()
+                if err is not None and not isinstance(err, errors):
+                    raise err
+                yield futures[fut], err
+
+    def _evaluate(self, spec: RunSpec, cfgs: dict, prefixes, refs: dict, same: list[RunSpec]):
+        """KL to the on-policy runs, own-prefix KL and held-out accuracy of the trained ``spec``;
+        its result is saved under every run name in ``same`` (identical configs)."""
+        cfg = cfgs[spec.name]
+        run_dir = self.out / "runs" / spec.name
+        t0 = time.process_time()
+        others = self.refs_for(spec)
+        kl = self.evals.distances(spec.name, cfg, prefixes, {r: refs[r] for r in others})
+        own = (
+            self.evals.own_distances(spec.name, cfg, prefixes, {r: cfgs[r] for r in others})
+            if self.wants_own_prefixes(spec)
+            else None
+        )
+        held = self.heldout.run(spec.name, cfg, self.evals.model)
+        if spec.name in self.timings:
+            self.timings[f"{spec.name}/eval_cpu_s"] = time.process_time() - t0
+        for alias in same:
+            if alias.name != spec.name:
+                log_progress(f"{alias.name}: identical config to {spec.name}; reusing its run")
+            run_result(alias, run_dir, kl, own, held).save(self.out)
 
     def write_report(self) -> Path:
         from dlc_jax.experiments.report import write_report
@@ -302,10 +342,3 @@ class Experiment:
             steps=self.steps,
             ckpt_every=self.ckpt_every,
         )
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return ""

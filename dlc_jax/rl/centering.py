@@ -82,10 +82,11 @@ def lag_active(cfg: LossConfig, log_r: jax.Array, pos: jax.Array) -> jax.Array:
 
 def dlc_residual(cfg: LossConfig, p: Prepared) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DLC centering residual [B,T,K] (docs/CORRECTIONS.md, DLC):
-    coefH = q_H r_H act_H with r_H = p_H / p_s,H; coefT = (q_t/p_t) r_t act_t on the tail masses;
-    resid = coefH - coefT p_H. ``act`` is ``lag_active``: exactly where the sampled token's clipped
-    (and dual-clipped, and safety-bounded) PPO term passes gradient, so the centered gradient has
-    mean zero under q."""
+    coefH = (q_H - p_s,H) r_H act_H with r_H = p_H / p_s,H; coefT = ((q_t - s_t)/p_t) r_t act_t on
+    the tail masses; resid = coefH - coefT p_H. ``act`` is ``lag_active``: exactly where the
+    sampled token's clipped (and dual-clipped, and safety-bounded) PPO term passes gradient. The
+    centered gradient's mean under q is then PPO-clip-vs-theta_s's mean under p_s: the
+    discrepancy is removed, the clipped lag is left to the clip (with q = p_s the term is 0)."""
     assert p.lp_head is not None and p.lq_head is not None and p.lps_head is not None
     assert p.hv is not None
     bound = cfg.log_ratio_clip
@@ -97,10 +98,14 @@ def dlc_residual(cfg: LossConfig, p: Prepared) -> tuple[jax.Array, dict[str, jax
     pos = p.adv >= 0
     ell_h = sg(p.lp_head) - p.lps_head
     act_h = lag_active(cfg, ell_h, pos[..., None])
-    coef_h = q_h * jnp.exp(jnp.clip(ell_h, -bound, bound)) * act_h
+    w_h = jnp.exp(jnp.clip(ell_h, -bound, bound)) * act_h  # the clipped lag weight r act
     ell_t = jnp.log(p_t) - jnp.log(s_t)
     act_t = lag_active(cfg, ell_t, pos)
-    coef_t = (q_t / p_t) * jnp.exp(jnp.clip(ell_t, -bound, bound)) * act_t
+    w_t = jnp.exp(jnp.clip(ell_t, -bound, bound)) * act_t
+    # E_q[r act s] - E_{p_s}[r act s]: only the discrepancy q vs p_s is centered; the clipped
+    # lag's own mean (what the clip leaves of the update) is kept, as PPO-clip vs theta_s has it
+    coef_h = (q_h - s_h) * w_h
+    coef_t = (q_t - s_t) / p_t * w_t
     resid = jnp.where(p.hv > 0, coef_h - coef_t[..., None] * p_h, 0.0)
     n_head = jnp.maximum(jnp.sum(p.hv, -1), 1.0)
     info = {

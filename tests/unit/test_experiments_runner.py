@@ -14,19 +14,31 @@ from dlc_jax.experiments.runner import Experiment
 def test_matrix_is_onpolicy_runs_then_seed_major_scenario_by_arm():
     specs = run_specs(TINY)
     n_on = len(TINY.onpolicy_seeds)
-    assert n_on >= 3 and len(TINY.seeds) >= 3  # noise threshold over >= 3 pairs, >= 3 seeds per arm
+    assert n_on >= 5 and len(TINY.seeds) >= 3  # >= 5 on-policy seeds, >= 3 seeds for every arm
     assert [s.name for s in specs[:n_on]] == [f"onpolicy__s{s}" for s in TINY.onpolicy_seeds]
-    assert len(specs) == n_on + len(TINY.arms) * len(TINY.scenarios) * len(TINY.seeds)
+    n_sc, n_more = len(TINY.scenarios), len(TINY.more_seeds)
+    assert len(specs) == n_on + n_sc * (
+        len(TINY.arms) * len(TINY.seeds) + len(TINY.more_seed_arms) * n_more
+    )
     assert [s.seed for s in specs[n_on:]] == sorted(s.seed for s in specs[n_on:])  # seed-major
     assert set(TINY.arms) == {
         "naive",
         "tis",
         "mis",
+        "score_centering",
         "ppo_clip",
         "decoupled_ppo",
+        "m2po",
         "dlc",
         "dlc_noresync",
     }
+    per_arm = {
+        a: {s.seed for s in specs if s.arm == a and s.scenario == "collapse"} for a in TINY.arms
+    }
+    assert all(len(per_arm[a]) >= 5 for a in ("naive", "tis", "dlc"))  # the issue's >= 5 seeds
+    assert min(len(v) for v in per_arm.values()) >= 3
+    kinds = {s.kind for s in TINY.scenarios}
+    assert kinds == {"lag", "discrepancy", "both"}  # each source alone, then both
     sub = run_specs(TINY, arms=["tis", "dlc"], scenarios=["collapse"], seeds=[5])
     assert [s.name for s in sub[n_on:]] == ["collapse__tis__s5", "collapse__dlc__s5"]
     with pytest.raises(ValueError, match="unknown arms"):
@@ -60,8 +72,12 @@ def test_run_configs_differ_only_where_the_arm_scenario_and_seed_say(tmp_path):
     )
     # an arm run is compared with the on-policy runs of the *other* seeds, like an on-policy pair
     spec = {s.name: s for s in exp.specs}
-    assert exp.refs_for(spec["collapse__tis__s1"]) == ["onpolicy__s0", "onpolicy__s2"]
-    assert exp.refs_for(spec["onpolicy__s0"]) == ["onpolicy__s1", "onpolicy__s2"]
+    assert exp.refs_for(spec["collapse__tis__s1"]) == [
+        f"onpolicy__s{s}" for s in TINY.onpolicy_seeds if s != 1
+    ]
+    assert exp.refs_for(spec["onpolicy__s0"]) == [
+        f"onpolicy__s{s}" for s in TINY.onpolicy_seeds if s != 0
+    ]
     assert exp.wants_own_prefixes(spec["collapse__tis__s1"]) and exp.wants_own_prefixes(
         spec["onpolicy__s0"]
     )

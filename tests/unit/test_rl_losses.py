@@ -181,7 +181,8 @@ def np_reference(cfg, d, lp_var=None, lph_var=None):
         actH = np.where(A[..., None] >= 0, rH <= hi_c, rH >= lo_c)
         rt = pt / st
         actT = np.where(A >= 0, rt <= hi_c, rt >= lo_c)
-        resid = qH * rH * actH - ((qt / pt) * rt * actT)[..., None] * pH
+        # only the discrepancy q vs p_s is centered: E_q[r act s] - E_{p_s}[r act s]
+        resid = (qH - sH) * rH * actH - (((qt - st) / pt) * rt * actT)[..., None] * pH
         per = per + A * (resid * xh).sum(-1)
         g_h = A[..., None] * resid
     else:
@@ -429,7 +430,6 @@ def test_tis_without_cap_is_full_importance_sampling():
         ("score_centering", {}),
         ("score_centering_tis", {"tis_cap": 1.1}),
         ("score_centering_mask", {"mis_low": 0.9, "mis_high": 1.1}),
-        ("dlc", {"clip_low": 0.1, "clip_high": 0.1}),
     ],
 )
 def test_centered_gradient_has_zero_expectation_under_q(name, cfg_over):
@@ -463,9 +463,6 @@ def test_centered_gradient_has_zero_expectation_under_q(name, cfg_over):
         expect = (q[:, None] * grads).sum(0)
         assert np.abs(grads).max() > 1e-2
         np.testing.assert_allclose(expect, 0.0, atol=2e-6)
-    if name == "dlc":  # the clip was active on part of the vocabulary: non-trivial coefficients
-        r = np.exp(np.asarray(jax.nn.log_softmax(theta0) - ls))
-        assert ((r > 1.1) | (r < 0.9)).any()
 
 
 def test_uncentered_gradient_is_biased_under_q():
@@ -595,6 +592,7 @@ def _full_head_grads(cfg, lp_theta, lq, ls, adv):
             lp=lp[a][None, None],
             lp_q=lq[a][None, None],
             lp_s=ls[a][None, None],
+            lp_old=ls[a][None, None],  # PPO-clip's anchor: theta_s
             mask=jnp.ones((1, 1)),
             adv=jnp.array([adv]),
             lp_head=lp[None, None],
@@ -609,9 +607,55 @@ def _full_head_grads(cfg, lp_theta, lq, ls, adv):
     )
 
 
-def test_dlc_centered_gradient_has_zero_mean_under_q_with_dual_clip():
+def _ppo_mean_under_ps(cfg, lp_theta, lq, ls, adv):
+    """E_{a ~ p_s}[gradient of PPO-clip against theta_s]: what DLC's centered gradient must have
+    as its mean under q (the discrepancy q vs p_s removed, the clipped lag kept)."""
+    ppo = dataclasses.replace(cfg, name="ppo_clip")
+    grads = _full_head_grads(ppo, lp_theta, lq, ls, adv)
+    return (np.exp(np.asarray(ls))[:, None] * grads).sum(0)
+
+
+@pytest.mark.parametrize("adv", [1.0, -0.7])
+def test_dlc_gradient_under_q_has_the_mean_of_ppo_clip_under_p_s(adv):
+    """Head = whole vocabulary, constant advantage: sum_a q_a grad DLC(a) equals
+    sum_a p_s,a grad PPO-clip-vs-theta_s(a) exactly, with the clip active on part of the
+    vocabulary (so the clipped lag's own mean is non-zero and must be kept)."""
+    rng = np.random.default_rng(7)
+    v = 9
+    theta0 = jnp.asarray(rng.normal(size=v), jnp.float32)
+    lq = jax.nn.log_softmax(theta0 + jnp.asarray(rng.normal(size=v) * 0.4, jnp.float32))
+    ls = jax.nn.log_softmax(theta0 + jnp.asarray(rng.normal(size=v) * 0.2, jnp.float32))
+    cfg = LossConfig(name="dlc", clip_low=0.1, clip_high=0.1)
+    r = np.exp(np.asarray(jax.nn.log_softmax(theta0) - ls))
+    assert ((r > 1.1) | (r < 0.9)).any()  # the clip is active somewhere
+    q = np.exp(np.asarray(lq))
+    grads = _full_head_grads(cfg, theta0, lq, ls, adv)
+    assert np.abs(grads).max() > 1e-2
+    want = _ppo_mean_under_ps(cfg, theta0, lq, ls, adv)
+    assert np.abs(want).max() > 1e-3  # non-trivial: a zero-mean centering would miss it
+    np.testing.assert_allclose((q[:, None] * grads).sum(0), want, atol=2e-6)
+
+
+def test_dlc_without_discrepancy_is_ppo_clip_vs_theta_s_even_when_the_lag_is_clipped():
+    """q = p_s (the sampler computes exactly like the trainer): nothing to center, so DLC must be
+    PPO-clip against theta_s token by token, whatever the clip does. Before the fix the centering
+    term also centered the clipped lag, adding sum over clipped candidates of p_v s_v: a push that
+    moves the clipped tokens further out of the trust region (the committed tiny run's DLC moved
+    its policy as fast as naive REINFORCE, 3x faster than PPO-clip)."""
+    d = make_batch(full_head=True, lag=0.6)  # a large lag: many ratios outside the band
+    d1 = {**d, "lp_q": d["lp_s"], "lq_head": d["lps_head"]}
+    cfg = LossConfig(name="dlc")
+    _, met, g_dlc, gh_dlc = jax_loss_and_grads(cfg, d1)
+    assert float(met["head_clip_frac"]) > 0.2  # the clip is active on the head
+    _, _, g_ppo, _ = jax_loss_and_grads(LossConfig(name="ppo_clip"), {**d1, "lp_old": d["lp_s"]})
+    np.testing.assert_allclose(g_dlc, g_ppo, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(gh_dlc, 0.0, atol=1e-6)  # the centering term vanishes
+
+
+def test_dlc_centered_gradient_with_dual_clip_has_the_mean_of_ppo_clip_under_p_s():
     """With loss.dual_clip set, tokens whose lag ratio exceeds c (A < 0) get no gradient; the
-    centering term must drop the same candidates, or its mean under q is no longer zero."""
+    centering term must drop the same candidates, or its mean under q is no longer PPO-clip's
+    mean under p_s."""
     rng = np.random.default_rng(11)
     v = 9
     theta0 = jnp.asarray(rng.normal(size=v), jnp.float32)
@@ -624,7 +668,8 @@ def test_dlc_centered_gradient_has_zero_mean_under_q_with_dual_clip():
     for adv in (-0.7, 1.0):
         grads = _full_head_grads(cfg, theta0, lq, ls, adv)
         assert np.abs(grads).max() > 1e-2
-        np.testing.assert_allclose((q[:, None] * grads).sum(0), 0.0, atol=2e-6)
+        want = _ppo_mean_under_ps(cfg, theta0, lq, ls, adv)
+        np.testing.assert_allclose((q[:, None] * grads).sum(0), want, atol=2e-6)
 
 
 def test_dlc_head_lag_beyond_the_safety_bound_gives_a_bounded_gradient():
@@ -640,8 +685,9 @@ def test_dlc_head_lag_beyond_the_safety_bound_gives_a_bounded_gradient():
             grads = _full_head_grads(cfg, lp, lq, ls, adv)
             assert np.all(np.isfinite(grads))
             assert np.abs(grads).max() < 5.0, np.abs(grads).max()
-            # consistent with the sampled token, so the centered gradient still has mean 0 under q
-            np.testing.assert_allclose((q[:, None] * grads).sum(0), 0.0, atol=2e-6)
+            # consistent with the sampled token: the mean under q is still PPO-clip's under p_s
+            want = _ppo_mean_under_ps(cfg, lp, lq, ls, adv)
+            np.testing.assert_allclose((q[:, None] * grads).sum(0), want, atol=2e-6)
     # the raw per-head gradient of the centering term (w.r.t. lp_head) is bounded too
     d = dict(
         lp=lp[:1][None],

@@ -1,0 +1,125 @@
+"""Held-out accuracy of a run's policy theta_t, computed from its checkpoints, never by a sampler.
+
+The rollout reward a run logs is the *sampler's* reward: a never-synced sampler keeps answering with
+the initial weights, so that number says nothing about what the trainer learned. Here the
+checkpointed parameters themselves answer ``prompts`` held-out prompts (the experiment's held-out
+split, disjoint seed from the training data):
+
+* **greedy**: one near-greedy answer per prompt (temperature 1e-4: argmax up to exact ties);
+* **sampled**: ``samples`` answers per prompt at ``temperature`` (the training temperature).
+
+The sampling seed depends only on ``seed`` and the checkpoint step, so every run answers with the
+same random numbers at the same step: the comparison between runs is paired. Per-prompt scores are
+kept (``greedy_correct``, ``sampled_correct``) for paired bootstraps over prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+GREEDY_TEMPERATURE = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldoutConfig:
+    """prompts: held-out prompts (>= 1; the experiment uses 64); samples: sampled answers per
+    prompt; temperature: sampling temperature of the sampled accuracy; max_tokens: answer length
+    cap; seed: base sampling seed (the step is added, the run is not); every_checkpoint: evaluate
+    every checkpoint (a curve) or only the last one (step 0 is always evaluated, once)."""
+
+    prompts: int = 64
+    samples: int = 4
+    temperature: float = 1.0
+    max_tokens: int = 48
+    seed: int = 20_000
+    every_checkpoint: bool = True
+
+    def __post_init__(self):
+        if self.prompts < 1 or self.samples < 1 or self.max_tokens < 1:
+            raise ValueError(
+                f"heldout: prompts, samples and max_tokens must be >= 1, got {self.prompts}, "
+                f"{self.samples}, {self.max_tokens}"
+            )
+        if self.temperature <= 0:
+            raise ValueError(f"heldout.temperature must be > 0, got {self.temperature}")
+
+
+@dataclasses.dataclass
+class HeldoutScore:
+    """Accuracy of one policy on the held-out prompts (means of the per-prompt scores)."""
+
+    greedy: float
+    sampled: float
+    greedy_correct: list[int]
+    sampled_correct: list[float]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> HeldoutScore:
+        return cls(**d)
+
+
+def score_answers(texts: Sequence[str], answers: Sequence[str]) -> np.ndarray:
+    """1.0 where the response's final number is the reference answer's (the training reward)."""
+    from dlc_jax.data.rewards import exact_match_reward
+
+    if len(texts) != len(answers):
+        raise ValueError(f"{len(texts)} responses for {len(answers)} answers")
+    return np.array([float(exact_match_reward(t, a) > 0) for t, a in zip(texts, answers)])
+
+
+def heldout_score(
+    model,
+    prompt_ids: Sequence[np.ndarray],
+    answers: Sequence[str],
+    decode,
+    *,
+    eos_id: int,
+    cfg: HeldoutConfig,
+    step: int,
+) -> HeldoutScore:
+    """Greedy and sampled accuracy of ``model`` on the first ``cfg.prompts`` prompts.
+
+    decode: token ids -> text (the tokenizer's decode, eos already removed)."""
+    from dlc_jax.experiments.own_prefixes import sample_responses
+
+    n = min(cfg.prompts, len(prompt_ids))
+    if n < 1 or len(answers) < n:
+        raise ValueError(f"heldout: need {cfg.prompts} prompts with answers, got {len(answers)}")
+    prompts, gold = list(prompt_ids[:n]), list(answers[:n])
+
+    def texts(outs):
+        return [decode([int(t) for t in o if int(t) != eos_id]) for o in outs]
+
+    greedy_out = sample_responses(
+        model,
+        prompts,
+        max_tokens=cfg.max_tokens,
+        temperature=GREEDY_TEMPERATURE,
+        seed=cfg.seed + step,
+        eos_id=eos_id,
+        pad_id=eos_id,
+    )
+    greedy = score_answers(texts(greedy_out), gold)
+    sampled_out = sample_responses(
+        model,
+        prompts * cfg.samples,
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        seed=cfg.seed + 1_000 + step,
+        eos_id=eos_id,
+        pad_id=eos_id,
+    )
+    sampled = score_answers(texts(sampled_out), gold * cfg.samples).reshape(cfg.samples, n)
+    per_prompt = sampled.mean(axis=0)
+    return HeldoutScore(
+        greedy=float(greedy.mean()),
+        sampled=float(per_prompt.mean()),
+        greedy_correct=[int(x) for x in greedy],
+        sampled_correct=[float(x) for x in per_prompt],
+    )

@@ -1,0 +1,187 @@
+"""A small on-policy sweep: which task length / learning rate / batch makes the on-policy reference
+learn, judged by the held-out accuracy of its checkpoints (heldout.py), not by rollout reward.
+
+Each sweep point is a set of trainer overrides (and a run length) applied to a preset's on-policy
+runs; every point trains the preset's on-policy seeds (or the ``seeds`` given) from the same
+initial model (one warm-up, shared cache) and is evaluated at its checkpoints. ``sweep.json`` keeps
+the per-run numbers, ``sweep.md`` the table (docs/experiments/README.md copies it).
+
+    dlc-jax experiment --preset tiny --sweep lr2e-4 lr5e-5 ... --out DIR   (see cli.py)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dlc_jax.experiments.presets import ExperimentPreset
+from dlc_jax.experiments.stats import Interval, mean_interval
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    """name: the point's directory; overrides: trainer ``key=value``s; steps: run length (0 =
+    the preset's)."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    steps: int = 0
+
+
+def learning_delta(heldout_runs: list[dict], key: str = "sampled") -> Interval:
+    """Held-out accuracy at the last checkpoint minus at step 0, mean over runs, with a two-level
+    percentile bootstrap (runs, then prompts within each run, both with replacement): the interval
+    covers both the seed-to-seed spread and the finite prompt set."""
+    rows = [
+        np.asarray(h[f"{key}_correct"][-1], float) - np.asarray(h[f"{key}_correct"][0], float)
+        for h in heldout_runs
+        if h
+    ]
+    if not rows:
+        return mean_interval([])
+    per = np.stack(rows)  # [runs, prompts]
+    rng = np.random.default_rng(7)
+    n_boot = 2000
+    ri = rng.integers(0, per.shape[0], (n_boot, per.shape[0]))
+    pi = rng.integers(0, per.shape[1], (n_boot, per.shape[0], per.shape[1]))
+    boots = np.take_along_axis(per[ri], pi, axis=2).mean(axis=(1, 2))
+    return Interval(
+        float(per.mean()),
+        float(np.percentile(boots, 2.5)),
+        float(np.percentile(boots, 97.5)),
+        int(per.shape[0]),
+    )
+
+
+def run_sweep(
+    preset: ExperimentPreset,
+    out: str | Path,
+    points: list[SweepPoint],
+    *,
+    seeds: tuple[int, ...] | None = None,
+    workers: int = 1,
+    run: set[str] | None = None,
+) -> Path:
+    """Train and evaluate the points named in ``run`` (default: all; resumable: finished runs and
+    evaluations are kept); the table lists every point of ``points`` evaluated so far."""
+    from dlc_jax.experiments.launch import log_progress
+    from dlc_jax.experiments.runner import Experiment
+
+    out = Path(out).absolute()
+    seeds = tuple(seeds or preset.onpolicy_seeds)
+    rows = []
+    for pt in points:
+        exp = Experiment(
+            preset,
+            out / "points" / pt.name,
+            arms=[],
+            steps=pt.steps or None,
+            extra_overrides=pt.overrides,
+            workers=workers,
+            cache_dir=out / "cache",
+        )
+        exp.specs = [s for s in exp.specs if s.seed in seeds]
+        if run is not None and pt.name not in run:  # only what an earlier call evaluated
+            exp.specs = [
+                s for s in exp.specs if (exp.out / "evals" / s.name / "heldout.json").exists()
+            ]
+            if not exp.specs:
+                continue
+        exp.out.mkdir(parents=True, exist_ok=True)
+        model_dir = exp.resolve_model()
+        cfgs = {s.name: exp.run_config(s, model_dir) for s in exp.specs}
+        for spec, err in exp._train_parallel(exp.specs, cfgs):
+            if err is not None:
+                raise RuntimeError(f"sweep point {pt.name}: {spec.name} failed: {err}")
+        for spec in exp.specs:
+            held = exp.heldout.run(spec.name, cfgs[spec.name], exp.evals.model)
+            run_dir = exp.out / "runs" / spec.name
+            done = json.loads((run_dir / "DONE").read_text())
+            ent = _entropy(run_dir)
+            rows.append(
+                {
+                    "point": pt.name,
+                    "run": spec.name,
+                    "seed": spec.seed,
+                    "overrides": list(pt.overrides),
+                    "steps": exp.steps,
+                    "lr": cfgs[spec.name].optim.lr,
+                    "batch_prompts": cfgs[spec.name].train.batch_prompts,
+                    "n": cfgs[spec.name].sampler.n,
+                    "heldout": held,
+                    "entropy_first": ent[0] if ent else None,
+                    "entropy_last": ent[-1] if ent else None,
+                    "entropy_max": max(ent) if ent else None,
+                    "cpu_s": done.get("cpu_s"),
+                    "wall_s": done.get("wall_s"),
+                    "loadavg": done.get("loadavg", ""),
+                }
+            )
+        log_progress(f"sweep point {pt.name}: done")
+    (out / "sweep.json").write_text(json.dumps(rows, indent=1))
+    (out / "sweep.md").write_text("\n".join(sweep_table(rows)) + "\n")
+    return out / "sweep.md"
+
+
+def _entropy(run_dir: Path) -> list[float]:
+    from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
+
+    _, series = normalize_metrics(read_metrics(run_dir / "logs" / "metrics.jsonl"))
+    return [float(x) for x in series.get("entropy", []) if x is not None]
+
+
+def sweep_table(rows: list[dict]) -> list[str]:
+    """One markdown row per sweep point: held-out accuracy before/after with the learning delta's
+    interval, entropy first -> last (max), CPU-seconds per run."""
+    out = [
+        "| point | lr | prompts x samples | steps | seeds | greedy acc t=0 -> T | sampled acc "
+        "t=0 -> T | sampled delta [95% CI] | greedy delta [95% CI] | entropy first -> last "
+        "(max) | CPU-s per run (load) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in dict.fromkeys(r["point"] for r in rows):
+        rs = [r for r in rows if r["point"] == name]
+        h = [r["heldout"] for r in rs]
+        g0, g1 = (np.mean([x["greedy"][i] for x in h]) for i in (0, -1))
+        s0, s1 = (np.mean([x["sampled"][i] for x in h]) for i in (0, -1))
+        e0 = np.mean([r["entropy_first"] for r in rs])
+        e1 = np.mean([r["entropy_last"] for r in rs])
+        emax = max(r["entropy_max"] for r in rs)
+        cpus = [r["cpu_s"] for r in rs if r["cpu_s"] is not None]
+        cpu = f"{np.mean(cpus):.0f}" if cpus else "—"
+        loads = ", ".join(sorted({r["loadavg"].split(" ")[0] for r in rs if r["loadavg"]}))
+        r0 = rs[0]
+        out.append(
+            f"| {name} | {r0['lr']:g} | {r0['batch_prompts']} x {r0['n']} | {r0['steps']} | "
+            f"{len(rs)} | {g0:.3f} -> {g1:.3f} | {s0:.3f} -> {s1:.3f} | "
+            f"{learning_delta(h, 'sampled').fmt(3)} | {learning_delta(h, 'greedy').fmt(3)} | "
+            f"{e0:.2f} -> {e1:.2f} ({emax:.2f}) | {cpu} ({loads or '—'}) |"
+        )
+    return out
+
+
+def _point(lr: float, prompts: int, steps: int) -> SweepPoint:
+    return SweepPoint(
+        f"lr{lr:g}_b{prompts}_s{steps}",
+        (f"optim.lr={lr:g}", f"train.batch_prompts={prompts}"),
+        steps,
+    )
+
+
+# The tiny preset's sweep (8 samples per prompt throughout; the first point is the committed
+# matrix's setting, whose on-policy runs did not learn).
+SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
+    "tiny": (
+        _point(2e-4, 8, 20),
+        _point(5e-5, 8, 20),
+        _point(1e-4, 8, 20),
+        _point(5e-4, 8, 20),
+        _point(1e-3, 8, 20),
+        _point(5e-4, 16, 20),
+        _point(5e-5, 32, 20),
+        _point(2e-5, 32, 20),
+    )
+}
