@@ -1,4 +1,5 @@
-"""HF checkpoint <-> NNX Qwen3, streaming one tensor at a time.
+"""HF checkpoint <-> NNX models of the registered families (`registry.py`), streaming one tensor
+at a time.
 
 Load: build the model abstractly (`nnx.eval_shape`), then for each parameter read its HF tensor with
 `safetensors.safe_open`, transpose/reshape it into our layout and place it directly onto its
@@ -22,8 +23,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .config import Qwen3Config
 from .qwen3 import Qwen3ForCausalLM
+from .registry import config_from_pretrained, family_of
 from .sharding import ActivationSharding, named_sharding, param_logical_axes
 
 TOKENIZER_FILES = (
@@ -43,28 +44,10 @@ class CheckpointError(ValueError):
     """A checkpoint tensor is missing, misshaped or unexpected (the message names it)."""
 
 
-def hf_param_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied)."""
-    c = config
-    d, f, hd = c.hidden_size, c.intermediate_size, c.head_dim
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, d)}
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = (d,)
-        out[p + "self_attn.q_proj.weight"] = (c.num_attention_heads * hd, d)
-        out[p + "self_attn.k_proj.weight"] = (c.num_key_value_heads * hd, d)
-        out[p + "self_attn.v_proj.weight"] = (c.num_key_value_heads * hd, d)
-        out[p + "self_attn.o_proj.weight"] = (d, c.num_attention_heads * hd)
-        out[p + "self_attn.q_norm.weight"] = (hd,)
-        out[p + "self_attn.k_norm.weight"] = (hd,)
-        out[p + "post_attention_layernorm.weight"] = (d,)
-        out[p + "mlp.gate_proj.weight"] = (f, d)
-        out[p + "mlp.up_proj.weight"] = (f, d)
-        out[p + "mlp.down_proj.weight"] = (d, f)
-    out["model.norm.weight"] = (d,)
-    if not c.tie_word_embeddings:
-        out["lm_head.weight"] = (c.vocab_size, d)
-    return out
+def hf_param_shapes(config) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied), from the
+    config's model family (`registry.py`)."""
+    return family_of(config).hf_param_shapes(config)
 
 
 def _hf_name(path: tuple) -> str:
@@ -167,7 +150,8 @@ def load_hf(
     scan_layers: bool | None = None,
     attention_impl: str | None = None,
 ) -> Qwen3ForCausalLM:
-    """Load an HF Qwen3 directory into a `Qwen3ForCausalLM`, one tensor at a time.
+    """Load an HF directory into its family's model (`registry.py`: `Qwen3ForCausalLM`, ...), one
+    tensor at a time.
 
     With `mesh`, each parameter goes straight onto `NamedSharding(mesh, rules(logical axes))` and
     activation sharding constraints are enabled. Stacked (scanned) layer parameters are allocated
@@ -182,10 +166,11 @@ def load_hf(
         for k, v in (("scan_layers", scan_layers), ("attention_impl", attention_impl))
         if v is not None
     }
-    config = Qwen3Config.from_pretrained(path, **options)
+    config = config_from_pretrained(path, **options)
+    model_cls = family_of(config).model_cls
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
     abstract = nnx.eval_shape(
-        lambda: Qwen3ForCausalLM(
+        lambda: model_cls(
             config,
             rngs=nnx.Rngs(0),
             param_dtype=param_dtype,

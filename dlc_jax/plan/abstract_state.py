@@ -35,21 +35,23 @@ TINY_DIMS = dict(
     tie_word_embeddings=False,
 )
 
-# Qwen3Config fields that say how the model runs, settable from the trainer's model section
+# model config fields that say how the model runs, settable from the trainer's model section
 RUN_OPTIONS = ("attention_impl", "scan_layers", "remat_policy")
 
 
 def model_config(model_section):
-    """Qwen3Config for the ``model`` section: ``path``'s config.json when it exists, else the preset
+    """Model config for the ``model`` section: ``path``'s config.json (any registered family, see
+    ``dlc_jax.model.registry``) when it exists, else the preset
     named by the path's last component (``/data/models/Qwen3-1.7B``) or by ``preset``; ``tiny``
     (and an empty path) are the dims ``make_tiny`` writes. Run options present in the section are
     applied."""
     from dlc_jax.model import PRESETS, Qwen3Config
+    from dlc_jax.model.registry import config_from_hf
 
     path = str(model_section.path or "")
     by_lower = {k.lower(): v for k, v in PRESETS.items()}
     if path and (Path(path) / "config.json").exists():
-        cfg = Qwen3Config.from_hf_dict(json.loads((Path(path) / "config.json").read_text()))
+        cfg = config_from_hf(json.loads((Path(path) / "config.json").read_text()))
     elif path and Path(path).name.lower() in by_lower:
         cfg = by_lower[Path(path).name.lower()]
     elif str(model_section.preset).lower() in by_lower:
@@ -109,7 +111,7 @@ class AbstractRun:
 
     mesh: object
     qcfg: Any
-    model: Any  # the abstract Qwen3ForCausalLM (remat policy, scanned layers)
+    model: Any  # the abstract model of the config's family (remat policy, scanned layers)
     graphdef: object
     params: object
     opt_state: object

@@ -1,5 +1,5 @@
-"""JAX backend: the project's Qwen3 (`dlc_jax.model`) with a KV cache, batched prefill + jitted
-decode steps, vLLM-equivalent sampling (temperature -> top-k -> top-p via
+"""JAX backend: the project's models (`dlc_jax.model`, any registered family) with a KV cache,
+batched prefill + jitted decode steps, vLLM-equivalent sampling (temperature -> top-k -> top-p via
 `dlc_jax.rl.sampling.processed_logits`, processed logprobs), a top-K head, and weight versions.
 
 Numerics knobs (a controlled sampler/trainer discrepancy), applied in HF layout every time weights
@@ -105,6 +105,13 @@ class JaxBackend(SamplerBackend):
         return graphdef, state
 
     async def start(self) -> None:
+        from dlc_jax.model.registry import family_for_hf
+
+        family = family_for_hf(self.model_config)  # refuses an unsupported architecture
+        if self.name not in family.samplers:
+            raise ValueError(
+                f"jax backend: model_type {family.model_type!r} runs on {list(family.samplers)}"
+            )
         self._graphdef, self._state = await asyncio.to_thread(self._load, self.cfg.model_dir)
         self._cache_dtype = "bfloat16" if self.cfg.dtype == "bfloat16" else "float32"
 
