@@ -86,6 +86,19 @@ register(
 )
 
 
+register(
+    ModelFamily(
+        model_type="qwen3_moe",
+        architecture="Qwen3MoeForCausalLM",
+        config_module="dlc_jax.model.config:Qwen3MoeConfig",
+        model_module="dlc_jax.model.qwen3_moe:Qwen3MoeForCausalLM",
+        names_module="dlc_jax.model.hf_names:qwen3_moe_param_shapes",
+        counts_module="dlc_jax.model.hf_names:qwen3_moe_matmul_params",
+        routed_experts=True,
+    )
+)
+
+
 def family_for_hf(d: dict[str, Any]) -> ModelFamily:
     """The family of an HF config dict: by `model_type`, else by `architectures`. Raises
     `UnsupportedModelError` naming what it found and what is supported."""
