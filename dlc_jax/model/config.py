@@ -80,6 +80,11 @@ class Qwen3Config:
             return self.num_hidden_layers >= SCAN_MIN_LAYERS
         return bool(self.scan_layers)
 
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` is a mixture-of-experts layer (never, for dense Qwen3)."""
+        del layer
+        return False
+
     @property
     def num_groups(self) -> int:
         """Query heads per KV head (GQA ratio)."""

@@ -88,7 +88,7 @@ def plan_mesh(mesh_section, devices: list, num_slices: int):
             )
         data = data * num_slices if data != -1 else data
         note = f"data axis x{num_slices} across slices"
-    mc = MeshConfig(data=data, fsdp=fsdp, tensor=tensor)
+    mc = MeshConfig(data=data, fsdp=fsdp, tensor=tensor, expert=getattr(mesh_section, "expert", 1))
     try:
         mc.shape(len(devices))
     except ValueError as e:
@@ -181,6 +181,14 @@ def abstract_run(cfg, mesh) -> AbstractRun:
     rows = cfg.train.batch_prompts * cfg.sampler.n
     seq_len = cfg.sampler.max_model_len
     batch = batch_structs(rows, seq_len, cfg.sampler.head_k, mesh, cfg.train.pack)
+    moe = getattr(cfg, "moe", None)
+    if moe is not None and moe.router_replay == "sampler" and hasattr(qcfg, "num_experts"):
+        # the sampler's routed experts, replayed by the step and the theta_s forward
+        batch["routed_experts"] = jax.ShapeDtypeStruct(
+            (rows, seq_len, qcfg.num_hidden_layers, qcfg.num_experts_per_tok),
+            jnp.int32,
+            sharding=batch["input_ids"].sharding,
+        )
     return AbstractRun(
         mesh=mesh,
         qcfg=qcfg,

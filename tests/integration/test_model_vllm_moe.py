@@ -15,6 +15,7 @@ def test_moe_export_loads_in_vllm_logprobs_and_routing_match(tmp_path):
     import jax.numpy as jnp
 
     from dlc_jax.model import load_hf, make_tiny, save_hf
+    from dlc_jax.sampler.backends.vllm_backend import completion_to_rollout
 
     src = make_tiny(tmp_path / "tiny", seed=0, num_experts=8, num_experts_per_tok=2)
     model = load_hf(src)
@@ -54,8 +55,12 @@ def test_moe_export_loads_in_vllm_logprobs_and_routing_match(tmp_path):
         n += len(toks)
         routed = np.asarray(o.routed_experts)  # [positions, layers, top_k]
         assert routed.ndim == 3 and routed.shape[1:] == (2, 2), routed.shape
-        mine = np.sort(np.asarray(routing.experts[0, : routed.shape[0]]), -1)
-        agree.append(np.mean(np.sort(routed, -1) == mine))
+        rows = len(p) + len(toks) - 1  # the positions the model ran on
+        ro = completion_to_rollout(p, o, 0, 0, routed=True)  # the vllm backend's conversion
+        assert ro.routed_experts is not None and ro.routed_experts.shape == (rows, 2, 2)
+        assert np.array_equal(ro.routed_experts, routed[:rows])
+        mine = np.sort(np.asarray(routing.experts[0, :rows]), -1)
+        agree.append(np.mean(np.sort(ro.routed_experts, -1) == mine))
     assert n == 30
     print(f"vLLM vs ours: max |dlogprob| = {max(errs):.2e}; routing agreement {np.mean(agree):.4f}")
     assert max(errs) <= 1e-4, errs
