@@ -114,3 +114,16 @@ def test_step_replays_and_reports_mismatch(moe_model):
     assert float(m2["loss/moe/routing_agreement_l0"]) < 1.0
     assert 0.0 < float(m2["loss/moe/tokens_flipped"]) < 1.0
     assert np.isfinite(float(m2["loss/loss"]))
+
+
+def test_config_keys():
+    from dlc_jax.trainer.config import ConfigError, default_config_path, load_config
+
+    base = default_config_path()
+    cfg = load_config(base, ["moe.router_replay=off", "mesh.expert=2"])  # YAML's bare off = false
+    assert cfg.moe.router_replay == "off" and cfg.mesh.expert == 2
+    assert load_config(base, ["moe.router_replay=sampler"]).moe.router_replay == "sampler"
+    with pytest.raises(ConfigError, match="moe.router_replay"):
+        load_config(base, ["moe.router_replay=R3"])
+    with pytest.raises(ConfigError, match="moe.load_balance_loss"):
+        load_config(base, ["moe.load_balance_loss=-1"])
