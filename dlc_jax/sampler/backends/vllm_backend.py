@@ -94,8 +94,10 @@ def engine_args(cfg: BackendConfig):
     if kv is None and current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         kv = 1.0  # else the CPU worker tries to reserve 90% of the node's RAM
     extra: dict = {} if kv is None else {"kv_cache_memory_bytes": int(kv * (1 << 30))}
-    if model_routes(cfg.model_dir):  # capture the router's choices (returned when a request asks)
+    if can_return_routed_experts(cfg.model_dir):  # returned when a request asks
         extra["enable_return_routed_experts"] = True
+        # vLLM 0.32: routed-expert capture needs the V2 model runner (read at engine creation)
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
     return AsyncEngineArgs(
         **extra,
         model=cfg.model_dir,
@@ -125,6 +127,14 @@ def model_routes(model_dir: str) -> bool:
         return family_for_hf(read_model_config(model_dir)).routed_experts
     except (ValueError, FileNotFoundError):  # an architecture dlc_jax does not know: vLLM decides
         return False
+
+
+def can_return_routed_experts(model_dir: str) -> bool:
+    """A mixture-of-experts model on a platform where vLLM captures routed experts: vLLM 0.32 does
+    so only with its V2 model runner, which needs Triton (not on CPU)."""
+    from vllm.platforms import current_platform
+
+    return model_routes(model_dir) and not current_platform.is_cpu()
 
 
 def routed_rows(c, rows: int) -> np.ndarray:
@@ -217,7 +227,7 @@ class VLLMBackend(SamplerBackend):
         check_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._routes = model_routes(self.cfg.model_dir)
+        self._routes = can_return_routed_experts(self.cfg.model_dir)
         self.engine = AsyncLLM.from_engine_args(engine_args(self.cfg))
         await self.engine.update_weight_version(str(self.version))
 
@@ -258,6 +268,12 @@ class VLLMBackend(SamplerBackend):
     async def generate(
         self, request_id: str, prompts: list[tuple[int, list[int]]], params: SamplingParams
     ) -> AsyncIterator[Rollout]:
+        if params.return_routed_experts and not self._routes:
+            raise ValueError(
+                "vllm backend: this engine cannot return routed experts (a dense model, or vLLM on "
+                "CPU: vLLM 0.32 captures them only with its V2 model runner, which needs Triton); "
+                "use sampler.backend=jax or moe.router_replay=off"
+            )
         queue: asyncio.Queue = asyncio.Queue()
 
         async def run(slot_id, prompt):
