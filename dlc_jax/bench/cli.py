@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "logprobs": "dlc_jax.bench.logprobs_bench",
     "weight_sync": "dlc_jax.bench.weight_sync_bench",
     "plan": "dlc_jax.bench.plan_bench",
+    "moe": "dlc_jax.bench.moe_bench",
     "soak": "dlc_jax.bench.soak",
     "all": "dlc_jax.bench.all_bench",
 }

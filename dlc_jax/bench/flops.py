@@ -32,12 +32,12 @@ def peak_flops(device_kind: str, dtype: str = "float32") -> float | None:
 def qwen3_forward_flops(cfg, batch: int, length: int) -> float:
     """Forward FLOPs for ``batch`` x ``length`` tokens of a Qwen3 ``cfg`` (a ``Qwen3Config``),
     including the vocabulary projection."""
-    from dlc_jax.plan.flops import layer_matmul_params
+    from dlc_jax.plan.flops import model_matmul_params
 
-    d, h, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    per_layer_params = layer_matmul_params(cfg)
+    h, hd = cfg.num_attention_heads, cfg.head_dim
+    mm = model_matmul_params(cfg)
     tokens = batch * length
-    dense = 2 * tokens * (cfg.num_hidden_layers * per_layer_params + cfg.vocab_size * d)
+    dense = 2 * tokens * (mm["decoder"] + mm["vocab"])
     attn = cfg.num_hidden_layers * 2 * 2 * batch * length * length * h * hd
     return float(dense + attn)
 

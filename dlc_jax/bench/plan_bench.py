@@ -29,6 +29,7 @@ CONFIGS = {
     "0.6B": "configs/qwen3_0p6b_dlc.yaml",
     "1.7B": "configs/qwen3_1p7b_dlc.yaml",
     "8B": "configs/qwen3_8b_dlc.yaml",
+    "30B-A3B": "configs/qwen3_30b_a3b_dlc.yaml",
 }
 
 
@@ -105,6 +106,8 @@ SHIPPED = (
     PlanCase("8B", "v5p-64", 64, 16384, 2, shipped=True),
     PlanCase("0.6B", "v5litepod-16", 512, 2048, 4, shipped=True),
     PlanCase("1.7B", "v5litepod-32", 1024, 2048, 8, shipped=True),
+    # Qwen3-30B-A3B (mixture of experts, routing replay) at 8k-token responses
+    PlanCase("30B-A3B", "v5p-64", 64, 8192, 4, shipped=True),
 )
 TARGETS = (
     PlanCase(

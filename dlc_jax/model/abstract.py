@@ -15,13 +15,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from .config import Qwen3Config
 from .qwen3 import Qwen3ForCausalLM
+from .registry import family_of
 from .sharding import ActivationSharding, model_shardings
 
 
 def abstract_model(
-    config: Qwen3Config,
+    config,
     *,
     mesh: Mesh,
     rules=None,
@@ -29,10 +29,12 @@ def abstract_model(
     compute_dtype=jnp.float32,
     remat: bool | str | None = None,
 ) -> Qwen3ForCausalLM:
-    """`nnx.eval_shape` of the model, with activation sharding constraints over `mesh`."""
+    """`nnx.eval_shape` of the config's family model (`registry.py`), with activation sharding
+    constraints over `mesh`."""
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
+    model_cls = family_of(config).model_cls
     return nnx.eval_shape(
-        lambda: Qwen3ForCausalLM(
+        lambda: model_cls(
             config,
             rngs=nnx.Rngs(0),
             param_dtype=param_dtype,

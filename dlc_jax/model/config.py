@@ -1,4 +1,5 @@
-"""Qwen3 architecture config: read/write HF `config.json` dicts, plus presets for released sizes."""
+"""Qwen3 and Qwen3-MoE architecture configs: read/write HF `config.json` dicts, plus presets for
+released sizes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)  # of Qwen3Config (Qwen3MoeConfig: its own)
 ATTENTION_IMPLS = ("auto", "splash", "cudnn", "xla", "dense")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_attn_out", "save_dots_and_attn_out")
 SCAN_MIN_LAYERS = 8  # scan_layers=None scans models with at least this many layers
@@ -79,6 +80,11 @@ class Qwen3Config:
             return self.num_hidden_layers >= SCAN_MIN_LAYERS
         return bool(self.scan_layers)
 
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` is a mixture-of-experts layer (never, for dense Qwen3)."""
+        del layer
+        return False
+
     @property
     def num_groups(self) -> int:
         """Query heads per KV head (GQA ratio)."""
@@ -98,43 +104,7 @@ class Qwen3Config:
             )
         if not archs and model_type != "qwen3":
             raise UnsupportedModelError(f"unsupported model_type {model_type!r}; expected 'qwen3'")
-        rope = d.get("rope_parameters") or {}
-        scaling = d.get("rope_scaling")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if scaling or rope_type not in ("default", None):
-            raise UnsupportedModelError(
-                f"unsupported rope scaling {scaling or rope!r}; "
-                "only plain RoPE (rope_scaling=None) is implemented"
-            )
-        if d.get("attention_bias"):
-            raise UnsupportedModelError(
-                "unsupported attention_bias=True (Qwen3 has no attention bias)"
-            )
-        if d.get("use_sliding_window"):
-            raise UnsupportedModelError("unsupported use_sliding_window=True")
-        if d.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(
-                f"unsupported hidden_act {d['hidden_act']!r}; expected 'silu'"
-            )
-        theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
-        hidden, heads = d["hidden_size"], d["num_attention_heads"]
-        kw = dict(
-            vocab_size=d["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=d.get("num_key_value_heads", heads),
-            head_dim=d.get("head_dim") or hidden // heads,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            rope_theta=float(theta),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=d.get("max_position_embeddings", 40960),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=d.get("eos_token_id"),
-            pad_token_id=d.get("pad_token_id"),
-        )
-        return cls(**kw, **options)
+        return cls(**hf_common_kwargs(d), **options)
 
     @classmethod
     def from_pretrained(cls, path, **options) -> Qwen3Config:
@@ -182,6 +152,146 @@ class Qwen3Config:
         return dataclasses.replace(self, **kw)
 
 
+MOE_IMPLS = ("auto", "ragged", "dense")
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3MoeConfig(Qwen3Config):
+    """Qwen3-MoE (HF `model_type: qwen3_moe`): Qwen3 attention; a sparse layer's MLP is a router
+    (`num_experts` logits, softmax in fp32, top `num_experts_per_tok`, renormalized when
+    `norm_topk_prob`) over experts of width `moe_intermediate_size`. Layer i is sparse unless it is
+    in `mlp_only_layers` or (i + 1) % `decoder_sparse_step` != 0 (then a dense MLP of
+    `intermediate_size`)."""
+
+    num_experts: int = 128
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 768
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.001  # HF's value, written back on export (we train with 0)
+    # ---- how the model runs (not part of HF config.json; see docs/MODEL.md) ----
+    # expert matmuls: auto (= ragged) | ragged (jax.lax.ragged_dot over expert-sorted tokens) |
+    # dense (every expert on every token, masked: the reference)
+    moe_impl: str = "auto"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(
+                f"Qwen3MoeConfig.moe_impl must be one of {MOE_IMPLS}, got {self.moe_impl!r}"
+            )
+        if not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"Qwen3MoeConfig.num_experts_per_tok={self.num_experts_per_tok} must be in "
+                f"[1, num_experts={self.num_experts}]"
+            )
+        if self.decoder_sparse_step < 1:
+            raise ValueError("Qwen3MoeConfig.decoder_sparse_step must be >= 1")
+        if self.scan_layers and not self.uniform_layers:
+            raise ValueError(
+                "Qwen3MoeConfig.scan_layers=True needs every layer of one kind (sparse or dense): "
+                f"mlp_only_layers={list(self.mlp_only_layers)}, "
+                f"decoder_sparse_step={self.decoder_sparse_step}"
+            )
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has the mixture-of-experts MLP (HF's rule)."""
+        return (
+            layer not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def uniform_layers(self) -> bool:
+        kinds = {self.is_sparse(i) for i in range(self.num_hidden_layers)}
+        return len(kinds) == 1
+
+    @property
+    def use_scan(self) -> bool:
+        """As Qwen3Config's, but a model mixing sparse and dense layers is never scanned."""
+        return super().use_scan and self.uniform_layers
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], **options) -> Qwen3MoeConfig:
+        archs = d.get("architectures") or []
+        if (archs and "Qwen3MoeForCausalLM" not in archs) or (
+            not archs and d.get("model_type") != "qwen3_moe"
+        ):
+            raise UnsupportedModelError(
+                f"unsupported architecture {archs} (model_type={d.get('model_type')!r}); "
+                "expected Qwen3MoeForCausalLM"
+            )
+        kw = hf_common_kwargs(d)
+        kw.update(
+            num_experts=int(d.get("num_experts", d.get("num_local_experts", 0))),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["moe_intermediate_size"]),
+            norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+            mlp_only_layers=tuple(int(x) for x in d.get("mlp_only_layers") or ()),
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+        return cls(**kw, **options)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """An HF `config.json` dict that transformers and vLLM load as Qwen3MoeForCausalLM."""
+        d = super().to_hf_dict()
+        d["architectures"] = ["Qwen3MoeForCausalLM"]
+        d["model_type"] = "qwen3_moe"
+        d.update(
+            num_experts=self.num_experts,
+            num_experts_per_tok=self.num_experts_per_tok,
+            moe_intermediate_size=self.moe_intermediate_size,
+            norm_topk_prob=self.norm_topk_prob,
+            decoder_sparse_step=self.decoder_sparse_step,
+            mlp_only_layers=list(self.mlp_only_layers),
+            router_aux_loss_coef=self.router_aux_loss_coef,
+            output_router_logits=False,
+        )
+        return d
+
+
+def hf_common_kwargs(d: dict[str, Any]) -> dict[str, Any]:
+    """The fields every Qwen3-family config reads from an HF config dict (attention, RoPE, norms,
+    vocabulary); raises `UnsupportedModelError` for what no family implements (RoPE scaling,
+    attention bias, sliding window, an activation other than silu)."""
+    rope = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if scaling or rope_type not in ("default", None):
+        raise UnsupportedModelError(
+            f"unsupported rope scaling {scaling or rope!r}; "
+            "only plain RoPE (rope_scaling=None) is implemented"
+        )
+    if d.get("attention_bias"):
+        raise UnsupportedModelError("unsupported attention_bias=True (Qwen3 has no attention bias)")
+    if d.get("use_sliding_window"):
+        raise UnsupportedModelError("unsupported use_sliding_window=True")
+    if d.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"unsupported hidden_act {d['hidden_act']!r}; expected 'silu'")
+    theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
+    hidden, heads = d["hidden_size"], d["num_attention_heads"]
+    kw = dict(
+        vocab_size=d["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=d["intermediate_size"],
+        num_hidden_layers=d["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=d.get("num_key_value_heads", heads),
+        head_dim=d.get("head_dim") or hidden // heads,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        rope_theta=float(theta),
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=d.get("max_position_embeddings", 40960),
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_id=d.get("eos_token_id"),
+        pad_token_id=d.get("pad_token_id"),
+    )
+    return kw
+
+
 _COMMON: dict[str, Any] = dict(
     vocab_size=151936,
     rms_norm_eps=1e-6,
@@ -226,5 +336,17 @@ PRESETS: dict[str, Qwen3Config] = {
         num_attention_heads=32,
         tie_word_embeddings=False,
         **_COMMON,
+    ),
+    "Qwen3-30B-A3B": Qwen3MoeConfig(
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        **{**_COMMON, "num_key_value_heads": 4},
     ),
 }

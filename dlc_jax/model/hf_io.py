@@ -1,4 +1,5 @@
-"""HF checkpoint <-> NNX Qwen3, streaming one tensor at a time.
+"""HF checkpoint <-> NNX models of the registered families (`registry.py`), streaming one tensor
+at a time.
 
 Load: build the model abstractly (`nnx.eval_shape`), then for each parameter read its HF tensor with
 `safetensors.safe_open`, transpose/reshape it into our layout and place it directly onto its
@@ -22,8 +23,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .config import Qwen3Config
 from .qwen3 import Qwen3ForCausalLM
+from .registry import config_from_pretrained, family_of
 from .sharding import ActivationSharding, named_sharding, param_logical_axes
 
 TOKENIZER_FILES = (
@@ -43,28 +44,10 @@ class CheckpointError(ValueError):
     """A checkpoint tensor is missing, misshaped or unexpected (the message names it)."""
 
 
-def hf_param_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied)."""
-    c = config
-    d, f, hd = c.hidden_size, c.intermediate_size, c.head_dim
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, d)}
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = (d,)
-        out[p + "self_attn.q_proj.weight"] = (c.num_attention_heads * hd, d)
-        out[p + "self_attn.k_proj.weight"] = (c.num_key_value_heads * hd, d)
-        out[p + "self_attn.v_proj.weight"] = (c.num_key_value_heads * hd, d)
-        out[p + "self_attn.o_proj.weight"] = (d, c.num_attention_heads * hd)
-        out[p + "self_attn.q_norm.weight"] = (hd,)
-        out[p + "self_attn.k_norm.weight"] = (hd,)
-        out[p + "post_attention_layernorm.weight"] = (d,)
-        out[p + "mlp.gate_proj.weight"] = (f, d)
-        out[p + "mlp.up_proj.weight"] = (f, d)
-        out[p + "mlp.down_proj.weight"] = (d, f)
-    out["model.norm.weight"] = (d,)
-    if not c.tie_word_embeddings:
-        out["lm_head.weight"] = (c.vocab_size, d)
-    return out
+def hf_param_shapes(config) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied), from the
+    config's model family (`registry.py`)."""
+    return family_of(config).hf_param_shapes(config)
 
 
 def _hf_name(path: tuple) -> str:
@@ -74,17 +57,28 @@ def _hf_name(path: tuple) -> str:
     return ".".join(parts)
 
 
-def _param_slots(state, num_layers: int) -> dict[str, tuple[tuple, int | None]]:
-    """HF name -> (nnx state path, layer index) for every Param in `state`. The index is None for an
-    unstacked parameter; stacked (scanned) layer parameters [L, ...] map each HF layer tensor to
-    (path, i)."""
-    out: dict[str, tuple[tuple, int | None]] = {}
-    for path, _ in nnx.to_flat_state(state):
-        if path[:2] == ("model", "layers") and not isinstance(path[2], int):
-            for i in range(num_layers):
-                out[_hf_name(("model", "layers", i, *path[2:]))] = (path, i)
-        else:
-            out[_hf_name(path)] = (path, None)
+def _param_slots(state, num_layers: int) -> dict[str, tuple[tuple, tuple[int, ...]]]:
+    """HF name -> (nnx state path, leading indices) for every Param in `state`. The indices are ()
+    for a parameter that is one HF tensor; stacked (scanned) layer parameters [L, ...] map each HF
+    layer tensor to (path, (i,)); mixture-of-experts weights stacked on the expert axis
+    (`...mlp.experts.gate_proj.kernel` [E, ...], or [L, E, ...] scanned) map HF's per-expert
+    tensors `...mlp.experts.{e}.gate_proj.weight` to (path, (e,)) / (path, (i, e))."""
+    out: dict[str, tuple[tuple, tuple[int, ...]]] = {}
+    for path, var in nnx.to_flat_state(state):
+        layer_axis = path[:2] == ("model", "layers") and not isinstance(path[2], int)
+        pos = path.index("experts") if "experts" in path else -1
+        expert_axis = pos >= 0 and not isinstance(path[pos + 1], int)
+        layers = range(num_layers) if layer_axis else [None]
+        n_exp = var.shape[int(layer_axis)] if expert_axis else 0
+        for i in layers:
+            for e in range(n_exp) if expert_axis else [None]:
+                parts: list = list(path)
+                if expert_axis:
+                    parts.insert(pos + 1, e)
+                if layer_axis:
+                    parts.insert(2, i)
+                idx = tuple(x for x in (i, e) if x is not None)
+                out[_hf_name(tuple(parts))] = (path, idx)
     return out
 
 
@@ -134,11 +128,11 @@ def _place(arr: np.ndarray, sharding) -> jax.Array:
     return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
 
 
-def _layer_sharding(sharding):
-    """Sharding of one layer's slice of a stacked parameter (stacked spec minus its first axis)."""
+def _layer_sharding(sharding, n: int = 1):
+    """Sharding of one slice of a stacked parameter (stacked spec minus its first `n` axes)."""
     if sharding is None:
         return None
-    return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
+    return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[n:]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -148,10 +142,15 @@ def _stacked_zeros(shape: tuple, dtype, sharding):
 
 @functools.lru_cache(maxsize=256)
 def _layer_writer(sharding):
-    """jit(stacked, layer, i) -> stacked with [i] = layer; stacked is donated (written in place)."""
+    """jit(stacked, piece, idx) -> stacked with [*idx] = piece (idx: a tuple of leading indices);
+    stacked is donated (written in place)."""
 
-    def write(stacked, layer, i):
-        return jax.lax.dynamic_update_index_in_dim(stacked, layer, i, 0)
+    def write(stacked, piece, idx):
+        if len(idx) == 1:
+            return jax.lax.dynamic_update_index_in_dim(stacked, piece, idx[0], 0)
+        piece = piece.reshape((1,) * len(idx) + piece.shape)
+        zeros = (jnp.int32(0),) * (stacked.ndim - len(idx))
+        return jax.lax.dynamic_update_slice(stacked, piece, (*idx, *zeros))
 
     return jax.jit(write, donate_argnums=(0,), out_shardings=sharding)
 
@@ -166,8 +165,10 @@ def load_hf(
     remat: bool | str | None = None,
     scan_layers: bool | None = None,
     attention_impl: str | None = None,
+    moe_impl: str | None = None,
 ) -> Qwen3ForCausalLM:
-    """Load an HF Qwen3 directory into a `Qwen3ForCausalLM`, one tensor at a time.
+    """Load an HF directory into its family's model (`registry.py`: `Qwen3ForCausalLM`, ...), one
+    tensor at a time.
 
     With `mesh`, each parameter goes straight onto `NamedSharding(mesh, rules(logical axes))` and
     activation sharding constraints are enabled. Stacked (scanned) layer parameters are allocated
@@ -179,13 +180,18 @@ def load_hf(
     path = Path(path)
     options = {
         k: v
-        for k, v in (("scan_layers", scan_layers), ("attention_impl", attention_impl))
+        for k, v in (
+            ("scan_layers", scan_layers),
+            ("attention_impl", attention_impl),
+            ("moe_impl", moe_impl),  # mixture-of-experts families only
+        )
         if v is not None
     }
-    config = Qwen3Config.from_pretrained(path, **options)
+    config = config_from_pretrained(path, **options)
+    model_cls = family_of(config).model_cls
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
     abstract = nnx.eval_shape(
-        lambda: Qwen3ForCausalLM(
+        lambda: model_cls(
             config,
             rngs=nnx.Rngs(0),
             param_dtype=param_dtype,
@@ -214,8 +220,12 @@ def load_hf(
 
     flat = dict(nnx.to_flat_state(params))
     stacked: dict[tuple, jax.Array] = {}
+    pieces_left: dict[tuple, int] = {}
+    for p, idx in slots.values():
+        if idx:
+            pieces_left[p] = pieces_left.get(p, 0) + 1
     for name, hf_shape in expected.items():
-        p, layer = slots[name]
+        p, idx = slots[name]
         var = flat[p]
         hf = _read_tensor(index[name], name)
         if tuple(hf.shape) != tuple(hf_shape):
@@ -223,20 +233,22 @@ def load_hf(
                 f"tensor {name} in {index[name].name} has shape {tuple(hf.shape)}, "
                 f"expected {tuple(hf_shape)}"
             )
-        shape = var.shape if layer is None else var.shape[1:]
+        shape = var.shape[len(idx) :]
         ours = _to_ours(hf, p, shape).astype(param_dtype)
         sharding = None
         if mesh is not None:
             axes = param_logical_axes(var) or (None,) * len(var.shape)
             sharding = named_sharding(axes, var.shape, mesh, rules)
-        if layer is None:
+        if not idx:
             var.set_value(_place(ours, sharding))
         else:
             if p not in stacked:
                 stacked[p] = _stacked_zeros(tuple(var.shape), jnp.dtype(param_dtype), sharding)()
-            piece = _place(ours, _layer_sharding(sharding))
-            stacked[p] = _layer_writer(sharding)(stacked[p], piece, jnp.int32(layer))
-            if layer == config.num_hidden_layers - 1:
+            piece = _place(ours, _layer_sharding(sharding, len(idx)))
+            at = tuple(jnp.int32(i) for i in idx)
+            stacked[p] = _layer_writer(sharding)(stacked[p], piece, at)
+            pieces_left[p] -= 1
+            if not pieces_left[p]:
                 var.set_value(stacked.pop(p))
         del hf, ours
     model = nnx.merge(graphdef, nnx.from_flat_state(flat), *rest)
@@ -263,14 +275,15 @@ def _np_dtype(dtype):
 
 @functools.partial(jax.jit, static_argnames=("hf_shape", "kernel", "transpose", "dtype"))
 def _to_hf_on_device(
-    x: jax.Array, layer, *, hf_shape: tuple, kernel: bool, transpose: bool = True, dtype
+    x: jax.Array, idx, *, hf_shape: tuple, kernel: bool, transpose: bool = True, dtype
 ) -> jax.Array:
     """HF layout and export dtype computed where the parameter lives, so the device->host copy moves
-    the export bytes (half of fp32 for bf16). `layer`: index into a stacked [L, ...] parameter, or
-    None. A kernel comes back as [out, in] (HF) with `transpose`, else as [in, out] (our layout
-    flattened to 2-D) for the host to transpose (`_host_transpose`)."""
-    if layer is not None:
-        x = jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False)
+    the export bytes (half of fp32 for bf16). `idx`: a tuple of leading indices into a stacked
+    parameter ([L, ...] layers, [E, ...] experts, [L, E, ...]), () for none. A kernel comes back
+    as [out, in] (HF) with `transpose`, else as [in, out] (our layout flattened to 2-D) for the
+    host to transpose (`_host_transpose`)."""
+    for i in idx:
+        x = jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
     if kernel:
         x = x.reshape(hf_shape[::-1])
         if transpose:
@@ -320,13 +333,13 @@ def iter_hf_tensors(
     npdt = _np_dtype(dtype)
 
     def dispatch(name: str, hf_shape: tuple) -> tuple[str, jax.Array, bool]:
-        p, layer = slots[name]
+        p, idx = slots[name]
         value = flat[p].get_value()
         kernel = p[-1] == "kernel"
         on_host = kernel and (_on_cpu(value) if host_transpose is None else host_transpose)
         x = _to_hf_on_device(
             value,
-            None if layer is None else jnp.int32(layer),
+            tuple(jnp.int32(i) for i in idx),
             hf_shape=tuple(hf_shape),
             kernel=kernel,
             transpose=not on_host,

@@ -219,9 +219,12 @@ class Qwen3Model(nnx.Module):
         kw = dict(rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **kw)
 
-        def layer(r):
-            return Qwen3DecoderLayer(
+        make_layer = type(self).make_layer  # a classmethod: the vmapped builder captures no module
+
+        def layer(r, i=0):
+            return make_layer(
                 cfg,
+                i,
                 rngs=r,
                 param_dtype=param_dtype,
                 compute_dtype=compute_dtype,
@@ -231,8 +234,14 @@ class Qwen3Model(nnx.Module):
         if cfg.use_scan:
             self.layers = make_stacked(layer, cfg.num_hidden_layers, rngs)
         else:
-            self.layers = nnx.List([layer(rngs) for _ in range(cfg.num_hidden_layers)])
+            self.layers = nnx.List([layer(rngs, i) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
+
+    @classmethod
+    def make_layer(cls, cfg, index: int, **kw) -> nnx.Module:
+        """Decoder layer `index` (a scanned model builds index 0 and stacks it)."""
+        del index
+        return Qwen3DecoderLayer(cfg, **kw)
 
 
 class LMHead(nnx.Module):
@@ -264,6 +273,8 @@ class Qwen3ForCausalLM(nnx.Module):
     (the config's policy, or 'full' when that is 'none'), a policy name = that policy.
     """
 
+    body_cls: type = Qwen3Model  # the decoder stack (`model.*`); a family subclass swaps it
+
     def __init__(
         self,
         config: Qwen3Config,
@@ -286,7 +297,7 @@ class Qwen3ForCausalLM(nnx.Module):
         self.hf_source: str | None = (
             None  # directory loaded from (tokenizer files are copied on save)
         )
-        self.model = Qwen3Model(
+        self.model = self.body_cls(
             config,
             rngs=rngs,
             param_dtype=param_dtype,

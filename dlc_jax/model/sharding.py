@@ -16,10 +16,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
+# with MeshConfig.expert > 1 the mesh gains an `expert` axis (between fsdp and tensor)
+MESH_AXES_EXPERT = ("data", "fsdp", "expert", "tensor")
 
 # logical axis -> mesh axis / tuple of mesh axes / None (replicated)
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),  # tokens are data-parallel over the expert axis too
     ("length", None),
     ("embed", "fsdp"),  # parameters: FSDP shards the model dimension
     ("act_embed", None),  # activations keep the model dimension whole
@@ -31,18 +33,28 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("norm", None),
     ("cache_length", None),
     ("layers", None),
+    ("exp", "expert"),  # mixture-of-experts: expert parallelism
+    ("moe_mlp", "tensor"),
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Mesh shape; -1 on one axis = all remaining devices."""
+    """Mesh shape; -1 on one axis = all remaining devices. `expert` > 1 adds an `expert` axis
+    (expert parallelism: the experts of a mixture-of-experts layer are split over it, and tokens
+    are data-parallel over it); `shape` then gives (data, fsdp, tensor) of the rest."""
 
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
+    expert: int = 1
 
     def shape(self, n_devices: int) -> tuple[int, int, int]:
+        if self.expert < 1:
+            raise ValueError(f"MeshConfig: expert must be >= 1, got {self}")
+        if n_devices % self.expert:
+            raise ValueError(f"MeshConfig {self}: {n_devices} devices not divisible by expert")
+        n_devices //= self.expert
         dims = [self.data, self.fsdp, self.tensor]
         if sum(d == -1 for d in dims) > 1:
             raise ValueError(f"MeshConfig: at most one axis may be -1, got {self}")
@@ -59,11 +71,15 @@ class MeshConfig:
 
 
 def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default: all global devices, multi-host
-    aware)."""
+    """A (data, fsdp, tensor) mesh, with `expert` before tensor when cfg.expert > 1, over `devices`
+    (default: all global devices, multi-host aware)."""
     cfg = cfg or MeshConfig()
     devices = list(jax.devices() if devices is None else devices)
-    shape = cfg.shape(len(devices))
+    shape: tuple[int, ...] = cfg.shape(len(devices))
+    axes: tuple[str, ...] = MESH_AXES
+    if cfg.expert > 1:
+        shape = (shape[0], shape[1], cfg.expert, shape[2])
+        axes = MESH_AXES_EXPERT
     from jax.experimental import mesh_utils
 
     n_slices = len({getattr(d, "slice_index", 0) for d in devices})
@@ -72,7 +88,7 @@ def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | Non
             # multi-slice (DCN between slices): split the data axis across slices,
             # ICI inside a slice
             arr = mesh_utils.create_hybrid_device_mesh(
-                (shape[0] // n_slices, shape[1], shape[2]), (n_slices, 1, 1), devices
+                (shape[0] // n_slices, *shape[1:]), (n_slices,) + (1,) * (len(shape) - 1), devices
             )
         else:
             # single slice (possibly many hosts): topology-aware ICI mesh over the global
@@ -80,7 +96,7 @@ def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | Non
             arr = mesh_utils.create_device_mesh(shape, devices)
     except (ValueError, NotImplementedError, AssertionError):
         arr = np.asarray(devices).reshape(shape)
-    return Mesh(arr, MESH_AXES)
+    return Mesh(arr, axes)
 
 
 def _rules_dict(rules) -> dict:

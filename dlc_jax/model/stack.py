@@ -112,3 +112,50 @@ def run_layers_with_cache(layers, x, k_cache, v_cache, step: Callable, *, scanne
         ks.append(k_l)
         vs.append(v_l)
     return x, tuple(ks), tuple(vs)
+
+
+def run_layers_xs(layers, x, xs, step: Callable, *, scanned: bool, policy: str):
+    """Like `run_layers`, with a per-layer input and output: step(layer, x, xs_l) -> (x, ys_l).
+    `xs` is a pytree of [L, ...] arrays (or None); returns (x, ys stacked on a leading [L] axis)."""
+
+    def body(state, h, x_l, graphdef):
+        return step(nnx.merge(graphdef, state), h, x_l)
+
+    if scanned:
+        graphdef, state = nnx.split(layers)
+        f = with_remat(lambda st, h, x_l: body(st, h, x_l, graphdef), policy, in_scan=True)
+        return jax.lax.scan(lambda h, sx: f(sx[0], h, sx[1]), x, (state, xs))
+    ys = []
+    for i, layer in enumerate(layers):
+        graphdef, state = nnx.split(layer)
+        x_l = None if xs is None else jax.tree.map(lambda a, i=i: a[i], xs)
+        fn = with_remat(lambda st, h, xl, g=graphdef: body(st, h, xl, g), policy, in_scan=False)
+        x, y = fn(state, x, x_l)
+        ys.append(y)
+    return x, jax.tree.map(lambda *a: jax.numpy.stack(a), *ys)
+
+
+def run_layers_with_cache_ys(layers, x, k_cache, v_cache, step: Callable, *, scanned: bool):
+    """`run_layers_with_cache` whose step also returns a per-layer output:
+    step(layer, x, k, v, layer_index) -> (x, k, v, y); returns (x, k, v, ys stacked on [L])."""
+    if scanned:
+        graphdef, state = nnx.split(layers)
+        n = jax.tree.leaves(state)[0].shape[0]
+
+        def body(carry, xs):
+            h, kc, vc = carry
+            st, i = xs
+            h, kc, vc, y = step(nnx.merge(graphdef, st), h, kc, vc, i)
+            return (h, kc, vc), y
+
+        (x, k_cache, v_cache), ys = jax.lax.scan(
+            body, (x, k_cache, v_cache), (state, jax.numpy.arange(n))
+        )
+        return x, k_cache, v_cache, ys
+    ks, vs, ys = [], [], []
+    for layer, k_l, v_l in zip(layers, k_cache, v_cache, strict=True):
+        x, k_l, v_l, y = step(layer, x, k_l, v_l, None)
+        ks.append(k_l)
+        vs.append(v_l)
+        ys.append(y)
+    return x, tuple(ks), tuple(vs), jax.tree.map(lambda *a: jax.numpy.stack(a), *ys)

@@ -169,16 +169,21 @@ def make_tiny(
     rms_norm_eps: float = 1e-6,
     initializer_range: float = 0.02,
     corpus: Iterable[str] | None = None,
+    num_experts: int = 0,
+    num_experts_per_tok: int = 2,
+    moe_intermediate_size: int = 64,
+    norm_topk_prob: bool = True,
 ) -> Path:
     """Write a tiny random Qwen3 HF directory (fp32 safetensors + ChatML tokenizer) to `out_dir`.
+    `num_experts` > 0 writes a Qwen3-MoE instead (every layer sparse, top `num_experts_per_tok` of
+    `num_experts` experts of width `moe_intermediate_size`).
 
     The model's vocab size is the tokenizer's real size (the BPE trainer may produce fewer than
     `vocab_size` tokens on a small corpus). Deterministic for a given seed and corpus.
     Returns the directory path.
     """
     import torch
-    from transformers import Qwen3Config as HFQwen3Config
-    from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
+    import transformers
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -187,7 +192,19 @@ def make_tiny(
     ids = _write_tokenizer_files(tok, out, max_position_embeddings)
     real_vocab = tok.get_vocab_size()
 
-    cfg = HFQwen3Config(
+    moe = num_experts > 0
+    extra = (
+        dict(
+            num_experts=num_experts,
+            num_experts_per_tok=num_experts_per_tok,
+            moe_intermediate_size=moe_intermediate_size,
+            norm_topk_prob=norm_topk_prob,
+        )
+        if moe
+        else {}
+    )
+    arch = "Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"
+    cfg = getattr(transformers, "Qwen3MoeConfig" if moe else "Qwen3Config")(
         vocab_size=real_vocab,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -203,10 +220,11 @@ def make_tiny(
         bos_token_id=ids[ENDOFTEXT],
         eos_token_id=ids[IM_END],
         pad_token_id=ids[ENDOFTEXT],
+        **extra,
     )
-    cfg.architectures = ["Qwen3ForCausalLM"]
+    cfg.architectures = [arch]
     torch.manual_seed(seed)
-    model = HFQwen3ForCausalLM(cfg).to(torch.float32).eval()
+    model = getattr(transformers, arch)(cfg).to(torch.float32).eval()
     model.generation_config.eos_token_id = ids[IM_END]
     model.generation_config.pad_token_id = ids[ENDOFTEXT]
     model.generation_config.bos_token_id = ids[ENDOFTEXT]
@@ -239,6 +257,9 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--max-pos", type=int, default=2048)
     p.add_argument("--tied", action="store_true", help="tie lm_head to the embedding")
+    p.add_argument("--experts", type=int, default=0, help="> 0: a Qwen3-MoE with this many experts")
+    p.add_argument("--experts-per-tok", type=int, default=2)
+    p.add_argument("--moe-intermediate", type=int, default=64)
     a = p.parse_args(argv)
     out = make_tiny(
         a.out_dir,
@@ -252,6 +273,9 @@ def cli(argv: list[str]) -> int:
         head_dim=a.head_dim,
         tie_word_embeddings=a.tied,
         max_position_embeddings=a.max_pos,
+        num_experts=a.experts,
+        num_experts_per_tok=a.experts_per_tok,
+        moe_intermediate_size=a.moe_intermediate,
     )
     print(out)
     return 0

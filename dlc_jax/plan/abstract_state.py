@@ -35,21 +35,23 @@ TINY_DIMS = dict(
     tie_word_embeddings=False,
 )
 
-# Qwen3Config fields that say how the model runs, settable from the trainer's model section
+# model config fields that say how the model runs, settable from the trainer's model section
 RUN_OPTIONS = ("attention_impl", "scan_layers", "remat_policy")
 
 
 def model_config(model_section):
-    """Qwen3Config for the ``model`` section: ``path``'s config.json when it exists, else the preset
+    """Model config for the ``model`` section: ``path``'s config.json (any registered family, see
+    ``dlc_jax.model.registry``) when it exists, else the preset
     named by the path's last component (``/data/models/Qwen3-1.7B``) or by ``preset``; ``tiny``
     (and an empty path) are the dims ``make_tiny`` writes. Run options present in the section are
     applied."""
     from dlc_jax.model import PRESETS, Qwen3Config
+    from dlc_jax.model.registry import config_from_hf
 
     path = str(model_section.path or "")
     by_lower = {k.lower(): v for k, v in PRESETS.items()}
     if path and (Path(path) / "config.json").exists():
-        cfg = Qwen3Config.from_hf_dict(json.loads((Path(path) / "config.json").read_text()))
+        cfg = config_from_hf(json.loads((Path(path) / "config.json").read_text()))
     elif path and Path(path).name.lower() in by_lower:
         cfg = by_lower[Path(path).name.lower()]
     elif str(model_section.preset).lower() in by_lower:
@@ -86,7 +88,7 @@ def plan_mesh(mesh_section, devices: list, num_slices: int):
             )
         data = data * num_slices if data != -1 else data
         note = f"data axis x{num_slices} across slices"
-    mc = MeshConfig(data=data, fsdp=fsdp, tensor=tensor)
+    mc = MeshConfig(data=data, fsdp=fsdp, tensor=tensor, expert=getattr(mesh_section, "expert", 1))
     try:
         mc.shape(len(devices))
     except ValueError as e:
@@ -109,7 +111,7 @@ class AbstractRun:
 
     mesh: object
     qcfg: Any
-    model: Any  # the abstract Qwen3ForCausalLM (remat policy, scanned layers)
+    model: Any  # the abstract model of the config's family (remat policy, scanned layers)
     graphdef: object
     params: object
     opt_state: object
@@ -178,6 +180,14 @@ def abstract_run(cfg, mesh) -> AbstractRun:
     rows = cfg.train.batch_prompts * cfg.sampler.n
     seq_len = cfg.sampler.max_model_len
     batch = batch_structs(rows, seq_len, cfg.sampler.head_k, mesh, cfg.train.pack)
+    moe = getattr(cfg, "moe", None)
+    if moe is not None and moe.router_replay == "sampler" and hasattr(qcfg, "num_experts"):
+        # the sampler's routed experts, replayed by the step and the theta_s forward
+        batch["routed_experts"] = jax.ShapeDtypeStruct(
+            (rows, seq_len, qcfg.num_hidden_layers, qcfg.num_experts_per_tok),
+            jnp.int32,
+            sharding=batch["input_ids"].sharding,
+        )
     return AbstractRun(
         mesh=mesh,
         qcfg=qcfg,

@@ -65,28 +65,32 @@ class StepShape:
     slices: int = 1  # TPU slices (data-parallel over DCN)
 
 
+def model_matmul_params(cfg) -> dict[str, int]:
+    """Matmul parameters one token multiplies, from the config's model family
+    (``dlc_jax.model.registry``): {'decoder': all decoder layers, 'down': their MLP down
+    projections, 'vocab': the output projection}. A mixture-of-experts layer counts its router and
+    its top-k experts."""
+    from dlc_jax.model.registry import family_of
+
+    return family_of(cfg).matmul_params(cfg, active=True)
+
+
 def layer_matmul_params(cfg) -> int:
-    """Matmul parameters of one Qwen3 decoder layer: q, k, v, o projections and the 3 MLP ones."""
-    d, f, h, kv, hd = (
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-    )
-    return d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f
+    """Matmul parameters of one decoder layer (the mean over layers; for dense Qwen3: the q, k, v,
+    o projections and the 3 MLP ones) that one token multiplies."""
+    return model_matmul_params(cfg)["decoder"] // cfg.num_hidden_layers
 
 
 def _parts(cfg, tokens: int, rows: int, seq_len: int) -> dict:
-    d, f, h, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.head_dim
-    per_layer = layer_matmul_params(cfg)
+    h, hd = cfg.num_attention_heads, cfg.head_dim
+    mm = model_matmul_params(cfg)
     return {
-        "layers_fwd": 2.0 * tokens * cfg.num_hidden_layers * per_layer,
+        "layers_fwd": 2.0 * tokens * mm["decoder"],
         "attn_fwd": 4.0 * cfg.num_hidden_layers * rows * seq_len * seq_len * h * hd,
-        "vocab_fwd": 2.0 * tokens * cfg.vocab_size * d,
+        "vocab_fwd": 2.0 * tokens * mm["vocab"],
         # the MLP's down projection: the last matmul of a layer (see _remat_recompute)
-        "down_fwd": 2.0 * tokens * cfg.num_hidden_layers * d * f,
-        "matmul_params": cfg.num_hidden_layers * per_layer + cfg.vocab_size * d,
+        "down_fwd": 2.0 * tokens * mm["down"],
+        "matmul_params": mm["decoder"] + mm["vocab"],
     }
 
 

@@ -117,6 +117,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
             "head_k": cfg.sampler.head_k,
             "max_snapshots": cfg.resync.max_snapshots,
             "params": param_count(run.params),
+            **_family_fields(run.qcfg),
         },
         "topology": {
             "name": topo.name,
@@ -223,14 +224,27 @@ def advice(cfg, topo, r: dict) -> str:
     return head + "; try " + ", or ".join(tips)
 
 
+def _family_fields(qcfg) -> dict:
+    """The model family and, for a mixture of experts, the matmul parameters a token uses."""
+    from dlc_jax.model.registry import family_of
+
+    fam = family_of(qcfg)
+    out: dict = {"model_type": fam.model_type}
+    if fam.routed_experts:
+        out["active_matmul_params"] = fam.decoder_matmul_params(qcfg, active=True)
+        out["experts"] = f"{qcfg.num_experts_per_tok} of {qcfg.num_experts}"
+    return out
+
+
 def table(r: dict) -> str:
     """Human-readable summary."""
     c, t = r["config"], r["topology"]
     pk = r["peak_bytes_per_chip"]
     res = r["resident_bytes_per_chip"]
     lines = [
-        f"plan: {c['model']} ({c['params'] / 1e9:.2f}B params) on {t['name']}, {t['chips']} "
-        "chips, mesh "
+        f"plan: {c['model']} ({c['params'] / 1e9:.2f}B params"
+        + (f", experts {c['experts']}" if "experts" in c else "")
+        + f") on {t['name']}, {t['chips']} chips, mesh "
         f"{t['mesh']}" + (f" ({t['mesh_note']})" if t["mesh_note"] else ""),
         f"  batch {c['rows']} rows x {c['seq_len']} tokens, {c['micro_batches']} micro-batches, "
         "params "

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rsampler.proto\x12\x12\x64lc_jax.sampler.v1\"\xaa\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x01\x12\r\n\x05top_p\x18\x04 \x01(\x01\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12\x0e\n\x06head_k\x18\x06 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x10\n\x08has_seed\x18\x08 \x01(\x08\x12\x0c\n\x04seed\x18\t \x01(\x03\",\n\x06Prompt\x12\x0f\n\x07slot_id\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\x86\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x07prompts\x18\x02 \x03(\x0b\x32\x1a.dlc_jax.sampler.v1.Prompt\x12\x32\n\x06params\x18\x03 \x01(\x0b\x32\".dlc_jax.sampler.v1.SamplingParams\":\n\x0bVersionSpan\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\"\x88\x02\n\x07Rollout\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07slot_id\x18\x02 \x01(\x03\x12\x14\n\x0csample_index\x18\x03 \x01(\r\x12\x12\n\nprompt_ids\x18\x04 \x03(\x05\x12\x14\n\x0cresponse_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x0e\n\x06head_k\x18\x07 \x01(\r\x12\x10\n\x08head_ids\x18\x08 \x03(\x05\x12\x15\n\rhead_logprobs\x18\t \x03(\x02\x12\x15\n\rfinish_reason\x18\n \x01(\t\x12\x36\n\rversion_spans\x18\x0b \x03(\x0b\x32\x1f.dlc_jax.sampler.v1.VersionSpan\"x\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x13\n\x06\x63rc32c\x18\x06 \x01(\x07H\x00\x88\x01\x01\x42\t\n\x07_crc32c\"\xc3\x01\n\x0cWeightHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12/\n\x07tensors\x18\x02 \x03(\x0b\x32\x1e.dlc_jax.sampler.v1.TensorSpec\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\x12\x12\n\ndata_plane\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61ta_push_id\x18\x06 \x01(\t\x12\x10\n\x08relay_to\x18< \x03(\t\x12\x14\n\x0crelay_fanout\x18= \x01(\r\"j\n\x0cRelayOutcome\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x05 \x01(\t\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\"A\n\x0bWeightChunk\x12\x14\n\x0ctensor_index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"R\n\nTensorDone\x12\x14\n\x0ctensor_index\x18\x01 \x01(\r\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x13\n\x06\x63rc32c\x18\x03 \x01(\x07H\x00\x88\x01\x01\x42\t\n\x07_crc32c\"\x08\n\x06\x43ommit\"\xdb\x01\n\rWeightMessage\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .dlc_jax.sampler.v1.WeightHeaderH\x00\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.dlc_jax.sampler.v1.WeightChunkH\x00\x12.\n\x04\x64one\x18\x03 \x01(\x0b\x32\x1e.dlc_jax.sampler.v1.TensorDoneH\x00\x12,\n\x06\x63ommit\x18\x04 \x01(\x0b\x32\x1a.dlc_jax.sampler.v1.CommitH\x00\x42\x06\n\x04kind\"\x8d\x01\n\nPushResult\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x31\n\x07relayed\x18< \x03(\x0b\x32 .dlc_jax.sampler.v1.RelayOutcome\"3\n\x12LoadWeightsRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\r\n\x0bInfoRequest\"\xb3\x02\n\x0cInfoResponse\x12\x19\n\x11model_config_json\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x04\x12\x10\n\x08requests\x18\x06 \x01(\x04\x12\x0e\n\x06pushes\x18\x07 \x01(\x04\x12\x17\n\x0frejected_pushes\x18\x08 \x01(\x04\x12\x12\n\nvocab_size\x18\t \x01(\r\x12\x15\n\rmax_model_len\x18\n \x01(\r\x12\r\n\x05max_n\x18\x0b \x01(\r\x12\x12\n\nmax_head_k\x18\x0c \x01(\r\x12\x1b\n\x13\x62\x61\x63kend_config_json\x18\r \x01(\t\x12\x11\n\tdata_port\x18\x0e \x01(\r2\xcf\x02\n\x07Sampler\x12N\n\x08Generate\x12#.dlc_jax.sampler.v1.GenerateRequest\x1a\x1b.dlc_jax.sampler.v1.Rollout0\x01\x12R\n\x0bPushWeights\x12!.dlc_jax.sampler.v1.WeightMessage\x1a\x1e.dlc_jax.sampler.v1.PushResult(\x01\x12U\n\x0bLoadWeights\x12&.dlc_jax.sampler.v1.LoadWeightsRequest\x1a\x1e.dlc_jax.sampler.v1.PushResult\x12I\n\x04Info\x12\x1f.dlc_jax.sampler.v1.InfoRequest\x1a .dlc_jax.sampler.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rsampler.proto\x12\x12\x64lc_jax.sampler.v1\"\xc9\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x01\x12\r\n\x05top_p\x18\x04 \x01(\x01\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12\x0e\n\x06head_k\x18\x06 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x10\n\x08has_seed\x18\x08 \x01(\x08\x12\x0c\n\x04seed\x18\t \x01(\x03\x12\x1d\n\x15return_routed_experts\x18( \x01(\x08\",\n\x06Prompt\x12\x0f\n\x07slot_id\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\x86\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x07prompts\x18\x02 \x03(\x0b\x32\x1a.dlc_jax.sampler.v1.Prompt\x12\x32\n\x06params\x18\x03 \x01(\x0b\x32\".dlc_jax.sampler.v1.SamplingParams\":\n\x0bVersionSpan\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\"\xe3\x02\n\x07Rollout\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07slot_id\x18\x02 \x01(\x03\x12\x14\n\x0csample_index\x18\x03 \x01(\r\x12\x12\n\nprompt_ids\x18\x04 \x03(\x05\x12\x14\n\x0cresponse_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x0e\n\x06head_k\x18\x07 \x01(\r\x12\x10\n\x08head_ids\x18\x08 \x03(\x05\x12\x15\n\rhead_logprobs\x18\t \x03(\x02\x12\x15\n\rfinish_reason\x18\n \x01(\t\x12\x36\n\rversion_spans\x18\x0b \x03(\x0b\x32\x1f.dlc_jax.sampler.v1.VersionSpan\x12\x15\n\rrouted_layers\x18( \x01(\r\x12\x14\n\x0crouted_top_k\x18) \x01(\r\x12\x14\n\x0crouted_bytes\x18* \x01(\r\x12\x16\n\x0erouted_experts\x18+ \x01(\x0c\"x\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x13\n\x06\x63rc32c\x18\x06 \x01(\x07H\x00\x88\x01\x01\x42\t\n\x07_crc32c\"\xc3\x01\n\x0cWeightHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12/\n\x07tensors\x18\x02 \x03(\x0b\x32\x1e.dlc_jax.sampler.v1.TensorSpec\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\x12\x12\n\ndata_plane\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61ta_push_id\x18\x06 \x01(\t\x12\x10\n\x08relay_to\x18< \x03(\t\x12\x14\n\x0crelay_fanout\x18= \x01(\r\"j\n\x0cRelayOutcome\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x05 \x01(\t\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\"A\n\x0bWeightChunk\x12\x14\n\x0ctensor_index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"R\n\nTensorDone\x12\x14\n\x0ctensor_index\x18\x01 \x01(\r\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x13\n\x06\x63rc32c\x18\x03 \x01(\x07H\x00\x88\x01\x01\x42\t\n\x07_crc32c\"\x08\n\x06\x43ommit\"\xdb\x01\n\rWeightMessage\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .dlc_jax.sampler.v1.WeightHeaderH\x00\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.dlc_jax.sampler.v1.WeightChunkH\x00\x12.\n\x04\x64one\x18\x03 \x01(\x0b\x32\x1e.dlc_jax.sampler.v1.TensorDoneH\x00\x12,\n\x06\x63ommit\x18\x04 \x01(\x0b\x32\x1a.dlc_jax.sampler.v1.CommitH\x00\x42\x06\n\x04kind\"\x8d\x01\n\nPushResult\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x31\n\x07relayed\x18< \x03(\x0b\x32 .dlc_jax.sampler.v1.RelayOutcome\"3\n\x12LoadWeightsRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\r\n\x0bInfoRequest\"\xb3\x02\n\x0cInfoResponse\x12\x19\n\x11model_config_json\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x04\x12\x10\n\x08requests\x18\x06 \x01(\x04\x12\x0e\n\x06pushes\x18\x07 \x01(\x04\x12\x17\n\x0frejected_pushes\x18\x08 \x01(\x04\x12\x12\n\nvocab_size\x18\t \x01(\r\x12\x15\n\rmax_model_len\x18\n \x01(\r\x12\r\n\x05max_n\x18\x0b \x01(\r\x12\x12\n\nmax_head_k\x18\x0c \x01(\r\x12\x1b\n\x13\x62\x61\x63kend_config_json\x18\r \x01(\t\x12\x11\n\tdata_port\x18\x0e \x01(\r2\xcf\x02\n\x07Sampler\x12N\n\x08Generate\x12#.dlc_jax.sampler.v1.GenerateRequest\x1a\x1b.dlc_jax.sampler.v1.Rollout0\x01\x12R\n\x0bPushWeights\x12!.dlc_jax.sampler.v1.WeightMessage\x1a\x1e.dlc_jax.sampler.v1.PushResult(\x01\x12U\n\x0bLoadWeights\x12&.dlc_jax.sampler.v1.LoadWeightsRequest\x1a\x1e.dlc_jax.sampler.v1.PushResult\x12I\n\x04Info\x12\x1f.dlc_jax.sampler.v1.InfoRequest\x1a .dlc_jax.sampler.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,37 +32,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sampler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS']._serialized_start=38
-  _globals['_SAMPLINGPARAMS']._serialized_end=208
-  _globals['_PROMPT']._serialized_start=210
-  _globals['_PROMPT']._serialized_end=254
-  _globals['_GENERATEREQUEST']._serialized_start=257
-  _globals['_GENERATEREQUEST']._serialized_end=391
-  _globals['_VERSIONSPAN']._serialized_start=393
-  _globals['_VERSIONSPAN']._serialized_end=451
-  _globals['_ROLLOUT']._serialized_start=454
-  _globals['_ROLLOUT']._serialized_end=718
-  _globals['_TENSORSPEC']._serialized_start=720
-  _globals['_TENSORSPEC']._serialized_end=840
-  _globals['_WEIGHTHEADER']._serialized_start=843
-  _globals['_WEIGHTHEADER']._serialized_end=1038
-  _globals['_RELAYOUTCOME']._serialized_start=1040
-  _globals['_RELAYOUTCOME']._serialized_end=1146
-  _globals['_WEIGHTCHUNK']._serialized_start=1148
-  _globals['_WEIGHTCHUNK']._serialized_end=1213
-  _globals['_TENSORDONE']._serialized_start=1215
-  _globals['_TENSORDONE']._serialized_end=1297
-  _globals['_COMMIT']._serialized_start=1299
-  _globals['_COMMIT']._serialized_end=1307
-  _globals['_WEIGHTMESSAGE']._serialized_start=1310
-  _globals['_WEIGHTMESSAGE']._serialized_end=1529
-  _globals['_PUSHRESULT']._serialized_start=1532
-  _globals['_PUSHRESULT']._serialized_end=1673
-  _globals['_LOADWEIGHTSREQUEST']._serialized_start=1675
-  _globals['_LOADWEIGHTSREQUEST']._serialized_end=1726
-  _globals['_INFOREQUEST']._serialized_start=1728
-  _globals['_INFOREQUEST']._serialized_end=1741
-  _globals['_INFORESPONSE']._serialized_start=1744
-  _globals['_INFORESPONSE']._serialized_end=2051
-  _globals['_SAMPLER']._serialized_start=2054
-  _globals['_SAMPLER']._serialized_end=2389
+  _globals['_SAMPLINGPARAMS']._serialized_end=239
+  _globals['_PROMPT']._serialized_start=241
+  _globals['_PROMPT']._serialized_end=285
+  _globals['_GENERATEREQUEST']._serialized_start=288
+  _globals['_GENERATEREQUEST']._serialized_end=422
+  _globals['_VERSIONSPAN']._serialized_start=424
+  _globals['_VERSIONSPAN']._serialized_end=482
+  _globals['_ROLLOUT']._serialized_start=485
+  _globals['_ROLLOUT']._serialized_end=840
+  _globals['_TENSORSPEC']._serialized_start=842
+  _globals['_TENSORSPEC']._serialized_end=962
+  _globals['_WEIGHTHEADER']._serialized_start=965
+  _globals['_WEIGHTHEADER']._serialized_end=1160
+  _globals['_RELAYOUTCOME']._serialized_start=1162
+  _globals['_RELAYOUTCOME']._serialized_end=1268
+  _globals['_WEIGHTCHUNK']._serialized_start=1270
+  _globals['_WEIGHTCHUNK']._serialized_end=1335
+  _globals['_TENSORDONE']._serialized_start=1337
+  _globals['_TENSORDONE']._serialized_end=1419
+  _globals['_COMMIT']._serialized_start=1421
+  _globals['_COMMIT']._serialized_end=1429
+  _globals['_WEIGHTMESSAGE']._serialized_start=1432
+  _globals['_WEIGHTMESSAGE']._serialized_end=1651
+  _globals['_PUSHRESULT']._serialized_start=1654
+  _globals['_PUSHRESULT']._serialized_end=1795
+  _globals['_LOADWEIGHTSREQUEST']._serialized_start=1797
+  _globals['_LOADWEIGHTSREQUEST']._serialized_end=1848
+  _globals['_INFOREQUEST']._serialized_start=1850
+  _globals['_INFOREQUEST']._serialized_end=1863
+  _globals['_INFORESPONSE']._serialized_start=1866
+  _globals['_INFORESPONSE']._serialized_end=2173
+  _globals['_SAMPLER']._serialized_start=2176
+  _globals['_SAMPLER']._serialized_end=2511
 # @@protoc_insertion_point(module_scope)

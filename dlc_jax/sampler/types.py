@@ -28,6 +28,7 @@ class SamplingParams:
     head_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    return_routed_experts: bool = False  # mixture-of-experts: Rollout.routed_experts
 
     def to_proto(self) -> pb.SamplingParams:
         return pb.SamplingParams(
@@ -40,6 +41,7 @@ class SamplingParams:
             stop_token_ids=[int(t) for t in self.stop_token_ids],
             has_seed=self.seed is not None,
             seed=int(self.seed or 0),
+            return_routed_experts=bool(self.return_routed_experts),
         )
 
     @classmethod
@@ -54,7 +56,41 @@ class SamplingParams:
             head_k=int(m.head_k),
             stop_token_ids=tuple(int(t) for t in m.stop_token_ids),
             seed=int(m.seed) if m.has_seed else None,
+            return_routed_experts=bool(m.return_routed_experts),
         )
+
+
+def routed_to_wire(routed: np.ndarray | None) -> dict:
+    """Rollout proto fields for routed experts [R, L, K]: ids as 1-byte (fewer than 256 experts
+    seen) or 2-byte little-endian integers."""
+    if routed is None:
+        return {}
+    a = np.asarray(routed)
+    if a.ndim != 3:
+        raise ValueError(f"routed_experts must be [positions, layers, top_k], got {a.shape}")
+    width = 1 if a.size == 0 or int(a.max()) < 256 else 2
+    data = a.astype("<u1" if width == 1 else "<u2").tobytes()
+    return dict(
+        routed_layers=a.shape[1], routed_top_k=a.shape[2], routed_bytes=width, routed_experts=data
+    )
+
+
+def routed_from_wire(m, rows: int) -> np.ndarray | None:
+    """Routed experts [rows, L, K] (uint8/uint16) from a Rollout proto, or None when absent."""
+    if not m.routed_layers:
+        return None
+    width = int(m.routed_bytes)
+    if width not in (1, 2):
+        raise ValueError(f"rollout {m.request_id}: routed_bytes must be 1 or 2, got {width}")
+    shape = (max(rows, 0), int(m.routed_layers), int(m.routed_top_k))
+    n = int(np.prod(shape))
+    if len(m.routed_experts) != n * width:
+        raise ValueError(
+            f"rollout {m.request_id}: {len(m.routed_experts)} bytes of routed expert ids, expected "
+            f"{shape} (P + T - 1 positions x layers x top_k) x {width}"
+        )
+    a = np.frombuffer(m.routed_experts, "<u1" if width == 1 else "<u2")
+    return a.reshape(shape).astype(np.uint8 if width == 1 else np.uint16)
 
 
 @dataclasses.dataclass
@@ -77,6 +113,9 @@ class Rollout:
     slot_id: int = 0
     sample_index: int = 0
     request_id: str = ""
+    # [P + T - 1, L, K] uint8/uint16: the experts routed at each position the sampler ran (None: not
+    # asked, or a dense model); see `routed_to_wire`
+    routed_experts: np.ndarray | None = None
 
     @property
     def versions(self) -> list[int]:
@@ -99,6 +138,7 @@ class Rollout:
                 pb.VersionSpan(version=int(v), start=int(s), end=int(e))
                 for v, s, e in self.version_spans
             ],
+            **routed_to_wire(self.routed_experts),
         )
 
     @classmethod
@@ -128,6 +168,7 @@ class Rollout:
             slot_id=int(m.slot_id),
             sample_index=int(m.sample_index),
             request_id=m.request_id,
+            routed_experts=routed_from_wire(m, len(m.prompt_ids) + t - 1),
         )
 
 

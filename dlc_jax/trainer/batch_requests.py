@@ -199,6 +199,7 @@ class BatchCollector:
             head_k=s.head_k,
             stop_token_ids=(self.eos_id,),
             seed=seed,
+            return_routed_experts=self.cfg.moe.router_replay == "sampler",
         )
 
     def _known_versions(self, rollout) -> bool:

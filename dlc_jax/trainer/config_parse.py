@@ -97,6 +97,8 @@ def _coerce(key: str, tp, value):
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
+        if value is False and "off" in choices:  # YAML 1.1 reads a bare `off` as false
+            value = "off"
         if value not in choices:
             raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
         return value

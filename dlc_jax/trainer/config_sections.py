@@ -16,6 +16,7 @@ from typing import Literal
 from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
 from dlc_jax.model.config import ATTENTION_IMPLS, REMAT_POLICIES
+from dlc_jax.model.routing import MoeSection
 from dlc_jax.model.sharding import MeshConfig
 from dlc_jax.rl.loss_config import LossConfig
 from dlc_jax.trainer.plan_section import PlanConfig
@@ -314,6 +315,7 @@ class TrainConfig:
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)  # dlc-jax plan defaults
+    moe: MoeSection = dataclasses.field(default_factory=MoeSection)  # mixture-of-experts options
 
     def to_dict(self) -> dict:
         return to_dict(self)

@@ -197,10 +197,10 @@ def make_training_mesh(mesh_section):
     from dlc_jax.model import MeshConfig, make_mesh
 
     m = mesh_section
-    mc = MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+    mc = MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor, expert=m.expert)
     devices = jax.devices()
     if -1 not in (m.data, m.fsdp, m.tensor):
-        need = m.data * m.fsdp * m.tensor
+        need = m.data * m.fsdp * m.tensor * m.expert
         if need > len(devices):
             raise ValueError(
                 f"mesh: data*fsdp*tensor = {need} devices, only {len(devices)} available"
@@ -216,7 +216,7 @@ def make_training_mesh(mesh_section):
         shape = mc.shape(len(devices))
     except ValueError as e:
         raise ValueError(f"mesh: {e}") from e
-    return None if shape == (1, 1, 1) else make_mesh(mc, devices)
+    return None if shape == (1, 1, 1) and m.expert == 1 else make_mesh(mc, devices)
 
 
 def rows_sharding(mesh):

@@ -170,7 +170,8 @@ def export_checkpoint(
     import jax.numpy as jnp
     from flax import nnx
 
-    from dlc_jax.model import Qwen3Config, Qwen3ForCausalLM, save_hf
+    from dlc_jax.model import save_hf
+    from dlc_jax.model.registry import build_model, config_from_pretrained
     from dlc_jax.trainer.checkpoint import Checkpointer
 
     if dtype not in _DTYPES:
@@ -193,9 +194,9 @@ def export_checkpoint(
         raise ExportError(f"checkpoint metadata: model.param_dtype {pd!r} is not one of {_DTYPES}")
     param_dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[pd]
     # the checkpoint holds the decoder layers in the run's layout (None: by layer count)
-    config = Qwen3Config.from_pretrained(model_dir, scan_layers=run_model.get("scan_layers"))
+    config = config_from_pretrained(model_dir, scan_layers=run_model.get("scan_layers"))
     abstract = nnx.eval_shape(
-        lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0), param_dtype=param_dtype)
+        lambda: build_model(config, rngs=nnx.Rngs(0), param_dtype=param_dtype)
     )
     graphdef, params, *rest = nnx.split(abstract, nnx.Param, ...)
     dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

@@ -336,7 +336,7 @@ class Trainer:
         lr = float(self.schedule(st.step))
         before = st.params, st.opt_state
         st.params, st.opt_state, out = self.train_step(
-            st.params, st.opt_state, {k: dev[k] for k in STEP_KEYS}
+            st.params, st.opt_state, {k: dev[k] for k in STEP_KEYS if k in dev}
         )
         m = {k: float(v) for k, v in out.items()}
         applied = update_count(st.opt_state) != update_count(before[1])

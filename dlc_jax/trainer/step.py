@@ -40,9 +40,11 @@ STEP_KEYS = (
     "lps_head",
     "adv",
     "segment_ids",
+    "routed_experts",
 )
-# may be absent: without segment ids every row is one sequence (attention_mask alone)
-OPTIONAL_STEP_KEYS = ("segment_ids",)
+# may be absent: without segment ids every row is one sequence (attention_mask alone); routed
+# experts [B,L,layers,K] only with moe.router_replay=sampler (dlc_jax.model.routing)
+OPTIONAL_STEP_KEYS = ("segment_ids", "routed_experts")
 # losses that reduce over a row's tokens as one sequence: wrong on packed rows (several sequences)
 SEQUENCE_LOSSES = ("tis_seq", "mis_seq", "mis_geo", "vcpo")
 
@@ -61,6 +63,7 @@ class StepConfig:
     chunk_size: int = 256
     resync_threshold: float = 0.5
     old_policy: str = "current"  # lp_old: 'current' (sg(lp)) | 'sampler' (lp_q) | 'snapshot' (lp_s)
+    load_balance_loss: float = 0.0  # moe.load_balance_loss (mixture-of-experts models)
 
 
 def step_config(cfg) -> StepConfig:
@@ -82,21 +85,33 @@ def step_config(cfg) -> StepConfig:
         micro_batches=cfg.train.micro_batches,
         resync_threshold=cfg.resync.threshold,
         old_policy=cfg.loss.old_policy,
+        load_balance_loss=cfg.moe.load_balance_loss,
     )
 
 
-def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig):
-    """TokenLogprobs of ``batch['targets']`` (and the head) under ``params``, sampler transform."""
+def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig, with_routing: bool = False):
+    """TokenLogprobs of ``batch['targets']`` (and the head) under ``params``, sampler transform.
+    A mixture-of-experts model replays ``batch['routed_experts']`` when present; ``with_routing``
+    returns ``(TokenLogprobs, (Routing, sparse layers))`` (its own routing,
+    ``dlc_jax.model.qwen3_moe``; which decoder layers are sparse)."""
     from flax import nnx
 
+    from dlc_jax.model.registry import family_of
+
     model = nnx.merge(graphdef, params)
-    h = model.hidden_states(
+    moe = {}
+    routes = family_of(model.config).routed_experts  # a dense model has no routing
+    if routes and ("routed_experts" in batch or with_routing):
+        moe = dict(routed_experts=batch.get("routed_experts"), return_routing=True)
+    out = model.hidden_states(
         batch["input_ids"],
         attention_mask=batch["attention_mask"],
         positions=batch["positions"],
         segment_ids=batch.get("segment_ids"),
+        **moe,
     )
-    return token_logprobs(
+    h, routing = out if moe else (out, None)
+    tl = token_logprobs(
         h,
         model.unembedding(),
         batch["targets"],
@@ -106,6 +121,12 @@ def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig):
         top_p=cfg.top_p,
         chunk_size=cfg.chunk_size,
     )
+    if not with_routing:
+        return tl
+    if routing is None:
+        return tl, None
+    c = model.config
+    return tl, (routing, [c.is_sparse(i) for i in range(c.num_hidden_layers)])
 
 
 def make_snapshot_logprobs(graphdef, cfg: StepConfig):
@@ -133,7 +154,15 @@ def make_snapshot_logprobs(graphdef, cfg: StepConfig):
 
 
 def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig):
-    tl = policy_logprobs(graphdef, params, mb, cfg)
+    moe = "routed_experts" in mb or cfg.load_balance_loss > 0
+    tl, routing = (
+        policy_logprobs(graphdef, params, mb, cfg, with_routing=True)
+        if moe
+        else (
+            policy_logprobs(graphdef, params, mb, cfg),
+            None,
+        )
+    )
     sg = jax.lax.stop_gradient
     self_m = mb["self_mask"]
     lp_s = jnp.where(self_m, sg(tl.lp), mb["lp_s"])
@@ -154,6 +183,8 @@ def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig):
         num_tokens=num_tokens,
     )
     loss, metrics = compute_loss(cfg.loss, inputs)
+    if routing is not None:  # a mixture-of-experts model (dlc_jax.model.routing)
+        loss, metrics = _moe_terms(routing[1], routing[0], mb, loss, metrics, cfg)
     return loss, (
         metrics,
         sg(tl.lp),
@@ -161,6 +192,21 @@ def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig):
         sg(tl.entropy),
         None if tl.lp_head is None else sg(tl.lp_head),
     )
+
+
+def _moe_terms(sparse_layers, routing, mb: dict, loss, metrics: dict, cfg: StepConfig):
+    """The load-balancing loss term and, when replaying, the routing-mismatch metrics."""
+    from dlc_jax.model.routing import routing_mismatch
+
+    metrics = dict(metrics)
+    if cfg.load_balance_loss > 0:
+        loss = loss + cfg.load_balance_loss * routing.aux_loss
+    metrics["moe/load_balance_loss"] = routing.aux_loss
+    if "routed_experts" in mb:
+        metrics.update(
+            routing_mismatch(routing.experts, mb["routed_experts"], mb["mask"], sparse_layers)
+        )
+    return loss, metrics
 
 
 def split_micro_batches(x, m: int):

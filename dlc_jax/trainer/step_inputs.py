@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlc_jax.data.reward_runner import RewardRunner
+from dlc_jax.model.routing import routed_batch
 from dlc_jax.rl import group_advantages
 from dlc_jax.sampler.types import Rollout
 from dlc_jax.trainer import distributed as dist
@@ -161,6 +162,10 @@ class StepInputs:
             pack=cfg.train.pack,
             row_multiple=cfg.train.micro_batches * row_devices,
         )
+        if cfg.moe.router_replay == "sampler":  # replay the sampler's routing (model/routing.py)
+            arrays["routed_experts"] = routed_batch(
+                rollouts, arrays["seq_index"], arrays["positions"]
+            )
         stats = {
             "reward_mean": float(r_mean),
             "reward_std": float(np.sqrt(max(r_sq / rows_n - r_mean**2, 0.0))),

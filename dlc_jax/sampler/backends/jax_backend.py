@@ -1,5 +1,5 @@
-"""JAX backend: the project's Qwen3 (`dlc_jax.model`) with a KV cache, batched prefill + jitted
-decode steps, vLLM-equivalent sampling (temperature -> top-k -> top-p via
+"""JAX backend: the project's models (`dlc_jax.model`, any registered family) with a KV cache,
+batched prefill + jitted decode steps, vLLM-equivalent sampling (temperature -> top-k -> top-p via
 `dlc_jax.rl.sampling.processed_logits`, processed logprobs), a top-K head, and weight versions.
 
 Numerics knobs (a controlled sampler/trainer discrepancy), applied in HF layout every time weights
@@ -104,6 +104,14 @@ class JaxBackend(SamplerBackend):
         return graphdef, state
 
     async def start(self) -> None:
+        from dlc_jax.model.registry import family_for_hf
+
+        family = family_for_hf(self.model_config)  # refuses an unsupported architecture
+        if self.name not in family.samplers:
+            raise ValueError(
+                f"jax backend: model_type {family.model_type!r} runs on {list(family.samplers)}"
+            )
+        self._routes = family.routed_experts  # forward_with_cache can return the routed experts
         self._graphdef, self._state = await asyncio.to_thread(
             self.load_weights_dir, self.cfg.model_dir
         )
@@ -159,24 +167,34 @@ class JaxBackend(SamplerBackend):
 
         graphdef = self._graphdef
         cache_dtype = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
+        routes = getattr(self, "_routes", False)
+
+        def forward(model, ids, positions, cache, mask=None):
+            """(logits, cache, routed experts [B, T, L, K] or None)."""
+            if routes:
+                return model.forward_with_cache(
+                    ids, positions, cache, attention_mask=mask, return_routing=True
+                )
+            return (*model.forward_with_cache(ids, positions, cache, attention_mask=mask), None)
 
         @functools.partial(jax.jit, static_argnames=("cache_len",))
         def prefill(state, ids, mask, cache_len):
             """ids, mask [B, L] (left-padded) -> (last logits [B, V] f32, cache of length
-            cache_len)."""
+            cache_len, routed experts [B, L, layers, K] or None)."""
             model = nnx.merge(graphdef, state)
             positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
             cache = model.init_cache(ids.shape[0], cache_len, cache_dtype)
-            logits, cache = model.forward_with_cache(ids, positions, cache, attention_mask=mask)
-            return logits[:, -1].astype(jnp.float32), cache
+            logits, cache, routed = forward(model, ids, positions, cache, mask)
+            return logits[:, -1].astype(jnp.float32), cache, routed
 
         @functools.partial(jax.jit, donate_argnames=("cache",))
         def decode(state, tok, pos, cache):
-            """tok, pos [B] -> (logits [B, V] f32, cache). The cache is donated: each layer's k/v
-            (per-layer arrays, or the stacked arrays of a scanned model) is written in place."""
+            """tok, pos [B] -> (logits [B, V] f32, cache, routed [B, 1, layers, K] or None). The
+            cache is donated: each layer's k/v (per-layer arrays, or the stacked arrays of a
+            scanned model) is written in place."""
             model = nnx.merge(graphdef, state)
-            logits, cache = model.forward_with_cache(tok[:, None], pos[:, None], cache)
-            return logits[:, 0].astype(jnp.float32), cache
+            logits, cache, routed = forward(model, tok[:, None], pos[:, None], cache)
+            return logits[:, 0].astype(jnp.float32), cache, routed
 
         max_head_k = self.cfg.max_head_k
 
@@ -232,22 +250,31 @@ class JaxBackend(SamplerBackend):
         done[b_real:] = True
         length = np.full(b, t_max)
         finish = ["length"] * b
+        want_routes = bool(params.return_routed_experts) and getattr(self, "_routes", False)
+        out_route: np.ndarray | None = None
         state, version = self._snapshot()
-        logits, cache = prefill(
+        logits, cache, routed = prefill(
             state, jnp.asarray(tokens[:, :lp_len]), jnp.asarray(mask[:, :lp_len]), cache_len
         )
+        if want_routes:
+            r0 = np.asarray(routed)
+            dt = np.uint8 if int(self.model_config.get("num_experts", 0)) <= 256 else np.uint16
+            out_route = np.zeros((b, lp_len + t_max, *r0.shape[2:]), dt)
+            out_route[:, :lp_len] = r0
         for t in range(t_max):
             if cancel is not None and cancel.is_set():
                 return []
             new_state, new_version = self._snapshot()
             if new_version != version:  # weights changed: recompute the KV of the whole prefix
                 state, version = new_state, new_version
-                logits, cache = prefill(
+                logits, cache, routed = prefill(
                     state,
                     jnp.asarray(tokens[:, : lp_len + t]),
                     jnp.asarray(mask[:, : lp_len + t]),
                     cache_len,
                 )
+                if out_route is not None:  # the new weights' routing of the whole prefix
+                    out_route[:, : lp_len + t] = np.asarray(routed)
             keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, t)
             tok, lp, hid, hlp = sample(
                 logits,
@@ -268,7 +295,9 @@ class JaxBackend(SamplerBackend):
                     done[r], length[r], finish[r] = True, t + 1, "stop"
             if done.all() or t == t_max - 1:
                 break
-            logits, cache = decode(state, jnp.asarray(tok), jnp.asarray(plen + t), cache)
+            logits, cache, routed = decode(state, jnp.asarray(tok), jnp.asarray(plen + t), cache)
+            if out_route is not None:
+                out_route[:, lp_len + t] = np.asarray(routed)[:, 0]
         rollouts = []
         for r, (_, slot, j, p) in enumerate(seqs):
             n = int(length[r])
@@ -284,6 +313,10 @@ class JaxBackend(SamplerBackend):
                     slot_id=slot,
                     sample_index=j,
                     request_id=request_id,
+                    # positions the model ran on: the prompt and all response tokens but the last
+                    routed_experts=None
+                    if out_route is None
+                    else out_route[r, lp_len - len(p) : lp_len + n - 1].copy(),
                 )
             )
         return rollouts

@@ -93,7 +93,11 @@ def engine_args(cfg: BackendConfig):
     kv = cfg.kv_cache_gib
     if kv is None and current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         kv = 1.0  # else the CPU worker tries to reserve 90% of the node's RAM
-    extra = {} if kv is None else {"kv_cache_memory_bytes": int(kv * (1 << 30))}
+    extra: dict = {} if kv is None else {"kv_cache_memory_bytes": int(kv * (1 << 30))}
+    if can_return_routed_experts(cfg.model_dir):  # returned when a request asks
+        extra["enable_return_routed_experts"] = True
+        # vLLM 0.32: routed-expert capture needs the V2 model runner (read at engine creation)
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
     return AsyncEngineArgs(
         **extra,
         model=cfg.model_dir,
@@ -111,6 +115,39 @@ def engine_args(cfg: BackendConfig):
         seed=cfg.seed,
         disable_log_stats=True,
     )
+
+
+def model_routes(model_dir: str) -> bool:
+    """Whether the model's family routes tokens to experts (`dlc_jax.model.registry`)."""
+    from dlc_jax.model.registry import family_for_hf
+
+    from .base import read_model_config
+
+    try:
+        return family_for_hf(read_model_config(model_dir)).routed_experts
+    except (ValueError, FileNotFoundError):  # an architecture dlc_jax does not know: vLLM decides
+        return False
+
+
+def can_return_routed_experts(model_dir: str) -> bool:
+    """A mixture-of-experts model on a platform where vLLM captures routed experts: vLLM 0.32 does
+    so only with its V2 model runner, which needs Triton (not on CPU)."""
+    from vllm.platforms import current_platform
+
+    return model_routes(model_dir) and not current_platform.is_cpu()
+
+
+def routed_rows(c, rows: int) -> np.ndarray:
+    """vLLM's `CompletionOutput.routed_experts` [positions, layers, top_k] cut to the `rows`
+    positions the model ran on (prompt + response - 1)."""
+    r = getattr(c, "routed_experts", None)
+    if r is None or len(r) < rows:
+        raise RuntimeError(
+            f"vLLM returned routed experts for {None if r is None else len(r)} positions, "
+            f"expected {rows} (is enable_return_routed_experts on?)"
+        )
+    r = np.asarray(r)[:rows]
+    return r.astype(np.uint8 if int(r.max(initial=0)) < 256 else np.uint16)
 
 
 def vllm_sampling_params(p: SamplingParams):
@@ -132,9 +169,12 @@ def vllm_sampling_params(p: SamplingParams):
     )
 
 
-def completion_to_rollout(prompt_ids, c, head_k: int, fallback_version: int, **meta) -> Rollout:
+def completion_to_rollout(
+    prompt_ids, c, head_k: int, fallback_version: int, routed: bool = False, **meta
+) -> Rollout:
     """A vLLM CompletionOutput -> Rollout. The head is the entries of rank 1..K in each position's
-    logprob dict (vLLM adds the sampled token when it is outside the top-K)."""
+    logprob dict (vLLM adds the sampled token when it is outside the top-K). `routed`: carry its
+    routed experts."""
     ids = np.asarray(c.token_ids, np.int32)
     t = len(ids)
     lps = np.empty(t, np.float32)
@@ -169,6 +209,7 @@ def completion_to_rollout(prompt_ids, c, head_k: int, fallback_version: int, **m
         head_logprobs=hlp,
         finish_reason=str(c.finish_reason or "abort"),
         version_spans=spans,
+        routed_experts=routed_rows(c, len(prompt_ids) + t - 1) if routed else None,
         **meta,
     )
 
@@ -180,11 +221,13 @@ class VLLMBackend(SamplerBackend):
         super().__init__(cfg)
         self.engine: Any = None
         self._ids = itertools.count()
+        self._routes = False
 
     async def start(self) -> None:
         check_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        self._routes = can_return_routed_experts(self.cfg.model_dir)
         self.engine = AsyncLLM.from_engine_args(engine_args(self.cfg))
         await self.engine.update_weight_version(str(self.version))
 
@@ -215,6 +258,7 @@ class VLLMBackend(SamplerBackend):
                     c,
                     params.head_k,
                     self.version,
+                    routed=params.return_routed_experts and self._routes,
                     slot_id=slot_id,
                     sample_index=c.index,
                     request_id=request_id,
@@ -224,6 +268,12 @@ class VLLMBackend(SamplerBackend):
     async def generate(
         self, request_id: str, prompts: list[tuple[int, list[int]]], params: SamplingParams
     ) -> AsyncIterator[Rollout]:
+        if params.return_routed_experts and not self._routes:
+            raise ValueError(
+                "vllm backend: this engine cannot return routed experts (a dense model, or vLLM on "
+                "CPU: vLLM 0.32 captures them only with its V2 model runner, which needs Triton); "
+                "use sampler.backend=jax or moe.router_replay=off"
+            )
         queue: asyncio.Queue = asyncio.Queue()
 
         async def run(slot_id, prompt):

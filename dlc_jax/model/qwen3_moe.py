@@ -1,0 +1,309 @@
+"""Qwen3MoeForCausalLM in Flax NNX: Qwen3 attention, mixture-of-experts MLPs, routing replay.
+
+A sparse layer's `mlp` keeps HF's names (so HF conversion, LoRA-by-path and vLLM's loader line up):
+
+    mlp.gate.weight               [E, D]     the router (HF layout; logits in float32)
+    mlp.experts.gate_proj.kernel  [E, D, I]  HF `mlp.experts.{e}.gate_proj.weight` [I, D] (.T)
+    mlp.experts.up_proj.kernel    [E, D, I]
+    mlp.experts.down_proj.kernel  [E, I, D]  HF `mlp.experts.{e}.down_proj.weight` [D, I] (.T)
+
+(logical axes: `exp` on the expert axis -> the `expert` mesh axis; `embed`; `moe_mlp` -> `tensor`).
+A dense layer (`mlp_only_layers`, `decoder_sparse_step`) has Qwen3's MLP.
+
+Routing (HF `Qwen3MoeTopKRouter`): probs = softmax(x @ gate.T) in float32, top-k of probs, weights
+renormalized to sum 1 when `norm_topk_prob`, cast to the compute dtype. Experts run as grouped
+matmuls: the N*K (token, expert) pairs are sorted by expert and `jax.lax.ragged_dot` multiplies
+each expert's contiguous group by its weights (`moe_impl='ragged'`); `moe_impl='dense'` runs every
+expert on every token and masks (the reference).
+
+Routing replay: `routed_experts` [B, T, L, K] int (L = all decoder layers; dense layers' entries are
+ignored) replaces each sparse layer's top-k choice; the gate weights are the model's *own* router
+probabilities gathered at the replayed experts (renormalized as above), so the router keeps its
+gradient. Every forward also returns its own top-k choice (`Routing.experts`, zeros at dense
+layers, as vLLM's `routed_experts`) and a Switch-style load-balancing loss.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .config import Qwen3MoeConfig
+from .qwen3 import (
+    Qwen3Attention,
+    Qwen3ForCausalLM,
+    Qwen3MLP,
+    Qwen3Model,
+    RMSNorm,
+    _param,
+    default_positions,
+    rope_cos_sin,
+)
+from .stack import run_layers_with_cache_ys, run_layers_xs
+
+
+class Routing(NamedTuple):
+    """What a forward routed: `experts` [B, T, L, K] int32 (the model's own top-k per decoder
+    layer; zeros at dense layers) and `aux_loss` [] (the load-balancing loss, mean over sparse
+    layers; 0 without any)."""
+
+    experts: jax.Array
+    aux_loss: jax.Array
+
+
+def route(logits, k: int, norm_topk_prob: bool, replay=None):
+    """Router logits [N, E] (float32) -> (weights [N, K] f32, used experts [N, K], own top-k
+    [N, K], probs [N, E]). With `replay` [N, K], the used experts are the replayed ones and the
+    weights are this router's probabilities at them."""
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    top_w, top_i = jax.lax.top_k(probs, k)
+    if replay is None:
+        used, w = top_i, top_w
+    else:
+        used = replay.astype(jnp.int32)
+        w = jnp.take_along_axis(probs, used, axis=-1)
+    if norm_topk_prob:
+        w = w / jnp.sum(w, axis=-1, keepdims=True)
+    return w, used, top_i.astype(jnp.int32), probs
+
+
+def load_balance_loss(probs, top_i, valid, num_experts: int):
+    """Switch/HF load-balancing loss E * sum_e f_e * P_e over valid tokens: f_e = share of the
+    (token, slot) assignments that went to expert e, P_e = mean router probability of e."""
+    v = valid.astype(jnp.float32)[:, None]
+    n = jnp.maximum(jnp.sum(v), 1.0)
+    counts = jnp.sum(jax.nn.one_hot(top_i, num_experts, dtype=jnp.float32) * v[..., None], (0, 1))
+    f = counts / (n * top_i.shape[-1])
+    p = jnp.sum(probs * v, axis=0) / n
+    return num_experts * jnp.sum(f * p)
+
+
+class Experts(nnx.Module):
+    """E SwiGLU experts, weights stacked on the expert axis (`exp`)."""
+
+    def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype, compute_dtype):
+        e, d, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.compute_dtype = compute_dtype
+        self.impl = cfg.moe_impl
+        self.gate_proj = _Kernel((e, d, i), ("exp", "embed", "moe_mlp"), rngs, param_dtype)
+        self.up_proj = _Kernel((e, d, i), ("exp", "embed", "moe_mlp"), rngs, param_dtype)
+        self.down_proj = _Kernel((e, i, d), ("exp", "moe_mlp", "embed"), rngs, param_dtype)
+
+    def __call__(self, x, experts, weights):
+        """x [N, D], experts / weights [N, K] -> sum_k weights[:, k] * expert_k(x) [N, D]."""
+        dt = self.compute_dtype
+        wg, wu, wd = (
+            p.kernel.get_value().astype(dt) for p in (self.gate_proj, self.up_proj, self.down_proj)
+        )
+        x = x.astype(dt)
+        weights = weights.astype(dt)
+        if self.impl == "dense":
+            h = jax.nn.silu(jnp.einsum("nd,edi->nei", x, wg)) * jnp.einsum("nd,edi->nei", x, wu)
+            out = jnp.einsum("nei,eid->ned", h, wd)
+            combine = jnp.sum(
+                jax.nn.one_hot(experts, wg.shape[0], dtype=dt) * weights[..., None], axis=1
+            )
+            return jnp.einsum("ned,ne->nd", out, combine)
+        n, k = experts.shape
+        flat = experts.reshape(-1)
+        order = jnp.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
+        sizes = jnp.bincount(flat, length=wg.shape[0]).astype(jnp.int32)
+        xs = jnp.take(x, order // k, axis=0)
+        h = jax.nn.silu(jax.lax.ragged_dot(xs, wg, sizes)) * jax.lax.ragged_dot(xs, wu, sizes)
+        ys = jax.lax.ragged_dot(h, wd, sizes)
+        out = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
+        return jnp.sum(out * weights[..., None], axis=1)
+
+
+class _Kernel(nnx.Module):
+    """A bare `kernel` parameter (the expert projections' HF name, `...gate_proj.weight`)."""
+
+    def __init__(self, shape, logical, rngs, param_dtype):
+        self.kernel = _param(rngs, shape, param_dtype, logical, "normal")
+
+
+class Router(nnx.Module):
+    """`weight` [E, D] (HF layout), applied in float32."""
+
+    def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype):
+        self.weight = _param(
+            rngs, (cfg.num_experts, cfg.hidden_size), param_dtype, ("exp", "embed"), "normal"
+        )
+
+    def __call__(self, x):
+        return jnp.einsum(
+            "nd,ed->ne", x.astype(jnp.float32), self.weight.get_value().astype(jnp.float32)
+        )
+
+
+class Qwen3MoeSparseBlock(nnx.Module):
+    def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype, compute_dtype, act_sharding):
+        self.gate = Router(cfg, rngs=rngs, param_dtype=param_dtype)
+        self.experts = Experts(cfg, rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.num_experts = cfg.num_experts
+
+    def __call__(self, x, valid, replay=None):
+        """x [B, T, D], valid [B, T] bool, replay [B, T, K] or None -> (y [B, T, D], own top-k
+        [B, T, K], load-balancing loss [])."""
+        b, t, d = x.shape
+        flat = x.reshape(b * t, d)
+        rep = None if replay is None else replay.reshape(b * t, -1)
+        w, used, top_i, probs = route(self.gate(flat), self.top_k, self.norm_topk_prob, rep)
+        y = self.experts(flat, used, w)
+        aux = load_balance_loss(probs, top_i, valid.reshape(-1), self.num_experts)
+        return y.reshape(b, t, d), top_i.reshape(b, t, -1), aux
+
+
+class Qwen3MoeDecoderLayer(nnx.Module):
+    def __init__(
+        self, cfg: Qwen3MoeConfig, sparse: bool, *, rngs, param_dtype, compute_dtype, act_sharding
+    ):
+        kw = dict(
+            rngs=rngs,
+            param_dtype=param_dtype,
+            compute_dtype=compute_dtype,
+            act_sharding=act_sharding,
+        )
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
+        self.self_attn = Qwen3Attention(cfg, **kw)
+        self.post_attention_layernorm = RMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype
+        )
+        self.sparse = sparse
+        self.top_k = cfg.num_experts_per_tok
+        self.mlp = Qwen3MoeSparseBlock(cfg, **kw) if sparse else Qwen3MLP(cfg, **kw)
+        self.act_sharding = act_sharding
+
+    def _mlp(self, h, valid, replay):
+        x = self.post_attention_layernorm(h)
+        if self.sparse:
+            return self.mlp(x, valid, replay)
+        b, t, _ = x.shape
+        return self.mlp(x), jnp.zeros((b, t, self.top_k), jnp.int32), jnp.zeros((), jnp.float32)
+
+    def __call__(self, x, cos, sin, valid, segment_ids=None, replay=None):
+        """-> (x [B,T,D], own top-k [B,T,K] (zeros when dense), load-balancing loss [])."""
+        c = self.act_sharding.constrain
+        a = self.self_attn(self.input_layernorm(x), cos, sin, valid, segment_ids)
+        h = c(x + a, ("batch", "length", "act_embed"))
+        m, top_i, aux = self._mlp(h, valid, replay)
+        return c(h + m, ("batch", "length", "act_embed")), top_i, aux
+
+    def with_cache(self, x, cos, sin, mask, valid, k_cache, v_cache, index, layer=None):
+        a, k_cache, v_cache = self.self_attn.with_cache(
+            self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, index, layer
+        )
+        h = x + a
+        m, top_i, _ = self._mlp(h, valid, None)
+        return h + m, k_cache, v_cache, top_i
+
+
+class Qwen3MoeModel(Qwen3Model):
+    @classmethod
+    def make_layer(cls, cfg, index: int, **kw) -> nnx.Module:
+        return Qwen3MoeDecoderLayer(cfg, cfg.is_sparse(index), **kw)
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    """Qwen3-MoE causal LM (the module docstring); everything else as `Qwen3ForCausalLM`.
+
+    `hidden_states` / `__call__` take `routed_experts` (replay) and, with `return_routing=True`,
+    return `(output, Routing)`."""
+
+    body_cls = Qwen3MoeModel
+    config: Qwen3MoeConfig
+
+    def hidden_states(
+        self,
+        input_ids,
+        attention_mask=None,
+        positions=None,
+        segment_ids=None,
+        routed_experts=None,
+        return_routing: bool = False,
+    ):
+        """As `Qwen3ForCausalLM.hidden_states`; `routed_experts` [B, T, L, K] int replays those
+        experts in every sparse layer. Returns h [B, T, D], or (h, Routing) with
+        `return_routing`."""
+        input_ids = jnp.asarray(input_ids)
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+        attention_mask = jnp.asarray(attention_mask)
+        if segment_ids is not None:
+            segment_ids = jnp.asarray(segment_ids)
+        if positions is None:
+            positions = default_positions(attention_mask, segment_ids)
+        valid = attention_mask.astype(bool)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        c = self.act_sharding.constrain
+        x = c(self.model.embed_tokens(input_ids), ("batch", "length", "act_embed"))
+        xs = None
+        if routed_experts is not None:
+            xs = jnp.moveaxis(jnp.asarray(routed_experts, jnp.int32), 2, 0)  # [L, B, T, K]
+
+        def step(layer, h, replay):
+            h, top_i, aux = layer(h, cos, sin, valid, segment_ids, replay)
+            return h, (top_i, aux)
+
+        x, (top_i, aux) = run_layers_xs(
+            self.model.layers, x, xs, step, scanned=self.scanned, policy=self.remat_policy
+        )
+        h = self.model.norm(x)
+        if not return_routing:
+            return h
+        n_sparse = sum(self.config.is_sparse(i) for i in range(self.config.num_hidden_layers))
+        routing = Routing(jnp.moveaxis(top_i, 0, 2), jnp.sum(aux) / max(n_sparse, 1))
+        return h, routing
+
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        positions=None,
+        segment_ids=None,
+        routed_experts=None,
+        return_routing: bool = False,
+    ):
+        out = self.hidden_states(
+            input_ids, attention_mask, positions, segment_ids, routed_experts, return_routing
+        )
+        if return_routing:
+            return self.logits_from_hidden(out[0]), out[1]
+        return self.logits_from_hidden(out)
+
+    def forward_with_cache(
+        self, input_ids, positions, cache: dict, attention_mask=None, return_routing=False
+    ):
+        """As `Qwen3ForCausalLM.forward_with_cache`; with `return_routing` also the routed
+        experts [B, T, L, K] of the T new tokens."""
+        input_ids = jnp.asarray(input_ids)
+        b, t = input_ids.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, t), bool)
+        index = cache["index"]
+        s = cache["valid"].shape[1]
+        new_valid = jnp.asarray(attention_mask).astype(bool)
+        valid = jax.lax.dynamic_update_slice(cache["valid"], new_valid, (0, index))
+        q_slot = index + jnp.arange(t)
+        mask = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & valid[:, None, :]
+        cos, sin = rope_cos_sin(
+            jnp.asarray(positions), self.config.head_dim, self.config.rope_theta
+        )
+        x = self.model.embed_tokens(input_ids)
+
+        def step(layer, h, k_c, v_c, i):
+            return layer.with_cache(h, cos, sin, mask, new_valid, k_c, v_c, index, i)
+
+        x, ks, vs, top_i = run_layers_with_cache_ys(
+            self.model.layers, x, cache["k"], cache["v"], step, scanned=self.scanned
+        )
+        logits = self.logits_from_hidden(self.model.norm(x))
+        new_cache = {"k": ks, "v": vs, "valid": valid, "index": index + t}
+        if return_routing:
+            return logits, new_cache, jnp.moveaxis(top_i, 0, 2)
+        return logits, new_cache

@@ -1,0 +1,149 @@
+"""Model families keyed by the HF `model_type`: one place that says, for each architecture this
+package implements, its config class, NNX module, HF tensor names, matmul parameter counts and what
+the samplers support.
+
+Everything outside `dlc_jax.model` that needs "the model" (loading, export, `dlc-jax plan`, FLOPs
+counts, the JAX sampler backend) asks the registry instead of naming a family:
+
+    family = family_of(config)                   # or family_for_hf(config_dict)
+    config = config_from_pretrained(path, scan_layers=True)
+    model = family.model_cls(config, rngs=nnx.Rngs(0))
+    family.hf_param_shapes(config)               # {HF name: HF shape}
+    family.decoder_matmul_params(config)         # active per token, all layers (FLOPs count)
+
+The module class is imported lazily (the registry is imported by light modules such as the plan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .config import UnsupportedModelError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+    """One architecture: HF identity, where its pieces live, what it supports."""
+
+    model_type: str  # HF config.json "model_type"
+    architecture: str  # HF config.json "architectures"[0]
+    config_module: str  # "dlc_jax.model.config:Qwen3Config"
+    model_module: str  # "dlc_jax.model.qwen3:Qwen3ForCausalLM"
+    names_module: str  # "dlc_jax.model.hf_names:qwen3_param_shapes" (config -> {name: shape})
+    counts_module: str  # "dlc_jax.model.hf_names:qwen3_matmul_params" (config, active) -> dict
+    samplers: tuple[str, ...] = ("jax", "vllm")  # sampler backends that can run the family
+    routed_experts: bool = False  # forward returns/accepts routed expert ids (routing replay)
+
+    @property
+    def config_cls(self) -> Any:
+        return _resolve(self.config_module)
+
+    @property
+    def model_cls(self) -> Any:
+        return _resolve(self.model_module)
+
+    def hf_param_shapes(self, config) -> dict[str, tuple[int, ...]]:
+        """HF tensor name -> HF shape, in checkpoint order."""
+        return _resolve(self.names_module)(config)
+
+    def matmul_params(self, config, *, active: bool = True) -> dict[str, int]:
+        """Matmul parameter counts summed over the decoder layers: {'decoder': all layer matmuls,
+        'down': the layers' last matmul (MLP down projections), 'vocab': the output projection}.
+        `active`: the parameters one token multiplies (top-k experts), else all of them."""
+        return _resolve(self.counts_module)(config, active=active)
+
+    def decoder_matmul_params(self, config, *, active: bool = True) -> int:
+        return self.matmul_params(config, active=active)["decoder"]
+
+
+def _resolve(spec: str) -> Any:
+    mod, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+FAMILIES: dict[str, ModelFamily] = {}
+
+
+def register(family: ModelFamily) -> ModelFamily:
+    FAMILIES[family.model_type] = family
+    return family
+
+
+register(
+    ModelFamily(
+        model_type="qwen3",
+        architecture="Qwen3ForCausalLM",
+        config_module="dlc_jax.model.config:Qwen3Config",
+        model_module="dlc_jax.model.qwen3:Qwen3ForCausalLM",
+        names_module="dlc_jax.model.hf_names:qwen3_param_shapes",
+        counts_module="dlc_jax.model.hf_names:qwen3_matmul_params",
+    )
+)
+
+
+register(
+    ModelFamily(
+        model_type="qwen3_moe",
+        architecture="Qwen3MoeForCausalLM",
+        config_module="dlc_jax.model.config:Qwen3MoeConfig",
+        model_module="dlc_jax.model.qwen3_moe:Qwen3MoeForCausalLM",
+        names_module="dlc_jax.model.hf_names:qwen3_moe_param_shapes",
+        counts_module="dlc_jax.model.hf_names:qwen3_moe_matmul_params",
+        routed_experts=True,
+    )
+)
+
+
+def family_for_hf(d: dict[str, Any]) -> ModelFamily:
+    """The family of an HF config dict: by `model_type`, else by `architectures`. Raises
+    `UnsupportedModelError` naming what it found and what is supported."""
+    model_type = d.get("model_type")
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    archs = d.get("architectures") or []
+    for f in FAMILIES.values():
+        if f.architecture in archs:
+            return f
+    known = sorted(f"{f.model_type} ({f.architecture})" for f in FAMILIES.values())
+    raise UnsupportedModelError(
+        f"unsupported architecture {archs} (model_type={model_type!r}); dlc_jax.model supports "
+        f"{known}"
+    )
+
+
+def family_of(config) -> ModelFamily:
+    """The family whose config class `config` is an instance of."""
+    for f in FAMILIES.values():
+        if type(config) is f.config_cls:
+            return f
+    raise UnsupportedModelError(f"no model family for config type {type(config).__name__}")
+
+
+def read_hf_config(path) -> dict[str, Any]:
+    """`<path>/config.json` (or a config.json file path) as a dict."""
+    p = Path(path)
+    f = p / "config.json" if p.is_dir() else p
+    if not f.exists():
+        raise FileNotFoundError(f"no config.json at {f}")
+    return json.loads(f.read_text())
+
+
+def config_from_hf(d: dict[str, Any], **options):
+    """The family's config for an HF config dict (`options`: run options such as scan_layers)."""
+    return family_for_hf(d).config_cls.from_hf_dict(d, **options)
+
+
+def config_from_pretrained(path, **options):
+    """The family's config read from `path` (a directory or a config.json file)."""
+    return config_from_hf(read_hf_config(path), **options)
+
+
+def build_model(config, **kwargs):
+    """`family_of(config).model_cls(config, **kwargs)`."""
+    cls: Callable[..., Any] = family_of(config).model_cls
+    return cls(config, **kwargs)
