@@ -100,3 +100,25 @@ def test_missing_tensor_builds_nothing(tiny):
         load.state()
     with pytest.raises(KeyError, match="not a parameter"):
         load.add("model.layers.99.mlp.up_proj.weight", items[0][1])
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_moe_expert_tensors_assemble_into_stacked_params(tmp_path, scan):
+    """A Qwen3-MoE push: HF's per-expert tensors land in the [E, ...] (or scanned [L, E, ...])
+    params exactly as load_hf builds them from the same weights on disk."""
+    from flax import nnx
+    from moe_helpers import MOE_UNIFORM, make_random_moe_dir
+
+    from dlc_jax.model import load_hf
+
+    served_dir = make_random_moe_dir(tmp_path / "served", seed=0, **MOE_UNIFORM)
+    new_dir = make_random_moe_dir(tmp_path / "new", seed=1, **MOE_UNIFORM)
+    _, served = nnx.split(load_hf(served_dir, scan_layers=scan))
+    _, want = nnx.split(load_hf(new_dir, scan_layers=scan))
+    load = JaxWeightLoad(served, num_layers=MOE_UNIFORM["num_hidden_layers"])
+    for n, a in st.iter_tensors(new_dir):
+        load.add(n, a)
+    got, exp = _flat(load.state()), _flat(want)
+    assert got.keys() == exp.keys()
+    for p in exp:
+        np.testing.assert_array_equal(got[p], exp[p], err_msg=str(p))

@@ -32,6 +32,16 @@ def _converter(kernel: bool, shape: tuple, dtype: np.dtype):
     return jax.jit(convert)
 
 
+def _stack(pieces: dict[tuple, Any], lead: tuple[int, ...], prefix: tuple = ()):
+    """The [*lead, ...] array of `pieces` (leading index tuple -> slice): stacked layers, stacked
+    experts, or both (scanned mixture-of-experts weights [L, E, ...])."""
+    import jax.numpy as jnp
+
+    if len(prefix) == len(lead):
+        return pieces[prefix]
+    return jnp.stack([_stack(pieces, lead, (*prefix, i)) for i in range(lead[len(prefix)])])
+
+
 class JaxWeightLoad:
     """One push into a copy of `state`'s structure. `transform(name, hf_array) -> fp32 array`: the
     backend's numerics knobs (None: none)."""
@@ -49,32 +59,33 @@ class JaxWeightLoad:
         self._slots = _param_slots(state, num_layers)
         self._transform = transform
         self._values: dict[tuple, object] = {}
-        self._stacks: dict[tuple, tuple[dict[int, Any], set[int]]] = {}
+        self._stacks: dict[tuple, tuple[dict[tuple, Any], set[tuple]]] = {}
 
     def add(self, name: str, array: np.ndarray) -> None:
         import jax.numpy as jnp
 
         if name not in self._slots:
             raise KeyError(f"tensor {name!r} is not a parameter of the served model")
-        path, layer = self._slots[name]
+        path, idx = self._slots[name]  # idx: () one tensor; (layer,), (expert,), (layer, expert)
         var = self._vars[path]
         dtype = np.dtype(var.dtype)
-        shape = tuple(var.shape) if layer is None else tuple(var.shape[1:])
+        shape = tuple(var.shape[len(idx) :])
         if self._transform is not None:  # numerics knobs: fp32 numpy math in HF layout
             ours = jnp.asarray(np.asarray(_to_ours(self._transform(name, array), path, shape)))
             ours = ours.astype(dtype)
         else:  # cast + HF -> our layout on the device (XLA: ~6x less CPU than numpy for bf16)
             ours = _converter(path[-1] == "kernel", shape, dtype)(array)
-        if layer is None:
+        if not idx:
             self._values[path] = ours
             return
+        lead = tuple(var.shape[: len(idx)])
         if path not in self._stacks:
-            self._stacks[path] = ({}, set(range(var.shape[0])))
-        layers, left = self._stacks[path]
-        layers[layer] = ours
-        left.discard(layer)
+            self._stacks[path] = ({}, set(np.ndindex(*lead)))
+        pieces, left = self._stacks[path]
+        pieces[idx] = ours
+        left.discard(idx)
         if not left:
-            self._values[path] = jnp.stack([layers[i] for i in range(var.shape[0])])
+            self._values[path] = _stack(pieces, lead)
             del self._stacks[path]
 
     def state(self):
