@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from dlc_jax.env.trainer_hook import env_row
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
 from dlc_jax.sampler.types import SamplingParams, mix_seed
@@ -55,6 +56,8 @@ class BatchRequests(TrainerFields):
         state_before = self.data.get_state()
         recs = next(self.data)
         prompts = {r.slot: r for r in recs}
+        if self.env is not None:  # env.fn: the rows the episodes of these slots reset with
+            self.env_rows.update({r.slot: env_row(r) for r in recs})
         slots = [r.slot for r in recs]
         local = dist.local_slots(slots, self.cfg.sampler.n, self.rows) if self.multi else slots
         self.batches[index] = {

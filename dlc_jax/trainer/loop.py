@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
+from dlc_jax.env.trainer_hook import make_env_sampler
 from dlc_jax.errors import UserError, require_dir
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchRequests
@@ -114,7 +115,12 @@ class Trainer(BatchRequests, RunLifecycle):
         self._nonfinite_in_a_row = 0
         if cfg.model.path:
             require_dir(cfg.model.path, "model.path")
-        self.model_dir = ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
+        if cfg.sft.enabled and cfg.env.enabled:  # warm-up on the environment's demonstrations
+            from dlc_jax.env.warmup import ensure_env_sft_model
+
+            self.model_dir = ensure_env_sft_model(cfg)
+        else:
+            self.model_dir = ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
         self.tokenizer = load_tokenizer(str(self.model_dir))
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.mesh = dist.make_training_mesh(cfg.mesh)
@@ -178,9 +184,13 @@ class Trainer(BatchRequests, RunLifecycle):
             multi=self.multi,
             on_reconnect=self._on_reconnect,
         )
+        # env.fn: every rollout is an episode of that environment, run behind the Sampler protocol
+        self.env_rows: dict[int, dict] = {}  # slot -> data row its environment is reset with
+        self.env = make_env_sampler(cfg, self.tokenizer, lambda: self.link.client, self.env_rows)
+        env = self.env
         self.feeder = RolloutFeeder(
             self.assembler,
-            lambda: self.link.client,
+            (lambda: env) if env is not None else (lambda: self.link.client),
             lambda: self.state.version,
             self._sampling_params,
             accept_fn=self._known_versions,
@@ -289,7 +299,9 @@ class Trainer(BatchRequests, RunLifecycle):
             synced_version=st.synced_version,
             **self.counters,
         )
-        m.update({k: v for k, v in stats.items() if k.startswith("reward/")})
+        m.update({k: v for k, v in stats.items() if k.startswith(("reward/", "env/"))})
+        if self.env is not None:
+            m.update({f"{k}_total": v for k, v in self.env.totals().items()})
         if reason == "ess":
             logger.info(
                 "step %d: lag ESS %.3f < %s -> resync to version %d",

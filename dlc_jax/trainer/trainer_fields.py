@@ -9,6 +9,7 @@ from typing import Any
 
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
+from dlc_jax.env.runner import EnvSampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import BatchAssembler
 from dlc_jax.trainer.checkpoint import Checkpointer
@@ -40,4 +41,6 @@ class TrainerFields:
     counters: dict[str, int]
     # index -> {"prompts": {slot: PromptRecord}, "data_state", "local_slots", "alone", "dropped"}
     batches: dict[int, dict]
+    env: EnvSampler | None  # env.fn: the episode runner in front of the sampler
+    env_rows: dict[int, dict]  # slot -> data row (env.fn)
     _recover_sampler: Callable[[BaseException], None]
