@@ -224,8 +224,8 @@ class EnvSampler:
             ep["turn_rewards"].append(reward)
             if done:
                 return "done"
-            if not ended:
-                return "length"
+            if not ended:  # cut by sampler.max_tokens, or by the episode's token budget
+                return "max_total_tokens" if p.max_tokens < params.max_tokens else "length"
             if turn == cfg.max_turns - 1:
                 return "max_turns"
             ids, cut = self.delta.fit_answer(msgs, cfg.max_env_tokens_per_turn, cfg.truncation_side)
