@@ -3,8 +3,8 @@
 `ChatDelta.opening(messages)` renders the opening messages with the tokenizer's chat template (and
 the environment's tool schemas) plus the assistant header. `ChatDelta.answer(messages)` is the
 token delta an environment answer adds after an assistant turn that ended with the end-of-turn
-token: the template's text of (the answer + the next assistant header) minus its text up to the
-assistant's end-of-turn token, tokenized on its own. Because that delta starts right after a
+token: the template's text of (the answer + the next assistant header) after the assistant's
+end-of-turn token, tokenized on its own. Because that delta starts right after a
 special token, tokenizing it alone gives the tokens it has in context (the newline after
 ``<|im_end|>`` is kept: it belongs to the delta).
 
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-_PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+_MARK = "dlc-probe-7f3a"  # the probe assistant turn's content
+_PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK}]
 
 
 class TemplateError(ValueError):
-    """The chat template cannot be extended by a token delta (not prefix-stable)."""
+    """The chat template does not end an assistant turn with the end-of-turn token."""
 
 
 class ChatDelta:
@@ -59,20 +60,20 @@ class ChatDelta:
         return ids
 
     def answer_text(self, messages: list[dict]) -> str:
-        """The text an environment answer adds after the assistant's end-of-turn token."""
-        a = self._render(_PROBE, False)
-        b = self._render(_PROBE + list(messages), True)
-        if not b.startswith(a):
-            raise TemplateError(
-                "env: the chat template renders the conversation differently once a message is "
-                "added (not prefix-stable); a token delta cannot be taken"
-            )
-        end = a.rfind(self.eos_text)
+        """The text an environment answer adds after the assistant's end-of-turn token: the
+        template's rendering of (a probe exchange + ``messages`` + the assistant header) after the
+        probe assistant turn's end-of-turn token. Only what follows that turn is taken, so a
+        template that renders a last assistant turn differently from an earlier one (Qwen3 adds
+        an empty ``<think>`` block to the last) still gives the right delta."""
+        text = self._render(_PROBE + list(messages), True)
+        at = text.find(_MARK)
+        end = text.find(self.eos_text, at + len(_MARK)) if at >= 0 else -1
         if end < 0:
             raise TemplateError(
-                f"env: the chat template does not end an assistant turn with {self.eos_text!r}"
+                "env: the chat template does not render an assistant turn as its content followed "
+                f"by {self.eos_text!r}; a token delta cannot be taken"
             )
-        return a[end + len(self.eos_text) :] + b[len(a) :]
+        return text[end + len(self.eos_text) :]
 
     def answer(self, messages: list[dict]) -> list[int]:
         """Token delta of an environment answer (after an assistant turn ending in eos)."""

@@ -144,11 +144,45 @@ def test_calculator_episode_is_token_exact_with_mask_and_versions(tok):
     assert runner.totals()["env/silent_mismatches"] == 0
 
 
+# Qwen3-style: the last assistant turn gets an empty think block, earlier ones do not; tool
+# messages go into a user turn as <tool_response>; enable_thinking=false pre-fills the think block
+THINK_GATED = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and loop.last %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content }}"
+    "{{- '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
 def test_env_delta_is_not_a_retokenized_history(tok):
     """The newline after <|im_end|> belongs to the environment's delta (verl #6921)."""
     d = ChatDelta(tok, tok.eos_token_id)
     text = d.answer_text([{"role": "tool", "content": "85"}])
-    assert text.startswith("\n<|im_start|>tool\n85<|im_end|>\n<|im_start|>assistant\n")
+    assert text == "\n<|im_start|>tool\n85<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_env_delta_with_a_think_gated_template(tok, thinking):
+    import copy
+
+    t = copy.copy(tok)
+    t.chat_template = THINK_GATED
+    d = ChatDelta(t, tok.eos_token_id, enable_thinking=thinking)
+    tail = "" if thinking else "<think>\n\n</think>\n\n"
+    got = d.answer_text([{"role": "tool", "content": "85"}])
+    assert got == (
+        "\n<|im_start|>user\n<tool_response>\n85\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n" + tail
+    )
+    got = d.answer_text([{"role": "user", "content": "again"}])
+    assert got == "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n" + tail
 
 
 @pytest.mark.parametrize("side", ["left", "right", "error"])
