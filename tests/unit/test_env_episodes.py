@@ -370,5 +370,7 @@ def test_load_env_factory_and_config_errors():
         with pytest.raises(ConfigError) as e:
             load_config(None, [override])
         assert str(e.value).startswith(key), str(e.value)
+    with pytest.raises(ConfigError, match="^eval.every"):
+        load_config("tiny_tool_cpu", ["eval.every=5"])
     cfg = load_config("tiny_tool_cpu")
     assert cfg.env.enabled and cfg.env.max_total_tokens <= cfg.sampler.max_model_len
