@@ -94,7 +94,9 @@ def _runner(tok, sampler, factory, **cfg):
 
 def _expert(tok):
     eos = tok.eos_token_id
-    turns = [tok.encode(t, add_special_tokens=False) + [eos] for t in Calculator.demonstration(ROW)]
+    turns = [
+        tok.encode(t, add_special_tokens=False) + [eos] for t in Calculator().demonstration(ROW)
+    ]
     return lambda i: turns[min(i, len(turns) - 1)]
 
 
@@ -347,6 +349,11 @@ def test_tool_call_parsing_and_calc():
     msgs, r, done = env.step(format_tool_call("nope", {}))
     assert "unknown tool" in msgs[0]["content"]
     assert env.step("#### 90") == ([], 1.0, True)
+    assert Calculator(demo_direct=1.0).demonstration(ROW) == ["#### 90"]
+    assert len(Calculator(demo_direct=0.0).demonstration(ROW)) == 3
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(20) for b in range(20)]
+    direct = [len(Calculator(demo_direct=0.5).demonstration(r)) == 1 for r in rows]
+    assert 0.4 < np.mean(direct) < 0.6
     assert env.step("#### 91") == ([], 0.0, True)
 
 

@@ -7,7 +7,7 @@ A turn with ``<tool_call>`` blocks gets one ``tool`` message per call with ``cal
 turn without is the final answer: reward ``correct`` when its ``####`` (or last) number equals the
 row's answer, else ``incorrect``; each well-formed call adds ``call_reward``.
 `demonstration` writes the expert's turns (one call per partial sum, then the answer) for the
-supervised warm-up.
+supervised warm-up; with ``demo_direct`` a share of them answers without the tool.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
+import zlib
 
 from dlc_jax.env.tool_calls import ToolEnv, format_tool_call, function_schema
 
@@ -64,7 +65,11 @@ class Calculator(ToolEnv):
         correct: float = 1.0,
         incorrect: float = 0.0,
         call_reward: float = 0.0,
+        demo_direct: float = 0.0,
     ) -> None:
+        if not 0.0 <= demo_direct <= 1.0:
+            raise ValueError(f"Calculator: demo_direct must be in [0, 1], got {demo_direct}")
+        self.demo_direct = float(demo_direct)
         self.functions = {"calc": calc}
         self.system = system
         self.correct = float(correct)
@@ -85,10 +90,15 @@ class Calculator(ToolEnv):
         ok = got is not None and got == parse_number(self.answer)
         return self.correct if ok else self.incorrect
 
-    @staticmethod
-    def demonstration(row: dict) -> list[str]:
-        """The expert's turns for ``row``: ``calc`` on each partial sum, then ``#### total``."""
-        terms = terms_of(str(row["prompt"]))
+    def demonstration(self, row: dict) -> list[str]:
+        """The expert's turns for ``row``: ``calc`` on each partial sum, then ``#### total``; for a
+        ``demo_direct`` share of the rows (chosen by a hash of the prompt) the total alone, with
+        no tool call, so the warmed model sometimes answers without the tool and RL has a choice
+        to learn."""
+        prompt = str(row["prompt"])
+        terms = terms_of(prompt)
+        if zlib.crc32(prompt.encode()) % 1000 < 1000 * self.demo_direct:
+            return [f"#### {sum(terms)}"]
         turns, acc = [], terms[0]
         for t in terms[1:]:
             turns.append(format_tool_call("calc", {"expr": f"{acc}+{t}"}))
