@@ -381,3 +381,20 @@ def test_load_env_factory_and_config_errors():
         load_config("tiny_tool_cpu", ["eval.every=5"])
     cfg = load_config("tiny_tool_cpu")
     assert cfg.env.enabled and cfg.env.max_total_tokens <= cfg.sampler.max_model_len
+
+
+def test_the_environments_page_example_runs(tok):
+    """docs/ENVIRONMENTS.md's GuessNumber, as printed, through the episode runner."""
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).parents[2] / "docs" / "ENVIRONMENTS.md"
+    code = re.search(r"```python\n(.*?)```", page.read_text(), re.S).group(1)
+    ns: dict = {}
+    exec(compile(code, str(page), "exec"), ns)
+    eos = tok.eos_token_id
+    guesses = ["50", "90"]  # the row's answer is 90: "higher" after 50
+    s = Scripted(lambda i: tok.encode(guesses[i], add_special_tokens=False) + [eos])
+    (r,) = list(_runner(tok, s, ns["GuessNumber"]).generate([[1]], _params(), slot_ids=[0]))
+    assert r.finish_reason == "done" and r.episode["turns"] == 2 and r.reward == 1.0
+    assert "higher" in tok.decode(r.response_ids[r.loss_mask == 0].tolist())
