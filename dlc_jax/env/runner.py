@@ -93,8 +93,9 @@ def timed_call(fn: Callable, args: tuple, timeout: float) -> Any:
 class EnvSampler:
     """inner_fn: zero-arg callable returning the real `Sampler` (it may change on reconnect);
     env_factory: zero-arg callable making one environment per episode; delta: the `ChatDelta` of
-    the model's tokenizer; row_fn: slot id -> the data row (dict) its environment is reset with;
-    max_model_len: the sampler's context (bounds ``env.max_total_tokens``)."""
+    the model's tokenizer; row_fn: slot id -> the data row (dict) its environment is reset with
+    (default: the rows given to `add_rows`); max_model_len: the sampler's context (bounds
+    ``env.max_total_tokens``)."""
 
     def __init__(
         self,
@@ -103,17 +104,23 @@ class EnvSampler:
         delta: ChatDelta,
         cfg: EnvConfig,
         *,
-        row_fn: Callable[[int], dict],
         max_model_len: int,
+        row_fn: Callable[[int], dict] | None = None,
     ) -> None:
         self.inner_fn = inner_fn
         self.env_factory = env_factory
         self.delta = delta
         self.cfg = cfg
-        self.row_fn = row_fn
+        self.rows: dict[int, dict] = {}
+        self.row_fn = row_fn if row_fn is not None else self.rows.__getitem__
         self.max_total = min(cfg.max_total_tokens or max_model_len, max_model_len)
         self.lock = threading.Lock()
         self.counts: dict[str, float] = {}
+
+    def add_rows(self, rows: dict[int, dict]) -> None:
+        """Slot -> data row for the episodes to come (when no ``row_fn`` was given)."""
+        with self.lock:
+            self.rows.update(rows)
 
     # ---- the Sampler protocol: everything but generate goes to the real sampler ----------------
     @property

@@ -22,11 +22,9 @@ def env_row(record: Any) -> dict:
     }
 
 
-def make_env_sampler(
-    cfg: Any, tokenizer: Any, inner_fn: Callable[[], Any], rows: dict[int, dict]
-) -> EnvSampler | None:
-    """The `EnvSampler` of ``cfg.env`` (None when ``env.fn`` is empty); ``rows``: slot -> row,
-    filled by the trainer as it opens batches."""
+def make_env_sampler(cfg: Any, tokenizer: Any, inner_fn: Callable[[], Any]) -> EnvSampler | None:
+    """The `EnvSampler` of ``cfg.env`` (None when ``env.fn`` is empty); the trainer gives it the
+    rows of each batch it opens (`EnvSampler.add_rows`)."""
     if not cfg.env.enabled:
         return None
     factory = load_env_factory(cfg.env.fn, cfg.env.kwargs)
@@ -38,6 +36,5 @@ def make_env_sampler(
         factory,
         delta,
         cfg.env,
-        row_fn=rows.__getitem__,
         max_model_len=cfg.sampler.max_model_len,
     )

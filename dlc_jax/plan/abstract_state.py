@@ -156,8 +156,7 @@ def batch_structs(rows: int, seq_len: int, head_k: int, mesh, packed: bool = Fal
 def abstract_run(cfg, mesh) -> AbstractRun:
     """Abstract model, theta_t, optimizer state and worst-case batch of ``cfg`` on ``mesh``."""
     from dlc_jax.model.abstract import abstract_model, abstract_params
-    from dlc_jax.trainer.state import make_optimizer
-    from dlc_jax.trainer.step import opt_state_shardings
+    from dlc_jax.trainer.state import make_optimizer, opt_state_shardings
 
     qcfg = model_config(cfg.model)
     model = abstract_model(
