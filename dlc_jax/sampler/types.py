@@ -100,7 +100,14 @@ class Rollout:
     prompt_ids int32 [P]; response_ids int32 [T]; logprobs float32 [T] (processed logprob of each
     sampled token); head_ids int32 [T, K] and head_logprobs float32 [T, K] (top-K by processed
     logprob, rank order; K = 0 when no head was asked); version_spans: list of
-    (version, start, end) covering [0, T) — tokens [start, end) were sampled with that version.
+    (version, start, end) — tokens [start, end) were sampled with that version.
+
+    A single-turn rollout's spans cover [0, T). A multi-turn episode (`dlc_jax.env`) interleaves
+    generated and environment tokens in ``response_ids``: ``loss_mask`` float32 [T] is 1 on the
+    tokens the sampler generated and 0 on the environment's (None: all generated), the spans cover
+    only the generated tokens (gaps over environment tokens, whose ``logprobs`` and head are 0 and
+    never read), and ``reward`` is the episode's reward from the environment (None: scored by the
+    reward functions). ``episode`` holds the episode's counters (turns, env tokens, end reason).
     """
 
     prompt_ids: np.ndarray
@@ -116,12 +123,33 @@ class Rollout:
     # [P + T - 1, L, K] uint8/uint16: the experts routed at each position the sampler ran (None: not
     # asked, or a dense model); see `routed_to_wire`
     routed_experts: np.ndarray | None = None
+    loss_mask: np.ndarray | None = None
+    reward: float | None = None
+    episode: dict | None = None
 
     @property
     def versions(self) -> list[int]:
         return [v for v, _, _ in self.version_spans]
 
+    def generated_mask(self) -> np.ndarray:
+        """float32 [T]: 1 on tokens the sampler generated (trained on), 0 on environment tokens."""
+        if self.loss_mask is None:
+            return np.ones(len(self.response_ids), np.float32)
+        return np.asarray(self.loss_mask, np.float32)
+
+    def token_versions(self) -> np.ndarray:
+        """int32 [T]: the weight version that generated each token, -1 on environment tokens."""
+        out = np.full(len(self.response_ids), -1, np.int32)
+        for v, s, e in self.version_spans:
+            out[s:e] = v
+        return out
+
     def to_proto(self) -> pb.Rollout:
+        if self.loss_mask is not None or self.reward is not None:
+            raise ValueError(
+                "an environment episode (loss_mask / reward set) is trainer-side only and is "
+                "never sent over the wire"
+            )
         k = int(self.head_ids.shape[1]) if self.head_ids.ndim == 2 else 0
         return pb.Rollout(
             request_id=self.request_id,

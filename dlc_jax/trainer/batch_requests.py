@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlc_jax.data.prompts import PromptPipeline, PromptRecord
+from dlc_jax.env.trainer_hook import env_row
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
 from dlc_jax.sampler.types import SamplingParams, mix_seed
@@ -82,7 +83,7 @@ class BatchCollector:
     and snapshots decide which rollouts are usable); recover: ``(error) -> None``, brings the
     sampler back (the trainer's reconnect + resync); counters: the run's counters
     (``dropped_invalid`` is counted here); rows: the batch-row sharding of a multi-host run (None:
-    one process)."""
+    one process); env: the `dlc_jax.env.EnvSampler` of ``env.fn`` (None: single-turn)."""
 
     def __init__(
         self,
@@ -97,6 +98,7 @@ class BatchCollector:
         rows: Any = None,
         multi: bool = False,
         allows_prefetch: bool = True,
+        env: Any = None,
     ):
         self.cfg = cfg
         self.data = data
@@ -110,9 +112,11 @@ class BatchCollector:
         self.allows_prefetch = allows_prefetch
         max_staleness = 10**9 if cfg.resync.policy == "never" else cfg.async_.max_staleness
         self.assembler = BatchAssembler(cfg.sampler.n, max_staleness)
+        # env.fn: an `EnvSampler` in front of the sampler runs each cell as an episode
+        self.env = env
         self.feeder = RolloutFeeder(
             self.assembler,
-            lambda: self.link.client,
+            (lambda: env) if env is not None else (lambda: self.link.client),
             lambda: self.state.version,
             self.sampling_params,
             accept_fn=self._known_versions,
@@ -127,6 +131,8 @@ class BatchCollector:
         state_before = self.data.get_state()
         recs = next(self.data)
         prompts = {r.slot: r for r in recs}
+        if self.env is not None:  # env.fn: the rows the episodes of these slots reset with
+            self.env.add_rows({r.slot: env_row(r) for r in recs})
         slots = [r.slot for r in recs]
         local = dist.local_slots(slots, self.cfg.sampler.n, self.rows) if self.multi else slots
         b = self.batches[index] = BatchInFlight(index, prompts, state_before, local)

@@ -14,9 +14,15 @@ import dataclasses
 
 import numpy as np
 
+NO_TOKENS_VERSION = 2**62  # rollout_min_version of a rollout without response tokens
+
 
 def rollout_min_version(r) -> int:
-    """Oldest weight version that produced any token of rollout ``r`` (its version spans)."""
+    """Oldest weight version that produced any token of rollout ``r`` (its version spans). A
+    rollout with no response tokens (an environment episode that ended before its first turn) is
+    never stale."""
+    if not r.version_spans and len(r.response_ids) == 0:
+        return NO_TOKENS_VERSION
     if not r.version_spans:
         raise ValueError(f"rollout slot={r.slot_id} sample={r.sample_index}: no version spans")
     return min(v for v, _, _ in r.version_spans)
@@ -155,7 +161,8 @@ class PackedBatch:
 
     input_ids/targets/positions int32 [B, L]; attention_mask int32 [B, L] (1 on prompt+response);
     segment_ids int32 [B, L] (k+1 for the k-th rollout of the row, 0 on padding); mask float32
-    [B, L] (1 where targets[:, t] is a response token); lp_q float32 [B, L]; head_ids int32
+    [B, L] (1 where targets[:, t] is a generated response token; 0 on a multi-turn episode's
+    environment tokens, which are context only); lp_q float32 [B, L]; head_ids int32
     [B, L, K]; lq_head float32 [B, L, K]; version int32 [B, L] (-1 off-mask); seq_index int32
     [B, L] (index of the rollout in the input list, -1 on padding); slot, sample_index int32 [N]
     (per rollout, in input order).
@@ -214,6 +221,13 @@ def _check(r, seq_len: int, k: int) -> int:
         raise ValueError(
             f"rollout slot={r.slot_id}: head has {hk} entries, expected sampler.head_k={k}"
         )
+    if r.loss_mask is not None and (
+        len(r.loss_mask) != t or np.any((r.generated_mask() > 0) & (r.token_versions() < 0))
+    ):
+        raise ValueError(
+            f"rollout slot={r.slot_id} sample={r.sample_index}: loss_mask must have {t} entries "
+            "and every generated (mask 1) token a weight version"
+        )
     return p + t
 
 
@@ -235,15 +249,14 @@ def _write(out: PackedBatch, i: int, row: int, off: int, segment: int, r, k: int
     out.seq_index[row, span] = i
     out.targets[row, off : off + n - 1] = seq[1:]
     sl = slice(off + p - 1, off + p - 1 + t)
-    out.mask[row, sl] = 1.0
-    out.lp_q[row, sl] = r.logprobs
+    # environment tokens of a multi-turn episode (loss_mask 0) are context only: mask 0, version -1
+    gen = r.generated_mask() > 0
+    out.mask[row, sl] = gen
+    out.lp_q[row, sl] = np.where(gen, r.logprobs, 0.0)
     if k:
-        out.head_ids[row, sl] = r.head_ids[:, :k]
-        out.lq_head[row, sl] = r.head_logprobs[:, :k]
-    vers = np.empty(t, np.int32)
-    for v, s, e in r.version_spans:
-        vers[s:e] = v
-    out.version[row, sl] = vers
+        out.head_ids[row, sl] = np.where(gen[:, None], r.head_ids[:, :k], 0)
+        out.lq_head[row, sl] = np.where(gen[:, None], r.head_logprobs[:, :k], 0.0)
+    out.version[row, sl] = np.where(gen, r.token_versions(), -1)
     out.slot[i] = r.slot_id
     out.sample_index[i] = r.sample_index
 

@@ -59,7 +59,12 @@ def build_trainer(
     enable_compile_cache(cfg.train.compile_cache_dir)
     if cfg.model.path:
         require_dir(cfg.model.path, "model.path")
-    model_dir = ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
+    if cfg.sft.enabled and cfg.env.enabled:  # warm-up on the environment's demonstrations
+        from dlc_jax.env.warmup import ensure_env_sft_model
+
+        model_dir = ensure_env_sft_model(cfg)
+    else:
+        model_dir = ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
     tokenizer = load_tokenizer(str(model_dir))
     # rewards run in worker processes; the data is checked against them at load
     own_rewards = rewards is None

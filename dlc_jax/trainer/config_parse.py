@@ -215,6 +215,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             f"train.micro_batches: {cfg.train.micro_batches} must divide batch_prompts*sampler.n = "
             f"{cfg.train.batch_prompts * cfg.sampler.n}"
         )
+    if cfg.env.enabled and cfg.eval.every:
+        raise ConfigError(
+            "eval.every: evaluation runs single-turn prompts and cannot run env.fn episodes yet; "
+            "set eval.every=0 with env.fn"
+        )
+    if cfg.env.max_total_tokens > cfg.sampler.max_model_len:
+        raise ConfigError(
+            f"env.max_total_tokens: must be <= sampler.max_model_len = "
+            f"{cfg.sampler.max_model_len}, got {cfg.env.max_total_tokens}"
+        )
     return cfg
 
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
+from dlc_jax.env.config import EnvConfig
 from dlc_jax.model.config import ATTENTION_IMPLS, REMAT_POLICIES
 from dlc_jax.model.routing import MoeSection
 from dlc_jax.model.sharding import MeshConfig
@@ -316,6 +317,7 @@ class TrainConfig:
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)  # dlc-jax plan defaults
     moe: MoeSection = dataclasses.field(default_factory=MoeSection)  # mixture-of-experts options
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)  # multi-turn (dlc_jax.env)
 
     def to_dict(self) -> dict:
         return to_dict(self)

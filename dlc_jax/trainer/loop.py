@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
+from dlc_jax.env.trainer_hook import make_env_sampler
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
@@ -180,6 +181,8 @@ class Trainer:
                 s, model_dir=self.model_dir, log_dir=cfg.log.dir, multi=self.multi, sampler=sampler
             )
         self.link.on_reconnect = self._on_reconnect
+        # env.fn: every rollout is an episode of that environment, run behind the Sampler protocol
+        self.env = make_env_sampler(cfg, self.tokenizer, lambda: self.link.client)
         self.batches = BatchCollector(
             cfg,
             data=self.data,
@@ -191,6 +194,7 @@ class Trainer:
             rows=self.rows,
             multi=self.multi,
             allows_prefetch=self.policy.allows_prefetch,
+            env=self.env,
         )
         self.checkpoints = RunCheckpoints(cfg, self._checkpoint_meta)
         self._metrics: MetricsLogger | None = None
@@ -365,7 +369,9 @@ class Trainer:
             synced_version=st.synced_version,
             **self.counters,
         )
-        m.update({k: v for k, v in stats.items() if k.startswith("reward/")})
+        m.update({k: v for k, v in stats.items() if k.startswith(("reward/", "env/"))})
+        if self.env is not None:
+            m.update({f"{k}_total": v for k, v in self.env.totals().items()})
         if reason == "ess":
             logger.info(
                 "step %d: lag ESS %.3f < %s -> resync to version %d",

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlc_jax.data.reward_runner import RewardRunner
+from dlc_jax.env.runner import episode_stats
 from dlc_jax.model.routing import routed_batch
 from dlc_jax.rl import group_advantages
 from dlc_jax.sampler.types import Rollout
@@ -175,10 +176,14 @@ class StepInputs:
         }
         for k, v in zip(r_names, r_tot):
             stats[k] = float(v if k in counts else v / rows_n)
+        stats.update(episode_stats(rollouts))  # env/*: this process's episodes (env.fn)
         return stats, arrays
 
     def _score(self, rollouts: list, prompts: dict) -> tuple[np.ndarray, dict]:
-        """Rewards float32 [N] of this process's rollouts (from the reward workers), metrics."""
+        """Rewards float32 [N] of this process's rollouts, metrics: an environment episode's own
+        reward (``env.fn``), else the reward workers'."""
+        if rollouts and all(r.reward is not None for r in rollouts):
+            return np.asarray([r.reward for r in rollouts], np.float32), {}
         recs = [prompts[r.slot_id] for r in rollouts]
         texts = [
             self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)

@@ -1,0 +1,1 @@
+"""Built-in environments: `calculator.Calculator` (tool calls) and `feedback.Feedback` (retries)."""

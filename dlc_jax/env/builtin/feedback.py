@@ -1,0 +1,46 @@
+"""A multi-turn feedback environment on GSM8K-style data: a wrong answer is told "not quite, try
+again" and the model answers again, up to ``env.max_turns`` turns.
+
+``env.fn: dlc_jax.env.builtin.feedback:Feedback``. Rows: ``prompt`` and ``answer`` (a number, as
+the data pipeline extracts it). Reward: ``correct * decay**k`` for a correct answer at turn k
+(0-based; later answers are worth less), 0 for a wrong one; the episode ends at the first correct
+answer.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+
+class Feedback:
+    def __init__(
+        self,
+        retry_message: str = "Not quite, try again.",
+        correct: float = 1.0,
+        decay: float = 0.5,
+        system: str = "",
+    ) -> None:
+        self.retry_message = retry_message
+        self.correct = float(correct)
+        self.decay = float(decay)
+        self.system = system
+        self.gold: Fraction | None = None
+        self.turn = 0
+
+    def reset(self, row: dict) -> list[dict]:
+        from dlc_jax.data.answers import parse_number
+
+        self.gold = parse_number(str(row["answer"]))
+        self.turn = 0
+        sys = [{"role": "system", "content": self.system}] if self.system else []
+        return sys + [{"role": "user", "content": str(row["prompt"])}]
+
+    def step(self, completion: str) -> tuple[list[dict], float, bool]:
+        from dlc_jax.data.answers import candidate_answer, parse_number
+
+        k, self.turn = self.turn, self.turn + 1
+        cand = candidate_answer(completion)
+        got = parse_number(cand) if cand is not None else None
+        if got is not None and self.gold is not None and got == self.gold:
+            return [], self.correct * self.decay**k, True
+        return [{"role": "user", "content": self.retry_message}], 0.0, False

@@ -1,0 +1,103 @@
+"""The token-exact history of one episode: prompt, then generated and environment tokens in turn.
+
+Every turn, the sampler is given ``tokens`` (ids, never text) and returns a `Rollout` that echoes
+the prompt it saw; `add_generated` checks that echo against the history (a difference is a prefix
+break) and appends the generated tokens with their log-probs, head and weight versions;
+`add_env` appends an environment answer's token delta (loss mask 0). `mismatches` re-checks, at
+the end, that every turn's (prompt seen, tokens generated) is a slice of the final sequence, token
+for token: what the trainer trains on is what the sampler saw and produced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dlc_jax.sampler.types import Rollout
+
+
+class History:
+    def __init__(self, prompt_ids, head_k: int) -> None:
+        self.prompt = [int(t) for t in prompt_ids]
+        self.k = int(head_k)
+        self.response: list[int] = []
+        self.mask: list[float] = []
+        self.logprobs: list[float] = []
+        self.head_ids: list[np.ndarray] = []
+        self.head_lp: list[np.ndarray] = []
+        self.spans: list[tuple[int, int, int]] = []
+        self.seen: list[tuple[list[int], list[int]]] = []  # per turn: (prompt echoed, generated)
+        self.env_tokens = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.response
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.response)
+
+    def add_generated(self, r: Rollout) -> bool:
+        """Append turn ``r``'s generated tokens; False (nothing appended) when the prompt the
+        sampler echoes is not exactly the history."""
+        echo = [int(t) for t in r.prompt_ids]
+        gen = [int(t) for t in r.response_ids]
+        if echo != self.tokens:
+            return False
+        if len(r.logprobs) != len(gen):
+            return False
+        off = len(self.response)
+        self.seen.append((echo, gen))
+        self.response += gen
+        self.mask += [1.0] * len(gen)
+        self.logprobs += [float(x) for x in r.logprobs]
+        k = self.k
+        hid = np.zeros((len(gen), k), np.int32)
+        hlp = np.zeros((len(gen), k), np.float32)
+        if k and r.head_ids.ndim == 2 and r.head_ids.shape[1] >= k:
+            hid[:] = r.head_ids[:, :k]
+            hlp[:] = r.head_logprobs[:, :k]
+        self.head_ids.append(hid)
+        self.head_lp.append(hlp)
+        for v, s, e in r.version_spans:
+            if self.spans and self.spans[-1][0] == v and self.spans[-1][2] == off + s:
+                self.spans[-1] = (v, self.spans[-1][1], off + e)
+            else:
+                self.spans.append((int(v), off + s, off + e))
+        return True
+
+    def add_env(self, ids: list[int]) -> None:
+        """Append an environment answer's tokens (context only: loss mask 0, no log-prob)."""
+        n = len(ids)
+        self.response += [int(t) for t in ids]
+        self.mask += [0.0] * n
+        self.logprobs += [0.0] * n
+        self.head_ids.append(np.zeros((n, self.k), np.int32))
+        self.head_lp.append(np.zeros((n, self.k), np.float32))
+        self.env_tokens += n
+
+    def mismatches(self) -> int:
+        """Turns whose prompt seen or tokens generated are not a slice of the final sequence."""
+        full = self.tokens
+        bad = 0
+        for echo, gen in self.seen:
+            p = len(echo)
+            if full[:p] != echo or full[p : p + len(gen)] != gen:
+                bad += 1
+        return bad
+
+    def rollout(self, finish_reason: str, reward: float, episode: dict) -> Rollout:
+        k = self.k
+        t = len(self.response)
+        return Rollout(
+            prompt_ids=np.asarray(self.prompt, np.int32),
+            response_ids=np.asarray(self.response, np.int32),
+            logprobs=np.asarray(self.logprobs, np.float32),
+            head_ids=np.concatenate(self.head_ids) if self.head_ids else np.zeros((t, k), np.int32),
+            head_logprobs=(
+                np.concatenate(self.head_lp) if self.head_lp else np.zeros((t, k), np.float32)
+            ),
+            finish_reason=finish_reason,
+            version_spans=list(self.spans),
+            loss_mask=np.asarray(self.mask, np.float32),
+            reward=float(reward),
+            episode=episode,
+        )

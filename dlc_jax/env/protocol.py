@@ -1,0 +1,103 @@
+"""What an environment is, and how ``env.fn`` names one.
+
+An environment is one class (or factory) called with no arguments per episode::
+
+    class GuessNumber:
+        def reset(self, row: dict) -> list[dict]:
+            # the opening chat messages for this data row
+        def step(self, completion: str) -> tuple[list[dict], float, bool]:
+            # the messages it answers with (role "user" or "tool"), this turn's reward, and
+            # whether the episode is over
+
+``reset`` and ``step`` may be coroutines (``async def``): each call then runs to completion in the
+episode's own thread. Optional: ``tools`` (a list of OpenAI-style function schemas, rendered into
+the opening prompt by the chat template) and ``close()`` (called once when the episode ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+ROLES = ("user", "tool", "system")  # roles an environment may answer with (never "assistant")
+
+
+@runtime_checkable
+class Environment(Protocol):
+    def reset(self, row: dict) -> list[dict]: ...
+
+    def step(self, completion: str) -> tuple[list[dict], float, bool]: ...
+
+
+class EnvError(ValueError):
+    """An environment broke its contract (bad return value); ends its episode, counted."""
+
+
+def load_env_factory(spec: str, kwargs: dict | None = None) -> Callable[[], Any]:
+    """The zero-argument factory named by ``env.fn`` (``package.module:Name``), with
+    ``env.kwargs`` bound; a bad path is a one-line error naming ``env.fn``."""
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise ValueError(f"env.fn: expected 'package.module:Name', got {spec!r}")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's path
+        raise ValueError(f"env.fn: cannot import {mod_name!r} ({type(e).__name__}: {e})") from e
+    obj = getattr(mod, attr, None)
+    if obj is None or not callable(obj):
+        raise ValueError(f"env.fn: {mod_name!r} has no callable {attr!r}")
+    kw = dict(kwargs or {})
+
+    def factory() -> Any:
+        env = obj(**kw)
+        for name in ("reset", "step"):
+            if not callable(getattr(env, name, None)):
+                raise EnvError(f"env.fn: {spec} made an object without a {name}() method")
+        return env
+
+    return factory
+
+
+def call_env(fn: Callable, *args: Any) -> Any:
+    """``fn(*args)``, run to completion when it is a coroutine function (async environments)."""
+    out = fn(*args)
+    if inspect.isawaitable(out):
+        return asyncio.run(_await(out))
+    return out
+
+
+async def _await(x: Any) -> Any:
+    return await x
+
+
+def check_messages(msgs: Any, where: str, roles: tuple[str, ...] = ROLES) -> list[dict]:
+    """``msgs`` as a list of {"role", "content"} dicts with one of ``roles``, else EnvError."""
+    if not isinstance(msgs, (list, tuple)):
+        raise EnvError(f"{where}: expected a list of messages, got {type(msgs).__name__}")
+    out = []
+    for m in msgs:
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise EnvError(f"{where}: a message must be a dict with a string 'content', got {m!r}")
+        if m.get("role") not in roles:
+            raise EnvError(f"{where}: message role must be one of {roles}, got {m.get('role')!r}")
+        out.append(dict(m))
+    return out
+
+
+def check_step(out: Any) -> tuple[list[dict], float, bool]:
+    """A ``step`` return value checked: (messages, finite reward, bool done), else EnvError."""
+    import math
+
+    if not isinstance(out, tuple) or len(out) != 3:
+        raise EnvError(f"step(): expected (messages, reward, done), got {out!r:.200}")
+    msgs, reward, done = out
+    try:
+        r = float(reward)
+    except (TypeError, ValueError):
+        raise EnvError(f"step(): reward must be a number, got {reward!r:.100}") from None
+    if not math.isfinite(r):
+        raise EnvError(f"step(): reward must be finite, got {r}")
+    return check_messages(msgs, "step()"), r, bool(done)
