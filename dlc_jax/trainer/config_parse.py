@@ -220,6 +220,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             "eval.every: evaluation runs single-turn prompts and cannot run env.fn episodes yet; "
             "set eval.every=0 with env.fn"
         )
+    if cfg.env.enabled and cfg.moe.router_replay != "off":
+        raise ConfigError(
+            "moe.router_replay: multi-turn episodes (env.fn) do not carry routed experts yet; "
+            "set moe.router_replay=off with env.fn"
+        )
     if cfg.env.max_total_tokens > cfg.sampler.max_model_len:
         raise ConfigError(
             f"env.max_total_tokens: must be <= sampler.max_model_len = "

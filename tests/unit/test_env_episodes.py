@@ -379,6 +379,8 @@ def test_load_env_factory_and_config_errors():
         assert str(e.value).startswith(key), str(e.value)
     with pytest.raises(ConfigError, match="^eval.every"):
         load_config("tiny_tool_cpu", ["eval.every=5"])
+    with pytest.raises(ConfigError, match="^moe.router_replay"):
+        load_config("tiny_tool_cpu", ["moe.router_replay=sampler"])
     cfg = load_config("tiny_tool_cpu")
     assert cfg.env.enabled and cfg.env.max_total_tokens <= cfg.sampler.max_model_len
 
