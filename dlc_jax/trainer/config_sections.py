@@ -15,6 +15,7 @@ from typing import Literal
 
 from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
+from dlc_jax.lora.config import LoraConfig
 from dlc_jax.model.config import ATTENTION_IMPLS, REMAT_POLICIES
 from dlc_jax.model.sharding import MeshConfig
 from dlc_jax.plan.config import PlanConfig
@@ -310,6 +311,7 @@ class TrainConfig:
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)  # dlc-jax plan defaults
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # LoRA RL (rank 0: off)
 
     def to_dict(self) -> dict:
         return to_dict(self)

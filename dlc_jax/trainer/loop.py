@@ -41,6 +41,13 @@ from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.errors import UserError, require_dir
+from dlc_jax.lora import (
+    adapter_parameter_count,
+    apply_lora,
+    base_fingerprint,
+    merged_model,
+    trainable_filter,
+)
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchRequests
 from dlc_jax.trainer.batching import BatchAssembler
@@ -120,11 +127,25 @@ class Trainer(BatchRequests, RunLifecycle):
         self.mesh = dist.make_training_mesh(cfg.mesh)
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
         model = load_train_model(cfg, self.model_dir, self.mesh)
+        adapted = apply_lora(model, cfg.lora)  # lora.rank > 0: adapters, the only trainable part
         self.tx = make_optimizer(cfg.optim, cfg.train.steps)
         self.schedule = make_schedule(cfg.optim, cfg.train.steps)
         self.state = TrainState.create(
-            model, self.tx, max_snapshots=cfg.resync.max_snapshots, mesh=self.mesh
+            model,
+            self.tx,
+            max_snapshots=cfg.resync.max_snapshots,
+            mesh=self.mesh,
+            trainable=trainable_filter(cfg.lora),
         )
+        self.serve = merged_model if adapted else (lambda m: m)
+        self.base_fingerprint = base_fingerprint(self.state.params) if adapted else None
+        if adapted:
+            logger.info(
+                "lora: rank %d adapters on %d projections (%s parameters trained)",
+                cfg.lora.rank,
+                len(adapted),
+                f"{adapter_parameter_count(model):,}",
+            )
         self.policy = make_policy(cfg.resync)
         s = cfg.sampler
         self.step_cfg = StepConfig(
@@ -144,7 +165,9 @@ class Trainer(BatchRequests, RunLifecycle):
                 param_shardings=jax.tree.map(lambda x: x.sharding, self.state.params),
                 opt_shardings=jax.tree.map(lambda x: x.sharding, self.state.opt_state),
             )
-        self.train_step = make_train_step(self.state.graphdef, self.tx, self.step_cfg, **shard)
+        self.train_step = make_train_step(
+            self.state.graphdef, self.tx, self.step_cfg, trainable=self.state.trainable, **shard
+        )
         snapshot_lp = make_snapshot_logprobs(self.state.graphdef, self.step_cfg)
         # rewards run in worker processes; the data is checked against them at load
         self.rewards = RewardRunner(cfg.reward)
@@ -366,7 +389,7 @@ class Trainer(BatchRequests, RunLifecycle):
     def _resync(self, reason: str) -> None:
         """Push theta_t as a new sampler version and snapshot it as theta_s."""
         st = self.state
-        self.link.push_retrying(st.version, st.model, reason)
+        self.link.push_retrying(st.version, lambda: self.serve(st.model()), reason)
         st.snapshot()
         keep = {
             v

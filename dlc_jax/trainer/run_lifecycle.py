@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dlc_jax.lora.base_check import base_meta, check_base
 from dlc_jax.trainer.checkpoint import (
     CheckpointError,
     restore_train_state,
@@ -36,7 +37,8 @@ class RunLifecycle(TrainerFields):
             self.link.connect()
             if self.resumed:
                 v = self.state.synced_version
-                self.link.push_retrying(v, lambda: self.state.model_at(v), reason="resume")
+                served = lambda: self.serve(self.state.model_at(v))  # noqa: E731
+                self.link.push_retrying(v, served, reason="resume")
         except BaseException:
             self.link.close()
             raise
@@ -106,6 +108,7 @@ class RunLifecycle(TrainerFields):
             "dropped_stale": self.assembler.dropped_stale,
             "config": to_dict(self.cfg),
             "config_fingerprint": fingerprint(to_dict(self.cfg)),
+            **base_meta(self.base_fingerprint),
         }
         try:
             return save_train_state(self.ckpt, self.state, meta, force=force)
@@ -121,13 +124,13 @@ class RunLifecycle(TrainerFields):
         if self.ckpt.latest_step() is None:
             return False
         current = to_dict(self.cfg)
-        meta = restore_train_state(
-            self.ckpt,
-            self.state,
-            check_meta=lambda m: check_resume_config(
-                m, current, allow_change=c.allow_config_change, where=str(self.ckpt.directory)
-            ),
-        )
+        where = str(self.ckpt.directory)
+
+        def check_meta(m: dict) -> None:
+            check_resume_config(m, current, allow_change=c.allow_config_change, where=where)
+            check_base(m, self.base_fingerprint, where)  # LoRA: adapters of this very base
+
+        meta = restore_train_state(self.ckpt, self.state, check_meta=check_meta)
         self.data.set_state(meta["data_state"])
         self.counters.update(meta.get("counters", {}))
         self.assembler.dropped_stale = int(meta.get("dropped_stale", 0))

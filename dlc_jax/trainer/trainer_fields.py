@@ -41,3 +41,5 @@ class TrainerFields:
     # index -> {"prompts": {slot: PromptRecord}, "data_state", "local_slots", "alone", "dropped"}
     batches: dict[int, dict]
     _recover_sampler: Callable[[BaseException], None]
+    serve: Callable[[Any], Any]  # the module the sampler gets for a trained one (LoRA: merged)
+    base_fingerprint: str | None  # LoRA: the frozen base's (checkpoints hold adapters only)
