@@ -39,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-shard-gb", type=float, default=2.0, help="largest safetensors shard (GiB)"
     )
+    p.add_argument(
+        "--lora",
+        choices=("merged", "adapter"),
+        default="merged",
+        help="a LoRA run's checkpoint: the merged HF model, or the adapter alone (PEFT layout)",
+    )
     return p
 
 
@@ -112,6 +118,7 @@ def export_checkpoint(
     dtype: str = "float32",
     model_dir=None,
     max_shard_bytes: int = 2 * 1024**3,
+    lora: str = "merged",
 ) -> tuple[int, Path]:
     """Write theta_t of checkpoint `step` (latest when None) as an HF directory; returns (step,
     out_dir)."""
@@ -131,6 +138,14 @@ def export_checkpoint(
         ck.close()
     step = int(meta["step"])
     model_dir = Path(model_dir) if model_dir else model_dir_from_meta(meta)
+    if meta.get("lora_base_fingerprint"):  # a LoRA run: adapters only, on the run's base
+        from dlc_jax.lora.export import export_lora_checkpoint
+
+        jdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+        out_path = export_lora_checkpoint(
+            ckpt_dir, out_dir, meta, model_dir, dtype=jdt, fmt=lora, max_shard_bytes=max_shard_bytes
+        )
+        return step, out_path
     run_model = meta.get("config", {}).get("model", {})
     param_dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[
         run_model.get("param_dtype", "float32")
@@ -169,6 +184,7 @@ def cli(argv: list[str]) -> int:
             dtype=a.dtype,
             model_dir=a.model,
             max_shard_bytes=int(a.max_shard_gb * 1024**3),
+            lora=a.lora,
         )
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         print(f"dlc-jax export: {e}", file=sys.stderr)
