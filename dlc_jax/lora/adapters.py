@@ -105,7 +105,8 @@ def _placed(value, kernel_value, logical):
 def apply_lora(model, cfg: LoraConfig) -> list[str]:
     """Give every target projection of ``model`` a ``lora`` adapter (in place); returns their
     paths. A is drawn from ``cfg.seed`` per path (the same adapters for the same model and seed),
-    B is zero."""
+    B is zero. On an abstract model (``nnx.eval_shape``: kernels are ShapeDtypeStructs) the
+    adapters are ShapeDtypeStructs too (``dlc-jax plan``)."""
     if not cfg.enabled:
         return []
     from dlc_jax.model.sharding import param_logical_axes
@@ -125,15 +126,18 @@ def apply_lora(model, cfg: LoraConfig) -> list[str]:
         fan_in = int(np.prod(in_shape))
         seed = int.from_bytes(hashlib.sha256(f"{cfg.seed}:{path}".encode()).digest()[:4], "little")
         bound = 1.0 / np.sqrt(fan_in)
-        a = jax.random.uniform(
-            jax.random.key(seed), lead + in_shape + (cfg.rank,), jnp.float32, -bound, bound
-        )
-        b = jnp.zeros(lead + (cfg.rank,) + out_shape, jnp.float32)
+        a_shape, b_shape = lead + in_shape + (cfg.rank,), lead + (cfg.rank,) + out_shape
         la = lead_ax + tuple(body[: m.n_in]) + (None,)
         lb = lead_ax + (None,) + tuple(body[m.n_in :])
+        if isinstance(kv, jax.ShapeDtypeStruct):
+            a: Any = jax.ShapeDtypeStruct(a_shape, jnp.float32)
+            b: Any = jax.ShapeDtypeStruct(b_shape, jnp.float32)
+        else:
+            a = jax.random.uniform(jax.random.key(seed), a_shape, jnp.float32, -bound, bound)
+            a, b = _placed(a, kv, la), _placed(jnp.zeros(b_shape, jnp.float32), kv, lb)
         m.lora = LoraAdapter(
-            _placed(a, kv, la),
-            _placed(b, kv, lb),
+            a,
+            b,
             scale=cfg.scale,
             n_in=m.n_in,
             compute_dtype=m.compute_dtype,
