@@ -27,32 +27,29 @@ def test_lora_run_merged_pushes_adapter_checkpoints_and_export(tiny_dir, tmp_pat
     from dlc_jax.trainer.export_cli import export_checkpoint
     from dlc_jax.trainer.loop import Trainer
 
-    cfg = load_config(
-        default_config_path(),
-        [
-            f"model.path={tiny_dir}",
-            "sft.enabled=false",
-            "sampler.backend=jax",
-            "sampler.n=4",
-            "sampler.max_tokens=4",
-            "sampler.head_k=4",
-            "train.batch_prompts=4",
-            "train.steps=4",
-            "resync.policy=every_k",
-            "resync.k=2",
-            "log.progress=false",
-            "log.tensorboard=false",
-            f"log.dir={tmp_path}/logs",
-            f"checkpoint.dir={tmp_path}/ckpt",
-            "checkpoint.every=0",
-            "optim.lr=3e-2",
-            "reward.correct=0",
-            "reward.format_bonus=1",
-            "reward.strict_format=(?s).*e.*",
-            "lora.rank=4",
-        ],
-    )
-    t = Trainer(cfg)
+    overrides = [
+        f"model.path={tiny_dir}",
+        "sft.enabled=false",
+        "sampler.backend=jax",
+        "sampler.n=4",
+        "sampler.max_tokens=4",
+        "sampler.head_k=4",
+        "train.batch_prompts=4",
+        "train.steps=4",
+        "resync.policy=every_k",
+        "resync.k=2",
+        "log.progress=false",
+        "log.tensorboard=false",
+        f"log.dir={tmp_path}/logs",
+        f"checkpoint.dir={tmp_path}/ckpt",
+        "checkpoint.every=0",
+        "optim.lr=3e-2",
+        "reward.correct=0",
+        "reward.format_bonus=1",
+        "reward.strict_format=(?s).*e.*",
+        "lora.rank=4",
+    ]
+    t = Trainer(load_config(default_config_path(), overrides))
     s = t.run()
     assert s["finished"] and s["resync_count"] == 2
     rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
@@ -82,3 +79,14 @@ def test_lora_run_merged_pushes_adapter_checkpoints_and_export(tiny_dir, tmp_pat
 
     tensors = load_file(str(out / "adapter_model.safetensors"))
     assert sum(x.size for x in tensors.values()) == n_ckpt
+
+    # resume: the adapters come back onto the same base, the sampler gets the merged theta_s
+    t2 = Trainer(load_config(default_config_path(), [*overrides, "train.steps=5"]))
+    assert t2.resumed and t2.state.step == 4
+    np.testing.assert_array_equal(
+        np.asarray(t2.state.model()(ids)), np.asarray(t.state.model()(ids))
+    )
+    s2 = t2.run()
+    assert s2["finished"]
+    rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 5 and abs(rows[-1]["delta_mean"]) < 1e-3
