@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Set up the environment (if needed), then lint (ruff), type-check (mypy) and run the whole test
 # suite (pytest). Extra args go to pytest. Fails if any of the three fails; all three always run.
+# --fast (first argument): the unit tier only (tests/unit: no subprocess, no server), `-m unit`.
 set -euo pipefail
+tier=()
+if [[ "${1:-}" == "--fast" ]]; then
+  shift
+  tier=(-m unit)
+fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash launch/setup_env.sh
@@ -13,7 +19,7 @@ echo "[tests] ruff check + ruff format --check (config: pyproject.toml)" >&2
 "$VENV/bin/ruff" format --check dlc_jax tests || checks=1
 echo "[tests] mypy dlc_jax" >&2
 "$VENV/bin/mypy" dlc_jax || checks=1
-"$VENV/bin/python" -m pytest -q "$@"
+"$VENV/bin/python" -m pytest -q "${tier[@]}" "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

@@ -4,6 +4,10 @@ These must be set before jax / vllm are imported anywhere, which is why they liv
 """
 
 import os
+import shutil
+import tempfile
+
+import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -12,6 +16,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# One JAX persistent compilation cache for the whole test session: every test process (and every
+# sampler / CLI subprocess, which inherit the environment) reads back what another compiled. A
+# fresh directory per session, removed at its end; DLC_JAX_TEST_COMPILE_CACHE=DIR keeps one
+# across sessions (a developer's repeated runs).
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _keep = os.environ.get("DLC_JAX_TEST_COMPILE_CACHE", "")
+    _OWN_CACHE = None if _keep else tempfile.mkdtemp(prefix="dlc_jax_test_jit_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _keep or str(_OWN_CACHE)
+# the tiny test programs compile in a fraction of a second: store those too
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 # Test tiers: a test's directory is its tier (tests/unit, tests/integration, tests/e2e); the marker
 # of the same name is added here, so `-m unit` selects the unit tier. Files still at tests/ top
@@ -24,6 +40,49 @@ def pytest_collection_modifyitems(config, items):
 
     for item in items:
         parts = item.path.parts
-        for tier in _TIERS:
-            if "tests" in parts and tier in parts[parts.index("tests") + 1 : parts.index("tests") + 2]:
-                item.add_marker(getattr(pytest.mark, tier))
+        if "tests" not in parts:
+            continue
+        tier = parts[parts.index("tests") + 1]
+        if tier in _TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+# ---- shared fixtures -----------------------------------------------------------------------------
+# The trainer-test shape of the tiny random Qwen3 (with its offline-trained ChatML tokenizer).
+TINY_TRAINER_SHAPE = dict(hidden_size=64, intermediate_size=128, head_dim=16)
+
+
+@pytest.fixture(scope="session")
+def make_tiny_dir(tmp_path_factory):
+    """``make_tiny_dir(**config)``: the path of a tiny model directory with those config
+    overrides, written once per session for each distinct set of overrides."""
+    made: dict = {}
+
+    def make(**overrides):
+        key = tuple(sorted(overrides.items()))
+        if key not in made:
+            from dlc_jax.model.tiny import make_tiny
+
+            made[key] = make_tiny(tmp_path_factory.mktemp("tiny") / "m", **overrides)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(make_tiny_dir):
+    """The session's tiny model directory in the trainer-test shape (read-only: tests that write
+    next to a model copy it)."""
+    return make_tiny_dir(**TINY_TRAINER_SHAPE)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_dir):
+    from dlc_jax.data.tokenize import load_tokenizer
+
+    return load_tokenizer(str(tiny_dir))

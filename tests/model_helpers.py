@@ -1,4 +1,4 @@
-"""Shared helpers for tests/test_model_*.py: random HF Qwen3 directories and a transformers
+"""Shared helpers for tests/unit/test_model_*.py: random HF Qwen3 directories and a transformers
 reference."""
 
 from __future__ import annotations

@@ -298,22 +298,21 @@ def end_to_end(cfg: DlcBenchConfig) -> dict:
     from pathlib import Path
 
     from dlc_jax.model.tiny import make_tiny
+    from dlc_jax.trainer.build import build_trainer
     from dlc_jax.trainer.config import default_config_path, load_config
-    from dlc_jax.trainer.loop import Trainer
 
-    class GrpoTrainer(Trainer):
+    def grpo_trainer(cfg):
         """The loop with its theta_s forward removed: every token counts as current."""
+        t = build_trainer(cfg)
+        device_inputs = t.inputs.device_inputs
 
-        def __init__(self, cfg) -> None:
-            super().__init__(cfg)
-            device_inputs = self.inputs.device_inputs
+        def current_only(arrays, state):
+            return device_inputs(
+                dict(arrays, version=np.full_like(arrays["version"], state.version)), state
+            )
 
-            def current_only(arrays, state):
-                return device_inputs(
-                    dict(arrays, version=np.full_like(arrays["version"], state.version)), state
-                )
-
-            setattr(self.inputs, "device_inputs", current_only)  # noqa: B010
+        setattr(t.inputs, "device_inputs", current_only)  # noqa: B010
+        return t
 
     per_step: dict[str, list[float]] = {"grpo": [], "dlc": []}
     forwards = {"grpo": 0, "dlc": 0}
@@ -357,7 +356,7 @@ def end_to_end(cfg: DlcBenchConfig) -> dict:
                         *extra,
                     ],
                 )
-                summary = (GrpoTrainer if v == "grpo" else Trainer)(tc).run()
+                summary = (grpo_trainer if v == "grpo" else build_trainer)(tc).run()
                 if not summary.get("finished"):
                     raise RuntimeError(f"end-to-end {v} run did not finish: {summary}")
                 rows = [

@@ -165,8 +165,7 @@ def abstract_run(cfg, mesh) -> AbstractRun:
     """Abstract model, theta_t, optimizer state and worst-case batch of ``cfg`` on ``mesh``."""
     from dlc_jax.lora import apply_lora, trainable_filter
     from dlc_jax.model.abstract import abstract_model, abstract_params
-    from dlc_jax.trainer.state import make_optimizer, split_trainable
-    from dlc_jax.trainer.step import opt_state_shardings
+    from dlc_jax.trainer.state import make_optimizer, opt_state_shardings, split_trainable
 
     qcfg = model_config(cfg.model)
     model = abstract_model(

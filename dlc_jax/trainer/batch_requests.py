@@ -1,32 +1,46 @@
-"""Collecting one batch's rollouts for the trainer: open it, request its cells from the sampler,
-wait until every (slot, sample) cell is filled, and handle what the sampler refuses.
+"""Collecting the trainer's batches: `BatchCollector` opens a batch, requests its cells from the
+sampler, waits until every (slot, sample) cell is filled, and handles what the sampler refuses.
 
-A dead sampler is waited for, reconnected (the trainer's ``_recover_sampler``) and the still-missing
-cells are requested again (`STREAM_RECOVERIES` times in a row at most). A request the sampler
-refuses as INVALID_ARGUMENT is a data problem, never a reason to reconnect: its slots are requested
-again one slot per request, and a slot refused on its own is dropped (one warning naming the prompt,
-counted in ``dropped_invalid``) and its cells filled with rows that teach nothing
-(``filler_rollouts``), so the row count stays the same; a batch with every slot refused stops the
-run (`InvalidRequestError`).
+It is the one owner of a batch in flight: the `BatchInFlight` record (prompts, data state, the
+slots asked for alone and the slots dropped), the cells being filled (`BatchAssembler`) and the
+streams filling them (`RolloutFeeder`) are all its own; the trainer reads them through its methods.
+
+A dead sampler is recovered by the ``recover`` callback the trainer passes in (reconnect + resync)
+and the still-missing cells are requested again (`STREAM_RECOVERIES` times in a row at most). A
+request the sampler refuses as INVALID_ARGUMENT is a data problem, never a reason to reconnect: its
+slots are requested again one slot per request, and a slot refused on its own is dropped (one
+warning naming the prompt, counted in ``dropped_invalid``) and its cells filled with rows that
+teach nothing (``filler_rollouts``), so the row count stays the same; a batch with every slot
+refused stops the run (`InvalidRequestError`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
+from typing import Any
 
+from dlc_jax.data.prompts import PromptPipeline, PromptRecord
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
 from dlc_jax.sampler.types import SamplingParams, mix_seed
 from dlc_jax.trainer import distributed as dist
-from dlc_jax.trainer.sampler_link import SamplerUnavailable
+from dlc_jax.trainer.batching import BatchAssembler
+from dlc_jax.trainer.rollouts import RolloutFeeder
+from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
+from dlc_jax.trainer.state import TrainState
 from dlc_jax.trainer.step_inputs import filler_rollouts
-from dlc_jax.trainer.trainer_fields import TrainerFields
 
 logger = logging.getLogger(__name__)
 
 # A batch whose rollout streams keep failing: recover the sampler (reconnect + resync) up to 5
 # times.
 STREAM_RECOVERIES = RetryPolicy(max_retries=5, backoff=0.0, max_backoff=0.0)
+
+# backends that take a per-request seed (vLLM-CPU crashes with per-request seeds under chunked
+# prefill)
+SEEDED_BACKENDS = ("jax", "inprocess")
 
 
 class _StreamsFailed(Exception):
@@ -45,52 +59,137 @@ class InvalidRequestError(UserError):
     """The sampler refused every prompt of a batch as INVALID_ARGUMENT: a config problem."""
 
 
-class BatchRequests(TrainerFields):
-    """The `Trainer`'s batch collection (a mixin: it works on the trainer's attributes,
-    `TrainerFields`)."""
+@dataclasses.dataclass
+class BatchInFlight:
+    """One batch from its opening to its step: ``prompts`` (slot -> record), the data pipeline's
+    state before it (what a checkpoint saves, so a resumed run draws the same prompts), the slots
+    this process requests (``local_slots``), the slots asked for one per request after a refused
+    request (``alone``) and the slots refused on their own (``dropped``: filler rows)."""
 
-    def _open_batch(self, index: int) -> None:
+    index: int
+    prompts: dict[int, PromptRecord]
+    data_state: Any
+    local_slots: list[int]
+    alone: set[int] = dataclasses.field(default_factory=set)
+    dropped: set[int] = dataclasses.field(default_factory=set)
+
+
+class BatchCollector:
+    """Opens, requests and collects the trainer's batches.
+
+    cfg: the training config (``sampler``, ``train.seed``, ``train.steps``, ``async``, ``resync``);
+    data: the prompt stream; link: the sampler connection; state: the train state (its versions
+    and snapshots decide which rollouts are usable); recover: ``(error) -> None``, brings the
+    sampler back (the trainer's reconnect + resync); counters: the run's counters
+    (``dropped_invalid`` is counted here); rows: the batch-row sharding of a multi-host run (None:
+    one process)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        data: PromptPipeline,
+        link: SamplerLink,
+        state: TrainState,
+        recover: Callable[[BaseException], None],
+        counters: dict[str, int],
+        eos_id: int,
+        rows: Any = None,
+        multi: bool = False,
+        allows_prefetch: bool = True,
+    ):
+        self.cfg = cfg
+        self.data = data
+        self.link = link
+        self.state = state
+        self.recover = recover
+        self.counters = counters
+        self.eos_id = eos_id
+        self.rows = rows
+        self.multi = multi
+        self.allows_prefetch = allows_prefetch
+        max_staleness = 10**9 if cfg.resync.policy == "never" else cfg.async_.max_staleness
+        self.assembler = BatchAssembler(cfg.sampler.n, max_staleness)
+        self.feeder = RolloutFeeder(
+            self.assembler,
+            lambda: self.link.client,
+            lambda: self.state.version,
+            self.sampling_params,
+            accept_fn=self._known_versions,
+        )
+        self.batches: dict[int, BatchInFlight] = {}
+
+    # ---- one batch -------------------------------------------------------------------------------
+    def open(self, index: int) -> BatchInFlight:
+        """Batch ``index``: drawn from the prompt stream the first time, then the same record."""
         if index in self.batches:
-            return
+            return self.batches[index]
         state_before = self.data.get_state()
         recs = next(self.data)
         prompts = {r.slot: r for r in recs}
         slots = [r.slot for r in recs]
         local = dist.local_slots(slots, self.cfg.sampler.n, self.rows) if self.multi else slots
-        self.batches[index] = {
-            "prompts": prompts,
-            "data_state": state_before,
-            "local_slots": local,
-            "alone": set(),  # slots of a refused request: asked for one slot per request
-            "dropped": set(),  # slots refused on their own: filler rows
-        }
+        b = self.batches[index] = BatchInFlight(index, prompts, state_before, local)
         with self.feeder.cond:
             self.assembler.open(index, local, {s: prompts[s] for s in local})
+        return b
 
-    def _request(self, index: int) -> None:
+    def request(self, index: int) -> None:
         """Ask the sampler for the missing cells of batch ``index`` (after recovering a restarted
         one)."""
         err = self.link.restart_detected(self.state.synced_version)
         if err is not None:
-            self._recover_sampler(err)
+            self.recover(err)
         b = self.batches[index]
         self.feeder.request_missing(
-            index, {s: r.prompt_ids for s, r in b["prompts"].items()}, alone=b["alone"]
+            index, {s: r.prompt_ids for s, r in b.prompts.items()}, alone=b.alone
         )
 
-    def _prefetch_after(self, index: int) -> None:
+    def prefetch_after(self, index: int) -> None:
         """Open and request the next ``async.prefetch`` batches (none when the policy forbids
         it)."""
-        ahead = self.cfg.async_.prefetch if self.policy.allows_prefetch else 0
+        ahead = self.cfg.async_.prefetch if self.allows_prefetch else 0
         for i in range(index + 1, min(index + ahead, self.cfg.train.steps - 1) + 1):
-            self._open_batch(i)
-            self._request(i)
+            self.open(i)
+            self.request(i)
 
-    def _sampling_params(self, batch: int, attempt: int, g: int) -> SamplingParams:
+    def collect(self, index: int) -> list:
+        """The rollouts of batch ``index`` once every cell is filled (filler rows for dropped
+        slots); failed streams recover the sampler (STREAM_RECOVERIES)."""
+        try:
+            rollouts = call_with_retry(
+                lambda: self._collect(index),
+                STREAM_RECOVERIES,
+                retryable=lambda e: isinstance(e, _StreamsFailed),
+                on_retry=lambda e, attempt, wait: self.recover(_cause(e)),
+            )
+        except _StreamsFailed as e:
+            n = (STREAM_RECOVERIES.max_retries or 0) + 1
+            raise SamplerUnavailable(
+                f"batch {index}: sampler failed {n} times in a row"
+            ) from e.cause
+        return self._with_fillers(index, rollouts)
+
+    def close(self, index: int) -> None:
+        """Batch ``index`` has been stepped on (or skipped): forget it."""
+        self.batches.pop(index, None)
+
+    def batch(self, index: int) -> BatchInFlight:
+        return self.batches[index]
+
+    def data_state_before(self, index: int) -> Any:
+        """The prompt stream's state before batch ``index`` (now, when it is not open yet)."""
+        b = self.batches.get(index)
+        return b.data_state if b is not None else self.data.get_state()
+
+    # ---- the sampler's requests ------------------------------------------------------------------
+    def sampling_params(self, batch: int, attempt: int, g: int) -> SamplingParams:
         s = self.cfg.sampler
-        # vLLM-CPU crashes with per-request seeds under chunked prefill: seeds for the JAX backend
-        # only
-        seed = mix_seed(self.cfg.train.seed, batch, attempt, g) if s.backend == "jax" else None
+        seed = (
+            mix_seed(self.cfg.train.seed, batch, attempt, g)
+            if s.backend in SEEDED_BACKENDS
+            else None
+        )
         return SamplingParams(
             n=1,
             max_tokens=s.max_tokens,
@@ -108,22 +207,52 @@ class BatchRequests(TrainerFields):
         snaps = self.state.snapshots
         return all(v in snaps or v == self.state.version for v, _, _ in rollout.version_spans)
 
-    def _wait_batch(self, index: int) -> list:
-        """Block until batch ``index`` is complete; failed streams recover the sampler
-        (STREAM_RECOVERIES)."""
-        try:
-            return call_with_retry(
-                lambda: self._collect(index),
-                STREAM_RECOVERIES,
-                retryable=lambda e: isinstance(e, _StreamsFailed),
-                on_retry=lambda e, attempt, wait: self._recover_sampler(_cause(e)),
-            )
-        except _StreamsFailed as e:
-            n = (STREAM_RECOVERIES.max_retries or 0) + 1
-            raise SamplerUnavailable(
-                f"batch {index}: sampler failed {n} times in a row"
-            ) from e.cause
+    # ---- after a resync / reconnect --------------------------------------------------------------
+    def versions_in_flight(self) -> set[int]:
+        """Every weight version that sampled a token of a filled cell of an open batch."""
+        return {
+            v
+            for b in self.assembler.batches.values()
+            for r in b.cells.values()
+            for v, _, _ in r.version_spans
+        }
 
+    def drop_versions_below(self, version: int) -> int:
+        """``resync.stale_rollouts=drop``: empty the cells sampled (in part) before ``version`` and
+        refuse such rollouts from now on; how many cells were emptied."""
+        n = 0
+        with self.feeder.cond:
+            for bi in list(self.assembler.batches):
+                n += len(self.assembler.drop_versions_below(bi, version))
+            self.assembler.min_version = version
+        return n
+
+    def clear_failures(self) -> None:
+        """A reconnected sampler: the failed streams' cells are requested again."""
+        with self.feeder.cond:
+            self.feeder.failures.clear()
+
+    @property
+    def max_staleness(self) -> int:
+        return self.assembler.max_staleness
+
+    @property
+    def dropped_stale(self) -> int:
+        return self.assembler.dropped_stale
+
+    @dropped_stale.setter
+    def dropped_stale(self, n: int) -> None:
+        self.assembler.dropped_stale = int(n)
+
+    def metrics(self) -> dict[str, int]:
+        """The rollouts turned away so far (step metrics)."""
+        return {
+            "dropped_stale": self.assembler.dropped_stale,
+            "dropped_old_version": self.assembler.dropped_old,
+            "rejected_unknown_version": self.feeder.rejected_unknown_version,
+        }
+
+    # ---- internals -------------------------------------------------------------------------------
     def _collect(self, index: int) -> list:
         """The rollouts of batch ``index`` once complete, re-requesting cells whose streams ended;
         raises _StreamsFailed when streams failed and none is running any more."""
@@ -142,7 +271,7 @@ class BatchRequests(TrainerFields):
                 refused = self.feeder.take_refused(index)
             for slots, err in refused:
                 self._refused(index, slots, err)
-            self._request(index)
+            self.request(index)
 
     def _refused(self, index: int, slots: list[int], err: BaseException) -> None:
         """A request of batch ``index`` answered INVALID_ARGUMENT (a data problem: a new sampler
@@ -151,13 +280,13 @@ class BatchRequests(TrainerFields):
         b = self.batches[index]
         why = getattr(err, "details", lambda: None)() or str(err)
         if len(slots) > 1:
-            b["alone"].update(slots)
+            b.alone.update(slots)
             return
         s = slots[0]
-        if s in b["dropped"]:  # its other samples' requests were refused as well
+        if s in b.dropped:  # its other samples' requests were refused as well
             return
-        rec = b["prompts"][s]
-        b["dropped"].add(s)
+        rec = b.prompts[s]
+        b.dropped.add(s)
         self.counters["dropped_invalid"] += 1
         logger.warning(
             "batch %d: the sampler refused prompt slot %d (data row %d) as invalid (%s); dropped, "
@@ -168,27 +297,23 @@ class BatchRequests(TrainerFields):
             why,
             self.counters["dropped_invalid"],
         )
-        if b["dropped"] >= set(b["local_slots"]):
+        if b.dropped >= set(b.local_slots):
             raise InvalidRequestError(
                 f"batch {index}: the sampler refused a request as invalid for every prompt of the "
                 f"batch (last: {why}); a config problem, not data; not retried"
             )
         with self.feeder.cond:  # the batch completes without it
-            sb = self.assembler.batches[index]
-            sb.slots.remove(s)
-            for g in range(sb.group_size):
-                sb.cells.pop((s, g), None)
-            self.assembler._slot_to_batch.pop(s, None)
+            self.assembler.drop_slot(index, s)
 
     def _with_fillers(self, index: int, rollouts: list) -> list:
         """The released ``rollouts`` of batch ``index`` with filler rows for its dropped slots, in
         slot order (the row count of the batch never changes)."""
         b, n = self.batches[index], self.cfg.sampler.n
-        if not b["dropped"]:
+        if not b.dropped:
             return rollouts
         out, it = [], iter(rollouts)
-        for s in b["local_slots"]:
-            if s in b["dropped"]:
+        for s in b.local_slots:
+            if s in b.dropped:
                 out += filler_rollouts(s, n, self.eos_id, self.cfg.sampler.head_k)
             else:
                 out += [next(it) for _ in range(n)]

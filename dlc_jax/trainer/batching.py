@@ -122,6 +122,15 @@ class BatchAssembler:
             del b.cells[k]
         return out
 
+    def drop_slot(self, index: int, slot: int) -> None:
+        """Take ``slot`` out of open batch ``index`` (its cells too): the batch completes without
+        it."""
+        b = self.batches[index]
+        b.slots.remove(slot)
+        for g in range(b.group_size):
+            b.cells.pop((slot, g), None)
+        self._slot_to_batch.pop(slot, None)
+
     def release(self, index: int, current_version: int) -> list | None:
         """The ordered rollouts of batch ``index`` if complete after evicting stale cells, else
         None. A released batch is closed and its slots freed."""

@@ -45,7 +45,7 @@ def cli(argv: list[str]) -> int:
     except distributed.DistributedError as e:
         print(f"dlc-jax train: config error: {e}", file=sys.stderr)
         return 2
-    from dlc_jax.trainer.loop import Trainer
+    from dlc_jax.trainer.build import build_trainer
 
     lead = info.is_leader
     if not lead:  # logs, metrics and the progress bar come from process 0
@@ -63,7 +63,7 @@ def cli(argv: list[str]) -> int:
             f"steps{where}",
             flush=True,
         )
-    summary = Trainer(cfg).run()
+    summary = build_trainer(cfg).run()
     if not lead:
         return 0 if summary.get("finished") else 1
     if summary.get("already_complete"):

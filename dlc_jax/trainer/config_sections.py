@@ -18,8 +18,8 @@ from dlc_jax.data.rewards import RewardConfig
 from dlc_jax.lora.config import LoraConfig
 from dlc_jax.model.config import ATTENTION_IMPLS, REMAT_POLICIES
 from dlc_jax.model.sharding import MeshConfig
-from dlc_jax.plan.config import PlanConfig
 from dlc_jax.rl.loss_config import LossConfig
+from dlc_jax.trainer.plan_section import PlanConfig
 
 
 class ConfigError(ValueError):
@@ -94,8 +94,9 @@ class ModelSection:
 class SamplerSection:
     """The sampler the trainer drives and how it samples.
 
-    backend: 'vllm' | 'jax'. address: 'host:port' of a running sampler ('' = spawn one on
-    loopback), or several comma-separated ('h1:p,h2:p') driven as one
+    backend: 'vllm' | 'jax' | 'inprocess' (the JAX backend inside the trainer's process: no server,
+    no subprocess; for debugging a config on one machine). address: 'host:port' of a running
+    sampler ('' = spawn one on loopback), or several comma-separated ('h1:p,h2:p') driven as one
     ``dlc_jax.sampler.pool.SamplerPool``. token_file: the file holding the bearer token ('' =
     none). tls_root_cert: PEM of the CA that signed the samplers' certificates ('' = plaintext);
     tls_server_name: an override of the TLS target name. n: the group size G. head_k: the size of
@@ -104,7 +105,7 @@ class SamplerSection:
     as a spawned loopback sampler does, else gRPC), 'grpc' or 'socket'.
     """
 
-    backend: Literal["vllm", "jax"] = "vllm"
+    backend: Literal["vllm", "jax", "inprocess"] = "vllm"
     address: str = ""
     token_file: str = ""
     tls_root_cert: str = ""

@@ -91,7 +91,7 @@ class Evaluator:
             top_k=0,
             head_k=0,
             stop_token_ids=(self.eos_id,),
-            seed=step if self.cfg.sampler.backend == "jax" else None,
+            seed=step if self.cfg.sampler.backend in ("jax", "inprocess") else None,
         )
         texts = [""] * len(self.examples)
         lens = np.zeros(len(self.examples))

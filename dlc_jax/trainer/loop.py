@@ -3,16 +3,17 @@
 Per step b (`Trainer.run`, then `_train_step`): wait until every (slot, sample) cell of batch b is
 filled (slot-based, never by arrival order), score the responses, group advantages, pack, theta_s
 forwards per weight version present (none when every token is current), the jitted step, metrics,
-then the resync policy; a resync pushes theta_t to the sampler and snapshots it as theta_s.
+then the resync policy; a resync pushes theta_t to the sampler and snapshots it as theta_s. After
+the step its hooks run at their intervals (`hooks.py`): evaluation, the metrics row, checkpoints.
 
-Split by concern: batch collection (open, request, wait; a dead sampler reconnected and the
-missing cells requested again; INVALID_ARGUMENT refusals dropped and replaced by filler rows) is
-`batch_requests.BatchRequests`; start, finish, checkpoints and resume are
-`run_lifecycle.RunLifecycle`; this module keeps the step itself, the resync and the recovery.
-Collaborators, one job each: `SamplerLink` (spawn / connect / reconnect / push,
-`sampler_link.py`), `RolloutFeeder` + `BatchAssembler` (background Generate streams filling batch
-cells), the checkpoint helpers (`checkpoint.py`), and the multi-host agreement helpers
-(`distributed.py`).
+`Trainer` is built from parts passed to its constructor: the sampler (any
+`dlc_jax.sampler.protocol.Sampler`, e.g. the in-process one, or a `SamplerLink` that spawns /
+connects / reconnects), the rewards, the prompt stream and the model directory;
+`build.build_trainer` does the wiring of a run from its config (SFT warm-up, reward workers,
+spawn / connect). The parts it makes itself, one job each: `BatchCollector` (`batch_requests.py`:
+the batches in flight, their rollout streams and refusals), `RunCheckpoints` and `open_metrics`
+(`run_lifecycle.py`), `StepInputs` (`step_inputs.py`: score, pack, theta_s forwards), the jitted
+step (`step.py`).
 ``sampler.address`` = "h1:p,h2:p" drives a :class:`~dlc_jax.sampler.pool.SamplerPool`: a failed
 sampler leaves rotation inside the pool and training goes on with the others (``pool/*`` metrics).
 
@@ -30,8 +31,9 @@ processes' logs).
 from __future__ import annotations
 
 import logging
-import math
 import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -40,7 +42,7 @@ import jax.numpy as jnp
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
-from dlc_jax.errors import UserError, require_dir
+from dlc_jax.errors import UserError
 from dlc_jax.lora import (
     adapter_parameter_count,
     apply_lora,
@@ -48,16 +50,21 @@ from dlc_jax.lora import (
     merged_model,
     trainable_filter,
 )
+from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
-from dlc_jax.trainer.batch_requests import BatchRequests
-from dlc_jax.trainer.batching import BatchAssembler
-from dlc_jax.trainer.checkpoint import Checkpointer
-from dlc_jax.trainer.compile_cache import enable_compile_cache
+from dlc_jax.trainer.batch_requests import BatchCollector
 from dlc_jax.trainer.config import TrainConfig, make_loss_config
 from dlc_jax.trainer.eval import Evaluator
+from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
+from dlc_jax.trainer.metrics_log import MetricsLogger
+from dlc_jax.trainer.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from dlc_jax.trainer.resync import make_policy
-from dlc_jax.trainer.rollouts import RolloutFeeder
-from dlc_jax.trainer.run_lifecycle import RunLifecycle
+from dlc_jax.trainer.run_lifecycle import (
+    RunCheckpoints,
+    complete_summary,
+    model_names,
+    open_metrics,
+)
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.samples import sample_records
 from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule, update_count
@@ -68,7 +75,7 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
-__all__ = ["Trainer", "SamplerUnavailable"]
+__all__ = ["Trainer", "SamplerUnavailable", "NonFiniteTrainingError"]
 
 
 def load_train_model(cfg: TrainConfig, model_dir, mesh):
@@ -89,40 +96,47 @@ def load_train_model(cfg: TrainConfig, model_dir, mesh):
     )
 
 
-class NonFiniteTrainingError(UserError):
-    """Too many consecutive steps with a non-finite loss or gradient."""
+COUNTERS = (
+    "resync_count",
+    "resync_ess",
+    "resync_forced",
+    "reconnects",
+    "dropped_on_resync",
+    "snapshot_forwards",
+    "nonfinite_skipped",
+    "dropped_invalid",
+)
 
 
-class Trainer(BatchRequests, RunLifecycle):
-    """Owns the model, optimizer, data, sampler link, checkpoints and metrics of one run.
+class Trainer:
+    """One run: the model, optimizer, step, checkpoints and metrics, over the parts it is given.
 
-    Construction loads the model (after the SFT warm-up when enabled), builds the jitted step and
-    restores the latest checkpoint when ``checkpoint.resume``; `run` connects the sampler and
-    trains.
+    sampler: a `Sampler` (kept for the whole run: the caller owns it) or a `SamplerLink` (spawns,
+    connects, reconnects; closed with the trainer); rewards: the `RewardRunner` (closed with the
+    trainer); prompts: the `PromptPipeline` of the training prompts; model_dir: the model trained
+    (and served as version 0); hooks: more `Hook` s, run after the trainer's own (eval, metrics,
+    checkpoint). Construction loads the model, builds the jitted step and restores the latest
+    checkpoint when ``checkpoint.resume``; `run` connects the sampler and trains.
     """
 
-    def __init__(self, cfg: TrainConfig):
-        from dlc_jax.trainer.sft import base_model_dir, ensure_sft_model
-
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        sampler: Sampler | SamplerLink,
+        rewards: RewardRunner,
+        prompts: PromptPipeline,
+        model_dir: str | Path,
+        tokenizer: Any = None,
+        hooks: Iterable[Hook] = (),
+    ):
         self.cfg = cfg
-        enable_compile_cache(cfg.train.compile_cache_dir)
         self.proc = dist.process_info()
         self.multi = self.proc.process_count > 1
-        self.counters = {
-            "resync_count": 0,
-            "resync_ess": 0,
-            "resync_forced": 0,
-            "reconnects": 0,
-            "dropped_on_resync": 0,
-            "snapshot_forwards": 0,
-            "nonfinite_skipped": 0,
-            "dropped_invalid": 0,
-        }
-        self._nonfinite_in_a_row = 0
-        if cfg.model.path:
-            require_dir(cfg.model.path, "model.path")
-        self.model_dir = ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
-        self.tokenizer = load_tokenizer(str(self.model_dir))
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.nonfinite = NonFiniteGuard(cfg.train.max_nonfinite_steps, self.counters)
+        self.model_dir = Path(model_dir)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(model_dir))
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.mesh = dist.make_training_mesh(cfg.mesh)
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
@@ -137,8 +151,9 @@ class Trainer(BatchRequests, RunLifecycle):
             mesh=self.mesh,
             trainable=trainable_filter(cfg.lora),
         )
-        self.serve = merged_model if adapted else (lambda m: m)
-        self.base_fingerprint = base_fingerprint(self.state.params) if adapted else None
+        # what the sampler gets for a trained module (LoRA: base + delta, a full model)
+        self.serve: Callable[[Any], Any] = merged_model if adapted else (lambda m: m)
+        base_fp = base_fingerprint(self.state.params) if adapted else None
         if adapted:
             logger.info(
                 "lora: rank %d adapters on %d projections (%s parameters trained)",
@@ -169,8 +184,7 @@ class Trainer(BatchRequests, RunLifecycle):
             self.state.graphdef, self.tx, self.step_cfg, trainable=self.state.trainable, **shard
         )
         snapshot_lp = make_snapshot_logprobs(self.state.graphdef, self.step_cfg)
-        # rewards run in worker processes; the data is checked against them at load
-        self.rewards = RewardRunner(cfg.reward)
+        self.rewards = rewards
         self.inputs = StepInputs(
             cfg, self.tokenizer, self.eos_id, self.mesh, self.rows, snapshot_lp, self.rewards
         )
@@ -182,36 +196,35 @@ class Trainer(BatchRequests, RunLifecycle):
         )
         self._samples: list[dict] = []  # log.samples_every: this step's sample completions
         self._partial_row: dict | None = None  # the current step's metrics before its resync
-        # every process builds the same prompt stream and keeps its slots (local_slots)
-        self.data = PromptPipeline(
-            cfg.data,
-            self.tokenizer,
-            cfg.train.batch_prompts,
-            process_index=0,
-            process_count=1,
-            max_prompt_tokens=s.max_model_len - s.max_tokens,
-            answer_check=self.rewards.check_answers,
-        )
-        max_staleness = 10**9 if cfg.resync.policy == "never" else cfg.async_.max_staleness
-        self.assembler = BatchAssembler(s.n, max_staleness)
-        self.link = SamplerLink(
-            s,
-            model_dir=self.model_dir,
-            log_dir=cfg.log.dir,
+        self.data = prompts
+        if isinstance(sampler, SamplerLink):
+            self.link = sampler
+        else:
+            self.link = SamplerLink(
+                s, model_dir=self.model_dir, log_dir=cfg.log.dir, multi=self.multi, sampler=sampler
+            )
+        self.link.on_reconnect = self._on_reconnect
+        self.batches = BatchCollector(
+            cfg,
+            data=self.data,
+            link=self.link,
+            state=self.state,
+            recover=self._recover_sampler,
+            counters=self.counters,
+            eos_id=self.eos_id,
+            rows=self.rows,
             multi=self.multi,
-            on_reconnect=self._on_reconnect,
+            allows_prefetch=self.policy.allows_prefetch,
         )
-        self.feeder = RolloutFeeder(
-            self.assembler,
-            lambda: self.link.client,
-            lambda: self.state.version,
-            self._sampling_params,
-            accept_fn=self._known_versions,
-        )
-        self.batches: dict[int, dict] = {}  # index -> batch record (`BatchRequests._open_batch`)
-        self.ckpt = Checkpointer(
-            cfg.checkpoint.dir, keep=cfg.checkpoint.keep, every=cfg.checkpoint.every
-        )
+        self.checkpoints = RunCheckpoints(cfg, self._checkpoint_meta, base_fingerprint=base_fp)
+        self._metrics: MetricsLogger | None = None
+        self.hooks = Hooks()
+        if self.evaluator is not None:
+            self.hooks.add("eval", cfg.eval.every, lambda info: self._evaluate())
+        self.hooks.add("metrics", 1, self._log_metrics)
+        self.hooks.add("checkpoint", 1, self._periodic_save)
+        for h in hooks:
+            self.hooks.add(h.name, h.every, h.fn)
         self.resumed = self._resume()
         # a finished run re-invoked: nothing to train, no sampler, metrics files left as they are
         self.already_complete = self.resumed and self.state.step >= cfg.train.steps
@@ -221,32 +234,27 @@ class Trainer(BatchRequests, RunLifecycle):
             # different hosts at very different times (sampler start-up, first compiles).
             dist.allgather([0.0])
 
-    # ---- the run ------------------------------------------------------------------------------
+    # ---- the run ---------------------------------------------------------------------------------
     def run(self) -> dict:
         """Train until ``train.steps``; returns the summary (also written to
         <log.dir>/summary.json)."""
         if self.already_complete:
-            return self._complete_summary()
-        metrics = self._start()
+            return complete_summary(self.cfg, self.checkpoints, self.model_dir)
+        metrics = self._metrics = self._start()
         t0 = time.time()
         finished = interrupted = False
         try:
             while self.state.step < self.cfg.train.steps:
                 index = self.state.step
                 self._resync_if_too_stale()
-                self._open_batch(index)
-                self._request(index)
+                self.batches.open(index)
+                self.batches.request(index)
                 row = self._train_step(index)
-                del self.batches[index]
+                self.batches.close(index)
                 if row is None:  # non-finite loss/gradient: not applied, next batch
                     continue
                 self._partial_row = None
-                if self.evaluator is not None and self.evaluator.due(self.state.step):
-                    row.update(self._evaluate())
-                metrics.log(self.state.step, row)
-                metrics.log_samples(self.state.step, self._samples)
-                if self.ckpt.should_save(self.state.step):
-                    self.save()
+                self.hooks.run(StepInfo(self.state.step, row, self._samples))
             finished = True
         except KeyboardInterrupt:
             interrupted = True
@@ -259,22 +267,94 @@ class Trainer(BatchRequests, RunLifecycle):
                 "interrupted at step %d: checkpoint %s (step %s); resume by running the same "
                 "command again",
                 self.state.step,
-                self.ckpt.directory,
-                self.ckpt.latest_step(),
+                self.checkpoints.directory,
+                self.checkpoints.latest_step(),
             )
             raise KeyboardInterrupt
         return summary
 
+    def _start(self) -> MetricsLogger:
+        """Connect the sampler (giving it the resumed weights) and open the metrics outputs."""
+        try:
+            self.link.connect()
+            if self.resumed:
+                v = self.state.synced_version
+                served = lambda: self.serve(self.state.model_at(v))  # noqa: E731
+                self.link.push_retrying(v, served, reason="resume")
+        except BaseException:
+            self.link.close()
+            raise
+        return open_metrics(
+            self.cfg, lead=self.proc.is_leader, step=self.state.step, append=self.resumed
+        )
+
+    def _finish(self, metrics: MetricsLogger, finished: bool, seconds: float) -> dict:
+        """Checkpoint on exit, write the summary (process 0), close everything; returns the
+        summary."""
+        self.checkpoints.save_on_exit(self.state)
+        extra = {
+            "finished": finished,
+            "seconds": seconds,
+            "checkpoint_dir": str(self.checkpoints.directory),
+            "checkpoint_step": self.checkpoints.latest_step(),
+            "metrics_dir": str(Path(self.cfg.log.dir).absolute()),
+            "model_dir": str(self.model_dir),
+            **model_names(self.cfg, self.model_dir),
+            **self.counters,
+        }
+        summary = metrics.summary()
+        if self.proc.is_leader:
+            metrics.write_summary(extra)
+        metrics.close()
+        self.close()
+        return dict(summary, **extra)
+
+    # ---- hooks and checkpoints -------------------------------------------------------------------
+    def _log_metrics(self, info: StepInfo) -> None:
+        assert self._metrics is not None
+        self._metrics.log(info.step, info.row)
+        self._metrics.log_samples(info.step, info.samples)
+
+    def _periodic_save(self, info: StepInfo) -> None:
+        if self.checkpoints.should_save(info.step):
+            self.save()
+
+    def _checkpoint_meta(self) -> dict:
+        # the data state is the one before the next batch, so a resumed run draws the same prompts
+        return {
+            "data_state": self.batches.data_state_before(self.state.step),
+            "counters": self.counters,
+            "dropped_stale": self.batches.dropped_stale,
+        }
+
+    def save(self, force: bool = False) -> bool:
+        """Checkpoint the current step (periodic unless ``force``)."""
+        return self.checkpoints.save(self.state, force=force)
+
+    def _resume(self) -> bool:
+        meta = self.checkpoints.resume(self.state)
+        if meta is None:
+            return False
+        self.data.set_state(meta["data_state"])
+        self.counters.update(meta.get("counters", {}))
+        self.batches.dropped_stale = int(meta.get("dropped_stale", 0))
+        return True
+
+    def close(self) -> None:
+        self.link.close()
+        self.rewards.close()
+
+    # ---- one step --------------------------------------------------------------------------------
     def _train_step(self, index: int) -> dict | None:
         """One optimizer step on batch ``index``: wait, score, pack, theta_s forwards, step,
         resync. None when the step was skipped (non-finite loss or gradient)."""
         cfg, st = self.cfg, self.state
         t0 = time.time()
-        rollouts = self._with_fillers(index, self._wait_batch(index))
+        rollouts = self.batches.collect(index)
         t_wait = time.time() - t0
-        self._prefetch_after(index)
+        self.batches.prefetch_after(index)
         stats, arrays = self.inputs.score_and_pack(
-            rollouts, self.batches[index]["prompts"], st.version
+            rollouts, self.batches.batch(index).prompts, st.version
         )
         dev, forwards = self.inputs.device_inputs(arrays, st)
         self.counters["snapshot_forwards"] += forwards
@@ -285,7 +365,7 @@ class Trainer(BatchRequests, RunLifecycle):
         )
         m = {k: float(v) for k, v in out.items()}
         applied = update_count(st.opt_state) != update_count(before[1])
-        if not self._finite_step(index, m, before, applied):
+        if not self.nonfinite.check(st, index, m, before, applied):
             return None
         st.step += 1
         self._partial_row = dict(m)
@@ -305,9 +385,7 @@ class Trainer(BatchRequests, RunLifecycle):
             response_len=stats["response_len"],
             wait_s=t_wait,
             step_s=time.time() - t0,
-            dropped_stale=self.assembler.dropped_stale,
-            dropped_old_version=self.assembler.dropped_old,
-            rejected_unknown_version=self.feeder.rejected_unknown_version,
+            **self.batches.metrics(),
             weight_version=st.version,
             synced_version=st.synced_version,
             **self.counters,
@@ -324,10 +402,13 @@ class Trainer(BatchRequests, RunLifecycle):
         return m
 
     def _evaluate(self) -> dict:
-        """``eval/*`` of the held-out prompts; a failed evaluation is logged, not fatal."""
+        """``eval/*`` of the held-out prompts; a failed evaluation is logged, not fatal, except a
+        user error (e.g. rewards failing too often), which ends the run in one line."""
         assert self.evaluator is not None
         try:
             return self.evaluator.run(self.link.client, self.state.step)
+        except UserError:
+            raise
         except Exception as e:
             logger.warning("eval at step %d failed (%s); training goes on", self.state.step, e)
             return {}
@@ -339,7 +420,7 @@ class Trainer(BatchRequests, RunLifecycle):
         lg, step = self.cfg.log, self.state.step
         if not (lg.samples_every and step % lg.samples_every == 0 and self.proc.is_leader):
             return []
-        prompts = self.batches[index]["prompts"]
+        prompts = self.batches.batch(index).prompts
         order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))
         chosen = [rollouts[i] for i in order[: lg.samples_n]]
         rewards, _ = self.inputs._score(chosen, prompts)
@@ -355,48 +436,13 @@ class Trainer(BatchRequests, RunLifecycle):
             per_token = {k: jax.device_get(v[rows]) for k, v in arrays.items()}
         return sample_records(chosen, prompts, texts, rewards, per_token, lg.samples_n)
 
-    def _finite_step(self, index: int, m: dict, before: tuple, applied: bool = True) -> bool:
-        """False (and the step undone) when the loss or gradient is NaN/Inf or the jitted step
-        refused the update (``applied`` False: non-finite update or params): not applied, not
-        pushed; ``train.max_nonfinite_steps`` such steps in a row stop the run."""
-        loss, gnorm = m.get("loss/loss", 0.0), m.get("grad_norm", 0.0)
-        if math.isfinite(loss) and math.isfinite(gnorm) and applied:
-            self._nonfinite_in_a_row = 0
-            return True
-        self.state.params, self.state.opt_state = before
-        self.counters["nonfinite_skipped"] += 1
-        self._nonfinite_in_a_row += 1
-        limit = self.cfg.train.max_nonfinite_steps
-        logger.warning(
-            "step %d (batch %d): loss %s, grad_norm %s: non-finite loss, gradient or update; not "
-            "applied, not pushed (%d in a row, stop at %d)",
-            self.state.step + 1,
-            index,
-            loss,
-            gnorm,
-            self._nonfinite_in_a_row,
-            limit,
-        )
-        if self._nonfinite_in_a_row >= limit:
-            raise NonFiniteTrainingError(
-                f"stopped: {limit} steps in a row had a non-finite loss or gradient (last: loss "
-                f"{loss}, grad_norm {gnorm}); weights kept at step {self.state.step}. Check the "
-                f"reward function and data for NaN/Inf, or lower optim.lr"
-            )
-        return False
-
-    # ---- resync and recovery --------------------------------------------------------------------
+    # ---- resync and recovery ---------------------------------------------------------------------
     def _resync(self, reason: str) -> None:
         """Push theta_t as a new sampler version and snapshot it as theta_s."""
         st = self.state
         self.link.push_retrying(st.version, lambda: self.serve(st.model()), reason)
         st.snapshot()
-        keep = {
-            v
-            for b in self.assembler.batches.values()
-            for r in b.cells.values()
-            for v, _, _ in r.version_spans
-        }
+        keep = self.batches.versions_in_flight()
         st.prune(
             set(dist.global_versions(keep & set(st.snapshots), set(st.snapshots) | {st.version}))
         )
@@ -404,19 +450,14 @@ class Trainer(BatchRequests, RunLifecycle):
         if reason in ("ess", "staleness"):
             self.counters["resync_ess" if reason == "ess" else "resync_forced"] += 1
         if self.cfg.resync.stale_rollouts == "drop":
-            with self.feeder.cond:
-                for bi in list(self.assembler.batches):
-                    self.counters["dropped_on_resync"] += len(
-                        self.assembler.drop_versions_below(bi, st.version)
-                    )
-                self.assembler.min_version = st.version
+            self.counters["dropped_on_resync"] += self.batches.drop_versions_below(st.version)
 
     def _resync_if_too_stale(self) -> None:
         """Resync before a step whose sampler version is beyond the staleness bound (every rollout
         it
         would produce is stale). Decided from (version, synced_version): the same on every
         process."""
-        if self.state.version - self.state.synced_version > self.assembler.max_staleness:
+        if self.state.version - self.state.synced_version > self.batches.max_staleness:
             self._resync(reason="staleness")
 
     def _recover_sampler(self, err: BaseException) -> None:
@@ -425,6 +466,5 @@ class Trainer(BatchRequests, RunLifecycle):
         self._resync(reason="reconnect")
 
     def _on_reconnect(self) -> None:
-        with self.feeder.cond:
-            self.feeder.failures.clear()
+        self.batches.clear_failures()
         self.counters["reconnects"] += 1

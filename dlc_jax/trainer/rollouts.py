@@ -134,7 +134,12 @@ class RolloutFeeder:
 
 
 def _invalid_argument(e: BaseException) -> bool:
-    """True for a gRPC INVALID_ARGUMENT answer: the request, not the sampler, is at fault."""
+    """True for a gRPC INVALID_ARGUMENT answer, or the same check refusing the request in process
+    (`RequestError`): the request, not the sampler, is at fault."""
     import grpc
 
+    from dlc_jax.sampler.request_checks import RequestError
+
+    if isinstance(e, RequestError):
+        return True
     return isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.INVALID_ARGUMENT

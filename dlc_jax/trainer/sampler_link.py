@@ -1,9 +1,11 @@
 """The trainer's link to its sampler(s): spawn or connect, reconnect, push weights, watch rotation.
 
 `SamplerLink.client` is a `dlc_jax.sampler.protocol.Sampler`: a `SamplerClient` for one
-`sampler.address`, a `SamplerPool` for several ("h1:p,h2:p"), or the client of a sampler this
+`sampler.address`, a `SamplerPool` for several ("h1:p,h2:p"), the client of a sampler this
 process spawned on loopback (no address; it serves the model directory as version 0 until the
-trainer pushes, and is respawned on a reconnect).
+trainer pushes, and is respawned on a reconnect), an `InProcessSampler` (``sampler.backend=
+inprocess``: no process, made again on a reconnect), or a `Sampler` handed in by the caller
+(``sampler=``: used as it is, never closed or replaced here).
 
 Retries follow `dlc_jax.sampler.retry`: the client retries UNAVAILABLE itself; on top, a push that
 still fails is retried after a reconnect (`push_retrying`), and a reconnect polls until
@@ -52,7 +54,8 @@ class SamplerLink:
     0;
     log_dir: where a spawned sampler writes sampler.log; multi: this is one process of a multi-host
     run; on_reconnect: called after every successful reconnect (the trainer counts it and clears
-    failed rollout streams)."""
+    failed rollout streams); sampler: a `Sampler` to use instead of spawning or connecting one
+    (the caller owns it)."""
 
     def __init__(
         self,
@@ -61,14 +64,22 @@ class SamplerLink:
         model_dir: Path,
         log_dir: str,
         multi: bool,
-        on_reconnect: Callable[[], None],
+        on_reconnect: Callable[[], None] | None = None,
+        sampler: Sampler | None = None,
     ):
+        if sampler_cfg.backend == "inprocess" and sampler_cfg.address and sampler is None:
+            raise SamplerUnavailable(
+                f"sampler.backend=inprocess runs the sampler inside the trainer: leave "
+                f"sampler.address empty (got {sampler_cfg.address!r}) or pick the backend "
+                f"the sampler there serves"
+            )
         self.cfg = sampler_cfg
         self.model_dir = model_dir
         self.log_dir = Path(log_dir)
         self.multi = multi
         self.on_reconnect = on_reconnect
         self._client: Sampler | None = None
+        self._given = sampler
         self.process: SamplerProcess | None = None
         self._last_rotation: list[bool] | None = None
         self._connected_once = False
@@ -94,6 +105,9 @@ class SamplerLink:
         from dlc_jax.sampler.pool import connect_samplers
 
         s = self.cfg
+        if self._given is not None:
+            self._client = self._given
+            return
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -154,6 +168,12 @@ class SamplerLink:
 
     def _spawn(self) -> None:
         s = self.cfg
+        if s.backend == "inprocess":  # the JAX backend in this process: nothing to spawn
+            from dlc_jax.sampler.inprocess import InProcessSampler
+
+            self._client = InProcessSampler.from_section(s, self.model_dir)
+            logger.info("sampler: jax backend in process (%s)", self.model_dir)
+            return
         if self.process is not None:
             self.process.kill()
         extra = [
@@ -214,7 +234,8 @@ class SamplerLink:
             call_with_retry(self.connect, poll, retryable=lambda e: True)
         except Exception as e:
             raise SamplerUnavailable(f"sampler did not come back within {limit}s: {e}") from e
-        self.on_reconnect()
+        if self.on_reconnect is not None:
+            self.on_reconnect()
 
     def restart_detected(self, synced_version: int) -> BaseException | None:
         """Why the sampler must be recovered before the next request, or None: it does not answer,
@@ -226,9 +247,11 @@ class SamplerLink:
         readmitted by a push)."""
         if self.multi:
             return None
+        from dlc_jax.sampler.inprocess import SamplerClosed
+
         try:
             v = self.client.info()["version"]
-        except grpc.RpcError as e:
+        except (grpc.RpcError, SamplerClosed) as e:
             return e
         if v < synced_version:
             return RuntimeError(
@@ -313,7 +336,7 @@ class SamplerLink:
         return m
 
     def close(self) -> None:
-        if self._client is not None:
+        if self._client is not None and self._client is not self._given:
             self._client.close()
         if self.process is not None:
             self.process.stop()

@@ -103,6 +103,19 @@ def copy_tree(tree):
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
 
 
+def opt_state_shardings(tx, params, param_shardings, mesh):
+    """Shardings of ``tx.init(params)`` on ``mesh``: every parameter-shaped leaf (Adam's mu/nu)
+    takes its parameter's sharding, the rest (step counts) is replicated. ``jax.jit(tx.init)`` alone
+    leaves the moments on one device, and replicating them puts a full copy on every chip."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    repl = NamedSharding(mesh, PartitionSpec())
+    abstract = jax.eval_shape(tx.init, params)
+    return optax.tree_map_params(
+        tx, lambda _, s: s, abstract, param_shardings, transform_non_params=lambda _: repl
+    )
+
+
 @dataclasses.dataclass
 class TrainState:
     """Host-side holder of the training state.
@@ -140,8 +153,6 @@ class TrainState:
             opt_state = jax.jit(tx.init)(params)
         else:  # Adam moments sharded like their params (jit alone leaves them on one device)
             from jax.sharding import NamedSharding, PartitionSpec
-
-            from dlc_jax.trainer.step import opt_state_shardings
 
             repl = NamedSharding(mesh, PartitionSpec())
             on_mesh = lambda x: x.sharding if getattr(x.sharding, "mesh", None) == mesh else repl

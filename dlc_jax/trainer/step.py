@@ -315,19 +315,6 @@ def _partial_train_step(step, mesh, param_shardings, opt_shardings, trainable):
     return _PartialStep(jitted, trainable)
 
 
-def opt_state_shardings(tx, params, param_shardings, mesh):
-    """Shardings of ``tx.init(params)`` on ``mesh``: every parameter-shaped leaf (Adam's mu/nu)
-    takes its parameter's sharding, the rest (step counts) is replicated. ``jax.jit(tx.init)`` alone
-    leaves the moments on one device, and replicating them puts a full copy on every chip."""
-    import optax
-
-    repl = NamedSharding(mesh, P())
-    abstract = jax.eval_shape(tx.init, params)
-    return optax.tree_map_params(
-        tx, lambda _, s: s, abstract, param_shardings, transform_non_params=lambda _: repl
-    )
-
-
 def device_batch(batch: dict, mesh=None) -> dict:
     """The ``STEP_KEYS`` arrays of ``batch`` on device (rows over ('data', 'fsdp') with a mesh)."""
     missing = [k for k in STEP_KEYS if k not in batch and k not in OPTIONAL_STEP_KEYS]

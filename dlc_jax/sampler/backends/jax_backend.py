@@ -35,12 +35,10 @@ from .jax_sampling import sample_args, sample_step
 
 
 def available() -> bool:
-    try:
-        from dlc_jax.model import Qwen3ForCausalLM, load_hf  # noqa: F401
+    """Whether this backend can run here: its model package (JAX, Flax) imports."""
+    import importlib.util
 
-        return hasattr(Qwen3ForCausalLM, "forward_with_cache")
-    except ImportError:
-        return False
+    return all(importlib.util.find_spec(m) is not None for m in ("jax", "flax"))
 
 
 def _bucket(n: int, m: int = 32) -> int:
@@ -79,8 +77,9 @@ class JaxBackend(SamplerBackend):
         self._load_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- weights ----------------------------------------------------------------------------
-    def _load(self, weights_dir: str):
-        """HF safetensors dir -> (graphdef, params state) with the numerics knobs applied."""
+    def load_weights_dir(self, weights_dir: str):
+        """HF safetensors dir -> (graphdef, params state) with the numerics knobs applied (not
+        served until `set_weights`)."""
         import jax.numpy as jnp
         from flax import nnx
 
@@ -105,7 +104,9 @@ class JaxBackend(SamplerBackend):
         return graphdef, state
 
     async def start(self) -> None:
-        self._graphdef, self._state = await asyncio.to_thread(self._load, self.cfg.model_dir)
+        self._graphdef, self._state = await asyncio.to_thread(
+            self.load_weights_dir, self.cfg.model_dir
+        )
         self._cache_dtype = "bfloat16" if self.cfg.dtype == "bfloat16" else "float32"
 
     async def apply_weights(self, weights_dir: str, version: int) -> None:
@@ -115,7 +116,13 @@ class JaxBackend(SamplerBackend):
                 1, thread_name_prefix="jax-load"
             )
         loop = asyncio.get_running_loop()
-        graphdef, state = await loop.run_in_executor(self._load_pool, self._load, weights_dir)
+        graphdef, state = await loop.run_in_executor(
+            self._load_pool, self.load_weights_dir, weights_dir
+        )
+        self.set_weights(graphdef, state, version)
+
+    def set_weights(self, graphdef, state, version: int) -> None:
+        """Serve (graphdef, state) as ``version`` from the next decode step on."""
         with self._lock:
             self._graphdef, self._state, self.version = graphdef, state, int(version)
 
@@ -261,21 +268,33 @@ class JaxBackend(SamplerBackend):
             )
         return rollouts
 
-    async def generate(self, request_id, prompts, params):
+    def _batches(self, prompts, params):
+        """(seed, [seqs of at most max_batch]) of a request: prompts [(slot_id, token_ids)]."""
         seed = params.seed if params.seed is not None else int(self._seed_counter.integers(2**31))
         seqs = [
             (i, slot, j, list(p)) for i, (slot, p) in enumerate(prompts) for j in range(params.n)
         ]
         bs = self.cfg.max_batch
+        return seed, [seqs[k : k + bs] for k in range(0, len(seqs), bs)]
+
+    async def generate(self, request_id, prompts, params):
+        seed, batches = self._batches(prompts, params)
         cancel = threading.Event()
         try:
-            for k in range(0, len(seqs), bs):
+            for seqs in batches:
                 for r in await asyncio.to_thread(
-                    self._generate_batch, seqs[k : k + bs], params, seed, request_id, cancel
+                    self._generate_batch, seqs, params, seed, request_id, cancel
                 ):
                     yield r
         finally:  # consumer gone (client disconnected / cancelled): stop the decode loop
             cancel.set()
+
+    def generate_sync(self, request_id, prompts, params):
+        """`generate` in the caller's thread (the in-process sampler): the same rollouts, batches
+        and keys; a consumer that stops early stops the decode loop at the next batch."""
+        seed, batches = self._batches(prompts, params)
+        for seqs in batches:
+            yield from self._generate_batch(seqs, params, seed, request_id)
 
     async def close(self) -> None:
         if self._load_pool is not None:

@@ -12,7 +12,7 @@ from dlc_jax.trainer.config import (
     parse_override,
 )
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize("name", ["tiny_cpu.yaml", "qwen3_0p6b_dlc.yaml", "qwen3_1p7b_dlc.yaml"])

@@ -1,5 +1,5 @@
-"""SIGKILL mid-training and resume: with the JAX sampler backend and fixed seeds the resumed run
-ends with the same params, optimizer state and metrics as an uninterrupted run."""
+"""SIGKILL mid-training and resume: with the in-process JAX sampler (seeded, in the killed process)
+the resumed run ends with the same params, optimizer state and metrics as an uninterrupted run."""
 
 import json
 import os
@@ -17,15 +17,6 @@ from dlc_jax.trainer.checkpoint import Checkpointer
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
-    )
-
-
 def _cmd(tiny_dir, d):
     return [
         sys.executable,
@@ -34,7 +25,7 @@ def _cmd(tiny_dir, d):
         "train",
         f"model.path={tiny_dir}",
         "sft.enabled=false",
-        "sampler.backend=jax",
+        "sampler.backend=inprocess",
         "sampler.n=4",
         "sampler.max_tokens=4",
         "sampler.head_k=4",

@@ -48,12 +48,8 @@ BACKENDS = [
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    d = tmp_path_factory.mktemp("tiny_qwen3")
-    make_tiny(str(d))
-    return str(d)
+def tiny_dir(make_tiny_dir):
+    return str(make_tiny_dir())
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

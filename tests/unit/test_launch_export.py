@@ -13,17 +13,10 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
+def tiny_dir(make_tiny_dir):
     return str(
-        make_tiny(
-            tmp_path_factory.mktemp("export_tiny") / "m",
-            hidden_size=32,
-            intermediate_size=64,
-            head_dim=8,
-            num_hidden_layers=2,
-            vocab_size=512,
+        make_tiny_dir(
+            hidden_size=32, intermediate_size=64, head_dim=8, num_hidden_layers=2, vocab_size=512
         )
     )
 

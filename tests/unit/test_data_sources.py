@@ -8,8 +8,7 @@ import logging
 import pytest
 
 from dlc_jax.data.prompts import DataConfig, PromptPipeline, load_records
-from dlc_jax.data.reward_runner import RewardRunner
-from dlc_jax.data.rewards import RewardConfig, exact_match
+from dlc_jax.data.rewards import exact_match
 from dlc_jax.data.sources import DataError
 from dlc_jax.data.tokenize import chatml, render_prompt
 
@@ -225,16 +224,3 @@ def test_prompts_use_the_tokenizers_own_chat_template():
     assert rec.prompt_ids.tolist() == tok.encode(text, add_special_tokens=False)
     assert 0 not in rec.prompt_ids  # no [UNK]: every character has its own id
     assert rec.prompt_ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
-
-
-def test_reward_runner_checks_gold_answers_at_load(tmp_path):
-    d = tmp_path / "g"
-    rows = _gsm8k_rows(6)
-    rows["answer"][4] = "so the answer is\n#### five"
-    datasets.Dataset.from_dict(rows).save_to_disk(str(d))
-    cfg = DataConfig(source=f"hf:{d}", prompt_field="question", answer_format="gsm8k")
-    with RewardRunner(RewardConfig(workers=1)) as runner:
-        with pytest.raises(
-            DataError, match=r"row 4: gold answer 'five' is not a number \(exact_match needs one\)"
-        ):
-            _pipe(cfg, 2, answer_check=runner.check_answers)

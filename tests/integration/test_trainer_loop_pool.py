@@ -22,11 +22,8 @@ STEPS = 5
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("tiny_pool") / "m",
+def tiny_dir(make_tiny_dir):
+    return make_tiny_dir(
         hidden_size=32,
         intermediate_size=64,
         head_dim=8,
@@ -71,7 +68,7 @@ def _rows(tmp_path):
 
 def test_one_sampler_killed_training_continues(tiny_dir, tmp_path, caplog):
     from dlc_jax.sampler.process import SamplerProcess
-    from dlc_jax.trainer.loop import Trainer
+    from dlc_jax.trainer.build import build_trainer
 
     args = ["--max-model-len", "64", "--max-head-k", "4"]
     procs = [
@@ -87,7 +84,7 @@ def test_one_sampler_killed_training_continues(tiny_dir, tmp_path, caplog):
     try:
         address = ",".join(p.address for p in procs)
         caplog.set_level(logging.INFO, logger="dlc_jax")
-        trainer = Trainer(_cfg(tiny_dir, tmp_path, address))
+        trainer = build_trainer(_cfg(tiny_dir, tmp_path, address))
         out = {}
         th = threading.Thread(target=lambda: out.update(trainer.run()))
         th.start()
@@ -121,11 +118,11 @@ def test_one_sampler_killed_training_continues(tiny_dir, tmp_path, caplog):
             p.stop()
 
     # re-invoking the finished run (resume finds the final step) says so and trains nothing
-    from dlc_jax.trainer.loop import Trainer
+    from dlc_jax.trainer.build import build_trainer
 
     caplog.clear()
     before = (tmp_path / "logs" / "metrics.jsonl").read_text()
-    s = Trainer(_cfg(tiny_dir, tmp_path, address)).run()
+    s = build_trainer(_cfg(tiny_dir, tmp_path, address)).run()
     logs = [r.getMessage() for r in caplog.records]
     assert s["already_complete"] and s["checkpoint_step"] == STEPS and s["seconds"] == 0.0
     assert any("already complete" in m and str(tmp_path / "ckpt") in m for m in logs), logs

@@ -96,12 +96,9 @@ def _wait(procs, logs, timeout=480):
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
+def tiny_dir(make_tiny_dir):
     return str(
-        make_tiny(
-            tmp_path_factory.mktemp("mh_tiny") / "m",
+        make_tiny_dir(
             hidden_size=32,
             intermediate_size=64,
             head_dim=8,

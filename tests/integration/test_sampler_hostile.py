@@ -32,20 +32,17 @@ MAX_PUSH_S = 4.0
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    d = tmp_path_factory.mktemp("tiny_qwen3_hostile")
-    make_tiny(
-        str(d),
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
+def tiny_dir(make_tiny_dir):
+    return str(
+        make_tiny_dir(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+        )
     )
-    return str(d)
 
 
 @pytest.fixture(scope="module")

@@ -24,18 +24,8 @@ PROMPTS = {s: [3 + s, 17, 40 + 2 * s] for s in range(6)}
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return str(
-        make_tiny(
-            tmp_path_factory.mktemp("pool_tiny") / "m",
-            hidden_size=32,
-            intermediate_size=64,
-            head_dim=8,
-            num_hidden_layers=1,
-        )
-    )
+def tiny_dir(make_tiny_dir):
+    return str(make_tiny_dir(hidden_size=32, intermediate_size=64, head_dim=8, num_hidden_layers=1))
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,6 @@ from dlc_jax.trainer.config import default_config_path, load_config
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
-    )
-
-
 def _cfg(tiny_dir, tmp_path, *extra):
     return load_config(
         default_config_path(),
@@ -61,9 +52,9 @@ def _rows(tmp_path):
 
 
 def _run(cfg):
-    from dlc_jax.trainer.loop import Trainer
+    from dlc_jax.trainer.build import build_trainer
 
-    t = Trainer(cfg)
+    t = build_trainer(cfg)
     return t, t.run()
 
 
@@ -85,7 +76,10 @@ def test_onpolicy_lag_exactly_zero_no_snapshot_forward(tiny_dir, tmp_path, caplo
 
 def test_never_ess_falls_and_ess_policy_recovers(tiny_dir, tmp_path):
     never = tmp_path / "never"
-    _, s = _run(_cfg(tiny_dir, never, "resync.policy=never", "train.steps=5", "async.prefetch=0"))
+    inproc = "sampler.backend=inprocess"  # the policies, not the process boundary, are tested here
+    _, s = _run(
+        _cfg(tiny_dir, never, inproc, "resync.policy=never", "train.steps=5", "async.prefetch=0")
+    )
     ess = [r["ess_lag"] for r in _rows(never)]
     lag = [r["version_lag"] for r in _rows(never)]
     assert lag == [0.0, 1.0, 2.0, 3.0, 4.0] and s["resync_count"] == 0
@@ -97,6 +91,7 @@ def test_never_ess_falls_and_ess_policy_recovers(tiny_dir, tmp_path):
         _cfg(
             tiny_dir,
             essd,
+            inproc,
             "resync.policy=ess",
             "resync.threshold=0.985",
             "train.steps=6",
@@ -121,7 +116,7 @@ def _free_port():
 
 def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path, caplog):
     from dlc_jax.sampler.process import SamplerProcess
-    from dlc_jax.trainer.loop import Trainer
+    from dlc_jax.trainer.build import build_trainer
 
     port = _free_port()
     args = ["--max-model-len", "64", "--max-head-k", "4"]
@@ -136,7 +131,7 @@ def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path, caplog):
         "sampler.reconnect_timeout_s=120",
     )
     caplog.set_level(logging.INFO, logger="dlc_jax")
-    trainer = Trainer(cfg)
+    trainer = build_trainer(cfg)
     out = {}
     th = threading.Thread(target=lambda: out.update(trainer.run()))
     th.start()

@@ -1,4 +1,4 @@
-"""Evaluation and sample completions in a tiny run against a real JAX-backend sampler on loopback:
+"""Evaluation and sample completions in a tiny run against the in-process JAX sampler:
 eval/* in the metrics rows at eval.every, greedy evaluation deterministic at fixed sampler weights,
 samples.jsonl with the per-token delta/ell summary (ell exactly 0 at the sampler's own weights)."""
 
@@ -11,16 +11,16 @@ from dlc_jax.trainer.config import default_config_path, load_config
 pytestmark = pytest.mark.slow
 
 
-def test_eval_and_samples_in_a_tiny_run(tmp_path):
-    from dlc_jax.model.tiny import make_tiny
-    from dlc_jax.trainer.loop import Trainer
+def test_eval_and_samples_in_a_tiny_run(tiny_dir, tmp_path):
+    from dlc_jax.trainer.build import build_trainer
+    from dlc_jax.trainer.hooks import Hook
 
-    tiny = make_tiny(tmp_path / "m", hidden_size=64, intermediate_size=128, head_dim=16)
+    tiny = tiny_dir
     cfg = load_config(
         default_config_path(),
         [
             f"model.path={tiny}",
-            "sampler.backend=jax",
+            "sampler.backend=inprocess",
             "sampler.n=4",
             "sampler.max_tokens=4",
             "sampler.head_k=4",
@@ -44,7 +44,10 @@ def test_eval_and_samples_in_a_tiny_run(tmp_path):
         ],
     )
     assert cfg.sft.enabled is False  # a model.path of our own: no arithmetic warm-up
-    t = Trainer(cfg)
+    seen = []  # a hook of the caller's: runs after the trainer's own (eval, metrics, checkpoint)
+    probe = Hook("probe", 2, lambda info: seen.append((info.step, sorted(info.row))))
+    t = build_trainer(cfg, hooks=[probe])
+    assert t.hooks.names() == ["eval", "metrics", "checkpoint", "probe"]
     assert len(t.evaluator.examples) == 6
     s = t.run()
     assert s["finished"] and s["model"] == str(tiny) and "sft" not in s
@@ -52,6 +55,7 @@ def test_eval_and_samples_in_a_tiny_run(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [2, 4]
+    assert [st for st, _ in seen] == [2, 4] and all("eval/accuracy" in keys for _, keys in seen)
     for r in evals:
         assert r["eval/accuracy"] == pytest.approx(r["eval/reward_mean"])
         assert round(r["eval/accuracy"] * 6, 6) == int(round(r["eval/accuracy"] * 6))

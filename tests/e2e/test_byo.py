@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("datasets")
 pytest.importorskip("wandb")
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "BYO.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "BYO.md"
 
 
 def _doc_parts():

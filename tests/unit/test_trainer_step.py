@@ -13,15 +13,6 @@ from dlc_jax.trainer.state import TrainState, make_optimizer
 from dlc_jax.trainer.step import StepConfig, device_batch, make_snapshot_logprobs, make_train_step
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, intermediate_size=128, head_dim=16
-    )
-
-
 def _load(tiny_dir, mesh=None):
     from dlc_jax.model.hf_io import load_hf
 

@@ -15,10 +15,8 @@ from dlc_jax.experiments.prefixes import (
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from dlc_jax.model.tiny import make_tiny
-
-    return make_tiny(tmp_path_factory.mktemp("tiny"))
+def tiny_dir(make_tiny_dir):
+    return make_tiny_dir()
 
 
 @pytest.fixture(scope="module")
@@ -125,24 +123,24 @@ def test_load_refuses_missing_or_incomplete(tmp_path):
 
 
 def test_real_jax_sampler_is_deterministic_per_seed(tokenizer, tiny_dir):
-    """Prefixes sampled through the real gRPC sampler (JAX backend on loopback): same seed, same
-    ids."""
+    """Prefixes sampled through a real `Sampler` (the JAX backend, in process; the same requests
+    over gRPC are the sampler service's tests): same seed, same ids."""
     from dlc_jax.experiments.prefixes import client_generate
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.backends import BackendConfig
+    from dlc_jax.sampler.inprocess import InProcessSampler
 
-    proc = SamplerProcess("jax", str(tiny_dir), extra_args=["--max-model-len", "64"]).start()
+    c = InProcessSampler(BackendConfig(model_dir=str(tiny_dir), max_model_len=64))
     try:
-        with proc.client() as c:
-            cfg = PrefixConfig(num_prompts=6, max_tokens=4)
-            a = create_prefixes(cfg, tokenizer, client_generate(c))
-            b = create_prefixes(cfg, tokenizer, client_generate(c))
-            other = create_prefixes(
-                PrefixConfig(num_prompts=6, max_tokens=4, sample_seed=3),
-                tokenizer,
-                client_generate(c),
-            )
+        cfg = PrefixConfig(num_prompts=6, max_tokens=4)
+        a = create_prefixes(cfg, tokenizer, client_generate(c))
+        b = create_prefixes(cfg, tokenizer, client_generate(c))
+        other = create_prefixes(
+            PrefixConfig(num_prompts=6, max_tokens=4, sample_seed=3),
+            tokenizer,
+            client_generate(c),
+        )
     finally:
-        proc.stop()
+        c.close()
     np.testing.assert_array_equal(a.tokens, b.tokens)
     assert not np.array_equal(a.tokens, other.tokens)
     np.testing.assert_array_equal(a.prompt_lens, other.prompt_lens)  # same held-out prompts

@@ -14,7 +14,7 @@ from dlc_jax.bench.plan_bench import SHIPPED
 from dlc_jax.plan.topology import parse_topology
 from dlc_jax.trainer.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("case", SHIPPED, ids=lambda c: c.model)

@@ -1,6 +1,6 @@
 """Bring your own data and reward, end to end: the trainer on a 20-row GSM8K-style data set saved
 with ``datasets``, the tokenizer's chat template, a plug-in reward from a module the test writes
-plus math_verify (weighted), against a real JAX-backend sampler on loopback."""
+plus math_verify (weighted), against the in-process JAX sampler."""
 
 import json
 import textwrap
@@ -20,11 +20,10 @@ PLUGIN = textwrap.dedent("""
 """)
 
 
-def test_train_on_hf_dataset_with_plugin_and_math_verify(tmp_path, monkeypatch):
-    from dlc_jax.model.tiny import make_tiny
-    from dlc_jax.trainer.loop import Trainer
+def test_train_on_hf_dataset_with_plugin_and_math_verify(tiny_dir, tmp_path, monkeypatch):
+    from dlc_jax.trainer.build import build_trainer
 
-    tiny = make_tiny(tmp_path / "m", hidden_size=64, intermediate_size=128, head_dim=16)
+    tiny = tiny_dir
     rows = {
         "question": [f"What is {i} + {i + 2}?" for i in range(20)],
         "answer": [f"{i} + {i + 2} = {2 * i + 2}\n#### {2 * i + 2}" for i in range(20)],
@@ -38,7 +37,7 @@ def test_train_on_hf_dataset_with_plugin_and_math_verify(tmp_path, monkeypatch):
         [
             f"model.path={tiny}",
             "sft.enabled=false",
-            "sampler.backend=jax",
+            "sampler.backend=inprocess",
             "sampler.n=4",
             "sampler.max_tokens=4",
             "sampler.head_k=4",
@@ -62,7 +61,7 @@ def test_train_on_hf_dataset_with_plugin_and_math_verify(tmp_path, monkeypatch):
             "reward.workers=1",
         ],
     )
-    t = Trainer(cfg)
+    t = build_trainer(cfg)
     assert t.data.stats.used == 20 and t.data.stats.too_long == 0
     s = t.run()
     assert s["finished"]

@@ -1,0 +1,225 @@
+"""`InProcessSampler`: the JAX backend's own sampling code behind the `Sampler` protocol, in the
+caller's process: no gRPC, no server, no subprocess (``sampler.backend=inprocess``).
+
+What it is for: debugging a config on one machine, and trainer-behaviour tests (refusal, recovery,
+resync, eval, resume) that are not about the process boundary or the wire. It keeps the sampler's
+contract: requests are checked by the server's own `validate_generate` (a refused request raises
+`RequestError`, which the trainer treats like a gRPC INVALID_ARGUMENT answer), every token is tagged
+with the weight version that produced it, and a push swaps the weights atomically between decode
+steps (a request in flight continues with the new version, re-prefilled: two version spans).
+
+A push goes through the same HF export the gRPC push streams (`iter_hf_tensors`), written to a
+temporary safetensors directory and loaded with the backend's numerics knobs (dtype, int8, noise),
+so the in-process sampler serves exactly what a spawned JAX sampler would after the same push.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from . import safetensors_io as st
+from . import sampler_pb2 as pb
+from .backends.base import BackendConfig
+from .backends.jax_backend import JaxBackend
+from .request_checks import validate_generate
+from .retry import RetryPolicy
+from .types import PushResult, Rollout, SamplingParams
+
+# the server's defaults (`ServerConfig`): the same requests are refused in process as over gRPC
+MAX_PROMPTS = 4096
+MIN_TEMPERATURE = 0.01
+
+_ids = itertools.count()
+
+
+class InProcessSampler:
+    """A `dlc_jax.sampler.protocol.Sampler` running the JAX backend in this process.
+
+    ``cfg``: the backend's `BackendConfig` (model_dir serves as ``initial_version``). `generate`
+    may be called from several threads at once (the trainer's rollout feeder does); the jitted
+    prefill / decode are shared, so each shape compiles once per process.
+    """
+
+    def __init__(self, cfg: BackendConfig):
+        self.backend = JaxBackend(cfg)
+        graphdef, state = self.backend.load_weights_dir(cfg.model_dir)
+        self.backend.set_weights(graphdef, state, int(cfg.initial_version))
+        self._address = f"inprocess:{next(_ids)}"
+        self._closed = False
+        self._push_lock = threading.Lock()
+        self.counters = {"tokens_generated": 0, "requests": 0, "pushes": 0, "rejected_pushes": 0}
+
+    @classmethod
+    def from_section(cls, sampler_cfg: Any, model_dir: str | pathlib.Path) -> InProcessSampler:
+        """From the trainer's ``sampler`` config section, with the limits a spawned loopback
+        sampler gets (max_model_len, max_n = n, max_head_k = head_k)."""
+        s = sampler_cfg
+        return cls(
+            BackendConfig(
+                model_dir=str(model_dir),
+                dtype="bfloat16" if s.dtype in ("bfloat16", "float16") else "float32",
+                quantization=s.quantization or None,
+                max_model_len=s.max_model_len,
+                max_n=max(1, s.n),
+                max_head_k=max(1, s.head_k),
+                weight_noise=s.weight_noise,
+            )
+        )
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    # -- generate ---------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        slot_ids: list[int] | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[Rollout]:
+        """One Rollout per (prompt, sample); a request the server would refuse raises
+        `RequestError` (before any rollout)."""
+        self._check_open()
+        if slot_ids is None:
+            slot_ids = list(range(len(prompts)))
+        if len(slot_ids) != len(prompts):
+            raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
+        b = self.backend
+        req = pb.GenerateRequest(
+            prompts=[
+                pb.Prompt(slot_id=int(s), token_ids=[int(t) for t in p])
+                for s, p in zip(slot_ids, prompts)
+            ],
+            params=params.to_proto(),
+        )
+        checked, params = validate_generate(
+            req,
+            vocab_size=b.vocab_size,
+            max_model_len=b.cfg.max_model_len,
+            max_n=b.cfg.max_n,
+            max_head_k=b.cfg.max_head_k,
+            max_prompts=MAX_PROMPTS,
+            min_temperature=MIN_TEMPERATURE,
+        )
+        self.counters["requests"] += 1
+        for r in b.generate_sync(request_id or uuid.uuid4().hex, checked, params):
+            self.counters["tokens_generated"] += len(r.response_ids)
+            yield r
+
+    # -- weights ----------------------------------------------------------------------------
+    def push_weights(
+        self,
+        named_tensors: Any,
+        version: int,
+        *,
+        dtype: str = "float32",
+        chunk_bytes: int = 16 << 20,
+        specs: Mapping[str, tuple[int, ...]] | None = None,
+        transport: str = "grpc",
+    ) -> PushResult:
+        """Load ``named_tensors`` ((name, array) pairs, or a callable returning them) as
+        ``version``. Names and shapes must equal the served model's (as a server checks)."""
+        self._check_open()
+        t0 = time.time()
+        items = named_tensors() if callable(named_tensors) else named_tensors
+        if isinstance(items, Mapping):
+            items = items.items()
+        tensors = {name: arr for name, arr in items}
+        expected = self.backend.expected_tensors()
+        got = {n: tuple(a.shape) for n, a in tensors.items()}
+        want = {n: tuple(shape) for n, (shape, _) in expected.items()}
+        if got != want:
+            self.counters["rejected_pushes"] += 1
+            bad = sorted(set(got) ^ set(want)) or sorted(n for n in got if got[n] != want[n])
+            return PushResult(
+                False,
+                self.backend.version,
+                f"push v{version}: tensors differ from the served model's ({bad[:3]})",
+                code="INVALID_ARGUMENT",
+            )
+        with self._push_lock:
+            tmp = pathlib.Path(tempfile.mkdtemp(prefix="dlc_inprocess_push_"))
+            try:
+                shutil.copy(pathlib.Path(self.backend.cfg.model_dir) / "config.json", tmp)
+                st.write_file(tmp / "model.safetensors", tensors)
+                graphdef, state = self.backend.load_weights_dir(str(tmp))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self.backend.set_weights(graphdef, state, int(version))
+            self.counters["pushes"] += 1
+        nbytes = sum(int(a.nbytes) for a in tensors.values())
+        return PushResult(
+            True, int(version), "", bytes=nbytes, seconds=time.time() - t0, transport="inprocess"
+        )
+
+    def push_model(
+        self,
+        model: Any,
+        version: int,
+        *,
+        dtype: str = "float32",
+        chunk_bytes: int = 16 << 20,
+        transport: str = "grpc",
+    ) -> PushResult:
+        """Push an NNX `Qwen3ForCausalLM` (HF names and layout, as a gRPC push sends them)."""
+        from dlc_jax.model import iter_hf_tensors
+
+        np_dtype = st.NP_DTYPES[dtype]
+        return self.push_weights(lambda: iter_hf_tensors(model, dtype=np_dtype), version)
+
+    # -- info / rotation ----------------------------------------------------------------------
+    def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
+        self._check_open()
+        b = self.backend
+        return {
+            "model_config": dict(b.model_config),
+            "version": b.version,
+            "backend": "inprocess",
+            "queue_depth": 0,
+            **self.counters,
+            "vocab_size": b.vocab_size,
+            "max_model_len": b.cfg.max_model_len,
+            "max_n": b.cfg.max_n,
+            "max_head_k": b.cfg.max_head_k,
+            "data_port": 0,
+        }
+
+    def wait_ready(self, timeout: float = 120.0) -> dict:
+        return self.info()
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def report(self) -> list[dict]:
+        return [{"index": 0, "address": self.address, "active": not self._closed, "last_error": ""}]
+
+    def rotation(self) -> list[bool]:
+        return []
+
+    def set_rotation(
+        self, active: list[bool], version: int | None = None, reason: str = "set by caller"
+    ) -> None:
+        if active:
+            raise ValueError(
+                f"set_rotation: a single sampler has no rotation, got {len(active)} flags"
+            )
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SamplerClosed(f"sampler {self.address} is closed")
+
+
+class SamplerClosed(RuntimeError):
+    """A call on a closed `InProcessSampler` (the trainer recovers by making a new one)."""
