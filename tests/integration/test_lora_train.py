@@ -24,8 +24,8 @@ def tiny_dir(tmp_path_factory):
 def test_lora_run_merged_pushes_adapter_checkpoints_and_export(tiny_dir, tmp_path):
     from dlc_jax.lora import adapter_parameter_count, merged_model
     from dlc_jax.model import load_hf
+    from dlc_jax.trainer.build import build_trainer
     from dlc_jax.trainer.export_cli import export_checkpoint
-    from dlc_jax.trainer.loop import Trainer
 
     overrides = [
         f"model.path={tiny_dir}",
@@ -49,7 +49,7 @@ def test_lora_run_merged_pushes_adapter_checkpoints_and_export(tiny_dir, tmp_pat
         "reward.strict_format=(?s).*e.*",
         "lora.rank=4",
     ]
-    t = Trainer(load_config(default_config_path(), overrides))
+    t = build_trainer(load_config(default_config_path(), overrides))
     s = t.run()
     assert s["finished"] and s["resync_count"] == 2
     rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
@@ -81,7 +81,7 @@ def test_lora_run_merged_pushes_adapter_checkpoints_and_export(tiny_dir, tmp_pat
     assert sum(x.size for x in tensors.values()) == n_ckpt
 
     # resume: the adapters come back onto the same base, the sampler gets the merged theta_s
-    t2 = Trainer(load_config(default_config_path(), [*overrides, "train.steps=5"]))
+    t2 = build_trainer(load_config(default_config_path(), [*overrides, "train.steps=5"]))
     assert t2.resumed and t2.state.step == 4
     np.testing.assert_array_equal(
         np.asarray(t2.state.model()(ids)), np.asarray(t.state.model()(ids))
