@@ -65,7 +65,9 @@ class Projection(nnx.Module):
 
     def __call__(self, x):
         k = self.kernel.get_value().astype(self.compute_dtype)
-        return jnp.tensordot(x.astype(self.compute_dtype), k, axes=self.n_in)
+        y = jnp.tensordot(x.astype(self.compute_dtype), k, axes=self.n_in)
+        lora = getattr(self, "lora", None)  # a LoRA adapter (dlc_jax.lora), when one was added
+        return y if lora is None else y + lora(x)
 
 
 class Embedding(nnx.Module):

@@ -119,6 +119,14 @@ class AbstractRun:
     tx: object
     rows: int
     seq_len: int
+    trainable: Any = None  # NNX filter of the trained parameters (LoRA: the adapters); None: all
+
+    @property
+    def trained_params(self):
+        """The trained part of ``params`` (what the optimizer state and theta_s snapshots copy)."""
+        from dlc_jax.trainer.state import split_trainable
+
+        return split_trainable(self.params, self.trainable)[0]
 
 
 def per_chip_bytes(tree) -> int:
@@ -157,8 +165,9 @@ def batch_structs(rows: int, seq_len: int, head_k: int, mesh, packed: bool = Fal
 
 def abstract_run(cfg, mesh) -> AbstractRun:
     """Abstract model, theta_t, optimizer state and worst-case batch of ``cfg`` on ``mesh``."""
+    from dlc_jax.lora import apply_lora, trainable_filter
     from dlc_jax.model.abstract import abstract_model, abstract_params
-    from dlc_jax.trainer.state import make_optimizer, opt_state_shardings
+    from dlc_jax.trainer.state import make_optimizer, opt_state_shardings, split_trainable
 
     qcfg = model_config(cfg.model)
     model = abstract_model(
@@ -168,13 +177,19 @@ def abstract_run(cfg, mesh) -> AbstractRun:
         compute_dtype=DTYPES[cfg.model.compute_dtype],
         remat=qcfg.remat_policy,
     )
+    lora = getattr(cfg, "lora", None)
+    trainable = None
+    if lora is not None and lora.enabled:  # adapters as the trainer adds them; only they train
+        apply_lora(model, lora)
+        trainable = trainable_filter(lora)
     graphdef, params = abstract_params(model, mesh)
-    shardings = jax.tree.map(lambda x: x.sharding, params)
+    trained = split_trainable(params, trainable)[0]
+    shardings = jax.tree.map(lambda x: x.sharding, trained)
     tx = make_optimizer(cfg.optim, cfg.train.steps)
-    opt_sh = opt_state_shardings(tx, params, shardings, mesh)
+    opt_sh = opt_state_shardings(tx, trained, shardings, mesh)
     opt_state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        jax.eval_shape(tx.init, params),
+        jax.eval_shape(tx.init, trained),
         opt_sh,
     )
     rows = cfg.train.batch_prompts * cfg.sampler.n
@@ -199,6 +214,7 @@ def abstract_run(cfg, mesh) -> AbstractRun:
         tx=tx,
         rows=rows,
         seq_len=seq_len,
+        trainable=trainable,
     )
 
 

@@ -116,6 +116,7 @@ def compile_run(run, step_cfg) -> dict[str, ProgramReport]:
         mesh=run.mesh,
         param_shardings=param_sh,
         opt_shardings=opt_sh,
+        trainable=run.trainable,
     )
     snap = make_snapshot_logprobs(run.graphdef, step_cfg)
     return {

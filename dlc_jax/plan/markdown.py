@@ -28,7 +28,8 @@ def _row(r: dict) -> dict:
     c, t = r["config"], r["topology"]
     step = r["programs"]["train_step"]
     return {
-        "model": c["model"].rstrip("/").split("/")[-1],
+        "model": c["model"].rstrip("/").split("/")[-1]
+        + (f" + LoRA r{c['lora_rank']}" if c.get("lora_rank") else ""),
         "topology": t["name"],
         "rows x tokens": f"{c['rows']} x {c['seq_len']:,}",
         "micro-batches": str(c["micro_batches"]),

@@ -5,7 +5,8 @@ HBM per chip while training (bytes on one chip; shardings decide the share):
 
 * during the train step: the step program's peak (arguments = theta_t + optimizer state + batch,
   outputs = new theta_t + optimizer state + metrics, temporaries) + the theta_s snapshots
-  (``resync.max_snapshots`` copies of the parameters);
+  (``resync.max_snapshots`` copies of the trained parameters: under ``lora.rank`` > 0 the adapters
+  alone, whose optimizer state is also all the optimizer state there is);
 * during the theta_s forward: theta_t + optimizer state + the snapshots + the batch + the forward's
   outputs and temporaries (its log-prob chunks of ``chunk_size`` positions x vocabulary logits).
 
@@ -67,7 +68,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     params_b = per_chip_bytes(run.params)
     opt_b = per_chip_bytes(run.opt_state)
     batch_b = per_chip_bytes(run.batch)
-    snaps_b = cfg.resync.max_snapshots * params_b
+    snaps_b = cfg.resync.max_snapshots * per_chip_bytes(run.trained_params)  # LoRA: adapters
     resident = params_b + opt_b + snaps_b + batch_b
     step_total = resident + step.oom_required_bytes if step.oom else snaps_b + step.peak_bytes
     snap_extra = snap.oom_required_bytes if snap.oom else snap.output_bytes + snap.temp_bytes
@@ -118,6 +119,8 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
             "max_snapshots": cfg.resync.max_snapshots,
             "params": param_count(run.params),
             **_family_fields(run.qcfg),
+            "trained_params": param_count(run.trained_params),
+            "lora_rank": cfg.lora.rank,
         },
         "topology": {
             "name": topo.name,

@@ -291,7 +291,7 @@ def state_tree(state: TrainState, snapshots: dict | None = None) -> dict:
     str(version)."""
     snaps = state.snapshots if snapshots is None else snapshots
     return {
-        "params": state.params,
+        "params": state.trainable_params(),  # LoRA: the adapters alone
         "opt_state": state.opt_state,
         "snapshots": {str(v): p for v, p in snaps.items()},
     }
@@ -331,14 +331,14 @@ def restore_train_state(
                 check_meta(meta)
             versions = [int(v) for v in meta["snapshot_versions"]]
             tree = ckpt.restore_state(
-                state_tree(state, {v: state.params for v in versions}), step, meta=meta
+                state_tree(state, {v: state.trainable_params() for v in versions}), step, meta=meta
             )
         except (CheckpointError, KeyError, TypeError, ValueError) as e:
             msg = str(e) if isinstance(e, CheckpointError) else f"metadata lacks {e}"
             refused.append((step, msg))
             logger.warning("%s; trying an older checkpoint", one_line(msg, 400))
             continue
-        state.params, state.opt_state = tree["params"], tree["opt_state"]
+        state.params, state.opt_state = state.with_trainable(tree["params"]), tree["opt_state"]
         state.snapshots = {int(v): p for v, p in tree["snapshots"].items()}
         state.step, state.synced_version = int(meta["step"]), int(meta["synced_version"])
         if refused:  # out of the way of later saves of the same steps and of later resumes

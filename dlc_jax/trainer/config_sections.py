@@ -16,6 +16,7 @@ from typing import Literal
 from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
 from dlc_jax.env.config import EnvConfig
+from dlc_jax.lora.config import LoraConfig
 from dlc_jax.model.config import ATTENTION_IMPLS, REMAT_POLICIES
 from dlc_jax.model.routing import MoeSection
 from dlc_jax.model.sharding import MeshConfig
@@ -318,6 +319,7 @@ class TrainConfig:
     plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)  # dlc-jax plan defaults
     moe: MoeSection = dataclasses.field(default_factory=MoeSection)  # mixture-of-experts options
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)  # multi-turn (dlc_jax.env)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # LoRA RL (rank 0: off)
 
     def to_dict(self) -> dict:
         return to_dict(self)

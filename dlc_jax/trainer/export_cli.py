@@ -54,6 +54,12 @@ def _parser() -> ArgumentParser:
         action="store_true",
         help="replace a non-empty --out directory (default: refuse)",
     )
+    p.add_argument(
+        "--lora",
+        choices=("merged", "adapter"),
+        default="merged",
+        help="a LoRA run's checkpoint: the merged HF model, or the adapter alone (PEFT layout)",
+    )
     return p
 
 
@@ -154,6 +160,20 @@ def _short(e: BaseException) -> str:
     return str(e).split(" See full TensorStore details")[0]
 
 
+def _write_into_place(out_path: Path, write) -> None:
+    """``write(tmp)`` into a directory beside ``out_path``, renamed into place when complete: a
+    failed export leaves no directory (and an existing ``out_path`` untouched)."""
+    tmp = out_path.parent / f".{out_path.name}.export-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        if out_path.exists():
+            shutil.rmtree(out_path)
+        tmp.rename(out_path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def export_checkpoint(
     ckpt_dir,
     out_dir,
@@ -163,6 +183,7 @@ def export_checkpoint(
     model_dir=None,
     max_shard_bytes: int = 2 * 1024**3,
     overwrite: bool = False,
+    lora: str = "merged",
 ) -> tuple[int, Path]:
     """Write theta_t of checkpoint `step` (latest when None) as an HF directory; returns (step,
     out_dir). Verified first (module doc); a non-empty `out_dir` needs `overwrite`."""
@@ -188,6 +209,27 @@ def export_checkpoint(
         ck.close()
     step = int(meta["step"])
     model_dir = Path(model_dir) if model_dir else model_dir_from_meta(meta)
+    if meta.get("lora_base_fingerprint"):  # a LoRA run: adapters only, on the run's base
+        from dlc_jax.lora.export import export_lora_checkpoint
+
+        jdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+
+        def write_lora(tmp: Path) -> None:
+            try:
+                export_lora_checkpoint(
+                    ckpt_dir,
+                    tmp,
+                    meta,
+                    model_dir,
+                    dtype=jdt,
+                    fmt=lora,
+                    max_shard_bytes=max_shard_bytes,
+                )
+            except ValueError as e:  # wrong base, no adapters, bad --lora
+                raise ExportError(str(e)) from e
+
+        _write_into_place(out_path, write_lora)
+        return step, out_path
     run_model = meta.get("config", {}).get("model", {})
     pd = run_model.get("param_dtype", "float32")
     if pd not in _DTYPES:
@@ -206,21 +248,15 @@ def export_checkpoint(
     step, restored = restore_params(ckpt_dir, step, abstract_params, meta)
     model = nnx.merge(graphdef, restored, *rest)
     model.hf_source = str(model_dir)
-    # written beside --out, renamed into place when complete: a failed export leaves no directory
-    tmp = out_path.parent / f".{out_path.name}.export-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        save_hf(
+    _write_into_place(
+        out_path,
+        lambda tmp: save_hf(
             model,
             tmp,
             dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype],
             max_shard_bytes=max_shard_bytes,
-        )
-        if out_path.exists():
-            shutil.rmtree(out_path)
-        tmp.rename(out_path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        ),
+    )
     return step, out_path
 
 
@@ -238,6 +274,7 @@ def cli(argv: list[str]) -> int:
         model_dir=a.model,
         max_shard_bytes=int(a.max_shard_gb * 1024**3),
         overwrite=a.overwrite,
+        lora=a.lora,
     )
     print(f"exported step {step} of {a.checkpoint} to {out} ({a.dtype})")
     return 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,13 @@ from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.env.trainer_hook import make_env_sampler
 from dlc_jax.errors import UserError
+from dlc_jax.lora import (
+    adapter_parameter_count,
+    apply_lora,
+    base_fingerprint,
+    merged_model,
+    trainable_filter,
+)
 from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
@@ -135,11 +142,26 @@ class Trainer:
         self.mesh = dist.make_training_mesh(cfg.mesh)
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
         model = load_train_model(cfg, self.model_dir, self.mesh)
+        adapted = apply_lora(model, cfg.lora)  # lora.rank > 0: adapters, the only trainable part
         self.tx = make_optimizer(cfg.optim, cfg.train.steps)
         self.schedule = make_schedule(cfg.optim, cfg.train.steps)
         self.state = TrainState.create(
-            model, self.tx, max_snapshots=cfg.resync.max_snapshots, mesh=self.mesh
+            model,
+            self.tx,
+            max_snapshots=cfg.resync.max_snapshots,
+            mesh=self.mesh,
+            trainable=trainable_filter(cfg.lora),
         )
+        # what the sampler gets for a trained module (LoRA: base + delta, a full model)
+        self.serve: Callable[[Any], Any] = merged_model if adapted else (lambda m: m)
+        base_fp = base_fingerprint(self.state.params) if adapted else None
+        if adapted:
+            logger.info(
+                "lora: rank %d adapters on %d projections (%s parameters trained)",
+                cfg.lora.rank,
+                len(adapted),
+                f"{adapter_parameter_count(model):,}",
+            )
         self.policy = make_policy(cfg.resync)
         s = cfg.sampler
         self.step_cfg = StepConfig(
@@ -159,7 +181,9 @@ class Trainer:
                 param_shardings=jax.tree.map(lambda x: x.sharding, self.state.params),
                 opt_shardings=jax.tree.map(lambda x: x.sharding, self.state.opt_state),
             )
-        self.train_step = make_train_step(self.state.graphdef, self.tx, self.step_cfg, **shard)
+        self.train_step = make_train_step(
+            self.state.graphdef, self.tx, self.step_cfg, trainable=self.state.trainable, **shard
+        )
         snapshot_lp = make_snapshot_logprobs(self.state.graphdef, self.step_cfg)
         self.rewards = rewards
         self.inputs = StepInputs(
@@ -196,7 +220,7 @@ class Trainer:
             allows_prefetch=self.policy.allows_prefetch,
             env=self.env,
         )
-        self.checkpoints = RunCheckpoints(cfg, self._checkpoint_meta)
+        self.checkpoints = RunCheckpoints(cfg, self._checkpoint_meta, base_fingerprint=base_fp)
         self._metrics: MetricsLogger | None = None
         self.hooks = Hooks()
         if self.evaluator is not None:
@@ -259,7 +283,8 @@ class Trainer:
             self.link.connect()
             if self.resumed:
                 v = self.state.synced_version
-                self.link.push_retrying(v, lambda: self.state.model_at(v), reason="resume")
+                served = lambda: self.serve(self.state.model_at(v))  # noqa: E731
+                self.link.push_retrying(v, served, reason="resume")
         except BaseException:
             self.link.close()
             raise
@@ -421,7 +446,7 @@ class Trainer:
     def _resync(self, reason: str) -> None:
         """Push theta_t as a new sampler version and snapshot it as theta_s."""
         st = self.state
-        self.link.push_retrying(st.version, st.model, reason)
+        self.link.push_retrying(st.version, lambda: self.serve(st.model()), reason)
         st.snapshot()
         keep = self.batches.versions_in_flight()
         st.prune(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dlc_jax.lora.base_check import base_meta, check_base
 from dlc_jax.trainer.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -54,9 +55,12 @@ class RunCheckpoints:
     ``meta_fn``: ``() -> dict``, what the run adds to a checkpoint's metadata now (``data_state``,
     ``counters``, ``dropped_stale``)."""
 
-    def __init__(self, cfg: TrainConfig, meta_fn: Callable[[], dict]):
+    def __init__(
+        self, cfg: TrainConfig, meta_fn: Callable[[], dict], *, base_fingerprint: str | None = None
+    ):
         c = cfg.checkpoint
         self.cfg = cfg
+        self.base_fingerprint = base_fingerprint  # LoRA: checkpoints hold adapters of this base
         self.ckpt = Checkpointer(c.dir, keep=c.keep, every=c.every)
         self.meta_fn = meta_fn
 
@@ -79,6 +83,7 @@ class RunCheckpoints:
             "seed": self.cfg.train.seed,
             "config": to_dict(self.cfg),
             "config_fingerprint": fingerprint(to_dict(self.cfg)),
+            **base_meta(self.base_fingerprint),
         }
         try:
             return save_train_state(self.ckpt, state, meta, force=force)
@@ -109,13 +114,13 @@ class RunCheckpoints:
         if self.ckpt.latest_step() is None:
             return None
         current = to_dict(self.cfg)
-        meta = restore_train_state(
-            self.ckpt,
-            state,
-            check_meta=lambda m: check_resume_config(
-                m, current, allow_change=c.allow_config_change, where=str(self.ckpt.directory)
-            ),
-        )
+        where = str(self.ckpt.directory)
+
+        def check_meta(m: dict) -> None:
+            check_resume_config(m, current, allow_change=c.allow_config_change, where=where)
+            check_base(m, self.base_fingerprint, where)  # LoRA: adapters of this very base
+
+        meta = restore_train_state(self.ckpt, state, check_meta=check_meta)
         logger.info(
             "resumed from %s at step %d (sampler version %d)",
             self.ckpt.directory,

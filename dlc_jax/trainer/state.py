@@ -124,8 +124,11 @@ class TrainState:
     step: optimizer steps done. The weight version of theta_t is its step count (``version``), so
     version lag = optimizer steps of staleness; ``synced_version`` is what the sampler last
     received.
-    snapshots: {version: params} for versions the sampler may still be producing rollouts with;
-    max_snapshots: bound on len(snapshots) (oldest dropped first).
+    snapshots: {version: trainable params} for versions the sampler may still be producing
+    rollouts with; max_snapshots: bound on len(snapshots) (oldest dropped first).
+    trainable: an NNX filter of the trained parameters (None: all of them). The rest is frozen:
+    no optimizer state, shared by theta_t and every theta_s (the snapshots hold the trainable part
+    only: under LoRA, the adapters).
     """
 
     graphdef: Any
@@ -135,15 +138,17 @@ class TrainState:
     snapshots: dict = dataclasses.field(default_factory=dict)
     max_snapshots: int = 4
     synced_version: int = 0
+    trainable: Any = None
 
     @classmethod
-    def create(cls, model, tx, *, max_snapshots: int = 4, mesh=None) -> TrainState:
-        """Split ``model`` and init the optimizer. With ``mesh``, optimizer leaves not derived from
-        a
-        sharded param (e.g. step counts) are replicated over the mesh."""
+    def create(cls, model, tx, *, max_snapshots: int = 4, mesh=None, trainable=None) -> TrainState:
+        """Split ``model`` and init the optimizer over the ``trainable`` parameters (an NNX filter;
+        None: all). With ``mesh``, optimizer leaves not derived from a sharded param (e.g. step
+        counts) are replicated over the mesh."""
         from flax import nnx
 
         graphdef, params = nnx.split(model, nnx.Param)
+        full, params = params, split_trainable(params, trainable)[0]
         if mesh is None:
             opt_state = jax.jit(tx.init)(params)
         else:  # Adam moments sharded like their params (jit alone leaves them on one device)
@@ -154,7 +159,13 @@ class TrainState:
             out = opt_state_shardings(tx, params, jax.tree.map(on_mesh, params), mesh)
             opt_state = jax.jit(tx.init, out_shardings=out)(params)
             opt_state = place_on_mesh(opt_state, mesh)
-        st = cls(graphdef=graphdef, params=params, opt_state=opt_state, max_snapshots=max_snapshots)
+        st = cls(
+            graphdef=graphdef,
+            params=full,
+            opt_state=opt_state,
+            max_snapshots=max_snapshots,
+            trainable=trainable,
+        )
         st.snapshot()
         return st
 
@@ -176,7 +187,7 @@ class TrainState:
 
     def snapshot(self) -> None:
         """Record theta_t as the sampler's weights for ``self.version`` (theta_s <- theta_t)."""
-        self.snapshots[self.version] = copy_tree(self.params)
+        self.snapshots[self.version] = copy_tree(self.trainable_params())
         self.synced_version = self.version
         self.prune()
 
@@ -201,4 +212,32 @@ class TrainState:
                 f"{sorted(self.snapshots)}); "
                 f"raise resync.max_snapshots or use resync.stale_rollouts=drop"
             )
-        return self.snapshots[version]
+        return self.with_trainable(self.snapshots[version])
+
+    def trainable_params(self):
+        """The trained part of theta_t (all of it without a ``trainable`` filter)."""
+        return split_trainable(self.params, self.trainable)[0]
+
+    def with_trainable(self, trained):
+        """Full parameters: ``trained`` (a trainable part) joined with the frozen part."""
+        return join_trainable(trained, split_trainable(self.params, self.trainable)[1])
+
+
+def split_trainable(params, trainable):
+    """(trainable part, frozen part) of an ``nnx.State``; (params, None) when ``trainable`` is
+    None (every parameter trains)."""
+    if trainable is None:
+        return params, None
+    from flax import nnx
+
+    train, frozen = nnx.split_state(params, trainable, ...)
+    return train, frozen
+
+
+def join_trainable(train, frozen):
+    """Inverse of :func:`split_trainable` (no copies: the same arrays in one State)."""
+    if frozen is None:
+        return train
+    from flax import nnx
+
+    return nnx.merge_state(train, frozen)

@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dlc_jax.rl import LossInputs, compute_loss, resync_decision, step_metrics, token_logprobs
-from dlc_jax.trainer.state import apply_updates
+from dlc_jax.trainer.state import apply_updates, join_trainable, split_trainable
 
 STEP_KEYS = (
     "input_ids",
@@ -153,7 +153,8 @@ def make_snapshot_logprobs(graphdef, cfg: StepConfig):
     return fn
 
 
-def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig):
+def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig, frozen=None):
+    params = join_trainable(params, frozen)  # a LoRA base: frozen, joined for the forward
     moe = "routed_experts" in mb or cfg.load_balance_loss > 0
     tl, routing = (
         policy_logprobs(graphdef, params, mb, cfg, with_routing=True)
@@ -230,18 +231,20 @@ def merge_micro_batches(x):
 _SUMMED_LOSS_METRICS = ("loss", "nonfinite_tokens", "valid_tokens")
 
 
-def accumulate_grads(params, graphdef, batch: dict, cfg: StepConfig):
+def accumulate_grads(params, graphdef, batch: dict, cfg: StepConfig, frozen=None):
     """Gradients summed over ``cfg.micro_batches`` micro-batches with ``jax.lax.scan`` (one compiled
     body; only one micro-batch's activations live at a time), normalized by the whole batch's token
     count. Returns ``(grads, loss_metrics, lp, lp_s, entropy, lp_head)`` with per-token arrays in
     the batch's row order; loss metrics are summed ('loss', token counts) or averaged over
-    micro-batches."""
+    micro-batches. With ``frozen`` (the parameters that do not train, e.g. a LoRA base), the
+    gradients are of ``params`` alone."""
     m = cfg.micro_batches
     num_tokens = jnp.sum(batch["mask"])
     grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
 
     def body(grads, mb):
-        (_, (lm, lp, lp_s, ent, lp_head)), g = grad_fn(params, graphdef, mb, num_tokens, cfg)
+        out, g = grad_fn(params, graphdef, mb, num_tokens, cfg, frozen)
+        lm, lp, lp_s, ent, lp_head = out[1]
         lm = {k: jnp.asarray(v, jnp.float32) for k, v in lm.items()}
         return jax.tree.map(jnp.add, grads, g), (lm, lp, lp_s, ent, lp_head)
 
@@ -261,16 +264,43 @@ def accumulate_grads(params, graphdef, batch: dict, cfg: StepConfig):
 
 
 def make_train_step(
-    graphdef, tx, cfg: StepConfig, *, mesh=None, param_shardings=None, opt_shardings=None
+    graphdef,
+    tx,
+    cfg: StepConfig,
+    *,
+    mesh=None,
+    param_shardings=None,
+    opt_shardings=None,
+    trainable=None,
 ):
     """Jitted ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
 
     With ``mesh``: explicit shardings — params/opt state on ``param_shardings``/``opt_shardings``
     (as loaded), batch rows over the ('data', 'fsdp') axes, metrics replicated.
+    With ``trainable`` (an NNX filter, e.g. LoRA's adapters; ``opt_state`` is over those alone):
+    only that part of ``params`` gets gradients and updates; the frozen rest is an input of the
+    jitted step but not an output (so it is never copied), split off and joined back outside jit.
     """
+    step = _train_step_body(graphdef, tx, cfg)
+    if trainable is not None:
+        return _partial_train_step(step, mesh, param_shardings, opt_shardings, trainable)
+    if mesh is None:
+        return jax.jit(step)
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
+    repl = NamedSharding(mesh, P())
+    return jax.jit(
+        step,
+        in_shardings=(param_shardings, opt_shardings, rows),  # every batch array: rows sharded
+        out_shardings=(param_shardings, opt_shardings, repl),
+    )
 
-    def step(params, opt_state, batch):
-        grads, lm, lp, lp_s, ent, lp_head = accumulate_grads(params, graphdef, batch, cfg)
+
+def _train_step_body(graphdef, tx, cfg: StepConfig):
+    """The step ``(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)``
+    before jit (``frozen``: parameters without gradient, see :func:`make_train_step`)."""
+
+    def step(params, opt_state, batch, frozen=None):
+        grads, lm, lp, lp_s, ent, lp_head = accumulate_grads(params, graphdef, batch, cfg, frozen)
         lr_scale = lm.get("lr_scale", 1.0)
         gnorm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
         params, opt_state = apply_updates(tx, params, opt_state, grads, lr_scale)
@@ -294,15 +324,42 @@ def make_train_step(
         )
         return params, opt_state, metrics
 
+    return step
+
+
+class _PartialStep:
+    """``(params, opt_state, batch) -> (params, opt_state, metrics)`` updating only the trainable
+    part of ``params``: split on host, ``jitted(train, opt_state, batch, frozen)``, joined on
+    host. ``lower`` takes the same arguments as the call (for ahead-of-time compiles)."""
+
+    def __init__(self, jitted, trainable):
+        self.jitted, self.trainable = jitted, trainable
+
+    def _args(self, params, opt_state, batch):
+        train, frozen = split_trainable(params, self.trainable)
+        return (train, opt_state, batch, frozen), frozen
+
+    def __call__(self, params, opt_state, batch):
+        args, frozen = self._args(params, opt_state, batch)
+        train, opt_state, metrics = self.jitted(*args)
+        return join_trainable(train, frozen), opt_state, metrics
+
+    def lower(self, params, opt_state, batch):
+        return self.jitted.lower(*self._args(params, opt_state, batch)[0])
+
+
+def _partial_train_step(step, mesh, param_shardings, opt_shardings, trainable):
     if mesh is None:
-        return jax.jit(step)
+        return _PartialStep(jax.jit(step), trainable)
     rows = NamedSharding(mesh, P(("data", "fsdp")))
     repl = NamedSharding(mesh, P())
-    return jax.jit(
+    train_sh, frozen_sh = split_trainable(param_shardings, trainable)
+    jitted = jax.jit(
         step,
-        in_shardings=(param_shardings, opt_shardings, rows),  # every batch array: rows sharded
-        out_shardings=(param_shardings, opt_shardings, repl),
+        in_shardings=(train_sh, opt_shardings, rows, frozen_sh),
+        out_shardings=(train_sh, opt_shardings, repl),
     )
+    return _PartialStep(jitted, trainable)
 
 
 def device_batch(batch: dict, mesh=None) -> dict:
