@@ -128,7 +128,9 @@ def test_episode_across_a_resync_is_trained_with_both_theta_s(tiny_dir):
     arr = pack_rollouts(warm, seq_len=16, head_k=K).arrays()
     arr["adv"] = rng.normal(size=8).astype(np.float32)
     dev0, _ = _inputs(snap).device_inputs(arr, st)
-    st.params, st.opt_state, _ = step(st.params, st.opt_state, {k: dev0[k] for k in STEP_KEYS})
+    st.params, st.opt_state, _ = step(
+        st.params, st.opt_state, {k: dev0[k] for k in STEP_KEYS if k in dev0}
+    )
     st.step = 1
     assert st.version == 1 and 0 in st.snapshots
     # episodes whose first turn was sampled under version 0 and second under version 1
