@@ -15,13 +15,18 @@ from dlc_jax.trainer import writers
 
 @pytest.fixture
 def no_wandb_env(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
+    # wandb keeps a process-wide singleton whose settings (an earlier test's offline mode among
+    # them) a later wandb.init inherits: start each test from a fresh one
+    wandb.teardown()
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))  # absent: no `wandb login`
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    yield
+    wandb.teardown()
 
 
 def test_no_key_logs_offline_with_one_line(no_wandb_env, tmp_path, caplog):
