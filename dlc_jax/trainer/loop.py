@@ -31,6 +31,8 @@ processes' logs).
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -247,8 +249,11 @@ class Trainer:
         metrics = self._metrics = self._start()
         t0 = time.time()
         finished = interrupted = False
+        restore_sigint = self._catch_sigint()
         try:
             while self.state.step < self.cfg.train.steps:
+                if self._sigint:  # a Ctrl-C whose KeyboardInterrupt was swallowed (a gc callback)
+                    raise KeyboardInterrupt
                 index = self.state.step
                 self._resync_if_too_stale()
                 self.batches.open(index)
@@ -259,12 +264,15 @@ class Trainer:
                     continue
                 self._partial_row = None
                 self.hooks.run(StepInfo(self.state.step, row, self._samples))
+            if self._sigint:
+                raise KeyboardInterrupt
             finished = True
         except KeyboardInterrupt:
             interrupted = True
             if self._partial_row is not None:  # stepped, then interrupted before its row
                 metrics.log(self.state.step, dict(self._partial_row, interrupted=1))
         finally:
+            restore_sigint()
             summary = self._finish(metrics, finished, time.time() - t0)
         if interrupted:
             logger.warning(
@@ -276,6 +284,21 @@ class Trainer:
             )
             raise KeyboardInterrupt
         return summary
+
+    def _catch_sigint(self):
+        """Ctrl-C raises KeyboardInterrupt as Python's default handler does, and also records it:
+        an interrupt that lands in a callback that swallows exceptions (JAX's gc callback) still
+        stops the run at the next step boundary. Main thread only; returns the restorer."""
+        self._sigint = False
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_sigint(signum, frame):
+            self._sigint = True
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGINT, on_sigint)
+        return lambda: signal.signal(signal.SIGINT, old)
 
     def _start(self) -> MetricsLogger:
         """Connect the sampler (giving it the resumed weights) and open the metrics outputs."""
