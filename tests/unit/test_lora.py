@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from step_helpers import random_step_batch
 
 from dlc_jax.lora import (
     LoraConfig,
@@ -20,8 +21,6 @@ from dlc_jax.lora import (
 from dlc_jax.model.config import Qwen3Config
 from dlc_jax.model.qwen3 import Qwen3ForCausalLM
 from dlc_jax.rl import LossConfig
-from dlc_jax.sampler.types import Rollout
-from dlc_jax.trainer.batching import pack_rollouts
 from dlc_jax.trainer.config import OptimSection
 from dlc_jax.trainer.state import TrainState, make_optimizer
 from dlc_jax.trainer.step import StepConfig, device_batch, make_train_step
@@ -102,33 +101,7 @@ def test_bad_targets_and_options_name_the_key():
 
 
 def _batch(vocab, b=8, k=4, seed=0):
-    rng = np.random.default_rng(seed)
-    rolls = []
-    for i in range(b):
-        p, t = 3 + i % 3, 2 + (i * 5) % 5
-        lq = np.log(rng.dirichlet(np.ones(k + 1), size=t)[:, :k]).astype(np.float32)
-        head = rng.choice(vocab, size=(t, k), replace=True).astype(np.int32)
-        rolls.append(
-            Rollout(
-                prompt_ids=rng.integers(0, vocab, p).astype(np.int32),
-                response_ids=head[:, 0].copy(),
-                logprobs=lq[:, 0].copy(),
-                head_ids=head,
-                head_logprobs=lq,
-                finish_reason="length",
-                version_spans=[(0, 0, t)],
-                slot_id=i // 2,
-                sample_index=i % 2,
-            )
-        )
-    arr = pack_rollouts(rolls, seq_len=16, head_k=k).arrays()
-    arr.update(
-        adv=rng.normal(size=b).astype(np.float32),
-        lp_s=np.zeros_like(arr["lp_q"]),
-        lps_head=np.zeros_like(arr["lq_head"]),
-        self_mask=np.ones(arr["mask"].shape, bool),
-    )
-    return device_batch(arr)
+    return device_batch(random_step_batch(vocab, b, k, seed))
 
 
 def _lora_state(rank=4, lr=1e-2):
