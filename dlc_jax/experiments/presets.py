@@ -241,6 +241,7 @@ TINY = dataclasses.replace(
     own_prefix_scenarios=("collapse",),
     overrides=TINY_OVERRIDES + ("train.batch_prompts=32", "optim.lr=5e-05"),
     heldout=HeldoutConfig(every_checkpoint=False),  # the final accuracy; the curve costs 4x
+    notes=(),
 )
 TINY_MORE = dataclasses.replace(TINY, name="tiny_more", scenarios=TINY_MORE_SCENARIOS)
 

@@ -20,6 +20,7 @@ from dlc_jax.experiments.evidence import (
     summary_json,
     write_summary,
 )
+from dlc_jax.experiments.matrix import run_specs
 from dlc_jax.experiments.plots import plot_crossings, plot_noise, plot_scenario
 from dlc_jax.experiments.results import NoiseThreshold, RunResult, load_results
 
@@ -79,9 +80,7 @@ def _header(
     )
     expected = None
     if preset is not None:
-        expected = len(preset.onpolicy_seeds) + len(preset.arms) * len(preset.scenarios) * len(
-            preset.seeds
-        )
+        expected = len(run_specs(preset))
         sc_desc = "; ".join(
             f"`{s.name}`: sync {s.sync}"
             + (f" every {s.sync_k}" if s.sync == "every_k" else "")
