@@ -15,8 +15,9 @@ slices, `fanout.fan_out`); the part outcomes are all-gathered; process 0 then co
 the samplers where every part was accepted (the sampler applies it only if all parts arrived and
 every tensor's slices tile it exactly, `dlc_jax.sampler.sliced_push`) and broadcasts the outcome,
 so every process returns the same result and a pool settles the same rotation everywhere. Sliced
-pushes go as gRPC chunks, directly to each sampler (no socket data plane, no relay; samplers out of
-rotation are not probed for readmission here).
+pushes go as gRPC chunks, directly to each sampler (no socket data plane, no relay); the target
+samplers are process 0's choice (a pool's rotation, plus reachable out-of-rotation samplers when it
+readmits).
 """
 
 from __future__ import annotations
@@ -97,10 +98,15 @@ def push_shards(
 
     pool = sampler if isinstance(sampler, SamplerPool) else None
     clients = list(pool.clients) if pool is not None else [sampler]
-    targets = [i for i, a in enumerate(pool.rotation()) if a] if pool is not None else [0]
-    if pool is not None and not targets:
-        raise NoActiveSamplerError(pool.rot.why_none())
     nproc, me = jax.process_count(), jax.process_index()
+    targets = [0]
+    if pool is not None:  # process 0's choice (in rotation, or reachable when the pool readmits)
+        mine = set(pool._push_targets()) if me == 0 else set()
+        mask = np.asarray([int(i in mine) for i in range(len(clients))], np.int32)
+        mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
+        targets = [i for i, a in enumerate(mask) if a]
+        if not targets:
+            raise NoActiveSamplerError(pool.rot.why_none())
     gid = np.asarray(secrets.randbits(62), np.int64)
     group = f"{int(np.asarray(multihost_utils.broadcast_one_to_all(gid))):016x}-v{version}"
     names_shapes = list(hf_param_shapes(model.config).items())
@@ -144,8 +150,8 @@ def push_shards(
         failed = [p for p in range(nproc) if not every[p, k]]
         if failed:
             why = f"parts of processes {failed} were refused"
-            mine = parts[i].message if me in failed else ""
-            msg = f"{why}{': ' + mine if mine else ''}; group not committed"
+            own = parts[i].message if me in failed else ""
+            msg = f"{why}{': ' + own if own else ''}; group not committed"
         elif i in commits:
             msg = commits[i].message
         else:
