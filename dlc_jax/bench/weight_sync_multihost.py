@@ -184,6 +184,35 @@ def multihost_rows(cfg, tmp: pathlib.Path, processes: int = 2, devices: int = 4)
     return {"rows": rows, "results": results, "load": os.getloadavg()[0]}
 
 
+def add_multihost_part(res: dict, mh: dict) -> None:
+    """Add `multihost_rows`' rows, summary, target (max bytes out of one process / the model's
+    bytes <= 0.6) and note to the weight_sync result `res`."""
+    from dlc_jax.bench import common
+    from dlc_jax.bench.weight_sync_bench import COLUMNS
+
+    for r in mh["rows"]:
+        res["rows"].append({k: r.get(k) for k in COLUMNS})
+    res["multihost"] = mh
+    worst = max(r["egress_vs_model"] for r in mh["rows"])
+    res["summary"]["multihost_max_egress_vs_model"] = worst
+    res["targets"].append(
+        common.target(
+            f"multihost push ({len(mh['rows'])} processes): max bytes out of one process / "
+            "model bytes",
+            worst,
+            0.6,
+            "<=",
+        )
+    )
+    res["notes"].append(
+        f"multihost push: {len(mh['rows'])} trainer processes x 4 fake CPU devices "
+        "(jax.distributed on loopback, mesh fsdp x tensor=2), each sends only the shards it holds "
+        "(replica 0), process 0 commits; bytes out per process "
+        + ", ".join(f"{r['egress_vs_model']:.3f}" for r in mh["rows"])
+        + f" of the model; its seconds ran at load {mh['load']:.2f} (bytes are load-independent)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--address", required=True)

@@ -1,7 +1,9 @@
 """The Sampler gRPC service (`SamplerService`): bearer-token auth on every call, Generate
 (validated requests; a rollout with NaN log-probs is never sent, the call fails INTERNAL), weight
 pushes (serialized by a lock taken only once a header arrived, received by `push_session`, applied
-only on Commit; any failure or disconnect discards the staging and keeps the old weights),
+only on Commit; any failure or disconnect discards the staging and keeps the old weights; a
+sliced push from several senders is staged across its part streams and applied by a group commit,
+`sliced_push`),
 LoadWeights (off unless `load_root` is set; `load_checks`) and Info. `add_sampler_service`
 registers it with PushWeights requests decoded zero-copy by `chunk_wire`.
 """

@@ -69,3 +69,19 @@ def test_two_processes_push_their_own_shards(tiny_dir, tmp_path):
     r = rollouts[0]
     lp_old, _ = processed_logprobs(old, r.prompt_ids, r.response_ids, temperature=1.0)
     assert float(np.max(np.abs(lp_old - r.logprobs))) > 100 * TOL
+
+
+def test_weight_sync_bench_multihost_rows(tmp_path):
+    import dataclasses
+
+    from dlc_jax.bench import weight_sync_bench as wsb
+    from dlc_jax.bench.weight_sync_multihost import add_multihost_part, multihost_rows
+
+    cfg = dataclasses.replace(wsb.SIZES["tiny"], push_dtype="bfloat16", multihost=True)
+    mh = multihost_rows(cfg, tmp_path)
+    assert [r["ok"] for r in mh["results"]] == [True, True]
+    shares = [r["egress_vs_model"] for r in mh["rows"]]
+    assert abs(sum(shares) - 1.0) < 1e-9 and max(shares) <= 0.6, shares
+    res = {"rows": [], "summary": {}, "targets": [], "notes": []}
+    add_multihost_part(res, mh)
+    assert res["targets"][0]["met"] and len(res["rows"]) == 2
