@@ -97,6 +97,10 @@ def push_shards(
     from dlc_jax.model import hf_param_shapes
 
     pool = sampler if isinstance(sampler, SamplerPool) else None
+    if pool is None and not hasattr(sampler, "push_messages"):
+        raise TypeError(
+            f"sampler.backend: a multi-host push needs gRPC samplers, not {type(sampler).__name__}"
+        )
     clients = list(pool.clients) if pool is not None else [sampler]
     nproc, me = jax.process_count(), jax.process_index()
     targets = [0]
