@@ -56,6 +56,9 @@ class WeightSyncBenchConfig:
     # this many samplers vs a push to one (0 = none): `weight_sync_engines`
     engines: tuple[str, ...] = ("jax",)
     relay_samplers: int = 4
+    # a push from 2 trainer processes x 4 fake CPU devices (`weight_sync_multihost`): bytes per
+    # process vs the model's
+    multihost: bool = True
 
     def model_config(self):
         return common.qwen3_config(self)
@@ -75,6 +78,7 @@ SIZES = {
         chunk_mb=1,
         engines=(),
         relay_samplers=0,
+        multihost=False,
     ),
 }
 
@@ -308,6 +312,11 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
             )
             times.update(extra["times"])
             cpu.update(extra["cpu"])
+        multihost = None
+        if cfg.multihost:
+            from dlc_jax.bench.weight_sync_multihost import multihost_rows
+
+            multihost = multihost_rows(cfg, tmp)
     mb = total / 1e6
     ncpu = os.cpu_count() or 1
     med = {k: common.best(v) for k, v in times.items()}
@@ -353,6 +362,10 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
         ),
     ]
     _engine_targets(res, med, extra["egress"], total)
+    if multihost is not None:
+        from dlc_jax.bench.weight_sync_multihost import add_multihost_part
+
+        add_multihost_part(res, multihost)
     res["notes"] += extra["notes"]
     res["notes"].append(
         f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} "
@@ -399,6 +412,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "rows; default jax)",
     )
     p.add_argument("--relay-samplers", type=int, default=None, help="relay chain length (0: none)")
+    p.add_argument(
+        "--multihost",
+        choices=["on", "off"],
+        default=None,
+        help="the push from 2 trainer processes x 4 fake CPU devices (default: on, off for tiny)",
+    )
 
 
 def from_args(size: str, args) -> WeightSyncBenchConfig:
@@ -413,4 +432,6 @@ def from_args(size: str, args) -> WeightSyncBenchConfig:
         cfg = dataclasses.replace(cfg, engines=names)
     if getattr(args, "relay_samplers", None) is not None:
         cfg = dataclasses.replace(cfg, relay_samplers=args.relay_samplers)
+    if getattr(args, "multihost", None) is not None:
+        cfg = dataclasses.replace(cfg, multihost=args.multihost == "on")
     return cfg

@@ -77,10 +77,13 @@ async def receive(
     io_pool: concurrent.futures.Executor,
     listener: data_plane.DataPlaneListener | None,
     after_header=None,
-) -> pathlib.Path:
+    on_commit=None,
+) -> pathlib.Path | None:
     """Stage the push announced by `header` from the rest of the stream `it`; -> the committed
-    directory. `after_header()` runs once the header passed its checks. Raises PushError on any
-    check failure, limit or early end of the stream."""
+    directory. `after_header()` runs once the header passed its checks. `on_commit` (blocking, run
+    on the I/O thread) replaces `stager.commit` at the Commit message, e.g. the end of one part of
+    a sliced push (`sliced_push`), which returns None. Raises PushError on any check failure, limit
+    or early end of the stream."""
     loop = asyncio.get_running_loop()
     writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
     reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes
@@ -114,6 +117,13 @@ async def receive(
                 stager.chunk(msg.chunk)
             elif kind == "done":
                 stager.done(msg.done)
+            elif kind == "slice":  # a part of a sliced push (`sliced_push.SlicedStager`)
+                if not hasattr(stager, "slice"):
+                    raise PushError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "WeightSlice in a push whose header has no push_parts",
+                    )
+                stager.slice(msg.slice)
             elif kind == "commit":
                 if reading is not None:
                     left = max(deadline - loop.time(), 0.001)
@@ -125,7 +135,7 @@ async def receive(
                     await writing
                     writing = None
                 # blocking in memory mode (the engine's load of the last tensors): off the loop
-                return await loop.run_in_executor(io_pool, stager.commit)
+                return await loop.run_in_executor(io_pool, on_commit or stager.commit)
             else:
                 raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
         if writing is not None:  # its error (if any) is the reason to report

@@ -1,7 +1,9 @@
 """The Sampler gRPC service (`SamplerService`): bearer-token auth on every call, Generate
 (validated requests; a rollout with NaN log-probs is never sent, the call fails INTERNAL), weight
 pushes (serialized by a lock taken only once a header arrived, received by `push_session`, applied
-only on Commit; any failure or disconnect discards the staging and keeps the old weights),
+only on Commit; any failure or disconnect discards the staging and keeps the old weights; a
+sliced push from several senders is staged across its part streams and applied by a group commit,
+`sliced_push`),
 LoadWeights (off unless `load_root` is set; `load_checks`) and Info. `add_sampler_service`
 registers it with PushWeights requests decoded zero-copy by `chunk_wire`.
 """
@@ -20,7 +22,7 @@ import time
 import grpc
 import numpy as np
 
-from . import chunk_wire, data_plane, push_session, relay
+from . import chunk_wire, data_plane, push_session, relay, sliced_push
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .backends.base import SamplerBackend
@@ -45,6 +47,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         self.queue_depth = 0
         self.last_push_message = ""
         self.data_listener: data_plane.DataPlaneListener | None = None  # set by SamplerServer.start
+        self._group = sliced_push.PendingGroup()  # a sliced push between its part streams
 
     async def _auth(self, context) -> None:
         if self.cfg.token is None:
@@ -166,9 +169,9 @@ class SamplerService(pb_grpc.SamplerServicer):
         finally:
             self._push_lock.release()
 
-    async def _push_locked(self, header, it, deadline: float, context, t0: float):
+    def _stager(self, cls=WeightStager):
         memory = self.cfg.push_staging == "memory"
-        stager = WeightStager(
+        return cls(
             self.backend.expected_tensors(),
             self.backend.version,
             self.cfg.staging_root,
@@ -176,6 +179,13 @@ class SamplerService(pb_grpc.SamplerServicer):
             memory=memory,
             load=self.backend.begin_load() if memory else None,
         )
+
+    async def _push_locked(self, header, it, deadline: float, context, t0: float):
+        if header.push_parts or header.group_commit:  # a part / the commit of a sliced push
+            return await self._push_sliced(header, it, deadline, context, t0)
+        self._group.drop("superseded by a full push")
+        memory = self.cfg.push_staging == "memory"
+        stager = self._stager()
         applied = False
         error: PushError | None = None
         loop = asyncio.get_running_loop()
@@ -205,7 +215,7 @@ class SamplerService(pb_grpc.SamplerServicer):
                 self.data_listener,
                 after_header=start_relay if header.relay_to else None,
             )
-            assert stager.version is not None
+            assert stager.version is not None and path is not None
             if forwards:  # verified here: the children commit while this one swaps
                 relayed = loop.run_in_executor(None, forwards[0].finish, True)
             swap = asyncio.ensure_future(
@@ -242,6 +252,66 @@ class SamplerService(pb_grpc.SamplerServicer):
             bytes=stager.bytes_received,
             seconds=dt,
             relayed=outcomes,
+        )
+
+    async def _push_sliced(self, header, it, deadline: float, context, t0: float):
+        """One part of a sliced push (staged into the pending group), or the group's commit
+        (applied only when complete; see `sliced_push`). Any failure discards the group."""
+        group = header.push_group
+        try:
+            if header.group_commit:
+                msg = await push_session.next_message(it, deadline, self.cfg, "Commit")
+                if not isinstance(msg, pb.WeightMessage) or msg.WhichOneof("kind") != "commit":
+                    raise PushError(
+                        grpc.StatusCode.INVALID_ARGUMENT, "a group commit is a header then Commit"
+                    )
+                stager = self._group.take(header, self.backend.version)
+                try:
+                    path = await asyncio.get_running_loop().run_in_executor(
+                        self._io_pool, stager.apply
+                    )
+                    assert stager.version is not None
+                    swap = asyncio.ensure_future(
+                        self._swap(path, stager.version, owned=True, load=stager.load)
+                    )
+                except BaseException:
+                    stager.discard()
+                    raise
+                try:
+                    await asyncio.shield(swap)
+                except asyncio.CancelledError:  # client went away during the swap: finish it
+                    await swap
+                    raise
+                except PushError:  # not applied (previous weights restored)
+                    stager.discard()
+                    raise
+                self.counters["pushes"] += 1
+                self.last_push_message = (
+                    f"version {stager.version} applied from {stager.parts} parts"
+                )
+                n = stager.bytes_received
+            else:
+                new = lambda: self._stager(sliced_push.SlicedStager)  # noqa: E731
+                stager = self._group.stager_for(header, new)
+                before = stager.bytes_received
+                await push_session.receive(
+                    stager, header, it, deadline, self.cfg, self._io_pool, None,
+                    on_commit=stager.end_part,
+                )  # fmt: skip
+                n = stager.bytes_received - before
+                self.last_push_message = f"part {header.push_part} of push group {group!r} staged"
+        except PushError as e:
+            self._group.fail(group, e.message)
+            await self._reject(context, e)
+        except BaseException:  # disconnected / cancelled mid-part
+            self._group.fail(group, "a part's stream ended before its Commit")
+            raise
+        return pb.PushResult(
+            ok=True,
+            version=self.backend.version,
+            message=self.last_push_message,
+            bytes=n,
+            seconds=time.perf_counter() - t0,
         )
 
     async def LoadWeights(self, request, context):

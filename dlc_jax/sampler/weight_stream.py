@@ -106,6 +106,18 @@ def prepared_tensors(
         yield PreparedTensor(i, a, buf, digest)
 
 
+def weight_header(
+    names_shapes: list[tuple[str, tuple[int, ...]]], version: int, dtype: str, checksum: str
+) -> pb.WeightHeader:
+    """The header listing every tensor (name, shape, dtype, byte size) of a push."""
+    itemsize = st.NP_DTYPES[dtype].itemsize
+    header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
+    for n, shape in names_shapes:
+        nb = int(np.prod(shape, dtype=np.int64)) * itemsize
+        header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
+    return header
+
+
 def weight_messages(
     source: Iterator,
     names_shapes: list[tuple[str, tuple[int, ...]]],
@@ -127,16 +139,12 @@ def weight_messages(
     while the current one is sent (0: in the caller's thread). ``relay_to`` / ``relay_fanout``: the
     samplers the receiver forwards the push to (`relay`). ``on_sent(n)``: called with each tensor's
     byte count once its bytes are handed to the transport."""
-    np_dtype = st.NP_DTYPES[dtype]
-    header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
+    header = weight_header(names_shapes, version, dtype, checksum)
     if relay_to:  # the receiving sampler forwards the push to these (see relay.py)
         header.relay_to.extend(relay_to)
         header.relay_fanout = int(relay_fanout)
     if send_data is not None:
         header.data_plane, header.data_push_id = "socket", push_id
-    for n, shape in names_shapes:
-        nb = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
-        header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
     ready = prepared_tensors(source, names_shapes, dtype, checksum)
     if prefetch > 0:
         ready = prefetched(ready, depth=prefetch)

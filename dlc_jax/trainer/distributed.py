@@ -27,23 +27,18 @@ broadcasts the full batch; the sampler traffic of a step is spread over the host
 (process 0 receives everything and broadcasts) was rejected: it funnels all rollouts through one
 host and adds a broadcast of variable-length data every step.
 
-Resync push (`push_weights`): a collective -- every process must call it at the same point. Tensors
-are gathered one at a time (`dlc_jax.model.iter_hf_tensors`, which uses
-`jax.experimental.multihost_utils.process_allgather` per tensor for arrays spanning hosts), so a
-host
-holds its shard of the model plus at most one gathered tensor (plus the pool's small fan-out queue)
--- never the full model twice. Only process 0 streams the tensors to the sampler(s); it reads the
-gather stream to the end even if a push fails so that the other processes' gathers complete. The
-outcome (ok, version, and for a `SamplerPool` the rotation) is then broadcast from process 0
-(`broadcast_one_to_all`) so that every process takes the same snapshot/resync decision and routes
-rollouts to the same samplers.
+Resync push (`push_weights`): a collective -- every process must call it at the same point. No
+tensor is gathered: every process streams the slices of each HF tensor it holds (replica 0 of each
+distinct shard, so each element goes once) as one part of a push group, and process 0 commits the
+group once every part was accepted (`shard_push`). The outcome (ok, version, and for a
+`SamplerPool` the rotation) is broadcast from process 0 so that every process takes the same
+snapshot/resync decision and routes rollouts to the same samplers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -283,30 +278,6 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
     return out
 
 
-class _LockedStream:
-    """A one-shot iterator that another thread may read (gRPC's request thread) while the owner can
-    later close it and read the rest itself; next() calls never overlap."""
-
-    def __init__(self, it):
-        self._it = iter(it)
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        with self._lock:
-            if self._closed:
-                raise StopIteration
-            return next(self._it)
-
-    def close_and_drain(self) -> int:
-        with self._lock:
-            self._closed = True
-            return sum(1 for _ in self._it)
-
-
 def push_weights(
     sampler: Sampler,
     model,
@@ -318,60 +289,14 @@ def push_weights(
 ) -> PushResult:
     """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool).
 
-    Collective over processes: all must call it; tensors are gathered one at a time on every
-    process, only process 0 talks to the sampler(s), and the result is broadcast so every process
-    returns the same (ok, version) and a pool has the same rotation everywhere. Single process: a
-    plain push."""
-    from dlc_jax.model import hf_param_shapes, iter_hf_tensors
-
+    Single process: a plain push (`transport` and the pool's relay as configured). Several
+    processes: a collective -- every process sends its own deduplicated shards and process 0
+    commits (`shard_push.push_shards`; gRPC, no relay); every process returns the same (ok,
+    version) and a pool has the same rotation everywhere."""
     if jax.process_count() == 1:
         return sampler.push_model(
             model, version, dtype=dtype, chunk_bytes=chunk_bytes, transport=transport
         )
-    from jax.experimental import multihost_utils
+    from .shard_push import push_shards
 
-    from dlc_jax.sampler.safetensors_io import NP_DTYPES
-
-    # gathered in the push dtype (bf16 pushes move half the bytes of an fp32 gather), as push_model
-    stream = _LockedStream(iter_hf_tensors(model, dtype=NP_DTYPES[dtype]))
-    result = None
-    if jax.process_index() == 0:
-        try:
-            result = sampler.push_weights(
-                stream,
-                version,
-                dtype=dtype,
-                chunk_bytes=chunk_bytes,
-                specs=hf_param_shapes(model.config),
-                transport=transport,
-            )
-        except Exception as e:  # noqa: BLE001 - every process must learn the outcome
-            result = PushResult(
-                False, -1, f"push failed on process 0: {type(e).__name__}: {e}", code="UNKNOWN"
-            )
-        finally:
-            stream.close_and_drain()  # the other processes' gathers need this process to take part
-    else:
-        stream.close_and_drain()
-    rotation = sampler.rotation()  # empty for a single sampler
-    flags = np.asarray(
-        [int(bool(result.ok)) if result else 0, int(result.version) if result else 0]
-        + [int(a) for a in rotation],
-        np.int64,
-    )
-    flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
-    ok, ver = bool(flags[0]), int(flags[1])
-    if rotation:
-        sampler.set_rotation(
-            [bool(x) for x in flags[2:]],
-            version=ver if ok else None,
-            reason=f"left rotation in process 0's push of version {version}",
-        )
-    if result is not None:  # process 0
-        return result
-    return PushResult(
-        ok,
-        ver,
-        f"pushed by process 0 (version {version}: {'ok' if ok else 'failed'})",
-        code="OK" if ok else "UNKNOWN",
-    )
+    return push_shards(sampler, model, version, dtype=dtype, chunk_bytes=chunk_bytes)

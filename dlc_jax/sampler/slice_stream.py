@@ -1,0 +1,77 @@
+"""The sending side of a sliced multi-sender push (the receiving side and the wire: `sliced_push`).
+
+`part_messages` is the PushWeights stream of one part: the header (all tensors, plus the group
+fields), then for each slice this sender owns a `WeightSlice` (tensor index, box), the slice's
+C-order bytes in chunks (`chunk_wire.encode_chunk`, offsets inside the slice) and a `TensorDone`
+with the CRC-32C of exactly those bytes, then Commit (which ends the part). `commit_messages` is the
+coordinator's stream that applies the group. Both go through `SamplerClient.push_messages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import crc32c
+import numpy as np
+
+from . import chunk_wire
+from . import safetensors_io as st
+from . import sampler_pb2 as pb
+from .weight_stream import weight_header
+
+# (HF tensor name, start per dimension, stop per dimension, the slice's values)
+Slice = tuple[str, Sequence[int], Sequence[int], np.ndarray]
+
+
+def part_messages(
+    slices: Iterable[Slice],
+    names_shapes: list[tuple[str, tuple[int, ...]]],
+    version: int,
+    dtype: str,
+    *,
+    group: str,
+    part: int,
+    parts: int,
+    chunk_bytes: int = 16 << 20,
+    on_sent: Callable[[int], None] | None = None,
+) -> Iterator:
+    """One part's stream (see the module docstring). Each slice is converted to `dtype` (C order);
+    its shape must be stop - start. ``on_sent(n)``: called with each slice's byte count."""
+    header = weight_header(names_shapes, version, dtype, "crc32c")
+    header.push_group, header.push_part, header.push_parts = group, int(part), int(parts)
+    yield pb.WeightMessage(header=header)
+    np_dtype = st.NP_DTYPES[dtype]
+    index = {n: i for i, (n, _) in enumerate(names_shapes)}
+    for name, start, stop, arr in slices:
+        if name not in index:
+            raise ValueError(f"sliced push: tensor {name!r} is not in the header")
+        a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
+        box = tuple(int(b) - int(s) for s, b in zip(start, stop))
+        if tuple(a.shape) != box:
+            raise ValueError(
+                f"sliced push: slice of {name!r} has shape {a.shape}, its box [{list(start)}, "
+                f"{list(stop)}) says {box}"
+            )
+        i = index[name]
+        yield pb.WeightMessage(
+            slice=pb.WeightSlice(
+                tensor_index=i, start=[int(x) for x in start], stop=[int(x) for x in stop]
+            )
+        )
+        buf = a.reshape(-1).view(np.uint8).data
+        for off in range(0, len(buf), chunk_bytes):
+            yield chunk_wire.encode_chunk(i, off, buf[off : off + chunk_bytes])
+        yield pb.WeightMessage(done=pb.TensorDone(tensor_index=i, crc32c=crc32c.crc32c(buf)))
+        if on_sent is not None:
+            on_sent(len(buf))
+        del a, buf
+    yield pb.WeightMessage(commit=pb.Commit())
+
+
+def commit_messages(version: int, group: str, parts: int) -> Iterator[pb.WeightMessage]:
+    """The coordinator's stream that applies push group `group` (all `parts` parts sent)."""
+    header = pb.WeightHeader(
+        version=int(version), push_group=group, push_parts=int(parts), group_commit=True
+    )
+    yield pb.WeightMessage(header=header)
+    yield pb.WeightMessage(commit=pb.Commit())

@@ -1,0 +1,326 @@
+"""Receiving a sliced multi-sender push: every trainer process streams the slices it owns of each
+tensor, as one "part" of a push group, and process 0 applies the group once all parts are in.
+
+Wire (sampler.proto fields 70-73): each part is its own PushWeights stream whose header carries
+`push_group` (an id shared by the parts), `push_part` / `push_parts` and the full tensor list (the
+same in every part). After the header come slices: a `WeightSlice` (tensor index and the box
+[start, stop) per dimension), the slice's own C-order bytes in `WeightChunk`s (offsets inside the
+slice), then a `TensorDone` with the checksum of exactly those bytes. The part's `Commit` only ends
+the part. A last stream from the coordinator, header {push_group, push_parts, group_commit} then
+Commit, applies the group.
+
+Checks: a slice must lie inside its tensor and must not overlap any slice of the same tensor
+received before (in any part), checked as soon as the slice is announced; its bytes must match its
+checksum and be finite before they are written into the staged tensor. The group is applied only
+when every part ended cleanly and every tensor is covered exactly (the boxes' volumes add up to the
+tensor's: with no overlap and all in bounds, that is an exact tiling). Any failure discards the
+whole group (the old weights keep serving); later parts of a failed group are refused.
+
+Staging: `SlicedStager` is a `WeightStager` that always memory-maps its staging file (memory or file
+mode alike) so that a slice is scattered into the tensor with one strided copy; in memory mode each
+tensor is handed to the engine's load as soon as its last slice landed, as in a plain push.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import math
+import mmap
+import os
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from . import safetensors_io as st
+from . import sampler_pb2 as pb
+from .staging import WeightStager
+from .weight_checks import Crc32c, FiniteCheck, PushError
+
+log = logging.getLogger(__name__)
+
+_BAD = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class SliceTiling:
+    """The boxes received so far of one tensor of shape `shape`: bounds and overlap checked on
+    `add`, `covered` counts the elements of the verified ones."""
+
+    def __init__(self, name: str, shape: Sequence[int]):
+        self.name = name
+        self.shape = tuple(int(d) for d in shape)
+        self.total = math.prod(self.shape)
+        self.boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        self.covered = 0
+
+    def add(self, start: Sequence[int], stop: Sequence[int]) -> int:
+        """Register the box [start, stop); -> its element count. PushError when it has the wrong
+        rank, is empty or out of bounds, or overlaps a box registered before."""
+        a, b = tuple(int(x) for x in start), tuple(int(x) for x in stop)
+        box = f"[{list(a)}, {list(b)})"
+        if len(a) != len(self.shape) or len(b) != len(self.shape):
+            raise PushError(
+                _BAD, f"tensor {self.name!r}: slice {box} does not have rank {len(self.shape)}"
+            )
+        if any(not 0 <= lo < hi <= d for lo, hi, d in zip(a, b, self.shape)):
+            raise PushError(
+                _BAD,
+                f"tensor {self.name!r}: slice {box} is empty or out of bounds of shape "
+                f"{list(self.shape)}",
+            )
+        for c, d in self.boxes:
+            if all(lo < d_hi and c_lo < hi for lo, hi, c_lo, d_hi in zip(a, b, c, d)):
+                raise PushError(
+                    _BAD,
+                    f"tensor {self.name!r}: slice {box} overlaps slice [{list(c)}, {list(d)})",
+                )
+        self.boxes.append((a, b))
+        return math.prod(hi - lo for lo, hi in zip(a, b))
+
+    @property
+    def complete(self) -> bool:
+        return self.covered == self.total
+
+
+class _OpenSlice:
+    """The slice being received: its box, a buffer for its bytes, and their running checks."""
+
+    def __init__(self, index: int, start: tuple[int, ...], stop: tuple[int, ...], spec, algo: str):
+        self.index, self.start, self.stop = index, start, stop
+        self.elements = math.prod(hi - lo for lo, hi in zip(start, stop))
+        self.buf = bytearray(self.elements * st.NP_DTYPES[spec.dtype].itemsize)
+        self.got = 0
+        self.hash: Any = hashlib.sha256() if algo == "sha256" else Crc32c()
+        self.finite = FiniteCheck(spec.dtype)
+
+
+class SlicedStager(WeightStager):
+    """All parts of one push group (same constructor as `WeightStager`). `header` opens a part (the
+    first one creates the staging), `slice` / `chunk` / `done` receive slices, `end_part` closes a
+    part at its Commit, `apply` checks the whole group and returns the staged directory."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = ""
+        self.parts = 0
+        self.parts_done: set[int] = set()
+        self._part: int | None = None  # the part whose stream is being received
+        self._fingerprint: bytes = b""
+        self._tilings: list[SliceTiling] = []
+        self._open: _OpenSlice | None = None
+
+    # -- header -----------------------------------------------------------------------------
+    def header(self, h: pb.WeightHeader) -> None:
+        if h.push_parts == 0 or not h.push_group or h.group_commit:
+            raise PushError(_BAD, "a sliced push part needs push_group and push_parts > 0")
+        if not 0 <= h.push_part < h.push_parts:
+            raise PushError(_BAD, f"push_part {h.push_part} not in [0, {h.push_parts})")
+        if h.relay_to or (h.data_plane or "grpc") != "grpc":
+            raise PushError(
+                _BAD, "a sliced push part comes as gRPC chunks only (no relay, no data plane)"
+            )
+        if self._part is not None:
+            raise PushError(_BAD, "second header in one push")
+        fingerprint = pb.WeightHeader(
+            version=h.version,
+            tensors=h.tensors,
+            dtype=h.dtype,
+            checksum=h.checksum,
+            push_group=h.push_group,
+            push_parts=h.push_parts,
+        ).SerializeToString(deterministic=True)
+        if self.dir is None:  # the group's first part: the header's checks, the staging file
+            super().header(h)
+            if self._mm is None:  # file mode too: slices are scattered through the map
+                self._mm = mmap.mmap(self._fd, 0)
+                self._mv = memoryview(self._mm)
+            self.group, self.parts, self._fingerprint = h.push_group, int(h.push_parts), fingerprint
+            self._tilings = [SliceTiling(s.name, s.shape) for s in self.specs]
+            for i, t in enumerate(self._tilings):
+                if t.total == 0:
+                    self._tensor_complete(i)
+        elif fingerprint != self._fingerprint:
+            raise PushError(
+                _BAD,
+                f"push group {h.push_group!r} part {h.push_part}: header differs from the "
+                "group's first part (version, dtype, checksum, tensors and part count must match)",
+            )
+        if h.push_part in self.parts_done:
+            raise PushError(_BAD, f"push group {self.group!r}: part {h.push_part} sent twice")
+        self._part = int(h.push_part)
+
+    # -- slices -----------------------------------------------------------------------------
+    def slice(self, m: pb.WeightSlice) -> None:
+        s = self._spec(m.tensor_index)
+        if self._open is not None:
+            raise PushError(
+                _BAD, f"tensor {s.name!r}: a slice starts before the previous one's TensorDone"
+            )
+        self._tilings[m.tensor_index].add(m.start, m.stop)
+        start, stop = tuple(int(x) for x in m.start), tuple(int(x) for x in m.stop)
+        self._open = _OpenSlice(m.tensor_index, start, stop, s, self.checksum)
+
+    def _slice_of(self, i: int, what: str) -> _OpenSlice:
+        s = self._spec(i)
+        o = self._open
+        if o is None or o.index != i:
+            raise PushError(_BAD, f"tensor {s.name!r}: {what} outside a WeightSlice of it")
+        return o
+
+    def chunk(self, c) -> None:
+        o = self._slice_of(c.tensor_index, "chunk")
+        n = len(c.data)
+        if c.offset != o.got or o.got + n > len(o.buf):
+            raise PushError(
+                _BAD,
+                f"tensor {self.specs[o.index].name!r}: slice chunk at offset {c.offset} "
+                f"+{n} bytes, expected offset {o.got} within {len(o.buf)} (in order)",
+            )
+        o.buf[o.got : o.got + n] = c.data
+        o.hash.update(c.data)
+        o.finite.update(c.data)
+        o.got += n
+        self.bytes_received += n
+
+    def done(self, d: pb.TensorDone) -> None:
+        o = self._slice_of(d.tensor_index, "TensorDone")
+        s = self.specs[o.index]
+        where = f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)})"
+        if o.got != len(o.buf):
+            raise PushError(
+                grpc.StatusCode.DATA_LOSS, f"{where}: received {o.got} of {len(o.buf)} bytes"
+            )
+        if self.checksum == "sha256":
+            ok = bool(d.sha256) and d.sha256.lower() == o.hash.hexdigest()
+        else:
+            ok = d.HasField("crc32c") and d.crc32c == o.hash.value
+        if not ok:
+            raise PushError(
+                grpc.StatusCode.DATA_LOSS, f"{where}: {self.checksum} missing or mismatched"
+            )
+        if not o.finite.ok:
+            raise PushError(_BAD, f"{where}: contains NaN or Inf values (push refused)")
+        self._scatter(o)
+        self._open = None
+        t = self._tilings[o.index]
+        t.covered += o.elements
+        if t.complete:
+            self._tensor_complete(o.index)
+
+    def _scatter(self, o: _OpenSlice) -> None:
+        """Copy the slice's bytes into its box of the mapped tensor (as unsigned ints: a plain
+        numpy copy whatever the float type)."""
+        assert self._mm is not None
+        s = self.specs[o.index]
+        width = st.NP_DTYPES[s.dtype].itemsize
+        u = np.dtype(f"u{width}")
+        shape = tuple(int(x) for x in s.shape)
+        dst = np.frombuffer(self._mm, u, math.prod(shape), self._offsets[o.index]).reshape(shape)
+        src = np.frombuffer(o.buf, u).reshape(tuple(b - a for a, b in zip(o.start, o.stop)))
+        dst[tuple(slice(a, b) for a, b in zip(o.start, o.stop))] = src
+        del dst
+
+    def _tensor_complete(self, i: int) -> None:
+        self._received[i] = int(self.specs[i].nbytes)
+        if not self._sent[i] and self._loader is not None:  # memory mode: load it now
+            self._sent[i] = True
+            self._loader.put(i)
+
+    # -- end of a part, end of the group ----------------------------------------------------
+    def end_part(self) -> None:
+        """The part's Commit: its last slice must be closed."""
+        if self._open is not None:
+            raise PushError(_BAD, "part ended inside a slice (no TensorDone)")
+        assert self._part is not None
+        self.parts_done.add(self._part)
+        self._part = None
+
+    def apply(self) -> pathlib.Path:
+        """Every part ended and every tensor tiled exactly; -> the staged directory (blocking:
+        waits for the engine's load of the last tensors)."""
+        if self.dir is None:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "group commit before any part")
+        missing = sorted(set(range(self.parts)) - self.parts_done)
+        if missing:
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"push group {self.group!r}: parts {missing} of {self.parts} did not arrive",
+            )
+        for t in self._tilings:
+            if not t.complete:
+                raise PushError(
+                    _BAD,
+                    f"tensor {t.name!r}: slices cover {t.covered} of its {t.total} elements "
+                    "(they must tile it exactly)",
+                )
+        if self._loader is not None:
+            self._loader.finish()
+        self._unmap()
+        os.close(self._fd)
+        self._fd = -1
+        return self.dir
+
+
+class PendingGroup:
+    """The server's one push group being received (between part streams), and the ids of groups
+    that failed (their later parts are refused)."""
+
+    def __init__(self) -> None:
+        self.stager: SlicedStager | None = None
+        self.failed: collections.deque[str] = collections.deque(maxlen=64)
+
+    def drop(self, reason: str) -> None:
+        if self.stager is not None:
+            log.warning("push group %r discarded: %s", self.stager.group, reason)
+            self.failed.append(self.stager.group)
+            self.stager.discard()
+            self.stager = None
+
+    def stager_for(self, h: pb.WeightHeader, make: Callable[[], SlicedStager]) -> SlicedStager:
+        """The group's stager for a part's header (a new one for a new group, which supersedes a
+        pending group)."""
+        if h.push_group in self.failed:
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"push group {h.push_group!r} was discarded (a part failed or it was superseded)",
+            )
+        if self.stager is not None and self.stager.group != h.push_group:
+            self.drop(f"superseded by push group {h.push_group!r}")
+        if self.stager is None:
+            self.stager = make()
+        return self.stager
+
+    def fail(self, group: str, reason: str) -> None:
+        if self.stager is not None and self.stager.group == group:
+            self.drop(reason)
+        elif group:
+            self.failed.append(group)
+
+    def take(self, h: pb.WeightHeader, serving_version: int) -> SlicedStager:
+        """The pending group named by a group-commit header, removed from pending (the caller
+        applies or discards it)."""
+        s = self.stager
+        if s is None or s.group != h.push_group:
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"group commit: push group {h.push_group!r} is not pending here",
+            )
+        self.stager = None
+        if h.version != s.version or h.push_parts != s.parts:
+            s.discard()
+            raise PushError(
+                _BAD,
+                f"group commit: version {h.version} / {h.push_parts} parts do not match the "
+                f"group's {s.version} / {s.parts}",
+            )
+        if s.version is None or s.version <= serving_version:
+            s.discard()
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"stale version {s.version}: server already serves version {serving_version}",
+            )
+        return s

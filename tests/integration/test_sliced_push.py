@@ -1,0 +1,165 @@
+"""Sliced multi-sender pushes (`sliced_push` / `slice_stream`) against an in-process gRPC server
+with a recording transport-only backend: parts from several "senders" assemble into the served
+tensors; slices that do not tile a tensor (gap, overlap, out of bounds), a corrupted slice, a
+missing part or a part of a failed group are refused and the old weights keep serving."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlc_jax.bench.sampler_bench import TransportOnlyBackend
+from dlc_jax.sampler import safetensors_io as st
+from dlc_jax.sampler import sampler_pb2 as pb
+from dlc_jax.sampler.client import SamplerClient
+from dlc_jax.sampler.server import ServerConfig, ServerThread
+from dlc_jax.sampler.slice_stream import commit_messages, part_messages
+
+
+class RecordingBackend(TransportOnlyBackend):
+    async def apply_weights(self, weights_dir, version):
+        self.weights = dict(st.iter_tensors(weights_dir))
+        self.version = int(version)
+
+
+SHAPES = {"a.weight": (64, 33), "b.weight": (1000,), "c.bias": (7, 6, 3)}
+NAMES_SHAPES = list(SHAPES.items())
+
+
+def _weights(seed):
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+
+
+def _halves(w):
+    """Two senders' slices: a/b split on axis 0, c split on axis 1 (strided boxes)."""
+    a, b, c = w["a.weight"], w["b.weight"], w["c.bias"]
+    p0 = [
+        ("a.weight", (0, 0), (40, 33), a[:40]),
+        ("b.weight", (0,), (500,), b[:500]),
+        ("c.bias", (0, 0, 0), (7, 2, 3), c[:, :2]),
+    ]
+    p1 = [
+        ("c.bias", (0, 2, 0), (7, 6, 3), c[:, 2:]),
+        ("a.weight", (40, 0), (64, 33), a[40:]),
+        ("b.weight", (500,), (1000,), b[500:]),
+    ]
+    return [p0, p1]
+
+
+@pytest.fixture(params=["memory", "file"])
+def served(request, tmp_path):
+    backend = RecordingBackend({n: (s, "float32") for n, s in SHAPES.items()}, 100)
+    cfg = ServerConfig(staging_root=str(tmp_path / "stage"), push_staging=request.param)
+    srv = ServerThread(backend, cfg).start()
+    c = SamplerClient(srv.address, timeout=30)
+    assert c.push_weights(_weights(1), 1).ok  # version 1 serves
+    yield c, backend, tmp_path / "stage"
+    c.close()
+    srv.stop()
+
+
+def _push(c, parts, version, group="g", chunk_bytes=1000):
+    outs = [
+        c.push_messages(
+            part_messages(
+                s,
+                NAMES_SHAPES,
+                version,
+                "float32",
+                group=group,
+                part=p,
+                parts=len(parts),
+                chunk_bytes=chunk_bytes,
+            )
+        )  # fmt: skip
+        for p, s in enumerate(parts)
+    ]
+    return outs, c.push_messages(commit_messages(version, group, len(parts)))
+
+
+def _old_weights_serve(c, backend, stage):
+    assert backend.version == 1 and c.info()["version"] == 1
+    for n, a in _weights(1).items():
+        np.testing.assert_array_equal(backend.weights[n], a)
+    assert len(list(stage.iterdir())) == 1  # only the serving push stays staged
+
+
+def test_parts_assemble_the_tensors(served):
+    c, backend, stage = served
+    w = _weights(2)
+    outs, commit = _push(c, _halves(w), 2)
+    assert all(r.ok and r.version == 1 for r in outs), [r.message for r in outs]
+    assert sum(r.bytes for r in outs) == sum(a.nbytes for a in w.values())
+    assert commit.ok and commit.version == 2, commit.message
+    for n, a in w.items():
+        np.testing.assert_array_equal(backend.weights[n], a)
+    assert len(list(stage.iterdir())) == 1
+
+
+def _gap(parts):
+    parts[1] = [x for x in parts[1] if x[0] != "b.weight"]
+
+
+def _overlap(parts):
+    n, _, stop, arr = parts[1][2]
+    parts[1][2] = (n, (499,), stop, np.concatenate([arr[:1], arr]))
+
+
+def _out_of_bounds(parts):
+    n, start, _, arr = parts[1][1]
+    parts[1][1] = (n, start, (65, 33), np.concatenate([arr, arr[:1]]))
+
+
+def _corrupt(parts):
+    n, start, stop, arr = parts[0][0]
+    parts[0][0] = (n, start, stop, np.full_like(arr, np.nan))
+
+
+@pytest.mark.parametrize(
+    "spoil, at_commit",
+    [(_gap, True), (_overlap, False), (_out_of_bounds, False), (_corrupt, False)],
+)
+def test_bad_slices_are_refused_and_old_weights_serve(served, spoil, at_commit):
+    c, backend, stage = served
+    parts = _halves(_weights(2))
+    spoil(parts)
+    outs, commit = _push(c, parts, 2)
+    assert all(r.ok for r in outs) == at_commit, [r.message for r in outs]
+    assert not commit.ok
+    _old_weights_serve(c, backend, stage)
+    outs, commit = _push(c, _halves(_weights(3)), 2, group="again")  # the next push works
+    assert commit.ok and backend.version == 2, commit.message
+    np.testing.assert_array_equal(backend.weights["c.bias"], _weights(3)["c.bias"])
+
+
+def test_missing_part_and_parts_of_failed_group_are_refused(served):
+    c, backend, stage = served
+    p0, p1 = _halves(_weights(2))
+    kw = dict(group="g", parts=2)
+    assert c.push_messages(part_messages(p0, NAMES_SHAPES, 2, "float32", part=0, **kw)).ok
+    r = c.push_messages(commit_messages(2, "g", 2))  # part 1 never sent
+    assert not r.ok and "parts [1] of 2 did not arrive" in r.message
+    _old_weights_serve(c, backend, stage)
+    # the group was discarded: its late part is refused too
+    r = c.push_messages(part_messages(p1, NAMES_SHAPES, 2, "float32", part=1, **kw))
+    assert not r.ok and "discarded" in r.message
+    # a part whose header differs from the group's first part
+    kw = dict(group="h", parts=2)
+    assert c.push_messages(part_messages(p0, NAMES_SHAPES, 2, "float32", part=0, **kw)).ok
+    r = c.push_messages(part_messages(p1, NAMES_SHAPES, 3, "float32", part=1, **kw))
+    assert not r.ok and "differs" in r.message
+    assert not c.push_messages(commit_messages(2, "h", 2)).ok
+    _old_weights_serve(c, backend, stage)
+
+
+def test_slices_need_a_sliced_header(served):
+    c, backend, stage = served
+    msgs = list(part_messages(_halves(_weights(2))[0], NAMES_SHAPES, 2, "float32", group="g",
+                              part=0, parts=1))  # fmt: skip
+    h = pb.WeightHeader()
+    h.CopyFrom(msgs[0].header)
+    h.push_parts, h.push_group = 0, ""
+    r = c.push_messages([pb.WeightMessage(header=h)] + msgs[1:])
+    assert not r.ok and "no push_parts" in r.message
+    _old_weights_serve(c, backend, stage)
