@@ -50,6 +50,15 @@ class ArmStats:
     final_reward: Interval
     wall_s: float | None
     crossing_gap: list[float]
+    seed_ids: tuple[int, ...] = ()  # the runs' seeds, in d_rows' order
+
+
+def _common_seed_rows(a: ArmStats, b: ArmStats) -> tuple[np.ndarray, np.ndarray]:
+    """The d_rows of the seeds both arms ran, paired by seed (e.g. DLC's 5 seeds vs 3)."""
+    common = [s for s in a.seed_ids if s in b.seed_ids]
+    ia = [a.seed_ids.index(s) for s in common]
+    ib = [b.seed_ids.index(s) for s in common]
+    return a.d_rows[ia], b.d_rows[ib]
 
 
 def _rows(runs: list[RunResult], steps: list[int], own: bool) -> np.ndarray:
@@ -116,6 +125,7 @@ def arm_stats(
         final_reward=mean_interval([final_value(r.get("reward"), cfg.final_frac) for r in runs]),
         wall_s=float(np.mean(walls)) if walls else None,
         crossing_gap=gaps,
+        seed_ids=tuple(int(r.seed) for r in runs),
     )
 
 
@@ -232,13 +242,16 @@ def claims(
             )
         else:
             nr = arms["dlc_noresync"]
+            d_rows, nr_rows = _common_seed_rows(dlc, nr)
             diff = (
-                paired_difference(dlc.d_rows, nr.d_rows, unordered_pairs(noise.pairs))
-                if dlc.d_rows.shape == nr.d_rows.shape
+                paired_difference(d_rows, nr_rows, unordered_pairs(noise.pairs))
+                if len(d_rows) and d_rows.shape == nr_rows.shape
                 else NAN_INTERVAL
             )
             v_dlc = dlc.ref.max.versus(band)
-            held3 = v_dlc == "within" and bool(collapsed)
+            # a trigger that never fired leaves DLC = DLC without resync: nothing tested
+            never_fired = dlc.resyncs is not None and dlc.resyncs == 0
+            held3 = v_dlc == "within" and bool(collapsed) and not never_fired
             not3 = v_dlc == "outside" or (np.isfinite(diff.lo) and diff.lo > 0)
             out.append(
                 f"  3. *DLC's resync prevents collapses that per-token corrections leave*: "
@@ -252,6 +265,13 @@ def claims(
                     ""
                     if collapsed
                     else " No per-token arm left the band, so there was no collapse to prevent."
+                )
+                + (
+                    " DLC's ESS trigger never fired (0 resyncs in every seed), so DLC ran as DLC "
+                    "without resync: what kept it near on-policy training was its clip, and the "
+                    "resync is not tested here."
+                    if never_fired
+                    else ""
                 )
             )
         # 4. the sampler-prefix KL misses the collapses

@@ -199,7 +199,7 @@ def claim_verdicts(claim_lines: list[str]) -> list[dict]:
             verdict = "not held"
         else:
             verdict = "inconclusive"
-        ev = "; ".join(f"{sc}: {v} ({e[:300]})" for sc, v, e in got) or "not tested"
+        ev = "; ".join(f"{sc}: {v} ({e})" for sc, v, e in got) or "not tested"
         out.append({"claim": n, "verdict": verdict, "evidence": ev})
     return out
 

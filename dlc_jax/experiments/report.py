@@ -125,7 +125,8 @@ def _header(
             f"sampled once from the initial policy (every response position is a prefix)."
         )
     timings = [json.loads(t.read_text()) for t in sorted(exp.glob("timings*.json"))]
-    n_runs = sum(len(tt["runs"]) for tt in timings)
+    # "runs" also holds "<run>/eval_cpu_s" entries: count the runs only
+    n_runs = sum(sum("/" not in k for k in tt["runs"]) for tt in timings)
     if n_runs:
         total = sum(float(tt["total_s"]) for tt in timings)
         loads = sorted({tt.get("loadavg", "") for tt in timings} - {""})

@@ -166,7 +166,7 @@ def test_summary_numbers(tmp_path):
     assert d.ess_predicted == pytest.approx(math.sqrt(math.log(2) / 0.05))
 
 
-def _seeded_experiment(tmp_path, *, tis_far=True):
+def _seeded_experiment(tmp_path, *, tis_far=True, dlc_resyncs=(0, 0, 0, 1, 1, 1, 2, 2, 2, 3)):
     """3 on-policy runs (pairs KL 0.01 / 0.02 at steps 5 / 10), DLC close to them, TIS far (or
     not)."""
     steps = [5, 10]
@@ -208,7 +208,7 @@ def _seeded_experiment(tmp_path, *, tis_far=True):
             [0.9] * 10,
             [1, 2, 3, 1, 2, 3, 1, 2, 3, 1],
             [0.05] * 10,
-            resyncs=[0, 0, 0, 1, 1, 1, 2, 2, 2, 3],
+            resyncs=list(dlc_resyncs),
         )
         d.kl_steps, d.seed = steps, i
         d.kl_by_ref = {m: [0.01, 0.015 + 0.005 * i] for m in refs}
@@ -252,6 +252,19 @@ def test_verdicts_follow_the_intervals(tmp_path):
         "3. *DLC's resync prevents collapses that per-token corrections leave*: **inconclusive**"
         in md
     )
+
+
+def test_resync_claim_is_untested_when_dlc_never_resynced(tmp_path):
+    # DLC within the band and TIS far outside, but DLC's trigger never fired: DLC ran as DLC
+    # without resync, so the claim about the resync cannot be held on this evidence
+    _seeded_experiment(tmp_path, dlc_resyncs=(0,) * 10)
+    md = write_report(tmp_path).read_text()
+    assert "1. *DLC stays within 2x noise under the stale sampler*: **held**" in md
+    assert (
+        "3. *DLC's resync prevents collapses that per-token corrections leave*: **inconclusive**"
+        in md
+    )
+    assert "DLC's ESS trigger never fired (0 resyncs in every seed)" in md
 
 
 def test_report_says_when_noise_is_missing(tmp_path):
