@@ -56,9 +56,12 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def _tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
-    """Tiles for an [m, k] @ [k, n] grouped matmul (m already a multiple of the row tile)."""
-    return min(TILE, m), min(TILE, k), min(TILE, n)
+def _tiling(m: int) -> tuple[int, int, int]:
+    """Tiles for an [m, k] @ [k, n] grouped matmul (m a multiple of the row tile). The backward
+    pass reuses them with k and n swapped and m as a last dimension, where a TPU block must be a
+    multiple of 128 or the whole dimension: so 128 for k and n (an edge tile is masked), and the
+    row tile for m."""
+    return row_tile(m), TILE, TILE
 
 
 def row_tile(m: int) -> int:
@@ -97,7 +100,7 @@ def _local_experts(
             rhs,
             sizes,
             lhs.dtype,
-            _tiling(mp, lhs.shape[1], rhs.shape[2]),
+            _tiling(mp),
             offset,
             None,
             False,
