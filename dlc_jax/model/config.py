@@ -152,7 +152,7 @@ class Qwen3Config:
         return dataclasses.replace(self, **kw)
 
 
-MOE_IMPLS = ("auto", "ragged", "dense")
+MOE_IMPLS = ("auto", "ragged", "dense", "megablox")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +171,9 @@ class Qwen3MoeConfig(Qwen3Config):
     mlp_only_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.001  # HF's value, written back on export (we train with 0)
     # ---- how the model runs (not part of HF config.json; see docs/MODEL.md) ----
-    # expert matmuls: auto (= ragged) | ragged (jax.lax.ragged_dot over expert-sorted tokens) |
-    # dense (every expert on every token, masked: the reference)
+    # expert matmuls: auto (megablox when the mesh's devices are TPUs, else ragged) | ragged
+    # (jax.lax.ragged_dot over expert-sorted tokens) | dense (every expert on every token, masked:
+    # the reference) | megablox (Pallas grouped matmul under shard_map; interpret mode off TPU)
     moe_impl: str = "auto"
 
     def __post_init__(self):

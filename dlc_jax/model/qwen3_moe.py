@@ -13,7 +13,9 @@ A dense layer (`mlp_only_layers`, `decoder_sparse_step`) has Qwen3's MLP.
 Routing (HF `Qwen3MoeTopKRouter`): probs = softmax(x @ gate.T) in float32, top-k of probs, weights
 renormalized to sum 1 when `norm_topk_prob`, cast to the compute dtype. Experts run as grouped
 matmuls: the N*K (token, expert) pairs are sorted by expert and `jax.lax.ragged_dot` multiplies
-each expert's contiguous group by its weights (`moe_impl='ragged'`); `moe_impl='dense'` runs every
+each expert's contiguous group by its weights (`moe_impl='ragged'`), or the Pallas megablox grouped
+matmul does under `shard_map` with expert-parallel dispatch (`moe_impl='megablox'`, moe_dispatch.py;
+`auto` picks it when the mesh's devices are TPUs, ragged otherwise); `moe_impl='dense'` runs every
 expert on every token and masks (the reference).
 
 Routing replay: `routed_experts` [B, T, L, K] int (L = all decoder layers; dense layers' entries are
@@ -31,7 +33,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .attention import mesh_platform
 from .config import Qwen3MoeConfig
+from .moe_dispatch import megablox_experts, resolve_moe_impl
 from .qwen3 import (
     Qwen3Attention,
     Qwen3ForCausalLM,
@@ -84,29 +88,51 @@ def load_balance_loss(probs, top_i, valid, num_experts: int):
 class Experts(nnx.Module):
     """E SwiGLU experts, weights stacked on the expert axis (`exp`)."""
 
-    def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype, compute_dtype):
+    def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype, compute_dtype, act_sharding):
         e, d, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.compute_dtype = compute_dtype
         self.impl = cfg.moe_impl
+        self.act_sharding = act_sharding
         self.gate_proj = _Kernel((e, d, i), ("exp", "embed", "moe_mlp"), rngs, param_dtype)
         self.up_proj = _Kernel((e, d, i), ("exp", "embed", "moe_mlp"), rngs, param_dtype)
         self.down_proj = _Kernel((e, i, d), ("exp", "moe_mlp", "embed"), rngs, param_dtype)
 
     def __call__(self, x, experts, weights):
-        """x [N, D], experts / weights [N, K] -> sum_k weights[:, k] * expert_k(x) [N, D]."""
+        """x [B, T, D], experts / weights [B, T, K] -> sum_k weights[..., k] * expert_k(x)
+        [B, T, D]."""
         dt = self.compute_dtype
         wg, wu, wd = (
             p.kernel.get_value().astype(dt) for p in (self.gate_proj, self.up_proj, self.down_proj)
         )
         x = x.astype(dt)
         weights = weights.astype(dt)
-        if self.impl == "dense":
+        mesh = self.act_sharding.mesh
+        impl = resolve_moe_impl(self.impl, mesh)
+        if impl == "megablox":
+            return megablox_experts(
+                x,
+                experts,
+                weights,
+                wg,
+                wu,
+                wd,
+                mesh=mesh,
+                rules=self.act_sharding.rules,
+                interpret=mesh_platform(mesh) != "tpu",
+            )
+        b, t, d = x.shape
+        x, experts, weights = (
+            x.reshape(b * t, d),
+            experts.reshape(b * t, -1),
+            weights.reshape(b * t, -1),
+        )
+        if impl == "dense":
             h = jax.nn.silu(jnp.einsum("nd,edi->nei", x, wg)) * jnp.einsum("nd,edi->nei", x, wu)
             out = jnp.einsum("nei,eid->ned", h, wd)
             combine = jnp.sum(
                 jax.nn.one_hot(experts, wg.shape[0], dtype=dt) * weights[..., None], axis=1
             )
-            return jnp.einsum("ned,ne->nd", out, combine)
+            return jnp.einsum("ned,ne->nd", out, combine).reshape(b, t, d)
         n, k = experts.shape
         flat = experts.reshape(-1)
         order = jnp.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
@@ -115,7 +141,7 @@ class Experts(nnx.Module):
         h = jax.nn.silu(jax.lax.ragged_dot(xs, wg, sizes)) * jax.lax.ragged_dot(xs, wu, sizes)
         ys = jax.lax.ragged_dot(h, wd, sizes)
         out = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
-        return jnp.sum(out * weights[..., None], axis=1)
+        return jnp.sum(out * weights[..., None], axis=1).reshape(b, t, d)
 
 
 class _Kernel(nnx.Module):
@@ -142,7 +168,13 @@ class Router(nnx.Module):
 class Qwen3MoeSparseBlock(nnx.Module):
     def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype, compute_dtype, act_sharding):
         self.gate = Router(cfg, rngs=rngs, param_dtype=param_dtype)
-        self.experts = Experts(cfg, rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
+        self.experts = Experts(
+            cfg,
+            rngs=rngs,
+            param_dtype=param_dtype,
+            compute_dtype=compute_dtype,
+            act_sharding=act_sharding,
+        )
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.num_experts = cfg.num_experts
@@ -154,9 +186,9 @@ class Qwen3MoeSparseBlock(nnx.Module):
         flat = x.reshape(b * t, d)
         rep = None if replay is None else replay.reshape(b * t, -1)
         w, used, top_i, probs = route(self.gate(flat), self.top_k, self.norm_topk_prob, rep)
-        y = self.experts(flat, used, w)
+        y = self.experts(x, used.reshape(b, t, -1), w.reshape(b, t, -1))
         aux = load_balance_loss(probs, top_i, valid.reshape(-1), self.num_experts)
-        return y.reshape(b, t, d), top_i.reshape(b, t, -1), aux
+        return y, top_i.reshape(b, t, -1), aux
 
 
 class Qwen3MoeDecoderLayer(nnx.Module):

@@ -1,0 +1,200 @@
+"""Mixture-of-experts expert matmuls as a Pallas grouped matmul (megablox) under `shard_map`.
+
+`megablox_experts(x, experts, weights, wg, wu, wd, mesh=..., rules=...)` computes, per token,
+
+    y[t] = sum_k weights[t, k] * down(silu(x[t] @ wg[e]) * (x[t] @ wu[e]))   with e = experts[t, k]
+
+with `jax.experimental.pallas.ops.tpu.megablox.ops.gmm` (the TPU grouped-matmul kernel kept with
+JAX, with its own VJP; MaxText's MoE uses it). A Pallas call cannot be partitioned by GSPMD, so the
+whole block runs under `jax.shard_map` over the training mesh:
+
+- tokens stay sharded over the batch axes the activation rules give `batch` (x [B, T, D]);
+- expert weights enter as each device's slice of the `expert` mesh axis (E / P experts; the model
+  dimension gathered, i.e. FSDP's all-gather) and, when the expert width divides the `tensor` axis,
+  with that width split over `tensor` (the down projection's partial sums are then `psum`-ed);
+- with an `expert` axis of size P > 1 holding tokens too, every device all-gathers the tokens of
+  its P expert-axis peers, multiplies the (token, expert) pairs routed to its E / P local experts
+  (`group_offset` = its first expert, group sizes of all E experts: the kernel visits only local
+  groups) and `psum_scatter`s the partial outputs back to the tokens' owners. Without dropping
+  tokens a dense all-to-all must size every per-destination buffer for all n local tokens, so it
+  moves exactly these bytes; a pair-level all-to-all would move top-k times more, and
+  `ragged_all_to_all` (bytes in proportion to the actual assignments) has no CPU lowering in this
+  JAX, so it could not be tested here.
+
+The (token, slot) pairs are sorted by expert and padded to the kernel's row tile; rows outside the
+local groups (padding, other shards' experts) are zeroed before and after every kernel call, so no
+uninitialized kernel output reaches the result or the gradients. Off TPU the kernel runs in Pallas
+interpret mode (slow; for tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
+
+from .attention import mesh_platform
+from .config import MOE_IMPLS
+from .sharding import logical_to_spec
+
+TILE = 128  # the kernel's (m, k, n) tile, capped at each (padded) dimension
+
+
+def resolve_moe_impl(impl: str, mesh: Mesh | None) -> str:
+    """The concrete expert implementation `impl` ('auto' or one of MOE_IMPLS) stands for:
+    'auto' is megablox when the mesh's devices are TPUs, ragged otherwise."""
+    if impl not in MOE_IMPLS:
+        raise ValueError(f"moe_impl must be one of {MOE_IMPLS}, got {impl!r}")
+    if impl != "auto":
+        return impl
+    return "megablox" if mesh_platform(mesh) == "tpu" else "ragged"
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _tiling(m: int) -> tuple[int, int, int]:
+    """Tiles for an [m, k] @ [k, n] grouped matmul (m a multiple of the row tile). The backward
+    pass reuses them with k and n swapped and m as a last dimension, where a TPU block must be a
+    multiple of 128 or the whole dimension: so 128 for k and n (an edge tile is masked), and the
+    row tile for m."""
+    return row_tile(m), TILE, TILE
+
+
+def row_tile(m: int) -> int:
+    """The row tile for m (token, expert) pairs: 128, or m rounded up to 8 when smaller."""
+    return min(TILE, _round_up(max(m, 1), 8))
+
+
+def _local_experts(
+    x, experts, weights, wg, wu, wd, *, first_expert, num_experts: int, interpret: bool
+):
+    """One device's grouped matmuls. x [n, D], experts / weights [n, K] (global expert ids),
+    wg / wu [El, D, I], wd [El, I, D] for experts [first_expert, first_expert + El) ->
+    y [n, D]: the contribution of the local experts (other pairs contribute 0)."""
+    from jax.experimental.pallas.ops.tpu.megablox.ops import gmm
+
+    n, k = experts.shape
+    n_local = wg.shape[0]
+    m = n * k
+    tm = row_tile(m)
+    mp = _round_up(m, tm)
+    flat = experts.reshape(-1).astype(jnp.int32)
+    order = jnp.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
+    sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    ends = jnp.cumsum(sizes)
+    start = jnp.where(first_expert > 0, ends[first_expert - 1], 0)
+    stop = ends[first_expert + n_local - 1]
+    rows = jnp.arange(mp)
+    local = ((rows >= start) & (rows < stop))[:, None]
+    src = jnp.pad(order // k, (0, mp - m))
+    xs = jnp.where(local, jnp.take(x, src, axis=0), 0)
+    offset = jnp.asarray(first_expert, jnp.int32)
+
+    def mm(lhs, rhs):
+        out = gmm(
+            lhs,
+            rhs,
+            sizes,
+            lhs.dtype,
+            _tiling(mp),
+            offset,
+            None,
+            False,
+            interpret,
+        )
+        return jnp.where(local, out, 0)
+
+    h = jnp.where(local, jax.nn.silu(mm(xs, wg)) * mm(xs, wu), 0)
+    ys = mm(h, wd)[:m]
+    out = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
+    return jnp.sum(out * weights[..., None].astype(out.dtype), axis=1)
+
+
+def _sharded_block(
+    x, experts, weights, wg, wu, wd, *, num_experts, expert_axis, gather, tensor_axis, interpret
+):
+    """shard_map body: x [b, T, D], experts / weights [b, T, K] (this device's tokens)."""
+    b, t, d = x.shape
+    if gather:  # tokens are split over the expert axis: see every peer's tokens
+        x, experts, weights = (
+            jax.lax.all_gather(a, expert_axis, axis=0, tiled=True) for a in (x, experts, weights)
+        )
+    first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * wg.shape[0]
+    kk = experts.shape[-1]
+    y = _local_experts(
+        x.reshape(-1, d),
+        experts.reshape(-1, kk),
+        weights.reshape(-1, kk),
+        wg,
+        wu,
+        wd,
+        first_expert=first,
+        num_experts=num_experts,
+        interpret=interpret,
+    ).reshape(x.shape)
+    if tensor_axis is not None:
+        y = jax.lax.psum(y, tensor_axis)
+    if expert_axis is not None:
+        if gather:
+            y = jax.lax.psum_scatter(y, expert_axis, scatter_dimension=0, tiled=True)
+        else:
+            y = jax.lax.psum(y, expert_axis)
+    return y.reshape(b, t, d)
+
+
+def _axes(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def megablox_experts(
+    x, experts, weights, wg, wu, wd, *, mesh: Mesh | None = None, rules=None, interpret=False
+):
+    """x [B, T, D], experts [B, T, K] int, weights [B, T, K], wg / wu [E, D, I], wd [E, I, D] ->
+    [B, T, D] in x's dtype (see the module doc)."""
+    num_experts = wg.shape[0]
+    if mesh is None or mesh.size == 1:
+        b, t, d = x.shape
+        kk = experts.shape[-1]
+        y = _local_experts(
+            x.reshape(-1, d),
+            experts.reshape(-1, kk),
+            weights.reshape(-1, kk),
+            wg,
+            wu,
+            wd,
+            first_expert=0,
+            num_experts=num_experts,
+            interpret=interpret,
+        )
+        return y.reshape(b, t, d)
+    xspec = logical_to_spec(("batch", "length", "act_embed"), x.shape, mesh, rules)
+    tok = PartitionSpec(xspec[0], None, None)
+    wspec = logical_to_spec(("exp", "embed", "moe_mlp"), wg.shape, mesh, rules)
+    exp_axes, mlp_axes = _axes(wspec[0]), _axes(wspec[2])
+    if len(exp_axes) > 1 or len(mlp_axes) > 1:
+        raise ValueError(f"moe_impl='megablox' needs one mesh axis per expert dim, got {wspec}")
+    expert_axis = exp_axes[0] if exp_axes else None
+    tensor_axis = mlp_axes[0] if mlp_axes else None
+    if tensor_axis in _axes(xspec[0]):  # tokens split over it already: keep the width whole
+        tensor_axis = None
+    up_spec = PartitionSpec(expert_axis, None, tensor_axis)
+    down_spec = PartitionSpec(expert_axis, tensor_axis, None)
+    body = functools.partial(
+        _sharded_block,
+        num_experts=num_experts,
+        expert_axis=expert_axis,
+        gather=expert_axis is not None and expert_axis in _axes(xspec[0]),
+        tensor_axis=tensor_axis,
+        interpret=interpret,
+    )
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(tok, tok, tok, up_spec, up_spec, down_spec),
+        out_specs=tok,
+        check_vma=False,
+    )(x, experts, weights, wg, wu, wd)
