@@ -33,7 +33,7 @@ from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.history import History
 from dlc_jax.env.protocol import EnvError, call_env, check_messages, check_step
-from dlc_jax.sampler.types import Rollout, SamplingParams
+from dlc_jax.sampler.types import Rollout, SamplingParams, mix_seed
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,13 @@ class EnvSampler:
             budget = self.max_total - len(hist)
             if budget < 1:
                 return "max_total_tokens"
-            p = dataclasses.replace(params, n=1, max_tokens=min(params.max_tokens, budget))
+            # a seeded request (JAX backend) draws its noise from the seed and the prompt's place
+            # in the request, the same for every one-prompt turn: each turn of each slot gets its
+            # own seed, else all episodes of a sample index (and all their turns) share one noise
+            seed = None if params.seed is None else mix_seed(int(params.seed), slot, turn)
+            p = dataclasses.replace(
+                params, n=1, max_tokens=min(params.max_tokens, budget), seed=seed
+            )
             try:
                 got = list(self.inner_fn().generate([hist.tokens], p, slot_ids=[slot]))
             except Exception as e:

@@ -56,6 +56,7 @@ class Scripted:
         self.version = 0
         self.calls: list[tuple[list[int], list[int], int]] = []  # (prompt sent, generated, ver)
         self.turn: dict[int, int] = {}
+        self.seeds: list[int | None] = []
 
     address = "scripted"
 
@@ -66,6 +67,7 @@ class Scripted:
             gen = list(self.script(i))[: params.max_tokens]
             t = len(gen)
             self.calls.append((list(p), gen, self.version))
+            self.seeds.append(params.seed)
             head = np.stack([gen, [g + 1 for g in gen]], 1).astype(np.int32).reshape(t, K)
             yield Rollout(
                 prompt_ids=np.asarray(self.echo(list(p)), np.int32),
@@ -334,6 +336,21 @@ def test_prefix_break_errors_or_splits(tok):
     assert r.finish_reason == "prefix_break" and r.episode["turns"] == 1 and not r.segment_starts
     n0 = len(s.calls[0][1])
     assert r.response_ids[:n0].tolist() == s.calls[0][1] and r.loss_mask.sum() == n0
+
+
+def test_seeded_turns_get_their_own_seeds(tok):
+    """A seeded request draws its noise from the seed and the prompt's place in the request (the
+    JAX backend): each one-prompt turn of each episode must get a seed of its own, else every
+    episode of a sample index, and every turn, would share one noise sequence."""
+    s = Scripted(_expert(tok))
+    runner = _runner(tok, s, Calculator)
+    p = SamplingParams(n=1, max_tokens=200, head_k=K, seed=7)
+    out = list(runner.generate([[1], [1]], p, slot_ids=[0, 1]))
+    assert [r.episode["turns"] for r in out] == [3, 3]
+    assert len(set(s.seeds)) == 6 and None not in s.seeds
+    s = Scripted(_expert(tok))  # unseeded requests stay unseeded
+    list(_runner(tok, s, Calculator).generate([[1]], _params(), slot_ids=[0]))
+    assert s.seeds == [None, None, None]
 
 
 def test_async_environment(tok):
