@@ -19,8 +19,11 @@ class EnvConfig:
     ``truncation_side`` ('left' keeps its end, 'right' its start; the chat template's own tokens
     around the content are never cut) or, with 'error', ends the episode (reason
     ``env_oversized``). on_prefix_break: what a turn whose tokens do not extend the episode's
-    history exactly does: 'error' stops the run, 'split' ends the episode at the break (the
-    token-exact part before it is trained). reward: 'sum' of the turn rewards or the 'last' one.
+    history exactly does: 'error' stops the run, 'split' goes on from the sampler's own
+    tokens as a new sequence in the same training row (both parts token-exact and trained;
+    counted in ``env/splits``; when the row would outgrow ``max_total_tokens`` the episode ends
+    at the break instead, reason ``prefix_break``). reward: 'sum' of the turn rewards or the
+    'last' one.
     timeout_s: one reset / step call; a call that runs longer ends its episode (``env_timeout``).
     workers: episodes run at once per sampler request.
     """

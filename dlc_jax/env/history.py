@@ -6,6 +6,10 @@ break) and appends the generated tokens with their log-probs, head and weight ve
 `add_env` appends an environment answer's token delta (loss mask 0). `mismatches` re-checks, at
 the end, that every turn's (prompt seen, tokens generated) is a slice of the final sequence, token
 for token: what the trainer trains on is what the sampler saw and produced.
+
+A split (``env.on_prefix_break: split``): `restart` begins a new sequence in the same training row
+from the sampler's own prompt tokens (loss mask 0, positions from 0, no attention back: the
+rollout's ``segment_starts``); the part before stays as it was, token-exact, and both are trained.
 """
 
 from __future__ import annotations
@@ -25,12 +29,22 @@ class History:
         self.head_ids: list[np.ndarray] = []
         self.head_lp: list[np.ndarray] = []
         self.spans: list[tuple[int, int, int]] = []
-        self.seen: list[tuple[list[int], list[int]]] = []  # per turn: (prompt echoed, generated)
+        # per turn: (row offset of its sequence, prompt echoed, generated)
+        self.seen: list[tuple[int, list[int], list[int]]] = []
         self.env_tokens = 0
+        self.starts: list[int] = []  # response offsets where a split-off sequence starts
 
     @property
     def tokens(self) -> list[int]:
+        """The current sequence (what the next turn's prompt must be): the whole history, or the
+        part since the last split."""
+        if self.starts:
+            return self.response[self.starts[-1] :]
         return self.prompt + self.response
+
+    def _base(self) -> int:
+        """Row offset of the current sequence."""
+        return len(self.prompt) + self.starts[-1] if self.starts else 0
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.response)
@@ -45,7 +59,7 @@ class History:
         if len(r.logprobs) != len(gen):
             return False
         off = len(self.response)
-        self.seen.append((echo, gen))
+        self.seen.append((self._base(), echo, gen))
         self.response += gen
         self.mask += [1.0] * len(gen)
         self.logprobs += [float(x) for x in r.logprobs]
@@ -74,13 +88,30 @@ class History:
         self.head_lp.append(np.zeros((n, self.k), np.float32))
         self.env_tokens += n
 
+    def restart(self, echo) -> None:
+        """Start a new sequence in this row from ``echo`` (the sampler's own prompt tokens, after
+        a prefix break): context only (loss mask 0), not attending to what came before."""
+        ids = [int(t) for t in echo]
+        if not ids:
+            raise ValueError("History.restart: an empty prompt")
+        self.starts.append(len(self.response))
+        n = len(ids)
+        self.response += ids
+        self.mask += [0.0] * n
+        self.logprobs += [0.0] * n
+        self.head_ids.append(np.zeros((n, self.k), np.int32))
+        self.head_lp.append(np.zeros((n, self.k), np.float32))
+
     def mismatches(self) -> int:
-        """Turns whose prompt seen or tokens generated are not a slice of the final sequence."""
-        full = self.tokens
+        """Turns whose prompt seen or tokens generated are not a slice of their sequence in the
+        final row, starting at that sequence's start (and not running into the next one)."""
+        full = self.prompt + self.response
+        ends = [len(self.prompt) + s for s in self.starts] + [len(full)]
         bad = 0
-        for echo, gen in self.seen:
-            p = len(echo)
-            if full[:p] != echo or full[p : p + len(gen)] != gen:
+        for base, echo, gen in self.seen:
+            end = min(e for e in ends if e > base)
+            p, g = base + len(echo), base + len(echo) + len(gen)
+            if full[base:p] != echo or full[p:g] != gen or g > end:
                 bad += 1
         return bad
 
@@ -100,4 +131,5 @@ class History:
             loss_mask=np.asarray(self.mask, np.float32),
             reward=float(reward),
             episode=episode,
+            segment_starts=tuple(self.starts),
         )

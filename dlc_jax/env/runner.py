@@ -13,7 +13,8 @@ environment said so), ``max_turns``, ``max_total_tokens``, ``length`` (a turn hi
 ``env_error`` (reset/step raised or returned garbage), ``env_timeout`` (a call ran past
 ``env.timeout_s``; its thread is abandoned), ``env_oversized`` (an answer over
 ``env.max_env_tokens_per_turn`` with ``truncation_side: error``), ``prefix_break``
-(``on_prefix_break: split``). An environment failure never reaches the trainer; a sampler failure
+(``on_prefix_break: split``, when the rest cannot continue as a new sequence in the same row).
+An environment failure never reaches the trainer; a sampler failure
 does (the stream fails as for single-turn requests).
 """
 
@@ -32,7 +33,7 @@ from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.history import History
 from dlc_jax.env.protocol import EnvError, call_env, check_messages, check_step
-from dlc_jax.sampler.types import Rollout, SamplingParams
+from dlc_jax.sampler.types import Rollout, SamplingParams, mix_seed
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +208,13 @@ class EnvSampler:
             budget = self.max_total - len(hist)
             if budget < 1:
                 return "max_total_tokens"
-            p = dataclasses.replace(params, n=1, max_tokens=min(params.max_tokens, budget))
+            # a seeded request (JAX backend) draws its noise from the seed and the prompt's place
+            # in the request, the same for every one-prompt turn: each turn of each slot gets its
+            # own seed, else all episodes of a sample index (and all their turns) share one noise
+            seed = None if params.seed is None else mix_seed(int(params.seed), slot, turn)
+            p = dataclasses.replace(
+                params, n=1, max_tokens=min(params.max_tokens, budget), seed=seed
+            )
             try:
                 got = list(self.inner_fn().generate([hist.tokens], p, slot_ids=[slot]))
             except Exception as e:
@@ -220,9 +227,11 @@ class EnvSampler:
                 if cfg.on_prefix_break == "error":
                     raise PrefixBreakError(
                         f"slot {slot} turn {turn}: the sampler saw {len(r.prompt_ids)} tokens "
-                        f"that differ from the episode's {len(hist)}-token history"
+                        f"that differ from the episode's {len(hist.tokens)}-token history"
                     )
-                return "prefix_break"
+                if not self._split(hist, r):
+                    return "prefix_break"
+                ep["splits"] = ep.get("splits", 0) + 1
             ep["turns"] += 1
             gen = [int(t) for t in r.response_ids]
             ended = bool(gen) and gen[-1] == self.delta.eos_id
@@ -244,6 +253,20 @@ class EnvSampler:
                 return "max_total_tokens"
             hist.add_env(ids)
         return "max_turns"
+
+    def _split(self, hist: History, r: Rollout) -> bool:
+        """``on_prefix_break: split``: the turn ``r`` starts a new sequence in the episode's row
+        from the sampler's own prompt (`History.restart`), counted in ``env/splits``; False (the
+        episode ends at the break) when the row would outgrow ``env.max_total_tokens`` or ``r``
+        is malformed."""
+        echo, t = len(r.prompt_ids), len(r.response_ids)
+        if not echo or len(r.logprobs) != t or len(hist) + echo + t > self.max_total:
+            return False
+        hist.restart(r.prompt_ids)
+        if not hist.add_generated(r):  # cannot happen: the echo is the new sequence
+            raise RuntimeError("env: a split turn does not extend its own prompt")
+        self._bump("env/splits")
+        return True
 
     # ---- counters ------------------------------------------------------------------------------
     def _bump(self, key: str, by: float = 1.0) -> None:
@@ -283,6 +306,7 @@ def episode_stats(rollouts: list[Rollout]) -> dict[str, float]:
             np.mean([r.generated_mask().sum() for r in rollouts if r.episode is not None])
         ),
         "env/episode_errors": float(sum(e["errors"] for e in eps)),
+        "env/splits": float(sum(e.get("splits", 0) for e in eps)),
     }
     for reason in END_REASONS:
         out[f"env/share_{reason}"] = sum(e["end"] == reason for e in eps) / n

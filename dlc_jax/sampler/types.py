@@ -108,6 +108,10 @@ class Rollout:
     only the generated tokens (gaps over environment tokens, whose ``logprobs`` and head are 0 and
     never read), and ``reward`` is the episode's reward from the environment (None: scored by the
     reward functions). ``episode`` holds the episode's counters (turns, env tokens, end reason).
+    ``segment_starts``: response offsets where a new sequence starts in the same row (an episode
+    split at a prefix break, ``env.on_prefix_break: split``): from there positions restart at 0
+    and attention does not reach back; the tokens at such an offset begin the sampler's own prompt
+    of the continuation (loss mask 0).
     """
 
     prompt_ids: np.ndarray
@@ -126,6 +130,7 @@ class Rollout:
     loss_mask: np.ndarray | None = None
     reward: float | None = None
     episode: dict | None = None
+    segment_starts: tuple[int, ...] = ()
 
     @property
     def versions(self) -> list[int]:
@@ -145,7 +150,7 @@ class Rollout:
         return out
 
     def to_proto(self) -> pb.Rollout:
-        if self.loss_mask is not None or self.reward is not None:
+        if self.loss_mask is not None or self.reward is not None or self.segment_starts:
             raise ValueError(
                 "an environment episode (loss_mask / reward set) is trainer-side only and is "
                 "never sent over the wire"

@@ -228,24 +228,42 @@ def _check(r, seq_len: int, k: int) -> int:
             f"rollout slot={r.slot_id} sample={r.sample_index}: loss_mask must have {t} entries "
             "and every generated (mask 1) token a weight version"
         )
+    starts = [int(j) for j in r.segment_starts]
+    if starts and (
+        starts != sorted(set(starts))
+        or not 0 < starts[0] <= starts[-1] < t
+        or np.any(r.generated_mask()[starts] > 0)
+    ):
+        raise ValueError(
+            f"rollout slot={r.slot_id} sample={r.sample_index}: segment_starts {starts} must "
+            f"increase inside (0, {t}) and start on loss-mask-0 tokens"
+        )
     return p + t
 
 
-def _write(out: PackedBatch, i: int, row: int, off: int, segment: int, r, k: int) -> None:
-    """Rollout ``r`` (index ``i``) into ``row`` at offset ``off`` as segment ``segment``.
+def _write(out: PackedBatch, i: int, row: int, off: int, segment: int, r, k: int) -> int:
+    """Rollout ``r`` (index ``i``) into ``row`` at offset ``off`` as segment ``segment`` (and the
+    next ones, one per ``r.segment_starts`` entry: a split episode); the segments it used.
 
     Response token j of a rollout with prompt length P sits at P+j and is predicted at P+j-1, so
     ``targets[P+j-1] = response[j]``, ``mask[P+j-1] = 1``, ``lp_q[P+j-1] = logprobs[j]``; the last
-    token of a segment predicts nothing (its target stays padding, mask 0).
+    token of a segment predicts nothing (its target stays padding, mask 0; the last token before
+    a split predicts the next segment's first token, with mask 0: never trained).
     """
     p, t = len(r.prompt_ids), len(r.response_ids)
     seq = np.concatenate([np.asarray(r.prompt_ids, np.int32), np.asarray(r.response_ids, np.int32)])
     n = p + t
     span = slice(off, off + n)
+    cuts = [0] + [p + int(j) for j in r.segment_starts] + [n]
+    seg = np.zeros(n, np.int32)
+    pos = np.zeros(n, np.int32)
+    for m, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        seg[a:b] = segment + m
+        pos[a:b] = np.arange(b - a, dtype=np.int32)
     out.input_ids[row, span] = seq
     out.attention_mask[row, span] = 1
-    out.segment_ids[row, span] = segment
-    out.positions[row, span] = np.arange(n, dtype=np.int32)
+    out.segment_ids[row, span] = seg
+    out.positions[row, span] = pos
     out.seq_index[row, span] = i
     out.targets[row, off : off + n - 1] = seq[1:]
     sl = slice(off + p - 1, off + p - 1 + t)
@@ -259,6 +277,7 @@ def _write(out: PackedBatch, i: int, row: int, off: int, segment: int, r, k: int
     out.version[row, sl] = np.where(gen, r.token_versions(), -1)
     out.slot[i] = r.slot_id
     out.sample_index[i] = r.sample_index
+    return len(cuts) - 1
 
 
 def pack_rollouts(rollouts: list, seq_len: int, head_k: int, pad_id: int = 0) -> PackedBatch:
@@ -305,10 +324,9 @@ def pack_by_tokens(
             f"only {rows} allowed"
         )
     out = _empty(rows, row_len, k, len(rollouts), pad_id)
-    segment = [0] * rows
+    segment = [1] * rows
     for i, (r, (row, off)) in enumerate(zip(rollouts, place)):
-        segment[row] += 1
-        _write(out, i, row, off, segment[row], r, k)
+        segment[row] += _write(out, i, row, off, segment[row], r, k)
     return out
 
 

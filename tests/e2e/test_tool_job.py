@@ -2,7 +2,7 @@
 tiny model warmed on the calculator environment's demonstrations, a real vLLM-CPU sampler on
 loopback, DLC across turns) for 4 steps. It finishes; episodes are multi-turn; no environment
 error, prefix break or silent prefix mismatch happens; every metric is finite. (Learning is not
-asserted: the reward of this config does not rise yet, docs/ENVIRONMENTS.md.)"""
+asserted: that the reward rises is not yet shown, docs/ENVIRONMENTS.md.)"""
 
 import json
 import os

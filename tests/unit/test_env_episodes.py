@@ -22,7 +22,7 @@ from dlc_jax.env import (
 from dlc_jax.env.builtin.calculator import Calculator, calc
 from dlc_jax.env.builtin.feedback import Feedback
 from dlc_jax.sampler.types import Rollout, SamplingParams
-from dlc_jax.trainer.batching import pack_rollouts
+from dlc_jax.trainer.batching import pack_by_tokens, pack_rollouts
 
 K = 2
 ROW = {"prompt": "47+38+5=", "answer": "90"}
@@ -56,6 +56,7 @@ class Scripted:
         self.version = 0
         self.calls: list[tuple[list[int], list[int], int]] = []  # (prompt sent, generated, ver)
         self.turn: dict[int, int] = {}
+        self.seeds: list[int | None] = []
 
     address = "scripted"
 
@@ -66,6 +67,7 @@ class Scripted:
             gen = list(self.script(i))[: params.max_tokens]
             t = len(gen)
             self.calls.append((list(p), gen, self.version))
+            self.seeds.append(params.seed)
             head = np.stack([gen, [g + 1 for g in gen]], 1).astype(np.int32).reshape(t, K)
             yield Rollout(
                 prompt_ids=np.asarray(self.echo(list(p)), np.int32),
@@ -289,8 +291,8 @@ def test_broken_environment_ends_its_episode_with_a_counted_reason(tok, factory)
 def test_prefix_break_errors_or_splits(tok):
     eos = tok.eos_token_id
 
-    def altered(p):  # a sampler that does not see what it was sent (from turn 2 on)
-        return p if len(p) < 20 else p[:-1] + [p[-1] + 1]
+    def altered(p):  # a sampler that does not see what it was sent at turn 2 (only)
+        return p if not 20 < len(p) < 120 else p[:-1] + [p[-1] + 1]
 
     s = Scripted(_expert(tok), echo=altered)
     with pytest.raises(PrefixBreakError):
@@ -298,12 +300,57 @@ def test_prefix_break_errors_or_splits(tok):
     s = Scripted(_expert(tok), echo=altered)
     runner = _runner(tok, s, Calculator, on_prefix_break="split")
     (r,) = list(runner.generate([[1]], _params(), slot_ids=[0]))
-    assert r.finish_reason == "prefix_break" and r.episode["turns"] == 1
-    # what is trained is only the token-exact part before the break
+    # every break starts a new sequence from the sampler's own tokens; the episode runs to its end
+    assert r.finish_reason == "done" and r.episode["turns"] == 3 and r.reward == 1.0
+    assert r.episode["splits"] == 1 and len(r.segment_starts) == 1
+    assert runner.totals()["env/prefix_breaks"] == 1 and runner.totals()["env/splits"] == 1
+    assert runner.totals()["env/silent_mismatches"] == 0 and r.episode["mismatches"] == 0
+    P, resp = len(r.prompt_ids), r.response_ids.tolist()
+    full = r.prompt_ids.tolist() + resp
+    bounds = [0] + [P + j for j in r.segment_starts] + [len(full)]
+    # each sequence of the row: what the sampler saw (its own echo at the break) and generated
+    (s0, g0, _), (s1, g1, _), (s2, g2, _) = s.calls
+    assert full[: len(s0)] == s0 and full[len(s0) : len(s0) + len(g0)] == g0
+    b1 = bounds[1]
+    assert full[b1 : b1 + len(s1)] == altered(s1) != s1
+    assert full[b1 + len(s1) : b1 + len(s1) + len(g1)] == g1
+    assert full[b1 : b1 + len(s2)] == s2 and full[b1 + len(s2) :] == g2
+    # all three turns are trained (mask 1 on every generated token, 0 on echoes and env answers)
+    assert r.loss_mask.sum() == sum(len(g) for _, g, _ in s.calls)
+    assert np.all(r.loss_mask[list(r.segment_starts)] == 0)
+    assert resp.count(eos) >= 3
+    # in the trainer's row: two segments, positions restart, targets never cross a split
+    for pack in (pack_rollouts([r], seq_len=len(full) + 2, head_k=K),):
+        seg = pack.segment_ids[0, : len(full)]
+        assert [int(seg[a]) for a in bounds[:-1]] == [1, 2]
+        assert [int(pack.positions[0, a]) for a in bounds[:-1]] == [0, 0]
+        assert pack.mask[0, : len(full)].sum() == r.loss_mask.sum()
+        assert all(pack.mask[0, a - 1] == 0 for a in bounds[1:-1])
+    # packed with another rollout: segment ids keep counting after the split ones
+    packed = pack_by_tokens([r, r], row_len=2 * len(full) + 1, head_k=K)
+    assert packed.segment_ids[0].max() == 4 and packed.mask.sum() == 2 * r.loss_mask.sum()
+    # a split that would not fit in max_total_tokens ends the episode at the break (counted)
+    s = Scripted(_expert(tok), echo=altered)
+    runner = _runner(tok, s, Calculator, on_prefix_break="split", max_total_tokens=200)
+    (r,) = list(runner.generate([[1]], _params(), slot_ids=[0]))
+    assert r.finish_reason == "prefix_break" and r.episode["turns"] == 1 and not r.segment_starts
     n0 = len(s.calls[0][1])
     assert r.response_ids[:n0].tolist() == s.calls[0][1] and r.loss_mask.sum() == n0
-    assert runner.totals()["env/prefix_breaks"] == 1
-    assert eos in r.response_ids.tolist()
+
+
+def test_seeded_turns_get_their_own_seeds(tok):
+    """A seeded request draws its noise from the seed and the prompt's place in the request (the
+    JAX backend): each one-prompt turn of each episode must get a seed of its own, else every
+    episode of a sample index, and every turn, would share one noise sequence."""
+    s = Scripted(_expert(tok))
+    runner = _runner(tok, s, Calculator)
+    p = SamplingParams(n=1, max_tokens=200, head_k=K, seed=7)
+    out = list(runner.generate([[1], [1]], p, slot_ids=[0, 1]))
+    assert [r.episode["turns"] for r in out] == [3, 3]
+    assert len(set(s.seeds)) == 6 and None not in s.seeds
+    s = Scripted(_expert(tok))  # unseeded requests stay unseeded
+    list(_runner(tok, s, Calculator).generate([[1]], _params(), slot_ids=[0]))
+    assert s.seeds == [None, None, None]
 
 
 def test_async_environment(tok):
