@@ -42,6 +42,9 @@ class BackendConfig:
     max_batch: int = 32  # JAX backend: sequences decoded together (static shape)
     # vLLM KV cache size; None = 1 GiB on CPU (unless VLLM_CPU_KVCACHE_SPACE), vLLM default on GPU
     kv_cache_gib: float | None = None
+    # LoRA adapter pushes (`adapter_push`): the largest rank served; 0 = none (vLLM: LoRA off).
+    # The JAX backend merges adapters of any rank and ignores it.
+    max_lora_rank: int = 0
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -51,6 +54,8 @@ class BackendConfig:
         for k in ("max_model_len", "max_n", "max_num_seqs", "tensor_parallel_size", "max_batch"):
             if getattr(self, k) < 1:
                 raise ValueError(f"BackendConfig.{k} must be >= 1, got {getattr(self, k)!r}")
+        if self.max_lora_rank < 0:
+            raise ValueError(f"BackendConfig.max_lora_rank must be >= 0, got {self.max_lora_rank}")
         if self.weight_noise < 0:
             raise ValueError(f"BackendConfig.weight_noise must be >= 0, got {self.weight_noise!r}")
 
@@ -119,6 +124,26 @@ class SamplerBackend(abc.ABC):
     async def apply_load(self, load: WeightLoad, version: int) -> None:
         """Serve the weights of a completed `begin_load()` as `version`, atomically."""
         raise NotImplementedError(f"{self.name} backend has no in-memory load")
+
+    # -- LoRA adapter pushes (`dlc_jax.sampler.adapter_push`) ---------------------------------
+    def adapter_base(self, rank: int) -> str:
+        """The fingerprint of the base an adapter push of ``rank`` is merged into (the model
+        directory this sampler started from), or ValueError saying why it takes none."""
+        raise ValueError(f"the {self.name} backend does not serve LoRA adapter pushes")
+
+    def base_fingerprint(self) -> str:
+        """`adapter_push.dir_fingerprint` of the model directory (computed once)."""
+        fp = getattr(self, "_base_fp", None)
+        if fp is None:
+            from ..adapter_push import dir_fingerprint
+
+            fp = self._base_fp = dir_fingerprint(self.cfg.model_dir)
+        return fp
+
+    async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
+        """Serve base + the verified adapter in ``adapter_dir`` (``meta``: its
+        `adapter_push.AdapterMeta`) as ``version``, atomically; on failure nothing changed."""
+        raise NotImplementedError(f"{self.name} backend serves no adapters")
 
     @abc.abstractmethod
     async def close(self) -> None: ...
