@@ -2,7 +2,7 @@
 the push dtype) as an adapter push (`dlc_jax.sampler.adapter_push`): the same checksummed
 ``WeightMessage`` stream as a full push, its header marked with the push kind, the adapter's
 rank/alpha and the fingerprint of the trainer's frozen base, which the sampler checks against its
-own before it merges (JAX backend) or loads the adapter as a LoRA (vLLM backend).
+own before it merges base + delta (JAX backend; the vLLM backend refuses adapter pushes).
 
 Sent over gRPC (an adapter is small: the socket data plane buys nothing), to one sampler
 (`SamplerClient`) or every pushable sampler of a `SamplerPool` (its rotation settled as for a full
@@ -106,7 +106,7 @@ class AdapterPusher:
             results = run_each({i: sampler.clients[i] for i in targets}, one)
             return sampler.rot.settle(results, version, time.monotonic() - t0)
         raise AdapterPushError(
-            f"lora.push=adapter: pushes to sampler server(s) (sampler.backend=jax or vllm); "
+            f"lora.push=adapter: pushes to sampler server(s) (sampler.backend=jax); "
             f"this sampler ({type(sampler).__name__}) takes full weights only: set "
             f"lora.push=merged"
         )
@@ -119,9 +119,9 @@ def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> Adap
             "lora.push=adapter: not built for multi-host runs (the adapters are gathered on one "
             "process); set lora.push=merged"
         )
-    if backend == "inprocess":
+    if backend is not None and backend != "jax":
         raise AdapterPushError(
-            "lora.push=adapter needs a sampler server (sampler.backend=jax or vllm); the "
-            "inprocess sampler takes full weights: set lora.push=merged"
+            f"lora.push=adapter: only a sampler server with sampler.backend=jax merges pushed "
+            f"adapters (the {backend} sampler takes full weights): set lora.push=merged"
         )
     return AdapterPusher(cfg)

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
-import os
 import pathlib
 from collections.abc import Callable, Iterable, Iterator
 
@@ -231,29 +229,3 @@ def merged_tensors(
         a = adapter[peft_name(mod, "lora_A")]
         b = adapter[peft_name(mod, "lora_B")]
         yield name, np.asarray(w, np.float32) + np.float32(scale) * (b @ a)
-
-
-def write_peft_dir(adapter_dir: str | pathlib.Path, meta: AdapterMeta) -> pathlib.Path:
-    """Make the staged adapter directory a PEFT adapter directory (what vLLM's LoRA loader reads):
-    ``adapter_model.safetensors`` (the staged file, renamed) and ``adapter_config.json``."""
-    d = pathlib.Path(adapter_dir)
-    names = sorted({split_name(n)[0].rsplit(".", 1)[-1] for n in st.read_specs(d)})
-    target = d / "adapter_model.safetensors"
-    if not target.exists():
-        (f,) = st.safetensors_files(d)
-        os.replace(f, target)
-    cfg = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "r": meta.rank,
-        "lora_alpha": meta.alpha,
-        "lora_dropout": 0.0,
-        "target_modules": names,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        "use_rslora": False,
-        "use_dora": False,
-    }
-    (d / "adapter_config.json").write_text(json.dumps(cfg) + "\n")
-    return d

