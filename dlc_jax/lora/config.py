@@ -14,7 +14,7 @@ import dataclasses
 # delta from prompt log-probs) nor the embedding
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 NEVER_TARGETS = ("lm_head", "embed_tokens")
-PUSH_MODES = ("merged",)
+PUSH_MODES = ("merged", "adapter")
 
 
 @dataclasses.dataclass
@@ -23,8 +23,9 @@ class LoraConfig:
     targets: comma-separated module-name patterns (fnmatch) matched against a projection's last
     name or its dotted path (``model.layers.3.mlp.down_proj``); dropout: must be 0 (RL runs
     without it; not implemented); push: 'merged' = the sampler receives base + delta as a full
-    model through the usual weight push; seed: the adapters' initialization (A random, B zero:
-    the delta starts at 0)."""
+    model through the usual weight push, 'adapter' = it receives the adapters alone (PEFT names)
+    and serves base + delta itself (``dlc_jax.lora.push``); seed: the adapters' initialization
+    (A random, B zero: the delta starts at 0)."""
 
     rank: int = 0
     alpha: float = 32.0

@@ -23,8 +23,7 @@ import numpy as np
 
 from dlc_jax.lora.adapters import adapted
 from dlc_jax.lora.config import LoraConfig
-
-PEFT_PREFIX = "base_model.model."
+from dlc_jax.sampler.adapter_push import PEFT_PREFIX
 
 
 def _layers(path: str, stacked: bool, n: int) -> list[tuple[str, int | None]]:

@@ -22,7 +22,7 @@ import time
 import grpc
 import numpy as np
 
-from . import chunk_wire, data_plane, push_session, relay, sliced_push
+from . import adapter_push, chunk_wire, data_plane, push_session, relay, sliced_push
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .backends.base import SamplerBackend
@@ -43,6 +43,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         self._io_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="push-io")
         self._current_dir = pathlib.Path(backend.cfg.model_dir)
         self._owned_dir: pathlib.Path | None = None  # staged dir now serving (deleted on next swap)
+        self._adapter_dir: pathlib.Path | None = None  # the staged LoRA adapter now serving
         self.counters = {"tokens_generated": 0, "requests": 0, "pushes": 0, "rejected_pushes": 0}
         self.queue_depth = 0
         self.last_push_message = ""
@@ -127,6 +128,24 @@ class SamplerService(pb_grpc.SamplerServicer):
         self._current_dir = path
         self._owned_dir = path if owned else None
 
+    async def _swap_adapter(self, path: pathlib.Path, version: int, meta) -> None:
+        """Serve base + the staged adapter as `version` (the backend swaps atomically: on failure
+        nothing changed); the previous adapter's directory is deleted."""
+        try:
+            await self.backend.apply_adapter(str(path), version, meta)
+        except Exception as e:
+            log.exception(
+                "applying adapter v%s failed; v%s keeps serving", version, self.backend.version
+            )
+            raise PushError(
+                grpc.StatusCode.INTERNAL,
+                f"backend failed to apply adapter version {version}: {e!r}; the current weights "
+                f"keep serving",
+            ) from e
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+        self._adapter_dir = path
+
     async def _reject(self, context, e: PushError):
         self.counters["rejected_pushes"] += 1
         self.last_push_message = e.message
@@ -185,7 +204,18 @@ class SamplerService(pb_grpc.SamplerServicer):
             return await self._push_sliced(header, it, deadline, context, t0)
         self._group.drop("superseded by a full push")
         memory = self.cfg.push_staging == "memory"
-        stager = self._stager()
+        stager: WeightStager
+        if header.kind:  # a LoRA adapter push (adapter_push): applied at commit, not streamed in
+            stager = adapter_push.AdapterStager(
+                self.backend.expected_tensors(),
+                self.backend.version,
+                self.cfg.staging_root,
+                check_base=self.backend.adapter_base,
+                reserve_bytes=self.cfg.staging_reserve_bytes,
+                memory=memory,
+            )
+        else:
+            stager = self._stager()
         applied = False
         error: PushError | None = None
         loop = asyncio.get_running_loop()
@@ -219,7 +249,9 @@ class SamplerService(pb_grpc.SamplerServicer):
             if forwards:  # verified here: the children commit while this one swaps
                 relayed = loop.run_in_executor(None, forwards[0].finish, True)
             swap = asyncio.ensure_future(
-                self._swap(path, stager.version, owned=True, load=stager.load)
+                self._swap_adapter(path, stager.version, stager.meta)
+                if isinstance(stager, adapter_push.AdapterStager)
+                else self._swap(path, stager.version, owned=True, load=stager.load)
             )
             try:
                 await asyncio.shield(swap)

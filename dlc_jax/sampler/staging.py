@@ -109,7 +109,7 @@ class WeightStager:
                     f"tensor {s.name!r} listed twice in the header",
                 )
             seen[s.name] = (tuple(int(d) for d in s.shape), s.dtype)
-        validate_specs(self.expected, seen)
+        self.validate(seen)
         for s in h.tensors:
             n = 1
             for d in s.shape:
@@ -155,6 +155,11 @@ class WeightStager:
             self._mv = memoryview(self._mm)
         if self.load is not None:
             self._loader = StageWorker(self._load_tensor, "push-load")
+
+    def validate(self, seen: dict[str, tuple[tuple[int, ...], str]]) -> None:
+        """The header's {name: (shape, dtype)} against the served model (a full set of weights;
+        `adapter_push.AdapterStager` checks adapter factors instead)."""
+        validate_specs(self.expected, seen)
 
     # -- data -------------------------------------------------------------------------------
     def _spec(self, i: int) -> pb.TensorSpec:

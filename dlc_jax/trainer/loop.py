@@ -53,6 +53,7 @@ from dlc_jax.lora import (
     merged_model,
     trainable_filter,
 )
+from dlc_jax.lora.push import adapter_pusher
 from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
@@ -154,8 +155,11 @@ class Trainer:
             mesh=self.mesh,
             trainable=trainable_filter(cfg.lora),
         )
-        # what the sampler gets for a trained module (LoRA: base + delta, a full model)
-        self.serve: Callable[[Any], Any] = merged_model if adapted else (lambda m: m)
+        # what the sampler gets for a trained module (LoRA: base + delta, a full model, or under
+        # lora.push=adapter the adapted model, whose adapters alone the link pushes)
+        adapter_push = bool(adapted) and cfg.lora.push == "adapter"
+        merge = adapted and not adapter_push
+        self.serve: Callable[[Any], Any] = merged_model if merge else (lambda m: m)
         base_fp = base_fingerprint(self.state.params) if adapted else None
         if adapted:
             logger.info(
@@ -207,6 +211,11 @@ class Trainer:
                 s, model_dir=self.model_dir, log_dir=cfg.log.dir, multi=self.multi, sampler=sampler
             )
         self.link.on_reconnect = self._on_reconnect
+        if adapter_push:
+            given = sampler is not None  # a Sampler handed in: its type decides at the push
+            self.link.adapter = adapter_pusher(
+                cfg.lora, multi=self.multi, backend=None if given else s.backend
+            )
         # env.fn: every rollout is an episode of that environment, run behind the Sampler protocol
         self.env = make_env_sampler(cfg, self.tokenizer, lambda: self.link.client)
         self.batches = BatchCollector(

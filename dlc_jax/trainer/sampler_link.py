@@ -83,6 +83,8 @@ class SamplerLink:
         self.process: SamplerProcess | None = None
         self._last_rotation: list[bool] | None = None
         self._connected_once = False
+        # lora.push=adapter: pushes carry the adapters alone (`dlc_jax.lora.push.AdapterPusher`);
+        self.adapter: Any = None
 
     @property
     def client(self) -> Sampler:
@@ -267,19 +269,23 @@ class SamplerLink:
         if version == 0 and dist.leader_bool(self.client.info()["version"] == 0):
             return None
         t0 = time.time()
-        res = dist.push_weights(
-            self.client,
-            model_fn(),
-            version,
-            dtype=self.push_dtype,
-            transport=self.cfg.push_transport,
-        )
+        if self.adapter is not None:  # lora.push=adapter: the adapters alone
+            res = self.adapter.push(self.client, model_fn(), version, dtype=self.push_dtype)
+        else:
+            res = dist.push_weights(
+                self.client,
+                model_fn(),
+                version,
+                dtype=self.push_dtype,
+                transport=self.cfg.push_transport,
+            )
         if not res.ok:
             raise RuntimeError(f"sampler rejected weight push v{version} ({reason}): {res.message}")
         logger.info(
-            "push: version %d (%s) %.1f MB %s via %s in %.1fs%s",
+            "push: version %d (%s) %s%.3f MB %s via %s in %.2fs%s",
             version,
             reason,
+            "adapter " if self.adapter is not None else "",
             res.bytes / 1e6,
             self.push_dtype,
             res.transport or "grpc",

@@ -120,6 +120,26 @@ class SamplerBackend(abc.ABC):
         """Serve the weights of a completed `begin_load()` as `version`, atomically."""
         raise NotImplementedError(f"{self.name} backend has no in-memory load")
 
+    # -- LoRA adapter pushes (`dlc_jax.sampler.adapter_push`) ---------------------------------
+    def adapter_base(self, rank: int) -> str:
+        """The fingerprint of the base an adapter push of ``rank`` is merged into (the model
+        directory this sampler started from), or ValueError saying why it takes none."""
+        raise ValueError(f"the {self.name} backend does not serve LoRA adapter pushes")
+
+    def base_fingerprint(self) -> str:
+        """`adapter_push.dir_fingerprint` of the model directory (computed once)."""
+        fp = getattr(self, "_base_fp", None)
+        if fp is None:
+            from ..adapter_push import dir_fingerprint
+
+            fp = self._base_fp = dir_fingerprint(self.cfg.model_dir)
+        return fp
+
+    async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
+        """Serve base + the verified adapter in ``adapter_dir`` (``meta``: its
+        `adapter_push.AdapterMeta`) as ``version``, atomically; on failure nothing changed."""
+        raise NotImplementedError(f"{self.name} backend serves no adapters")
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 

@@ -73,6 +73,7 @@ class JaxBackend(SamplerBackend):
         self._lock = threading.Lock()
         self._graphdef = None
         self._state = None
+        self._base_state = None
         self._seed_counter = np.random.default_rng(cfg.seed)
         self._load_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -115,6 +116,7 @@ class JaxBackend(SamplerBackend):
         self._graphdef, self._state = await asyncio.to_thread(
             self.load_weights_dir, self.cfg.model_dir
         )
+        self._base_state = self._state  # what LoRA adapter pushes are merged into
         self._cache_dtype = "bfloat16" if self.cfg.dtype == "bfloat16" else "float32"
 
     async def apply_weights(self, weights_dir: str, version: int) -> None:
@@ -151,6 +153,37 @@ class JaxBackend(SamplerBackend):
                 1, thread_name_prefix="jax-load"
             )
         state = await asyncio.get_running_loop().run_in_executor(self._load_pool, load.state)
+        with self._lock:
+            self._state, self.version = state, int(version)
+
+    # -- LoRA adapter pushes: base + delta merged in memory at commit ------------------------------
+    def adapter_base(self, rank: int) -> str:
+        return self.base_fingerprint()
+
+    def _adapter_state(self, adapter_dir: str, meta):
+        """The start-up base with ``W + scale * B @ A`` in every adapted kernel (numerics knobs
+        applied to the merged weight, as to a pushed one); the other parameters are shared."""
+        from ..adapter_push import merged_tensors, read_adapter
+        from .jax_weights import JaxWeightLoad
+
+        knobs = self.cfg.weight_noise > 0 or self.cfg.quantization == "int8"
+        load = JaxWeightLoad(
+            self._base_state,
+            int(self.model_config["num_hidden_layers"]),
+            (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
+        )
+        adapter = read_adapter(adapter_dir)
+        for name, w in merged_tensors(st.iter_tensors(self.cfg.model_dir), adapter, meta.scale):
+            load.add(name, w)
+        return load.state(partial=True)
+
+    async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
+        if self._load_pool is None:
+            self._load_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="jax-load"
+            )
+        loop = asyncio.get_running_loop()
+        state = await loop.run_in_executor(self._load_pool, self._adapter_state, adapter_dir, meta)
         with self._lock:
             self._state, self.version = state, int(version)
 

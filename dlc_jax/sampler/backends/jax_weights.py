@@ -88,15 +88,25 @@ class JaxWeightLoad:
             self._values[path] = _stack(pieces, lead)
             del self._stacks[path]
 
-    def state(self):
-        """The new state: every parameter replaced; KeyError naming one the push did not give."""
+    def state(self, partial: bool = False):
+        """The new state: every parameter replaced; KeyError naming one the push did not give.
+        ``partial`` (a LoRA adapter push: only the adapted kernels): a parameter or stacked layer
+        that was not given keeps its value in the state this load started from."""
         from flax import nnx
 
+        if partial:
+            for path, (pieces, left) in list(self._stacks.items()):
+                base = self._vars[path].get_value()
+                for idx in left:
+                    pieces[idx] = base[idx]
+                self._values[path] = _stack(pieces, tuple(base.shape[: len(next(iter(left)))]))
+                del self._stacks[path]
         out = []
         for path, var in self._flat:
             if isinstance(var, nnx.Param):
-                if path not in self._values:
+                if path in self._values:
+                    var = var.replace(self._values[path])
+                elif not partial:
                     raise KeyError(f"parameter {'.'.join(map(str, path))} was not loaded")
-                var = var.replace(self._values[path])
             out.append((path, var))
         return nnx.from_flat_state(out)

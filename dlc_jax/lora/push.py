@@ -1,0 +1,127 @@
+"""``lora.push: adapter``: at a resync the trainer sends the adapters alone (PEFT names, float32 or
+the push dtype) as an adapter push (`dlc_jax.sampler.adapter_push`): the same checksummed
+``WeightMessage`` stream as a full push, its header marked with the push kind, the adapter's
+rank/alpha and the fingerprint of the trainer's frozen base, which the sampler checks against its
+own before it merges base + delta (JAX backend; the vLLM backend refuses adapter pushes).
+
+Sent over gRPC (an adapter is small: the socket data plane buys nothing), to one sampler
+(`SamplerClient`) or every pushable sampler of a `SamplerPool` (its rotation settled as for a full
+push); an in-process sampler and multi-host runs are refused in one line.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from dlc_jax.errors import UserError
+from dlc_jax.lora.config import LoraConfig
+from dlc_jax.sampler.adapter_push import AdapterMeta, base_fingerprint
+from dlc_jax.sampler.types import PushResult
+
+
+class AdapterPushError(UserError):
+    """``lora.push=adapter`` cannot push to this sampler."""
+
+
+def adapter_tensors(model) -> list[tuple[str, np.ndarray]]:
+    """(PEFT name, float32 array) of every adapter factor of ``model``, gathered to host."""
+    from dlc_jax.lora.export import peft_tensors
+
+    return list(peft_tensors(model))
+
+
+def hf_base_fingerprint(model) -> str:
+    """`adapter_push.base_fingerprint` of ``model``'s frozen base (its HF tensors: the adapters
+    are not among them)."""
+    from dlc_jax.model import iter_hf_tensors
+
+    return base_fingerprint(iter_hf_tensors(model, dtype=np.float32))
+
+
+def adapter_messages(
+    tensors: list[tuple[str, np.ndarray]],
+    version: int,
+    meta: AdapterMeta,
+    *,
+    dtype: str = "float32",
+    chunk_bytes: int = 16 << 20,
+):
+    """The PushWeights request stream of an adapter push (`weight_stream.weight_messages` with the
+    header marked by ``meta``; CRC-32C per tensor)."""
+    from dlc_jax.sampler.weight_stream import weight_messages
+
+    shapes = [(n, tuple(a.shape)) for n, a in tensors]
+    stream = weight_messages(
+        iter(tensors), shapes, version, dtype, chunk_bytes, "crc32c", prefetch=0
+    )
+    first = next(stream)
+    meta.fill(first.header)
+    yield first
+    yield from stream
+
+
+class AdapterPusher:
+    """Pushes a LoRA model's adapters (the trainer's `SamplerLink.adapter`). The base fingerprint
+    is computed once, from the first model pushed (the base is frozen)."""
+
+    def __init__(self, cfg: LoraConfig):
+        self.cfg = cfg
+        self._base: str | None = None
+
+    def meta(self, model) -> AdapterMeta:
+        if self._base is None:
+            self._base = hf_base_fingerprint(model)
+        return AdapterMeta(self.cfg.rank, self.cfg.alpha, self._base)
+
+    def push(self, sampler: Any, model, version: int, *, dtype: str = "float32") -> PushResult:
+        """Push ``model``'s adapters as weight ``version`` to ``sampler`` (a `SamplerClient` or a
+        `SamplerPool`)."""
+        from dlc_jax.sampler.client import SamplerClient
+        from dlc_jax.sampler.pool import SamplerPool
+
+        tensors = adapter_tensors(model)
+        if not tensors:
+            raise AdapterPushError("lora.push=adapter: the model has no LoRA adapters to push")
+        meta = self.meta(model)
+
+        def one(c: SamplerClient) -> PushResult:
+            r = c.push_messages(adapter_messages(tensors, version, meta, dtype=dtype))
+            return PushResult(
+                r.ok, r.version, r.message, r.bytes, r.seconds, code=r.code, transport="grpc"
+            )
+
+        if isinstance(sampler, SamplerClient):
+            return one(sampler)
+        if isinstance(sampler, SamplerPool):
+            from dlc_jax.sampler.fanout import run_each
+            from dlc_jax.sampler.rotation import NoActiveSamplerError
+
+            targets = sampler._push_targets()
+            if not targets:
+                raise NoActiveSamplerError(sampler.rot.why_none())
+            t0 = time.monotonic()
+            results = run_each({i: sampler.clients[i] for i in targets}, one)
+            return sampler.rot.settle(results, version, time.monotonic() - t0)
+        raise AdapterPushError(
+            f"lora.push=adapter: pushes to sampler server(s) (sampler.backend=jax); "
+            f"this sampler ({type(sampler).__name__}) takes full weights only: set "
+            f"lora.push=merged"
+        )
+
+
+def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> AdapterPusher:
+    """The pusher of a ``lora.push=adapter`` run; refuses (one line) what it cannot push to."""
+    if multi:
+        raise AdapterPushError(
+            "lora.push=adapter: not built for multi-host runs (the adapters are gathered on one "
+            "process); set lora.push=merged"
+        )
+    if backend is not None and backend != "jax":
+        raise AdapterPushError(
+            f"lora.push=adapter: only a sampler server with sampler.backend=jax merges pushed "
+            f"adapters (the {backend} sampler takes full weights): set lora.push=merged"
+        )
+    return AdapterPusher(cfg)

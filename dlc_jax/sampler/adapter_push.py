@@ -1,0 +1,231 @@
+"""LoRA adapter pushes on the sampler side: a push kind (``WeightHeader.kind = "lora_adapter"``)
+that carries only the adapter factors, in PEFT names, through the same staging, checksums and
+atomic swap as a full push (`staging.WeightStager`, `push_session`).
+
+The payload: for an adapted projection whose HF weight is ``M.weight`` [out, in] (``M`` e.g.
+``model.layers.3.self_attn.q_proj``)
+
+    base_model.model.M.lora_A.weight   [rank, in]
+    base_model.model.M.lora_B.weight   [out, rank]
+
+and the sampler serves ``W + (alpha / rank) * B @ A`` (fp32) for every adapted ``M``, the base
+``W`` being the weights the sampler loaded at start (its model directory), whatever full pushes
+came since. Checks before any byte is staged (`AdapterStager.header`): the kind, rank >= 1, a
+finite alpha > 0, no relay, the backend serves adapters, the header's ``adapter_base`` equals the
+fingerprint of this sampler's base (`base_fingerprint`: a mismatched adapter would be merged into
+the wrong weights, so it is refused with FAILED_PRECONDITION, naming both), and the names/shapes
+(`validate_adapter_specs`: every name one of the served model's projections, both factors of each
+module, shapes from the rank). Any rejection keeps the current weights serving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import pathlib
+from collections.abc import Callable, Iterable, Iterator
+
+import crc32c
+import grpc
+import numpy as np
+
+from . import safetensors_io as st
+from . import sampler_pb2 as pb
+from .staging import WeightStager
+from .weight_checks import PUSH_DTYPES, PushError
+
+ADAPTER_KIND = "lora_adapter"
+PEFT_PREFIX = "base_model.model."
+FACTORS = ("lora_A", "lora_B")
+# never adapted (vLLM drops an lm_head delta from prompt log-probs; embeddings are lookups)
+NOT_ADAPTED = ("lm_head", "embed_tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterMeta:
+    """What an adapter push says about its adapter: rank, alpha (scale = alpha / rank) and the
+    fingerprint of the base it was trained on."""
+
+    rank: int
+    alpha: float
+    base: str
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    @classmethod
+    def from_header(cls, h: pb.WeightHeader) -> AdapterMeta:
+        return cls(int(h.adapter_rank), float(h.adapter_alpha), h.adapter_base)
+
+    def fill(self, h: pb.WeightHeader) -> None:
+        """Mark ``h`` as an adapter push of this adapter."""
+        h.kind, h.adapter_base = ADAPTER_KIND, self.base
+        h.adapter_rank, h.adapter_alpha = int(self.rank), float(self.alpha)
+
+
+def base_fingerprint(named_tensors: Iterable[tuple[str, np.ndarray]]) -> str:
+    """A short hash of a base model's HF tensors: name, shape and the CRC-32C of the values as
+    float32 (so a bf16 checkpoint and its exact fp32 load agree). The trainer computes it from its
+    frozen base, the sampler from its model directory."""
+    rows = []
+    for name, a in named_tensors:
+        x = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+        rows.append(
+            f"{name}:{tuple(x.shape)}:{crc32c.crc32c(x.reshape(-1).view(np.uint8).data):08x}"
+        )
+    h = hashlib.sha256()
+    for r in sorted(rows):
+        h.update(r.encode())
+    return h.hexdigest()[:16]
+
+
+def dir_fingerprint(model_dir: str | pathlib.Path) -> str:
+    """`base_fingerprint` of an HF safetensors directory."""
+    return base_fingerprint(st.iter_tensors(model_dir))
+
+
+def peft_name(module: str, factor: str) -> str:
+    return f"{PEFT_PREFIX}{module}.{factor}.weight"
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """(HF module name, factor) of a PEFT factor name; ValueError for anything else."""
+    if name.startswith(PEFT_PREFIX) and name.endswith(".weight"):
+        mod, _, factor = name[len(PEFT_PREFIX) : -len(".weight")].rpartition(".")
+        if mod and factor in FACTORS:
+            return mod, factor
+    raise ValueError(f"{name!r} is not a PEFT LoRA factor name")
+
+
+def adapter_specs(
+    expected: dict[str, tuple[tuple[int, ...], str]], rank: int
+) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{PEFT name: (shape, 'float32')} of every factor an adapter of ``rank`` may carry for a model
+    with HF tensors ``expected``: both factors of every 2-D ``*.weight`` but the embeddings and
+    the head."""
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for name, (shape, _) in expected.items():
+        if len(shape) != 2 or not name.endswith(".weight"):
+            continue
+        mod = name[: -len(".weight")]
+        if any(n in mod for n in NOT_ADAPTED):
+            continue
+        n_out, n_in = (int(d) for d in shape)
+        out[peft_name(mod, "lora_A")] = ((rank, n_in), "float32")
+        out[peft_name(mod, "lora_B")] = ((n_out, rank), "float32")
+    return out
+
+
+def validate_adapter_specs(
+    allowed: dict[str, tuple[tuple[int, ...], str]],
+    specs: dict[str, tuple[tuple[int, ...], str]],
+) -> None:
+    """An adapter push's names, shapes and dtypes: a non-empty subset of ``allowed`` holding both
+    factors of each module it adapts."""
+    if not specs:
+        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "adapter push with no tensors")
+    for name, (shape, dtype) in specs.items():
+        if name not in allowed:
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"adapter tensor {name!r} is not a LoRA factor of a projection of the served model",
+            )
+        want = allowed[name][0]
+        if tuple(shape) != tuple(want):
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"adapter tensor {name!r}: shape {list(shape)} != expected {list(want)} "
+                f"(header.adapter_rank and the served model)",
+            )
+        if dtype not in PUSH_DTYPES:
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"adapter tensor {name!r}: dtype {dtype!r} not one of {PUSH_DTYPES}",
+            )
+    for name in specs:
+        mod, factor = split_name(name)
+        other = peft_name(mod, "lora_B" if factor == "lora_A" else "lora_A")
+        if other not in specs:
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"adapter push has {name!r} without {other!r}",
+            )
+
+
+class AdapterStager(WeightStager):
+    """`WeightStager` for an adapter push. ``check_base(rank)`` (the backend's
+    `SamplerBackend.adapter_base`) returns the fingerprint of the sampler's base or raises
+    ValueError saying why this sampler takes no adapter of that rank."""
+
+    def __init__(
+        self,
+        expected: dict[str, tuple[tuple[int, ...], str]],
+        current_version: int,
+        staging_root: str | None = None,
+        *,
+        check_base: Callable[[int], str],
+        reserve_bytes: int = 0,
+        memory: bool = False,
+    ):
+        super().__init__(
+            expected, current_version, staging_root, reserve_bytes=reserve_bytes, memory=memory
+        )
+        self._full = expected
+        self._check_base = check_base
+        self.meta: AdapterMeta | None = None
+
+    def header(self, h: pb.WeightHeader) -> None:
+        if h.kind != ADAPTER_KIND:
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"header.kind {h.kind!r} is not '' (a full push) or {ADAPTER_KIND!r}",
+            )
+        meta = AdapterMeta.from_header(h)
+        if meta.rank < 1 or not (math.isfinite(meta.alpha) and meta.alpha > 0):
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"adapter push: adapter_rank {meta.rank} must be >= 1 and adapter_alpha "
+                f"{meta.alpha} finite and > 0",
+            )
+        if h.relay_to:
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT, "adapter pushes are not relayed (push each)"
+            )
+        try:
+            ours = self._check_base(meta.rank)
+        except ValueError as e:
+            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+        if meta.base != ours:
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"adapter push refused: its adapter was trained on base {meta.base or '(none)'}, "
+                f"this sampler's base is {ours}; the current weights keep serving",
+            )
+        self.expected = adapter_specs(self._full, meta.rank)
+        super().header(h)
+        self.meta = meta
+
+    def validate(self, seen: dict[str, tuple[tuple[int, ...], str]]) -> None:
+        validate_adapter_specs(self.expected, seen)
+
+
+def read_adapter(adapter_dir: str | pathlib.Path) -> dict[str, np.ndarray]:
+    """The staged adapter's factors (float32)."""
+    return {n: np.asarray(a, np.float32) for n, a in st.iter_tensors(adapter_dir)}
+
+
+def merged_tensors(
+    base: Iterable[tuple[str, np.ndarray]], adapter: dict[str, np.ndarray], scale: float
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, ``W + scale * B @ A`` in float32) of every module ``adapter`` adapts, its ``W``
+    read from ``base`` ((HF name, array) pairs; the others are skipped)."""
+    mods = {split_name(n)[0] for n in adapter}
+    for name, w in base:
+        mod = name[: -len(".weight")] if name.endswith(".weight") else None
+        if mod not in mods:
+            continue
+        a = adapter[peft_name(mod, "lora_A")]
+        b = adapter[peft_name(mod, "lora_B")]
+        yield name, np.asarray(w, np.float32) + np.float32(scale) * (b @ a)

@@ -1,0 +1,198 @@
+"""``lora.push: adapter`` payload: PEFT names and shapes the sampler accepts, per-tensor CRC-32C
+over the bytes sent, staged through the real `WeightStager` checks (corrupt bytes, a foreign base,
+a wrong rank and a lone factor are refused), the sampler-side merge equal to the trainer's merged
+model, and the bytes of an adapter push vs a full push."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from dlc_jax.lora import LoraConfig, LoraParam, apply_lora, merged_model
+from dlc_jax.lora.push import adapter_messages, adapter_pusher, adapter_tensors, hf_base_fingerprint
+from dlc_jax.model.config import Qwen3Config
+from dlc_jax.model.hf_io import hf_param_shapes, iter_hf_tensors
+from dlc_jax.model.qwen3 import Qwen3ForCausalLM
+from dlc_jax.sampler import chunk_wire
+from dlc_jax.sampler import safetensors_io as st
+from dlc_jax.sampler.adapter_push import (
+    AdapterMeta,
+    AdapterStager,
+    adapter_specs,
+    base_fingerprint,
+    merged_tensors,
+    read_adapter,
+)
+from dlc_jax.sampler.weight_checks import PushError
+from dlc_jax.sampler.weight_stream import weight_messages
+
+DIMS = dict(
+    vocab_size=61,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    tie_word_embeddings=False,
+)
+RANK, ALPHA = 4, 8.0
+
+
+def _adapted(scan=False, dims=DIMS, rank=RANK, seed=0):
+    m = Qwen3ForCausalLM(Qwen3Config(**dims, scan_layers=scan), rngs=nnx.Rngs(seed))
+    apply_lora(m, LoraConfig(rank=rank, alpha=ALPHA))
+    for i, (_, v) in enumerate(nnx.to_flat_state(nnx.state(m, LoraParam))):
+        x = v.get_value()  # a trained adapter: B non-zero
+        v.set_value(0.3 * jax.random.normal(jax.random.key(i), x.shape, x.dtype))
+    return m
+
+
+def _expected(model):
+    return {n: (tuple(s), "float32") for n, s in hf_param_shapes(model.config).items()}
+
+
+def _stage(model, tmp_path, messages, *, base=None):
+    """Feed a push stream into a real AdapterStager (as the server does); -> committed dir."""
+    fp = hf_base_fingerprint(model) if base is None else base
+    stager = AdapterStager(_expected(model), 0, str(tmp_path), check_base=lambda rank: fp)
+    try:
+        for m in messages:
+            if isinstance(m, (bytes, bytearray, memoryview)):
+                m = chunk_wire.decode_weight_message(bytes(m))
+            if isinstance(m, chunk_wire.RawChunk):
+                stager.chunk(m)
+                continue
+            kind = m.WhichOneof("kind")
+            if kind == "header":
+                stager.header(m.header)
+            elif kind == "done":
+                stager.done(m.done)
+            elif kind == "commit":
+                return stager, stager.commit()
+    except PushError:
+        stager.discard()
+        raise
+    raise AssertionError("no commit")
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_adapter_payload_names_shapes_checksums_and_merge(scan, tmp_path):
+    m = _adapted(scan)
+    tensors = adapter_tensors(m)
+    allowed = adapter_specs(_expected(m), RANK)
+    assert len(tensors) == 2 * 7 * DIMS["num_hidden_layers"]
+    for name, a in tensors:
+        assert name in allowed and tuple(a.shape) == allowed[name][0], name
+    assert not any("lm_head" in n or "embed_tokens" in n for n, _ in tensors)
+
+    meta = AdapterMeta(RANK, ALPHA, hf_base_fingerprint(m))
+    msgs = list(adapter_messages(tensors, 3, meta))
+    h = msgs[0].header
+    assert (h.kind, h.adapter_rank, h.adapter_alpha, h.adapter_base) == (
+        "lora_adapter",
+        RANK,
+        ALPHA,
+        meta.base,
+    )
+    assert [s.name for s in h.tensors] == [n for n, _ in tensors]
+
+    stager, d = _stage(m, tmp_path, msgs)
+    assert stager.meta == meta and stager.bytes_received == sum(a.nbytes for _, a in tensors)
+    got = read_adapter(d)
+    for name, a in tensors:
+        np.testing.assert_array_equal(got[name], a)
+    # the sampler-side merge (base file + scale * B @ A) is the trainer's merged model
+    base = list(iter_hf_tensors(m))
+    want = dict(iter_hf_tensors(merged_model(m)))
+    merged = dict(merged_tensors(base, got, meta.scale))
+    assert len(merged) == 7 * DIMS["num_hidden_layers"]
+    for name, w in merged.items():
+        np.testing.assert_allclose(w, want[name], atol=1e-6)
+    stager.discard()
+
+
+def test_base_fingerprint_is_the_base_files(tmp_path):
+    from dlc_jax.model import save_hf
+
+    m = _adapted()
+    d = save_hf(m, tmp_path / "base")  # an adapted model saves its base (adapters are not HF)
+    fp = hf_base_fingerprint(m)
+    assert fp == base_fingerprint(st.iter_tensors(d))
+    merged = save_hf(merged_model(m), tmp_path / "merged")
+    assert fp != base_fingerprint(st.iter_tensors(merged))  # another base
+    assert fp != hf_base_fingerprint(_adapted(seed=1))
+
+
+def _corrupt_first_chunk(msgs):
+    out, done = [], False
+    for m in msgs:
+        if not done and isinstance(m, (bytes, bytearray, memoryview)):
+            c = chunk_wire.decode_weight_message(bytes(m))
+            data = bytearray(bytes(c.data))
+            data[5] ^= 0x40
+            m = chunk_wire.encode_chunk(c.tensor_index, c.offset, memoryview(bytes(data)))
+            done = True
+        out.append(m)
+    return out
+
+
+def test_refused_corrupt_foreign_base_wrong_rank_lone_factor(tmp_path):
+    m = _adapted()
+    tensors = adapter_tensors(m)
+    meta = AdapterMeta(RANK, ALPHA, hf_base_fingerprint(m))
+
+    with pytest.raises(PushError, match="crc32c mismatch"):  # bytes corrupted on the way
+        _stage(m, tmp_path, _corrupt_first_chunk(adapter_messages(tensors, 1, meta)))
+    foreign = AdapterMeta(RANK, ALPHA, "0123456789abcdef")
+    with pytest.raises(PushError, match=r"trained on base 0123456789abcdef.*base is [0-9a-f]{16}"):
+        _stage(m, tmp_path, adapter_messages(tensors, 1, foreign))
+    with pytest.raises(PushError, match="shape"):  # the header's rank does not fit the factors
+        _stage(m, tmp_path, adapter_messages(tensors, 1, AdapterMeta(RANK + 1, ALPHA, meta.base)))
+    with pytest.raises(PushError, match="without"):  # an A without its B
+        _stage(m, tmp_path, adapter_messages(tensors[:1], 1, meta))
+    full = _expected(m)
+    with pytest.raises(PushError, match="not a LoRA factor"):  # a full tensor is not a factor
+        name = next(iter(full))
+        bad = [(name, np.zeros(full[name][0], np.float32))]
+        _stage(m, tmp_path, adapter_messages(bad, 1, meta))
+    assert not list(tmp_path.iterdir())  # every refused push left nothing staged
+
+
+def test_adapter_push_is_under_one_percent_of_a_full_push():
+    """Bytes each push's stream carries (header nbytes; the adapter stream's chunks counted too),
+    fp32, rank 8, on a one-layer model of hidden size 1024 (the 128-wide test model's
+    vocabulary-sized embedding and head alone make its adapters 4% of it)."""
+    dims = dict(DIMS, vocab_size=2048, hidden_size=1024, intermediate_size=3072)
+    dims.update(num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=4, head_dim=128)
+    m = _adapted(dims=dims, rank=8)
+    tensors = adapter_tensors(m)
+    meta = AdapterMeta(8, ALPHA, "x")
+    msgs = list(adapter_messages(tensors, 1, meta))
+    adapter = sum(s.nbytes for s in msgs[0].header.tensors)
+    chunks = [chunk_wire.decode_weight_message(bytes(c)) for c in msgs if isinstance(c, bytes)]
+    sent = sum(len(c.data) for c in chunks)
+    assert sent == adapter == 4 * sum(a.size for _, a in tensors)
+    shapes = list(hf_param_shapes(m.config).items())
+    full_header = next(
+        weight_messages(iter([]), shapes, 1, "float32", 1 << 20, "crc32c", prefetch=0)
+    )
+    full = sum(s.nbytes for s in full_header.header.tensors)
+    assert full == 4 * sum(int(np.prod(s)) for _, s in shapes)
+    print(f"adapter push {adapter:,} B vs full push {full:,} B: {adapter / full:.3%}")
+    assert adapter <= 0.01 * full
+
+
+def test_adapter_pusher_refuses_what_it_cannot_push_to():
+    from dlc_jax.errors import UserError
+
+    cfg = LoraConfig(rank=2, push="adapter")
+    with pytest.raises(UserError, match="multi-host"):
+        adapter_pusher(cfg, multi=True, backend="jax")
+    for backend in ("inprocess", "vllm"):
+        with pytest.raises(UserError, match=f"the {backend} sampler takes full weights"):
+            adapter_pusher(cfg, multi=False, backend=backend)
+    with pytest.raises(UserError, match="full weights only"):
+        adapter_pusher(cfg, multi=False, backend="jax").push(object(), _adapted(), 1)
+    with pytest.raises(ValueError, match="LoraConfig.push"):
+        LoraConfig(rank=2, push="delta")
