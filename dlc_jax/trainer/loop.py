@@ -12,8 +12,9 @@ connects / reconnects), the rewards, the prompt stream and the model directory;
 `build.build_trainer` does the wiring of a run from its config (SFT warm-up, reward workers,
 spawn / connect). The parts it makes itself, one job each: `BatchCollector` (`batch_requests.py`:
 the batches in flight, their rollout streams and refusals), `RunCheckpoints` and `open_metrics`
-(`run_lifecycle.py`), `StepInputs` (`step_inputs.py`: score, pack, theta_s forwards), the jitted
-step (`step.py`).
+(`run_lifecycle.py`), `StepInputs` (`step_inputs.py`: score, pack, theta_s forwards), the model,
+optimizer and jitted step (`train_setup.py`, `step.py`), `Resyncer` (`weight_resync.py`: push,
+snapshot, prune) and the Ctrl-C latch (`interrupt.py`).
 ``sampler.address`` = "h1:p,h2:p" drives a :class:`~dlc_jax.sampler.pool.SamplerPool`: a failed
 sampler leaves rotation inside the pool and training goes on with the others (``pool/*`` metrics).
 
@@ -31,10 +32,8 @@ processes' logs).
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,20 +45,14 @@ from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.env.trainer_hook import make_env_sampler
 from dlc_jax.errors import UserError
-from dlc_jax.lora import (
-    adapter_parameter_count,
-    apply_lora,
-    base_fingerprint,
-    merged_model,
-    trainable_filter,
-)
 from dlc_jax.lora.push import adapter_pusher
 from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
-from dlc_jax.trainer.config import TrainConfig, make_loss_config
+from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.eval import Evaluator
 from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
+from dlc_jax.trainer.interrupt import SigintLatch
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from dlc_jax.trainer.resync import make_policy
@@ -71,33 +64,15 @@ from dlc_jax.trainer.run_lifecycle import (
 )
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.samples import sample_records
-from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule, update_count
-from dlc_jax.trainer.step import STEP_KEYS, StepConfig, make_snapshot_logprobs, make_train_step
+from dlc_jax.trainer.state import update_count
+from dlc_jax.trainer.step import STEP_KEYS
 from dlc_jax.trainer.step_inputs import StepInputs
+from dlc_jax.trainer.train_setup import load_train_model, make_train_setup
+from dlc_jax.trainer.weight_resync import Resyncer
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-__all__ = ["Trainer", "SamplerUnavailable", "NonFiniteTrainingError"]
-
-
-def load_train_model(cfg: TrainConfig, model_dir, mesh):
-    """The model the trainer trains: ``model_dir`` loaded with the ``model`` section's dtypes and
-    run options (attention kernel, scanned layers, remat policy), sharded over ``mesh`` when
-    given."""
-    from dlc_jax.model import load_hf
-
-    m = cfg.model
-    return load_hf(
-        str(model_dir),
-        mesh=mesh,
-        param_dtype=_DTYPES[m.param_dtype],
-        compute_dtype=_DTYPES[m.compute_dtype],
-        remat=m.remat_policy_name(),
-        scan_layers=m.scan_layers,
-        attention_impl=m.attention_impl,
-    )
+__all__ = ["Trainer", "SamplerUnavailable", "NonFiniteTrainingError", "load_train_model"]
 
 
 COUNTERS = (
@@ -144,56 +119,14 @@ class Trainer:
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.mesh = dist.make_training_mesh(cfg.mesh)
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
-        model = load_train_model(cfg, self.model_dir, self.mesh)
-        adapted = apply_lora(model, cfg.lora)  # lora.rank > 0: adapters, the only trainable part
-        self.tx = make_optimizer(cfg.optim, cfg.train.steps)
-        self.schedule = make_schedule(cfg.optim, cfg.train.steps)
-        self.state = TrainState.create(
-            model,
-            self.tx,
-            max_snapshots=cfg.resync.max_snapshots,
-            mesh=self.mesh,
-            trainable=trainable_filter(cfg.lora),
-        )
-        # what the sampler gets for a trained module (LoRA: base + delta, a full model, or under
-        # lora.push=adapter the adapted model, whose adapters alone the link pushes)
-        adapter_push = bool(adapted) and cfg.lora.push == "adapter"
-        merge = adapted and not adapter_push
-        self.serve: Callable[[Any], Any] = merged_model if merge else (lambda m: m)
-        base_fp = base_fingerprint(self.state.params) if adapted else None
-        if adapted:
-            logger.info(
-                "lora: rank %d adapters on %d projections (%s parameters trained)",
-                cfg.lora.rank,
-                len(adapted),
-                f"{adapter_parameter_count(model):,}",
-            )
+        setup = make_train_setup(cfg, self.model_dir, self.mesh)
+        self.state, self.tx, self.schedule = setup.state, setup.tx, setup.schedule
+        self.serve = setup.serve  # what the sampler gets for a trained module (LoRA: merged)
+        self.step_cfg, self.train_step = setup.step_cfg, setup.train_step
         self.policy = make_policy(cfg.resync)
-        s = cfg.sampler
-        self.step_cfg = StepConfig(
-            loss=make_loss_config(cfg.loss),
-            temperature=s.temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            head_k=s.head_k,
-            micro_batches=cfg.train.micro_batches,
-            resync_threshold=cfg.resync.threshold,
-            old_policy=cfg.loss.old_policy,
-        )
-        shard: dict[str, Any] = {}
-        if self.mesh is not None:
-            shard = dict(
-                mesh=self.mesh,
-                param_shardings=jax.tree.map(lambda x: x.sharding, self.state.params),
-                opt_shardings=jax.tree.map(lambda x: x.sharding, self.state.opt_state),
-            )
-        self.train_step = make_train_step(
-            self.state.graphdef, self.tx, self.step_cfg, trainable=self.state.trainable, **shard
-        )
-        snapshot_lp = make_snapshot_logprobs(self.state.graphdef, self.step_cfg)
         self.rewards = rewards
         self.inputs = StepInputs(
-            cfg, self.tokenizer, self.eos_id, self.mesh, self.rows, snapshot_lp, self.rewards
+            cfg, self.tokenizer, self.eos_id, self.mesh, self.rows, setup.snapshot_lp, self.rewards
         )
         # eval.every: held-out prompts through the same sampler, scored by the same rewards
         self.evaluator = (
@@ -204,6 +137,7 @@ class Trainer:
         self._samples: list[dict] = []  # log.samples_every: this step's sample completions
         self._partial_row: dict | None = None  # the current step's metrics before its resync
         self.data = prompts
+        s = cfg.sampler
         if isinstance(sampler, SamplerLink):
             self.link = sampler
         else:
@@ -211,7 +145,7 @@ class Trainer:
                 s, model_dir=self.model_dir, log_dir=cfg.log.dir, multi=self.multi, sampler=sampler
             )
         self.link.on_reconnect = self._on_reconnect
-        if adapter_push:
+        if setup.adapter_push:
             given = sampler is not None  # a Sampler handed in: its type decides at the push
             self.link.adapter = adapter_pusher(
                 cfg.lora, multi=self.multi, backend=None if given else s.backend
@@ -223,7 +157,7 @@ class Trainer:
             data=self.data,
             link=self.link,
             state=self.state,
-            recover=self._recover_sampler,
+            recover=lambda err: self.resyncer.recover(err),  # reconnect, then a resync
             counters=self.counters,
             eos_id=self.eos_id,
             rows=self.rows,
@@ -231,7 +165,12 @@ class Trainer:
             allows_prefetch=self.policy.allows_prefetch,
             env=self.env,
         )
-        self.checkpoints = RunCheckpoints(cfg, self._checkpoint_meta, base_fingerprint=base_fp)
+        self.resyncer = Resyncer(
+            self.state, self.link, self.serve, self.batches, self.counters, cfg.resync
+        )
+        self.checkpoints = RunCheckpoints(
+            cfg, self._checkpoint_meta, base_fingerprint=setup.base_fp
+        )
         self._metrics: MetricsLogger | None = None
         self.hooks = Hooks()
         if self.evaluator is not None:
@@ -258,13 +197,13 @@ class Trainer:
         metrics = self._metrics = self._start()
         t0 = time.time()
         finished = interrupted = False
-        restore_sigint = self._catch_sigint()
+        sigint = SigintLatch().install()
         try:
             while self.state.step < self.cfg.train.steps:
-                if self._sigint:  # a Ctrl-C whose KeyboardInterrupt was swallowed (a gc callback)
+                if sigint.caught:  # a Ctrl-C whose KeyboardInterrupt was swallowed (a gc callback)
                     raise KeyboardInterrupt
                 index = self.state.step
-                self._resync_if_too_stale()
+                self.resyncer.if_too_stale()
                 self.batches.open(index)
                 self.batches.request(index)
                 row = self._train_step(index)
@@ -273,7 +212,7 @@ class Trainer:
                     continue
                 self._partial_row = None
                 self.hooks.run(StepInfo(self.state.step, row, self._samples))
-            if self._sigint:
+            if sigint.caught:
                 raise KeyboardInterrupt
             finished = True
         except KeyboardInterrupt:
@@ -281,7 +220,7 @@ class Trainer:
             if self._partial_row is not None:  # stepped, then interrupted before its row
                 metrics.log(self.state.step, dict(self._partial_row, interrupted=1))
         finally:
-            restore_sigint()
+            sigint.restore()
             summary = self._finish(metrics, finished, time.time() - t0)
         if interrupted:
             logger.warning(
@@ -293,21 +232,6 @@ class Trainer:
             )
             raise KeyboardInterrupt
         return summary
-
-    def _catch_sigint(self):
-        """Ctrl-C raises KeyboardInterrupt as Python's default handler does, and also records it:
-        an interrupt that lands in a callback that swallows exceptions (JAX's gc callback) still
-        stops the run at the next step boundary. Main thread only; returns the restorer."""
-        self._sigint = False
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-
-        def on_sigint(signum, frame):
-            self._sigint = True
-            raise KeyboardInterrupt
-
-        old = signal.signal(signal.SIGINT, on_sigint)
-        return lambda: signal.signal(signal.SIGINT, old)
 
     def _start(self) -> MetricsLogger:
         """Connect the sampler (giving it the resumed weights) and open the metrics outputs."""
@@ -410,7 +334,7 @@ class Trainer:
             self.policy.name if self.policy.should_resync(m, st.step - st.synced_version) else None
         )
         if reason is not None:
-            self._resync(reason)
+            self.resyncer.resync(reason)
         m.update(self.link.rotation_metrics())  # pool/*: rotation, removals, re-requested slots
         m.update(
             reward_mean=stats["reward_mean"],
@@ -473,35 +397,6 @@ class Trainer:
             arrays = {"lp": lp, "lp_s": lp_s, "lp_q": dev["lp_q"], "mask": dev["mask"]}
             per_token = {k: jax.device_get(v[rows]) for k, v in arrays.items()}
         return sample_records(chosen, prompts, texts, rewards, per_token, lg.samples_n)
-
-    # ---- resync and recovery ---------------------------------------------------------------------
-    def _resync(self, reason: str) -> None:
-        """Push theta_t as a new sampler version and snapshot it as theta_s."""
-        st = self.state
-        self.link.push_retrying(st.version, lambda: self.serve(st.model()), reason)
-        st.snapshot()
-        keep = self.batches.versions_in_flight()
-        st.prune(
-            set(dist.global_versions(keep & set(st.snapshots), set(st.snapshots) | {st.version}))
-        )
-        self.counters["resync_count"] += 1
-        if reason in ("ess", "staleness"):
-            self.counters["resync_ess" if reason == "ess" else "resync_forced"] += 1
-        if self.cfg.resync.stale_rollouts == "drop":
-            self.counters["dropped_on_resync"] += self.batches.drop_versions_below(st.version)
-
-    def _resync_if_too_stale(self) -> None:
-        """Resync before a step whose sampler version is beyond the staleness bound (every rollout
-        it
-        would produce is stale). Decided from (version, synced_version): the same on every
-        process."""
-        if self.state.version - self.state.synced_version > self.batches.max_staleness:
-            self._resync(reason="staleness")
-
-    def _recover_sampler(self, err: BaseException) -> None:
-        """Reconnect, then push theta_t as a new version and snapshot it (a resync)."""
-        self.link.reconnect(err)
-        self._resync(reason="reconnect")
 
     def _on_reconnect(self) -> None:
         self.batches.clear_failures()

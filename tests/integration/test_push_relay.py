@@ -79,7 +79,9 @@ def test_relay_off_sends_one_model_per_sampler(samplers):
 def test_failed_hop_falls_back_to_direct_pushes(samplers):
     w = _weights(3)
     samplers[1][0].stop()  # the chain's second hop is down
-    with SamplerPool([s.address for s, _ in samplers], token="tok", relay="chain") as pool:
+    # one retry, short backoff: the subject is the fallback, not how long a dead sampler is retried
+    addrs = [s.address for s, _ in samplers]
+    with SamplerPool(addrs, token="tok", relay="chain", max_retries=1, backoff=0.05) as pool:
         r = pool.push_weights(w, 1, transport="socket")
         assert r.ok and r.removed == (samplers[1][0].address,), r
         assert pool.rotation() == [True, False, True, True]

@@ -1,8 +1,10 @@
 """Own-prefix sampling from a real tiny Qwen3 vs an independent greedy decode; prefix-set
 packing."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from dlc_jax.experiments.own_prefixes import own_prefix_set, sample_responses
 
@@ -27,16 +29,30 @@ def model(tmp_path_factory):
     return load_hf(str(d))
 
 
+_WIDTH = 16  # every reference forward has this one shape: one compile for the whole file
+
+
+@nnx.jit
+def _logits(model, ids):
+    return model(ids)
+
+
 def _greedy(model, prompt, n, eos):
-    ids = list(prompt)
+    """Greedy decode by full forwards (no cache, no mask): the sequence so far, right-padded to
+    _WIDTH; a causal model's logits at the last real position do not see the padding."""
+    assert len(prompt) + n <= _WIDTH
+    ids = np.zeros((1, _WIDTH), np.int32)
+    ids[0, : len(prompt)] = prompt
+    cur = len(prompt)
     out = []
     for _ in range(n):
-        logits = np.asarray(model(np.asarray([ids], np.int32)))[0, -1]
+        logits = np.asarray(_logits(model, jnp.asarray(ids)))[0, cur - 1]
         t = int(np.argmax(logits))
         out.append(t)
         if t == eos:
             break
-        ids.append(t)
+        ids[0, cur] = t
+        cur += 1
     return out
 
 

@@ -191,15 +191,20 @@ def np_reference(cfg, d, lp_var=None, lph_var=None):
     return loss, -coef * m / n, g_h * m[..., None] / n
 
 
+def _loss_of(cfg, lp, lp_head, inp):
+    return compute_loss(cfg, dataclasses.replace(inp, lp=lp, lp_head=lp_head))
+
+
+# one jitted program per (config, input structure and shapes), shared by every test that asks for
+# it (the batches mostly differ in values only), instead of a fresh program per call
+_LOSS_AND_GRADS = jax.jit(
+    jax.value_and_grad(_loss_of, argnums=(1, 2), has_aux=True), static_argnums=0
+)
+
+
 def jax_loss_and_grads(cfg, d, **over):
     inp = to_inputs(d, **over)
-
-    def f(lp, lp_head):
-        return compute_loss(cfg, dataclasses.replace(inp, lp=lp, lp_head=lp_head))
-
-    (loss, metrics), (g, gh) = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(
-        inp.lp, inp.lp_head
-    )
+    (loss, metrics), (g, gh) = _LOSS_AND_GRADS(cfg, inp.lp, inp.lp_head, inp)
     return loss, metrics, g, gh
 
 

@@ -1,0 +1,117 @@
+"""What the trainer trains, built from its config: the model (dtypes, run options, LoRA adapters),
+the optimizer and schedule, the train state, the step configuration and the jitted programs (the
+train step and the theta_s forward). `Trainer` gets these as one `TrainSetup`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dlc_jax.lora import (
+    adapter_parameter_count,
+    apply_lora,
+    base_fingerprint,
+    merged_model,
+    trainable_filter,
+)
+from dlc_jax.trainer.config import TrainConfig, make_loss_config
+from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule
+from dlc_jax.trainer.step import StepConfig, make_snapshot_logprobs, make_train_step
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def load_train_model(cfg: TrainConfig, model_dir, mesh):
+    """The model the trainer trains: ``model_dir`` loaded with the ``model`` section's dtypes and
+    run options (attention kernel, scanned layers, remat policy), sharded over ``mesh`` when
+    given."""
+    from dlc_jax.model import load_hf
+
+    m = cfg.model
+    return load_hf(
+        str(model_dir),
+        mesh=mesh,
+        param_dtype=_DTYPES[m.param_dtype],
+        compute_dtype=_DTYPES[m.compute_dtype],
+        remat=m.remat_policy_name(),
+        scan_layers=m.scan_layers,
+        attention_impl=m.attention_impl,
+    )
+
+
+@dataclasses.dataclass
+class TrainSetup:
+    """state: the train state (params, optimizer state, theta_s snapshots); tx / schedule: the
+    optimizer and its learning-rate schedule; serve: what the sampler gets for a trained module
+    (LoRA: base + delta, a full model, or under lora.push=adapter the adapted model, whose adapters
+    alone the link pushes); adapter_push: lora.push=adapter with adapters on; base_fp: the LoRA
+    base's fingerprint (None without LoRA); step_cfg: the step's configuration; train_step /
+    snapshot_lp: the jitted step and theta_s forward."""
+
+    state: TrainState
+    tx: Any
+    schedule: Callable[[Any], Any]
+    serve: Callable[[Any], Any]
+    adapter_push: bool
+    base_fp: Any
+    step_cfg: StepConfig
+    train_step: Callable[..., Any]
+    snapshot_lp: Callable[..., Any]
+
+
+def make_train_setup(cfg: TrainConfig, model_dir: str | Path, mesh) -> TrainSetup:
+    """Load the model (over ``mesh`` when given), add the LoRA adapters when ``lora.rank`` > 0
+    (then the only trainable part), and build the optimizer, state and jitted programs."""
+    model = load_train_model(cfg, model_dir, mesh)
+    adapted = apply_lora(model, cfg.lora)  # lora.rank > 0: adapters, the only trainable part
+    tx = make_optimizer(cfg.optim, cfg.train.steps)
+    schedule = make_schedule(cfg.optim, cfg.train.steps)
+    state = TrainState.create(
+        model,
+        tx,
+        max_snapshots=cfg.resync.max_snapshots,
+        mesh=mesh,
+        trainable=trainable_filter(cfg.lora),
+    )
+    adapter_push = bool(adapted) and cfg.lora.push == "adapter"
+    merge = bool(adapted) and not adapter_push
+    serve: Callable[[Any], Any] = merged_model if merge else (lambda m: m)
+    base_fp = base_fingerprint(state.params) if adapted else None
+    if adapted:
+        logger.info(
+            "lora: rank %d adapters on %d projections (%s parameters trained)",
+            cfg.lora.rank,
+            len(adapted),
+            f"{adapter_parameter_count(model):,}",
+        )
+    s = cfg.sampler
+    step_cfg = StepConfig(
+        loss=make_loss_config(cfg.loss),
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        head_k=s.head_k,
+        micro_batches=cfg.train.micro_batches,
+        resync_threshold=cfg.resync.threshold,
+        old_policy=cfg.loss.old_policy,
+    )
+    shard: dict[str, Any] = {}
+    if mesh is not None:
+        shard = dict(
+            mesh=mesh,
+            param_shardings=jax.tree.map(lambda x: x.sharding, state.params),
+            opt_shardings=jax.tree.map(lambda x: x.sharding, state.opt_state),
+        )
+    train_step = make_train_step(state.graphdef, tx, step_cfg, trainable=state.trainable, **shard)
+    snapshot_lp = make_snapshot_logprobs(state.graphdef, step_cfg)
+    return TrainSetup(
+        state, tx, schedule, serve, adapter_push, base_fp, step_cfg, train_step, snapshot_lp
+    )
