@@ -104,6 +104,7 @@ class Qwen3Config:
             )
         if not archs and model_type != "qwen3":
             raise UnsupportedModelError(f"unsupported model_type {model_type!r}; expected 'qwen3'")
+        options.pop("moe_impl", None)  # a dense model has no experts: the kernel choice is moot
         return cls(**hf_common_kwargs(d), **options)
 
     @classmethod

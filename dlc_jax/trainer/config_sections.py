@@ -17,7 +17,7 @@ from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.lora.config import LoraConfig
-from dlc_jax.model.config import ATTENTION_IMPLS, REMAT_POLICIES
+from dlc_jax.model.config import ATTENTION_IMPLS, MOE_IMPLS, REMAT_POLICIES
 from dlc_jax.model.routing import MoeSection
 from dlc_jax.model.sharding import MeshConfig
 from dlc_jax.rl.loss_config import LossConfig
@@ -39,7 +39,10 @@ class ModelSection:
     kernel, 'auto' (splash on TPU, cuDNN on GPU in bf16, dense on CPU) or one of 'splash', 'cudnn',
     'xla', 'dense'. scan_layers: true stacks the decoder layers and runs them with lax.scan (one
     compiled layer), false loops over them; null scans models of at least
-    ``model.config.SCAN_MIN_LAYERS`` layers.
+    ``model.config.SCAN_MIN_LAYERS`` layers. moe_impl (mixture-of-experts models only; a dense
+    model ignores it) is the experts' kernel: 'auto' (the Pallas megablox grouped matmul when the
+    mesh's devices are TPUs, else ``jax.lax.ragged_dot``) or one of 'ragged', 'megablox', 'dense'
+    (every expert on every token: the reference).
 
     remat and remat_policy say what a decoder layer keeps for the backward pass. remat_policy names
     the policy ('none', 'full', 'save_dots', 'save_attn_out', 'save_dots_and_attn_out'); '' takes
@@ -57,8 +60,13 @@ class ModelSection:
     remat_policy: str = ""
     scan_layers: bool | None = None
     attention_impl: str = "auto"
+    moe_impl: str = "auto"
 
     def __post_init__(self):
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(
+                f"ModelSection.moe_impl: must be one of {list(MOE_IMPLS)}, got {self.moe_impl!r}"
+            )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(
                 f"ModelSection.attention_impl: must be one of {list(ATTENTION_IMPLS)}, "

@@ -41,6 +41,7 @@ NOT_TRAINING_RELEVANT = (
     "model.remat",
     "model.remat_policy",  # memory vs recompute; model.scan_layers changes the checkpoint layout
     "model.attention_impl",  # the same attention by another kernel
+    "model.moe_impl",  # the same experts by another kernel
     "model.path",
     "sft.cache_dir",
     "reward.workers",

@@ -44,6 +44,7 @@ def load_train_model(cfg: TrainConfig, model_dir, mesh):
         remat=m.remat_policy_name(),
         scan_layers=m.scan_layers,
         attention_impl=m.attention_impl,
+        moe_impl=m.moe_impl,
     )
 
 
