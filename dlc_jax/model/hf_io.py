@@ -315,18 +315,17 @@ def _on_cpu(x: jax.Array) -> bool:
     return all(d.platform == "cpu" for d in x.devices())
 
 
-def iter_hf_tensors(
+def hf_device_tensors(
     model: Qwen3ForCausalLM, *, dtype=np.float32, host_transpose: bool | None = None
-) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (HF name, HF-layout numpy array) one tensor at a time, gathered to host.
-
-    `dtype=None` keeps the parameter dtype. Tied models yield no lm_head.weight. The cast (and the
-    layer slice) runs on device, one tensor at a time, then the tensor is gathered. Kernels are
-    transposed to HF [out, in] on device, or on host after the gather with `host_transpose`
-    (default: when the parameter lives on CPU devices, where XLA's transpose costs 3-5x the
-    host's blocked copy; on an accelerator the device does it). Same bytes either way. The next
-    tensor's device work is dispatched before this one is gathered (at most two in flight).
-    """
+) -> Iterator[tuple[str, jax.Array, bool]]:
+    """Yield (HF name, device array, on_host) one tensor at a time, in `hf_param_shapes` order: the
+    layer slice and the cast run where the parameter lives (keeping its sharding); kernels are
+    transposed to HF [out, in] there too unless `on_host` (then the caller transposes after the
+    gather; `host_transpose` None = when the parameter lives on CPU devices, where XLA's transpose
+    costs 3-5x the host's blocked copy). `dtype=None` keeps the parameter dtype. The next tensor's
+    device work is dispatched before this one is yielded (JAX dispatch is asynchronous: it runs
+    while the caller copies this one out). Same order everywhere (multi-host: every process
+    converts the same tensors in the same order)."""
     params = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(params))
     slots = _param_slots(params, model.config.num_hidden_layers)
@@ -347,21 +346,31 @@ def iter_hf_tensors(
         )
         return name, x, on_host
 
-    def finish(name: str, x: jax.Array, on_host: bool) -> tuple[str, np.ndarray]:
-        a = _gather(x)
-        return name, _host_transpose(a) if on_host else np.ascontiguousarray(a)
-
-    # One tensor of lookahead: JAX dispatch is asynchronous, so the device work (slice, cast) of
-    # tensor i+1 runs while tensor i is gathered and transposed on host. Same order everywhere
-    # (multi-host: every process gathers the same tensors in the same order).
     pending = None
     for name, hf_shape in hf_param_shapes(model.config).items():
         nxt = dispatch(name, hf_shape)
         if pending is not None:
-            yield finish(*pending)
+            yield pending
         pending = nxt
     if pending is not None:
-        yield finish(*pending)
+        yield pending
+
+
+def iter_hf_tensors(
+    model: Qwen3ForCausalLM, *, dtype=np.float32, host_transpose: bool | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (HF name, HF-layout numpy array) one tensor at a time, gathered to host.
+
+    `dtype=None` keeps the parameter dtype. Tied models yield no lm_head.weight. The cast (and the
+    layer slice) runs on device, one tensor at a time, then the tensor is gathered. Kernels are
+    transposed to HF [out, in] on device, or on host after the gather with `host_transpose`
+    (default: when the parameter lives on CPU devices, where XLA's transpose costs 3-5x the
+    host's blocked copy; on an accelerator the device does it). Same bytes either way. The next
+    tensor's device work is dispatched before this one is gathered (`hf_device_tensors`).
+    """
+    for name, x, on_host in hf_device_tensors(model, dtype=dtype, host_transpose=host_transpose):
+        a = _gather(x)
+        yield name, _host_transpose(a) if on_host else np.ascontiguousarray(a)
 
 
 _ST_DTYPES = {

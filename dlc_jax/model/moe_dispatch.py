@@ -114,6 +114,24 @@ def _local_experts(
     return jnp.sum(out * weights[..., None].astype(out.dtype), axis=1)
 
 
+def _token_experts(x, experts, weights, wg, wu, wd, first_expert, num_experts, interpret):
+    """`_local_experts` over x [..., D] with experts / weights [..., K]: flattened to tokens and
+    back to x's shape."""
+    d, kk = x.shape[-1], experts.shape[-1]
+    y = _local_experts(
+        x.reshape(-1, d),
+        experts.reshape(-1, kk),
+        weights.reshape(-1, kk),
+        wg,
+        wu,
+        wd,
+        first_expert=first_expert,
+        num_experts=num_experts,
+        interpret=interpret,
+    )
+    return y.reshape(x.shape)
+
+
 def _sharded_block(
     x, experts, weights, wg, wu, wd, *, num_experts, expert_axis, gather, tensor_axis, interpret
 ):
@@ -124,18 +142,7 @@ def _sharded_block(
             jax.lax.all_gather(a, expert_axis, axis=0, tiled=True) for a in (x, experts, weights)
         )
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * wg.shape[0]
-    kk = experts.shape[-1]
-    y = _local_experts(
-        x.reshape(-1, d),
-        experts.reshape(-1, kk),
-        weights.reshape(-1, kk),
-        wg,
-        wu,
-        wd,
-        first_expert=first,
-        num_experts=num_experts,
-        interpret=interpret,
-    ).reshape(x.shape)
+    y = _token_experts(x, experts, weights, wg, wu, wd, first, num_experts, interpret)
     if tensor_axis is not None:
         y = jax.lax.psum(y, tensor_axis)
     if expert_axis is not None:
@@ -157,20 +164,7 @@ def megablox_experts(
     [B, T, D] in x's dtype (see the module doc)."""
     num_experts = wg.shape[0]
     if mesh is None or mesh.size == 1:
-        b, t, d = x.shape
-        kk = experts.shape[-1]
-        y = _local_experts(
-            x.reshape(-1, d),
-            experts.reshape(-1, kk),
-            weights.reshape(-1, kk),
-            wg,
-            wu,
-            wd,
-            first_expert=0,
-            num_experts=num_experts,
-            interpret=interpret,
-        )
-        return y.reshape(b, t, d)
+        return _token_experts(x, experts, weights, wg, wu, wd, 0, num_experts, interpret)
     xspec = logical_to_spec(("batch", "length", "act_embed"), x.shape, mesh, rules)
     tok = PartitionSpec(xspec[0], None, None)
     wspec = logical_to_spec(("exp", "embed", "moe_mlp"), wg.shape, mesh, rules)

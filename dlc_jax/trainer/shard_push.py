@@ -29,9 +29,7 @@ import time
 from collections.abc import Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from dlc_jax.sampler.fanout import fan_out, run_each
 from dlc_jax.sampler.pool import SamplerPool
@@ -51,39 +49,14 @@ def local_slices(model, dtype: str = "float32") -> Iterator[Slice]:
     """(HF name, start, stop, values) of every shard this process sends (replica 0 on one of its
     devices), tensor by tensor in `hf_param_shapes` order. Every process must iterate it to the
     end, in step (the conversions are multi-process computations)."""
-    from dlc_jax.model.hf_io import _param_slots, _to_hf_on_device, hf_param_shapes
+    from dlc_jax.model.hf_io import hf_device_tensors
 
-    params = nnx.state(model, nnx.Param)
-    flat = dict(nnx.to_flat_state(params))
-    slots = _param_slots(params, model.config.num_hidden_layers)
-    out_dtype = jnp.dtype(NP_DTYPES[dtype])
-
-    def dispatch(name: str, hf_shape: tuple) -> tuple[str, jax.Array]:
-        p, idx = slots[name]
-        x = _to_hf_on_device(
-            flat[p].get_value(),
-            tuple(jnp.int32(i) for i in idx),
-            hf_shape=tuple(hf_shape),
-            kernel=p[-1] == "kernel",
-            transpose=True,
-            dtype=out_dtype,
-        )
-        return name, x
-
-    def own(name: str, x: jax.Array) -> Iterator[Slice]:
+    # kernels transposed on the devices: each shard is sent as it lies there, in HF layout
+    for name, x, _ in hf_device_tensors(model, dtype=NP_DTYPES[dtype], host_transpose=False):
         for sh in x.addressable_shards:
             if sh.replica_id == 0:
                 start, stop = _box(sh.index, tuple(x.shape))
                 yield name, start, stop, np.asarray(sh.data)
-
-    pending = None  # one tensor of lookahead: its device work runs while this one is copied
-    for name, hf_shape in hf_param_shapes(model.config).items():
-        nxt = dispatch(name, hf_shape)
-        if pending is not None:
-            yield from own(*pending)
-        pending = nxt
-    if pending is not None:
-        yield from own(*pending)
 
 
 def push_shards(
