@@ -135,6 +135,11 @@ class SamplerSection:
     startup_timeout_s: float = 600.0
     reconnect_timeout_s: float = 600.0
     connect_timeout_s: float = 30.0  # first connection to a given sampler.address
+    # the gRPC client's own retries of an UNAVAILABLE call (waits retry_backoff_s, doubling, capped
+    # at retry_max_backoff_s) before the trainer reconnects (sampler.reconnect_timeout_s)
+    retries: int = 5
+    retry_backoff_s: float = 0.25
+    retry_max_backoff_s: float = 8.0
     push_transport: Literal["auto", "grpc", "socket"] = "auto"
     push_relay: Literal["off", "chain", "tree", "auto"] = "off"
 

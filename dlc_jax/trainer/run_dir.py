@@ -55,6 +55,9 @@ NOT_TRAINING_RELEVANT = (
     "sampler.startup_timeout_s",
     "sampler.reconnect_timeout_s",
     "sampler.connect_timeout_s",
+    "sampler.retries",
+    "sampler.retry_backoff_s",
+    "sampler.retry_max_backoff_s",
     "sampler.push_transport",
     "sampler.push_relay",
 )

@@ -7,16 +7,16 @@ trainer pushes, and is respawned on a reconnect), an `InProcessSampler` (``sampl
 inprocess``: no process, made again on a reconnect), or a `Sampler` handed in by the caller
 (``sampler=``: used as it is, never closed or replaced here).
 
-Retries follow `dlc_jax.sampler.retry`: the client retries UNAVAILABLE itself; on top, a push that
+Retries follow `dlc_jax.sampler.retry`: the client retries UNAVAILABLE itself (`sampler.retries`,
+`retry_backoff_s`, `retry_max_backoff_s`); on top, a push that
 still fails is retried after a reconnect (`push_retrying`), and a reconnect polls until
-`sampler.reconnect_timeout_s`. A multi-host run never reconnects on its own: a failure is seen by
-one
-process only, while a reconnect + push must be collective (`SamplerUnavailable` tells the user to
-restart all processes; training resumes from the last checkpoint).
+`sampler.reconnect_timeout_s`. A multi-host run never reconnects on its own: a failure is seen
+by one process only, while a reconnect + push must be collective (`SamplerUnavailable` tells the
+user to restart all processes; training resumes from the last checkpoint).
 
 Weight pushes go over the sampler's socket data plane when it offers one and
-`sampler.push_transport`
-is "auto" (a spawned loopback sampler is started with a data port), else over gRPC.
+`sampler.push_transport` is "auto" (a spawned loopback sampler is started with a data port), else
+over gRPC.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ class SamplerLink:
                 tls_server_name=s.tls_server_name,
                 timeout=s.reconnect_timeout_s,
                 relay=s.push_relay,
+                **self._retry_kw(),
             )
             self._client = client
             try:
@@ -217,8 +218,16 @@ class SamplerLink:
             ).start()
         except (RuntimeError, TimeoutError) as e:  # exited or not listening: its log says why
             raise SamplerUnavailable(one_line(f"spawned sampler did not start: {e}", 500)) from e
-        self._client = self.process.client(timeout=s.reconnect_timeout_s)
+        self._client = self.process.client(timeout=s.reconnect_timeout_s, **self._retry_kw())
         logger.info("sampler: %s on %s (log %s)", s.backend, self.process.address, log_file)
+
+    def _retry_kw(self) -> dict[str, Any]:
+        """The client's own UNAVAILABLE retries (`sampler.retries`, `retry_backoff_s`,
+        `retry_max_backoff_s`)."""
+        s = self.cfg
+        return dict(
+            max_retries=s.retries, backoff=s.retry_backoff_s, max_backoff=s.retry_max_backoff_s
+        )
 
     def reconnect(self, err: BaseException) -> None:
         """Wait for the sampler to come back (or respawn it when this process owns it)."""

@@ -130,6 +130,10 @@ def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path, caplog):
         "resync.policy=every_k",
         "resync.k=1",
         "sampler.reconnect_timeout_s=120",
+        # the client gives up on the dead sampler after one quick retry, so the trainer's own
+        # reconnect (the subject) takes over
+        "sampler.retries=1",
+        "sampler.retry_backoff_s=0.1",
     )
     caplog.set_level(logging.INFO, logger="dlc_jax")
     trainer = build_trainer(cfg)
@@ -143,9 +147,8 @@ def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path, caplog):
     ):
         time.sleep(0.02)
     proc.kill()
-    time.sleep(
-        20.0
-    )  # longer than the client's own UNAVAILABLE retries (~16 s), so the trainer must reconnect
+    # longer than the client's own UNAVAILABLE retries (one, 0.1 s): the trainer must reconnect
+    time.sleep(3.0)
     proc2 = SamplerProcess("jax", str(tiny_dir), port=port, extra_args=args).start()
     try:
         th.join(400)

@@ -26,6 +26,9 @@ from dlc_jax.trainer.config import ConfigError, load_config
         ("reward.window=0", "reward.window"),
         ("data.timeout_s=0", "data.timeout_s"),
         ("sampler.temperature=inf", "sampler.temperature"),
+        ("sampler.retries=-1", "sampler.retries"),
+        ("sampler.retry_backoff_s=-0.5", "sampler.retry_backoff_s"),
+        ("sampler.retry_max_backoff_s=nan", "sampler.retry_max_backoff_s"),
     ],
 )
 def test_ranges_fail_in_one_line_naming_the_key(override, key):
