@@ -20,7 +20,13 @@ echo "[tests] ruff check + ruff format --check (config: pyproject.toml)" >&2
 "$VENV/bin/ruff" format --check dlc_jax tests || checks=1
 echo "[tests] mypy dlc_jax" >&2
 "$VENV/bin/mypy" dlc_jax || checks=1
-"$VENV/bin/python" -m pytest -q "${tier[@]}" "$@"
+# Tests run in parallel worker processes (pytest-xdist): DLC_JAX_TEST_WORKERS of them (default: the
+# CPU count, at most 4; 0 = in this process). Most tests are single-threaded compiles or waits on a
+# subprocess, so two workers on two cores finish the suite well before one does.
+workers="${DLC_JAX_TEST_WORKERS:-$(n=$(nproc); echo $((n < 4 ? n : 4)))}"
+par=()
+[[ "$workers" != "0" ]] && par=(-n "$workers" --dist worksteal)
+"$VENV/bin/python" -m pytest -q "${par[@]}" "${tier[@]}" "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then
