@@ -1,4 +1,5 @@
-"""Shared helper for the train-step tests: a packed batch of random rollouts (host arrays)."""
+"""Shared helpers for the train-step and batching tests: a packed batch of random rollouts (host
+arrays), and one rollout with fixed values."""
 
 from __future__ import annotations
 
@@ -39,3 +40,20 @@ def random_step_batch(vocab: int, b: int = 8, k: int = 4, seed: int = 0) -> dict
         self_mask=np.ones(arr["mask"].shape, bool),
     )
     return arr
+
+
+def fixed_rollout(prompt, response, slot=0, g=0, k=2) -> Rollout:
+    """A rollout with the given prompt and response ids, fixed log-probs (-0.1 * position) and a
+    top-``k`` head that repeats the sampled token, one version span (version 3)."""
+    t = len(response)
+    return Rollout(
+        prompt_ids=np.array(prompt, np.int32),
+        response_ids=np.array(response, np.int32),
+        logprobs=-0.1 * np.arange(1, t + 1, dtype=np.float32),
+        head_ids=np.tile(np.array(response, np.int32)[:, None], (1, k)),
+        head_logprobs=-np.ones((t, k), np.float32),
+        finish_reason="stop",
+        version_spans=[(3, 0, t)],
+        slot_id=slot,
+        sample_index=g,
+    )

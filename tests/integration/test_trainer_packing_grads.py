@@ -9,21 +9,6 @@ from dlc_jax.sampler.types import Rollout
 from dlc_jax.trainer.batching import step_arrays
 
 
-def _ro2(prompt, response, slot=0, g=0, k=2):
-    t = len(response)
-    return Rollout(
-        prompt_ids=np.array(prompt, np.int32),
-        response_ids=np.array(response, np.int32),
-        logprobs=-0.1 * np.arange(1, t + 1, dtype=np.float32),
-        head_ids=np.tile(np.array(response, np.int32)[:, None], (1, k)),
-        head_logprobs=-np.ones((t, k), np.float32),
-        finish_reason="stop",
-        version_spans=[(3, 0, t)],
-        slot_id=slot,
-        sample_index=g,
-    )
-
-
 def test_packed_rows_give_the_unpacked_loss_and_grads():
     """The same 12 rollouts, one per row vs token-budget packed (segment ids, per-token advantages):
     the DLC loss, every gradient and the per-token log-probs agree to ~1e-5 on a tiny Qwen3, with

@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+from step_helpers import fixed_rollout
 
 from dlc_jax.sampler.types import Rollout
 from dlc_jax.trainer.batching import (
@@ -132,29 +133,14 @@ def test_drop_mode_after_resync_reopens_and_refuses_old_versions():
     assert [r.sample_index for r in asm.release(0, 3)] == [0, 1]
 
 
-def _ro2(prompt, response, slot=0, g=0, k=2):
-    t = len(response)
-    return Rollout(
-        prompt_ids=np.array(prompt, np.int32),
-        response_ids=np.array(response, np.int32),
-        logprobs=-0.1 * np.arange(1, t + 1, dtype=np.float32),
-        head_ids=np.tile(np.array(response, np.int32)[:, None], (1, k)),
-        head_logprobs=-np.ones((t, k), np.float32),
-        finish_reason="stop",
-        version_spans=[(3, 0, t)],
-        slot_id=slot,
-        sample_index=g,
-    )
-
-
 def test_pack_by_tokens_layout_hand_checked():
     """Lengths 5, 5, 5, 4 in rows of 10: first fit puts rollouts 0+1 in row 0 and 2+3 in row 1;
     each is its own segment with positions from 0, and no target crosses a segment boundary."""
     rs = [
-        _ro2([1, 2], [10, 11, 12], 0),
-        _ro2([3, 4, 5], [13, 14], 1),
-        _ro2([6], [15, 16, 17, 18], 2),
-        _ro2([7, 8], [19, 20], 3),
+        fixed_rollout([1, 2], [10, 11, 12], 0),
+        fixed_rollout([3, 4, 5], [13, 14], 1),
+        fixed_rollout([6], [15, 16, 17, 18], 2),
+        fixed_rollout([7, 8], [19, 20], 3),
     ]
     p = pack_by_tokens(rs, row_len=10, head_k=2, pad_id=0)
     np.testing.assert_array_equal(
