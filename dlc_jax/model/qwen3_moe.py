@@ -92,6 +92,7 @@ class Experts(nnx.Module):
         e, d, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.compute_dtype = compute_dtype
         self.impl = cfg.moe_impl
+        self.dispatch = cfg.moe_dispatch
         self.act_sharding = act_sharding
         self.gate_proj = _Kernel((e, d, i), ("exp", "embed", "moe_mlp"), rngs, param_dtype)
         self.up_proj = _Kernel((e, d, i), ("exp", "embed", "moe_mlp"), rngs, param_dtype)
@@ -119,6 +120,7 @@ class Experts(nnx.Module):
                 mesh=mesh,
                 rules=self.act_sharding.rules,
                 interpret=mesh_platform(mesh) != "tpu",
+                dispatch=self.dispatch,
             )
         b, t, d = x.shape
         x, experts, weights = (
