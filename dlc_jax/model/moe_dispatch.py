@@ -15,11 +15,10 @@ whole block runs under `jax.shard_map` over the training mesh:
 - with an `expert` axis of size P > 1 holding tokens too, every device all-gathers the tokens of
   its P expert-axis peers, multiplies the (token, expert) pairs routed to its E / P local experts
   (`group_offset` = its first expert, group sizes of all E experts: the kernel visits only local
-  groups) and `psum_scatter`s the partial outputs back to the tokens' owners. Without dropping
-  tokens a dense all-to-all must size every per-destination buffer for all n local tokens, so it
-  moves exactly these bytes; a pair-level all-to-all would move top-k times more, and
-  `ragged_all_to_all` (bytes in proportion to the actual assignments) has no CPU lowering in this
-  JAX, so it could not be tested here.
+  groups) and `psum_scatter`s the partial outputs back to the tokens' owners
+  (`dispatch='allgather'`), or, with `dispatch='all_to_all'`, sends each token only to the
+  devices holding its experts by `ragged_all_to_all` and gets the partial outputs back the same
+  way (moe_a2a.py).
 
 The (token, slot) pairs are sorted by expert and padded to the kernel's row tile; rows outside the
 local groups (padding, other shards' experts) are zeroed before and after every kernel call, so no
