@@ -105,6 +105,7 @@ class Qwen3Config:
         if not archs and model_type != "qwen3":
             raise UnsupportedModelError(f"unsupported model_type {model_type!r}; expected 'qwen3'")
         options.pop("moe_impl", None)  # a dense model has no experts: the kernel choice is moot
+        options.pop("moe_dispatch", None)
         return cls(**hf_common_kwargs(d), **options)
 
     @classmethod
@@ -154,6 +155,8 @@ class Qwen3Config:
 
 
 MOE_IMPLS = ("auto", "ragged", "dense", "megablox")
+# how tokens split over the `expert` mesh axis reach their experts (megablox only; moe_a2a.py)
+MOE_DISPATCHES = ("allgather", "all_to_all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,12 +179,21 @@ class Qwen3MoeConfig(Qwen3Config):
     # (jax.lax.ragged_dot over expert-sorted tokens) | dense (every expert on every token, masked:
     # the reference) | megablox (Pallas grouped matmul under shard_map; interpret mode off TPU)
     moe_impl: str = "auto"
+    # with megablox and tokens split over the `expert` axis: allgather (every peer's tokens,
+    # reduce-scatter back; the default: run on TPU hardware already) | all_to_all (each token only
+    # to the devices holding its experts, jax.lax.ragged_all_to_all; see moe_a2a.py)
+    moe_dispatch: str = "allgather"
 
     def __post_init__(self):
         super().__post_init__()
         if self.moe_impl not in MOE_IMPLS:
             raise ValueError(
                 f"Qwen3MoeConfig.moe_impl must be one of {MOE_IMPLS}, got {self.moe_impl!r}"
+            )
+        if self.moe_dispatch not in MOE_DISPATCHES:
+            raise ValueError(
+                f"Qwen3MoeConfig.moe_dispatch must be one of {MOE_DISPATCHES}, "
+                f"got {self.moe_dispatch!r}"
             )
         if not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(

@@ -166,6 +166,7 @@ def load_hf(
     scan_layers: bool | None = None,
     attention_impl: str | None = None,
     moe_impl: str | None = None,
+    moe_dispatch: str | None = None,
 ) -> Qwen3ForCausalLM:
     """Load an HF directory into its family's model (`registry.py`: `Qwen3ForCausalLM`, ...), one
     tensor at a time.
@@ -184,6 +185,7 @@ def load_hf(
             ("scan_layers", scan_layers),
             ("attention_impl", attention_impl),
             ("moe_impl", moe_impl),  # mixture-of-experts families only
+            ("moe_dispatch", moe_dispatch),
         )
         if v is not None
     }

@@ -15,11 +15,10 @@ whole block runs under `jax.shard_map` over the training mesh:
 - with an `expert` axis of size P > 1 holding tokens too, every device all-gathers the tokens of
   its P expert-axis peers, multiplies the (token, expert) pairs routed to its E / P local experts
   (`group_offset` = its first expert, group sizes of all E experts: the kernel visits only local
-  groups) and `psum_scatter`s the partial outputs back to the tokens' owners. Without dropping
-  tokens a dense all-to-all must size every per-destination buffer for all n local tokens, so it
-  moves exactly these bytes; a pair-level all-to-all would move top-k times more, and
-  `ragged_all_to_all` (bytes in proportion to the actual assignments) has no CPU lowering in this
-  JAX, so it could not be tested here.
+  groups) and `psum_scatter`s the partial outputs back to the tokens' owners
+  (`dispatch='allgather'`), or, with `dispatch='all_to_all'`, sends each token only to the
+  devices holding its experts by `ragged_all_to_all` and gets the partial outputs back the same
+  way (moe_a2a.py).
 
 The (token, slot) pairs are sorted by expert and padded to the kernel's row tile; rows outside the
 local groups (padding, other shards' experts) are zeroed before and after every kernel call, so no
@@ -36,7 +35,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from .attention import mesh_platform
-from .config import MOE_IMPLS
+from .config import MOE_DISPATCHES, MOE_IMPLS
+from .moe_a2a import all_to_all_experts
 from .sharding import logical_to_spec
 
 TILE = 128  # the kernel's (m, k, n) tile, capped at each (padded) dimension
@@ -133,10 +133,37 @@ def _token_experts(x, experts, weights, wg, wu, wd, first_expert, num_experts, i
 
 
 def _sharded_block(
-    x, experts, weights, wg, wu, wd, *, num_experts, expert_axis, gather, tensor_axis, interpret
+    x,
+    experts,
+    weights,
+    wg,
+    wu,
+    wd,
+    *,
+    num_experts,
+    expert_axis,
+    expert_size,
+    gather,
+    tensor_axis,
+    interpret,
+    dispatch,
 ):
     """shard_map body: x [b, T, D], experts / weights [b, T, K] (this device's tokens)."""
     b, t, d = x.shape
+    if gather and dispatch == "all_to_all":
+        return _all_to_all_block(
+            x,
+            experts,
+            weights,
+            wg,
+            wu,
+            wd,
+            num_experts,
+            expert_axis,
+            expert_size,
+            tensor_axis,
+            interpret,
+        )
     if gather:  # tokens are split over the expert axis: see every peer's tokens
         x, experts, weights = (
             jax.lax.all_gather(a, expert_axis, axis=0, tiled=True) for a in (x, experts, weights)
@@ -153,15 +180,64 @@ def _sharded_block(
     return y.reshape(b, t, d)
 
 
+def _all_to_all_block(
+    x, experts, weights, wg, wu, wd, num_experts, expert_axis, expert_size, tensor_axis, interpret
+):
+    """The shard_map body with `moe_dispatch='all_to_all'` (moe_a2a.py): tokens go only to the
+    devices holding their experts."""
+    b, t, d = x.shape
+    kk = experts.shape[-1]
+
+    def local_fn(rx, re, rw, first):
+        y = _local_experts(
+            rx,
+            re,
+            rw,
+            wg,
+            wu,
+            wd,
+            first_expert=first,
+            num_experts=num_experts,
+            interpret=interpret,
+        )
+        return y if tensor_axis is None else jax.lax.psum(y, tensor_axis)
+
+    y = all_to_all_experts(
+        x.reshape(-1, d),
+        experts.reshape(-1, kk),
+        weights.reshape(-1, kk),
+        local_fn,
+        axis_name=expert_axis,
+        size=expert_size,
+        num_experts=num_experts,
+        emulate=interpret,
+    )
+    return y.reshape(b, t, d)
+
+
 def _axes(entry) -> tuple[str, ...]:
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def megablox_experts(
-    x, experts, weights, wg, wu, wd, *, mesh: Mesh | None = None, rules=None, interpret=False
+    x,
+    experts,
+    weights,
+    wg,
+    wu,
+    wd,
+    *,
+    mesh: Mesh | None = None,
+    rules=None,
+    interpret=False,
+    dispatch: str = "allgather",
 ):
     """x [B, T, D], experts [B, T, K] int, weights [B, T, K], wg / wu [E, D, I], wd [E, I, D] ->
-    [B, T, D] in x's dtype (see the module doc)."""
+    [B, T, D] in x's dtype (see the module doc). `dispatch` ('allgather' | 'all_to_all') is how
+    tokens split over the `expert` axis reach their experts' devices; with `interpret` (off TPU)
+    the all-to-all runs as its all-gather emulation (moe_a2a.py)."""
+    if dispatch not in MOE_DISPATCHES:
+        raise ValueError(f"moe_dispatch must be one of {MOE_DISPATCHES}, got {dispatch!r}")
     num_experts = wg.shape[0]
     if mesh is None or mesh.size == 1:
         return _token_experts(x, experts, weights, wg, wu, wd, 0, num_experts, interpret)
@@ -181,9 +257,11 @@ def megablox_experts(
         _sharded_block,
         num_experts=num_experts,
         expert_axis=expert_axis,
+        expert_size=1 if expert_axis is None else mesh.shape[expert_axis],
         gather=expert_axis is not None and expert_axis in _axes(xspec[0]),
         tensor_axis=tensor_axis,
         interpret=interpret,
+        dispatch=dispatch,
     )
     return jax.shard_map(
         body,

@@ -15,8 +15,9 @@ renormalized to sum 1 when `norm_topk_prob`, cast to the compute dtype. Experts 
 matmuls: the N*K (token, expert) pairs are sorted by expert and `jax.lax.ragged_dot` multiplies
 each expert's contiguous group by its weights (`moe_impl='ragged'`), or the Pallas megablox grouped
 matmul does under `shard_map` with expert-parallel dispatch (`moe_impl='megablox'`, moe_dispatch.py;
-`auto` picks it when the mesh's devices are TPUs, ragged otherwise); `moe_impl='dense'` runs every
-expert on every token and masks (the reference).
+`auto` picks it when the mesh's devices are TPUs, ragged otherwise; tokens reach other devices'
+experts by all-gather, or by ragged all-to-all with `moe_dispatch='all_to_all'`: moe_a2a.py);
+`moe_impl='dense'` runs every expert on every token and masks (the reference).
 
 Routing replay: `routed_experts` [B, T, L, K] int (L = all decoder layers; dense layers' entries are
 ignored) replaces each sparse layer's top-k choice; the gate weights are the model's *own* router
@@ -92,6 +93,7 @@ class Experts(nnx.Module):
         e, d, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.compute_dtype = compute_dtype
         self.impl = cfg.moe_impl
+        self.dispatch = cfg.moe_dispatch
         self.act_sharding = act_sharding
         self.gate_proj = _Kernel((e, d, i), ("exp", "embed", "moe_mlp"), rngs, param_dtype)
         self.up_proj = _Kernel((e, d, i), ("exp", "embed", "moe_mlp"), rngs, param_dtype)
@@ -119,6 +121,7 @@ class Experts(nnx.Module):
                 mesh=mesh,
                 rules=self.act_sharding.rules,
                 interpret=mesh_platform(mesh) != "tpu",
+                dispatch=self.dispatch,
             )
         b, t, d = x.shape
         x, experts, weights = (

@@ -37,6 +37,8 @@ TINY_DIMS = dict(
 
 # model config fields that say how the model runs, settable from the trainer's model section
 RUN_OPTIONS = ("attention_impl", "scan_layers", "remat_policy")
+# mixture-of-experts run options (a dense family has no such fields: dropped below)
+MOE_RUN_OPTIONS = ("moe_impl", "moe_dispatch")
 
 
 def model_config(model_section):
@@ -68,6 +70,9 @@ def model_config(model_section):
         given = model_section.run_options()
     else:
         given = {k: getattr(model_section, k) for k in RUN_OPTIONS if hasattr(model_section, k)}
+    given.update(
+        {k: getattr(model_section, k) for k in MOE_RUN_OPTIONS if hasattr(model_section, k)}
+    )
     opts = {k: v for k, v in given.items() if k in fields}
     return cfg.replace(**opts) if opts else cfg
 

@@ -17,7 +17,7 @@ from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.lora.config import LoraConfig
-from dlc_jax.model.config import ATTENTION_IMPLS, MOE_IMPLS, REMAT_POLICIES
+from dlc_jax.model.config import ATTENTION_IMPLS, MOE_DISPATCHES, MOE_IMPLS, REMAT_POLICIES
 from dlc_jax.model.routing import MoeSection
 from dlc_jax.model.sharding import MeshConfig
 from dlc_jax.rl.loss_config import LossConfig
@@ -42,7 +42,10 @@ class ModelSection:
     ``model.config.SCAN_MIN_LAYERS`` layers. moe_impl (mixture-of-experts models only; a dense
     model ignores it) is the experts' kernel: 'auto' (the Pallas megablox grouped matmul when the
     mesh's devices are TPUs, else ``jax.lax.ragged_dot``) or one of 'ragged', 'megablox', 'dense'
-    (every expert on every token: the reference).
+    (every expert on every token: the reference). moe_dispatch (megablox with tokens split over
+    the `expert` mesh axis) is how tokens reach their experts' devices: 'allgather' (the default)
+    or 'all_to_all' (``jax.lax.ragged_all_to_all``: each token only to the devices holding its
+    experts; docs/MODEL.md).
 
     remat and remat_policy say what a decoder layer keeps for the backward pass. remat_policy names
     the policy ('none', 'full', 'save_dots', 'save_attn_out', 'save_dots_and_attn_out'); '' takes
@@ -61,11 +64,17 @@ class ModelSection:
     scan_layers: bool | None = None
     attention_impl: str = "auto"
     moe_impl: str = "auto"
+    moe_dispatch: str = "allgather"
 
     def __post_init__(self):
         if self.moe_impl not in MOE_IMPLS:
             raise ValueError(
                 f"ModelSection.moe_impl: must be one of {list(MOE_IMPLS)}, got {self.moe_impl!r}"
+            )
+        if self.moe_dispatch not in MOE_DISPATCHES:
+            raise ValueError(
+                f"ModelSection.moe_dispatch: must be one of {list(MOE_DISPATCHES)}, "
+                f"got {self.moe_dispatch!r}"
             )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(

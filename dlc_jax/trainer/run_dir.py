@@ -42,6 +42,7 @@ NOT_TRAINING_RELEVANT = (
     "model.remat_policy",  # memory vs recompute; model.scan_layers changes the checkpoint layout
     "model.attention_impl",  # the same attention by another kernel
     "model.moe_impl",  # the same experts by another kernel
+    "model.moe_dispatch",  # the same experts reached by another collective
     "model.path",
     "sft.cache_dir",
     "reward.workers",

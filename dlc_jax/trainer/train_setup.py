@@ -45,6 +45,7 @@ def load_train_model(cfg: TrainConfig, model_dir, mesh):
         scan_layers=m.scan_layers,
         attention_impl=m.attention_impl,
         moe_impl=m.moe_impl,
+        moe_dispatch=m.moe_dispatch,
     )
 
 

@@ -1,5 +1,5 @@
-"""`model.moe_impl` reaches the experts of the MoE model the trainer builds; a dense model ignores
-it."""
+"""`model.moe_impl` and `model.moe_dispatch` reach the experts of the MoE model the trainer builds;
+a dense model ignores them."""
 
 import numpy as np
 from model_helpers import jit_forward, padded_batch
@@ -16,9 +16,10 @@ def _model(model_dir, *overrides):
 
 def test_moe_impl_key_picks_the_experts_kernel(tmp_path):
     d = make_random_moe_dir(tmp_path / "moe", **MOE_UNIFORM)
-    ragged = _model(d, "model.moe_impl=ragged")
+    ragged = _model(d, "model.moe_impl=ragged", "model.moe_dispatch=all_to_all")
     dense = _model(d, "model.moe_impl=dense")
     assert ragged.config.moe_impl == "ragged" and dense.config.moe_impl == "dense"
+    assert ragged.config.moe_dispatch == "all_to_all" and dense.config.moe_dispatch == "allgather"
     assert _model(d).config.moe_impl == "auto"  # the default: megablox on TPU, ragged elsewhere
     ids, mask = padded_batch(MOE_UNIFORM["vocab_size"], seed=2)
     real = mask.astype(bool)

@@ -77,6 +77,7 @@ def test_overrides_coerce_types(tmp_path):
         ("base=tiny_cpu", "base"),
         ("model.attention_impl=foo", "model.attention_impl"),
         ("model.moe_impl=grouped", "model.moe_impl"),
+        ("model.moe_dispatch=ring", "model.moe_dispatch"),
         ("model.remat_policy=sometimes", "model.remat_policy"),
         ("model.remat_policy=full", "model.remat_policy"),  # tiny_cpu says remat: false
         ("model.scan_layers=maybe", "model.scan_layers"),

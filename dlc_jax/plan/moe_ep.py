@@ -1,0 +1,239 @@
+"""Expert parallelism AOT-compiled for TPU: a tiny Qwen3-MoE train step and theta_s forward on an
+abstract TPU slice with an `expert` mesh axis > 1, and what the compiler reports.
+
+`compile_tiny_moe(topology, fsdp=, expert=, dispatch=)` writes a tiny Qwen3-MoE config, builds the
+trainer's real programs (`make_train_step`, `make_snapshot_logprobs`) on the slice's compile-only
+devices, compiles them and returns, per program: per-chip memory (arguments / outputs /
+temporaries / peak), XLA's FLOPs count against the plan's analytic prediction, and the bytes of
+every collective in the compiled HLO by kind (result shapes; an op inside a loop body counted once;
+a ragged all-to-all counted at its static buffer, an upper bound of what it moves). The analytic
+per-device dispatch bytes of both dispatches (`moe_a2a.dispatch_bytes`, uniform random routing)
+come with it.
+
+    python -m dlc_jax.plan.moe_ep [--out docs/bench/moe_ep.md]   # libtpu needed (plan/libtpu.py)
+
+compiles the rows of `docs/bench/moe_ep.md`; the AOT test is
+`tests/integration/test_plan_moe_expert_parallel.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+# tiny Qwen3-MoE: 2 scanned sparse layers, 8 experts top 2 (the shapes of the megablox AOT test)
+TINY_MOE: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+)
+ROWS, PROMPTS, SEQ, MICRO = 16, 4, 128, 2
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
+_DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
+_SHAPE_RE = re.compile(r"\b(pred|[fsu](?:8|16|32|64)|bf16)\[([\d,]*)\]")
+_OP_RE = re.compile(
+    r"=\s*(.*?)\s(all-gather|all-reduce|reduce-scatter|ragged-all-to-all|all-to-all|"
+    r"collective-permute)(-start)?\("
+)
+
+
+def _shape_bytes(text: str) -> int:
+    total = 0
+    for dt, dims in _SHAPE_RE.findall(text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _DTYPE_BYTES[dt]
+    return total
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes of the result shapes of every collective in a compiled HLO module, by kind (an async
+    `-start` op's tuple includes its operand: counted as the largest of its shapes)."""
+    out: Counter = Counter()
+    for line in hlo_text.splitlines():
+        m = _OP_RE.search(line)
+        if not m:
+            continue
+        shapes = m.group(1)
+        if m.group(3):  # (operand, result[, ...]) tuple of an async start
+            sizes = [_shape_bytes(mm.group(0)) for mm in _SHAPE_RE.finditer(shapes)]
+            out[m.group(2)] += max(sizes, default=0)
+        else:
+            out[m.group(2)] += _shape_bytes(shapes)
+    return dict(out)
+
+
+def _compile(jitted, *args) -> dict:
+    t0 = time.process_time()
+    compiled = jitted.lower(*args).compile()
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    arg, out = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
+    temp, alias = int(mem.temp_size_in_bytes), int(mem.alias_size_in_bytes)
+    return {
+        "argument_bytes": arg,
+        "output_bytes": out,
+        "temp_bytes": temp,
+        "peak_bytes": arg + out + temp - alias,
+        "xla_flops": float((cost or {}).get("flops", 0.0)),
+        "collective_bytes": collective_bytes(compiled.as_text()),
+        "compile_cpu_s": time.process_time() - t0,
+    }
+
+
+def _config_yaml(model_dir: Path, fsdp: int, expert: int, dispatch: str, impl: str) -> str:
+    return f"""
+model: {{path: {model_dir}, param_dtype: float32, compute_dtype: bfloat16, remat: true,
+        scan_layers: true, moe_impl: {impl}, moe_dispatch: {dispatch}}}
+mesh: {{data: 1, fsdp: {fsdp}, tensor: 1, expert: {expert}}}
+sampler: {{n: {ROWS // PROMPTS}, head_k: 4, max_model_len: {SEQ}}}
+train: {{batch_prompts: {PROMPTS}, micro_batches: {MICRO}}}
+resync: {{max_snapshots: 1}}
+"""
+
+
+def compile_tiny_moe(
+    topology: str, *, fsdp: int, expert: int, dispatch: str = "allgather", impl: str = "auto"
+) -> dict:
+    """Compile the tiny MoE train step and theta_s forward for `topology` (e.g. 'v5e:2x2') with a
+    (fsdp, expert) mesh; returns the module doc's figures (JSON-able)."""
+    import jax
+    import numpy as np
+
+    from dlc_jax.model.config import Qwen3MoeConfig
+    from dlc_jax.model.moe_a2a import dispatch_bytes
+    from dlc_jax.model.moe_dispatch import resolve_moe_impl
+    from dlc_jax.plan.abstract_state import abstract_run, model_config, plan_mesh
+    from dlc_jax.plan.flops import StepShape, step_flops
+    from dlc_jax.plan.topology import abstract_devices, parse_topology
+    from dlc_jax.trainer.config import load_config
+    from dlc_jax.trainer.step import make_snapshot_logprobs, make_train_step, step_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "tiny_moe"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(Qwen3MoeConfig(**TINY_MOE).to_hf_dict()))
+        cfg_path = Path(tmp) / "cfg.yaml"
+        cfg_path.write_text(_config_yaml(model_dir, fsdp, expert, dispatch, impl))
+        cfg = load_config(str(cfg_path), [])
+        topo = parse_topology(topology, 1)
+        mesh, _ = plan_mesh(cfg.mesh, abstract_devices(topo), 1)
+        run = abstract_run(cfg, mesh)
+        qc = model_config(cfg.model)
+    scfg = step_config(cfg)
+    shard = lambda t: jax.tree.map(lambda x: x.sharding, t)  # noqa: E731
+    step = make_train_step(
+        run.graphdef,
+        run.tx,
+        scfg,
+        mesh=mesh,
+        param_shardings=shard(run.params),
+        opt_shardings=shard(run.opt_state),
+    )
+    snap = make_snapshot_logprobs(run.graphdef, scfg)
+    programs = {
+        "train_step": _compile(step, run.params, run.opt_state, run.batch),
+        "snapshot_forward": _compile(snap, run.params, run.batch),
+    }
+    chips = int(mesh.size)
+    shape = StepShape(
+        rows=ROWS,
+        seq_len=SEQ,
+        micro_batches=MICRO,
+        chunk_size=scfg.chunk_size,
+        chips=chips,
+        remat_policy=run.model.remat_policy,
+        scanned_layers=bool(run.model.scanned),
+        pallas_attention=True,
+        fsdp=mesh.shape["fsdp"],
+        slices=1,
+    )
+    fl = step_flops(qc, shape)
+    programs["train_step"]["pred_flops"] = fl["xla_visible_train_step_per_device"]
+    programs["snapshot_forward"]["pred_flops"] = fl["xla_visible_snapshot_forward_per_device"]
+    # one micro-batch of one MoE layer, uniform random routing: analytic dispatch bytes
+    n = ROWS // MICRO * SEQ // chips
+    rng = np.random.RandomState(0)
+    k, e = TINY_MOE["num_experts_per_tok"], TINY_MOE["num_experts"]
+    routing = np.stack(
+        [np.stack([rng.choice(e, k, replace=False) for _ in range(n)]) for _ in range(expert)]
+    )
+    return {
+        "topology": topology,
+        "mesh": dict(mesh.shape),
+        "impl": resolve_moe_impl(qc.moe_impl, mesh),
+        "dispatch": dispatch,
+        "programs": programs,
+        "dispatch_bytes_per_layer": dispatch_bytes(
+            routing, devices=expert, num_experts=e, hidden=TINY_MOE["hidden_size"]
+        )
+        if expert > 1
+        else {},
+    }
+
+
+ROWS_TO_COMPILE = (
+    ("v5e:2x2", 4, 1, "allgather"),
+    ("v5e:2x2", 2, 2, "allgather"),
+    ("v5e:2x2", 2, 2, "all_to_all"),
+    ("v5e:2x2", 1, 4, "allgather"),
+    ("v5e:2x2", 1, 4, "all_to_all"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    mib = 1 << 20
+    lines = [
+        "| topology | mesh (fsdp x expert) | dispatch | program | XLA FLOPs / chip | predicted "
+        "| XLA/pred | temporaries | peak / chip | collectives (HLO result bytes by kind) "
+        "| compile CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for name, p in r["programs"].items():
+            coll = ", ".join(
+                f"{k} {v / 1024:.0f} KiB" for k, v in sorted(p["collective_bytes"].items())
+            )
+            lines.append(
+                f"| {r['topology']} | {r['mesh']['fsdp']} x {r['mesh'].get('expert', 1)} "
+                f"| {r['dispatch']} | {name} | {p['xla_flops']:.3e} | {p['pred_flops']:.3e} "
+                f"| {p['xla_flops'] / p['pred_flops']:.2f} | {p['temp_bytes'] / mib:.1f} MiB "
+                f"| {p['peak_bytes'] / mib:.1f} MiB | {coll} | {p['compile_cpu_s']:.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default="", help="also write the rows as JSON here")
+    a = ap.parse_args(argv)
+    rows = []
+    for topo, fsdp, expert, dispatch in ROWS_TO_COMPILE:
+        rows.append(compile_tiny_moe(topo, fsdp=fsdp, expert=expert, dispatch=dispatch))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
