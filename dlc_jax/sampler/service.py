@@ -236,7 +236,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         def start_relay() -> None:
             fwd = relay.RelayForward(
                 header,
-                stager.tensor_view,
+                stager.verified_tensor,  # its checksum is not computed again to forward it
                 relay.bearer_token(context.invocation_metadata()),
                 timeout=max(deadline - loop.time(), 1.0),
             )

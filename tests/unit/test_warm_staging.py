@@ -145,3 +145,19 @@ def test_stage_cpu_profile_reports_every_stage():
         "finite check",
     }
     assert all(np.isfinite(v) and v >= 0 for v in cpu.values())
+
+
+def test_relay_forwards_the_verified_checksum_without_recomputing_it():
+    """A tensor a relaying sampler verified carries its checksum to the onward push
+    (`weight_stream.VerifiedTensor`); a dtype conversion or another algorithm recomputes it."""
+    from dlc_jax.sampler.weight_stream import prepared_tensors, with_checksum
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    marked = with_checksum(a, "crc32c", 12345)  # not a's CRC: shows it was not recomputed
+    specs = [("w", (3, 4))]
+    (t,) = prepared_tensors(iter([("w", marked)]), specs, "float32", "crc32c")
+    assert t.checksum == 12345 and np.shares_memory(t.array, a)
+    (t,) = prepared_tensors(iter([("w", marked)]), specs, "bfloat16", "crc32c")
+    assert t.checksum == crc32c.crc32c(t.buf)  # converted: its own CRC
+    (t,) = prepared_tensors(iter([("w", marked)]), specs, "float32", "sha256")
+    assert t.checksum != 12345 and len(str(t.checksum)) == 64
