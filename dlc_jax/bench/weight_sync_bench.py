@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from dlc_jax.bench import common
+from dlc_jax.sampler.malloc_env import with_huge_pages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,9 @@ class WeightSyncBenchConfig:
     # a push from 2 trainer processes x 4 fake CPU devices (`weight_sync_multihost`): bytes per
     # process vs the model's
     multihost: bool = True
+    # CPU seconds per GB of each push stage, before / now (`weight_sync_stages`, two child
+    # processes): the figure the machine's load does not move
+    stages: bool = True
 
     def model_config(self):
         return common.qwen3_config(self)
@@ -79,6 +83,7 @@ SIZES = {
         engines=(),
         relay_samplers=0,
         multihost=False,
+        stages=False,
     ),
 }
 
@@ -183,7 +188,11 @@ class _ServerProcess:
             f"{staging_root!r})"
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=with_huge_pages(os.environ),  # as `SamplerProcess` starts a sampler
         )
         assert self.proc.stdout is not None  # stdout=PIPE
         self.address = self.proc.stdout.readline().strip()
@@ -317,6 +326,11 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
             from dlc_jax.bench.weight_sync_multihost import multihost_rows
 
             multihost = multihost_rows(cfg, tmp)
+        stages = None
+        if cfg.stages:
+            from dlc_jax.bench.weight_sync_stages import stage_part
+
+            stages = stage_part(cfg)
     mb = total / 1e6
     ncpu = os.cpu_count() or 1
     med = {k: common.best(v) for k, v in times.items()}
@@ -367,6 +381,12 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
 
         add_multihost_part(res, multihost)
     res["notes"] += extra["notes"]
+    if stages is not None:
+        from dlc_jax.bench.weight_sync_stages import stage_lines
+
+        res["stage_cpu_s_per_GB"], res["stage_totals"] = stages
+        res["summary"].update(stages[1])
+        res.setdefault("sections", []).extend(stage_lines(*stages))
     res["notes"].append(
         f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} "
         f"(Qwen3 shapes: {mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, "
@@ -418,6 +438,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the push from 2 trainer processes x 4 fake CPU devices (default: on, off for tiny)",
     )
+    p.add_argument(
+        "--stages",
+        choices=["on", "off"],
+        default=None,
+        help="CPU seconds per GB of each push stage, before / now (default: on, off for tiny)",
+    )
 
 
 def from_args(size: str, args) -> WeightSyncBenchConfig:
@@ -434,4 +460,6 @@ def from_args(size: str, args) -> WeightSyncBenchConfig:
         cfg = dataclasses.replace(cfg, relay_samplers=args.relay_samplers)
     if getattr(args, "multihost", None) is not None:
         cfg = dataclasses.replace(cfg, multihost=args.multihost == "on")
+    if getattr(args, "stages", None) is not None:
+        cfg = dataclasses.replace(cfg, stages=args.stages == "on")
     return cfg

@@ -11,10 +11,13 @@ times do (see the bench notes).
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
 import time
+
+from dlc_jax.sampler.malloc_env import with_huge_pages
 
 
 def _serve(spec: dict) -> None:
@@ -52,7 +55,11 @@ class _SamplerProcess:
             f"_serve(json.loads({json.dumps(json.dumps(spec))}))"
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=with_huge_pages(os.environ),  # as `SamplerProcess` starts a sampler
         )
         assert self.proc.stdout is not None
         self.address = ""

@@ -111,6 +111,13 @@ def _parser() -> ArgumentParser:
         "JAX engine loads each verified tensor as the next arrives; file: the engine loads the "
         "staged file at Commit",
     )
+    s.add_argument(
+        "--push-staging-warm",
+        choices=["on", "off"],
+        default="on",
+        help="memory staging: keep the last superseded staging file mapped for the next push "
+        "(on, default: no page faults, ~6x less receive CPU; one more staged model of RAM)",
+    )
     i = sub.add_parser("info", help="query a running server")
     i.add_argument("--address", required=True)
     i.add_argument("--token", default=None)
@@ -153,6 +160,7 @@ async def _serve(args) -> int:
             max_message_bytes=args.max_message_bytes,
             staging_root=args.staging_root,
             push_staging=args.push_staging,
+            push_staging_warm=args.push_staging_warm == "on",
             data_port=args.push_data_port,
             push_idle_timeout_s=args.push_idle_timeout,
             push_max_s=args.push_max_seconds,

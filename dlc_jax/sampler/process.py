@@ -10,6 +10,7 @@ import time
 import warnings
 
 from .client import SamplerClient
+from .malloc_env import with_huge_pages
 from .staging_dirs import clean_stale_staging, staging_roots
 
 
@@ -84,7 +85,7 @@ class SamplerProcess:
         ]
         if self.token:
             cmd += ["--token", self.token]
-        env = {**os.environ, **self.env}
+        env = with_huge_pages({**os.environ, **self.env})  # malloc_env: faster weight loads
         self._log = open(self.log_file, "wb")
         # own process group: kill() also takes down engine children (vLLM's EngineCore process)
         with warnings.catch_warnings():

@@ -158,7 +158,8 @@ def first_nonfinite(model_dir: str | pathlib.Path, piece: int = 16 << 20) -> str
 
 def layout(tensors: list[tuple[str, tuple[int, ...], str, int]]) -> tuple[bytes, list[int]]:
     """Plan one safetensors file for (name, shape, dtype, nbytes) in order.
-    -> (header bytes incl. the 8-byte length prefix, absolute file offset of each tensor)."""
+    -> (header bytes incl. the 8-byte length prefix, a multiple of 64 bytes; absolute file offset
+    of each tensor)."""
     header: dict = {"__metadata__": {"format": "pt"}}
     offsets, pos = [], 0
     for name, shape, dt, nbytes in tensors:
@@ -170,7 +171,9 @@ def layout(tensors: list[tuple[str, tuple[int, ...], str, int]]) -> tuple[bytes,
         offsets.append(pos)
         pos += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    # spaces (allowed by the format) so that the data starts 64-byte aligned: a tensor whose
+    # offset is a multiple of 64 can be handed to XLA without a copy (memory staging's load)
+    raw += b" " * (-(len(raw) + 8) % 64)
     prefix = struct.pack("<Q", len(raw)) + raw
     return prefix, [len(prefix) + o for o in offsets]
 

@@ -100,6 +100,8 @@ class SamplerServer:
         await self.backend.close()
         if self.service._owned_dir is not None:
             shutil.rmtree(self.service._owned_dir, ignore_errors=True)
+        if self.service.warm_staging is not None:
+            self.service.warm_staging.close()
 
     async def wait(self) -> None:
         assert self.server is not None, "wait() before start()"

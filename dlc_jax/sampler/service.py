@@ -30,6 +30,7 @@ from .load_checks import check_load_files, check_load_path
 from .request_checks import RequestError, validate_generate
 from .server_config import ServerConfig
 from .staging import WeightStager
+from .warm_staging import WarmStaging
 from .weight_checks import PushError
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ class SamplerService(pb_grpc.SamplerServicer):
         self.last_push_message = ""
         self.data_listener: data_plane.DataPlaneListener | None = None  # set by SamplerServer.start
         self._group = sliced_push.PendingGroup()  # a sliced push between its part streams
+        # memory staging: superseded staging files stay mapped for the next push (warm_staging)
+        self.warm_staging = (
+            WarmStaging() if cfg.push_staging == "memory" and cfg.push_staging_warm else None
+        )
 
     async def _auth(self, context) -> None:
         if self.cfg.token is None:
@@ -124,9 +129,14 @@ class SamplerService(pb_grpc.SamplerServicer):
                 f"backend failed to apply version {version}: {e!r}; previous weights restored",
             ) from e
         if self._owned_dir is not None:
-            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self.drop_staged(self._owned_dir)
         self._current_dir = path
         self._owned_dir = path if owned else None
+
+    def drop_staged(self, d: pathlib.Path) -> None:
+        """A staged directory no longer served: back to the warm buffers, else deleted."""
+        if self.warm_staging is None or not self.warm_staging.give_back(d):
+            shutil.rmtree(d, ignore_errors=True)
 
     async def _swap_adapter(self, path: pathlib.Path, version: int, meta) -> None:
         """Serve base + the staged adapter as `version` (the backend swaps atomically: on failure
@@ -197,6 +207,7 @@ class SamplerService(pb_grpc.SamplerServicer):
             reserve_bytes=self.cfg.staging_reserve_bytes,
             memory=memory,
             load=self.backend.begin_load() if memory else None,
+            warm=self.warm_staging if cls is WeightStager else None,
         )
 
     async def _push_locked(self, header, it, deadline: float, context, t0: float):
@@ -225,7 +236,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         def start_relay() -> None:
             fwd = relay.RelayForward(
                 header,
-                stager.tensor_view,
+                stager.verified_tensor,  # its checksum is not computed again to forward it
                 relay.bearer_token(context.invocation_metadata()),
                 timeout=max(deadline - loop.time(), 1.0),
             )

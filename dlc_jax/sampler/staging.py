@@ -42,7 +42,9 @@ from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from .stage_worker import StageWorker
 from .staging_dirs import make_staging_dir
+from .warm_staging import StagingBuffer, WarmStaging
 from .weight_checks import Crc32c, FiniteCheck, PushError, max_push_bytes, validate_specs
+from .weight_stream import with_checksum
 
 CHECKSUMS = ("sha256", "crc32c")
 
@@ -59,9 +61,14 @@ class WeightStager:
         reserve_bytes: int = 0,
         memory: bool = False,
         load=None,
+        warm: WarmStaging | None = None,
     ):
         if load is not None and not memory:
             raise ValueError("WeightStager: an engine load needs memory=True")
+        if warm is not None and not memory:
+            raise ValueError("WeightStager: warm staging buffers need memory=True")
+        self.warm = warm  # memory mode: staging buffers kept mapped between pushes
+        self._buffer: StagingBuffer | None = None
         self.relay: Any = None  # relay.RelayForward: told of each verified tensor (after header)
         self.memory = memory
         self.load = load  # backends.base.WeightLoad or None
@@ -143,16 +150,25 @@ class WeightStager:
                 f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)",
             )
         total = len(prefix) + payload
-        self.dir = make_staging_dir(self.staging_root, total, self.reserve_bytes, self.version)
-        self._path = self.dir / "model.safetensors"
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.pwrite(self._fd, prefix, 0)
-        os.ftruncate(self._fd, total)
         self._hashed = [0] * len(self.specs)  # memory mode, socket plane: bytes checksummed
         self._sent = [False] * len(self.specs)  # handed to the engine load
-        if self.memory:
-            self._mm = mmap.mmap(self._fd, total)
+        if self.warm is not None:  # a buffer whose pages are already mapped (warm_staging)
+            self._buffer = self.warm.take(
+                total, self.staging_root, self.reserve_bytes, self.version
+            )
+            self.dir, self._path, self._fd = self._buffer.dir, self._buffer.path, self._buffer.fd
+            self._mm = self._buffer.mm
             self._mv = memoryview(self._mm)
+            self._mv[: len(prefix)] = prefix
+        else:
+            self.dir = make_staging_dir(self.staging_root, total, self.reserve_bytes, self.version)
+            self._path = self.dir / "model.safetensors"
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.pwrite(self._fd, prefix, 0)
+            os.ftruncate(self._fd, total)
+            if self.memory:
+                self._mm = mmap.mmap(self._fd, total)
+                self._mv = memoryview(self._mm)
         if self.load is not None:
             self._loader = StageWorker(self._load_tensor, "push-load")
 
@@ -318,6 +334,13 @@ class WeightStager:
         arr.flags.writeable = False
         return arr
 
+    def verified_tensor(self, i: int) -> np.ndarray:
+        """Memory mode, tensor i verified: `tensor_view(i)` marked with the checksum it passed
+        (a relay forwards it without checksumming it again: `weight_stream.VerifiedTensor`)."""
+        h = self._hash[i]
+        value = h.hexdigest() if self.checksum == "sha256" else h.value
+        return with_checksum(self.tensor_view(i), self.checksum, value)
+
     def _load_tensor(self, i) -> None:
         s = self.specs[i]
         assert self.load is not None
@@ -381,7 +404,8 @@ class WeightStager:
         if self._loader is not None:  # blocking: the engine's load of the last tensors
             self._loader.finish()
         self._unmap()
-        os.close(self._fd)  # no fsync: a staging file need not survive a crash (the push is redone)
+        if self._buffer is None:  # a warm buffer stays open: the service gives it back later
+            os.close(self._fd)  # no fsync: a staging file need not survive a crash (redone)
         self._fd = -1
         return self.dir
 
@@ -394,15 +418,21 @@ class WeightStager:
             except BufferError:
                 pass
             self._mv = None
-        if self._mm is not None:
+        if self._mm is not None and self._buffer is None:  # a warm buffer's map stays
             try:
                 self._mm.close()
             except BufferError:  # a view still held somewhere: unmapped when it is collected
                 pass
-            self._mm = None
+        self._mm = None
 
     def discard(self) -> None:
         self._unmap()
+        if self._buffer is not None:  # back to the warm buffers (not reused before the lock)
+            assert self.warm is not None
+            self._fd = -1
+            self.warm.give_back(self._buffer.dir)
+            self._buffer = None
+            return
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -75,6 +75,8 @@ class JaxWeightLoad:
             ours = ours.astype(dtype)
         else:  # cast + HF -> our layout on the device (XLA: ~6x less CPU than numpy for bf16)
             ours = _converter(path[-1] == "kernel", shape, dtype)(array)
+            # XLA may read a 64-byte-aligned staging view in place: done before the view goes
+            ours.block_until_ready()
         if not idx:
             self._values[path] = ours
             return
