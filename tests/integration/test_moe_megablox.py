@@ -101,7 +101,7 @@ def test_megablox_expert_parallel_matches_ragged(mesh_cfg, b):
 def test_megablox_all_to_all_dispatch_matches_ragged():
     # tokens split over expert (emulated ragged all-to-all), the expert width over tensor (psum
     # before the return exchange); the dispatch's edge cases (skewed routing, empty sends) are in
-    # tests/unit/test_moe_a2a.py with a cheaper local expert function
+    # tests/integration/test_moe_a2a.py with a cheaper local expert function
     mesh = make_mesh(MeshConfig(fsdp=2, expert=2, tensor=2), jax.devices()[:8])
     _check(mesh, 4, 5, dispatch="all_to_all")
 
