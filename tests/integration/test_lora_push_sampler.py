@@ -2,7 +2,8 @@
 sampler process (JAX backend: base + delta merged at commit; vLLM-CPU: a versioned LoRA served by
 its own kernels), and the sampler's processed log-probs equal the trainer's merged model within
 today's fp32 push parity; a second push replaces the first; an adapter trained on another base is
-refused in one line and changes nothing. Then a LoRA DLC run with adapter pushes."""
+refused in one line and changes nothing. Then a LoRA DLC run with adapter pushes to the in-process
+sampler."""
 
 import json
 
@@ -154,8 +155,9 @@ def test_vllm_sampler_serves_pushed_adapter_as_the_merged_model(make_tiny_dir, t
 
 
 def test_lora_dlc_run_with_adapter_pushes(tiny_dir, tmp_path, caplog):
-    """A LoRA DLC run pushing adapters to a spawned JAX sampler: every resync is an adapter push
-    and the sampler serves theta_s (delta at the fp32 floor, as with merged pushes)."""
+    """A LoRA DLC run pushing adapters to the in-process JAX sampler (sampler.backend=inprocess;
+    the server path is the tests above): every resync is an adapter push and the sampler serves
+    theta_s (delta at the fp32 floor, as with merged pushes)."""
     import logging
 
     from dlc_jax.trainer.build import build_trainer
@@ -164,7 +166,7 @@ def test_lora_dlc_run_with_adapter_pushes(tiny_dir, tmp_path, caplog):
     overrides = [
         f"model.path={tiny_dir}",
         "sft.enabled=false",
-        "sampler.backend=jax",
+        "sampler.backend=inprocess",
         "sampler.n=4",
         "sampler.max_tokens=4",
         "sampler.head_k=4",
@@ -188,7 +190,7 @@ def test_lora_dlc_run_with_adapter_pushes(tiny_dir, tmp_path, caplog):
         s = build_trainer(load_config(default_config_path(), overrides)).run()
     assert s["finished"] and s["resync_count"] == 2
     pushes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("push: version")]
-    assert len(pushes) == 2 and all(" adapter " in m and " via grpc " in m for m in pushes), pushes
+    assert len(pushes) == 2 and all(" adapter " in m and " via inprocess " in m for m in pushes)
     rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     print("adapter pushes:", pushes)
     print("delta_abs_mean per step:", [r["delta_abs_mean"] for r in rows])
