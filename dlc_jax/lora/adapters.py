@@ -51,6 +51,11 @@ class LoraAdapter(nnx.Module):
 
     def __call__(self, x):
         cd = self.compute_dtype
+        rate = getattr(self, "dropout", 0.0)  # set on the training forward only (lora.dropout)
+        if rate:
+            from dlc_jax.lora.dropout import drop
+
+            x = drop(x, self.drop_key.get_value(), rate)
         h = jnp.tensordot(x.astype(cd), self.a.get_value().astype(cd), axes=self.n_in)
         return self.scale * jnp.tensordot(h, self.b.get_value().astype(cd), axes=1)
 

@@ -21,11 +21,12 @@ PUSH_MODES = ("merged", "adapter")
 class LoraConfig:
     """rank: adapter rank (0 = off: full fine-tuning); alpha: the scale is alpha / rank;
     targets: comma-separated module-name patterns (fnmatch) matched against a projection's last
-    name or its dotted path (``model.layers.3.mlp.down_proj``); dropout: must be 0 (RL runs
-    without it; not implemented); push: 'merged' = the sampler receives base + delta as a full
-    model through the usual weight push, 'adapter' = it receives the adapters alone (PEFT names)
-    and serves base + delta itself (``dlc_jax.lora.push``); seed: the adapters' initialization
-    (A random, B zero: the delta starts at 0)."""
+    name or its dotted path (``model.layers.3.mlp.down_proj``); dropout: probability of dropping
+    an element of an adapter's input in the training forward (``dlc_jax.lora.dropout``; 0 = off;
+    never in the theta_s forward or the sampler); push: 'merged' = the sampler receives base +
+    delta as a full model through the usual weight push, 'adapter' = it receives the adapters
+    alone (PEFT names) and serves base + delta itself (``dlc_jax.lora.push``); seed: the
+    adapters' initialization (A random, B zero: the delta starts at 0) and the dropout masks."""
 
     rank: int = 0
     alpha: float = 32.0
@@ -39,11 +40,8 @@ class LoraConfig:
             raise ValueError(f"LoraConfig.rank: must be >= 0 (0 = off), got {self.rank}")
         if not self.alpha > 0:
             raise ValueError(f"LoraConfig.alpha: must be > 0, got {self.alpha}")
-        if self.dropout != 0.0:
-            raise ValueError(
-                f"LoraConfig.dropout: only 0.0 is supported (adapter dropout is not implemented; "
-                f"RL with LoRA runs without it), got {self.dropout}"
-            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraConfig.dropout: must be in [0, 1), got {self.dropout}")
         if self.push not in PUSH_MODES:
             raise ValueError(f"LoraConfig.push: must be one of {PUSH_MODES}, got {self.push!r}")
         if not self.patterns:

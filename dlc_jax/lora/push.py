@@ -2,11 +2,12 @@
 the push dtype) as an adapter push (`dlc_jax.sampler.adapter_push`): the same checksummed
 ``WeightMessage`` stream as a full push, its header marked with the push kind, the adapter's
 rank/alpha and the fingerprint of the trainer's frozen base, which the sampler checks against its
-own before it merges base + delta (JAX backend; the vLLM backend refuses adapter pushes).
+own before it merges (JAX backend) or loads the adapter as a LoRA (vLLM backend).
 
 Sent over gRPC (an adapter is small: the socket data plane buys nothing), to one sampler
 (`SamplerClient`) or every pushable sampler of a `SamplerPool` (its rotation settled as for a full
-push); an in-process sampler and multi-host runs are refused in one line.
+push); handed to an `InProcessSampler` (``sampler.backend=inprocess``) in memory, with the same
+checks; multi-host runs are refused in one line.
 """
 
 from __future__ import annotations
@@ -77,10 +78,12 @@ class AdapterPusher:
         return AdapterMeta(self.cfg.rank, self.cfg.alpha, self._base)
 
     def push(self, sampler: Any, model, version: int, *, dtype: str = "float32") -> PushResult:
-        """Push ``model``'s adapters as weight ``version`` to ``sampler`` (a `SamplerClient` or a
-        `SamplerPool`)."""
+        """Push ``model``'s adapters as weight ``version`` to ``sampler`` (a `SamplerClient`, a
+        `SamplerPool` or an `InProcessSampler`)."""
         from dlc_jax.sampler.client import SamplerClient
+        from dlc_jax.sampler.inprocess import InProcessSampler
         from dlc_jax.sampler.pool import SamplerPool
+        from dlc_jax.sampler.safetensors_io import NP_DTYPES
 
         tensors = adapter_tensors(model)
         if not tensors:
@@ -95,6 +98,11 @@ class AdapterPusher:
 
         if isinstance(sampler, SamplerClient):
             return one(sampler)
+        if isinstance(sampler, InProcessSampler):  # rounded to the push dtype, as on the wire
+            np_dtype = NP_DTYPES[dtype]
+            return sampler.push_adapter(
+                [(n, a.astype(np_dtype).astype(np.float32)) for n, a in tensors], version, meta
+            )
         if isinstance(sampler, SamplerPool):
             from dlc_jax.sampler.fanout import run_each
             from dlc_jax.sampler.rotation import NoActiveSamplerError
@@ -106,7 +114,8 @@ class AdapterPusher:
             results = run_each({i: sampler.clients[i] for i in targets}, one)
             return sampler.rot.settle(results, version, time.monotonic() - t0)
         raise AdapterPushError(
-            f"lora.push=adapter: pushes to sampler server(s) (sampler.backend=jax); "
+            "lora.push=adapter: pushes to sampler servers (sampler.backend=jax or vllm) or the "
+            "inprocess sampler; "
             f"this sampler ({type(sampler).__name__}) takes full weights only: set "
             f"lora.push=merged"
         )
@@ -118,10 +127,5 @@ def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> Adap
         raise AdapterPushError(
             "lora.push=adapter: not built for multi-host runs (the adapters are gathered on one "
             "process); set lora.push=merged"
-        )
-    if backend is not None and backend != "jax":
-        raise AdapterPushError(
-            f"lora.push=adapter: only a sampler server with sampler.backend=jax merges pushed "
-            f"adapters (the {backend} sampler takes full weights): set lora.push=merged"
         )
     return AdapterPusher(cfg)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
+import os
 import pathlib
 from collections.abc import Callable, Iterable, Iterator
 
@@ -154,6 +156,49 @@ def validate_adapter_specs(
             )
 
 
+def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
+    """PushError unless ``meta`` is a valid adapter (rank >= 1, finite alpha > 0) trained on the
+    base ``check_base(rank)`` fingerprints (`SamplerBackend.adapter_base`; its ValueError, a
+    sampler that takes no adapter of that rank, is FAILED_PRECONDITION too)."""
+    if meta.rank < 1 or not (math.isfinite(meta.alpha) and meta.alpha > 0):
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"adapter push: adapter_rank {meta.rank} must be >= 1 and adapter_alpha "
+            f"{meta.alpha} finite and > 0",
+        )
+    try:
+        ours = check_base(meta.rank)
+    except ValueError as e:
+        raise PushError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+    if meta.base != ours:
+        raise PushError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"adapter push refused: its adapter was trained on base {meta.base or '(none)'}, "
+            f"this sampler's base is {ours}; the current weights keep serving",
+        )
+
+
+def check_adapter(
+    expected: dict[str, tuple[tuple[int, ...], str]],
+    adapter: dict[str, np.ndarray],
+    meta: AdapterMeta,
+    check_base: Callable[[int], str],
+) -> None:
+    """Every check `AdapterStager` makes, for an adapter handed over in memory (the in-process
+    sampler): ``meta`` (`check_meta`), names / shapes / pairs against the served model's HF
+    tensors ``expected``, finite values."""
+    check_meta(meta, check_base)
+    validate_adapter_specs(
+        adapter_specs(expected, meta.rank),
+        {n: (tuple(a.shape), str(a.dtype)) for n, a in adapter.items()},
+    )
+    for n, a in adapter.items():
+        if not np.isfinite(a).all():
+            raise PushError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"adapter tensor {n!r} has non-finite values"
+            )
+
+
 class AdapterStager(WeightStager):
     """`WeightStager` for an adapter push. ``check_base(rank)`` (the backend's
     `SamplerBackend.adapter_base`) returns the fingerprint of the sampler's base or raises
@@ -183,26 +228,11 @@ class AdapterStager(WeightStager):
                 f"header.kind {h.kind!r} is not '' (a full push) or {ADAPTER_KIND!r}",
             )
         meta = AdapterMeta.from_header(h)
-        if meta.rank < 1 or not (math.isfinite(meta.alpha) and meta.alpha > 0):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"adapter push: adapter_rank {meta.rank} must be >= 1 and adapter_alpha "
-                f"{meta.alpha} finite and > 0",
-            )
         if h.relay_to:
             raise PushError(
                 grpc.StatusCode.INVALID_ARGUMENT, "adapter pushes are not relayed (push each)"
             )
-        try:
-            ours = self._check_base(meta.rank)
-        except ValueError as e:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
-        if meta.base != ours:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"adapter push refused: its adapter was trained on base {meta.base or '(none)'}, "
-                f"this sampler's base is {ours}; the current weights keep serving",
-            )
+        check_meta(meta, self._check_base)
         self.expected = adapter_specs(self._full, meta.rank)
         super().header(h)
         self.meta = meta
@@ -229,3 +259,29 @@ def merged_tensors(
         a = adapter[peft_name(mod, "lora_A")]
         b = adapter[peft_name(mod, "lora_B")]
         yield name, np.asarray(w, np.float32) + np.float32(scale) * (b @ a)
+
+
+def write_peft_dir(adapter_dir: str | pathlib.Path, meta: AdapterMeta) -> pathlib.Path:
+    """Make the staged adapter directory a PEFT adapter directory (what vLLM's LoRA loader reads):
+    ``adapter_model.safetensors`` (the staged file, renamed) and ``adapter_config.json``."""
+    d = pathlib.Path(adapter_dir)
+    names = sorted({split_name(n)[0].rsplit(".", 1)[-1] for n in st.read_specs(d)})
+    target = d / "adapter_model.safetensors"
+    if not target.exists():
+        (f,) = st.safetensors_files(d)
+        os.replace(f, target)
+    cfg = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": meta.rank,
+        "lora_alpha": meta.alpha,
+        "lora_dropout": 0.0,
+        "target_modules": names,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+    }
+    (d / "adapter_config.json").write_text(json.dumps(cfg) + "\n")
+    return d

@@ -38,6 +38,12 @@ def _parser() -> ArgumentParser:
     s.add_argument("--max-model-len", type=int, default=512)
     s.add_argument("--max-n", type=int, default=64)
     s.add_argument("--max-head-k", type=int, default=20)
+    s.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=0,
+        help="serve LoRA adapter pushes up to this rank (vLLM: enables LoRA; 0 = off)",
+    )
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument(
@@ -148,6 +154,7 @@ async def _serve(args) -> int:
         weight_noise=args.weight_noise,
         weight_noise_seed=args.weight_noise_seed,
         kv_cache_gib=args.kv_cache_gib,
+        max_lora_rank=args.max_lora_rank,
     )
     server = SamplerServer(
         make_backend(args.backend, cfg),

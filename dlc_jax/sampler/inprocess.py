@@ -161,6 +161,33 @@ class InProcessSampler:
             True, int(version), "", bytes=nbytes, seconds=time.time() - t0, transport="inprocess"
         )
 
+    def push_adapter(self, tensors: Any, version: int, meta: Any) -> PushResult:
+        """Serve the start-up base + the LoRA adapter ``tensors`` ((PEFT name, array) pairs;
+        ``meta``: its `adapter_push.AdapterMeta`) as ``version``: the checks of a server's adapter
+        push (`adapter_push.check_adapter`), then the JAX backend's merge; a refused adapter
+        changes nothing."""
+        import numpy as np
+
+        from .adapter_push import check_adapter
+        from .weight_checks import PushError
+
+        self._check_open()
+        t0 = time.time()
+        adapter = {n: np.asarray(a, np.float32) for n, a in tensors}
+        b = self.backend
+        try:
+            check_adapter(b.expected_tensors(), adapter, meta, b.adapter_base)
+        except PushError as e:
+            self.counters["rejected_pushes"] += 1
+            return PushResult(False, b.version, e.message, code=e.code.name)
+        with self._push_lock:
+            b.serve_state(b.merged_adapter_state(adapter, meta), int(version))
+            self.counters["pushes"] += 1
+        nbytes = sum(int(a.nbytes) for a in adapter.values())
+        return PushResult(
+            True, int(version), "", bytes=nbytes, seconds=time.time() - t0, transport="inprocess"
+        )
+
     def push_model(
         self,
         model: Any,

@@ -84,6 +84,7 @@ class SamplerLink:
         self._last_rotation: list[bool] | None = None
         self._connected_once = False
         # lora.push=adapter: pushes carry the adapters alone (`dlc_jax.lora.push.AdapterPusher`);
+        # set before connect() so a spawned sampler is started to serve them
         self.adapter: Any = None
 
     @property
@@ -196,6 +197,8 @@ class SamplerLink:
             extra += ["--quantization", s.quantization]
         if s.weight_noise:
             extra += ["--weight-noise", str(s.weight_noise)]
+        if self.adapter is not None:  # serve LoRA adapter pushes (vLLM: LoRA enabled)
+            extra += ["--max-lora-rank", str(self.adapter.cfg.rank)]
         if s.push_transport != "grpc":  # loopback: the raw socket data plane is safe and faster
             extra += ["--push-data-port", "0"]
         log_file = str(self.log_dir / "sampler.log")

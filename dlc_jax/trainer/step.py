@@ -64,6 +64,8 @@ class StepConfig:
     resync_threshold: float = 0.5
     old_policy: str = "current"  # lp_old: 'current' (sg(lp)) | 'sampler' (lp_q) | 'snapshot' (lp_s)
     load_balance_loss: float = 0.0  # moe.load_balance_loss (mixture-of-experts models)
+    lora_dropout: float = 0.0  # lora.dropout: adapter-input dropout, training forward only
+    lora_seed: int = 0  # lora.seed: the dropout masks' key (with the update count)
 
 
 def step_config(cfg) -> StepConfig:
@@ -86,19 +88,28 @@ def step_config(cfg) -> StepConfig:
         resync_threshold=cfg.resync.threshold,
         old_policy=cfg.loss.old_policy,
         load_balance_loss=cfg.moe.load_balance_loss,
+        lora_dropout=cfg.lora.dropout if cfg.lora.enabled else 0.0,
+        lora_seed=cfg.lora.seed,
     )
 
 
-def policy_logprobs(graphdef, params, batch: dict, cfg: StepConfig, with_routing: bool = False):
+def policy_logprobs(
+    graphdef, params, batch: dict, cfg: StepConfig, with_routing: bool = False, dropout_key=None
+):
     """TokenLogprobs of ``batch['targets']`` (and the head) under ``params``, sampler transform.
     A mixture-of-experts model replays ``batch['routed_experts']`` when present; ``with_routing``
     returns ``(TokenLogprobs, (Routing, sparse layers))`` (its own routing,
-    ``dlc_jax.model.qwen3_moe``; which decoder layers are sparse)."""
+    ``dlc_jax.model.qwen3_moe``; which decoder layers are sparse). ``dropout_key``: the training
+    forward's LoRA adapter dropout (``cfg.lora_dropout``, `dlc_jax.lora.dropout`)."""
     from flax import nnx
 
     from dlc_jax.model.registry import family_of
 
     model = nnx.merge(graphdef, params)
+    if dropout_key is not None:
+        from dlc_jax.lora.dropout import enable_dropout
+
+        enable_dropout(model, dropout_key, cfg.lora_dropout)
     moe = {}
     routes = family_of(model.config).routed_experts  # a dense model has no routing
     if routes and ("routed_experts" in batch or with_routing):
@@ -153,14 +164,14 @@ def make_snapshot_logprobs(graphdef, cfg: StepConfig):
     return fn
 
 
-def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig, frozen=None):
+def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig, frozen=None, key=None):
     params = join_trainable(params, frozen)  # a LoRA base: frozen, joined for the forward
     moe = "routed_experts" in mb or cfg.load_balance_loss > 0
     tl, routing = (
-        policy_logprobs(graphdef, params, mb, cfg, with_routing=True)
+        policy_logprobs(graphdef, params, mb, cfg, with_routing=True, dropout_key=key)
         if moe
         else (
-            policy_logprobs(graphdef, params, mb, cfg),
+            policy_logprobs(graphdef, params, mb, cfg, dropout_key=key),
             None,
         )
     )
@@ -231,26 +242,29 @@ def merge_micro_batches(x):
 _SUMMED_LOSS_METRICS = ("loss", "nonfinite_tokens", "valid_tokens")
 
 
-def accumulate_grads(params, graphdef, batch: dict, cfg: StepConfig, frozen=None):
+def accumulate_grads(params, graphdef, batch: dict, cfg: StepConfig, frozen=None, key=None):
     """Gradients summed over ``cfg.micro_batches`` micro-batches with ``jax.lax.scan`` (one compiled
     body; only one micro-batch's activations live at a time), normalized by the whole batch's token
     count. Returns ``(grads, loss_metrics, lp, lp_s, entropy, lp_head)`` with per-token arrays in
     the batch's row order; loss metrics are summed ('loss', token counts) or averaged over
     micro-batches. With ``frozen`` (the parameters that do not train, e.g. a LoRA base), the
-    gradients are of ``params`` alone."""
+    gradients are of ``params`` alone. ``key``: the step's LoRA dropout key (None: no dropout),
+    split per micro-batch."""
     m = cfg.micro_batches
     num_tokens = jnp.sum(batch["mask"])
     grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
 
-    def body(grads, mb):
-        out, g = grad_fn(params, graphdef, mb, num_tokens, cfg, frozen)
+    def body(grads, xs):
+        mb, k = xs
+        out, g = grad_fn(params, graphdef, mb, num_tokens, cfg, frozen, k)
         lm, lp, lp_s, ent, lp_head = out[1]
         lm = {k: jnp.asarray(v, jnp.float32) for k, v in lm.items()}
         return jax.tree.map(jnp.add, grads, g), (lm, lp, lp_s, ent, lp_head)
 
     grads0 = jax.tree.map(jnp.zeros_like, params)
     mbs = jax.tree.map(lambda x: split_micro_batches(x, m), batch)
-    grads, (lms, lp, lp_s, ent, lp_head) = jax.lax.scan(body, grads0, mbs)
+    keys = None if key is None else jax.random.split(key, m)
+    grads, (lms, lp, lp_s, ent, lp_head) = jax.lax.scan(body, grads0, (mbs, keys))
     lm = {k: jnp.sum(v) if k in _SUMMED_LOSS_METRICS else jnp.mean(v) for k, v in lms.items()}
     lp_head = None if lp_head is None else merge_micro_batches(lp_head)
     return (
@@ -300,7 +314,14 @@ def _train_step_body(graphdef, tx, cfg: StepConfig):
     before jit (``frozen``: parameters without gradient, see :func:`make_train_step`)."""
 
     def step(params, opt_state, batch, frozen=None):
-        grads, lm, lp, lp_s, ent, lp_head = accumulate_grads(params, graphdef, batch, cfg, frozen)
+        key = None
+        if cfg.lora_dropout:  # LoRA adapter dropout: the masks' key from the update count
+            from dlc_jax.lora.dropout import step_key
+
+            key = step_key(opt_state, cfg.lora_seed)
+        grads, lm, lp, lp_s, ent, lp_head = accumulate_grads(
+            params, graphdef, batch, cfg, frozen, key
+        )
         lr_scale = lm.get("lr_scale", 1.0)
         gnorm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
         params, opt_state = apply_updates(tx, params, opt_state, grads, lr_scale)

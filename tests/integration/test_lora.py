@@ -88,7 +88,7 @@ def test_bad_targets_and_options_name_the_key():
     with pytest.raises(ValueError, match="targets.*lm_head"):
         LoraConfig(rank=2, targets="q_proj,lm_head")
     with pytest.raises(ValueError, match="dropout"):
-        LoraConfig(rank=2, dropout=0.1)
+        LoraConfig(rank=2, dropout=1.0)
     from dlc_jax.trainer.config import default_config_path, load_config
     from dlc_jax.trainer.config_sections import ConfigError
 

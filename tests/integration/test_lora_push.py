@@ -22,6 +22,7 @@ from dlc_jax.sampler.adapter_push import (
     base_fingerprint,
     merged_tensors,
     read_adapter,
+    write_peft_dir,
 )
 from dlc_jax.sampler.weight_checks import PushError
 from dlc_jax.sampler.weight_stream import weight_messages
@@ -109,6 +110,10 @@ def test_adapter_payload_names_shapes_checksums_and_merge(scan, tmp_path):
     assert len(merged) == 7 * DIMS["num_hidden_layers"]
     for name, w in merged.items():
         np.testing.assert_allclose(w, want[name], atol=1e-6)
+    # vLLM's loader reads a PEFT directory: the staged file renamed + adapter_config.json
+    write_peft_dir(d, meta)
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in d.iterdir()}
+    assert set(st.read_specs(d)) == {n for n, _ in tensors}
     stager.discard()
 
 
@@ -189,10 +194,49 @@ def test_adapter_pusher_refuses_what_it_cannot_push_to():
     cfg = LoraConfig(rank=2, push="adapter")
     with pytest.raises(UserError, match="multi-host"):
         adapter_pusher(cfg, multi=True, backend="jax")
-    for backend in ("inprocess", "vllm"):
-        with pytest.raises(UserError, match=f"the {backend} sampler takes full weights"):
-            adapter_pusher(cfg, multi=False, backend=backend)
     with pytest.raises(UserError, match="full weights only"):
         adapter_pusher(cfg, multi=False, backend="jax").push(object(), _adapted(), 1)
     with pytest.raises(ValueError, match="LoraConfig.push"):
         LoraConfig(rank=2, push="delta")
+
+
+def test_inprocess_sampler_serves_pushed_adapter_as_the_merged_model(tmp_path):
+    """sampler.backend=inprocess: the adapters go to the JAX backend in this process with the
+    server's checks; it then serves the trainer's merged model; a foreign base or a non-finite
+    factor is refused and changes nothing."""
+    from dlc_jax.model.hf_io import save_hf
+    from dlc_jax.sampler.backends.base import BackendConfig
+    from dlc_jax.sampler.inprocess import InProcessSampler
+
+    m = Qwen3ForCausalLM(Qwen3Config(**DIMS), rngs=nnx.Rngs(0))
+    base_dir = save_hf(m, tmp_path / "base")
+    apply_lora(m, LoraConfig(rank=RANK, alpha=ALPHA))
+    for i, (_, v) in enumerate(nnx.to_flat_state(nnx.state(m, LoraParam))):
+        x = v.get_value()
+        v.set_value(0.3 * jax.random.normal(jax.random.key(i), x.shape, x.dtype))
+    sampler = InProcessSampler(BackendConfig(model_dir=str(base_dir), max_model_len=32))
+    b = sampler.backend
+    pusher = adapter_pusher(
+        LoraConfig(rank=RANK, alpha=ALPHA, push="adapter"), multi=False, backend="inprocess"
+    )
+    res = pusher.push(sampler, m, 1)
+    assert res.ok and res.version == 1 and sampler.info()["version"] == 1, res
+    assert res.bytes == sum(a.nbytes for _, a in adapter_tensors(m))
+    served = dict(iter_hf_tensors(nnx.merge(b._graphdef, b._state)))
+    want = dict(iter_hf_tensors(merged_model(m)))
+    assert served.keys() == want.keys()
+    for name, w in want.items():
+        np.testing.assert_allclose(served[name], w, atol=1e-6, err_msg=name)
+    assert max(np.abs(served[n] - w).max() for n, w in iter_hf_tensors(m)) > 1e-2  # not the base
+
+    before = b._state
+    pusher._base = "0123456789abcdef"  # adapters trained on another base
+    res = pusher.push(sampler, m, 2)
+    assert not res.ok and res.code == "FAILED_PRECONDITION" and "0123456789abcdef" in res.message
+    pusher._base = None
+    v = next(v for _, v in nnx.to_flat_state(nnx.state(m, LoraParam)))
+    v.set_value(v.get_value().at[0, 0].set(np.nan))
+    res = pusher.push(sampler, m, 2)
+    assert not res.ok and res.code == "INVALID_ARGUMENT" and "non-finite" in res.message, res
+    assert b._state is before and sampler.info()["version"] == 1
+    assert sampler.counters["rejected_pushes"] == 2

@@ -1,8 +1,9 @@
 """``lora.push: adapter`` end to end: the trainer's `AdapterPusher` pushes the adapters alone to a
-JAX-backend sampler process (base + delta merged at commit), and the sampler's processed log-probs
-equal the trainer's merged model within today's fp32 push parity; a second push replaces the first;
-an adapter trained on another base is refused in one line and changes nothing. Then a LoRA DLC run
-with adapter pushes."""
+sampler process (JAX backend: base + delta merged at commit; vLLM-CPU: a versioned LoRA served by
+its own kernels), and the sampler's processed log-probs equal the trainer's merged model within
+today's fp32 push parity; a second push replaces the first; an adapter trained on another base is
+refused in one line and changes nothing. Then a LoRA DLC run with adapter pushes to the in-process
+sampler."""
 
 import json
 
@@ -74,7 +75,7 @@ def _check_adapter_pushes(client, tiny_dir, name):
     p = SamplingParams(n=2, max_tokens=10, temperature=0.7, top_p=0.95, top_k=0, head_k=5, seed=7)
     pusher = AdapterPusher(LoraConfig(rank=RANK, alpha=ALPHA, push="adapter"))
     base = load_hf(str(tiny_dir))
-    for v in (1, 2):  # the second push replaces the first
+    for v in (1, 2):  # the second push replaces the first (vLLM: the old LoRA is removed)
         model = _adapted(tiny_dir, seed=v)
         res = pusher.push(client, model, v)
         assert res.ok and res.version == v, res
@@ -120,9 +121,43 @@ def test_jax_sampler_serves_pushed_adapter_as_the_merged_model(tiny_dir):
         proc.stop()
 
 
+@pytest.mark.vllm
+def test_vllm_sampler_serves_pushed_adapter_as_the_merged_model(make_tiny_dir, tmp_path):
+    pytest.importorskip("vllm")
+    from dlc_jax.sampler.process import SamplerProcess
+
+    tiny_dir = make_tiny_dir()  # head_dim 32: vLLM-CPU's attention refuses 16
+
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    args = ["--max-model-len", "128", "--max-lora-rank", str(RANK)]
+    log = tmp_path / "sampler.log"
+    proc = SamplerProcess("vllm", str(tiny_dir), extra_args=args, env=env, log_file=str(log))
+    proc.start()
+    try:
+        client = proc.client(timeout=300)
+        _check_adapter_pushes(client, tiny_dir, "vllm")
+        from dlc_jax.lora import LoraConfig, merged_model
+        from dlc_jax.lora.push import AdapterPusher
+
+        model = _adapted(tiny_dir, seed=4)
+        full = client.push_model(merged_model(model), 4)  # full weights replace base + adapter
+        assert full.ok and client.info()["version"] == 4, full
+        res = AdapterPusher(LoraConfig(rank=RANK, alpha=ALPHA, push="adapter")).push(
+            client, model, 5
+        )  # adapters apply to the start-up base, which is gone
+        assert not res.ok and res.code == "FAILED_PRECONDITION" and "replaced" in res.message, res
+        assert client.info()["version"] == 4
+    except BaseException:
+        print(log.read_text()[-6000:])  # the engine's side of a failure
+        raise
+    finally:
+        proc.stop()
+
+
 def test_lora_dlc_run_with_adapter_pushes(tiny_dir, tmp_path, caplog):
-    """A LoRA DLC run pushing adapters to a spawned JAX sampler: every resync is an adapter push
-    and the sampler serves theta_s (delta at the fp32 floor, as with merged pushes)."""
+    """A LoRA DLC run pushing adapters to the in-process JAX sampler (sampler.backend=inprocess;
+    the server path is the tests above): every resync is an adapter push and the sampler serves
+    theta_s (delta at the fp32 floor, as with merged pushes)."""
     import logging
 
     from dlc_jax.trainer.build import build_trainer
@@ -131,7 +166,7 @@ def test_lora_dlc_run_with_adapter_pushes(tiny_dir, tmp_path, caplog):
     overrides = [
         f"model.path={tiny_dir}",
         "sft.enabled=false",
-        "sampler.backend=jax",
+        "sampler.backend=inprocess",
         "sampler.n=4",
         "sampler.max_tokens=4",
         "sampler.head_k=4",
@@ -155,7 +190,7 @@ def test_lora_dlc_run_with_adapter_pushes(tiny_dir, tmp_path, caplog):
         s = build_trainer(load_config(default_config_path(), overrides)).run()
     assert s["finished"] and s["resync_count"] == 2
     pushes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("push: version")]
-    assert len(pushes) == 2 and all(" adapter " in m and " via grpc " in m for m in pushes), pushes
+    assert len(pushes) == 2 and all(" adapter " in m and " via inprocess " in m for m in pushes)
     rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     print("adapter pushes:", pushes)
     print("delta_abs_mean per step:", [r["delta_abs_mean"] for r in rows])

@@ -42,6 +42,9 @@ class BackendConfig:
     max_batch: int = 32  # JAX backend: sequences decoded together (static shape)
     # vLLM KV cache size; None = 1 GiB on CPU (unless VLLM_CPU_KVCACHE_SPACE), vLLM default on GPU
     kv_cache_gib: float | None = None
+    # LoRA adapter pushes (`adapter_push`): the largest rank served; 0 = none (vLLM: LoRA off).
+    # The JAX backend merges adapters of any rank and ignores it.
+    max_lora_rank: int = 0
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -51,6 +54,8 @@ class BackendConfig:
         for k in ("max_model_len", "max_n", "max_num_seqs", "tensor_parallel_size", "max_batch"):
             if getattr(self, k) < 1:
                 raise ValueError(f"BackendConfig.{k} must be >= 1, got {getattr(self, k)!r}")
+        if self.max_lora_rank < 0:
+            raise ValueError(f"BackendConfig.max_lora_rank must be >= 0, got {self.max_lora_rank}")
         if self.weight_noise < 0:
             raise ValueError(f"BackendConfig.weight_noise must be >= 0, got {self.weight_noise!r}")
 

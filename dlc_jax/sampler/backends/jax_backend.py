@@ -135,6 +135,8 @@ class JaxBackend(SamplerBackend):
         """Serve (graphdef, state) as ``version`` from the next decode step on."""
         with self._lock:
             self._graphdef, self._state, self.version = graphdef, state, int(version)
+            if self._base_state is None:  # the start-up weights: what adapters are merged into
+                self._base_state = state
 
     def begin_load(self):
         from .jax_weights import JaxWeightLoad
@@ -161,9 +163,15 @@ class JaxBackend(SamplerBackend):
         return self.base_fingerprint()
 
     def _adapter_state(self, adapter_dir: str, meta):
-        """The start-up base with ``W + scale * B @ A`` in every adapted kernel (numerics knobs
-        applied to the merged weight, as to a pushed one); the other parameters are shared."""
-        from ..adapter_push import merged_tensors, read_adapter
+        from ..adapter_push import read_adapter
+
+        return self.merged_adapter_state(read_adapter(adapter_dir), meta)
+
+    def merged_adapter_state(self, adapter: dict[str, np.ndarray], meta):
+        """The start-up base with ``W + scale * B @ A`` in every kernel ``adapter`` (PEFT name:
+        float32 factor, checked) adapts (numerics knobs applied to the merged weight, as to a
+        pushed one); the other parameters are shared."""
+        from ..adapter_push import merged_tensors
         from .jax_weights import JaxWeightLoad
 
         knobs = self.cfg.weight_noise > 0 or self.cfg.quantization == "int8"
@@ -172,7 +180,6 @@ class JaxBackend(SamplerBackend):
             int(self.model_config["num_hidden_layers"]),
             (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
         )
-        adapter = read_adapter(adapter_dir)
         for name, w in merged_tensors(st.iter_tensors(self.cfg.model_dir), adapter, meta.scale):
             load.add(name, w)
         return load.state(partial=True)
@@ -184,6 +191,11 @@ class JaxBackend(SamplerBackend):
             )
         loop = asyncio.get_running_loop()
         state = await loop.run_in_executor(self._load_pool, self._adapter_state, adapter_dir, meta)
+        self.serve_state(state, version)
+
+    def serve_state(self, state, version: int) -> None:
+        """Serve ``state`` (the served graph's parameters) as ``version`` from the next decode
+        step on."""
         with self._lock:
             self._state, self.version = state, int(version)
 

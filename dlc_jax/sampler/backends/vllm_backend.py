@@ -98,6 +98,15 @@ def engine_args(cfg: BackendConfig):
         extra["enable_return_routed_experts"] = True
         # vLLM 0.32: routed-expert capture needs the V2 model runner (read at engine creation)
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+    if cfg.max_lora_rank:  # LoRA adapter pushes: the served adapter and the one it replaces
+        # (max_loras: in one batch); up to 4 held loaded, so an adapter still finishing requests
+        # is never evicted (its staged directory is gone once replaced: no reload from disk)
+        extra.update(
+            enable_lora=True,
+            max_lora_rank=lora_rank_slot(cfg.max_lora_rank),
+            max_loras=2,
+            max_cpu_loras=4,
+        )
     return AsyncEngineArgs(
         **extra,
         model=cfg.model_dir,
@@ -115,6 +124,18 @@ def engine_args(cfg: BackendConfig):
         seed=cfg.seed,
         disable_log_stats=True,
     )
+
+
+# the max_lora_rank values vLLM 0.32 accepts (vllm.config.lora.MaxLoRARanks)
+LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds ``rank``."""
+    for r in LORA_RANK_SLOTS:
+        if rank <= r:
+            return r
+    raise ValueError(f"max_lora_rank {rank} > {LORA_RANK_SLOTS[-1]} (vLLM's largest)")
 
 
 def model_routes(model_dir: str) -> bool:
@@ -222,6 +243,10 @@ class VLLMBackend(SamplerBackend):
         self.engine: Any = None
         self._ids = itertools.count()
         self._routes = False
+        self._lora: tuple[Any, int] | None = None  # (LoRARequest, version) serving, if any
+        self._lora_users: dict[int, int] = {}  # adapter id -> requests in flight with it
+        self._lora_retired: set[int] = set()  # replaced adapters, removed once unused
+        self._base_replaced = False  # a full push replaced the start-up base: no adapters since
 
     async def start(self) -> None:
         check_vllm()
@@ -243,27 +268,38 @@ class VLLMBackend(SamplerBackend):
 
         rid = f"{request_id}/{slot_id}/{next(self._ids)}"
         final = None
-        async for out in self.engine.generate(
-            TokensPrompt(prompt_token_ids=list(prompt)),
-            vllm_sampling_params(params),
-            request_id=rid,
-        ):
-            final = out
+        lora = self._lora  # a request runs wholly on the adapter serving when it starts
+        if lora is not None:
+            self._lora_users[lora[1]] = self._lora_users.get(lora[1], 0) + 1
+        try:
+            async for out in self.engine.generate(
+                TokensPrompt(prompt_token_ids=list(prompt)),
+                vllm_sampling_params(params),
+                request_id=rid,
+                lora_request=lora[0] if lora is not None else None,
+            ):
+                final = out
+        finally:
+            if lora is not None:
+                self._lora_users[lora[1]] -= 1
+                await self._remove_retired()
         if final is None:
             raise RuntimeError(f"vLLM request {rid} produced no output")
         for c in sorted(final.outputs, key=lambda c: c.index):
-            await queue.put(
-                completion_to_rollout(
-                    prompt,
-                    c,
-                    params.head_k,
-                    self.version,
-                    routed=params.return_routed_experts and self._routes,
-                    slot_id=slot_id,
-                    sample_index=c.index,
-                    request_id=request_id,
-                )
+            r = completion_to_rollout(
+                prompt,
+                c,
+                params.head_k,
+                self.version,
+                routed=params.return_routed_experts and self._routes,
+                slot_id=slot_id,
+                sample_index=c.index,
+                request_id=request_id,
             )
+            if lora is not None:  # every token came from that adapter's version
+                n = len(r.response_ids)
+                r = dataclasses.replace(r, version_spans=[(lora[1], 0, n)] if n else [])
+            await queue.put(r)
 
     async def generate(
         self, request_id: str, prompts: list[tuple[int, list[int]]], params: SamplingParams
@@ -296,6 +332,49 @@ class VLLMBackend(SamplerBackend):
                 if not t.done():
                     t.cancel()
 
+    # -- LoRA adapter pushes ----------------------------------------------------------------------
+    def adapter_base(self, rank: int) -> str:
+        if not self.cfg.max_lora_rank:
+            raise ValueError(
+                "this vLLM sampler was started without LoRA (--max-lora-rank 0); restart it with "
+                "--max-lora-rank >= the adapter's rank, or push merged weights (lora.push=merged)"
+            )
+        if rank > self.cfg.max_lora_rank:
+            raise ValueError(
+                f"adapter rank {rank} > this vLLM sampler's --max-lora-rank "
+                f"{self.cfg.max_lora_rank}"
+            )
+        if self._base_replaced:
+            raise ValueError(
+                "a full weight push replaced this vLLM sampler's start-up base, which adapters "
+                "are applied to; restart it to serve adapter pushes"
+            )
+        return self.base_fingerprint()
+
+    async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
+        """Load the adapter as a new LoRA (id = version) and serve it to new requests; requests
+        in flight finish on the adapter they started with, which is removed once they are done."""
+        from vllm.lora.request import LoRARequest
+
+        from ..adapter_push import write_peft_dir
+
+        write_peft_dir(adapter_dir, meta)
+        req = LoRARequest(f"dlc-v{version}", int(version), str(adapter_dir))
+        if not await self.engine.add_lora(req):
+            raise RuntimeError(f"vLLM add_lora refused adapter version {version}")
+        old, self._lora, self.version = self._lora, (req, int(version)), int(version)
+        self._lora_users.setdefault(int(version), 0)
+        if old is not None:
+            self._lora_retired.add(old[1])
+        await self._remove_retired()
+
+    async def _remove_retired(self) -> None:
+        for lid in sorted(self._lora_retired):
+            if self._lora_users.get(lid, 0) == 0:
+                self._lora_retired.discard(lid)
+                self._lora_users.pop(lid, None)
+                await self.engine.remove_lora(lid)
+
     async def apply_weights(self, weights_dir: str, version: int) -> None:
         eng = self.engine
         await eng.pause_generation(mode="keep", clear_cache=True)
@@ -304,8 +383,14 @@ class VLLMBackend(SamplerBackend):
             await eng.reset_prefix_cache()
             await eng.update_weight_version(str(version))
             self.version = int(version)
+            if self.cfg.max_lora_rank:  # adapters were applied to the start-up base
+                self._base_replaced = True
+            if self._lora is not None:  # full weights replace base + adapter: no adapter now
+                self._lora_retired.add(self._lora[1])
+                self._lora = None
         finally:
             await eng.resume_generation()
+        await self._remove_retired()
 
     async def close(self) -> None:
         if self.engine is not None:

@@ -1,0 +1,58 @@
+"""``lora.dropout``: dropout on the adapters' input in the training forward only.
+
+``y = x . W + scale * (drop(x) . A) . B`` with ``drop(x) = x * keep / (1 - p)``, ``keep`` ~
+Bernoulli(1 - p) per element. The base path ``x . W`` never sees dropout, nor does any other
+forward: the theta_s snapshot forward, evaluation and the samplers (which serve merged weights or
+an adapter without dropout) all run the adapters as they are. With ``lora.dropout = 0`` nothing
+here runs and the step is bitwise the one without the option.
+
+The randomness comes from the step: `step_key` folds the optimizer's update count into a key of
+``lora.seed`` (so a resumed run draws the masks it would have drawn), the step splits it per
+micro-batch (`dlc_jax.trainer.step.accumulate_grads`), and `enable_dropout` gives every adapter of
+the traced model its own key (per layer for scanned layers: a [L] stack the layer scan slices like
+the adapter's factors).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dlc_jax.lora.adapters import adapted
+
+
+class LoraDropoutKey(nnx.Variable):
+    """Raw PRNG key data of one adapter's dropout mask ([2] uint32, or [L, 2] stacked); set on
+    the traced training model only, never trained, saved or pushed."""
+
+
+def step_key(opt_state, seed: int):
+    """The training step's dropout key: ``lora.seed`` folded with the optimizer's update count
+    (the first ``count`` in ``opt_state``; 0 without one)."""
+    import optax
+
+    counts = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+    count = counts[0][1] if counts else jnp.zeros((), jnp.int32)
+    return jax.random.fold_in(jax.random.key(seed), count)
+
+
+def enable_dropout(model, key, rate: float) -> int:
+    """Turn on adapter-input dropout of ``rate`` in ``model`` (a model merged inside the traced
+    training forward), each adapter with its own key from ``key``; returns how many adapters."""
+    mods = adapted(model)
+    for i, (_, m) in enumerate(mods):
+        k = jax.random.fold_in(key, i)
+        a = m.lora.a.get_value()
+        if a.ndim == m.n_in + 2:  # stacked [L, *in, r]: one key per layer
+            k = jax.random.split(k, a.shape[0])
+        m.lora.drop_key = LoraDropoutKey(jax.random.key_data(k))
+        m.lora.dropout = float(rate)
+    return len(mods)
+
+
+def drop(x, key_data, rate: float):
+    """``x`` with each element zeroed with probability ``rate``, the rest scaled by
+    1 / (1 - rate)."""
+    keep = jax.random.bernoulli(jax.random.wrap_key_data(key_data), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
