@@ -114,6 +114,14 @@ class WarmStaging:
         buf.close()
         return True
 
+    def release_free(self) -> None:
+        """Unmap and delete the kept buffers (not the ones handed out): their memory goes back, and
+        the next push stages a new file, with its free-space check."""
+        with self._lock:
+            stale, self._free = self._free, []
+        for b in stale:
+            b.close()
+
     def close(self) -> None:
         """Unmap and delete every buffer (server stop)."""
         with self._lock:
