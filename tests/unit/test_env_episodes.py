@@ -357,6 +357,18 @@ def test_seeded_turns_get_their_own_seeds(tok):
     assert s.seeds == [None, None, None]
 
 
+def test_a_slot_twice_in_a_request_goes_to_separate_turn_requests(tok):
+    """Lockstep turns are matched back to their episodes by slot id: two episodes with one slot
+    id are sampled in separate requests, each gets its own rollout."""
+    eos = tok.eos_token_id
+    answer = tok.encode("#### 90", add_special_tokens=False) + [eos]
+    s = Scripted(lambda i: answer)
+    runner = _runner(tok, s, Calculator)
+    out = list(runner.generate([[1], [1], [1]], _params(), slot_ids=[0, 0, 1]))
+    assert [slots for slots, _ in s.requests] == [[0, 1], [0]]
+    assert sorted(r.slot_id for r in out) == [0, 0, 1] and all(r.reward == 1.0 for r in out)
+
+
 def test_async_environment(tok):
     class AsyncEnv:
         async def reset(self, row):
