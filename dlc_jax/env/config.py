@@ -25,7 +25,7 @@ class EnvConfig:
     at the break instead, reason ``prefix_break``). reward: 'sum' of the turn rewards or the
     'last' one.
     timeout_s: one reset / step call; a call that runs longer ends its episode (``env_timeout``).
-    workers: episodes run at once per sampler request.
+    workers: environment calls (reset, step, close) run at once per sampler request.
     """
 
     fn: str = ""

@@ -40,12 +40,13 @@ class Tap:
         self.lock = threading.Lock()
 
     def generate(self, prompts, params, slot_ids=None, request_id=None):
+        sent = dict(zip(slot_ids, prompts))  # a request holds one turn of several episodes
         for r in self.client.generate(prompts, params, slot_ids=slot_ids):
             with self.lock:
                 self.log.append(
                     (
                         int(r.slot_id),
-                        list(prompts[0]),
+                        list(sent[r.slot_id]),
                         r.prompt_ids.tolist(),
                         r.response_ids.tolist(),
                     )

@@ -57,10 +57,12 @@ class Scripted:
         self.calls: list[tuple[list[int], list[int], int]] = []  # (prompt sent, generated, ver)
         self.turn: dict[int, int] = {}
         self.seeds: list[int | None] = []
+        self.requests: list[tuple[list[int], int | None]] = []  # (slots, seed) per request
 
     address = "scripted"
 
     def generate(self, prompts, params, slot_ids=None, request_id=None):
+        self.requests.append((list(slot_ids), params.seed))
         for p, s in zip(prompts, slot_ids):
             i = self.turn.get(s, 0)
             self.turn[s] = i + 1
@@ -339,18 +341,32 @@ def test_prefix_break_errors_or_splits(tok):
 
 
 def test_seeded_turns_get_their_own_seeds(tok):
-    """A seeded request draws its noise from the seed and the prompt's place in the request (the
-    JAX backend): each one-prompt turn of each episode must get a seed of its own, else every
-    episode of a sample index, and every turn, would share one noise sequence."""
+    """A seeded request draws each prompt's noise from the seed and the prompt's place in the
+    request (the JAX backend). The episodes of a request run in lockstep, turn t of all of them
+    in one request: each turn's request must get a seed of its own (else every turn would replay
+    the first one's noise), and the episodes sit at distinct places in it."""
     s = Scripted(_expert(tok))
     runner = _runner(tok, s, Calculator)
     p = SamplingParams(n=1, max_tokens=200, head_k=K, seed=7)
     out = list(runner.generate([[1], [1]], p, slot_ids=[0, 1]))
     assert [r.episode["turns"] for r in out] == [3, 3]
-    assert len(set(s.seeds)) == 6 and None not in s.seeds
+    assert len(s.requests) == 3 and all(slots == [0, 1] for slots, _ in s.requests)
+    assert len({seed for _, seed in s.requests}) == 3 and None not in s.seeds
     s = Scripted(_expert(tok))  # unseeded requests stay unseeded
     list(_runner(tok, s, Calculator).generate([[1]], _params(), slot_ids=[0]))
     assert s.seeds == [None, None, None]
+
+
+def test_a_slot_twice_in_a_request_goes_to_separate_turn_requests(tok):
+    """Lockstep turns are matched back to their episodes by slot id: two episodes with one slot
+    id are sampled in separate requests, each gets its own rollout."""
+    eos = tok.eos_token_id
+    answer = tok.encode("#### 90", add_special_tokens=False) + [eos]
+    s = Scripted(lambda i: answer)
+    runner = _runner(tok, s, Calculator)
+    out = list(runner.generate([[1], [1], [1]], _params(), slot_ids=[0, 0, 1]))
+    assert [slots for slots, _ in s.requests] == [[0, 1], [0]]
+    assert sorted(r.slot_id for r in out) == [0, 0, 1] and all(r.reward == 1.0 for r in out)
 
 
 def test_async_environment(tok):
