@@ -122,3 +122,33 @@ def test_moe_expert_tensors_assemble_into_stacked_params(tmp_path, scan):
     assert got.keys() == exp.keys()
     for p in exp:
         np.testing.assert_array_equal(got[p], exp[p], err_msg=str(p))
+
+
+@pytest.mark.parametrize("knobs", [False, True])
+def test_loaded_params_do_not_alias_the_staging_buffer(tiny, knobs):
+    """Tensors added from 64-byte-aligned views of one buffer (as a mapped staging file is read)
+    and the buffer then overwritten (as the next push reuses it): the loaded params keep their
+    values, with and without the numerics knobs' transform (which passes 1-D tensors through)."""
+    from flax import nnx
+
+    from dlc_jax.model import load_hf
+
+    _, served = nnx.split(load_hf(tiny))
+    tensors = dict(st.iter_tensors(tiny))
+    sizes = {n: -(-a.nbytes // 64) * 64 for n, a in tensors.items()}
+    buf = np.zeros(sum(sizes.values()) + 64, np.uint8)
+    start = -buf.ctypes.data % 64  # the first 64-byte boundary inside buf
+    load = JaxWeightLoad(served, num_layers=2, transform=(lambda n, a: a) if knobs else None)
+    views = {}
+    for n, a in tensors.items():
+        v = buf[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+        v[...] = a
+        views[n] = v
+        start += sizes[n]
+    for n, v in views.items():
+        load.add(n, v)
+    state = load.state()
+    buf[...] = 0xFF  # NaN bytes in every tensor's slot
+    got, want = _flat(state), _flat(nnx.split(load_hf(tiny))[1])
+    for p in want:
+        np.testing.assert_array_equal(got[p], want[p], err_msg=str(p))
