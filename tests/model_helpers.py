@@ -7,6 +7,17 @@ from pathlib import Path
 
 import numpy as np
 
+# The LoRA tests' tiny untied Qwen3 (adapters on every projection; small enough for many steps).
+LORA_DIMS = dict(
+    vocab_size=61,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    tie_word_embeddings=False,
+)
 # Two odd random configs: tied with GQA 3, untied with GQA 4 (no tokenizer needed).
 CONFIG_TIED = dict(
     vocab_size=301,

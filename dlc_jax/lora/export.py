@@ -23,7 +23,7 @@ import numpy as np
 
 from dlc_jax.lora.adapters import adapted
 from dlc_jax.lora.config import LoraConfig
-from dlc_jax.sampler.adapter_push import PEFT_PREFIX
+from dlc_jax.sampler.adapter_push import PEFT_PREFIX, peft_adapter_config
 
 
 def _layers(path: str, stacked: bool, n: int) -> list[tuple[str, int | None]]:
@@ -50,22 +50,7 @@ def peft_tensors(model) -> Iterator[tuple[str, np.ndarray]]:
 def adapter_config(cfg: LoraConfig, model, base: str) -> dict:
     """PEFT's ``adapter_config.json`` for ``model``'s adapters."""
     names = sorted({p.rsplit(".", 1)[-1] for p, _ in adapted(model)})
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base,
-        "r": cfg.rank,
-        "lora_alpha": cfg.alpha,
-        "lora_dropout": 0.0,
-        "target_modules": names,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        "use_rslora": False,
-        "use_dora": False,
-        "modules_to_save": None,
-        "layers_to_transform": None,
-    }
+    return peft_adapter_config(cfg.rank, cfg.alpha, names, base=base)
 
 
 def save_peft(model, cfg: LoraConfig, out_dir, *, base: str = "") -> Path:

@@ -270,18 +270,31 @@ def write_peft_dir(adapter_dir: str | pathlib.Path, meta: AdapterMeta) -> pathli
     if not target.exists():
         (f,) = st.safetensors_files(d)
         os.replace(f, target)
-    cfg = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "r": meta.rank,
-        "lora_alpha": meta.alpha,
-        "lora_dropout": 0.0,
-        "target_modules": names,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        "use_rslora": False,
-        "use_dora": False,
-    }
+    cfg = peft_adapter_config(meta.rank, meta.alpha, names)
     (d / "adapter_config.json").write_text(json.dumps(cfg) + "\n")
     return d
+
+
+def peft_adapter_config(
+    rank: int, alpha: float, target_modules: list[str], base: str | None = None
+) -> dict:
+    """PEFT's ``adapter_config.json`` for plain LoRA factors on ``target_modules`` (module names,
+    e.g. ``q_proj``), as PEFT, transformers and vLLM read it; ``base``: the base model's name or
+    path, when known."""
+    cfg: dict = {"peft_type": "LORA", "task_type": "CAUSAL_LM"}
+    if base is not None:
+        cfg["base_model_name_or_path"] = base
+    cfg.update(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=target_modules,
+        bias="none",
+        fan_in_fan_out=False,
+        inference_mode=True,
+        use_rslora=False,
+        use_dora=False,
+        modules_to_save=None,
+        layers_to_transform=None,
+    )
+    return cfg

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from model_helpers import LORA_DIMS
 from step_helpers import random_step_batch
 
 from dlc_jax.lora import LoraConfig, LoraParam, apply_lora
@@ -27,16 +28,7 @@ from dlc_jax.trainer.step import (
     policy_logprobs,
 )
 
-DIMS = dict(
-    vocab_size=61,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    tie_word_embeddings=False,
-)
+DIMS = LORA_DIMS
 CFG = StepConfig(loss=LossConfig(name="naive"), micro_batches=2)
 
 

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from model_helpers import LORA_DIMS
 
 from dlc_jax.lora import LoraConfig, LoraParam, apply_lora, merged_model
 from dlc_jax.lora.push import adapter_messages, adapter_pusher, adapter_tensors, hf_base_fingerprint
@@ -27,16 +28,7 @@ from dlc_jax.sampler.adapter_push import (
 from dlc_jax.sampler.weight_checks import PushError
 from dlc_jax.sampler.weight_stream import weight_messages
 
-DIMS = dict(
-    vocab_size=61,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    tie_word_embeddings=False,
-)
+DIMS = LORA_DIMS
 RANK, ALPHA = 4, 8.0
 
 
