@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from model_helpers import LORA_DIMS
 
 from dlc_jax.lora import LoraConfig, LoraParam, apply_lora, merged_model
 from dlc_jax.lora.export import adapter_bytes, peft_tensors, save_peft
@@ -14,15 +15,7 @@ from dlc_jax.model.config import Qwen3Config
 from dlc_jax.model.hf_io import iter_hf_tensors
 from dlc_jax.model.qwen3 import Qwen3ForCausalLM
 
-DIMS = dict(
-    vocab_size=61,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-)
+DIMS = dict(LORA_DIMS, tie_word_embeddings=True)  # the tied variant: export shares the head
 
 
 @pytest.mark.parametrize("scan", [False, True])

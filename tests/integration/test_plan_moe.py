@@ -9,21 +9,11 @@ import sys
 import pytest
 
 from dlc_jax.model.config import Qwen3MoeConfig
+from dlc_jax.plan.moe_ep import TINY_MOE
 
 pytestmark = pytest.mark.slow
 
-MOE = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    moe_intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    num_experts=8,
-    num_experts_per_tok=2,
-)
+MOE = TINY_MOE  # the tiny Qwen3-MoE the expert-parallel plan compiles (dlc_jax.plan.moe_ep)
 
 
 def test_tiny_moe_plan_with_router_replay(tmp_path):
