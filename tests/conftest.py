@@ -54,6 +54,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
 
 
+# DLC_JAX_TEST_CPU_REPORT=FILE: one JSON line per test phase with its wall seconds and the CPU
+# seconds it cost (this process's threads + the subprocesses it waited for): on a 2-core machine
+# the suite is CPU-bound, so CPU-seconds, not --durations' wall time, say what to make cheaper.
+_CPU_REPORT = os.environ.get("DLC_JAX_TEST_CPU_REPORT", "")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_REPORT:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        return sum(r.ru_utime + r.ru_stime for r in ru)
+
+    t0, c0 = time.perf_counter(), cpu()
+    yield
+    row = {"test": item.nodeid, "wall_s": time.perf_counter() - t0, "cpu_s": cpu() - c0}
+    with open(_CPU_REPORT, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE is not None:
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
