@@ -12,13 +12,55 @@ from __future__ import annotations
 
 import numpy as np
 
+# Tokenizer classes loaded directly, for model directories whose class AutoTokenizer resolves
+# without guessing (no remote code, a Qwen model type): importing AutoTokenizer pulls in every
+# model's configuration module (~4 CPU-s, paid by every trainer, CLI and sampler process), the
+# class itself ~1 s. Anything else goes through AutoTokenizer.
+_DIRECT_CLASSES = {
+    "PreTrainedTokenizerFast": ("transformers.tokenization_utils_tokenizers", "TokenizersBackend"),
+    "TokenizersBackend": ("transformers.tokenization_utils_tokenizers", "TokenizersBackend"),
+    "Qwen2Tokenizer": ("transformers.models.qwen2.tokenization_qwen2", "Qwen2Tokenizer"),
+    "Qwen2TokenizerFast": ("transformers.models.qwen2.tokenization_qwen2", "Qwen2Tokenizer"),
+}
+_DIRECT_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe")
+
+
+def _direct_tokenizer_class(model_dir: str):
+    """The class AutoTokenizer would pick for ``model_dir``, when it is one of the classes above
+    (tokenizer_config.json names it, no ``auto_map``, config.json has a Qwen model type); else
+    None."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    d = Path(model_dir)
+    try:
+        tok_cfg = json.loads((d / "tokenizer_config.json").read_text())
+        model_type = json.loads((d / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+    name = tok_cfg.get("tokenizer_class") if isinstance(tok_cfg, dict) else None
+    if (
+        "auto_map" in tok_cfg
+        or model_type not in _DIRECT_MODEL_TYPES
+        or name not in _DIRECT_CLASSES
+    ):
+        return None
+    if not (d / "tokenizer.json").is_file():
+        return None
+    module, cls = _DIRECT_CLASSES[name]
+    return getattr(importlib.import_module(module), cls)
+
 
 def load_tokenizer(model_dir: str):
-    """The HF fast tokenizer stored in ``model_dir`` (``tokenizer.json`` + config), no network."""
-    from transformers import AutoTokenizer
-
+    """The HF fast tokenizer stored in ``model_dir`` (``tokenizer.json`` + config), no network:
+    the class AutoTokenizer picks, loaded without importing AutoTokenizer where that class is
+    known (see ``_DIRECT_CLASSES``)."""
     try:
-        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        cls = _direct_tokenizer_class(str(model_dir))
+        if cls is None:
+            from transformers import AutoTokenizer as cls  # type: ignore[no-redef]
+        return cls.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - rewrap with the path that failed
         raise ValueError(f"cannot load a tokenizer from model dir {model_dir!r}: {e}") from e
 

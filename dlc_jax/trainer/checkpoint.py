@@ -89,13 +89,16 @@ def _leaf_digest(x):
     return h1, h2, finite
 
 
-_digest_tree = jax.jit(lambda tree: jax.tree.map(_leaf_digest, tree))
+# One program per distinct (shape, dtype, sharding), not per tree: a train state's structure
+# changes as theta_s snapshots come and go, and a whole-tree program was traced and compiled again
+# for every new structure (1-1.7 CPU-s each on a tiny model; a handful per run).
+_digest_leaf = jax.jit(_leaf_digest)
 
 
 def array_checksums(tree) -> tuple[dict[str, list[int]], list[str]]:
     """({array path: [h1, h2]}, [paths of float arrays holding NaN/Inf]) of a pytree of arrays."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    digests = jax.device_get(_digest_tree([x for _, x in leaves]))
+    digests = jax.device_get([_digest_leaf(x) for _, x in leaves])
     sums, bad = {}, []
     for (path, _), (h1, h2, finite) in zip(leaves, digests):
         key = jax.tree_util.keystr(path)
