@@ -8,8 +8,9 @@ import shutil
 import tempfile
 
 import pytest
+from xla_env import xla_flags  # noqa: E402 (tests/ is on the path: pyproject's pythonpath)
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

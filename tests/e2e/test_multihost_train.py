@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from xla_env import xla_flags
 
 STEPS = 4
 
@@ -70,6 +71,8 @@ def _overrides(model_dir: str, addresses: str, run: Path) -> list[str]:
 def _launch(overrides, devices: int, log: Path, env_extra: dict):
     env = {
         **os.environ,
+        # XLA's default optimization here: at the tests' -O0 the cross-process all-reduces missed
+        # XLA's 40 s rendezvous deadline twice (SIGABRT) on a loaded 2-core machine
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
         "JAX_PLATFORMS": "cpu",
         **env_extra,
@@ -125,7 +128,7 @@ def sampler_sets(tiny_dir, tmp_path_factory):
                     "jax",
                     tiny_dir,
                     extra_args=["--max-model-len", "64", "--max-head-k", "4"],
-                    env={"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"},
+                    env={"XLA_FLAGS": xla_flags(), "JAX_PLATFORMS": "cpu"},
                     log_file=str(d / f"s{i}.log"),
                     startup_timeout=300,
                 ).start()

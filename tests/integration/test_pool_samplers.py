@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from xla_env import xla_flags
 
 from dlc_jax.sampler import safetensors_io as st
 from dlc_jax.sampler.client import SamplerClient
@@ -178,7 +179,7 @@ def test_killed_sampler_leaves_rotation_and_training_continues(
         tiny_dir,
         extra_args=["--max-model-len", "64", "--max-head-k", "4", "--max-n", "4"],
         log_file=str(tmp_path / "killed.log"),
-        env={"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"},
+        env={"XLA_FLAGS": xla_flags(), "JAX_PLATFORMS": "cpu"},
         startup_timeout=300,
     ).start()
     try:

@@ -22,6 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from xla_env import xla_flags
 
 from dlc_jax.bench.soak_trainer_harness import flip_bytes
 from dlc_jax.trainer.checkpoint import Checkpointer
@@ -170,7 +171,7 @@ def test_unreachable_sampler_address_fails_fast_in_one_line(tiny_dir, tmp_path, 
 @pytest.mark.slow
 def test_ctrl_c_saves_says_where_and_exits_130(tiny_dir, tmp_path):
     d = tmp_path / "int"
-    env = dict(os.environ, XLA_FLAGS="")
+    env = dict(os.environ, XLA_FLAGS=xla_flags())
     args = _args(tiny_dir, d, "train.steps=200", "checkpoint.every=0")
     p = subprocess.Popen(
         [sys.executable, "-m", "dlc_jax.cli", *args],

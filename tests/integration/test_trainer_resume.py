@@ -11,6 +11,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from xla_env import xla_flags
 
 from dlc_jax.trainer.checkpoint import Checkpointer
 
@@ -50,7 +51,7 @@ def _cmd(tiny_dir, d):
 
 def _env():
     env = dict(os.environ)
-    env["XLA_FLAGS"] = ""  # single device, as a user's CPU run
+    env["XLA_FLAGS"] = xla_flags()  # single device, as a user's CPU run
     return env
 
 
