@@ -338,7 +338,7 @@ class SamplerService(pb_grpc.SamplerServicer):
                 stager = self._group.stager_for(header, new)
                 before = stager.bytes_received
                 await push_session.receive(
-                    stager, header, it, deadline, self.cfg, self._io_pool, None,
+                    stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener,
                     on_commit=stager.end_part,
                 )  # fmt: skip
                 n = stager.bytes_received - before

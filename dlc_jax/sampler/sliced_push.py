@@ -9,6 +9,13 @@ slice), then a `TensorDone` with the checksum of exactly those bytes. The part's
 the part. A last stream from the coordinator, header {push_group, push_parts, group_commit} then
 Commit, applies the group.
 
+Socket data plane (a part whose header has data_plane "socket" and a `data_push_id`, as a plain
+push's, `data_plane`): the stream carries the `WeightSlice` announcements, `TensorDone` trailers and
+Commit; each announced slice's bytes follow, in announcement order with no framing, on the part's
+own data connection. The reader (`read_socket`, the push's I/O thread) takes the announced slices in
+order, receives each one's bytes, checksums and finite-checks them, waits for its trailer and only
+then scatters it into the staged tensor. Each part chooses its plane; parts of one group may mix.
+
 Checks: a slice must lie inside its tensor and must not overlap any slice of the same tensor
 received before (in any part), checked as soon as the slice is announced; its bytes must match its
 checksum and be finite before they are written into the staged tensor. The group is applied only
@@ -30,6 +37,8 @@ import math
 import mmap
 import os
 import pathlib
+import socket
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -87,15 +96,18 @@ class SliceTiling:
 
 
 class _OpenSlice:
-    """The slice being received: its box, a buffer for its bytes, and their running checks."""
+    """A slice being received: its box, a buffer for its bytes (made when they start arriving),
+    their running checks, and (socket plane) its trailer once the stream delivered it."""
 
     def __init__(self, index: int, start: tuple[int, ...], stop: tuple[int, ...], spec, algo: str):
         self.index, self.start, self.stop = index, start, stop
         self.elements = math.prod(hi - lo for lo, hi in zip(start, stop))
-        self.buf = bytearray(self.elements * st.NP_DTYPES[spec.dtype].itemsize)
+        self.nbytes = self.elements * st.NP_DTYPES[spec.dtype].itemsize
+        self.buf = bytearray()
         self.got = 0
         self.hash: Any = hashlib.sha256() if algo == "sha256" else Crc32c()
         self.finite = FiniteCheck(spec.dtype)
+        self.trailer: pb.TensorDone | None = None
 
 
 class SlicedStager(WeightStager):
@@ -111,7 +123,12 @@ class SlicedStager(WeightStager):
         self._part: int | None = None  # the part whose stream is being received
         self._fingerprint: bytes = b""
         self._tilings: list[SliceTiling] = []
-        self._open: _OpenSlice | None = None
+        self._open: _OpenSlice | None = None  # announced on the stream, its TensorDone not yet in
+        # socket plane: slices announced whose bytes the reader has not taken yet; `_data_end` is
+        # set at the part's Commit or when it fails (the reader stops after the announced slices)
+        self._cv = threading.Condition()
+        self._announced: collections.deque[_OpenSlice] = collections.deque()
+        self._data_end = False
 
     # -- header -----------------------------------------------------------------------------
     def header(self, h: pb.WeightHeader) -> None:
@@ -119,10 +136,11 @@ class SlicedStager(WeightStager):
             raise PushError(_BAD, "a sliced push part needs push_group and push_parts > 0")
         if not 0 <= h.push_part < h.push_parts:
             raise PushError(_BAD, f"push_part {h.push_part} not in [0, {h.push_parts})")
-        if h.relay_to or (h.data_plane or "grpc") != "grpc":
-            raise PushError(
-                _BAD, "a sliced push part comes as gRPC chunks only (no relay, no data plane)"
-            )
+        if h.relay_to:
+            raise PushError(_BAD, "a sliced push part is not relayed (header.relay_to)")
+        plane = h.data_plane or "grpc"
+        if plane not in ("grpc", "socket"):
+            raise PushError(_BAD, f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
         if self._part is not None:
             raise PushError(_BAD, "second header in one push")
         fingerprint = pb.WeightHeader(
@@ -152,6 +170,10 @@ class SlicedStager(WeightStager):
         if h.push_part in self.parts_done:
             raise PushError(_BAD, f"push group {self.group!r}: part {h.push_part} sent twice")
         self._part = int(h.push_part)
+        self.data_plane = plane  # this part's plane (push_session claims its data connection)
+        with self._cv:
+            self._announced.clear()
+            self._data_end = False
 
     # -- slices -----------------------------------------------------------------------------
     def slice(self, m: pb.WeightSlice) -> None:
@@ -162,7 +184,14 @@ class SlicedStager(WeightStager):
             )
         self._tilings[m.tensor_index].add(m.start, m.stop)
         start, stop = tuple(int(x) for x in m.start), tuple(int(x) for x in m.stop)
-        self._open = _OpenSlice(m.tensor_index, start, stop, s, self.checksum)
+        o = _OpenSlice(m.tensor_index, start, stop, s, self.checksum)
+        self._open = o
+        if self.data_plane == "socket":  # its bytes come on the data connection (`read_socket`)
+            with self._cv:
+                self._announced.append(o)
+                self._cv.notify_all()
+        else:
+            o.buf = bytearray(o.nbytes)
 
     def _slice_of(self, i: int, what: str) -> _OpenSlice:
         s = self._spec(i)
@@ -173,6 +202,10 @@ class SlicedStager(WeightStager):
 
     def chunk(self, c) -> None:
         o = self._slice_of(c.tensor_index, "chunk")
+        if self.data_plane == "socket":
+            raise PushError(
+                _BAD, "WeightChunk in a sliced part whose bytes come over the socket data plane"
+            )
         n = len(c.data)
         if c.offset != o.got or o.got + n > len(o.buf):
             raise PushError(
@@ -188,11 +221,21 @@ class SlicedStager(WeightStager):
 
     def done(self, d: pb.TensorDone) -> None:
         o = self._slice_of(d.tensor_index, "TensorDone")
+        self._open = None
+        if self.data_plane == "socket":  # the reader verifies it once its bytes are in too
+            with self._cv:
+                o.trailer = d
+                self._cv.notify_all()
+            return
+        self._finish(o, d)
+
+    def _finish(self, o: _OpenSlice, d: pb.TensorDone) -> None:
+        """All of slice `o`'s bytes are in and `d` is its trailer: check, then scatter it."""
         s = self.specs[o.index]
         where = f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)})"
-        if o.got != len(o.buf):
+        if o.got != o.nbytes:
             raise PushError(
-                grpc.StatusCode.DATA_LOSS, f"{where}: received {o.got} of {len(o.buf)} bytes"
+                grpc.StatusCode.DATA_LOSS, f"{where}: received {o.got} of {o.nbytes} bytes"
             )
         if self.checksum == "sha256":
             ok = bool(d.sha256) and d.sha256.lower() == o.hash.hexdigest()
@@ -205,11 +248,57 @@ class SlicedStager(WeightStager):
         if not o.finite.ok:
             raise PushError(_BAD, f"{where}: contains NaN or Inf values (push refused)")
         self._scatter(o)
-        self._open = None
+        o.buf = bytearray()
         t = self._tilings[o.index]
         t.covered += o.elements
         if t.complete:
             self._tensor_complete(o.index)
+
+    # -- socket data plane ------------------------------------------------------------------
+    def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
+        """Socket part: the bytes of every announced slice, in announcement order, from `conn`
+        (module docstring); returns once `end_data` was called and every announced slice is
+        verified and staged. Blocking (the push's I/O thread; closing `conn` stops it). Raises
+        PushError."""
+        if self.dir is None or self.data_plane != "socket":
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
+            )
+        while (o := self._next_announced()) is not None:
+            s = self.specs[o.index]
+            o.buf = bytearray(o.nbytes)
+            view = memoryview(o.buf)
+            while o.got < o.nbytes:
+                want = min(piece, o.nbytes - o.got)
+                k = self._recv(conn, view[o.got : o.got + want], s.name, o.got, o.nbytes)
+                o.hash.update(view[o.got : o.got + k])
+                o.finite.update(view[o.got : o.got + k])
+                o.got += k
+                self.bytes_received += k
+            del view
+            with self._cv:
+                while o.trailer is None and not self._data_end:
+                    self._cv.wait()
+            if o.trailer is None:
+                raise PushError(
+                    _BAD,
+                    f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)}): part ended "
+                    "without its TensorDone",
+                )
+            self._finish(o, o.trailer)
+
+    def _next_announced(self) -> _OpenSlice | None:
+        with self._cv:
+            while not self._announced and not self._data_end:
+                self._cv.wait()
+            return self._announced.popleft() if self._announced else None
+
+    def end_data(self) -> None:
+        """The part's stream ended (Commit) or failed: the socket reader stops after the slices
+        announced so far."""
+        with self._cv:
+            self._data_end = True
+            self._cv.notify_all()
 
     def _scatter(self, o: _OpenSlice) -> None:
         """Copy the slice's bytes into its box of the mapped tensor (as unsigned ints: a plain

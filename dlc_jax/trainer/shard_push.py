@@ -15,9 +15,11 @@ slices, `fanout.fan_out`); the part outcomes are all-gathered; process 0 then co
 the samplers where every part was accepted (the sampler applies it only if all parts arrived and
 every tensor's slices tile it exactly, `dlc_jax.sampler.sliced_push`) and broadcasts the outcome,
 so every process returns the same result and a pool settles the same rotation everywhere. Sliced
-pushes go as gRPC chunks, directly to each sampler (no socket data plane, no relay); the target
-samplers are process 0's choice (a pool's rotation, plus reachable out-of-rotation samplers when it
-readmits).
+pushes go directly to each sampler (no relay), as gRPC chunks or over the socket data plane
+(`transport`: "socket", or "auto" where the sampler offers a data port and the channel is
+plaintext; each process opens its own data connection per sampler and chooses its plane itself);
+the target samplers are process 0's choice (a pool's rotation, plus reachable out-of-rotation
+samplers when it readmits).
 """
 
 from __future__ import annotations
@@ -60,12 +62,22 @@ def local_slices(model, dtype: str = "float32") -> Iterator[Slice]:
 
 
 def push_shards(
-    sampler, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20
+    sampler,
+    model,
+    version: int,
+    *,
+    dtype: str = "float32",
+    chunk_bytes: int = 16 << 20,
+    transport: str = "grpc",
 ) -> PushResult:
     """Push `model` as weight `version` from every process's own shards (module docstring).
-    Collective. `sampler`: a SamplerClient or SamplerPool. The result's `egress_bytes`: tensor
-    bytes this process sent (all samplers together)."""
+    Collective. `sampler`: a SamplerClient or SamplerPool; `transport`: "grpc", "socket" or
+    "auto" (decided per sampler). The result's `egress_bytes`: tensor bytes this process sent
+    (all samplers together); its `transport`: the plane(s) this process's parts used."""
     from jax.experimental import multihost_utils
+
+    if transport not in ("grpc", "socket", "auto"):
+        raise ValueError(f"push transport must be 'grpc', 'socket' or 'auto', got {transport!r}")
 
     from dlc_jax.model import hf_param_shapes
 
@@ -93,19 +105,27 @@ def push_shards(
         with lock:
             sent[0] += n
 
+    planes: set[str] = set()
+
     def push(c, items) -> PushResult:
-        stream = part_messages(
-            items,
-            names_shapes,
-            version,
-            dtype,
-            group=group,
-            part=me,
-            parts=nproc,
-            chunk_bytes=chunk_bytes,
-            on_sent=count,
-        )
-        return c.push_messages(stream)
+        def stream(send_data=None, push_id=""):
+            return part_messages(
+                items,
+                names_shapes,
+                version,
+                dtype,
+                group=group,
+                part=me,
+                parts=nproc,
+                chunk_bytes=chunk_bytes,
+                on_sent=count,
+                send_data=send_data,
+                push_id=push_id,
+            )
+
+        plane = c.push_transport() if transport == "auto" else transport
+        planes.add(plane)
+        return c.push_with_data(stream) if plane == "socket" else c.push_messages(stream())
 
     t0 = time.monotonic()
     parts = fan_out({i: clients[i] for i in targets}, local_slices(model, dtype), push, 2)
@@ -141,4 +161,4 @@ def push_shards(
         out = pool.rot.settle(results, version, seconds)
     else:
         out = dataclasses.replace(results[0], seconds=seconds)
-    return dataclasses.replace(out, egress_bytes=sent[0], transport="grpc")
+    return dataclasses.replace(out, egress_bytes=sent[0], transport="+".join(sorted(planes)))
