@@ -257,6 +257,32 @@ def add_multihost_part(res: dict, mh: dict) -> None:
     )
 
 
+def multihost_result(cfg) -> dict:
+    """The multi-host part alone as a bench result (name `weight_sync_multihost`), e.g.
+    `common.write_result(multihost_result(SIZES["small"]), "docs/bench")`."""
+    import dataclasses
+    import tempfile
+
+    from dlc_jax.bench import common
+    from dlc_jax.bench.weight_sync_bench import COLUMNS
+
+    res = common.new_result(
+        "weight_sync_multihost",
+        "Weight sync: multi-host push, bytes out of each trainer process (gRPC / socket plane)",
+        COLUMNS,
+    )
+    res["config"] = dataclasses.asdict(cfg)
+    res["summary"] = {}
+    with tempfile.TemporaryDirectory(prefix="dlc_weight_sync_multihost_") as d:
+        add_multihost_part(res, multihost_rows(cfg, pathlib.Path(d)))
+    res["notes"].append(
+        f"model: Qwen3 shapes, {cfg.num_hidden_layers} layers, D={cfg.hidden_size}, "
+        f"V={cfg.vocab_size}, tied, random weights, pushed as {cfg.push_dtype} to a transport-only "
+        "sampler (staging + CRC-32C verify) in its own process"
+    )
+    return common.finish(res)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--address", required=True)
