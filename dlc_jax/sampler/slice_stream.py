@@ -38,15 +38,22 @@ def part_messages(
     on_sent: Callable[[int], None] | None = None,
     send_data: Callable[[int, memoryview], None] | None = None,
     push_id: str = "",
+    relay_to: Sequence[str] = (),
+    relay_fanout: int = 1,
 ) -> Iterator:
     """One part's stream (see the module docstring). Each slice is converted to `dtype` (C order);
     its shape must be stop - start. ``on_sent(n)``: called with each slice's byte count once handed
     to the transport. ``send_data(tensor_index, bytes)`` / ``push_id``: the socket data plane (a
-    data connection the server dropped stops the sending; the server says why it rejects)."""
+    data connection the server dropped stops the sending; the server says why it rejects).
+    ``relay_to`` / ``relay_fanout``: the samplers the receiver forwards the assembled tensors to
+    (the same in every part of the group; `relay`)."""
     header = weight_header(names_shapes, version, dtype, "crc32c")
     header.push_group, header.push_part, header.push_parts = group, int(part), int(parts)
     if send_data is not None:
         header.data_plane, header.data_push_id = "socket", push_id
+    if relay_to:
+        header.relay_to.extend(relay_to)
+        header.relay_fanout = int(relay_fanout)
     yield pb.WeightMessage(header=header)
     data_failed = False
     np_dtype = st.NP_DTYPES[dtype]

@@ -136,8 +136,6 @@ class SlicedStager(WeightStager):
             raise PushError(_BAD, "a sliced push part needs push_group and push_parts > 0")
         if not 0 <= h.push_part < h.push_parts:
             raise PushError(_BAD, f"push_part {h.push_part} not in [0, {h.push_parts})")
-        if h.relay_to:
-            raise PushError(_BAD, "a sliced push part is not relayed (header.relay_to)")
         plane = h.data_plane or "grpc"
         if plane not in ("grpc", "socket"):
             raise PushError(_BAD, f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
@@ -150,6 +148,8 @@ class SlicedStager(WeightStager):
             checksum=h.checksum,
             push_group=h.push_group,
             push_parts=h.push_parts,
+            relay_to=h.relay_to,
+            relay_fanout=h.relay_fanout,
         ).SerializeToString(deterministic=True)
         if self.dir is None:  # the group's first part: the header's checks, the staging file
             super().header(h)
@@ -165,7 +165,8 @@ class SlicedStager(WeightStager):
             raise PushError(
                 _BAD,
                 f"push group {h.push_group!r} part {h.push_part}: header differs from the "
-                "group's first part (version, dtype, checksum, tensors and part count must match)",
+                "group's first part (version, dtype, checksum, tensors, part count and relay "
+                "must match)",
             )
         if h.push_part in self.parts_done:
             raise PushError(_BAD, f"push group {self.group!r}: part {h.push_part} sent twice")
@@ -315,9 +316,36 @@ class SlicedStager(WeightStager):
 
     def _tensor_complete(self, i: int) -> None:
         self._received[i] = int(self.specs[i].nbytes)
-        if not self._sent[i] and self._loader is not None:  # memory mode: load it now
+        if not self._sent[i]:
             self._sent[i] = True
-            self._loader.put(i)
+            if self._loader is not None:  # memory mode: load it now
+                self._loader.put(i)
+            if self.relay is not None:  # and forward it (its slices all verified)
+                self.relay.verified(i)
+
+    # -- relay ------------------------------------------------------------------------------
+    def start_relay(self, forward) -> None:
+        """Forward every tensor, once all its slices are verified, through `forward` (a
+        `relay.RelayForward` made at the group's first part; the ones complete already now)."""
+        self.relay = forward
+        for i, done in enumerate(self._sent):
+            if done:
+                forward.verified(i)
+
+    def take_relay(self):
+        """The group's relay, no longer cut by `discard` (the caller finishes it)."""
+        forward, self.relay = self.relay, None
+        return forward
+
+    def discard(self) -> None:
+        """Drop the group; its relay (if any) is cut, so every sampler it forwards to drops the
+        push too (in the background: never blocks the caller)."""
+        forward = self.take_relay()
+        if forward is not None:
+            threading.Thread(
+                target=forward.finish, args=(False,), name="push-relay-cut", daemon=True
+            ).start()
+        super().discard()
 
     # -- end of a part, end of the group ----------------------------------------------------
     def end_part(self) -> None:

@@ -218,3 +218,62 @@ def test_hostile_socket_slices_leave_the_old_weights(served, monkeypatch):
     assert commit.ok and backend.version == 2, commit.message
     for n, a in w.items():
         np.testing.assert_array_equal(backend.weights[n], a)
+
+
+@pytest.fixture
+def chain(tmp_path):
+    """Three samplers serving version 1 (memory staging, data ports): the head and two to relay
+    to."""
+    made = []
+    for k in range(3):
+        backend = RecordingBackend({n: (s, "float32") for n, s in SHAPES.items()}, 100)
+        backend.staging = "memory"
+        cfg = ServerConfig(staging_root=str(tmp_path / f"stage{k}"), data_port=0)
+        srv = ServerThread(backend, cfg).start()
+        c = SamplerClient(srv.address, timeout=30)
+        assert c.push_weights(_weights(1), 1).ok
+        made.append((srv, c, backend))
+    yield made
+    for srv, c, _ in made:
+        c.close()
+        srv.stop()
+
+
+def _relay_push(c, parts, version, relay_to, group):
+    outs = [
+        c.push_with_data(
+            lambda send_data, push_id, s=s, p=p: part_messages(
+                s, NAMES_SHAPES, version, "float32", group=group, part=p, parts=len(parts),
+                chunk_bytes=1000, send_data=send_data, push_id=push_id, relay_to=relay_to,
+            )
+        )
+        for p, s in enumerate(parts)
+    ]  # fmt: skip
+    return outs, c.push_messages(commit_messages(version, group, len(parts)))
+
+
+def test_sliced_group_relayed_along_a_chain(chain):
+    """The head assembles the group and forwards each complete tensor to the others (a chain);
+    they commit with the group. A group that fails at the head reaches none of them; a dead hop
+    is reported and cuts the rest of the chain, the head still applies."""
+    (_, head, hb), (srv1, _, b1), (_, _, b2) = chain
+    addrs = [srv1.address, chain[2][0].address]
+    w = _weights(2)
+    outs, commit = _relay_push(head, _halves(w), 2, addrs, "r")
+    assert all(r.ok for r in outs) and commit.ok, (commit.message, [r.message for r in outs])
+    assert sorted(commit.relayed) == sorted(addrs) and all(r.ok for r in commit.relayed.values())
+    for b in (hb, b1, b2):
+        assert b.version == 2
+        for n, a in w.items():
+            np.testing.assert_array_equal(b.weights[n], a)
+    parts = _halves(_weights(3))
+    _gap(parts)  # the group never completes at the head: the relay is cut
+    outs, commit = _relay_push(head, parts, 3, addrs, "bad")
+    assert not commit.ok
+    assert (hb.version, b1.version, b2.version) == (2, 2, 2)
+    np.testing.assert_array_equal(b2.weights["a.weight"], w["a.weight"])
+    srv1.stop()  # a dead hop
+    outs, commit = _relay_push(head, _halves(_weights(4)), 4, addrs, "hop")
+    assert commit.ok and hb.version == 4, commit.message
+    assert not commit.relayed[addrs[0]].ok and addrs[1] not in commit.relayed
+    assert b2.version == 2
