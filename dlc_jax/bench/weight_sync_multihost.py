@@ -43,12 +43,15 @@ def launch(
     scale: float = 1.0,
     timeout: float = 600.0,
     transports: tuple[str, ...] = ("grpc",),
+    relay_to: tuple[str, ...] = (),
 ) -> list[dict]:
     """Run the pushes from `processes` JAX processes of `devices` CPU devices each, one per entry of
-    `transports` ("grpc" | "socket" | "auto") as versions `version`, `version` + 1, ...; -> their
-    results (process order; each has `pushes`, one dict per transport). Model: the HF directory
-    `model_dir`, else random weights of Qwen3 `dims` (the bench config's model fields); every
-    parameter is multiplied by `scale` before the pushes."""
+    `transports` ("grpc" | "socket" | "auto", to `address`; with a ":relay" suffix, e.g.
+    "socket:relay", to a pool of `address` + `relay_to` with relay "chain": the parts go to
+    `address`, which forwards the assembled tensors along `relay_to`) as versions `version`,
+    `version` + 1, ...; -> their results (process order; each has `pushes`, one dict per entry).
+    Model: the HF directory `model_dir`, else random weights of Qwen3 `dims` (the bench config's
+    model fields); every parameter is multiplied by `scale` before the pushes."""
     coord = f"127.0.0.1:{_free_port()}"
     out_dir.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -73,6 +76,7 @@ def launch(
             f"--dims={json.dumps(dims or {})}",
             f"--out={out_dir / f'p{p}.json'}",
             f"--transports={','.join(transports)}",
+            f"--relay-to={','.join(relay_to)}",
         ]
         log = open(out_dir / f"p{p}.log", "wb")
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -120,6 +124,7 @@ def _worker(args) -> None:
     from dlc_jax.model import MeshConfig, hf_param_shapes, load_hf, make_mesh
     from dlc_jax.sampler import safetensors_io as st
     from dlc_jax.sampler.client import SamplerClient
+    from dlc_jax.sampler.pool import SamplerPool
     from dlc_jax.trainer import distributed as dist
     from dlc_jax.trainer.config_sections import DistributedSection
 
@@ -140,16 +145,24 @@ def _worker(args) -> None:
     itemsize = st.NP_DTYPES[args.dtype].itemsize
     model_bytes = sum(itemsize * math.prod(s) for s in hf_param_shapes(model.config).values())
     pushes = []
+    relay_to = [a for a in args.relay_to.split(",") if a]
+    pool = SamplerPool([args.address, *relay_to], relay="chain", timeout=600) if relay_to else None
     with SamplerClient(args.address, timeout=600) as client:
-        client.wait_ready(120)
-        for k, transport in enumerate(args.transports.split(",")):
+        for c in [client, *(pool.clients if pool is not None else [])]:
+            c.wait_ready(120)
+        for k, spec in enumerate(args.transports.split(",")):
+            transport, _, mode = spec.partition(":")
+            target = pool if mode == "relay" else client
+            if target is None:
+                raise SystemExit(f"--transports {spec}: a relayed push needs --relay-to")
             t0 = time.monotonic()
             r = dist.push_weights(
-                client, model, args.version + k, dtype=args.dtype, transport=transport
+                target, model, args.version + k, dtype=args.dtype, transport=transport
             )
             pushes.append(
                 {
-                    "transport": r.transport,
+                    "transport": r.transport + (" + relay" if mode == "relay" else ""),
+                    "samplers": 1 + len(relay_to) if mode == "relay" else 1,
                     "ok": r.ok,
                     "version": r.version,
                     "message": r.message,
@@ -157,6 +170,8 @@ def _worker(args) -> None:
                     "seconds": time.monotonic() - t0,
                 }
             )
+    if pool is not None:
+        pool.close()
     out = {
         "process": info.process_index,
         "processes": info.process_count,
@@ -293,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dims", default="{}")
     p.add_argument("--out", required=True)
     p.add_argument("--transports", default="grpc")
+    p.add_argument("--relay-to", default="")
     _worker(p.parse_args(argv))
     return 0
 
