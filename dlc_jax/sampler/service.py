@@ -22,7 +22,7 @@ import time
 import grpc
 import numpy as np
 
-from . import adapter_push, chunk_wire, data_plane, push_session, relay, sliced_push
+from . import adapter_push, chunk_wire, data_plane, push_group, push_session, relay, sliced_push
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .backends.base import SamplerBackend
@@ -49,7 +49,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         self.queue_depth = 0
         self.last_push_message = ""
         self.data_listener: data_plane.DataPlaneListener | None = None  # set by SamplerServer.start
-        self._group = sliced_push.PendingGroup()  # a sliced push between its part streams
+        self._group = push_group.PendingGroup()  # a sliced push between its part streams
         # memory staging: superseded staging files stay mapped for the next push (warm_staging)
         self.warm_staging = (
             WarmStaging() if cfg.push_staging == "memory" and cfg.push_staging_warm else None

@@ -21,25 +21,29 @@ received before (in any part), checked as soon as the slice is announced; its by
 checksum and be finite before they are written into the staged tensor. The group is applied only
 when every part ended cleanly and every tensor is covered exactly (the boxes' volumes add up to the
 tensor's: with no overlap and all in bounds, that is an exact tiling). Any failure discards the
-whole group (the old weights keep serving); later parts of a failed group are refused.
+whole group (the old weights keep serving); later parts of a failed group are refused (the group
+between its part streams: `push_group.PendingGroup`).
 
 Staging: `SlicedStager` is a `WeightStager` that always memory-maps its staging file (memory or file
 mode alike) so that a slice is scattered into the tensor with one strided copy; in memory mode each
 tensor is handed to the engine's load as soon as its last slice landed, as in a plain push.
+
+Relay: parts whose header lists `relay_to` (memory staging) make this sampler forward each tensor,
+once all its slices are verified, as a plain relayed push (`relay.RelayForward`, started at the
+group's first part); the children commit with the group commit and are cut when the group fails.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import logging
 import math
 import mmap
 import os
 import pathlib
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -49,8 +53,6 @@ from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from .staging import WeightStager
 from .weight_checks import Crc32c, FiniteCheck, PushError
-
-log = logging.getLogger(__name__)
 
 _BAD = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -380,64 +382,3 @@ class SlicedStager(WeightStager):
         os.close(self._fd)
         self._fd = -1
         return self.dir
-
-
-class PendingGroup:
-    """The server's one push group being received (between part streams), and the ids of groups
-    that failed (their later parts are refused)."""
-
-    def __init__(self) -> None:
-        self.stager: SlicedStager | None = None
-        self.failed: collections.deque[str] = collections.deque(maxlen=64)
-
-    def drop(self, reason: str) -> None:
-        if self.stager is not None:
-            log.warning("push group %r discarded: %s", self.stager.group, reason)
-            self.failed.append(self.stager.group)
-            self.stager.discard()
-            self.stager = None
-
-    def stager_for(self, h: pb.WeightHeader, make: Callable[[], SlicedStager]) -> SlicedStager:
-        """The group's stager for a part's header (a new one for a new group, which supersedes a
-        pending group)."""
-        if h.push_group in self.failed:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"push group {h.push_group!r} was discarded (a part failed or it was superseded)",
-            )
-        if self.stager is not None and self.stager.group != h.push_group:
-            self.drop(f"superseded by push group {h.push_group!r}")
-        if self.stager is None:
-            self.stager = make()
-        return self.stager
-
-    def fail(self, group: str, reason: str) -> None:
-        if self.stager is not None and self.stager.group == group:
-            self.drop(reason)
-        elif group:
-            self.failed.append(group)
-
-    def take(self, h: pb.WeightHeader, serving_version: int) -> SlicedStager:
-        """The pending group named by a group-commit header, removed from pending (the caller
-        applies or discards it)."""
-        s = self.stager
-        if s is None or s.group != h.push_group:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"group commit: push group {h.push_group!r} is not pending here",
-            )
-        self.stager = None
-        if h.version != s.version or h.push_parts != s.parts:
-            s.discard()
-            raise PushError(
-                _BAD,
-                f"group commit: version {h.version} / {h.push_parts} parts do not match the "
-                f"group's {s.version} / {s.parts}",
-            )
-        if s.version is None or s.version <= serving_version:
-            s.discard()
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale version {s.version}: server already serves version {serving_version}",
-            )
-        return s

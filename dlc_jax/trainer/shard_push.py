@@ -14,12 +14,19 @@ group (`dlc_jax.sampler.slice_stream`) to every in-rotation sampler, concurrentl
 slices, `fanout.fan_out`); the part outcomes are all-gathered; process 0 then commits the group on
 the samplers where every part was accepted (the sampler applies it only if all parts arrived and
 every tensor's slices tile it exactly, `dlc_jax.sampler.sliced_push`) and broadcasts the outcome,
-so every process returns the same result and a pool settles the same rotation everywhere. Sliced
-pushes go directly to each sampler (no relay), as gRPC chunks or over the socket data plane
-(`transport`: "socket", or "auto" where the sampler offers a data port and the channel is
-plaintext; each process opens its own data connection per sampler and chooses its plane itself);
-the target samplers are process 0's choice (a pool's rotation, plus reachable out-of-rotation
-samplers when it readmits).
+so every process returns the same result and a pool settles the same rotation everywhere. Parts go
+as gRPC chunks or over the socket data plane (`transport`: "socket", or "auto" where the sampler
+offers a data port and the channel is plaintext; each process opens its own data connection per
+sampler and chooses its plane itself). The target samplers are process 0's choice (a pool's
+rotation, plus reachable out-of-rotation samplers when it readmits).
+
+Relay (`relay`, a pool's `sampler.push_relay`; `_relayed`): with several targets every process sends
+its part to the first one only, with `relay_to` = the others; that sampler assembles the group and
+forwards each tensor along them as it completes (`dlc_jax.sampler.relay`), and they commit with the
+group. Process 0 reads the outcomes from the group commit's answer, probes the samplers missing from
+it (one already at the version is kept) and broadcasts them; the rest get a direct round (every
+process sends its part to each of them). Trainer egress summed over processes: one model, whatever
+the number of samplers.
 """
 
 from __future__ import annotations

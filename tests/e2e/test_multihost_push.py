@@ -114,13 +114,16 @@ def test_weight_sync_bench_multihost_rows(tmp_path):
     from dlc_jax.bench import weight_sync_bench as wsb
     from dlc_jax.bench.weight_sync_multihost import add_multihost_part, multihost_rows
 
-    cfg = dataclasses.replace(wsb.SIZES["tiny"], push_dtype="bfloat16", multihost=True)
-    mh = multihost_rows(cfg, tmp_path)  # one push over gRPC, one over the socket data plane
-    assert [p["ok"] for r in mh["results"] for p in r["pushes"]] == [True] * 4
-    for t in ("grpc", "socket"):
+    cfg = dataclasses.replace(
+        wsb.SIZES["tiny"], push_dtype="bfloat16", multihost=True, relay_samplers=2
+    )
+    # pushes over gRPC, over the socket data plane, and over the socket relayed to a 2nd sampler
+    mh = multihost_rows(cfg, tmp_path)
+    assert [p["ok"] for r in mh["results"] for p in r["pushes"]] == [True] * 6
+    for t in ("grpc", "socket", "socket + relay"):
         shares = [r["egress_vs_model"] for r in mh["rows"] if r["transport"] == t]
         assert len(shares) == 2 and abs(sum(shares) - 1.0) < 1e-9 and max(shares) <= 0.6, shares
     res = {"rows": [], "summary": {}, "targets": [], "notes": []}
     add_multihost_part(res, mh)
-    assert [t["met"] for t in res["targets"]] == [True, True] and len(res["rows"]) == 4
-    assert "socket" in res["targets"][1]["name"]
+    assert [t["met"] for t in res["targets"]] == [True] * 4 and len(res["rows"]) == 6
+    assert "2 samplers: trainer egress" in res["targets"][3]["name"]
