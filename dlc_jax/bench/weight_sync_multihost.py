@@ -48,7 +48,8 @@ def launch(
     """Run the pushes from `processes` JAX processes of `devices` CPU devices each, one per entry of
     `transports` ("grpc" | "socket" | "auto", to `address`; with a ":relay" suffix, e.g.
     "socket:relay", to a pool of `address` + `relay_to` with relay "chain": the parts go to
-    `address`, which forwards the assembled tensors along `relay_to`) as versions `version`,
+    `address`, which forwards the assembled tensors along `relay_to`; ":pool": to that pool with
+    relay "off", every process sending to every sampler) as versions `version`,
     `version` + 1, ...; -> their results (process order; each has `pushes`, one dict per entry).
     Model: the HF directory `model_dir`, else random weights of Qwen3 `dims` (the bench config's
     model fields); every parameter is multiplied by `scale` before the pushes."""
@@ -152,17 +153,22 @@ def _worker(args) -> None:
             c.wait_ready(120)
         for k, spec in enumerate(args.transports.split(",")):
             transport, _, mode = spec.partition(":")
-            target = pool if mode == "relay" else client
+            target = pool if mode in ("relay", "pool") else client
             if target is None:
-                raise SystemExit(f"--transports {spec}: a relayed push needs --relay-to")
+                raise SystemExit(f"--transports {spec}: a pool push needs --relay-to")
             t0 = time.monotonic()
             r = dist.push_weights(
-                target, model, args.version + k, dtype=args.dtype, transport=transport
+                target,
+                model,
+                args.version + k,
+                dtype=args.dtype,
+                transport=transport,
+                relay="chain" if mode == "relay" else "off",
             )
             pushes.append(
                 {
-                    "transport": r.transport + (" + relay" if mode == "relay" else ""),
-                    "samplers": 1 + len(relay_to) if mode == "relay" else 1,
+                    "transport": r.transport + (f" + {mode}" if mode else ""),
+                    "samplers": 1 + len(relay_to) if mode else 1,
                     "ok": r.ok,
                     "version": r.version,
                     "message": r.message,

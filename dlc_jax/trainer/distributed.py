@@ -287,13 +287,14 @@ def push_weights(
     dtype: str = "float32",
     chunk_bytes: int = 16 << 20,
     transport: str = "grpc",
+    relay: str | None = None,
 ) -> PushResult:
     """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool).
 
     Single process: a plain push (`transport` and the pool's relay as configured). Several
     processes: a collective -- every process sends its own deduplicated shards over `transport`
-    and process 0 commits (`shard_push.push_shards`; no relay); every process returns the same
-    (ok, version) and a pool has the same rotation everywhere."""
+    and process 0 commits (`shard_push.push_shards`; `relay`: None = the pool's); every process
+    returns the same (ok, version) and a pool has the same rotation everywhere."""
     if jax.process_count() == 1:
         return sampler.push_model(
             model, version, dtype=dtype, chunk_bytes=chunk_bytes, transport=transport
@@ -301,5 +302,11 @@ def push_weights(
     from .shard_push import push_shards
 
     return push_shards(
-        sampler, model, version, dtype=dtype, chunk_bytes=chunk_bytes, transport=transport
+        sampler,
+        model,
+        version,
+        dtype=dtype,
+        chunk_bytes=chunk_bytes,
+        transport=transport,
+        relay=relay,
     )

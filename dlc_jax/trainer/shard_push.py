@@ -112,7 +112,9 @@ def push_shards(
     rounds = _Rounds(clients, model, version, dtype, chunk_bytes, transport)
     t0 = time.monotonic()
     if relay != "off" and len(targets) > 1:
-        results = _relayed(rounds, targets, group, fanout_of(relay, len(targets)))
+        assert pool is not None  # several targets: a pool
+        fanout = fanout_of(relay, len(targets))
+        results = _relayed(rounds, targets, group, fanout, pool.probe_timeout)
     else:
         results = rounds.run(targets, group)
     seconds = time.monotonic() - t0
@@ -211,7 +213,9 @@ class _Rounds:
         return results
 
 
-def _relayed(rounds: _Rounds, targets: list[int], group: str, fanout: int) -> dict[int, PushResult]:
+def _relayed(
+    rounds: _Rounds, targets: list[int], group: str, fanout: int, probe_timeout: float
+) -> dict[int, PushResult]:
     """Every process sends its part to the first target only, which forwards each assembled tensor
     along the others (`relay_to`); targets the relay did not reach (and that do not already serve
     the version) get a direct round. Collective; the same results on every process."""
@@ -230,7 +234,7 @@ def _relayed(rounds: _Rounds, targets: list[int], group: str, fanout: int) -> di
                 rows[k] = (1, sub.version)
                 continue
             try:  # e.g. the head failed its own swap after its children committed
-                v = rounds.clients[i].info(timeout=10.0, retry=NO_RETRY)["version"]
+                v = rounds.clients[i].info(timeout=probe_timeout, retry=NO_RETRY)["version"]
             except grpc.RpcError:
                 v = -1
             rows[k] = (1, v) if v == rounds.version else (0, -1)
