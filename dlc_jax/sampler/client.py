@@ -25,7 +25,7 @@ import dataclasses
 import json
 import socket
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -233,6 +233,31 @@ class SamplerClient:
                 return PushResult(False, v, e.details() or "", code=e.code().name)
             raise
 
+    def push_with_data(
+        self, messages: Callable[[Callable[[int, memoryview], None], str], Iterable]
+    ) -> PushResult:
+        """A push over the socket data plane: open a data connection to the server's data port
+        under a fresh push id, send the stream ``messages(send_data, push_id)`` (its header names
+        data_plane "socket" and that push id; ``send_data(tensor_index, bytes)`` writes raw bytes
+        to the connection), then close the connection. Rejections come back as ok=False."""
+        if self.tls:
+            raise ValueError(
+                "push transport 'socket' is plaintext raw TCP and is refused on a TLS channel; "
+                "use transport='grpc' (or no TLS on loopback / a trusted network)"
+            )
+        push_id = uuid.uuid4().hex
+        sock = self._open_data(push_id)
+        try:
+            return self.push_messages(
+                messages(lambda i, buf: self._send_data(sock, i, buf), push_id)
+            )
+        finally:
+            try:  # also wakes a sendall blocked on a server that gave up
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
     def push_weights(
         self,
         named_tensors,
@@ -348,27 +373,20 @@ class SamplerClient:
                 src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum, **relay_kw
             )
             return dataclasses.replace(self.push_messages(stream), egress_bytes=sent[0])
-        push_id = uuid.uuid4().hex
-        sock = self._open_data(push_id)
-        try:
-            stream = weight_messages(
+        r = self.push_with_data(
+            lambda send_data, push_id: weight_messages(
                 src.open(),
                 src.names_shapes,
                 version,
                 dtype,
                 chunk_bytes,
                 checksum,
-                send_data=lambda i, buf: self._send_data(sock, i, buf),
+                send_data=send_data,
                 push_id=push_id,
                 **relay_kw,
             )
-            return dataclasses.replace(self.push_messages(stream), egress_bytes=sent[0])
-        finally:
-            try:  # also wakes a sendall blocked on a server that gave up
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
+        )
+        return dataclasses.replace(r, egress_bytes=sent[0])
 
     def push_model(
         self,

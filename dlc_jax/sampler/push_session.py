@@ -126,6 +126,7 @@ async def receive(
                 stager.slice(msg.slice)
             elif kind == "commit":
                 if reading is not None:
+                    stager.end_data()  # a sliced part's reader stops after the announced slices
                     left = max(deadline - loop.time(), 0.001)
                     try:
                         await asyncio.wait_for(asyncio.shield(reading), left)
@@ -148,6 +149,7 @@ async def receive(
                 await asyncio.shield(writing)
             except Exception:  # noqa: BLE001 - the push is discarded by the caller anyway
                 pass
+        stager.end_data()  # stops a sliced part's reader waiting for the next announced slice
         if conn is not None:  # stops a reader still blocked on the data socket
             try:
                 conn.shutdown(socket.SHUT_RDWR)

@@ -22,7 +22,7 @@ import time
 import grpc
 import numpy as np
 
-from . import adapter_push, chunk_wire, data_plane, push_session, relay, sliced_push
+from . import adapter_push, chunk_wire, data_plane, push_group, push_session, relay, sliced_push
 from . import sampler_pb2 as pb
 from . import sampler_pb2_grpc as pb_grpc
 from .backends.base import SamplerBackend
@@ -49,7 +49,7 @@ class SamplerService(pb_grpc.SamplerServicer):
         self.queue_depth = 0
         self.last_push_message = ""
         self.data_listener: data_plane.DataPlaneListener | None = None  # set by SamplerServer.start
-        self._group = sliced_push.PendingGroup()  # a sliced push between its part streams
+        self._group = push_group.PendingGroup()  # a sliced push between its part streams
         # memory staging: superseded staging files stay mapped for the next push (warm_staging)
         self.warm_staging = (
             WarmStaging() if cfg.push_staging == "memory" and cfg.push_staging_warm else None
@@ -299,8 +299,11 @@ class SamplerService(pb_grpc.SamplerServicer):
 
     async def _push_sliced(self, header, it, deadline: float, context, t0: float):
         """One part of a sliced push (staged into the pending group), or the group's commit
-        (applied only when complete; see `sliced_push`). Any failure discards the group."""
+        (applied only when complete; see `sliced_push`). Any failure discards the group. Parts
+        with `relay_to`: every tensor, once all its slices are verified, is forwarded as a plain
+        relayed push (`relay`) whose children commit with the group and are cut if it fails."""
         group = header.push_group
+        outcomes: list[pb.RelayOutcome] = []  # the group's relay (group commit)
         try:
             if header.group_commit:
                 msg = await push_session.next_message(it, deadline, self.cfg, "Commit")
@@ -309,17 +312,19 @@ class SamplerService(pb_grpc.SamplerServicer):
                         grpc.StatusCode.INVALID_ARGUMENT, "a group commit is a header then Commit"
                     )
                 stager = self._group.take(header, self.backend.version)
+                loop = asyncio.get_running_loop()
                 try:
-                    path = await asyncio.get_running_loop().run_in_executor(
-                        self._io_pool, stager.apply
-                    )
+                    path = await loop.run_in_executor(self._io_pool, stager.apply)
                     assert stager.version is not None
                     swap = asyncio.ensure_future(
                         self._swap(path, stager.version, owned=True, load=stager.load)
                     )
                 except BaseException:
-                    stager.discard()
+                    stager.discard()  # also cuts its relay
                     raise
+                forward = stager.take_relay()  # verified here: the children commit meanwhile
+                if forward is not None:
+                    relayed = loop.run_in_executor(None, forward.finish, True)
                 try:
                     await asyncio.shield(swap)
                 except asyncio.CancelledError:  # client went away during the swap: finish it
@@ -328,6 +333,8 @@ class SamplerService(pb_grpc.SamplerServicer):
                 except PushError:  # not applied (previous weights restored)
                     stager.discard()
                     raise
+                if forward is not None:
+                    outcomes = await relayed
                 self.counters["pushes"] += 1
                 self.last_push_message = (
                     f"version {stager.version} applied from {stager.parts} parts"
@@ -337,8 +344,21 @@ class SamplerService(pb_grpc.SamplerServicer):
                 new = lambda: self._stager(sliced_push.SlicedStager)  # noqa: E731
                 stager = self._group.stager_for(header, new)
                 before = stager.bytes_received
+                if header.relay_to:
+                    memory = self.cfg.push_staging == "memory"
+                    relay.check_relay(header, memory, self.cfg.tls_cert is not None)
+
+                def start_relay() -> None:  # the group's first part: forward it from here on
+                    if stager.relay is None:
+                        token = relay.bearer_token(context.invocation_metadata())
+                        fwd = relay.RelayForward(
+                            header, stager.tensor_view, token, timeout=self.cfg.push_max_s
+                        )
+                        stager.start_relay(fwd)
+
                 await push_session.receive(
-                    stager, header, it, deadline, self.cfg, self._io_pool, None,
+                    stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener,
+                    after_header=start_relay if header.relay_to else None,
                     on_commit=stager.end_part,
                 )  # fmt: skip
                 n = stager.bytes_received - before
@@ -355,6 +375,7 @@ class SamplerService(pb_grpc.SamplerServicer):
             message=self.last_push_message,
             bytes=n,
             seconds=time.perf_counter() - t0,
+            relayed=outcomes,
         )
 
     async def LoadWeights(self, request, context):

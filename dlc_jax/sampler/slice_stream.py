@@ -3,8 +3,10 @@
 `part_messages` is the PushWeights stream of one part: the header (all tensors, plus the group
 fields), then for each slice this sender owns a `WeightSlice` (tensor index, box), the slice's
 C-order bytes in chunks (`chunk_wire.encode_chunk`, offsets inside the slice) and a `TensorDone`
-with the CRC-32C of exactly those bytes, then Commit (which ends the part). `commit_messages` is the
-coordinator's stream that applies the group. Both go through `SamplerClient.push_messages`.
+with the CRC-32C of exactly those bytes, then Commit (which ends the part). On the socket data plane
+(`send_data`, `SamplerClient.push_with_data`) each slice's bytes go over the part's data connection
+right after its `WeightSlice` instead of as chunks. `commit_messages` is the coordinator's stream
+that applies the group. Both go through `SamplerClient.push_messages`.
 """
 
 from __future__ import annotations
@@ -34,12 +36,26 @@ def part_messages(
     parts: int,
     chunk_bytes: int = 16 << 20,
     on_sent: Callable[[int], None] | None = None,
+    send_data: Callable[[int, memoryview], None] | None = None,
+    push_id: str = "",
+    relay_to: Sequence[str] = (),
+    relay_fanout: int = 1,
 ) -> Iterator:
     """One part's stream (see the module docstring). Each slice is converted to `dtype` (C order);
-    its shape must be stop - start. ``on_sent(n)``: called with each slice's byte count."""
+    its shape must be stop - start. ``on_sent(n)``: called with each slice's byte count once handed
+    to the transport. ``send_data(tensor_index, bytes)`` / ``push_id``: the socket data plane (a
+    data connection the server dropped stops the sending; the server says why it rejects).
+    ``relay_to`` / ``relay_fanout``: the samplers the receiver forwards the assembled tensors to
+    (the same in every part of the group; `relay`)."""
     header = weight_header(names_shapes, version, dtype, "crc32c")
     header.push_group, header.push_part, header.push_parts = group, int(part), int(parts)
+    if send_data is not None:
+        header.data_plane, header.data_push_id = "socket", push_id
+    if relay_to:
+        header.relay_to.extend(relay_to)
+        header.relay_fanout = int(relay_fanout)
     yield pb.WeightMessage(header=header)
+    data_failed = False
     np_dtype = st.NP_DTYPES[dtype]
     index = {n: i for i, (n, _) in enumerate(names_shapes)}
     for name, start, stop, arr in slices:
@@ -59,10 +75,16 @@ def part_messages(
             )
         )
         buf = a.reshape(-1).view(np.uint8).data
-        for off in range(0, len(buf), chunk_bytes):
-            yield chunk_wire.encode_chunk(i, off, buf[off : off + chunk_bytes])
+        if send_data is None:
+            for off in range(0, len(buf), chunk_bytes):
+                yield chunk_wire.encode_chunk(i, off, buf[off : off + chunk_bytes])
+        elif not data_failed:
+            try:
+                send_data(i, buf)
+            except OSError:  # keep the control stream going: the server says why it rejects
+                data_failed = True
         yield pb.WeightMessage(done=pb.TensorDone(tensor_index=i, crc32c=crc32c.crc32c(buf)))
-        if on_sent is not None:
+        if on_sent is not None and not data_failed:
             on_sent(len(buf))
         del a, buf
     yield pb.WeightMessage(commit=pb.Commit())

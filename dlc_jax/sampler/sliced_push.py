@@ -9,28 +9,41 @@ slice), then a `TensorDone` with the checksum of exactly those bytes. The part's
 the part. A last stream from the coordinator, header {push_group, push_parts, group_commit} then
 Commit, applies the group.
 
+Socket data plane (a part whose header has data_plane "socket" and a `data_push_id`, as a plain
+push's, `data_plane`): the stream carries the `WeightSlice` announcements, `TensorDone` trailers and
+Commit; each announced slice's bytes follow, in announcement order with no framing, on the part's
+own data connection. The reader (`read_socket`, the push's I/O thread) takes the announced slices in
+order, receives each one's bytes, checksums and finite-checks them, waits for its trailer and only
+then scatters it into the staged tensor. Each part chooses its plane; parts of one group may mix.
+
 Checks: a slice must lie inside its tensor and must not overlap any slice of the same tensor
 received before (in any part), checked as soon as the slice is announced; its bytes must match its
 checksum and be finite before they are written into the staged tensor. The group is applied only
 when every part ended cleanly and every tensor is covered exactly (the boxes' volumes add up to the
 tensor's: with no overlap and all in bounds, that is an exact tiling). Any failure discards the
-whole group (the old weights keep serving); later parts of a failed group are refused.
+whole group (the old weights keep serving); later parts of a failed group are refused (the group
+between its part streams: `push_group.PendingGroup`).
 
 Staging: `SlicedStager` is a `WeightStager` that always memory-maps its staging file (memory or file
 mode alike) so that a slice is scattered into the tensor with one strided copy; in memory mode each
 tensor is handed to the engine's load as soon as its last slice landed, as in a plain push.
+
+Relay: parts whose header lists `relay_to` (memory staging) make this sampler forward each tensor,
+once all its slices are verified, as a plain relayed push (`relay.RelayForward`, started at the
+group's first part); the children commit with the group commit and are cut when the group fails.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import logging
 import math
 import mmap
 import os
 import pathlib
-from collections.abc import Callable, Sequence
+import socket
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -40,8 +53,6 @@ from . import safetensors_io as st
 from . import sampler_pb2 as pb
 from .staging import WeightStager
 from .weight_checks import Crc32c, FiniteCheck, PushError
-
-log = logging.getLogger(__name__)
 
 _BAD = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -87,15 +98,18 @@ class SliceTiling:
 
 
 class _OpenSlice:
-    """The slice being received: its box, a buffer for its bytes, and their running checks."""
+    """A slice being received: its box, a buffer for its bytes (made when they start arriving),
+    their running checks, and (socket plane) its trailer once the stream delivered it."""
 
     def __init__(self, index: int, start: tuple[int, ...], stop: tuple[int, ...], spec, algo: str):
         self.index, self.start, self.stop = index, start, stop
         self.elements = math.prod(hi - lo for lo, hi in zip(start, stop))
-        self.buf = bytearray(self.elements * st.NP_DTYPES[spec.dtype].itemsize)
+        self.nbytes = self.elements * st.NP_DTYPES[spec.dtype].itemsize
+        self.buf = bytearray()
         self.got = 0
         self.hash: Any = hashlib.sha256() if algo == "sha256" else Crc32c()
         self.finite = FiniteCheck(spec.dtype)
+        self.trailer: pb.TensorDone | None = None
 
 
 class SlicedStager(WeightStager):
@@ -111,7 +125,12 @@ class SlicedStager(WeightStager):
         self._part: int | None = None  # the part whose stream is being received
         self._fingerprint: bytes = b""
         self._tilings: list[SliceTiling] = []
-        self._open: _OpenSlice | None = None
+        self._open: _OpenSlice | None = None  # announced on the stream, its TensorDone not yet in
+        # socket plane: slices announced whose bytes the reader has not taken yet; `_data_end` is
+        # set at the part's Commit or when it fails (the reader stops after the announced slices)
+        self._cv = threading.Condition()
+        self._announced: collections.deque[_OpenSlice] = collections.deque()
+        self._data_end = False
 
     # -- header -----------------------------------------------------------------------------
     def header(self, h: pb.WeightHeader) -> None:
@@ -119,10 +138,9 @@ class SlicedStager(WeightStager):
             raise PushError(_BAD, "a sliced push part needs push_group and push_parts > 0")
         if not 0 <= h.push_part < h.push_parts:
             raise PushError(_BAD, f"push_part {h.push_part} not in [0, {h.push_parts})")
-        if h.relay_to or (h.data_plane or "grpc") != "grpc":
-            raise PushError(
-                _BAD, "a sliced push part comes as gRPC chunks only (no relay, no data plane)"
-            )
+        plane = h.data_plane or "grpc"
+        if plane not in ("grpc", "socket"):
+            raise PushError(_BAD, f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
         if self._part is not None:
             raise PushError(_BAD, "second header in one push")
         fingerprint = pb.WeightHeader(
@@ -132,6 +150,8 @@ class SlicedStager(WeightStager):
             checksum=h.checksum,
             push_group=h.push_group,
             push_parts=h.push_parts,
+            relay_to=h.relay_to,
+            relay_fanout=h.relay_fanout,
         ).SerializeToString(deterministic=True)
         if self.dir is None:  # the group's first part: the header's checks, the staging file
             super().header(h)
@@ -147,11 +167,16 @@ class SlicedStager(WeightStager):
             raise PushError(
                 _BAD,
                 f"push group {h.push_group!r} part {h.push_part}: header differs from the "
-                "group's first part (version, dtype, checksum, tensors and part count must match)",
+                "group's first part (version, dtype, checksum, tensors, part count and relay "
+                "must match)",
             )
         if h.push_part in self.parts_done:
             raise PushError(_BAD, f"push group {self.group!r}: part {h.push_part} sent twice")
         self._part = int(h.push_part)
+        self.data_plane = plane  # this part's plane (push_session claims its data connection)
+        with self._cv:
+            self._announced.clear()
+            self._data_end = False
 
     # -- slices -----------------------------------------------------------------------------
     def slice(self, m: pb.WeightSlice) -> None:
@@ -162,7 +187,14 @@ class SlicedStager(WeightStager):
             )
         self._tilings[m.tensor_index].add(m.start, m.stop)
         start, stop = tuple(int(x) for x in m.start), tuple(int(x) for x in m.stop)
-        self._open = _OpenSlice(m.tensor_index, start, stop, s, self.checksum)
+        o = _OpenSlice(m.tensor_index, start, stop, s, self.checksum)
+        self._open = o
+        if self.data_plane == "socket":  # its bytes come on the data connection (`read_socket`)
+            with self._cv:
+                self._announced.append(o)
+                self._cv.notify_all()
+        else:
+            o.buf = bytearray(o.nbytes)
 
     def _slice_of(self, i: int, what: str) -> _OpenSlice:
         s = self._spec(i)
@@ -173,6 +205,10 @@ class SlicedStager(WeightStager):
 
     def chunk(self, c) -> None:
         o = self._slice_of(c.tensor_index, "chunk")
+        if self.data_plane == "socket":
+            raise PushError(
+                _BAD, "WeightChunk in a sliced part whose bytes come over the socket data plane"
+            )
         n = len(c.data)
         if c.offset != o.got or o.got + n > len(o.buf):
             raise PushError(
@@ -188,11 +224,21 @@ class SlicedStager(WeightStager):
 
     def done(self, d: pb.TensorDone) -> None:
         o = self._slice_of(d.tensor_index, "TensorDone")
+        self._open = None
+        if self.data_plane == "socket":  # the reader verifies it once its bytes are in too
+            with self._cv:
+                o.trailer = d
+                self._cv.notify_all()
+            return
+        self._finish(o, d)
+
+    def _finish(self, o: _OpenSlice, d: pb.TensorDone) -> None:
+        """All of slice `o`'s bytes are in and `d` is its trailer: check, then scatter it."""
         s = self.specs[o.index]
         where = f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)})"
-        if o.got != len(o.buf):
+        if o.got != o.nbytes:
             raise PushError(
-                grpc.StatusCode.DATA_LOSS, f"{where}: received {o.got} of {len(o.buf)} bytes"
+                grpc.StatusCode.DATA_LOSS, f"{where}: received {o.got} of {o.nbytes} bytes"
             )
         if self.checksum == "sha256":
             ok = bool(d.sha256) and d.sha256.lower() == o.hash.hexdigest()
@@ -205,11 +251,57 @@ class SlicedStager(WeightStager):
         if not o.finite.ok:
             raise PushError(_BAD, f"{where}: contains NaN or Inf values (push refused)")
         self._scatter(o)
-        self._open = None
+        o.buf = bytearray()
         t = self._tilings[o.index]
         t.covered += o.elements
         if t.complete:
             self._tensor_complete(o.index)
+
+    # -- socket data plane ------------------------------------------------------------------
+    def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
+        """Socket part: the bytes of every announced slice, in announcement order, from `conn`
+        (module docstring); returns once `end_data` was called and every announced slice is
+        verified and staged. Blocking (the push's I/O thread; closing `conn` stops it). Raises
+        PushError."""
+        if self.dir is None or self.data_plane != "socket":
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
+            )
+        while (o := self._next_announced()) is not None:
+            s = self.specs[o.index]
+            o.buf = bytearray(o.nbytes)
+            view = memoryview(o.buf)
+            while o.got < o.nbytes:
+                want = min(piece, o.nbytes - o.got)
+                k = self._recv(conn, view[o.got : o.got + want], s.name, o.got, o.nbytes)
+                o.hash.update(view[o.got : o.got + k])
+                o.finite.update(view[o.got : o.got + k])
+                o.got += k
+                self.bytes_received += k
+            del view
+            with self._cv:
+                while o.trailer is None and not self._data_end:
+                    self._cv.wait()
+            if o.trailer is None:
+                raise PushError(
+                    _BAD,
+                    f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)}): part ended "
+                    "without its TensorDone",
+                )
+            self._finish(o, o.trailer)
+
+    def _next_announced(self) -> _OpenSlice | None:
+        with self._cv:
+            while not self._announced and not self._data_end:
+                self._cv.wait()
+            return self._announced.popleft() if self._announced else None
+
+    def end_data(self) -> None:
+        """The part's stream ended (Commit) or failed: the socket reader stops after the slices
+        announced so far."""
+        with self._cv:
+            self._data_end = True
+            self._cv.notify_all()
 
     def _scatter(self, o: _OpenSlice) -> None:
         """Copy the slice's bytes into its box of the mapped tensor (as unsigned ints: a plain
@@ -226,9 +318,36 @@ class SlicedStager(WeightStager):
 
     def _tensor_complete(self, i: int) -> None:
         self._received[i] = int(self.specs[i].nbytes)
-        if not self._sent[i] and self._loader is not None:  # memory mode: load it now
+        if not self._sent[i]:
             self._sent[i] = True
-            self._loader.put(i)
+            if self._loader is not None:  # memory mode: load it now
+                self._loader.put(i)
+            if self.relay is not None:  # and forward it (its slices all verified)
+                self.relay.verified(i)
+
+    # -- relay ------------------------------------------------------------------------------
+    def start_relay(self, forward) -> None:
+        """Forward every tensor, once all its slices are verified, through `forward` (a
+        `relay.RelayForward` made at the group's first part; the ones complete already now)."""
+        self.relay = forward
+        for i, done in enumerate(self._sent):
+            if done:
+                forward.verified(i)
+
+    def take_relay(self):
+        """The group's relay, no longer cut by `discard` (the caller finishes it)."""
+        forward, self.relay = self.relay, None
+        return forward
+
+    def discard(self) -> None:
+        """Drop the group; its relay (if any) is cut, so every sampler it forwards to drops the
+        push too (in the background: never blocks the caller)."""
+        forward = self.take_relay()
+        if forward is not None:
+            threading.Thread(
+                target=forward.finish, args=(False,), name="push-relay-cut", daemon=True
+            ).start()
+        super().discard()
 
     # -- end of a part, end of the group ----------------------------------------------------
     def end_part(self) -> None:
@@ -263,64 +382,3 @@ class SlicedStager(WeightStager):
         os.close(self._fd)
         self._fd = -1
         return self.dir
-
-
-class PendingGroup:
-    """The server's one push group being received (between part streams), and the ids of groups
-    that failed (their later parts are refused)."""
-
-    def __init__(self) -> None:
-        self.stager: SlicedStager | None = None
-        self.failed: collections.deque[str] = collections.deque(maxlen=64)
-
-    def drop(self, reason: str) -> None:
-        if self.stager is not None:
-            log.warning("push group %r discarded: %s", self.stager.group, reason)
-            self.failed.append(self.stager.group)
-            self.stager.discard()
-            self.stager = None
-
-    def stager_for(self, h: pb.WeightHeader, make: Callable[[], SlicedStager]) -> SlicedStager:
-        """The group's stager for a part's header (a new one for a new group, which supersedes a
-        pending group)."""
-        if h.push_group in self.failed:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"push group {h.push_group!r} was discarded (a part failed or it was superseded)",
-            )
-        if self.stager is not None and self.stager.group != h.push_group:
-            self.drop(f"superseded by push group {h.push_group!r}")
-        if self.stager is None:
-            self.stager = make()
-        return self.stager
-
-    def fail(self, group: str, reason: str) -> None:
-        if self.stager is not None and self.stager.group == group:
-            self.drop(reason)
-        elif group:
-            self.failed.append(group)
-
-    def take(self, h: pb.WeightHeader, serving_version: int) -> SlicedStager:
-        """The pending group named by a group-commit header, removed from pending (the caller
-        applies or discards it)."""
-        s = self.stager
-        if s is None or s.group != h.push_group:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"group commit: push group {h.push_group!r} is not pending here",
-            )
-        self.stager = None
-        if h.version != s.version or h.push_parts != s.parts:
-            s.discard()
-            raise PushError(
-                _BAD,
-                f"group commit: version {h.version} / {h.push_parts} parts do not match the "
-                f"group's {s.version} / {s.parts}",
-            )
-        if s.version is None or s.version <= serving_version:
-            s.discard()
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale version {s.version}: server already serves version {serving_version}",
-            )
-        return s

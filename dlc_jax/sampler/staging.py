@@ -272,6 +272,11 @@ class WeightStager:
                 if self._trailer[i] is not None:
                     self._verify(i, s)
 
+    def end_data(self) -> None:
+        """The push's stream reached Commit or failed. Nothing to do here (`read_socket` knows
+        every tensor's size from the header); a sliced part's reader stops on it
+        (`sliced_push.SlicedStager.end_data`)."""
+
     def _recv(self, conn: socket.socket, into: memoryview, name: str, got: int, n: int) -> int:
         try:
             k = conn.recv_into(into, len(into), socket.MSG_WAITALL)

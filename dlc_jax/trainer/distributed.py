@@ -30,9 +30,10 @@ host and adds a broadcast of variable-length data every step.
 Resync push (`push_weights`): a collective -- every process must call it at the same point. No
 tensor is gathered: every process streams the slices of each HF tensor it holds (replica 0 of each
 distinct shard, so each element goes once) as one part of a push group, and process 0 commits the
-group once every part was accepted (`shard_push`). The outcome (ok, version, and for a
-`SamplerPool` the rotation) is broadcast from process 0 so that every process takes the same
-snapshot/resync decision and routes rollouts to the same samplers.
+group once every part was accepted (`shard_push`; gRPC chunks or the socket data plane, as
+`sampler.push_transport` says). The outcome (ok, version, and for a `SamplerPool` the rotation) is
+broadcast from process 0 so that every process takes the same snapshot/resync decision and routes
+rollouts to the same samplers.
 """
 
 from __future__ import annotations
@@ -286,17 +287,26 @@ def push_weights(
     dtype: str = "float32",
     chunk_bytes: int = 16 << 20,
     transport: str = "grpc",
+    relay: str | None = None,
 ) -> PushResult:
     """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool).
 
     Single process: a plain push (`transport` and the pool's relay as configured). Several
-    processes: a collective -- every process sends its own deduplicated shards and process 0
-    commits (`shard_push.push_shards`; gRPC, no relay); every process returns the same (ok,
-    version) and a pool has the same rotation everywhere."""
+    processes: a collective -- every process sends its own deduplicated shards over `transport`
+    and process 0 commits (`shard_push.push_shards`; `relay`: None = the pool's); every process
+    returns the same (ok, version) and a pool has the same rotation everywhere."""
     if jax.process_count() == 1:
         return sampler.push_model(
             model, version, dtype=dtype, chunk_bytes=chunk_bytes, transport=transport
         )
     from .shard_push import push_shards
 
-    return push_shards(sampler, model, version, dtype=dtype, chunk_bytes=chunk_bytes)
+    return push_shards(
+        sampler,
+        model,
+        version,
+        dtype=dtype,
+        chunk_bytes=chunk_bytes,
+        transport=transport,
+        relay=relay,
+    )

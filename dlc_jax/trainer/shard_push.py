@@ -14,10 +14,19 @@ group (`dlc_jax.sampler.slice_stream`) to every in-rotation sampler, concurrentl
 slices, `fanout.fan_out`); the part outcomes are all-gathered; process 0 then commits the group on
 the samplers where every part was accepted (the sampler applies it only if all parts arrived and
 every tensor's slices tile it exactly, `dlc_jax.sampler.sliced_push`) and broadcasts the outcome,
-so every process returns the same result and a pool settles the same rotation everywhere. Sliced
-pushes go as gRPC chunks, directly to each sampler (no socket data plane, no relay); the target
-samplers are process 0's choice (a pool's rotation, plus reachable out-of-rotation samplers when it
-readmits).
+so every process returns the same result and a pool settles the same rotation everywhere. Parts go
+as gRPC chunks or over the socket data plane (`transport`: "socket", or "auto" where the sampler
+offers a data port and the channel is plaintext; each process opens its own data connection per
+sampler and chooses its plane itself). The target samplers are process 0's choice (a pool's
+rotation, plus reachable out-of-rotation samplers when it readmits).
+
+Relay (`relay`, a pool's `sampler.push_relay`; `_relayed`): with several targets every process sends
+its part to the first one only, with `relay_to` = the others; that sampler assembles the group and
+forwards each tensor along them as it completes (`dlc_jax.sampler.relay`), and they commit with the
+group. Process 0 reads the outcomes from the group commit's answer, probes the samplers missing from
+it (one already at the version is kept) and broadcasts them; the rest get a direct round (every
+process sends its part to each of them). Trainer egress summed over processes: one model, whatever
+the number of samplers.
 """
 
 from __future__ import annotations
@@ -28,11 +37,14 @@ import threading
 import time
 from collections.abc import Iterator
 
+import grpc
 import jax
 import numpy as np
 
 from dlc_jax.sampler.fanout import fan_out, run_each
-from dlc_jax.sampler.pool import SamplerPool
+from dlc_jax.sampler.pool import RELAY_MODES, SamplerPool
+from dlc_jax.sampler.pool_relay import fanout_of
+from dlc_jax.sampler.retry import NO_RETRY
 from dlc_jax.sampler.rotation import NoActiveSamplerError
 from dlc_jax.sampler.safetensors_io import NP_DTYPES
 from dlc_jax.sampler.slice_stream import Slice, commit_messages, part_messages
@@ -60,25 +72,36 @@ def local_slices(model, dtype: str = "float32") -> Iterator[Slice]:
 
 
 def push_shards(
-    sampler, model, version: int, *, dtype: str = "float32", chunk_bytes: int = 16 << 20
+    sampler,
+    model,
+    version: int,
+    *,
+    dtype: str = "float32",
+    chunk_bytes: int = 16 << 20,
+    transport: str = "grpc",
+    relay: str | None = None,
 ) -> PushResult:
     """Push `model` as weight `version` from every process's own shards (module docstring).
-    Collective. `sampler`: a SamplerClient or SamplerPool. The result's `egress_bytes`: tensor
-    bytes this process sent (all samplers together)."""
+    Collective. `sampler`: a SamplerClient or SamplerPool; `transport`: "grpc", "socket" or
+    "auto" (decided per sampler); `relay`: "off", "chain", "tree" or "auto" (None: the pool's
+    `relay`). The result's `egress_bytes`: tensor bytes this process sent (all samplers
+    together); its `transport`: the plane(s) this process's parts used."""
     from jax.experimental import multihost_utils
 
-    from dlc_jax.model import hf_param_shapes
-
+    if transport not in ("grpc", "socket", "auto"):
+        raise ValueError(f"push transport must be 'grpc', 'socket' or 'auto', got {transport!r}")
     pool = sampler if isinstance(sampler, SamplerPool) else None
     if pool is None and not hasattr(sampler, "push_messages"):
         raise TypeError(
             f"sampler.backend: a multi-host push needs gRPC samplers, not {type(sampler).__name__}"
         )
+    relay = (pool.relay if pool is not None else "off") if relay is None else relay
+    if relay not in RELAY_MODES:
+        raise ValueError(f"push relay must be one of {RELAY_MODES}, got {relay!r}")
     clients = list(pool.clients) if pool is not None else [sampler]
-    nproc, me = jax.process_count(), jax.process_index()
     targets = [0]
     if pool is not None:  # process 0's choice (in rotation, or reachable when the pool readmits)
-        mine = set(pool._push_targets()) if me == 0 else set()
+        mine = set(pool._push_targets()) if jax.process_index() == 0 else set()
         mask = np.asarray([int(i in mine) for i in range(len(clients))], np.int32)
         mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
         targets = [i for i, a in enumerate(mask) if a]
@@ -86,59 +109,142 @@ def push_shards(
             raise NoActiveSamplerError(pool.rot.why_none())
     gid = np.asarray(secrets.randbits(62), np.int64)
     group = f"{int(np.asarray(multihost_utils.broadcast_one_to_all(gid))):016x}-v{version}"
-    names_shapes = list(hf_param_shapes(model.config).items())
-    lock, sent = threading.Lock(), [0]
-
-    def count(n: int) -> None:
-        with lock:
-            sent[0] += n
-
-    def push(c, items) -> PushResult:
-        stream = part_messages(
-            items,
-            names_shapes,
-            version,
-            dtype,
-            group=group,
-            part=me,
-            parts=nproc,
-            chunk_bytes=chunk_bytes,
-            on_sent=count,
-        )
-        return c.push_messages(stream)
-
+    rounds = _Rounds(clients, model, version, dtype, chunk_bytes, transport)
     t0 = time.monotonic()
-    parts = fan_out({i: clients[i] for i in targets}, local_slices(model, dtype), push, 2)
-    accepted = np.asarray([int(parts[i].ok) for i in targets], np.int32)
-    every = np.asarray(multihost_utils.process_allgather(accepted)).reshape(nproc, len(targets))
-    commits: dict[int, PushResult] = {}
-    if me == 0:
-        ready = {i: clients[i] for i, a in zip(targets, every.min(axis=0)) if a}
-        if ready:
-            commits = run_each(
-                ready, lambda c: c.push_messages(commit_messages(version, group, nproc))
-            )
-    rows = [[int(commits[i].ok), commits[i].version] if i in commits else [0, -1] for i in targets]
-    outcome = np.asarray(rows, np.int64)
-    outcome = np.asarray(multihost_utils.broadcast_one_to_all(outcome)).reshape(len(targets), 2)
-    results: dict[int, PushResult] = {}
-    for k, i in enumerate(targets):
-        ok, ver = bool(outcome[k, 0]), int(outcome[k, 1])
-        failed = [p for p in range(nproc) if not every[p, k]]
-        if failed:
-            why = f"parts of processes {failed} were refused"
-            own = parts[i].message if me in failed else ""
-            msg = f"{why}{': ' + own if own else ''}; group not committed"
-        elif i in commits:
-            msg = commits[i].message
-        else:
-            msg = f"committed by process 0: {'ok' if ok else 'refused'}"
-        results[i] = PushResult(
-            ok, ver if ok else -1, msg, bytes=parts[i].bytes, code="OK" if ok else "ABORTED"
-        )
+    if relay != "off" and len(targets) > 1:
+        assert pool is not None  # several targets: a pool
+        fanout = fanout_of(relay, len(targets))
+        results = _relayed(rounds, targets, group, fanout, pool.probe_timeout)
+    else:
+        results = rounds.run(targets, group)
     seconds = time.monotonic() - t0
     if pool is not None:
         out = pool.rot.settle(results, version, seconds)
     else:
         out = dataclasses.replace(results[0], seconds=seconds)
-    return dataclasses.replace(out, egress_bytes=sent[0], transport="grpc")
+    planes = "+".join(sorted(rounds.planes))
+    return dataclasses.replace(out, egress_bytes=rounds.sent, transport=planes)
+
+
+class _Rounds:
+    """Sliced pushes of one model version, each a collective over every process: `run` streams
+    this process's slices as one part to each target and process 0 commits (`push_shards`)."""
+
+    def __init__(self, clients, model, version, dtype, chunk_bytes, transport):
+        self.clients, self.model, self.version = clients, model, version
+        self.dtype, self.chunk_bytes, self.transport = dtype, chunk_bytes, transport
+        from dlc_jax.model import hf_param_shapes
+
+        self.names_shapes = list(hf_param_shapes(model.config).items())
+        self.sent = 0  # tensor bytes this process handed to a transport, every round
+        self.planes: set[str] = set()
+        self._lock = threading.Lock()
+        self.commits: dict[int, PushResult] = {}  # process 0: the last round's commit results
+
+    def _count(self, n: int) -> None:
+        with self._lock:
+            self.sent += n
+
+    def run(
+        self, targets: list[int], group: str, relay_to: list[str] | None = None, fanout: int = 1
+    ) -> dict[int, PushResult]:
+        """One round to `targets` (push group `group`; `relay_to`: the targets' own relay);
+        -> per target, the same result on every process."""
+        from jax.experimental import multihost_utils
+
+        nproc, me = jax.process_count(), jax.process_index()
+
+        def push(c, items) -> PushResult:
+            def stream(send_data=None, push_id=""):
+                return part_messages(
+                    items,
+                    self.names_shapes,
+                    self.version,
+                    self.dtype,
+                    group=group,
+                    part=me,
+                    parts=nproc,
+                    chunk_bytes=self.chunk_bytes,
+                    on_sent=self._count,
+                    send_data=send_data,
+                    push_id=push_id,
+                    relay_to=relay_to or (),
+                    relay_fanout=fanout,
+                )
+
+            plane = c.push_transport() if self.transport == "auto" else self.transport
+            self.planes.add(plane)
+            return c.push_with_data(stream) if plane == "socket" else c.push_messages(stream())
+
+        clients = {i: self.clients[i] for i in targets}
+        parts = fan_out(clients, local_slices(self.model, self.dtype), push, 2)
+        accepted = np.asarray([int(parts[i].ok) for i in targets], np.int32)
+        every = np.asarray(multihost_utils.process_allgather(accepted)).reshape(nproc, len(targets))
+        commits: dict[int, PushResult] = {}
+        if me == 0:
+            ready = {i: clients[i] for i, a in zip(targets, every.min(axis=0)) if a}
+            if ready:
+                commits = run_each(
+                    ready,
+                    lambda c: c.push_messages(commit_messages(self.version, group, nproc)),
+                )
+        self.commits = commits
+        rows = [
+            [int(c.ok), c.version] if (c := commits.get(i)) is not None else [0, -1]
+            for i in targets
+        ]
+        outcome = np.asarray(rows, np.int64)
+        outcome = np.asarray(multihost_utils.broadcast_one_to_all(outcome)).reshape(len(targets), 2)
+        results: dict[int, PushResult] = {}
+        for k, i in enumerate(targets):
+            ok, ver = bool(outcome[k, 0]), int(outcome[k, 1])
+            failed = [p for p in range(nproc) if not every[p, k]]
+            if failed:
+                why = f"parts of processes {failed} were refused"
+                own = parts[i].message if me in failed else ""
+                msg = f"{why}{': ' + own if own else ''}; group not committed"
+            elif i in commits:
+                msg = commits[i].message
+            else:
+                msg = f"committed by process 0: {'ok' if ok else 'refused'}"
+            results[i] = PushResult(
+                ok, ver if ok else -1, msg, bytes=parts[i].bytes, code="OK" if ok else "ABORTED"
+            )
+        return results
+
+
+def _relayed(
+    rounds: _Rounds, targets: list[int], group: str, fanout: int, probe_timeout: float
+) -> dict[int, PushResult]:
+    """Every process sends its part to the first target only, which forwards each assembled tensor
+    along the others (`relay_to`); targets the relay did not reach (and that do not already serve
+    the version) get a direct round. Collective; the same results on every process."""
+    from jax.experimental import multihost_utils
+
+    head, rest = targets[0], targets[1:]
+    addrs = [rounds.clients[i].address for i in rest]
+    results = rounds.run([head], group, relay_to=addrs, fanout=fanout)
+    rows = np.zeros((len(rest), 2), np.int64)
+    if jax.process_index() == 0:  # process 0 holds the group commit's relay outcomes
+        commit = rounds.commits.get(head)
+        relayed = commit.relayed if commit is not None else {}
+        for k, (i, a) in enumerate(zip(rest, addrs)):
+            sub = relayed.get(a)
+            if sub is not None and sub.ok:
+                rows[k] = (1, sub.version)
+                continue
+            try:  # e.g. the head failed its own swap after its children committed
+                v = rounds.clients[i].info(timeout=probe_timeout, retry=NO_RETRY)["version"]
+            except grpc.RpcError:
+                v = -1
+            rows[k] = (1, v) if v == rounds.version else (0, -1)
+    rows = np.asarray(multihost_utils.broadcast_one_to_all(rows)).reshape(len(rest), 2)
+    for k, i in enumerate(rest):
+        if rows[k, 0]:
+            results[i] = PushResult(
+                True, int(rows[k, 1]), "took the relayed push", code="OK", transport="relay"
+            )
+    missed = [i for k, i in enumerate(rest) if not rows[k, 0]]
+    if missed:  # a failed hop: its subtree gets a direct round (every process sends again)
+        results.update(rounds.run(missed, f"{group}-direct"))
+    return results

@@ -5,6 +5,8 @@ missing part or a part of a failed group are refused and the old weights keep se
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 
@@ -51,7 +53,9 @@ def _halves(w):
 def served(request, tmp_path):
     backend = RecordingBackend({n: (s, "float32") for n, s in SHAPES.items()}, 100)
     backend.staging = request.param
-    cfg = ServerConfig(staging_root=str(tmp_path / "stage"), push_staging=request.param)
+    cfg = ServerConfig(
+        staging_root=str(tmp_path / "stage"), push_staging=request.param, data_port=0
+    )
     srv = ServerThread(backend, cfg).start()
     c = SamplerClient(srv.address, timeout=30)
     assert c.push_weights(_weights(1), 1).ok  # version 1 serves
@@ -60,10 +64,14 @@ def served(request, tmp_path):
     srv.stop()
 
 
-def _push(c, parts, version, group="g", chunk_bytes=1000):
-    outs = [
-        c.push_messages(
-            part_messages(
+def _push(c, parts, version, group="g", chunk_bytes=1000, planes=None):
+    """Send every part (over `planes[p]`: "grpc" chunks or the "socket" data plane), then the
+    group commit; -> (part results, commit result)."""
+    outs = []
+    for p, s in enumerate(parts):
+
+        def stream(send_data=None, push_id="", s=s, p=p):
+            return part_messages(
                 s,
                 NAMES_SHAPES,
                 version,
@@ -72,10 +80,12 @@ def _push(c, parts, version, group="g", chunk_bytes=1000):
                 part=p,
                 parts=len(parts),
                 chunk_bytes=chunk_bytes,
+                send_data=send_data,
+                push_id=push_id,
             )
-        )  # fmt: skip
-        for p, s in enumerate(parts)
-    ]
+
+        socket_plane = planes is not None and planes[p] == "socket"
+        outs.append(c.push_with_data(stream) if socket_plane else c.push_messages(stream()))
     return outs, c.push_messages(commit_messages(version, group, len(parts)))
 
 
@@ -168,3 +178,102 @@ def test_slices_need_a_sliced_header(served):
     r = c.push_messages([pb.WeightMessage(header=h)] + msgs[1:])
     assert not r.ok and "no push_parts" in r.message
     _old_weights_serve(c, backend, stage)
+
+
+def test_socket_parts_assemble_the_tensors(served):
+    """A part's slices over the socket data plane, next to a part as gRPC chunks."""
+    c, backend, stage = served
+    w = _weights(2)
+    outs, commit = _push(c, _halves(w), 2, planes=("socket", "grpc"))
+    assert all(r.ok for r in outs), [r.message for r in outs]
+    assert [r.bytes for r in outs] == [sum(x[3].nbytes for x in p) for p in _halves(w)]
+    assert commit.ok and commit.version == 2, commit.message
+    for n, a in w.items():
+        np.testing.assert_array_equal(backend.weights[n], a)
+
+
+def test_hostile_socket_slices_leave_the_old_weights(served, monkeypatch):
+    """A flipped byte or a data connection cut mid-slice: the part is refused, the group is not
+    applied, the old weights serve; then a clean all-socket push works."""
+    c, backend, stage = served
+
+    def corrupt(sock, i, buf):
+        b = bytearray(buf)
+        b[len(b) // 2] ^= 0x01
+        sock.sendall(b)
+
+    def cut(sock, i, buf):
+        sock.sendall(buf[: len(buf) // 2])
+        sock.shutdown(socket.SHUT_RDWR)
+
+    for spoil, why in ((corrupt, "mismatch"), (cut, "closed after")):
+        monkeypatch.setattr(c, "_send_data", spoil)
+        outs, commit = _push(c, _halves(_weights(2)), 2, group=why, planes=("grpc", "socket"))
+        monkeypatch.undo()
+        assert outs[0].ok and not outs[1].ok and why in outs[1].message, outs[1].message
+        assert not commit.ok
+        _old_weights_serve(c, backend, stage)
+    w = _weights(3)
+    outs, commit = _push(c, _halves(w), 2, group="clean", planes=("socket", "socket"))
+    assert commit.ok and backend.version == 2, commit.message
+    for n, a in w.items():
+        np.testing.assert_array_equal(backend.weights[n], a)
+
+
+@pytest.fixture
+def chain(tmp_path):
+    """Three samplers serving version 1 (memory staging, data ports): the head and two to relay
+    to."""
+    made = []
+    for k in range(3):
+        backend = RecordingBackend({n: (s, "float32") for n, s in SHAPES.items()}, 100)
+        backend.staging = "memory"
+        cfg = ServerConfig(staging_root=str(tmp_path / f"stage{k}"), data_port=0)
+        srv = ServerThread(backend, cfg).start()
+        c = SamplerClient(srv.address, timeout=30)
+        assert c.push_weights(_weights(1), 1).ok
+        made.append((srv, c, backend))
+    yield made
+    for srv, c, _ in made:
+        c.close()
+        srv.stop()
+
+
+def _relay_push(c, parts, version, relay_to, group):
+    outs = [
+        c.push_with_data(
+            lambda send_data, push_id, s=s, p=p: part_messages(
+                s, NAMES_SHAPES, version, "float32", group=group, part=p, parts=len(parts),
+                chunk_bytes=1000, send_data=send_data, push_id=push_id, relay_to=relay_to,
+            )
+        )
+        for p, s in enumerate(parts)
+    ]  # fmt: skip
+    return outs, c.push_messages(commit_messages(version, group, len(parts)))
+
+
+def test_sliced_group_relayed_along_a_chain(chain):
+    """The head assembles the group and forwards each complete tensor to the others (a chain);
+    they commit with the group. A group that fails at the head reaches none of them; a dead hop
+    is reported and cuts the rest of the chain, the head still applies."""
+    (_, head, hb), (srv1, _, b1), (_, _, b2) = chain
+    addrs = [srv1.address, chain[2][0].address]
+    w = _weights(2)
+    outs, commit = _relay_push(head, _halves(w), 2, addrs, "r")
+    assert all(r.ok for r in outs) and commit.ok, (commit.message, [r.message for r in outs])
+    assert sorted(commit.relayed) == sorted(addrs) and all(r.ok for r in commit.relayed.values())
+    for b in (hb, b1, b2):
+        assert b.version == 2
+        for n, a in w.items():
+            np.testing.assert_array_equal(b.weights[n], a)
+    parts = _halves(_weights(3))
+    _gap(parts)  # the group never completes at the head: the relay is cut
+    outs, commit = _relay_push(head, parts, 3, addrs, "bad")
+    assert not commit.ok
+    assert (hb.version, b1.version, b2.version) == (2, 2, 2)
+    np.testing.assert_array_equal(b2.weights["a.weight"], w["a.weight"])
+    srv1.stop()  # a dead hop
+    outs, commit = _relay_push(head, _halves(_weights(4)), 4, addrs, "hop")
+    assert commit.ok and hb.version == 4, commit.message
+    assert not commit.relayed[addrs[0]].ok and addrs[1] not in commit.relayed
+    assert b2.version == 2

@@ -1,0 +1,81 @@
+"""The sliced push group a sampler is receiving between its part streams (`sliced_push`): at most
+one pending group (a new group supersedes it, a full push drops it), and the ids of groups that
+failed, whose later parts are refused.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from . import sampler_pb2 as pb
+from .sliced_push import SlicedStager
+from .weight_checks import PushError
+
+log = logging.getLogger(__name__)
+
+_BAD = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class PendingGroup:
+    """The server's one push group being received (between part streams), and the ids of groups
+    that failed (their later parts are refused)."""
+
+    def __init__(self) -> None:
+        self.stager: SlicedStager | None = None
+        self.failed: collections.deque[str] = collections.deque(maxlen=64)
+
+    def drop(self, reason: str) -> None:
+        if self.stager is not None:
+            log.warning("push group %r discarded: %s", self.stager.group, reason)
+            self.failed.append(self.stager.group)
+            self.stager.discard()
+            self.stager = None
+
+    def stager_for(self, h: pb.WeightHeader, make: Callable[[], SlicedStager]) -> SlicedStager:
+        """The group's stager for a part's header (a new one for a new group, which supersedes a
+        pending group)."""
+        if h.push_group in self.failed:
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"push group {h.push_group!r} was discarded (a part failed or it was superseded)",
+            )
+        if self.stager is not None and self.stager.group != h.push_group:
+            self.drop(f"superseded by push group {h.push_group!r}")
+        if self.stager is None:
+            self.stager = make()
+        return self.stager
+
+    def fail(self, group: str, reason: str) -> None:
+        if self.stager is not None and self.stager.group == group:
+            self.drop(reason)
+        elif group:
+            self.failed.append(group)
+
+    def take(self, h: pb.WeightHeader, serving_version: int) -> SlicedStager:
+        """The pending group named by a group-commit header, removed from pending (the caller
+        applies or discards it)."""
+        s = self.stager
+        if s is None or s.group != h.push_group:
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"group commit: push group {h.push_group!r} is not pending here",
+            )
+        self.stager = None
+        if h.version != s.version or h.push_parts != s.parts:
+            s.discard()
+            raise PushError(
+                _BAD,
+                f"group commit: version {h.version} / {h.push_parts} parts do not match the "
+                f"group's {s.version} / {s.parts}",
+            )
+        if s.version is None or s.version <= serving_version:
+            s.discard()
+            raise PushError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"stale version {s.version}: server already serves version {serving_version}",
+            )
+        return s
