@@ -98,7 +98,10 @@ _digest_leaf = jax.jit(_leaf_digest)
 def array_checksums(tree) -> tuple[dict[str, list[int]], list[str]]:
     """({array path: [h1, h2]}, [paths of float arrays holding NaN/Inf]) of a pytree of arrays."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    digests = jax.device_get([_digest_leaf(x) for _, x in leaves])
+    # one leaf's program finishes before the next starts: many small programs with cross-device
+    # reductions in flight at once missed XLA CPU's collective rendezvous deadline (SIGABRT) in
+    # an 8-device run on 2 cores
+    digests = [jax.device_get(_digest_leaf(x)) for _, x in leaves]
     sums, bad = {}, []
     for (path, _), (h1, h2, finite) in zip(leaves, digests):
         key = jax.tree_util.keystr(path)
