@@ -71,9 +71,7 @@ def _overrides(model_dir: str, addresses: str, run: Path) -> list[str]:
 def _launch(overrides, devices: int, log: Path, env_extra: dict):
     env = {
         **os.environ,
-        # XLA's default optimization here: at the tests' -O0 the cross-process all-reduces missed
-        # XLA's 40 s rendezvous deadline twice (SIGABRT) on a loaded 2-core machine
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": xla_flags(devices),
         "JAX_PLATFORMS": "cpu",
         **env_extra,
     }
