@@ -11,8 +11,9 @@ serving the new version (the push returns after the sampler's swap):
   the sampler into its start-up base (`dlc_jax.lora.push.AdapterPusher`).
 
 Columns: the fastest repeat (``seconds``) and the median, the bytes pushed (counted by the sampler:
-load-independent), bytes and seconds against the gRPC full push, CPU seconds of a repeat (this
-process + the sampler process: load-independent, unlike wall time), and the 1-minute load average
+load-independent), bytes and seconds against the gRPC full push, CPU seconds of a repeat in this
+(trainer) process and in the sampler process (medians; load-independent, unlike wall time), and
+the 1-minute load average
 while the row ran: a row measured above ``MAX_LOAD`` is marked unreliable (``reliable: no``).
 The model is random (Qwen3 shapes, tied embeddings), the sampler serves it from a directory this
 bench writes.
@@ -38,7 +39,8 @@ COLUMNS = [
     "MB",
     "bytes_vs_full",
     "seconds_vs_full",
-    "cpu_s",
+    "trainer_cpu_s",
+    "sampler_cpu_s",
     "load_1m",
     "reliable",
 ]
@@ -159,7 +161,7 @@ def run(cfg: LoraBenchConfig = LoraBenchConfig()) -> dict:
 
         paths = {FULL_GRPC: full("grpc"), FULL_SOCKET: full("socket"), ADAPTER: adapter}
         times: dict[str, list[float]] = {k: [] for k in paths}
-        cpu: dict[str, list[float]] = {k: [] for k in paths}
+        cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in paths}  # trainer, sampler
         loads: dict[str, list[float]] = {k: [] for k in paths}
         nbytes: dict[str, int] = {}
         try:
@@ -170,11 +172,11 @@ def run(cfg: LoraBenchConfig = LoraBenchConfig()) -> dict:
             for _ in range(cfg.repeats):
                 for k, fn in paths.items():
                     loads[k].append(os.getloadavg()[0])
-                    c0 = time.process_time() + _proc_cpu_s(pid)
+                    c0, s0 = time.process_time(), _proc_cpu_s(pid)
                     t0 = time.perf_counter()
                     r = fn()
                     times[k].append(time.perf_counter() - t0)
-                    cpu[k].append(time.process_time() + _proc_cpu_s(pid) - c0)
+                    cpu[k].append((time.process_time() - c0, _proc_cpu_s(pid) - s0))
                     loads[k].append(os.getloadavg()[0])
                     if not r.ok:
                         raise RuntimeError(f"the bench sampler refused a push: {r.message}")
@@ -193,7 +195,8 @@ def run(cfg: LoraBenchConfig = LoraBenchConfig()) -> dict:
                 "MB": nbytes[k] / 1e6,
                 "bytes_vs_full": nbytes[k] / nbytes[FULL_GRPC],
                 "seconds_vs_full": common.best(times[k]) / ref_s,
-                "cpu_s": common.median(cpu[k]),
+                "trainer_cpu_s": common.median(c for c, _ in cpu[k]),
+                "sampler_cpu_s": common.median(s for _, s in cpu[k]),
                 "load_1m": load,
                 "reliable": load <= MAX_LOAD,
             }
@@ -216,8 +219,8 @@ def run(cfg: LoraBenchConfig = LoraBenchConfig()) -> dict:
         "the trainer's whole resync path (merge/gather, export, push, the sampler's swap)"
     )
     res["notes"].append(
-        "bytes and cpu_s are load-independent; seconds are not: rows whose 1-minute load average "
-        f"exceeded {MAX_LOAD:g} while they ran are marked reliable=no (not a result)"
+        "bytes and CPU seconds are load-independent; seconds are not: rows whose 1-minute load "
+        f"average exceeded {MAX_LOAD:g} while they ran are marked reliable=no (not a result)"
     )
     return common.finish(res)
 
