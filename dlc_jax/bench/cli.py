@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "dlc": "dlc_jax.bench.dlc_bench",
     "logprobs": "dlc_jax.bench.logprobs_bench",
     "weight_sync": "dlc_jax.bench.weight_sync_bench",
+    "lora": "dlc_jax.bench.lora_bench",
     "plan": "dlc_jax.bench.plan_bench",
     "moe": "dlc_jax.bench.moe_bench",
     "soak": "dlc_jax.bench.soak",

@@ -34,11 +34,26 @@ def _layers(path: str, stacked: bool, n: int) -> list[tuple[str, int | None]]:
     return [(f"{head}model.layers.{i}.{tail}", i) for i in range(n)]
 
 
+def host_factors(values: list) -> list[np.ndarray]:
+    """``values`` (device arrays) as float32 host arrays, each whole. In a multi-host run, where a
+    factor may be sharded over other processes' devices, one all-gather of them all (a
+    collective: every process must call it, with the same factors)."""
+    if all(getattr(v, "is_fully_addressable", True) for v in values):
+        return [np.asarray(x, np.float32) for x in jax.device_get(values)]
+    from jax.experimental import multihost_utils
+
+    return [
+        np.asarray(x, np.float32) for x in multihost_utils.process_allgather(values, tiled=True)
+    ]
+
+
 def peft_tensors(model) -> Iterator[tuple[str, np.ndarray]]:
-    """(PEFT name, float32 array) of every adapter factor of ``model``, gathered to host."""
-    for path, m in adapted(model):
-        a = np.asarray(jax.device_get(m.lora.a.get_value()), np.float32)
-        b = np.asarray(jax.device_get(m.lora.b.get_value()), np.float32)
+    """(PEFT name, float32 array) of every adapter factor of ``model``, gathered to host (in a
+    multi-host run a collective: `host_factors`)."""
+    mods = adapted(model)
+    vals = host_factors([x for _, m in mods for x in (m.lora.a.get_value(), m.lora.b.get_value())])
+    for k, (path, m) in enumerate(mods):
+        a, b = vals[2 * k], vals[2 * k + 1]
         stacked = a.ndim == m.n_in + 2
         for name, i in _layers(path, stacked, a.shape[0] if stacked else 1):
             ai, bi = (a, b) if i is None else (a[i], b[i])

@@ -7,7 +7,8 @@ own before it merges (JAX backend) or loads the adapter as a LoRA (vLLM backend)
 Sent over gRPC (an adapter is small: the socket data plane buys nothing), to one sampler
 (`SamplerClient`) or every pushable sampler of a `SamplerPool` (its rotation settled as for a full
 push); handed to an `InProcessSampler` (``sampler.backend=inprocess``) in memory, with the same
-checks; multi-host runs are refused in one line.
+checks. In a multi-host run every process gathers the (small) adapters and process 0 pushes them,
+then tells the others the outcome (`dlc_jax.lora.multihost_push`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ def adapter_messages(
     yield from stream
 
 
+def push_one(
+    client, tensors: list[tuple[str, np.ndarray]], version: int, meta: AdapterMeta, dtype: str
+) -> PushResult:
+    """One adapter push to one `SamplerClient` (gRPC); a refusal comes back as ok=False."""
+    r = client.push_messages(adapter_messages(tensors, version, meta, dtype=dtype))
+    return PushResult(r.ok, r.version, r.message, r.bytes, r.seconds, code=r.code, transport="grpc")
+
+
 class AdapterPusher:
     """Pushes a LoRA model's adapters (the trainer's `SamplerLink.adapter`). The base fingerprint
     is computed once, from the first model pushed (the base is frozen)."""
@@ -77,6 +86,13 @@ class AdapterPusher:
             self._base = hf_base_fingerprint(model)
         return AdapterMeta(self.cfg.rank, self.cfg.alpha, self._base)
 
+    def payload(self, model) -> tuple[list[tuple[str, np.ndarray]], AdapterMeta]:
+        """The adapter factors (PEFT name, float32 host array) and the header's meta."""
+        tensors = adapter_tensors(model)
+        if not tensors:
+            raise AdapterPushError("lora.push=adapter: the model has no LoRA adapters to push")
+        return tensors, self.meta(model)
+
     def push(self, sampler: Any, model, version: int, *, dtype: str = "float32") -> PushResult:
         """Push ``model``'s adapters as weight ``version`` to ``sampler`` (a `SamplerClient`, a
         `SamplerPool` or an `InProcessSampler`)."""
@@ -85,16 +101,10 @@ class AdapterPusher:
         from dlc_jax.sampler.pool import SamplerPool
         from dlc_jax.sampler.safetensors_io import NP_DTYPES
 
-        tensors = adapter_tensors(model)
-        if not tensors:
-            raise AdapterPushError("lora.push=adapter: the model has no LoRA adapters to push")
-        meta = self.meta(model)
+        tensors, meta = self.payload(model)
 
         def one(c: SamplerClient) -> PushResult:
-            r = c.push_messages(adapter_messages(tensors, version, meta, dtype=dtype))
-            return PushResult(
-                r.ok, r.version, r.message, r.bytes, r.seconds, code=r.code, transport="grpc"
-            )
+            return push_one(c, tensors, version, meta, dtype)
 
         if isinstance(sampler, SamplerClient):
             return one(sampler)
@@ -122,10 +132,10 @@ class AdapterPusher:
 
 
 def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> AdapterPusher:
-    """The pusher of a ``lora.push=adapter`` run; refuses (one line) what it cannot push to."""
+    """The pusher of a ``lora.push=adapter`` run: a multi-host run's is collective
+    (`multihost_push.MultiHostAdapterPusher`: every process gathers, process 0 pushes)."""
     if multi:
-        raise AdapterPushError(
-            "lora.push=adapter: not built for multi-host runs (the adapters are gathered on one "
-            "process); set lora.push=merged"
-        )
+        from dlc_jax.lora.multihost_push import MultiHostAdapterPusher
+
+        return MultiHostAdapterPusher(cfg)
     return AdapterPusher(cfg)

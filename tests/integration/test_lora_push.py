@@ -184,8 +184,10 @@ def test_adapter_pusher_refuses_what_it_cannot_push_to():
     from dlc_jax.errors import UserError
 
     cfg = LoraConfig(rank=2, push="adapter")
-    with pytest.raises(UserError, match="multi-host"):
-        adapter_pusher(cfg, multi=True, backend="jax")
+    multi = adapter_pusher(cfg, multi=True, backend="jax")  # collective (tests/e2e/...multihost)
+    assert type(multi).__name__ == "MultiHostAdapterPusher"
+    with pytest.raises(UserError, match="multi-host run pushes adapters to sampler servers"):
+        multi.push(object(), None, 1)  # refused before any collective (or model access)
     with pytest.raises(UserError, match="full weights only"):
         adapter_pusher(cfg, multi=False, backend="jax").push(object(), _adapted(), 1)
     with pytest.raises(ValueError, match="LoraConfig.push"):

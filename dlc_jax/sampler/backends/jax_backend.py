@@ -169,9 +169,12 @@ class JaxBackend(SamplerBackend):
 
     def merged_adapter_state(self, adapter: dict[str, np.ndarray], meta):
         """The start-up base with ``W + scale * B @ A`` in every kernel ``adapter`` (PEFT name:
-        float32 factor, checked) adapts (numerics knobs applied to the merged weight, as to a
-        pushed one); the other parameters are shared."""
-        from ..adapter_push import merged_tensors
+        float32 factor, checked) adapts; the other parameters are shared. Merged on the device
+        from the served base (`JaxWeightLoad.add_lora`: no read of the model directory, no host
+        copy of a kernel; ~6x less CPU than the host merge), or, with numerics knobs, on the host
+        from the model directory's base with the knobs applied to the merged weight, as to a
+        pushed one."""
+        from ..adapter_push import merged_tensors, peft_name, split_name
         from .jax_weights import JaxWeightLoad
 
         knobs = self.cfg.weight_noise > 0 or self.cfg.quantization == "int8"
@@ -180,8 +183,14 @@ class JaxBackend(SamplerBackend):
             int(self.model_config["num_hidden_layers"]),
             (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
         )
-        for name, w in merged_tensors(st.iter_tensors(self.cfg.model_dir), adapter, meta.scale):
-            load.add(name, w)
+        if knobs:
+            base = st.iter_tensors(self.cfg.model_dir)
+            for name, w in merged_tensors(base, adapter, meta.scale):
+                load.add(name, w)
+            return load.state(partial=True)
+        for mod in sorted({split_name(n)[0] for n in adapter}):
+            a, b = adapter[peft_name(mod, "lora_A")], adapter[peft_name(mod, "lora_B")]
+            load.add_lora(f"{mod}.weight", a, b, meta.scale)
         return load.state(partial=True)
 
     async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:

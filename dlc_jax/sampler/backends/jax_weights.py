@@ -32,6 +32,22 @@ def _converter(kernel: bool, shape: tuple, dtype: np.dtype):
     return jax.jit(convert)
 
 
+@functools.lru_cache(maxsize=256)
+def _merger(shape: tuple, dtype: np.dtype):
+    """jit(our kernel W, A^T [in, r], B^T [r, out], scale -> W + scale * A^T.B^T in our layout):
+    a LoRA adapter merged where the kernel lives (float32 math, cast back to the kernel dtype).
+    Our layout is HF's [out, in] transposed and reshaped (`_converter`), so the delta
+    ``(B @ A).T`` is ``A^T @ B^T`` reshaped."""
+    import jax
+    import jax.numpy as jnp
+
+    def merge(w, at, bt, scale):
+        delta = (at @ bt).reshape(shape)
+        return (w.astype(jnp.float32) + scale * delta).astype(dtype)
+
+    return jax.jit(merge)
+
+
 def _stack(pieces: dict[tuple, Any], lead: tuple[int, ...], prefix: tuple = ()):
     """The [*lead, ...] array of `pieces` (leading index tuple -> slice): stacked layers, stacked
     experts, or both (scanned mixture-of-experts weights [L, E, ...])."""
@@ -77,6 +93,32 @@ class JaxWeightLoad:
             ours = _converter(path[-1] == "kernel", shape, dtype)(array)
             # XLA may read a 64-byte-aligned staging view in place: done before the view goes
             ours.block_until_ready()
+        self._put(path, idx, ours)
+
+    def add_lora(self, name: str, a: np.ndarray, b: np.ndarray, scale: float) -> None:
+        """The HF kernel ``name`` ([out, in]) as ``W + scale * b @ a`` (a LoRA adapter: ``a`` PEFT
+        A [r, in], ``b`` PEFT B [out, r], float32), ``W`` its value in the state this load
+        started from, merged on the device in our layout (no host copy of ``W``). Without
+        numerics knobs only (with them, `add` the merged HF tensor)."""
+        import jax.numpy as jnp
+
+        if self._transform is not None:
+            raise ValueError("add_lora: the numerics knobs transform HF tensors: use add()")
+        if name not in self._slots:
+            raise KeyError(f"tensor {name!r} is not a parameter of the served model")
+        path, idx = self._slots[name]
+        if path[-1] != "kernel":
+            raise KeyError(f"tensor {name!r} is not a projection kernel")
+        var = self._vars[path]
+        w = var.get_value()
+        w = w[idx] if idx else w
+        merge = _merger(tuple(w.shape), np.dtype(var.dtype))
+        self._put(path, idx, merge(w, jnp.asarray(a.T), jnp.asarray(b.T), jnp.float32(scale)))
+
+    def _put(self, path: tuple, idx: tuple, ours) -> None:
+        """Store the converted tensor ``ours`` (one layer/expert ``idx`` of a stacked parameter,
+        stacked once its last piece is in)."""
+        var = self._vars[path]
         if not idx:
             self._values[path] = ours
             return

@@ -1,0 +1,237 @@
+"""LoRA pushes: an adapter push (``lora.push: adapter``) vs the full push of the same model
+(``lora.push: merged``) to one JAX-backend sampler process on loopback, in the same run, repeats
+interleaved (full, adapter, full, adapter, ...).
+
+Each row times the trainer's whole path for one resync, from the adapted model to the sampler
+serving the new version (the push returns after the sampler's swap):
+
+* ``full push, merged``: `merged_model` (base + delta), HF export, push of every tensor, the
+  sampler's load (over gRPC; and over the socket data plane, the loopback default);
+* ``adapter push``: the adapter factors gathered to host (PEFT names), pushed over gRPC, merged by
+  the sampler into its start-up base (`dlc_jax.lora.push.AdapterPusher`).
+
+Columns: the fastest repeat (``seconds``) and the median, the bytes pushed (counted by the sampler:
+load-independent), bytes and seconds against the gRPC full push, CPU seconds of a repeat in this
+(trainer) process and in the sampler process (medians; load-independent, unlike wall time), and
+the 1-minute load average
+while the row ran: a row measured above ``MAX_LOAD`` is marked unreliable (``reliable: no``).
+The model is random (Qwen3 shapes, tied embeddings), the sampler serves it from a directory this
+bench writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import tempfile
+import time
+
+from dlc_jax.bench import common
+
+MAX_LOAD = 2.0  # a wall time measured at a higher 1-minute load average is not a result
+
+COLUMNS = [
+    "path",
+    "seconds",
+    "median_s",
+    "MB",
+    "bytes_vs_full",
+    "seconds_vs_full",
+    "trainer_cpu_s",
+    "sampler_cpu_s",
+    "load_1m",
+    "reliable",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraBenchConfig:
+    """Model shapes (random weights), adapter rank / alpha, push dtype, repeats."""
+
+    vocab_size: int = 32768
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    rank: int = 8
+    alpha: float = 16.0
+    push_dtype: str = "bfloat16"
+    repeats: int = 3
+
+    def model_config(self):
+        return common.qwen3_config(self)
+
+
+SIZES = {
+    "small": LoraBenchConfig(),
+    "qwen3_0p6b": LoraBenchConfig(vocab_size=151936, num_hidden_layers=28),
+    "tiny": LoraBenchConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rank=4,
+        repeats=2,
+    ),
+}
+
+FULL_GRPC = "full push, merged (gRPC)"
+FULL_SOCKET = "full push, merged (socket data plane)"
+ADAPTER = "adapter push (gRPC)"
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _adapted_model(cfg: LoraBenchConfig, base_dir: pathlib.Path):
+    """The trainer's model: the saved base loaded back, with rank-``cfg.rank`` adapters whose B is
+    non-zero (a trained adapter)."""
+    import jax
+    from flax import nnx
+
+    from dlc_jax.lora import LoraConfig, LoraParam, apply_lora
+    from dlc_jax.model import load_hf
+
+    model = load_hf(str(base_dir))
+    lcfg = LoraConfig(rank=cfg.rank, alpha=cfg.alpha, push="adapter")
+    apply_lora(model, lcfg)
+    for i, (_, v) in enumerate(nnx.to_flat_state(nnx.state(model, LoraParam))):
+        x = v.get_value()
+        v.set_value(1e-3 * jax.random.normal(jax.random.key(i), x.shape, x.dtype))
+    return model, lcfg
+
+
+def run(cfg: LoraBenchConfig = LoraBenchConfig()) -> dict:
+    from flax import nnx
+
+    from dlc_jax.lora import merged_model
+    from dlc_jax.lora.push import AdapterPusher
+    from dlc_jax.model import Qwen3ForCausalLM, save_hf
+    from dlc_jax.sampler.process import SamplerProcess
+
+    res = common.new_result(
+        "lora", "LoRA pushes: adapter push vs full (merged) push of the same model", COLUMNS
+    )
+    res["config"] = dataclasses.asdict(cfg)
+    with tempfile.TemporaryDirectory(prefix="dlc_lora_bench_") as d:
+        tmp = pathlib.Path(d)
+        base = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(0))
+        base_dir = pathlib.Path(save_hf(base, tmp / "base", dtype=cfg.push_dtype))
+        del base
+        model, lcfg = _adapted_model(cfg, base_dir)
+        pusher = AdapterPusher(lcfg)
+        srv = SamplerProcess(
+            "jax",
+            str(base_dir),
+            extra_args=["--dtype", cfg.push_dtype, "--max-model-len", "64"]
+            + ["--push-data-port", "0"],
+            log_file=str(tmp / "sampler.log"),
+        ).start()
+        client = srv.client(timeout=3600)
+        assert srv.proc is not None  # started
+        pid = srv.proc.pid
+        version = [0]
+
+        def full(transport: str):
+            def push():
+                version[0] += 1
+                merged = merged_model(model)
+                return client.push_model(
+                    merged, version[0], dtype=cfg.push_dtype, transport=transport
+                )
+
+            return push
+
+        def adapter():
+            version[0] += 1
+            return pusher.push(client, model, version[0], dtype=cfg.push_dtype)
+
+        paths = {FULL_GRPC: full("grpc"), FULL_SOCKET: full("socket"), ADAPTER: adapter}
+        times: dict[str, list[float]] = {k: [] for k in paths}
+        cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in paths}  # trainer, sampler
+        loads: dict[str, list[float]] = {k: [] for k in paths}
+        nbytes: dict[str, int] = {}
+        try:
+            for fn in paths.values():  # warm-up: compiles the merge, the export, the adapter merge
+                r = fn()
+                if not r.ok:
+                    raise RuntimeError(f"the bench sampler refused a push: {r.message}")
+            for _ in range(cfg.repeats):
+                for k, fn in paths.items():
+                    loads[k].append(os.getloadavg()[0])
+                    c0, s0 = time.process_time(), _proc_cpu_s(pid)
+                    t0 = time.perf_counter()
+                    r = fn()
+                    times[k].append(time.perf_counter() - t0)
+                    cpu[k].append((time.process_time() - c0, _proc_cpu_s(pid) - s0))
+                    loads[k].append(os.getloadavg()[0])
+                    if not r.ok:
+                        raise RuntimeError(f"the bench sampler refused a push: {r.message}")
+                    nbytes[k] = int(r.bytes)
+        finally:
+            client.close()
+            srv.stop()
+    ref_s = common.best(times[FULL_GRPC])
+    for k in paths:
+        load = max(loads[k])
+        res["rows"].append(
+            {
+                "path": k,
+                "seconds": common.best(times[k]),
+                "median_s": common.median(times[k]),
+                "MB": nbytes[k] / 1e6,
+                "bytes_vs_full": nbytes[k] / nbytes[FULL_GRPC],
+                "seconds_vs_full": common.best(times[k]) / ref_s,
+                "trainer_cpu_s": common.median(c for c, _ in cpu[k]),
+                "sampler_cpu_s": common.median(s for _, s in cpu[k]),
+                "load_1m": load,
+                "reliable": load <= MAX_LOAD,
+            }
+        )
+    a = res["rows"][-1]
+    res["summary"] = {
+        "adapter_bytes": nbytes[ADAPTER],
+        "full_bytes": nbytes[FULL_GRPC],
+        "adapter_bytes_vs_full": a["bytes_vs_full"],
+        "adapter_seconds_vs_full": a["seconds_vs_full"],
+        "adapter_seconds_reliable": all(r["reliable"] for r in res["rows"]),
+    }
+    res["times"], res["cpu"], res["loads"] = times, cpu, loads
+    res["targets"].append(
+        common.target("adapter push bytes / full push bytes", a["bytes_vs_full"], 0.01, "<=")
+    )
+    res["notes"].append(
+        f"rank {cfg.rank} on every attention and MLP projection, {cfg.push_dtype} pushes, "
+        f"{cfg.repeats} interleaved repeats after one warm-up each; seconds = fastest repeat of "
+        "the trainer's whole resync path (merge/gather, export, push, the sampler's swap)"
+    )
+    res["notes"].append(
+        "bytes and CPU seconds are load-independent; seconds are not: rows whose 1-minute load "
+        f"average exceeded {MAX_LOAD:g} while they ran are marked reliable=no (not a result)"
+    )
+    return common.finish(res)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--rank", type=int, default=None, help="adapter rank (default 8)")
+    p.add_argument("--push-dtype", choices=["float32", "bfloat16"], default=None)
+
+
+def from_args(size: str, args) -> LoraBenchConfig:
+    return common.sized_config(
+        "lora", SIZES, size, args, repeats="repeats", rank="rank", push_dtype="push_dtype"
+    )
