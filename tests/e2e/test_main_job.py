@@ -52,7 +52,7 @@ def test_embedded_default_main_job(tmp_path):
     assert p.returncode == 0, out[-4000:]
     assert (
         f"metrics: {tmp_path}/logs/metrics.jsonl" in out
-        and f"checkpoint: {tmp_path}/ckpt (step 150)" in out
+        and f"checkpoint: {tmp_path}/ckpt (step 100)" in out
     )
     assert "sampler: vllm on 127.0.0.1:" in out
     assert "< 0.5 -> resync" in out  # the ESS trigger is logged
@@ -60,7 +60,7 @@ def test_embedded_default_main_job(tmp_path):
     rows = [
         json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert [r["step"] for r in rows] == list(range(1, 151))
+    assert [r["step"] for r in rows] == list(range(1, 101))
     for key in DESIGN_METRICS:
         assert all(key in r and np.isfinite(r[key]) for r in rows), key
     assert rows[-1]["resync_ess"] >= 1
@@ -70,6 +70,6 @@ def test_embedded_default_main_job(tmp_path):
         reward[-30:].mean(),
     )
     summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
-    assert summary["last_step"] == 150
+    assert summary["last_step"] == 100
     assert (tmp_path / "logs" / "tb").is_dir() and any((tmp_path / "logs" / "tb").iterdir())
-    assert (tmp_path / "ckpt" / "150").is_dir()
+    assert (tmp_path / "ckpt" / "100").is_dir()
