@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+from xla_env import xla_flags
 
 from dlc_jax.sampler import safetensors_io as st
 from dlc_jax.sampler.client import SamplerClient
@@ -57,7 +58,7 @@ def _launch(address: str, model_dir: str, out: pathlib.Path, processes: int = 2)
     for p in range(processes):
         env = {
             **os.environ,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+            "XLA_FLAGS": xla_flags(4),
             "JAX_PLATFORMS": "cpu",
             "JAX_COORDINATOR_ADDRESS": coord,
             "JAX_NUM_PROCESSES": str(processes),
