@@ -218,11 +218,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             f"train.micro_batches: {cfg.train.micro_batches} must divide batch_prompts*sampler.n = "
             f"{cfg.train.batch_prompts * cfg.sampler.n}"
         )
-    if cfg.env.enabled and cfg.eval.every:
-        raise ConfigError(
-            "eval.every: evaluation runs single-turn prompts and cannot run env.fn episodes yet; "
-            "set eval.every=0 with env.fn"
-        )
     if cfg.env.enabled and cfg.moe.router_replay != "off":
         raise ConfigError(
             "moe.router_replay: multi-turn episodes (env.fn) do not carry routed experts yet; "

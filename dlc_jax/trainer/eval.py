@@ -5,7 +5,8 @@ The prompts are read once (same source syntax and validation as ``data``; the fi
 usable ones, in order) and rendered like the training prompts. Each evaluation asks the sampler for
 one response per prompt at ``eval.temperature`` (0 = greedy) with the weights it holds at that
 moment (``eval/version``: the last pushed version, which may trail the trainer's by the resync
-lag).
+lag). With ``env.fn`` each prompt is an episode of the environment instead
+(`dlc_jax.env.evaluate`): ``eval/reward_mean`` is the mean episode reward, plus ``eval/turns``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from dlc_jax.data.prompts import DataConfig, load_data
 from dlc_jax.data.tokenize import count_prompt_tokens, encode_prompt
+from dlc_jax.env.evaluate import make_env_evaluator
 from dlc_jax.sampler.types import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class Evaluator:
         if not self.examples:
             raise ValueError(f"eval.source: no usable prompt in {data.source!r} ({stats})")
         self.prompt_ids = [encode_prompt(tokenizer, e.prompt, **render) for e in self.examples]
+        # env.fn: each eval prompt is an episode of the environment, scored by its reward
+        self.env_run = make_env_evaluator(cfg, tokenizer, self.examples)
         logger.info(
             "eval: %d prompts of %s (split %s) every %d steps, temperature %g",
             len(self.examples),
@@ -93,6 +97,9 @@ class Evaluator:
             stop_token_ids=(self.eos_id,),
             seed=step if self.cfg.sampler.backend in ("jax", "inprocess") else None,
         )
+        if self.env_run is not None:
+            out = self.env_run(client, params, f"eval-{step}")
+            return {**out, "eval/seconds": time.time() - t0}
         texts = [""] * len(self.examples)
         lens = np.zeros(len(self.examples))
         versions = []

