@@ -18,6 +18,16 @@ LORA_DIMS = dict(
     head_dim=8,
     tie_word_embeddings=False,
 )
+# The multi-host tests' tiny Qwen3 (2 layers, GQA 2; shards over 2 processes x 4 devices).
+MULTIHOST_DIMS = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    head_dim=8,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+)
 # Two odd random configs: tied with GQA 3, untied with GQA 4 (no tokenizer needed).
 CONFIG_TIED = dict(
     vocab_size=301,

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+from model_helpers import MULTIHOST_DIMS
 from xla_env import xla_flags
 
 from dlc_jax.sampler import safetensors_io as st
@@ -31,18 +32,8 @@ WORKER = pathlib.Path(__file__).with_name("lora_multihost_worker.py")
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(make_tiny_dir):  # the shape of tests/e2e/test_multihost_push.py (made once)
-    return str(
-        make_tiny_dir(
-            hidden_size=32,
-            intermediate_size=64,
-            head_dim=8,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=512,
-        )
-    )
+def tiny_dir(make_tiny_dir):  # the multi-host shape (made once per session)
+    return str(make_tiny_dir(**MULTIHOST_DIMS))
 
 
 def _free_port() -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from model_helpers import MULTIHOST_DIMS
 
 from dlc_jax.bench.sampler_bench import TransportOnlyBackend
 from dlc_jax.sampler import safetensors_io as st
@@ -35,17 +36,7 @@ PARAMS = SamplingParams(n=2, max_tokens=6, temperature=1.0, seed=7)
 
 @pytest.fixture(scope="module")
 def tiny_dir(make_tiny_dir):
-    return str(
-        make_tiny_dir(
-            hidden_size=32,
-            intermediate_size=64,
-            head_dim=8,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=512,
-        )
-    )
+    return str(make_tiny_dir(**MULTIHOST_DIMS))
 
 
 def test_two_processes_push_their_own_shards(tiny_dir, tmp_path):

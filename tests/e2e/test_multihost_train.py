@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from model_helpers import MULTIHOST_DIMS
 from xla_env import xla_flags
 
 STEPS = 4
@@ -98,17 +99,7 @@ def _wait(procs, logs, timeout=480):
 
 @pytest.fixture(scope="module")
 def tiny_dir(make_tiny_dir):
-    return str(
-        make_tiny_dir(
-            hidden_size=32,
-            intermediate_size=64,
-            head_dim=8,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=512,
-        )
-    )
+    return str(make_tiny_dir(**MULTIHOST_DIMS))
 
 
 @pytest.fixture(scope="module")

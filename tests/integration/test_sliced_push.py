@@ -9,6 +9,7 @@ import socket
 
 import numpy as np
 import pytest
+from slice_helpers import SHAPES, slice_weights, two_senders
 
 from dlc_jax.bench.sampler_bench import TransportOnlyBackend
 from dlc_jax.sampler import safetensors_io as st
@@ -24,29 +25,7 @@ class RecordingBackend(TransportOnlyBackend):
         self.version = int(version)
 
 
-SHAPES = {"a.weight": (64, 33), "b.weight": (1000,), "c.bias": (7, 6, 3)}
 NAMES_SHAPES = list(SHAPES.items())
-
-
-def _weights(seed):
-    rng = np.random.default_rng(seed)
-    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
-
-
-def _halves(w):
-    """Two senders' slices: a/b split on axis 0, c split on axis 1 (strided boxes)."""
-    a, b, c = w["a.weight"], w["b.weight"], w["c.bias"]
-    p0 = [
-        ("a.weight", (0, 0), (40, 33), a[:40]),
-        ("b.weight", (0,), (500,), b[:500]),
-        ("c.bias", (0, 0, 0), (7, 2, 3), c[:, :2]),
-    ]
-    p1 = [
-        ("c.bias", (0, 2, 0), (7, 6, 3), c[:, 2:]),
-        ("a.weight", (40, 0), (64, 33), a[40:]),
-        ("b.weight", (500,), (1000,), b[500:]),
-    ]
-    return [p0, p1]
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -58,7 +37,7 @@ def served(request, tmp_path):
     )
     srv = ServerThread(backend, cfg).start()
     c = SamplerClient(srv.address, timeout=30)
-    assert c.push_weights(_weights(1), 1).ok  # version 1 serves
+    assert c.push_weights(slice_weights(1), 1).ok  # version 1 serves
     yield c, backend, tmp_path / "stage"
     c.close()
     srv.stop()
@@ -91,7 +70,7 @@ def _push(c, parts, version, group="g", chunk_bytes=1000, planes=None):
 
 def _old_weights_serve(c, backend, stage):
     assert backend.version == 1 and c.info()["version"] == 1
-    for n, a in _weights(1).items():
+    for n, a in slice_weights(1).items():
         np.testing.assert_array_equal(backend.weights[n], a)
     # the serving push stays staged (memory staging: plus at most one warm buffer, warm_staging)
     dirs = [d.name for d in stage.iterdir()]
@@ -101,8 +80,8 @@ def _old_weights_serve(c, backend, stage):
 
 def test_parts_assemble_the_tensors(served):
     c, backend, stage = served
-    w = _weights(2)
-    outs, commit = _push(c, _halves(w), 2)
+    w = slice_weights(2)
+    outs, commit = _push(c, two_senders(w), 2)
     assert all(r.ok and r.version == 1 for r in outs), [r.message for r in outs]
     assert sum(r.bytes for r in outs) == sum(a.nbytes for a in w.values())
     assert commit.ok and commit.version == 2, commit.message
@@ -137,20 +116,20 @@ def _corrupt(parts):
 )
 def test_bad_slices_are_refused_and_old_weights_serve(served, spoil, at_commit):
     c, backend, stage = served
-    parts = _halves(_weights(2))
+    parts = two_senders(slice_weights(2))
     spoil(parts)
     outs, commit = _push(c, parts, 2)
     assert all(r.ok for r in outs) == at_commit, [r.message for r in outs]
     assert not commit.ok
     _old_weights_serve(c, backend, stage)
-    outs, commit = _push(c, _halves(_weights(3)), 2, group="again")  # the next push works
+    outs, commit = _push(c, two_senders(slice_weights(3)), 2, group="again")  # the next push works
     assert commit.ok and backend.version == 2, commit.message
-    np.testing.assert_array_equal(backend.weights["c.bias"], _weights(3)["c.bias"])
+    np.testing.assert_array_equal(backend.weights["c.bias"], slice_weights(3)["c.bias"])
 
 
 def test_missing_part_and_parts_of_failed_group_are_refused(served):
     c, backend, stage = served
-    p0, p1 = _halves(_weights(2))
+    p0, p1 = two_senders(slice_weights(2))
     kw = dict(group="g", parts=2)
     assert c.push_messages(part_messages(p0, NAMES_SHAPES, 2, "float32", part=0, **kw)).ok
     r = c.push_messages(commit_messages(2, "g", 2))  # part 1 never sent
@@ -170,8 +149,8 @@ def test_missing_part_and_parts_of_failed_group_are_refused(served):
 
 def test_slices_need_a_sliced_header(served):
     c, backend, stage = served
-    msgs = list(part_messages(_halves(_weights(2))[0], NAMES_SHAPES, 2, "float32", group="g",
-                              part=0, parts=1))  # fmt: skip
+    part0 = two_senders(slice_weights(2))[0]
+    msgs = list(part_messages(part0, NAMES_SHAPES, 2, "float32", group="g", part=0, parts=1))
     h = pb.WeightHeader()
     h.CopyFrom(msgs[0].header)
     h.push_parts, h.push_group = 0, ""
@@ -183,10 +162,10 @@ def test_slices_need_a_sliced_header(served):
 def test_socket_parts_assemble_the_tensors(served):
     """A part's slices over the socket data plane, next to a part as gRPC chunks."""
     c, backend, stage = served
-    w = _weights(2)
-    outs, commit = _push(c, _halves(w), 2, planes=("socket", "grpc"))
+    w = slice_weights(2)
+    outs, commit = _push(c, two_senders(w), 2, planes=("socket", "grpc"))
     assert all(r.ok for r in outs), [r.message for r in outs]
-    assert [r.bytes for r in outs] == [sum(x[3].nbytes for x in p) for p in _halves(w)]
+    assert [r.bytes for r in outs] == [sum(x[3].nbytes for x in p) for p in two_senders(w)]
     assert commit.ok and commit.version == 2, commit.message
     for n, a in w.items():
         np.testing.assert_array_equal(backend.weights[n], a)
@@ -208,13 +187,15 @@ def test_hostile_socket_slices_leave_the_old_weights(served, monkeypatch):
 
     for spoil, why in ((corrupt, "mismatch"), (cut, "closed after")):
         monkeypatch.setattr(c, "_send_data", spoil)
-        outs, commit = _push(c, _halves(_weights(2)), 2, group=why, planes=("grpc", "socket"))
+        outs, commit = _push(
+            c, two_senders(slice_weights(2)), 2, group=why, planes=("grpc", "socket")
+        )
         monkeypatch.undo()
         assert outs[0].ok and not outs[1].ok and why in outs[1].message, outs[1].message
         assert not commit.ok
         _old_weights_serve(c, backend, stage)
-    w = _weights(3)
-    outs, commit = _push(c, _halves(w), 2, group="clean", planes=("socket", "socket"))
+    w = slice_weights(3)
+    outs, commit = _push(c, two_senders(w), 2, group="clean", planes=("socket", "socket"))
     assert commit.ok and backend.version == 2, commit.message
     for n, a in w.items():
         np.testing.assert_array_equal(backend.weights[n], a)
@@ -231,7 +212,7 @@ def chain(tmp_path):
         cfg = ServerConfig(staging_root=str(tmp_path / f"stage{k}"), data_port=0)
         srv = ServerThread(backend, cfg).start()
         c = SamplerClient(srv.address, timeout=30)
-        assert c.push_weights(_weights(1), 1).ok
+        assert c.push_weights(slice_weights(1), 1).ok
         made.append((srv, c, backend))
     yield made
     for srv, c, _ in made:
@@ -258,22 +239,22 @@ def test_sliced_group_relayed_along_a_chain(chain):
     is reported and cuts the rest of the chain, the head still applies."""
     (_, head, hb), (srv1, _, b1), (_, _, b2) = chain
     addrs = [srv1.address, chain[2][0].address]
-    w = _weights(2)
-    outs, commit = _relay_push(head, _halves(w), 2, addrs, "r")
+    w = slice_weights(2)
+    outs, commit = _relay_push(head, two_senders(w), 2, addrs, "r")
     assert all(r.ok for r in outs) and commit.ok, (commit.message, [r.message for r in outs])
     assert sorted(commit.relayed) == sorted(addrs) and all(r.ok for r in commit.relayed.values())
     for b in (hb, b1, b2):
         assert b.version == 2
         for n, a in w.items():
             np.testing.assert_array_equal(b.weights[n], a)
-    parts = _halves(_weights(3))
+    parts = two_senders(slice_weights(3))
     _gap(parts)  # the group never completes at the head: the relay is cut
     outs, commit = _relay_push(head, parts, 3, addrs, "bad")
     assert not commit.ok
     assert (hb.version, b1.version, b2.version) == (2, 2, 2)
     np.testing.assert_array_equal(b2.weights["a.weight"], w["a.weight"])
     srv1.stop()  # a dead hop
-    outs, commit = _relay_push(head, _halves(_weights(4)), 4, addrs, "hop")
+    outs, commit = _relay_push(head, two_senders(slice_weights(4)), 4, addrs, "hop")
     assert commit.ok and hb.version == 4, commit.message
     assert not commit.relayed[addrs[0]].ok and addrs[1] not in commit.relayed
     assert b2.version == 2

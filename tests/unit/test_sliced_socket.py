@@ -12,14 +12,13 @@ import threading
 import crc32c
 import numpy as np
 import pytest
+from slice_helpers import SHAPES, slice_weights, two_senders
 
 from dlc_jax.sampler import chunk_wire
 from dlc_jax.sampler import sampler_pb2 as pb
 from dlc_jax.sampler.slice_stream import part_messages
 from dlc_jax.sampler.sliced_push import SlicedStager
 from dlc_jax.sampler.weight_checks import PushError
-
-SHAPES = {"a.weight": (64, 33), "b.weight": (1000,), "c.bias": (7, 6, 3)}
 
 
 class RecordingLoad:
@@ -28,27 +27,6 @@ class RecordingLoad:
 
     def add(self, name, array):
         self.got[name] = np.array(array)
-
-
-def _weights(seed=0):
-    rng = np.random.default_rng(seed)
-    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
-
-
-def _parts(w):
-    """Two senders' slices (c split on axis 1: strided boxes)."""
-    a, b, c = w["a.weight"], w["b.weight"], w["c.bias"]
-    p0 = [
-        ("a.weight", (0, 0), (40, 33), a[:40]),
-        ("b.weight", (0,), (500,), b[:500]),
-        ("c.bias", (0, 0, 0), (7, 2, 3), c[:, :2]),
-    ]
-    p1 = [
-        ("c.bias", (0, 2, 0), (7, 6, 3), c[:, 2:]),
-        ("a.weight", (40, 0), (64, 33), a[40:]),
-        ("b.weight", (500,), (1000,), b[500:]),
-    ]
-    return [p0, p1]
 
 
 def _stager(tmp_path, load):
@@ -118,9 +96,9 @@ def _read(s: SlicedStager, payload: bytes) -> None:
 
 
 def test_socket_and_grpc_parts_assemble_every_tensor(tmp_path):
-    w, load = _weights(1), RecordingLoad()
+    w, load = slice_weights(1), RecordingLoad()
     s = _stager(tmp_path, load)
-    p0, p1 = _parts(w)
+    p0, p1 = two_senders(w)
     _feed(s, p0, 0, socket_plane=True)
     assert load.got == {}  # no tensor is complete from one part
     _feed(s, p1, 1, socket_plane=False)
@@ -156,9 +134,9 @@ def _no_trailer(payload: bytes) -> bytes:
     ],
 )
 def test_bad_socket_slices_are_refused_before_the_load(tmp_path, spoil, why):
-    w, load = _weights(2), RecordingLoad()
+    w, load = slice_weights(2), RecordingLoad()
     s = _stager(tmp_path, load)
-    p0, p1 = _parts(w)
+    p0, p1 = two_senders(w)
     _feed(s, p0, 0, socket_plane=False)
     if spoil == "nan":  # a valid checksum over NaN values
         n, start, stop, arr = p1[2]
@@ -193,7 +171,7 @@ def test_a_part_failed_mid_stream_stops_its_reader(tmp_path):
 
 def test_chunks_are_refused_in_a_socket_part(tmp_path):
     s = _stager(tmp_path, RecordingLoad())
-    msgs = iter(part_messages(_parts(_weights())[0], list(SHAPES.items()), 1, "float32",
+    msgs = iter(part_messages(two_senders(slice_weights())[0], list(SHAPES.items()), 1, "float32",
                               group="g", part=0, parts=2, send_data=lambda i, b: None,
                               push_id="2" * 32))  # fmt: skip
     s.header(next(msgs).header)
@@ -207,9 +185,9 @@ def test_chunks_are_refused_in_a_socket_part(tmp_path):
 
 def test_trailer_crc_is_of_the_slice_bytes():
     """The sender's trailer covers exactly the bytes it hands to the data connection."""
-    w = _weights(3)
+    w = slice_weights(3)
     sent: list[bytes] = []
-    msgs = list(part_messages(_parts(w)[0], list(SHAPES.items()), 1, "float32", group="g",
+    msgs = list(part_messages(two_senders(w)[0], list(SHAPES.items()), 1, "float32", group="g",
                               part=0, parts=2, send_data=lambda i, b: sent.append(bytes(b)),
                               push_id="3" * 32))  # fmt: skip
     dones = [m.done for m in msgs if isinstance(m, pb.WeightMessage) and m.HasField("done")]
