@@ -87,8 +87,12 @@ class JaxWeightLoad:
         dtype = np.dtype(var.dtype)
         shape = tuple(var.shape[len(idx) :])
         if self._transform is not None:  # numerics knobs: fp32 numpy math in HF layout
-            ours = jnp.asarray(np.asarray(_to_ours(self._transform(name, array), path, shape)))
-            ours = ours.astype(dtype)
+            # a private host copy first: the transform passes 1-D tensors through, and a device
+            # array made from a view of the staging buffer may read (or alias) it after the next
+            # push has started overwriting it (seen as NaNs in a served norm weight)
+            host = np.array(_to_ours(self._transform(name, array), path, shape), dtype, copy=True)
+            ours = jnp.asarray(host)
+            ours.block_until_ready()
         else:  # cast + HF -> our layout on the device (XLA: ~6x less CPU than numpy for bf16)
             ours = _converter(path[-1] == "kernel", shape, dtype)(array)
             # XLA may read a 64-byte-aligned staging view in place: done before the view goes
