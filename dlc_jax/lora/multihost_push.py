@@ -21,32 +21,17 @@ sampler.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any
 
 import jax
-import numpy as np
 
 from dlc_jax.lora.push import AdapterPusher, AdapterPushError, push_one
 from dlc_jax.sampler.safetensors_io import NP_DTYPES
 from dlc_jax.sampler.types import PushResult
+from dlc_jax.trainer.distributed import leader_json, leader_push_targets
 
 MESSAGE_CHARS = 2000  # a sampler's message as broadcast to the other processes (the rest cut)
-
-
-def broadcast_json(value: Any) -> Any:
-    """``value`` (JSON-able) as process 0 has it, on every process (a collective; the others'
-    ``value`` is ignored)."""
-    from jax.experimental import multihost_utils
-
-    raw = json.dumps(value).encode() if jax.process_index() == 0 else b""
-    n = int(np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(len(raw), np.int32))))
-    buf = np.zeros(n, np.uint8)
-    if raw:
-        buf[:] = np.frombuffer(raw, np.uint8)
-    out = np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8)
-    return json.loads(out.tobytes().decode())
 
 
 def _row(r: PushResult) -> dict:
@@ -66,7 +51,6 @@ class MultiHostAdapterPusher(AdapterPusher):
         from dlc_jax.sampler.client import SamplerClient
         from dlc_jax.sampler.fanout import run_each
         from dlc_jax.sampler.pool import SamplerPool
-        from dlc_jax.sampler.rotation import NoActiveSamplerError
 
         pool = sampler if isinstance(sampler, SamplerPool) else None
         if pool is None and not isinstance(sampler, SamplerClient):
@@ -77,11 +61,7 @@ class MultiHostAdapterPusher(AdapterPusher):
         tensors, meta = self.payload(model)  # collective: every process gathers
         leader = jax.process_index() == 0
         clients = list(pool.clients) if pool is not None else [sampler]
-        mine = (sorted(pool._push_targets()) if pool is not None else [0]) if leader else []
-        targets = [int(i) for i in broadcast_json(mine)]
-        if not targets:
-            assert pool is not None  # one sampler is always a target
-            raise NoActiveSamplerError(pool.rot.why_none())
+        targets = leader_push_targets(pool) if pool is not None else [0]
         t0 = time.monotonic()
         rows: dict[str, dict] = {}
         if leader:
@@ -90,7 +70,7 @@ class MultiHostAdapterPusher(AdapterPusher):
                 lambda c: push_one(c, tensors, version, meta, dtype),
             )
             rows = {str(i): _row(r) for i, r in done.items()}
-        rows = broadcast_json(rows)
+        rows = leader_json(rows)
         results = {
             i: PushResult(
                 rows[str(i)]["ok"],

@@ -160,6 +160,35 @@ def leader_bool(value: bool) -> bool:
     return bool(np.asarray(multihost_utils.broadcast_one_to_all(flag)))
 
 
+def leader_json(value: Any) -> Any:
+    """``value`` (JSON-able) as process 0 has it, on every process (a collective; the others'
+    ``value`` is ignored)."""
+    if jax.process_count() == 1:
+        return value
+    import json
+
+    from jax.experimental import multihost_utils
+
+    raw = json.dumps(value).encode() if jax.process_index() == 0 else b""
+    n = int(np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(len(raw), np.int32))))
+    buf = np.zeros(n, np.uint8)
+    if raw:
+        buf[:] = np.frombuffer(raw, np.uint8)
+    return json.loads(np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8).tobytes())
+
+
+def leader_push_targets(pool) -> list[int]:
+    """The indices of ``pool``'s samplers a multi-host push goes to, as process 0 chose them (in
+    rotation, plus reachable ones when the pool readmits); raises NoActiveSamplerError if none."""
+    from dlc_jax.sampler.rotation import NoActiveSamplerError
+
+    mine = sorted(pool._push_targets()) if jax.process_index() == 0 else []
+    targets = [int(i) for i in leader_json(mine)]
+    if not targets:
+        raise NoActiveSamplerError(pool.rot.why_none())
+    return targets
+
+
 def allgather(x) -> np.ndarray:
     """[P, ...] stack of ``x`` from every process ([1, ...] in a single process)."""
     x = np.asarray(x)

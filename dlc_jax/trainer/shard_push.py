@@ -45,10 +45,10 @@ from dlc_jax.sampler.fanout import fan_out, run_each
 from dlc_jax.sampler.pool import RELAY_MODES, SamplerPool
 from dlc_jax.sampler.pool_relay import fanout_of
 from dlc_jax.sampler.retry import NO_RETRY
-from dlc_jax.sampler.rotation import NoActiveSamplerError
 from dlc_jax.sampler.safetensors_io import NP_DTYPES
 from dlc_jax.sampler.slice_stream import Slice, commit_messages, part_messages
 from dlc_jax.sampler.types import PushResult
+from dlc_jax.trainer.distributed import leader_push_targets
 
 
 def _box(index: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
@@ -99,14 +99,7 @@ def push_shards(
     if relay not in RELAY_MODES:
         raise ValueError(f"push relay must be one of {RELAY_MODES}, got {relay!r}")
     clients = list(pool.clients) if pool is not None else [sampler]
-    targets = [0]
-    if pool is not None:  # process 0's choice (in rotation, or reachable when the pool readmits)
-        mine = set(pool._push_targets()) if jax.process_index() == 0 else set()
-        mask = np.asarray([int(i in mine) for i in range(len(clients))], np.int32)
-        mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
-        targets = [i for i, a in enumerate(mask) if a]
-        if not targets:
-            raise NoActiveSamplerError(pool.rot.why_none())
+    targets = leader_push_targets(pool) if pool is not None else [0]
     gid = np.asarray(secrets.randbits(62), np.int64)
     group = f"{int(np.asarray(multihost_utils.broadcast_one_to_all(gid))):016x}-v{version}"
     rounds = _Rounds(clients, model, version, dtype, chunk_bytes, transport)
