@@ -53,11 +53,16 @@ class LoraAdapter(nnx.Module):
         cd = self.compute_dtype
         rate = getattr(self, "dropout", 0.0)  # set on the training forward only (lora.dropout)
         if rate:
-            from dlc_jax.lora.dropout import drop
-
             x = drop(x, self.drop_key.get_value(), rate)
         h = jnp.tensordot(x.astype(cd), self.a.get_value().astype(cd), axes=self.n_in)
         return self.scale * jnp.tensordot(h, self.b.get_value().astype(cd), axes=1)
+
+
+def drop(x, key_data, rate: float):
+    """``x`` with each element zeroed with probability ``rate``, the rest scaled by
+    1 / (1 - rate) (``lora.dropout``, see `dlc_jax.lora.dropout`)."""
+    keep = jax.random.bernoulli(jax.random.wrap_key_data(key_data), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
 
 
 def module_path(path: Sequence) -> str:

@@ -9,6 +9,7 @@ from flax import nnx
 
 from dlc_jax.errors import UserError
 from dlc_jax.lora.adapters import LoraParam, module_path
+from dlc_jax.model.checksums import array_checksums
 
 META_KEY = "lora_base_fingerprint"
 
@@ -20,8 +21,6 @@ class BaseMismatchError(UserError):
 def base_fingerprint(params) -> str:
     """A short hash of the frozen base (every non-LoRA parameter: path, shape, dtype and two
     32-bit sums of its bits, computed on device)."""
-    from dlc_jax.trainer.checkpoint import array_checksums
-
     base = nnx.split_state(params, LoraParam, ...)[1] if _has_lora(params) else params
     flat = {module_path(p): v.get_value() for p, v in nnx.to_flat_state(base)}
     names = sorted(flat)

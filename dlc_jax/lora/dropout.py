@@ -10,7 +10,8 @@ The randomness comes from the step: `step_key` folds the optimizer's update coun
 ``lora.seed`` (so a resumed run draws the masks it would have drawn), the step splits it per
 micro-batch (`dlc_jax.trainer.step.accumulate_grads`), and `enable_dropout` gives every adapter of
 the traced model its own key (per layer for scanned layers: a [L] stack the layer scan slices like
-the adapter's factors).
+the adapter's factors). The mask itself is drawn in the adapter's forward
+(`dlc_jax.lora.adapters.drop`).
 """
 
 from __future__ import annotations
@@ -49,10 +50,3 @@ def enable_dropout(model, key, rate: float) -> int:
         m.lora.drop_key = LoraDropoutKey(jax.random.key_data(k))
         m.lora.dropout = float(rate)
     return len(mods)
-
-
-def drop(x, key_data, rate: float):
-    """``x`` with each element zeroed with probability ``rate``, the rest scaled by
-    1 / (1 - rate)."""
-    keep = jax.random.bernoulli(jax.random.wrap_key_data(key_data), 1.0 - rate, x.shape)
-    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))

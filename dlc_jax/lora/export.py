@@ -1,6 +1,6 @@
 """Export of a LoRA run: the adapters in the PEFT layout (``adapter_config.json`` +
-``adapter_model.safetensors``, loadable by transformers/peft and vLLM's LoRA loader), or the merged
-HF model.
+``adapter_model.safetensors``, loadable by transformers/peft and vLLM's LoRA loader). A LoRA
+checkpoint's export (merged or adapter) is `dlc_jax.trainer.export_cli.export_lora_checkpoint`.
 
 PEFT names and layouts, per adapted projection ``P`` (HF name ``model.layers.i.self_attn.q_proj``):
 
@@ -87,53 +87,3 @@ def save_peft(model, cfg: LoraConfig, out_dir, *, base: str = "") -> Path:
 def adapter_bytes(model) -> int:
     """Bytes of the adapters as exported (float32)."""
     return int(sum(x.nbytes for _, x in peft_tensors(model)))
-
-
-def export_lora_checkpoint(
-    ckpt_dir,
-    out_dir,
-    meta: dict,
-    model_dir: Path,
-    *,
-    dtype,
-    fmt: str = "merged",
-    max_shard_bytes: int = 2 * 1024**3,
-) -> Path:
-    """Write a LoRA checkpoint (adapters only, see ``dlc_jax.lora.base_check``) as the merged HF
-    model (``fmt='merged'``) or as a PEFT adapter directory (``fmt='adapter'``). The base is
-    ``model_dir`` loaded as the run loaded it, refused unless its fingerprint is the
-    checkpoint's."""
-    from flax import nnx
-
-    from dlc_jax.lora.adapters import LoraParam, apply_lora, merged_model
-    from dlc_jax.lora.base_check import META_KEY, base_fingerprint
-    from dlc_jax.model import load_hf, save_hf
-    from dlc_jax.trainer.config import TrainConfig, from_dict
-    from dlc_jax.trainer.export_cli import restore_params
-
-    if fmt not in ("merged", "adapter"):
-        raise ValueError(f"--lora: {fmt!r} is not one of ['merged', 'adapter']")
-    cfg = from_dict(TrainConfig, meta["config"])
-    import jax.numpy as jnp
-
-    pdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[cfg.model.param_dtype]
-    model = load_hf(str(model_dir), param_dtype=pdt, scan_layers=cfg.model.scan_layers)
-    apply_lora(model, cfg.lora)
-    fp = base_fingerprint(nnx.state(model, nnx.Param))
-    if fp != meta.get(META_KEY):
-        raise ValueError(
-            f"{model_dir} is not the base these adapters were trained on (fingerprint {fp}, "
-            f"checkpoint {meta.get(META_KEY)}); pass the run's base with --model"
-        )
-    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
-        nnx.state(model, LoraParam),
-    )
-    _, restored = restore_params(ckpt_dir, int(meta["step"]), abstract)
-    nnx.update(model, restored)
-    if fmt == "adapter":
-        return save_peft(model, cfg.lora, out_dir, base=str(model_dir))
-    merged = merged_model(model)
-    merged.hf_source = str(model_dir)
-    return Path(save_hf(merged, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes))

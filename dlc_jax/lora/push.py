@@ -8,7 +8,7 @@ Sent over gRPC (an adapter is small: the socket data plane buys nothing), to one
 (`SamplerClient`) or every pushable sampler of a `SamplerPool` (its rotation settled as for a full
 push); handed to an `InProcessSampler` (``sampler.backend=inprocess``) in memory, with the same
 checks. In a multi-host run every process gathers the (small) adapters and process 0 pushes them,
-then tells the others the outcome (`dlc_jax.lora.multihost_push`).
+then tells the others the outcome (`dlc_jax.trainer.lora_push`).
 """
 
 from __future__ import annotations
@@ -129,13 +129,3 @@ class AdapterPusher:
             f"this sampler ({type(sampler).__name__}) takes full weights only: set "
             f"lora.push=merged"
         )
-
-
-def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> AdapterPusher:
-    """The pusher of a ``lora.push=adapter`` run: a multi-host run's is collective
-    (`multihost_push.MultiHostAdapterPusher`: every process gathers, process 0 pushes)."""
-    if multi:
-        from dlc_jax.lora.multihost_push import MultiHostAdapterPusher
-
-        return MultiHostAdapterPusher(cfg)
-    return AdapterPusher(cfg)

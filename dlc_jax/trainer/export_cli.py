@@ -174,6 +174,57 @@ def _write_into_place(out_path: Path, write) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def export_lora_checkpoint(
+    ckpt_dir,
+    out_dir,
+    meta: dict,
+    model_dir: Path,
+    *,
+    dtype,
+    fmt: str = "merged",
+    max_shard_bytes: int = 2 * 1024**3,
+) -> Path:
+    """Write a LoRA checkpoint (adapters only, see ``dlc_jax.lora.base_check``) as the merged HF
+    model (``fmt='merged'``) or as a PEFT adapter directory (``fmt='adapter'``). The base is
+    ``model_dir`` loaded as the run loaded it, refused unless its fingerprint is the
+    checkpoint's."""
+    import jax
+    from flax import nnx
+
+    from dlc_jax.lora.adapters import LoraParam, apply_lora, merged_model
+    from dlc_jax.lora.base_check import META_KEY, base_fingerprint
+    from dlc_jax.lora.export import save_peft
+    from dlc_jax.model import load_hf, save_hf
+    from dlc_jax.trainer.config import TrainConfig, from_dict
+
+    if fmt not in ("merged", "adapter"):
+        raise ValueError(f"--lora: {fmt!r} is not one of ['merged', 'adapter']")
+    cfg = from_dict(TrainConfig, meta["config"])
+    import jax.numpy as jnp
+
+    pdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[cfg.model.param_dtype]
+    model = load_hf(str(model_dir), param_dtype=pdt, scan_layers=cfg.model.scan_layers)
+    apply_lora(model, cfg.lora)
+    fp = base_fingerprint(nnx.state(model, nnx.Param))
+    if fp != meta.get(META_KEY):
+        raise ValueError(
+            f"{model_dir} is not the base these adapters were trained on (fingerprint {fp}, "
+            f"checkpoint {meta.get(META_KEY)}); pass the run's base with --model"
+        )
+    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
+        nnx.state(model, LoraParam),
+    )
+    _, restored = restore_params(ckpt_dir, int(meta["step"]), abstract)
+    nnx.update(model, restored)
+    if fmt == "adapter":
+        return save_peft(model, cfg.lora, out_dir, base=str(model_dir))
+    merged = merged_model(model)
+    merged.hf_source = str(model_dir)
+    return Path(save_hf(merged, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes))
+
+
 def export_checkpoint(
     ckpt_dir,
     out_dir,
@@ -210,8 +261,6 @@ def export_checkpoint(
     step = int(meta["step"])
     model_dir = Path(model_dir) if model_dir else model_dir_from_meta(meta)
     if meta.get("lora_base_fingerprint"):  # a LoRA run: adapters only, on the run's base
-        from dlc_jax.lora.export import export_lora_checkpoint
-
         jdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
 
         def write_lora(tmp: Path) -> None:

@@ -45,7 +45,6 @@ from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.env.trainer_hook import make_env_sampler
 from dlc_jax.errors import UserError
-from dlc_jax.lora.push import adapter_pusher
 from dlc_jax.sampler.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
@@ -53,6 +52,7 @@ from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.eval import Evaluator
 from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
 from dlc_jax.trainer.interrupt import SigintLatch
+from dlc_jax.trainer.lora_push import adapter_pusher
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from dlc_jax.trainer.resync import make_policy

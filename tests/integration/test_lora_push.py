@@ -10,7 +10,7 @@ from flax import nnx
 from model_helpers import LORA_DIMS
 
 from dlc_jax.lora import LoraConfig, LoraParam, apply_lora, merged_model
-from dlc_jax.lora.push import adapter_messages, adapter_pusher, adapter_tensors, hf_base_fingerprint
+from dlc_jax.lora.push import adapter_messages, adapter_tensors, hf_base_fingerprint
 from dlc_jax.model.config import Qwen3Config
 from dlc_jax.model.hf_io import hf_param_shapes, iter_hf_tensors
 from dlc_jax.model.qwen3 import Qwen3ForCausalLM
@@ -27,6 +27,7 @@ from dlc_jax.sampler.adapter_push import (
 )
 from dlc_jax.sampler.weight_checks import PushError
 from dlc_jax.sampler.weight_stream import weight_messages
+from dlc_jax.trainer.lora_push import adapter_pusher
 
 DIMS = LORA_DIMS
 RANK, ALPHA = 4, 8.0

@@ -1,4 +1,8 @@
-"""``lora.push: adapter`` in a multi-host run: a collective, called by every trainer process at the
+"""The trainer's LoRA adapter pusher (`adapter_pusher`): `dlc_jax.lora.push.AdapterPusher` in a
+single-host run; in a multi-host run `MultiHostAdapterPusher`, built on the collectives of
+`dlc_jax.trainer.distributed`.
+
+``lora.push: adapter`` in a multi-host run: a collective, called by every trainer process at the
 same point of the resync (as the full push, `trainer.distributed.push_weights`).
 
 1. Every process gathers the adapter factors (`export.peft_tensors`: one all-gather of every
@@ -26,6 +30,7 @@ from typing import Any
 
 import jax
 
+from dlc_jax.lora.config import LoraConfig
 from dlc_jax.lora.push import AdapterPusher, AdapterPushError, push_one
 from dlc_jax.sampler.safetensors_io import NP_DTYPES
 from dlc_jax.sampler.types import PushResult
@@ -90,3 +95,9 @@ class MultiHostAdapterPusher(AdapterPusher):
         else:
             out = dataclasses.replace(results[0], seconds=seconds)
         return dataclasses.replace(out, egress_bytes=int(sent), transport="grpc")
+
+
+def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> AdapterPusher:
+    """The pusher of a ``lora.push=adapter`` run: a multi-host run's is collective
+    (`MultiHostAdapterPusher`: every process gathers, process 0 pushes)."""
+    return MultiHostAdapterPusher(cfg) if multi else AdapterPusher(cfg)
