@@ -12,6 +12,7 @@ A benchmark result is a plain JSON-able dict::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -47,6 +48,15 @@ def machine_info() -> dict:
     except Exception as e:  # pragma: no cover - jax is a hard dependency
         info["jax_error"] = repr(e)
     return info
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def load_note(info: dict) -> str:
@@ -236,8 +246,6 @@ def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
     """The `size` preset of a benchmark's config with the CLI args that were given applied:
     `arg_fields` maps an argparse attribute to the config field it overrides (unset/empty args keep
     the preset's value). Unknown sizes are a KeyError naming the choices."""
-    import dataclasses
-
     if size not in sizes:
         raise KeyError(f"unknown {bench} bench size {size!r}; choose from {sorted(sizes)}")
     kw = {
@@ -246,15 +254,57 @@ def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
     return dataclasses.replace(sizes[size], **kw)
 
 
-QWEN3_DIMS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-)
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of the Qwen3 a benchmark builds (random weights, tied embeddings; names as
+    in HF ``config.json``, Qwen3-0.6B's by default): every benchmark's config subclasses it and
+    takes its sizes from `SHAPES`. (Not `dlc_jax.model.Qwen3Config` itself: importing the model
+    package imports JAX, and a benchmark's config must not.)"""
+
+    vocab_size: int = 151936
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+
+    def model_config(self, **extra):
+        """A tied-embedding `Qwen3Config` of these dims (``extra``: more of its fields)."""
+        return qwen3_config(self, **extra)
+
+
+# The model shapes the benchmarks run, one table for all; a size preset of a benchmark is one of
+# these (`shape`), some with fewer layers or a smaller vocabulary.
+SHAPES: dict[str, ModelShape] = {
+    "tiny": ModelShape(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ),
+    "small": ModelShape(
+        vocab_size=32768,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
+    "qwen3_0p6b": ModelShape(),  # = dlc_jax.model.PRESETS["Qwen3-0.6B"]'s dims
+}
+
+
+def shape(name: str, **changes: int) -> dict[str, int]:
+    """The fields of `SHAPES` [name] (with ``changes``), to build a benchmark config from."""
+    return dataclasses.asdict(dataclasses.replace(SHAPES[name], **changes))
+
+
+QWEN3_DIMS = tuple(f.name for f in dataclasses.fields(ModelShape))
 
 
 def qwen3_config(dims, **extra):

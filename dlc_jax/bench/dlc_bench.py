@@ -28,16 +28,9 @@ from dlc_jax.bench import common
 
 
 @dataclasses.dataclass(frozen=True)
-class DlcBenchConfig:
+class DlcBenchConfig(common.ModelShape):
     """Model dims, batch rows x length, head size K, timing repeats."""
 
-    vocab_size: int = 32768
-    hidden_size: int = 512
-    intermediate_size: int = 1536
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 8
-    num_key_value_heads: int = 4
-    head_dim: int = 64
     batch: int = 8
     length: int = 128
     head_k: int = 8
@@ -58,20 +51,11 @@ class DlcBenchConfig:
     e2e_max_tokens: int = 8
     e2e_resync_k: int = 2
 
-    def model_config(self):
-        return common.qwen3_config(self)
-
 
 SIZES = {
-    "default": DlcBenchConfig(),
+    "default": DlcBenchConfig(**common.shape("small")),
     "tiny": DlcBenchConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **common.shape("tiny"),
         batch=4,
         length=32,
         head_k=4,
@@ -117,7 +101,7 @@ def make_batch(cfg: DlcBenchConfig) -> dict:
     }
 
 
-def run(cfg: DlcBenchConfig = DlcBenchConfig()) -> dict:
+def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
     import optax
     from flax import nnx
 

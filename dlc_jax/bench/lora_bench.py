@@ -47,36 +47,20 @@ COLUMNS = [
 
 
 @dataclasses.dataclass(frozen=True)
-class LoraBenchConfig:
+class LoraBenchConfig(common.ModelShape):
     """Model shapes (random weights), adapter rank / alpha, push dtype, repeats."""
 
-    vocab_size: int = 32768
-    hidden_size: int = 1024
-    intermediate_size: int = 3072
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 8
-    head_dim: int = 128
     rank: int = 8
     alpha: float = 16.0
     push_dtype: str = "bfloat16"
     repeats: int = 3
 
-    def model_config(self):
-        return common.qwen3_config(self)
-
 
 SIZES = {
-    "small": LoraBenchConfig(),
-    "qwen3_0p6b": LoraBenchConfig(vocab_size=151936, num_hidden_layers=28),
+    "small": LoraBenchConfig(**common.shape("qwen3_0p6b", vocab_size=32768, num_hidden_layers=4)),
+    "qwen3_0p6b": LoraBenchConfig(**common.shape("qwen3_0p6b")),
     "tiny": LoraBenchConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **common.shape("tiny"),
         rank=4,
         repeats=2,
     ),
@@ -85,15 +69,6 @@ SIZES = {
 FULL_GRPC = "full push, merged (gRPC)"
 FULL_SOCKET = "full push, merged (socket data plane)"
 ADAPTER = "adapter push (gRPC)"
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc; 0 elsewhere)."""
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def _adapted_model(cfg: LoraBenchConfig, base_dir: pathlib.Path):
@@ -114,7 +89,7 @@ def _adapted_model(cfg: LoraBenchConfig, base_dir: pathlib.Path):
     return model, lcfg
 
 
-def run(cfg: LoraBenchConfig = LoraBenchConfig()) -> dict:
+def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
     from flax import nnx
 
     from dlc_jax.lora import merged_model
@@ -172,11 +147,11 @@ def run(cfg: LoraBenchConfig = LoraBenchConfig()) -> dict:
             for _ in range(cfg.repeats):
                 for k, fn in paths.items():
                     loads[k].append(os.getloadavg()[0])
-                    c0, s0 = time.process_time(), _proc_cpu_s(pid)
+                    c0, s0 = time.process_time(), (common.proc_cpu_s(pid) or 0.0)
                     t0 = time.perf_counter()
                     r = fn()
                     times[k].append(time.perf_counter() - t0)
-                    cpu[k].append((time.process_time() - c0, _proc_cpu_s(pid) - s0))
+                    cpu[k].append((time.process_time() - c0, (common.proc_cpu_s(pid) or 0.0) - s0))
                     loads[k].append(os.getloadavg()[0])
                     if not r.ok:
                         raise RuntimeError(f"the bench sampler refused a push: {r.message}")

@@ -29,30 +29,29 @@ from . import common
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplerBenchConfig:
+class SamplerBenchConfig(common.ModelShape):
+    """The rollout workload, and the pushed model: its shape (`common.ModelShape`, Qwen3-0.6B's by
+    default), dtype, chunk and repeats."""
+
     model_dir: str | None = None  # rollout model; None = make a tiny random Qwen3
     prompts: int = 16
     n: int = 4
     max_tokens: int = 64
     prompt_len: int = 16
     repeats: int = 3
-    # push model (shapes of Qwen3-0.6B by default)
-    push_vocab: int = 151936
-    push_hidden: int = 1024
-    push_intermediate: int = 3072
-    push_layers: int = 28
-    push_heads: int = 16
-    push_kv_heads: int = 8
-    push_head_dim: int = 128
     push_dtype: str = "bfloat16"
     chunk_mb: int = 16
     push_repeats: int = 2
 
 
 SIZES = {
-    "default": SamplerBenchConfig(),
+    "default": SamplerBenchConfig(**common.shape("qwen3_0p6b")),
     "small": SamplerBenchConfig(
-        prompts=8, n=2, max_tokens=32, repeats=5, push_vocab=32768, push_layers=4
+        **common.shape("qwen3_0p6b", vocab_size=32768, num_hidden_layers=4),
+        prompts=8,
+        n=2,
+        max_tokens=32,
+        repeats=5,
     ),
 }
 
@@ -70,7 +69,7 @@ def from_args(size: str, args) -> SamplerBenchConfig:
         size,
         args,
         model="model_dir",
-        push_layers="push_layers",
+        push_layers="num_hidden_layers",
         push_dtype="push_dtype",
     )
 
@@ -106,19 +105,9 @@ class TransportOnlyBackend(SamplerBackend):
 
 
 def _push_shapes(cfg: SamplerBenchConfig) -> dict[str, tuple[int, ...]]:
-    from dlc_jax.model import Qwen3Config, hf_param_shapes
+    from dlc_jax.model import hf_param_shapes
 
-    qc = Qwen3Config(
-        vocab_size=cfg.push_vocab,
-        hidden_size=cfg.push_hidden,
-        intermediate_size=cfg.push_intermediate,
-        num_hidden_layers=cfg.push_layers,
-        num_attention_heads=cfg.push_heads,
-        num_key_value_heads=cfg.push_kv_heads,
-        head_dim=cfg.push_head_dim,
-        tie_word_embeddings=True,
-    )
-    return hf_param_shapes(qc)
+    return hf_param_shapes(cfg.model_config())
 
 
 def _push_tensors(cfg: SamplerBenchConfig) -> dict[str, np.ndarray]:
@@ -212,7 +201,7 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     total = sum(int(np.prod(s)) * itemsize for s in shapes.values())
     specs = {n: (s, "float32") for n, s in shapes.items()}
     srv = ServerThread(
-        TransportOnlyBackend(specs, cfg.push_vocab), ServerConfig(staging_root=str(tmp))
+        TransportOnlyBackend(specs, cfg.vocab_size), ServerConfig(staging_root=str(tmp))
     ).start()
     grpc_s, raw_s = [], []
     try:
@@ -246,7 +235,7 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     res["config"]["push_tensors"] = len(shapes)
     res["notes"].append(
         f"push model: {len(shapes)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
-        f"{cfg.push_layers} layers, D={cfg.push_hidden}, V={cfg.push_vocab}, tied); "
+        f"{cfg.num_hidden_layers} layers, D={cfg.hidden_size}, V={cfg.vocab_size}, tied); "
         f"chunk {cfg.chunk_mb} MiB; sender in its own process; median of {cfg.push_repeats}: "
         f"gRPC {g:.2f} s, raw socket {rw:.2f} s; the push server verifies and stages but does "
         f"not load into an engine (TransportOnlyBackend)"
@@ -384,7 +373,7 @@ def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[i
         return n, time.perf_counter() - t0
 
 
-def run(cfg: SamplerBenchConfig = SamplerBenchConfig()) -> dict:
+def run(cfg: SamplerBenchConfig = SIZES["default"]) -> dict:
     res = common.new_result(
         "sampler",
         "Sampler service: gRPC vs direct vLLM, weight push vs raw socket",

@@ -30,16 +30,9 @@ from dlc_jax.bench import common, flops
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainerBenchConfig:
+class TrainerBenchConfig(common.ModelShape):
     """Model dims (a small Qwen3), batch [batch, length], timing repeats, which peers to run."""
 
-    vocab_size: int = 32768
-    hidden_size: int = 512
-    intermediate_size: int = 1536
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 8
-    num_key_value_heads: int = 4
-    head_dim: int = 64
     batch: int = 2
     length: int = 256
     chunk_size: int = 256
@@ -50,20 +43,14 @@ class TrainerBenchConfig:
     seed: int = 0
     name: str = "trainer"  # result file name (<out>/<name>.json, .md)
 
-    def model_config(self):
-        return common.qwen3_config(self, max_position_embeddings=max(4096, self.length))
+    def model_config(self, **extra):
+        return common.qwen3_config(self, max_position_embeddings=max(4096, self.length), **extra)
 
 
 SIZES = {
-    "default": TrainerBenchConfig(),
+    "default": TrainerBenchConfig(**common.shape("small")),
     "tiny": TrainerBenchConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **common.shape("tiny"),
         batch=2,
         length=32,
         chunk_size=32,
@@ -72,13 +59,7 @@ SIZES = {
     ),
     # Qwen3-0.6B's vocabulary and width with 4 layers: the LM head dominates, as in RL fine-tuning.
     "qwen3_vocab": TrainerBenchConfig(
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=4,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
+        **common.shape("qwen3_0p6b", num_hidden_layers=4),
         batch=1,
         length=256,
         repeats=2,
@@ -86,13 +67,7 @@ SIZES = {
     # Qwen3-0.6B's full shape (28 layers, tied embeddings; scanned layers in ours): a real model
     # size
     "qwen3_0p6b": TrainerBenchConfig(
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
+        **common.shape("qwen3_0p6b"),
         batch=1,
         length=256,
         repeats=2,
@@ -138,7 +113,7 @@ def _our_fns(model, ids, tgt, chunk_size):
     return (lambda: chunked(params)), (lambda: full(params))
 
 
-def run(cfg: TrainerBenchConfig = TrainerBenchConfig()) -> dict:
+def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
     """Run the benchmark; returns the result dict (see ``common``)."""
     import jax
     from flax import nnx

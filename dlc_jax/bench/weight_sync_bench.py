@@ -27,58 +27,25 @@ import argparse
 import dataclasses
 import os
 import pathlib
-import socket
 import tempfile
-import threading
 import time
 from typing import Any
 
-import numpy as np
-
 from dlc_jax.bench import common
-from dlc_jax.sampler.malloc_env import with_huge_pages
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightSyncBenchConfig:
-    """Pushed model shapes (Qwen3-0.6B by default, random weights), push dtype, chunk, repeats."""
-
-    vocab_size: int = 151936
-    hidden_size: int = 1024
-    intermediate_size: int = 3072
-    num_hidden_layers: int = 28
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 8
-    head_dim: int = 128
-    push_dtype: str = "bfloat16"
-    chunk_mb: int = 16
-    repeats: int = 3
-    # push + load into these serving engines ("jax", "vllm"; () = none) and a relay chain to
-    # this many samplers vs a push to one (0 = none): `weight_sync_engines`
-    engines: tuple[str, ...] = ("jax",)
-    relay_samplers: int = 4
-    # a push from 2 trainer processes x 4 fake CPU devices (`weight_sync_multihost`): bytes per
-    # process vs the model's
-    multihost: bool = True
-    # CPU seconds per GB of each push stage, before / now (`weight_sync_stages`, two child
-    # processes): the figure the machine's load does not move
-    stages: bool = True
-
-    def model_config(self):
-        return common.qwen3_config(self)
-
+from dlc_jax.bench.weight_sync_common import (
+    COLUMNS,
+    ServerProcess,
+    WeightSyncBenchConfig,
+    raw_socket_copy,
+)
 
 SIZES = {
-    "default": WeightSyncBenchConfig(),
-    "small": WeightSyncBenchConfig(vocab_size=32768, num_hidden_layers=4),
+    "default": WeightSyncBenchConfig(**common.shape("qwen3_0p6b")),
+    "small": WeightSyncBenchConfig(
+        **common.shape("qwen3_0p6b", vocab_size=32768, num_hidden_layers=4)
+    ),
     "tiny": WeightSyncBenchConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **common.shape("tiny"),
         chunk_mb=1,
         engines=(),
         relay_samplers=0,
@@ -87,131 +54,8 @@ SIZES = {
     ),
 }
 
-COLUMNS = [
-    "path",
-    "seconds",
-    "MB_per_s",
-    "ratio_vs_raw_socket",
-    "cpu_s",
-    "cpu_bound_s",
-    "egress_MB",
-]
 
-
-def _proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of process `pid` so far (Linux /proc), else None."""
-    import os
-
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
-    """Send the arrays' bytes over one loopback TCP connection; a receiver thread writes them to
-    ``out_path``. Returns seconds from connect until the receiver has written every byte and
-    acked."""
-    total = sum(a.nbytes for a in arrays)
-    srv = socket.create_server(("127.0.0.1", 0))
-    port = srv.getsockname()[1]
-    errors: list[BaseException] = []
-
-    def receive():
-        try:
-            conn, _ = srv.accept()
-            view = memoryview(bytearray(chunk))
-            got = 0
-            with conn, open(out_path, "wb") as f:
-                while got < total:
-                    n = conn.recv_into(view, min(chunk, total - got))
-                    if n == 0:
-                        raise ConnectionError(f"sender closed after {got} of {total} bytes")
-                    f.write(view[:n])
-                    got += n
-                f.flush()
-                conn.sendall(b"k")
-        except BaseException as e:  # noqa: BLE001 - surfaced to the caller below
-            errors.append(e)
-
-    th = threading.Thread(target=receive, daemon=True)
-    th.start()
-    try:
-        t0 = time.perf_counter()
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            for a in arrays:
-                s.sendall(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
-            ack = s.recv(1)
-        dt = time.perf_counter() - t0
-        th.join(timeout=60)
-    finally:
-        srv.close()
-    if errors or ack != b"k":
-        raise RuntimeError(f"raw socket copy failed: {errors[0] if errors else 'no ack'}")
-    return dt
-
-
-def _serve(cfg_dict: dict, staging_root: str) -> None:
-    """Server-process side: a real gRPC sampler service with `TransportOnlyBackend` for the pushed
-    model's tensors; prints its address, serves until stdin closes."""
-    import sys
-
-    from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-    from dlc_jax.model import hf_param_shapes
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
-
-    cfg = WeightSyncBenchConfig(**cfg_dict)
-    mcfg = cfg.model_config()
-    specs = {n: (s, "float32") for n, s in hf_param_shapes(mcfg).items()}
-    srv = ServerThread(
-        TransportOnlyBackend(specs, mcfg.vocab_size),
-        ServerConfig(staging_root=staging_root, data_port=0),
-    ).start()
-    print(srv.address, flush=True)
-    sys.stdin.read()
-    srv.stop()
-
-
-class _ServerProcess:
-    """`_serve` in its own Python process (the sampler is always another process than the
-    trainer)."""
-
-    def __init__(self, cfg: WeightSyncBenchConfig, staging_root: str):
-        import json
-        import subprocess
-        import sys
-
-        code = (
-            "import json, sys; from dlc_jax.bench.weight_sync_bench import _serve; "
-            f"_serve(json.loads({json.dumps(json.dumps(dataclasses.asdict(cfg)))}), "
-            f"{staging_root!r})"
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=with_huge_pages(os.environ),  # as `SamplerProcess` starts a sampler
-        )
-        assert self.proc.stdout is not None  # stdout=PIPE
-        self.address = self.proc.stdout.readline().strip()
-        if not self.address:
-            self.proc.kill()
-            raise RuntimeError(
-                f"weight_sync bench server exited with {self.proc.wait()} before listening"
-            )
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None  # stdin=PIPE
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(60)
-        except Exception:  # noqa: BLE001 - make sure it is gone
-            self.proc.kill()
-
-
-def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
+def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
     from flax import nnx
 
     from dlc_jax.model import Qwen3ForCausalLM, iter_hf_tensors
@@ -231,7 +75,7 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
     version = [0]
     with tempfile.TemporaryDirectory(prefix="dlc_weight_sync_bench_") as d:
         tmp = pathlib.Path(d)
-        srv = _ServerProcess(cfg, str(tmp / "stage"))
+        srv = ServerProcess(cfg, str(tmp / "stage"))
         client = SamplerClient(srv.address, timeout=3600)
         client.wait_ready(120)
 
@@ -260,7 +104,7 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
         cpu: dict[str, list[float]] = {k: [] for k in times}
 
         def cpu_now() -> float | None:
-            server = _proc_cpu_s(srv.proc.pid)
+            server = common.proc_cpu_s(srv.proc.pid)
             return None if server is None else time.process_time() + server
 
         def timed(row: str, fn) -> None:
@@ -317,7 +161,7 @@ def run(cfg: WeightSyncBenchConfig = WeightSyncBenchConfig()) -> dict:
             from dlc_jax.bench.weight_sync_engines import engine_and_relay_rows
 
             extra = engine_and_relay_rows(
-                cfg, model, exported, tmp, lambda: timed("raw socket", raw), _proc_cpu_s
+                cfg, model, exported, tmp, lambda: timed("raw socket", raw), common.proc_cpu_s
             )
             times.update(extra["times"])
             cpu.update(extra["cpu"])

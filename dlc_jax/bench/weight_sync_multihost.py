@@ -6,7 +6,7 @@ figure is each process's bytes out against the model's bytes (load-independent).
 
 `launch(...)` starts the processes (`python -m dlc_jax.bench.weight_sync_multihost ...`, one JSON
 line of results each); `multihost_rows(cfg, tmp)` is the part of `dlc-jax bench weight_sync` that
-runs them against a transport-only sampler (`weight_sync_bench._ServerProcess`) with a random model
+runs them against a transport-only sampler (`weight_sync_common.ServerProcess`) with a random model
 of the bench's shapes; the e2e test runs them with a real model directory against a JAX sampler
 and checks the sampler's log-probs.
 """
@@ -200,7 +200,7 @@ def multihost_rows(
     chain of that many samplers; -> {"rows": [...], "results": [...], "load": the larger 1-min
     load average of before and after}."""
     from dlc_jax.bench import common
-    from dlc_jax.bench.weight_sync_bench import _ServerProcess
+    from dlc_jax.bench.weight_sync_common import ServerProcess
 
     load0 = os.getloadavg()[0]
     n = max(1, int(cfg.relay_samplers))
@@ -209,7 +209,7 @@ def multihost_rows(
     servers: list = []
     try:
         for k in range(n):
-            servers.append(_ServerProcess(cfg, str(tmp / f"stage_multihost{k}")))
+            servers.append(ServerProcess(cfg, str(tmp / f"stage_multihost{k}")))
         dims = {k: getattr(cfg, k) for k in common.QWEN3_DIMS}
         results = launch(
             servers[0].address,
@@ -247,7 +247,7 @@ def add_multihost_part(res: dict, mh: dict) -> None:
     """Add `multihost_rows`' rows, summary, target (max bytes out of one process / the model's
     bytes <= 0.6) and note to the weight_sync result `res`."""
     from dlc_jax.bench import common
-    from dlc_jax.bench.weight_sync_bench import COLUMNS
+    from dlc_jax.bench.weight_sync_common import COLUMNS
 
     unreliable = mh["load"] > 2
     for r in mh["rows"]:
@@ -315,7 +315,7 @@ def multihost_result(cfg) -> dict:
     import tempfile
 
     from dlc_jax.bench import common
-    from dlc_jax.bench.weight_sync_bench import COLUMNS
+    from dlc_jax.bench.weight_sync_common import COLUMNS
 
     res = common.new_result(
         "weight_sync_multihost",

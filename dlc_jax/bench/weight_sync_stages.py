@@ -274,7 +274,7 @@ def main() -> int:
 
     from flax import nnx
 
-    from dlc_jax.bench.weight_sync_bench import WeightSyncBenchConfig
+    from dlc_jax.bench.weight_sync_common import WeightSyncBenchConfig
     from dlc_jax.model import Qwen3ForCausalLM, iter_hf_tensors
     from dlc_jax.sampler import safetensors_io as st
 

@@ -1,5 +1,6 @@
 """Benchmark plumbing: result files, markdown, targets, FLOP counts and peaks (hand-computed)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -73,3 +74,46 @@ def test_peaks_and_mfu():
     )  # longest matching name wins over "TPU v5"
     assert flops.peak_flops("NVIDIA H200", "bfloat16") == 989e12
     assert flops.mfu(98.9e12, "NVIDIA H100 80GB HBM3", "bfloat16") == pytest.approx(0.1)
+
+
+SHAPED_BENCHES = ("dlc_bench", "trainer_bench", "lora_bench", "sampler_bench", "weight_sync_bench")
+
+
+@pytest.mark.parametrize("name", SHAPED_BENCHES)
+def test_every_benchmark_takes_its_model_shape_from_the_shared_table(name):
+    import importlib
+
+    mod = importlib.import_module(f"dlc_jax.bench.{name}")
+    (cls,) = {type(c) for c in mod.SIZES.values()}
+    assert issubclass(cls, common.ModelShape)
+    dims = set(common.QWEN3_DIMS)
+    assert not dims & set(cls.__annotations__), "model dims declared again: use common.ModelShape"
+    widths = {
+        tuple(getattr(s, k) for k in dims - {"num_hidden_layers", "vocab_size"})
+        for s in common.SHAPES.values()
+    }
+    for size, cfg in mod.SIZES.items():
+        assert tuple(getattr(cfg, k) for k in dims - {"num_hidden_layers", "vocab_size"}) in widths
+        assert cfg.model_config().vocab_size == cfg.vocab_size, size
+        assert dataclasses.asdict(cfg)["hidden_size"] == cfg.hidden_size  # JSON layout: flat
+
+
+def test_shared_shapes_match_the_model_presets():
+    from dlc_jax.model import PRESETS
+
+    ref = PRESETS["Qwen3-0.6B"]
+    assert {k: getattr(ref, k) for k in common.QWEN3_DIMS} == dataclasses.asdict(
+        common.SHAPES["qwen3_0p6b"]
+    )
+    assert common.shape("tiny", num_hidden_layers=3)["num_hidden_layers"] == 3
+
+
+def test_sampler_bench_push_layers_flag_sets_the_push_models_layers():
+    import argparse
+
+    from dlc_jax.bench import sampler_bench
+
+    p = argparse.ArgumentParser()
+    sampler_bench.add_args(p)
+    cfg = sampler_bench.from_args("small", p.parse_args(["--push-layers", "2"]))
+    assert cfg.num_hidden_layers == 2 and cfg.vocab_size == 32768

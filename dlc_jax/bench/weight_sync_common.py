@@ -1,0 +1,150 @@
+"""What the weight-sync benchmark's parts share (`weight_sync_bench`, `weight_sync_multihost`,
+`weight_sync_stages`, `weight_sync_engines`): its config, its table's columns, the transport-only
+push server in its own process (`ServerProcess`) and the raw loopback
+socket copy every push is compared with (`raw_socket_copy`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import socket
+import threading
+import time
+
+import numpy as np
+
+from dlc_jax.bench import common
+from dlc_jax.sampler.malloc_env import with_huge_pages
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSyncBenchConfig(common.ModelShape):
+    """Pushed model shapes (Qwen3-0.6B by default, random weights), push dtype, chunk, repeats."""
+
+    push_dtype: str = "bfloat16"
+    chunk_mb: int = 16
+    repeats: int = 3
+    # push + load into these serving engines ("jax", "vllm"; () = none) and a relay chain to
+    # this many samplers vs a push to one (0 = none): `weight_sync_engines`
+    engines: tuple[str, ...] = ("jax",)
+    relay_samplers: int = 4
+    # a push from 2 trainer processes x 4 fake CPU devices (`weight_sync_multihost`): bytes per
+    # process vs the model's
+    multihost: bool = True
+    # CPU seconds per GB of each push stage, before / now (`weight_sync_stages`, two child
+    # processes): the figure the machine's load does not move
+    stages: bool = True
+
+
+COLUMNS = [
+    "path",
+    "seconds",
+    "MB_per_s",
+    "ratio_vs_raw_socket",
+    "cpu_s",
+    "cpu_bound_s",
+    "egress_MB",
+]
+
+
+def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
+    """Send the arrays' bytes over one loopback TCP connection; a receiver thread writes them to
+    ``out_path``. Returns seconds from connect until the receiver has written every byte and
+    acked."""
+    total = sum(a.nbytes for a in arrays)
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    errors: list[BaseException] = []
+
+    def receive():
+        try:
+            conn, _ = srv.accept()
+            view = memoryview(bytearray(chunk))
+            got = 0
+            with conn, open(out_path, "wb") as f:
+                while got < total:
+                    n = conn.recv_into(view, min(chunk, total - got))
+                    if n == 0:
+                        raise ConnectionError(f"sender closed after {got} of {total} bytes")
+                    f.write(view[:n])
+                    got += n
+                f.flush()
+                conn.sendall(b"k")
+        except BaseException as e:  # noqa: BLE001 - surfaced to the caller below
+            errors.append(e)
+
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    try:
+        t0 = time.perf_counter()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            for a in arrays:
+                s.sendall(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+            ack = s.recv(1)
+        dt = time.perf_counter() - t0
+        th.join(timeout=60)
+    finally:
+        srv.close()
+    if errors or ack != b"k":
+        raise RuntimeError(f"raw socket copy failed: {errors[0] if errors else 'no ack'}")
+    return dt
+
+
+def serve(cfg_dict: dict, staging_root: str) -> None:
+    """Server-process side: a real gRPC sampler service with `TransportOnlyBackend` for the pushed
+    model's tensors; prints its address, serves until stdin closes."""
+    import sys
+
+    from dlc_jax.bench.sampler_bench import TransportOnlyBackend
+    from dlc_jax.model import hf_param_shapes
+    from dlc_jax.sampler.server import ServerConfig, ServerThread
+
+    cfg = WeightSyncBenchConfig(**cfg_dict)
+    mcfg = cfg.model_config()
+    specs = {n: (s, "float32") for n, s in hf_param_shapes(mcfg).items()}
+    srv = ServerThread(
+        TransportOnlyBackend(specs, mcfg.vocab_size),
+        ServerConfig(staging_root=staging_root, data_port=0),
+    ).start()
+    print(srv.address, flush=True)
+    sys.stdin.read()
+    srv.stop()
+
+
+class ServerProcess:
+    """`serve` in its own Python process (the sampler is always another process than the
+    trainer)."""
+
+    def __init__(self, cfg: WeightSyncBenchConfig, staging_root: str):
+        import json
+        import subprocess
+        import sys
+
+        code = (
+            "import json, sys; from dlc_jax.bench.weight_sync_common import serve; "
+            f"serve(json.loads({json.dumps(json.dumps(dataclasses.asdict(cfg)))}), "
+            f"{staging_root!r})"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=with_huge_pages(os.environ),  # as `SamplerProcess` starts a sampler
+        )
+        assert self.proc.stdout is not None  # stdout=PIPE
+        self.address = self.proc.stdout.readline().strip()
+        if not self.address:
+            self.proc.kill()
+            raise RuntimeError(
+                f"weight_sync bench server exited with {self.proc.wait()} before listening"
+            )
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None  # stdin=PIPE
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except Exception:  # noqa: BLE001 - make sure it is gone
+            self.proc.kill()
