@@ -14,7 +14,7 @@ import dataclasses
 # delta from prompt log-probs) nor the embedding
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 NEVER_TARGETS = ("lm_head", "embed_tokens")
-PUSH_MODES = ("merged", "adapter")
+PUSH_MODES = ("auto", "merged", "adapter")
 
 
 @dataclasses.dataclass
@@ -25,14 +25,16 @@ class LoraConfig:
     an element of an adapter's input in the training forward (``dlc_jax.lora.dropout``; 0 = off;
     never in the theta_s forward or the sampler); push: 'merged' = the sampler receives base +
     delta as a full model through the usual weight push, 'adapter' = it receives the adapters
-    alone (PEFT names) and serves base + delta itself (``dlc_jax.lora.push``); seed: the
+    alone (PEFT names) and serves base + delta itself (``dlc_jax.lora.push``), 'auto' = adapter
+    where the sampler declares it serves adapters and serves the trainer's base, else merged
+    (``dlc_jax.lora.push.choose_push``; the trainer's start log says which and why); seed: the
     adapters' initialization (A random, B zero: the delta starts at 0) and the dropout masks."""
 
     rank: int = 0
     alpha: float = 32.0
     targets: str = ",".join(DEFAULT_TARGETS)
     dropout: float = 0.0
-    push: str = "merged"
+    push: str = "auto"
     seed: int = 0
 
     def __post_init__(self):

@@ -14,6 +14,7 @@ then tells the others the outcome (`dlc_jax.trainer.lora_push`).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -129,3 +130,41 @@ class AdapterPusher:
             f"this sampler ({type(sampler).__name__}) takes full weights only: set "
             f"lora.push=merged"
         )
+
+
+# samplers that merge an adapter of any rank into the base they loaded (their Info's backend)
+MERGING_BACKENDS = ("jax", "inprocess")
+
+
+def serves_adapters(info: Mapping[str, Any], rank: int) -> tuple[bool, str]:
+    """Whether a sampler serves rank-``rank`` adapter pushes, from what it declares (its Info):
+    ``backend`` jax / inprocess merge any rank; vllm serves up to its ``backend_config``'s
+    ``max_lora_rank`` (0: LoRA off); any other backend takes full weights only. Returns
+    (yes, why)."""
+    backend = str(info.get("backend") or "")
+    if backend in MERGING_BACKENDS:
+        return True, f"the {backend} sampler serves adapter pushes"
+    if backend == "vllm":
+        max_rank = int((info.get("backend_config") or {}).get("max_lora_rank") or 0)
+        if max_rank >= rank:
+            return True, f"the vllm sampler serves adapters up to rank {max_rank}"
+        return False, (
+            f"the vllm sampler serves no rank-{rank} adapter (started with --max-lora-rank "
+            f"{max_rank})"
+        )
+    return False, f"the {backend or 'given'} sampler declares no adapter serving"
+
+
+def choose_push(
+    mode: str, rank: int, info: Mapping[str, Any] | None, *, base_issue: str = ""
+) -> tuple[str, str]:
+    """('adapter' | 'merged', why) of ``lora.push = mode`` for a run of adapter rank ``rank``.
+    'merged' and 'adapter' are taken as set; 'auto' is 'adapter' when the sampler serves adapters
+    (`serves_adapters` of its declared ``info``) and nothing makes the base it serves differ from
+    the trainer's (``base_issue``: what would, '' for nothing), else 'merged'."""
+    if mode != "auto":
+        return mode, f"lora.push={mode}"
+    if base_issue:
+        return "merged", f"lora.push=auto: {base_issue}"
+    ok, why = serves_adapters(info or {}, rank)
+    return ("adapter" if ok else "merged"), f"lora.push=auto: {why}"

@@ -52,7 +52,7 @@ from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.eval import Evaluator
 from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
 from dlc_jax.trainer.interrupt import SigintLatch
-from dlc_jax.trainer.lora_push import adapter_pusher
+from dlc_jax.trainer.lora_push import adapter_pusher, choose_lora_push, started_sampler_info
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from dlc_jax.trainer.resync import make_policy
@@ -121,7 +121,9 @@ class Trainer:
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
         setup = make_train_setup(cfg, self.model_dir, self.mesh)
         self.state, self.tx, self.schedule = setup.state, setup.tx, setup.schedule
-        self.serve = setup.serve  # what the sampler gets for a trained module (LoRA: merged)
+        # what a push sends for a trained module: the adapted model when the link pushes its
+        # adapters alone (lora.push), else the full model (LoRA: base + delta merged)
+        self.serve = lambda m: m if self.link.adapter is not None else setup.serve(m)
         self.step_cfg, self.train_step = setup.step_cfg, setup.train_step
         self.policy = make_policy(cfg.resync)
         self.rewards = rewards
@@ -145,11 +147,11 @@ class Trainer:
                 s, model_dir=self.model_dir, log_dir=cfg.log.dir, multi=self.multi, sampler=sampler
             )
         self.link.on_reconnect = self._on_reconnect
-        if setup.adapter_push:
-            given = sampler is not None  # a Sampler handed in: its type decides at the push
-            self.link.adapter = adapter_pusher(
-                cfg.lora, multi=self.multi, backend=None if given else s.backend
-            )
+        self._lora_push = setup.adapters  # lora.push to resolve (sampler.address: at connect)
+        if setup.adapters and not (isinstance(sampler, SamplerLink) and s.address):
+            own = isinstance(sampler, SamplerLink)  # started here (spawned / in process)
+            info = started_sampler_info(s.backend, cfg.lora.rank) if own else sampler.info()
+            self._choose_lora_push(info, started_here=own)
         # env.fn: every rollout is an episode of that environment, run behind the Sampler protocol
         self.env = make_env_sampler(cfg, self.tokenizer, lambda: self.link.client)
         self.batches = BatchCollector(
@@ -237,6 +239,8 @@ class Trainer:
         """Connect the sampler (giving it the resumed weights) and open the metrics outputs."""
         try:
             self.link.connect()
+            if self._lora_push:  # sampler.address: by what the connected sampler declares
+                self._choose_lora_push(self.link.client.info(), started_here=False)
             if self.resumed:
                 v = self.state.synced_version
                 served = lambda: self.serve(self.state.model_at(v))  # noqa: E731
@@ -247,6 +251,17 @@ class Trainer:
         return open_metrics(
             self.cfg, lead=self.proc.is_leader, step=self.state.step, append=self.resumed
         )
+
+    def _choose_lora_push(self, info: dict, *, started_here: bool) -> None:
+        """Resolve ``lora.push`` for the sampler that declares ``info`` (one log line: which and
+        why); an adapter push sets the link's adapter pusher."""
+        choice, why = choose_lora_push(
+            self.cfg, self.model_dir, info, started_here=started_here, multi=self.multi
+        )
+        logger.info("lora.push: %s pushes (%s)", choice, why)
+        if choice == "adapter":
+            self.link.adapter = adapter_pusher(self.cfg.lora, multi=self.multi, backend=None)
+        self._lora_push = False
 
     def _finish(self, metrics: MetricsLogger, finished: bool, seconds: float) -> dict:
         """Checkpoint on exit, write the summary (process 0), close everything; returns the

@@ -1,6 +1,7 @@
-"""The trainer's LoRA adapter pusher (`adapter_pusher`): `dlc_jax.lora.push.AdapterPusher` in a
-single-host run; in a multi-host run `MultiHostAdapterPusher`, built on the collectives of
-`dlc_jax.trainer.distributed`.
+"""What the trainer's pushes carry in a LoRA run (`choose_lora_push`: ``lora.push`` resolved
+against the sampler, ``auto`` by what it declares) and the adapter pusher (`adapter_pusher`):
+`dlc_jax.lora.push.AdapterPusher` in a single-host run; in a multi-host run
+`MultiHostAdapterPusher`, built on the collectives of `dlc_jax.trainer.distributed`.
 
 ``lora.push: adapter`` in a multi-host run: a collective, called by every trainer process at the
 same point of the resync (as the full push, `trainer.distributed.push_weights`).
@@ -25,16 +26,21 @@ sampler.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
 
 from dlc_jax.lora.config import LoraConfig
-from dlc_jax.lora.push import AdapterPusher, AdapterPushError, push_one
+from dlc_jax.lora.push import AdapterPusher, AdapterPushError, choose_push, push_one
 from dlc_jax.sampler.safetensors_io import NP_DTYPES
 from dlc_jax.sampler.types import PushResult
-from dlc_jax.trainer.distributed import leader_json, leader_push_targets
+from dlc_jax.trainer.distributed import leader_bool, leader_json, leader_push_targets
+
+logger = logging.getLogger(__name__)
 
 MESSAGE_CHARS = 2000  # a sampler's message as broadcast to the other processes (the rest cut)
 
@@ -101,3 +107,48 @@ def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> Adap
     """The pusher of a ``lora.push=adapter`` run: a multi-host run's is collective
     (`MultiHostAdapterPusher`: every process gathers, process 0 pushes)."""
     return MultiHostAdapterPusher(cfg) if multi else AdapterPusher(cfg)
+
+
+def started_sampler_info(backend: str, rank: int) -> dict:
+    """What a sampler the trainer starts itself declares (`SamplerLink` spawns it, or runs it in
+    process, with ``--max-lora-rank lora.rank`` when adapters are pushed): its backend."""
+    return {"backend": backend, "backend_config": {"max_lora_rank": rank}}
+
+
+def stored_dtype(model_dir) -> str:
+    """The dtype of ``model_dir``'s weights as its ``config.json`` states it ('' if it does not)."""
+    try:
+        d = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(d.get("torch_dtype") or d.get("dtype") or "")
+
+
+def base_issue(cfg, model_dir, *, started_here: bool) -> str:
+    """What would make a sampler's base differ from the trainer's ('' for nothing): an adapter is
+    merged into the base the sampler loaded, and refused unless its fingerprint is the trainer's."""
+    pd = cfg.model.param_dtype
+    if pd != "float32" and stored_dtype(model_dir) != pd:
+        return (
+            f"model.param_dtype {pd} rounds the base the sampler loads "
+            f"({stored_dtype(model_dir) or 'dtype unstated'} in {model_dir})"
+        )
+    if cfg.sft.enabled and not started_here:
+        return "the SFT-warmed base is not what a sampler started elsewhere serves"
+    return ""
+
+
+def choose_lora_push(
+    cfg, model_dir, info: dict, *, started_here: bool, multi: bool = False
+) -> tuple[str, str]:
+    """('adapter' | 'merged', why) of the run's ``lora.push`` for the sampler that declares
+    ``info`` (`lora.push.choose_push`); in a multi-host run process 0's choice (a collective)."""
+    issue = base_issue(cfg, model_dir, started_here=started_here)
+    choice, why = choose_push(cfg.lora.push, cfg.lora.rank, info, base_issue=issue)
+    if (
+        multi
+        and cfg.lora.push == "auto"
+        and leader_bool(choice == "adapter") != (choice == "adapter")
+    ):
+        choice, why = ("merged" if choice == "adapter" else "adapter"), f"{why} (process 0's)"
+    return choice, why

@@ -52,9 +52,10 @@ def load_train_model(cfg: TrainConfig, model_dir, mesh):
 @dataclasses.dataclass
 class TrainSetup:
     """state: the train state (params, optimizer state, theta_s snapshots); tx / schedule: the
-    optimizer and its learning-rate schedule; serve: what the sampler gets for a trained module
-    (LoRA: base + delta, a full model, or under lora.push=adapter the adapted model, whose adapters
-    alone the link pushes); adapter_push: lora.push=adapter with adapters on; base_fp: the LoRA
+    optimizer and its learning-rate schedule; serve: what a full push sends for a trained module
+    (LoRA: base + delta, a full model; an adapter push sends the adapters alone, see
+    `trainer.lora_push`); adapters: LoRA adapters are on (``lora.push`` decides what a push
+    carries, `Trainer`); base_fp: the LoRA
     base's fingerprint (None without LoRA); step_cfg: the step's configuration; train_step /
     snapshot_lp: the jitted step and theta_s forward."""
 
@@ -62,7 +63,7 @@ class TrainSetup:
     tx: Any
     schedule: Callable[[Any], Any]
     serve: Callable[[Any], Any]
-    adapter_push: bool
+    adapters: bool
     base_fp: Any
     step_cfg: StepConfig
     train_step: Callable[..., Any]
@@ -83,9 +84,7 @@ def make_train_setup(cfg: TrainConfig, model_dir: str | Path, mesh) -> TrainSetu
         mesh=mesh,
         trainable=trainable_filter(cfg.lora),
     )
-    adapter_push = bool(adapted) and cfg.lora.push == "adapter"
-    merge = bool(adapted) and not adapter_push
-    serve: Callable[[Any], Any] = merged_model if merge else (lambda m: m)
+    serve: Callable[[Any], Any] = merged_model if adapted else (lambda m: m)
     base_fp = base_fingerprint(state.params) if adapted else None
     if adapted:
         logger.info(
@@ -115,5 +114,5 @@ def make_train_setup(cfg: TrainConfig, model_dir: str | Path, mesh) -> TrainSetu
     train_step = make_train_step(state.graphdef, tx, step_cfg, trainable=state.trainable, **shard)
     snapshot_lp = make_snapshot_logprobs(state.graphdef, step_cfg)
     return TrainSetup(
-        state, tx, schedule, serve, adapter_push, base_fp, step_cfg, train_step, snapshot_lp
+        state, tx, schedule, serve, bool(adapted), base_fp, step_cfg, train_step, snapshot_lp
     )

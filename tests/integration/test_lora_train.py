@@ -3,6 +3,7 @@ theta_s (delta stays at the fp32 floor), checkpoints hold the adapters only with
 fingerprint, and `dlc-jax export` writes the merged model and the PEFT adapter."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ def tiny_dir(tmp_path_factory):
     )
 
 
-def test_lora_run_merged_pushes_adapter_checkpoints_and_export(tiny_dir, tmp_path):
+def test_lora_run_merged_pushes_adapter_checkpoints_and_export(tiny_dir, tmp_path, caplog):
     from dlc_jax.lora import adapter_parameter_count, merged_model
     from dlc_jax.model import load_hf
     from dlc_jax.trainer.build import build_trainer
@@ -48,8 +49,11 @@ def test_lora_run_merged_pushes_adapter_checkpoints_and_export(tiny_dir, tmp_pat
         "reward.format_bonus=1",
         "reward.strict_format=(?s).*e.*",
         "lora.rank=4",
+        "lora.push=merged",  # (the default, auto, pushes adapters to this sampler)
     ]
-    t = build_trainer(load_config(default_config_path(), overrides))
+    with caplog.at_level(logging.INFO, logger="dlc_jax.trainer.loop"):
+        t = build_trainer(load_config(default_config_path(), overrides))
+    assert "lora.push: merged pushes (lora.push=merged)" in caplog.messages
     s = t.run()
     assert s["finished"] and s["resync_count"] == 2
     rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
