@@ -50,7 +50,7 @@ def _episode(rng, vocab, slot, g, versions=(0, 0), env_len=3):
 
 
 def _setup(tiny_dir):
-    from dlc_jax.model.hf_io import load_hf
+    from dlc_jax.model.hf_load import load_hf
 
     model = load_hf(str(tiny_dir))
     tx = make_optimizer(OptimSection(lr=1e-2, decay="constant", grad_clip=1.0), 10)

@@ -13,7 +13,7 @@ from dlc_jax.trainer.step import StepConfig, device_batch, make_snapshot_logprob
 
 
 def _load(tiny_dir, mesh=None):
-    from dlc_jax.model.hf_io import load_hf
+    from dlc_jax.model.hf_load import load_hf
 
     return load_hf(str(tiny_dir), mesh=mesh)
 
