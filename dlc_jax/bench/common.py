@@ -299,7 +299,7 @@ SHAPES: dict[str, ModelShape] = {
 }
 
 
-def shape(name: str, **changes: int) -> dict[str, int]:
+def shape(name: str, **changes: int) -> dict[str, Any]:
     """The fields of `SHAPES` [name] (with ``changes``), to build a benchmark config from."""
     return dataclasses.asdict(dataclasses.replace(SHAPES[name], **changes))
 

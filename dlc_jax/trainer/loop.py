@@ -121,9 +121,7 @@ class Trainer:
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
         setup = make_train_setup(cfg, self.model_dir, self.mesh)
         self.state, self.tx, self.schedule = setup.state, setup.tx, setup.schedule
-        # what a push sends for a trained module: the adapted model when the link pushes its
-        # adapters alone (lora.push), else the full model (LoRA: base + delta merged)
-        self.serve = lambda m: m if self.link.adapter is not None else setup.serve(m)
+        self._full = setup.serve  # a full push's model (LoRA: base + delta merged)
         self.step_cfg, self.train_step = setup.step_cfg, setup.train_step
         self.policy = make_policy(cfg.resync)
         self.rewards = rewards
@@ -148,10 +146,11 @@ class Trainer:
             )
         self.link.on_reconnect = self._on_reconnect
         self._lora_push = setup.adapters  # lora.push to resolve (sampler.address: at connect)
-        if setup.adapters and not (isinstance(sampler, SamplerLink) and s.address):
-            own = isinstance(sampler, SamplerLink)  # started here (spawned / in process)
-            info = started_sampler_info(s.backend, cfg.lora.rank) if own else sampler.info()
-            self._choose_lora_push(info, started_here=own)
+        if setup.adapters and not isinstance(sampler, SamplerLink):  # as the sampler declares
+            self._choose_lora_push(sampler.info(), started_here=False)
+        elif setup.adapters and not s.address:  # the sampler the link starts (spawned/in process)
+            own = started_sampler_info(s.backend, cfg.lora.rank)
+            self._choose_lora_push(own, started_here=True)
         # env.fn: every rollout is an episode of that environment, run behind the Sampler protocol
         self.env = make_env_sampler(cfg, self.tokenizer, lambda: self.link.client)
         self.batches = BatchCollector(
@@ -251,6 +250,11 @@ class Trainer:
         return open_metrics(
             self.cfg, lead=self.proc.is_leader, step=self.state.step, append=self.resumed
         )
+
+    def serve(self, model):
+        """What a push sends for trained ``model``: the adapted model when the link pushes its
+        adapters alone (``lora.push``), else the full model (LoRA: base + delta merged)."""
+        return model if self.link.adapter is not None else self._full(model)
 
     def _choose_lora_push(self, info: dict, *, started_here: bool) -> None:
         """Resolve ``lora.push`` for the sampler that declares ``info`` (one log line: which and
