@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from dlc_jax.model.config import ModelShape
+
 
 def machine_info() -> dict:
     """Host facts that matter for reading a timing: CPUs, load, backend, library versions."""
@@ -255,19 +257,9 @@ def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelShape:
-    """The dimensions of the Qwen3 a benchmark builds (random weights, tied embeddings; names as
-    in HF ``config.json``, Qwen3-0.6B's by default): every benchmark's config subclasses it and
-    takes its sizes from `SHAPES`. (Not `dlc_jax.model.Qwen3Config` itself: importing the model
-    package imports JAX, and a benchmark's config must not.)"""
-
-    vocab_size: int = 151936
-    hidden_size: int = 1024
-    intermediate_size: int = 3072
-    num_hidden_layers: int = 28
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 8
-    head_dim: int = 128
+class BenchShape(ModelShape):
+    """A benchmark's config: the Qwen3 it builds (random weights, tied embeddings) has these dims
+    (`dlc_jax.model.config.ModelShape`, the model's own), taken from `SHAPES`."""
 
     def model_config(self, **extra):
         """A tied-embedding `Qwen3Config` of these dims (``extra``: more of its fields)."""
@@ -295,7 +287,7 @@ SHAPES: dict[str, ModelShape] = {
         num_key_value_heads=4,
         head_dim=64,
     ),
-    "qwen3_0p6b": ModelShape(),  # = dlc_jax.model.PRESETS["Qwen3-0.6B"]'s dims
+    "qwen3_0p6b": ModelShape(),  # = dlc_jax.model.PRESETS["Qwen3-0.6B"]'s dims (the defaults)
 }
 
 

@@ -28,7 +28,7 @@ from dlc_jax.bench import common
 
 
 @dataclasses.dataclass(frozen=True)
-class DlcBenchConfig(common.ModelShape):
+class DlcBenchConfig(common.BenchShape):
     """Model dims, batch rows x length, head size K, timing repeats."""
 
     batch: int = 8

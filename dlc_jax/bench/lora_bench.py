@@ -47,7 +47,7 @@ COLUMNS = [
 
 
 @dataclasses.dataclass(frozen=True)
-class LoraBenchConfig(common.ModelShape):
+class LoraBenchConfig(common.BenchShape):
     """Model shapes (random weights), adapter rank / alpha, push dtype, repeats."""
 
     rank: int = 8

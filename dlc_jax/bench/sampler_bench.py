@@ -29,7 +29,7 @@ from . import common
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplerBenchConfig(common.ModelShape):
+class SamplerBenchConfig(common.BenchShape):
     """The rollout workload, and the pushed model: its shape (`common.ModelShape`, Qwen3-0.6B's by
     default), dtype, chunk and repeats."""
 

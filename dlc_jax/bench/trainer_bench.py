@@ -30,7 +30,7 @@ from dlc_jax.bench import common, flops
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainerBenchConfig(common.ModelShape):
+class TrainerBenchConfig(common.BenchShape):
     """Model dims (a small Qwen3), batch [batch, length], timing repeats, which peers to run."""
 
     batch: int = 2

@@ -19,7 +19,7 @@ from dlc_jax.sampler.malloc_env import with_huge_pages
 
 
 @dataclasses.dataclass(frozen=True)
-class WeightSyncBenchConfig(common.ModelShape):
+class WeightSyncBenchConfig(common.BenchShape):
     """Pushed model shapes (Qwen3-0.6B by default, random weights), push dtype, chunk, repeats."""
 
     push_dtype: str = "bfloat16"

@@ -19,8 +19,10 @@ class UnsupportedModelError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Qwen3Config:
-    """Dimensions of a Qwen3 decoder (names as in HF `config.json`)."""
+class ModelShape:
+    """The dimensions of a Qwen3 decoder (names as in HF `config.json`; Qwen3-0.6B's by default):
+    the first fields of `Qwen3Config`, and the shape every benchmark builds
+    (`dlc_jax.bench.common.SHAPES`)."""
 
     vocab_size: int = 151936
     hidden_size: int = 1024
@@ -29,6 +31,13 @@ class Qwen3Config:
     num_attention_heads: int = 16
     num_key_value_heads: int = 8
     head_dim: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config(ModelShape):
+    """A Qwen3 decoder: its dimensions (`ModelShape`) and the rest of HF `config.json` (names as
+    there), then how the model runs."""
+
     tie_word_embeddings: bool = True
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6

@@ -7,6 +7,7 @@ import pytest
 
 from dlc_jax.bench import common, flops
 from dlc_jax.model import Qwen3Config
+from dlc_jax.model.config import ModelShape
 
 
 def test_target_checks_both_directions_and_missing():
@@ -85,9 +86,9 @@ def test_every_benchmark_takes_its_model_shape_from_the_shared_table(name):
 
     mod = importlib.import_module(f"dlc_jax.bench.{name}")
     (cls,) = {type(c) for c in mod.SIZES.values()}
-    assert issubclass(cls, common.ModelShape)
+    assert issubclass(cls, common.BenchShape) and issubclass(cls, ModelShape)
     dims = set(common.QWEN3_DIMS)
-    assert not dims & set(cls.__annotations__), "model dims declared again: use common.ModelShape"
+    assert not dims & set(cls.__annotations__), "model dims declared again: use common.BenchShape"
     widths = {
         tuple(getattr(s, k) for k in dims - {"num_hidden_layers", "vocab_size"})
         for s in common.SHAPES.values()
@@ -101,6 +102,8 @@ def test_every_benchmark_takes_its_model_shape_from_the_shared_table(name):
 def test_shared_shapes_match_the_model_presets():
     from dlc_jax.model import PRESETS
 
+    assert issubclass(Qwen3Config, ModelShape)  # one declaration of the dims: the model's
+    assert not set(common.QWEN3_DIMS) & set(Qwen3Config.__annotations__)
     ref = PRESETS["Qwen3-0.6B"]
     assert {k: getattr(ref, k) for k in common.QWEN3_DIMS} == dataclasses.asdict(
         common.SHAPES["qwen3_0p6b"]
