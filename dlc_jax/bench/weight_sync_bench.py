@@ -75,7 +75,7 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
     version = [0]
     with tempfile.TemporaryDirectory(prefix="dlc_weight_sync_bench_") as d:
         tmp = pathlib.Path(d)
-        srv = ServerProcess(cfg, str(tmp / "stage"))
+        srv = ServerProcess.transport_only(cfg, str(tmp / "stage"))
         client = SamplerClient(srv.address, timeout=3600)
         client.wait_ready(120)
 

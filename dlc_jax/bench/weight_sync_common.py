@@ -6,9 +6,12 @@ socket copy every push is compared with (`raw_socket_copy`)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -94,8 +97,6 @@ def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int
 def serve(cfg_dict: dict, staging_root: str) -> None:
     """Server-process side: a real gRPC sampler service with `TransportOnlyBackend` for the pushed
     model's tensors; prints its address, serves until stdin closes."""
-    import sys
-
     from dlc_jax.bench.sampler_bench import TransportOnlyBackend
     from dlc_jax.model import hf_param_shapes
     from dlc_jax.sampler.server import ServerConfig, ServerThread
@@ -113,19 +114,10 @@ def serve(cfg_dict: dict, staging_root: str) -> None:
 
 
 class ServerProcess:
-    """`serve` in its own Python process (the sampler is always another process than the
-    trainer)."""
+    """A push server in its own Python process (the sampler is always another process than the
+    trainer): ``python -c code`` prints its address (host:port) and serves until stdin closes."""
 
-    def __init__(self, cfg: WeightSyncBenchConfig, staging_root: str):
-        import json
-        import subprocess
-        import sys
-
-        code = (
-            "import json, sys; from dlc_jax.bench.weight_sync_common import serve; "
-            f"serve(json.loads({json.dumps(json.dumps(dataclasses.asdict(cfg)))}), "
-            f"{staging_root!r})"
-        )
+    def __init__(self, code: str, what: str, start_timeout: float = 900.0):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code],
             stdin=subprocess.PIPE,
@@ -134,17 +126,33 @@ class ServerProcess:
             env=with_huge_pages(os.environ),  # as `SamplerProcess` starts a sampler
         )
         assert self.proc.stdout is not None  # stdout=PIPE
-        self.address = self.proc.stdout.readline().strip()
+        self.address = ""
+        t0 = time.monotonic()
+        while not self.address and time.monotonic() - t0 < start_timeout:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            line = line.strip()
+            if line.count(":") == 1 and line.rsplit(":", 1)[1].isdigit():
+                self.address = line
         if not self.address:
             self.proc.kill()
-            raise RuntimeError(
-                f"weight_sync bench server exited with {self.proc.wait()} before listening"
-            )
+            raise RuntimeError(f"{what} exited with {self.proc.wait()} before listening")
+
+    @classmethod
+    def transport_only(cls, cfg: WeightSyncBenchConfig, staging_root: str) -> ServerProcess:
+        """`serve` (the transport-only server of ``cfg``'s model) in its own process."""
+        code = (
+            "import json, sys; from dlc_jax.bench.weight_sync_common import serve; "
+            f"serve(json.loads({json.dumps(json.dumps(dataclasses.asdict(cfg)))}), "
+            f"{staging_root!r})"
+        )
+        return cls(code, "weight_sync bench server")
 
     def stop(self) -> None:
         assert self.proc.stdin is not None  # stdin=PIPE
         self.proc.stdin.close()
         try:
-            self.proc.wait(60)
-        except Exception:  # noqa: BLE001 - make sure it is gone
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
             self.proc.kill()

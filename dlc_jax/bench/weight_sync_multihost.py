@@ -209,7 +209,7 @@ def multihost_rows(
     servers: list = []
     try:
         for k in range(n):
-            servers.append(ServerProcess(cfg, str(tmp / f"stage_multihost{k}")))
+            servers.append(ServerProcess.transport_only(cfg, str(tmp / f"stage_multihost{k}")))
         dims = {k: getattr(cfg, k) for k in common.QWEN3_DIMS}
         results = launch(
             servers[0].address,
