@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dlc_jax.experiments.results import RunResult
-from dlc_jax.experiments.stats import NAN_INTERVAL, Interval, mean_interval
-from dlc_jax.experiments.sweep import learning_delta
+from dlc_jax.experiments.stats import NAN_INTERVAL, Interval, learning_delta, mean_interval
 
 Z_95, Z_80 = 1.959964, 0.841621
 # The accuracy the summary, the first table and the paired differences use: greedy answers of

@@ -36,6 +36,7 @@ from dlc_jax.experiments.launch import (
 )
 from dlc_jax.experiments.matrix import RunSpec, onpolicy_name, run_specs
 from dlc_jax.experiments.presets import ExperimentPreset
+from dlc_jax.experiments.report import write_report
 from dlc_jax.experiments.run_outputs import run_result, write_noise
 
 
@@ -324,8 +325,6 @@ class Experiment:
             run_result(alias, run_dir, kl, own, held).save(self.out)
 
     def write_report(self) -> Path:
-        from dlc_jax.experiments.report import write_report
-
         notes = list(self.preset.notes)
         f = self.out / "failures.json"
         if f.exists() and json.loads(f.read_text()):

@@ -195,3 +195,28 @@ def seed_band(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     x = np.asarray(rows, np.float64)
     with np.errstate(all="ignore"):
         return np.nanmean(x, 0), np.nanmin(x, 0), np.nanmax(x, 0)
+
+
+def learning_delta(heldout_runs: list[dict], key: str = "sampled") -> Interval:
+    """Held-out accuracy at the last checkpoint minus at step 0, mean over runs, with a two-level
+    percentile bootstrap (runs, then prompts within each run, both with replacement): the interval
+    covers both the seed-to-seed spread and the finite prompt set."""
+    rows = [
+        np.asarray(h[f"{key}_correct"][-1], float) - np.asarray(h[f"{key}_correct"][0], float)
+        for h in heldout_runs
+        if h
+    ]
+    if not rows:
+        return mean_interval([])
+    per = np.stack(rows)  # [runs, prompts]
+    rng = np.random.default_rng(7)
+    n_boot = 2000
+    ri = rng.integers(0, per.shape[0], (n_boot, per.shape[0]))
+    pi = rng.integers(0, per.shape[1], (n_boot, per.shape[0], per.shape[1]))
+    boots = np.take_along_axis(per[ri], pi, axis=2).mean(axis=(1, 2))
+    return Interval(
+        float(per.mean()),
+        float(np.percentile(boots, 2.5)),
+        float(np.percentile(boots, 97.5)),
+        int(per.shape[0]),
+    )

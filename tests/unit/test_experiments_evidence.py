@@ -14,7 +14,7 @@ from dlc_jax.experiments.evidence import (
     summary_json,
 )
 from dlc_jax.experiments.results import RunResult
-from dlc_jax.experiments.sweep import learning_delta
+from dlc_jax.experiments.stats import learning_delta
 
 
 def _held(start, end, n=4):
