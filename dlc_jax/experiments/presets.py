@@ -90,6 +90,9 @@ ARMS: dict[str, Arm] = {
         Arm("dlc_noresync", "dlc"),
         # diagnostic: DLC's lag clip against theta_s alone (no head, so no centering), no resync
         Arm("dlc_nocenter", "dlc", extra=("sampler.head_k=0",)),
+        # control: theta_0 frozen (an Adam step of 1e-12 is below the fp32 resolution of the
+        # weights): can the 2x band reject a policy that does not learn?
+        Arm("frozen", "naive", extra=("optim.lr=1e-12",)),
     )
 }
 

@@ -27,6 +27,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from dlc_jax.experiments.checkpoint_evals import CheckpointEvals, HeldoutEvals
+from dlc_jax.experiments.heldout_split import (
+    SPLIT_FILE,
+    disjoint_heldout,
+    training_prompts,
+    write_split,
+)
 from dlc_jax.experiments.launch import (
     REPO_ROOT,
     loadavg,
@@ -167,21 +173,16 @@ class Experiment:
     def prefix_config(self):
         pcfg = self.preset.prefixes
         if self.preset.task is not None:
-            from dlc_jax.data.chain_arith import ChainArithSource, write_jsonl
+            from dlc_jax.experiments.warmup import data_file
 
             t = self.preset.task
             n = max(pcfg.num_prompts, self.preset.heldout.prompts, 64)
-            suffix = "" if n == 64 else f"-{n}"  # 64: the name older experiments used
-            held = self.cache_dir() / f"chain_arith_heldout-{t.key()}{suffix}.jsonl"
-            if not held.exists():
-                held.parent.mkdir(parents=True, exist_ok=True)
-                write_jsonl(
-                    ChainArithSource(
-                        dataclasses.replace(t.task, num_examples=n),
-                        seed=pcfg.data_seed,
-                    ),
-                    held,
-                )
+            held = self.cache_dir() / f"chain_arith_heldout-{t.key()}-{n}-disjoint.jsonl"
+            if not held.exists() or not (self.out / SPLIT_FILE).exists():
+                train = training_prompts(data_file(t, self.cache_dir()))
+                rows, _ = disjoint_heldout(t.task, pcfg.data_seed, n, train)
+                self.out.mkdir(parents=True, exist_ok=True)
+                write_split(held, rows, self.out, train)
             pcfg = dataclasses.replace(
                 pcfg, source=str(held), prompt_field="prompt", answer_field="answer"
             )
