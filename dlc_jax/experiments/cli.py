@@ -59,6 +59,14 @@ def _parser() -> ArgumentParser:
         "--seeds picks the seeds",
     )
     ap.add_argument(
+        "--pilot",
+        nargs="*",
+        default=None,
+        metavar="POINT",
+        help="run the preset's pilot (on-policy vs DLC without resync, 1 seed; all points, or "
+        "those named) instead of the matrix",
+    )
+    ap.add_argument(
         "--check-sources",
         type=int,
         default=None,
@@ -127,6 +135,17 @@ def cli(argv: list[str]) -> int:
             preset, out, list(points), seeds=args.seeds, workers=args.workers, run=chosen
         )
         print(f"sweep: {md}")
+        return 0
+    if args.pilot is not None:
+        from dlc_jax.experiments.pilot import PILOTS, run_pilot
+
+        pts = PILOTS.get(preset.name, ())
+        bad = [p for p in args.pilot if p not in [q.name for q in pts]]
+        if bad or not pts:
+            raise UsageError(f"--pilot: unknown points {bad} for preset {preset.name}")
+        picked = [p for p in pts if not args.pilot or p.name in args.pilot]
+        out = args.out or f"experiments_out/{preset.name}_pilot"
+        print(f"pilot: {run_pilot(preset, out, picked, workers=args.workers)}")
         return 0
     path = exp.write_report() if args.report_only else exp.run()
     print(f"report: {path}")
