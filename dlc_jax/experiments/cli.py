@@ -67,6 +67,12 @@ def _parser() -> ArgumentParser:
         "those named) instead of the matrix",
     )
     ap.add_argument(
+        "--numerics",
+        action="store_true",
+        help="measure mean / p99 |delta| per token of every sampler numerics against the fp32 "
+        "trainer on the preset's initial model and reference prefixes (numerics.json in --out)",
+    )
+    ap.add_argument(
         "--check-sources",
         type=int,
         default=None,
@@ -135,6 +141,16 @@ def cli(argv: list[str]) -> int:
             preset, out, list(points), seeds=args.seeds, workers=args.workers, run=chosen
         )
         print(f"sweep: {md}")
+        return 0
+    if args.numerics:
+        from dlc_jax.experiments.launch import log_progress
+        from dlc_jax.experiments.numerics import measure_numerics, write_numerics
+
+        exp.out.mkdir(parents=True, exist_ok=True)
+        model_dir = exp.resolve_model()
+        ps = exp.make_prefixes(model_dir)
+        found = measure_numerics(model_dir, ps, log=log_progress)
+        print(f"numerics: {write_numerics(exp.out, found)}")
         return 0
     if args.pilot is not None:
         from dlc_jax.experiments.pilot import PILOTS, run_pilot
