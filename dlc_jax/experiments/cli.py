@@ -82,6 +82,11 @@ def _parser() -> ArgumentParser:
     )
     ap.add_argument("--report-only", action="store_true", help="only regenerate report.md + plots")
     ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the matrix's size and its estimated CPU-seconds and wall minutes; run nothing",
+    )
+    ap.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -141,6 +146,9 @@ def cli(argv: list[str]) -> int:
             preset, out, list(points), seeds=args.seeds, workers=args.workers, run=chosen
         )
         print(f"sweep: {md}")
+        return 0
+    if args.dry_run:
+        print(f"{preset.name}: {exp.budget().line()}")
         return 0
     if args.numerics:
         from dlc_jax.experiments.launch import log_progress

@@ -183,6 +183,7 @@ def arm_order(arm: str) -> tuple[int, str]:
         "decoupled_ppo",
         "m2po",
         "dlc",
+        "dlc_seq",
         "dlc_noresync",
         "dlc_nocenter",
         "frozen",

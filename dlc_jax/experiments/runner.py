@@ -26,6 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from dlc_jax.experiments.budget import Budget, estimate
 from dlc_jax.experiments.checkpoint_evals import CheckpointEvals, HeldoutEvals
 from dlc_jax.experiments.heldout_split import (
     SPLIT_FILE,
@@ -130,6 +131,14 @@ class Experiment:
         d["checkpoint"] = {k: v for k, v in d["checkpoint"].items() if k != "dir"}
         d["log"] = {}
         return json.dumps(d, sort_keys=True)
+
+    def budget(self) -> Budget:
+        """The dry-run estimate of this matrix (budget.py): runs whose overrides coincide (e.g.
+        DLC with and without resync under an on-policy sync) train once."""
+        ov = list(self.preset.overrides) + list(self.extra_overrides)
+        batch = [int(o.split("=", 1)[1]) for o in ov if o.startswith("train.batch_prompts=")]
+        trainings = len({tuple(sorted(s.overrides)) for s in self.specs})
+        return estimate(len(self.specs), trainings, self.steps, (batch or [16])[-1], self.workers)
 
     # -- stages ---------------------------------------------------------------------------------
     def resolve_model(self) -> str:

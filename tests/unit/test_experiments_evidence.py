@@ -144,6 +144,10 @@ def test_report_and_summary_are_regenerated_byte_for_byte(tmp_path):
             a.kl_steps, a.kl_forward, a.kl_reverse = [5, 10], [0.01, 0.02 * far], [0.01, 0.02]
             a.kl_by_ref = {m: [0.01, 0.02 * far] for m in names if m != n}
             a.save(tmp_path)
+    (tmp_path / "heldout_split.json").write_text('{"prompts": 64, "overlap": 0}')
+    (tmp_path / "numerics.json").write_text(
+        '{"jax_fp8_e4m3": {"delta_abs_mean": 0.0125, "delta_abs_p99": 0.195, "tokens": 889}}'
+    )
     first = write_report(tmp_path, preset=TINY).read_bytes()
     summary = (tmp_path / "summary.json").read_bytes()
     assert write_report(tmp_path, preset=TINY).read_bytes() == first
@@ -154,6 +158,14 @@ def test_report_and_summary_are_regenerated_byte_for_byte(tmp_path):
     assert s["onpolicy_learning"]["delta"] == 0.5
     assert s["scenarios"]["collapse"]["arms"]["tis"]["max_ratio"]["mean"] == pytest.approx(3.0)
     assert "- dlc - tis, final held-out greedy accuracy paired over 3 seeds" in md
+    # the v3 keys (issue 32 item 7)
+    assert s["heldout_overlap"] == 0 and s["numerics"]["jax_fp8_e4m3"]["delta_abs_p99"] == 0.195
+    assert "| jax_fp8_e4m3 | 0.0125 | 0.1950 |" in md
+    tis = s["scenarios"]["collapse"]["arms"]["tis"]
+    assert tis["resyncs"] == {"mean": None, "min": None} and tis["acc_per_kcpu_s"] == 2.5
+    assert tis["dlc_minus"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    assert s["scenarios"]["collapse"]["delta_abs_p99"] is None  # not logged by these runs
+    assert all("bootstrap over runs" in c["interval_method"] for c in s["claims"])
 
 
 def test_sweep_table_has_one_row_per_point_with_the_learning_interval():
