@@ -141,6 +141,7 @@ PILOTS: dict[str, tuple[SweepPoint, ...]] = {
         _point(2e-4, 32, 20),
         _point(1.5e-4, 32, 30),
         _point(1e-4, 16, 60),
+        _point(2e-4, 64, 20),
         _point(2e-4, 16, 30),
         _point(1e-4, 16, 40),
     )
