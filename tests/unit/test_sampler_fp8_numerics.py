@@ -57,3 +57,23 @@ def test_delta_stats_and_the_eos_cut():
     assert got["tokens"] == 7 and got["delta_abs_mean"] == pytest.approx(0.6 / 7, abs=1e-6)
     assert got["delta_abs_p99"] == pytest.approx(np.percentile([0.1, 0.2, 0, 0.3, 0, 0, 0], 99))
     assert delta_stats(lp, lq, np.zeros((2, 5)))["delta_abs_mean"] is None
+
+
+def test_measure_numerics_orders_the_knobs_on_a_tiny_model(tmp_path):
+    from dlc_jax.experiments.numerics import measure_numerics, write_numerics
+    from dlc_jax.model import make_tiny
+
+    d = str(make_tiny(tmp_path / "tiny", seed=0))
+    rng = np.random.default_rng(0)
+    ps = PrefixSet(
+        tokens=rng.integers(3, 200, (4, 12)).astype(np.int32),
+        prompt_lens=np.full(4, 3, np.int32),
+        response_lens=np.full(4, 9, np.int32),
+    )
+    got = measure_numerics(d, ps, ["jax_int8", "jax_fp8_e4m3", "noise_0.2"], log=lambda _: None)
+    assert [v["tokens"] for v in got.values()] == [36, 36, 36]
+    means = [got[k]["delta_abs_mean"] for k in ("jax_int8", "jax_fp8_e4m3", "noise_0.2")]
+    assert 0 < means[0] < means[1] < means[2], got
+    assert all(v["delta_abs_p99"] >= v["delta_abs_mean"] for v in got.values())
+    md = write_numerics(tmp_path / "out", got).read_text()
+    assert md.splitlines()[3].startswith("| jax_fp8_e4m3 | ")
