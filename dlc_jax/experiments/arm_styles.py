@@ -15,7 +15,9 @@ ARM_ORDER = (
     "m2po",
     "vcpo",
     "dlc",
+    "dlc_seq",
     "dlc_noresync",
+    "frozen",
 )
 _COLOURS = {
     "naive": "tab:orange",
@@ -29,6 +31,8 @@ _COLOURS = {
     "vcpo": "gold",
     "dlc": "tab:blue",
     "dlc_noresync": "tab:purple",
+    "dlc_seq": "navy",
+    "frozen": "black",
 }
 LINE_STYLES = (
     ("-", "o"),

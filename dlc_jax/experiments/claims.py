@@ -23,9 +23,10 @@ from dlc_jax.experiments.stats import (
     Interval,
     RatioStats,
     mean_interval,
+    noise_intervals,
+    pair_matrix,
     paired_difference,
     ratio_stats,
-    unordered_pairs,
 )
 
 IS_ARMS = ("tis", "mis")
@@ -89,13 +90,13 @@ def arm_stats(
     cfg: AnalysisConfig,
 ) -> ArmStats:
     steps = list(noise.steps) if noise is not None else []
-    empty = ratio_stats(np.zeros((0, 0)), np.zeros((0, 0)), [])
+    empty = ratio_stats(np.zeros((0, 0)), np.zeros((0, 0, 0)), [])
     if noise is not None and noise.pairs:
         d = _rows(runs, steps, own=False)
-        ref = ratio_stats(d, unordered_pairs(noise.pairs), steps, seed=1)
+        ref = ratio_stats(d, pair_matrix(noise.pairs), steps, seed=1)
         own_d = _rows(runs, steps, own=True)
         own = (
-            ratio_stats(own_d, unordered_pairs(noise.own_pairs), steps, seed=2)
+            ratio_stats(own_d, pair_matrix(noise.own_pairs), steps, seed=2)
             if noise.own_pairs and np.isfinite(own_d).any()
             else None
         )
@@ -154,13 +155,12 @@ def claims(
             "(e.g. every reward was equal, so every GRPO advantage was 0), so D_t/N_t is undefined "
             "and no distance claim can be checked."
         ]
-    npairs = unordered_pairs(noise.pairs)
-    nmean = mean_interval(np.nanmax(npairs, axis=1)) if npairs.size else NAN_INTERVAL
+    nm = pair_matrix(noise.pairs)
+    last = (noise_intervals(nm) or [NAN_INTERVAL])[-1]
     out.append(
-        f"- **Noise threshold**: {npairs.shape[0]} on-policy pairs; N_t at the last checkpoint "
-        f"{noise.forward[-1]:.4f} nats (pairs: {', '.join(f'{v:.4f}' for v in npairs[:, -1])}); "
-        "max over "
-        f"checkpoints per pair, mean [95% CI]: {nmean.fmt(4)} nats."
+        f"- **Noise threshold**: {nm.shape[0]} on-policy runs, "
+        f"{nm.shape[0] * (nm.shape[0] - 1) // 2} pairs; N_t at the last checkpoint "
+        f"{last.fmt(4)} nats (95% interval from a cluster bootstrap that draws runs, not pairs)."
     )
     for sc, st in all_stats.items():
         arms = {a: s for a, s in st.items() if a != "onpolicy"}
@@ -244,14 +244,17 @@ def claims(
             nr = arms["dlc_noresync"]
             d_rows, nr_rows = _common_seed_rows(dlc, nr)
             diff = (
-                paired_difference(d_rows, nr_rows, unordered_pairs(noise.pairs))
+                paired_difference(d_rows, nr_rows, pair_matrix(noise.pairs))
                 if len(d_rows) and d_rows.shape == nr_rows.shape
                 else NAN_INTERVAL
             )
             v_dlc = dlc.ref.max.versus(band)
             # a trigger that never fired leaves DLC = DLC without resync: nothing tested
             never_fired = dlc.resyncs is not None and dlc.resyncs == 0
-            held3 = v_dlc == "within" and bool(collapsed) and not never_fired
+            # held needs the resync to *help*: DLC closer to on-policy than DLC without resync
+            # on the paired difference (the whole interval below 0)
+            beats = bool(np.isfinite(diff.hi) and diff.hi < 0)
+            held3 = v_dlc == "within" and bool(collapsed) and not never_fired and beats
             not3 = v_dlc == "outside" or (np.isfinite(diff.lo) and diff.lo > 0)
             out.append(
                 f"  3. *DLC's resync prevents collapses that per-token corrections leave*: "
@@ -259,7 +262,7 @@ def claims(
                 f"{', '.join(collapsed) or 'none'} (max D_t/N_t: "
                 + ", ".join(f"{a} {s.ref.max.fmt()}" for a, s in sorted(per_tok.items()))
                 + f"); DLC {dlc.ref.max.fmt()} ({v_dlc}); DLC minus DLC-without-resync, paired "
-                "over seeds: "
+                "over seeds (held needs it below 0): "
                 f"{diff.fmt()}."
                 + (
                     ""
@@ -274,15 +277,21 @@ def claims(
                     else ""
                 )
             )
-        # 4. the sampler-prefix KL misses the collapses
+        # 4. the sampler-prefix KL misses the collapses. The reference prefixes were sampled
+        # once from theta_0, so they are the sampler's prefixes exactly when the sampler stayed
+        # at theta_0 (an arm that never resynced in a never-synced scenario); the own prefixes
+        # are what the run's policy theta_t produces. The claim: the sampler-prefix ratio places
+        # within the band an arm that the own-prefix ratio places outside it.
         with_own = {
-            a: s for a, s in arms.items() if s.own is not None and np.isfinite(s.own.max.point)
+            a: s
+            for a, s in arms.items()
+            if s.own is not None and np.isfinite(s.own.max.point) and s.resyncs == 0
         }
         if not with_own:
             out.append(
                 "  4. *KL on the sampler's own prefixes misses the collapses*: **inconclusive** — "
-                "not "
-                "measured in this scenario."
+                "not measured in this scenario (own prefixes, and a sampler that stayed at "
+                "theta_0 so that the reference prefixes are its prefixes)."
             )
         else:
             rows = []
@@ -290,20 +299,21 @@ def claims(
             caught: list[str] = []
             for a, s in sorted(with_own.items()):
                 own_max = s.own.max if s.own is not None else NAN_INTERVAL
-                vr, vo = s.ref.max.versus(band), own_max.versus(band)
+                vs, vo = s.ref.max.versus(band), own_max.versus(band)
                 rows.append(
-                    f"{a}: reference {s.ref.max.fmt()} ({vr}) vs own {own_max.fmt()} ({vo})"
+                    f"{a}: sampler's {s.ref.max.fmt()} ({vs}) vs own {own_max.fmt()} ({vo})"
                 )
-                if vr == "outside":
-                    (missed if vo == "within" else caught if vo == "outside" else []).append(a)
-            held4 = bool(collapsed) and bool(missed) and not caught
+                if vo == "outside":
+                    (missed if vs == "within" else caught if vs == "outside" else []).append(a)
+            # held: the sampler-prefix ratio missed at least one collapse the own-prefix ratio
+            # shows; not held: it flagged every one of them
+            held4 = bool(missed)
             out.append(
                 f"  4. *A KL on the sampler's own prefixes does not detect the collapses*: "
-                f"{_verdict(held4, bool(caught) and not missed)} — arms outside the band on the "
-                "reference "
-                "prefixes that the own-prefix ratio places within it: "
-                f"{', '.join(missed) or 'none'}; that it "
-                f"also flags: {', '.join(caught) or 'none'}. Per arm: {'; '.join(rows)}."
+                f"{_verdict(held4, bool(caught) and not missed)} — arms outside the band on their "
+                "own prefixes (theta_t's answers) that the sampler-prefix ratio places within it: "
+                f"{', '.join(missed) or 'none'}; that it also flags: {', '.join(caught) or 'none'}"
+                f". Per arm (never resynced): {'; '.join(rows)}."
             )
             k3 = []
             for a in sorted(with_own):

@@ -59,6 +59,20 @@ def _parser() -> ArgumentParser:
         "--seeds picks the seeds",
     )
     ap.add_argument(
+        "--pilot",
+        nargs="*",
+        default=None,
+        metavar="POINT",
+        help="run the preset's pilot (on-policy vs DLC without resync, 1 seed; all points, or "
+        "those named) instead of the matrix",
+    )
+    ap.add_argument(
+        "--numerics",
+        action="store_true",
+        help="measure mean / p99 |delta| per token of every sampler numerics against the fp32 "
+        "trainer on the preset's initial model and reference prefixes (numerics.json in --out)",
+    )
+    ap.add_argument(
         "--check-sources",
         type=int,
         default=None,
@@ -67,6 +81,11 @@ def _parser() -> ArgumentParser:
         "|ell| (does each scenario have the error source it names?)",
     )
     ap.add_argument("--report-only", action="store_true", help="only regenerate report.md + plots")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the matrix's size and its estimated CPU-seconds and wall minutes; run nothing",
+    )
     ap.add_argument(
         "--workers",
         type=int,
@@ -127,6 +146,30 @@ def cli(argv: list[str]) -> int:
             preset, out, list(points), seeds=args.seeds, workers=args.workers, run=chosen
         )
         print(f"sweep: {md}")
+        return 0
+    if args.dry_run:
+        print(f"{preset.name}: {exp.budget().line()}")
+        return 0
+    if args.numerics:
+        from dlc_jax.experiments.launch import log_progress
+        from dlc_jax.experiments.numerics import measure_numerics, write_numerics
+
+        exp.out.mkdir(parents=True, exist_ok=True)
+        model_dir = exp.resolve_model()
+        ps = exp.make_prefixes(model_dir)
+        found = measure_numerics(model_dir, ps, log=log_progress)
+        print(f"numerics: {write_numerics(exp.out, found)}")
+        return 0
+    if args.pilot is not None:
+        from dlc_jax.experiments.pilot import PILOTS, run_pilot
+
+        pts = PILOTS.get(preset.name, ())
+        bad = [p for p in args.pilot if p not in [q.name for q in pts]]
+        if bad or not pts:
+            raise UsageError(f"--pilot: unknown points {bad} for preset {preset.name}")
+        picked = [p for p in pts if not args.pilot or p.name in args.pilot]
+        out = args.out or f"experiments_out/{preset.name}_pilot"
+        print(f"pilot: {run_pilot(preset, out, picked, workers=args.workers)}")
         return 0
     path = exp.write_report() if args.report_only else exp.run()
     print(f"report: {path}")

@@ -17,14 +17,21 @@ from pathlib import Path
 import numpy as np
 
 from dlc_jax.experiments.results import RunResult
-from dlc_jax.experiments.stats import NAN_INTERVAL, Interval, mean_interval
-from dlc_jax.experiments.sweep import learning_delta
+from dlc_jax.experiments.stats import NAN_INTERVAL, Interval, learning_delta, mean_interval
 
 Z_95, Z_80 = 1.959964, 0.841621
 # The accuracy the summary, the first table and the paired differences use: greedy answers of
 # theta_t (the sampled accuracy is reported beside it in the held-out section).
 HEADLINE = "greedy"
-PAIRS = (("dlc", "tis"), ("dlc", "score_centering"), ("dlc", "onpolicy"))
+# How each claim's interval is computed (summary.json's ``interval_method``).
+INTERVAL_METHODS = {
+    1: "cluster bootstrap over runs (arm runs and on-policy runs drawn with replacement, N_t "
+    "rebuilt from the drawn runs' pairs), 2000 resamples",
+    2: "cluster bootstrap over runs, 2000 resamples (max D_t/N_t after the ESS onset)",
+    3: "cluster bootstrap over runs of the paired (same seed) difference DLC minus "
+    "DLC-without-resync in max D_t/N_t, 2000 resamples",
+    4: "cluster bootstrap over runs, own-prefix and sampler-prefix ratios, 2000 resamples",
+}
 
 
 def final_heldout(run: RunResult, key: str = HEADLINE) -> float | None:
@@ -34,9 +41,10 @@ def final_heldout(run: RunResult, key: str = HEADLINE) -> float | None:
 
 
 def scenario_error_stats(runs: list[RunResult]) -> dict[str, float | None]:
-    """Mean over the scenario's runs and steps of the logged mean |delta| and mean |ell|."""
+    """Mean over the scenario's runs and steps of the logged mean |delta|, mean |ell| and the
+    per-step 99th percentile of |delta| (None where not logged)."""
     out: dict[str, float | None] = {}
-    for key in ("delta_abs_mean", "ell_abs_mean"):
+    for key in ("delta_abs_mean", "ell_abs_mean", "delta_abs_p99"):
         vals = [float(v) for r in runs for v in r.get(key) if v is not None]
         out[key] = float(np.mean(vals)) if vals else None
     return out
@@ -59,12 +67,35 @@ def paired_heldout(
     by_arm: dict[str, list[RunResult]], a: str, b: str
 ) -> tuple[Interval, list[float]]:
     """Final held-out (greedy) accuracy of arm ``a`` minus arm ``b``, paired by seed (runs of the
-    same seed share the data order and the sampling seed); bootstrap over the common seeds."""
+    same seed share the data order and the sampling seed); a Student t interval of the per-seed
+    differences (none from fewer than 2 common seeds)."""
     fa = {r.seed: final_heldout(r) for r in by_arm.get(a, [])}
     fb = {r.seed: final_heldout(r) for r in by_arm.get(b, [])}
     common = sorted(s for s in fa if s in fb and fa[s] is not None and fb[s] is not None)
     diffs = [float(fa[s]) - float(fb[s]) for s in common]  # type: ignore[arg-type]
-    return (mean_interval(diffs, seed=11) if diffs else NAN_INTERVAL), diffs
+    return (mean_interval(diffs) if diffs else NAN_INTERVAL), diffs
+
+
+def resync_counts(runs: list[RunResult]) -> dict[str, float | None]:
+    """Resyncs per run (the last logged count): mean and min over the arm's runs."""
+    counts = []
+    for r in runs:
+        vals = [float(v) for v in r.get("resyncs") if v is not None]
+        if vals:
+            counts.append(vals[-1])
+    if not counts:
+        return {"mean": None, "min": None}
+    return {"mean": round(float(np.mean(counts)), 6), "min": int(min(counts))}
+
+
+def acc_per_kcpu_s(runs: list[RunResult]) -> float:
+    """Held-out greedy accuracy gained (last checkpoint minus step 0) per 1000 CPU-seconds of
+    training, mean gain over mean CPU-seconds."""
+    gain = [(final_heldout(r) or 0.0) - float(r.heldout[HEADLINE][0]) for r in runs if r.heldout]
+    cpu = [float(r.info.get("cpu_s") or np.nan) for r in runs]
+    if not gain or not np.isfinite(cpu).any():
+        return float("nan")
+    return 1000.0 * float(np.mean(gain)) / float(np.nanmean(cpu))
 
 
 def verdict_of_difference(iv: Interval) -> str:
@@ -90,9 +121,9 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
             f"{np.mean([h['sampled'][0] for h in h0]):.3f} -> "
             f"{np.mean([h['sampled'][-1] for h in h0]):.3f}, change {learn.fmt(3)}; greedy "
             f"{np.mean([h['greedy'][0] for h in h0]):.3f} -> "
-            f"{np.mean([h['greedy'][-1] for h in h0]):.3f}, change {learn_g.fmt(3)} (two-level "
-            "bootstrap over runs and prompts; the interval excluding 0 is the bar the baseline "
-            "must clear).",
+            f"{np.mean([h['greedy'][-1] for h in h0]):.3f}, change {learn_g.fmt(3)} (paired per "
+            "run, t interval over runs; the interval excluding 0 is the bar the baseline must "
+            "clear).",
             "",
         ]
     for sc in sorted(by_sc):
@@ -103,30 +134,27 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
             f"### `{sc}`",
             "",
             "| arm | seeds | final sampled acc [95% CI] | final greedy acc [95% CI] | "
-            "acc gain per 1000 CPU-s | CPU-s per run |",
-            "|---|---|---|---|---|---|",
+            "resyncs per run (mean, min) | acc gain per 1000 CPU-s | CPU-s per run |",
+            "|---|---|---|---|---|---|---|",
         ]
         for arm in sorted(by_arm, key=arm_order):
             runs = by_arm[arm]
             fin = [final_heldout(r, "sampled") for r in runs]
             gre = [final_heldout(r, "greedy") for r in runs]
-            gain = [
-                (final_heldout(r) or 0.0) - float(r.heldout[HEADLINE][0]) for r in runs if r.heldout
-            ]
             cpu = [float(r.info.get("cpu_s") or np.nan) for r in runs]
-            per_cpu = (
-                1000.0 * float(np.mean(gain)) / float(np.nanmean(cpu))
-                if gain and np.isfinite(cpu).any()
-                else float("nan")
-            )
+            rs = resync_counts(runs)
+            res = "—" if rs["mean"] is None else f"{rs['mean']:.1f}, {rs['min']}"
             lines.append(
                 f"| {arm} | {len(runs)} | {mean_interval(fin).fmt(3)} | "
-                f"{mean_interval(gre).fmt(3)} | {_num(per_cpu, 4)} | "
+                f"{mean_interval(gre).fmt(3)} | {res} | {_num(acc_per_kcpu_s(runs), 4)} | "
                 f"{_num(float(np.nanmean(cpu)) if np.isfinite(cpu).any() else float('nan'), 0)} |"
             )
         lines.append("")
-        for a, b in PAIRS:
-            iv, diffs = paired_heldout(by_arm, a, b)
+        for b in sorted(by_arm, key=arm_order):
+            if b == "dlc" or "dlc" not in by_arm:
+                continue
+            iv, diffs = paired_heldout(by_arm, "dlc", b)
+            a = "dlc"
             if not diffs:
                 continue
             need = seeds_to_decide(diffs)
@@ -155,8 +183,10 @@ def arm_order(arm: str) -> tuple[int, str]:
         "decoupled_ppo",
         "m2po",
         "dlc",
+        "dlc_seq",
         "dlc_noresync",
         "dlc_nocenter",
+        "frozen",
     )
     return (order.index(arm) if arm in order else len(order), arm)
 
@@ -210,6 +240,9 @@ def summary_json(
     arm_stats: dict,
     kinds: dict[str, str],
     claim_lines: list[str],
+    *,
+    heldout_overlap: int | None = None,
+    numerics: dict | None = None,
 ) -> dict:
     """The issue's summary schema (see docs/experiments/README.md)."""
     learn = learning_delta([r.heldout for r in refs], HEADLINE)
@@ -221,20 +254,33 @@ def summary_json(
     for sc in sorted(by_sc):
         runs = [r for rs in by_sc[sc].values() for r in rs]
         err = scenario_error_stats(runs)
+        with_ref = dict(by_sc[sc], **({"onpolicy": refs} if refs else {}))
         arms = {}
         for arm in sorted(by_sc[sc], key=arm_order):
             st = arm_stats.get(sc, {}).get(arm)
+            rs = by_sc[sc][arm]
             arms[arm] = {
-                "seeds": len(by_sc[sc][arm]),
-                "heldout_acc": _iv_json(mean_interval([final_heldout(r) for r in by_sc[sc][arm]])),
+                "seeds": len(rs),
+                "heldout_acc": _iv_json(mean_interval([final_heldout(r) for r in rs])),
                 "max_ratio": _iv_json(st.ref.max if st is not None else NAN_INTERVAL),
+                "heldout_sampled_acc": _iv_json(
+                    mean_interval([final_heldout(r, "sampled") for r in rs])
+                ),
+                "resyncs": resync_counts(rs),
+                "acc_per_kcpu_s": rnd(acc_per_kcpu_s(rs)),
             }
+            if arm != "dlc" and "dlc" in by_sc[sc]:
+                arms[arm]["dlc_minus"] = _iv_json(paired_heldout(with_ref, "dlc", arm)[0])
         scen[sc] = {
             "kind": kinds.get(sc, "both"),
             "delta_abs_mean": rnd(err["delta_abs_mean"]),
             "ell_abs_mean": rnd(err["ell_abs_mean"]),
+            "delta_abs_p99": rnd(err["delta_abs_p99"]),
             "arms": arms,
         }
+    claims = claim_verdicts(claim_lines)
+    for c in claims:
+        c["interval_method"] = INTERVAL_METHODS[c["claim"]]
     return {
         "onpolicy_learning": {
             "delta": rnd(learn.point),
@@ -243,7 +289,9 @@ def summary_json(
             "seeds": learn.n,
         },
         "scenarios": scen,
-        "claims": claim_verdicts(claim_lines),
+        "claims": claims,
+        "heldout_overlap": heldout_overlap,
+        "numerics": numerics or {},
     }
 
 
@@ -348,3 +396,34 @@ def power_lines(all_stats: dict, band: float) -> list[str]:
         *rows,
         "",
     ]
+
+
+def numerics_lines(numerics: dict, heldout_overlap: int | None) -> list[str]:
+    """The sampler numerics table (``numerics.json``: mean and p99 |delta| per token against the
+    fp32 trainer) and the held-out split's overlap with the training rows."""
+    out = [
+        "- **Held-out split**: "
+        + (
+            "overlap with the training rows not recorded (the split predates the count)."
+            if heldout_overlap is None
+            else f"{heldout_overlap} of its prompts are training prompts (counted)."
+        ),
+        "",
+    ]
+    if numerics:
+        out += [
+            "## Sampler numerics against the fp32 trainer",
+            "",
+            "Per token, over the reference prefixes' responses: |delta| = |log p_trainer - "
+            "log q_sampler| at the same weights.",
+            "",
+            "| numerics | mean abs delta | p99 abs delta |",
+            "|---|---|---|",
+        ]
+        for name, v in numerics.items():
+            out.append(
+                f"| {name} | {_num(_f(v.get('delta_abs_mean')), 4)} | "
+                f"{_num(_f(v.get('delta_abs_p99')), 4)} |"
+            )
+        out.append("")
+    return out

@@ -16,10 +16,12 @@ from dlc_jax.experiments.claims import ArmStats, arm_stats, claims
 from dlc_jax.experiments.evidence import (
     first_table,
     heldout_lines,
+    numerics_lines,
     power_lines,
     summary_json,
     write_summary,
 )
+from dlc_jax.experiments.heldout_split import read_overlap
 from dlc_jax.experiments.matrix import run_specs
 from dlc_jax.experiments.plots import plot_crossings, plot_noise, plot_scenario
 from dlc_jax.experiments.results import NoiseThreshold, RunResult, load_results
@@ -189,8 +191,10 @@ def write_report(
         "each checkpoint from "
         "the run's "
         "theta_t (what its sampler produces once synced). Ratio per arm: mean_s D_t(s) / N_t; its "
-        "interval "
-        "is a percentile bootstrap (2000 resamples) over the arm's seeds and the on-policy pairs. "
+        "interval is a cluster bootstrap (2000 resamples) that draws the arm's runs and the "
+        "on-policy runs with replacement and rebuilds N_t from the pairs among the drawn runs; "
+        "means over runs (accuracy, paired differences) get a Student t interval; no interval "
+        "is printed from fewer than 2 runs. "
         f"'within' = whole 95% interval <= {cfg.band:g}, 'outside' = whole interval > "
         f"{cfg.band:g}, else "
         "'inconclusive'. Lag ESS = token ESS of exp(ell), ell = log p - log p_s; Gaussian "
@@ -220,9 +224,20 @@ def write_report(
         all_stats[sc] = {a: arm_stats(a, runs, noise, summaries, cfg) for a, runs in by_arm.items()}
     claim_lines = claims(all_stats, results, noise, summaries, cfg)
     kinds = {s.name: s.kind for s in preset.scenarios} if preset is not None else {}
-    summary = summary_json(by_sc, refs, all_stats, kinds, claim_lines)
+    numerics_path = exp / "numerics.json"
+    numerics = json.loads(numerics_path.read_text()) if numerics_path.exists() else {}
+    summary = summary_json(
+        by_sc,
+        refs,
+        all_stats,
+        kinds,
+        claim_lines,
+        heldout_overlap=read_overlap(exp),
+        numerics=numerics,
+    )
     write_summary(exp / "summary.json", summary)
     lines += first_table(summary, cfg.band) + [""]
+    lines += numerics_lines(numerics, summary["heldout_overlap"])
     for sc in sorted(by_sc):
         by_arm = dict(by_sc[sc])
         if refs:

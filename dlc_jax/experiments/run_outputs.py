@@ -20,6 +20,8 @@ METRIC_KEYS: dict[str, tuple[str, ...]] = {
     "ell_std": ("ell_std", "lag/std"),
     "delta_mean": ("delta_mean", "discrepancy/mean"),
     "delta_abs_mean": ("delta_abs_mean",),
+    "delta_abs_p99": ("delta_abs_p99",),
+    "ess_lag_seq": ("ess_lag_seq",),
     "ell_abs_mean": ("ell_abs_mean",),
     "delta_std": ("delta_std", "discrepancy/std"),
     "mismatch_k3": ("kl_k3", "mismatch/kl_k3"),

@@ -26,7 +26,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from dlc_jax.experiments.budget import Budget, estimate
 from dlc_jax.experiments.checkpoint_evals import CheckpointEvals, HeldoutEvals
+from dlc_jax.experiments.heldout_split import (
+    SPLIT_FILE,
+    disjoint_heldout,
+    training_prompts,
+    write_split,
+)
 from dlc_jax.experiments.launch import (
     REPO_ROOT,
     loadavg,
@@ -36,6 +43,7 @@ from dlc_jax.experiments.launch import (
 )
 from dlc_jax.experiments.matrix import RunSpec, onpolicy_name, run_specs
 from dlc_jax.experiments.presets import ExperimentPreset
+from dlc_jax.experiments.report import write_report
 from dlc_jax.experiments.run_outputs import run_result, write_noise
 
 
@@ -124,6 +132,14 @@ class Experiment:
         d["log"] = {}
         return json.dumps(d, sort_keys=True)
 
+    def budget(self) -> Budget:
+        """The dry-run estimate of this matrix (budget.py): runs whose overrides coincide (e.g.
+        DLC with and without resync under an on-policy sync) train once."""
+        ov = list(self.preset.overrides) + list(self.extra_overrides)
+        batch = [int(o.split("=", 1)[1]) for o in ov if o.startswith("train.batch_prompts=")]
+        trainings = len({tuple(sorted(s.overrides)) for s in self.specs})
+        return estimate(len(self.specs), trainings, self.steps, (batch or [16])[-1], self.workers)
+
     # -- stages ---------------------------------------------------------------------------------
     def resolve_model(self) -> str:
         """The initial policy's HF dir: model.path, the chain-task warm-up, or the (SFT-warmed) tiny
@@ -166,21 +182,16 @@ class Experiment:
     def prefix_config(self):
         pcfg = self.preset.prefixes
         if self.preset.task is not None:
-            from dlc_jax.data.chain_arith import ChainArithSource, write_jsonl
+            from dlc_jax.experiments.warmup import data_file
 
             t = self.preset.task
             n = max(pcfg.num_prompts, self.preset.heldout.prompts, 64)
-            suffix = "" if n == 64 else f"-{n}"  # 64: the name older experiments used
-            held = self.cache_dir() / f"chain_arith_heldout-{t.key()}{suffix}.jsonl"
-            if not held.exists():
-                held.parent.mkdir(parents=True, exist_ok=True)
-                write_jsonl(
-                    ChainArithSource(
-                        dataclasses.replace(t.task, num_examples=n),
-                        seed=pcfg.data_seed,
-                    ),
-                    held,
-                )
+            held = self.cache_dir() / f"chain_arith_heldout-{t.key()}-{n}-disjoint.jsonl"
+            if not held.exists() or not (self.out / SPLIT_FILE).exists():
+                train = training_prompts(data_file(t, self.cache_dir()))
+                rows, _ = disjoint_heldout(t.task, pcfg.data_seed, n, train)
+                self.out.mkdir(parents=True, exist_ok=True)
+                write_split(held, rows, self.out, train)
             pcfg = dataclasses.replace(
                 pcfg, source=str(held), prompt_field="prompt", answer_field="answer"
             )
@@ -324,8 +335,6 @@ class Experiment:
             run_result(alias, run_dir, kl, own, held).save(self.out)
 
     def write_report(self) -> Path:
-        from dlc_jax.experiments.report import write_report
-
         notes = list(self.preset.notes)
         f = self.out / "failures.json"
         if f.exists() and json.loads(f.read_text()):

@@ -1,15 +1,12 @@
-"""Seed statistics for the report: bootstrap 95% intervals and the "within 2x noise" decision.
+"""Seed statistics for the report: 95% intervals over *runs* and the "within 2x noise" decision.
 
 An arm run with sampling seed s has a distance curve D_t(s) (mean KL to the on-policy runs of the
-other
-seeds); the on-policy runs give pair curves N_t(i, j). The arm's ratio curve is
-``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)`` and its summary ``max_t R_t``. The bootstrap
-resamples the
-arm's seeds and the on-policy pairs (unordered; both directions averaged), each with replacement,
-and
-recomputes the curve: the 2.5/97.5 percentiles give the intervals. With three seeds and three pairs
-an
-interval is coarse; it is still the honest amount of evidence, and the decision uses it:
+other seeds); the on-policy runs give pair curves N_t(i, j). The arm's ratio curve is
+``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)`` and its summary ``max_t R_t``. Its interval is a
+cluster bootstrap: each resample draws the arm's runs and the on-policy runs with replacement and
+rebuilds every pair among the drawn on-policy runs (the pairs of 5 runs are not 10 independent
+samples). A mean over runs (held-out accuracy, a paired difference) gets a Student t interval. No
+interval is given from fewer than 2 runs. The decision uses the interval:
 
 * ``within``: the whole interval of max_t R_t is <= band,
 * ``outside``: the whole interval is > band,
@@ -38,8 +35,12 @@ class Interval:
     n: int = 0
 
     def fmt(self, nd: int = 2) -> str:
+        """``point [lo, hi]``; no interval (``point (1 run)``) when it came from fewer than 2
+        runs or could not be computed."""
         if not math.isfinite(self.point):
             return "—"
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
+            return f"{self.point:.{nd}f} ({self.n} run{'s' if self.n != 1 else ''}, no interval)"
         return f"{self.point:.{nd}f} [{self.lo:.{nd}f}, {self.hi:.{nd}f}]"
 
     def versus(self, band: float) -> str:
@@ -56,30 +57,57 @@ class Interval:
 NAN_INTERVAL = Interval(float("nan"), float("nan"), float("nan"), 0)
 
 
-def unordered_pairs(pairs: dict[str, list]) -> np.ndarray:
-    """``{"a|b": [...], "b|a": [...]}`` -> rows [P, T], one per unordered pair (both directions
-    averaged)."""
-    rows: dict[tuple[str, str], list[np.ndarray]] = {}
-    for key, vals in pairs.items():
-        a, b = key.split("|")
-        rows.setdefault(tuple(sorted((a, b))), []).append(np.asarray(_floats(vals)))  # type: ignore[arg-type]
-    return (
-        np.stack([np.mean(v, axis=0) for _, v in sorted(rows.items())])
-        if rows
-        else np.zeros((0, 0))
-    )
-
-
 def _floats(vals) -> list[float]:
     return [float("nan") if v is None else float(v) for v in vals]
 
 
-def mean_interval(values, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """Mean of ``values`` (NaNs dropped) with a percentile bootstrap interval."""
+# Student t 0.975 quantiles by degrees of freedom (1..30); beyond, the Cornish-Fisher expansion.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_Z975 = 1.959964
+
+
+def t_quantile(df: int) -> float:
+    """The two-sided 95% Student t quantile t(0.975, df), df >= 1."""
+    if df < 1:
+        raise ValueError(f"t_quantile: df must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df)
+
+
+def _finite(values) -> np.ndarray:
     x = np.asarray(_floats(values), np.float64)
-    x = x[np.isfinite(x)]
+    return x[np.isfinite(x)]
+
+
+def mean_interval(values, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
+    """Mean of ``values`` (NaNs dropped; one value per run) with a Student t 95% interval
+    (mean +- t(0.975, n-1) sd / sqrt(n)); no interval from fewer than 2 values. A percentile
+    bootstrap over 3-5 runs is 1.6-2.7x too narrow. (``n_boot``/``seed``: unused, kept for
+    callers.)"""
+    x = _finite(values)
     if x.size == 0:
         return NAN_INTERVAL
+    m = float(x.mean())
+    if x.size < 2:
+        return Interval(m, float("nan"), float("nan"), 1)
+    half = t_quantile(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return Interval(m, m - half, m + half, int(x.size))
+
+
+def bootstrap_interval(values, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
+    """Mean with a percentile-bootstrap interval (for statistics that are not a mean over
+    runs, e.g. a rank correlation's inputs); no interval from fewer than 2 values."""
+    x = _finite(values)
+    if x.size == 0:
+        return NAN_INTERVAL
+    if x.size < 2:
+        return Interval(float(x.mean()), float("nan"), float("nan"), 1)
     rng = np.random.default_rng(seed)
     boots = x[rng.integers(0, x.size, (n_boot, x.size))].mean(axis=1)
     return Interval(
@@ -117,30 +145,88 @@ class RatioStats:
         )
 
 
-def ratio_stats(
-    d_rows, n_rows, steps, *, n_boot: int = N_BOOT, seed: int = 0, min_noise: float = 1e-9
-) -> RatioStats:
-    """Bootstrap of R_t = mean_s D_t(s) / mean_p N_t(p) and of max_t R_t.
+def pair_matrix(pairs: dict[str, list]) -> np.ndarray:
+    """``{"a|b": KL_t(a || b), ...}`` -> M [R, R, T] over the runs named, sorted by name
+    (M[i, j] = KL(i || j); NaN on the diagonal and where a pair was not measured)."""
+    names = sorted({n for key in pairs for n in key.split("|")})
+    if not names:
+        return np.zeros((0, 0, 0))
+    width = max(len(v) for v in pairs.values())
+    m = np.full((len(names), len(names), width), np.nan)
+    for key, vals in pairs.items():
+        a, b = key.split("|")
+        m[names.index(a), names.index(b), : len(vals)] = _floats(vals)
+    return m
 
-    d_rows: [S, T] an arm's distance per seed; n_rows: [P, T] noise per on-policy pair; steps: [T].
-    Checkpoints where the mean noise is not measurably positive are dropped."""
+
+def _noise_of(m: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """N_t of the runs ``idx`` [..., R] (drawn with replacement): the mean of M over every pair
+    of draws that are distinct runs -> [..., T]; NaN where no such pair was drawn."""
+    sub = m[idx[..., :, None], idx[..., None, :]]  # [..., R, R, T]
+    ok = (idx[..., :, None] != idx[..., None, :])[..., None] & np.isfinite(sub)
+    total = np.where(ok, sub, 0.0).sum(axis=(-3, -2))
+    count = ok.sum(axis=(-3, -2))
+    with np.errstate(all="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def noise_curve(m: np.ndarray) -> np.ndarray:
+    """N_t: the mean over ordered pairs of distinct runs (both directions) -> [T]."""
+    return _noise_of(m, np.arange(m.shape[0]))
+
+
+def noise_intervals(m: np.ndarray, *, n_boot: int = N_BOOT, seed: int = 0) -> list[Interval]:
+    """N_t per step with a cluster-bootstrap 95% interval: draw the on-policy *runs* with
+    replacement and rebuild every pair among them (pairs of runs are not independent samples)."""
+    if m.shape[0] < 2:
+        return []
+    point = noise_curve(m)
+    if m.shape[0] < 3:  # two runs: one pair, nothing to resample
+        return [Interval(float(p), float("nan"), float("nan"), 2) for p in point]
+    rng = np.random.default_rng(seed)
+    boots = _noise_of(m, rng.integers(0, m.shape[0], (n_boot, m.shape[0])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanpercentile(boots, 2.5, axis=0), np.nanpercentile(boots, 97.5, axis=0)
+    return [Interval(float(p), float(a), float(b), m.shape[0]) for p, a, b in zip(point, lo, hi)]
+
+
+def _keep_steps(d: np.ndarray, m: np.ndarray, min_noise: float) -> np.ndarray:
+    off = ~np.eye(m.shape[0], dtype=bool)
+    finite = np.isfinite(m[off]).all(0) if m.shape[0] >= 2 else np.zeros(m.shape[2], bool)
+    with np.errstate(all="ignore"):
+        return finite & (noise_curve(m) > min_noise) & np.isfinite(d).all(0)
+
+
+def ratio_stats(
+    d_rows, noise, steps, *, n_boot: int = N_BOOT, seed: int = 0, min_noise: float = 1e-9
+) -> RatioStats:
+    """R_t = mean_s D_t(s) / N_t and max_t R_t with cluster-bootstrap intervals over runs.
+
+    d_rows: [S, T] an arm's distance per seed (one row per run); noise: M [R, R, T] the KL
+    between on-policy runs (``pair_matrix``); steps: [T]. Each resample draws the arm's runs and
+    the on-policy runs with replacement and rebuilds N_t from the pairs among the drawn runs.
+    Checkpoints where N_t is not measurably positive are dropped; no interval from fewer than 2
+    arm runs."""
     d = np.asarray(d_rows, np.float64)
-    n = np.asarray(n_rows, np.float64)
-    if d.ndim != 2 or n.ndim != 2 or d.shape[1] != n.shape[1] or d.shape[1] != len(steps):
+    m = np.asarray(noise, np.float64)
+    if d.ndim != 2 or m.ndim != 3 or d.shape[1] != m.shape[2] or d.shape[1] != len(steps):
         raise ValueError(
-            f"ratio_stats: D {d.shape}, N {n.shape} and {len(steps)} steps do not line up"
+            f"ratio_stats: D {d.shape}, N {m.shape} and {len(steps)} steps do not line up"
         )
-    keep = np.isfinite(n).all(0) & (np.nanmean(n, 0) > min_noise) & np.isfinite(d).all(0)
-    d, n = d[:, keep], n[:, keep]
+    keep = _keep_steps(d, m, min_noise)
+    d, m = d[:, keep], m[:, :, keep]
     st = [int(s) for s, k in zip(steps, keep) if k]
-    if d.shape[0] == 0 or n.shape[0] == 0 or d.shape[1] == 0:
+    if d.shape[0] == 0 or m.shape[0] < 2 or d.shape[1] == 0:
         empty = np.zeros(0)
         return RatioStats(st, empty, empty, empty, NAN_INTERVAL)
-    curve = d.mean(0) / n.mean(0)
-    rng = np.random.default_rng(seed)
-    di = rng.integers(0, d.shape[0], (n_boot, d.shape[0]))
-    ni = rng.integers(0, n.shape[0], (n_boot, n.shape[0]))
-    boots = d[di].mean(1) / np.maximum(n[ni].mean(1), min_noise)  # [B, T]
+    curve = d.mean(0) / noise_curve(m)
+    if d.shape[0] < 2:
+        nan = np.full_like(curve, np.nan)
+        return RatioStats(
+            st, curve, nan, nan.copy(), Interval(float(curve.max()), float("nan"), float("nan"), 1)
+        )
+    boots = _ratio_boots(d, m, n_boot, seed, min_noise)  # [B, T]
     lo, hi = np.percentile(boots, 2.5, axis=0), np.percentile(boots, 97.5, axis=0)
     mx = boots.max(1)
     return RatioStats(
@@ -157,20 +243,29 @@ def ratio_stats(
     )
 
 
-def paired_difference(a_rows, b_rows, n_rows, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """max_t R_t(a) - max_t R_t(b), bootstrapping seeds jointly (a and b ran with the same seeds,
-    row i
-    of each is seed i) and the noise pairs."""
-    a, b, n = (np.asarray(x, np.float64) for x in (a_rows, b_rows, n_rows))
-    if a.shape != b.shape or a.size == 0 or n.size == 0:
-        return NAN_INTERVAL
-    nm = n.mean(0)
-    point = float((a.mean(0) / nm).max() - (b.mean(0) / nm).max())
+def _ratio_boots(d, m, n_boot, seed, min_noise, other=None) -> np.ndarray:
+    """[B, T] resampled D/N (minus ``other``'s D/N on the same seed draws when given)."""
     rng = np.random.default_rng(seed)
-    si = rng.integers(0, a.shape[0], (n_boot, a.shape[0]))
-    ni = rng.integers(0, n.shape[0], (n_boot, n.shape[0]))
-    nb = n[ni].mean(1)
-    diff = (a[si].mean(1) / nb).max(1) - (b[si].mean(1) / nb).max(1)
+    si = rng.integers(0, d.shape[0], (n_boot, d.shape[0]))
+    nb = np.maximum(_noise_of(m, rng.integers(0, m.shape[0], (n_boot, m.shape[0]))), min_noise)
+    out = d[si].mean(1) / nb
+    if other is not None:
+        out = out.max(1, keepdims=True) - (other[si].mean(1) / nb).max(1, keepdims=True)
+    return out[np.isfinite(out).all(1)]
+
+
+def paired_difference(a_rows, b_rows, noise, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
+    """max_t R_t(a) - max_t R_t(b): a and b ran with the same seeds (row i of each is seed i),
+    so their runs are drawn jointly, the on-policy runs separately (cluster bootstrap); no
+    interval from fewer than 2 seeds."""
+    a, b, m = (np.asarray(x, np.float64) for x in (a_rows, b_rows, noise))
+    if a.shape != b.shape or a.size == 0 or m.ndim != 3 or m.shape[0] < 2:
+        return NAN_INTERVAL
+    nm = noise_curve(m)
+    point = float((a.mean(0) / nm).max() - (b.mean(0) / nm).max())
+    if a.shape[0] < 2:
+        return Interval(point, float("nan"), float("nan"), 1)
+    diff = _ratio_boots(a, m, n_boot, seed, 1e-9, other=b)[:, 0]
     return Interval(
         point, float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5)), int(a.shape[0])
     )
@@ -195,3 +290,15 @@ def seed_band(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     x = np.asarray(rows, np.float64)
     with np.errstate(all="ignore"):
         return np.nanmean(x, 0), np.nanmin(x, 0), np.nanmax(x, 0)
+
+
+def learning_delta(heldout_runs: list[dict], key: str = "sampled") -> Interval:
+    """Held-out accuracy at the last checkpoint minus at step 0 (the same prompts, so paired), one
+    value per run, with a Student t interval over runs (no interval from one run)."""
+    return mean_interval(
+        [
+            float(np.mean(h[f"{key}_correct"][-1]) - np.mean(h[f"{key}_correct"][0]))
+            for h in heldout_runs
+            if h
+        ]
+    )

@@ -17,8 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dlc_jax.experiments.launch import log_progress
 from dlc_jax.experiments.presets import ExperimentPreset
-from dlc_jax.experiments.stats import Interval, mean_interval
+from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
+from dlc_jax.experiments.runner import Experiment
+from dlc_jax.experiments.stats import learning_delta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,31 +32,6 @@ class SweepPoint:
     name: str
     overrides: tuple[str, ...] = ()
     steps: int = 0
-
-
-def learning_delta(heldout_runs: list[dict], key: str = "sampled") -> Interval:
-    """Held-out accuracy at the last checkpoint minus at step 0, mean over runs, with a two-level
-    percentile bootstrap (runs, then prompts within each run, both with replacement): the interval
-    covers both the seed-to-seed spread and the finite prompt set."""
-    rows = [
-        np.asarray(h[f"{key}_correct"][-1], float) - np.asarray(h[f"{key}_correct"][0], float)
-        for h in heldout_runs
-        if h
-    ]
-    if not rows:
-        return mean_interval([])
-    per = np.stack(rows)  # [runs, prompts]
-    rng = np.random.default_rng(7)
-    n_boot = 2000
-    ri = rng.integers(0, per.shape[0], (n_boot, per.shape[0]))
-    pi = rng.integers(0, per.shape[1], (n_boot, per.shape[0], per.shape[1]))
-    boots = np.take_along_axis(per[ri], pi, axis=2).mean(axis=(1, 2))
-    return Interval(
-        float(per.mean()),
-        float(np.percentile(boots, 2.5)),
-        float(np.percentile(boots, 97.5)),
-        int(per.shape[0]),
-    )
 
 
 def run_sweep(
@@ -67,9 +45,6 @@ def run_sweep(
 ) -> Path:
     """Train and evaluate the points named in ``run`` (default: all; resumable: finished runs and
     evaluations are kept); the table lists every point of ``points`` evaluated so far."""
-    from dlc_jax.experiments.launch import log_progress
-    from dlc_jax.experiments.runner import Experiment
-
     out = Path(out).absolute()
     seeds = tuple(seeds or preset.onpolicy_seeds)
     rows = []
@@ -127,8 +102,6 @@ def run_sweep(
 
 
 def _entropy(run_dir: Path) -> list[float]:
-    from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
-
     _, series = normalize_metrics(read_metrics(run_dir / "logs" / "metrics.jsonl"))
     return [float(x) for x in series.get("entropy", []) if x is not None]
 

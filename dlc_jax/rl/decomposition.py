@@ -16,12 +16,15 @@ QUANTILES = (0.05, 0.5, 0.95)
 
 
 def summary(x: jax.Array, mask: jax.Array, prefix: str) -> dict[str, jax.Array]:
-    """mean, std, mean |x|, and the QUANTILES of x over valid tokens, keyed ``{prefix}_...``."""
+    """mean, std, mean |x|, the 99th percentile of |x| and the QUANTILES of x over valid tokens,
+    keyed ``{prefix}_...``."""
     q = masked.quantiles(x, mask, QUANTILES)
     out = {
         f"{prefix}_mean": masked.mean(x, mask),
         f"{prefix}_std": masked.std(x, mask),
         f"{prefix}_abs_mean": masked.mean(jnp.abs(x), mask),
+        # the tail a mean hides (issue 32 reports delta's per scenario)
+        f"{prefix}_abs_p99": masked.quantiles(jnp.abs(x), mask, (0.99,))[0],
     }
     for i, qq in enumerate(QUANTILES):
         out[f"{prefix}_q{int(round(qq * 100)):02d}"] = q[i]
@@ -42,9 +45,9 @@ def mismatch_kl(lp: jax.Array, lp_q: jax.Array, mask: jax.Array) -> dict[str, ja
 
 def decompose(lp: jax.Array, lp_s: jax.Array, lp_q: jax.Array, mask: jax.Array) -> dict:
     """Per-token ``delta``, ``ell``, ``total`` arrays [B,T] (zero on invalid tokens) and scalar
-    stats:
-    ``delta_*``, ``ell_*``, ``total_*`` (mean, std, abs_mean, q05, q50, q95), ``kl_k1/k2/k3``
-    (mismatch p vs q), ``num_tokens``. Inputs are treated as data (stop-gradient)."""
+    stats: ``delta_*``, ``ell_*``, ``total_*`` (mean, std, abs_mean, abs_p99, q05, q50, q95),
+    ``kl_k1/k2/k3`` (mismatch p vs q), ``num_tokens``. Inputs are treated as data
+    (stop-gradient)."""
     lp, lp_s, lp_q = (jax.lax.stop_gradient(x) for x in (lp, lp_s, lp_q))
     m = masked.as_mask(mask)
     delta = masked.safe(lp_s - lp_q, m)

@@ -212,11 +212,15 @@ class ResyncSection:
     """When theta_t is pushed to the sampler.
 
     policy: 'ess' (push when the lag ESS < threshold) | 'every_k' | 'never' | 'onpolicy'.
+    statistic: the lag ESS the 'ess' policy reads: 'token' (normalized ESS of exp(ell) over every
+    valid token) or 'sequence' (of exp(sum of a response's ell), VCPO's; it falls far sooner when
+    most tokens are near-certain). threshold: resync below this ESS, in (0, 1].
     stale_rollouts: rollouts in flight from an older version are 'train'ed with their snapshot or
     'drop'ped.
     """
 
     policy: Literal["ess", "every_k", "never", "onpolicy"] = "ess"
+    statistic: Literal["token", "sequence"] = "token"
     threshold: float = 0.5
     k: int = 4
     stale_rollouts: Literal["train", "drop"] = "train"

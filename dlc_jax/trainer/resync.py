@@ -1,6 +1,8 @@
 """Resync policies: when the trainer pushes theta_t to the sampler (theta_s <- theta_t).
 
-* ``ess``: DLC — after a step whose lag ESS (ESS of exp(lp - lp_s) over valid tokens) < threshold.
+* ``ess``: DLC — after a step whose lag ESS < threshold: the token ESS of exp(lp - lp_s) over valid
+  tokens (``statistic: token``) or the sequence ESS of exp(sum of a response's lp - lp_s)
+  (``statistic: sequence``).
 * ``every_k``: fixed staleness — every k optimizer steps.
 * ``never``: a stale sampler (kept for experiments).
 * ``onpolicy``: every step, and the next batch is sampled only after the push (no prefetch), so
@@ -24,15 +26,20 @@ class ResyncPolicy:
         return False
 
 
+ESS_METRICS = {"token": "ess_lag", "sequence": "ess_lag_seq"}
+
+
 @dataclasses.dataclass
 class EssPolicy(ResyncPolicy):
     name: str = "ess"
     threshold: float = 0.5
+    statistic: str = "token"
 
     def should_resync(self, metrics: dict, steps_since_sync: int) -> bool:
-        e = metrics.get("ess_lag")
+        key = ESS_METRICS[self.statistic]
+        e = metrics.get(key)
         if e is None:
-            raise KeyError("resync.policy=ess needs the step metric 'ess_lag'")
+            raise KeyError(f"resync.policy=ess needs the step metric {key!r}")
         return float(e) < self.threshold
 
 
@@ -63,7 +70,7 @@ def make_policy(resync_cfg) -> ResyncPolicy:
     """Policy object from the ``resync`` config section."""
     p = resync_cfg.policy
     if p == "ess":
-        return EssPolicy(threshold=resync_cfg.threshold)
+        return EssPolicy(threshold=resync_cfg.threshold, statistic=resync_cfg.statistic)
     if p == "every_k":
         return EveryKPolicy(k=resync_cfg.k)
     if p == "never":

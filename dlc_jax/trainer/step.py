@@ -62,6 +62,7 @@ class StepConfig:
     micro_batches: int = 1
     chunk_size: int = 256
     resync_threshold: float = 0.5
+    resync_statistic: str = "token"  # resync.statistic: the lag ESS of resync_wanted
     old_policy: str = "current"  # lp_old: 'current' (sg(lp)) | 'sampler' (lp_q) | 'snapshot' (lp_s)
     load_balance_loss: float = 0.0  # moe.load_balance_loss (mixture-of-experts models)
     lora_dropout: float = 0.0  # lora.dropout: adapter-input dropout, training forward only
@@ -86,6 +87,7 @@ def step_config(cfg) -> StepConfig:
         head_k=s.head_k,
         micro_batches=cfg.train.micro_batches,
         resync_threshold=cfg.resync.threshold,
+        resync_statistic=cfg.resync.statistic,
         old_policy=cfg.loss.old_policy,
         load_balance_loss=cfg.moe.load_balance_loss,
         lora_dropout=cfg.lora.dropout if cfg.lora.enabled else 0.0,
@@ -337,7 +339,9 @@ def _train_step_body(graphdef, tx, cfg: StepConfig):
                 entropy=ent,
             )
         )
-        dec = resync_decision(lp, lp_s, batch["mask"], cfg.resync_threshold)
+        dec = resync_decision(
+            lp, lp_s, batch["mask"], cfg.resync_threshold, statistic=cfg.resync_statistic
+        )
         metrics.update(
             grad_norm=gnorm,
             lr_scale=jnp.asarray(lr_scale, jnp.float32),

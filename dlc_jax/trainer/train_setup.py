@@ -102,6 +102,7 @@ def make_train_setup(cfg: TrainConfig, model_dir: str | Path, mesh) -> TrainSetu
         head_k=s.head_k,
         micro_batches=cfg.train.micro_batches,
         resync_threshold=cfg.resync.threshold,
+        resync_statistic=cfg.resync.statistic,
         old_policy=cfg.loss.old_policy,
     )
     shard: dict[str, Any] = {}

@@ -1,6 +1,6 @@
-"""The JAX sampler backend's numerics knobs (bf16 compute, int8 weights, weight noise) each move its
-log-probs away from an fp32 reference by a measurable, ordered amount: four whole backends
-compiled, so integration tier."""
+"""The JAX sampler backend's numerics knobs (bf16 compute, int8 / FP8 weights, weight noise) each
+move its log-probs away from an fp32 reference by a measurable, ordered amount: five whole
+backends compiled, so integration tier."""
 
 import numpy as np
 
@@ -39,8 +39,14 @@ def test_jax_backend_numerics_knobs_create_a_controlled_discrepancy(tmp_path):
     _, d32 = run()  # (same-seed determinism of this backend: test_sampler_service, gRPC vs direct)
     _, d16 = run(dtype="bfloat16")
     _, d8 = run(quantization="int8")
+    _, d_fp8 = run(quantization="fp8_e4m3")
     _, dn = run(weight_noise=0.2, weight_noise_seed=1)
-    print(f"mean |lp - fp32 ref|: fp32 {d32:.1e}, bf16 {d16:.1e}, int8 {d8:.1e}, noise0.2 {dn:.1e}")
+    print(
+        f"mean |lp - fp32 ref|: fp32 {d32:.1e}, bf16 {d16:.1e}, int8 {d8:.1e}, fp8 {d_fp8:.1e}, "
+        f"noise0.2 {dn:.1e}"
+    )
     assert d32 < 1e-5
     assert d16 > 1e-4 and d8 > 1e-4 and dn > 1e-3
     assert dn > d8  # 20% rms noise is a larger perturbation than int8 rounding (~0.2% rms)
+    # e4m3's 3 mantissa bits (~2% rms) round coarser than int8's 255 levels per row
+    assert d_fp8 > d8

@@ -14,7 +14,7 @@ from dlc_jax.experiments.evidence import (
     summary_json,
 )
 from dlc_jax.experiments.results import RunResult
-from dlc_jax.experiments.sweep import learning_delta
+from dlc_jax.experiments.stats import learning_delta
 
 
 def _held(start, end, n=4):
@@ -43,14 +43,17 @@ def _run(name, arm, scenario, seed, held, delta=0.0, ell=0.0, cpu=100.0):
     )
 
 
-def test_learning_delta_is_paired_per_prompt_and_bootstrapped():
+def test_learning_delta_is_paired_per_run_with_a_t_interval():
     up = [_held(0.25, 0.75), _held(0.25, 0.75), _held(0.25, 0.5)]
     iv = learning_delta(up)
     assert iv.point == pytest.approx((0.5 + 0.5 + 0.25) / 3) and iv.n == 3
-    assert 0 < iv.lo <= iv.point <= iv.hi <= 0.75
+    # t(0.975, 2) = 4.303, sd of (0.5, 0.5, 0.25) = 0.1443: half-width 0.3585
+    assert (iv.lo, iv.hi) == pytest.approx((iv.point - 0.3585, iv.point + 0.3585), abs=1e-3)
     flat = learning_delta([_held(0.5, 0.5)] * 3)
     assert (flat.point, flat.lo, flat.hi) == (0.0, 0.0, 0.0)
     assert learning_delta([]).n == 0
+    one = learning_delta([_held(0.25, 0.75)])
+    assert one.point == 0.5 and np.isnan(one.lo) and "no interval" in one.fmt()
 
 
 def test_seeds_to_decide_follows_the_normal_power_formula():
@@ -102,11 +105,17 @@ def test_summary_has_the_issue_schema():
     by_sc = {"lag_never": {"tis": tis}}
     out = summary_json(by_sc, refs, {}, {"lag_never": "lag"}, CLAIMS)
     json.dumps(out)  # serializable
-    assert set(out) == {"onpolicy_learning", "scenarios", "claims"}
+    assert set(out) == {"onpolicy_learning", "scenarios", "claims", "heldout_overlap", "numerics"}
     assert set(out["onpolicy_learning"]) == {"delta", "lo", "hi", "seeds"}
     assert out["onpolicy_learning"]["delta"] == 0.5 and out["onpolicy_learning"]["seeds"] == 3
     sc = out["scenarios"]["lag_never"]
-    assert sc["kind"] == "lag" and set(sc) == {"kind", "delta_abs_mean", "ell_abs_mean", "arms"}
+    assert sc["kind"] == "lag" and set(sc) == {
+        "kind",
+        "delta_abs_mean",
+        "ell_abs_mean",
+        "delta_abs_p99",
+        "arms",
+    }
     arm = sc["arms"]["tis"]
     assert arm["seeds"] == 2 and arm["heldout_acc"]["mean"] == 0.5
     assert set(arm["heldout_acc"]) == set(arm["max_ratio"]) == {"mean", "lo", "hi"}
@@ -135,6 +144,10 @@ def test_report_and_summary_are_regenerated_byte_for_byte(tmp_path):
             a.kl_steps, a.kl_forward, a.kl_reverse = [5, 10], [0.01, 0.02 * far], [0.01, 0.02]
             a.kl_by_ref = {m: [0.01, 0.02 * far] for m in names if m != n}
             a.save(tmp_path)
+    (tmp_path / "heldout_split.json").write_text('{"prompts": 64, "overlap": 0}')
+    (tmp_path / "numerics.json").write_text(
+        '{"jax_fp8_e4m3": {"delta_abs_mean": 0.0125, "delta_abs_p99": 0.195, "tokens": 889}}'
+    )
     first = write_report(tmp_path, preset=TINY).read_bytes()
     summary = (tmp_path / "summary.json").read_bytes()
     assert write_report(tmp_path, preset=TINY).read_bytes() == first
@@ -145,6 +158,14 @@ def test_report_and_summary_are_regenerated_byte_for_byte(tmp_path):
     assert s["onpolicy_learning"]["delta"] == 0.5
     assert s["scenarios"]["collapse"]["arms"]["tis"]["max_ratio"]["mean"] == pytest.approx(3.0)
     assert "- dlc - tis, final held-out greedy accuracy paired over 3 seeds" in md
+    # the v3 keys (issue 32 item 7)
+    assert s["heldout_overlap"] == 0 and s["numerics"]["jax_fp8_e4m3"]["delta_abs_p99"] == 0.195
+    assert "| jax_fp8_e4m3 | 0.0125 | 0.1950 |" in md
+    tis = s["scenarios"]["collapse"]["arms"]["tis"]
+    assert tis["resyncs"] == {"mean": None, "min": None} and tis["acc_per_kcpu_s"] == 2.5
+    assert tis["dlc_minus"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    assert s["scenarios"]["collapse"]["delta_abs_p99"] is None  # not logged by these runs
+    assert all("bootstrap over runs" in c["interval_method"] for c in s["claims"])
 
 
 def test_sweep_table_has_one_row_per_point_with_the_learning_interval():
@@ -169,7 +190,8 @@ def test_sweep_table_has_one_row_per_point_with_the_learning_interval():
     rows = [row("a", 0, 0.75, 40.0), row("a", 1, 0.75, 60.0), row("b", 0, 0.25, None)]
     lines = sweep_table(rows)
     assert len(lines) == 4 and lines[2].startswith("| a | 5e-05 | 8 x 8 | 20 | 2 |")
-    assert "| 0.250 -> 0.750 | 0.500 [0.125, 0.875] |" in lines[2]  # half the prompts gained
+    # half the prompts gained in both runs: no spread over runs
+    assert "| 0.250 -> 0.750 | 0.500 [0.500, 0.500] |" in lines[2]
     assert lines[2].endswith("| 0.30 -> 0.20 (0.35) | 50 (1.5) |")
     assert lines[3].endswith("| — (1.5) |")  # CPU-s not recorded
 

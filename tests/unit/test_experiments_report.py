@@ -166,9 +166,12 @@ def test_summary_numbers(tmp_path):
     assert d.ess_predicted == pytest.approx(math.sqrt(math.log(2) / 0.05))
 
 
-def _seeded_experiment(tmp_path, *, tis_far=True, dlc_resyncs=(0, 0, 0, 1, 1, 1, 2, 2, 2, 3)):
+def _seeded_experiment(
+    tmp_path, *, tis_far=True, dlc_resyncs=(0, 0, 0, 1, 1, 1, 2, 2, 2, 3), noresync_near=False
+):
     """3 on-policy runs (pairs KL 0.01 / 0.02 at steps 5 / 10), DLC close to them, TIS far (or
-    not)."""
+    not); DLC without resync = TIS's numbers, or (``noresync_near``) as close as DLC on the
+    reference prefixes and far on its own."""
     steps = [5, 10]
     names = [f"onpolicy__s{i}" for i in range(3)]
     pairs = {f"{a}|{b}": [0.01, 0.02] for a in names for b in names if a != b}
@@ -217,6 +220,9 @@ def _seeded_experiment(tmp_path, *, tis_far=True, dlc_resyncs=(0, 0, 0, 1, 1, 1,
         nr = RunResult.from_json(
             {**t.to_json(), "name": f"collapse__dlc_noresync__s{i}", "arm": "dlc_noresync"}
         )
+        if noresync_near:
+            nr.kl_by_ref = {m: [0.01, 0.015 + 0.005 * (2 - i)] for m in refs}
+            nr.own_kl_by_ref = {m: [0.02, 0.04 * (4.0 + i)] for m in refs}
         nr.save(tmp_path)
 
 
@@ -232,8 +238,13 @@ def test_report_is_generated_from_the_inputs(tmp_path):
     assert "1. *DLC stays within 2x noise under the stale sampler*: **held**" in md
     assert "2. *Importance weighting leaves the band once its ESS stays below 0.5*: **held**" in md
     assert "3. *DLC's resync prevents collapses that per-token corrections leave*: **held**" in md
-    assert "4. *A KL on the sampler's own prefixes does not detect the collapses*: **held**" in md
-    assert "tis: reference 5.00 [4.00, 6.00] (outside) vs own 1.00 [1.00, 1.00] (within)" in md
+    # TIS is outside on the sampler's prefixes and within on its own: the sampler-prefix KL
+    # missed nothing here
+    assert (
+        "4. *A KL on the sampler's own prefixes does not detect the collapses*: **inconclusive**"
+        in md
+    )
+    assert "tis: sampler's 5.00 [4.00, 6.00] (outside) vs own 1.00 [1.00, 1.00] (within)" in md
     assert "3 on-policy runs (onpolicy__s0, onpolicy__s1, onpolicy__s2)" in md
     for png in ("collapse.png", "ess_crossing.png", "noise.png"):
         b = (tmp_path / "plots" / png).read_bytes()
@@ -265,6 +276,22 @@ def test_resync_claim_is_untested_when_dlc_never_resynced(tmp_path):
         in md
     )
     assert "DLC's ESS trigger never fired (0 resyncs in every seed)" in md
+
+
+def test_claims_3_and_4_need_the_resync_to_help_and_own_prefixes_to_catch_a_miss(tmp_path):
+    # DLC without resync is as close to on-policy as DLC on the reference (= the never-synced
+    # sampler's) prefixes, but far on its own prefixes: the sampler-prefix KL missed a collapse
+    # (claim 4 held), and DLC's resync did not beat DLC without resync on the paired
+    # difference (claim 3 not held, although DLC fired, stayed within and TIS collapsed)
+    _seeded_experiment(tmp_path, noresync_near=True)
+    md = write_report(tmp_path).read_text()
+    assert (
+        "3. *DLC's resync prevents collapses that per-token corrections leave*: **inconclusive**"
+        in md
+    )
+    assert "DLC minus DLC-without-resync, paired over seeds (held needs it below 0): 0.00 [" in md
+    assert "4. *A KL on the sampler's own prefixes does not detect the collapses*: **held**" in md
+    assert "that the sampler-prefix ratio places within it: dlc_noresync;" in md
 
 
 def test_report_says_when_noise_is_missing(tmp_path):

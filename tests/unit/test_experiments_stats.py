@@ -6,11 +6,20 @@ import pytest
 from dlc_jax.experiments.stats import (
     Interval,
     mean_interval,
+    noise_intervals,
+    pair_matrix,
     paired_difference,
     ratio_stats,
     seed_band,
-    unordered_pairs,
+    t_quantile,
 )
+
+
+def _noise(runs: int, values) -> np.ndarray:
+    """M [R, R, T]: every pair of distinct runs has KL ``values`` per step."""
+    m = np.tile(np.asarray(values, float), (runs, runs, 1))
+    m[np.arange(runs), np.arange(runs)] = np.nan
+    return m
 
 
 def test_band_decision_uses_the_whole_interval():
@@ -24,7 +33,7 @@ def test_band_decision_uses_the_whole_interval():
 
 def test_identical_seeds_give_a_degenerate_interval():
     d = np.array([[0.1, 0.3], [0.1, 0.3], [0.1, 0.3]])
-    n = np.array([[0.1, 0.1], [0.1, 0.1]])
+    n = _noise(3, [0.1, 0.1])
     rs = ratio_stats(d, n, [5, 10])
     np.testing.assert_allclose(rs.curve, [1.0, 3.0])
     np.testing.assert_allclose(rs.lo, [1.0, 3.0])
@@ -35,7 +44,7 @@ def test_identical_seeds_give_a_degenerate_interval():
 
 def test_interval_covers_the_seed_spread_and_drops_zero_noise_steps():
     d = np.array([[0.0, 0.1, 0.4], [0.0, 0.3, 0.2]])
-    n = np.array([[0.0, 0.1, 0.1], [0.0, 0.1, 0.1]])
+    n = _noise(3, [0.0, 0.1, 0.1])
     rs = ratio_stats(d, n, [0, 5, 10])
     assert rs.steps == [5, 10]  # N = 0 at step 0: skipped
     np.testing.assert_allclose(rs.curve, [2.0, 3.0])
@@ -47,19 +56,48 @@ def test_interval_covers_the_seed_spread_and_drops_zero_noise_steps():
         ratio_stats(d, n, [0, 5])
 
 
-def test_pairs_are_merged_over_direction_and_mean_interval():
-    rows = unordered_pairs({"a|b": [1.0, 3.0], "b|a": [3.0, 5.0], "a|c": [2.0, None]})
-    np.testing.assert_allclose(rows[0], [2.0, 4.0])
-    assert np.isnan(rows[1][1])
+def test_pair_matrix_and_t_interval_of_the_mean():
+    m = pair_matrix({"a|b": [1.0, 3.0], "b|a": [3.0, 5.0], "a|c": [2.0, None]})
+    assert m.shape == (3, 3, 2) and m[0, 1, 1] == 3.0 and np.isnan(m[0, 2, 1])
+    assert np.isnan(m[0, 0, 0])  # no run is paired with itself
     mi = mean_interval([1.0, 1.0, 1.0, None])
     assert (mi.point, mi.lo, mi.hi, mi.n) == (1.0, 1.0, 1.0, 3)
     assert np.isnan(mean_interval([None]).point)
-    mi = mean_interval([0.0, 10.0], seed=3)
-    assert mi.point == 5.0 and mi.lo == 0.0 and mi.hi == 10.0
+    # two runs: mean 5, sd 7.071, t(0.975, 1) = 12.706 -> half-width 63.53 (a percentile
+    # bootstrap of two values would say [0, 10])
+    mi = mean_interval([0.0, 10.0])
+    assert mi.point == 5.0 and (mi.lo, mi.hi) == pytest.approx((5 - 63.53, 5 + 63.53), abs=0.01)
+    assert [t_quantile(k) for k in (1, 2, 4, 9)] == [12.706, 4.303, 2.776, 2.262]
+    assert t_quantile(60) == pytest.approx(2.000, abs=2e-3)
+
+
+def test_no_interval_from_one_run():
+    one = mean_interval([17.0])
+    assert one.point == 17.0 and np.isnan(one.lo) and np.isnan(one.hi)
+    assert one.fmt(1) == "17.0 (1 run, no interval)" and one.versus(2.0) == "inconclusive"
+    rs = ratio_stats(np.array([[0.1, 0.3]]), _noise(3, [0.1, 0.1]), [5, 10])
+    assert rs.max.point == pytest.approx(3.0) and np.isnan(rs.max.lo) and rs.max.n == 1
+    diff = paired_difference([[0.1, 0.1]], [[0.3, 0.5]], _noise(3, [0.1, 0.1]))
+    assert diff.point == pytest.approx(-4.0) and np.isnan(diff.lo)
+
+
+def test_noise_interval_resamples_runs_not_pairs():
+    # four on-policy runs, one of them (d) far from the other three: 3 pairs at 0.1, 3 at 1.0.
+    # Drawing runs, a resample without d (p = (3/4)^4 = 0.32) has N = 0.1 exactly, so the lower
+    # end is 0.1; resampling the 6 pairs as if independent needs all 6 draws from the near half
+    # (p = 1/64 < 2.5%), so it would put the lower end at 0.25.
+    m = _noise(4, [0.1])
+    m[3, :3] = m[:3, 3] = 1.0
+    iv = noise_intervals(m)[0]
+    assert iv.point == pytest.approx(0.55) and iv.lo == pytest.approx(0.1) and iv.hi > 0.55
+    # the same goes for the ratio: D = 0.1 in both seeds, N from 0.1 upward: R up to 1.0
+    rs = ratio_stats(np.array([[0.1], [0.1]]), m, [5])
+    assert rs.max.hi == pytest.approx(1.0) and rs.max.point == pytest.approx(0.1 / 0.55)
+    assert noise_intervals(_noise(2, [0.3]))[0].fmt() == "0.30 (2 runs, no interval)"
 
 
 def test_paired_difference_and_seed_band():
-    n = np.array([[0.1, 0.1]])
+    n = _noise(2, [0.1, 0.1])
     a = np.array([[0.1, 0.1], [0.1, 0.1]])
     b = np.array([[0.3, 0.5], [0.3, 0.5]])
     diff = paired_difference(a, b, n)

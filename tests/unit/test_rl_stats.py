@@ -32,6 +32,8 @@ def test_decomposition_identity_and_stats():
     np.testing.assert_allclose(d["ell_std"], ell.std(), rtol=1e-5)
     for q, key in [(0.05, "ell_q05"), (0.5, "ell_q50"), (0.95, "ell_q95")]:
         np.testing.assert_allclose(d[key], np.quantile(ell, q), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(d["ell_abs_p99"], np.quantile(np.abs(ell), 0.99), rtol=1e-5)
+    np.testing.assert_allclose(d["total_abs_p99"], np.quantile(np.abs(tot), 0.99), rtol=1e-5)
     np.testing.assert_allclose(d["kl_k1"], np.mean(-tot), rtol=1e-5)
     np.testing.assert_allclose(d["kl_k3"], np.mean(np.exp(tot) - 1 - tot), rtol=1e-5)
     assert all(np.isfinite(float(v)) for k, v in d.items() if np.ndim(v) == 0)

@@ -20,7 +20,8 @@ class BackendConfig:
     """Engine settings shared by the backends (a backend ignores knobs it does not have).
 
     dtype: compute dtype ("float32" | "bfloat16"). quantization: vLLM online quantization name
-    (e.g. "fp8_per_channel") or, for the JAX backend, "int8" (per-output-channel weight-only).
+    (e.g. "fp8_per_channel") or, for the JAX backend, "int8" or "fp8_e4m3" (per-output-channel
+    weight-only, dequantized back).
     weight_noise: Gaussian noise added to every weight matrix, sigma = weight_noise * rms(tensor),
     with `weight_noise_seed` (JAX backend). Limits: max_model_len bounds prompt + max_tokens; max_n
     and max_head_k bound n and head_k in requests.

@@ -5,8 +5,11 @@ batched prefill + jitted decode steps, vLLM-equivalent sampling (temperature -> 
 Numerics knobs (a controlled sampler/trainer discrepancy), applied in HF layout every time weights
 are loaded: `dtype="bfloat16"` (compute dtype; params stay fp32), `quantization="int8"`
 (weight-only, symmetric, per output channel = per row of every 2-D HF weight, dequantized back:
-round-to-nearest), `weight_noise=s` (w += s * rms(w) * N(0,1) on every 2-D weight, fixed
-`weight_noise_seed`, the same pattern for every version). Norm vectors are left unchanged by both.
+round-to-nearest), `quantization="fp8_e4m3"` (the same per-output-channel scale, max |w| -> 448,
+cast to `jnp.float8_e4m3fn` and back: FP8 rollouts' weight error; activations stay in the compute
+dtype, the model forward has no FP8 hook), `weight_noise=s` (w += s * rms(w) * N(0,1) on every 2-D
+weight, fixed `weight_noise_seed`, the same pattern for every version). Norm vectors are left
+unchanged by all of them.
 
 Determinism: the key of token t of sample j of prompt i is fold_in(seed, i, j, t), so results do
 not depend on batching. Weight swaps happen between decode steps; a sequence whose weights changed
@@ -45,6 +48,25 @@ def _bucket(n: int, m: int = 32) -> int:
     return max(m, -(-n // m) * m)
 
 
+QUANTIZATIONS = (None, "", "int8", "fp8_e4m3")
+FP8_E4M3_MAX = 448.0
+
+
+def has_knobs(cfg: BackendConfig) -> bool:
+    """Whether loaded weights pass through `transform_weights` (noise or quantization on)."""
+    return cfg.weight_noise > 0 or cfg.quantization in ("int8", "fp8_e4m3")
+
+
+def fp8_e4m3_roundtrip(w: np.ndarray) -> np.ndarray:
+    """w quantized to FP8 e4m3 with a per-output-channel (per row) scale and dequantized."""
+    import jax.numpy as jnp
+
+    amax = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True)
+    scale = np.where(amax == 0, 1.0, amax / FP8_E4M3_MAX).astype(np.float32)
+    q = (w / scale).astype(jnp.float8_e4m3fn)
+    return (q.astype(np.float32) * scale).astype(np.float32)
+
+
 def transform_weights(name: str, w: np.ndarray, cfg: BackendConfig) -> np.ndarray:
     """Apply the numerics knobs to one HF tensor (fp32 math, returned as fp32)."""
     w = np.asarray(w, np.float32)
@@ -58,6 +80,8 @@ def transform_weights(name: str, w: np.ndarray, cfg: BackendConfig) -> np.ndarra
         scale = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True) / 127.0
         scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
         w = (np.clip(np.round(w / scale), -127, 127) * scale).astype(np.float32)
+    if cfg.quantization == "fp8_e4m3":
+        w = fp8_e4m3_roundtrip(w)
     return w
 
 
@@ -65,11 +89,12 @@ class JaxBackend(SamplerBackend):
     name = "jax"
 
     def __init__(self, cfg: BackendConfig):
-        super().__init__(cfg)
-        if cfg.quantization not in (None, "", "int8"):
+        if cfg.quantization not in QUANTIZATIONS:
             raise ValueError(
-                f"jax backend: quantization must be None or 'int8', got {cfg.quantization!r}"
+                f"jax backend: quantization must be one of {QUANTIZATIONS[1:]} or None, got "
+                f"{cfg.quantization!r}"
             )
+        super().__init__(cfg)
         self._lock = threading.Lock()
         self._graphdef = None
         self._state = None
@@ -89,7 +114,7 @@ class JaxBackend(SamplerBackend):
         tmp = pathlib.Path(tempfile.mkdtemp(prefix="dlc_jaxbackend_"))
         try:
             shutil.copy(pathlib.Path(self.cfg.model_dir) / "config.json", tmp / "config.json")
-            if self.cfg.weight_noise > 0 or self.cfg.quantization == "int8":
+            if has_knobs(self.cfg):
                 st.write_file(
                     tmp / "model.safetensors",
                     {n: transform_weights(n, w, self.cfg) for n, w in st.iter_tensors(weights_dir)},
@@ -141,7 +166,7 @@ class JaxBackend(SamplerBackend):
     def begin_load(self):
         from .jax_weights import JaxWeightLoad
 
-        knobs = self.cfg.weight_noise > 0 or self.cfg.quantization == "int8"
+        knobs = has_knobs(self.cfg)
         state, _ = self._snapshot()
         return JaxWeightLoad(
             state,
@@ -177,7 +202,7 @@ class JaxBackend(SamplerBackend):
         from ..adapter_push import merged_tensors, peft_name, split_name
         from .jax_weights import JaxWeightLoad
 
-        knobs = self.cfg.weight_noise > 0 or self.cfg.quantization == "int8"
+        knobs = has_knobs(self.cfg)
         load = JaxWeightLoad(
             self._base_state,
             int(self.model_config["num_hidden_layers"]),

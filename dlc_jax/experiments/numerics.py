@@ -1,0 +1,162 @@
+"""How far each sampler numerics is from the fp32 trainer: mean and p99 |delta| per token.
+
+delta = log p_trainer - log q_sampler of the same token after the same prefix, at the same
+weights (the experiment's initial model), over the response tokens of the reference prefixes
+(prompt + one response sampled from the initial policy) up to and including the first EOS. Each
+numerics scores those sequences teacher-forced with its own weights and compute dtype: the JAX
+backend's knobs (bf16 compute, int8 / FP8 e4m3 weights, weight noise;
+`sampler/backends/jax_backend.py`) through the project's model, vLLM-CPU in bfloat16 through its
+prompt log-probs. ``numerics.json``
+(``{NAME: {delta_abs_mean, delta_abs_p99, tokens}}``) is what the report's ``numerics`` key and
+table show.
+
+    dlc-jax experiment --preset tiny --numerics --out DIR   (see cli.py)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dlc_jax.experiments.prefixes import PrefixSet
+
+# name -> BackendConfig knobs of the JAX backend; "vllm_cpu_bf16" is vLLM's engine
+JAX_NUMERICS: dict[str, dict] = {
+    "jax_bf16": {"dtype": "bfloat16"},
+    "jax_int8": {"quantization": "int8"},
+    "jax_fp8_e4m3": {"quantization": "fp8_e4m3"},
+    "jax_fp8_e4m3_bf16": {"quantization": "fp8_e4m3", "dtype": "bfloat16"},
+    "noise_0.05": {"weight_noise": 0.05},
+    "noise_0.1": {"weight_noise": 0.1},
+    "noise_0.2": {"weight_noise": 0.2},
+    "noise_0.3": {"weight_noise": 0.3},
+}
+VLLM_NAME = "vllm_cpu_bf16"
+
+
+def delta_stats(lp_trainer: np.ndarray, lp_sampler: np.ndarray, mask: np.ndarray) -> dict:
+    """Mean and 99th percentile of |lp_trainer - lp_sampler| over the tokens where mask > 0."""
+    d = np.abs(np.asarray(lp_trainer, np.float64) - np.asarray(lp_sampler, np.float64))
+    d = d[np.asarray(mask) > 0]
+    if d.size == 0:
+        return {"delta_abs_mean": None, "delta_abs_p99": None, "tokens": 0}
+    return {
+        "delta_abs_mean": round(float(d.mean()), 6),
+        "delta_abs_p99": round(float(np.percentile(d, 99)), 6),
+        "tokens": int(d.size),
+    }
+
+
+def response_mask(ps: PrefixSet, eos_id: int) -> np.ndarray:
+    """The prefix mask cut after each response's first ``eos_id``: the tokens a sampler that
+    stops at EOS generates (the reference responses run on to max_tokens)."""
+    mask = ps.prefix_mask.copy()
+    for i, (p, n) in enumerate(zip(ps.prompt_lens, ps.response_lens)):
+        resp = ps.tokens[i, p : p + n]
+        hits = np.flatnonzero(resp == eos_id)
+        if hits.size:  # the token at p + k is predicted at position p + k - 1
+            mask[i, p + int(hits[0]) :] = 0.0
+    return mask
+
+
+def next_token_logprobs(model, tokens: np.ndarray) -> np.ndarray:
+    """[N, L] log-prob (fp32 log-softmax of the model's logits) of token t+1 at position t (the
+    last column is 0)."""
+    import jax
+    import jax.numpy as jnp
+
+    logits = model(jnp.asarray(tokens, jnp.int32)).astype(jnp.float32)
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    nxt = jnp.asarray(tokens[:, 1:], jnp.int32)
+    got = jnp.take_along_axis(lp[:, :-1], nxt[..., None], axis=-1)[..., 0]
+    return np.concatenate([np.asarray(got), np.zeros((tokens.shape[0], 1), np.float32)], axis=1)
+
+
+def jax_sampler_model(model_dir: str, knobs: dict):
+    """The JAX sampler backend's model for ``knobs`` (weights transformed as a served push)."""
+    from flax import nnx
+
+    from dlc_jax.sampler.backends.base import BackendConfig
+    from dlc_jax.sampler.backends.jax_backend import JaxBackend
+
+    backend = JaxBackend(BackendConfig(model_dir=model_dir, **knobs))
+    graphdef, state = backend.load_weights_dir(model_dir)
+    return nnx.merge(graphdef, state)
+
+
+def vllm_logprobs(model_dir: str, ps: PrefixSet) -> np.ndarray:
+    """[N, L] vLLM-CPU (bfloat16) prompt log-probs laid out like ``next_token_logprobs``."""
+    import gc
+
+    import vllm
+
+    llm = vllm.LLM(
+        model=model_dir,
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=int(ps.tokens.shape[1]) + 8,
+        seed=0,
+        gpu_memory_utilization=0.1,
+    )
+    try:
+        lens = ps.prompt_lens + ps.response_lens
+        seqs = [[int(t) for t in row[:n]] for row, n in zip(ps.tokens, lens)]
+        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        res = llm.generate([vllm.TokensPrompt(prompt_token_ids=s) for s in seqs], params)
+    finally:
+        del llm
+        gc.collect()
+    out = np.zeros(ps.tokens.shape, np.float32)
+    for i, (seq, r) in enumerate(zip(seqs, res)):
+        for t in range(1, len(seq)):  # prompt_logprobs[t]: log q(seq[t] | seq[:t])
+            out[i, t - 1] = r.prompt_logprobs[t][seq[t]].logprob
+    return out
+
+
+def measure_numerics(
+    model_dir: str, ps: PrefixSet, names: list[str] | None = None, *, log=print
+) -> dict[str, dict]:
+    """``{NAME: delta_stats}`` for every numerics in ``names`` (default: all, vLLM last; a
+    numerics that cannot run here is recorded with its error instead of numbers)."""
+    from dlc_jax.model import load_hf
+
+    names = names or [*JAX_NUMERICS, VLLM_NAME]
+    eos = json.loads((Path(model_dir) / "config.json").read_text()).get("eos_token_id")
+    mask = response_mask(ps, int(eos)) if isinstance(eos, int) else ps.prefix_mask
+    ref = next_token_logprobs(load_hf(model_dir), ps.tokens)
+    out: dict[str, dict] = {}
+    for name in names:
+        if name == VLLM_NAME:
+            try:
+                lq = vllm_logprobs(model_dir, ps)
+            except Exception as e:  # noqa: BLE001 -- recorded: vLLM may not run on this host
+                out[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                log(f"numerics {name}: not measured ({out[name]['error']})")
+                continue
+        else:
+            lq = next_token_logprobs(jax_sampler_model(model_dir, JAX_NUMERICS[name]), ps.tokens)
+        out[name] = delta_stats(ref, lq, mask)
+        log(f"numerics {name}: {out[name]}")
+    return out
+
+
+def write_numerics(out_dir: str | Path, numerics: dict[str, dict]) -> Path:
+    """``numerics.json`` and ``numerics.md`` (the table) under ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "numerics.json").write_text(json.dumps(numerics, indent=1) + "\n")
+    lines = [
+        "| numerics | mean abs delta | p99 abs delta | tokens |",
+        "|---|---|---|---|",
+    ]
+    for name, v in numerics.items():
+        if "error" in v:
+            lines.append(f"| {name} | not measured: {v['error']} | — | — |")
+            continue
+        lines.append(
+            f"| {name} | {v['delta_abs_mean']:.4f} | {v['delta_abs_p99']:.4f} | {v['tokens']} |"
+        )
+    (out / "numerics.md").write_text("\n".join(lines) + "\n")
+    return out / "numerics.md"
