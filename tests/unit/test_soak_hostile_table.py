@@ -8,8 +8,8 @@ import argparse
 import pytest
 
 from dlc_jax.bench import soak
-from dlc_jax.bench.soak_hostile import CLASSES
-from dlc_jax.bench.soak_hostile_cases import _nonfinite_rows
+from dlc_jax.bench.soak.hostile import CLASSES
+from dlc_jax.bench.soak.hostile_cases import _nonfinite_rows
 from dlc_jax.cli_args import UsageError
 
 

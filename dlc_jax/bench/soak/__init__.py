@@ -1,5 +1,5 @@
-"""`dlc-jax bench soak`: the sampler soak (`soak_sampler`), the trainer soak (`soak_trainer`) and
-the hostile-input soak (`soak_hostile`: reward values and types, export of corrupt checkpoints, data
+"""`dlc-jax bench soak`: the sampler soak (`sampler`), the trainer soak (`trainer`) and
+the hostile-input soak (`hostile`: reward values and types, export of corrupt checkpoints, data
 edges, config and plan ranges) together, loopback only and bounded; one summary table
 (``soak.{json,md}``) plus each part's own table under ``<out>/soak/``.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dlc_jax.cli_args import UsageError
 
-from . import common
+from .. import common
 
 
 @dataclasses.dataclass
@@ -133,9 +133,9 @@ def _earlier(parts_dir: Path, name: str, cfg: SoakBenchConfig) -> dict | None:
 
 
 def _sampler_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import soak_sampler
+    from . import sampler
 
-    r = _earlier(parts_dir, "sampler", cfg) or soak_sampler.run(parts_dir)
+    r = _earlier(parts_dir, "sampler", cfg) or sampler.run(parts_dir)
     s = r["summary"]
     return {
         "part": "sampler",
@@ -153,10 +153,10 @@ def _sampler_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
 
 
 def _trainer_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import soak_trainer
+    from . import trainer
 
-    r = _earlier(parts_dir, "trainer", cfg) or soak_trainer.run(
-        parts_dir, soak_trainer.SoakConfig(kills=cfg.kills)
+    r = _earlier(parts_dir, "trainer", cfg) or trainer.run(
+        parts_dir, trainer.SoakConfig(kills=cfg.kills)
     )
     s = r["summary"]
     return {
@@ -175,9 +175,9 @@ def _trainer_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
 
 
 def _hostile_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import soak_hostile
+    from . import hostile
 
-    r = _earlier(parts_dir, "hostile", cfg) or soak_hostile.run(parts_dir)
+    r = _earlier(parts_dir, "hostile", cfg) or hostile.run(parts_dir)
     s = r["summary"]
     return {
         "part": "hostile",
