@@ -362,9 +362,12 @@ class EnvSampler:
             c[key] = c.get(key, 0.0) + 1
 
     def totals(self) -> dict[str, float]:
-        """Run totals of the counters (episodes, errors, prefix breaks, end reasons)."""
+        """Run totals of the counters (episodes, errors, prefix breaks, end reasons, control
+        tokens kept as text)."""
         with self.lock:
-            return dict(self.counts)
+            out = dict(self.counts)
+        out["env/escaped_special_tokens"] = float(self.delta.escaped)
+        return out
 
 
 def episode_stats(rollouts: list[Rollout]) -> dict[str, float]:

@@ -351,6 +351,7 @@ class Trainer:
             **self.counters,
         )
         m.update({k: v for k, v in stats.items() if k.startswith(("reward/", "env/"))})
+        m["data/escaped_special_tokens"] = float(self.data.escaped_special_tokens)
         if self.env is not None:
             m.update({f"{k}_total": v for k, v in self.env.totals().items()})
         if reason == "ess":
