@@ -4,22 +4,20 @@ episode, counted under ``env/*``, or stops the run with a one-line error; never 
 ``env.timeout_s`` plus a grace period, never an exception out of the runner, never a non-finite
 reward."""
 
-import asyncio
 import json
 import math
-import os
 import sys
 import time
 
-import numpy as np
 import pytest
 
+from dlc_jax.bench.soak.env_cases import CASES, Base, Echo, InitFails
 from dlc_jax.env import ChatDelta, EnvConfig, EnvSampler
 from dlc_jax.env.demos import NoDemonstrationError, demonstrations
 from dlc_jax.env.evaluate import EnvEvaluator
 from dlc_jax.env.protocol import EnvConfigError, load_env_factory
 from dlc_jax.errors import is_user_error
-from dlc_jax.sampler.types import Rollout, SamplingParams
+from dlc_jax.sampler.types import SamplingParams
 
 TIMEOUT = 0.5
 GRACE = 5.0  # seconds past env.timeout_s per turn a case may take (CPU load)
@@ -35,97 +33,6 @@ def tok(tmp_path_factory):
     _write_tokenizer_files(train_tokenizer(generate_corpus(n_lines=1000), 400), d, 2048)
     (d / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     return load_tokenizer(str(d))
-
-
-class Echo:
-    """A sampler that echoes the prompt and generates ``[5, eos]`` each turn."""
-
-    address = "echo"
-
-    def __init__(self, eos):
-        self.eos = eos
-
-    def generate(self, prompts, params, slot_ids=None, request_id=None):
-        for p, s in zip(prompts, slot_ids):
-            gen = [5, self.eos]
-            yield Rollout(
-                prompt_ids=np.asarray(p, np.int32),
-                response_ids=np.asarray(gen, np.int32),
-                logprobs=np.full(2, -0.5, np.float32),
-                head_ids=np.zeros((2, 1), np.int32),
-                head_logprobs=np.zeros((2, 1), np.float32),
-                finish_reason="stop",
-                version_spans=[(0, 0, 2)],
-                slot_id=s,
-            )
-
-
-class Base:
-    def reset(self, row):
-        return [{"role": "user", "content": "go"}]
-
-    def step(self, completion):
-        return [{"role": "user", "content": "again"}], 1.0, False
-
-    def demonstration(self, row):
-        return ["3"]
-
-
-def _step(fn):
-    return type("Env", (Base,), {"step": lambda self, c: fn()})
-
-
-def _forever():
-    while True:
-        time.sleep(0.05)
-
-
-class AsyncNeverAwaits(Base):
-    async def step(self, completion):  # blocks its event loop: never yields to it
-        _forever()
-
-
-class AsyncWaitsForever(Base):
-    async def step(self, completion):
-        await asyncio.Event().wait()
-
-
-class InitFails(Base):
-    def __init__(self):
-        raise ValueError("cannot connect")
-
-
-def _raise(e):
-    raise e
-
-
-HUGE = "x" * 10_000_000
-CASES = {
-    # name: (environment factory, end reason of its episodes)
-    "reset_raises": (type("E", (Base,), {"reset": lambda s, r: 1 / 0}), "env_error"),
-    "step_raises": (_step(lambda: _raise(RuntimeError("boom"))), "env_error"),
-    "step_sleeps_forever": (_step(_forever), "env_timeout"),
-    "step_os_exit": (_step(lambda: os._exit(1)), "env_error"),
-    "step_sys_exit": (_step(lambda: sys.exit(3)), "env_error"),
-    "messages_not_a_list": (_step(lambda: ("hello", 1.0, False)), "env_error"),
-    "unknown_role": (
-        _step(lambda: ([{"role": "wizard", "content": "x"}], 1.0, False)),
-        "env_error",
-    ),
-    "non_string_content": (
-        _step(lambda: ([{"role": "user", "content": 7}], 1.0, False)),
-        "env_error",
-    ),
-    "10MB_message": (_step(lambda: ([{"role": "tool", "content": HUGE}], 1.0, False)), "max_turns"),
-    "reward_nan": (_step(lambda: ([], float("nan"), True)), "env_error"),
-    "reward_inf": (_step(lambda: ([], float("inf"), True)), "env_error"),
-    "reward_string": (_step(lambda: ([], "1.0", True)), "env_error"),
-    "done_never_true": (Base, "max_turns"),
-    "async_never_awaits": (AsyncNeverAwaits, "env_timeout"),
-    "async_waits_forever": (AsyncWaitsForever, "env_timeout"),
-    "init_fails": (InitFails, "env_error"),
-    "factory_returns_none": (lambda: None, "env_error"),
-}
 
 
 def _sampler(tok, factory, n=2, **kw):
