@@ -19,18 +19,20 @@ TRAIN = [
     "sampler.head_k=2",
     "sampler.max_model_len=64",
     "train.batch_prompts=2",
-    "train.steps=1",
     "log.progress=false",
     "log.tensorboard=false",
     "checkpoint.every=1",
 ]
 
 
-def train_args(model, run):
+def train_args(model, run, steps=1):
+    """``dlc-jax train`` of a run in ``run`` (``steps`` > the checkpoint's: a resume reads the
+    arrays, not only the metadata of a finished run)."""
     return lambda ckpt: [
         "train",
         f"model.path={model}",
         *TRAIN,
+        f"train.steps={steps}",
         f"log.dir={run}/logs",
         f"checkpoint.dir={ckpt}",
     ]
@@ -51,6 +53,6 @@ def test_export_of_a_damaged_checkpoint_fails_in_one_line_every_time(good_run, t
 
 
 def test_resume_from_a_damaged_checkpoint_fails_in_one_line(tiny_dir, good_run, tmp_path):
-    runs = repeat(good_run, tmp_path, train_args(tiny_dir, tmp_path), len(PATTERNS), 600)
+    runs = repeat(good_run, tmp_path, train_args(tiny_dir, tmp_path, 2), len(PATTERNS), 600)
     assert [r["verdict"] for r in runs] == [None] * len(runs), runs
     assert all("no good checkpoint" in r["stderr"] for r in runs), runs
