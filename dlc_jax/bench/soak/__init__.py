@@ -88,7 +88,10 @@ COLUMNS = [
 
 def run(cfg: SoakBenchConfig) -> dict:
     res = common.new_result(
-        "soak", "Soak: sampler service, trainer failure paths, hostile inputs (loopback)", COLUMNS
+        "soak",
+        "Soak: sampler service, trainer failure paths, hostile inputs, environments, adapters "
+        "(loopback)",
+        COLUMNS,
     )
     res["config"] = dataclasses.asdict(cfg)
     parts_dir = Path(cfg.out) / "soak"
