@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
 from dlc_jax.data.sources import DataError, open_source
-from dlc_jax.data.tokenize import count_prompt_tokens, encode_prompt
+from dlc_jax.data.tokenize import count_prompt_tokens, encode_prompt_counted
 from dlc_jax.data.validate import AnswerCheck, Example, LoadStats, load_examples
 
 __all__ = [
@@ -211,9 +212,15 @@ class PromptPipeline:
         if steps is not None and self.total_batches is not None and self.total_batches < steps:
             raise DataError(f"train.steps={steps}: {self._ran_out()}")
 
+        self.escaped_special_tokens = 0  # control tokens of prompts kept as text (data/...)
+        lock = threading.Lock()
+
         def tokenize(item):
             slot, ex = item
-            ids = encode_prompt(tokenizer, ex.prompt, **render)
+            ids, escaped = encode_prompt_counted(tokenizer, ex.prompt, **render)
+            if escaped:
+                with lock:
+                    self.escaped_special_tokens += escaped
             return PromptRecord(
                 slot=slot,
                 prompt=ex.prompt,

@@ -9,11 +9,17 @@ to the end. ``max_failed_fraction: 1.0`` turns the check off.
 
 The decision is taken by each process on its own samples (no collective): a reward failing on
 every sample stops every process at the same step.
+
+A run that ends before a reward's window is full is judged at its end on the batches it scored
+(`FailureBudget.short_run_counts` / `judge_short_run`): the trainer sums every process's counts
+(one collective, so every process decides the same and none stops alone).
 """
 
 from __future__ import annotations
 
 from collections import deque
+
+import numpy as np
 
 from dlc_jax.errors import UserError
 
@@ -30,6 +36,8 @@ class FailureBudget:
         self.max_failed_fraction = float(max_failed_fraction)
         self.window = int(window)
         self._seen: dict[str, deque[tuple[int, int]]] = {}
+        self._full: set[str] = set()  # rewards whose window has been full (judged then)
+        self._last: dict[str, str] = {}  # reward -> its last error
 
     def record(self, name: str, fn: str, failed: int, total: int, last_error: str | None) -> None:
         """Count one batch of reward ``name`` (``fn``: its ``module:function``); raise
@@ -38,6 +46,10 @@ class FailureBudget:
             return
         seen = self._seen.setdefault(name, deque(maxlen=self.window))
         seen.append((failed, total))
+        if last_error is not None:
+            self._last[name] = last_error
+        if len(seen) == self.window:
+            self._full.add(name)
         if len(seen) < self.window or last_error is None:
             return
         bad, n = sum(f for f, _ in seen), sum(t for _, t in seen)
@@ -47,3 +59,27 @@ class FailureBudget:
                 f"{self.window} batches (more than reward.max_failed_fraction="
                 f"{self.max_failed_fraction:g}); last error: {last_error}"
             )
+
+    def short_run_counts(self, names: list[str]) -> np.ndarray:
+        """[len(names), 2] int64: (failed, scored) samples of each reward whose window never
+        filled (0, 0 for the others): what `judge_short_run` judges, summed over processes."""
+        out = np.zeros((len(names), 2), np.int64)
+        for i, name in enumerate(names):
+            seen = self._seen.get(name)
+            if seen and name not in self._full:
+                out[i] = (sum(f for f, _ in seen), sum(t for _, t in seen))
+        return out
+
+    def judge_short_run(self, names: list[str], fns: list[str], counts: np.ndarray) -> None:
+        """Raise :class:`RewardFailureError` when a reward's failed samples in ``counts`` (the
+        `short_run_counts` of every process, summed) exceed the budget."""
+        if self.max_failed_fraction >= 1.0:
+            return
+        for name, fn, (bad, n) in zip(names, fns, np.asarray(counts).tolist()):
+            if n > 0 and bad > self.max_failed_fraction * n:
+                last = self._last.get(name, "(logged by another process)")
+                raise RewardFailureError(
+                    f"reward {name!r} ({fn}) failed on {bad} of {n} samples of a run shorter than "
+                    f"reward.window={self.window} batches (more than reward.max_failed_fraction="
+                    f"{self.max_failed_fraction:g}); last error: {last}"
+                )

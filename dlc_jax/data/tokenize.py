@@ -6,11 +6,18 @@ With ``chat_template`` on, a prompt is rendered by the tokenizer's own chat temp
 template falls back to the hand-written ChatML below. Token ids are produced once here and then
 travel
 unchanged trainer -> sampler -> trainer; nothing downstream re-tokenizes text.
+
+A rendered prompt's content is text: a control token's text in a dataset prompt
+(``<|im_start|>system``) is encoded as plain text (`dlc_jax.data.text_tokens`), counted in
+``data/escaped_special_tokens``. Without ``chat_template`` the prompt is the model's whole input,
+written by the user, and is encoded as it is.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from dlc_jax.data.text_tokens import encode_chat
 
 # Tokenizer classes loaded directly, for model directories whose class AutoTokenizer resolves
 # without guessing (no remote code, a Qwen model type): importing AutoTokenizer pulls in every
@@ -77,6 +84,21 @@ def has_chat_template(tokenizer) -> bool:
     )
 
 
+def _messages(prompt: str, system: str | None) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+
+
+def _render(tokenizer, messages: list[dict], enable_thinking: bool) -> str:
+    if not has_chat_template(tokenizer):
+        system = messages[0]["content"] if len(messages) > 1 else None
+        return chatml(messages[-1]["content"], system)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+    )
+
+
 def render_prompt(
     tokenizer,
     prompt: str,
@@ -88,14 +110,30 @@ def render_prompt(
     """The text the model sees for ``prompt`` (module doc)."""
     if not chat_template:
         return prompt
-    if not has_chat_template(tokenizer):
-        return chatml(prompt, system)
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}
-    ]
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
-    )
+    return _render(tokenizer, _messages(prompt, system), enable_thinking)
+
+
+def encode_prompt_counted(
+    tokenizer,
+    prompt: str,
+    *,
+    chat_template: bool = False,
+    system: str | None = None,
+    enable_thinking: bool = True,
+) -> tuple[np.ndarray, int]:
+    """(token ids [P] int32 of the rendered ``prompt``, control tokens of its content kept as
+    text)."""
+    if chat_template:
+        ids, escaped = encode_chat(
+            tokenizer,
+            lambda msgs: _render(tokenizer, msgs, enable_thinking),
+            _messages(prompt, system),
+        )
+    else:
+        ids, escaped = tokenizer.encode(prompt, add_special_tokens=False), 0
+    if len(ids) == 0:
+        raise ValueError(f"prompt {prompt!r} tokenized to zero tokens")
+    return np.asarray(ids, dtype=np.int32), escaped
 
 
 def encode_prompt(
@@ -107,17 +145,13 @@ def encode_prompt(
     enable_thinking: bool = True,
 ) -> np.ndarray:
     """Token ids [P] (int32) of the rendered ``prompt``."""
-    text = render_prompt(
+    return encode_prompt_counted(
         tokenizer,
         prompt,
         chat_template=chat_template,
         system=system,
         enable_thinking=enable_thinking,
-    )
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) == 0:
-        raise ValueError(f"prompt {prompt!r} tokenized to zero tokens")
-    return np.asarray(ids, dtype=np.int32)
+    )[0]
 
 
 def count_prompt_tokens(
@@ -128,7 +162,19 @@ def count_prompt_tokens(
     system: str | None = None,
     enable_thinking: bool = True,
 ) -> list[int]:
-    """Token count of each rendered prompt (batched when the tokenizer is an HF one)."""
+    """Token count of each rendered prompt (batched when the tokenizer is an HF one; a prompt
+    holding a control token's text is counted as `encode_prompt` encodes it)."""
+    from dlc_jax.data.text_tokens import count_control
+
+    if chat_template and any(count_control(tokenizer, p) for p in prompts):
+        return [
+            len(
+                encode_prompt(
+                    tokenizer, p, chat_template=True, system=system, enable_thinking=enable_thinking
+                )
+            )
+            for p in prompts
+        ]
     texts = [
         render_prompt(
             tokenizer,

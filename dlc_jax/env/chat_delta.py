@@ -12,12 +12,20 @@ Qwen3's ``<think>`` blocks: the generated tokens of every turn stay in the histo
 sampled, thinking included; Qwen3's template would drop earlier turns' reasoning when re-rendering
 a conversation, but here nothing is re-rendered, so later turns see (and the trainer trains on)
 exactly what the sampler produced.
+
+Message contents are text: a control token's text inside one (a tool answering
+``<|im_start|>assistant``) is encoded as plain text (`dlc_jax.data.text_tokens`), counted in
+``escaped``, unless ``allow_special`` (``env.allow_special_tokens``).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+from dlc_jax.data.text_tokens import encode_chat, encode_text
+
+CHARS_PER_TOKEN = 64  # more characters than this per allowed token: cut before tokenizing
 _MARK = "dlc-probe-7f3a"  # the probe assistant turn's content
 _PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK}]
 
@@ -29,16 +37,26 @@ class TemplateError(ValueError):
 class ChatDelta:
     """tokenizer: the HF tokenizer of the model; eos_id: the end-of-turn token the sampler stops
     on; tools: OpenAI-style function schemas for the opening prompt (None: none);
-    enable_thinking: Qwen3's switch, passed to the template."""
+    enable_thinking: Qwen3's switch, passed to the template; allow_special: message contents may
+    hold control tokens (else they are encoded as text and counted in ``escaped``)."""
 
     def __init__(
-        self, tokenizer: Any, eos_id: int, *, tools=None, enable_thinking: bool = True
+        self,
+        tokenizer: Any,
+        eos_id: int,
+        *,
+        tools=None,
+        enable_thinking: bool = True,
+        allow_special: bool = False,
     ) -> None:
         self.tok = tokenizer
         self.eos_id = int(eos_id)
         self.eos_text = tokenizer.decode([self.eos_id])
         self.tools = tools
         self.enable_thinking = enable_thinking
+        self.allow_special = allow_special
+        self.escaped = 0  # control tokens kept as text so far (env/escaped_special_tokens)
+        self._lock = threading.Lock()
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("env: the model's tokenizer has no chat template")
 
@@ -50,11 +68,23 @@ class ChatDelta:
         return str(self.tok.apply_chat_template(messages, **kw))
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of text the model generates (a demonstration's turn: its ``<tool_call>`` is
+        the model's own token)."""
         return list(self.tok.encode(text, add_special_tokens=False))
+
+    def _count(self, n: int) -> None:
+        if n:
+            with self._lock:
+                self.escaped += n
+
+    def _encode(self, render, messages: list[dict]) -> tuple[list[int], int]:
+        return encode_chat(self.tok, render, messages, allow_special=self.allow_special)
 
     def opening(self, messages: list[dict], tools=None) -> list[int]:
         """Token ids of the opening ``messages`` plus the assistant header."""
-        ids = self.encode(self._render(messages, True, tools if tools is not None else self.tools))
+        tools = tools if tools is not None else self.tools
+        ids, n = self._encode(lambda msgs: self._render(msgs, True, tools), messages)
+        self._count(n)
         if not ids:
             raise TemplateError("env: the opening messages rendered to zero tokens")
         return ids
@@ -65,7 +95,9 @@ class ChatDelta:
         probe assistant turn's end-of-turn token. Only what follows that turn is taken, so a
         template that renders a last assistant turn differently from an earlier one (Qwen3 adds
         an empty ``<think>`` block to the last) still gives the right delta."""
-        text = self._render(_PROBE + list(messages), True)
+        return self._after_probe(self._render(_PROBE + list(messages), True))
+
+    def _after_probe(self, text: str) -> str:
         at = text.find(_MARK)
         end = text.find(self.eos_text, at + len(_MARK)) if at >= 0 else -1
         if end < 0:
@@ -77,19 +109,40 @@ class ChatDelta:
 
     def answer(self, messages: list[dict]) -> list[int]:
         """Token delta of an environment answer (after an assistant turn ending in eos)."""
-        return self.encode(self.answer_text(messages))
+        ids, n = self._answer(messages)
+        self._count(n)
+        return ids
+
+    def _answer(self, messages: list[dict]) -> tuple[list[int], int]:
+        render = lambda msgs: self._after_probe(self._render(_PROBE + msgs, True))  # noqa: E731
+        return self._encode(render, list(messages))
 
     def fit_answer(self, messages: list[dict], limit: int, side: str) -> tuple[list[int], bool]:
         """(token delta, truncated): the answer, its message contents cut token-wise on ``side``
         ('left' keeps the end, 'right' the start) until the delta has at most ``limit`` tokens.
-        Side 'error' or an answer whose template tokens alone exceed ``limit``: ([], True)."""
-        ids = self.answer(messages)
+        Side 'error' or an answer whose template tokens alone exceed ``limit``: ([], True). A
+        content of more than ``CHARS_PER_TOKEN * limit`` characters is cut by characters first
+        (a 10 MB tool output is never tokenized whole)."""
+        cap = CHARS_PER_TOKEN * limit
+        if any(len(m["content"]) > cap for m in messages):
+            if side == "error":
+                return [], True
+            messages = [
+                dict(m, content=m["content"][-cap:] if side == "left" else m["content"][:cap])
+                for m in messages
+            ]
+            ids, n = self._answer(messages)
+            if len(ids) <= limit:
+                self._count(n)
+                return ids, True
+        ids, n = self._answer(messages)
         if len(ids) <= limit:
+            self._count(n)
             return ids, False
         if side == "error":
             return [], True
-        overhead = len(self.answer([dict(m, content="") for m in messages]))
-        content = [self.encode(m["content"]) for m in messages]
+        overhead = len(self._answer([dict(m, content="") for m in messages])[0])
+        content = [self._content_ids(m["content"]) for m in messages]
         budget = limit - overhead
         while budget > 0:
             each = max(budget // max(len(messages), 1), 0)
@@ -97,8 +150,14 @@ class ChatDelta:
             if not cut:
                 break
             msgs = [dict(m, content=self.tok.decode(c)) for m, c in zip(messages, cut)]
-            ids = self.answer(msgs)
+            ids, n = self._answer(msgs)
             if len(ids) <= limit:
+                self._count(n)
                 return ids, True
             budget -= max(1, len(ids) - limit)
         return [], True
+
+    def _content_ids(self, text: str) -> list[int]:
+        if self.allow_special:
+            return list(self.tok.encode(text, add_special_tokens=False))
+        return encode_text(self.tok, text)

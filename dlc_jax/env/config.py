@@ -26,6 +26,9 @@ class EnvConfig:
     'last' one.
     timeout_s: one reset / step call; a call that runs longer ends its episode (``env_timeout``).
     workers: environment calls (reset, step, close) run at once per sampler request.
+    allow_special_tokens: message contents may hold the tokenizer's control tokens (an
+    environment that must emit them); by default a control token's text in a message is encoded
+    as plain text, counted in ``env/escaped_special_tokens`` (docs/ENVIRONMENTS.md).
     """
 
     fn: str = ""
@@ -38,6 +41,7 @@ class EnvConfig:
     reward: Literal["sum", "last"] = "sum"
     timeout_s: float = 10.0
     workers: int = 64
+    allow_special_tokens: bool = False
 
     def __post_init__(self):
         if self.max_turns < 1:

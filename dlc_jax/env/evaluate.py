@@ -41,7 +41,10 @@ class EnvEvaluator:
         self.cfg, self.rows, self.correct_min = cfg, list(rows), float(correct_min)
         self.factory = load_env_factory(cfg.fn, cfg.kwargs)
         self.delta = ChatDelta(
-            tokenizer, int(tokenizer.eos_token_id), enable_thinking=enable_thinking
+            tokenizer,
+            int(tokenizer.eos_token_id),
+            enable_thinking=enable_thinking,
+            allow_special=cfg.allow_special_tokens,
         )
         self.max_model_len = int(max_model_len)
 

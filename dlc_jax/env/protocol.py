@@ -19,8 +19,12 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import os
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
+
+from dlc_jax.errors import UserError
 
 ROLES = ("user", "tool", "system")  # roles an environment may answer with (never "assistant")
 
@@ -36,23 +40,85 @@ class EnvError(ValueError):
     """An environment broke its contract (bad return value); ends its episode, counted."""
 
 
+class EnvConfigError(ValueError, UserError):
+    """``env.fn`` / ``env.kwargs`` cannot make an environment: the run stops in one line."""
+
+
+class EnvTimeout(Exception):
+    """An environment call ran past ``env.timeout_s`` (its thread is abandoned)."""
+
+
+_IN_ENV = threading.local()  # .active: this thread runs an environment call
+_REAL_EXIT = os._exit
+
+
+def _guarded_exit(code: int = 0) -> None:
+    """``os._exit`` while environment calls may run: from an environment's thread it ends that
+    call (EnvError) instead of the whole process; from anywhere else it exits."""
+    if getattr(_IN_ENV, "active", False):
+        raise EnvError(f"the environment called os._exit({code})")
+    _REAL_EXIT(code)
+
+
+def timed_call(fn: Callable, args: tuple, timeout: float) -> Any:
+    """``call_env(fn, *args)`` in a daemon thread; EnvTimeout after ``timeout`` seconds (the
+    thread cannot be killed and is left to finish on its own). ``sys.exit`` or ``os._exit``
+    inside the call is an EnvError, as any exception it raises is its own."""
+    box: dict[str, Any] = {}
+    os._exit = _guarded_exit  # type: ignore[assignment]
+
+    def run() -> None:
+        _IN_ENV.active = True
+        try:
+            box["out"] = call_env(fn, *args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["err"] = e
+
+    t = threading.Thread(target=run, daemon=True, name="env-call")
+    t.start()
+    t.join(timeout)
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    if t.is_alive():
+        raise EnvTimeout(f"{name} ran past {timeout:g} s")
+    err = box.get("err")
+    if err is not None:
+        if not isinstance(err, Exception):  # SystemExit from sys.exit, ...
+            raise EnvError(f"{name} raised {type(err).__name__}({err})")
+        raise err
+    return box.get("out")
+
+
 def load_env_factory(spec: str, kwargs: dict | None = None) -> Callable[[], Any]:
     """The zero-argument factory named by ``env.fn`` (``package.module:Name``), with
-    ``env.kwargs`` bound; a bad path is a one-line error naming ``env.fn``."""
+    ``env.kwargs`` bound; a bad path, or ``env.kwargs`` its signature rejects, is a one-line
+    error naming ``env.fn`` / ``env.kwargs`` (`EnvConfigError`)."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
-        raise ValueError(f"env.fn: expected 'package.module:Name', got {spec!r}")
+        raise EnvConfigError(f"env.fn: expected 'package.module:Name', got {spec!r}")
     try:
         mod = importlib.import_module(mod_name)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's path
-        raise ValueError(f"env.fn: cannot import {mod_name!r} ({type(e).__name__}: {e})") from e
+    except BaseException as e:  # noqa: BLE001 - any import failure (even sys.exit) is the user's
+        raise EnvConfigError(
+            f"env.fn: cannot import {mod_name!r} ({type(e).__name__}: {e})"
+        ) from None
     obj = getattr(mod, attr, None)
     if obj is None or not callable(obj):
-        raise ValueError(f"env.fn: {mod_name!r} has no callable {attr!r}")
+        raise EnvConfigError(f"env.fn: {mod_name!r} has no callable {attr!r}")
     kw = dict(kwargs or {})
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin without a signature: checked when called
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind(**kw)
+        except TypeError as e:
+            raise EnvConfigError(f"env.kwargs: {spec} does not take {sorted(kw)} ({e})") from None
 
     def factory() -> Any:
         env = obj(**kw)
+        if env is None:
+            raise EnvError(f"env.fn: {spec} returned None, not an environment")
         for name in ("reset", "step"):
             if not callable(getattr(env, name, None)):
                 raise EnvError(f"env.fn: {spec} made an object without a {name}() method")
@@ -94,6 +160,8 @@ def check_step(out: Any) -> tuple[list[dict], float, bool]:
     if not isinstance(out, tuple) or len(out) != 3:
         raise EnvError(f"step(): expected (messages, reward, done), got {out!r:.200}")
     msgs, reward, done = out
+    if isinstance(reward, (str, bytes)):
+        raise EnvError(f"step(): reward must be a number, got {reward!r:.100}")
     try:
         r = float(reward)
     except (TypeError, ValueError):

@@ -35,7 +35,7 @@ import numpy as np
 from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.history import History
-from dlc_jax.env.protocol import EnvError, call_env, check_messages, check_step
+from dlc_jax.env.protocol import EnvError, EnvTimeout, check_messages, check_step, timed_call
 from dlc_jax.sampler.types import Rollout, SamplingParams, mix_seed
 
 logger = logging.getLogger(__name__)
@@ -67,31 +67,6 @@ _DELEGATED = (
 
 class PrefixBreakError(RuntimeError):
     """A turn's tokens do not extend the episode's history exactly (``on_prefix_break: error``)."""
-
-
-class EnvTimeout(Exception):
-    pass
-
-
-def timed_call(fn: Callable, args: tuple, timeout: float) -> Any:
-    """``call_env(fn, *args)`` in a daemon thread; EnvTimeout after ``timeout`` seconds (the
-    thread cannot be killed and is left to finish on its own)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["out"] = call_env(fn, *args)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["err"] = e
-
-    t = threading.Thread(target=run, daemon=True, name="env-call")
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        raise EnvTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout:g} s")
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
 
 
 @dataclasses.dataclass
@@ -362,9 +337,12 @@ class EnvSampler:
             c[key] = c.get(key, 0.0) + 1
 
     def totals(self) -> dict[str, float]:
-        """Run totals of the counters (episodes, errors, prefix breaks, end reasons)."""
+        """Run totals of the counters (episodes, errors, prefix breaks, end reasons, control
+        tokens kept as text)."""
         with self.lock:
-            return dict(self.counts)
+            out = dict(self.counts)
+        out["env/escaped_special_tokens"] = float(self.delta.escaped)
+        return out
 
 
 def episode_stats(rollouts: list[Rollout]) -> dict[str, float]:

@@ -29,7 +29,10 @@ def make_env_sampler(cfg: Any, tokenizer: Any, inner_fn: Callable[[], Any]) -> E
         return None
     factory = load_env_factory(cfg.env.fn, cfg.env.kwargs)
     delta = ChatDelta(
-        tokenizer, int(tokenizer.eos_token_id), enable_thinking=cfg.data.enable_thinking
+        tokenizer,
+        int(tokenizer.eos_token_id),
+        enable_thinking=cfg.data.enable_thinking,
+        allow_special=cfg.env.allow_special_tokens,
     )
     return EnvSampler(
         inner_fn,

@@ -178,6 +178,23 @@ def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
         )
 
 
+def check_rank(expected: dict[str, tuple[tuple[int, ...], str]], rank: int) -> None:
+    """PushError when ``rank`` exceeds every adaptable projection's min(out, in) (a huge rank:
+    refused before its factors' bytes are sized or staged)."""
+    adaptable = [
+        shape
+        for name, (shape, _) in expected.items()
+        if len(shape) == 2 and name.endswith(".weight") and not any(x in name for x in NOT_ADAPTED)
+    ]
+    most = max((min(int(d) for d in shape) for shape in adaptable), default=0)
+    if rank > most:
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"adapter push: adapter_rank {rank} > {most}, the largest rank a projection of the "
+            "served model can hold",
+        )
+
+
 def check_adapter(
     expected: dict[str, tuple[tuple[int, ...], str]],
     adapter: dict[str, np.ndarray],
@@ -188,6 +205,7 @@ def check_adapter(
     sampler): ``meta`` (`check_meta`), names / shapes / pairs against the served model's HF
     tensors ``expected``, finite values."""
     check_meta(meta, check_base)
+    check_rank(expected, meta.rank)
     validate_adapter_specs(
         adapter_specs(expected, meta.rank),
         {n: (tuple(a.shape), str(a.dtype)) for n, a in adapter.items()},
@@ -233,6 +251,7 @@ class AdapterStager(WeightStager):
                 grpc.StatusCode.INVALID_ARGUMENT, "adapter pushes are not relayed (push each)"
             )
         check_meta(meta, self._check_base)
+        check_rank(self._full, meta.rank)
         self.expected = adapter_specs(self._full, meta.rank)
         super().header(h)
         self.meta = meta

@@ -54,14 +54,12 @@ def build_trainer(
 ) -> Trainer:
     """A `Trainer` for ``cfg`` with today's wiring (see the module doc); parts given are used as
     they are."""
-    from dlc_jax.trainer.sft import base_model_dir, ensure_sft_model
+    from dlc_jax.trainer.sft import base_model_dir, ensure_env_sft_model, ensure_sft_model
 
     enable_compile_cache(cfg.train.compile_cache_dir)
     if cfg.model.path:
         require_dir(cfg.model.path, "model.path")
     if cfg.sft.enabled and cfg.env.enabled:  # warm-up on the environment's demonstrations
-        from dlc_jax.env.warmup import ensure_env_sft_model
-
         model_dir = ensure_env_sft_model(cfg)
     else:
         model_dir = ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)

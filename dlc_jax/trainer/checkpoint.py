@@ -30,6 +30,7 @@ from etils import epath
 
 from dlc_jax.errors import UserError, one_line
 from dlc_jax.model.checksums import array_checksums
+from dlc_jax.trainer.ckpt_reads import QuietManager
 
 if TYPE_CHECKING:
     from dlc_jax.trainer.state import TrainState
@@ -100,8 +101,9 @@ class Checkpointer:
             enable_async_checkpointing=False,
             cleanup_tmp_directories=True,  # half-written saves of a killed run
         )
-        self._mgr = ocp.CheckpointManager(
-            self.directory, options=opts, item_names=("state", "meta")
+        # every restore drops the reads a failed restore abandoned (one-line errors: ckpt_reads)
+        self._mgr = QuietManager(
+            ocp.CheckpointManager(self.directory, options=opts, item_names=("state", "meta"))
         )
 
     def should_save(self, step: int) -> bool:

@@ -215,6 +215,7 @@ class Trainer:
                 self.hooks.run(StepInfo(self.state.step, row, self._samples))
             if sigint.caught:
                 raise KeyboardInterrupt
+            self._judge_short_run()
             finished = True
         except KeyboardInterrupt:
             interrupted = True
@@ -233,6 +234,15 @@ class Trainer:
             )
             raise KeyboardInterrupt
         return summary
+
+    def _judge_short_run(self) -> None:
+        """reward.window not filled by the end of the run: the failure budget judges the batches
+        every process scored (their counts summed: one collective, the same verdict
+        everywhere)."""
+        names = [s.name for s in self.rewards.specs]
+        local = self.rewards.budget.short_run_counts(names)
+        counts = dist.allgather(local).sum(0)
+        self.rewards.budget.judge_short_run(names, [s.fn for s in self.rewards.specs], counts)
 
     def _start(self) -> MetricsLogger:
         """Connect the sampler (giving it the resumed weights) and open the metrics outputs."""
@@ -370,6 +380,7 @@ class Trainer:
             **self.counters,
         )
         m.update({k: v for k, v in stats.items() if k.startswith(("reward/", "env/"))})
+        m["data/escaped_special_tokens"] = float(self.data.escaped_special_tokens)
         if self.env is not None:
             m.update({f"{k}_total": v for k, v in self.env.totals().items()})
         if reason == "ess":

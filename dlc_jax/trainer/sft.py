@@ -4,6 +4,9 @@ The RL default needs a policy that sometimes answers correctly (reward signal); 
 never does. This trains next-token cross-entropy on ``prompt_ids + answer_ids + eos`` (loss on the
 answer and eos tokens only) with optax AdamW, then writes an HF directory (weights + tokenizer) that
 both the trainer and the vLLM sampler load. A rerun with the same model/data/sft config reuses it.
+
+With ``env.fn`` the same loop (`sft_train`, `_save_warm`) trains on the environment's
+demonstrations instead (`ensure_env_sft_model`; the sequences come from `dlc_jax.env.demos`).
 """
 
 from __future__ import annotations
@@ -176,7 +179,7 @@ def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
         return out
     if cfg.data.source != "arithmetic":
         raise ValueError("sft.enabled: the warm-up only supports data.source=arithmetic")
-    from dlc_jax.model import load_hf, save_hf
+    from dlc_jax.model import load_hf
 
     base = base_model_dir(cfg)
     tok = load_tokenizer(str(base))
@@ -216,6 +219,22 @@ def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
         max_tokens=cfg.sampler.max_tokens,
         chat_template=cfg.data.chat_template,
     )
+    info = _save_warm(
+        model, base, out, losses, t0, {"steps": cfg.sft.steps, "greedy_accuracy": acc}
+    )
+    log(
+        f"sft: trained {cfg.sft.steps} steps in {info['seconds']:.0f}s, loss "
+        f"{info['loss_first']:.3f} -> "
+        f"{info['loss_last']:.3f}, greedy accuracy {acc:.2f}; saved {out}"
+    )
+    return out
+
+
+def _save_warm(model, base: Path, out: Path, losses: list[float], t0: float, extra: dict) -> dict:
+    """Write the warmed ``model`` with ``base``'s tokenizer files and an ``sft.json`` to ``out``
+    (through a temporary directory renamed at the end); returns the ``sft.json`` record."""
+    from dlc_jax.model import save_hf
+
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_hf(model, tmp)
@@ -224,18 +243,70 @@ def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
             shutil.copy(base / f, tmp / f)
     info = {
         "base": str(base),
-        "steps": cfg.sft.steps,
+        **extra,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
-        "greedy_accuracy": acc,
         "seconds": time.time() - t0,
     }
     (tmp / "sft.json").write_text(json.dumps(info, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    log(
-        f"sft: trained {cfg.sft.steps} steps in {info['seconds']:.0f}s, loss "
-        f"{info['loss_first']:.3f} -> "
-        f"{info['loss_last']:.3f}, greedy accuracy {acc:.2f}; saved {out}"
+    return info
+
+
+def _env_rows(cfg) -> list[dict]:
+    """The data rows (at most 4096) the environment's demonstrations are played on."""
+    from dlc_jax.data.answers import extract_gold
+    from dlc_jax.data.sources import open_source
+
+    d = cfg.data
+    src = open_source(
+        d.source, split=d.split, subset=d.subset, arithmetic=d.arithmetic, seed=d.seed
     )
+    out = []
+    for i in range(min(len(src), 4096)):
+        raw = src.row(i)
+        out.append(
+            {
+                **raw,
+                "prompt": str(raw[d.prompt_field]),
+                "answer": extract_gold(str(raw[d.answer_field]), d.answer_format),
+            }
+        )
+    return out
+
+
+def ensure_env_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
+    """HF dir of the tiny model warmed on ``env.fn``'s demonstrations (cached by the model /
+    data / sft / env sections): the demonstrations of `dlc_jax.env.demos` (every environment
+    call guarded as in training), trained by `sft_train`."""
+    from dlc_jax.env.demos import demo_batch, demonstrations
+    from dlc_jax.model import load_hf
+
+    log = log or logger.info
+    key = cfg.hash("model", "data", "sft", "env")
+    out = Path(cfg.sft.cache_dir) / f"env-sft-{key}"
+    if (out / "sft.json").exists():
+        log(f"sft: reusing cached environment warm-up {out}")
+        return out
+    base = base_model_dir(cfg)
+    tok = load_tokenizer(str(base))
+    hists, counts = demonstrations(
+        cfg.env, tok, _env_rows(cfg), enable_thinking=cfg.data.enable_thinking
+    )
+    seq_len = max(len(h) for h in hists)
+    model = load_hf(str(base))
+    rng = np.random.default_rng(cfg.train.seed + 1)
+
+    def batches():
+        while True:
+            idx = rng.integers(0, len(hists), cfg.sft.batch_size)
+            arr = demo_batch([hists[i] for i in idx], seq_len, int(tok.eos_token_id))
+            yield {k: jnp.asarray(v) for k, v in arr.items()}
+
+    t0 = time.time()
+    losses = sft_train(model, batches(), lr=cfg.sft.lr, steps=cfg.sft.steps, log=log)
+    extra = {"env": cfg.env.fn, "demonstrations": len(hists), "steps": cfg.sft.steps, **counts}
+    _save_warm(model, base, out, losses, t0, extra)
+    log(f"sft: {cfg.sft.steps} steps on {len(hists)} demonstrations of {cfg.env.fn}; saved {out}")
     return out

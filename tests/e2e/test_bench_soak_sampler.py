@@ -1,4 +1,4 @@
-"""Smoke test of the sampler soak (`dlc_jax.bench.soak_sampler.run`) with a shrunken config: a
+"""Smoke test of the sampler soak (`dlc_jax.bench.soak.sampler.run`) with a shrunken config: a
 real JAX sampler process on loopback takes every bad input and push attack; the run must report
 no crash, no bad weights served and no staging files left behind."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from dlc_jax.bench import soak_sampler
+from dlc_jax.bench.soak import sampler as soak_sampler
 
 
 def test_soak_sampler_small_reports_zeros(tmp_path):

@@ -235,3 +235,39 @@ def test_inprocess_sampler_serves_pushed_adapter_as_the_merged_model(tmp_path):
     assert not res.ok and res.code == "INVALID_ARGUMENT" and "non-finite" in res.message, res
     assert b._state is before and sampler.info()["version"] == 1
     assert sampler.counters["rejected_pushes"] == 2
+
+
+def test_hostile_adapter_pushes_are_refused_with_nothing_staged(tmp_path):
+    """Issue 33 item 5: rank 0, a huge rank, a target the base lacks, NaN factors, mismatched
+    A/B pairs, another model's base and a payload cut mid-stream are each refused (PushError
+    before any commit) and leave nothing staged; the in-memory path refuses the same."""
+    from dlc_jax.sampler.adapter_push import check_adapter
+
+    m = _adapted()
+    tensors = adapter_tensors(m)
+    base = hf_base_fingerprint(m)
+    meta = AdapterMeta(RANK, ALPHA, base)
+    nan = [(n, a.copy()) for n, a in tensors]
+    nan[0][1].flat[0] = np.nan
+    (a_name, a), (b_name, b) = tensors[0], tensors[1]
+    ghost = a_name.replace("layers.0.", "layers.99.")  # a projection the base does not have
+    cases = {
+        "rank_0": (tensors, AdapterMeta(0, ALPHA, base), "must be >= 1"),
+        "huge_rank": (tensors, AdapterMeta(2**30, ALPHA, base), "largest rank"),
+        "missing_target": ([(ghost, a), (ghost.replace("lora_A", "lora_B"), b)], meta, "not a"),
+        "nan_factors": (nan, meta, "non-finite|NaN"),
+        "mismatched_pair": ([(a_name, a), (b_name, b[:, :-1])], meta, "shape"),
+        "other_base": (tensors, AdapterMeta(RANK, ALPHA, "fedcba9876543210"), "trained on base"),
+    }
+    for name, (ts, mt, match) in cases.items():
+        with pytest.raises(PushError, match=match):
+            _stage(m, tmp_path, adapter_messages(ts, 1, mt))
+        with pytest.raises(PushError, match=match):
+            check_adapter(_expected(m), dict(ts), mt, lambda rank: base)
+        assert not list(tmp_path.iterdir()), name
+    msgs = list(adapter_messages(tensors, 1, meta))
+    raw = [i for i, x in enumerate(msgs) if isinstance(x, (bytes, bytearray, memoryview))]
+    cut = msgs[: raw[len(raw) // 2]] + msgs[-1:]  # the stream breaks off, then a commit
+    with pytest.raises(PushError):
+        _stage(m, tmp_path, cut)
+    assert not list(tmp_path.iterdir())

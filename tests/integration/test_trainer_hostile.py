@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from xla_env import xla_flags
 
-from dlc_jax.bench.soak_trainer_harness import flip_bytes
+from dlc_jax.bench.soak.trainer_harness import flip_bytes
 from dlc_jax.trainer.checkpoint import Checkpointer
 
 

@@ -80,7 +80,7 @@ def _one_line(err: str) -> str:
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_bit_rot_and_truncation_are_refused_in_one_line(good_ckpt, tmp_path, capsys, damage):
-    from dlc_jax.bench.soak_trainer_harness import data_files, truncate
+    from dlc_jax.bench.soak.trainer_harness import data_files, truncate
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(good_ckpt, ckpt)

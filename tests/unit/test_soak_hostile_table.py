@@ -4,12 +4,13 @@ soak's NaN-metrics check counts rows with a missing or non-finite value."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
 from dlc_jax.bench import soak
-from dlc_jax.bench.soak_hostile import CLASSES
-from dlc_jax.bench.soak_hostile_cases import _nonfinite_rows
+from dlc_jax.bench.soak.hostile import CLASSES
+from dlc_jax.bench.soak.hostile_cases import _nonfinite_rows
 from dlc_jax.cli_args import UsageError
 
 
@@ -18,6 +19,8 @@ def test_parts_include_hostile_by_default_and_refuse_unknown_ones():
         "sampler",
         "trainer",
         "hostile",
+        "env",
+        "adapter",
     )
     assert soak.from_args("default", argparse.Namespace(parts="hostile")).parts == ("hostile",)
     with pytest.raises(UsageError, match="unknown part"):
@@ -58,3 +61,20 @@ def test_nonfinite_rows():
         )
         == 2
     )
+
+
+def test_env_and_adapter_part_rows(tmp_path):
+    """Issue 33 item 6: the env and adapter parts report hangs, injected tokens, bad weights
+    served and files left in the summary table's columns."""
+    env = {"cases": 55, "failed_cases": 0, "crashes": 0, "hangs": 1, "injected_tokens": 2}
+    env["nonfinite_rewards"] = 0
+    (tmp_path / "env_soak.json").write_text(json.dumps({"summary": env}))
+    ad = {"cases": 32, "failed_cases": 0, "crashes": 0, "accepted": 1, "bad_weights_served": 3}
+    ad.update(files_left=4, exports_written=5)
+    (tmp_path / "adapter_soak.json").write_text(json.dumps({"summary": ad}))
+    cfg = soak.SoakBenchConfig(parts=("env", "adapter"), reuse=True)
+    e, a = soak._env_part(tmp_path, cfg), soak._adapter_part(tmp_path, cfg)
+    assert (e["hangs"], e["injected_tokens"], e["cases"]) == (1, 2, 55)
+    assert (a["bad_weights_served"], a["files_left_behind"], a["corrupt_exported"]) == (3, 4, 5)
+    assert a["failed_cases"] == 1  # an accepted hostile push fails its case
+    assert {"hangs", "injected_tokens"} <= set(soak.COLUMNS)

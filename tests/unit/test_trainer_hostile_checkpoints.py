@@ -20,7 +20,7 @@ import numpy as np
 import optax
 import pytest
 
-from dlc_jax.bench.soak_trainer_harness import flip_bytes, truncate
+from dlc_jax.bench.soak.trainer_harness import flip_bytes, truncate
 from dlc_jax.trainer.checkpoint import (
     Checkpointer,
     CheckpointError,

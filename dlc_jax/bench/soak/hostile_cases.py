@@ -24,8 +24,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from .soak_trainer_cases import _train_args
-from .soak_trainer_harness import Tally, flip_bytes, metric_rows, run_dlc, truncate
+from .trainer_cases import _train_args
+from .trainer_harness import Tally, flip_bytes, metric_rows, run_dlc, truncate
 
 REWARDS = textwrap.dedent("""
     import subprocess, sys

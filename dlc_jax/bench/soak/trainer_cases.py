@@ -9,7 +9,7 @@ import random
 import re
 from pathlib import Path
 
-from .soak_trainer_harness import (
+from .trainer_harness import (
     Tally,
     checkpoint_steps,
     flip_bytes,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .soak_harness import (
+from .harness import (
     Tally,
     perturbed,
     push_stream,

@@ -3,17 +3,17 @@
 A real sampler (`python -m dlc_jax.sampler.cli serve`, JAX backend on a tiny model; vLLM too when
 asked) with a token, a push data port, a load root and short push limits receives:
 
-* bad inputs (`soak_bad_inputs`): malformed Generate requests, bad authorization on every RPC,
+* bad inputs (`bad_inputs`): malformed Generate requests, bad authorization on every RPC,
   garbage bytes on the gRPC and data ports (and as serialized requests);
-* push attacks (`soak_push_attacks`): silent, stalled, trickling, partial, cut, oversized,
+* push attacks (`push_attacks`): silent, stalled, trickling, partial, cut, oversized,
   out-of-order, NaN/Inf, wrong dtype / shape / name / checksum / version, socket-plane tricks,
   LoadWeights escapes, a 1 TB safetensors header, the served directory;
-* 200 concurrent Generate streams with a good push in the middle (`soak_concurrency`);
+* 200 concurrent Generate streams with a good push in the middle (`concurrency`);
 * 100 requests with distinct sampling values (time and server RSS growth), 300 idle data
   connections (server thread count);
 * a SIGKILL after a push, then a restart on the same staging root (here).
 
-The sampler process, its config (`SoakConfig`) and the outcome tally are in `soak_harness`.
+The sampler process, its config (`SoakConfig`) and the outcome tally are in `harness`.
 
 Counted: crashes (the server process died or stopped answering), bad weights served (a rejected
 push changed what is served, a NaN log-prob, a version span naming a rejected version), files left
@@ -33,11 +33,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from . import common
-from .soak_bad_inputs import bad_inputs
-from .soak_concurrency import distinct_params, idle_connections, streams_with_push
-from .soak_harness import SoakConfig, Tally, make_model, perturbed, start_sampler
-from .soak_push_attacks import push_attacks
+from .. import common
+from .bad_inputs import bad_inputs
+from .concurrency import distinct_params, idle_connections, streams_with_push
+from .harness import SoakConfig, Tally, make_model, perturbed, start_sampler
+from .push_attacks import push_attacks
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
     return res
 
 
-if __name__ == "__main__":  # python -m dlc_jax.bench.soak_sampler OUT_DIR [jax,vllm]
+if __name__ == "__main__":  # python -m dlc_jax.bench.soak.sampler OUT_DIR [jax,vllm]
     import json
     import sys
 

@@ -22,8 +22,8 @@ files left behind (half-written orbax temp dirs, staged weights of dead samplers
 outliving the trainer), user errors that are not exactly one line. `run(out_dir)` writes
 ``trainer_soak.{json,md}`` and returns the result dict.
 
-The scenarios are in `soak_trainer_cases`, the process runs, tallies and disk checks in
-`soak_trainer_harness`; this module runs them and writes the report.
+The scenarios are in `trainer_cases`, the process runs, tallies and disk checks in
+`trainer_harness`; this module runs them and writes the report.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import common
-from .soak_trainer_cases import SoakConfig, kill_and_damage_cycles, refusal_cases, user_error_cases
-from .soak_trainer_harness import Tally, nonfinite_checkpoints, sampler_orphans, staged_leftovers
+from .. import common
+from .trainer_cases import SoakConfig, kill_and_damage_cycles, refusal_cases, user_error_cases
+from .trainer_harness import Tally, nonfinite_checkpoints, sampler_orphans, staged_leftovers
 
 
 def run(out_dir, cfg: SoakConfig | None = None) -> dict:
@@ -135,7 +135,7 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
     return res
 
 
-if __name__ == "__main__":  # python -m dlc_jax.bench.soak_trainer OUT_DIR
+if __name__ == "__main__":  # python -m dlc_jax.bench.soak.trainer OUT_DIR
     logging.basicConfig(level=logging.WARNING)
     r = run(sys.argv[1] if len(sys.argv) > 1 else "soak_out")
     print(json.dumps(r["summary"], indent=2))

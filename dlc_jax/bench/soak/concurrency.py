@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from .soak_harness import (
+from .harness import (
     perturbed,
     proc_status,
 )

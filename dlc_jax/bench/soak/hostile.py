@@ -1,6 +1,6 @@
 """The hostile-input soak (issue 25): the newer surfaces (reward plug-ins, data sources, export,
 config, plan) under hostile input, on real ``python -m dlc_jax.cli`` processes (a tiny model, the
-JAX sampler spawned on loopback). Cases: `soak_hostile_cases`.
+JAX sampler spawned on loopback). Cases: `hostile_cases`.
 
 Counted: crashes (a traceback or an unexpected exit status), user errors that are not exactly one
 line, metrics rows with a non-finite or missing reward/loss/gradient value (``nan_metric_rows``),
@@ -17,9 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import common
-from .soak_hostile_cases import config_plan_cases, data_cases, export_cases, reward_cases
-from .soak_trainer_harness import Tally
+from .. import common
+from .hostile_cases import config_plan_cases, data_cases, export_cases, reward_cases
+from .trainer_harness import Tally
 
 CLASSES = ("reward", "export", "data", "config/plan")
 
@@ -91,7 +91,7 @@ def run(out_dir, cfg: HostileSoakConfig | None = None) -> dict:
     return res
 
 
-if __name__ == "__main__":  # python -m dlc_jax.bench.soak_hostile OUT_DIR [CLASS,...]
+if __name__ == "__main__":  # python -m dlc_jax.bench.soak.hostile OUT_DIR [CLASS,...]
     logging.basicConfig(level=logging.WARNING)
     classes = tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else CLASSES
     r = run(sys.argv[1] if len(sys.argv) > 1 else "soak_out", HostileSoakConfig(classes=classes))

@@ -1,13 +1,16 @@
-"""`dlc-jax bench soak`: the sampler soak (`soak_sampler`), the trainer soak (`soak_trainer`) and
-the hostile-input soak (`soak_hostile`: reward values and types, export of corrupt checkpoints, data
-edges, config and plan ranges) together, loopback only and bounded; one summary table
+"""`dlc-jax bench soak`: the sampler soak (`sampler`), the trainer soak (`trainer`),
+the hostile-input soak (`hostile`: reward values and types, export of corrupt checkpoints, data
+edges, config and plan ranges), the environment soak (`env`: hostile environments in training,
+evaluation and the warm-up, injected control tokens) and the adapter soak (`adapter`: hostile
+LoRA pushes, damaged exports repeated) together, loopback only and bounded; one summary table
 (``soak.{json,md}``) plus each part's own table under ``<out>/soak/``.
 
 Targets (issue 12): at least 90 bad inputs, 20 push attacks and 200 concurrent streams against the
 sampler; checkpoint bit flips and truncations and SIGKILLs at random points against the trainer;
 0 crashes, 0 bad weights served, 0 silent resumes from a corrupt or different run, 0 files left
 behind, every user error one line. Issue 25 adds: 0 NaN metrics rows, 0 corrupt checkpoints
-exported, 0 processes a reward spawned outliving the run.
+exported, 0 processes a reward spawned outliving the run. Issue 33 adds: 0 hangs, 0 control
+tokens injected from text, 0 hostile adapters accepted, 0 damaged exports not one line.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from pathlib import Path
 
 from dlc_jax.cli_args import UsageError
 
-from . import common
+from .. import common
 
 
 @dataclasses.dataclass
 class SoakBenchConfig:
-    parts: tuple[str, ...] = ("sampler", "trainer", "hostile")
+    parts: tuple[str, ...] = ("sampler", "trainer", "hostile", "env", "adapter")
     kills: int = 2
     out: str = "bench_results"
     reuse: bool = False  # read a part's <out>/soak/<part>_soak.json instead of running it again
@@ -37,8 +40,8 @@ SIZES = {"default": SoakBenchConfig()}
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--parts",
-        default="sampler,trainer,hostile",
-        help="comma-separated: sampler,trainer,hostile",
+        default=",".join(SoakBenchConfig.parts),
+        help="comma-separated: sampler,trainer,hostile,env,adapter",
     )
     p.add_argument("--kills", type=int, default=2, help="trainer SIGKILLs (each then resumed)")
     p.add_argument(
@@ -48,7 +51,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def from_args(size: str, args) -> SoakBenchConfig:
     """Config from the CLI args (``bench all`` passes none: the defaults)."""
-    raw = getattr(args, "parts", None) or "sampler,trainer,hostile"
+    raw = getattr(args, "parts", None) or ",".join(SoakBenchConfig.parts)
     parts = tuple(p.strip() for p in raw.split(",") if p.strip())
     bad = sorted(set(parts) - set(_PARTS))
     if bad:
@@ -76,6 +79,8 @@ COLUMNS = [
     "multi_line_errors",
     "nan_metric_rows",
     "corrupt_exported",
+    "hangs",
+    "injected_tokens",
     "failed_cases",
     "classes",  # the hostile part: per class, cases ok / crashes / multi-line errors
 ]
@@ -83,7 +88,10 @@ COLUMNS = [
 
 def run(cfg: SoakBenchConfig) -> dict:
     res = common.new_result(
-        "soak", "Soak: sampler service, trainer failure paths, hostile inputs (loopback)", COLUMNS
+        "soak",
+        "Soak: sampler service, trainer failure paths, hostile inputs, environments, adapters "
+        "(loopback)",
+        COLUMNS,
     )
     res["config"] = dataclasses.asdict(cfg)
     parts_dir = Path(cfg.out) / "soak"
@@ -118,6 +126,11 @@ def run(cfg: SoakBenchConfig) -> dict:
             common.target("metrics rows with NaN/missing values", tot["nan_metric_rows"], 0, "<="),
             common.target("corrupt checkpoints exported", tot["corrupt_exported"], 0, "<="),
         ]
+    if "env" in cfg.parts or "adapter" in cfg.parts:
+        res["targets"] += [
+            common.target("hangs", tot["hangs"], 0, "<="),
+            common.target("control tokens injected from text", tot["injected_tokens"], 0, "<="),
+        ]
     if cfg.reuse:
         res["notes"].append(
             "--reuse: parts present under <out>/soak/ were read back, not run again (each part's "
@@ -133,9 +146,9 @@ def _earlier(parts_dir: Path, name: str, cfg: SoakBenchConfig) -> dict | None:
 
 
 def _sampler_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import soak_sampler
+    from . import sampler
 
-    r = _earlier(parts_dir, "sampler", cfg) or soak_sampler.run(parts_dir)
+    r = _earlier(parts_dir, "sampler", cfg) or sampler.run(parts_dir)
     s = r["summary"]
     return {
         "part": "sampler",
@@ -153,10 +166,10 @@ def _sampler_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
 
 
 def _trainer_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import soak_trainer
+    from . import trainer
 
-    r = _earlier(parts_dir, "trainer", cfg) or soak_trainer.run(
-        parts_dir, soak_trainer.SoakConfig(kills=cfg.kills)
+    r = _earlier(parts_dir, "trainer", cfg) or trainer.run(
+        parts_dir, trainer.SoakConfig(kills=cfg.kills)
     )
     s = r["summary"]
     return {
@@ -175,9 +188,9 @@ def _trainer_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
 
 
 def _hostile_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import soak_hostile
+    from . import hostile
 
-    r = _earlier(parts_dir, "hostile", cfg) or soak_hostile.run(parts_dir)
+    r = _earlier(parts_dir, "hostile", cfg) or hostile.run(parts_dir)
     s = r["summary"]
     return {
         "part": "hostile",
@@ -198,4 +211,44 @@ def _hostile_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
     }
 
 
-_PARTS = {"sampler": _sampler_part, "trainer": _trainer_part, "hostile": _hostile_part}
+def _env_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
+    from . import env
+
+    r = _earlier(parts_dir, "env", cfg) or env.run(parts_dir)
+    s = r["summary"]
+    return {
+        "part": "env",
+        "cases": s["cases"],
+        "bad_inputs": s["cases"],
+        "crashes": s["crashes"],
+        "hangs": s["hangs"],
+        "injected_tokens": s["injected_tokens"],
+        "nan_metric_rows": s["nonfinite_rewards"],
+        "failed_cases": s["failed_cases"],
+    }
+
+
+def _adapter_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
+    from . import adapter
+
+    r = _earlier(parts_dir, "adapter", cfg) or adapter.run(parts_dir)
+    s = r["summary"]
+    return {
+        "part": "adapter",
+        "cases": s["cases"],
+        "push_attacks": s["cases"],
+        "crashes": s["crashes"],
+        "bad_weights_served": s["bad_weights_served"],
+        "files_left_behind": s["files_left"],
+        "corrupt_exported": s["exports_written"],
+        "failed_cases": s["failed_cases"] + s["accepted"],
+    }
+
+
+_PARTS = {
+    "sampler": _sampler_part,
+    "trainer": _trainer_part,
+    "hostile": _hostile_part,
+    "env": _env_part,
+    "adapter": _adapter_part,
+}

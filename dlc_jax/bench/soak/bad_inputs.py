@@ -12,7 +12,7 @@ import uuid
 import grpc
 import numpy as np
 
-from .soak_harness import (
+from .harness import (
     TOKEN,
     SoakConfig,
     Tally,

@@ -1,0 +1,221 @@
+"""The adapter soak (issue 33 items 2, 5, 6): hostile LoRA adapter pushes through the sampler's
+checks, both the staged stream (`AdapterStager`, as the gRPC server runs it) and the in-process
+sampler (`InProcessSampler.push_adapter`, whose served weights are compared before and after);
+and damaged checkpoints read by fresh ``dlc-jax export`` processes, repeated
+(`damaged_restore`).
+
+Counted: accepted hostile pushes, bad weights served (the in-process sampler's state or version
+changed by a refused push), files left in the staging directory, crashes (an exception other
+than the push refusal), and for the exports: runs that were not exit 2 + one error line
+(tracebacks counted as crashes) and exports written. `run(out_dir)` writes
+``adapter_soak.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import common
+
+DIMS = dict(
+    vocab_size=61,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    tie_word_embeddings=False,
+)
+RANK, ALPHA = 4, 8.0
+
+
+def _model():
+    import jax
+    from flax import nnx
+
+    from dlc_jax.lora import LoraConfig, LoraParam, apply_lora
+    from dlc_jax.model.config import Qwen3Config
+    from dlc_jax.model.qwen3 import Qwen3ForCausalLM
+
+    m = Qwen3ForCausalLM(Qwen3Config(**DIMS), rngs=nnx.Rngs(0))
+    return m, lambda: _adapt(m, apply_lora, LoraConfig, LoraParam, jax, nnx)
+
+
+def _adapt(m, apply_lora, LoraConfig, LoraParam, jax, nnx):  # noqa: N803 - the classes passed in
+    apply_lora(m, LoraConfig(rank=RANK, alpha=ALPHA))
+    for i, (_, v) in enumerate(nnx.to_flat_state(nnx.state(m, LoraParam))):
+        x = v.get_value()
+        v.set_value(0.3 * jax.random.normal(jax.random.key(i), x.shape, x.dtype))
+    return m
+
+
+def hostile_cases(tensors: list, base: str) -> dict:
+    """name -> (tensors, AdapterMeta) of each hostile push (the stream cut is staged apart)."""
+    from dlc_jax.sampler.adapter_push import AdapterMeta
+
+    meta = AdapterMeta(RANK, ALPHA, base)
+    nan = [(n, a.copy()) for n, a in tensors]
+    nan[0][1].flat[0] = np.nan
+    (a_name, a), (b_name, b) = tensors[0], tensors[1]
+    ghost = a_name.replace("layers.0.", "layers.99.")
+    return {
+        "nan_factors": (nan, meta),
+        "inf_factors": ([(n, np.full_like(x, np.inf)) for n, x in tensors], meta),
+        "wrong_rank": (tensors, AdapterMeta(RANK + 1, ALPHA, base)),
+        "rank_0": (tensors, AdapterMeta(0, ALPHA, base)),
+        "huge_rank": (tensors, AdapterMeta(2**30, ALPHA, base)),
+        "missing_target": ([(ghost, a), (ghost.replace("lora_A", "lora_B"), b)], meta),
+        "lone_factor": (tensors[:1], meta),
+        "mismatched_pair": ([(a_name, a), (b_name, b[:, :-1])], meta),
+        "other_base": (tensors, AdapterMeta(RANK, ALPHA, "fedcba9876543210")),
+        "alpha_nan": (tensors, AdapterMeta(RANK, float("nan"), base)),
+    }
+
+
+def _staged(expected, messages, staging: Path, base: str) -> str:
+    """'refused' / 'accepted' / 'crash' of one push stream through a real AdapterStager."""
+    from dlc_jax.sampler import chunk_wire
+    from dlc_jax.sampler.adapter_push import AdapterStager
+    from dlc_jax.sampler.weight_checks import PushError
+
+    stager = AdapterStager(expected, 0, str(staging), check_base=lambda rank: base)
+    try:
+        for m in messages:
+            if isinstance(m, (bytes, bytearray, memoryview)):
+                m = chunk_wire.decode_weight_message(bytes(m))
+            if isinstance(m, chunk_wire.RawChunk):
+                stager.chunk(m)
+                continue
+            kind = m.WhichOneof("kind")
+            if kind == "header":
+                stager.header(m.header)
+            elif kind == "done":
+                stager.done(m.done)
+            elif kind == "commit":
+                stager.commit()
+                stager.discard()
+                return "accepted"
+        stager.discard()  # the stream ended without a commit: as the server does
+        return "refused"
+    except PushError:
+        stager.discard()
+        return "refused"
+    except Exception:  # noqa: BLE001 - counted
+        stager.discard()
+        return "crash"
+
+
+def run(out_dir, repeats: int = 10) -> dict:
+    """Run the adapter soak; write ``<out_dir>/adapter_soak.{json,md}``; return the result."""
+    from dlc_jax.lora import LoraConfig
+    from dlc_jax.lora.push import (
+        adapter_messages,
+        adapter_pusher,
+        adapter_tensors,
+        hf_base_fingerprint,
+    )
+    from dlc_jax.model.hf_io import hf_param_shapes, save_hf
+    from dlc_jax.sampler.backends.base import BackendConfig
+    from dlc_jax.sampler.inprocess import InProcessSampler
+
+    cols = ["scenario", "cases", "ok", "crashes", "accepted", "bad_weights_served", "seconds"]
+    res = common.new_result("adapter_soak", "Hostile adapter pushes and damaged exports", cols)
+    rows = []
+    counts = {"files_left": 0, "exports_written": 0}
+    with tempfile.TemporaryDirectory(prefix="dlc_adapter_soak_") as tmp:
+        work = Path(tmp)
+        base_model, adapt = _model()
+        base_dir = save_hf(base_model, work / "base")
+        m = adapt()
+        expected = {n: (tuple(s), "float32") for n, s in hf_param_shapes(m.config).items()}
+        tensors = adapter_tensors(m)
+        base = hf_base_fingerprint(m)
+        sampler = InProcessSampler(BackendConfig(model_dir=str(base_dir), max_model_len=32))
+        b = sampler.backend
+        good = adapter_pusher(
+            LoraConfig(rank=RANK, alpha=ALPHA, push="adapter"), multi=False, backend="inprocess"
+        ).push(sampler, m, 1)
+        assert good.ok, good
+        staging = work / "staging"
+        staging.mkdir()
+        cases = hostile_cases(tensors, base)
+        msgs = list(adapter_messages(tensors, 1, cases["nan_factors"][1]))
+        raw = [i for i, x in enumerate(msgs) if isinstance(x, (bytes, bytearray, memoryview))]
+        for name, (ts, meta) in [*cases.items(), ("cut_mid_stream", (None, None))]:
+            t0 = time.monotonic()
+            row = {"scenario": name, "cases": 2, "ok": 0, "crashes": 0, "accepted": 0}
+            row["bad_weights_served"] = 0
+            stream = (
+                msgs[: raw[len(raw) // 2]] + msgs[-1:]
+                if ts is None
+                else adapter_messages(ts, 2, meta)
+            )
+            got = _staged(expected, stream, staging, base)
+            row["ok"] += got == "refused"
+            row["accepted"] += got == "accepted"
+            row["crashes"] += got == "crash"
+            if ts is None:  # the in-process path has no stream to cut: the whole refusal again
+                ts, meta = cases["lone_factor"]
+            before, version = b._state, sampler.info()["version"]
+            try:
+                r = sampler.push_adapter(ts, 2, meta)
+                row["ok"] += not r.ok
+                row["accepted"] += r.ok
+            except Exception:  # noqa: BLE001 - counted
+                row["crashes"] += 1
+            row["bad_weights_served"] += b._state is not before or (
+                sampler.info()["version"] != version
+            )
+            row["seconds"] = round(time.monotonic() - t0, 2)
+            rows.append(row)
+        counts["files_left"] = len(list(staging.iterdir()))
+        sampler.close()
+        rows.append(_exports(work, base_dir, repeats, counts))
+    res["rows"] = [{k: r.get(k, 0) for k in cols} for r in rows]
+    s = {
+        "cases": sum(r["cases"] for r in rows),
+        "failed_cases": sum(r["cases"] - r["ok"] for r in rows),
+        "crashes": sum(r["crashes"] for r in rows),
+        "accepted": sum(r.get("accepted", 0) for r in rows),
+        "bad_weights_served": sum(r.get("bad_weights_served", 0) for r in rows),
+        **counts,
+    }
+    res["summary"] = s
+    res["targets"] = [
+        common.target(k.replace("_", " "), s[k], 0, "<=")
+        for k in ("crashes", "accepted", "bad_weights_served", "files_left", "exports_written")
+    ] + [common.target("failed cases", s["failed_cases"], 0, "<=")]
+    res["notes"].append(common.load_note(res["machine"]))
+    common.finish(res)
+    common.write_result(res, out_dir)
+    return res
+
+
+def _exports(work: Path, base_dir: Path, repeats: int, counts: dict) -> dict:
+    """``repeats`` fresh ``dlc-jax export`` processes of a damaged checkpoint (patterns in turn)."""
+    from .damaged_restore import export_args, repeat
+    from .hostile_cases import _make_checkpoint
+
+    t0 = time.monotonic()
+    good = _make_checkpoint(base_dir, work / "exp" / "good")
+    runs = repeat(good, work / "exp", export_args(work / "exp" / "out"), repeats, 600)
+    counts["exports_written"] = sum(r["written"] for r in runs)
+    return {
+        "scenario": f"export_damaged_x{repeats}",
+        "cases": len(runs),
+        "ok": sum(r["verdict"] is None for r in runs),
+        "crashes": sum(r["verdict"] == "traceback" for r in runs),
+        "seconds": round(time.monotonic() - t0, 2),
+    }
+
+
+if __name__ == "__main__":  # python -m dlc_jax.bench.soak.adapter OUT_DIR [REPEATS]
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    print(json.dumps(run(sys.argv[1] if len(sys.argv) > 1 else "soak_out", reps)["summary"]))
