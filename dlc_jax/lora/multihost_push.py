@@ -27,8 +27,8 @@ from typing import Any
 import jax
 
 from dlc_jax.lora.push import AdapterPusher, AdapterPushError, push_one
-from dlc_jax.sampler.safetensors_io import NP_DTYPES
-from dlc_jax.sampler.types import PushResult
+from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
+from dlc_jax.sampler.wire.types import PushResult
 from dlc_jax.trainer.distributed import leader_json, leader_push_targets
 
 MESSAGE_CHARS = 2000  # a sampler's message as broadcast to the other processes (the rest cut)
@@ -48,9 +48,9 @@ class MultiHostAdapterPusher(AdapterPusher):
     """`AdapterPusher` of a multi-host run (module docstring); `push` is a collective."""
 
     def push(self, sampler: Any, model, version: int, *, dtype: str = "float32") -> PushResult:
-        from dlc_jax.sampler.client import SamplerClient
-        from dlc_jax.sampler.fanout import run_each
-        from dlc_jax.sampler.pool import SamplerPool
+        from dlc_jax.sampler.client.client import SamplerClient
+        from dlc_jax.sampler.client.fanout import run_each
+        from dlc_jax.sampler.client.pool import SamplerPool
 
         pool = sampler if isinstance(sampler, SamplerPool) else None
         if pool is None and not isinstance(sampler, SamplerClient):

@@ -24,8 +24,8 @@ from typing import Any
 from dlc_jax.data.prompts import PromptPipeline, PromptRecord
 from dlc_jax.env.trainer_hook import env_row
 from dlc_jax.errors import UserError
-from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
-from dlc_jax.sampler.types import SamplingParams, mix_seed
+from dlc_jax.sampler.client.retry import RetryPolicy, call_with_retry
+from dlc_jax.sampler.wire.types import SamplingParams, mix_seed
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import BatchAssembler
 from dlc_jax.trainer.rollouts import RolloutFeeder

@@ -23,7 +23,7 @@ from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.env.runner import episode_stats
 from dlc_jax.model.routing import routed_batch
 from dlc_jax.rl import group_advantages
-from dlc_jax.sampler.types import Rollout
+from dlc_jax.sampler.wire.types import Rollout
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import step_arrays
 from dlc_jax.trainer.state import TrainState

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
-from .. import safetensors_io as st
-from ..types import Rollout, SamplingParams
+from ..wire import safetensors_io as st
+from ..wire.types import Rollout, SamplingParams
 
 
 @dataclasses.dataclass
@@ -135,7 +135,7 @@ class SamplerBackend(abc.ABC):
         """`adapter_push.dir_fingerprint` of the model directory (computed once)."""
         fp = getattr(self, "_base_fp", None)
         if fp is None:
-            from ..adapter_push import dir_fingerprint
+            from ..push.adapter import dir_fingerprint
 
             fp = self._base_fp = dir_fingerprint(self.cfg.model_dir)
         return fp

@@ -22,16 +22,21 @@ import time
 import grpc
 import numpy as np
 
-from . import adapter_push, chunk_wire, data_plane, push_group, push_session, relay, sliced_push
-from . import sampler_pb2 as pb
-from . import sampler_pb2_grpc as pb_grpc
-from .backends.base import SamplerBackend
-from .load_checks import check_load_files, check_load_path
+from ..backends.base import SamplerBackend
+from ..push import adapter as adapter_push
+from ..push import data_plane, relay
+from ..push import group as push_group
+from ..push import session as push_session
+from ..push import sliced as sliced_push
+from ..push.load_checks import check_load_files, check_load_path
+from ..push.staging import WeightStager
+from ..push.warm_staging import WarmStaging
+from ..push.weight_checks import PushError
+from ..wire import chunk_wire
+from ..wire import sampler_pb2 as pb
+from ..wire import sampler_pb2_grpc as pb_grpc
 from .request_checks import RequestError, validate_generate
 from .server_config import ServerConfig
-from .staging import WeightStager
-from .warm_staging import WarmStaging
-from .weight_checks import PushError
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
 from .stage_worker import StageWorker
 from .staging_dirs import make_staging_dir
 from .warm_staging import StagingBuffer, WarmStaging

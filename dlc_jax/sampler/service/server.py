@@ -24,11 +24,11 @@ import threading
 
 import grpc
 
-from . import data_plane
-from .backends.base import SamplerBackend
+from ..backends.base import SamplerBackend
+from ..push import data_plane
+from ..push.staging_dirs import clean_stale_staging, staging_roots
 from .server_config import ServerConfig
 from .service import SamplerService, add_sampler_service
-from .staging_dirs import clean_stale_staging, staging_roots
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from ..wire.types import PushResult, Rollout, SamplingParams
 from .retry import RetryPolicy
-from .types import PushResult, Rollout, SamplingParams
 
 # "grpc": bytes in gRPC chunk messages; "socket": bytes over the server's raw TCP data port;
 # "auto": socket when the server offers a data port (and the channel is not TLS), else grpc.

@@ -12,7 +12,7 @@ import pathlib
 
 import grpc
 
-from . import safetensors_io as st
+from ..wire import safetensors_io as st
 from .weight_checks import PushError, validate_specs
 
 

@@ -14,7 +14,8 @@ import socket
 
 import grpc
 
-from . import chunk_wire, data_plane
+from ..wire import chunk_wire
+from . import data_plane
 from .staging import PushError, WeightStager
 
 

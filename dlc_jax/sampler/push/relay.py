@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 import grpc
 import numpy as np
 
-from . import sampler_pb2 as pb
-from .fanout import describe
+from ..client.fanout import describe
+from ..wire import sampler_pb2 as pb
 from .weight_checks import PushError
 
 MAX_RELAY = 256  # addresses one header may list
@@ -126,8 +126,8 @@ class RelayForward:
                 nxt += 1
 
     def _forward(self, g, group, fanout, q, token, timeout, chunk_bytes) -> None:
-        from .client import SamplerClient
-        from .retry import NO_RETRY
+        from ..client.client import SamplerClient
+        from ..client.retry import NO_RETRY
 
         head, rest = group[0], group[1:]
         try:

@@ -10,12 +10,12 @@ while the gRPC stream carries the header, the per-tensor checksum trailers and C
 verifies and swaps exactly as for gRPC chunks. Plaintext: loopback / trusted networks only, never
 with TLS (see data_plane.py).
 
-Retries (`dlc_jax.sampler.retry`): calls that fail with UNAVAILABLE (server restarting / not yet
-up) are retried under the client's `RetryPolicy` (`max_retries`, `backoff`..`max_backoff` seconds);
-`info` takes a per-call `timeout` / `retry` (a readiness probe passes `NO_RETRY`), so no call ever
-changes the client's own settings, which other threads share. `generate` retries only before the
-first rollout arrived (no duplicates); `push_weights` retries only when the source is re-iterable
-(a Mapping, a Sequence, or a zero-argument callable returning an iterator).
+Retries (`dlc_jax.sampler.client.retry`): calls that fail with UNAVAILABLE (server restarting / not
+yet up) are retried under the client's `RetryPolicy` (`max_retries`, `backoff`..`max_backoff`
+seconds); `info` takes a per-call `timeout` / `retry` (a readiness probe passes `NO_RETRY`), so no
+call ever changes the client's own settings, which other threads share. `generate` retries only
+before the first rollout arrived (no duplicates); `push_weights` retries only when the source is
+re-iterable (a Mapping, a Sequence, or a zero-argument callable returning an iterator).
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from typing import Any
 
 import grpc
 
-from . import chunk_wire, data_plane
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
-from . import sampler_pb2_grpc as pb_grpc
+from ..push import data_plane
+from ..push.weight_stream import TensorSource, prefetched, tensor_source, weight_messages
+from ..wire import chunk_wire
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
+from ..wire import sampler_pb2_grpc as pb_grpc
+from ..wire.types import PushResult, Rollout, SamplingParams
 from .retry import NO_RETRY, RetryPolicy, call_with_retry
-from .types import PushResult, Rollout, SamplingParams
-from .weight_stream import TensorSource, prefetched, tensor_source, weight_messages
 
 __all__ = ["SamplerClient", "REJECT_CODES", "prefetched"]
 
@@ -50,7 +51,7 @@ REJECT_CODES = (
 
 
 class SamplerClient:
-    """One sampler server over gRPC (implements `dlc_jax.sampler.protocol.Sampler`).
+    """One sampler server over gRPC (implements `dlc_jax.sampler.client.protocol.Sampler`).
 
     timeout: default deadline of a call in seconds; retry: the `RetryPolicy` for UNAVAILABLE (or
     max_retries / backoff / max_backoff to build one); both are read-only after construction."""

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import grpc
 
+from ..wire.types import PushResult, Rollout, SamplingParams, mix_seed
 from .client import SamplerClient
 from .fanout import describe, fan_out, run_each
 from .pool_relay import relayed_push
 from .retry import NO_RETRY, RetryPolicy
 from .rotation import NoActiveSamplerError, Rotation
-from .types import PushResult, Rollout, SamplingParams, mix_seed
 
 RELAY_MODES = ("off", "chain", "tree", "auto")
 
@@ -54,7 +54,7 @@ PoolPushResult = PushResult
 
 
 class SamplerPool:
-    """N sampler servers behind the `dlc_jax.sampler.protocol.Sampler` interface (generate /
+    """N sampler servers behind the `dlc_jax.sampler.client.protocol.Sampler` interface (generate /
     push_weights / push_model / load_weights / info / wait_ready / metrics / report / close).
 
     addresses: 'host:port' list (or one comma-separated string). token / tls_root_cert /
@@ -353,7 +353,7 @@ class SamplerPool:
         samplers (or relayed: `relay` as in `push_weights`)."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
-        from . import safetensors_io as st
+        from ..wire import safetensors_io as st
 
         # exported in the push dtype (cast where the parameter lives: half the device->host bytes
         # for bf16, and no per-sampler host conversion of the fanned-out tensors)

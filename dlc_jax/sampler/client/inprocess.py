@@ -25,13 +25,13 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
-from .backends.base import BackendConfig
-from .backends.jax_backend import JaxBackend
-from .request_checks import validate_generate
+from ..backends.base import BackendConfig
+from ..backends.jax_backend import JaxBackend
+from ..service.request_checks import validate_generate
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
+from ..wire.types import PushResult, Rollout, SamplingParams
 from .retry import RetryPolicy
-from .types import PushResult, Rollout, SamplingParams
 
 # the server's defaults (`ServerConfig`): the same requests are refused in process as over gRPC
 MAX_PROMPTS = 4096
@@ -41,7 +41,7 @@ _ids = itertools.count()
 
 
 class InProcessSampler:
-    """A `dlc_jax.sampler.protocol.Sampler` running the JAX backend in this process.
+    """A `dlc_jax.sampler.client.protocol.Sampler` running the JAX backend in this process.
 
     ``cfg``: the backend's `BackendConfig` (model_dir serves as ``initial_version``). `generate`
     may be called from several threads at once (the trainer's rollout feeder does); the jitted
@@ -168,8 +168,8 @@ class InProcessSampler:
         changes nothing."""
         import numpy as np
 
-        from .adapter_push import check_adapter
-        from .weight_checks import PushError
+        from ..push.adapter import check_adapter
+        from ..push.weight_checks import PushError
 
         self._check_open()
         t0 = time.time()
