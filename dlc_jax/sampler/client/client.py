@@ -37,6 +37,7 @@ from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
 from ..wire import sampler_pb2_grpc as pb_grpc
 from ..wire.types import PushResult, Rollout, SamplingParams
+from .protocol import SingleSampler, generate_request
 from .retry import NO_RETRY, RetryPolicy, call_with_retry
 
 __all__ = ["SamplerClient", "REJECT_CODES", "prefetched"]
@@ -50,7 +51,7 @@ REJECT_CODES = (
 )
 
 
-class SamplerClient:
+class SamplerClient(SingleSampler):
     """One sampler server over gRPC (implements `dlc_jax.sampler.client.protocol.Sampler`).
 
     timeout: default deadline of a call in seconds; retry: the `RetryPolicy` for UNAVAILABLE (or
@@ -161,27 +162,6 @@ class SamplerClient:
                 raise
             raise TimeoutError(f"sampler at {self.address} not ready after {timeout}s: {e}") from e
 
-    # -- rotation (a single server has none; see SamplerPool) --------------------------------
-    def metrics(self) -> dict[str, float]:
-        """Rotation metrics: none for a single server (a pool reports `pool/*`)."""
-        return {}
-
-    def report(self) -> list[dict]:
-        """One status dict (address, active) in the shape of `SamplerPool.report`."""
-        return [{"index": 0, "address": self.address, "active": True, "last_error": ""}]
-
-    def rotation(self) -> list[bool]:
-        """Empty: a single server has no rotation to agree on."""
-        return []
-
-    def set_rotation(
-        self, active: list[bool], version: int | None = None, reason: str = "set by caller"
-    ) -> None:
-        if active:
-            raise ValueError(
-                f"set_rotation: a single sampler has no rotation, got {len(active)} flags"
-            )
-
     # -- generate ---------------------------------------------------------------------------
     def generate(
         self,
@@ -191,18 +171,7 @@ class SamplerClient:
         request_id: str | None = None,
     ) -> Iterator[Rollout]:
         """Stream one Rollout per (prompt, sample) in completion order."""
-        if slot_ids is None:
-            slot_ids = list(range(len(prompts)))
-        if len(slot_ids) != len(prompts):
-            raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
-        req = pb.GenerateRequest(
-            request_id=request_id or uuid.uuid4().hex,
-            prompts=[
-                pb.Prompt(slot_id=int(s), token_ids=[int(t) for t in p])
-                for s, p in zip(slot_ids, prompts)
-            ],
-            params=params.to_proto(),
-        )
+        req = generate_request(prompts, params, slot_ids, request_id or uuid.uuid4().hex)
 
         def open_stream():  # retried until the first message arrives; never after (no duplicates)
             stream = self.stub.Generate(req, timeout=self.timeout, metadata=self._md())

@@ -38,6 +38,7 @@ from ..wire.types import PushResult, Rollout, SamplingParams, mix_seed
 from .client import SamplerClient
 from .fanout import describe, fan_out, run_each
 from .pool_relay import relayed_push
+from .protocol import slot_list
 from .retry import NO_RETRY, RetryPolicy
 from .rotation import NoActiveSamplerError, Rotation
 
@@ -186,10 +187,7 @@ class SamplerPool:
 
         A sampler that fails mid-stream leaves rotation and its missing (slot, sample) cells are
         re-requested elsewhere; raises NoActiveSamplerError when no sampler is left."""
-        if slot_ids is None:
-            slot_ids = list(range(len(prompts)))
-        if len(slot_ids) != len(prompts):
-            raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
+        slot_ids = slot_list(prompts, slot_ids)
         if len(set(int(s) for s in slot_ids)) != len(slot_ids):
             raise ValueError(
                 "SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)"
