@@ -328,8 +328,11 @@ def push_weights(
         return sampler.push_model(
             model, version, dtype=dtype, chunk_bytes=chunk_bytes, transport=transport
         )
+    from dlc_jax.sampler.client.pool import SamplerPool
+
     from .shard_push import push_shards
 
+    targets = leader_push_targets(sampler) if isinstance(sampler, SamplerPool) else [0]
     return push_shards(
         sampler,
         model,
@@ -338,4 +341,5 @@ def push_weights(
         chunk_bytes=chunk_bytes,
         transport=transport,
         relay=relay,
+        targets=targets,
     )

@@ -41,6 +41,7 @@ import grpc
 import jax
 import numpy as np
 
+from dlc_jax.sampler.client.client import SamplerClient
 from dlc_jax.sampler.client.fanout import fan_out, run_each
 from dlc_jax.sampler.client.pool import RELAY_MODES, SamplerPool
 from dlc_jax.sampler.client.pool_relay import fanout_of
@@ -48,7 +49,6 @@ from dlc_jax.sampler.client.retry import NO_RETRY
 from dlc_jax.sampler.push.slice_stream import Slice, commit_messages, part_messages
 from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
 from dlc_jax.sampler.wire.types import PushResult
-from dlc_jax.trainer.distributed import leader_push_targets
 
 
 def _box(index: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
@@ -80,18 +80,21 @@ def push_shards(
     chunk_bytes: int = 16 << 20,
     transport: str = "grpc",
     relay: str | None = None,
+    targets: list[int],
 ) -> PushResult:
     """Push `model` as weight `version` from every process's own shards (module docstring).
-    Collective. `sampler`: a SamplerClient or SamplerPool; `transport`: "grpc", "socket" or
-    "auto" (decided per sampler); `relay`: "off", "chain", "tree" or "auto" (None: the pool's
-    `relay`). The result's `egress_bytes`: tensor bytes this process sent (all samplers
-    together); its `transport`: the plane(s) this process's parts used."""
+    Collective. `sampler`: a SamplerClient or SamplerPool; `targets`: the indices of the pool's
+    samplers to push to, the same on every process (`distributed.leader_push_targets`; [0] for a
+    client); `transport`: "grpc", "socket" or "auto" (decided per sampler); `relay`: "off",
+    "chain", "tree" or "auto" (None: the pool's `relay`). The result's `egress_bytes`: tensor
+    bytes this process sent (all samplers together); its `transport`: the plane(s) this
+    process's parts used."""
     from jax.experimental import multihost_utils
 
     if transport not in ("grpc", "socket", "auto"):
         raise ValueError(f"push transport must be 'grpc', 'socket' or 'auto', got {transport!r}")
     pool = sampler if isinstance(sampler, SamplerPool) else None
-    if pool is None and not hasattr(sampler, "push_messages"):
+    if pool is None and not isinstance(sampler, SamplerClient):
         raise TypeError(
             f"sampler.backend: a multi-host push needs gRPC samplers, not {type(sampler).__name__}"
         )
@@ -99,7 +102,6 @@ def push_shards(
     if relay not in RELAY_MODES:
         raise ValueError(f"push relay must be one of {RELAY_MODES}, got {relay!r}")
     clients = list(pool.clients) if pool is not None else [sampler]
-    targets = leader_push_targets(pool) if pool is not None else [0]
     gid = np.asarray(secrets.randbits(62), np.int64)
     group = f"{int(np.asarray(multihost_utils.broadcast_one_to_all(gid))):016x}-v{version}"
     rounds = _Rounds(clients, model, version, dtype, chunk_bytes, transport)
