@@ -145,25 +145,11 @@ class RelayForward:
                 )
             out = [
                 pb.RelayOutcome(
-                    address=head,
-                    ok=r.ok,
-                    version=r.version,
-                    message=r.message,
-                    code=r.code,
-                    bytes=r.bytes,
+                    address=a, ok=x.ok, version=x.version, message=x.message, code=x.code,
+                    bytes=x.bytes,
                 )
-            ]
-            for addr, sub in r.relayed.items():
-                out.append(
-                    pb.RelayOutcome(
-                        address=addr,
-                        ok=sub.ok,
-                        version=sub.version,
-                        message=sub.message,
-                        code=sub.code,
-                        bytes=sub.bytes,
-                    )
-                )
+                for a, x in [(head, r), *r.relayed.items()]
+            ]  # fmt: skip
         except Exception as e:  # noqa: BLE001 - reported per sampler, never fatal here
             code, msg = describe(e)
             out = [pb.RelayOutcome(address=head, ok=False, version=-1, message=msg, code=code)]
