@@ -58,7 +58,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write a tiny random Qwen3 HF directory + offline tokenizer",
     ),
     "sampler": (
-        "dlc_jax.sampler.cli",
+        "dlc_jax.sampler.service.cli",
         "sampler service: `dlc-jax sampler serve --backend vllm|jax ...`",
     ),
     "train": (

@@ -74,7 +74,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from dlc_jax.model import load_hf
-from dlc_jax.sampler.client import SamplerClient
+from dlc_jax.sampler.client.client import SamplerClient
 
 out, addr, backend = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -60,7 +60,7 @@ trap collect EXIT
 import importlib, sys
 need = ["jax", "flax", "optax", "orbax.checkpoint", "grain", "grpc", "numpy", "yaml", "matplotlib",
         "transformers", "torch", "tokenizers", "safetensors", "dlc_jax.trainer.loop",
-        "dlc_jax.sampler.server", "dlc_jax.experiments.runner"]
+        "dlc_jax.sampler.service.server", "dlc_jax.experiments.runner"]
 missing = []
 for m in need:
     try:

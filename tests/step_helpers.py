@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlc_jax.sampler.types import Rollout
+from dlc_jax.sampler.wire.types import Rollout
 from dlc_jax.trainer.batching import pack_rollouts
 
 

@@ -95,7 +95,7 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
     from dlc_jax.lora import merged_model
     from dlc_jax.lora.push import AdapterPusher
     from dlc_jax.model import Qwen3ForCausalLM, save_hf
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     res = common.new_result(
         "lora", "LoRA pushes: adapter push vs full (merged) push of the same model", COLUMNS

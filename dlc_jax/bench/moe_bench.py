@@ -124,7 +124,7 @@ def exactness(model_dir: Path, seed: int) -> dict:
 
 def _rollouts(model_dir: Path, cfg: MoeBenchConfig) -> list:
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     b = make_backend(
         "jax", BackendConfig(model_dir=str(model_dir), dtype="bfloat16", max_model_len=128)

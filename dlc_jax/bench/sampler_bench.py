@@ -111,7 +111,7 @@ def _push_shapes(cfg: SamplerBenchConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _push_tensors(cfg: SamplerBenchConfig) -> dict[str, np.ndarray]:
-    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.wire import safetensors_io as st
 
     rng = np.random.default_rng(0)
     np_dtype = st.NP_DTYPES[cfg.push_dtype]
@@ -127,7 +127,7 @@ def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
     cfg = SamplerBenchConfig(**cfg_dict)
     tensors = _push_tensors(cfg)
     if mode == "grpc":
-        from dlc_jax.sampler.client import SamplerClient
+        from dlc_jax.sampler.client.client import SamplerClient
 
         with SamplerClient(target, timeout=3600) as c:
             c.wait_ready(60)
@@ -193,8 +193,8 @@ def _raw_receiver(total: int, out_path: pathlib.Path, chunk: int):
 
 
 def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
-    from dlc_jax.sampler import safetensors_io as st
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.wire import safetensors_io as st
 
     shapes = _push_shapes(cfg)
     itemsize = st.NP_DTYPES[cfg.push_dtype].itemsize
@@ -245,12 +245,12 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
 def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     from vllm import TokensPrompt
 
-    from dlc_jax.sampler import safetensors_io as st
     from dlc_jax.sampler.backends import BackendConfig, make_backend
     from dlc_jax.sampler.backends.vllm_backend import vllm_sampling_params
-    from dlc_jax.sampler.client import SamplerClient
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.client.client import SamplerClient
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.wire import safetensors_io as st
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     model_dir = cfg.model_dir
     if model_dir is None:
@@ -358,8 +358,8 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
 
 def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[int, float]:
     """Client-process side of the rollout benchmark: -> (response tokens, seconds)."""
-    from dlc_jax.sampler.client import SamplerClient
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.client.client import SamplerClient
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     p = SamplingParams(**{**params, "stop_token_ids": tuple(params["stop_token_ids"])})
     with SamplerClient(address, timeout=3600) as c:

@@ -9,7 +9,7 @@ loopback socket copy of the same bytes (the physical limit here).
 * ``push only``: the same push from tensors already exported to host numpy arrays.
 * ``(socket data plane)`` rows: the same pushes with ``transport="socket"``: gRPC carries the
   header, the per-tensor CRC-32C trailers and Commit, the bytes go zero-copy over the server's raw
-  TCP data port (``ServerConfig.data_port``; see ``dlc_jax/sampler/data_plane.py``).
+  TCP data port (``ServerConfig.data_port``; see ``dlc_jax/sampler/push/data_plane.py``).
 * ``raw socket``: the same bytes through one loopback TCP connection into a file
   (:func:`raw_socket_copy`: the receiver writes each chunk to disk, as the sampler stages a push).
 
@@ -59,8 +59,8 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
     from flax import nnx
 
     from dlc_jax.model import Qwen3ForCausalLM, iter_hf_tensors
-    from dlc_jax.sampler import safetensors_io as st
-    from dlc_jax.sampler.client import SamplerClient
+    from dlc_jax.sampler.client.client import SamplerClient
+    from dlc_jax.sampler.wire import safetensors_io as st
 
     res = common.new_result(
         "weight_sync", "Weight sync: export + gRPC push vs raw loopback socket", COLUMNS

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from dlc_jax.bench import common
-from dlc_jax.sampler.malloc_env import with_huge_pages
+from dlc_jax.sampler.service.malloc_env import with_huge_pages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +99,7 @@ def serve(cfg_dict: dict, staging_root: str) -> None:
     model's tensors; prints its address, serves until stdin closes."""
     from dlc_jax.bench.sampler_bench import TransportOnlyBackend
     from dlc_jax.model import hf_param_shapes
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
     cfg = WeightSyncBenchConfig(**cfg_dict)
     mcfg = cfg.model_config()

@@ -22,12 +22,12 @@ def _serve(spec: dict) -> None:
     """Server-process side: a sampler with `spec["backend"]` ("jax" | "vllm" | "transport") on
     `spec["model_dir"]`; prints its address, serves until stdin closes."""
     from dlc_jax.sampler.backends.base import SamplerBackend
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
     backend: SamplerBackend
     if spec["backend"] == "transport":
         from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-        from dlc_jax.sampler import safetensors_io as st
+        from dlc_jax.sampler.wire import safetensors_io as st
 
         specs = st.read_specs(spec["model_dir"])
         backend = TransportOnlyBackend(specs, 0)
@@ -78,9 +78,9 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, pr
     """Time the engine and relay rows (interleaved with `raw()`, the raw-socket copy of the same
     bytes); -> {"times": {row: [s]}, "cpu": {row: [cpu s]}, "egress": {row: bytes}, "notes": []}."""
     from dlc_jax.model import save_hf
-    from dlc_jax.sampler import safetensors_io as st
-    from dlc_jax.sampler.client import SamplerClient
-    from dlc_jax.sampler.pool import SamplerPool
+    from dlc_jax.sampler.client.client import SamplerClient
+    from dlc_jax.sampler.client.pool import SamplerPool
+    from dlc_jax.sampler.wire import safetensors_io as st
 
     model_dir = tmp / "model"
     save_hf(model, model_dir, dtype=st.NP_DTYPES[cfg.push_dtype])

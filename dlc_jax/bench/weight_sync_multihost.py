@@ -123,9 +123,9 @@ def _worker(args) -> None:
     from flax import nnx
 
     from dlc_jax.model import MeshConfig, hf_param_shapes, load_hf, make_mesh
-    from dlc_jax.sampler import safetensors_io as st
-    from dlc_jax.sampler.client import SamplerClient
-    from dlc_jax.sampler.pool import SamplerPool
+    from dlc_jax.sampler.client.client import SamplerClient
+    from dlc_jax.sampler.client.pool import SamplerPool
+    from dlc_jax.sampler.wire import safetensors_io as st
     from dlc_jax.trainer import distributed as dist
     from dlc_jax.trainer.config_sections import DistributedSection
 

@@ -114,7 +114,7 @@ def stage_cpu(exported: dict[str, np.ndarray], model=None, repeats: int = 3) -> 
     exported tensors' shapes for the JAX load stages (None: those stages are left out)."""
     import crc32c
 
-    from dlc_jax.sampler.weight_checks import FiniteCheck
+    from dlc_jax.sampler.push.weight_checks import FiniteCheck
 
     arrays = [np.ascontiguousarray(a) for a in exported.values()]
     total = sum(a.nbytes for a in arrays)
@@ -211,7 +211,7 @@ def child(cfg, huge: bool) -> dict[str, float]:
     import subprocess
     import sys
 
-    from dlc_jax.sampler.malloc_env import with_huge_pages
+    from dlc_jax.sampler.service.malloc_env import with_huge_pages
 
     env = dict(os.environ)
     env["GLIBC_TUNABLES"] = ":".join(
@@ -261,8 +261,8 @@ def stage_lines(rows: list[dict], totals: dict[str, float]) -> list[str]:
         f"{totals['sampler_receive_load_now']:.3f} CPU-s/GB. Each stage run alone, fastest of the "
         "repeats, per-thread CPU clock (the JAX load: the process clock); before = a fresh staging "
         "map per push, tensors 8 bytes off 64-byte alignment, 4 KiB pages; now = the warm "
-        "staging map (`sampler/warm_staging.py`), 64-byte-aligned tensors "
-        "(`safetensors_io.layout`), huge-page malloc (`sampler/malloc_env.py`).",
+        "staging map (`sampler/push/warm_staging.py`), 64-byte-aligned tensors "
+        "(`safetensors_io.layout`), huge-page malloc (`sampler/service/malloc_env.py`).",
     ]
 
 
@@ -276,7 +276,7 @@ def main() -> int:
 
     from dlc_jax.bench.weight_sync_common import WeightSyncBenchConfig
     from dlc_jax.model import Qwen3ForCausalLM, iter_hf_tensors
-    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.wire import safetensors_io as st
 
     cfg = WeightSyncBenchConfig(**json.loads(sys.stdin.read()))
     model = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(0))

@@ -19,7 +19,7 @@ from dlc_jax.env.chat_delta import ChatDelta
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.protocol import load_env_factory
 from dlc_jax.env.runner import EnvSampler
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.wire.types import SamplingParams
 
 
 class EnvEvaluator:

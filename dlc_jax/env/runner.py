@@ -36,7 +36,7 @@ from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.history import History
 from dlc_jax.env.protocol import EnvError, EnvTimeout, check_messages, check_step, timed_call
-from dlc_jax.sampler.types import Rollout, SamplingParams, mix_seed
+from dlc_jax.sampler.wire.types import Rollout, SamplingParams, mix_seed
 
 logger = logging.getLogger(__name__)
 

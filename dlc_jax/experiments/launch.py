@@ -93,7 +93,7 @@ def sample_reference_prefixes(out: Path, cfg, pcfg, model_dir: str):
     process with the backend of run config ``cfg`` at its temperature."""
     from dlc_jax.data.tokenize import load_tokenizer
     from dlc_jax.experiments.prefixes import client_generate, load_or_create
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     tok = load_tokenizer(model_dir)
     pcfg = dataclasses.replace(pcfg, temperature=cfg.sampler.temperature)

@@ -267,7 +267,7 @@ def client_generate(client) -> GenerateFn:
     seeded).
 
     Responses are returned in prompt order (matched by slot id, not by arrival order)."""
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     def generate(prompt_ids, *, max_tokens, temperature, seed):
         params = SamplingParams(

@@ -23,7 +23,7 @@ import numpy as np
 
 from dlc_jax.lora.adapters import adapted
 from dlc_jax.lora.config import LoraConfig
-from dlc_jax.sampler.adapter_push import PEFT_PREFIX, peft_adapter_config
+from dlc_jax.sampler.push.adapter import PEFT_PREFIX, peft_adapter_config
 
 
 def _layers(path: str, stacked: bool, n: int) -> list[tuple[str, int | None]]:

@@ -1,5 +1,5 @@
 """``lora.push: adapter``: at a resync the trainer sends the adapters alone (PEFT names, float32 or
-the push dtype) as an adapter push (`dlc_jax.sampler.adapter_push`): the same checksummed
+the push dtype) as an adapter push (`dlc_jax.sampler.push.adapter`): the same checksummed
 ``WeightMessage`` stream as a full push, its header marked with the push kind, the adapter's
 rank/alpha and the fingerprint of the trainer's frozen base, which the sampler checks against its
 own before it merges (JAX backend) or loads the adapter as a LoRA (vLLM backend).
@@ -21,8 +21,8 @@ import numpy as np
 
 from dlc_jax.errors import UserError
 from dlc_jax.lora.config import LoraConfig
-from dlc_jax.sampler.adapter_push import AdapterMeta, base_fingerprint
-from dlc_jax.sampler.types import PushResult
+from dlc_jax.sampler.push.adapter import AdapterMeta, base_fingerprint
+from dlc_jax.sampler.wire.types import PushResult
 
 
 class AdapterPushError(UserError):
@@ -54,7 +54,7 @@ def adapter_messages(
 ):
     """The PushWeights request stream of an adapter push (`weight_stream.weight_messages` with the
     header marked by ``meta``; CRC-32C per tensor)."""
-    from dlc_jax.sampler.weight_stream import weight_messages
+    from dlc_jax.sampler.push.weight_stream import weight_messages
 
     shapes = [(n, tuple(a.shape)) for n, a in tensors]
     stream = weight_messages(
@@ -97,10 +97,10 @@ class AdapterPusher:
     def push(self, sampler: Any, model, version: int, *, dtype: str = "float32") -> PushResult:
         """Push ``model``'s adapters as weight ``version`` to ``sampler`` (a `SamplerClient`, a
         `SamplerPool` or an `InProcessSampler`)."""
-        from dlc_jax.sampler.client import SamplerClient
-        from dlc_jax.sampler.inprocess import InProcessSampler
-        from dlc_jax.sampler.pool import SamplerPool
-        from dlc_jax.sampler.safetensors_io import NP_DTYPES
+        from dlc_jax.sampler.client.client import SamplerClient
+        from dlc_jax.sampler.client.inprocess import InProcessSampler
+        from dlc_jax.sampler.client.pool import SamplerPool
+        from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
 
         tensors, meta = self.payload(model)
 
@@ -115,8 +115,8 @@ class AdapterPusher:
                 [(n, a.astype(np_dtype).astype(np.float32)) for n, a in tensors], version, meta
             )
         if isinstance(sampler, SamplerPool):
-            from dlc_jax.sampler.fanout import run_each
-            from dlc_jax.sampler.rotation import NoActiveSamplerError
+            from dlc_jax.sampler.client.fanout import run_each
+            from dlc_jax.sampler.client.rotation import NoActiveSamplerError
 
             targets = sampler._push_targets()
             if not targets:

@@ -35,19 +35,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import mesh_platform
+from .blocks import Qwen3DecoderLayer, param
 from .config import Qwen3MoeConfig
 from .moe_dispatch import megablox_experts, resolve_moe_impl
-from .qwen3 import (
-    Qwen3Attention,
-    Qwen3ForCausalLM,
-    Qwen3MLP,
-    Qwen3Model,
-    RMSNorm,
-    _param,
-    default_positions,
-    rope_cos_sin,
-)
-from .stack import run_layers_with_cache_ys, run_layers_xs
+from .qwen3 import Qwen3ForCausalLM, Qwen3Model
 
 
 class Routing(NamedTuple):
@@ -151,14 +142,14 @@ class _Kernel(nnx.Module):
     """A bare `kernel` parameter (the expert projections' HF name, `...gate_proj.weight`)."""
 
     def __init__(self, shape, logical, rngs, param_dtype):
-        self.kernel = _param(rngs, shape, param_dtype, logical, "normal")
+        self.kernel = param(rngs, shape, param_dtype, logical, "normal")
 
 
 class Router(nnx.Module):
     """`weight` [E, D] (HF layout), applied in float32."""
 
     def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype):
-        self.weight = _param(
+        self.weight = param(
             rngs, (cfg.num_experts, cfg.hidden_size), param_dtype, ("exp", "embed"), "normal"
         )
 
@@ -194,54 +185,28 @@ class Qwen3MoeSparseBlock(nnx.Module):
         return y, top_i.reshape(b, t, -1), aux
 
 
-class Qwen3MoeDecoderLayer(nnx.Module):
-    def __init__(
-        self, cfg: Qwen3MoeConfig, sparse: bool, *, rngs, param_dtype, compute_dtype, act_sharding
-    ):
-        kw = dict(
-            rngs=rngs,
-            param_dtype=param_dtype,
-            compute_dtype=compute_dtype,
-            act_sharding=act_sharding,
-        )
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
-        self.self_attn = Qwen3Attention(cfg, **kw)
-        self.post_attention_layernorm = RMSNorm(
-            cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype
-        )
-        self.sparse = sparse
+class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
+    """Qwen3's decoder layer with a sparse MLP (`Qwen3MoeSparseBlock`) where `cfg.is_sparse`; its
+    per-layer output is (own top-k [B,T,K] (zeros when dense), load-balancing loss [])."""
+
+    def __init__(self, cfg: Qwen3MoeConfig, index: int = 0, **kw):
+        self.sparse = cfg.is_sparse(index)
         self.top_k = cfg.num_experts_per_tok
-        self.mlp = Qwen3MoeSparseBlock(cfg, **kw) if sparse else Qwen3MLP(cfg, **kw)
-        self.act_sharding = act_sharding
+        super().__init__(cfg, index, **kw)
 
-    def _mlp(self, h, valid, replay):
-        x = self.post_attention_layernorm(h)
+    def make_mlp(self, cfg, index: int, **kw) -> nnx.Module:
+        return Qwen3MoeSparseBlock(cfg, **kw) if self.sparse else super().make_mlp(cfg, index, **kw)
+
+    def feed_forward(self, x, valid, replay):
         if self.sparse:
-            return self.mlp(x, valid, replay)
+            y, top_i, aux = self.mlp(x, valid, replay)
+            return y, (top_i, aux)
         b, t, _ = x.shape
-        return self.mlp(x), jnp.zeros((b, t, self.top_k), jnp.int32), jnp.zeros((), jnp.float32)
-
-    def __call__(self, x, cos, sin, valid, segment_ids=None, replay=None):
-        """-> (x [B,T,D], own top-k [B,T,K] (zeros when dense), load-balancing loss [])."""
-        c = self.act_sharding.constrain
-        a = self.self_attn(self.input_layernorm(x), cos, sin, valid, segment_ids)
-        h = c(x + a, ("batch", "length", "act_embed"))
-        m, top_i, aux = self._mlp(h, valid, replay)
-        return c(h + m, ("batch", "length", "act_embed")), top_i, aux
-
-    def with_cache(self, x, cos, sin, mask, valid, k_cache, v_cache, index, layer=None):
-        a, k_cache, v_cache = self.self_attn.with_cache(
-            self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, index, layer
-        )
-        h = x + a
-        m, top_i, _ = self._mlp(h, valid, None)
-        return h + m, k_cache, v_cache, top_i
+        return self.mlp(x), (jnp.zeros((b, t, self.top_k), jnp.int32), jnp.zeros((), jnp.float32))
 
 
 class Qwen3MoeModel(Qwen3Model):
-    @classmethod
-    def make_layer(cls, cfg, index: int, **kw) -> nnx.Module:
-        return Qwen3MoeDecoderLayer(cfg, cfg.is_sparse(index), **kw)
+    layer_cls = Qwen3MoeDecoderLayer
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
@@ -265,30 +230,10 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         """As `Qwen3ForCausalLM.hidden_states`; `routed_experts` [B, T, L, K] int replays those
         experts in every sparse layer. Returns h [B, T, D], or (h, Routing) with
         `return_routing`."""
-        input_ids = jnp.asarray(input_ids)
-        if attention_mask is None:
-            attention_mask = jnp.ones(input_ids.shape, jnp.int32)
-        attention_mask = jnp.asarray(attention_mask)
-        if segment_ids is not None:
-            segment_ids = jnp.asarray(segment_ids)
-        if positions is None:
-            positions = default_positions(attention_mask, segment_ids)
-        valid = attention_mask.astype(bool)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        c = self.act_sharding.constrain
-        x = c(self.model.embed_tokens(input_ids), ("batch", "length", "act_embed"))
         xs = None
         if routed_experts is not None:
             xs = jnp.moveaxis(jnp.asarray(routed_experts, jnp.int32), 2, 0)  # [L, B, T, K]
-
-        def step(layer, h, replay):
-            h, top_i, aux = layer(h, cos, sin, valid, segment_ids, replay)
-            return h, (top_i, aux)
-
-        x, (top_i, aux) = run_layers_xs(
-            self.model.layers, x, xs, step, scanned=self.scanned, policy=self.remat_policy
-        )
-        h = self.model.norm(x)
+        h, (top_i, aux) = self.run_stack(input_ids, attention_mask, positions, segment_ids, xs)
         if not return_routing:
             return h
         n_sparse = sum(self.config.is_sparse(i) for i in range(self.config.num_hidden_layers))
@@ -316,29 +261,9 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     ):
         """As `Qwen3ForCausalLM.forward_with_cache`; with `return_routing` also the routed
         experts [B, T, L, K] of the T new tokens."""
-        input_ids = jnp.asarray(input_ids)
-        b, t = input_ids.shape
-        if attention_mask is None:
-            attention_mask = jnp.ones((b, t), bool)
-        index = cache["index"]
-        s = cache["valid"].shape[1]
-        new_valid = jnp.asarray(attention_mask).astype(bool)
-        valid = jax.lax.dynamic_update_slice(cache["valid"], new_valid, (0, index))
-        q_slot = index + jnp.arange(t)
-        mask = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & valid[:, None, :]
-        cos, sin = rope_cos_sin(
-            jnp.asarray(positions), self.config.head_dim, self.config.rope_theta
+        logits, new_cache, (top_i, _) = self.run_stack_with_cache(
+            input_ids, positions, cache, attention_mask
         )
-        x = self.model.embed_tokens(input_ids)
-
-        def step(layer, h, k_c, v_c, i):
-            return layer.with_cache(h, cos, sin, mask, new_valid, k_c, v_c, index, i)
-
-        x, ks, vs, top_i = run_layers_with_cache_ys(
-            self.model.layers, x, cache["k"], cache["v"], step, scanned=self.scanned
-        )
-        logits = self.logits_from_hidden(self.model.norm(x))
-        new_cache = {"k": ks, "v": vs, "valid": valid, "index": index + t}
         if return_routing:
             return logits, new_cache, jnp.moveaxis(top_i, 0, 2)
         return logits, new_cache

@@ -69,54 +69,10 @@ def make_stacked(
     return build(rngs)
 
 
-def run_layers(layers, x, step: Callable, *, scanned: bool, policy: str):
-    """x through every layer: step(layer, x) -> x. `layers` is the stacked module (scanned) or a
-    sequence of modules."""
-
-    def body(state, x, graphdef):
-        return step(nnx.merge(graphdef, state), x)
-
-    if scanned:
-        graphdef, state = nnx.split(layers)
-        f = with_remat(lambda st, h: body(st, h, graphdef), policy, in_scan=True)
-        x, _ = jax.lax.scan(lambda h, st: (f(st, h), None), x, state)
-        return x
-    for layer in layers:
-        graphdef, state = nnx.split(layer)
-        x = with_remat(lambda st, h, g=graphdef: body(st, h, g), policy, in_scan=False)(state, x)
-    return x
-
-
-def run_layers_with_cache(layers, x, k_cache, v_cache, step: Callable, *, scanned: bool):
-    """KV-cache pass. step(layer, x, k, v, layer_index) -> (x, k, v).
-
-    Scanned: k/v_cache are stacked [L, B, S, KV, hd] arrays carried through the scan and updated in
-    place (step writes its layer's slots with dynamic_update_slice at `layer_index`). Unscanned:
-    tuples of per-layer [B, S, KV, hd] arrays (layer_index None); nothing is restacked."""
-    if scanned:
-        graphdef, state = nnx.split(layers)
-        n = jax.tree.leaves(state)[0].shape[0]
-
-        def body(carry, xs):
-            h, kc, vc = carry
-            st, i = xs
-            return step(nnx.merge(graphdef, st), h, kc, vc, i), None
-
-        (x, k_cache, v_cache), _ = jax.lax.scan(
-            body, (x, k_cache, v_cache), (state, jax.numpy.arange(n))
-        )
-        return x, k_cache, v_cache
-    ks, vs = [], []
-    for layer, k_l, v_l in zip(layers, k_cache, v_cache, strict=True):
-        x, k_l, v_l = step(layer, x, k_l, v_l, None)
-        ks.append(k_l)
-        vs.append(v_l)
-    return x, tuple(ks), tuple(vs)
-
-
-def run_layers_xs(layers, x, xs, step: Callable, *, scanned: bool, policy: str):
-    """Like `run_layers`, with a per-layer input and output: step(layer, x, xs_l) -> (x, ys_l).
-    `xs` is a pytree of [L, ...] arrays (or None); returns (x, ys stacked on a leading [L] axis)."""
+def run_layers(layers, x, xs, step: Callable, *, scanned: bool, policy: str):
+    """x through every layer: step(layer, x, xs_l) -> (x, ys_l). `layers` is the stacked module
+    (scanned) or a sequence of modules; `xs` is a pytree of [L, ...] per-layer inputs (or None).
+    Returns (x, ys stacked on a leading [L] axis; None when every ys_l is None)."""
 
     def body(state, h, x_l, graphdef):
         return step(nnx.merge(graphdef, state), h, x_l)
@@ -135,9 +91,13 @@ def run_layers_xs(layers, x, xs, step: Callable, *, scanned: bool, policy: str):
     return x, jax.tree.map(lambda *a: jax.numpy.stack(a), *ys)
 
 
-def run_layers_with_cache_ys(layers, x, k_cache, v_cache, step: Callable, *, scanned: bool):
-    """`run_layers_with_cache` whose step also returns a per-layer output:
-    step(layer, x, k, v, layer_index) -> (x, k, v, y); returns (x, k, v, ys stacked on [L])."""
+def run_layers_with_cache(layers, x, k_cache, v_cache, step: Callable, *, scanned: bool):
+    """KV-cache pass. step(layer, x, k, v, layer_index) -> (x, k, v, y); returns (x, k, v, ys
+    stacked on a leading [L] axis; None when every y is None).
+
+    Scanned: k/v_cache are stacked [L, B, S, KV, hd] arrays carried through the scan and updated in
+    place (step writes its layer's slots with dynamic_update_slice at `layer_index`). Unscanned:
+    tuples of per-layer [B, S, KV, hd] arrays (layer_index None); nothing is restacked."""
     if scanned:
         graphdef, state = nnx.split(layers)
         n = jax.tree.leaves(state)[0].shape[0]

@@ -24,8 +24,8 @@ from typing import Any
 from dlc_jax.data.prompts import PromptPipeline, PromptRecord
 from dlc_jax.env.trainer_hook import env_row
 from dlc_jax.errors import UserError
-from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
-from dlc_jax.sampler.types import SamplingParams, mix_seed
+from dlc_jax.sampler.client.retry import RetryPolicy, call_with_retry
+from dlc_jax.sampler.wire.types import SamplingParams, mix_seed
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import BatchAssembler
 from dlc_jax.trainer.rollouts import RolloutFeeder
@@ -75,6 +75,7 @@ class BatchInFlight:
     dropped: set[int] = dataclasses.field(default_factory=set)
 
 
+@dataclasses.dataclass(eq=False)
 class BatchCollector:
     """Opens, requests and collects the trainer's batches.
 
@@ -85,35 +86,23 @@ class BatchCollector:
     (``dropped_invalid`` is counted here); rows: the batch-row sharding of a multi-host run (None:
     one process); env: the `dlc_jax.env.EnvSampler` of ``env.fn`` (None: single-turn)."""
 
-    def __init__(
-        self,
-        cfg: Any,
-        *,
-        data: PromptPipeline,
-        link: SamplerLink,
-        state: TrainState,
-        recover: Callable[[BaseException], None],
-        counters: dict[str, int],
-        eos_id: int,
-        rows: Any = None,
-        multi: bool = False,
-        allows_prefetch: bool = True,
-        env: Any = None,
-    ):
-        self.cfg = cfg
-        self.data = data
-        self.link = link
-        self.state = state
-        self.recover = recover
-        self.counters = counters
-        self.eos_id = eos_id
-        self.rows = rows
-        self.multi = multi
-        self.allows_prefetch = allows_prefetch
+    cfg: Any
+    _: dataclasses.KW_ONLY
+    data: PromptPipeline
+    link: SamplerLink
+    state: TrainState
+    recover: Callable[[BaseException], None]
+    counters: dict[str, int]
+    eos_id: int
+    rows: Any = None
+    multi: bool = False
+    allows_prefetch: bool = True
+    env: Any = None  # env.fn: an `EnvSampler` in front of the sampler runs each cell as an episode
+
+    def __post_init__(self) -> None:
+        cfg, env = self.cfg, self.env
         max_staleness = 10**9 if cfg.resync.policy == "never" else cfg.async_.max_staleness
         self.assembler = BatchAssembler(cfg.sampler.n, max_staleness)
-        # env.fn: an `EnvSampler` in front of the sampler runs each cell as an episode
-        self.env = env
         self.feeder = RolloutFeeder(
             self.assembler,
             (lambda: env) if env is not None else (lambda: self.link.client),

@@ -18,7 +18,7 @@ from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.errors import require_dir
-from dlc_jax.sampler.protocol import Sampler
+from dlc_jax.sampler.client.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.compile_cache import enable_compile_cache
 from dlc_jax.trainer.config import TrainConfig

@@ -116,14 +116,14 @@ class SamplerSection:
     backend: 'vllm' | 'jax' | 'inprocess' (the JAX backend inside the trainer's process: no server,
     no subprocess; for debugging a config on one machine). address: 'host:port' of a running
     sampler ('' = spawn one on loopback), or several comma-separated ('h1:p,h2:p') driven as one
-    ``dlc_jax.sampler.pool.SamplerPool``. token_file: the file holding the bearer token ('' =
+    ``dlc_jax.sampler.client.pool.SamplerPool``. token_file: the file holding the bearer token ('' =
     none). tls_root_cert: PEM of the CA that signed the samplers' certificates ('' = plaintext);
     tls_server_name: an override of the TLS target name. n: the group size G. head_k: the size of
     the sampler's top-k head reported per token (0 = none, no centering term). push_transport: how
     weight pushes carry the bytes: 'auto' (the sampler's raw socket data plane when it offers one,
     as a spawned loopback sampler does, else gRPC), 'grpc' or 'socket'. push_relay: with several
     samplers, 'off' (a copy to each from the trainer), 'chain' / 'tree' / 'auto' (one copy from
-    the trainer, forwarded between samplers; ``dlc_jax.sampler.relay``).
+    the trainer, forwarded between samplers; ``dlc_jax.sampler.push.relay``).
     """
 
     backend: Literal["vllm", "jax", "inprocess"] = "vllm"

@@ -46,8 +46,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from dlc_jax.sampler.protocol import Sampler
-from dlc_jax.sampler.types import PushResult
+from dlc_jax.sampler.client.protocol import Sampler
+from dlc_jax.sampler.wire.types import PushResult
 
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
@@ -180,7 +180,7 @@ def leader_json(value: Any) -> Any:
 def leader_push_targets(pool) -> list[int]:
     """The indices of ``pool``'s samplers a multi-host push goes to, as process 0 chose them (in
     rotation, plus reachable ones when the pool readmits); raises NoActiveSamplerError if none."""
-    from dlc_jax.sampler.rotation import NoActiveSamplerError
+    from dlc_jax.sampler.client.rotation import NoActiveSamplerError
 
     mine = sorted(pool._push_targets()) if jax.process_index() == 0 else []
     targets = [int(i) for i in leader_json(mine)]
@@ -328,8 +328,11 @@ def push_weights(
         return sampler.push_model(
             model, version, dtype=dtype, chunk_bytes=chunk_bytes, transport=transport
         )
+    from dlc_jax.sampler.client.pool import SamplerPool
+
     from .shard_push import push_shards
 
+    targets = leader_push_targets(sampler) if isinstance(sampler, SamplerPool) else [0]
     return push_shards(
         sampler,
         model,
@@ -338,4 +341,5 @@ def push_weights(
         chunk_bytes=chunk_bytes,
         transport=transport,
         relay=relay,
+        targets=targets,
     )

@@ -21,7 +21,7 @@ import numpy as np
 from dlc_jax.data.prompts import DataConfig, load_data
 from dlc_jax.data.tokenize import count_prompt_tokens, encode_prompt
 from dlc_jax.env.evaluate import make_env_evaluator
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.wire.types import SamplingParams
 
 logger = logging.getLogger(__name__)
 

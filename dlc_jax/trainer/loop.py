@@ -7,7 +7,7 @@ then the resync policy; a resync pushes theta_t to the sampler and snapshots it 
 the step its hooks run at their intervals (`hooks.py`): evaluation, the metrics row, checkpoints.
 
 `Trainer` is built from parts passed to its constructor: the sampler (any
-`dlc_jax.sampler.protocol.Sampler`, e.g. the in-process one, or a `SamplerLink` that spawns /
+`dlc_jax.sampler.client.protocol.Sampler`, e.g. the in-process one, or a `SamplerLink` that spawns /
 connects / reconnects), the rewards, the prompt stream and the model directory;
 `build.build_trainer` does the wiring of a run from its config (SFT warm-up, reward workers,
 spawn / connect). The parts it makes itself, one job each: `BatchCollector` (`batch_requests.py`:
@@ -15,9 +15,9 @@ the batches in flight, their rollout streams and refusals), `RunCheckpoints` and
 (`run_lifecycle.py`), `StepInputs` (`step_inputs.py`: score, pack, theta_s forwards), the model,
 optimizer and jitted step (`train_setup.py`, `step.py`), `Resyncer` (`weight_resync.py`: push,
 snapshot, prune) and the Ctrl-C latch (`interrupt.py`).
-``sampler.address`` = "h1:p,h2:p" drives a :class:`~dlc_jax.sampler.pool.SamplerPool`: a failed
-sampler leaves rotation inside the pool and training goes on with the others (``pool/*`` metrics).
-
+``sampler.address`` = "h1:p,h2:p" drives a :class:`~dlc_jax.sampler.client.pool.SamplerPool`: a
+failed sampler leaves rotation inside the pool and training goes on with the others (``pool/*``
+metrics).
 Multi-host (``jax.distributed`` initialized by the CLI first): every process builds the same prompt
 stream, requests only its own slots (``local_slots``: the rows on its devices), scores and packs
 them, and the global batch is assembled with ``global_batch``. Everything that decides control flow
@@ -45,7 +45,7 @@ from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.env.trainer_hook import make_env_sampler
 from dlc_jax.errors import UserError
-from dlc_jax.sampler.protocol import Sampler
+from dlc_jax.sampler.client.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
 from dlc_jax.trainer.config import TrainConfig

@@ -36,8 +36,8 @@ import jax
 
 from dlc_jax.lora.config import LoraConfig
 from dlc_jax.lora.push import AdapterPusher, AdapterPushError, choose_push, push_one
-from dlc_jax.sampler.safetensors_io import NP_DTYPES
-from dlc_jax.sampler.types import PushResult
+from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
+from dlc_jax.sampler.wire.types import PushResult
 from dlc_jax.trainer.distributed import leader_bool, leader_json, leader_push_targets
 
 logger = logging.getLogger(__name__)
@@ -59,9 +59,9 @@ class MultiHostAdapterPusher(AdapterPusher):
     """`AdapterPusher` of a multi-host run (module docstring); `push` is a collective."""
 
     def push(self, sampler: Any, model, version: int, *, dtype: str = "float32") -> PushResult:
-        from dlc_jax.sampler.client import SamplerClient
-        from dlc_jax.sampler.fanout import run_each
-        from dlc_jax.sampler.pool import SamplerPool
+        from dlc_jax.sampler.client.client import SamplerClient
+        from dlc_jax.sampler.client.fanout import run_each
+        from dlc_jax.sampler.client.pool import SamplerPool
 
         pool = sampler if isinstance(sampler, SamplerPool) else None
         if pool is None and not isinstance(sampler, SamplerClient):

@@ -138,7 +138,7 @@ def _invalid_argument(e: BaseException) -> bool:
     (`RequestError`): the request, not the sampler, is at fault."""
     import grpc
 
-    from dlc_jax.sampler.request_checks import RequestError
+    from dlc_jax.sampler.service.request_checks import RequestError
 
     if isinstance(e, RequestError):
         return True

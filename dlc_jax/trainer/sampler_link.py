@@ -1,14 +1,14 @@
 """The trainer's link to its sampler(s): spawn or connect, reconnect, push weights, watch rotation.
 
-`SamplerLink.client` is a `dlc_jax.sampler.protocol.Sampler`: a `SamplerClient` for one
+`SamplerLink.client` is a `dlc_jax.sampler.client.protocol.Sampler`: a `SamplerClient` for one
 `sampler.address`, a `SamplerPool` for several ("h1:p,h2:p"), the client of a sampler this
 process spawned on loopback (no address; it serves the model directory as version 0 until the
 trainer pushes, and is respawned on a reconnect), an `InProcessSampler` (``sampler.backend=
 inprocess``: no process, made again on a reconnect), or a `Sampler` handed in by the caller
 (``sampler=``: used as it is, never closed or replaced here).
 
-Retries follow `dlc_jax.sampler.retry`: the client retries UNAVAILABLE itself (`sampler.retries`,
-`retry_backoff_s`, `retry_max_backoff_s`); on top, a push that
+Retries follow `dlc_jax.sampler.client.retry`: the client retries UNAVAILABLE itself
+(`sampler.retries`, `retry_backoff_s`, `retry_max_backoff_s`); on top, a push that
 still fails is retried after a reconnect (`push_retrying`), and a reconnect polls until
 `sampler.reconnect_timeout_s`. A multi-host run never reconnects on its own: a failure is seen
 by one process only, while a reconnect + push must be collective (`SamplerUnavailable` tells the
@@ -31,10 +31,10 @@ from typing import Any
 import grpc
 
 from dlc_jax.errors import UserError, one_line
-from dlc_jax.sampler.process import SamplerProcess
-from dlc_jax.sampler.protocol import Sampler
-from dlc_jax.sampler.retry import RetryPolicy, call_with_retry
-from dlc_jax.sampler.types import PushResult
+from dlc_jax.sampler.client.protocol import Sampler
+from dlc_jax.sampler.client.retry import RetryPolicy, call_with_retry
+from dlc_jax.sampler.service.process import SamplerProcess
+from dlc_jax.sampler.wire.types import PushResult
 from dlc_jax.trainer import distributed as dist
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class SamplerLink:
         """Connect to ``sampler.address`` or (re)spawn a loopback sampler. The first connection to
         an address waits at most ``sampler.connect_timeout_s`` and fails in one line
         (SamplerUnavailable); later ones (reconnects) wait up to ``reconnect_timeout_s``."""
-        from dlc_jax.sampler.pool import connect_samplers
+        from dlc_jax.sampler.client.pool import connect_samplers
 
         s = self.cfg
         if self._given is not None:
@@ -174,7 +174,7 @@ class SamplerLink:
     def _spawn(self) -> None:
         s = self.cfg
         if s.backend == "inprocess":  # the JAX backend in this process: nothing to spawn
-            from dlc_jax.sampler.inprocess import InProcessSampler
+            from dlc_jax.sampler.client.inprocess import InProcessSampler
 
             self._client = InProcessSampler.from_section(s, self.model_dir)
             logger.info("sampler: jax backend in process (%s)", self.model_dir)
@@ -262,7 +262,7 @@ class SamplerLink:
         readmitted by a push)."""
         if self.multi:
             return None
-        from dlc_jax.sampler.inprocess import SamplerClosed
+        from dlc_jax.sampler.client.inprocess import SamplerClosed
 
         try:
             v = self.client.info()["version"]

@@ -10,21 +10,21 @@ ever gathered. A process's bytes out are its devices' share of the model (replic
 norms, come from the process holding their replica 0).
 
 The push (`push_shards`), a collective: every process streams its slices as one part of a push
-group (`dlc_jax.sampler.slice_stream`) to every in-rotation sampler, concurrently (one pass over its
-slices, `fanout.fan_out`); the part outcomes are all-gathered; process 0 then commits the group on
-the samplers where every part was accepted (the sampler applies it only if all parts arrived and
-every tensor's slices tile it exactly, `dlc_jax.sampler.sliced_push`) and broadcasts the outcome,
-so every process returns the same result and a pool settles the same rotation everywhere. Parts go
-as gRPC chunks or over the socket data plane (`transport`: "socket", or "auto" where the sampler
-offers a data port and the channel is plaintext; each process opens its own data connection per
-sampler and chooses its plane itself). The target samplers are process 0's choice (a pool's
+group (`dlc_jax.sampler.push.slice_stream`) to every in-rotation sampler, concurrently (one pass
+over its slices, `fanout.fan_out`); the part outcomes are all-gathered; process 0 then commits the
+group on the samplers where every part was accepted (the sampler applies it only if all parts
+arrived and every tensor's slices tile it exactly, `dlc_jax.sampler.push.sliced`) and broadcasts the
+outcome, so every process returns the same result and a pool settles the same rotation everywhere.
+Parts go as gRPC chunks or over the socket data plane (`transport`: "socket", or "auto" where the
+sampler offers a data port and the channel is plaintext; each process opens its own data connection
+per sampler and chooses its plane itself). The target samplers are process 0's choice (a pool's
 rotation, plus reachable out-of-rotation samplers when it readmits).
 
 Relay (`relay`, a pool's `sampler.push_relay`; `_relayed`): with several targets every process sends
 its part to the first one only, with `relay_to` = the others; that sampler assembles the group and
-forwards each tensor along them as it completes (`dlc_jax.sampler.relay`), and they commit with the
-group. Process 0 reads the outcomes from the group commit's answer, probes the samplers missing from
-it (one already at the version is kept) and broadcasts them; the rest get a direct round (every
+forwards each tensor along them as it completes (`dlc_jax.sampler.push.relay`), and they commit with
+the group. Process 0 reads the outcomes from the group commit's answer, probes the samplers missing
+from it (one already at the version is kept) and broadcasts them; the rest get a direct round (every
 process sends its part to each of them). Trainer egress summed over processes: one model, whatever
 the number of samplers.
 """
@@ -41,14 +41,14 @@ import grpc
 import jax
 import numpy as np
 
-from dlc_jax.sampler.fanout import fan_out, run_each
-from dlc_jax.sampler.pool import RELAY_MODES, SamplerPool
-from dlc_jax.sampler.pool_relay import fanout_of
-from dlc_jax.sampler.retry import NO_RETRY
-from dlc_jax.sampler.safetensors_io import NP_DTYPES
-from dlc_jax.sampler.slice_stream import Slice, commit_messages, part_messages
-from dlc_jax.sampler.types import PushResult
-from dlc_jax.trainer.distributed import leader_push_targets
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.client.fanout import fan_out, run_each
+from dlc_jax.sampler.client.pool import RELAY_MODES, SamplerPool
+from dlc_jax.sampler.client.pool_relay import fanout_of
+from dlc_jax.sampler.client.retry import NO_RETRY
+from dlc_jax.sampler.push.slice_stream import Slice, commit_messages, part_messages
+from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
+from dlc_jax.sampler.wire.types import PushResult
 
 
 def _box(index: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
@@ -80,18 +80,21 @@ def push_shards(
     chunk_bytes: int = 16 << 20,
     transport: str = "grpc",
     relay: str | None = None,
+    targets: list[int],
 ) -> PushResult:
     """Push `model` as weight `version` from every process's own shards (module docstring).
-    Collective. `sampler`: a SamplerClient or SamplerPool; `transport`: "grpc", "socket" or
-    "auto" (decided per sampler); `relay`: "off", "chain", "tree" or "auto" (None: the pool's
-    `relay`). The result's `egress_bytes`: tensor bytes this process sent (all samplers
-    together); its `transport`: the plane(s) this process's parts used."""
+    Collective. `sampler`: a SamplerClient or SamplerPool; `targets`: the indices of the pool's
+    samplers to push to, the same on every process (`distributed.leader_push_targets`; [0] for a
+    client); `transport`: "grpc", "socket" or "auto" (decided per sampler); `relay`: "off",
+    "chain", "tree" or "auto" (None: the pool's `relay`). The result's `egress_bytes`: tensor
+    bytes this process sent (all samplers together); its `transport`: the plane(s) this
+    process's parts used."""
     from jax.experimental import multihost_utils
 
     if transport not in ("grpc", "socket", "auto"):
         raise ValueError(f"push transport must be 'grpc', 'socket' or 'auto', got {transport!r}")
     pool = sampler if isinstance(sampler, SamplerPool) else None
-    if pool is None and not hasattr(sampler, "push_messages"):
+    if pool is None and not isinstance(sampler, SamplerClient):
         raise TypeError(
             f"sampler.backend: a multi-host push needs gRPC samplers, not {type(sampler).__name__}"
         )
@@ -99,7 +102,6 @@ def push_shards(
     if relay not in RELAY_MODES:
         raise ValueError(f"push relay must be one of {RELAY_MODES}, got {relay!r}")
     clients = list(pool.clients) if pool is not None else [sampler]
-    targets = leader_push_targets(pool) if pool is not None else [0]
     gid = np.asarray(secrets.randbits(62), np.int64)
     group = f"{int(np.asarray(multihost_utils.broadcast_one_to_all(gid))):016x}-v{version}"
     rounds = _Rounds(clients, model, version, dtype, chunk_bytes, transport)

@@ -13,6 +13,7 @@ batch statistics.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -23,7 +24,7 @@ from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.env.runner import episode_stats
 from dlc_jax.model.routing import routed_batch
 from dlc_jax.rl import group_advantages
-from dlc_jax.sampler.types import Rollout
+from dlc_jax.sampler.wire.types import Rollout
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import step_arrays
 from dlc_jax.trainer.state import TrainState
@@ -80,28 +81,22 @@ def filler_rollouts(slot: int, group_size: int, pad_id: int, head_k: int) -> lis
     ]
 
 
+@dataclasses.dataclass(eq=False)
 class StepInputs:
     """cfg: the TrainConfig; tokenizer / eos_id: to decode responses and pad; mesh / rows: the
     training mesh and its batch-row sharding (None on one device); snapshot_lp: the jitted theta_s
     forward (`make_snapshot_logprobs`); rewards: the `RewardRunner` that scores responses."""
 
-    def __init__(
-        self,
-        cfg: Any,
-        tokenizer: Any,
-        eos_id: int,
-        mesh: Any,
-        rows: Any,
-        snapshot_lp: Any,
-        rewards: RewardRunner,
-    ):
-        self.cfg = cfg
-        self.rewards = rewards
-        self.tokenizer = tokenizer
-        self.eos_id = eos_id
-        self.mesh = mesh
-        self.rows = rows
-        self.snapshot_lp = snapshot_lp
+    cfg: Any
+    tokenizer: Any
+    eos_id: int
+    mesh: Any
+    rows: Any
+    snapshot_lp: Any
+    rewards: RewardRunner
+
+    def __post_init__(self) -> None:
+        cfg = self.cfg
         self.multi = jax.process_count() > 1
         if self.multi and cfg.train.pack:
             raise ValueError(

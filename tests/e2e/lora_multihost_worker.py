@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from dlc_jax.lora import LoraConfig, LoraParam, apply_lora
     from dlc_jax.lora.export import save_peft
     from dlc_jax.model import MeshConfig, load_hf, make_mesh
-    from dlc_jax.sampler.client import SamplerClient
+    from dlc_jax.sampler.client.client import SamplerClient
     from dlc_jax.trainer import distributed as dist
     from dlc_jax.trainer.config_sections import DistributedSection
     from dlc_jax.trainer.lora_push import adapter_pusher

@@ -21,9 +21,9 @@ import pytest
 from model_helpers import MULTIHOST_DIMS
 from xla_env import xla_flags
 
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire.types import SamplingParams
 
 TOL = 1e-4  # today's fp32 parity of a full push (tests/e2e/test_multihost_push.py)
 PROMPTS = [[11, 12, 13, 14], [200, 201, 202]]
@@ -76,9 +76,9 @@ def _launch(address: str, model_dir: str, out: pathlib.Path, processes: int = 2)
 def test_two_processes_push_one_adapter(tiny_dir, tmp_path):
     from sampler_reference import load_hf_reference, processed_logprobs
 
-    from dlc_jax.sampler.adapter_push import merged_tensors
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.push.adapter import merged_tensors
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
     backend = make_backend("jax", BackendConfig(model_dir=tiny_dir, max_model_len=64))
     srv = ServerThread(backend, ServerConfig(staging_root=str(tmp_path / "stage"))).start()

@@ -15,9 +15,9 @@ import pytest
 from model_helpers import MULTIHOST_DIMS
 
 from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire.types import SamplingParams
 
 
 class RecordingBackend(TransportOnlyBackend):
@@ -44,7 +44,7 @@ def test_two_processes_push_their_own_shards(tiny_dir, tmp_path):
 
     from dlc_jax.bench.weight_sync_multihost import launch
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
     backend = make_backend("jax", BackendConfig(model_dir=tiny_dir, max_model_len=64))
     cfg = ServerConfig(staging_root=str(tmp_path / "stage"), data_port=0)

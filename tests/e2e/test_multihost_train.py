@@ -106,7 +106,7 @@ def tiny_dir(make_tiny_dir):
 def sampler_sets(tiny_dir, tmp_path_factory):
     """Two pairs of fresh samplers (each run needs samplers at version 0 serving the model
     directory)."""
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     d = tmp_path_factory.mktemp("mh_samplers")
     procs = []

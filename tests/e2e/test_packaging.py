@@ -50,7 +50,7 @@ def test_wheel_install_runs_print_config_from_the_package(tmp_path):
     assert {
         "dlc_jax/configs/tiny_cpu.yaml",
         "dlc_jax/configs/qwen3_0p6b_gsm8k.yaml",
-        "dlc_jax/sampler/sampler.proto",
+        "dlc_jax/sampler/wire/sampler.proto",
     } <= names
 
     # a fresh venv: the package only from the wheel; its dependencies visible through a plain path

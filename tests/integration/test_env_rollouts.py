@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dlc_jax.env import ChatDelta, EnvConfig, EnvSampler
-from dlc_jax.sampler.types import Rollout, SamplingParams
+from dlc_jax.sampler.wire.types import Rollout, SamplingParams
 
 
 class Chatter:
@@ -98,8 +98,8 @@ def _tapped_episodes(backend_name: str, model_dir: str, tok, n: int):
     """``n`` Chatter episodes of the tiny model through a sampler service of ``backend_name`` on
     loopback, every turn tapped: (rollouts, tap, runner totals, seconds)."""
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from dlc_jax.sampler.client import SamplerClient
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.client.client import SamplerClient
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
     backend = make_backend(
         backend_name, BackendConfig(model_dir=model_dir, max_model_len=256, max_head_k=4, max_n=1)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlc_jax.rl import LossConfig
-from dlc_jax.sampler.types import Rollout
+from dlc_jax.sampler.wire.types import Rollout
 from dlc_jax.trainer.batching import pack_rollouts
 from dlc_jax.trainer.config import OptimSection, load_config
 from dlc_jax.trainer.state import TrainState, make_optimizer

@@ -76,7 +76,7 @@ def test_export_fp32_roundtrips_tensors_and_transformers_logits(checkpoint, tiny
     from transformers import AutoModelForCausalLM
 
     from dlc_jax.model import iter_hf_tensors
-    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.wire import safetensors_io as st
     from dlc_jax.trainer.export_cli import cli
 
     ckpt, models = checkpoint
@@ -105,7 +105,7 @@ def test_export_latest_bf16_with_model_dir_from_checkpoint_config(checkpoint, tm
     import ml_dtypes
 
     from dlc_jax.model import iter_hf_tensors
-    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.wire import safetensors_io as st
     from dlc_jax.trainer.export_cli import cli
 
     ckpt, models = checkpoint

@@ -14,9 +14,7 @@ from dlc_jax.lora.push import adapter_messages, adapter_tensors, hf_base_fingerp
 from dlc_jax.model.config import Qwen3Config
 from dlc_jax.model.hf_io import hf_param_shapes, iter_hf_tensors
 from dlc_jax.model.qwen3 import Qwen3ForCausalLM
-from dlc_jax.sampler import chunk_wire
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler.adapter_push import (
+from dlc_jax.sampler.push.adapter import (
     AdapterMeta,
     AdapterStager,
     adapter_specs,
@@ -25,8 +23,10 @@ from dlc_jax.sampler.adapter_push import (
     read_adapter,
     write_peft_dir,
 )
-from dlc_jax.sampler.weight_checks import PushError
-from dlc_jax.sampler.weight_stream import weight_messages
+from dlc_jax.sampler.push.weight_checks import PushError
+from dlc_jax.sampler.push.weight_stream import weight_messages
+from dlc_jax.sampler.wire import chunk_wire
+from dlc_jax.sampler.wire import safetensors_io as st
 from dlc_jax.trainer.lora_push import adapter_pusher
 
 DIMS = LORA_DIMS
@@ -201,7 +201,7 @@ def test_inprocess_sampler_serves_pushed_adapter_as_the_merged_model(tmp_path):
     factor is refused and changes nothing."""
     from dlc_jax.model.hf_io import save_hf
     from dlc_jax.sampler.backends.base import BackendConfig
-    from dlc_jax.sampler.inprocess import InProcessSampler
+    from dlc_jax.sampler.client.inprocess import InProcessSampler
 
     m = Qwen3ForCausalLM(Qwen3Config(**DIMS), rngs=nnx.Rngs(0))
     base_dir = save_hf(m, tmp_path / "base")
@@ -241,7 +241,7 @@ def test_hostile_adapter_pushes_are_refused_with_nothing_staged(tmp_path):
     """Issue 33 item 5: rank 0, a huge rank, a target the base lacks, NaN factors, mismatched
     A/B pairs, another model's base and a payload cut mid-stream are each refused (PushError
     before any commit) and leave nothing staged; the in-memory path refuses the same."""
-    from dlc_jax.sampler.adapter_push import check_adapter
+    from dlc_jax.sampler.push.adapter import check_adapter
 
     m = _adapted()
     tensors = adapter_tensors(m)

@@ -70,7 +70,7 @@ def _check_adapter_pushes(client, tiny_dir, name):
     from dlc_jax.lora import LoraConfig, merged_model
     from dlc_jax.lora.push import AdapterPusher, adapter_tensors
     from dlc_jax.model import load_hf
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     p = SamplingParams(n=2, max_tokens=10, temperature=0.7, top_p=0.95, top_k=0, head_k=5, seed=7)
     pusher = AdapterPusher(LoraConfig(rank=RANK, alpha=ALPHA, push="adapter"))
@@ -104,7 +104,7 @@ def _check_adapter_pushes(client, tiny_dir, name):
 
 def test_jax_sampler_serves_pushed_adapter_as_the_merged_model(tiny_dir):
     from dlc_jax.lora import merged_model
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     proc = SamplerProcess("jax", str(tiny_dir), extra_args=["--max-model-len", "128"]).start()
     try:
@@ -124,7 +124,7 @@ def test_jax_sampler_serves_pushed_adapter_as_the_merged_model(tiny_dir):
 @pytest.mark.vllm
 def test_vllm_sampler_serves_pushed_adapter_as_the_merged_model(make_tiny_dir, tmp_path):
     pytest.importorskip("vllm")
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     tiny_dir = make_tiny_dir()  # head_dim 32: vLLM-CPU's attention refuses 16
 

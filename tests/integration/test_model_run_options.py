@@ -82,7 +82,7 @@ def test_export_reads_a_scanned_run_in_its_layout(model_dir, tmp_path):
     """A run with model.scan_layers=true on a model the default would loop (3 layers) exports:
     the exporter builds the model in the checkpoint's layout, named by its stored config."""
     from dlc_jax.model import iter_hf_tensors
-    from dlc_jax.sampler import safetensors_io as st
+    from dlc_jax.sampler.wire import safetensors_io as st
     from dlc_jax.trainer.checkpoint import Checkpointer, save_train_state
     from dlc_jax.trainer.config import to_dict
     from dlc_jax.trainer.export_cli import export_checkpoint

@@ -10,7 +10,7 @@ from moe_helpers import MOE_UNIFORM, make_random_moe_dir
 from dlc_jax.model import load_hf
 from dlc_jax.model.routing import MoeSection, routed_batch, routing_mismatch
 from dlc_jax.rl import LossConfig
-from dlc_jax.sampler.types import Rollout
+from dlc_jax.sampler.wire.types import Rollout
 from dlc_jax.trainer.batching import pack_by_tokens, pack_rollouts
 from dlc_jax.trainer.config import OptimSection
 from dlc_jax.trainer.state import TrainState, make_optimizer

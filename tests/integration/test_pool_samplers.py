@@ -13,12 +13,17 @@ import numpy as np
 import pytest
 from xla_env import xla_flags
 
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.pool import NoActiveSamplerError, SamplerPool, connect_samplers, slot_seed
-from dlc_jax.sampler.protocol import Sampler
-from dlc_jax.sampler.retry import RetryPolicy
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.client.pool import (
+    NoActiveSamplerError,
+    SamplerPool,
+    connect_samplers,
+    slot_seed,
+)
+from dlc_jax.sampler.client.protocol import Sampler
+from dlc_jax.sampler.client.retry import RetryPolicy
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire.types import SamplingParams
 
 PARAMS = SamplingParams(n=2, max_tokens=4, temperature=1.0, head_k=2, seed=7)
 PROMPTS = {s: [3 + s, 17, 40 + 2 * s] for s in range(6)}
@@ -32,7 +37,7 @@ def tiny_dir(make_tiny_dir):
 @pytest.fixture(scope="module")
 def servers(tiny_dir):
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
     srvs = [
         ServerThread(
@@ -171,7 +176,7 @@ def test_streamed_push_reads_each_tensor_once(servers, base_weights, tiny_dir):
 def test_killed_sampler_leaves_rotation_and_training_continues(
     servers, base_weights, tiny_dir, tmp_path
 ):
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     a0 = servers[0].address
     proc = SamplerProcess(

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.pool import SamplerPool
-from dlc_jax.sampler.server import ServerConfig, ServerThread
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.client.pool import SamplerPool
+from dlc_jax.sampler.service.server import ServerConfig, ServerThread
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire import sampler_pb2 as pb
 
 
 class RecordingBackend(TransportOnlyBackend):

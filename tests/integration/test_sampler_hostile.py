@@ -22,10 +22,10 @@ import grpc
 import numpy as np
 import pytest
 
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire import sampler_pb2 as pb
+from dlc_jax.sampler.wire.types import SamplingParams
 
 IDLE_S = 1.0
 MAX_PUSH_S = 4.0
@@ -54,7 +54,7 @@ def base_weights(tiny_dir):
 def served(tiny_dir, tmp_path_factory):
     """(ServerThread, SamplerClient, load_root, staging_root): JAX backend, short push limits."""
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
     load_root = tmp_path_factory.mktemp("load_root")
     staging = tmp_path_factory.mktemp("staging")
@@ -212,7 +212,7 @@ def test_staged_size_checked_against_free_space_before_writing(served, base_weig
         and "not enough space to stage" in res.message
     ), res
     assert _staging_dirs(staging) == before  # nothing was written
-    from dlc_jax.sampler.weight_checks import max_push_bytes
+    from dlc_jax.sampler.push.weight_checks import max_push_bytes
 
     exp = srv.server.backend.expected_tensors()
     assert max_push_bytes(exp) == sum(4 * int(np.prod(s)) for s, _ in exp.values())
@@ -430,7 +430,7 @@ def test_safetensors_reads_are_bounded(tmp_path, base_weights):
 
 
 def test_finite_check_across_piece_boundaries():
-    from dlc_jax.sampler.weight_checks import FiniteCheck
+    from dlc_jax.sampler.push.weight_checks import FiniteCheck
 
     for dtype, np_dt in (
         ("float32", np.float32),
@@ -458,8 +458,8 @@ def _dead_pid() -> int:
 
 def test_stale_staging_of_dead_samplers_removed_at_start(tiny_dir, tmp_path):
     from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-    from dlc_jax.sampler.server import SamplerServer, ServerConfig
-    from dlc_jax.sampler.staging_dirs import STAGING_PREFIX
+    from dlc_jax.sampler.push.staging_dirs import STAGING_PREFIX
+    from dlc_jax.sampler.service.server import SamplerServer, ServerConfig
 
     root = tmp_path / "staging"
     root.mkdir()
@@ -484,7 +484,7 @@ def test_stale_staging_of_dead_samplers_removed_at_start(tiny_dir, tmp_path):
 
 
 def test_killed_sampler_process_leaves_no_staging(tiny_dir, base_weights, tmp_path):
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     root = tmp_path / "staging"
     proc = SamplerProcess(
@@ -512,7 +512,7 @@ def test_info_to_a_dead_address_is_one_line():
         [
             sys.executable,
             "-m",
-            "dlc_jax.sampler.cli",
+            "dlc_jax.sampler.service.cli",
             "info",
             "--address",
             f"127.0.0.1:{port}",

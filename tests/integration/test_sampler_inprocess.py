@@ -9,15 +9,15 @@ import asyncio
 import numpy as np
 import pytest
 
-from dlc_jax.sampler.protocol import Sampler
-from dlc_jax.sampler.request_checks import RequestError
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.client.protocol import Sampler
+from dlc_jax.sampler.service.request_checks import RequestError
+from dlc_jax.sampler.wire.types import SamplingParams
 
 
 @pytest.fixture(scope="module")
 def sampler(tiny_dir):
     from dlc_jax.sampler.backends import BackendConfig
-    from dlc_jax.sampler.inprocess import InProcessSampler
+    from dlc_jax.sampler.client.inprocess import InProcessSampler
 
     s = InProcessSampler(BackendConfig(model_dir=str(tiny_dir), max_model_len=64, max_head_k=4))
     yield s
@@ -67,7 +67,7 @@ def test_push_model_serves_the_new_version(tiny_dir):
 
     from dlc_jax.model import load_hf
     from dlc_jax.sampler.backends import BackendConfig
-    from dlc_jax.sampler.inprocess import InProcessSampler
+    from dlc_jax.sampler.client.inprocess import InProcessSampler
 
     s = InProcessSampler(BackendConfig(model_dir=str(tiny_dir), max_model_len=64, max_head_k=4))
     model = load_hf(str(tiny_dir))

@@ -4,7 +4,7 @@ backends compiled, so integration tier."""
 
 import numpy as np
 
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.wire.types import SamplingParams
 
 
 def test_jax_backend_numerics_knobs_create_a_controlled_discrepancy(tmp_path):

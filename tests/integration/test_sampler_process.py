@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from test_sampler_service import BACKENDS, tiny_dir  # noqa: F401  (session fixture)
 
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.process import SamplerProcess
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.service.process import SamplerProcess
+from dlc_jax.sampler.wire.types import SamplingParams
 
 
 def _self_signed(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from moe_helpers import MOE_UNIFORM, make_random_moe_dir
 
-from dlc_jax.sampler.types import Rollout, SamplingParams
+from dlc_jax.sampler.wire.types import Rollout, SamplingParams
 
 
 def _rollout(p: int, t: int, routed):

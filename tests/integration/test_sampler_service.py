@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from sampler_reference import load_hf_reference, processed_logprobs
 
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire import sampler_pb2 as pb
+from dlc_jax.sampler.wire.types import SamplingParams
 
 TOL = 1e-4
 PROMPTS = [[11, 12, 13, 14], [200, 201, 202], [5, 900, 77, 31, 64]]
@@ -56,7 +56,7 @@ def tiny_dir(make_tiny_dir):
 def served(request, tiny_dir, tmp_path_factory):
     """(ServerThread, SamplerClient, backend name) on a fresh server per backend."""
     from dlc_jax.sampler.backends import BackendConfig, make_backend
-    from dlc_jax.sampler.server import ServerConfig, ServerThread
+    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
     backend = make_backend(
         request.param, BackendConfig(model_dir=tiny_dir, max_model_len=320, max_head_k=8, max_n=8)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.server import ServerConfig, ServerThread
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.service.server import ServerConfig, ServerThread
+from dlc_jax.sampler.wire import safetensors_io as st
 
 
 class RecordingBackend(TransportOnlyBackend):
@@ -133,7 +133,7 @@ def test_socket_push_token_required(server, tmp_path, monkeypatch):
         assert c.push_weights(_weights(1), 1, transport="socket").ok
         # right token on gRPC but none / a wrong one in the data preamble: the data connection is
         # refused
-        from dlc_jax.sampler import data_plane
+        from dlc_jax.sampler.push import data_plane
 
         for bad in (None, "wrong"):
             monkeypatch.setattr(

@@ -12,11 +12,11 @@ import pytest
 from slice_helpers import SHAPES, slice_weights, two_senders
 
 from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.server import ServerConfig, ServerThread
-from dlc_jax.sampler.slice_stream import commit_messages, part_messages
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.push.slice_stream import commit_messages, part_messages
+from dlc_jax.sampler.service.server import ServerConfig, ServerThread
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire import sampler_pb2 as pb
 
 
 class RecordingBackend(TransportOnlyBackend):

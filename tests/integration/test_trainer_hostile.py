@@ -203,7 +203,7 @@ def test_sampler_limits_and_invalid_requests_are_not_respawned(tiny_dir, tmp_pat
     """A sampler with a shorter max_model_len is refused at connect (one line); a request it
     answers INVALID_ARGUMENT (head_k above its --max-head-k) stops the run in one line at once,
     without the reconnect/respawn cycle (a new sampler would refuse it too)."""
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     port = _free_port()
     args = ["--max-model-len", "32", "--max-head-k", "1"]

@@ -115,7 +115,7 @@ def _free_port():
 
 
 def test_sampler_killed_mid_run_reconnects(tiny_dir, tmp_path, caplog):
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
     from dlc_jax.trainer.build import build_trainer
 
     port = _free_port()

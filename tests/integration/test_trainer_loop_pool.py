@@ -67,7 +67,7 @@ def _rows(tmp_path):
 
 
 def test_one_sampler_killed_training_continues(tiny_dir, tmp_path, caplog):
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
     from dlc_jax.trainer.build import build_trainer
 
     args = ["--max-model-len", "64", "--max-head-k", "4"]

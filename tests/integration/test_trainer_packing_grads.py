@@ -5,7 +5,7 @@ test_trainer_batching.py)."""
 
 import numpy as np
 
-from dlc_jax.sampler.types import Rollout
+from dlc_jax.sampler.wire.types import Rollout
 from dlc_jax.trainer.batching import step_arrays
 
 

@@ -20,12 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 
-# Cycles another change removes (issue 31), each as its set of modules. A listed cycle that no
-# longer exists fails too, so the list only shrinks.
-KNOWN_CYCLES: list[frozenset[str]] = [
-    frozenset({"dlc_jax.trainer.distributed", "dlc_jax.trainer.shard_push"}),
-]
-
 
 def _components(graph: grimp.ImportGraph) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan, iterative)."""
@@ -101,10 +95,7 @@ def test_dlc_jax_is_the_worktree_graphed(graph):
 
 def test_no_import_cycles_between_files(graph):
     cycles = file_cycles(graph)
-    new = [chain for mods, chain in cycles.items() if mods not in KNOWN_CYCLES]
-    gone = [sorted(m) for m in KNOWN_CYCLES if m not in cycles]
-    assert not new, "import cycles between files:\n  " + "\n  ".join(new)
-    assert not gone, f"no longer cycles: remove them from KNOWN_CYCLES: {gone}"
+    assert not cycles, "import cycles between files:\n  " + "\n  ".join(cycles.values())
 
 
 def test_the_cycle_finder_names_the_chain():

@@ -21,7 +21,7 @@ from dlc_jax.env import (
 )
 from dlc_jax.env.builtin.calculator import Calculator, calc
 from dlc_jax.env.builtin.feedback import Feedback
-from dlc_jax.sampler.types import Rollout, SamplingParams
+from dlc_jax.sampler.wire.types import Rollout, SamplingParams
 from dlc_jax.trainer.batching import pack_by_tokens, pack_rollouts
 
 K = 2

@@ -17,7 +17,7 @@ from dlc_jax.env.demos import NoDemonstrationError, demonstrations
 from dlc_jax.env.evaluate import EnvEvaluator
 from dlc_jax.env.protocol import EnvConfigError, load_env_factory
 from dlc_jax.errors import is_user_error
-from dlc_jax.sampler.types import SamplingParams
+from dlc_jax.sampler.wire.types import SamplingParams
 
 TIMEOUT = 0.5
 GRACE = 5.0  # seconds past env.timeout_s per turn a case may take (CPU load)

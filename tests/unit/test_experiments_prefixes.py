@@ -127,7 +127,7 @@ def test_real_jax_sampler_is_deterministic_per_seed(tokenizer, tiny_dir):
     over gRPC are the sampler service's tests): same seed, same ids."""
     from dlc_jax.experiments.prefixes import client_generate
     from dlc_jax.sampler.backends import BackendConfig
-    from dlc_jax.sampler.inprocess import InProcessSampler
+    from dlc_jax.sampler.client.inprocess import InProcessSampler
 
     c = InProcessSampler(BackendConfig(model_dir=str(tiny_dir), max_model_len=64))
     try:

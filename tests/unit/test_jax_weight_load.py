@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlc_jax.sampler import safetensors_io as st
 from dlc_jax.sampler.backends.jax_weights import JaxWeightLoad
+from dlc_jax.sampler.wire import safetensors_io as st
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import grpc
 import numpy as np
 import pytest
 
-from dlc_jax.sampler import chunk_wire
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.staging import PushError, WeightStager
+from dlc_jax.sampler.push.staging import PushError, WeightStager
+from dlc_jax.sampler.wire import chunk_wire
+from dlc_jax.sampler.wire import sampler_pb2 as pb
 
 EXPECTED = {"a.weight": ((3, 4), "float32"), "b.weight": ((5,), "float32")}
 

@@ -1,6 +1,6 @@
-"""The one retry policy (`dlc_jax.sampler.retry`): attempts, waits, deadline and what is retried, by
-hand-counted calls; and a real gRPC client against a port nobody listens on: the client's policy
-retries UNAVAILABLE, a per-call policy overrides it for that call only."""
+"""The one retry policy (`dlc_jax.sampler.client.retry`): attempts, waits, deadline and what is
+retried, by hand-counted calls; and a real gRPC client against a port nobody listens on: the
+client's policy retries UNAVAILABLE, a per-call policy overrides it for that call only."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import grpc
 import pytest
 
-from dlc_jax.sampler.client import SamplerClient
-from dlc_jax.sampler.retry import NO_RETRY, RetryPolicy, call_with_retry
+from dlc_jax.sampler.client.client import SamplerClient
+from dlc_jax.sampler.client.retry import NO_RETRY, RetryPolicy, call_with_retry
 
 
 class Flaky(Exception):

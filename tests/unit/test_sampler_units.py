@@ -11,11 +11,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.request_checks import RequestError, validate_generate
-from dlc_jax.sampler.staging import PushError, WeightStager
-from dlc_jax.sampler.types import Rollout, SamplingParams, spans_from_versions
+from dlc_jax.sampler.push.staging import PushError, WeightStager
+from dlc_jax.sampler.service.request_checks import RequestError, validate_generate
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire import sampler_pb2 as pb
+from dlc_jax.sampler.wire.types import Rollout, SamplingParams, spans_from_versions
 
 
 def test_sampling_params_and_rollout_roundtrip():
@@ -285,7 +285,7 @@ def test_safetensors_writer_matches_library(tmp_path):
 def test_prefetched_keeps_order_reraises_and_stops_early():
     import threading
 
-    from dlc_jax.sampler.client import prefetched
+    from dlc_jax.sampler.client.client import prefetched
 
     assert list(prefetched(iter(range(50)), depth=2)) == list(range(50))
 
@@ -317,7 +317,7 @@ def test_prefetched_keeps_order_reraises_and_stops_early():
 def test_staging_root_auto_prefers_ram_when_it_has_room(tmp_path):
     import shutil
 
-    from dlc_jax.sampler.staging_dirs import resolve_staging_root
+    from dlc_jax.sampler.push.staging_dirs import resolve_staging_root
 
     free = shutil.disk_usage(tmp_path).free
     assert (

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlc_jax.sampler.sliced_push import SliceTiling
-from dlc_jax.sampler.weight_checks import PushError
+from dlc_jax.sampler.push.sliced import SliceTiling
+from dlc_jax.sampler.push.weight_checks import PushError
 
 
 def _verified(t: SliceTiling, start, stop) -> None:

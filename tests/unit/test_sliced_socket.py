@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from slice_helpers import SHAPES, slice_weights, two_senders
 
-from dlc_jax.sampler import chunk_wire
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.slice_stream import part_messages
-from dlc_jax.sampler.sliced_push import SlicedStager
-from dlc_jax.sampler.weight_checks import PushError
+from dlc_jax.sampler.push.slice_stream import part_messages
+from dlc_jax.sampler.push.sliced import SlicedStager
+from dlc_jax.sampler.push.weight_checks import PushError
+from dlc_jax.sampler.wire import chunk_wire
+from dlc_jax.sampler.wire import sampler_pb2 as pb
 
 
 class RecordingLoad:

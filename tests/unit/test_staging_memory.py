@@ -12,11 +12,11 @@ import grpc
 import numpy as np
 import pytest
 
-from dlc_jax.sampler import chunk_wire
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.staging import WeightStager
-from dlc_jax.sampler.weight_checks import PushError
+from dlc_jax.sampler.push.staging import WeightStager
+from dlc_jax.sampler.push.weight_checks import PushError
+from dlc_jax.sampler.wire import chunk_wire
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire import sampler_pb2 as pb
 
 SHAPES = {"a.weight": (64, 33), "b.weight": (1000,), "c.bias": (7, 5, 3)}
 
@@ -180,7 +180,7 @@ def test_socket_plane_bad_bytes_reject_and_load_nothing_past_them(tmp_path, kind
 
 
 def test_relay_groups_chain_and_tree():
-    from dlc_jax.sampler.relay import relay_groups
+    from dlc_jax.sampler.push.relay import relay_groups
 
     hops = ["a", "b", "c", "d", "e"]
     assert relay_groups(hops, 1) == [hops]  # chain: a forwards to b, ..., d to e

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from step_helpers import fixed_rollout
 
-from dlc_jax.sampler.types import Rollout
+from dlc_jax.sampler.wire.types import Rollout
 from dlc_jax.trainer.batching import (
     BatchAssembler,
     pack_by_tokens,

@@ -46,7 +46,7 @@ def _collector(tiny_dir, tiny_tokenizer, tmp_path, rows, *, max_model_len):
     from dlc_jax.data.prompts import PromptPipeline
     from dlc_jax.model import load_hf
     from dlc_jax.sampler.backends import BackendConfig
-    from dlc_jax.sampler.inprocess import InProcessSampler
+    from dlc_jax.sampler.client.inprocess import InProcessSampler
     from dlc_jax.trainer.batch_requests import BatchCollector
     from dlc_jax.trainer.config import default_config_path, load_config
     from dlc_jax.trainer.sampler_link import SamplerLink

@@ -10,11 +10,11 @@ import grpc
 import numpy as np
 import pytest
 
-from dlc_jax.sampler import safetensors_io as st
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.staging import WeightStager
-from dlc_jax.sampler.warm_staging import WarmStaging
-from dlc_jax.sampler.weight_checks import PushError
+from dlc_jax.sampler.push.staging import WeightStager
+from dlc_jax.sampler.push.warm_staging import WarmStaging
+from dlc_jax.sampler.push.weight_checks import PushError
+from dlc_jax.sampler.wire import safetensors_io as st
+from dlc_jax.sampler.wire import sampler_pb2 as pb
 
 SHAPES = {"a.weight": (64, 33), "b.weight": (1000,)}
 EXPECTED = {n: (s, "float32") for n, s in SHAPES.items()}
@@ -150,7 +150,7 @@ def test_stage_cpu_profile_reports_every_stage():
 def test_relay_forwards_the_verified_checksum_without_recomputing_it():
     """A tensor a relaying sampler verified carries its checksum to the onward push
     (`weight_stream.VerifiedTensor`); a dtype conversion or another algorithm recomputes it."""
-    from dlc_jax.sampler.weight_stream import prepared_tensors, with_checksum
+    from dlc_jax.sampler.push.weight_stream import prepared_tensors, with_checksum
 
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     marked = with_checksum(a, "crc32c", 12345)  # not a's CRC: shows it was not recomputed

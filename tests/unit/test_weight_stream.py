@@ -9,9 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dlc_jax.sampler import chunk_wire
-from dlc_jax.sampler import sampler_pb2 as pb
-from dlc_jax.sampler.weight_stream import weight_messages
+from dlc_jax.sampler.push.weight_stream import weight_messages
+from dlc_jax.sampler.wire import chunk_wire
+from dlc_jax.sampler.wire import sampler_pb2 as pb
 
 
 def _tensors():

@@ -58,7 +58,7 @@ def _adapt(m, apply_lora, LoraConfig, LoraParam, jax, nnx):  # noqa: N803 - the 
 
 def hostile_cases(tensors: list, base: str) -> dict:
     """name -> (tensors, AdapterMeta) of each hostile push (the stream cut is staged apart)."""
-    from dlc_jax.sampler.adapter_push import AdapterMeta
+    from dlc_jax.sampler.push.adapter import AdapterMeta
 
     meta = AdapterMeta(RANK, ALPHA, base)
     nan = [(n, a.copy()) for n, a in tensors]
@@ -81,9 +81,9 @@ def hostile_cases(tensors: list, base: str) -> dict:
 
 def _staged(expected, messages, staging: Path, base: str) -> str:
     """'refused' / 'accepted' / 'crash' of one push stream through a real AdapterStager."""
-    from dlc_jax.sampler import chunk_wire
-    from dlc_jax.sampler.adapter_push import AdapterStager
-    from dlc_jax.sampler.weight_checks import PushError
+    from dlc_jax.sampler.push.adapter import AdapterStager
+    from dlc_jax.sampler.push.weight_checks import PushError
+    from dlc_jax.sampler.wire import chunk_wire
 
     stager = AdapterStager(expected, 0, str(staging), check_base=lambda rank: base)
     try:
@@ -115,15 +115,11 @@ def _staged(expected, messages, staging: Path, base: str) -> str:
 def run(out_dir, repeats: int = 10) -> dict:
     """Run the adapter soak; write ``<out_dir>/adapter_soak.{json,md}``; return the result."""
     from dlc_jax.lora import LoraConfig
-    from dlc_jax.lora.push import (
-        adapter_messages,
-        adapter_pusher,
-        adapter_tensors,
-        hf_base_fingerprint,
-    )
+    from dlc_jax.lora.push import adapter_messages, adapter_tensors, hf_base_fingerprint
     from dlc_jax.model.hf_io import hf_param_shapes, save_hf
     from dlc_jax.sampler.backends.base import BackendConfig
-    from dlc_jax.sampler.inprocess import InProcessSampler
+    from dlc_jax.sampler.client.inprocess import InProcessSampler
+    from dlc_jax.trainer.lora_push import adapter_pusher
 
     cols = ["scenario", "cases", "ok", "crashes", "accepted", "bad_weights_served", "seconds"]
     res = common.new_result("adapter_soak", "Hostile adapter pushes and damaged exports", cols)

@@ -20,8 +20,8 @@ from .harness import (
 
 
 def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: SoakConfig) -> None:
-    from dlc_jax.sampler import sampler_pb2 as pb
-    from dlc_jax.sampler import sampler_pb2_grpc as pb_grpc
+    from dlc_jax.sampler.wire import sampler_pb2 as pb
+    from dlc_jax.sampler.wire import sampler_pb2_grpc as pb_grpc
 
     def gen(params=None, prompts=((1, 2, 3),), **kw):
         p = {**dict(n=1, max_tokens=4, temperature=1.0, top_p=1.0), **(params or {})}

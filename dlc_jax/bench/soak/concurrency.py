@@ -20,7 +20,7 @@ from .harness import (
 
 
 def streams_with_push(client, weights: dict, v: int, n: int, vocab: int) -> dict:
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     done = threading.Semaphore(0)
     results: list = [None] * n
@@ -72,7 +72,7 @@ def streams_with_push(client, weights: dict, v: int, n: int, vocab: int) -> dict
 
 
 def distinct_params(client, pid: int, n: int) -> dict:
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     rng = np.random.default_rng(1)
     list(

@@ -50,7 +50,7 @@ def _row(scenario: str) -> dict:
 
 def _training(tok, name: str, factory, end: str, n: int, row: dict) -> None:
     from dlc_jax.env import ChatDelta, EnvConfig, EnvSampler, load_env_factory
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     cfg = EnvConfig(fn=_module(factory), max_turns=TURNS, timeout_s=TIMEOUT)
     runner = EnvSampler(
@@ -79,7 +79,7 @@ def _training(tok, name: str, factory, end: str, n: int, row: dict) -> None:
 def _evaluation(tok, factory, row: dict) -> None:
     from dlc_jax.env import EnvConfig
     from dlc_jax.env.evaluate import EnvEvaluator
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     cfg = EnvConfig(fn=_module(factory), max_turns=2, timeout_s=TIMEOUT)
     rows = [{"prompt": "1+2=", "answer": "3", "row": i} for i in range(3)]

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from dlc_jax.sampler.types import Rollout
+from dlc_jax.sampler.wire.types import Rollout
 
 
 class Base:

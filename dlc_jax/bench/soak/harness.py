@@ -91,7 +91,7 @@ def make_model(root: Path) -> Path:
 def start_sampler(
     backend: str, model: Path, staging: Path, load_root: Path, cfg: SoakConfig, log_file: Path
 ):
-    from dlc_jax.sampler.process import SamplerProcess
+    from dlc_jax.sampler.service.process import SamplerProcess
 
     args = [
         "--max-model-len",
@@ -146,7 +146,7 @@ def perturbed(weights: dict, seed: int) -> dict:
 
 def push_stream(weights: dict, version: int, *, mutate=None, commit=True, chunk=1 << 14):
     """A gRPC-plane push stream with sha256 trailers; `mutate(kind, msg)` may replace messages."""
-    from dlc_jax.sampler import sampler_pb2 as pb
+    from dlc_jax.sampler.wire import sampler_pb2 as pb
 
     specs = [
         pb.TensorSpec(name=n, shape=list(a.shape), dtype="float32", nbytes=int(a.nbytes))

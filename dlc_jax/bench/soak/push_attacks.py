@@ -32,7 +32,7 @@ def socket_plane_without_connection(h) -> None:
 
 
 def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int) -> None:
-    from dlc_jax.sampler import sampler_pb2 as pb
+    from dlc_jax.sampler.wire import sampler_pb2 as pb
 
     good = perturbed(weights, 99)
     names = list(good)
@@ -185,7 +185,7 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
     }
     outside = Path(tempfile.mkdtemp(prefix="soak_outside_"))
     try:
-        from dlc_jax.sampler import safetensors_io as st
+        from dlc_jax.sampler.wire import safetensors_io as st
 
         st.write_file(outside / "model.safetensors", good)
         for name, arrays in (

@@ -1,7 +1,7 @@
 """Soak the sampler service as a hostile client would, on loopback only, and count what went wrong.
 
-A real sampler (`python -m dlc_jax.sampler.cli serve`, JAX backend on a tiny model; vLLM too when
-asked) with a token, a push data port, a load root and short push limits receives:
+A real sampler (`python -m dlc_jax.sampler.service.cli serve`, JAX backend on a tiny model; vLLM too
+when asked) with a token, a push data port, a load root and short push limits receives:
 
 * bad inputs (`bad_inputs`): malformed Generate requests, bad authorization on every RPC,
   garbage bytes on the gRPC and data ports (and as serialized requests);
@@ -49,8 +49,8 @@ def _staging_dirs(staging: Path) -> list[str]:
 def _soak_backend(
     backend: str, cfg: SoakConfig, work: Path, t: Tally, metrics: dict, pids: list
 ) -> None:
-    from dlc_jax.sampler import safetensors_io as st
-    from dlc_jax.sampler.types import SamplingParams
+    from dlc_jax.sampler.wire import safetensors_io as st
+    from dlc_jax.sampler.wire.types import SamplingParams
 
     model = work / "tiny"
     staging, load_root = work / f"staging_{backend}", work / f"load_{backend}"

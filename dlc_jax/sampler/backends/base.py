@@ -11,8 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
-from .. import safetensors_io as st
-from ..types import Rollout, SamplingParams
+from ..wire import safetensors_io as st
+from ..wire.types import Rollout, SamplingParams
 
 
 @dataclasses.dataclass
@@ -126,7 +126,7 @@ class SamplerBackend(abc.ABC):
         """Serve the weights of a completed `begin_load()` as `version`, atomically."""
         raise NotImplementedError(f"{self.name} backend has no in-memory load")
 
-    # -- LoRA adapter pushes (`dlc_jax.sampler.adapter_push`) ---------------------------------
+    # -- LoRA adapter pushes (`dlc_jax.sampler.push.adapter`) ---------------------------------
     def adapter_base(self, rank: int) -> str:
         """The fingerprint of the base an adapter push of ``rank`` is merged into (the model
         directory this sampler started from), or ValueError saying why it takes none."""
@@ -136,7 +136,7 @@ class SamplerBackend(abc.ABC):
         """`adapter_push.dir_fingerprint` of the model directory (computed once)."""
         fp = getattr(self, "_base_fp", None)
         if fp is None:
-            from ..adapter_push import dir_fingerprint
+            from ..push.adapter import dir_fingerprint
 
             fp = self._base_fp = dir_fingerprint(self.cfg.model_dir)
         return fp

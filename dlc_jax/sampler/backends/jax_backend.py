@@ -31,8 +31,8 @@ import zlib
 
 import numpy as np
 
-from .. import safetensors_io as st
-from ..types import Rollout, SamplingParams, spans_from_versions
+from ..wire import safetensors_io as st
+from ..wire.types import Rollout, SamplingParams, spans_from_versions
 from .base import BackendConfig, SamplerBackend
 from .jax_sampling import sample_args, sample_step
 
@@ -188,7 +188,7 @@ class JaxBackend(SamplerBackend):
         return self.base_fingerprint()
 
     def _adapter_state(self, adapter_dir: str, meta):
-        from ..adapter_push import read_adapter
+        from ..push.adapter import read_adapter
 
         return self.merged_adapter_state(read_adapter(adapter_dir), meta)
 
@@ -199,7 +199,7 @@ class JaxBackend(SamplerBackend):
         copy of a kernel; ~6x less CPU than the host merge), or, with numerics knobs, on the host
         from the model directory's base with the knobs applied to the merged weight, as to a
         pushed one."""
-        from ..adapter_push import merged_tensors, peft_name, split_name
+        from ..push.adapter import merged_tensors, peft_name, split_name
         from .jax_weights import JaxWeightLoad
 
         knobs = has_knobs(self.cfg)

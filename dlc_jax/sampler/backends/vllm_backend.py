@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..types import Rollout, SamplingParams
+from ..wire.types import Rollout, SamplingParams
 from .base import BackendConfig, SamplerBackend
 
 log = logging.getLogger(__name__)
@@ -356,7 +356,7 @@ class VLLMBackend(SamplerBackend):
         in flight finish on the adapter they started with, which is removed once they are done."""
         from vllm.lora.request import LoRARequest
 
-        from ..adapter_push import write_peft_dir
+        from ..push.adapter import write_peft_dir
 
         write_peft_dir(adapter_dir, meta)
         req = LoRARequest(f"dlc-v{version}", int(version), str(adapter_dir))

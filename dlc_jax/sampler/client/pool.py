@@ -34,12 +34,13 @@ from pathlib import Path
 
 import grpc
 
+from ..wire.types import PushResult, Rollout, SamplingParams, mix_seed
 from .client import SamplerClient
 from .fanout import describe, fan_out, run_each
 from .pool_relay import relayed_push
+from .protocol import slot_list
 from .retry import NO_RETRY, RetryPolicy
 from .rotation import NoActiveSamplerError, Rotation
-from .types import PushResult, Rollout, SamplingParams, mix_seed
 
 RELAY_MODES = ("off", "chain", "tree", "auto")
 
@@ -54,7 +55,7 @@ PoolPushResult = PushResult
 
 
 class SamplerPool:
-    """N sampler servers behind the `dlc_jax.sampler.protocol.Sampler` interface (generate /
+    """N sampler servers behind the `dlc_jax.sampler.client.protocol.Sampler` interface (generate /
     push_weights / push_model / load_weights / info / wait_ready / metrics / report / close).
 
     addresses: 'host:port' list (or one comma-separated string). token / tls_root_cert /
@@ -186,10 +187,7 @@ class SamplerPool:
 
         A sampler that fails mid-stream leaves rotation and its missing (slot, sample) cells are
         re-requested elsewhere; raises NoActiveSamplerError when no sampler is left."""
-        if slot_ids is None:
-            slot_ids = list(range(len(prompts)))
-        if len(slot_ids) != len(prompts):
-            raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
+        slot_ids = slot_list(prompts, slot_ids)
         if len(set(int(s) for s in slot_ids)) != len(slot_ids):
             raise ValueError(
                 "SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)"
@@ -353,7 +351,7 @@ class SamplerPool:
         samplers (or relayed: `relay` as in `push_weights`)."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
-        from . import safetensors_io as st
+        from ..wire import safetensors_io as st
 
         # exported in the push dtype (cast where the parameter lives: half the device->host bytes
         # for bf16, and no per-sampler host conversion of the fanned-out tensors)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import grpc
 
-from . import sampler_pb2 as pb
-from .sliced_push import SlicedStager
+from ..wire import sampler_pb2 as pb
+from .sliced import SlicedStager
 from .weight_checks import PushError
 
 log = logging.getLogger(__name__)

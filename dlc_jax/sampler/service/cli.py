@@ -137,7 +137,7 @@ def _parser() -> ArgumentParser:
 
 
 async def _serve(args) -> int:
-    from .backends import BackendConfig, make_backend
+    from ..backends import BackendConfig, make_backend
     from .server import SamplerServer, ServerConfig
 
     cfg = BackendConfig(
@@ -219,7 +219,7 @@ def cli(argv: list[str]) -> int:
             raise SamplerCliError(f"serve: {msg}") from e
     import grpc
 
-    from .client import SamplerClient
+    from ..client.client import SamplerClient
 
     try:
         with SamplerClient(
@@ -243,7 +243,8 @@ def cli(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m dlc_jax.sampler.cli` (a spawned sampler): the same errors
+# `python -m dlc_jax.sampler.service.cli` (a spawned sampler): the same errors
+if __name__ == "__main__":
     from dlc_jax.cli import run_command
 
     sys.exit(run_command("sampler", sys.argv[1:]))

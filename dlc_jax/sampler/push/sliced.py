@@ -49,8 +49,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
 from .staging import WeightStager
 from .weight_checks import Crc32c, FiniteCheck, PushError
 

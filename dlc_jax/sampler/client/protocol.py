@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from ..wire import sampler_pb2 as pb
+from ..wire.types import PushResult, Rollout, SamplingParams
 from .retry import RetryPolicy
-from .types import PushResult, Rollout, SamplingParams
 
 # "grpc": bytes in gRPC chunk messages; "socket": bytes over the server's raw TCP data port;
 # "auto": socket when the server offers a data port (and the channel is not TLS), else grpc.
@@ -71,3 +72,61 @@ class Sampler(Protocol):
     ) -> None: ...
 
     def close(self) -> None: ...
+
+
+def slot_list(prompts: list[list[int]], slot_ids: list[int] | None) -> list[int]:
+    """`slot_ids` (default 0..P-1), one per prompt (ValueError otherwise)."""
+    if slot_ids is None:
+        slot_ids = list(range(len(prompts)))
+    if len(slot_ids) != len(prompts):
+        raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
+    return slot_ids
+
+
+def generate_request(
+    prompts: list[list[int]],
+    params: SamplingParams,
+    slot_ids: list[int] | None,
+    request_id: str | None = None,
+) -> pb.GenerateRequest:
+    """The Generate request a sampler checks and serves (`service.request_checks`): the remote
+    client sends it, the in-process sampler checks it as a server would."""
+    return pb.GenerateRequest(
+        request_id=request_id or "",
+        prompts=[
+            pb.Prompt(slot_id=int(s), token_ids=[int(t) for t in p])
+            for s, p in zip(slot_list(prompts, slot_ids), prompts)
+        ],
+        params=params.to_proto(),
+    )
+
+
+class SingleSampler:
+    """What one sampler (`SamplerClient`, `InProcessSampler`) answers to the rotation part of
+    `Sampler`: no rotation, no `pool/*` metrics, one status row."""
+
+    address: str
+
+    def metrics(self) -> dict[str, float]:
+        """Rotation metrics: none for a single sampler (a pool reports `pool/*`)."""
+        return {}
+
+    def report(self) -> list[dict]:
+        """One status dict (address, active) in the shape of `SamplerPool.report`."""
+        return [{"index": 0, "address": self.address, "active": self.active, "last_error": ""}]
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def rotation(self) -> list[bool]:
+        """Empty: a single sampler has no rotation to agree on."""
+        return []
+
+    def set_rotation(
+        self, active: list[bool], version: int | None = None, reason: str = "set by caller"
+    ) -> None:
+        if active:
+            raise ValueError(
+                f"set_rotation: a single sampler has no rotation, got {len(active)} flags"
+            )

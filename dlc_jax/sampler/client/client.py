@@ -10,12 +10,12 @@ while the gRPC stream carries the header, the per-tensor checksum trailers and C
 verifies and swaps exactly as for gRPC chunks. Plaintext: loopback / trusted networks only, never
 with TLS (see data_plane.py).
 
-Retries (`dlc_jax.sampler.retry`): calls that fail with UNAVAILABLE (server restarting / not yet
-up) are retried under the client's `RetryPolicy` (`max_retries`, `backoff`..`max_backoff` seconds);
-`info` takes a per-call `timeout` / `retry` (a readiness probe passes `NO_RETRY`), so no call ever
-changes the client's own settings, which other threads share. `generate` retries only before the
-first rollout arrived (no duplicates); `push_weights` retries only when the source is re-iterable
-(a Mapping, a Sequence, or a zero-argument callable returning an iterator).
+Retries (`dlc_jax.sampler.client.retry`): calls that fail with UNAVAILABLE (server restarting / not
+yet up) are retried under the client's `RetryPolicy` (`max_retries`, `backoff`..`max_backoff`
+seconds); `info` takes a per-call `timeout` / `retry` (a readiness probe passes `NO_RETRY`), so no
+call ever changes the client's own settings, which other threads share. `generate` retries only
+before the first rollout arrived (no duplicates); `push_weights` retries only when the source is
+re-iterable (a Mapping, a Sequence, or a zero-argument callable returning an iterator).
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ from typing import Any
 
 import grpc
 
-from . import chunk_wire, data_plane
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
-from . import sampler_pb2_grpc as pb_grpc
+from ..push import data_plane
+from ..push.weight_stream import TensorSource, prefetched, tensor_source, weight_messages
+from ..wire import chunk_wire
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
+from ..wire import sampler_pb2_grpc as pb_grpc
+from ..wire.types import PushResult, Rollout, SamplingParams
+from .protocol import SingleSampler, generate_request
 from .retry import NO_RETRY, RetryPolicy, call_with_retry
-from .types import PushResult, Rollout, SamplingParams
-from .weight_stream import TensorSource, prefetched, tensor_source, weight_messages
 
 __all__ = ["SamplerClient", "REJECT_CODES", "prefetched"]
 
@@ -49,8 +51,8 @@ REJECT_CODES = (
 )
 
 
-class SamplerClient:
-    """One sampler server over gRPC (implements `dlc_jax.sampler.protocol.Sampler`).
+class SamplerClient(SingleSampler):
+    """One sampler server over gRPC (implements `dlc_jax.sampler.client.protocol.Sampler`).
 
     timeout: default deadline of a call in seconds; retry: the `RetryPolicy` for UNAVAILABLE (or
     max_retries / backoff / max_backoff to build one); both are read-only after construction."""
@@ -160,27 +162,6 @@ class SamplerClient:
                 raise
             raise TimeoutError(f"sampler at {self.address} not ready after {timeout}s: {e}") from e
 
-    # -- rotation (a single server has none; see SamplerPool) --------------------------------
-    def metrics(self) -> dict[str, float]:
-        """Rotation metrics: none for a single server (a pool reports `pool/*`)."""
-        return {}
-
-    def report(self) -> list[dict]:
-        """One status dict (address, active) in the shape of `SamplerPool.report`."""
-        return [{"index": 0, "address": self.address, "active": True, "last_error": ""}]
-
-    def rotation(self) -> list[bool]:
-        """Empty: a single server has no rotation to agree on."""
-        return []
-
-    def set_rotation(
-        self, active: list[bool], version: int | None = None, reason: str = "set by caller"
-    ) -> None:
-        if active:
-            raise ValueError(
-                f"set_rotation: a single sampler has no rotation, got {len(active)} flags"
-            )
-
     # -- generate ---------------------------------------------------------------------------
     def generate(
         self,
@@ -190,18 +171,7 @@ class SamplerClient:
         request_id: str | None = None,
     ) -> Iterator[Rollout]:
         """Stream one Rollout per (prompt, sample) in completion order."""
-        if slot_ids is None:
-            slot_ids = list(range(len(prompts)))
-        if len(slot_ids) != len(prompts):
-            raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
-        req = pb.GenerateRequest(
-            request_id=request_id or uuid.uuid4().hex,
-            prompts=[
-                pb.Prompt(slot_id=int(s), token_ids=[int(t) for t in p])
-                for s, p in zip(slot_ids, prompts)
-            ],
-            params=params.to_proto(),
-        )
+        req = generate_request(prompts, params, slot_ids, request_id or uuid.uuid4().hex)
 
         def open_stream():  # retried until the first message arrives; never after (no duplicates)
             stream = self.stub.Generate(req, timeout=self.timeout, metadata=self._md())

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import grpc
 
-from .types import PushResult
+from ..wire.types import PushResult
 
 C = TypeVar("C")
 _END = object()

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 import grpc
 import numpy as np
 
-from . import sampler_pb2 as pb
-from .fanout import describe
+from ..client.fanout import describe
+from ..wire import sampler_pb2 as pb
 from .weight_checks import PushError
 
 MAX_RELAY = 256  # addresses one header may list
@@ -126,8 +126,8 @@ class RelayForward:
                 nxt += 1
 
     def _forward(self, g, group, fanout, q, token, timeout, chunk_bytes) -> None:
-        from .client import SamplerClient
-        from .retry import NO_RETRY
+        from ..client.client import SamplerClient
+        from ..client.retry import NO_RETRY
 
         head, rest = group[0], group[1:]
         try:
@@ -145,25 +145,11 @@ class RelayForward:
                 )
             out = [
                 pb.RelayOutcome(
-                    address=head,
-                    ok=r.ok,
-                    version=r.version,
-                    message=r.message,
-                    code=r.code,
-                    bytes=r.bytes,
+                    address=a, ok=x.ok, version=x.version, message=x.message, code=x.code,
+                    bytes=x.bytes,
                 )
-            ]
-            for addr, sub in r.relayed.items():
-                out.append(
-                    pb.RelayOutcome(
-                        address=addr,
-                        ok=sub.ok,
-                        version=sub.version,
-                        message=sub.message,
-                        code=sub.code,
-                        bytes=sub.bytes,
-                    )
-                )
+                for a, x in [(head, r), *r.relayed.items()]
+            ]  # fmt: skip
         except Exception as e:  # noqa: BLE001 - reported per sampler, never fatal here
             code, msg = describe(e)
             out = [pb.RelayOutcome(address=head, ok=False, version=-1, message=msg, code=code)]

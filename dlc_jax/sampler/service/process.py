@@ -1,4 +1,4 @@
-"""Run `python -m dlc_jax.sampler.cli serve ...` as a subprocess on loopback."""
+"""Run `python -m dlc_jax.sampler.service.cli serve ...` as a subprocess on loopback."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import time
 import warnings
 
-from .client import SamplerClient
+from ..client.client import SamplerClient
+from ..push.staging_dirs import clean_stale_staging, staging_roots
 from .malloc_env import with_huge_pages
-from .staging_dirs import clean_stale_staging, staging_roots
 
 
 def _die_with_parent() -> None:
@@ -71,7 +71,7 @@ class SamplerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "dlc_jax.sampler.cli",
+            "dlc_jax.sampler.service.cli",
             "serve",
             "--backend",
             self.backend,

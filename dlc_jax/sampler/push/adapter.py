@@ -32,8 +32,8 @@ import crc32c
 import grpc
 import numpy as np
 
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
 from .staging import WeightStager
 from .weight_checks import PUSH_DTYPES, PushError
 

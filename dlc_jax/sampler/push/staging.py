@@ -38,8 +38,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
 from .stage_worker import StageWorker
 from .staging_dirs import make_staging_dir
 from .warm_staging import StagingBuffer, WarmStaging
@@ -247,19 +247,7 @@ class WeightStager:
             n, got, base = int(s.nbytes), 0, self._offsets[i]
             h = self._hash[i]
             while got < n:
-                want = min(piece, n - got)
-                try:
-                    k = conn.recv_into(view, want, socket.MSG_WAITALL)
-                except OSError as e:
-                    raise PushError(
-                        grpc.StatusCode.DATA_LOSS,
-                        f"tensor {s.name!r}: data socket failed after {got} of {n} bytes: {e}",
-                    ) from None
-                if k == 0:
-                    raise PushError(
-                        grpc.StatusCode.DATA_LOSS,
-                        f"tensor {s.name!r}: data socket closed after {got} of {n} bytes",
-                    )
+                k = self._recv(conn, view[: min(piece, n - got)], s.name, got, n)
                 chunk = view[:k]
                 h.update(chunk)
                 self._finite[i].update(chunk)

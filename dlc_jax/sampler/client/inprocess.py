@@ -25,13 +25,13 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
-from .backends.base import BackendConfig
-from .backends.jax_backend import JaxBackend
-from .request_checks import validate_generate
+from ..backends.base import BackendConfig
+from ..backends.jax_backend import JaxBackend
+from ..service.request_checks import validate_generate
+from ..wire import safetensors_io as st
+from ..wire.types import PushResult, Rollout, SamplingParams
+from .protocol import SingleSampler, generate_request
 from .retry import RetryPolicy
-from .types import PushResult, Rollout, SamplingParams
 
 # the server's defaults (`ServerConfig`): the same requests are refused in process as over gRPC
 MAX_PROMPTS = 4096
@@ -40,8 +40,8 @@ MIN_TEMPERATURE = 0.01
 _ids = itertools.count()
 
 
-class InProcessSampler:
-    """A `dlc_jax.sampler.protocol.Sampler` running the JAX backend in this process.
+class InProcessSampler(SingleSampler):
+    """A `dlc_jax.sampler.client.protocol.Sampler` running the JAX backend in this process.
 
     ``cfg``: the backend's `BackendConfig` (model_dir serves as ``initial_version``). `generate`
     may be called from several threads at once (the trainer's rollout feeder does); the jitted
@@ -52,7 +52,7 @@ class InProcessSampler:
         self.backend = JaxBackend(cfg)
         graphdef, state = self.backend.load_weights_dir(cfg.model_dir)
         self.backend.set_weights(graphdef, state, int(cfg.initial_version))
-        self._address = f"inprocess:{next(_ids)}"
+        self.address = f"inprocess:{next(_ids)}"
         self._closed = False
         self._push_lock = threading.Lock()
         self.counters = {"tokens_generated": 0, "requests": 0, "pushes": 0, "rejected_pushes": 0}
@@ -74,10 +74,6 @@ class InProcessSampler:
             )
         )
 
-    @property
-    def address(self) -> str:
-        return self._address
-
     # -- generate ---------------------------------------------------------------------------
     def generate(
         self,
@@ -89,18 +85,8 @@ class InProcessSampler:
         """One Rollout per (prompt, sample); a request the server would refuse raises
         `RequestError` (before any rollout)."""
         self._check_open()
-        if slot_ids is None:
-            slot_ids = list(range(len(prompts)))
-        if len(slot_ids) != len(prompts):
-            raise ValueError(f"slot_ids has {len(slot_ids)} entries for {len(prompts)} prompts")
         b = self.backend
-        req = pb.GenerateRequest(
-            prompts=[
-                pb.Prompt(slot_id=int(s), token_ids=[int(t) for t in p])
-                for s, p in zip(slot_ids, prompts)
-            ],
-            params=params.to_proto(),
-        )
+        req = generate_request(prompts, params, slot_ids)
         checked, params = validate_generate(
             req,
             vocab_size=b.vocab_size,
@@ -168,8 +154,8 @@ class InProcessSampler:
         changes nothing."""
         import numpy as np
 
-        from .adapter_push import check_adapter
-        from .weight_checks import PushError
+        from ..push.adapter import check_adapter
+        from ..push.weight_checks import PushError
 
         self._check_open()
         t0 = time.time()
@@ -223,22 +209,9 @@ class InProcessSampler:
     def wait_ready(self, timeout: float = 120.0) -> dict:
         return self.info()
 
-    def metrics(self) -> dict[str, float]:
-        return {}
-
-    def report(self) -> list[dict]:
-        return [{"index": 0, "address": self.address, "active": not self._closed, "last_error": ""}]
-
-    def rotation(self) -> list[bool]:
-        return []
-
-    def set_rotation(
-        self, active: list[bool], version: int | None = None, reason: str = "set by caller"
-    ) -> None:
-        if active:
-            raise ValueError(
-                f"set_rotation: a single sampler has no rotation, got {len(active)} flags"
-            )
+    @property
+    def active(self) -> bool:
+        return not self._closed
 
     def close(self) -> None:
         self._closed = True

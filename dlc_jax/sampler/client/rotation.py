@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from .types import PushResult
+from ..wire.types import PushResult
 
 
 class NoActiveSamplerError(RuntimeError):

@@ -12,7 +12,7 @@ import pathlib
 
 import grpc
 
-from . import safetensors_io as st
+from ..wire import safetensors_io as st
 from .weight_checks import PushError, validate_specs
 
 
@@ -44,22 +44,21 @@ def check_load_path(raw: str, load_root: str | None, serving: list[pathlib.Path]
 
 def check_load_files(path: pathlib.Path, expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
     """Blocking: names/shapes/dtypes against `expected`, bounded header reads, finite values."""
-    try:
-        specs = st.read_specs(path)
-    except (OSError, ValueError) as e:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
-        ) from None
-    validate_specs(expected, specs, where=str(path))
-    try:
-        bad = st.first_nonfinite(path)
-    except (OSError, ValueError) as e:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
-        ) from None
+    validate_specs(expected, _read(st.read_specs, path), where=str(path))
+    bad = _read(st.first_nonfinite, path)
     if bad is not None:
         raise PushError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"tensor {bad!r} in {path} contains NaN or Inf values (load refused; the current "
             "weights keep serving)",
         )
+
+
+def _read(read, path: pathlib.Path):
+    """``read(path)``; an unreadable or malformed file is INVALID_ARGUMENT."""
+    try:
+        return read(path)
+    except (OSError, ValueError) as e:
+        raise PushError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
+        ) from None

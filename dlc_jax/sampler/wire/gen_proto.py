@@ -1,6 +1,6 @@
 """Regenerate `sampler_pb2.py` / `sampler_pb2_grpc.py` from `sampler.proto` (needs grpcio-tools).
 
-Usage: `python -m dlc_jax.sampler.gen_proto`. The generated grpc module imports `sampler_pb2`
+Usage: `python -m dlc_jax.sampler.wire.gen_proto`. The generated grpc module imports `sampler_pb2`
 as a top-level module; we rewrite that to a package-relative import.
 """
 

@@ -10,7 +10,7 @@ import crc32c
 import grpc
 import numpy as np
 
-from . import safetensors_io as st
+from ..wire import safetensors_io as st
 
 PUSH_DTYPES = ("float32", "bfloat16", "float16")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")

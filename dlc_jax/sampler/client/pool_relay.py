@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import grpc
 
+from ..wire.types import PushResult
 from .fanout import describe
 from .retry import NO_RETRY
-from .types import PushResult
 
 
 def fanout_of(relay: str, targets: int) -> int:

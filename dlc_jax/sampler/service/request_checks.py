@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from . import sampler_pb2 as pb
-from .types import SamplingParams
+from ..wire import sampler_pb2 as pb
+from ..wire.types import SamplingParams
 
 
 class RequestError(ValueError):

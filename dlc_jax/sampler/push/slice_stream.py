@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import crc32c
 import numpy as np
 
-from . import chunk_wire
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
+from ..wire import chunk_wire
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
 from .weight_stream import weight_header
 
 # (HF tensor name, start per dimension, stop per dimension, the slice's values)

@@ -1,11 +1,10 @@
 """The Sampler gRPC service (`SamplerService`): bearer-token auth on every call, Generate
 (validated requests; a rollout with NaN log-probs is never sent, the call fails INTERNAL), weight
-pushes (serialized by a lock taken only once a header arrived, received by `push_session`, applied
-only on Commit; any failure or disconnect discards the staging and keeps the old weights; a
-sliced push from several senders is staged across its part streams and applied by a group commit,
-`sliced_push`),
-LoadWeights (off unless `load_root` is set; `load_checks`) and Info. `add_sampler_service`
-registers it with PushWeights requests decoded zero-copy by `chunk_wire`.
+pushes (serialized by a lock taken only once a header arrived, received by `push.session`, applied
+only on Commit; any failure or disconnect discards the staging and keeps the old weights; a sliced
+push from several senders is staged across its part streams and applied by a group commit,
+`push.sliced`), LoadWeights (off unless `load_root` is set; `push.load_checks`) and Info.
+`server.add_sampler_service` registers it.
 """
 
 from __future__ import annotations
@@ -22,16 +21,21 @@ import time
 import grpc
 import numpy as np
 
-from . import adapter_push, chunk_wire, data_plane, push_group, push_session, relay, sliced_push
-from . import sampler_pb2 as pb
-from . import sampler_pb2_grpc as pb_grpc
-from .backends.base import SamplerBackend
-from .load_checks import check_load_files, check_load_path
+from ..backends.base import SamplerBackend
+from ..push import adapter as adapter_push
+from ..push import data_plane, relay
+from ..push import group as push_group
+from ..push import session as push_session
+from ..push import sliced as sliced_push
+from ..push.load_checks import check_load_files, check_load_path
+from ..push.staging import WeightStager
+from ..push.warm_staging import WarmStaging
+from ..push.weight_checks import PushError
+from ..wire import chunk_wire
+from ..wire import sampler_pb2 as pb
+from ..wire import sampler_pb2_grpc as pb_grpc
 from .request_checks import RequestError, validate_generate
 from .server_config import ServerConfig
-from .staging import WeightStager
-from .warm_staging import WarmStaging
-from .weight_checks import PushError
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +101,7 @@ class SamplerService(pb_grpc.SamplerServicer):
                     await context.abort(
                         grpc.StatusCode.INTERNAL,
                         f"engine returned NaN log-probs (request {request.request_id!r}, slot "
-                        f"{r.slot_id}); "
-                        "rollout withheld",
+                        f"{r.slot_id}); rollout withheld",
                     )
                 self.counters["tokens_generated"] += len(r.response_ids)
                 self.queue_depth -= 1
@@ -425,36 +428,3 @@ class SamplerService(pb_grpc.SamplerServicer):
             backend_config_json=b.cfg.to_json(),
             data_port=self.data_listener.port if self.data_listener is not None else 0,
         )
-
-
-def add_sampler_service(servicer: SamplerService, server) -> None:
-    """Register the Sampler service like `pb_grpc.add_SamplerServicer_to_server`, except that
-    PushWeights requests are decoded by `chunk_wire.decode_weight_message` (chunk bytes not
-    copied)."""
-    rpc_method_handlers = {
-        "Generate": grpc.unary_stream_rpc_method_handler(
-            servicer.Generate,
-            request_deserializer=pb.GenerateRequest.FromString,
-            response_serializer=pb.Rollout.SerializeToString,
-        ),
-        "PushWeights": grpc.stream_unary_rpc_method_handler(
-            servicer.PushWeights,
-            request_deserializer=chunk_wire.decode_weight_message,
-            response_serializer=pb.PushResult.SerializeToString,
-        ),
-        "LoadWeights": grpc.unary_unary_rpc_method_handler(
-            servicer.LoadWeights,
-            request_deserializer=pb.LoadWeightsRequest.FromString,
-            response_serializer=pb.PushResult.SerializeToString,
-        ),
-        "Info": grpc.unary_unary_rpc_method_handler(
-            servicer.Info,
-            request_deserializer=pb.InfoRequest.FromString,
-            response_serializer=pb.InfoResponse.SerializeToString,
-        ),
-    }
-    service = "dlc_jax.sampler.v1.Sampler"
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service, rpc_method_handlers),)
-    )
-    server.add_registered_method_handlers(service, rpc_method_handlers)

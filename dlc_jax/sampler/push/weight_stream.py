@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 import crc32c
 import numpy as np
 
-from . import chunk_wire
-from . import safetensors_io as st
-from . import sampler_pb2 as pb
+from ..wire import chunk_wire
+from ..wire import safetensors_io as st
+from ..wire import sampler_pb2 as pb
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,9 @@ import socket
 
 import grpc
 
-from . import chunk_wire, data_plane
+from ..wire import chunk_wire
+from . import data_plane
+from .sliced import SlicedStager
 from .staging import PushError, WeightStager
 
 
@@ -117,8 +119,8 @@ async def receive(
                 stager.chunk(msg.chunk)
             elif kind == "done":
                 stager.done(msg.done)
-            elif kind == "slice":  # a part of a sliced push (`sliced_push.SlicedStager`)
-                if not hasattr(stager, "slice"):
+            elif kind == "slice":  # a part of a sliced push (`sliced.SlicedStager`)
+                if not isinstance(stager, SlicedStager):
                     raise PushError(
                         grpc.StatusCode.INVALID_ARGUMENT,
                         "WeightSlice in a push whose header has no push_parts",

@@ -1,0 +1,2 @@
+"""Receiving weight pushes: whole, sliced and adapter pushes, staging, checks, the data plane
+and the relay."""
