@@ -44,6 +44,7 @@ SIZES = {
     "full": PlanPeersConfig(),
     "1.7B": PlanPeersConfig(rows=ROWS_1P7B),
     "4k": PlanPeersConfig(rows=(ROWS_1P7B[0], ROWS[0])),
+    "1.7B-4k": PlanPeersConfig(rows=(ROWS_1P7B[0],)),
 }
 
 
