@@ -224,12 +224,21 @@ def refresh_flops(r: dict) -> dict:
     )
     fl = step_flops(qcfg, shape)
     xla = r["xla_flops_per_device"]
-    return dict(
+    out = dict(
         r,
         analytic_flops=fl,
         logprob_chunks_replicated=chunks_replicated(fl, xla["train_step"]),
         flops_note=explain(fl, xla["train_step"], xla["snapshot_forward"], shape),
     )
+    if not r["programs"]["snapshot_forward"]["oom"]:
+        from dlc_jax.plan.chips import chip
+        from dlc_jax.plan.roofline import roofline
+
+        rl = roofline(out, chip(t["chip"]))
+        if "xla_flags" not in r:  # compiled before issue 30: no bytes accessed, flags unset
+            rl["note"] = "compiled before the plan set its flags: HBM term not recorded (0)"
+        out.update(roofline=rl, roofline_step_s=rl["step_s"])
+    return out
 
 
 def _write_refreshed(path: Path, r: dict) -> None:
@@ -364,8 +373,13 @@ def run(cfg: PlanBenchConfig) -> dict:
         "plus the theta_s snapshots) and the theta_s-forward phase; HBM left is against the "
         "compiler's usable "
         "HBM (v5p 95.74 GiB, v5e 15.75 GiB)",
-        "projected step s and MFU assume 40% of the chip's published bf16 peak; FLOPs/step is "
-        "the analytic "
+        "roofline step s: each program's largest of compute (analytic FLOPs / bf16 peak), HBM "
+        "(XLA bytes accessed scaled by its loop undercount / HBM bandwidth) and ICI (FSDP "
+        "collective bytes / ICI bandwidth) time, summed over the train step and the theta_s "
+        "forward (bound per program: c/m/i); rows compiled before issue 30 have no bytes-accessed "
+        "figure (HBM term 0, a lower bound) and no recorded flags (see each JSON's xla_flags)",
+        "old step s @eff and MFU assume 40% of the chip's published bf16 peak (kept for one "
+        "release); FLOPs/step is the analytic "
         "count (train + remat recompute + log-prob chunk recompute + one theta_s forward); see "
         "each plan's "
         "flops_note in the JSON and 'How the FLOPs are counted' below for XLA's count and why "

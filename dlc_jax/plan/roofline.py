@@ -10,8 +10,10 @@ Per program and per chip:
   loop body once (layer scan, micro-batches, chunks), a collective matmul at 4/fsdp and a Pallas
   kernel as 0 (``flops`` module doc);
 * HBM: XLA's ``bytes accessed`` scaled by the same undercount as its FLOPs (``loop_scale`` = the
-  analytic FLOPs over XLA's count, or over the rules' no-windowing prediction when XLA counts more
-  than that, as for megablox MoE experts): a loop body's bytes are seen once just as its FLOPs;
+  analytic FLOPs XLA can see, i.e. less splash attention's, over XLA's count, or over the rules'
+  no-windowing prediction when XLA counts more than that, as for megablox MoE experts): a loop
+  body's bytes are seen once just as its FLOPs (splash's own HBM traffic, flash-style blocks of
+  Q/K/V, is left out);
 * collectives: FSDP's own traffic, analytic: every pass over the layers all-gathers the
   compute-dtype weights ((fsdp-1)/fsdp of them arrive at each chip; the train step gathers for the
   forward and again for the backward, the theta_s forward once) and the backward reduce-scatters
@@ -36,13 +38,21 @@ def _fsdp_bytes(params: int, compute_bytes: int, fsdp: int, passes: int, grads: 
 
 
 def program_roofline(
-    name: str, flops: float, prog: dict, xla_pred: float, chip, coll_bytes: float
+    name: str,
+    flops: float,
+    prog: dict,
+    xla_pred: float,
+    chip,
+    coll_bytes: float,
+    unseen_flops: float = 0.0,
 ) -> dict:
     """One program's roofline (see the module doc); ``flops``: analytic per chip;
-    ``xla_pred``: the rules' per-device prediction of XLA's count with no matmul windowed."""
+    ``xla_pred``: the rules' per-device prediction of XLA's count with no matmul windowed;
+    ``unseen_flops``: the part of ``flops`` XLA never sees (a Pallas kernel: splash attention),
+    left out of the loop scale of the bytes."""
     xla = float(prog.get("xla_flops") or 0.0)
     seen = min(xla, xla_pred) if xla and xla_pred else (xla or xla_pred)
-    scale = flops / seen if seen else 1.0
+    scale = max(flops - unseen_flops, 0.0) / seen if seen else 1.0
     hbm = float(prog.get("xla_bytes_accessed") or 0.0) * scale
     t = {
         "compute": flops / chip.peak_bf16_flops,
@@ -70,6 +80,9 @@ def roofline(result: dict, chip) -> dict:
     params, grads = c["params"], c.get("trained_params", c["params"])
     compute_bytes = 2 if c["compute_dtype"] in ("bfloat16", "float16") else 4
     fsdp = int(result["topology"]["mesh"].get("fsdp", 1))
+    # splash attention (Pallas) is invisible to XLA: its FLOPs stay out of the bytes' loop scale
+    attn_fwd = fl["attention"] / 3 / chips if "splash" in str(c.get("attention")) else 0.0
+    attn_step = attn_fwd * (4 if c.get("remat_policy") in ("full", "save_dots") else 3)
     progs = result["programs"]
     snap_flops = fl["snapshot_forward"] / chips
     step_flops = fl["hardware_flops"] / chips - snap_flops
@@ -88,6 +101,7 @@ def roofline(result: dict, chip) -> dict:
                 fl["xla_visible_train_step_per_device"],
                 chip,
                 _fsdp_bytes(params, compute_bytes, fsdp, 2, grads),
+                attn_step,
             ),
         },
     }
@@ -99,6 +113,7 @@ def roofline(result: dict, chip) -> dict:
             fl["xla_visible_snapshot_forward_per_device"],
             chip,
             _fsdp_bytes(params, compute_bytes, fsdp, 1, 0),
+            attn_fwd,
         )
     out["step_s"] = sum(p["projected_s"] for p in out["programs"].values())
     out["mfu"] = fl["model_flops"] / (out["step_s"] * chip.peak_bf16_flops * chips)
