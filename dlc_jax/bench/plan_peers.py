@@ -45,6 +45,10 @@ SIZES = {
     "1.7B": PlanPeersConfig(rows=ROWS_1P7B),
     "4k": PlanPeersConfig(rows=(ROWS_1P7B[0], ROWS[0])),
     "1.7B-4k": PlanPeersConfig(rows=(ROWS_1P7B[0],)),
+    # both models with 2 of their layers: the per-layer comparison a loaded machine can compile
+    "2-layers": PlanPeersConfig(
+        rows=(("1.7B:2", "v5p-16", 8, 4096), ("1.7B:2", "v5p-16", 8, 32768))
+    ),
 }
 
 
@@ -76,7 +80,8 @@ def peer_available(site: str) -> str:
 
 
 def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
-    out = Path(cfg.cache_dir) / f"tunix_grpo_{model}_{topo}_{rows}x{length}.json"
+    tag = model.replace(":", "_L")
+    out = Path(cfg.cache_dir) / f"tunix_grpo_{tag}_{topo}_{rows}x{length}.json"
     if out.exists() and not cfg.force:
         return json.loads(out.read_text())
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +105,17 @@ def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int
 def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
     from dlc_jax.bench.plan_bench import TODAY, PlanCase, run_case
 
-    case = PlanCase(model, topo, rows, length, 1, extra=TODAY)
+    extra: tuple[str, ...] = TODAY
+    if ":" in model:  # "1.7B:2": the model with 2 layers (config.json written next to the cache)
+        name, layers = model.split(":")
+        from dlc_jax.model import PRESETS
+
+        path = Path(cfg.cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
+        path.mkdir(parents=True, exist_ok=True)
+        qcfg = PRESETS[f"Qwen3-{name}"].replace(num_hidden_layers=int(layers))
+        (path / "config.json").write_text(json.dumps(qcfg.to_hf_dict(), sort_keys=True))
+        model, extra = name, (*TODAY, f"model.path={path}")
+    case = PlanCase(model, topo, rows, length, 1, extra=extra)
     path = Path(cfg.plan_dir) / f"{case.key}.json"
     stale = path.exists() and "xla_flags" not in json.loads(path.read_text())
     return run_case(case, Path(cfg.plan_dir), cfg.force or stale, cfg.timeout_s)
@@ -137,7 +152,8 @@ COLUMNS = [
 
 
 def _row(model, topo, rows, length, ours, peer) -> dict:
-    row = {"model": f"Qwen3-{model}", "slice": topo, "rows x tokens": f"{rows} x {length:,}"}
+    name = f"Qwen3-{model}".replace(":", ", layers: ")
+    row = {"model": name, "slice": topo, "rows x tokens": f"{rows} x {length:,}"}
     sp = ours["programs"]["train_step"]
     fw = ours["programs"]["snapshot_forward"]
     row["ours: step peak GiB (+theta_s copies)"] = (
