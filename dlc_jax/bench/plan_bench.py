@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from dlc_jax.bench import common
-from dlc_jax.bench.plan_notes import FLOPS_SECTION, ISSUE30_SECTIONS
+from dlc_jax.bench.plan_notes import FLOPS_SECTION, ISSUE30_SECTIONS, MOE_HISTORY
 from dlc_jax.plan.markdown import TABLE_COLUMNS, _row, plan_markdown
 
 log = logging.getLogger(__name__)
@@ -341,6 +341,7 @@ def run(cfg: PlanBenchConfig) -> dict:
     res["sections"] = [*FLOPS_SECTION, *ISSUE30_SECTIONS, "### Details of the target plans", ""] + [
         plan_markdown(r) for c, r in found.items() if c in TARGETS or c.shipped
     ]
+    res["sections"] += ["", *MOE_HISTORY]
     return common.finish(res)
 
 
