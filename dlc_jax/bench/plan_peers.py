@@ -46,6 +46,7 @@ SIZES = {
     "4k": PlanPeersConfig(rows=(ROWS_1P7B[0], ROWS[0])),
     "1.7B-4k": PlanPeersConfig(rows=(ROWS_1P7B[0],)),
     # both models with 2 of their layers: the per-layer comparison a loaded machine can compile
+    "2-layers-4k": PlanPeersConfig(rows=(("1.7B:2", "v5p-16", 8, 4096),)),
     "2-layers": PlanPeersConfig(
         rows=(("1.7B:2", "v5p-16", 8, 4096), ("1.7B:2", "v5p-16", 8, 32768))
     ),
