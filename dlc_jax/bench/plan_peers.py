@@ -226,6 +226,13 @@ def run(cfg: PlanPeersConfig) -> dict:
                     "<=",
                 )
             )
+    if any(":" in r[0] for r in cfg.rows):
+        res["notes"].append(
+            "layers: N rows are both models cut to N decoder layers, same widths, vocabulary, "
+            "batch, length, slice and flags: tunix runs its layers as a Python loop (unrolled, no "
+            "scan), so its full 28-layer step is a far larger compile than ours (2 layers at "
+            "8 x 4,096: 149 CPU-s); `--size full` compiles the whole models"
+        )
     res["notes"] += [
         "peer: google-tunix 0.1.7 GRPO loss (tunix.rl.algo_core.grpo_loss_fn, beta 0: no "
         "reference forward) on tunix's Qwen3 (FSDP, splash attention, RematConfig.DECODER), "
