@@ -12,8 +12,9 @@ Per program and per chip:
 * HBM: XLA's ``bytes accessed`` scaled by the same undercount as its FLOPs (``loop_scale`` = the
   analytic FLOPs XLA can see, i.e. less splash attention's, over XLA's count, or over the rules'
   no-windowing prediction when XLA counts more than that, as for megablox MoE experts): a loop
-  body's bytes are seen once just as its FLOPs (splash's own HBM traffic, flash-style blocks of
-  Q/K/V, is left out);
+  body's bytes are seen once just as its FLOPs, except the program's arguments and outputs
+  (parameters, optimizer state, batch: read and written once, outside the loops), which are not
+  scaled (splash's own HBM traffic, flash-style blocks of Q/K/V, is left out);
 * collectives: FSDP's own traffic, analytic: every pass over the layers all-gathers the
   compute-dtype weights ((fsdp-1)/fsdp of them arrive at each chip; the train step gathers for the
   forward and again for the backward, the theta_s forward once) and the backward reduce-scatters
@@ -53,7 +54,11 @@ def program_roofline(
     xla = float(prog.get("xla_flops") or 0.0)
     seen = min(xla, xla_pred) if xla and xla_pred else (xla or xla_pred)
     scale = max(flops - unseen_flops, 0.0) / seen if seen else 1.0
-    hbm = float(prog.get("xla_bytes_accessed") or 0.0) * scale
+    # the program's arguments and outputs (parameters, optimizer state, batch) are read and
+    # written outside the loops: counted once, not scaled
+    once = float(prog.get("argument_bytes") or 0) + float(prog.get("output_bytes") or 0)
+    seen_bytes = float(prog.get("xla_bytes_accessed") or 0.0)
+    hbm = max(seen_bytes - once, 0.0) * scale + min(once, seen_bytes)
     t = {
         "compute": flops / chip.peak_bf16_flops,
         "memory": hbm / chip.hbm_bytes_per_s if chip.hbm_bytes_per_s else 0.0,
