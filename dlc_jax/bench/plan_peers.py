@@ -119,7 +119,10 @@ def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int)
     case = PlanCase(model, topo, rows, length, 1, extra=extra)
     path = Path(cfg.plan_dir) / f"{case.key}.json"
     stale = path.exists() and "xla_flags" not in json.loads(path.read_text())
-    return run_case(case, Path(cfg.plan_dir), cfg.force or stale, cfg.timeout_s)
+    from dlc_jax.bench.plan_bench import refresh_flops
+
+    # today's analytic FLOPs and roofline over the cached compile
+    return refresh_flops(run_case(case, Path(cfg.plan_dir), cfg.force or stale, cfg.timeout_s))
 
 
 def peer_roofline(peer: dict, ours: dict) -> dict:
