@@ -6,6 +6,8 @@
 #   launch/tpu_pod_launch.sh train [k=v ...]       # run launch/tpu_pod_train.sh on all workers
 #   launch/tpu_pod_launch.sh stop                  # stop the trainer on all workers
 #
+# The TPU compiler flags (LIBTPU_INIT_ARGS) are set on each worker by tpu_pod_train.sh from
+# dlc_jax/tpu_flags.py: the same ones `dlc-jax plan` compiles with.
 # Required environment: TPU_NAME, ZONE. Optional: PROJECT, REMOTE_DIR (default dlc_jax),
 # DLC_SAMPLERS, DLC_TOKEN_FILE, DLC_TLS_ROOT_CERT, DLC_CONFIG (paths as seen on the workers).
 set -euo pipefail

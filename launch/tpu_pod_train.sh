@@ -26,6 +26,12 @@ if [[ -n "${DLC_TLS_ROOT_CERT:-}" ]]; then
   overrides+=("sampler.tls_root_cert=${DLC_TLS_ROOT_CERT}")
 fi
 
+# The TPU compiler flags `dlc-jax plan` compiles with (dlc_jax/tpu_flags.py; `dlc-jax train` sets
+# the same, plus the config's plan.libtpu_flags): exported so every process on the worker has them.
+LIBTPU_INIT_ARGS="$("$VENV/bin/python" -m dlc_jax.tpu_flags)"
+export LIBTPU_INIT_ARGS
+echo "LIBTPU_INIT_ARGS=$LIBTPU_INIT_ARGS"
+
 # Every worker keeps its own log file.
 WORKER="${TPU_WORKER_ID:-$(hostname)}"
 mkdir -p logs

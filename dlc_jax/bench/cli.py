@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "weight_sync": "dlc_jax.bench.weight_sync_bench",
     "lora": "dlc_jax.bench.lora_bench",
     "plan": "dlc_jax.bench.plan_bench",
+    "plan-peers": "dlc_jax.bench.plan_peers",
     "moe": "dlc_jax.bench.moe_bench",
     "soak": "dlc_jax.bench.soak",
     "all": "dlc_jax.bench.all_bench",

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from dlc_jax.bench import common
+from dlc_jax.bench.plan_notes import FLOPS_SECTION, ISSUE30_SECTIONS, MOE_HISTORY
 from dlc_jax.plan.markdown import TABLE_COLUMNS, _row, plan_markdown
 
 log = logging.getLogger(__name__)
@@ -224,12 +225,21 @@ def refresh_flops(r: dict) -> dict:
     )
     fl = step_flops(qcfg, shape)
     xla = r["xla_flops_per_device"]
-    return dict(
+    out = dict(
         r,
         analytic_flops=fl,
         logprob_chunks_replicated=chunks_replicated(fl, xla["train_step"]),
         flops_note=explain(fl, xla["train_step"], xla["snapshot_forward"], shape),
     )
+    if not r["programs"]["snapshot_forward"]["oom"]:
+        from dlc_jax.plan.chips import chip
+        from dlc_jax.plan.roofline import roofline
+
+        rl = roofline(out, chip(t["chip"]))
+        if "xla_flags" not in r:  # compiled before issue 30: no bytes accessed, flags unset
+            rl["note"] = "compiled before the plan set its flags: HBM term not recorded (0)"
+        out.update(roofline=rl, roofline_step_s=rl["step_s"])
+    return out
 
 
 def _write_refreshed(path: Path, r: dict) -> None:
@@ -240,58 +250,6 @@ def _write_refreshed(path: Path, r: dict) -> None:
 
 
 COLUMNS = [*TABLE_COLUMNS, "XLA vs rules", "load (1 min)", "before (issue 14)"]
-
-FLOPS_SECTION = [
-    "### How the FLOPs are counted",
-    "",
-    "FLOPs/step is the analytic count of the whole step on all chips: 6·N·tokens for the "
-    "matmuls (N = decoder matmul parameters + the vocabulary projection; backward = 2x "
-    "forward), the attention score and value matmuls (4·T·head_dim·heads per token per layer, "
-    "the full T x T square), the remat recompute (the layer forward again in the backward pass "
-    "under remat_policy=full, less the MLP down projection: rule 5), the log-prob chunks' "
-    "vocabulary projection again (each chunk is rematerialized) and one theta_s forward. MFU "
-    "divides the same count without the recomputes.",
-    "",
-    "XLA's figure (`cost_analysis()['flops']` of each compiled per-device program) counts "
-    "something else, by these rules, each measured by compiling small variants of the same "
-    "programs (2-8 layers, 512-8,192 tokens) and reading the optimized HLO:",
-    "",
-    "1. a while loop's body is counted once, not times its trip count: the micro-batch scan, "
-    "the layer scan (forward and backward) and the log-prob chunk map each add one iteration "
-    "(2 and 4 scanned layers give the same figure; 2 micro-batches halve it);",
-    "2. a Pallas kernel (splash attention) counts 0 (splash vs dense at the same shapes "
-    "differs by exactly the attention matmuls); the remat recompute is counted;",
-    "3. with 2 slices the compiler peels one iteration of the backward layer loop out of the "
-    "loop (the HLO holds the backward layer's matmuls once in the program and once in the "
-    "loop, for 2, 4 and 8 layers), so the backward layer body counts twice; with several "
-    "micro-batches it does the same to the train step's micro-batch scan (2 and 4 "
-    "micro-batches: one micro-batch's step outside the loop, one inside; the theta_s "
-    "forward's micro-batch map is not peeled), so the micro-batch body counts twice as well;",
-    "4. when a slice has more than 4 FSDP shards and the activations are large, the compiler "
-    "turns FSDP matmuls into collective matmuls (windowed einsums: `windowed_dot_general` "
-    "loops of fsdp/2 iterations that interleave the weight all-gather or the gradient "
-    "reduce-scatter with the matmul); their loop body holds 4 of the fsdp weight shards, so "
-    "XLA sees 4/fsdp of such a matmul. The theta_s forward of every single-slice FSDP plan "
-    "matches 'all layer matmuls windowed' to 1-3% (a tensor-parallel mesh windows fewer); in "
-    "the train step only part of the matmuls are windowed (the compiler's cost model "
-    "chooses), so the plan gives the range and the share the count implies. Evidence: "
-    "Qwen3-1.7B dims with 2 layers, 8 x 8,192 on v5p-16, compiled with and without "
-    "`xla_tpu_enable_windowed_einsum_for_all_gather` / `_for_reduce_scatter`: with them "
-    "XLA/pred is 0.70 (train step) and 0.50 (theta_s forward, 1.01 of 'all windowed'); "
-    "without them 1.00 and 1.00. With 2 slices (data over DCN) no matmul is windowed;",
-    "5. the remat recompute does not redo a layer's last matmul, the MLP down projection: the "
-    "backward pass does not need its output and the compiler drops it (the same compile "
-    "without windowed einsums is 0.94x of a prediction that recomputes it, 1.00x of one that "
-    "does not). The hardware does not run it either, so FLOPs/step leaves it out too.",
-    "",
-    "The columns XLA/pred and XLA vs rules show XLA's count over the prediction with no "
-    "matmul windowed (rules 1-3 and 5), for the train step and the theta_s forward, and the "
-    "share of the layer matmul FLOPs the count implies were windowed where rule 4 applies. "
-    "Each plan's flops_note in the JSON says the same in words. XLA also counts elementwise "
-    "work (norms, softmax, RoPE, the optimizer update) that the analytic count leaves out: a "
-    "few percent at these sizes.",
-    "",
-]
 
 
 def xla_check(r: dict) -> str:
@@ -364,8 +322,13 @@ def run(cfg: PlanBenchConfig) -> dict:
         "plus the theta_s snapshots) and the theta_s-forward phase; HBM left is against the "
         "compiler's usable "
         "HBM (v5p 95.74 GiB, v5e 15.75 GiB)",
-        "projected step s and MFU assume 40% of the chip's published bf16 peak; FLOPs/step is "
-        "the analytic "
+        "roofline step s: each program's largest of compute (analytic FLOPs / bf16 peak), HBM "
+        "(XLA bytes accessed scaled by its loop undercount / HBM bandwidth) and ICI (FSDP "
+        "collective bytes / ICI bandwidth) time, summed over the train step and the theta_s "
+        "forward (bound per program: c/m/i); rows compiled before issue 30 have no bytes-accessed "
+        "figure (HBM term 0, a lower bound) and no recorded flags (see each JSON's xla_flags)",
+        "old step s @eff and MFU assume 40% of the chip's published bf16 peak (kept for one "
+        "release); FLOPs/step is the analytic "
         "count (train + remat recompute + log-prob chunk recompute + one theta_s forward); see "
         "each plan's "
         "flops_note in the JSON and 'How the FLOPs are counted' below for XLA's count and why "
@@ -375,9 +338,10 @@ def run(cfg: PlanBenchConfig) -> dict:
         "work: see the load",
         f"per-case JSON: {cfg.cache_dir}/",
     ]
-    res["sections"] = [*FLOPS_SECTION, "### Details of the target plans", ""] + [
+    res["sections"] = [*FLOPS_SECTION, *ISSUE30_SECTIONS, "### Details of the target plans", ""] + [
         plan_markdown(r) for c, r in found.items() if c in TARGETS or c.shipped
     ]
+    res["sections"] += ["", *MOE_HISTORY]
     return common.finish(res)
 
 

@@ -3,8 +3,10 @@ and report whether it fits in HBM, its FLOPs, projected step time and compile ti
 
 Modules: ``chips`` (per-chip HBM and bf16 peak), ``topology`` (slice names -> libtpu topology),
 ``abstract_state`` (the run's state as sharded shapes), ``compile`` (AOT compile + XLA analyses),
-``flops`` (analytic FLOPs vs XLA's count), ``report`` (the plan, fit verdict, advice), ``markdown``,
-``cli``. Importing this package does not import JAX.
+``flops`` (analytic FLOPs vs XLA's count), ``roofline`` (per-program compute / HBM / ICI time and
+bound), ``report`` (the plan, fit verdict, advice), ``markdown``, ``cli``. The TPU compiler flags
+the plan compiles with are ``dlc_jax.tpu_flags`` (shared with the trainer). Importing this
+package does not import JAX.
 """
 
 from dlc_jax.plan.config import PlanConfig

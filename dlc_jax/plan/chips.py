@@ -1,10 +1,16 @@
-"""Per-chip specs of TPU generations: HBM and published bf16 peak FLOP/s.
+"""Per-chip specs of TPU generations: HBM, published bf16 peak FLOP/s, HBM and ICI bandwidth.
 
 ``peak_bf16_flops`` and ``hbm_published_bytes`` are Google's published per-chip figures (the page is
 named in ``source``). ``hbm_usable_bytes`` is what the TPU compiler in libtpu 0.0.42.1 lets one
 program use: measured here by AOT-compiling a program with too large temporaries and reading the
 ``RESOURCE_EXHAUSTED ... exceeds available HBM (X G)`` message (v5p 95.74 GiB, v5e 15.75 GiB,
 v6e 31.25 GiB, v4 30.75 GiB). A plan fits when its peak is within the usable figure.
+
+``hbm_bytes_per_s`` and ``ici_bytes_per_s`` (bidirectional inter-chip interconnect bandwidth per
+chip) are the roofline's memory and collective ceilings, from the same Google pages
+(``bw_source``): v5p 2,765 GB/s HBM, 1,200 GB/s ICI; v5e 819 GB/s, 400 GB/s; v6e 1,638 GB/s,
+800 GB/s; v4 1,200 GB/s HBM and, as its page gives no per-chip ICI figure, the pod's all-reduce
+bandwidth per chip (1.1 PB/s / 4,096 chips = 269 GB/s).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ class ChipSpec:
     cores_in_type_name: bool  # GCP type names count TensorCores (v4-8 = 4 chips) instead of chips
     chip_config: str
     source: str
+    hbm_bytes_per_s: float = 0.0
+    ici_bytes_per_s: float = 0.0
+    bw_source: str = ""
 
 
 CHIPS: dict[str, ChipSpec] = {
@@ -43,6 +52,10 @@ CHIPS: dict[str, ChipSpec] = {
         True,
         "megacore",
         "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2, 275 TFLOP/s bf16 per chip)",
+        hbm_bytes_per_s=1200e9,
+        ici_bytes_per_s=1.1e15 / 4096,
+        bw_source="https://cloud.google.com/tpu/docs/v4 "
+        "(HBM2 1200 GBps; all-reduce bandwidth per Pod 1.1 PB/s over 4096 chips)",
     ),
     "v5p": ChipSpec(
         "v5p",
@@ -55,6 +68,10 @@ CHIPS: dict[str, ChipSpec] = {
         True,
         "default",
         "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e, 459 TFLOP/s bf16 per chip)",
+        hbm_bytes_per_s=2765e9,
+        ici_bytes_per_s=1200e9,
+        bw_source="https://cloud.google.com/tpu/docs/v5p "
+        "(HBM2e 2765 GBps; bidirectional ICI 1200 GBps per chip)",
     ),
     "v5e": ChipSpec(
         "v5e",
@@ -67,6 +84,10 @@ CHIPS: dict[str, ChipSpec] = {
         False,
         "default",
         "https://cloud.google.com/tpu/docs/v5e (16 GB HBM2, 197 TFLOP/s bf16 per chip)",
+        hbm_bytes_per_s=819e9,
+        ici_bytes_per_s=400e9,
+        bw_source="https://cloud.google.com/tpu/docs/v5e "
+        "(HBM2 819 GBps; bidirectional ICI 400 GBps per chip)",
     ),
     "v6e": ChipSpec(
         "v6e",
@@ -79,6 +100,10 @@ CHIPS: dict[str, ChipSpec] = {
         False,
         "default",
         "https://cloud.google.com/tpu/docs/v6e (32 GB HBM, 918 TFLOP/s bf16 per chip)",
+        hbm_bytes_per_s=1638e9,
+        ici_bytes_per_s=800e9,
+        bw_source="https://cloud.google.com/tpu/docs/v6e "
+        "(HBM 1638 GBps; bidirectional ICI 800 GBps per chip)",
     ),
 }
 

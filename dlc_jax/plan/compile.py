@@ -37,6 +37,9 @@ class ProgramReport:
     temp_bytes: int = 0
     code_bytes: int = 0
     xla_flops: float = 0.0
+    xla_bytes_accessed: float = 0.0  # XLA's cost analysis: HBM bytes read + written (bodies once)
+    collective_bytes: dict = dataclasses.field(default_factory=dict)  # per kind, from the HLO
+    windowed_einsum_loops: int = 0  # collective matmuls in the optimized HLO
     oom: str = ""
     oom_required_bytes: int = 0
     oom_available_bytes: int = 0
@@ -89,6 +92,7 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
     flops = float((cost or {}).get("flops", 0.0))
+    hlo = compiled.as_text() or ""
     log.info("%s: compiled in %.1f s", name, seconds)
     return ProgramReport(
         name=name,
@@ -100,7 +104,62 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
         temp_bytes=int(mem.temp_size_in_bytes),
         code_bytes=int(mem.generated_code_size_in_bytes),
         xla_flops=flops,
+        xla_bytes_accessed=float((cost or {}).get("bytes accessed", 0.0)),
+        collective_bytes=collective_bytes(hlo),
+        windowed_einsum_loops=windowed_loops(hlo),
     )
+
+
+_COLLECTIVE_RE = re.compile(
+    r"= ((?:\([^=]*?\))|(?:[a-z0-9]+\[[\d,]*\][^ ]*)) "
+    r"(all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute)(?:-start)?\("
+)
+_ARRAY_RE = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "bf16": 2,
+    "f16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+}
+
+
+def _shape_bytes(text: str) -> int:
+    total = 0
+    for dt, dims in _ARRAY_RE.findall(text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _DTYPE_BYTES[dt]
+    return total
+
+
+def collective_bytes(hlo: str) -> dict[str, int]:
+    """Bytes each kind of collective produces on one device, summed over the optimized HLO's
+    collective instructions (their result shapes; an async ``-start`` counted once, its
+    ``-done`` not). Like XLA's cost analysis, a loop body's instructions are counted once."""
+    out: dict[str, int] = {}
+    for shape, kind in _COLLECTIVE_RE.findall(hlo):
+        b = _shape_bytes(shape)
+        if shape.startswith("("):  # async start: (operand, result[, scratch]): the result
+            parts = [_shape_bytes(m.group(0)) for m in _ARRAY_RE.finditer(shape)]
+            b = parts[1] if len(parts) > 1 else b
+        out[kind] = out.get(kind, 0) + b
+    return out
+
+
+def windowed_loops(hlo: str) -> int:
+    """Distinct HLO names that mark a collective matmul (``windowed_dot_general`` loops and their
+    bodies) in the optimized HLO: 0 when no matmul was windowed."""
+    return len(set(re.findall(r"%([\w.]*windowed[\w.]*)", hlo)))
 
 
 def compile_run(run, step_cfg) -> dict[str, ProgramReport]:

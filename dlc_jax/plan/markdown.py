@@ -18,8 +18,9 @@ TABLE_COLUMNS = (
     "step temps GiB",
     "FLOPs/step",
     "XLA/pred",
-    "projected step s",
-    "MFU",
+    "roofline step s (bound)",
+    "roofline MFU",
+    "old step s @eff",
     "compile s (CPU s)",
 )
 
@@ -42,10 +43,20 @@ def _row(r: dict) -> dict:
         else f"{step['temp_bytes'] / GIB:.1f}",
         "FLOPs/step": f"{r['flops_per_step']:.2e}",
         "XLA/pred": _xla_ratio(r),
-        "projected step s": f"{r['projected_step_s']:.2f}",
-        "MFU": f"{100 * r['mfu']:.0f}%",
+        "roofline step s (bound)": _roofline(r),
+        "roofline MFU": f"{100 * r['roofline']['mfu']:.0f}%" if "roofline" in r else "n/a",
+        "old step s @eff": f"{r['projected_step_s']:.2f} @{100 * r['efficiency']:.0f}%",
         "compile s (CPU s)": f"{r['compile_s']:.0f} ({r.get('compile_cpu_s', 0):.0f})",
     }
+
+
+def _roofline(r: dict) -> str:
+    """The roofline step and each program's bound (c: compute, m: HBM, i: ICI collectives)."""
+    rl = r.get("roofline")
+    if not rl:
+        return "n/a"
+    bounds = "/".join(p["bound"][0] for p in rl["programs"].values())
+    return f"{rl['step_s']:.2f} ({bounds})"
 
 
 def _xla_ratio(r: dict) -> str:

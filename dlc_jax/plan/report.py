@@ -44,6 +44,7 @@ def _pallas(qcfg, mesh, compute_dtype) -> bool:
 def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -> dict:
     """The plan of TrainConfig ``cfg`` on Topology ``topo`` as a JSON-able dict (see module doc);
     ``nic_gbps``: the trainer/sampler NIC bandwidth of the resync projection (`plan.resync`)."""
+    from dlc_jax import tpu_flags
     from dlc_jax.plan.abstract_state import (
         abstract_run,
         data_axis_spans_slices,
@@ -56,6 +57,8 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     from dlc_jax.plan.topology import abstract_devices
     from dlc_jax.trainer.step import step_config
 
+    # the compiler flags the run on the pod uses (libtpu reads them when it loads, just below)
+    flags = compiler_flags(tpu_flags.apply(cfg.plan.libtpu_flags), tpu_flags.backend_loaded())
     t0, c0 = time.perf_counter(), time.process_time()
     devices = abstract_devices(topo)
     mesh, mesh_note = plan_mesh(cfg.mesh, devices, topo.num_slices)
@@ -135,6 +138,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
             "chip_source": chip.source,
         },
         "fits": fits,
+        "xla_flags": flags,
         "hbm_bytes_per_chip": usable,
         "hbm_published_bytes_per_chip": chip.hbm_published_bytes,
         "peak_bytes_per_chip": {
@@ -169,10 +173,33 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         "compile_cpu_s": compile_cpu_s,
         "loadavg": list(os.getloadavg()),
     }
+    if not step.oom and not snap.oom:
+        from dlc_jax.plan.roofline import roofline
+
+        result["roofline"] = roofline(result, chip)
+        result["roofline_step_s"] = result["roofline"]["step_s"]
     result["resync"] = _resync(cfg, topo, run.qcfg, result, nic_gbps)
     if not fits:
         result["advice"] = advice(cfg, topo, result)
     return result
+
+
+def compiler_flags(libtpu_args: str, backend_was_loaded: bool) -> dict:
+    """What the compiles of this plan ran with: ``LIBTPU_INIT_ARGS`` (set by the plan), the
+    environment's ``XLA_FLAGS`` (JAX's own XLA; libtpu does not read it) and the versions."""
+    import jax
+
+    from dlc_jax.plan.libtpu import LIBTPU_VERSION
+
+    return {
+        "LIBTPU_INIT_ARGS": libtpu_args,
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+        "jax": jax.__version__,
+        "libtpu": LIBTPU_VERSION,
+        # False when this process had loaded libtpu before the plan set its flags (then the
+        # compiles ran with the flags of that earlier load)
+        "set_before_libtpu_loaded": not backend_was_loaded,
+    }
 
 
 def _resync(cfg, topo, qcfg, result: dict, nic_gbps: float) -> dict:
@@ -188,7 +215,7 @@ def _resync(cfg, topo, qcfg, result: dict, nic_gbps: float) -> dict:
         hosts,
         nic_gbps,
         largest_tensor_params=qcfg.vocab_size * qcfg.hidden_size,
-        step_s=result["projected_step_s"],
+        step_s=result.get("roofline_step_s") or result["projected_step_s"],
     )
 
 
@@ -278,13 +305,17 @@ def table(r: dict) -> str:
         f"{r['analytic_flops']['six_n_tokens']:.3e}); XLA per device: step "
         f"{r['xla_flops_per_device']['train_step']:.3e}, theta_s forward "
         f"{r['xla_flops_per_device']['snapshot_forward']:.3e}",
-        f"  projected step {r['projected_step_s']:.2f} s at {100 * r['efficiency']:.0f}% of "
-        f"{r['peak_bf16_flops_per_chip'] / 1e12:.0f} TFLOP/s bf16 per chip; MFU "
-        f"{100 * r['mfu']:.1f}%",
+        f"  old projection (kept one release): step {r['projected_step_s']:.2f} s at "
+        f"{100 * r['efficiency']:.0f}% of {r['peak_bf16_flops_per_chip'] / 1e12:.0f} TFLOP/s bf16 "
+        f"per chip; MFU {100 * r['mfu']:.1f}%",
         f"  compile {r['compile_s']:.1f} s wall, {r['compile_cpu_s']:.1f} s CPU (load "
         f"{r['loadavg'][0]:.1f})",
         "  fits: " + ("yes" if r["fits"] else "NO"),
     ]
+    if "roofline" in r:
+        from dlc_jax.plan.roofline import roofline_line
+
+        lines.insert(-3, roofline_line(r["roofline"]))
     if "resync" in r:
         from dlc_jax.plan.resync import resync_line
 

@@ -34,6 +34,11 @@ def cli(argv: list[str]) -> int:
     if a.print_config:
         print(dump_config(cfg))
         return 0
+    # on a TPU: the compiler flags `dlc-jax plan` compiled with (libtpu reads them once, when JAX
+    # loads it below); elsewhere the variable is unread
+    from dlc_jax import tpu_flags
+
+    tpu_flags.apply(cfg.plan.libtpu_flags)
     # multi-host: jax.distributed must be up before any JAX computation (the Trainer makes the mesh)
     from dlc_jax.trainer import distributed
 

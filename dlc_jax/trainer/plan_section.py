@@ -12,15 +12,22 @@ import dataclasses
 class PlanConfig:
     """topology: the TPU slice the config is meant for (GCP type ``v5p-16`` or ``v5p:2x2x2``; '' =
     none, ``--topology`` is then required); slices: how many of them (data parallel over DCN);
-    efficiency: fraction of the chip's bf16 peak assumed for the projected step time. The trainer
-    ignores this section."""
+    efficiency: fraction of the chip's bf16 peak of the old projected step time (kept beside the
+    roofline for one release); libtpu_flags: TPU compiler flags (``--name=value`` separated by
+    spaces) added to / overriding the project's set (``dlc_jax.tpu_flags``), used by both
+    ``dlc-jax plan`` and ``dlc-jax train`` on a TPU so the plan compiles what the run compiles.
+    The trainer reads only libtpu_flags."""
 
     topology: str = ""
     slices: int = 1
     efficiency: float = 0.4
+    libtpu_flags: str = ""
 
     def __post_init__(self):
         if self.slices < 1:
             raise ValueError(f"slices must be >= 1, got {self.slices}")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
+        from dlc_jax.tpu_flags import parse
+
+        parse(self.libtpu_flags)  # a token that is not --name[=value]: one-line ValueError

@@ -1,0 +1,253 @@
+"""`dlc-jax bench plan-peers`: our DLC step beside a peer's GRPO learner step, both compiled ahead
+of time for the same TPU slice on this CPU, with the same compiler flags (``dlc_jax.tpu_flags``):
+Qwen3-0.6B on v5p-8 and Qwen3-1.7B on v5p-16, 8 rows x 4,096 and x 32,768 tokens, float32
+parameters, bfloat16 compute, whole-layer remat, splash attention, FSDP over every chip.
+
+Ours: `dlc-jax plan` (the train step + the theta_s forward; docs/bench/plan/). The peer: tunix's
+GRPO learner step (``dlc_jax.bench.peer_grpo_step``), in a subprocess with tunix on its path (tunix
+is not a dependency; ``--peer-site DIR`` names where it is installed). Targets: our train step's
+peak HBM <= the peer's; our roofline step (train step + theta_s forward) <= 1.25x the peer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dlc_jax.bench import common
+from dlc_jax.plan.chips import GIB
+
+INSTALL = (
+    "pip install --target {site} --no-deps google-tunix google-metrax clu wrapt jaxtyping "
+    "wadler_lindig perfetto  (or pip install '.[peers]' in a separate venv)"
+)
+ROWS = (("0.6B", "v5p-8", 8, 4096), ("0.6B", "v5p-8", 8, 32768))
+ROWS_1P7B = (("1.7B", "v5p-16", 8, 4096), ("1.7B", "v5p-16", 8, 32768))
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanPeersConfig:
+    rows: tuple = ROWS_1P7B + ROWS
+    cache_dir: str = "docs/bench/plan_peers"
+    plan_dir: str = "docs/bench/plan"
+    peer_site: str = "/work/peer_site"
+    force: bool = False
+    timeout_s: int = 3600
+
+
+SIZES = {
+    "full": PlanPeersConfig(),
+    "1.7B": PlanPeersConfig(rows=ROWS_1P7B),
+    "4k": PlanPeersConfig(rows=(ROWS_1P7B[0], ROWS[0])),
+    "1.7B-4k": PlanPeersConfig(rows=(ROWS_1P7B[0],)),
+    # both models with 2 of their layers: the per-layer comparison a loaded machine can compile
+    "2-layers-4k": PlanPeersConfig(rows=(("1.7B:2", "v5p-16", 8, 4096),)),
+    "2-layers": PlanPeersConfig(
+        rows=(("1.7B:2", "v5p-16", 8, 4096), ("1.7B:2", "v5p-16", 8, 32768))
+    ),
+}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="recompile cached rows")
+    p.add_argument("--peer-site", default="", help="folder with tunix installed (--target)")
+
+
+def from_args(size: str, args) -> PlanPeersConfig:
+    cfg = common.sized_config("plan-peers", SIZES, size, args, peer_site="peer_site")
+    return dataclasses.replace(cfg, force=bool(getattr(args, "force", False)))
+
+
+def _env(site: str) -> dict:
+    path = [os.environ.get("PYTHONPATH", ""), site]  # ours first: the peer site adds, never shadows
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def peer_available(site: str) -> str:
+    """'' when tunix imports from ``site``, else the one-line reason with the install command."""
+    probe = [sys.executable, "-c", "import tunix.rl.algo_core, tunix.models.qwen3.model"]
+    r = subprocess.run(probe, env=_env(site), capture_output=True, text=True, timeout=600)
+    if r.returncode == 0:
+        return ""
+    tail = (r.stderr or r.stdout).strip().splitlines()
+    return (
+        f"tunix not importable ({tail[-1] if tail else r.returncode}): {INSTALL.format(site=site)}"
+    )
+
+
+def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
+    tag = model.replace(":", "_L")
+    out = Path(cfg.cache_dir) / f"tunix_grpo_{tag}_{topo}_{rows}x{length}.json"
+    if out.exists() and not cfg.force:
+        return json.loads(out.read_text())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()
+    cmd = [sys.executable, "-m", "dlc_jax.bench.peer_grpo_step", model, topo, str(rows)]
+    proc = subprocess.run(
+        [*cmd, str(length), str(out)],
+        env=_env(cfg.peer_site),
+        capture_output=True,
+        text=True,
+        timeout=cfg.timeout_s,
+    )
+    if not out.exists():
+        raise RuntimeError(f"peer compile failed (rc {proc.returncode}): {proc.stderr[-1500:]}")
+    r = json.loads(out.read_text())
+    r["loadavg_start"] = [round(x, 2) for x in load0]
+    out.write_text(json.dumps(r, indent=1, sort_keys=True))
+    return r
+
+
+def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
+    from dlc_jax.bench.plan_bench import TODAY, PlanCase, run_case
+
+    extra: tuple[str, ...] = TODAY
+    if ":" in model:  # "1.7B:2": the model with 2 layers (config.json written next to the cache)
+        name, layers = model.split(":")
+        from dlc_jax.model import PRESETS
+
+        path = Path(cfg.cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
+        path.mkdir(parents=True, exist_ok=True)
+        qcfg = PRESETS[f"Qwen3-{name}"].replace(num_hidden_layers=int(layers))
+        (path / "config.json").write_text(json.dumps(qcfg.to_hf_dict(), sort_keys=True))
+        model, extra = name, (*TODAY, f"model.path={path}")
+    case = PlanCase(model, topo, rows, length, 1, extra=extra)
+    path = Path(cfg.plan_dir) / f"{case.key}.json"
+    stale = path.exists() and "xla_flags" not in json.loads(path.read_text())
+    from dlc_jax.bench.plan_bench import refresh_flops
+
+    # today's analytic FLOPs and roofline over the cached compile
+    return refresh_flops(run_case(case, Path(cfg.plan_dir), cfg.force or stale, cfg.timeout_s))
+
+
+def peer_roofline(peer: dict, ours: dict) -> dict:
+    """The peer step's roofline with ours' rules: analytic FLOPs of a GRPO step of the same shape
+    (train + whole-layer remat recompute; full logits, no log-prob chunk recompute, no theta_s
+    forward), XLA's bytes accessed, FSDP collective bytes."""
+    from dlc_jax.plan.chips import chip
+    from dlc_jax.plan.roofline import _fsdp_bytes, program_roofline
+
+    fl, chips = ours["analytic_flops"], peer["chips"]
+    flops = (fl["hardware_flops"] - fl["logprob_chunk_recompute"] - fl["snapshot_forward"]) / chips
+    coll = _fsdp_bytes(peer["params"], 2, peer["fsdp"], 2, peer["params"])
+    # tunix unrolls its layers: no loop but the collective matmuls' hides work from XLA's count
+    return program_roofline("grpo_step", flops, peer, flops, chip(peer["chip"]), coll)
+
+
+COLUMNS = [
+    "model",
+    "slice",
+    "rows x tokens",
+    "ours: step peak GiB (+theta_s copies)",
+    "peer: step peak GiB",
+    "ours: XLA FLOPs/dev step+fwd",
+    "peer: XLA FLOPs/dev",
+    "ours: bytes accessed step+fwd",
+    "peer: bytes accessed",
+    "ours: roofline s (bound)",
+    "peer: roofline s (bound)",
+    "roofline ours/peer",
+]
+
+
+def _row(model, topo, rows, length, ours, peer) -> dict:
+    name = f"Qwen3-{model}".replace(":", ", layers: ")
+    row = {"model": name, "slice": topo, "rows x tokens": f"{rows} x {length:,}"}
+    sp = ours["programs"]["train_step"]
+    fw = ours["programs"]["snapshot_forward"]
+    row["ours: step peak GiB (+theta_s copies)"] = (
+        f"{sp['peak_bytes'] / GIB:.1f} ({ours['peak_bytes_per_chip']['total'] / GIB:.1f})"
+    )
+    row["ours: XLA FLOPs/dev step+fwd"] = f"{sp['xla_flops']:.2e}+{fw['xla_flops']:.2e}"
+    ba = sp.get("xla_bytes_accessed", 0) + fw.get("xla_bytes_accessed", 0)
+    row["ours: bytes accessed step+fwd"] = f"{ba:.2e}"
+    rl = ours.get("roofline")
+    row["ours: roofline s (bound)"] = (
+        f"{rl['step_s']:.2f} ({'/'.join(p['bound'] for p in rl['programs'].values())})"
+        if rl
+        else "n/a"
+    )
+    if peer.get("oom"):
+        row["peer: step peak GiB"] = "OOM: " + peer["oom"][:80]
+        return row
+    prl = peer_roofline(peer, ours)
+    row["peer: step peak GiB"] = f"{peer['peak_bytes'] / GIB:.1f}"
+    row["peer: XLA FLOPs/dev"] = f"{peer['xla_flops']:.2e}"
+    row["peer: bytes accessed"] = f"{peer['xla_bytes_accessed']:.2e}"
+    row["peer: roofline s (bound)"] = f"{prl['projected_s']:.2f} ({prl['bound']})"
+    if rl:
+        row["roofline ours/peer"] = f"{rl['step_s'] / prl['projected_s']:.2f}"
+    row["_peer_roofline"] = prl
+    return row
+
+
+def run(cfg: PlanPeersConfig) -> dict:
+    res = common.new_result(
+        "plan_peers", "Our DLC step vs tunix's GRPO learner step, AOT-compiled for TPU", COLUMNS
+    )
+    res["config"] = dataclasses.asdict(cfg)
+    missing = peer_available(cfg.peer_site)
+    if missing:
+        res["notes"].append(missing)
+    for model, topo, rows, length in cfg.rows:
+        try:
+            ours = our_row(cfg, model, topo, rows, length)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            res["notes"].append(f"{model} {topo} {rows}x{length}: our plan failed: {e}")
+            continue
+        peer: dict = {"oom": "", "peak_bytes": 0}
+        if not missing:
+            try:
+                peer = peer_row(cfg, model, topo, rows, length)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                res["notes"].append(f"{model} {topo} {rows}x{length}: peer did not compile: {e}")
+                peer = {}
+        row = _row(model, topo, rows, length, ours, peer) if peer else None
+        if row is None:
+            continue
+        prl = row.pop("_peer_roofline", None)
+        res["rows"].append(row)
+        name = f"{model} {rows}x{length:,} on {topo}"
+        if peer.get("peak_bytes"):
+            step_peak = ours["programs"]["train_step"]["peak_bytes"]
+            res["targets"].append(
+                common.target(
+                    f"{name}: our step peak / peer's", step_peak / peer["peak_bytes"], 1.0, "<="
+                )
+            )
+        if prl and ours.get("roofline"):
+            res["targets"].append(
+                common.target(
+                    f"{name}: our roofline step / peer's",
+                    ours["roofline"]["step_s"] / prl["projected_s"],
+                    1.25,
+                    "<=",
+                )
+            )
+    if any(":" in r[0] for r in cfg.rows):
+        res["notes"].append(
+            "layers: N rows are both models cut to N decoder layers, same widths, vocabulary, "
+            "batch, length, slice and flags: tunix runs its layers as a Python loop (unrolled, no "
+            "scan), so its full 28-layer step is a far larger compile than ours (2 layers at "
+            "8 x 4,096: 149 CPU-s); `--size full` compiles the whole models"
+        )
+    res["notes"] += [
+        "peer: google-tunix 0.1.7 GRPO loss (tunix.rl.algo_core.grpo_loss_fn, beta 0: no "
+        "reference forward) on tunix's Qwen3 (FSDP, splash attention, RematConfig.DECODER), "
+        "512 prompt + the rest completion tokens per row, AdamW + clip as ours; per-row JSON in "
+        f"{cfg.cache_dir}/",
+        "ours: the plan's train step (its peak in the column; in brackets the plan's total with "
+        "the resident theta_s copies) plus the theta_s forward (DLC's extra program)",
+        "XLA FLOPs and bytes accessed are each compile's own count: ours sees each loop body "
+        "once (layer scan, log-prob chunk map, collective matmuls), tunix's unrolled layers are "
+        "counted whole, so compare the roofline columns (which scale ours back to the work)",
+        "roofline: each program's largest of compute (analytic FLOPs / bf16 peak), HBM (XLA bytes "
+        "accessed scaled by its loop undercount / HBM bandwidth) and ICI (FSDP gather + "
+        "reduce-scatter bytes / ICI bandwidth); docs/bench/PLAN.md",
+    ]
+    return common.finish(res)

@@ -1,0 +1,135 @@
+"""Roofline step time of a plan: each compiled program's compute, HBM and collective time against
+the chip's published ceilings (``chips.ChipSpec``: bf16 peak, HBM bandwidth, bidirectional ICI
+bandwidth), its bound, and the step as the sum of the programs' times (train step + one theta_s
+forward).
+
+Per program and per chip:
+
+* compute: the analytic FLOPs the hardware runs (``flops.step_flops``: train + remat and log-prob
+  chunk recompute for the train step, one forward for theta_s), not XLA's count, which sees each
+  loop body once (layer scan, micro-batches, chunks), a collective matmul at 4/fsdp and a Pallas
+  kernel as 0 (``flops`` module doc);
+* HBM: XLA's ``bytes accessed`` scaled by the same undercount as its FLOPs (``loop_scale`` = the
+  analytic FLOPs XLA can see, i.e. less splash attention's, over XLA's count, or over the rules'
+  no-windowing prediction when XLA counts more than that, as for megablox MoE experts): a loop
+  body's bytes are seen once just as its FLOPs, except the program's arguments and outputs
+  (parameters, optimizer state, batch: read and written once, outside the loops), which are not
+  scaled (splash's own HBM traffic, flash-style blocks of Q/K/V, is left out);
+* collectives: FSDP's own traffic, analytic: every pass over the layers all-gathers the
+  compute-dtype weights ((fsdp-1)/fsdp of them arrive at each chip; the train step gathers for the
+  forward and again for the backward, the theta_s forward once) and the backward reduce-scatters
+  the float32 gradients; over the chip's bidirectional ICI bandwidth. The HLO's collective result
+  bytes (loop bodies once) are kept beside it (``collective_bytes_hlo``).
+
+The program's time is the largest of the three (compute, HBM and ICI overlap perfectly: a lower
+bound). What the roofline leaves out: splash attention's own efficiency, DCN between slices,
+imperfect overlap, host work.
+"""
+
+from __future__ import annotations
+
+
+def _fsdp_bytes(params: int, compute_bytes: int, fsdp: int, passes: int, grads: int) -> float:
+    """Bytes arriving at one chip: ``passes`` all-gathers of the weights, one reduce-scatter of
+    ``grads`` float32 gradients (the trained parameters; LoRA: the adapters)."""
+    if fsdp <= 1:
+        return 0.0
+    share = (fsdp - 1) / fsdp
+    return share * (params * compute_bytes * passes + grads * 4)
+
+
+def program_roofline(
+    name: str,
+    flops: float,
+    prog: dict,
+    xla_pred: float,
+    chip,
+    coll_bytes: float,
+    unseen_flops: float = 0.0,
+) -> dict:
+    """One program's roofline (see the module doc); ``flops``: analytic per chip;
+    ``xla_pred``: the rules' per-device prediction of XLA's count with no matmul windowed;
+    ``unseen_flops``: the part of ``flops`` XLA never sees (a Pallas kernel: splash attention),
+    left out of the loop scale of the bytes."""
+    xla = float(prog.get("xla_flops") or 0.0)
+    seen = min(xla, xla_pred) if xla and xla_pred else (xla or xla_pred)
+    scale = max(flops - unseen_flops, 0.0) / seen if seen else 1.0
+    # the program's arguments and outputs (parameters, optimizer state, batch) are read and
+    # written outside the loops: counted once, not scaled
+    once = float(prog.get("argument_bytes") or 0) + float(prog.get("output_bytes") or 0)
+    seen_bytes = float(prog.get("xla_bytes_accessed") or 0.0)
+    hbm = max(seen_bytes - once, 0.0) * scale + min(once, seen_bytes)
+    t = {
+        "compute": flops / chip.peak_bf16_flops,
+        "memory": hbm / chip.hbm_bytes_per_s if chip.hbm_bytes_per_s else 0.0,
+        "collective": coll_bytes / chip.ici_bytes_per_s if chip.ici_bytes_per_s else 0.0,
+    }
+    bound = max(t, key=lambda k: t[k])
+    return {
+        "flops_per_chip": flops,
+        "hbm_bytes_per_chip": hbm,
+        "collective_bytes_per_chip": coll_bytes,
+        "collective_bytes_hlo": prog.get("collective_bytes", {}),
+        "loop_scale": scale,
+        "seconds": {k: round(v, 6) for k, v in t.items()},
+        "bound": bound,
+        "projected_s": t[bound],
+        "name": name,
+    }
+
+
+def roofline(result: dict, chip) -> dict:
+    """The roofline of a plan ``result`` (``report.build_plan``'s dict, before this key)."""
+    fl, chips = result["analytic_flops"], result["topology"]["chips"]
+    c = result["config"]
+    params, grads = c["params"], c.get("trained_params", c["params"])
+    compute_bytes = 2 if c["compute_dtype"] in ("bfloat16", "float16") else 4
+    fsdp = int(result["topology"]["mesh"].get("fsdp", 1))
+    # splash attention (Pallas) is invisible to XLA: its FLOPs stay out of the bytes' loop scale
+    attn_fwd = fl["attention"] / 3 / chips if "splash" in str(c.get("attention")) else 0.0
+    attn_step = attn_fwd * (4 if c.get("remat_policy") in ("full", "save_dots") else 3)
+    progs = result["programs"]
+    snap_flops = fl["snapshot_forward"] / chips
+    step_flops = fl["hardware_flops"] / chips - snap_flops
+    out = {
+        "chip": {
+            "peak_bf16_flops": chip.peak_bf16_flops,
+            "hbm_bytes_per_s": chip.hbm_bytes_per_s,
+            "ici_bytes_per_s": chip.ici_bytes_per_s,
+            "source": chip.bw_source,
+        },
+        "programs": {
+            "train_step": program_roofline(
+                "train_step",
+                step_flops,
+                progs["train_step"],
+                fl["xla_visible_train_step_per_device"],
+                chip,
+                _fsdp_bytes(params, compute_bytes, fsdp, 2, grads),
+                attn_step,
+            ),
+        },
+    }
+    if snap_flops:
+        out["programs"]["snapshot_forward"] = program_roofline(
+            "snapshot_forward",
+            snap_flops,
+            progs["snapshot_forward"],
+            fl["xla_visible_snapshot_forward_per_device"],
+            chip,
+            _fsdp_bytes(params, compute_bytes, fsdp, 1, 0),
+            attn_fwd,
+        )
+    out["step_s"] = sum(p["projected_s"] for p in out["programs"].values())
+    out["mfu"] = fl["model_flops"] / (out["step_s"] * chip.peak_bf16_flops * chips)
+    return out
+
+
+def roofline_line(r: dict) -> str:
+    """One line for the plan table."""
+    parts = [f"{n} {p['projected_s']:.2f} s ({p['bound']}-bound)" for n, p in r["programs"].items()]
+    return (
+        f"  roofline step {r['step_s']:.2f} s = "
+        + " + ".join(parts)
+        + f"; MFU {100 * r['mfu']:.0f}%"
+    )
