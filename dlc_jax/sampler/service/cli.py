@@ -33,7 +33,9 @@ def _parser() -> ArgumentParser:
         help="0 = pick a free port (printed as 'LISTENING host:port')",
     )
     s.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    s.add_argument("--quantization", default=None, help="vLLM: e.g. fp8_per_channel; jax: int8 | fp8_e4m3")
+    s.add_argument(
+        "--quantization", default=None, help="vLLM: e.g. fp8_per_channel; jax: int8 | fp8_e4m3"
+    )
     s.add_argument("--tensor-parallel-size", type=int, default=1)
     s.add_argument("--max-model-len", type=int, default=512)
     s.add_argument("--max-n", type=int, default=64)
