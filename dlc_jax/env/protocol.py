@@ -48,14 +48,15 @@ class EnvTimeout(Exception):
     """An environment call ran past ``env.timeout_s`` (its thread is abandoned)."""
 
 
-_IN_ENV = threading.local()  # .active: this thread runs an environment call
+_IN_ENV = threading.local()  # .pid: this thread runs an environment call of that process
 _REAL_EXIT = os._exit
 
 
 def _guarded_exit(code: int = 0) -> None:
     """``os._exit`` while environment calls may run: from an environment's thread it ends that
-    call (EnvError) instead of the whole process; from anywhere else it exits."""
-    if getattr(_IN_ENV, "active", False):
+    call (EnvError) instead of the whole process; from anywhere else it exits, and so does a
+    process forked from an environment's thread (multiprocessing's child ends with os._exit)."""
+    if getattr(_IN_ENV, "pid", None) == os.getpid():
         raise EnvError(f"the environment called os._exit({code})")
     _REAL_EXIT(code)
 
@@ -68,7 +69,7 @@ def timed_call(fn: Callable, args: tuple, timeout: float) -> Any:
     os._exit = _guarded_exit  # type: ignore[assignment]
 
     def run() -> None:
-        _IN_ENV.active = True
+        _IN_ENV.pid = os.getpid()
         try:
             box["out"] = call_env(fn, *args)
         except BaseException as e:  # noqa: BLE001 - handed to the caller

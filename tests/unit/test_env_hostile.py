@@ -6,6 +6,7 @@ reward."""
 
 import json
 import math
+import os
 import sys
 import time
 
@@ -15,7 +16,7 @@ from dlc_jax.bench.soak.env_cases import CASES, Base, Echo, InitFails
 from dlc_jax.env import ChatDelta, EnvConfig, EnvSampler
 from dlc_jax.env.demos import NoDemonstrationError, demonstrations
 from dlc_jax.env.evaluate import EnvEvaluator
-from dlc_jax.env.protocol import EnvConfigError, load_env_factory
+from dlc_jax.env.protocol import EnvConfigError, EnvError, load_env_factory, timed_call
 from dlc_jax.errors import is_user_error
 from dlc_jax.sampler.wire.types import SamplingParams
 
@@ -161,3 +162,23 @@ def test_warmup_leaves_out_and_counts_failing_demonstrations(tok):
     sys.modules["hostile_half_mod"] = mod
     hists, counts = demonstrations(EnvConfig(fn="hostile_half_mod:Env"), tok, [dict(ROW)] * 6)
     assert len(hists) == 3 and counts["env/warmup_errors"] == 3
+
+
+def test_os_exit_in_an_env_call_ends_the_call_but_a_forked_child_still_exits():
+    """The guard turns os._exit inside an environment call into an EnvError, yet a process the
+    environment forks (multiprocessing ends its children with os._exit) must really exit: before
+    the guard looked at the pid, the child raised instead and ended with status 0, not 7."""
+
+    def exits():
+        os._exit(3)
+
+    with pytest.raises(EnvError, match="os._exit"):
+        timed_call(exits, (), 10.0)
+
+    def forks():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    assert timed_call(forks, (), 10.0) == 7
