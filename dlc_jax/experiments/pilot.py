@@ -18,7 +18,7 @@ from dlc_jax.experiments.launch import log_progress
 from dlc_jax.experiments.presets import ExperimentPreset
 from dlc_jax.experiments.run_outputs import read_metrics
 from dlc_jax.experiments.runner import Experiment
-from dlc_jax.experiments.sweep import SweepPoint
+from dlc_jax.experiments.sweep import SweepPoint, lr_batch_point
 
 PILOT_ARM, PILOT_SCENARIO = "dlc_noresync", "lag_never"
 ESS_KEYS = (("token", "ess_lag"), ("sequence", "ess_lag_seq"))
@@ -125,24 +125,16 @@ def pilot_table(rows: list[dict]) -> list[str]:
     return out
 
 
-def _point(lr: float, prompts: int, steps: int) -> SweepPoint:
-    return SweepPoint(
-        f"lr{lr:g}_b{prompts}_s{steps}",
-        (f"optim.lr={lr:g}", f"train.batch_prompts={prompts}"),
-        steps,
-    )
-
-
 # The tiny preset's pilot points (8 samples per prompt): the committed matrix's 5e-5 x 32 x 20
 # never crossed; a larger step or a longer run is what can.
 PILOTS: dict[str, tuple[SweepPoint, ...]] = {
     "tiny": (
-        _point(1e-4, 32, 40),
-        _point(2e-4, 32, 20),
-        _point(1.5e-4, 32, 30),
-        _point(1e-4, 16, 60),
-        _point(2e-4, 64, 20),
-        _point(2e-4, 16, 30),
-        _point(1e-4, 16, 40),
+        lr_batch_point(1e-4, 32, 40),
+        lr_batch_point(2e-4, 32, 20),
+        lr_batch_point(1.5e-4, 32, 30),
+        lr_batch_point(1e-4, 16, 60),
+        lr_batch_point(2e-4, 64, 20),
+        lr_batch_point(2e-4, 16, 30),
+        lr_batch_point(1e-4, 16, 40),
     )
 }

@@ -136,7 +136,8 @@ def sweep_table(rows: list[dict]) -> list[str]:
     return out
 
 
-def _point(lr: float, prompts: int, steps: int) -> SweepPoint:
+def lr_batch_point(lr: float, prompts: int, steps: int) -> SweepPoint:
+    """A sweep or pilot point: learning rate x prompts per batch x steps, named by them."""
     return SweepPoint(
         f"lr{lr:g}_b{prompts}_s{steps}",
         (f"optim.lr={lr:g}", f"train.batch_prompts={prompts}"),
@@ -148,13 +149,13 @@ def _point(lr: float, prompts: int, steps: int) -> SweepPoint:
 # matrix's setting, whose on-policy runs did not learn).
 SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
     "tiny": (
-        _point(2e-4, 8, 20),
-        _point(5e-5, 8, 20),
-        _point(1e-4, 8, 20),
-        _point(5e-4, 8, 20),
-        _point(1e-3, 8, 20),
-        _point(5e-4, 16, 20),
-        _point(5e-5, 32, 20),
-        _point(2e-5, 32, 20),
+        lr_batch_point(2e-4, 8, 20),
+        lr_batch_point(5e-5, 8, 20),
+        lr_batch_point(1e-4, 8, 20),
+        lr_batch_point(5e-4, 8, 20),
+        lr_batch_point(1e-3, 8, 20),
+        lr_batch_point(5e-4, 16, 20),
+        lr_batch_point(5e-5, 32, 20),
+        lr_batch_point(2e-5, 32, 20),
     )
 }
