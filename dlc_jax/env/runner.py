@@ -36,6 +36,7 @@ from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.history import History
 from dlc_jax.env.protocol import EnvError, EnvTimeout, check_messages, check_step, timed_call
+from dlc_jax.sampler.client.protocol import SamplerBase
 from dlc_jax.sampler.wire.types import Rollout, SamplingParams, mix_seed
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,6 @@ END_REASONS = (
 
 _DELEGATED = (
     "push_weights",
-    "push_model",
     "info",
     "wait_ready",
     "metrics",
@@ -87,7 +87,7 @@ class _Episode:
     budget_cut: bool = False
 
 
-class EnvSampler:
+class EnvSampler(SamplerBase):
     """inner_fn: zero-arg callable returning the real `Sampler` (it may change on reconnect);
     env_factory: zero-arg callable making one environment per episode; delta: the `ChatDelta` of
     the model's tokenizer; row_fn: slot id -> the data row (dict) its environment is reset with
@@ -129,22 +129,18 @@ class EnvSampler:
             return getattr(self.inner_fn(), name)
         raise AttributeError(name)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        slot_ids: list[int] | None = None,
-        request_id: str | None = None,
-    ) -> Iterator[Rollout]:
+    def push_model(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner_fn().push_model(*args, **kwargs)
+
+    def _generate(self, prompts, params, slot_ids, request_id) -> Iterator[Rollout]:
         """One episode per prompt (``params.n`` must be 1), run in lockstep: turn ``t`` of every
         live episode is one sampler request (a batch, not one request per episode), then the
         environments answer (``env.workers`` calls at a time); an episode's rollout is yielded as
         soon as it ends."""
         if params.n != 1:
             raise ValueError(f"EnvSampler: one episode per request cell (n = 1), got n={params.n}")
-        slots = list(slot_ids) if slot_ids is not None else list(range(len(prompts)))
         k = int(params.head_k)
-        eps = [_Episode(s, History(list(p), k)) for s, p in zip(slots, prompts)]
+        eps = [_Episode(s, History(list(p), k)) for s, p in zip(slot_ids, prompts)]
         pool = ThreadPoolExecutor(max_workers=min(self.cfg.workers, max(len(eps), 1)))
         try:
             self._each(pool, eps, self._open)

@@ -309,37 +309,20 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
 
 
 def push_weights(
-    sampler: Sampler,
-    model,
-    version: int,
-    *,
-    dtype: str = "float32",
-    chunk_bytes: int = 16 << 20,
-    transport: str = "grpc",
-    relay: str | None = None,
+    sampler: Sampler, model, version: int, *, relay: str | None = None, **options: Any
 ) -> PushResult:
-    """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool).
+    """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool);
+    `options`: dtype, chunk_bytes, transport.
 
-    Single process: a plain push (`transport` and the pool's relay as configured). Several
-    processes: a collective -- every process sends its own deduplicated shards over `transport`
-    and process 0 commits (`shard_push.push_shards`; `relay`: None = the pool's); every process
-    returns the same (ok, version) and a pool has the same rotation everywhere."""
+    Single process: a plain `push_model` (the pool's relay as configured). Several processes: a
+    collective -- every process sends its own deduplicated shards over `transport` and process 0
+    commits (`shard_push.push_shards`; `relay`: None = the pool's); every process returns the same
+    (ok, version) and a pool has the same rotation everywhere."""
     if jax.process_count() == 1:
-        return sampler.push_model(
-            model, version, dtype=dtype, chunk_bytes=chunk_bytes, transport=transport
-        )
+        return sampler.push_model(model, version, **options)
     from dlc_jax.sampler.client.pool import SamplerPool
 
     from .shard_push import push_shards
 
     targets = leader_push_targets(sampler) if isinstance(sampler, SamplerPool) else [0]
-    return push_shards(
-        sampler,
-        model,
-        version,
-        dtype=dtype,
-        chunk_bytes=chunk_bytes,
-        transport=transport,
-        relay=relay,
-        targets=targets,
-    )
+    return push_shards(sampler, model, version, relay=relay, targets=targets, **options)

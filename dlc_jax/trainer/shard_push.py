@@ -43,8 +43,9 @@ import numpy as np
 
 from dlc_jax.sampler.client.client import SamplerClient
 from dlc_jax.sampler.client.fanout import fan_out, run_each
-from dlc_jax.sampler.client.pool import RELAY_MODES, SamplerPool
+from dlc_jax.sampler.client.pool import SamplerPool, relay_mode
 from dlc_jax.sampler.client.pool_relay import fanout_of
+from dlc_jax.sampler.client.protocol import check_transport
 from dlc_jax.sampler.client.retry import NO_RETRY
 from dlc_jax.sampler.push.slice_stream import Slice, commit_messages, part_messages
 from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
@@ -91,16 +92,13 @@ def push_shards(
     process's parts used."""
     from jax.experimental import multihost_utils
 
-    if transport not in ("grpc", "socket", "auto"):
-        raise ValueError(f"push transport must be 'grpc', 'socket' or 'auto', got {transport!r}")
+    check_transport(transport)
     pool = sampler if isinstance(sampler, SamplerPool) else None
     if pool is None and not isinstance(sampler, SamplerClient):
         raise TypeError(
             f"sampler.backend: a multi-host push needs gRPC samplers, not {type(sampler).__name__}"
         )
-    relay = (pool.relay if pool is not None else "off") if relay is None else relay
-    if relay not in RELAY_MODES:
-        raise ValueError(f"push relay must be one of {RELAY_MODES}, got {relay!r}")
+    relay = relay_mode(relay, pool.relay if pool is not None else "off")
     clients = list(pool.clients) if pool is not None else [sampler]
     gid = np.asarray(secrets.randbits(62), np.int64)
     group = f"{int(np.asarray(multihost_utils.broadcast_one_to_all(gid))):016x}-v{version}"

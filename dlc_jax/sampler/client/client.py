@@ -33,11 +33,10 @@ import grpc
 from ..push import data_plane
 from ..push.weight_stream import TensorSource, prefetched, tensor_source, weight_messages
 from ..wire import chunk_wire
-from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
 from ..wire import sampler_pb2_grpc as pb_grpc
-from ..wire.types import PushResult, Rollout, SamplingParams
-from .protocol import SingleSampler, generate_request
+from ..wire.types import PushResult, Rollout
+from .protocol import SingleSampler, check_transport, generate_request
 from .retry import NO_RETRY, RetryPolicy, call_with_retry
 
 __all__ = ["SamplerClient", "REJECT_CODES", "prefetched"]
@@ -163,15 +162,8 @@ class SamplerClient(SingleSampler):
             raise TimeoutError(f"sampler at {self.address} not ready after {timeout}s: {e}") from e
 
     # -- generate ---------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        slot_ids: list[int] | None = None,
-        request_id: str | None = None,
-    ) -> Iterator[Rollout]:
-        """Stream one Rollout per (prompt, sample) in completion order."""
-        req = generate_request(prompts, params, slot_ids, request_id or uuid.uuid4().hex)
+    def _generate(self, prompts, params, slot_ids, request_id) -> Iterator[Rollout]:
+        req = generate_request(prompts, params, slot_ids, request_id)
 
         def open_stream():  # retried until the first message arrives; never after (no duplicates)
             stream = self.stub.Generate(req, timeout=self.timeout, metadata=self._md())
@@ -191,17 +183,23 @@ class SamplerClient(SingleSampler):
     def push_messages(self, messages: Iterable[pb.WeightMessage | bytes]) -> PushResult:
         """Send a raw WeightMessage stream (no retry); items may also be already-serialized
         messages (bytes). Rejections come back as ok=False."""
+        return self._answer(
+            lambda: self._push_call(iter(messages), timeout=self.timeout, metadata=self._md())
+        )
+
+    def _answer(self, call: Callable[[], pb.PushResult]) -> PushResult:
+        """`call()`'s PushResult; a rejection (`REJECT_CODES`) comes back as ok=False with the
+        version the server still serves (-1 when it does not answer Info either)."""
         try:
-            r = self._push_call(iter(messages), timeout=self.timeout, metadata=self._md())
-            return PushResult.from_proto(r)
+            return PushResult.from_proto(call())
         except grpc.RpcError as e:
-            if e.code() in REJECT_CODES:
-                try:
-                    v = self.info(retry=NO_RETRY)["version"]
-                except grpc.RpcError:
-                    v = -1
-                return PushResult(False, v, e.details() or "", code=e.code().name)
-            raise
+            if e.code() not in REJECT_CODES:
+                raise
+            try:
+                v = self.info(retry=NO_RETRY)["version"]
+            except grpc.RpcError:
+                v = -1
+            return PushResult(False, v, e.details() or "", code=e.code().name)
 
     def push_with_data(
         self, messages: Callable[[Callable[[int, memoryview], None], str], Iterable]
@@ -253,19 +251,11 @@ class SamplerClient(SingleSampler):
         port, refused with TLS) or "auto" (socket when the server offers a data port and the
         channel is not TLS, else grpc). A re-iterable source is pushed again on UNAVAILABLE.
         `relay_to` / `relay_fanout`: samplers the receiving one forwards the push to while it
-        stages it (chain: fanout 1); their outcomes come back in `PushResult.relayed`.
+        stages it (chain: fanout 1); their outcomes come back in `PushResult.relayed`. `push_model`
+        (`SamplerBase`) pushes an NNX model through it.
         """
-        if transport not in ("grpc", "socket", "auto"):
-            raise ValueError(
-                f"push transport must be 'grpc', 'socket' or 'auto', got {transport!r}"
-            )
-        if transport == "auto":
+        if check_transport(transport) == "auto":
             transport = self.push_transport()
-        if transport == "socket" and self.tls:
-            raise ValueError(
-                "push transport 'socket' is plaintext raw TCP and is refused on a TLS channel; "
-                "use transport='grpc' (or no TLS on loopback / a trusted network)"
-            )
         if not 0 < chunk_bytes <= self.max_message_bytes - 64:
             raise ValueError(
                 f"chunk_bytes = {chunk_bytes} must be in (0, max_message_bytes - 64 = "
@@ -358,47 +348,12 @@ class SamplerClient(SingleSampler):
         )
         return dataclasses.replace(r, egress_bytes=sent[0])
 
-    def push_model(
-        self,
-        model,
-        version: int,
-        *,
-        dtype: str = "float32",
-        chunk_bytes: int = 16 << 20,
-        transport: str = "grpc",
-    ) -> PushResult:
-        """Push an NNX `Qwen3ForCausalLM`: HF names/layout via `dlc_jax.model.iter_hf_tensors`, one
-        tensor gathered and converted (to `dtype`, where the parameter lives) at a time, the next
-        one exported in a background thread while this one is sent; the header comes from
-        `hf_param_shapes(config)`."""
-        from dlc_jax.model import hf_param_shapes, iter_hf_tensors
-
-        np_dtype = st.NP_DTYPES[dtype]
-        specs = hf_param_shapes(model.config)
-        return self.push_weights(
-            lambda: iter_hf_tensors(model, dtype=np_dtype),  # prefetched by weight_messages
-            version,
-            dtype=dtype,
-            chunk_bytes=chunk_bytes,
-            specs=specs,
-            transport=transport,
-        )
-
     def load_weights(self, path: str, version: int) -> PushResult:
         """Ask the server to load an HF safetensors directory it can read (shared storage)."""
-        try:
-            req = pb.LoadWeightsRequest(path=str(path), version=int(version))
-            r = call_with_retry(
+        req = pb.LoadWeightsRequest(path=str(path), version=int(version))
+        return self._answer(
+            lambda: call_with_retry(
                 lambda: self.stub.LoadWeights(req, timeout=self.timeout, metadata=self._md()),
                 self.retry,
             )
-            return PushResult.from_proto(r)
-        except grpc.RpcError as e:
-            if e.code() in REJECT_CODES:
-                return PushResult(
-                    False,
-                    self.info(retry=NO_RETRY)["version"],
-                    e.details() or "",
-                    code=e.code().name,
-                )
-            raise
+        )

@@ -21,21 +21,20 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..backends.base import BackendConfig
 from ..backends.jax_backend import JaxBackend
-from ..service.request_checks import validate_generate
+from ..service.server_config import ServerConfig
+from ..service.service import check_request
 from ..wire import safetensors_io as st
-from ..wire.types import PushResult, Rollout, SamplingParams
+from ..wire.types import PushResult, Rollout
 from .protocol import SingleSampler, generate_request
 from .retry import RetryPolicy
 
-# the server's defaults (`ServerConfig`): the same requests are refused in process as over gRPC
-MAX_PROMPTS = 4096
-MIN_TEMPERATURE = 0.01
+# the server's default limits: the same requests are refused in process as over gRPC
+SERVER_DEFAULTS = ServerConfig()
 
 _ids = itertools.count()
 
@@ -75,45 +74,21 @@ class InProcessSampler(SingleSampler):
         )
 
     # -- generate ---------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        slot_ids: list[int] | None = None,
-        request_id: str | None = None,
-    ) -> Iterator[Rollout]:
-        """One Rollout per (prompt, sample); a request the server would refuse raises
-        `RequestError` (before any rollout)."""
+    def _generate(self, prompts, params, slot_ids, request_id) -> Iterator[Rollout]:
+        """A request the server would refuse raises `RequestError` (before any rollout)."""
         self._check_open()
-        b = self.backend
         req = generate_request(prompts, params, slot_ids)
-        checked, params = validate_generate(
-            req,
-            vocab_size=b.vocab_size,
-            max_model_len=b.cfg.max_model_len,
-            max_n=b.cfg.max_n,
-            max_head_k=b.cfg.max_head_k,
-            max_prompts=MAX_PROMPTS,
-            min_temperature=MIN_TEMPERATURE,
-        )
+        checked, params = check_request(self.backend, SERVER_DEFAULTS, req)
         self.counters["requests"] += 1
-        for r in b.generate_sync(request_id or uuid.uuid4().hex, checked, params):
+        for r in self.backend.generate_sync(request_id, checked, params):
             self.counters["tokens_generated"] += len(r.response_ids)
             yield r
 
     # -- weights ----------------------------------------------------------------------------
-    def push_weights(
-        self,
-        named_tensors: Any,
-        version: int,
-        *,
-        dtype: str = "float32",
-        chunk_bytes: int = 16 << 20,
-        specs: Mapping[str, tuple[int, ...]] | None = None,
-        transport: str = "grpc",
-    ) -> PushResult:
+    def push_weights(self, named_tensors: Any, version: int, **_options: Any) -> PushResult:
         """Load ``named_tensors`` ((name, array) pairs, or a callable returning them) as
-        ``version``. Names and shapes must equal the served model's (as a server checks)."""
+        ``version``. Names and shapes must equal the served model's (as a server checks); the
+        wire's options (dtype, chunk_bytes, specs, transport) do not apply."""
         self._check_open()
         t0 = time.time()
         items = named_tensors() if callable(named_tensors) else named_tensors
@@ -173,21 +148,6 @@ class InProcessSampler(SingleSampler):
         return PushResult(
             True, int(version), "", bytes=nbytes, seconds=time.time() - t0, transport="inprocess"
         )
-
-    def push_model(
-        self,
-        model: Any,
-        version: int,
-        *,
-        dtype: str = "float32",
-        chunk_bytes: int = 16 << 20,
-        transport: str = "grpc",
-    ) -> PushResult:
-        """Push an NNX `Qwen3ForCausalLM` (HF names and layout, as a gRPC push sends them)."""
-        from dlc_jax.model import iter_hf_tensors
-
-        np_dtype = st.NP_DTYPES[dtype]
-        return self.push_weights(lambda: iter_hf_tensors(model, dtype=np_dtype), version)
 
     # -- info / rotation ----------------------------------------------------------------------
     def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:

@@ -28,21 +28,29 @@ import dataclasses
 import queue
 import threading
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from ..wire.types import PushResult, Rollout, SamplingParams, mix_seed
+from ..wire.types import PushResult, Rollout, mix_seed
 from .client import SamplerClient
 from .fanout import describe, fan_out, run_each
 from .pool_relay import relayed_push
-from .protocol import slot_list
+from .protocol import SamplerBase
 from .retry import NO_RETRY, RetryPolicy
 from .rotation import NoActiveSamplerError, Rotation
 
 RELAY_MODES = ("off", "chain", "tree", "auto")
+
+
+def relay_mode(relay: str | None, default: str = "off") -> str:
+    """`relay` (`default` when None), one of `RELAY_MODES` (ValueError otherwise)."""
+    relay = default if relay is None else relay
+    if relay not in RELAY_MODES:
+        raise ValueError(f"push relay must be one of {RELAY_MODES}, got {relay!r}")
+    return relay
 
 
 def slot_seed(seed: int, slot: int) -> int:
@@ -54,38 +62,30 @@ def slot_seed(seed: int, slot: int) -> int:
 PoolPushResult = PushResult
 
 
-class SamplerPool:
+class SamplerPool(SamplerBase):
     """N sampler servers behind the `dlc_jax.sampler.client.protocol.Sampler` interface (generate /
     push_weights / push_model / load_weights / info / wait_ready / metrics / report / close).
 
-    addresses: 'host:port' list (or one comma-separated string). token / tls_root_cert /
-    tls_server_name / timeout / max_retries / backoff / retry: passed to each `SamplerClient`.
-    readmit: offer full pushes to out-of-rotation samplers that answer Info within probe_timeout.
-    max_inflight: concurrent Generate requests per sampler. queue_depth: tensors buffered per
-    sampler during a fanned-out push. relay: default relay mode of pushes (`push_weights`).
+    addresses: 'host:port' list (or one comma-separated string). readmit: offer full pushes to
+    out-of-rotation samplers that answer Info within probe_timeout. max_inflight: concurrent
+    Generate requests per sampler. queue_depth: tensors buffered per sampler during a fanned-out
+    push. relay: default relay mode of pushes (`push_weights`). client_options (token,
+    tls_root_cert, tls_server_name, timeout, max_retries, backoff, retry, ...): each
+    `SamplerClient`'s.
     """
 
     def __init__(
         self,
         addresses,
         *,
-        token: str | None = None,
-        tls_root_cert=None,
-        tls_server_name: str | None = None,
-        timeout: float = 600.0,
-        max_retries: int = 5,
-        backoff: float = 0.25,
-        max_backoff: float = 8.0,
-        retry: RetryPolicy | None = None,
         readmit: bool = True,
         probe_timeout: float = 5.0,
         max_inflight: int = 8,
         queue_depth: int = 2,
         relay: str = "off",
+        **client_options: Any,
     ):
-        if relay not in RELAY_MODES:
-            raise ValueError(f"SamplerPool: relay must be one of {RELAY_MODES}, got {relay!r}")
-        self.relay = relay
+        self.relay = relay_mode(relay)
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         addresses = list(addresses)
@@ -93,13 +93,7 @@ class SamplerPool:
             raise ValueError("SamplerPool: no sampler addresses given")
         if len(set(addresses)) != len(addresses):
             raise ValueError(f"SamplerPool: duplicate sampler addresses in {addresses}")
-        policy = retry or RetryPolicy(
-            max_retries=max_retries, backoff=backoff, max_backoff=max_backoff
-        )
-        tls = {"tls_root_cert": tls_root_cert, "tls_server_name": tls_server_name}
-        self.clients = [
-            SamplerClient(a, token=token, timeout=timeout, retry=policy, **tls) for a in addresses
-        ]
+        self.clients = [SamplerClient(a, **client_options) for a in addresses]
         self.rot = Rotation(addresses)
         self.readmit = readmit
         self.probe_timeout = probe_timeout
@@ -176,23 +170,14 @@ class SamplerPool:
         return dict(infos[ready[0]], pool=self.report())
 
     # -- generate ---------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        slot_ids: list[int] | None = None,
-        request_id: str | None = None,
-    ) -> Iterator[Rollout]:
-        """Stream one Rollout per (prompt, sample) in completion order, spread over the rotation.
-
-        A sampler that fails mid-stream leaves rotation and its missing (slot, sample) cells are
-        re-requested elsewhere; raises NoActiveSamplerError when no sampler is left."""
-        slot_ids = slot_list(prompts, slot_ids)
+    def _generate(self, prompts, params, slot_ids, rid) -> Iterator[Rollout]:
+        """Spread over the rotation: a sampler that fails mid-stream leaves rotation and its
+        missing (slot, sample) cells are re-requested elsewhere; raises NoActiveSamplerError when
+        no sampler is left."""
         if len(set(int(s) for s in slot_ids)) != len(slot_ids):
             raise ValueError(
                 "SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)"
             )
-        rid = request_id or uuid.uuid4().hex
         prompt_of = {int(s): list(p) for s, p in zip(slot_ids, prompts)}
         pending = {int(s): set(range(params.n)) for s in slot_ids}
         out: queue.Queue = queue.Queue()
@@ -273,45 +258,32 @@ class SamplerPool:
         named_tensors,
         version: int,
         *,
-        dtype: str = "float32",
-        chunk_bytes: int = 16 << 20,
         specs: cabc.Mapping[str, tuple[int, ...]] | None = None,
-        transport: str = "grpc",
         relay: str | None = None,
+        **options: Any,
     ) -> PushResult:
         """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation
-        ones when readmit) concurrently; wait for all. Same `named_tensors` forms and `transport`
-        values as `SamplerClient.push_weights` ("auto" is decided per sampler); a callable or
-        one-shot iterator needs `specs` ({name: shape}) and is read exactly once
-        (`fanout.fan_out`). `relay`: "off" (one copy per sampler from here), "chain", "tree" or
-        "auto" (chain up to 4 samplers, else tree): one copy goes to the first target, which
-        forwards it (`relay.py`); samplers the relay did not reach are pushed to directly (a
-        one-shot iterator cannot be resent: they fail); None: the pool's `relay`."""
-        relay = self.relay if relay is None else relay
-        if relay not in RELAY_MODES:
-            raise ValueError(f"push relay must be one of {RELAY_MODES}, got {relay!r}")
+        ones when readmit) concurrently; wait for all. Same `named_tensors` forms and `options`
+        (dtype, chunk_bytes, transport: "auto" is decided per sampler, ...) as
+        `SamplerClient.push_weights`; a callable or one-shot iterator needs `specs` ({name:
+        shape}) and is read exactly once (`fanout.fan_out`). `relay`: "off" (one copy per sampler
+        from here), "chain", "tree" or "auto" (chain up to 4 samplers, else tree): one copy goes
+        to the first target, which forwards it (`relay.py`); samplers the relay did not reach are
+        pushed to directly (a one-shot iterator cannot be resent: they fail); None: the pool's
+        `relay`."""
+        relay = relay_mode(relay, self.relay)
         if not isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)) and specs is None:
             raise TypeError(
                 "SamplerPool.push_weights: a callable or iterator source needs specs={name: shape}"
             )
-        targets = self._push_targets()
-        if not targets:
-            raise NoActiveSamplerError(self.rot.why_none())
-        t0 = time.monotonic()
 
         def push(c: SamplerClient, tensors, **kw) -> PushResult:
-            return c.push_weights(
-                tensors,
-                version,
-                dtype=dtype,
-                chunk_bytes=chunk_bytes,
-                specs=specs,
-                transport=transport,
-                **kw,
-            )
+            return c.push_weights(tensors, version, specs=specs, **options, **kw)
 
-        if relay != "off" and len(targets) > 1:
-            results = relayed_push(
+        def send(targets: list[int]) -> dict[int, PushResult]:
+            if relay == "off" or len(targets) == 1:
+                return self._push_direct(targets, named_tensors, push)
+            return relayed_push(
                 self.clients,
                 targets,
                 named_tensors,
@@ -319,61 +291,39 @@ class SamplerPool:
                 relay,
                 version,
                 self.probe_timeout,
-                lambda idx: self._push_direct(idx, named_tensors, push, None),
+                lambda idx: self._push_direct(idx, named_tensors, push),
             )
-        else:
-            results = self._push_direct(targets, named_tensors, push, specs)
-        out = self.rot.settle(results, version, time.monotonic() - t0)
-        egress = sum(r.egress_bytes for r in results.values())
-        return dataclasses.replace(out, egress_bytes=egress)
 
-    def _push_direct(self, targets, named_tensors, push, specs) -> dict[int, PushResult]:
-        clients = {i: self.clients[i] for i in targets}
+        return self.push_round(version, send)
 
-        if isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)):
-            results = run_each(clients, lambda c: push(c, named_tensors))
-        else:
-            source = named_tensors() if callable(named_tensors) else iter(named_tensors)
-            results = fan_out(clients, source, push, self.queue_depth)
-        return results
-
-    def push_model(
-        self,
-        model,
-        version: int,
-        *,
-        dtype: str = "float32",
-        chunk_bytes: int = 16 << 20,
-        transport: str = "grpc",
-        relay: str | None = None,
+    def push_round(
+        self, version: int, push: Callable[[list[int]], dict[int, PushResult]]
     ) -> PushResult:
-        """Push an NNX `Qwen3ForCausalLM`: each tensor is gathered once and fanned out to all
-        samplers (or relayed: `relay` as in `push_weights`)."""
-        from dlc_jax.model import hf_param_shapes, iter_hf_tensors
-
-        from ..wire import safetensors_io as st
-
-        # exported in the push dtype (cast where the parameter lives: half the device->host bytes
-        # for bf16, and no per-sampler host conversion of the fanned-out tensors)
-        return self.push_weights(
-            lambda: iter_hf_tensors(model, dtype=st.NP_DTYPES[dtype]),
-            version,
-            dtype=dtype,
-            chunk_bytes=chunk_bytes,
-            specs=hf_param_shapes(model.config),
-            transport=transport,
-            relay=relay,
-        )
-
-    def load_weights(self, path: str, version: int) -> PushResult:
-        """Every target loads an HF directory from shared storage (concurrently)."""
+        """One push of `version` to the push targets (`push(targets)`: their results), settled on
+        the rotation, with the bytes sent; NoActiveSamplerError when there is no target."""
         targets = self._push_targets()
         if not targets:
             raise NoActiveSamplerError(self.rot.why_none())
         t0 = time.monotonic()
+        results = push(targets)
+        out = self.rot.settle(results, version, time.monotonic() - t0)
+        return dataclasses.replace(out, egress_bytes=sum(r.egress_bytes for r in results.values()))
+
+    def _push_direct(self, targets, named_tensors, push) -> dict[int, PushResult]:
         clients = {i: self.clients[i] for i in targets}
-        results = run_each(clients, lambda c: c.load_weights(path, version))
-        return self.rot.settle(results, version, time.monotonic() - t0)
+        if isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)):
+            return run_each(clients, lambda c: push(c, named_tensors))
+        source = named_tensors() if callable(named_tensors) else iter(named_tensors)
+        return fan_out(clients, source, push, self.queue_depth)
+
+    def load_weights(self, path: str, version: int) -> PushResult:
+        """Every target loads an HF directory from shared storage (concurrently)."""
+        return self.push_round(
+            version,
+            lambda targets: run_each(
+                {i: self.clients[i] for i in targets}, lambda c: c.load_weights(path, version)
+            ),
+        )
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -11,9 +11,11 @@ for one server) and per-sampler status dicts. rotation / set_rotation: in-rotati
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
 from ..wire.types import PushResult, Rollout, SamplingParams
 from .retry import RetryPolicy
@@ -48,13 +50,7 @@ class Sampler(Protocol):
     ) -> PushResult: ...
 
     def push_model(
-        self,
-        model: Any,
-        version: int,
-        *,
-        dtype: str = "float32",
-        chunk_bytes: int = 16 << 20,
-        transport: str = "grpc",
+        self, model: Any, version: int, *, dtype: str = "float32", **options: Any
     ) -> PushResult: ...
 
     def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict: ...
@@ -83,6 +79,13 @@ def slot_list(prompts: list[list[int]], slot_ids: list[int] | None) -> list[int]
     return slot_ids
 
 
+def check_transport(transport: str) -> str:
+    """`transport` when it is one of `TRANSPORTS` (ValueError otherwise)."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"push transport must be 'grpc', 'socket' or 'auto', got {transport!r}")
+    return transport
+
+
 def generate_request(
     prompts: list[list[int]],
     params: SamplingParams,
@@ -101,7 +104,49 @@ def generate_request(
     )
 
 
-class SingleSampler:
+class SamplerBase:
+    """What every `Sampler` implementation writes once: `generate` checks its arguments and streams
+    the implementation's `_generate`; `push_model` exports a model for its `push_weights`."""
+
+    push_weights: Callable[..., PushResult]
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        slot_ids: list[int] | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[Rollout]:
+        """Stream one Rollout per (prompt, sample) in completion order. slot_ids: one per prompt
+        (default 0..P-1; ValueError otherwise, raised on the first `next`); request_id: default a
+        fresh one."""
+        slots = slot_list(prompts, slot_ids)
+        yield from self._generate(prompts, params, slots, request_id or uuid.uuid4().hex)
+
+    def _generate(
+        self, prompts: list[list[int]], params: SamplingParams, slot_ids: list[int], request_id: str
+    ) -> Iterator[Rollout]:
+        raise NotImplementedError
+
+    def push_model(
+        self, model: Any, version: int, *, dtype: str = "float32", **options: Any
+    ) -> PushResult:
+        """Push an NNX `Qwen3ForCausalLM` with `push_weights` (``options``: its chunk_bytes,
+        transport, a pool's relay): HF names and layout via `dlc_jax.model.iter_hf_tensors`, one
+        tensor at a time exported in `dtype` where the parameter lives (half the device->host bytes
+        for bf16), the header from `hf_param_shapes(config)`."""
+        from dlc_jax.model import hf_param_shapes, iter_hf_tensors
+
+        return self.push_weights(
+            lambda: iter_hf_tensors(model, dtype=st.NP_DTYPES[dtype]),
+            version,
+            dtype=dtype,
+            specs=hf_param_shapes(model.config),
+            **options,
+        )
+
+
+class SingleSampler(SamplerBase):
     """What one sampler (`SamplerClient`, `InProcessSampler`) answers to the rotation part of
     `Sampler`: no rotation, no `pool/*` metrics, one status row."""
 

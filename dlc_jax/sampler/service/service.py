@@ -34,10 +34,28 @@ from ..push.weight_checks import PushError
 from ..wire import chunk_wire
 from ..wire import sampler_pb2 as pb
 from ..wire import sampler_pb2_grpc as pb_grpc
+from ..wire.types import SamplingParams
 from .request_checks import RequestError, validate_generate
 from .server_config import ServerConfig
 
 log = logging.getLogger(__name__)
+
+
+def check_request(
+    backend: SamplerBackend, cfg: ServerConfig, request: pb.GenerateRequest
+) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
+    """`validate_generate` of a Generate request against the backend's limits and the server's
+    (`RequestError` when refused): the one check of a request, served or in process."""
+    b = backend
+    return validate_generate(
+        request,
+        vocab_size=b.vocab_size,
+        max_model_len=b.cfg.max_model_len,
+        max_n=b.cfg.max_n,
+        max_head_k=b.cfg.max_head_k,
+        max_prompts=cfg.max_prompts,
+        min_temperature=cfg.min_temperature,
+    )
 
 
 class SamplerService(pb_grpc.SamplerServicer):
@@ -73,23 +91,14 @@ class SamplerService(pb_grpc.SamplerServicer):
     # -- Generate ---------------------------------------------------------------------------
     async def Generate(self, request, context):
         await self._auth(context)
-        b = self.backend
         try:
-            prompts, params = validate_generate(
-                request,
-                vocab_size=b.vocab_size,
-                max_model_len=b.cfg.max_model_len,
-                max_n=b.cfg.max_n,
-                max_head_k=b.cfg.max_head_k,
-                max_prompts=self.cfg.max_prompts,
-                min_temperature=self.cfg.min_temperature,
-            )
+            prompts, params = check_request(self.backend, self.cfg, request)
         except RequestError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         self.counters["requests"] += 1
         pending = len(prompts) * params.n
         self.queue_depth += pending
-        rollouts = b.generate(request.request_id, prompts, params)
+        rollouts = self.backend.generate(request.request_id, prompts, params)
         try:
             async for r in rollouts:
                 if np.isnan(r.logprobs).any() or np.isnan(r.head_logprobs).any():
