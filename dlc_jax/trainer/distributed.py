@@ -27,13 +27,8 @@ broadcasts the full batch; the sampler traffic of a step is spread over the host
 (process 0 receives everything and broadcasts) was rejected: it funnels all rollouts through one
 host and adds a broadcast of variable-length data every step.
 
-Resync push (`push_weights`): a collective -- every process must call it at the same point. No
-tensor is gathered: every process streams the slices of each HF tensor it holds (replica 0 of each
-distinct shard, so each element goes once) as one part of a push group, and process 0 commits the
-group once every part was accepted (`shard_push`; gRPC chunks or the socket data plane, as
-`sampler.push_transport` says). The outcome (ok, version, and for a `SamplerPool` the rotation) is
-broadcast from process 0 so that every process takes the same snapshot/resync decision and routes
-rollouts to the same samplers.
+Resync push (`push_weights`): a collective -- every process must call it at the same point; no
+tensor is gathered (`shard_push`), and every process gets the same outcome and pool rotation.
 """
 
 from __future__ import annotations

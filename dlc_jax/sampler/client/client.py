@@ -110,12 +110,6 @@ class SamplerClient(SingleSampler):
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     # -- info / health ----------------------------------------------------------------------
     def _info_proto(
         self, timeout: float | None = None, retry: RetryPolicy | None = None
@@ -127,24 +121,13 @@ class SamplerClient(SingleSampler):
         )
 
     def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
-        """The server's Info as a dict; timeout / retry override the client's defaults for this
-        call."""
+        """The server's Info as a dict, field by field (`x_json` fields decoded, as `x`); timeout /
+        retry override the client's defaults for this call."""
         r = self._info_proto(timeout, retry)
+        out = {f.name: getattr(r, f.name) for f in r.DESCRIPTOR.fields}
         return {
-            "model_config": json.loads(r.model_config_json or "{}"),
-            "version": r.version,
-            "backend": r.backend,
-            "queue_depth": r.queue_depth,
-            "tokens_generated": r.tokens_generated,
-            "requests": r.requests,
-            "pushes": r.pushes,
-            "rejected_pushes": r.rejected_pushes,
-            "vocab_size": r.vocab_size,
-            "max_model_len": r.max_model_len,
-            "max_n": r.max_n,
-            "max_head_k": r.max_head_k,
-            "backend_config": json.loads(r.backend_config_json or "{}"),
-            "data_port": r.data_port,
+            k.removesuffix("_json"): json.loads(v or "{}") if k.endswith("_json") else v
+            for k, v in out.items()
         }
 
     def wait_ready(self, timeout: float = 120.0) -> dict:

@@ -330,12 +330,6 @@ class SamplerPool(SamplerBase):
         for c in self.clients:
             c.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 def connect_samplers(
     address: str, *, token_file: str = "", tls_root_cert: str = "", tls_server_name: str = "", **kw

@@ -109,6 +109,13 @@ class SamplerBase:
     the implementation's `_generate`; `push_model` exports a model for its `push_weights`."""
 
     push_weights: Callable[..., PushResult]
+    close: Callable[[], None]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(
         self,
