@@ -15,6 +15,7 @@ gradient, so ratios exp(lp - lq) underflow to 0 and the loss path never sees inf
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -45,7 +46,7 @@ def _gather_logprob(z, keep, lse, ids, floor):
     return jnp.where(ok, zi - lse[:, None], jnp.float32(floor))
 
 
-def _chunk_full_vocab(h, w, ids, *, temperature, top_k, top_p, compute_entropy, floor):
+def _chunk_full_vocab(h, ids, *, w, temperature, top_k, top_p, compute_entropy, floor):
     """h [C,D], w [V,D], ids [C,1+K] -> (logprobs [C,1+K], entropy [C])."""
     logits = jnp.dot(h, w.T, preferred_element_type=jnp.float32)
     z, keep = processed_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -61,7 +62,7 @@ def _chunk_full_vocab(h, w, ids, *, temperature, top_k, top_p, compute_entropy, 
     return out, ent
 
 
-def _chunk_vocab_scan(h, w_blocks, ids, *, temperature, vocab, compute_entropy, floor):
+def _chunk_vocab_scan(h, ids, *, w_blocks, temperature, vocab, compute_entropy, floor):
     """Online log-sum-exp over vocab blocks. w_blocks [nb, Vb, D] (zero-padded past ``vocab``)."""
     nb, vb, _ = w_blocks.shape
     c, k1 = ids.shape
@@ -158,39 +159,17 @@ def token_logprobs(
     h = h.reshape(n_chunks, c, d)
     ids = ids.reshape(n_chunks, c, 1 + k)
 
+    kw = {"temperature": temperature, "compute_entropy": compute_entropy, "floor": out_of_support}
     if vocab_chunk is None:
-
-        def fn(xs):
-            hc, ic = xs
-            return _chunk_full_vocab(
-                hc,
-                unembed,
-                ic,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                compute_entropy=compute_entropy,
-                floor=out_of_support,
-            )
+        chunk = functools.partial(_chunk_full_vocab, w=unembed, top_k=top_k, top_p=top_p, **kw)
     else:
         if vocab_chunk < 1:
             raise ValueError(f"vocab_chunk must be >= 1, got {vocab_chunk}")
         nb = -(-vocab // vocab_chunk)
         w = jnp.pad(unembed, ((0, nb * vocab_chunk - vocab), (0, 0))).reshape(nb, vocab_chunk, d)
+        chunk = functools.partial(_chunk_vocab_scan, w_blocks=w, vocab=vocab, **kw)
 
-        def fn(xs):
-            hc, ic = xs
-            return _chunk_vocab_scan(
-                hc,
-                w,
-                ic,
-                temperature=temperature,
-                vocab=vocab,
-                compute_entropy=compute_entropy,
-                floor=out_of_support,
-            )
-
-    out, ent = jax.lax.map(jax.checkpoint(fn), (h, ids))
+    out, ent = jax.lax.map(jax.checkpoint(lambda xs: chunk(*xs)), (h, ids))
     out = out.reshape(n_chunks * c, 1 + k)[:n].reshape(b, t, 1 + k)
     ent = ent.reshape(n_chunks * c)[:n].reshape(b, t)
     lp_head = out[..., 1:] if head_ids is not None else None
