@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from dlc_jax.model.config import SHAPES as MODEL_SHAPES
 from dlc_jax.model.config import ModelShape
 
 
@@ -266,28 +267,12 @@ class BenchShape(ModelShape):
         return qwen3_config(self, **extra)
 
 
-# The model shapes the benchmarks run, one table for all; a size preset of a benchmark is one of
-# these (`shape`), some with fewer layers or a smaller vocabulary.
+# The model shapes the benchmarks run, by their bench names (the table: `model.config.SHAPES`); a
+# benchmark's size preset is one of these (`shape`), some with fewer layers or a smaller vocabulary.
 SHAPES: dict[str, ModelShape] = {
-    "tiny": ModelShape(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    ),
-    "small": ModelShape(
-        vocab_size=32768,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-    ),
-    "qwen3_0p6b": ModelShape(),  # = dlc_jax.model.PRESETS["Qwen3-0.6B"]'s dims (the defaults)
+    "tiny": MODEL_SHAPES["bench_tiny"],
+    "small": MODEL_SHAPES["bench_small"],
+    "qwen3_0p6b": MODEL_SHAPES["Qwen3-0.6B"],
 }
 
 
