@@ -20,7 +20,6 @@ import dataclasses
 import pathlib
 import socket
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -168,31 +167,8 @@ def _run_push_client(mode: str, target: str, cfg: SamplerBenchConfig, version: i
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _raw_receiver(total: int, out_path: pathlib.Path, chunk: int):
-    """Loopback TCP receiver writing `total` bytes to a file, then acking. -> (port, thread)."""
-    srv = socket.create_server(("127.0.0.1", 0))
-
-    def receive():
-        conn, _ = srv.accept()
-        view = memoryview(bytearray(chunk))
-        got = 0
-        with conn, open(out_path, "wb") as f:
-            while got < total:
-                n = conn.recv_into(view, min(chunk, total - got))
-                if n == 0:
-                    raise ConnectionError("sender closed early")
-                f.write(view[:n])
-                got += n
-            f.flush()
-            conn.sendall(b"k")
-        srv.close()
-
-    th = threading.Thread(target=receive, daemon=True)
-    th.start()
-    return srv.getsockname()[1], th
-
-
 def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
+    from dlc_jax.bench.weight_sync_common import raw_receiver
     from dlc_jax.sampler.service.server import ServerConfig, ServerThread
     from dlc_jax.sampler.wire import safetensors_io as st
 
@@ -208,9 +184,11 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
         for r in range(cfg.push_repeats):  # interleaved
             grpc_s.append(_run_push_client("grpc", srv.address, cfg, r + 1))
             raw_path = tmp / "raw_copy.bin"
-            port, th = _raw_receiver(total, raw_path, cfg.chunk_mb << 20)
-            raw_s.append(_run_push_client("raw", f"127.0.0.1:{port}", cfg, 0))
+            rsrv, th, errors = raw_receiver(total, raw_path, cfg.chunk_mb << 20)
+            raw_s.append(_run_push_client("raw", f"127.0.0.1:{rsrv.getsockname()[1]}", cfg, 0))
             th.join()
+            if errors:
+                raise errors[0]
             raw_path.unlink()
     finally:
         srv.stop()

@@ -51,13 +51,10 @@ COLUMNS = [
 ]
 
 
-def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
-    """Send the arrays' bytes over one loopback TCP connection; a receiver thread writes them to
-    ``out_path``. Returns seconds from connect until the receiver has written every byte and
-    acked."""
-    total = sum(a.nbytes for a in arrays)
+def raw_receiver(total: int, out_path: pathlib.Path, chunk: int):
+    """A loopback TCP receiver thread writing ``total`` bytes to ``out_path``, then acking (b"k").
+    -> (listening socket, thread, errors): the thread's exception, if any, lands in ``errors``."""
     srv = socket.create_server(("127.0.0.1", 0))
-    port = srv.getsockname()[1]
     errors: list[BaseException] = []
 
     def receive():
@@ -74,14 +71,24 @@ def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int
                     got += n
                 f.flush()
                 conn.sendall(b"k")
-        except BaseException as e:  # noqa: BLE001 - surfaced to the caller below
+        except BaseException as e:  # noqa: BLE001 - surfaced to the caller
             errors.append(e)
+        finally:
+            srv.close()
 
     th = threading.Thread(target=receive, daemon=True)
     th.start()
+    return srv, th, errors
+
+
+def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
+    """Send the arrays' bytes over one loopback TCP connection to a `raw_receiver` writing them to
+    ``out_path``. Returns seconds from connect until the receiver has written every byte and
+    acked."""
+    srv, th, errors = raw_receiver(sum(a.nbytes for a in arrays), out_path, chunk)
     try:
         t0 = time.perf_counter()
-        with socket.create_connection(("127.0.0.1", port)) as s:
+        with socket.create_connection(srv.getsockname()) as s:
             for a in arrays:
                 s.sendall(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
             ack = s.recv(1)
