@@ -16,7 +16,9 @@ import dataclasses
 import json
 import os
 import platform
+import socket
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -243,6 +245,36 @@ def finish(result: dict) -> dict:
         result["wall_s"] = time.perf_counter() - t0
     result["machine"]["loadavg_at_end"] = machine_info().get("loadavg_1m_5m_15m")
     return result
+
+
+def raw_receiver(total: int, out_path: Path, chunk: int):
+    """A loopback TCP receiver thread writing ``total`` bytes to ``out_path``, then acking (b"k").
+    -> (listening socket, thread, errors): the thread's exception, if any, lands in ``errors``."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    errors: list[BaseException] = []
+
+    def receive():
+        try:
+            conn, _ = srv.accept()
+            view = memoryview(bytearray(chunk))
+            got = 0
+            with conn, open(out_path, "wb") as f:
+                while got < total:
+                    n = conn.recv_into(view, min(chunk, total - got))
+                    if n == 0:
+                        raise ConnectionError(f"sender closed after {got} of {total} bytes")
+                    f.write(view[:n])
+                    got += n
+                f.flush()
+                conn.sendall(b"k")
+        except BaseException as e:  # noqa: BLE001 - surfaced to the caller
+            errors.append(e)
+        finally:
+            srv.close()
+
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    return srv, th, errors
 
 
 def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):

@@ -168,7 +168,6 @@ def _run_push_client(mode: str, target: str, cfg: SamplerBenchConfig, version: i
 
 
 def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
-    from dlc_jax.bench.weight_sync_common import raw_receiver
     from dlc_jax.sampler.service.server import ServerConfig, ServerThread
     from dlc_jax.sampler.wire import safetensors_io as st
 
@@ -184,7 +183,7 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
         for r in range(cfg.push_repeats):  # interleaved
             grpc_s.append(_run_push_client("grpc", srv.address, cfg, r + 1))
             raw_path = tmp / "raw_copy.bin"
-            rsrv, th, errors = raw_receiver(total, raw_path, cfg.chunk_mb << 20)
+            rsrv, th, errors = common.raw_receiver(total, raw_path, cfg.chunk_mb << 20)
             raw_s.append(_run_push_client("raw", f"127.0.0.1:{rsrv.getsockname()[1]}", cfg, 0))
             th.join()
             if errors:
