@@ -18,6 +18,12 @@ class UnsupportedModelError(ValueError):
     """config.json describes a model this package does not implement."""
 
 
+def check_choice(name: str, value: Any, choices: Any) -> None:
+    """A ValueError "<name> must be one of <choices>, got <value>" unless ``value`` is one."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
     """The dimensions of a Qwen3 decoder (names as in HF `config.json`; Qwen3-0.6B's by default):
@@ -56,16 +62,8 @@ class Qwen3Config(ModelShape):
     remat_policy: str = "none"
 
     def __post_init__(self):
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, "
-                f"got {self.attention_impl!r}"
-            )
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"Qwen3Config.remat_policy must be one of {REMAT_POLICIES}, "
-                f"got {self.remat_policy!r}"
-            )
+        check_choice("Qwen3Config.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        check_choice("Qwen3Config.remat_policy", self.remat_policy, REMAT_POLICIES)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "
@@ -194,15 +192,8 @@ class Qwen3MoeConfig(Qwen3Config):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.moe_impl not in MOE_IMPLS:
-            raise ValueError(
-                f"Qwen3MoeConfig.moe_impl must be one of {MOE_IMPLS}, got {self.moe_impl!r}"
-            )
-        if self.moe_dispatch not in MOE_DISPATCHES:
-            raise ValueError(
-                f"Qwen3MoeConfig.moe_dispatch must be one of {MOE_DISPATCHES}, "
-                f"got {self.moe_dispatch!r}"
-            )
+        check_choice("Qwen3MoeConfig.moe_impl", self.moe_impl, MOE_IMPLS)
+        check_choice("Qwen3MoeConfig.moe_dispatch", self.moe_dispatch, MOE_DISPATCHES)
         if not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(
                 f"Qwen3MoeConfig.num_experts_per_tok={self.num_experts_per_tok} must be in "
