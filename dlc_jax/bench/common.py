@@ -18,6 +18,8 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -275,6 +277,23 @@ def raw_receiver(total: int, out_path: Path, chunk: int):
     th = threading.Thread(target=receive, daemon=True)
     th.start()
     return srv, th, errors
+
+
+def call_in_child(module: str, fn: str, *args):
+    """``module.fn(*args)`` run in a fresh Python process (arguments and result as JSON, the result
+    on the last stdout line) -> its result."""
+    code = (
+        f"import json, sys; from {module} import {fn}; "
+        f"print(json.dumps({fn}(*json.loads(sys.stdin.read()))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(list(args)),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
