@@ -308,6 +308,9 @@ def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
     return dataclasses.replace(sizes[size], **kw)
 
 
+QWEN3_DIMS = tuple(f.name for f in dataclasses.fields(ModelShape))
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchShape(ModelShape):
     """A benchmark's config: the Qwen3 it builds (random weights, tied embeddings) has these dims
@@ -315,7 +318,10 @@ class BenchShape(ModelShape):
 
     def model_config(self, **extra):
         """A tied-embedding `Qwen3Config` of these dims (``extra``: more of its fields)."""
-        return qwen3_config(self, **extra)
+        from dlc_jax.model import Qwen3Config
+
+        dims = {k: getattr(self, k) for k in QWEN3_DIMS}
+        return Qwen3Config(**dims, tie_word_embeddings=True, **extra)
 
 
 # The model shapes the benchmarks run, by their bench names (the table: `model.config.SHAPES`); a
@@ -330,15 +336,3 @@ SHAPES: dict[str, ModelShape] = {
 def shape(name: str, **changes: int) -> dict[str, Any]:
     """The fields of `SHAPES` [name] (with ``changes``), to build a benchmark config from."""
     return dataclasses.asdict(dataclasses.replace(SHAPES[name], **changes))
-
-
-QWEN3_DIMS = tuple(f.name for f in dataclasses.fields(ModelShape))
-
-
-def qwen3_config(dims, **extra):
-    """A tied-embedding `Qwen3Config` from a bench config's model dims (`QWEN3_DIMS`)."""
-    from dlc_jax.model import Qwen3Config
-
-    return Qwen3Config(
-        **{k: getattr(dims, k) for k in QWEN3_DIMS}, tie_word_embeddings=True, **extra
-    )

@@ -42,7 +42,7 @@ class TrainerBenchConfig(common.BenchShape):
     name: str = "trainer"  # result file name (<out>/<name>.json, .md)
 
     def model_config(self, **extra):
-        return common.qwen3_config(self, max_position_embeddings=max(4096, self.length), **extra)
+        return super().model_config(max_position_embeddings=max(4096, self.length), **extra)
 
 
 SIZES = {
