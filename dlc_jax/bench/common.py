@@ -16,12 +16,17 @@ import dataclasses
 import json
 import os
 import platform
+import socket
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from dlc_jax.model.config import SHAPES as MODEL_SHAPES
 from dlc_jax.model.config import ModelShape
 
 
@@ -244,6 +249,53 @@ def finish(result: dict) -> dict:
     return result
 
 
+def raw_receiver(total: int, out_path: Path, chunk: int):
+    """A loopback TCP receiver thread writing ``total`` bytes to ``out_path``, then acking (b"k").
+    -> (listening socket, thread, errors): the thread's exception, if any, lands in ``errors``."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    errors: list[BaseException] = []
+
+    def receive():
+        try:
+            conn, _ = srv.accept()
+            view = memoryview(bytearray(chunk))
+            got = 0
+            with conn, open(out_path, "wb") as f:
+                while got < total:
+                    n = conn.recv_into(view, min(chunk, total - got))
+                    if n == 0:
+                        raise ConnectionError(f"sender closed after {got} of {total} bytes")
+                    f.write(view[:n])
+                    got += n
+                f.flush()
+                conn.sendall(b"k")
+        except BaseException as e:  # noqa: BLE001 - surfaced to the caller
+            errors.append(e)
+        finally:
+            srv.close()
+
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    return srv, th, errors
+
+
+def call_in_child(module: str, fn: str, *args):
+    """``module.fn(*args)`` run in a fresh Python process (arguments and result as JSON, the result
+    on the last stdout line) -> its result."""
+    code = (
+        f"import json, sys; from {module} import {fn}; "
+        f"print(json.dumps({fn}(*json.loads(sys.stdin.read()))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(list(args)),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
     """The `size` preset of a benchmark's config with the CLI args that were given applied:
     `arg_fields` maps an argparse attribute to the config field it overrides (unset/empty args keep
@@ -256,6 +308,9 @@ def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
     return dataclasses.replace(sizes[size], **kw)
 
 
+QWEN3_DIMS = tuple(f.name for f in dataclasses.fields(ModelShape))
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchShape(ModelShape):
     """A benchmark's config: the Qwen3 it builds (random weights, tied embeddings) has these dims
@@ -263,46 +318,21 @@ class BenchShape(ModelShape):
 
     def model_config(self, **extra):
         """A tied-embedding `Qwen3Config` of these dims (``extra``: more of its fields)."""
-        return qwen3_config(self, **extra)
+        from dlc_jax.model import Qwen3Config
+
+        dims = {k: getattr(self, k) for k in QWEN3_DIMS}
+        return Qwen3Config(**dims, tie_word_embeddings=True, **extra)
 
 
-# The model shapes the benchmarks run, one table for all; a size preset of a benchmark is one of
-# these (`shape`), some with fewer layers or a smaller vocabulary.
+# The model shapes the benchmarks run, by their bench names (the table: `model.config.SHAPES`); a
+# benchmark's size preset is one of these (`shape`), some with fewer layers or a smaller vocabulary.
 SHAPES: dict[str, ModelShape] = {
-    "tiny": ModelShape(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    ),
-    "small": ModelShape(
-        vocab_size=32768,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-    ),
-    "qwen3_0p6b": ModelShape(),  # = dlc_jax.model.PRESETS["Qwen3-0.6B"]'s dims (the defaults)
+    "tiny": MODEL_SHAPES["bench_tiny"],
+    "small": MODEL_SHAPES["bench_small"],
+    "qwen3_0p6b": MODEL_SHAPES["Qwen3-0.6B"],
 }
 
 
 def shape(name: str, **changes: int) -> dict[str, Any]:
     """The fields of `SHAPES` [name] (with ``changes``), to build a benchmark config from."""
     return dataclasses.asdict(dataclasses.replace(SHAPES[name], **changes))
-
-
-QWEN3_DIMS = tuple(f.name for f in dataclasses.fields(ModelShape))
-
-
-def qwen3_config(dims, **extra):
-    """A tied-embedding `Qwen3Config` from a bench config's model dims (`QWEN3_DIMS`)."""
-    from dlc_jax.model import Qwen3Config
-
-    return Qwen3Config(
-        **{k: getattr(dims, k) for k in QWEN3_DIMS}, tie_word_embeddings=True, **extra
-    )

@@ -201,11 +201,10 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
     if fl["grpo"] and fl["dlc_train"] is not None and fl["snapshot"] is not None:
         res["summary"]["flops_ratio_dlc_vs_grpo"] = (fl["dlc_train"] + fl["snapshot"]) / fl["grpo"]
         res["notes"].append(
-            f"XLA cost analysis: GRPO step {fl['grpo']:.3e} FLOPs, DLC step "
-            f"{fl['dlc_train']:.3e} + theta_s "
-            f"forward {fl['snapshot']:.3e} -> FLOP ratio "
+            f"XLA cost analysis: GRPO step {fl['grpo']:.3e} FLOPs, DLC step {fl['dlc_train']:.3e} "
+            f"+ theta_s forward {fl['snapshot']:.3e} -> FLOP ratio "
             f"{res['summary']['flops_ratio_dlc_vs_grpo']:.3f} "
-            f"(what the time ratio approaches on an unloaded machine)"
+            "(what the time ratio approaches on an unloaded machine)"
         )
     if not cfg.end_to_end:
         res["targets"].append(
@@ -234,23 +233,19 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
         )
         res["notes"].append(
             f"end-to-end: tiny Qwen3 (D={cfg.e2e_hidden}, {cfg.e2e_layers} layers, "
-            f"V={cfg.e2e_vocab}), "
-            f"{cfg.e2e_batch_prompts} prompts x n={cfg.e2e_n}, {cfg.e2e_max_tokens} new tokens, "
-            "resync every "
-            f"{cfg.e2e_resync_k} steps for both, prefetch 1; {cfg.e2e_steps} steps per run, "
-            f"first {cfg.e2e_skip} "
-            "not counted, median seconds/step of a run (incl. waiting for rollouts), best of "
-            f"{cfg.e2e_rounds} alternating rounds; "
-            f"theta_s forwards run: GRPO {e2e['snapshot_forwards']['grpo']} (an async GRPO "
-            "never evaluates "
-            f"theta_s), DLC {e2e['snapshot_forwards']['dlc']}"
+            f"V={cfg.e2e_vocab}), {cfg.e2e_batch_prompts} prompts x n={cfg.e2e_n}, "
+            f"{cfg.e2e_max_tokens} new tokens, resync every {cfg.e2e_resync_k} steps for both, "
+            f"prefetch 1; {cfg.e2e_steps} steps per run, first {cfg.e2e_skip} not counted, median "
+            "seconds/step of a run (incl. waiting for rollouts), best of "
+            f"{cfg.e2e_rounds} alternating rounds; theta_s forwards run: GRPO "
+            f"{e2e['snapshot_forwards']['grpo']} (an async GRPO never evaluates theta_s), DLC "
+            f"{e2e['snapshot_forwards']['dlc']}"
         )
     mc = cfg.model_config()
     res["notes"] += [
         f"model: {mc.num_hidden_layers} layers, D={mc.hidden_size}, V={mc.vocab_size}, fp32; "
-        f"batch {cfg.batch} x "
-        f"{cfg.length}, half of each row response tokens; all tokens stale (theta_s forward "
-        "always runs)",
+        f"batch {cfg.batch} x {cfg.length}, half of each row response tokens; all tokens stale "
+        "(theta_s forward always runs)",
         "snapshot_forward_ms and train_step_ms are timed separately; step_ms of DLC is the two "
         "in sequence",
     ]
@@ -352,9 +347,8 @@ def end_to_end(cfg: DlcBenchConfig) -> dict:
                     raise ValueError(
                         f"e2e_steps={cfg.e2e_steps} leaves no step after e2e_skip={cfg.e2e_skip}"
                     )
-                per_step[v].append(
-                    common.median(steady)
-                )  # robust to a recompile for a new length bucket
+                # the median: robust to a recompile for a new length bucket
+                per_step[v].append(common.median(steady))
                 forwards[v] += int(summary.get("snapshot_forwards", 0))
     sec = {v: common.best(x) for v, x in per_step.items()}
     return {

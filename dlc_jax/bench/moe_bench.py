@@ -62,10 +62,7 @@ def add_args(p) -> None:
 
 
 def from_args(size: str, args) -> MoeBenchConfig:
-    cfg = common.sized_config("moe", SIZES, size, args)
-    if getattr(args, "expert_scale", None):
-        cfg = dataclasses.replace(cfg, expert_scale=args.expert_scale)
-    return cfg
+    return common.sized_config("moe", SIZES, size, args, expert_scale="expert_scale")
 
 
 def _make_model_dir(cfg: MoeBenchConfig, root: Path) -> Path:
@@ -213,17 +210,14 @@ def run(cfg: MoeBenchConfig) -> dict:
     k_own, k_rep = rows[0]["k3_kl"], rows[1]["k3_kl"]
     ratio = k_own / k_rep if k_rep > 0 else float("inf")
     res["targets"] = [
-        common.target(
-            "replay of own routing bitwise identical, fp32 (1 = yes)",
-            float(ex["replay_own_bitwise_fp32"]),
-            1,
-            ">=",
-        ),
-        common.target(
-            "replay of own routing bitwise identical, bf16 (1 = yes)",
-            float(ex["replay_own_bitwise_bf16"]),
-            1,
-            ">=",
+        *(
+            common.target(
+                f"replay of own routing bitwise identical, {p} (1 = yes)",
+                float(ex[f"replay_own_bitwise_{p}"]),
+                1,
+                ">=",
+            )
+            for p in ("fp32", "bf16")
         ),
         common.target(
             "router gradient norm under replay (smallest layer)",

@@ -97,8 +97,9 @@ def torch_loss_and_grad_fn(model, input_ids, targets):
     return step
 
 
-def _side_paths(target_dir: Path) -> list[str]:
-    return [str(target_dir / "pkgs")]
+def _last_line(r: subprocess.CompletedProcess) -> str:
+    tail = (r.stderr or r.stdout).strip().splitlines()
+    return tail[-1] if tail else f"exit {r.returncode}"
 
 
 def prepare_tunix(
@@ -109,22 +110,16 @@ def prepare_tunix(
     Returns (ok, message). With ``install`` it runs ``pip install --no-deps --target`` for
     ``TUNIX_SIDE_PACKAGES`` when the import fails; the message says what failed otherwise.
     """
-    target_dir = Path(target_dir)
+    side = str(Path(target_dir) / "pkgs")
     probe = [sys.executable, "-c", "import tunix.models.qwen3.model"]
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(_side_paths(target_dir) + [os.environ.get("PYTHONPATH", "")]),
-    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([side, os.environ.get("PYTHONPATH", "")]))
 
     def try_import() -> tuple[bool, str]:
         try:
             r = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return False, f"importing tunix timed out after {timeout_s}s"
-        if r.returncode == 0:
-            return True, "ok"
-        tail = (r.stderr or r.stdout).strip().splitlines()
-        return False, tail[-1] if tail else f"exit {r.returncode}"
+        return (True, "ok") if r.returncode == 0 else (False, _last_line(r))
 
     ok, msg = try_import()
     if not ok and install:
@@ -136,7 +131,7 @@ def prepare_tunix(
             "--quiet",
             "--no-deps",
             "--target",
-            str(target_dir / "pkgs"),
+            side,
             *TUNIX_SIDE_PACKAGES,
         ]
         try:
@@ -144,16 +139,12 @@ def prepare_tunix(
         except subprocess.TimeoutExpired:
             return False, f"pip install of google-tunix timed out after {timeout_s}s"
         if r.returncode != 0:
-            tail = (r.stderr or r.stdout).strip().splitlines()
-            return False, "pip install google-tunix failed: " + (
-                tail[-1] if tail else f"exit {r.returncode}"
-            )
+            return False, f"pip install google-tunix failed: {_last_line(r)}"
         ok, msg = try_import()
     if not ok:
         return False, f"tunix does not import: {msg}"
-    for p in _side_paths(target_dir):
-        if p not in sys.path:
-            sys.path.append(p)  # appended: our environment's packages keep priority
+    if side not in sys.path:
+        sys.path.append(side)  # appended: our environment's packages keep priority
     importlib.invalidate_caches()
     try:
         mod = importlib.import_module("tunix.models.qwen3.model")

@@ -20,7 +20,6 @@ import dataclasses
 import pathlib
 import socket
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -149,47 +148,9 @@ def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
     return time.perf_counter() - t0
 
 
-def _run_push_client(mode: str, target: str, cfg: SamplerBenchConfig, version: int) -> float:
-    import json
-    import subprocess
-    import sys
-
-    code = (
-        "import json, sys; from dlc_jax.bench.sampler_bench import _push_client; "
-        "print(json.dumps(_push_client(*json.loads(sys.stdin.read()))))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        input=json.dumps([mode, target, dataclasses.asdict(cfg), version]),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return float(out.stdout.strip().splitlines()[-1])
-
-
-def _raw_receiver(total: int, out_path: pathlib.Path, chunk: int):
-    """Loopback TCP receiver writing `total` bytes to a file, then acking. -> (port, thread)."""
-    srv = socket.create_server(("127.0.0.1", 0))
-
-    def receive():
-        conn, _ = srv.accept()
-        view = memoryview(bytearray(chunk))
-        got = 0
-        with conn, open(out_path, "wb") as f:
-            while got < total:
-                n = conn.recv_into(view, min(chunk, total - got))
-                if n == 0:
-                    raise ConnectionError("sender closed early")
-                f.write(view[:n])
-                got += n
-            f.flush()
-            conn.sendall(b"k")
-        srv.close()
-
-    th = threading.Thread(target=receive, daemon=True)
-    th.start()
-    return srv.getsockname()[1], th
+def _push_in_child(mode: str, target: str, cfg: SamplerBenchConfig, version: int) -> float:
+    args = (mode, target, dataclasses.asdict(cfg), version)
+    return float(common.call_in_child("dlc_jax.bench.sampler_bench", "_push_client", *args))
 
 
 def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
@@ -206,11 +167,13 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     grpc_s, raw_s = [], []
     try:
         for r in range(cfg.push_repeats):  # interleaved
-            grpc_s.append(_run_push_client("grpc", srv.address, cfg, r + 1))
+            grpc_s.append(_push_in_child("grpc", srv.address, cfg, r + 1))
             raw_path = tmp / "raw_copy.bin"
-            port, th = _raw_receiver(total, raw_path, cfg.chunk_mb << 20)
-            raw_s.append(_run_push_client("raw", f"127.0.0.1:{port}", cfg, 0))
+            rsrv, th, errors = common.raw_receiver(total, raw_path, cfg.chunk_mb << 20)
+            raw_s.append(_push_in_child("raw", f"127.0.0.1:{rsrv.getsockname()[1]}", cfg, 0))
             th.join()
+            if errors:
+                raise errors[0]
             raw_path.unlink()
     finally:
         srv.stop()
@@ -276,20 +239,8 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
 
     def via_grpc():
         """The gRPC client runs in its own process (as a trainer would), timing only generate()."""
-        import json
-        import subprocess
-        import sys
-
-        code = (
-            "import json, sys; from dlc_jax.bench.sampler_bench import _client_run; "
-            "print(json.dumps(_client_run(*json.loads(sys.stdin.read()))))"
-        )
-        payload = json.dumps([srv.address, prompts, dataclasses.asdict(params)])
-        out = subprocess.run(
-            [sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True
-        )
-        tok, secs = json.loads(out.stdout.strip().splitlines()[-1])
-        return tok, secs
+        args = (srv.address, prompts, dataclasses.asdict(params))
+        return tuple(common.call_in_child("dlc_jax.bench.sampler_bench", "_client_run", *args))
 
     async def _direct():
         sp = vllm_sampling_params(params)

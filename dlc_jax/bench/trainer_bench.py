@@ -5,11 +5,9 @@ Each implementation computes the mean next-token NLL of the same [B,T] targets a
 respect to every parameter (no optimizer update: that is identical elementwise work for all):
 
 * ``ours (chunked logprobs)``: jitted ``value_and_grad`` of ``-mean(token_logprobs(hidden, W,
-y).lp)``,
-  the trainer's path (logits never materialized as [B,T,V]);
-* ``ours (full logits)``: jitted ``value_and_grad`` of full logits + log-softmax (the textbook
-path); * ``transformers``: ``Qwen3ForCausalLM`` fp32, SDPA attention, same weights,
-``cross_entropy`` +
+  y).lp)``, the trainer's path (logits never materialized as [B,T,V]);
+* ``ours (full logits)``: jitted ``value_and_grad`` of full logits + log-softmax (textbook path);
+* ``transformers``: ``Qwen3ForCausalLM`` fp32, SDPA attention, same weights, ``cross_entropy`` +
   ``backward()``, ``torch.set_num_threads(cpu_count)`` (XLA's CPU client also uses every core);
 * ``tunix``: tunix's Qwen3 (random weights, same shapes) full logits, jitted ``value_and_grad``.
 
@@ -44,7 +42,7 @@ class TrainerBenchConfig(common.BenchShape):
     name: str = "trainer"  # result file name (<out>/<name>.json, .md)
 
     def model_config(self, **extra):
-        return common.qwen3_config(self, max_position_embeddings=max(4096, self.length), **extra)
+        return super().model_config(max_position_embeddings=max(4096, self.length), **extra)
 
 
 SIZES = {
@@ -203,18 +201,16 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
     res["targets"].append(common.target("ours (chunked) / transformers tokens/s", ratio, 1.0, ">="))
     res["notes"] += [
         f"model: {mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, "
-        f"F={mcfg.intermediate_size}, "
-        f"H={mcfg.num_attention_heads}/KV={mcfg.num_key_value_heads}, hd={mcfg.head_dim}, "
-        f"V={mcfg.vocab_size}, fp32; "
-        f"{'scanned' if mcfg.use_scan else 'unrolled'} layers in ours; "
-        f"batch {cfg.batch} x {cfg.length} tokens; best of {cfg.repeats} interleaved repeats "
-        f"after {cfg.warmup} warm-up",
+        f"F={mcfg.intermediate_size}, H={mcfg.num_attention_heads}/KV={mcfg.num_key_value_heads}, "
+        f"hd={mcfg.head_dim}, V={mcfg.vocab_size}, fp32; "
+        f"{'scanned' if mcfg.use_scan else 'unrolled'} layers in ours; batch {cfg.batch} x "
+        f"{cfg.length} tokens; best of {cfg.repeats} interleaved repeats after {cfg.warmup} "
+        "warm-up",
         f"same weights in ours and transformers: |loss difference| = "
         f"{res['summary']['loss_abs_diff_ours_vs_transformers']:.2e} (tunix uses its own random "
         "init)",
         f"FLOPs per step (3x forward, attention full TxT) = {step_flops:.3e}; MFU needs a known "
-        "peak: "
-        f"n/a on CPU ({kind}), computed on TPU v4/v5e/v5p and H100/H200",
+        f"peak: n/a on CPU ({kind}), computed on TPU v4/v5e/v5p and H100/H200",
     ]
     return common.finish(res)
 

@@ -12,7 +12,6 @@ import pathlib
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -52,36 +51,13 @@ COLUMNS = [
 
 
 def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
-    """Send the arrays' bytes over one loopback TCP connection; a receiver thread writes them to
-    ``out_path``. Returns seconds from connect until the receiver has written every byte and
-    acked."""
-    total = sum(a.nbytes for a in arrays)
-    srv = socket.create_server(("127.0.0.1", 0))
-    port = srv.getsockname()[1]
-    errors: list[BaseException] = []
-
-    def receive():
-        try:
-            conn, _ = srv.accept()
-            view = memoryview(bytearray(chunk))
-            got = 0
-            with conn, open(out_path, "wb") as f:
-                while got < total:
-                    n = conn.recv_into(view, min(chunk, total - got))
-                    if n == 0:
-                        raise ConnectionError(f"sender closed after {got} of {total} bytes")
-                    f.write(view[:n])
-                    got += n
-                f.flush()
-                conn.sendall(b"k")
-        except BaseException as e:  # noqa: BLE001 - surfaced to the caller below
-            errors.append(e)
-
-    th = threading.Thread(target=receive, daemon=True)
-    th.start()
+    """Send the arrays' bytes over one loopback TCP connection to a `common.raw_receiver` writing
+    them to ``out_path``. Returns seconds from connect until the receiver has written every byte
+    and acked."""
+    srv, th, errors = common.raw_receiver(sum(a.nbytes for a in arrays), out_path, chunk)
     try:
         t0 = time.perf_counter()
-        with socket.create_connection(("127.0.0.1", port)) as s:
+        with socket.create_connection(srv.getsockname()) as s:
             for a in arrays:
                 s.sendall(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
             ack = s.recv(1)

@@ -93,29 +93,21 @@ def heldout_score(
         raise ValueError(f"heldout: need {cfg.prompts} prompts with answers, got {len(answers)}")
     prompts, gold = list(prompt_ids[:n]), list(answers[:n])
 
-    def texts(outs):
+    def answers_of(ps, temperature: float, seed: int) -> list[str]:
+        outs = sample_responses(
+            model,
+            ps,
+            max_tokens=cfg.max_tokens,
+            temperature=temperature,
+            seed=seed,
+            eos_id=eos_id,
+            pad_id=eos_id,
+        )
         return [decode([int(t) for t in o if int(t) != eos_id]) for o in outs]
 
-    greedy_out = sample_responses(
-        model,
-        prompts,
-        max_tokens=cfg.max_tokens,
-        temperature=GREEDY_TEMPERATURE,
-        seed=cfg.seed + step,
-        eos_id=eos_id,
-        pad_id=eos_id,
-    )
-    greedy = score_answers(texts(greedy_out), gold)
-    sampled_out = sample_responses(
-        model,
-        prompts * cfg.samples,
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        seed=cfg.seed + 1_000 + step,
-        eos_id=eos_id,
-        pad_id=eos_id,
-    )
-    sampled = score_answers(texts(sampled_out), gold * cfg.samples).reshape(cfg.samples, n)
+    greedy = score_answers(answers_of(prompts, GREEDY_TEMPERATURE, cfg.seed + step), gold)
+    sampled_texts = answers_of(prompts * cfg.samples, cfg.temperature, cfg.seed + 1_000 + step)
+    sampled = score_answers(sampled_texts, gold * cfg.samples).reshape(cfg.samples, n)
     per_prompt = sampled.mean(axis=0)
     return HeldoutScore(
         greedy=float(greedy.mean()),

@@ -18,11 +18,16 @@ class UnsupportedModelError(ValueError):
     """config.json describes a model this package does not implement."""
 
 
+def check_choice(name: str, value: Any, choices: Any) -> None:
+    """A ValueError "<name> must be one of <choices>, got <value>" unless ``value`` is one."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
     """The dimensions of a Qwen3 decoder (names as in HF `config.json`; Qwen3-0.6B's by default):
-    the first fields of `Qwen3Config`, and the shape every benchmark builds
-    (`dlc_jax.bench.common.SHAPES`)."""
+    the first fields of `Qwen3Config`; the named ones are `SHAPES`."""
 
     vocab_size: int = 151936
     hidden_size: int = 1024
@@ -57,16 +62,8 @@ class Qwen3Config(ModelShape):
     remat_policy: str = "none"
 
     def __post_init__(self):
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"Qwen3Config.attention_impl must be one of {ATTENTION_IMPLS}, "
-                f"got {self.attention_impl!r}"
-            )
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"Qwen3Config.remat_policy must be one of {REMAT_POLICIES}, "
-                f"got {self.remat_policy!r}"
-            )
+        check_choice("Qwen3Config.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        check_choice("Qwen3Config.remat_policy", self.remat_policy, REMAT_POLICIES)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "
@@ -195,15 +192,8 @@ class Qwen3MoeConfig(Qwen3Config):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.moe_impl not in MOE_IMPLS:
-            raise ValueError(
-                f"Qwen3MoeConfig.moe_impl must be one of {MOE_IMPLS}, got {self.moe_impl!r}"
-            )
-        if self.moe_dispatch not in MOE_DISPATCHES:
-            raise ValueError(
-                f"Qwen3MoeConfig.moe_dispatch must be one of {MOE_DISPATCHES}, "
-                f"got {self.moe_dispatch!r}"
-            )
+        check_choice("Qwen3MoeConfig.moe_impl", self.moe_impl, MOE_IMPLS)
+        check_choice("Qwen3MoeConfig.moe_dispatch", self.moe_dispatch, MOE_DISPATCHES)
         if not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(
                 f"Qwen3MoeConfig.num_experts_per_tok={self.num_experts_per_tok} must be in "
@@ -315,61 +305,48 @@ def hf_common_kwargs(d: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-_COMMON: dict[str, Any] = dict(
-    vocab_size=151936,
-    rms_norm_eps=1e-6,
-    rope_theta=1_000_000.0,
-    max_position_embeddings=40960,
-    head_dim=128,
-    num_key_value_heads=8,
-    bos_token_id=151643,
-    eos_token_id=151645,
-    scan_layers=True,
-)
+# Named model dimensions, one table: the released Qwen3 sizes (`PRESETS`), the model `make_tiny`
+# writes with its defaults (`tiny`), and the small shapes the benchmarks and soaks build. Columns:
+# vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+# num_key_value_heads, head_dim.
+SHAPES: dict[str, ModelShape] = {
+    name: ModelShape(*dims)
+    for name, dims in {
+        "Qwen3-0.6B": (151936, 1024, 3072, 28, 16, 8, 128),
+        "Qwen3-1.7B": (151936, 2048, 6144, 28, 16, 8, 128),
+        "Qwen3-4B": (151936, 2560, 9728, 36, 32, 8, 128),
+        "Qwen3-8B": (151936, 4096, 12288, 36, 32, 8, 128),
+        "Qwen3-30B-A3B": (151936, 2048, 6144, 48, 32, 4, 128),
+        "tiny": (2048, 128, 256, 2, 4, 2, 32),
+        "bench_tiny": (512, 64, 128, 2, 4, 2, 16),
+        "bench_small": (32768, 512, 1536, 4, 8, 4, 64),
+        "soak": (61, 32, 48, 2, 4, 2, 8),
+    }.items()
+}
+
+
+def shape_kwargs(name: str, **changes: Any) -> dict[str, Any]:
+    """The fields of `SHAPES` [name] as keyword arguments, with ``changes``."""
+    return {**dataclasses.asdict(SHAPES[name]), **changes}
+
+
+# what the released models share beyond their shapes (the rest are the config defaults)
+_COMMON: dict[str, Any] = dict(bos_token_id=151643, eos_token_id=151645, scan_layers=True)
 
 PRESETS: dict[str, Qwen3Config] = {
-    "Qwen3-0.6B": Qwen3Config(
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        tie_word_embeddings=True,
-        **_COMMON,
-    ),
-    "Qwen3-1.7B": Qwen3Config(
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        tie_word_embeddings=True,
-        **_COMMON,
-    ),
-    "Qwen3-4B": Qwen3Config(
-        hidden_size=2560,
-        intermediate_size=9728,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        tie_word_embeddings=True,
-        **_COMMON,
-    ),
-    "Qwen3-8B": Qwen3Config(
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        tie_word_embeddings=False,
-        **_COMMON,
-    ),
-    "Qwen3-30B-A3B": Qwen3MoeConfig(
-        hidden_size=2048,
-        intermediate_size=6144,
-        moe_intermediate_size=768,
-        num_hidden_layers=48,
-        num_attention_heads=32,
-        num_experts=128,
-        num_experts_per_tok=8,
-        norm_topk_prob=True,
-        tie_word_embeddings=False,
-        **{**_COMMON, "num_key_value_heads": 4},
-    ),
+    name: Qwen3Config(**shape_kwargs(name, tie_word_embeddings=tied), **_COMMON)
+    for name, tied in (
+        ("Qwen3-0.6B", True),
+        ("Qwen3-1.7B", True),
+        ("Qwen3-4B", True),
+        ("Qwen3-8B", False),
+    )
 }
+PRESETS["Qwen3-30B-A3B"] = Qwen3MoeConfig(
+    **shape_kwargs("Qwen3-30B-A3B", tie_word_embeddings=False),
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    **_COMMON,
+)

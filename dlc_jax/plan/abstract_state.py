@@ -21,19 +21,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from dlc_jax.model.config import shape_kwargs
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 # dims of the model `make_tiny` writes with its defaults (the trainer's model.path='' case)
-TINY_DIMS = dict(
-    vocab_size=2048,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    tie_word_embeddings=False,
-)
+TINY_DIMS = shape_kwargs("tiny", tie_word_embeddings=False)
 
 # model config fields that say how the model runs, settable from the trainer's model section
 RUN_OPTIONS = ("attention_impl", "scan_layers", "remat_policy")

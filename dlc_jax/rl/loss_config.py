@@ -147,15 +147,3 @@ class LossConfig:
     @property
     def spec(self) -> LossSpec:
         return LOSS_SPECS[self.name]
-
-
-__all__ = [
-    "BEHAVE_MODES",
-    "LOSS_NAMES",
-    "LOSS_SPECS",
-    "LossConfig",
-    "LossSpec",
-    "VCPO_RULES",
-    "WEIGHT_MODES",
-    "loss_spec",
-]

@@ -22,6 +22,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,59 +40,46 @@ from dlc_jax.trainer.config_sections import (
 MAX_YAML_DEPTH = 64
 # float keys where +inf is meaningful ("no cap"); every other float must be finite
 _INF_OK = frozenset({"tis_cap", "seq_tis_cap", "behave_cap", "dual_clip"})
-_AXIS = (lambda v: v == -1 or v >= 1, ">= 1 or -1 (all remaining devices)")
-
-# Checks beyond type: (dotted key, predicate, requirement text).
-_RULES: list[tuple[str, Any, str]] = [
-    ("mesh.data", *_AXIS),
-    ("mesh.fsdp", *_AXIS),
-    ("mesh.tensor", *_AXIS),
-    ("sampler.max_model_len", lambda v: v >= 2, ">= 2"),
-    ("sampler.startup_timeout_s", lambda v: v > 0, "> 0"),
-    ("sampler.reconnect_timeout_s", lambda v: v > 0, "> 0"),
-    ("sampler.retries", lambda v: v >= 0, ">= 0"),
-    ("sampler.retry_backoff_s", lambda v: v >= 0, ">= 0"),
-    ("sampler.retry_max_backoff_s", lambda v: v >= 0, ">= 0"),
-    ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
-    ("optim.eps", lambda v: v > 0, "> 0"),
-    ("sft.batch_size", lambda v: v >= 1, ">= 1"),
-    ("sft.lr", lambda v: v > 0, "> 0"),
-    ("sampler.n", lambda v: v >= 1, ">= 1"),
-    ("sampler.max_tokens", lambda v: v >= 1, ">= 1"),
-    ("sampler.temperature", lambda v: v > 0, "> 0"),
-    ("sampler.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("sampler.top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("sampler.head_k", lambda v: v >= 0, ">= 0"),
-    ("sampler.weight_noise", lambda v: v >= 0, ">= 0"),
-    ("distributed.num_processes", lambda v: v == -1 or v >= 1, ">= 1 or -1 (from the environment)"),
-    ("distributed.process_id", lambda v: v >= -1, ">= 0 or -1 (from the environment)"),
-    ("distributed.initialization_timeout_s", lambda v: v >= 1, ">= 1"),
-    ("optim.lr", lambda v: v > 0, "> 0"),
-    ("optim.warmup", lambda v: v >= 0, ">= 0"),
-    ("optim.grad_clip", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("optim.b1", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("optim.b2", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("resync.threshold", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("resync.k", lambda v: v >= 1, ">= 1"),
-    ("resync.max_snapshots", lambda v: v >= 1, ">= 1"),
-    ("async.max_staleness", lambda v: v >= 0, ">= 0"),
-    ("async.prefetch", lambda v: v >= 0, ">= 0"),
-    ("train.steps", lambda v: v >= 0, ">= 0"),
-    ("train.batch_prompts", lambda v: v >= 1, ">= 1"),
-    ("train.micro_batches", lambda v: v >= 1, ">= 1"),
-    ("checkpoint.every", lambda v: v >= 0, ">= 0"),
-    ("checkpoint.keep", lambda v: v >= 1, ">= 1"),
-    ("sampler.connect_timeout_s", lambda v: v > 0, "> 0"),
-    ("train.max_nonfinite_steps", lambda v: v >= 1, ">= 1"),
-    ("sft.steps", lambda v: v >= 0, ">= 0"),
-    ("log.progress_every", lambda v: v >= 1, ">= 1"),
-    ("log.samples_every", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("log.samples_n", lambda v: v >= 1, ">= 1"),
-    ("eval.every", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("eval.n", lambda v: v >= 1, ">= 1"),
-    ("eval.temperature", lambda v: v >= 0, ">= 0 (0 = greedy)"),
-    ("eval.max_tokens", lambda v: v >= 0, ">= 0 (0 = sampler.max_tokens)"),
+# Checks beyond type: (predicate, requirement text, the dotted keys it applies to).
+_RULES: list[tuple[Callable[[Any], bool], str, str]] = [
+    (
+        lambda v: v == -1 or v >= 1,
+        ">= 1 or -1 (all remaining devices)",
+        "mesh.data mesh.fsdp mesh.tensor",
+    ),
+    (lambda v: v == -1 or v >= 1, ">= 1 or -1 (from the environment)", "distributed.num_processes"),
+    (lambda v: v >= -1, ">= 0 or -1 (from the environment)", "distributed.process_id"),
+    (lambda v: v >= 2, ">= 2", "sampler.max_model_len"),
+    (
+        lambda v: v > 0,
+        "> 0",
+        "sampler.startup_timeout_s sampler.reconnect_timeout_s sampler.connect_timeout_s "
+        "sampler.temperature optim.eps optim.lr sft.lr",
+    ),
+    (
+        lambda v: v >= 0,
+        ">= 0",
+        "sampler.retries sampler.retry_backoff_s sampler.retry_max_backoff_s sampler.head_k "
+        "sampler.weight_noise optim.weight_decay optim.warmup async.max_staleness async.prefetch "
+        "train.steps checkpoint.every sft.steps",
+    ),
+    (
+        lambda v: v >= 0,
+        ">= 0 (0 = off)",
+        "sampler.top_k optim.grad_clip log.samples_every eval.every",
+    ),
+    (lambda v: v >= 0, ">= 0 (0 = greedy)", "eval.temperature"),
+    (lambda v: v >= 0, ">= 0 (0 = sampler.max_tokens)", "eval.max_tokens"),
+    (
+        lambda v: v >= 1,
+        ">= 1",
+        "sampler.n sampler.max_tokens distributed.initialization_timeout_s resync.k "
+        "resync.max_snapshots train.batch_prompts train.micro_batches train.max_nonfinite_steps "
+        "checkpoint.keep sft.batch_size log.progress_every log.samples_n eval.n",
+    ),
+    (lambda v: 0 < v <= 1, "in (0, 1]", "sampler.top_p resync.threshold"),
+    (lambda v: 0 <= v < 1, "in [0, 1)", "optim.b1 optim.b2"),
+    (lambda v: 0 <= v <= 1, "in [0, 1]", "optim.min_lr_ratio"),
 ]
 
 
@@ -197,10 +185,11 @@ def _get(cfg: TrainConfig, dotted: str):
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Range and cross-field checks (types, choices and each section's own checks ran while
     parsing); errors name the key."""
-    for key, ok, req in _RULES:
-        v = _get(cfg, key)
-        if not ok(v):
-            raise ConfigError(f"{key}: must be {req}, got {v!r}")
+    for ok, req, keys in _RULES:
+        for key in keys.split():
+            v = _get(cfg, key)
+            if not ok(v):
+                raise ConfigError(f"{key}: must be {req}, got {v!r}")
     axes = {a: getattr(cfg.mesh, a) for a in ("data", "fsdp", "tensor")}
     if sum(v == -1 for v in axes.values()) > 1:
         raise ConfigError(f"mesh: at most one axis may be -1, got {axes}")

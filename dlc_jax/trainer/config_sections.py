@@ -17,7 +17,13 @@ from dlc_jax.data.prompts import DataConfig
 from dlc_jax.data.rewards import RewardConfig
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.lora.config import LoraConfig
-from dlc_jax.model.config import ATTENTION_IMPLS, MOE_DISPATCHES, MOE_IMPLS, REMAT_POLICIES
+from dlc_jax.model.config import (
+    ATTENTION_IMPLS,
+    MOE_DISPATCHES,
+    MOE_IMPLS,
+    REMAT_POLICIES,
+    check_choice,
+)
 from dlc_jax.model.routing import MoeSection
 from dlc_jax.model.sharding import MeshConfig
 from dlc_jax.rl.loss_config import LossConfig
@@ -67,20 +73,9 @@ class ModelSection:
     moe_dispatch: str = "allgather"
 
     def __post_init__(self):
-        if self.moe_impl not in MOE_IMPLS:
-            raise ValueError(
-                f"ModelSection.moe_impl: must be one of {list(MOE_IMPLS)}, got {self.moe_impl!r}"
-            )
-        if self.moe_dispatch not in MOE_DISPATCHES:
-            raise ValueError(
-                f"ModelSection.moe_dispatch: must be one of {list(MOE_DISPATCHES)}, "
-                f"got {self.moe_dispatch!r}"
-            )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"ModelSection.attention_impl: must be one of {list(ATTENTION_IMPLS)}, "
-                f"got {self.attention_impl!r}"
-            )
+        check_choice("ModelSection.moe_impl", self.moe_impl, list(MOE_IMPLS))
+        check_choice("ModelSection.moe_dispatch", self.moe_dispatch, list(MOE_DISPATCHES))
+        check_choice("ModelSection.attention_impl", self.attention_impl, list(ATTENTION_IMPLS))
         if self.remat_policy not in ("", *REMAT_POLICIES):
             raise ValueError(
                 f"ModelSection.remat_policy: must be '' (from remat) or one of "

@@ -21,18 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dlc_jax.model.config import shape_kwargs
+
 from .. import common
 
-DIMS = dict(
-    vocab_size=61,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    tie_word_embeddings=False,
-)
+DIMS = shape_kwargs("soak", tie_word_embeddings=False)
 RANK, ALPHA = 4, 8.0
 
 
