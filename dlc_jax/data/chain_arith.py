@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dlc_jax.data.arithmetic import ExampleSource
+
 
 @dataclasses.dataclass(frozen=True)
 class ChainArithConfig:
@@ -79,17 +81,10 @@ def chain_example(cfg: ChainArithConfig, seed: int, index: int) -> dict:
     }
 
 
-class ChainArithSource:
-    """Random-access source (``len`` + ``__getitem__``), usable as a grain ``MapDataset`` source."""
+class ChainArithSource(ExampleSource[ChainArithConfig]):
+    """The chain task's examples (`chain_example`)."""
 
-    def __init__(self, cfg: ChainArithConfig, seed: int = 0):
-        self.cfg, self.seed = cfg, int(seed)
-
-    def __len__(self) -> int:
-        return self.cfg.num_examples
-
-    def __getitem__(self, index: int) -> dict:
-        return chain_example(self.cfg, self.seed, int(index))
+    example = staticmethod(chain_example)
 
 
 class WorkedTargets:

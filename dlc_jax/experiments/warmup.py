@@ -69,9 +69,9 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
     import jax.numpy as jnp
 
     from dlc_jax.data.tokenize import encode_prompt, load_tokenizer
-    from dlc_jax.model import load_hf, save_hf
+    from dlc_jax.model import load_hf
     from dlc_jax.model.tiny import make_tiny
-    from dlc_jax.trainer.sft import _TOKENIZER_FILES, sft_examples, sft_train
+    from dlc_jax.trainer.sft import save_warm, sft_examples, sft_train
 
     cache_dir = Path(cache_dir)
     out = cache_dir / f"chain-warmup-{cfg.key()}"
@@ -112,23 +112,20 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
         n=min(cfg.task.num_examples, cfg.eval_prompts),
         max_tokens=cfg.max_tokens,
     )
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_hf(model, tmp)
-    for f in _TOKENIZER_FILES:
-        if (base / f).exists() and not (tmp / f).exists():
-            shutil.copy(base / f, tmp / f)
-    info = {
-        "config": dataclasses.asdict(cfg),
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "greedy_accuracy": acc,
-        "seconds": time.time() - t0,
-        "seq_len": seq_len,
-    }
-    (tmp / "warmup.json").write_text(json.dumps(info, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    info = save_warm(
+        model,
+        base,
+        out,
+        "warmup.json",
+        lambda: {
+            "config": dataclasses.asdict(cfg),
+            "loss_first": losses[0],
+            "loss_last": losses[-1],
+            "greedy_accuracy": acc,
+            "seconds": time.time() - t0,
+            "seq_len": seq_len,
+        },
+    )
     log.info(
         "chain warm-up: %d steps in %.0fs, loss %.3f -> %.3f, greedy accuracy %.2f",
         cfg.steps,
