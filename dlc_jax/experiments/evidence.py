@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlc_jax.experiments.arm_styles import arm_key
 from dlc_jax.experiments.results import RunResult
 from dlc_jax.experiments.stats import NAN_INTERVAL, Interval, learning_delta, mean_interval
 
@@ -137,7 +138,7 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
             "resyncs per run (mean, min) | acc gain per 1000 CPU-s | CPU-s per run |",
             "|---|---|---|---|---|---|---|",
         ]
-        for arm in sorted(by_arm, key=arm_order):
+        for arm in sorted(by_arm, key=arm_key):
             runs = by_arm[arm]
             fin = [final_heldout(r, "sampled") for r in runs]
             gre = [final_heldout(r, "greedy") for r in runs]
@@ -150,7 +151,7 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
                 f"{_num(float(np.nanmean(cpu)) if np.isfinite(cpu).any() else float('nan'), 0)} |"
             )
         lines.append("")
-        for b in sorted(by_arm, key=arm_order):
+        for b in sorted(by_arm, key=arm_key):
             if b == "dlc" or "dlc" not in by_arm:
                 continue
             iv, diffs = paired_heldout(by_arm, "dlc", b)
@@ -170,25 +171,6 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
             )
         lines.append("")
     return lines
-
-
-def arm_order(arm: str) -> tuple[int, str]:
-    order = (
-        "onpolicy",
-        "naive",
-        "tis",
-        "mis",
-        "score_centering",
-        "ppo_clip",
-        "decoupled_ppo",
-        "m2po",
-        "dlc",
-        "dlc_seq",
-        "dlc_noresync",
-        "dlc_nocenter",
-        "frozen",
-    )
-    return (order.index(arm) if arm in order else len(order), arm)
 
 
 def _num(x: float, nd: int) -> str:
@@ -256,7 +238,7 @@ def summary_json(
         err = scenario_error_stats(runs)
         with_ref = dict(by_sc[sc], **({"onpolicy": refs} if refs else {}))
         arms = {}
-        for arm in sorted(by_sc[sc], key=arm_order):
+        for arm in sorted(by_sc[sc], key=arm_key):
             st = arm_stats.get(sc, {}).get(arm)
             rs = by_sc[sc][arm]
             arms[arm] = {
@@ -307,7 +289,7 @@ def first_table(summary: dict, band: float) -> list[str]:
     if not scen:
         return []
     names = list(scen)
-    arms = sorted({a for s in scen.values() for a in s["arms"]}, key=arm_order)
+    arms = sorted({a for s in scen.values() for a in s["arms"]}, key=arm_key)
     learn = summary["onpolicy_learning"]
     out = [
         "## At a glance",
@@ -373,7 +355,7 @@ def power_lines(all_stats: dict, band: float) -> list[str]:
     """For every arm whose KL-ratio verdict is inconclusive: the seeds that would decide it."""
     rows = []
     for sc in sorted(all_stats):
-        for arm in sorted(all_stats[sc], key=arm_order):
+        for arm in sorted(all_stats[sc], key=arm_key):
             iv = all_stats[sc][arm].ref.max
             if arm == "onpolicy" or iv.versus(band) != "inconclusive":
                 continue

@@ -23,6 +23,7 @@ import numpy as np
 from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
 from dlc_jax.data.prompts import DataConfig, load_records
 from dlc_jax.data.tokenize import encode_prompt
+from dlc_jax.experiments.results import json_safe
 
 # generate(prompt_ids, max_tokens=..., temperature=..., seed=...) -> one response (int32 [n]) per
 # prompt
@@ -234,7 +235,7 @@ def create_prefixes(
                 f"max_tokens={cfg.max_tokens}"
             )
     meta = {
-        "config": _jsonable(dataclasses.asdict(cfg)),
+        "config": json_safe(dataclasses.asdict(cfg)),
         "prompts": [r["prompt"] for r in recs],
         "answers": [r["answer"] for r in recs],
         **(extra_meta or {}),
@@ -252,14 +253,6 @@ def load_or_create(
     ps = create_prefixes(cfg, tokenizer, generate, **kw)
     ps.save(out_dir)
     return ps
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
 
 
 def client_generate(client) -> GenerateFn:

@@ -80,7 +80,7 @@ class RunResult:
         return self.series.get(key, [None] * len(self.steps))
 
     def to_json(self) -> dict:
-        return _clean(dataclasses.asdict(self))
+        return json_safe(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, d: dict) -> RunResult:
@@ -110,7 +110,7 @@ class NoiseThreshold:
 
     def save(self, exp_dir: str | Path) -> Path:
         p = Path(exp_dir) / "noise.json"
-        p.write_text(json.dumps(_clean(dataclasses.asdict(self))))
+        p.write_text(json.dumps(json_safe(dataclasses.asdict(self))))
         return p
 
     @classmethod
@@ -135,12 +135,12 @@ def load_results(exp_dir: str | Path) -> dict[str, RunResult]:
     return out
 
 
-def _clean(x):
+def json_safe(x):
     """JSON-safe copy: NaN/inf -> None."""
     if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [json_safe(v) for v in x]
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
