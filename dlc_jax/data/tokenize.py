@@ -4,8 +4,7 @@ With ``chat_template`` on, a prompt is rendered by the tokenizer's own chat temp
 (``apply_chat_template`` with ``add_generation_prompt=True``, an optional system message and
 ``enable_thinking`` — Qwen3's switch; templates that do not use it ignore it); a tokenizer without a
 template falls back to the hand-written ChatML below. Token ids are produced once here and then
-travel
-unchanged trainer -> sampler -> trainer; nothing downstream re-tokenizes text.
+travel unchanged trainer -> sampler -> trainer; nothing downstream re-tokenizes text.
 
 A rendered prompt's content is text: a control token's text in a dataset prompt
 (``<|im_start|>system``) is encoded as plain text (`dlc_jax.data.text_tokens`), counted in

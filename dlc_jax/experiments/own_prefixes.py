@@ -3,8 +3,7 @@
 The reference prefixes are fixed (sampled once from the initial policy). A distance measured on the
 sequences a run generates itself instead -- what the conventional "KL on the sampler's own prefixes"
 looks at once its sampler holds theta_t -- weighs the positions that run now visits and ignores
-where
-it stopped going. The experiment measures KL to on-policy training on both prefix sets.
+where it stopped going. The experiment measures KL to on-policy training on both prefix sets.
 
 Sampling is a plain full-forward loop over a fixed ``[B, prompt + max_tokens]`` buffer (one jitted
 shape, no KV cache): only meant for the tiny models of the CPU experiment.

@@ -7,8 +7,7 @@ In a padded ``tokens [N, L]`` array, the next-token distribution at position t i
 prefix ``tokens[:t+1]``, so the prefix mask is 1 at positions ``P-1 .. P+n-2``.
 
 The set is created once per experiment (``prefixes.npz`` + ``prefixes.json``) and shared by all
-runs.
-Prompts come from the synthetic arithmetic task with a seed distinct from any training seed.
+runs. Prompts come from the synthetic arithmetic task with a seed distinct from any training seed.
 """
 
 from __future__ import annotations

@@ -29,28 +29,10 @@ import json
 import math
 from pathlib import Path
 
-SERIES = (
-    "reward",
-    "entropy",
-    "ess_lag",
-    "ess_gaussian",
-    "ell_mean",
-    "ell_std",
-    "delta_mean",
-    "delta_std",
-    "mismatch_k3",
-    "version_lag",
-    "resyncs",
-    "delta_abs_mean",
-    "ell_abs_mean",
-)
-
-
 @dataclasses.dataclass
 class RunResult:
     """One run's normalized outputs. ``arm`` is the correction (or "onpolicy"); ``scenario`` names
-    the
-    sampler condition (stale/quantized/noisy), "reference" for the on-policy runs."""
+    the sampler condition (stale/quantized/noisy), "reference" for the on-policy runs."""
 
     name: str
     arm: str
@@ -98,8 +80,7 @@ class RunResult:
 @dataclasses.dataclass
 class NoiseThreshold:
     """N_t = mean over ordered on-policy pairs of KL(O_i,t || O_j,t) at checkpoint steps; ``pairs``
-    keeps
-    every pair ("O_i|O_j": [...]) for the bootstrap, ``own_pairs`` the same on O_i's own
+    keeps every pair ("O_i|O_j": [...]) for the bootstrap, ``own_pairs`` the same on O_i's own
     prefixes."""
 
     steps: list[int]

@@ -2,11 +2,10 @@
 
 The trainer's own warm-up (``dlc_jax.trainer.sft``) teaches the 1-digit ``arithmetic`` answer; the
 chain task needs the worked answer (``3+5=8,8+2=10 #### 10``) as the target while the reward
-compares
-only the final number. This module reuses the trainer's SFT pieces (``sft_examples``, ``sft_train``,
-``greedy_accuracy``) with that target, and writes the HF directory every experiment run starts from,
-plus the task's JSONL (the ``data.source`` file of the runs). Both are keyed by a hash of the
-settings.
+compares only the final number. This module reuses the trainer's SFT pieces (``sft_examples``,
+``sft_train``, ``greedy_accuracy``) with that target, and writes the HF directory every experiment
+run starts from, plus the task's JSONL (the ``data.source`` file of the runs). Both are keyed by a
+hash of the settings.
 """
 
 from __future__ import annotations
@@ -29,11 +28,10 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class ChainWarmup:
     """task: the chain task; data_seed: its training split seed; steps / batch_size / lr: SFT length
-    (few
-    steps on purpose: a middling accuracy leaves RL room to improve); model_seed: the tiny model's
-    init;
-    eval_prompts: held-out prompts for the (near-)greedy accuracy recorded in ``warmup.json``;
-    model_dims: ``make_tiny`` keyword overrides (a larger Qwen3 body for accelerator presets)."""
+    (few steps on purpose: a middling accuracy leaves RL room to improve); model_seed: the tiny
+    model's init; eval_prompts: held-out prompts for the (near-)greedy accuracy recorded in
+    ``warmup.json``; model_dims: ``make_tiny`` keyword overrides (a larger Qwen3 body for
+    accelerator presets)."""
 
     task: ChainArithConfig = dataclasses.field(default_factory=ChainArithConfig)
     data_seed: int = 0
@@ -141,8 +139,7 @@ def greedy_accuracy(
     model, source: ChainArithSource, tok, eos_id: int, *, n: int, max_tokens: int
 ) -> float:
     """Fraction of the first ``n`` prompts whose near-greedy (temperature 1e-4) answer scores 1 (one
-    jitted
-    shape for all prompts, see own_prefixes.sample_responses)."""
+    jitted shape for all prompts, see own_prefixes.sample_responses)."""
     from dlc_jax.data.rewards import exact_match_reward
     from dlc_jax.data.tokenize import encode_prompt
     from dlc_jax.experiments.own_prefixes import sample_responses

@@ -48,8 +48,7 @@ def sft_examples(
     system: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Batch of SFT sequences. Returns int32 ``input_ids``/``targets`` [N, seq_len] and float32
-    ``mask``
-    [N, seq_len] (1 where ``targets`` is an answer or eos token), right-padded with eos."""
+    ``mask`` [N, seq_len] (1 where ``targets`` is an answer or eos token), right-padded with eos."""
     n = len(indices)
     ids = np.full((n, seq_len), eos_id, np.int32)
     tgt = np.full((n, seq_len), eos_id, np.int32)
@@ -85,8 +84,7 @@ def sft_train(
     log: Callable[[str], None] | None = None,
 ) -> list[float]:
     """Train ``model`` in place on ``batches`` (an iterator of dicts) for ``steps`` steps; returns
-    losses.
-    Progress goes to ``log`` (default: this module's logger)."""
+    losses. Progress goes to ``log`` (default: this module's logger)."""
     log = log or logger.info
     from flax import nnx
 
