@@ -177,11 +177,12 @@ def _num(x: float, nd: int) -> str:
     return "—" if not math.isfinite(x) else f"{x:.{nd}f}"
 
 
-def _iv_json(iv: Interval) -> dict:
-    def f(x):
-        return None if not math.isfinite(x) else round(float(x), 6)
+def _rnd(x) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
-    return {"mean": f(iv.point), "lo": f(iv.lo), "hi": f(iv.hi)}
+
+def _iv_json(iv: Interval) -> dict:
+    return {"mean": _rnd(iv.point), "lo": _rnd(iv.lo), "hi": _rnd(iv.hi)}
 
 
 _CLAIM = re.compile(r"^\s+(\d)\. \*.*?\*: \*\*(held|not held|inconclusive)\*\* — (.*)$")
@@ -228,10 +229,6 @@ def summary_json(
 ) -> dict:
     """The issue's summary schema (see docs/experiments/README.md)."""
     learn = learning_delta([r.heldout for r in refs], HEADLINE)
-
-    def rnd(x):
-        return None if x is None or not math.isfinite(x) else round(float(x), 6)
-
     scen = {}
     for sc in sorted(by_sc):
         runs = [r for rs in by_sc[sc].values() for r in rs]
@@ -249,15 +246,15 @@ def summary_json(
                     mean_interval([final_heldout(r, "sampled") for r in rs])
                 ),
                 "resyncs": resync_counts(rs),
-                "acc_per_kcpu_s": rnd(acc_per_kcpu_s(rs)),
+                "acc_per_kcpu_s": _rnd(acc_per_kcpu_s(rs)),
             }
             if arm != "dlc" and "dlc" in by_sc[sc]:
                 arms[arm]["dlc_minus"] = _iv_json(paired_heldout(with_ref, "dlc", arm)[0])
         scen[sc] = {
             "kind": kinds.get(sc, "both"),
-            "delta_abs_mean": rnd(err["delta_abs_mean"]),
-            "ell_abs_mean": rnd(err["ell_abs_mean"]),
-            "delta_abs_p99": rnd(err["delta_abs_p99"]),
+            "delta_abs_mean": _rnd(err["delta_abs_mean"]),
+            "ell_abs_mean": _rnd(err["ell_abs_mean"]),
+            "delta_abs_p99": _rnd(err["delta_abs_p99"]),
             "arms": arms,
         }
     claims = claim_verdicts(claim_lines)
@@ -265,9 +262,9 @@ def summary_json(
         c["interval_method"] = INTERVAL_METHODS[c["claim"]]
     return {
         "onpolicy_learning": {
-            "delta": rnd(learn.point),
-            "lo": rnd(learn.lo),
-            "hi": rnd(learn.hi),
+            "delta": _rnd(learn.point),
+            "lo": _rnd(learn.lo),
+            "hi": _rnd(learn.hi),
             "seeds": learn.n,
         },
         "scenarios": scen,
