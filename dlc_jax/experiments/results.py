@@ -29,6 +29,7 @@ import json
 import math
 from pathlib import Path
 
+
 @dataclasses.dataclass
 class RunResult:
     """One run's normalized outputs. ``arm`` is the correction (or "onpolicy"); ``scenario`` names
