@@ -119,25 +119,14 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, pr
         def push(row: str) -> None:
             addrs = [p.address for p in procs[row]]
             version[0] += 1
+            kw = dict(dtype=cfg.push_dtype, chunk_bytes=chunk, transport="socket")
             if len(addrs) == 1:
                 with SamplerClient(addrs[0], timeout=3600) as c:
-                    r = c.push_weights(
-                        exported,
-                        version[0],
-                        dtype=cfg.push_dtype,
-                        chunk_bytes=chunk,
-                        transport="socket",
-                    )
+                    r = c.push_weights(exported, version[0], **kw)
                 egress = r.bytes
             else:
                 with SamplerPool(addrs, timeout=3600, relay="chain") as pool:
-                    r = pool.push_weights(
-                        exported,
-                        version[0],
-                        dtype=cfg.push_dtype,
-                        chunk_bytes=chunk,
-                        transport="socket",
-                    )
+                    r = pool.push_weights(exported, version[0], **kw)
                 egress = r.egress_bytes
                 if r.removed:
                     raise RuntimeError(f"relay bench: samplers left rotation: {r.message}")

@@ -7,6 +7,8 @@ principle, and indexable (a grain ``MapDataset`` source can wrap it directly).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -54,14 +56,31 @@ def arithmetic_example(cfg: ArithmeticConfig, seed: int, index: int) -> dict:
     return {"prompt": f"{a}{op}{b}=", "answer": str(_OPS[op](a, b))}
 
 
-class ArithmeticSource:
-    """Random-access source (``len`` + ``__getitem__``) usable as ``grain.MapDataset.source``."""
+class _TaskConfig(Protocol):
+    @property
+    def num_examples(self) -> int: ...
 
-    def __init__(self, cfg: ArithmeticConfig, seed: int = 0):
+
+C = TypeVar("C", bound=_TaskConfig)
+
+
+class ExampleSource(Generic[C]):
+    """Random-access source (``len`` + ``__getitem__``) of a generated task, usable as
+    ``grain.MapDataset.source``: item ``index`` is ``example(cfg, seed, index)``."""
+
+    example: Callable[[C, int, int], dict]
+
+    def __init__(self, cfg: C, seed: int = 0):
         self.cfg, self.seed = cfg, int(seed)
 
     def __len__(self) -> int:
         return self.cfg.num_examples
 
     def __getitem__(self, index: int) -> dict:
-        return arithmetic_example(self.cfg, self.seed, int(index))
+        return type(self).example(self.cfg, self.seed, int(index))
+
+
+class ArithmeticSource(ExampleSource[ArithmeticConfig]):
+    """The arithmetic task's examples (`arithmetic_example`)."""
+
+    example = staticmethod(arithmetic_example)

@@ -2,19 +2,16 @@
 tokens).
 
 A prompt lists ``terms`` one-digit numbers to add (``"3+5+2+7="``); the worked answer adds them one
-at a
-time and ends with the total in GSM8K form::
+at a time and ends with the total in GSM8K form::
 
     3+5=8,8+2=10,10+7=17 #### 17
 
 With single-digit tokenization (Qwen3 splits numbers into digits) 3-5 terms give responses of about
 14-36 tokens, so the policy lag and the numerical discrepancy are summed over many tokens per
-sequence
-(unlike the 1-4 token answers of ``arithmetic``). Every step depends on the previous partial sum, so
-an
-early mistake propagates and the final answer is wrong: the reward (the ``####`` number) is sparse
-and
-a small model reaches a middling accuracy after a short warm-up, leaving room for RL.
+sequence (unlike the 1-4 token answers of ``arithmetic``). Every step depends on the previous
+partial sum, so an early mistake propagates and the final answer is wrong: the reward (the ``####``
+number) is sparse and a small model reaches a middling accuracy after a short warm-up, leaving room
+for RL.
 
 Each example is a pure function of ``(seed, index)``. Records carry ``prompt``, ``answer`` (the
 final
@@ -29,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
+from dlc_jax.data.arithmetic import ExampleSource
+
 
 @dataclasses.dataclass(frozen=True)
 class ChainArithConfig:
     """min_terms / max_terms: how many numbers are added (drawn uniformly, >= 2); digits: each term
-    is
-    drawn from [0, 10**digits); num_examples: size of one epoch."""
+    is drawn from [0, 10**digits); num_examples: size of one epoch."""
 
     min_terms: int = 3
     max_terms: int = 5
@@ -79,17 +77,10 @@ def chain_example(cfg: ChainArithConfig, seed: int, index: int) -> dict:
     }
 
 
-class ChainArithSource:
-    """Random-access source (``len`` + ``__getitem__``), usable as a grain ``MapDataset`` source."""
+class ChainArithSource(ExampleSource[ChainArithConfig]):
+    """The chain task's examples (`chain_example`)."""
 
-    def __init__(self, cfg: ChainArithConfig, seed: int = 0):
-        self.cfg, self.seed = cfg, int(seed)
-
-    def __len__(self) -> int:
-        return self.cfg.num_examples
-
-    def __getitem__(self, index: int) -> dict:
-        return chain_example(self.cfg, self.seed, int(index))
+    example = staticmethod(chain_example)
 
 
 class WorkedTargets:

@@ -4,8 +4,7 @@ With ``chat_template`` on, a prompt is rendered by the tokenizer's own chat temp
 (``apply_chat_template`` with ``add_generation_prompt=True``, an optional system message and
 ``enable_thinking`` — Qwen3's switch; templates that do not use it ignore it); a tokenizer without a
 template falls back to the hand-written ChatML below. Token ids are produced once here and then
-travel
-unchanged trainer -> sampler -> trainer; nothing downstream re-tokenizes text.
+travel unchanged trainer -> sampler -> trainer; nothing downstream re-tokenizes text.
 
 A rendered prompt's content is text: a control token's text in a dataset prompt
 (``<|im_start|>system``) is encoded as plain text (`dlc_jax.data.text_tokens`), counted in
@@ -14,6 +13,8 @@ written by the user, and is encoded as it is.
 """
 
 from __future__ import annotations
+
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -78,6 +79,14 @@ def chatml(prompt: str, system: str | None = None) -> str:
     return out + f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
 
+class PromptFormat(TypedDict, total=False):
+    """How a prompt is rendered: `render_prompt`'s keywords (defaults there)."""
+
+    chat_template: bool
+    system: str | None
+    enable_thinking: bool
+
+
 def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None)) and hasattr(
         tokenizer, "apply_chat_template"
@@ -136,55 +145,19 @@ def encode_prompt_counted(
     return np.asarray(ids, dtype=np.int32), escaped
 
 
-def encode_prompt(
-    tokenizer,
-    prompt: str,
-    *,
-    chat_template: bool = False,
-    system: str | None = None,
-    enable_thinking: bool = True,
-) -> np.ndarray:
+def encode_prompt(tokenizer, prompt: str, **fmt: Unpack[PromptFormat]) -> np.ndarray:
     """Token ids [P] (int32) of the rendered ``prompt``."""
-    return encode_prompt_counted(
-        tokenizer,
-        prompt,
-        chat_template=chat_template,
-        system=system,
-        enable_thinking=enable_thinking,
-    )[0]
+    return encode_prompt_counted(tokenizer, prompt, **fmt)[0]
 
 
-def count_prompt_tokens(
-    tokenizer,
-    prompts: list[str],
-    *,
-    chat_template: bool = False,
-    system: str | None = None,
-    enable_thinking: bool = True,
-) -> list[int]:
+def count_prompt_tokens(tokenizer, prompts: list[str], **fmt: Unpack[PromptFormat]) -> list[int]:
     """Token count of each rendered prompt (batched when the tokenizer is an HF one; a prompt
     holding a control token's text is counted as `encode_prompt` encodes it)."""
     from dlc_jax.data.text_tokens import count_control
 
-    if chat_template and any(count_control(tokenizer, p) for p in prompts):
-        return [
-            len(
-                encode_prompt(
-                    tokenizer, p, chat_template=True, system=system, enable_thinking=enable_thinking
-                )
-            )
-            for p in prompts
-        ]
-    texts = [
-        render_prompt(
-            tokenizer,
-            p,
-            chat_template=chat_template,
-            system=system,
-            enable_thinking=enable_thinking,
-        )
-        for p in prompts
-    ]
+    if fmt.get("chat_template") and any(count_control(tokenizer, p) for p in prompts):
+        return [len(encode_prompt(tokenizer, p, **fmt)) for p in prompts]
+    texts = [render_prompt(tokenizer, p, **fmt) for p in prompts]
     if callable(tokenizer) and hasattr(tokenizer, "batch_decode"):
         out: list[int] = []
         for i in range(0, len(texts), 1024):

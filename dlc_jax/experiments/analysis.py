@@ -68,8 +68,7 @@ def first_below(steps, values, threshold) -> int | None:
 
 def stays_below_from(steps, values, threshold, min_steps: int = 1) -> int | None:
     """First step from which every later logged value is < threshold; None if the last value is not,
-    or
-    if fewer than ``min_steps`` logged values lie in that final stretch."""
+    or if fewer than ``min_steps`` logged values lie in that final stretch."""
     pairs = [(int(s), _num(v)) for s, v in zip(steps, values) if _num(v) is not None]
     if not pairs or pairs[-1][1] >= threshold:
         return None
@@ -126,8 +125,7 @@ def predicted_crossing(run: RunResult, cfg: AnalysisConfig = AnalysisConfig()) -
     window.
 
     Uses the first ``fit_points`` steps with version lag k > 0 inside the first window (before the
-    lag
-    first drops, i.e. before the first resync), Var(ell) = ell_std^2.
+    lag first drops, i.e. before the first resync), Var(ell) = ell_std^2.
     """
     target = -math.log(cfg.ess_threshold)
     lags, stds = run.get("version_lag"), run.get("ell_std")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlc_jax.experiments.arm_styles import arm_key
 from dlc_jax.experiments.results import RunResult
 from dlc_jax.experiments.stats import NAN_INTERVAL, Interval, learning_delta, mean_interval
 
@@ -137,7 +138,7 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
             "resyncs per run (mean, min) | acc gain per 1000 CPU-s | CPU-s per run |",
             "|---|---|---|---|---|---|---|",
         ]
-        for arm in sorted(by_arm, key=arm_order):
+        for arm in sorted(by_arm, key=arm_key):
             runs = by_arm[arm]
             fin = [final_heldout(r, "sampled") for r in runs]
             gre = [final_heldout(r, "greedy") for r in runs]
@@ -150,7 +151,7 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
                 f"{_num(float(np.nanmean(cpu)) if np.isfinite(cpu).any() else float('nan'), 0)} |"
             )
         lines.append("")
-        for b in sorted(by_arm, key=arm_order):
+        for b in sorted(by_arm, key=arm_key):
             if b == "dlc" or "dlc" not in by_arm:
                 continue
             iv, diffs = paired_heldout(by_arm, "dlc", b)
@@ -172,34 +173,16 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
     return lines
 
 
-def arm_order(arm: str) -> tuple[int, str]:
-    order = (
-        "onpolicy",
-        "naive",
-        "tis",
-        "mis",
-        "score_centering",
-        "ppo_clip",
-        "decoupled_ppo",
-        "m2po",
-        "dlc",
-        "dlc_seq",
-        "dlc_noresync",
-        "dlc_nocenter",
-        "frozen",
-    )
-    return (order.index(arm) if arm in order else len(order), arm)
-
-
 def _num(x: float, nd: int) -> str:
     return "—" if not math.isfinite(x) else f"{x:.{nd}f}"
 
 
-def _iv_json(iv: Interval) -> dict:
-    def f(x):
-        return None if not math.isfinite(x) else round(float(x), 6)
+def _rnd(x) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
-    return {"mean": f(iv.point), "lo": f(iv.lo), "hi": f(iv.hi)}
+
+def _iv_json(iv: Interval) -> dict:
+    return {"mean": _rnd(iv.point), "lo": _rnd(iv.lo), "hi": _rnd(iv.hi)}
 
 
 _CLAIM = re.compile(r"^\s+(\d)\. \*.*?\*: \*\*(held|not held|inconclusive)\*\* — (.*)$")
@@ -246,17 +229,13 @@ def summary_json(
 ) -> dict:
     """The issue's summary schema (see docs/experiments/README.md)."""
     learn = learning_delta([r.heldout for r in refs], HEADLINE)
-
-    def rnd(x):
-        return None if x is None or not math.isfinite(x) else round(float(x), 6)
-
     scen = {}
     for sc in sorted(by_sc):
         runs = [r for rs in by_sc[sc].values() for r in rs]
         err = scenario_error_stats(runs)
         with_ref = dict(by_sc[sc], **({"onpolicy": refs} if refs else {}))
         arms = {}
-        for arm in sorted(by_sc[sc], key=arm_order):
+        for arm in sorted(by_sc[sc], key=arm_key):
             st = arm_stats.get(sc, {}).get(arm)
             rs = by_sc[sc][arm]
             arms[arm] = {
@@ -267,15 +246,15 @@ def summary_json(
                     mean_interval([final_heldout(r, "sampled") for r in rs])
                 ),
                 "resyncs": resync_counts(rs),
-                "acc_per_kcpu_s": rnd(acc_per_kcpu_s(rs)),
+                "acc_per_kcpu_s": _rnd(acc_per_kcpu_s(rs)),
             }
             if arm != "dlc" and "dlc" in by_sc[sc]:
                 arms[arm]["dlc_minus"] = _iv_json(paired_heldout(with_ref, "dlc", arm)[0])
         scen[sc] = {
             "kind": kinds.get(sc, "both"),
-            "delta_abs_mean": rnd(err["delta_abs_mean"]),
-            "ell_abs_mean": rnd(err["ell_abs_mean"]),
-            "delta_abs_p99": rnd(err["delta_abs_p99"]),
+            "delta_abs_mean": _rnd(err["delta_abs_mean"]),
+            "ell_abs_mean": _rnd(err["ell_abs_mean"]),
+            "delta_abs_p99": _rnd(err["delta_abs_p99"]),
             "arms": arms,
         }
     claims = claim_verdicts(claim_lines)
@@ -283,9 +262,9 @@ def summary_json(
         c["interval_method"] = INTERVAL_METHODS[c["claim"]]
     return {
         "onpolicy_learning": {
-            "delta": rnd(learn.point),
-            "lo": rnd(learn.lo),
-            "hi": rnd(learn.hi),
+            "delta": _rnd(learn.point),
+            "lo": _rnd(learn.lo),
+            "hi": _rnd(learn.hi),
             "seeds": learn.n,
         },
         "scenarios": scen,
@@ -307,7 +286,7 @@ def first_table(summary: dict, band: float) -> list[str]:
     if not scen:
         return []
     names = list(scen)
-    arms = sorted({a for s in scen.values() for a in s["arms"]}, key=arm_order)
+    arms = sorted({a for s in scen.values() for a in s["arms"]}, key=arm_key)
     learn = summary["onpolicy_learning"]
     out = [
         "## At a glance",
@@ -373,7 +352,7 @@ def power_lines(all_stats: dict, band: float) -> list[str]:
     """For every arm whose KL-ratio verdict is inconclusive: the seeds that would decide it."""
     rows = []
     for sc in sorted(all_stats):
-        for arm in sorted(all_stats[sc], key=arm_order):
+        for arm in sorted(all_stats[sc], key=arm_key):
             iv = all_stats[sc][arm].ref.max
             if arm == "onpolicy" or iv.versus(band) != "inconclusive":
                 continue

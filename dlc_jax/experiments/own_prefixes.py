@@ -3,8 +3,7 @@
 The reference prefixes are fixed (sampled once from the initial policy). A distance measured on the
 sequences a run generates itself instead -- what the conventional "KL on the sampler's own prefixes"
 looks at once its sampler holds theta_t -- weighs the positions that run now visits and ignores
-where
-it stopped going. The experiment measures KL to on-policy training on both prefix sets.
+where it stopped going. The experiment measures KL to on-policy training on both prefix sets.
 
 Sampling is a plain full-forward loop over a fixed ``[B, prompt + max_tokens]`` buffer (one jitted
 shape, no KV cache): only meant for the tiny models of the CPU experiment.
@@ -14,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -86,26 +86,11 @@ def sample_responses(
 
 
 def own_prefix_set(
-    model,
-    prompt_ids: Sequence[np.ndarray],
-    *,
-    max_tokens: int,
-    temperature: float,
-    seed: int,
-    eos_id: int,
-    pad_id: int = 0,
+    model, prompt_ids: Sequence[np.ndarray], *, eos_id: int, pad_id: int = 0, **sampling: Any
 ) -> PrefixSet:
-    """A :class:`PrefixSet` of ``model``'s own responses to ``prompt_ids`` (empty responses get
-    eos)."""
-    resp = sample_responses(
-        model,
-        prompt_ids,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        seed=seed,
-        eos_id=eos_id,
-        pad_id=pad_id,
-    )
+    """A :class:`PrefixSet` of ``model``'s own responses to ``prompt_ids`` (`sample_responses`
+    with the keywords ``sampling``: max_tokens, temperature, seed; empty responses get eos)."""
+    resp = sample_responses(model, prompt_ids, eos_id=eos_id, pad_id=pad_id, **sampling)
     resp = [r if len(r) else np.array([eos_id], np.int32) for r in resp]
     return assemble(
         prompt_ids, resp, pad_id=pad_id, meta={"sampled_by": "run policy at checkpoint"}

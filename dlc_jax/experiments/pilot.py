@@ -18,7 +18,7 @@ from dlc_jax.experiments.launch import log_progress
 from dlc_jax.experiments.presets import ExperimentPreset
 from dlc_jax.experiments.run_outputs import read_metrics
 from dlc_jax.experiments.runner import Experiment
-from dlc_jax.experiments.sweep import SweepPoint, lr_batch_point
+from dlc_jax.experiments.sweep import SweepPoint, lr_batch_point, train_and_evaluate
 
 PILOT_ARM, PILOT_SCENARIO = "dlc_noresync", "lag_never"
 ESS_KEYS = (("token", "ess_lag"), ("sequence", "ess_lag_seq"))
@@ -65,16 +65,7 @@ def run_pilot(
             cache_dir=out / "cache",
         )
         exp.specs = [s for s in exp.specs if s.seed == seed]
-        exp.out.mkdir(parents=True, exist_ok=True)
-        model_dir = exp.resolve_model()
-        cfgs = {s.name: exp.run_config(s, model_dir) for s in exp.specs}
-        for spec, err in exp._train_parallel(exp.specs, cfgs):
-            if err is not None:
-                raise RuntimeError(f"pilot point {pt.name}: {spec.name} failed: {err}")
-        for spec in exp.specs:
-            held = exp.heldout.run(spec.name, cfgs[spec.name], exp.evals.model)
-            run_dir = exp.out / "runs" / spec.name
-            done = json.loads((run_dir / "DONE").read_text())
+        for spec, _, held, run_dir, done in train_and_evaluate(exp, f"pilot point {pt.name}"):
             metrics = read_metrics(run_dir / "logs" / "metrics.jsonl")
             res = [int(r["resync_count"]) for r in metrics if r.get("resync_count") is not None]
             rows.append(

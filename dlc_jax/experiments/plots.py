@@ -51,6 +51,32 @@ def _band_plot(ax, x, rows, st, label, *, positive=False):
         ax.fill_between(x, lo[ok], hi[ok], color=st["color"], alpha=0.1, lw=0)
 
 
+def _subplots(*grid, **kw):
+    """A new figure and its axes, drawn by the file-only Agg backend (72 dpi)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*grid, dpi=72, **kw)
+
+
+def _save(fig, path: Path, **layout) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout(**layout)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _finish(fig, ax, path: Path) -> Path:
+    """Grid, legend, tight layout; saved to ``path`` and closed."""
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def _threshold_line(ax, y: float, label: str) -> None:
     ax.axhline(y, color="red", lw=1.2, ls="--", label=label)
 
@@ -62,13 +88,9 @@ def plot_scenario(
     path: Path,
     cfg: AnalysisConfig,
 ) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator
 
-    fig, axes = plt.subplots(2, 3, figsize=(17, 9.5), dpi=72)
+    fig, axes = _subplots(2, 3, figsize=(17, 9.5))
     ax_ref, ax_own, ax_ess, ax_rew, ax_lag, ax_k3 = axes.ravel()
     for arm in sorted(by_arm, key=arm_key):
         runs, st = by_arm[arm], arm_style(arm)
@@ -128,22 +150,14 @@ def plot_scenario(
         f"scenario `{scenario}`: bands = bootstrap 95% intervals (over seeds and, for D_t/N_t, "
         "over the on-policy pairs too)"
     )
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path, rect=(0, 0, 1, 0.96))
 
 
 def plot_noise(noise: NoiseThreshold, path: Path) -> Path | None:
     if not noise.pairs:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=72)
+    fig, ax = _subplots(figsize=(7, 4.5))
     for i, (k, v) in enumerate(sorted(noise.pairs.items())):
         ax.plot(
             noise.steps,
@@ -159,24 +173,14 @@ def plot_noise(noise: NoiseThreshold, path: Path) -> Path | None:
     ax.set_xlabel("training step (optimizer updates)")
     ax.set_ylabel("KL(O_i || O_j) on reference prefixes (nats per token)")
     ax.set_title("noise threshold: KL between independent on-policy runs")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path)
 
 
 def plot_crossings(rows: list[tuple[str, float, float]], path: Path) -> Path | None:
     """rows: (arm, Gaussian exp(-Var ell) first-below step, measured ESS first-below step)."""
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 5.5), dpi=72)
+    fig, ax = _subplots(figsize=(6.5, 5.5))
     seen = set()
     arms = sorted({a for a, _, _ in rows}, key=arm_key)
     for arm, g, m in rows:
@@ -201,9 +205,4 @@ def plot_crossings(rows: list[tuple[str, float, float]], path: Path) -> Path | N
         "slightly so equal steps stay visible)",
         fontsize=10,
     )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path)

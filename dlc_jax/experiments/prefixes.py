@@ -7,8 +7,7 @@ In a padded ``tokens [N, L]`` array, the next-token distribution at position t i
 prefix ``tokens[:t+1]``, so the prefix mask is 1 at positions ``P-1 .. P+n-2``.
 
 The set is created once per experiment (``prefixes.npz`` + ``prefixes.json``) and shared by all
-runs.
-Prompts come from the synthetic arithmetic task with a seed distinct from any training seed.
+runs. Prompts come from the synthetic arithmetic task with a seed distinct from any training seed.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import numpy as np
 from dlc_jax.data.arithmetic import ArithmeticConfig, ArithmeticSource
 from dlc_jax.data.prompts import DataConfig, load_records
 from dlc_jax.data.tokenize import encode_prompt
+from dlc_jax.experiments.results import json_safe
 
 # generate(prompt_ids, max_tokens=..., temperature=..., seed=...) -> one response (int32 [n]) per
 # prompt
@@ -234,7 +234,7 @@ def create_prefixes(
                 f"max_tokens={cfg.max_tokens}"
             )
     meta = {
-        "config": _jsonable(dataclasses.asdict(cfg)),
+        "config": json_safe(dataclasses.asdict(cfg)),
         "prompts": [r["prompt"] for r in recs],
         "answers": [r["answer"] for r in recs],
         **(extra_meta or {}),
@@ -252,14 +252,6 @@ def load_or_create(
     ps = create_prefixes(cfg, tokenizer, generate, **kw)
     ps.save(out_dir)
     return ps
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
 
 
 def client_generate(client) -> GenerateFn:

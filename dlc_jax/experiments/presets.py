@@ -102,20 +102,16 @@ ARMS: dict[str, Arm] = {
 @dataclasses.dataclass(frozen=True)
 class ExperimentPreset:
     """base_config: YAML path relative to the repo root (or absolute); overrides: ``key=value``
-    applied
-    to every run; steps / checkpoint_every: run length and the fixed checkpoint steps (the KL is
-    measured at every checkpoint); onpolicy_seeds: ``train.seed`` of the on-policy runs (>= 2; the
-    noise
-    threshold is the mean KL over their pairs); seeds: ``train.seed`` of each arm's runs (an arm run
-    with
-    seed s is compared with the on-policy runs of the other seeds, exactly like an on-policy pair);
-    kl_temperature: temperature of the KL (the sampling temperature); task: the chain-arithmetic
-    warm-up and data the runs use (None: the base config's model and data); own_prefix_scenarios:
-    scenarios whose runs are also measured on their own sampled prefixes (``own_prefix_prompts``
-    prompts
-    per checkpoint, see own_prefixes.py); heldout: greedy and sampled accuracy of every
-    checkpoint on held-out prompts (heldout.py); more_seeds: seeds run only by the arms in
-    more_seed_arms (the arms whose comparisons need more power)."""
+    applied to every run; steps / checkpoint_every: run length and the fixed checkpoint steps (the
+    KL is measured at every checkpoint); onpolicy_seeds: ``train.seed`` of the on-policy runs (>= 2;
+    the noise threshold is the mean KL over their pairs); seeds: ``train.seed`` of each arm's runs
+    (an arm run with seed s is compared with the on-policy runs of the other seeds, exactly like an
+    on-policy pair); kl_temperature: temperature of the KL (the sampling temperature); task: the
+    chain-arithmetic warm-up and data the runs use (None: the base config's model and data);
+    own_prefix_scenarios: scenarios whose runs are also measured on their own sampled prefixes
+    (``own_prefix_prompts`` prompts per checkpoint, see own_prefixes.py); heldout: greedy and
+    sampled accuracy of every checkpoint on held-out prompts (heldout.py); more_seeds: seeds run
+    only by the arms in more_seed_arms (the arms whose comparisons need more power)."""
 
     name: str
     base_config: str
@@ -162,7 +158,6 @@ class ExperimentPreset:
         )
 
 
-ALL_ARMS = tuple(ARMS)
 TINY_STEPS, TINY_CKPT, TINY_LR = 20, 5, 2e-4
 
 # The first CPU matrix (kept to reproduce its committed report, docs/experiments/tiny_v1): 7 arms

@@ -29,28 +29,11 @@ import json
 import math
 from pathlib import Path
 
-SERIES = (
-    "reward",
-    "entropy",
-    "ess_lag",
-    "ess_gaussian",
-    "ell_mean",
-    "ell_std",
-    "delta_mean",
-    "delta_std",
-    "mismatch_k3",
-    "version_lag",
-    "resyncs",
-    "delta_abs_mean",
-    "ell_abs_mean",
-)
-
 
 @dataclasses.dataclass
 class RunResult:
     """One run's normalized outputs. ``arm`` is the correction (or "onpolicy"); ``scenario`` names
-    the
-    sampler condition (stale/quantized/noisy), "reference" for the on-policy runs."""
+    the sampler condition (stale/quantized/noisy), "reference" for the on-policy runs."""
 
     name: str
     arm: str
@@ -80,7 +63,7 @@ class RunResult:
         return self.series.get(key, [None] * len(self.steps))
 
     def to_json(self) -> dict:
-        return _clean(dataclasses.asdict(self))
+        return json_safe(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, d: dict) -> RunResult:
@@ -98,8 +81,7 @@ class RunResult:
 @dataclasses.dataclass
 class NoiseThreshold:
     """N_t = mean over ordered on-policy pairs of KL(O_i,t || O_j,t) at checkpoint steps; ``pairs``
-    keeps
-    every pair ("O_i|O_j": [...]) for the bootstrap, ``own_pairs`` the same on O_i's own
+    keeps every pair ("O_i|O_j": [...]) for the bootstrap, ``own_pairs`` the same on O_i's own
     prefixes."""
 
     steps: list[int]
@@ -110,7 +92,7 @@ class NoiseThreshold:
 
     def save(self, exp_dir: str | Path) -> Path:
         p = Path(exp_dir) / "noise.json"
-        p.write_text(json.dumps(_clean(dataclasses.asdict(self))))
+        p.write_text(json.dumps(json_safe(dataclasses.asdict(self))))
         return p
 
     @classmethod
@@ -135,12 +117,12 @@ def load_results(exp_dir: str | Path) -> dict[str, RunResult]:
     return out
 
 
-def _clean(x):
+def json_safe(x):
     """JSON-safe copy: NaN/inf -> None."""
     if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [json_safe(v) for v in x]
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x

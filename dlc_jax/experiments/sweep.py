@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dlc_jax.experiments.launch import log_progress
+from dlc_jax.experiments.matrix import RunSpec
 from dlc_jax.experiments.presets import ExperimentPreset
 from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
 from dlc_jax.experiments.runner import Experiment
@@ -65,16 +68,7 @@ def run_sweep(
             ]
             if not exp.specs:
                 continue
-        exp.out.mkdir(parents=True, exist_ok=True)
-        model_dir = exp.resolve_model()
-        cfgs = {s.name: exp.run_config(s, model_dir) for s in exp.specs}
-        for spec, err in exp._train_parallel(exp.specs, cfgs):
-            if err is not None:
-                raise RuntimeError(f"sweep point {pt.name}: {spec.name} failed: {err}")
-        for spec in exp.specs:
-            held = exp.heldout.run(spec.name, cfgs[spec.name], exp.evals.model)
-            run_dir = exp.out / "runs" / spec.name
-            done = json.loads((run_dir / "DONE").read_text())
+        for spec, cfg, held, run_dir, done in train_and_evaluate(exp, f"sweep point {pt.name}"):
             ent = _entropy(run_dir)
             rows.append(
                 {
@@ -83,9 +77,9 @@ def run_sweep(
                     "seed": spec.seed,
                     "overrides": list(pt.overrides),
                     "steps": exp.steps,
-                    "lr": cfgs[spec.name].optim.lr,
-                    "batch_prompts": cfgs[spec.name].train.batch_prompts,
-                    "n": cfgs[spec.name].sampler.n,
+                    "lr": cfg.optim.lr,
+                    "batch_prompts": cfg.train.batch_prompts,
+                    "n": cfg.sampler.n,
                     "heldout": held,
                     "entropy_first": ent[0] if ent else None,
                     "entropy_last": ent[-1] if ent else None,
@@ -99,6 +93,24 @@ def run_sweep(
     (out / "sweep.json").write_text(json.dumps(rows, indent=1))
     (out / "sweep.md").write_text("\n".join(sweep_table(rows)) + "\n")
     return out / "sweep.md"
+
+
+def train_and_evaluate(
+    exp: Experiment, what: str
+) -> Iterator[tuple[RunSpec, Any, dict, Path, dict]]:
+    """Train ``exp.specs`` (``exp.workers`` at a time; a failure raises, named by ``what``), then
+    yield each run's (spec, config, held-out accuracy, run directory, ``DONE`` record)."""
+    exp.out.mkdir(parents=True, exist_ok=True)
+    model_dir = exp.resolve_model()
+    cfgs = {s.name: exp.run_config(s, model_dir) for s in exp.specs}
+    for spec, err in exp._train_parallel(exp.specs, cfgs):
+        if err is not None:
+            raise RuntimeError(f"{what}: {spec.name} failed: {err}")
+    for spec in exp.specs:
+        held = exp.heldout.run(spec.name, cfgs[spec.name], exp.evals.model)
+        run_dir = exp.out / "runs" / spec.name
+        done = json.loads((run_dir / "DONE").read_text())
+        yield spec, cfgs[spec.name], held, run_dir, done
 
 
 def _entropy(run_dir: Path) -> list[float]:

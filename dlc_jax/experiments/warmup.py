@@ -2,11 +2,10 @@
 
 The trainer's own warm-up (``dlc_jax.trainer.sft``) teaches the 1-digit ``arithmetic`` answer; the
 chain task needs the worked answer (``3+5=8,8+2=10 #### 10``) as the target while the reward
-compares
-only the final number. This module reuses the trainer's SFT pieces (``sft_examples``, ``sft_train``,
-``greedy_accuracy``) with that target, and writes the HF directory every experiment run starts from,
-plus the task's JSONL (the ``data.source`` file of the runs). Both are keyed by a hash of the
-settings.
+compares only the final number. This module reuses the trainer's SFT pieces (``sft_examples``,
+``sft_train``, ``greedy_accuracy``) with that target, and writes the HF directory every experiment
+run starts from, plus the task's JSONL (the ``data.source`` file of the runs). Both are keyed by a
+hash of the settings.
 """
 
 from __future__ import annotations
@@ -29,11 +28,10 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class ChainWarmup:
     """task: the chain task; data_seed: its training split seed; steps / batch_size / lr: SFT length
-    (few
-    steps on purpose: a middling accuracy leaves RL room to improve); model_seed: the tiny model's
-    init;
-    eval_prompts: held-out prompts for the (near-)greedy accuracy recorded in ``warmup.json``;
-    model_dims: ``make_tiny`` keyword overrides (a larger Qwen3 body for accelerator presets)."""
+    (few steps on purpose: a middling accuracy leaves RL room to improve); model_seed: the tiny
+    model's init; eval_prompts: held-out prompts for the (near-)greedy accuracy recorded in
+    ``warmup.json``; model_dims: ``make_tiny`` keyword overrides (a larger Qwen3 body for
+    accelerator presets)."""
 
     task: ChainArithConfig = dataclasses.field(default_factory=ChainArithConfig)
     data_seed: int = 0
@@ -69,9 +67,9 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
     import jax.numpy as jnp
 
     from dlc_jax.data.tokenize import encode_prompt, load_tokenizer
-    from dlc_jax.model import load_hf, save_hf
+    from dlc_jax.model import load_hf
     from dlc_jax.model.tiny import make_tiny
-    from dlc_jax.trainer.sft import _TOKENIZER_FILES, sft_examples, sft_train
+    from dlc_jax.trainer.sft import save_warm, sft_examples, sft_train
 
     cache_dir = Path(cache_dir)
     out = cache_dir / f"chain-warmup-{cfg.key()}"
@@ -112,23 +110,20 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
         n=min(cfg.task.num_examples, cfg.eval_prompts),
         max_tokens=cfg.max_tokens,
     )
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_hf(model, tmp)
-    for f in _TOKENIZER_FILES:
-        if (base / f).exists() and not (tmp / f).exists():
-            shutil.copy(base / f, tmp / f)
-    info = {
-        "config": dataclasses.asdict(cfg),
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "greedy_accuracy": acc,
-        "seconds": time.time() - t0,
-        "seq_len": seq_len,
-    }
-    (tmp / "warmup.json").write_text(json.dumps(info, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    info = save_warm(
+        model,
+        base,
+        out,
+        "warmup.json",
+        lambda: {
+            "config": dataclasses.asdict(cfg),
+            "loss_first": losses[0],
+            "loss_last": losses[-1],
+            "greedy_accuracy": acc,
+            "seconds": time.time() - t0,
+            "seq_len": seq_len,
+        },
+    )
     log.info(
         "chain warm-up: %d steps in %.0fs, loss %.3f -> %.3f, greedy accuracy %.2f",
         cfg.steps,
@@ -144,8 +139,7 @@ def greedy_accuracy(
     model, source: ChainArithSource, tok, eos_id: int, *, n: int, max_tokens: int
 ) -> float:
     """Fraction of the first ``n`` prompts whose near-greedy (temperature 1e-4) answer scores 1 (one
-    jitted
-    shape for all prompts, see own_prefixes.sample_responses)."""
+    jitted shape for all prompts, see own_prefixes.sample_responses)."""
     from dlc_jax.data.rewards import exact_match_reward
     from dlc_jax.data.tokenize import encode_prompt
     from dlc_jax.experiments.own_prefixes import sample_responses

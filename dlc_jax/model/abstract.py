@@ -23,14 +23,14 @@ from .sharding import ActivationSharding, model_shardings
 def abstract_model(
     config,
     *,
-    mesh: Mesh,
+    mesh: Mesh | None,
     rules=None,
     param_dtype=jnp.float32,
     compute_dtype=jnp.float32,
     remat: bool | str | None = None,
 ) -> Qwen3ForCausalLM:
     """`nnx.eval_shape` of the config's family model (`registry.py`), with activation sharding
-    constraints over `mesh`."""
+    constraints over `mesh` (None: none)."""
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
     model_cls = family_of(config).model_cls
     return nnx.eval_shape(

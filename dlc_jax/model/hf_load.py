@@ -16,10 +16,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .abstract import abstract_model
 from .hf_io import _IGNORED_SUFFIXES, CheckpointError, _param_slots, _to_ours, hf_param_shapes
 from .qwen3 import Qwen3ForCausalLM
-from .registry import config_from_pretrained, family_of
-from .sharding import ActivationSharding, named_sharding, param_logical_axes
+from .registry import config_from_pretrained
+from .sharding import named_sharding, param_logical_axes
 
 
 def _checkpoint_index(path: Path) -> dict[str, Path]:
@@ -120,17 +121,13 @@ def load_hf(
         if v is not None
     }
     config = config_from_pretrained(path, **options)
-    model_cls = family_of(config).model_cls
-    act = ActivationSharding(mesh, None if rules is None else tuple(rules))
-    abstract = nnx.eval_shape(
-        lambda: model_cls(
-            config,
-            rngs=nnx.Rngs(0),
-            param_dtype=param_dtype,
-            compute_dtype=compute_dtype,
-            remat=remat,
-            act_sharding=act,
-        )
+    abstract = abstract_model(
+        config,
+        mesh=mesh,
+        rules=rules,
+        param_dtype=param_dtype,
+        compute_dtype=compute_dtype,
+        remat=remat,
     )
     graphdef, params, *rest = nnx.split(abstract, nnx.Param, ...)  # rest: [non-Param state]
     index = _checkpoint_index(path)

@@ -61,33 +61,13 @@ def emulated_ragged_all_to_all(
     return result
 
 
-def ragged_exchange(
-    operand,
-    output,
-    input_offsets,
-    send_sizes,
-    output_offsets,
-    recv_sizes,
-    *,
-    axis_name,
-    size,
-    emulate: bool,
-):
-    """The exchange primitive: `jax.lax.ragged_all_to_all` (TPU), or its emulation (`emulate`)."""
+def ragged_exchange(*args, axis_name, size, emulate: bool):
+    """The exchange primitive on `ragged_all_to_all`'s arguments (operand, output, input_offsets,
+    send_sizes, output_offsets, recv_sizes): `jax.lax.ragged_all_to_all` (TPU), or its emulation
+    (`emulate`)."""
     if emulate:
-        return emulated_ragged_all_to_all(
-            operand,
-            output,
-            input_offsets,
-            send_sizes,
-            output_offsets,
-            recv_sizes,
-            axis_name=axis_name,
-            size=size,
-        )
-    return jax.lax.ragged_all_to_all(
-        operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name=axis_name
-    )
+        return emulated_ragged_all_to_all(*args, axis_name=axis_name, size=size)
+    return jax.lax.ragged_all_to_all(*args, axis_name=axis_name)
 
 
 def all_to_all_experts(

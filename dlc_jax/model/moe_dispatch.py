@@ -150,68 +150,35 @@ def _sharded_block(
 ):
     """shard_map body: x [b, T, D], experts / weights [b, T, K] (this device's tokens)."""
     b, t, d = x.shape
-    if gather and dispatch == "all_to_all":
-        return _all_to_all_block(
-            x,
-            experts,
-            weights,
-            wg,
-            wu,
-            wd,
-            num_experts,
-            expert_axis,
-            expert_size,
-            tensor_axis,
-            interpret,
+
+    def local(xs, es, ws, first):  # this device's experts' share, summed over the tensor axis
+        y = _token_experts(xs, es, ws, wg, wu, wd, first, num_experts, interpret)
+        return y if tensor_axis is None else jax.lax.psum(y, tensor_axis)
+
+    if gather and dispatch == "all_to_all":  # tokens go only to the devices of their experts
+        kk = experts.shape[-1]
+        y = all_to_all_experts(
+            x.reshape(-1, d),
+            experts.reshape(-1, kk),
+            weights.reshape(-1, kk),
+            local,
+            axis_name=expert_axis,
+            size=expert_size,
+            num_experts=num_experts,
+            emulate=interpret,
         )
+        return y.reshape(b, t, d)
     if gather:  # tokens are split over the expert axis: see every peer's tokens
         x, experts, weights = (
             jax.lax.all_gather(a, expert_axis, axis=0, tiled=True) for a in (x, experts, weights)
         )
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * wg.shape[0]
-    y = _token_experts(x, experts, weights, wg, wu, wd, first, num_experts, interpret)
-    if tensor_axis is not None:
-        y = jax.lax.psum(y, tensor_axis)
+    y = local(x, experts, weights, first)
     if expert_axis is not None:
         if gather:
             y = jax.lax.psum_scatter(y, expert_axis, scatter_dimension=0, tiled=True)
         else:
             y = jax.lax.psum(y, expert_axis)
-    return y.reshape(b, t, d)
-
-
-def _all_to_all_block(
-    x, experts, weights, wg, wu, wd, num_experts, expert_axis, expert_size, tensor_axis, interpret
-):
-    """The shard_map body with `moe_dispatch='all_to_all'` (moe_a2a.py): tokens go only to the
-    devices holding their experts."""
-    b, t, d = x.shape
-    kk = experts.shape[-1]
-
-    def local_fn(rx, re, rw, first):
-        y = _local_experts(
-            rx,
-            re,
-            rw,
-            wg,
-            wu,
-            wd,
-            first_expert=first,
-            num_experts=num_experts,
-            interpret=interpret,
-        )
-        return y if tensor_axis is None else jax.lax.psum(y, tensor_axis)
-
-    y = all_to_all_experts(
-        x.reshape(-1, d),
-        experts.reshape(-1, kk),
-        weights.reshape(-1, kk),
-        local_fn,
-        axis_name=expert_axis,
-        size=expert_size,
-        num_experts=num_experts,
-        emulate=interpret,
-    )
     return y.reshape(b, t, d)
 
 

@@ -240,19 +240,11 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         routing = Routing(jnp.moveaxis(top_i, 0, 2), jnp.sum(aux) / max(n_sparse, 1))
         return h, routing
 
-    def __call__(
-        self,
-        input_ids,
-        attention_mask=None,
-        positions=None,
-        segment_ids=None,
-        routed_experts=None,
-        return_routing: bool = False,
-    ):
-        out = self.hidden_states(
-            input_ids, attention_mask, positions, segment_ids, routed_experts, return_routing
-        )
-        if return_routing:
+    def __call__(self, *args, **kwargs):
+        """Logits [B, T, V] of `hidden_states(*args, **kwargs)` (with `return_routing`:
+        `(logits, Routing)`)."""
+        out = self.hidden_states(*args, **kwargs)
+        if isinstance(out, tuple):
             return self.logits_from_hidden(out[0]), out[1]
         return self.logits_from_hidden(out)
 

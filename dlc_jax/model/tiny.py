@@ -241,41 +241,36 @@ def make_tiny(
 
 
 def cli(argv: list[str]) -> int:
+    import inspect
+
     from dlc_jax.cli_args import ArgumentParser
 
     p = ArgumentParser(prog="dlc-jax make-tiny", description=make_tiny.__doc__)
     p.add_argument("out_dir")
-    p.add_argument("--seed", type=int, default=0)
+    defaults = inspect.signature(make_tiny).parameters
+    for flag, key, help in (  # make_tiny's integer keywords, defaults there
+        ("--seed", "seed", None),
+        ("--vocab", "vocab_size", "target BPE vocab size (incl. 3 specials)"),
+        ("--hidden", "hidden_size", None),
+        ("--intermediate", "intermediate_size", None),
+        ("--layers", "num_hidden_layers", None),
+        ("--heads", "num_attention_heads", None),
+        ("--kv-heads", "num_key_value_heads", None),
+        ("--head-dim", "head_dim", None),
+        ("--max-pos", "max_position_embeddings", None),
+        ("--experts", "num_experts", "> 0: a Qwen3-MoE with this many experts"),
+        ("--experts-per-tok", "num_experts_per_tok", None),
+        ("--moe-intermediate", "moe_intermediate_size", None),
+    ):
+        metavar = flag[2:].upper().replace("-", "_")
+        p.add_argument(
+            flag, dest=key, type=int, default=defaults[key].default, help=help, metavar=metavar
+        )
     p.add_argument(
-        "--vocab", type=int, default=2048, help="target BPE vocab size (incl. 3 specials)"
+        "--tied",
+        dest="tie_word_embeddings",
+        action="store_true",
+        help="tie lm_head to the embedding",
     )
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--intermediate", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--max-pos", type=int, default=2048)
-    p.add_argument("--tied", action="store_true", help="tie lm_head to the embedding")
-    p.add_argument("--experts", type=int, default=0, help="> 0: a Qwen3-MoE with this many experts")
-    p.add_argument("--experts-per-tok", type=int, default=2)
-    p.add_argument("--moe-intermediate", type=int, default=64)
-    a = p.parse_args(argv)
-    out = make_tiny(
-        a.out_dir,
-        seed=a.seed,
-        vocab_size=a.vocab,
-        hidden_size=a.hidden,
-        intermediate_size=a.intermediate,
-        num_hidden_layers=a.layers,
-        num_attention_heads=a.heads,
-        num_key_value_heads=a.kv_heads,
-        head_dim=a.head_dim,
-        tie_word_embeddings=a.tied,
-        max_position_embeddings=a.max_pos,
-        num_experts=a.experts,
-        num_experts_per_tok=a.experts_per_tok,
-        moe_intermediate_size=a.moe_intermediate,
-    )
-    print(out)
+    print(make_tiny(**vars(p.parse_args(argv))))
     return 0

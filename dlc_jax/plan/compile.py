@@ -112,24 +112,12 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
 
 _COLLECTIVE_RE = re.compile(
     r"= ((?:\([^=]*?\))|(?:[a-z0-9]+\[[\d,]*\][^ ]*)) "
-    r"(all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute)(?:-start)?\("
+    r"(all-gather|reduce-scatter|all-reduce|ragged-all-to-all|all-to-all|collective-permute)"
+    r"(?:-start)?\("
 )
 _ARRAY_RE = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
-_DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "bf16": 2,
-    "f16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-}
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
+_DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
 
 
 def _shape_bytes(text: str) -> int:

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -43,43 +41,10 @@ TINY_MOE: dict[str, Any] = dict(
 )
 ROWS, PROMPTS, SEQ, MICRO = 16, 4, 128, 2
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
-_DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
-_SHAPE_RE = re.compile(r"\b(pred|[fsu](?:8|16|32|64)|bf16)\[([\d,]*)\]")
-_OP_RE = re.compile(
-    r"=\s*(.*?)\s(all-gather|all-reduce|reduce-scatter|ragged-all-to-all|all-to-all|"
-    r"collective-permute)(-start)?\("
-)
-
-
-def _shape_bytes(text: str) -> int:
-    total = 0
-    for dt, dims in _SHAPE_RE.findall(text):
-        n = 1
-        for d in filter(None, dims.split(",")):
-            n *= int(d)
-        total += n * _DTYPE_BYTES[dt]
-    return total
-
-
-def collective_bytes(hlo_text: str) -> dict[str, int]:
-    """Bytes of the result shapes of every collective in a compiled HLO module, by kind (an async
-    `-start` op's tuple includes its operand: counted as the largest of its shapes)."""
-    out: Counter = Counter()
-    for line in hlo_text.splitlines():
-        m = _OP_RE.search(line)
-        if not m:
-            continue
-        shapes = m.group(1)
-        if m.group(3):  # (operand, result[, ...]) tuple of an async start
-            sizes = [_shape_bytes(mm.group(0)) for mm in _SHAPE_RE.finditer(shapes)]
-            out[m.group(2)] += max(sizes, default=0)
-        else:
-            out[m.group(2)] += _shape_bytes(shapes)
-    return dict(out)
-
 
 def _compile(jitted, *args) -> dict:
+    from dlc_jax.plan.compile import collective_bytes
+
     t0 = time.process_time()
     compiled = jitted.lower(*args).compile()
     mem = compiled.memory_analysis()

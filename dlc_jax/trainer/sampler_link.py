@@ -51,11 +51,10 @@ class SamplerLink:
     """Owns the sampler connection of one training run.
 
     sampler_cfg: the `sampler` config section; model_dir: what a spawned sampler serves as version
-    0;
-    log_dir: where a spawned sampler writes sampler.log; multi: this is one process of a multi-host
-    run; on_reconnect: called after every successful reconnect (the trainer counts it and clears
-    failed rollout streams); sampler: a `Sampler` to use instead of spawning or connecting one
-    (the caller owns it)."""
+    0; log_dir: where a spawned sampler writes sampler.log; multi: this is one process of a
+    multi-host run; on_reconnect: called after every successful reconnect (the trainer counts it and
+    clears failed rollout streams); sampler: a `Sampler` to use instead of spawning or connecting
+    one (the caller owns it)."""
 
     def __init__(
         self,
@@ -254,12 +253,9 @@ class SamplerLink:
 
     def restart_detected(self, synced_version: int) -> BaseException | None:
         """Why the sampler must be recovered before the next request, or None: it does not answer,
-        or
-        it serves an older version than the trainer last pushed (it restarted). Single process only:
-        in
-        a multi-host run a restarted sampler is caught by the pool (failed stream -> out of
-        rotation,
-        readmitted by a push)."""
+        or it serves an older version than the trainer last pushed (it restarted). Single process
+        only: in a multi-host run a restarted sampler is caught by the pool (failed stream -> out of
+        rotation, readmitted by a push)."""
         if self.multi:
             return None
         from dlc_jax.sampler.client.inprocess import SamplerClosed

@@ -48,8 +48,7 @@ def sft_examples(
     system: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Batch of SFT sequences. Returns int32 ``input_ids``/``targets`` [N, seq_len] and float32
-    ``mask``
-    [N, seq_len] (1 where ``targets`` is an answer or eos token), right-padded with eos."""
+    ``mask`` [N, seq_len] (1 where ``targets`` is an answer or eos token), right-padded with eos."""
     n = len(indices)
     ids = np.full((n, seq_len), eos_id, np.int32)
     tgt = np.full((n, seq_len), eos_id, np.int32)
@@ -85,8 +84,7 @@ def sft_train(
     log: Callable[[str], None] | None = None,
 ) -> list[float]:
     """Train ``model`` in place on ``batches`` (an iterator of dicts) for ``steps`` steps; returns
-    losses.
-    Progress goes to ``log`` (default: this module's logger)."""
+    losses. Progress goes to ``log`` (default: this module's logger)."""
     log = log or logger.info
     from flax import nnx
 
@@ -231,8 +229,26 @@ def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
 
 
 def _save_warm(model, base: Path, out: Path, losses: list[float], t0: float, extra: dict) -> dict:
-    """Write the warmed ``model`` with ``base``'s tokenizer files and an ``sft.json`` to ``out``
-    (through a temporary directory renamed at the end); returns the ``sft.json`` record."""
+    """`save_warm` with an ``sft.json`` record: ``base``, ``extra``, the first and last loss and
+    the seconds since ``t0``."""
+    return save_warm(
+        model,
+        base,
+        out,
+        "sft.json",
+        lambda: {
+            "base": str(base),
+            **extra,
+            "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None,
+            "seconds": time.time() - t0,
+        },
+    )
+
+
+def save_warm(model, base: Path, out: Path, record: str, info: Callable[[], dict]) -> dict:
+    """Write the warmed ``model`` with ``base``'s tokenizer files and ``info()`` as the JSON file
+    ``record`` to ``out`` (through a temporary directory renamed at the end); returns ``info()``."""
     from dlc_jax.model import save_hf
 
     tmp = out.with_name(out.name + ".tmp")
@@ -241,17 +257,11 @@ def _save_warm(model, base: Path, out: Path, losses: list[float], t0: float, ext
     for f in _TOKENIZER_FILES:
         if (base / f).exists() and not (tmp / f).exists():
             shutil.copy(base / f, tmp / f)
-    info = {
-        "base": str(base),
-        **extra,
-        "loss_first": losses[0] if losses else None,
-        "loss_last": losses[-1] if losses else None,
-        "seconds": time.time() - t0,
-    }
-    (tmp / "sft.json").write_text(json.dumps(info, indent=1))
+    rec = info()
+    (tmp / record).write_text(json.dumps(rec, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    return info
+    return rec
 
 
 def _env_rows(cfg) -> list[dict]:

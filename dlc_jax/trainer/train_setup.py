@@ -20,9 +20,14 @@ from dlc_jax.lora import (
     merged_model,
     trainable_filter,
 )
-from dlc_jax.trainer.config import TrainConfig, make_loss_config
+from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule
-from dlc_jax.trainer.step import StepConfig, make_snapshot_logprobs, make_train_step
+from dlc_jax.trainer.step import (
+    StepConfig,
+    make_snapshot_logprobs,
+    make_train_step,
+    step_config,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +59,9 @@ class TrainSetup:
     """state: the train state (params, optimizer state, theta_s snapshots); tx / schedule: the
     optimizer and its learning-rate schedule; serve: what a full push sends for a trained module
     (LoRA: base + delta, a full model; an adapter push sends the adapters alone, see
-    `trainer.lora_push`); adapters: LoRA adapters are on (``lora.push`` decides what a push
-    carries, `Trainer`); base_fp: the LoRA
-    base's fingerprint (None without LoRA); step_cfg: the step's configuration; train_step /
-    snapshot_lp: the jitted step and theta_s forward."""
+    `trainer.lora_push`); adapters: LoRA adapters are on (``lora.push`` decides what a push carries,
+    `Trainer`); base_fp: the LoRA base's fingerprint (None without LoRA); step_cfg: the step's
+    configuration; train_step / snapshot_lp: the jitted step and theta_s forward."""
 
     state: TrainState
     tx: Any
@@ -93,18 +97,7 @@ def make_train_setup(cfg: TrainConfig, model_dir: str | Path, mesh) -> TrainSetu
             len(adapted),
             f"{adapter_parameter_count(model):,}",
         )
-    s = cfg.sampler
-    step_cfg = StepConfig(
-        loss=make_loss_config(cfg.loss),
-        temperature=s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        head_k=s.head_k,
-        micro_batches=cfg.train.micro_batches,
-        resync_threshold=cfg.resync.threshold,
-        resync_statistic=cfg.resync.statistic,
-        old_policy=cfg.loss.old_policy,
-    )
+    step_cfg = step_config(cfg)
     shard: dict[str, Any] = {}
     if mesh is not None:
         shard = dict(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dlc_jax.errors import UserError, one_line
+from dlc_jax.trainer.run_dir import flatten as flat_keys
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +50,14 @@ def tb_tag(key: str, row: dict) -> str | None:
     return "system/" + key.replace("/", "_")
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict) -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (scalars and strings; lists/dicts as JSON text)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, (bool, int, float, str)) or v is None:
-            out[key] = "" if v is None else v
-        else:
-            out[key] = json.dumps(v)
-    return out
+    return {
+        k: ("" if v is None else v)
+        if isinstance(v, (bool, int, float, str, type(None)))
+        else json.dumps(v)
+        for k, v in flat_keys(d).items()
+    }
 
 
 WANDB_INIT_TIMEOUT_S = 30.0  # wandb's own default is 90 s, retried: 100-115 s without a network

@@ -67,3 +67,11 @@ def test_hlo_readings():
     )
     assert collective_bytes(hlo) == {"all-gather": 128, "all-reduce": 32, "reduce-scatter": 16}
     assert windowed_loops(hlo) == 1 and windowed_loops("no loops") == 0
+
+
+def test_hlo_readings_count_the_ragged_all_to_all():
+    hlo = (
+        "  %r = f32[64,8]{1,0} ragged-all-to-all(%x, %o, %a, %b, %c, %d)\n"
+        "  %t = f32[4,8]{1,0} all-to-all(%y), dimensions={0}\n"
+    )
+    assert collective_bytes(hlo) == {"ragged-all-to-all": 2048, "all-to-all": 128}

@@ -47,7 +47,7 @@ def test_hostile_part_row_reports_each_class(tmp_path):
     d = tmp_path / "soak"
     d.mkdir()
     (d / "hostile_soak.json").write_text(json.dumps({"summary": summary}))
-    row = soak._hostile_part(d, soak.SoakBenchConfig(parts=("hostile",), reuse=True))
+    row = soak._part("hostile", d, soak.SoakBenchConfig(parts=("hostile",), reuse=True))
     assert row["part"] == "hostile" and row["cases"] == 3
     assert all(f"{c} 1/1 ok" in row["classes"] for c in CLASSES)
 
@@ -73,7 +73,7 @@ def test_env_and_adapter_part_rows(tmp_path):
     ad.update(files_left=4, exports_written=5)
     (tmp_path / "adapter_soak.json").write_text(json.dumps({"summary": ad}))
     cfg = soak.SoakBenchConfig(parts=("env", "adapter"), reuse=True)
-    e, a = soak._env_part(tmp_path, cfg), soak._adapter_part(tmp_path, cfg)
+    e, a = soak._part("env", tmp_path, cfg), soak._part("adapter", tmp_path, cfg)
     assert (e["hangs"], e["injected_tokens"], e["cases"]) == (1, 2, 55)
     assert (a["bad_weights_served"], a["files_left_behind"], a["corrupt_exported"]) == (3, 4, 5)
     assert a["failed_cases"] == 1  # an accepted hostile push fails its case

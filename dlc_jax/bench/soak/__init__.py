@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from dlc_jax.cli_args import UsageError
 
@@ -102,7 +104,7 @@ def run(cfg: SoakBenchConfig) -> dict:
     from transformers import Qwen3Config  # noqa: F401
 
     with ThreadPoolExecutor(2) as ex:
-        futs = {p: ex.submit(_PARTS[p], parts_dir, cfg) for p in cfg.parts}
+        futs = {p: ex.submit(_part, p, parts_dir, cfg) for p in cfg.parts}
         for p in cfg.parts:
             res["rows"].append(futs[p].result())
             res["notes"].append(f"{p}: {parts_dir}/{p}_soak.md")
@@ -140,115 +142,86 @@ def run(cfg: SoakBenchConfig) -> dict:
     return common.finish(res)
 
 
-def _earlier(parts_dir: Path, name: str, cfg: SoakBenchConfig) -> dict | None:
-    path = parts_dir / f"{name}_soak.json"
-    return json.loads(path.read_text()) if cfg.reuse and path.exists() else None
-
-
-def _sampler_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import sampler
-
-    r = _earlier(parts_dir, "sampler", cfg) or sampler.run(parts_dir)
-    s = r["summary"]
-    return {
-        "part": "sampler",
-        "cases": s["bad_inputs"] + s["push_attacks"],
-        "bad_inputs": s["bad_inputs"],
-        "push_attacks": s["push_attacks"],
-        "streams": r["config"].get("streams"),
-        "crashes": s["crashes"],
-        "bad_weights_served": s["bad_weights_served"],
-        "silent_bad_resumes": 0,
-        "files_left_behind": s["files_left_behind"],
-        "multi_line_errors": s["multi_line_errors"],
-        "failed_cases": s["attacks_accepted"] + s.get("wrong_codes", 0),
-    }
-
-
-def _trainer_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import trainer
-
-    r = _earlier(parts_dir, "trainer", cfg) or trainer.run(
-        parts_dir, trainer.SoakConfig(kills=cfg.kills)
-    )
-    s = r["summary"]
-    return {
-        "part": "trainer",
-        "cases": s["cases"],
-        "bad_inputs": s["user_errors"],
-        "kills": s["kills"],
-        "checkpoint_damage": s["checkpoint_damage"],
-        "crashes": s["crashes"],
-        "bad_weights_served": s["bad_weights"],
-        "silent_bad_resumes": s["silent_bad_resumes"],
-        "files_left_behind": s["files_left_behind"],
-        "multi_line_errors": s["multi_line_user_errors"],
-        "failed_cases": s["failed_cases"],
-    }
-
-
-def _hostile_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import hostile
-
-    r = _earlier(parts_dir, "hostile", cfg) or hostile.run(parts_dir)
-    s = r["summary"]
-    return {
-        "part": "hostile",
-        "cases": s["cases"],
-        "bad_inputs": s["cases"],
-        "crashes": s["crashes"],
-        "files_left_behind": s["orphans"],
-        "multi_line_errors": s["multi_line_user_errors"],
-        "nan_metric_rows": s["nan_metric_rows"],
-        "corrupt_exported": s["corrupt_exported"],
-        "failed_cases": s["failed_cases"],
+# Each part's row of the summary: column -> the key of the part's own summary it copies, or a
+# function of the part's result (r) and summary (s).
+_PART_COLUMNS: dict[str, dict[str, Any]] = {
+    "sampler": {
+        "cases": lambda r, s: s["bad_inputs"] + s["push_attacks"],
+        "bad_inputs": "bad_inputs",
+        "push_attacks": "push_attacks",
+        "streams": lambda r, s: r["config"].get("streams"),
+        "crashes": "crashes",
+        "bad_weights_served": "bad_weights_served",
+        "silent_bad_resumes": lambda r, s: 0,
+        "files_left_behind": "files_left_behind",
+        "multi_line_errors": "multi_line_errors",
+        "failed_cases": lambda r, s: s["attacks_accepted"] + s.get("wrong_codes", 0),
+    },
+    "trainer": {
+        "cases": "cases",
+        "bad_inputs": "user_errors",
+        "kills": "kills",
+        "checkpoint_damage": "checkpoint_damage",
+        "crashes": "crashes",
+        "bad_weights_served": "bad_weights",
+        "silent_bad_resumes": "silent_bad_resumes",
+        "files_left_behind": "files_left_behind",
+        "multi_line_errors": "multi_line_user_errors",
+        "failed_cases": "failed_cases",
+    },
+    "hostile": {
+        "cases": "cases",
+        "bad_inputs": "cases",
+        "crashes": "crashes",
+        "files_left_behind": "orphans",
+        "multi_line_errors": "multi_line_user_errors",
+        "nan_metric_rows": "nan_metric_rows",
+        "corrupt_exported": "corrupt_exported",
+        "failed_cases": "failed_cases",
         # per class: cases / ok / crashes / multi-line errors (the part's own table has each case)
-        "classes": "; ".join(
+        "classes": lambda r, s: "; ".join(
             f"{c} {v['ok']}/{v['cases']} ok, {v['crashes']} crashes, "
             f"{v['multi_line_errors']} multi-line"
             for c, v in s["per_class"].items()
         ),
-    }
-
-
-def _env_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import env
-
-    r = _earlier(parts_dir, "env", cfg) or env.run(parts_dir)
-    s = r["summary"]
-    return {
-        "part": "env",
-        "cases": s["cases"],
-        "bad_inputs": s["cases"],
-        "crashes": s["crashes"],
-        "hangs": s["hangs"],
-        "injected_tokens": s["injected_tokens"],
-        "nan_metric_rows": s["nonfinite_rewards"],
-        "failed_cases": s["failed_cases"],
-    }
-
-
-def _adapter_part(parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    from . import adapter
-
-    r = _earlier(parts_dir, "adapter", cfg) or adapter.run(parts_dir)
-    s = r["summary"]
-    return {
-        "part": "adapter",
-        "cases": s["cases"],
-        "push_attacks": s["cases"],
-        "crashes": s["crashes"],
-        "bad_weights_served": s["bad_weights_served"],
-        "files_left_behind": s["files_left"],
-        "corrupt_exported": s["exports_written"],
-        "failed_cases": s["failed_cases"] + s["accepted"],
-    }
-
-
-_PARTS = {
-    "sampler": _sampler_part,
-    "trainer": _trainer_part,
-    "hostile": _hostile_part,
-    "env": _env_part,
-    "adapter": _adapter_part,
+    },
+    "env": {
+        "cases": "cases",
+        "bad_inputs": "cases",
+        "crashes": "crashes",
+        "hangs": "hangs",
+        "injected_tokens": "injected_tokens",
+        "nan_metric_rows": "nonfinite_rewards",
+        "failed_cases": "failed_cases",
+    },
+    "adapter": {
+        "cases": "cases",
+        "push_attacks": "cases",
+        "crashes": "crashes",
+        "bad_weights_served": "bad_weights_served",
+        "files_left_behind": "files_left",
+        "corrupt_exported": "exports_written",
+        "failed_cases": lambda r, s: s["failed_cases"] + s["accepted"],
+    },
 }
+_PARTS = tuple(_PART_COLUMNS)
+
+
+def _part(name: str, parts_dir: Path, cfg: SoakBenchConfig) -> dict:
+    """Run the part ``name`` (with ``--reuse``: read back its earlier table when there is one)
+    and return its row of the summary."""
+    path = parts_dir / f"{name}_soak.json"
+    if cfg.reuse and path.exists():
+        r = json.loads(path.read_text())
+    else:
+        mod = importlib.import_module(f"{__name__}.{name}")
+        r = (
+            mod.run(parts_dir, mod.SoakConfig(kills=cfg.kills))
+            if name == "trainer"
+            else mod.run(parts_dir)
+        )
+    s = r["summary"]
+    row = {"part": name}
+    for col, src in _PART_COLUMNS[name].items():
+        row[col] = s[src] if isinstance(src, str) else src(r, s)
+    return row

@@ -13,6 +13,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from .trainer_harness import CountRows
+
 TOKEN = "soak-token"
 
 
@@ -26,25 +28,11 @@ class SoakConfig:
     seed: int = 0
 
 
-class Tally:
-    """Outcome counts per category; `expect(cat, fn, codes)` runs one attack."""
+class Tally(CountRows):
+    """Outcome counts per category; `rpc(cat, fn, codes)` runs one attack."""
 
-    def __init__(self):
-        self.rows: dict[str, dict] = {}
-        self.examples: list[str] = []
-
-    def row(self, cat: str) -> dict:
-        return self.rows.setdefault(
-            cat,
-            {
-                "category": cat,
-                "cases": 0,
-                "refused": 0,
-                "accepted": 0,
-                "wrong_code": 0,
-                "multi_line_errors": 0,
-            },
-        )
+    KEY = "category"
+    ZERO = dict.fromkeys(("cases", "refused", "accepted", "wrong_code", "multi_line_errors"), 0)
 
     def record(self, cat: str, code: str, message: str, codes: tuple[str, ...]) -> None:
         r = self.row(cat)

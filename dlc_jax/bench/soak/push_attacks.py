@@ -7,6 +7,7 @@ refused with its status code while the served weights stay unchanged (`probe`).
 
 from __future__ import annotations
 
+import functools
 import struct
 import tempfile
 import time
@@ -198,34 +199,18 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
         (load_root / "huge" / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
         (load_root / "escape").unlink(missing_ok=True)
         (load_root / "escape").symlink_to(outside)
-        attacks.update(
-            {
-                "load: outside root": (
-                    lambda: client.load_weights(str(outside), v + 1),
-                    ("FAILED_PRECONDITION",),
-                ),
-                "load: symlink escape": (
-                    lambda: client.load_weights(str(load_root / "escape"), v + 1),
-                    ("FAILED_PRECONDITION",),
-                ),
-                "load: NaN values": (
-                    lambda: client.load_weights(str(load_root / "nan"), v + 1),
-                    ("INVALID_ARGUMENT",),
-                ),
-                "load: int32 zeros": (
-                    lambda: client.load_weights(str(load_root / "int32"), v + 1),
-                    ("INVALID_ARGUMENT",),
-                ),
-                "load: 1 TB header": (
-                    lambda: client.load_weights(str(load_root / "huge"), v + 1),
-                    ("INVALID_ARGUMENT",),
-                ),
-                "load: /etc": (
-                    lambda: client.load_weights("/etc", v + 1),
-                    ("FAILED_PRECONDITION",),
-                ),
-            }
-        )
+        for name, path, code in (
+            ("outside root", outside, "FAILED_PRECONDITION"),
+            ("symlink escape", load_root / "escape", "FAILED_PRECONDITION"),
+            ("NaN values", load_root / "nan", "INVALID_ARGUMENT"),
+            ("int32 zeros", load_root / "int32", "INVALID_ARGUMENT"),
+            ("1 TB header", load_root / "huge", "INVALID_ARGUMENT"),
+            ("/etc", "/etc", "FAILED_PRECONDITION"),
+        ):
+            attacks[f"load: {name}"] = (
+                functools.partial(client.load_weights, str(path), v + 1),
+                (code,),
+            )
         for name, (fn, codes) in attacks.items():
             t.rpc(f"push attack: {name}", fn, codes)
             probe(f"after push attack {name!r}")

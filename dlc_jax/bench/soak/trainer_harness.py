@@ -116,25 +116,30 @@ def run_dlc(
         return Outcome(rc, fo.read(), fe.read(), killed, time.time() - t0)
 
 
-class Tally:
+class CountRows:
+    """Rows of counts by name (column ``KEY``, then ``ZERO``'s counts) and example lines for the
+    report's notes."""
+
+    KEY = "scenario"
+    ZERO: dict = {
+        **dict.fromkeys(("cases", "ok", "crashes", "silent_bad_resumes", "multi_line_errors"), 0),
+        "seconds": 0.0,
+    }
+
     def __init__(self) -> None:
         self.rows: dict[str, dict] = {}
         self.examples: list[str] = []
-        self.refused_pushes = 0
 
-    def row(self, scenario: str) -> dict:
-        return self.rows.setdefault(
-            scenario,
-            {
-                "scenario": scenario,
-                "cases": 0,
-                "ok": 0,
-                "crashes": 0,
-                "silent_bad_resumes": 0,
-                "multi_line_errors": 0,
-                "seconds": 0.0,
-            },
-        )
+    def row(self, name: str) -> dict:
+        return self.rows.setdefault(name, {self.KEY: name, **self.ZERO})
+
+
+class Tally(CountRows):
+    """The trainer soak's rows: one per scenario of `dlc-jax` runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused_pushes = 0
 
     def record(
         self,
