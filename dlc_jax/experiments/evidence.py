@@ -100,8 +100,13 @@ def acc_per_kcpu_s(runs: list[RunResult]) -> float:
 
 
 def verdict_of_difference(iv: Interval) -> str:
+    """higher / lower when the interval excludes 0; "identical on every seed" when every paired
+    difference is 0 (e.g. DLC and PPO-clip without a discrepancy or a resync are one loss);
+    otherwise inconclusive, or not measured from fewer than 2 seeds."""
     if not math.isfinite(iv.lo):
         return "not measured"
+    if iv.lo == iv.hi == iv.point == 0.0:
+        return "identical on every seed"
     if iv.lo > 0:
         return "higher"
     if iv.hi < 0:

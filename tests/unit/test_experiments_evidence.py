@@ -73,6 +73,25 @@ def test_paired_difference_uses_common_seeds_only():
     assert diffs == [0.25] and iv.point == 0.25  # only seed 0 is in both arms
 
 
+def test_difference_verdicts_name_identical_arms():
+    from dlc_jax.experiments.evidence import verdict_of_difference
+
+    same = {
+        a: [_run(f"{a}{s}", a, "x", s, _held(0.5, 0.75)) for s in (0, 1, 2)] for a in ("dlc", "ppo")
+    }
+    iv, diffs = paired_heldout(same, "dlc", "ppo")
+    assert diffs == [0.0, 0.0, 0.0] and verdict_of_difference(iv) == "identical on every seed"
+    mixed = dict(
+        same,
+        ppo=[
+            _run(f"p{s}", "ppo", "x", s, _held(0.5, e)) for s, e in ((0, 0.5), (1, 1.0), (2, 0.75))
+        ],
+    )
+    assert verdict_of_difference(paired_heldout(mixed, "dlc", "ppo")[0]) == "inconclusive"
+    up = dict(same, ppo=[_run(f"p{s}", "ppo", "x", s, _held(0.5, 0.25)) for s in (0, 1, 2)])
+    assert verdict_of_difference(paired_heldout(up, "dlc", "ppo")[0]) == "higher"
+
+
 def test_scenario_error_stats_average_over_runs_and_steps():
     runs = [_run("a", "tis", "x", 0, {}, delta=0.02, ell=0.1), _run("b", "tis", "x", 1, {})]
     st = scenario_error_stats(runs)
