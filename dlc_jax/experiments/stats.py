@@ -100,24 +100,6 @@ def mean_interval(values, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
     return Interval(m, m - half, m + half, int(x.size))
 
 
-def bootstrap_interval(values, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """Mean with a percentile-bootstrap interval (for statistics that are not a mean over
-    runs, e.g. a rank correlation's inputs); no interval from fewer than 2 values."""
-    x = _finite(values)
-    if x.size == 0:
-        return NAN_INTERVAL
-    if x.size < 2:
-        return Interval(float(x.mean()), float("nan"), float("nan"), 1)
-    rng = np.random.default_rng(seed)
-    boots = x[rng.integers(0, x.size, (n_boot, x.size))].mean(axis=1)
-    return Interval(
-        float(x.mean()),
-        float(np.percentile(boots, 2.5)),
-        float(np.percentile(boots, 97.5)),
-        int(x.size),
-    )
-
-
 @dataclasses.dataclass
 class RatioStats:
     """Per checkpoint: ``curve`` (point), ``lo``/``hi`` (bootstrap band); ``max`` = max_t R_t with

@@ -12,19 +12,11 @@ request (``alone``) and drops a slot refused on its own.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 import numpy as np
 
 from dlc_jax.trainer.batching import BatchAssembler
-
-
-@dataclasses.dataclass
-class _Request:
-    batch: int
-    cells: list  # [(slot, sample_index)] in the order the sampler will number them
-    slots: list
 
 
 class RolloutFeeder:
@@ -54,7 +46,6 @@ class RolloutFeeder:
         self.attempts: dict[int, int] = {}
         self.requested_samples = 0
         self.stale_in_flight = 0
-        self._threads: list[threading.Thread] = []
 
     def request_missing(self, batch: int, prompt_ids: dict, alone=frozenset()) -> int:
         """Request every open cell of ``batch`` that is not already being generated; returns how
@@ -88,7 +79,6 @@ class RolloutFeeder:
                 name=f"rollouts-b{batch}-g{g}",
             )
             t.start()
-            self._threads.append(t)
         return len(missing)
 
     def _run(self, batch, g, slots, prompts, params):
@@ -126,11 +116,6 @@ class RolloutFeeder:
 
     def idle(self, batch: int) -> bool:
         return self.outstanding.get(batch, 0) == 0
-
-    def join_all(self, timeout: float = 5.0) -> None:
-        for t in self._threads:
-            t.join(timeout)
-        self._threads = [t for t in self._threads if t.is_alive()]
 
 
 def _invalid_argument(e: BaseException) -> bool:
