@@ -125,6 +125,19 @@ def logical_to_spec(
     return PartitionSpec(*out)
 
 
+def batch_replication(rows: int, mesh: Mesh, rules=None) -> int:
+    """How many times each row of a [rows, ...] batch is computed: the product of the mesh axes the
+    `batch` rule names (size > 1) over the product of those `logical_to_spec` can shard ``rows``
+    over. 1 = an even split; e.g. 16 rows per micro-batch on fsdp 32 replicate (32): every chip
+    computes every row, in the model and in every `shard_map` kernel under it."""
+    target = _rules_dict(rules).get("batch")
+    names = (target,) if isinstance(target, str) else tuple(target or ())
+    wanted = math.prod(mesh.shape[a] for a in names if a in mesh.shape)
+    spec = logical_to_spec(("batch",), (rows,), mesh, rules)[0]
+    got = math.prod(mesh.shape[a] for a in ((spec,) if isinstance(spec, str) else spec or ()))
+    return wanted // got
+
+
 def named_sharding(logical, shape, mesh: Mesh, rules=None) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(logical, shape, mesh, rules))
 

@@ -107,6 +107,8 @@ def cli(argv: list[str]) -> int:
     from dlc_jax.plan.report import table
 
     print(table(result), flush=True)
+    if "warning" in result.get("batch_replication", {}):
+        print(f"dlc-jax plan: warning: {result['batch_replication']['warning']}", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True))

@@ -179,6 +179,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         result["roofline"] = roofline(result, chip)
         result["roofline_step_s"] = result["roofline"]["step_s"]
     result["resync"] = _resync(cfg, topo, run.qcfg, result, nic_gbps)
+    result["batch_replication"] = _batch_replication(cfg, run, mesh)
     if not fits:
         result["advice"] = advice(cfg, topo, result)
     return result
@@ -217,6 +218,32 @@ def _resync(cfg, topo, qcfg, result: dict, nic_gbps: float) -> dict:
         largest_tensor_params=qcfg.vocab_size * qcfg.hidden_size,
         step_s=result.get("roofline_step_s") or result["projected_step_s"],
     )
+
+
+def _batch_replication(cfg, run, mesh) -> dict:
+    """Rows per micro-batch against the batch-sharded chips: ``factor`` > 1 means every chip
+    computes ``factor`` times its share (the batch dim does not divide, so it replicates), with a
+    one-line ``warning`` naming the micro-batch counts that split evenly."""
+    from dlc_jax.model.sharding import batch_replication
+
+    m = cfg.train.micro_batches
+    per_mb = run.rows // m
+    factor = batch_replication(per_mb, mesh)
+    out = {"rows_per_micro_batch": per_mb, "factor": factor}
+    if factor > 1:
+        even = [k for k in range(1, run.rows + 1) if run.rows % k == 0]
+        even = [k for k in even if batch_replication(run.rows // k, mesh) == 1]
+        out["warning"] = (
+            f"train.micro_batches={m} leaves {per_mb} rows per micro-batch, which the "
+            f"batch-sharded chips cannot split: every chip computes {factor}x its share of every "
+            f"micro-batch (model and kernels); "
+            + (
+                f"use train.micro_batches in {even}"
+                if even
+                else "use more rows (train.batch_prompts)"
+            )
+        )
+    return out
 
 
 def advice(cfg, topo, r: dict) -> str:
