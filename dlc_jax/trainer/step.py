@@ -72,10 +72,11 @@ class StepConfig:
 def step_config(cfg) -> StepConfig:
     """The StepConfig of a ``dlc_jax.trainer.config.TrainConfig`` (what the trainer compiles)."""
     from dlc_jax.trainer.config import make_loss_config
+    from dlc_jax.trainer.config_sections import ConfigError
 
     s = cfg.sampler
-    if cfg.train.pack and cfg.loss.name in SEQUENCE_LOSSES:
-        raise ValueError(
+    if cfg.train.pack and cfg.loss.name in SEQUENCE_LOSSES:  # a user error: one line, exit 2
+        raise ConfigError(
             f"train.pack: loss.name={cfg.loss.name!r} reduces over each row as one sequence, but a "
             f"packed row holds several; use a token-level loss or train.pack=false"
         )

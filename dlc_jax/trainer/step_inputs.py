@@ -28,7 +28,7 @@ from dlc_jax.sampler.wire.types import Rollout
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import step_arrays
 from dlc_jax.trainer.state import TrainState
-from dlc_jax.trainer.step import SEQUENCE_LOSSES, STEP_KEYS
+from dlc_jax.trainer.step import STEP_KEYS
 
 
 def bucket(n: int, mode: str = "pow2", max_len: int = 0, mult: int = 16) -> int:
@@ -102,11 +102,6 @@ class StepInputs:
             raise ValueError(
                 "train.pack: packed rows are single-process for now (multi-host batches "
                 "have a fixed global row count); use train.pack=false"
-            )
-        if cfg.train.pack and cfg.loss.name in SEQUENCE_LOSSES:
-            raise ValueError(
-                f"train.pack: loss.name={cfg.loss.name!r} reduces over each row as one sequence, "
-                f"but a packed row holds several; use a token-level loss or train.pack=false"
             )
 
     def score_and_pack(self, rollouts: list, prompts: dict, version: int) -> tuple[dict, dict]:

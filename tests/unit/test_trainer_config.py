@@ -230,3 +230,13 @@ def test_eval_and_log_keys_are_not_training_relevant():
     assert config_diff(a, c) == []
     d = to_dict(load_config(default_config_path(), ["model.scan_layers=true"]))
     assert [k for k, *_ in config_diff(a, d)] == ["model.scan_layers"]
+
+
+def test_packed_rows_with_a_sequence_loss_are_a_one_line_user_error():
+    from dlc_jax.errors import is_user_error
+    from dlc_jax.trainer.step import step_config
+
+    with pytest.raises(Exception, match=r"^train\.pack: loss\.name='mis_geo' reduces") as e:
+        step_config(load_config(None, ["train.pack=true", "loss.name=mis_geo"]))
+    assert is_user_error(e.value)
+    assert step_config(load_config(None, ["train.pack=true", "loss.name=dlc"])).micro_batches == 1
