@@ -71,6 +71,10 @@ def arm_overrides(arm, sc: Scenario) -> tuple[str, ...]:
     # a sampler synced before every batch has no lag to trigger on: every arm follows it
     policy = sc.sync if sc.sync == "onpolicy" else (arm.own_resync or sc.sync)
     out += [f"resync.policy={policy}", f"resync.k={sc.sync_k}"]
+    if policy == "ess" and sc.sync == "every_k":
+        # bounded staleness: the scenario's sync every k steps holds for DLC too; its ESS trigger
+        # syncs sooner
+        out.append(f"resync.max_interval={sc.sync_k}")
     out += [f"sampler.quantization={sc.quantization}", f"sampler.weight_noise={sc.weight_noise}"]
     if sc.dtype:
         out.append(f"sampler.dtype={sc.dtype}")

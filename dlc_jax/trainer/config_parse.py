@@ -66,7 +66,7 @@ _RULES: list[tuple[Callable[[Any], bool], str, str]] = [
     (
         lambda v: v >= 0,
         ">= 0 (0 = off)",
-        "sampler.top_k optim.grad_clip log.samples_every eval.every",
+        "sampler.top_k optim.grad_clip log.samples_every eval.every resync.max_interval",
     ),
     (lambda v: v >= 0, ">= 0 (0 = greedy)", "eval.temperature"),
     (lambda v: v >= 0, ">= 0 (0 = sampler.max_tokens)", "eval.max_tokens"),

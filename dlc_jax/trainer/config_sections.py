@@ -209,7 +209,8 @@ class ResyncSection:
     policy: 'ess' (push when the lag ESS < threshold) | 'every_k' | 'never' | 'onpolicy'.
     statistic: the lag ESS the 'ess' policy reads: 'token' (normalized ESS of exp(ell) over every
     valid token) or 'sequence' (of exp(sum of a response's ell), VCPO's; it falls far sooner when
-    most tokens are near-certain). threshold: resync below this ESS, in (0, 1].
+    most tokens are near-certain). threshold: resync below this ESS, in (0, 1]. max_interval: with
+    'ess', also push after this many steps without a sync (0 = no cap; bounded staleness).
     stale_rollouts: rollouts in flight from an older version are 'train'ed with their snapshot or
     'drop'ped.
     """
@@ -218,6 +219,7 @@ class ResyncSection:
     statistic: Literal["token", "sequence"] = "token"
     threshold: float = 0.5
     k: int = 4
+    max_interval: int = 0
     stale_rollouts: Literal["train", "drop"] = "train"
     max_snapshots: int = 4
 

@@ -2,7 +2,8 @@
 
 * ``ess``: DLC — after a step whose lag ESS < threshold: the token ESS of exp(lp - lp_s) over valid
   tokens (``statistic: token``) or the sequence ESS of exp(sum of a response's lp - lp_s)
-  (``statistic: sequence``).
+  (``statistic: sequence``); with ``max_interval`` k > 0 also after k steps without a sync (bounded
+  staleness: an asynchronous run synced at least every k steps, and sooner when the ESS falls).
 * ``every_k``: fixed staleness — every k optimizer steps.
 * ``never``: a stale sampler (kept for experiments).
 * ``onpolicy``: every step, and the next batch is sampled only after the push (no prefetch), so
@@ -34,8 +35,11 @@ class EssPolicy(ResyncPolicy):
     name: str = "ess"
     threshold: float = 0.5
     statistic: str = "token"
+    max_interval: int = 0  # 0: no cap
 
     def should_resync(self, metrics: dict, steps_since_sync: int) -> bool:
+        if self.max_interval and steps_since_sync >= self.max_interval:
+            return True
         key = ESS_METRICS[self.statistic]
         e = metrics.get(key)
         if e is None:
@@ -70,7 +74,11 @@ def make_policy(resync_cfg) -> ResyncPolicy:
     """Policy object from the ``resync`` config section."""
     p = resync_cfg.policy
     if p == "ess":
-        return EssPolicy(threshold=resync_cfg.threshold, statistic=resync_cfg.statistic)
+        return EssPolicy(
+            threshold=resync_cfg.threshold,
+            statistic=resync_cfg.statistic,
+            max_interval=resync_cfg.max_interval,
+        )
     if p == "every_k":
         return EveryKPolicy(k=resync_cfg.k)
     if p == "never":

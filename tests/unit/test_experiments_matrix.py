@@ -32,6 +32,16 @@ def test_a_sampler_synced_every_batch_overrides_dlcs_own_trigger():
     assert "sampler.head_k=0" in arm_overrides(ARMS["dlc_nocenter"], lag)
 
 
+def test_bounded_staleness_caps_dlcs_trigger_at_the_scenarios_k():
+    k8 = Scenario("lag_k8", sync="every_k", sync_k=8, kind="lag")
+    dlc = dict(o.split("=", 1) for o in arm_overrides(ARMS["dlc"], k8))
+    assert dlc["resync.policy"] == "ess" and dlc["resync.max_interval"] == "8"
+    fixed = dict(o.split("=", 1) for o in arm_overrides(ARMS["dlc_noresync"], k8))
+    assert fixed["resync.policy"] == "every_k" and "resync.max_interval" not in fixed
+    never = Scenario("lag_never", sync="never", kind="lag")
+    assert not any("max_interval" in o for o in arm_overrides(ARMS["dlc"], never))
+
+
 def test_no_arms_means_the_onpolicy_runs_only():
     assert {s.arm for s in run_specs(TINY, arms=[])} == {"onpolicy"}
 

@@ -52,3 +52,15 @@ def test_config_key_picks_the_metric_the_policy_reads():
     assert load_config(cfg_path).resync.statistic == "token"  # the default
     with pytest.raises(ConfigError, match="resync.statistic"):
         load_config(cfg_path, ["resync.statistic=batch"])
+
+
+def test_max_interval_caps_the_ess_policy_at_k_steps():
+    cfg_path = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+    pol = make_policy(load_config(cfg_path, ["resync.max_interval=3"]).resync)
+    high = {"ess_lag": 0.99}
+    assert [pol.should_resync(high, n) for n in (1, 2, 3, 4)] == [False, False, True, True]
+    assert pol.should_resync({"ess_lag": 0.1}, 1)  # the ESS still triggers sooner
+    uncapped = make_policy(load_config(cfg_path).resync)  # the default: no cap
+    assert not uncapped.should_resync(high, 10**6)
+    with pytest.raises(ConfigError, match="resync.max_interval"):
+        load_config(cfg_path, ["resync.max_interval=-1"])
