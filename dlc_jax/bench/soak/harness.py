@@ -61,18 +61,12 @@ class Tally(CountRows):
 
 
 def make_model(root: Path) -> Path:
+    from dlc_jax.model.config import shape_kwargs
     from dlc_jax.model.tiny import make_tiny
 
     d = root / "tiny"
-    make_tiny(
-        str(d),
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-    )
+    dims = shape_kwargs("bench_tiny", num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    make_tiny(str(d), **dims)
     return d
 
 
