@@ -49,6 +49,10 @@ def _size_for(mod, size: str) -> str:
     return sizes[0]
 
 
+def _row(name: str, target: str, met: str) -> dict:
+    return {"benchmark": name, "target": target, "measured": None, "bound": "", "met": met}
+
+
 def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
     from dlc_jax.bench.cli import BENCHMARKS
 
@@ -81,37 +85,14 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
                 "reused": bool(cfg.reuse and prev.exists()),
             }
             if not r.get("targets"):
-                res["rows"].append(
-                    {
-                        "benchmark": name,
-                        "target": "(this result records no targets: see its section)",
-                        "measured": None,
-                        "bound": "",
-                        "met": "n/a",
-                    }
-                )
+                note = "(this result records no targets: see its section)"
+                res["rows"].append(_row(name, note, "n/a"))
             for t in r.get("targets", []):
-                res["rows"].append(
-                    {
-                        "benchmark": name,
-                        "target": t["name"],
-                        "measured": t["value"],
-                        "bound": f"{t['op']} {common.fmt(t['target'])}",
-                        "met": "n/a" if t["met"] is None else ("yes" if t["met"] else "NO"),
-                    }
-                )
+                res["rows"].append({"benchmark": name, **common.target_row(t)})
         except Exception as e:  # noqa: BLE001 - one failing benchmark must not hide the others
             err = f"{type(e).__name__}: {e}"
             results[name] = {"ok": False, "error": err, "traceback": traceback.format_exc()}
-            res["rows"].append(
-                {
-                    "benchmark": name,
-                    "target": "(benchmark failed)",
-                    "measured": None,
-                    "bound": "",
-                    "met": err[:200],
-                }
-            )
+            res["rows"].append(_row(name, "(benchmark failed)", err[:200]))
             sections.append(f"## {name}\n\nFAILED: `{err[:500]}`\n")
     res["results"] = results
     res["notes"].append(

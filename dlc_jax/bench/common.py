@@ -90,13 +90,6 @@ def block(x):
     return x
 
 
-def time_call(fn: Callable[[], Any]) -> float:
-    """Seconds for one call of ``fn`` (its jax outputs waited for)."""
-    t0 = time.perf_counter()
-    block(fn())
-    return time.perf_counter() - t0
-
-
 def time_interleaved(
     fns: dict[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 3
 ) -> dict[str, list[float]]:
@@ -113,7 +106,9 @@ def time_interleaved(
     out: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            out[k].append(time_call(fn))
+            t0 = time.perf_counter()
+            block(fn())
+            out[k].append(time.perf_counter() - t0)
     return out
 
 
@@ -126,6 +121,14 @@ def best(xs: Iterable[float]) -> float:
     work only ever adds time, so the minimum is the least load-biased estimate (as ``timeit``
     advises); the medians are kept in the JSON next to it."""
     return float(min(xs))
+
+
+def best_times(result: dict, times: dict[str, list[float]]) -> dict[str, float]:
+    """{name: `best` of its repeats}; the result keeps the medians (``median_s``) and every
+    repeat (``times_s``)."""
+    result["median_s"] = {k: median(v) for k, v in times.items()}
+    result["times_s"] = times
+    return {k: best(v) for k, v in times.items()}
 
 
 def target(name: str, value: float | None, bound: float, op: str) -> dict:
@@ -162,17 +165,15 @@ def markdown_table(columns: list[str], rows: list[dict]) -> str:
     return "\n".join([head, sep, *body])
 
 
+def target_row(t: dict) -> dict:
+    """A `target` as a row of a targets table."""
+    met = "n/a" if t["met"] is None else ("yes" if t["met"] else "NO")
+    bound = f"{t['op']} {fmt(t['target'])}"
+    return {"target": t["name"], "measured": t["value"], "bound": bound, "met": met}
+
+
 def targets_table(targets: list[dict]) -> str:
-    rows = [
-        {
-            "target": t["name"],
-            "measured": t["value"],
-            "bound": f"{t['op']} {fmt(t['target'])}",
-            "met": "n/a" if t["met"] is None else ("yes" if t["met"] else "NO"),
-        }
-        for t in targets
-    ]
-    return markdown_table(["target", "measured", "bound", "met"], rows)
+    return markdown_table(["target", "measured", "bound", "met"], list(map(target_row, targets)))
 
 
 def to_markdown(result: dict) -> str:
@@ -196,19 +197,8 @@ def to_markdown(result: dict) -> str:
 
 
 def _jsonable(x):
-    import numpy as np
-
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if hasattr(x, "item") and callable(x.item) and getattr(x, "shape", None) == ():
-        return x.item()
-    return x
+    """A numpy / jax value as JSON (arrays and their scalars: `tolist`)."""
+    return x.tolist()
 
 
 def write_result(result: dict, out_dir) -> str:
@@ -220,7 +210,7 @@ def write_result(result: dict, out_dir) -> str:
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(result)
     (out / f"{result['name']}.json").write_text(
-        json.dumps(_jsonable(result), indent=2, allow_nan=True) + "\n"
+        json.dumps(result, indent=2, allow_nan=True, default=_jsonable) + "\n"
     )
     (out / f"{result['name']}.md").write_text(md)
     return md
@@ -241,12 +231,54 @@ def new_result(name: str, title: str, columns: list[str]) -> dict:
     }
 
 
-def finish(result: dict) -> dict:
+def finish(result: dict, out_dir=None) -> dict:
+    """Stamp the wall time and the load at the end; with ``out_dir``, also `write_result`."""
     t0 = result.pop("_t0", None)
     if t0 is not None:
         result["wall_s"] = time.perf_counter() - t0
     result["machine"]["loadavg_at_end"] = machine_info().get("loadavg_1m_5m_15m")
+    if out_dir is not None:
+        write_result(result, out_dir)
     return result
+
+
+def totals(rows: Iterable[dict], *keys: str) -> dict[str, Any]:
+    """{key: its sum over ``rows``} (a missing or None value counts 0)."""
+    rows = list(rows)
+    return {k: sum(r.get(k) or 0 for r in rows) for k in keys}
+
+
+def case_totals(rows: list[dict], *keys: str) -> dict[str, Any]:
+    """`totals` of rows of cases (``cases``, ``ok``, ``keys``): the cases, the failed ones
+    (``cases - ok``) and each key's sum."""
+    t = totals(rows, "cases", "ok", *keys)
+    return {"cases": t["cases"], "failed_cases": t["cases"] - t.pop("ok"), **t}
+
+
+def cached_run(out: Path, cmd: list[str], what: str, annotate, *, force, timeout_s, env=None):
+    """The JSON file ``out``: read back when it exists (unless ``force``), else what the
+    subprocess ``cmd`` + [a temporary path] writes there (a RuntimeError naming ``what`` when it
+    writes nothing), passed through ``annotate(result, completed process, {"wall_s",
+    "loadavg_start", "loadavg_end"})`` and saved as ``out``."""
+    if out.exists() and not force:
+        return json.loads(out.read_text())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.json")
+    load0, t0 = os.getloadavg(), time.perf_counter()
+    proc = subprocess.run(
+        [*cmd, str(tmp)], env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    if not tmp.exists():
+        raise RuntimeError(f"{what} failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+    run = {
+        "wall_s": time.perf_counter() - t0,
+        "loadavg_start": [round(x, 2) for x in load0],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    r = annotate(json.loads(tmp.read_text()), proc, run)
+    out.write_text(json.dumps(r, indent=1, sort_keys=True))
+    tmp.unlink()
+    return r
 
 
 def raw_receiver(total: int, out_path: Path, chunk: int):
@@ -279,33 +311,88 @@ def raw_receiver(total: int, out_path: Path, chunk: int):
     return srv, th, errors
 
 
-def call_in_child(module: str, fn: str, *args):
-    """``module.fn(*args)`` run in a fresh Python process (arguments and result as JSON, the result
-    on the last stdout line) -> its result."""
+def raw_send(address, arrays: Iterable) -> float:
+    """Send the arrays' bytes over one TCP connection to a `raw_receiver` at ``address`` (host,
+    port); -> seconds from connect until its ack."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    with socket.create_connection(address) as s:
+        for a in arrays:
+            s.sendall(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+        if s.recv(1) != b"k":
+            raise ConnectionError("no ack from the raw receiver")
+    return time.perf_counter() - t0
+
+
+def measure(fn: Callable[[], Any], pids: Iterable[int] = ()) -> tuple[Any, float, float, Any]:
+    """Call ``fn`` once -> (its result, wall seconds, CPU seconds of this process, CPU seconds of
+    the processes ``pids``: None when none of them can be read)."""
+    pids = list(pids)
+
+    def others() -> float | None:
+        known = [c for c in map(proc_cpu_s, pids) if c is not None]
+        return sum(known) if known or not pids else None
+
+    c0, o0, t0 = time.process_time(), others(), time.perf_counter()
+    out = fn()
+    wall = time.perf_counter() - t0
+    me, o1 = time.process_time() - c0, others()
+    return out, wall, me, None if o0 is None or o1 is None else o1 - o0
+
+
+def accepted(push_result, who: str = "the bench sampler"):
+    """``push_result`` (a `PushResult`) if the sampler took the push, else a RuntimeError."""
+    if not push_result.ok:
+        raise RuntimeError(f"weight push rejected by {who}: {push_result.message}")
+    return push_result
+
+
+def call_in_child(module: str, fn: str, *args, env: dict | None = None, timeout=None):
+    """``module.fn(*args)`` run in a fresh Python process (environment ``env``; arguments and
+    result as JSON, the result on the last stdout line) -> its result."""
     code = (
         f"import json, sys; from {module} import {fn}; "
-        f"print(json.dumps({fn}(*json.loads(sys.stdin.read()))))"
+        f"print(json.dumps({fn}(*json.loads(sys.stdin.read()))), flush=True)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
         input=json.dumps(list(args)),
+        env=env,
         capture_output=True,
         text=True,
         check=True,
+        timeout=timeout,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def sized_config(bench: str, sizes: dict, size: str, args, **arg_fields: str):
-    """The `size` preset of a benchmark's config with the CLI args that were given applied:
-    `arg_fields` maps an argparse attribute to the config field it overrides (unset/empty args keep
-    the preset's value). Unknown sizes are a KeyError naming the choices."""
-    if size not in sizes:
-        raise KeyError(f"unknown {bench} bench size {size!r}; choose from {sorted(sizes)}")
-    kw = {
-        field: getattr(args, arg) for arg, field in arg_fields.items() if getattr(args, arg, None)
-    }
-    return dataclasses.replace(sizes[size], **kw)
+class Options:
+    """A benchmark's CLI options over its named configs (`SIZES`): the `add_args` / `from_args` of
+    `dlc_jax.bench.cli`. Each option is ``(flag, config field, argparse keywords[, convert])``;
+    an option left unset (None, "", False) keeps the size's value, a given one sets the field
+    (to ``convert(value)`` when there is a ``convert``)."""
+
+    def __init__(self, bench: str, sizes: dict, *options: tuple):
+        self.bench, self.sizes, self.options = bench, sizes, options
+
+    def add_args(self, p) -> None:
+        for flag, _, kw, *_ in self.options:
+            p.add_argument(flag, **{"default": None, **kw})
+
+    def from_args(self, size: str, args):
+        """The `size` config with the options given in ``args`` applied (unknown sizes: a
+        KeyError naming the choices)."""
+        if size not in self.sizes:
+            raise KeyError(
+                f"unknown {self.bench} bench size {size!r}; choose from {sorted(self.sizes)}"
+            )
+        kw = {}
+        for flag, field, _, *convert in self.options:
+            v = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+            if not (v is None or v is False or v == ""):
+                kw[field] = convert[0](v) if convert else v
+        return dataclasses.replace(self.sizes[size], **kw)
 
 
 QWEN3_DIMS = tuple(f.name for f in dataclasses.fields(ModelShape))

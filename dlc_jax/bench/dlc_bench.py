@@ -19,7 +19,6 @@ evaluates theta_s for every lagged token. Their ratio is DLC's whole cost in the
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import numpy as np
@@ -167,8 +166,7 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
         warmup=cfg.warmup,
         repeats=cfg.repeats,
     )
-    med = {k: common.best(v) for k, v in times.items()}
-    res["median_s"] = {k: common.median(v) for k, v in times.items()}
+    med = common.best_times(res, times)
     tokens = cfg.batch * cfg.length
     res["rows"] = [
         {
@@ -188,7 +186,6 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
             "train_step_ms": 1e3 * med["dlc_train"],
         },
     ]
-    res["times_s"] = times
     ratio = med["dlc"] / med["grpo"]
     res["summary"] = {"ratio_dlc_vs_grpo_isolated": ratio, "ratio_dlc_vs_grpo_end_to_end": None}
     res["targets"].append(common.target("DLC / GRPO step time (isolation)", ratio, 1.35, "<="))
@@ -252,12 +249,8 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
     return common.finish(res)
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repeats", type=int, default=None)
-
-
-def from_args(size: str, args) -> DlcBenchConfig:
-    return common.sized_config("dlc", SIZES, size, args, repeats="repeats")
+ARGS = common.Options("dlc", SIZES, ("--repeats", "repeats", {"type": int}))
+add_args, from_args = ARGS.add_args, ARGS.from_args
 
 
 def _xla_flops(jitted, *args) -> float | None:

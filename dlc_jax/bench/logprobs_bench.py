@@ -17,7 +17,6 @@ values there.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import numpy as np
@@ -201,32 +200,19 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
         "naive_temp_bytes_per_token": fits["naive_fwd_bwd"]["bytes_per_token"],
         "ours_total_r2_linear": fits["ours_fwd_bwd_total"]["r2"],
     }
+    at = last["batch_x_length"]
     res["targets"] += [
-        common.target(
-            f"ours/naive temp bytes, forward, {last['batch_x_length']}",
-            last["fwd_ratio"],
-            1 / 8,
-            "<=",
-        ),
-        common.target(
-            f"ours/naive temp bytes, fwd+bwd, {last['batch_x_length']}",
-            last["fwd_bwd_ratio"],
-            1 / 8,
-            "<=",
-        ),
-        common.target(
-            f"ours/naive args+outputs+temp, fwd+bwd, {last['batch_x_length']}",
-            last["total_ratio"],
-            1 / 8,
-            "<=",
-        ),
-        common.target(
-            "ours fwd+bwd args+outputs+temp linear in tokens (R^2)",
-            fits["ours_fwd_bwd_total"]["r2"],
-            0.98,
-            ">=",
-        ),
+        common.target(f"ours/naive {what}, {at}", last[key], 1 / 8, "<=")
+        for what, key in (
+            ("temp bytes, forward", "fwd_ratio"),
+            ("temp bytes, fwd+bwd", "fwd_bwd_ratio"),
+            ("args+outputs+temp, fwd+bwd", "total_ratio"),
+        )
     ]
+    r2 = fits["ours_fwd_bwd_total"]["r2"]
+    res["targets"].append(
+        common.target("ours fwd+bwd args+outputs+temp linear in tokens (R^2)", r2, 0.98, ">=")
+    )
     fit_points = ", ".join(res["fit_points"])
     ours_temp = fits["ours_fwd_bwd"]["bytes_per_token"]
     ours_total = fits["ours_fwd_bwd_total"]
@@ -250,9 +236,5 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     return common.finish(res)
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--chunk-size", type=int, default=None)
-
-
-def from_args(size: str, args) -> LogprobBenchConfig:
-    return common.sized_config("logprobs", SIZES, size, args, chunk_size="chunk_size")
+ARGS = common.Options("logprobs", SIZES, ("--chunk-size", "chunk_size", {"type": int}))
+add_args, from_args = ARGS.add_args, ARGS.from_args

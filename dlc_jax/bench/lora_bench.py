@@ -21,12 +21,10 @@ bench writes.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
 import tempfile
-import time
 
 from dlc_jax.bench import common
 
@@ -141,21 +139,15 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
         nbytes: dict[str, int] = {}
         try:
             for fn in paths.values():  # warm-up: compiles the merge, the export, the adapter merge
-                r = fn()
-                if not r.ok:
-                    raise RuntimeError(f"the bench sampler refused a push: {r.message}")
+                common.accepted(fn())
             for _ in range(cfg.repeats):
                 for k, fn in paths.items():
                     loads[k].append(os.getloadavg()[0])
-                    c0, s0 = time.process_time(), (common.proc_cpu_s(pid) or 0.0)
-                    t0 = time.perf_counter()
-                    r = fn()
-                    times[k].append(time.perf_counter() - t0)
-                    cpu[k].append((time.process_time() - c0, (common.proc_cpu_s(pid) or 0.0) - s0))
+                    r, wall, me, sampler_cpu = common.measure(fn, [pid])
+                    times[k].append(wall)
+                    cpu[k].append((me, sampler_cpu or 0.0))
                     loads[k].append(os.getloadavg()[0])
-                    if not r.ok:
-                        raise RuntimeError(f"the bench sampler refused a push: {r.message}")
-                    nbytes[k] = int(r.bytes)
+                    nbytes[k] = int(common.accepted(r).bytes)
         finally:
             client.close()
             srv.stop()
@@ -200,13 +192,11 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
     return common.finish(res)
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--rank", type=int, default=None, help="adapter rank (default 8)")
-    p.add_argument("--push-dtype", choices=["float32", "bfloat16"], default=None)
-
-
-def from_args(size: str, args) -> LoraBenchConfig:
-    return common.sized_config(
-        "lora", SIZES, size, args, repeats="repeats", rank="rank", push_dtype="push_dtype"
-    )
+ARGS = common.Options(
+    "lora",
+    SIZES,
+    ("--repeats", "repeats", {"type": int}),
+    ("--rank", "rank", {"type": int, "help": "adapter rank (default 8)"}),
+    ("--push-dtype", "push_dtype", {"choices": ["float32", "bfloat16"]}),
+)
+add_args, from_args = ARGS.add_args, ARGS.from_args

@@ -57,12 +57,8 @@ COLUMNS = [
 ]
 
 
-def add_args(p) -> None:
-    p.add_argument("--expert-scale", type=float, default=None)
-
-
-def from_args(size: str, args) -> MoeBenchConfig:
-    return common.sized_config("moe", SIZES, size, args, expert_scale="expert_scale")
+ARGS = common.Options("moe", SIZES, ("--expert-scale", "expert_scale", {"type": float}))
+add_args, from_args = ARGS.add_args, ARGS.from_args
 
 
 def _make_model_dir(cfg: MoeBenchConfig, root: Path) -> Path:

@@ -102,6 +102,24 @@ def _last_line(r: subprocess.CompletedProcess) -> str:
     return tail[-1] if tail else f"exit {r.returncode}"
 
 
+def side_env(site: str, *, first: bool = False) -> dict:
+    """This process's environment with the folder ``site`` on ``PYTHONPATH``, after ours (a side
+    folder adds, never shadows) or, ``first``, ahead of it."""
+    path = [os.environ.get("PYTHONPATH", "")]
+    path = [site, *path] if first else [*path, site]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def import_error(modules: str, env: dict, timeout_s: float = 600.0) -> str:
+    """'' when ``import modules`` works in a fresh process with ``env``, else why not (one line)."""
+    probe = [sys.executable, "-c", f"import {modules}"]
+    try:
+        r = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"importing {modules} timed out after {timeout_s}s"
+    return "" if r.returncode == 0 else _last_line(r)
+
+
 def prepare_tunix(
     target_dir, *, install: bool = True, timeout_s: float = 300.0
 ) -> tuple[bool, str]:
@@ -111,15 +129,11 @@ def prepare_tunix(
     ``TUNIX_SIDE_PACKAGES`` when the import fails; the message says what failed otherwise.
     """
     side = str(Path(target_dir) / "pkgs")
-    probe = [sys.executable, "-c", "import tunix.models.qwen3.model"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([side, os.environ.get("PYTHONPATH", "")]))
+    env = side_env(side, first=True)
 
     def try_import() -> tuple[bool, str]:
-        try:
-            r = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return False, f"importing tunix timed out after {timeout_s}s"
-        return (True, "ok") if r.returncode == 0 else (False, _last_line(r))
+        msg = import_error("tunix.models.qwen3.model", env, timeout_s)
+        return not msg, msg or "ok"
 
     ok, msg = try_import()
     if not ok and install:

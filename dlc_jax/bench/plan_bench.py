@@ -10,14 +10,12 @@ with >= 25% of HBM left; 8B 64 x 16,384 on v5p-64 fits; the 0.6B and 1.7B plans 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import logging
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from dlc_jax.bench import common
@@ -148,53 +146,36 @@ SIZES = {
 }
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="rerun cases whose JSON is cached")
-    p.add_argument("--cache-dir", default="", help="per-case plan JSON (default docs/bench/plan)")
-    p.add_argument("--cached-only", action="store_true", help="do not run plans; render the cached")
-
-
-def from_args(size: str, args) -> PlanBenchConfig:
-    cfg = common.sized_config("plan", SIZES, size, args, cache_dir="cache_dir")
-    return dataclasses.replace(
-        cfg,
-        force=bool(getattr(args, "force", False)),
-        cached_only=bool(getattr(args, "cached_only", False)),
-    )
+ARGS = common.Options(
+    "plan",
+    SIZES,
+    ("--force", "force", {"action": "store_true", "help": "rerun cases whose JSON is cached"}),
+    (
+        "--cache-dir",
+        "cache_dir",
+        {"default": "", "help": "per-case plan JSON (default docs/bench/plan)"},
+    ),
+    (
+        "--cached-only",
+        "cached_only",
+        {"action": "store_true", "help": "do not run plans; render the cached"},
+    ),
+)
+add_args, from_args = ARGS.add_args, ARGS.from_args
 
 
 def run_case(case: PlanCase, cache_dir: Path, force: bool, timeout_s: int) -> dict:
     """The plan JSON of ``case`` (cached), with the subprocess's wall time and load average."""
-    import os
 
+    def annotate(r: dict, proc, run: dict) -> dict:
+        verdict = proc.stderr.strip().splitlines()[-1] if proc.returncode else "fits"
+        r["bench"] = {**run, "returncode": proc.returncode, "verdict": verdict, "argv": case.argv()}
+        log.info("plan %s: fits=%s compile %.0f s", case.key, r["fits"], r["compile_s"])
+        return r
+
+    cmd = [sys.executable, "-m", "dlc_jax.cli", "plan", *case.argv(), "--json"]
     out = cache_dir / f"{case.key}.json"
-    if out.exists() and not force:
-        return json.loads(out.read_text())
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    load0 = os.getloadavg()
-    t0 = time.perf_counter()
-    tmp = out.with_suffix(".tmp.json")
-    proc = subprocess.run(
-        [sys.executable, "-m", "dlc_jax.cli", "plan", *case.argv(), "--json", str(tmp)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    if not tmp.exists():
-        raise RuntimeError(f"plan {case} failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
-    r = json.loads(tmp.read_text())
-    r["bench"] = {
-        "wall_s": time.perf_counter() - t0,
-        "loadavg_start": [round(x, 2) for x in load0],
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        "returncode": proc.returncode,
-        "verdict": proc.stderr.strip().splitlines()[-1] if proc.returncode else "fits",
-        "argv": case.argv(),
-    }
-    out.write_text(json.dumps(r, indent=1, sort_keys=True))
-    tmp.unlink()
-    log.info("plan %s: fits=%s compile %.0f s", case.key, r["fits"], r["compile_s"])
-    return r
+    return common.cached_run(out, cmd, f"plan {case}", annotate, force=force, timeout_s=timeout_s)
 
 
 def refresh_flops(r: dict) -> dict:

@@ -11,15 +11,14 @@ peak HBM <= the peer's; our roofline step (train step + theta_s forward) <= 1.25
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from dlc_jax.bench import common
+from dlc_jax.bench.peers import import_error, side_env
 from dlc_jax.plan.chips import GIB
 
 INSTALL = (
@@ -53,54 +52,42 @@ SIZES = {
 }
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="recompile cached rows")
-    p.add_argument("--peer-site", default="", help="folder with tunix installed (--target)")
-
-
-def from_args(size: str, args) -> PlanPeersConfig:
-    cfg = common.sized_config("plan-peers", SIZES, size, args, peer_site="peer_site")
-    return dataclasses.replace(cfg, force=bool(getattr(args, "force", False)))
-
-
-def _env(site: str) -> dict:
-    path = [os.environ.get("PYTHONPATH", ""), site]  # ours first: the peer site adds, never shadows
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+ARGS = common.Options(
+    "plan-peers",
+    SIZES,
+    ("--force", "force", {"action": "store_true", "help": "recompile cached rows"}),
+    ("--peer-site", "peer_site", {"default": "", "help": "folder with tunix installed (--target)"}),
+)
+add_args, from_args = ARGS.add_args, ARGS.from_args
 
 
 def peer_available(site: str) -> str:
     """'' when tunix imports from ``site``, else the one-line reason with the install command."""
-    probe = [sys.executable, "-c", "import tunix.rl.algo_core, tunix.models.qwen3.model"]
-    r = subprocess.run(probe, env=_env(site), capture_output=True, text=True, timeout=600)
-    if r.returncode == 0:
-        return ""
-    tail = (r.stderr or r.stdout).strip().splitlines()
-    return (
-        f"tunix not importable ({tail[-1] if tail else r.returncode}): {INSTALL.format(site=site)}"
-    )
+    why = import_error("tunix.rl.algo_core, tunix.models.qwen3.model", side_env(site))
+    return why and f"tunix not importable ({why}): {INSTALL.format(site=site)}"
 
 
 def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
     tag = model.replace(":", "_L")
     out = Path(cfg.cache_dir) / f"tunix_grpo_{tag}_{topo}_{rows}x{length}.json"
-    if out.exists() and not cfg.force:
-        return json.loads(out.read_text())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    load0 = os.getloadavg()
-    cmd = [sys.executable, "-m", "dlc_jax.bench.peer_grpo_step", model, topo, str(rows)]
-    proc = subprocess.run(
-        [*cmd, str(length), str(out)],
-        env=_env(cfg.peer_site),
-        capture_output=True,
-        text=True,
-        timeout=cfg.timeout_s,
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlc_jax.bench.peer_grpo_step",
+        model,
+        topo,
+        str(rows),
+        str(length),
+    ]
+    return common.cached_run(
+        out,
+        cmd,
+        "peer compile",
+        lambda r, proc, run: {**r, "loadavg_start": run["loadavg_start"]},
+        force=cfg.force,
+        timeout_s=cfg.timeout_s,
+        env=side_env(cfg.peer_site),
     )
-    if not out.exists():
-        raise RuntimeError(f"peer compile failed (rc {proc.returncode}): {proc.stderr[-1500:]}")
-    r = json.loads(out.read_text())
-    r["loadavg_start"] = [round(x, 2) for x in load0]
-    out.write_text(json.dumps(r, indent=1, sort_keys=True))
-    return r
 
 
 def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:

@@ -14,11 +14,9 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import pathlib
-import socket
 import tempfile
 import time
 
@@ -55,22 +53,14 @@ SIZES = {
 }
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="rollout model dir (default: a tiny random Qwen3)")
-    p.add_argument("--push-layers", type=int, default=None)
-    p.add_argument("--push-dtype", choices=["float32", "bfloat16"], default=None)
-
-
-def from_args(size: str, args) -> SamplerBenchConfig:
-    return common.sized_config(
-        "sampler",
-        SIZES,
-        size,
-        args,
-        model="model_dir",
-        push_layers="num_hidden_layers",
-        push_dtype="push_dtype",
-    )
+ARGS = common.Options(
+    "sampler",
+    SIZES,
+    ("--model", "model_dir", {"help": "rollout model dir (default: a tiny random Qwen3)"}),
+    ("--push-layers", "num_hidden_layers", {"type": int}),
+    ("--push-dtype", "push_dtype", {"choices": ["float32", "bfloat16"]}),
+)
+add_args, from_args = ARGS.add_args, ARGS.from_args
 
 
 # -- push server without an engine ------------------------------------------------------------
@@ -89,6 +79,14 @@ class TransportOnlyBackend(SamplerBackend):
         self.vocab_size = vocab_size
         self.version = 0
         self._expected = dict(specs)
+
+    @classmethod
+    def of_model(cls, model_config) -> TransportOnlyBackend:
+        """For the tensors of a `Qwen3Config`'s model."""
+        from dlc_jax.model import hf_param_shapes
+
+        specs = {n: (s, "float32") for n, s in hf_param_shapes(model_config).items()}
+        return cls(specs, model_config.vocab_size)
 
     async def start(self):
         pass
@@ -131,21 +129,14 @@ def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
         with SamplerClient(target, timeout=3600) as c:
             c.wait_ready(60)
             t0 = time.perf_counter()
-            pr = c.push_weights(
-                tensors, version, dtype=cfg.push_dtype, chunk_bytes=cfg.chunk_mb << 20
+            common.accepted(
+                c.push_weights(
+                    tensors, version, dtype=cfg.push_dtype, chunk_bytes=cfg.chunk_mb << 20
+                )
             )
-            dt = time.perf_counter() - t0
-            if not pr.ok:
-                raise RuntimeError(f"bench push rejected: {pr.message}")
-            return dt
+            return time.perf_counter() - t0
     host, port = target.rsplit(":", 1)
-    t0 = time.perf_counter()
-    with socket.create_connection((host, int(port))) as s:
-        for a in tensors.values():
-            s.sendall(a.reshape(-1).view(np.uint8).data)
-        if s.recv(1) != b"k":
-            raise ConnectionError("no ack from the receiver")
-    return time.perf_counter() - t0
+    return common.raw_send((host, int(port)), tensors.values())
 
 
 def _push_in_child(mode: str, target: str, cfg: SamplerBenchConfig, version: int) -> float:
@@ -160,10 +151,8 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     shapes = _push_shapes(cfg)
     itemsize = st.NP_DTYPES[cfg.push_dtype].itemsize
     total = sum(int(np.prod(s)) * itemsize for s in shapes.values())
-    specs = {n: (s, "float32") for n, s in shapes.items()}
-    srv = ServerThread(
-        TransportOnlyBackend(specs, cfg.vocab_size), ServerConfig(staging_root=str(tmp))
-    ).start()
+    backend = TransportOnlyBackend.of_model(cfg.model_config())
+    srv = ServerThread(backend, ServerConfig(staging_root=str(tmp))).start()
     grpc_s, raw_s = [], []
     try:
         for r in range(cfg.push_repeats):  # interleaved
@@ -274,7 +263,7 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
         t0 = time.perf_counter()
         pr = client.push_weights(w, 1)
         apply_s = time.perf_counter() - t0
-        assert pr.ok, pr.message
+        common.accepted(pr)
     finally:
         client.close()
         srv.stop()

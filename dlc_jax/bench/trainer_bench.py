@@ -17,7 +17,6 @@ in the JSON. ratio = tokens/s / transformers'.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -168,8 +167,7 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
     tokens = cfg.batch * cfg.length
     step_flops = flops.qwen3_train_flops(mcfg, cfg.batch, cfg.length)
     kind = res["machine"].get("device_kind", "cpu")
-    med = {k: common.best(v) for k, v in times.items()}
-    res["median_s"] = {k: common.median(v) for k, v in times.items()}
+    med = common.best_times(res, times)
     for k in fns:
         tps = tokens / med[k]
         fl = step_flops / med[k]
@@ -185,7 +183,6 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
                 "loss": losses[k],
             }
         )
-    res["times_s"] = times
     res["flops_per_step"] = step_flops
     ratio = med["transformers"] / med["ours (chunked logprobs)"]
     res["summary"] = {
@@ -215,11 +212,15 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
     return common.finish(res)
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-tunix", action="store_true", help="skip the google-tunix peer")
-    p.add_argument("--repeats", type=int, default=None)
-
-
-def from_args(size: str, args) -> TrainerBenchConfig:
-    cfg = common.sized_config("trainer", SIZES, size, args, repeats="repeats")
-    return dataclasses.replace(cfg, tunix=False) if getattr(args, "no_tunix", False) else cfg
+ARGS = common.Options(
+    "trainer",
+    SIZES,
+    (
+        "--no-tunix",
+        "tunix",
+        {"action": "store_true", "help": "skip the google-tunix peer"},
+        lambda _: False,
+    ),
+    ("--repeats", "repeats", {"type": int}),
+)
+add_args, from_args = ARGS.add_args, ARGS.from_args

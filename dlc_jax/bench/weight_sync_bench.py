@@ -23,7 +23,6 @@ The targets use the best transport for each path (named in the target and in ``s
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
@@ -39,6 +38,11 @@ from dlc_jax.bench.weight_sync_common import (
     raw_socket_copy,
 )
 
+# transport -> its rows (export + push, push only)
+PUSH_ROWS = {
+    "grpc": ("export + push (gRPC)", "push only (gRPC)"),
+    "socket": ("export + push (socket data plane)", "push only (gRPC, socket data plane)"),
+}
 SIZES = {
     "default": WeightSyncBenchConfig(**common.shape("qwen3_0p6b")),
     "small": WeightSyncBenchConfig(
@@ -79,12 +83,12 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
         client = SamplerClient(srv.address, timeout=3600)
         client.wait_ready(120)
 
-        def push(src, **kw):
+        def push(src, transport: str) -> None:
+            """Push the model (export + push) or its exported arrays (push only)."""
             version[0] += 1
-            pr = client.push_weights(src, version[0], dtype=cfg.push_dtype, chunk_bytes=chunk, **kw)
-            if not pr.ok:
-                raise RuntimeError(f"weight push rejected by the sampler: {pr.message}")
-            return pr
+            send = client.push_model if src is model else client.push_weights
+            kw: dict[str, Any] = dict(dtype=cfg.push_dtype, chunk_bytes=chunk, transport=transport)
+            common.accepted(send(src, version[0], **kw), "the sampler")
 
         def raw():
             p = tmp / "raw_copy.bin"
@@ -92,31 +96,19 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
             p.unlink()
             return dt
 
-        times: dict[str, list[float]] = {
-            "export + push (gRPC)": [],
-            "push only (gRPC)": [],
-            "export + push (socket data plane)": [],
-            "push only (gRPC, socket data plane)": [],
-            "raw socket": [],
-        }
+        times: dict[str, list[float]] = {k: [] for rows in PUSH_ROWS.values() for k in rows}
+        times["raw socket"] = []
         # CPU seconds of a repeat: this process (export, send; the raw copy's receiver thread)
         # plus the server process (receive, stage, verify); load-independent, unlike wall time
         cpu: dict[str, list[float]] = {k: [] for k in times}
 
-        def cpu_now() -> float | None:
-            server = common.proc_cpu_s(srv.proc.pid)
-            return None if server is None else time.process_time() + server
-
         def timed(row: str, fn) -> None:
             """Run `fn` once; its wall time is what it returns if that is a float (the raw copy's
             own connect-to-ack time), else measured around the call."""
-            c0 = cpu_now()
-            t0 = time.perf_counter()
-            dt = fn()
-            times[row].append(dt if isinstance(dt, float) else time.perf_counter() - t0)
-            c1 = cpu_now()
-            if c0 is not None and c1 is not None:
-                cpu[row].append(c1 - c0)
+            dt, wall, me, server = common.measure(fn, [srv.proc.pid])
+            times[row].append(dt if isinstance(dt, float) else wall)
+            if server is not None:
+                cpu[row].append(me + server)
 
         try:
             # export alone, CPU seconds (after the warm-up above: no compiles): as pushed (kernels
@@ -129,29 +121,9 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
                     pass
                 export_cpu[label] = time.process_time() - c0
             for _ in range(cfg.repeats):
-                for transport, ep_row, po_row in (
-                    ("grpc", "export + push (gRPC)", "push only (gRPC)"),
-                    (
-                        "socket",
-                        "export + push (socket data plane)",
-                        "push only (gRPC, socket data plane)",
-                    ),
-                ):
-
-                    def export_push(transport=transport):
-                        version[0] += 1
-                        pr = client.push_model(
-                            model,
-                            version[0],
-                            dtype=cfg.push_dtype,
-                            chunk_bytes=chunk,
-                            transport=transport,
-                        )
-                        if not pr.ok:
-                            raise RuntimeError(f"weight push rejected by the sampler: {pr.message}")
-
-                    timed(ep_row, export_push)
-                    timed(po_row, lambda transport=transport: push(exported, transport=transport))
+                for transport, (ep_row, po_row) in PUSH_ROWS.items():
+                    timed(ep_row, lambda t=transport: push(model, t))
+                    timed(po_row, lambda t=transport: push(exported, t))
                 timed("raw socket", raw)
         finally:
             client.close()
@@ -161,7 +133,7 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
             from dlc_jax.bench.weight_sync_engines import engine_and_relay_rows
 
             extra = engine_and_relay_rows(
-                cfg, model, exported, tmp, lambda: timed("raw socket", raw), common.proc_cpu_s
+                cfg, model, exported, tmp, lambda: timed("raw socket", raw)
             )
             times.update(extra["times"])
             cpu.update(extra["cpu"])
@@ -177,8 +149,7 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
             stages = stage_part(cfg)
     mb = total / 1e6
     ncpu = os.cpu_count() or 1
-    med = {k: common.best(v) for k, v in times.items()}
-    res["median_s"] = {k: common.median(v) for k, v in times.items()}
+    med = common.best_times(res, times)
     for k, s in med.items():
         res["rows"].append(
             {
@@ -191,12 +162,10 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
                 "egress_MB": extra["egress"][k] / 1e6 if k in extra["egress"] else None,
             }
         )
-    res["times_s"] = times
     res["cpu_s"] = cpu
     res["export_only_cpu_s"] = export_cpu
     res["config"].update(push_bytes=total, push_tensors=len(exported))
-    ep = min(("export + push (gRPC)", "export + push (socket data plane)"), key=med.__getitem__)
-    po = min(("push only (gRPC)", "push only (gRPC, socket data plane)"), key=med.__getitem__)
+    ep, po = (min(rows, key=med.__getitem__) for rows in zip(*PUSH_ROWS.values()))
     res["summary"] = {
         "export_push_vs_raw": med["raw socket"] / med[ep],
         "export_push_best": ep,
@@ -266,44 +235,52 @@ def _engine_targets(res: dict, med: dict, egress: dict, total: int) -> None:
             res["targets"].append(common.target(f"{k}: time / {one}", med[k] / med[one], 1.5, "<="))
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--push-dtype", choices=["float32", "bfloat16"], default=None)
-    p.add_argument(
+def _engines(arg: str) -> tuple[str, ...]:
+    names = tuple(e for e in arg.split(",") if e and e != "none")
+    bad = [e for e in names if e not in ("jax", "vllm")]
+    if bad:
+        raise ValueError(f"--engines: unknown engine {bad[0]!r} (jax, vllm or none)")
+    return names
+
+
+def _on(arg: str) -> bool:
+    return arg == "on"
+
+
+ARGS = common.Options(
+    "weight_sync",
+    SIZES,
+    ("--repeats", "repeats", {"type": int}),
+    ("--push-dtype", "push_dtype", {"choices": ["float32", "bfloat16"]}),
+    (
         "--engines",
-        default=None,
-        help="comma-separated serving engines to push + load into: jax, vllm ('none': no engine "
-        "rows; default jax)",
-    )
-    p.add_argument("--relay-samplers", type=int, default=None, help="relay chain length (0: none)")
-    p.add_argument(
+        "engines",
+        {
+            "help": "comma-separated serving engines to push + load into: jax, vllm ('none': no "
+            "engine rows; default jax)"
+        },
+        _engines,
+    ),
+    ("--relay-samplers", "relay_samplers", {"type": int, "help": "relay chain length (0: none)"}),
+    (
         "--multihost",
-        choices=["on", "off"],
-        default=None,
-        help="the push from 2 trainer processes x 4 fake CPU devices (default: on, off for tiny)",
-    )
-    p.add_argument(
+        "multihost",
+        {
+            "choices": ["on", "off"],
+            "help": "the push from 2 trainer processes x 4 fake CPU devices (default: on, off for "
+            "tiny)",
+        },
+        _on,
+    ),
+    (
         "--stages",
-        choices=["on", "off"],
-        default=None,
-        help="CPU seconds per GB of each push stage, before / now (default: on, off for tiny)",
-    )
-
-
-def from_args(size: str, args) -> WeightSyncBenchConfig:
-    cfg = common.sized_config(
-        "weight_sync", SIZES, size, args, repeats="repeats", push_dtype="push_dtype"
-    )
-    if getattr(args, "engines", None):
-        names = tuple(e for e in args.engines.split(",") if e and e != "none")
-        bad = [e for e in names if e not in ("jax", "vllm")]
-        if bad:
-            raise ValueError(f"--engines: unknown engine {bad[0]!r} (jax, vllm or none)")
-        cfg = dataclasses.replace(cfg, engines=names)
-    if getattr(args, "relay_samplers", None) is not None:
-        cfg = dataclasses.replace(cfg, relay_samplers=args.relay_samplers)
-    if getattr(args, "multihost", None) is not None:
-        cfg = dataclasses.replace(cfg, multihost=args.multihost == "on")
-    if getattr(args, "stages", None) is not None:
-        cfg = dataclasses.replace(cfg, stages=args.stages == "on")
-    return cfg
+        "stages",
+        {
+            "choices": ["on", "off"],
+            "help": "CPU seconds per GB of each push stage, before / now (default: on, off for "
+            "tiny)",
+        },
+        _on,
+    ),
+)
+add_args, from_args = ARGS.add_args, ARGS.from_args

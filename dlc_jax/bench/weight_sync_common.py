@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -56,33 +55,41 @@ def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int
     and acked."""
     srv, th, errors = common.raw_receiver(sum(a.nbytes for a in arrays), out_path, chunk)
     try:
-        t0 = time.perf_counter()
-        with socket.create_connection(srv.getsockname()) as s:
-            for a in arrays:
-                s.sendall(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
-            ack = s.recv(1)
-        dt = time.perf_counter() - t0
+        dt = common.raw_send(srv.getsockname(), arrays)
         th.join(timeout=60)
     finally:
         srv.close()
-    if errors or ack != b"k":
-        raise RuntimeError(f"raw socket copy failed: {errors[0] if errors else 'no ack'}")
+    if errors:
+        raise RuntimeError(f"raw socket copy failed: {errors[0]}")
     return dt
 
 
-def serve(cfg_dict: dict, staging_root: str) -> None:
-    """Server-process side: a real gRPC sampler service with `TransportOnlyBackend` for the pushed
-    model's tensors; prints its address, serves until stdin closes."""
-    from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-    from dlc_jax.model import hf_param_shapes
+def serve(spec: dict) -> None:
+    """Server-process side: a real gRPC sampler service, its backend `spec["backend"]`: "jax" |
+    "vllm" (that engine on `spec["model_dir"]`) or "transport" (`TransportOnlyBackend` for the
+    tensors of the `WeightSyncBenchConfig` `spec["config"]`'s model, or of `spec["model_dir"]`);
+    prints its address, serves until stdin closes."""
+    from dlc_jax.sampler.backends.base import SamplerBackend
     from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
-    cfg = WeightSyncBenchConfig(**cfg_dict)
-    mcfg = cfg.model_config()
-    specs = {n: (s, "float32") for n, s in hf_param_shapes(mcfg).items()}
+    backend: SamplerBackend
+    if spec["backend"] != "transport":
+        from dlc_jax.sampler.backends import BackendConfig, make_backend
+
+        cfg = BackendConfig(model_dir=spec["model_dir"], max_model_len=256)
+        backend = make_backend(spec["backend"], cfg)
+    else:
+        from dlc_jax.bench.sampler_bench import TransportOnlyBackend
+        from dlc_jax.sampler.wire import safetensors_io as st
+
+        if "config" in spec:
+            mcfg = WeightSyncBenchConfig(**spec["config"]).model_config()
+            backend = TransportOnlyBackend.of_model(mcfg)
+        else:
+            backend = TransportOnlyBackend(st.read_specs(spec["model_dir"]), 0)
+    staging = spec.get("push_staging", "memory")
     srv = ServerThread(
-        TransportOnlyBackend(specs, mcfg.vocab_size),
-        ServerConfig(staging_root=staging_root, data_port=0),
+        backend, ServerConfig(staging_root=spec["staging_root"], data_port=0, push_staging=staging)
     ).start()
     print(srv.address, flush=True)
     sys.stdin.read()
@@ -90,10 +97,14 @@ def serve(cfg_dict: dict, staging_root: str) -> None:
 
 
 class ServerProcess:
-    """A push server in its own Python process (the sampler is always another process than the
-    trainer): ``python -c code`` prints its address (host:port) and serves until stdin closes."""
+    """A push server (`serve(spec)`) in its own Python process (the sampler is always another
+    process than the trainer): it prints its address (host:port) and serves until stdin closes."""
 
-    def __init__(self, code: str, what: str, start_timeout: float = 900.0):
+    def __init__(self, spec: dict, what: str, start_timeout: float = 900.0):
+        code = (
+            "import json; from dlc_jax.bench.weight_sync_common import serve; "
+            f"serve(json.loads({json.dumps(json.dumps(spec))}))"
+        )
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code],
             stdin=subprocess.PIPE,
@@ -117,13 +128,9 @@ class ServerProcess:
 
     @classmethod
     def transport_only(cls, cfg: WeightSyncBenchConfig, staging_root: str) -> ServerProcess:
-        """`serve` (the transport-only server of ``cfg``'s model) in its own process."""
-        code = (
-            "import json, sys; from dlc_jax.bench.weight_sync_common import serve; "
-            f"serve(json.loads({json.dumps(json.dumps(dataclasses.asdict(cfg)))}), "
-            f"{staging_root!r})"
-        )
-        return cls(code, "weight_sync bench server")
+        """The transport-only server of ``cfg``'s model in its own process."""
+        spec = {"backend": "transport", "config": dataclasses.asdict(cfg)}
+        return cls(spec | {"staging_root": staging_root}, "weight_sync bench server")
 
     def stop(self) -> None:
         assert self.proc.stdin is not None  # stdin=PIPE

@@ -10,49 +10,11 @@ on the machine's load; times do (see the bench notes).
 
 from __future__ import annotations
 
-import json
+import functools
 import pathlib
-import sys
-import time
 
+from dlc_jax.bench import common
 from dlc_jax.bench.weight_sync_common import ServerProcess
-
-
-def _serve(spec: dict) -> None:
-    """Server-process side: a sampler with `spec["backend"]` ("jax" | "vllm" | "transport") on
-    `spec["model_dir"]`; prints its address, serves until stdin closes."""
-    from dlc_jax.sampler.backends.base import SamplerBackend
-    from dlc_jax.sampler.service.server import ServerConfig, ServerThread
-
-    backend: SamplerBackend
-    if spec["backend"] == "transport":
-        from dlc_jax.bench.sampler_bench import TransportOnlyBackend
-        from dlc_jax.sampler.wire import safetensors_io as st
-
-        specs = st.read_specs(spec["model_dir"])
-        backend = TransportOnlyBackend(specs, 0)
-    else:
-        from dlc_jax.sampler.backends import BackendConfig, make_backend
-
-        backend = make_backend(
-            spec["backend"], BackendConfig(model_dir=spec["model_dir"], max_model_len=256)
-        )
-    cfg = ServerConfig(
-        staging_root=spec["staging_root"], data_port=0, push_staging=spec["push_staging"]
-    )
-    srv = ServerThread(backend, cfg).start()
-    print(srv.address, flush=True)
-    sys.stdin.read()
-    srv.stop()
-
-
-def _sampler_process(spec: dict) -> ServerProcess:
-    """`_serve` (a real backend, or transport-only) in its own process."""
-    code = (
-        "import json; from dlc_jax.bench.weight_sync_engines import _serve; "
-        f"_serve(json.loads({json.dumps(json.dumps(spec))}))"
-    )
-    return ServerProcess(code, f"bench sampler ({spec['backend']})")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -74,7 +36,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, proc_cpu) -> dict:
+def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw) -> dict:
     """Time the engine and relay rows (interleaved with `raw()`, the raw-socket copy of the same
     bytes); -> {"times": {row: [s]}, "cpu": {row: [cpu s]}, "egress": {row: bytes}, "notes": []}."""
     from dlc_jax.model import save_hf
@@ -104,13 +66,14 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, pr
     try:
         for row, (eng, staging, n) in rows.items():
             procs[row] = [
-                _sampler_process(
+                ServerProcess(
                     {
                         "backend": eng,
                         "model_dir": str(model_dir),
                         "staging_root": str(tmp / f"stage_{len(procs)}_{k}"),
                         "push_staging": staging,
-                    }
+                    },
+                    f"bench sampler ({eng})",
                 )
                 for k in range(n)
             ]
@@ -130,20 +93,15 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw, pr
                 egress = r.egress_bytes
                 if r.removed:
                     raise RuntimeError(f"relay bench: samplers left rotation: {r.message}")
-            if not r.ok:
-                raise RuntimeError(f"weight push rejected by the bench sampler: {r.message}")
+            common.accepted(r)
             out["egress"][row] = egress
 
         for _ in range(cfg.repeats):
             for row in rows:
                 pids = [q for p in procs[row] for q in _descendants(p.proc.pid)]
-                c0 = time.process_time() + sum(proc_cpu(pid) or 0.0 for pid in pids)
-                t0 = time.perf_counter()
-                push(row)
-                out["times"][row].append(time.perf_counter() - t0)
-                out["cpu"][row].append(
-                    time.process_time() + sum(proc_cpu(pid) or 0.0 for pid in pids) - c0
-                )
+                _, wall, me, samplers = common.measure(functools.partial(push, row), pids)
+                out["times"][row].append(wall)
+                out["cpu"][row].append(me + (samplers or 0.0))
             raw()  # interleaved: the caller records the raw-socket time of this repeat
     finally:
         for ps in procs.values():

@@ -13,7 +13,6 @@ and checks the sampler's log-probs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -65,20 +64,9 @@ def launch(
             "JAX_NUM_PROCESSES": str(processes),
             "JAX_PROCESS_ID": str(p),
         }
-        cmd = [
-            sys.executable,
-            "-m",
-            "dlc_jax.bench.weight_sync_multihost",
-            f"--address={address}",
-            f"--version={version}",
-            f"--dtype={dtype}",
-            f"--scale={scale}",
-            f"--model-dir={model_dir}",
-            f"--dims={json.dumps(dims or {})}",
-            f"--out={out_dir / f'p{p}.json'}",
-            f"--transports={','.join(transports)}",
-            f"--relay-to={','.join(relay_to)}",
-        ]
+        args = [address, version, dtype, scale, model_dir, dims or {}, transports, relay_to]
+        cmd = [sys.executable, "-m", "dlc_jax.bench.weight_sync_multihost"]
+        cmd.append(json.dumps([*args, str(out_dir / f"p{p}.json")]))
         log = open(out_dir / f"p{p}.log", "wb")
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout
@@ -118,7 +106,8 @@ def _random_model(dims: dict, mesh):
     return model
 
 
-def _worker(args) -> None:
+def _worker(address, version, dtype, scale, model_dir, dims, transports, relay_to, out) -> None:
+    """One pushing process of `launch` (its arguments, then the file for its results)."""
     import jax
     from flax import nnx
 
@@ -131,37 +120,36 @@ def _worker(args) -> None:
 
     info = dist.initialize(DistributedSection())
     mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=2), jax.devices())
-    if args.model_dir:
-        model = load_hf(args.model_dir, mesh=mesh)
+    if model_dir:
+        model = load_hf(model_dir, mesh=mesh)
     else:
-        model = _random_model(json.loads(args.dims), mesh)
-    if args.scale != 1.0:
+        model = _random_model(dims, mesh)
+    if scale != 1.0:
         is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
         scaled = jax.tree.map(
-            lambda v: v.replace(v.get_value() * args.scale),
+            lambda v: v.replace(v.get_value() * scale),
             nnx.state(model, nnx.Param),
             is_leaf=is_var,
         )
         nnx.update(model, scaled)
-    itemsize = st.NP_DTYPES[args.dtype].itemsize
+    itemsize = st.NP_DTYPES[dtype].itemsize
     model_bytes = sum(itemsize * math.prod(s) for s in hf_param_shapes(model.config).values())
     pushes = []
-    relay_to = [a for a in args.relay_to.split(",") if a]
-    pool = SamplerPool([args.address, *relay_to], relay="chain", timeout=600) if relay_to else None
-    with SamplerClient(args.address, timeout=600) as client:
+    pool = SamplerPool([address, *relay_to], relay="chain", timeout=600) if relay_to else None
+    with SamplerClient(address, timeout=600) as client:
         for c in [client, *(pool.clients if pool is not None else [])]:
             c.wait_ready(120)
-        for k, spec in enumerate(args.transports.split(",")):
-            transport, _, mode = spec.partition(":")
+        for k, name in enumerate(transports):
+            transport, _, mode = name.partition(":")
             target = pool if mode in ("relay", "pool") else client
             if target is None:
-                raise SystemExit(f"--transports {spec}: a pool push needs --relay-to")
+                raise SystemExit(f"transport {name}: a pool push needs relay_to")
             t0 = time.monotonic()
             r = dist.push_weights(
                 target,
                 model,
-                args.version + k,
-                dtype=args.dtype,
+                version + k,
+                dtype=dtype,
                 transport=transport,
                 relay="chain" if mode == "relay" else "off",
             )
@@ -178,14 +166,14 @@ def _worker(args) -> None:
             )
     if pool is not None:
         pool.close()
-    out = {
+    result = {
         "process": info.process_index,
         "processes": info.process_count,
         "local_devices": info.local_devices,
         "model_bytes": model_bytes,
         "pushes": pushes,
     }
-    pathlib.Path(args.out).write_text(json.dumps(out))
+    pathlib.Path(out).write_text(json.dumps(result))
 
 
 def multihost_rows(
@@ -334,20 +322,5 @@ def multihost_result(cfg) -> dict:
     return common.finish(res)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--address", required=True)
-    p.add_argument("--version", type=int, default=1)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--scale", type=float, default=1.0)
-    p.add_argument("--model-dir", default="")
-    p.add_argument("--dims", default="{}")
-    p.add_argument("--out", required=True)
-    p.add_argument("--transports", default="grpc")
-    p.add_argument("--relay-to", default="")
-    _worker(p.parse_args(argv))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m dlc_jax.bench.weight_sync_multihost SPEC_JSON (`launch`)
+    _worker(*json.loads(sys.argv[1]))

@@ -206,11 +206,9 @@ def child(cfg, huge: bool) -> dict[str, float]:
     """`stage_cpu` of the weight_sync bench config `cfg`'s model in a fresh Python process, started
     with (`huge`) or without glibc's huge-page malloc (`sampler.malloc_env`), as a sampler is."""
     import dataclasses
-    import json
     import os
-    import subprocess
-    import sys
 
+    from dlc_jax.bench.common import call_in_child
     from dlc_jax.sampler.service.malloc_env import with_huge_pages
 
     env = dict(os.environ)
@@ -218,16 +216,8 @@ def child(cfg, huge: bool) -> dict[str, float]:
         t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and "malloc.hugetlb" not in t
     )
     env = with_huge_pages(env) if huge else env
-    out = subprocess.run(
-        [sys.executable, "-m", "dlc_jax.bench.weight_sync_stages"],
-        input=json.dumps(dataclasses.asdict(cfg)),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=1800,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    module, cfg_dict = "dlc_jax.bench.weight_sync_stages", dataclasses.asdict(cfg)
+    return call_in_child(module, "model_stage_cpu", cfg_dict, env=env, timeout=1800)
 
 
 def stage_part(cfg) -> tuple[list[dict], dict[str, float]]:
@@ -266,24 +256,15 @@ def stage_lines(rows: list[dict], totals: dict[str, float]) -> list[str]:
     ]
 
 
-def main() -> int:
-    """`python -m dlc_jax.bench.weight_sync_stages < CONFIG_JSON` (a `WeightSyncBenchConfig`):
-    one JSON line of `stage_cpu` on stdout."""
-    import json
-    import sys
-
+def model_stage_cpu(cfg_dict: dict) -> dict[str, float]:
+    """`stage_cpu` of the `WeightSyncBenchConfig` `cfg_dict`'s model (random weights)."""
     from flax import nnx
 
     from dlc_jax.bench.weight_sync_common import WeightSyncBenchConfig
     from dlc_jax.model import Qwen3ForCausalLM, iter_hf_tensors
     from dlc_jax.sampler.wire import safetensors_io as st
 
-    cfg = WeightSyncBenchConfig(**json.loads(sys.stdin.read()))
+    cfg = WeightSyncBenchConfig(**cfg_dict)
     model = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(0))
     exported = dict(iter_hf_tensors(model, dtype=st.NP_DTYPES[cfg.push_dtype]))
-    print(json.dumps(stage_cpu(exported, model, cfg.repeats)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return stage_cpu(exported, model, cfg.repeats)

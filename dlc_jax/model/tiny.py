@@ -16,6 +16,8 @@ import random
 from collections.abc import Iterable
 from pathlib import Path
 
+from .config import SHAPES
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -152,17 +154,20 @@ def _write_tokenizer_files(tok, out: Path, model_max_length: int) -> dict[str, i
     return ids
 
 
+TINY = SHAPES["tiny"]  # the dimensions `make_tiny` writes by default
+
+
 def make_tiny(
     out_dir,
     *,
     seed: int = 0,
-    vocab_size: int = 2048,
-    hidden_size: int = 128,
-    intermediate_size: int = 256,
-    num_hidden_layers: int = 2,
-    num_attention_heads: int = 4,
-    num_key_value_heads: int = 2,
-    head_dim: int = 32,
+    vocab_size: int = TINY.vocab_size,
+    hidden_size: int = TINY.hidden_size,
+    intermediate_size: int = TINY.intermediate_size,
+    num_hidden_layers: int = TINY.num_hidden_layers,
+    num_attention_heads: int = TINY.num_attention_heads,
+    num_key_value_heads: int = TINY.num_key_value_heads,
+    head_dim: int = TINY.head_dim,
     tie_word_embeddings: bool = False,
     max_position_embeddings: int = 2048,
     rope_theta: float = 1_000_000.0,

@@ -108,7 +108,7 @@ def run(cfg: SoakBenchConfig) -> dict:
         for p in cfg.parts:
             res["rows"].append(futs[p].result())
             res["notes"].append(f"{p}: {parts_dir}/{p}_soak.md")
-    tot = {c: sum(r.get(c) or 0 for r in res["rows"]) for c in COLUMNS[1:-1]}
+    tot = common.totals(res["rows"], *COLUMNS[1:-1])
     res["summary"] = tot
     sampler: dict = next((r for r in res["rows"] if r["part"] == "sampler"), {})
     res["targets"] = [

@@ -168,23 +168,14 @@ def run(out_dir, repeats: int = 10) -> dict:
         sampler.close()
         rows.append(_exports(work, base_dir, repeats, counts))
     res["rows"] = [{k: r.get(k, 0) for k in cols} for r in rows]
-    s = {
-        "cases": sum(r["cases"] for r in rows),
-        "failed_cases": sum(r["cases"] - r["ok"] for r in rows),
-        "crashes": sum(r["crashes"] for r in rows),
-        "accepted": sum(r.get("accepted", 0) for r in rows),
-        "bad_weights_served": sum(r.get("bad_weights_served", 0) for r in rows),
-        **counts,
-    }
+    s = {**common.case_totals(rows, "crashes", "accepted", "bad_weights_served"), **counts}
     res["summary"] = s
     res["targets"] = [
         common.target(k.replace("_", " "), s[k], 0, "<=")
         for k in ("crashes", "accepted", "bad_weights_served", "files_left", "exports_written")
     ] + [common.target("failed cases", s["failed_cases"], 0, "<=")]
     res["notes"].append(common.load_note(res["machine"]))
-    common.finish(res)
-    common.write_result(res, out_dir)
-    return res
+    return common.finish(res, out_dir)
 
 
 def _exports(work: Path, base_dir: Path, repeats: int, counts: dict) -> dict:

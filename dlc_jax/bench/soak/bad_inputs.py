@@ -5,6 +5,7 @@ survive each).
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
 import uuid
@@ -92,35 +93,23 @@ def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: 
         TOKEN,
         f"Bearer {TOKEN}{TOKEN}",
     ]
+    gen_req = pb.GenerateRequest(
+        prompts=[pb.Prompt(token_ids=[1, 2])], params=pb.SamplingParams(n=1, max_tokens=2)
+    )
+    calls = (  # every RPC, with metadata md
+        lambda md: stub.Info(pb.InfoRequest(), timeout=10, metadata=md),
+        lambda md: list(stub.Generate(gen_req, timeout=10, metadata=md)),
+        lambda md: stub.PushWeights(
+            iter([pb.WeightMessage(commit=pb.Commit())]), timeout=10, metadata=md
+        ),
+        lambda md: stub.LoadWeights(
+            pb.LoadWeightsRequest(path="/", version=99), timeout=10, metadata=md
+        ),
+    )
     for a in auths:
         md = None if a is None else (("authorization", a),)
-        t.rpc(
-            "bad auth",
-            lambda md=md: stub.Info(pb.InfoRequest(), timeout=10, metadata=md),
-            ("UNAUTHENTICATED",),
-        )
-        req = pb.GenerateRequest(
-            prompts=[pb.Prompt(token_ids=[1, 2])], params=pb.SamplingParams(n=1, max_tokens=2)
-        )
-        t.rpc(
-            "bad auth",
-            lambda md=md, req=req: list(stub.Generate(req, timeout=10, metadata=md)),
-            ("UNAUTHENTICATED",),
-        )
-        t.rpc(
-            "bad auth",
-            lambda md=md: stub.PushWeights(
-                iter([pb.WeightMessage(commit=pb.Commit())]), timeout=10, metadata=md
-            ),
-            ("UNAUTHENTICATED",),
-        )
-        t.rpc(
-            "bad auth",
-            lambda md=md: stub.LoadWeights(
-                pb.LoadWeightsRequest(path="/", version=99), timeout=10, metadata=md
-            ),
-            ("UNAUTHENTICATED",),
-        )
+        for call in calls:
+            t.rpc("bad auth", functools.partial(call, md), ("UNAUTHENTICATED",))
     chan.close()
     # garbage serialized as requests (the server's deserializer sees random bytes)
     rng = np.random.default_rng(cfg.seed)

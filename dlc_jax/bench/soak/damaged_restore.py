@@ -7,12 +7,11 @@ nothing exported. Used by the soak (10 repeats) and by tests/integration/test_da
 
 from __future__ import annotations
 
-import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from .trainer_harness import Outcome, data_files, run_dlc
+from .trainer_harness import Outcome, data_files, flip_file, run_dlc, truncate_file
 
 
 def _flip_all(step_dir: Path) -> None:
@@ -33,22 +32,10 @@ def _each(fn: Callable[[Path], object]) -> Callable[[Path], None]:
     return damage
 
 
-def _flip_300(p: Path) -> None:
-    data = bytearray(p.read_bytes())
-    for i in random.Random(p.name).sample(range(len(data)), min(300, len(data))):
-        data[i] ^= 0xFF
-    p.write_bytes(bytes(data))
-
-
-def _truncate(p: Path) -> None:
-    with open(p, "r+b") as f:
-        f.truncate(p.stat().st_size // 2)
-
-
 PATTERNS: dict[str, Callable[[Path], object]] = {
     "flip_all": _flip_all,
-    "flip_300": _each(_flip_300),
-    "truncate": _each(_truncate),
+    "flip_300": _each(lambda p: flip_file(p, 300, p.name)),
+    "truncate": _each(truncate_file),
     "zero": _each(lambda p: p.write_bytes(bytes(p.stat().st_size))),
     "delete": _each(lambda p: p.unlink()),
 }

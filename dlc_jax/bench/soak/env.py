@@ -12,6 +12,7 @@ not the expected ones. `run(out_dir)` writes ``env_soak.{json,md}``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -44,11 +45,16 @@ def _module(factory) -> str:
     return "soak_env_mod:Env"
 
 
-def _row(scenario: str) -> dict:
-    return {"scenario": scenario, "cases": 0, "ok": 0, "crashes": 0, "hangs": 0}
+def _case(scenario: str, fn) -> dict:
+    """The row of one case: ``fn(row)`` counts its outcome, timed."""
+    row = {"scenario": scenario, "cases": 1, "ok": 0, "crashes": 0, "hangs": 0}
+    t0 = time.monotonic()
+    fn(row)
+    row["seconds"] = round(time.monotonic() - t0, 2)
+    return row
 
 
-def _training(tok, name: str, factory, end: str, n: int, row: dict) -> None:
+def _training(tok, factory, end: str, n: int, row: dict) -> None:
     from dlc_jax.env import ChatDelta, EnvConfig, EnvSampler, load_env_factory
     from dlc_jax.sampler.wire.types import SamplingParams
 
@@ -120,44 +126,33 @@ def _injection(tok) -> tuple[int, int]:
     ctl = {int(i) for i in tok.added_tokens_decoder}
     d = ChatDelta(tok, tok.eos_token_id)
 
-    def extra(ids, own):
-        return max(0, sum(i in ctl for i in ids) - sum(i in ctl for i in own))
+    def controls(ids) -> int:
+        return sum(i in ctl for i in ids)
 
-    n = extra(
-        d.answer([{"role": "tool", "content": INJECT}]),
-        d.answer([{"role": "tool", "content": "x"}]),
+    ways = (  # how a text enters (a tool result, an environment message, a dataset prompt)
+        (lambda x: d.answer([{"role": "tool", "content": x}]), INJECT),
+        (lambda x: d.opening([{"role": "user", "content": x}]), INJECT),
+        (lambda x: list(encode_prompt(tok, x, chat_template=True)), PROMPT),
     )
-    n += extra(
-        d.opening([{"role": "user", "content": INJECT}]),
-        d.opening([{"role": "user", "content": "x"}]),
-    )
-    n += extra(
-        list(encode_prompt(tok, PROMPT, chat_template=True)),
-        list(encode_prompt(tok, "x", chat_template=True)),
-    )
-    return 3, n
+    return len(ways), sum(max(0, controls(f(text)) - controls(f("x"))) for f, text in ways)
 
 
 def run(out_dir) -> dict:
     """Run the environment soak; write ``<out_dir>/env_soak.{json,md}``; return the result."""
     cols = ["scenario", "cases", "ok", "crashes", "hangs", "seconds"]
     res = common.new_result("env_soak", "Hostile environments and injected control tokens", cols)
-    rows = []
     with tempfile.TemporaryDirectory(prefix="dlc_env_soak_") as tmp:
         tok = _tokenizer(Path(tmp))
-        for where in ("train", "eval", "warmup"):
-            for name, (factory, end) in CASES.items():
-                row = _row(f"{where}:{name}")
-                t0 = time.monotonic()
-                row["cases"] = 1
-                if where == "train":
-                    _training(tok, name, factory, end, 2, row)
-                elif where == "eval":
-                    _evaluation(tok, factory, row)
-                else:
-                    _warmup(tok, factory, row)
-                row["seconds"] = round(time.monotonic() - t0, 2)
-                rows.append(row)
+        places = {
+            "train": lambda factory, end, row: _training(tok, factory, end, 2, row),
+            "eval": lambda factory, end, row: _evaluation(tok, factory, row),
+            "warmup": lambda factory, end, row: _warmup(tok, factory, row),
+        }
+        rows = [
+            _case(f"{where}:{name}", functools.partial(case, *factory_end))
+            for where, case in places.items()
+            for name, factory_end in CASES.items()
+        ]
 
         class Flaky(Base):
             n = 0
@@ -171,31 +166,20 @@ def run(out_dir) -> dict:
                     raise RuntimeError("flaky")
                 return [], 1.0, True
 
-        row = _row("train:1000_episodes_1pct_failing")
-        t0 = time.monotonic()
-        row["cases"] = 1
-        _training(tok, "flaky", Flaky, "any", 1000, row)
-        row["seconds"] = round(time.monotonic() - t0, 2)
-        rows.append(row)
+        flaky = functools.partial(_training, tok, Flaky, "any", 1000)
+        rows.append(_case("train:1000_episodes_1pct_failing", flaky))
         inj_cases, injected = _injection(tok)
     res["rows"] = [{k: r.get(k, 0) for k in cols} for r in rows]
-    s = {
-        "cases": sum(r["cases"] for r in rows) + inj_cases,
-        "failed_cases": sum(r["cases"] - r["ok"] for r in rows),
-        "crashes": sum(r["crashes"] for r in rows),
-        "hangs": sum(r["hangs"] for r in rows),
-        "nonfinite_rewards": sum(r.get("nonfinite_rewards", 0) for r in rows),
-        "injected_tokens": injected,
-    }
+    s = common.case_totals(rows, "crashes", "hangs", "nonfinite_rewards")
+    s["cases"] += inj_cases
+    s["injected_tokens"] = injected
     res["summary"] = s
     res["targets"] = [
         common.target(k.replace("_", " "), s[k], 0, "<=")
         for k in ("crashes", "hangs", "injected_tokens", "nonfinite_rewards", "failed_cases")
     ]
     res["notes"].append(common.load_note(res["machine"]))
-    common.finish(res)
-    common.write_result(res, out_dir)
-    return res
+    return common.finish(res, out_dir)
 
 
 if __name__ == "__main__":  # python -m dlc_jax.bench.soak.env OUT_DIR

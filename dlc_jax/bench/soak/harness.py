@@ -61,18 +61,12 @@ class Tally(CountRows):
 
 
 def make_model(root: Path) -> Path:
+    from dlc_jax.model.config import shape_kwargs
     from dlc_jax.model.tiny import make_tiny
 
     d = root / "tiny"
-    make_tiny(
-        str(d),
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-    )
+    dims = shape_kwargs("bench_tiny", num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    make_tiny(str(d), **dims)
     return d
 
 
@@ -81,28 +75,19 @@ def start_sampler(
 ):
     from dlc_jax.sampler.service.process import SamplerProcess
 
-    args = [
-        "--max-model-len",
-        str(cfg.max_model_len),
-        "--max-head-k",
-        "8",
-        "--max-n",
-        "4",
-        "--push-data-port",
-        "0",
-        "--staging-root",
-        str(staging),
-        "--load-root",
-        str(load_root),
-        "--push-idle-timeout",
-        "1",
-        "--push-max-seconds",
-        "6",
-        "--data-auth-timeout",
-        "0.5",
-        "--data-max-pending",
-        "32",
-    ]
+    flags = {
+        "--max-model-len": cfg.max_model_len,
+        "--max-head-k": 8,
+        "--max-n": 4,
+        "--push-data-port": 0,
+        "--staging-root": staging,
+        "--load-root": load_root,
+        "--push-idle-timeout": 1,
+        "--push-max-seconds": 6,
+        "--data-auth-timeout": 0.5,
+        "--data-max-pending": 32,
+    }
+    args = [str(x) for flag_value in flags.items() for x in flag_value]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     return SamplerProcess(
         backend,

@@ -56,39 +56,25 @@ def run(out_dir, cfg: HostileSoakConfig | None = None) -> dict:
             reward_cases(model, work, t, counts, timeout)
     rows = [{k: r[k] for k in cols} for r in t.rows.values()]
     res["rows"] = rows
-    per_class = {}
-    for c in CLASSES:
-        mine = [r for r in rows if r["scenario"].startswith(c + ":")]
-        per_class[c] = {
-            "cases": sum(r["cases"] for r in mine),
-            "ok": sum(r["ok"] for r in mine),
-            "crashes": sum(r["crashes"] for r in mine),
-            "multi_line_errors": sum(r["multi_line_errors"] for r in mine),
-        }
-    crashes = sum(r["crashes"] for r in rows)
-    multi = sum(r["multi_line_errors"] for r in rows)
-    failed = sum(r["cases"] - r["ok"] for r in rows)
-    res["summary"] = {
-        "cases": sum(r["cases"] for r in rows),
-        "failed_cases": failed,
-        "crashes": crashes,
-        "multi_line_user_errors": multi,
-        **counts,
-        "per_class": per_class,
+    keys = ("cases", "ok", "crashes", "multi_line_errors")
+    per_class = {
+        c: common.totals((r for r in rows if r["scenario"].startswith(c + ":")), *keys)
+        for c in CLASSES
     }
+    s = res["summary"] = common.case_totals(rows, "crashes")
+    s["multi_line_user_errors"] = common.totals(rows, "multi_line_errors")["multi_line_errors"]
+    s.update(counts, per_class=per_class)
     res["targets"] = [
-        common.target("crashes", crashes, 0, "<="),
-        common.target("user errors not one line", multi, 0, "<="),
+        common.target("crashes", s["crashes"], 0, "<="),
+        common.target("user errors not one line", s["multi_line_user_errors"], 0, "<="),
         common.target("metrics rows with NaN/missing values", counts["nan_metric_rows"], 0, "<="),
         common.target("corrupt checkpoints exported", counts["corrupt_exported"], 0, "<="),
         common.target("reward children outliving the run", counts["orphans"], 0, "<="),
-        common.target("failed cases", failed, 0, "<="),
+        common.target("failed cases", s["failed_cases"], 0, "<="),
     ]
     res["notes"] += t.examples[:60]
     res["notes"].append(common.load_note(res["machine"]))
-    common.finish(res)
-    common.write_result(res, out_dir)
-    return res
+    return common.finish(res, out_dir)
 
 
 if __name__ == "__main__":  # python -m dlc_jax.bench.soak.hostile OUT_DIR [CLASS,...]

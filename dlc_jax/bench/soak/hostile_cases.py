@@ -102,12 +102,7 @@ def reward_cases(model: Path, work: Path, t: Tally, counts: dict, timeout: float
         named = any(f"soak_rewards:{fn}" in ln for ln in o.error_lines)
         counts["nan_metric_rows"] += _nonfinite_rows(metric_rows(run / "logs"))
         ok = o.one_line_error() and named
-        t.record(
-            f"reward: {what}, every call (budget stop)",
-            o,
-            ok,
-            multi_line=o.rc not in (0, None) and not o.one_line_error(),
-        )
+        t.refusal(f"reward: {what}, every call (budget stop)", o, ok)
     run, pidfile = work / "rw_spawns", work / "spawned.pids"
     spec = {"fn": "soak_rewards:spawns", "kwargs": {"pidfile": str(pidfile)}}
     kw = f"reward.fns.s={json.dumps(spec)}"
@@ -178,23 +173,13 @@ def export_cases(model: Path, work: Path, t: Tally, counts: dict, timeout: float
         o = run_dlc(["export", "--checkpoint", str(d), "--out", str(out)], timeout)
         written = out.exists() and any(out.iterdir())
         counts["corrupt_exported"] += int(o.rc == 0 or written)
-        t.record(
-            f"export: {what}",
-            o,
-            ok=o.one_line_error() and not written,
-            multi_line=o.rc not in (0, None) and not o.one_line_error(),
-        )
+        t.refusal(f"export: {what}", o, ok=o.one_line_error() and not written)
     out = work / "hf_nonempty"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
     o = run_dlc(["export", "--checkpoint", str(good), "--out", str(out)], timeout)
     kept = (out / "mine.txt").exists()
-    t.record(
-        "export: non-empty --out",
-        o,
-        ok=o.one_line_error() and kept,
-        multi_line=o.rc not in (0, None) and not o.one_line_error(),
-    )
+    t.refusal("export: non-empty --out", o, ok=o.one_line_error() and kept)
     o = run_dlc(["export", "--checkpoint", str(good), "--out", str(out), "--overwrite"], timeout)
     t.record("export: --overwrite", o, ok=o.rc == 0 and (out / "config.json").exists())
 
@@ -246,12 +231,7 @@ def data_cases(model: Path, work: Path, t: Tally, timeout: float) -> None:
             run = work / f"data_{len(t.rows)}"
             o = run_dlc(_train_args(model, run, 6, *extra), timeout, env=env)
             named = any(needle in ln for ln in o.error_lines)
-            t.record(
-                f"data: {what}",
-                o,
-                ok=o.one_line_error() and named,
-                multi_line=o.rc not in (0, None) and not o.one_line_error(),
-            )
+            t.refusal(f"data: {what}", o, ok=o.one_line_error() and named)
     finally:
         srv.close()
 

@@ -156,8 +156,8 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
         m.get("staging_left_at_end", m["staging_left_after_stop"]) for m in metrics.values()
     )
     files_left += len(shm_left)
-    accepted = sum(r["accepted"] for r in t.rows.values())
-    multi = sum(r["multi_line_errors"] for r in t.rows.values())
+    tot = common.totals(t.rows.values(), "accepted", "multi_line_errors", "wrong_code")
+    accepted, multi = tot["accepted"], tot["multi_line_errors"]
     res["summary"] = {
         "bad_inputs": bad_inputs,
         "push_attacks": attacks,
@@ -166,7 +166,7 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
         "files_left_behind": files_left,
         "attacks_accepted": accepted,
         "multi_line_errors": multi,
-        "wrong_codes": sum(r["wrong_code"] for r in t.rows.values()),
+        "wrong_codes": tot["wrong_code"],
     }
     res["metrics"] = metrics
     res["targets"] = [
@@ -187,9 +187,7 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
         )
     res["notes"] += t.examples[:20]
     res["notes"].append(common.load_note(res["machine"]))
-    common.finish(res)
-    common.write_result(res, out_dir)
-    return res
+    return common.finish(res, out_dir)
 
 
 if __name__ == "__main__":  # python -m dlc_jax.bench.soak.sampler OUT_DIR [jax,vllm]

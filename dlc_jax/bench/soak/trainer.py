@@ -83,56 +83,45 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
             except OSError:
                 pass
     staged_left = sorted(staged_leftovers() - staged_before)
-    refused_pushes = t.refused_pushes
     rows = list(t.rows.values())
     res["rows"] = rows
-    crashes = sum(r["crashes"] for r in rows)
-    silent = sum(r["silent_bad_resumes"] for r in rows)
-    multi = sum(r["multi_line_errors"] for r in rows)
-    files_left = len(tmp_left) + len(staged_left) + len(orphans)
-    failed = sum(r["cases"] - r["ok"] for r in rows)
-    user_errors = sum(
-        r["cases"]
-        for r in rows
-        if r["scenario"].startswith("user error")
-        or r["scenario"]
-        in (
-            "resume with a different config",
-            "resume=false on a used run dir",
-            "every checkpoint corrupt",
-        )
+    refusals = (
+        "resume with a different config",
+        "resume=false on a used run dir",
+        "every checkpoint corrupt",
     )
-    res["summary"] = {
-        "cases": sum(r["cases"] for r in rows),
-        "failed_cases": failed,
-        "crashes": crashes,
-        "silent_bad_resumes": silent,
-        "bad_weights": bad_weights + refused_pushes,
-        "files_left_behind": files_left,
-        "user_errors": user_errors,
-        "multi_line_user_errors": multi,
-        "kills": t.row("SIGKILL at a random point")["cases"],
-        "checkpoint_damage": t.row("bit flip in newest checkpoint")["cases"]
+    s = res["summary"] = common.case_totals(rows, "crashes", "silent_bad_resumes")
+    s.update(
+        bad_weights=bad_weights + t.refused_pushes,
+        files_left_behind=len(tmp_left) + len(staged_left) + len(orphans),
+        user_errors=sum(
+            r["cases"]
+            for r in rows
+            if r["scenario"].startswith("user error") or r["scenario"] in refusals
+        ),
+        multi_line_user_errors=common.totals(rows, "multi_line_errors")["multi_line_errors"],
+        kills=t.row("SIGKILL at a random point")["cases"],
+        checkpoint_damage=t.row("bit flip in newest checkpoint")["cases"]
         + t.row("truncated newest checkpoint")["cases"],
-    }
+    )
     res["metrics"] = {
         "orbax_tmp_left": tmp_left,
         "staged_left": staged_left,
         "sampler_orphans": orphans,
     }
     res["targets"] = [
-        common.target("crashes", crashes, 0, "<="),
-        common.target("silent resumes from a corrupt or different run", silent, 0, "<="),
-        common.target("bad weights", bad_weights + refused_pushes, 0, "<="),
-        common.target("files left behind", files_left, 0, "<="),
-        common.target("user errors not one line", multi, 0, "<="),
-        common.target("failed cases", failed, 0, "<="),
+        common.target("crashes", s["crashes"], 0, "<="),
+        common.target(
+            "silent resumes from a corrupt or different run", s["silent_bad_resumes"], 0, "<="
+        ),
+        common.target("bad weights", s["bad_weights"], 0, "<="),
+        common.target("files left behind", s["files_left_behind"], 0, "<="),
+        common.target("user errors not one line", s["multi_line_user_errors"], 0, "<="),
+        common.target("failed cases", s["failed_cases"], 0, "<="),
     ]
     res["notes"] += t.examples[:40]
     res["notes"].append(common.load_note(res["machine"]))
-    common.finish(res)
-    common.write_result(res, out_dir)
-    return res
+    return common.finish(res, out_dir)
 
 
 if __name__ == "__main__":  # python -m dlc_jax.bench.soak.trainer OUT_DIR

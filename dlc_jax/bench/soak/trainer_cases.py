@@ -129,22 +129,10 @@ def refusal_cases(model: Path, run: Path, t: Tally, timeout: float) -> None:
             o.rc == 0 or resumed_at(o) is not None or checkpoint_steps(run / "ckpt") != ckpt_before
         )
         ok = o.one_line_error() and name in "".join(o.error_lines) and not silent
-        t.record(
-            "resume with a different config",
-            o,
-            ok,
-            silent=silent,
-            multi_line=o.rc not in (0, None) and not o.one_line_error(),
-        )
+        t.refusal("resume with a different config", o, ok, silent=silent)
     o = run_dlc(_train_args(model, run, steps, "checkpoint.resume=false"), timeout)
     silent = o.rc == 0
-    t.record(
-        "resume=false on a used run dir",
-        o,
-        ok=o.one_line_error(),
-        silent=silent,
-        multi_line=o.rc not in (0, None) and not o.one_line_error(),
-    )
+    t.refusal("resume=false on a used run dir", o, ok=o.one_line_error(), silent=silent)
     o = run_dlc(
         _train_args(model, run, steps, "checkpoint.resume=false", "checkpoint.overwrite=true"),
         timeout,
@@ -159,13 +147,7 @@ def refusal_cases(model: Path, run: Path, t: Tally, timeout: float) -> None:
         flip_bytes(run / "ckpt" / str(s), 300, seed=s)
     o = run_dlc(_train_args(model, run, steps + 2), timeout)
     silent = o.rc == 0 or resumed_at(o) is not None
-    t.record(
-        "every checkpoint corrupt",
-        o,
-        ok=o.one_line_error() and not silent,
-        silent=silent,
-        multi_line=o.rc not in (0, None) and not o.one_line_error(),
-    )
+    t.refusal("every checkpoint corrupt", o, ok=o.one_line_error() and not silent, silent=silent)
 
 
 def user_error_cases(model: Path, work: Path, t: Tally, timeout: float) -> None:

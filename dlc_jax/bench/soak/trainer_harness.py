@@ -25,24 +25,30 @@ def data_files(step_dir: Path) -> list[Path]:
     return sorted(files, key=lambda p: -p.stat().st_size)
 
 
-def flip_bytes(step_dir: Path, n: int = 300, seed: int = 0) -> Path:
-    """Flip ``n`` bytes (XOR 0xFF) at random offsets of the largest array data file (same size);
-    returns the file."""
-    path = data_files(step_dir)[0]
+def flip_file(path: Path, n: int = 300, seed: int | str = 0) -> Path:
+    """Flip ``n`` bytes (XOR 0xFF) of ``path`` at random offsets (same size); returns the file."""
     data = bytearray(path.read_bytes())
-    rng = random.Random(seed)
-    for i in rng.sample(range(len(data)), min(n, len(data))):
+    for i in random.Random(seed).sample(range(len(data)), min(n, len(data))):
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
     return path
 
 
-def truncate(step_dir: Path) -> Path:
-    """Cut the largest array data file of a step to half its size; returns the file."""
-    path = data_files(step_dir)[0]
+def truncate_file(path: Path) -> Path:
+    """Cut ``path`` to half its size; returns it."""
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size // 2)
     return path
+
+
+def flip_bytes(step_dir: Path, n: int = 300, seed: int = 0) -> Path:
+    """`flip_file` of the largest array data file of a step."""
+    return flip_file(data_files(step_dir)[0], n, seed)
+
+
+def truncate(step_dir: Path) -> Path:
+    """`truncate_file` of the largest array data file of a step."""
+    return truncate_file(data_files(step_dir)[0])
 
 
 # ---- runs ------------------------------------------------------------------------------------
@@ -165,6 +171,13 @@ class Tally(CountRows):
             self.examples.append(f"{scenario}: rc={o.rc} {note} {tail[:200]}")
         elif o.error_lines:
             self.examples.append(f"{scenario}: {o.error_lines[0][:240]}")
+
+    def refusal(self, scenario: str, o: Outcome, ok: bool, **kw) -> None:
+        """`record` of a case that must end in one error line: a longer error counts as
+        ``multi_line``."""
+        self.record(
+            scenario, o, ok, multi_line=o.rc not in (0, None) and not o.one_line_error(), **kw
+        )
 
 
 def metric_rows(log_dir: Path) -> list[dict]:
