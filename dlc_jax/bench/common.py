@@ -172,17 +172,14 @@ def target_row(t: dict) -> dict:
     return {"target": t["name"], "measured": t["value"], "bound": bound, "met": met}
 
 
-def targets_table(targets: list[dict]) -> str:
-    return markdown_table(["target", "measured", "bound", "met"], list(map(target_row, targets)))
-
-
 def to_markdown(result: dict) -> str:
     """The result as a markdown section: title, table, targets, notes, machine line."""
     parts = [f"## {result.get('title', result['name'])}", ""]
     if result.get("rows"):
         parts += [markdown_table(result["columns"], result["rows"]), ""]
     if result.get("targets"):
-        parts += ["Targets:", "", targets_table(result["targets"]), ""]
+        rows = list(map(target_row, result["targets"]))
+        parts += ["Targets:", "", markdown_table(["target", "measured", "bound", "met"], rows), ""]
     for n in result.get("notes", []):
         parts.append(f"- {n}")
     m = result.get("machine", {})
@@ -196,11 +193,6 @@ def to_markdown(result: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _jsonable(x):
-    """A numpy / jax value as JSON (arrays and their scalars: `tolist`)."""
-    return x.tolist()
-
-
 def write_result(result: dict, out_dir) -> str:
     """Write ``<out>/<name>.json`` and ``<out>/<name>.md``; return the markdown."""
     for key in ("name", "columns", "rows", "machine"):
@@ -210,7 +202,7 @@ def write_result(result: dict, out_dir) -> str:
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(result)
     (out / f"{result['name']}.json").write_text(
-        json.dumps(result, indent=2, allow_nan=True, default=_jsonable) + "\n"
+        json.dumps(result, indent=2, allow_nan=True, default=lambda x: x.tolist()) + "\n"
     )
     (out / f"{result['name']}.md").write_text(md)
     return md
@@ -240,6 +232,18 @@ def finish(result: dict, out_dir=None) -> dict:
     if out_dir is not None:
         write_result(result, out_dir)
     return result
+
+
+def zero_targets(values: dict, names: dict[str, str]) -> list[dict]:
+    """A `target` ``<= 0`` per ``names`` item (label: the key of its value in ``values``)."""
+    return [target(label, values[key], 0, "<=") for label, key in names.items()]
+
+
+def finish_soak(res: dict, out_dir=None, examples=()) -> dict:
+    """A soak part's `finish`: its ``examples`` and the load note appended to the notes."""
+    res["notes"] += list(examples)
+    res["notes"].append(load_note(res["machine"]))
+    return finish(res, out_dir)
 
 
 def totals(rows: Iterable[dict], *keys: str) -> dict[str, Any]:

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)  # of Qwen3Config (Qwen3MoeConfig: its own)
 ATTENTION_IMPLS = ("auto", "splash", "cudnn", "xla", "dense")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_attn_out", "save_dots_and_attn_out")
 SCAN_MIN_LAYERS = 8  # scan_layers=None scans models with at least this many layers
@@ -100,16 +99,7 @@ class Qwen3Config(ModelShape):
     def from_hf_dict(cls, d: dict[str, Any], **options) -> Qwen3Config:
         """Build from an HF config dict (`options`: attention_impl / scan_layers / remat_policy);
         raises `UnsupportedModelError` naming what is unsupported."""
-        archs = d.get("architectures") or []
-        model_type = d.get("model_type")
-        if archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-            raise UnsupportedModelError(
-                f"unsupported architecture {archs} (model_type={model_type!r}); "
-                "dlc_jax.model supports "
-                f"{list(SUPPORTED_ARCHITECTURES)}"
-            )
-        if not archs and model_type != "qwen3":
-            raise UnsupportedModelError(f"unsupported model_type {model_type!r}; expected 'qwen3'")
+        check_family(d, "Qwen3ForCausalLM", "qwen3")
         options.pop("moe_impl", None)  # a dense model has no experts: the kernel choice is moot
         options.pop("moe_dispatch", None)
         return cls(**hf_common_kwargs(d), **options)
@@ -117,11 +107,7 @@ class Qwen3Config(ModelShape):
     @classmethod
     def from_pretrained(cls, path, **options) -> Qwen3Config:
         """Read `<path>/config.json` (or a config.json file path); `options` as in from_hf_dict."""
-        p = Path(path)
-        f = p / "config.json" if p.is_dir() else p
-        if not f.exists():
-            raise FileNotFoundError(f"no config.json at {f}")
-        return cls.from_hf_dict(json.loads(f.read_text()), **options)
+        return cls.from_hf_dict(read_hf_config(path), **options)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF `config.json` dict that transformers and vLLM load as Qwen3ForCausalLM."""
@@ -228,42 +214,52 @@ class Qwen3MoeConfig(Qwen3Config):
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], **options) -> Qwen3MoeConfig:
-        archs = d.get("architectures") or []
-        if (archs and "Qwen3MoeForCausalLM" not in archs) or (
-            not archs and d.get("model_type") != "qwen3_moe"
-        ):
-            raise UnsupportedModelError(
-                f"unsupported architecture {archs} (model_type={d.get('model_type')!r}); "
-                "expected Qwen3MoeForCausalLM"
-            )
+        check_family(d, "Qwen3MoeForCausalLM", "qwen3_moe")
         kw = hf_common_kwargs(d)
-        kw.update(
-            num_experts=int(d.get("num_experts", d.get("num_local_experts", 0))),
-            num_experts_per_tok=int(d["num_experts_per_tok"]),
-            moe_intermediate_size=int(d["moe_intermediate_size"]),
-            norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-            decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
-            mlp_only_layers=tuple(int(x) for x in d.get("mlp_only_layers") or ()),
-            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
-        )
+        kw["num_experts"] = int(d.get("num_experts", d.get("num_local_experts", 0)))
+        for name, cast, default in _MOE_FIELDS[1:]:  # KeyError for a required one that is missing
+            kw[name] = cast(d[name] if default is None else d.get(name, default))
         return cls(**kw, **options)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF `config.json` dict that transformers and vLLM load as Qwen3MoeForCausalLM."""
         d = super().to_hf_dict()
-        d["architectures"] = ["Qwen3MoeForCausalLM"]
-        d["model_type"] = "qwen3_moe"
-        d.update(
-            num_experts=self.num_experts,
-            num_experts_per_tok=self.num_experts_per_tok,
-            moe_intermediate_size=self.moe_intermediate_size,
-            norm_topk_prob=self.norm_topk_prob,
-            decoder_sparse_step=self.decoder_sparse_step,
-            mlp_only_layers=list(self.mlp_only_layers),
-            router_aux_loss_coef=self.router_aux_loss_coef,
-            output_router_logits=False,
-        )
+        d.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
+        d.update({name: getattr(self, name) for name, _, _ in _MOE_FIELDS})
+        d.update(mlp_only_layers=list(self.mlp_only_layers), output_router_logits=False)
         return d
+
+
+# The MoE fields of HF config.json: (name, type, default when absent; None: required)
+_MOE_FIELDS = (
+    ("num_experts", int, 0),
+    ("num_experts_per_tok", int, None),
+    ("moe_intermediate_size", int, None),
+    ("norm_topk_prob", bool, False),
+    ("decoder_sparse_step", int, 1),
+    ("mlp_only_layers", lambda v: tuple(int(x) for x in v or ()), ()),
+    ("router_aux_loss_coef", float, 0.001),
+)
+
+
+def read_hf_config(path) -> dict[str, Any]:
+    """`<path>/config.json` (or a config.json file path) as a dict."""
+    p = Path(path)
+    f = p / "config.json" if p.is_dir() else p
+    if not f.exists():
+        raise FileNotFoundError(f"no config.json at {f}")
+    return json.loads(f.read_text())
+
+
+def check_family(d: dict[str, Any], architecture: str, model_type: str) -> None:
+    """An `UnsupportedModelError` unless the HF config dict ``d`` lists ``architecture`` (or,
+    listing none, is of ``model_type``)."""
+    archs = d.get("architectures") or []
+    if (architecture not in archs) if archs else (d.get("model_type") != model_type):
+        raise UnsupportedModelError(
+            f"unsupported architecture {archs} (model_type={d.get('model_type')!r}); "
+            f"expected {architecture}"
+        )
 
 
 def hf_common_kwargs(d: dict[str, Any]) -> dict[str, Any]:

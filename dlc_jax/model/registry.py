@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from .config import UnsupportedModelError
+from .config import UnsupportedModelError, read_hf_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,15 +120,6 @@ def family_of(config) -> ModelFamily:
         if type(config) is f.config_cls:
             return f
     raise UnsupportedModelError(f"no model family for config type {type(config).__name__}")
-
-
-def read_hf_config(path) -> dict[str, Any]:
-    """`<path>/config.json` (or a config.json file path) as a dict."""
-    p = Path(path)
-    f = p / "config.json" if p.is_dir() else p
-    if not f.exists():
-        raise FileNotFoundError(f"no config.json at {f}")
-    return json.loads(f.read_text())
 
 
 def config_from_hf(d: dict[str, Any], **options):

@@ -115,31 +115,26 @@ def run(cfg: SoakBenchConfig) -> dict:
         common.target("sampler bad inputs", sampler.get("bad_inputs"), 90, ">="),
         common.target("push attacks", sampler.get("push_attacks"), 20, ">="),
         common.target("concurrent streams", sampler.get("streams"), 200, ">="),
-        common.target("crashes", tot["crashes"], 0, "<="),
-        common.target("bad weights served", tot["bad_weights_served"], 0, "<="),
-        common.target(
-            "silent resumes from a corrupt or different run", tot["silent_bad_resumes"], 0, "<="
-        ),
-        common.target("files left behind", tot["files_left_behind"], 0, "<="),
-        common.target("user errors not one line", tot["multi_line_errors"], 0, "<="),
     ]
+    zero = {
+        "crashes": "crashes",
+        "bad weights served": "bad_weights_served",
+        "silent resumes from a corrupt or different run": "silent_bad_resumes",
+        "files left behind": "files_left_behind",
+        "user errors not one line": "multi_line_errors",
+    }
     if "hostile" in cfg.parts:
-        res["targets"] += [
-            common.target("metrics rows with NaN/missing values", tot["nan_metric_rows"], 0, "<="),
-            common.target("corrupt checkpoints exported", tot["corrupt_exported"], 0, "<="),
-        ]
+        zero["metrics rows with NaN/missing values"] = "nan_metric_rows"
+        zero["corrupt checkpoints exported"] = "corrupt_exported"
     if "env" in cfg.parts or "adapter" in cfg.parts:
-        res["targets"] += [
-            common.target("hangs", tot["hangs"], 0, "<="),
-            common.target("control tokens injected from text", tot["injected_tokens"], 0, "<="),
-        ]
+        zero.update({"hangs": "hangs", "control tokens injected from text": "injected_tokens"})
+    res["targets"] += common.zero_targets(tot, zero)
     if cfg.reuse:
         res["notes"].append(
             "--reuse: parts present under <out>/soak/ were read back, not run again (each part's "
             "table has its own wall time and load)"
         )
-    res["notes"].append(common.load_note(res["machine"]))
-    return common.finish(res)
+    return common.finish_soak(res)
 
 
 # Each part's row of the summary: column -> the key of the part's own summary it copies, or a

@@ -170,12 +170,10 @@ def run(out_dir, repeats: int = 10) -> dict:
     res["rows"] = [{k: r.get(k, 0) for k in cols} for r in rows]
     s = {**common.case_totals(rows, "crashes", "accepted", "bad_weights_served"), **counts}
     res["summary"] = s
-    res["targets"] = [
-        common.target(k.replace("_", " "), s[k], 0, "<=")
-        for k in ("crashes", "accepted", "bad_weights_served", "files_left", "exports_written")
-    ] + [common.target("failed cases", s["failed_cases"], 0, "<=")]
-    res["notes"].append(common.load_note(res["machine"]))
-    return common.finish(res, out_dir)
+    keys = ("crashes", "accepted", "bad_weights_served", "files_left", "exports_written")
+    res["targets"] = common.zero_targets(s, {k.replace("_", " "): k for k in keys})
+    res["targets"].append(common.target("failed cases", s["failed_cases"], 0, "<="))
+    return common.finish_soak(res, out_dir)
 
 
 def _exports(work: Path, base_dir: Path, repeats: int, counts: dict) -> dict:

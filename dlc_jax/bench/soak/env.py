@@ -174,12 +174,9 @@ def run(out_dir) -> dict:
     s["cases"] += inj_cases
     s["injected_tokens"] = injected
     res["summary"] = s
-    res["targets"] = [
-        common.target(k.replace("_", " "), s[k], 0, "<=")
-        for k in ("crashes", "hangs", "injected_tokens", "nonfinite_rewards", "failed_cases")
-    ]
-    res["notes"].append(common.load_note(res["machine"]))
-    return common.finish(res, out_dir)
+    keys = ("crashes", "hangs", "injected_tokens", "nonfinite_rewards", "failed_cases")
+    res["targets"] = common.zero_targets(s, {k.replace("_", " "): k for k in keys})
+    return common.finish_soak(res, out_dir)
 
 
 if __name__ == "__main__":  # python -m dlc_jax.bench.soak.env OUT_DIR

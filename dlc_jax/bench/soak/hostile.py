@@ -64,17 +64,18 @@ def run(out_dir, cfg: HostileSoakConfig | None = None) -> dict:
     s = res["summary"] = common.case_totals(rows, "crashes")
     s["multi_line_user_errors"] = common.totals(rows, "multi_line_errors")["multi_line_errors"]
     s.update(counts, per_class=per_class)
-    res["targets"] = [
-        common.target("crashes", s["crashes"], 0, "<="),
-        common.target("user errors not one line", s["multi_line_user_errors"], 0, "<="),
-        common.target("metrics rows with NaN/missing values", counts["nan_metric_rows"], 0, "<="),
-        common.target("corrupt checkpoints exported", counts["corrupt_exported"], 0, "<="),
-        common.target("reward children outliving the run", counts["orphans"], 0, "<="),
-        common.target("failed cases", s["failed_cases"], 0, "<="),
-    ]
-    res["notes"] += t.examples[:60]
-    res["notes"].append(common.load_note(res["machine"]))
-    return common.finish(res, out_dir)
+    res["targets"] = common.zero_targets(
+        s,
+        {
+            "crashes": "crashes",
+            "user errors not one line": "multi_line_user_errors",
+            "metrics rows with NaN/missing values": "nan_metric_rows",
+            "corrupt checkpoints exported": "corrupt_exported",
+            "reward children outliving the run": "orphans",
+            "failed cases": "failed_cases",
+        },
+    )
+    return common.finish_soak(res, out_dir, t.examples[:60])
 
 
 if __name__ == "__main__":  # python -m dlc_jax.bench.soak.hostile OUT_DIR [CLASS,...]

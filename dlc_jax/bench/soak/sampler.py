@@ -172,11 +172,16 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
     res["targets"] = [
         common.target("bad inputs (count)", bad_inputs, 90, ">="),
         common.target("push attacks (count)", attacks, 20, ">="),
-        common.target("crashes", crashes, 0, "<="),
-        common.target("bad weights served", bad_served, 0, "<="),
-        common.target("files left behind", files_left, 0, "<="),
-        common.target("attacks accepted", accepted, 0, "<="),
-        common.target("multi-line errors", multi, 0, "<="),
+        *common.zero_targets(
+            res["summary"],
+            {
+                "crashes": "crashes",
+                "bad weights served": "bad_weights_served",
+                "files left behind": "files_left_behind",
+                "attacks accepted": "attacks_accepted",
+                "multi-line errors": "multi_line_errors",
+            },
+        ),
     ]
     for b, m in metrics.items():
         res["notes"].append(
@@ -185,9 +190,7 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
                 f"{k}={v if not isinstance(v, float) else round(v, 2)}" for k, v in m.items()
             )
         )
-    res["notes"] += t.examples[:20]
-    res["notes"].append(common.load_note(res["machine"]))
-    return common.finish(res, out_dir)
+    return common.finish_soak(res, out_dir, t.examples[:20])
 
 
 if __name__ == "__main__":  # python -m dlc_jax.bench.soak.sampler OUT_DIR [jax,vllm]

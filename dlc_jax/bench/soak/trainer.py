@@ -109,19 +109,18 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
         "staged_left": staged_left,
         "sampler_orphans": orphans,
     }
-    res["targets"] = [
-        common.target("crashes", s["crashes"], 0, "<="),
-        common.target(
-            "silent resumes from a corrupt or different run", s["silent_bad_resumes"], 0, "<="
-        ),
-        common.target("bad weights", s["bad_weights"], 0, "<="),
-        common.target("files left behind", s["files_left_behind"], 0, "<="),
-        common.target("user errors not one line", s["multi_line_user_errors"], 0, "<="),
-        common.target("failed cases", s["failed_cases"], 0, "<="),
-    ]
-    res["notes"] += t.examples[:40]
-    res["notes"].append(common.load_note(res["machine"]))
-    return common.finish(res, out_dir)
+    res["targets"] = common.zero_targets(
+        s,
+        {
+            "crashes": "crashes",
+            "silent resumes from a corrupt or different run": "silent_bad_resumes",
+            "bad weights": "bad_weights",
+            "files left behind": "files_left_behind",
+            "user errors not one line": "multi_line_user_errors",
+            "failed cases": "failed_cases",
+        },
+    )
+    return common.finish_soak(res, out_dir, t.examples[:40])
 
 
 if __name__ == "__main__":  # python -m dlc_jax.bench.soak.trainer OUT_DIR
