@@ -85,11 +85,10 @@ def _finite(values) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
-def mean_interval(values, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
+def mean_interval(values) -> Interval:
     """Mean of ``values`` (NaNs dropped; one value per run) with a Student t 95% interval
     (mean +- t(0.975, n-1) sd / sqrt(n)); no interval from fewer than 2 values. A percentile
-    bootstrap over 3-5 runs is 1.6-2.7x too narrow. (``n_boot``/``seed``: unused, kept for
-    callers.)"""
+    bootstrap over 3-5 runs is 1.6-2.7x too narrow."""
     x = _finite(values)
     if x.size == 0:
         return NAN_INTERVAL
@@ -103,8 +102,7 @@ def mean_interval(values, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
 @dataclasses.dataclass
 class RatioStats:
     """Per checkpoint: ``curve`` (point), ``lo``/``hi`` (bootstrap band); ``max`` = max_t R_t with
-    its
-    interval; ``steps`` the checkpoint steps used."""
+    its interval; ``steps`` the checkpoint steps used."""
 
     steps: list[int]
     curve: np.ndarray
@@ -112,19 +110,14 @@ class RatioStats:
     hi: np.ndarray
     max: Interval
 
-    def max_from(self, step: int, *, d=None, n=None) -> Interval:
+    def max_from(self, step: int) -> Interval:
         """max_t R_t over checkpoints t >= step (from the stored band: point, lo, hi of the max are
-        the
-        max of the point/lo/hi curves, a conservative envelope)."""
+        the max of the point/lo/hi curves, a conservative envelope)."""
         idx = [i for i, s in enumerate(self.steps) if s >= step]
         if not idx:
             return NAN_INTERVAL
-        return Interval(
-            float(np.max(self.curve[idx])),
-            float(np.max(self.lo[idx])),
-            float(np.max(self.hi[idx])),
-            self.max.n,
-        )
+        top = (float(np.max(x[idx])) for x in (self.curve, self.lo, self.hi))
+        return Interval(*top, self.max.n)
 
 
 def pair_matrix(pairs: dict[str, list]) -> np.ndarray:
@@ -205,24 +198,12 @@ def ratio_stats(
     curve = d.mean(0) / noise_curve(m)
     if d.shape[0] < 2:
         nan = np.full_like(curve, np.nan)
-        return RatioStats(
-            st, curve, nan, nan.copy(), Interval(float(curve.max()), float("nan"), float("nan"), 1)
-        )
+        return RatioStats(st, curve, nan, nan.copy(), Interval(float(curve.max()), math.nan, math.nan, 1))
     boots = _ratio_boots(d, m, n_boot, seed, min_noise)  # [B, T]
     lo, hi = np.percentile(boots, 2.5, axis=0), np.percentile(boots, 97.5, axis=0)
-    mx = boots.max(1)
-    return RatioStats(
-        st,
-        curve,
-        lo,
-        hi,
-        Interval(
-            float(curve.max()),
-            float(np.percentile(mx, 2.5)),
-            float(np.percentile(mx, 97.5)),
-            int(d.shape[0]),
-        ),
-    )
+    mx_lo, mx_hi = np.percentile(boots.max(1), [2.5, 97.5])
+    mx = Interval(float(curve.max()), float(mx_lo), float(mx_hi), int(d.shape[0]))
+    return RatioStats(st, curve, lo, hi, mx)
 
 
 def _ratio_boots(d, m, n_boot, seed, min_noise, other=None) -> np.ndarray:
