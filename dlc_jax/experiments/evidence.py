@@ -35,6 +35,11 @@ INTERVAL_METHODS = {
 }
 
 
+def with_onpolicy(by_arm: dict[str, list[RunResult]], refs: list[RunResult]) -> dict:
+    """``by_arm`` with the on-policy runs ``refs`` as arm ``onpolicy`` (when there are any)."""
+    return dict(by_arm, **({"onpolicy": refs} if refs else {}))
+
+
 def final_heldout(run: RunResult, key: str = HEADLINE) -> float | None:
     """Held-out accuracy of the run's last checkpoint (None when not measured)."""
     vals = run.heldout.get(key) or []
@@ -133,9 +138,7 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
             "",
         ]
     for sc in sorted(by_sc):
-        by_arm = dict(by_sc[sc])
-        if refs:
-            by_arm["onpolicy"] = refs
+        by_arm = with_onpolicy(by_sc[sc], refs)
         lines += [
             f"### `{sc}`",
             "",
@@ -238,7 +241,7 @@ def summary_json(
     for sc in sorted(by_sc):
         runs = [r for rs in by_sc[sc].values() for r in rs]
         err = scenario_error_stats(runs)
-        with_ref = dict(by_sc[sc], **({"onpolicy": refs} if refs else {}))
+        with_ref = with_onpolicy(by_sc[sc], refs)
         arms = {}
         for arm in sorted(by_sc[sc], key=arm_key):
             st = arm_stats.get(sc, {}).get(arm)
