@@ -4,8 +4,7 @@ inconclusive), every verdict decided with bootstrap intervals (stats.py), never 
 Claims (docs/experiments/README-style wording in the report):
 1. With a stale sampler, DLC keeps the KL to on-policy training within 2x the noise threshold.
 2. Importance weighting leaves that band once its lag ESS stays below 0.5 (and the measured ESS
-falls
-   below 0.5 before the Gaussian prediction exp(-Var ell) does).
+   falls below 0.5 before the Gaussian prediction exp(-Var ell) does).
 3. DLC's ESS-triggered resync prevents the collapses that per-token corrections leave in place.
 4. A KL measured on the sampler's own prefixes does not detect those collapses.
 """
@@ -151,9 +150,8 @@ def claims(
     if not any(v is not None and v > cfg.min_noise for v in noise.forward):
         return [
             "- The noise threshold N_t is 0 at every checkpoint: the on-policy runs never moved "
-            "apart "
-            "(e.g. every reward was equal, so every GRPO advantage was 0), so D_t/N_t is undefined "
-            "and no distance claim can be checked."
+            "apart (e.g. every reward was equal, so every GRPO advantage was 0), so D_t/N_t is "
+            "undefined and no distance claim can be checked."
         ]
     nm = pair_matrix(noise.pairs)
     last = (noise_intervals(nm) or [NAN_INTERVAL])[-1]
@@ -174,8 +172,7 @@ def claims(
             out.append(
                 f"  1. *DLC stays within {band:g}x noise under the stale sampler*: "
                 f"{_verdict(v == 'within', v == 'outside')} — max_t D_t/N_t = {dlc.ref.max.fmt()} "
-                "over "
-                f"{dlc.seeds} seeds ({v}); DLC resynced "
+                f"over {dlc.seeds} seeds ({v}); DLC resynced "
                 f"{f'{dlc.resyncs:.1f}' if dlc.resyncs is not None else '—'} "
                 f"times per run on average."
             )
@@ -190,9 +187,7 @@ def claims(
             if s.stays_count * 2 <= s.seeds or s.stays_step is None:
                 parts.append(
                     f"{a}: lag ESS (trailing median) stayed below 0.5 to the end in "
-                    f"{s.stays_count}/{s.seeds} seeds "
-                    "— "
-                    f"condition not reached"
+                    f"{s.stays_count}/{s.seeds} seeds — condition not reached"
                 )
                 continue
             after = s.ref.max_from(s.stays_step)
@@ -221,10 +216,9 @@ def claims(
         if gaps:
             out.append(
                 "     ESS crossing: measured minus Gaussian-predicted first step below 0.5 over "
-                f"{len(gaps)} "
-                f"runs without resync trigger: {gi.fmt(1)} steps (negative = measured crosses "
-                "earlier; the "
-                f"paper reports about -3 on Qwen3-1.7B). Per arm (mean [CI] step): {firsts}."
+                f"{len(gaps)} runs without resync trigger: {gi.fmt(1)} steps (negative = measured "
+                "crosses earlier; the paper reports about -3 on Qwen3-1.7B). Per arm (mean [CI] "
+                f"step): {firsts}."
             )
         else:
             out.append(
@@ -262,8 +256,7 @@ def claims(
                 f"{', '.join(collapsed) or 'none'} (max D_t/N_t: "
                 + ", ".join(f"{a} {s.ref.max.fmt()}" for a, s in sorted(per_tok.items()))
                 + f"); DLC {dlc.ref.max.fmt()} ({v_dlc}); DLC minus DLC-without-resync, paired "
-                "over seeds (held needs it below 0): "
-                f"{diff.fmt()}."
+                f"over seeds (held needs it below 0): {diff.fmt()}."
                 + (
                     ""
                     if collapsed
@@ -325,8 +318,7 @@ def claims(
                 k3.append(f"{a} {mean_interval(k3_vals).fmt(4)}")
             out.append(
                 "     Logged mismatch k3 KL(q||p) on the sampler's prefixes, last "
-                f"{cfg.final_frac:.0%} of "
-                f"steps (nats/token, mean [CI]): {'; '.join(k3)}."
+                f"{cfg.final_frac:.0%} of steps (nats/token, mean [CI]): {'; '.join(k3)}."
             )
             pts = [
                 (final_value(results[n].get("mismatch_k3"), cfg.final_frac), summaries[n].max_ratio)
@@ -352,9 +344,8 @@ def caveats(results: dict[str, RunResult], cfg: AnalysisConfig) -> list[str]:
     last = mean_interval([final_value(r.get("reward"), cfg.final_frac) for r in onp])
     return [
         f"- *Context*: on-policy reward, first vs last {cfg.final_frac:.0%} of steps (mean [95% "
-        "CI] "
-        f"over {len(onp)} runs): {first.fmt(3)} vs {last.fmt(3)} — whether RL improved the task in "
-        "this many steps; the noise threshold N_t measures how far two such runs drift apart, and "
+        f"CI] over {len(onp)} runs): {first.fmt(3)} vs {last.fmt(3)} — whether RL improved the "
+        "task in this many steps; the noise threshold N_t measures how far two such runs drift apart, and "
         "a large N_t makes the 2x band wide."
     ]
 
@@ -385,6 +376,4 @@ def rank_correlation(pairs, *, n_boot: int = 2000, seed: int = 3) -> Interval:
     boots = boots[np.isfinite(boots)]
     if boots.size == 0:
         return NAN_INTERVAL
-    return Interval(
-        rho(xy), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5)), len(xy)
-    )
+    return Interval(rho(xy), *(float(np.percentile(boots, q)) for q in (2.5, 97.5)), len(xy))

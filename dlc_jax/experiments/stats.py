@@ -198,7 +198,9 @@ def ratio_stats(
     curve = d.mean(0) / noise_curve(m)
     if d.shape[0] < 2:
         nan = np.full_like(curve, np.nan)
-        return RatioStats(st, curve, nan, nan.copy(), Interval(float(curve.max()), math.nan, math.nan, 1))
+        return RatioStats(
+            st, curve, nan, nan.copy(), Interval(float(curve.max()), math.nan, math.nan, 1)
+        )
     boots = _ratio_boots(d, m, n_boot, seed, min_noise)  # [B, T]
     lo, hi = np.percentile(boots, 2.5, axis=0), np.percentile(boots, 97.5, axis=0)
     mx_lo, mx_hi = np.percentile(boots.max(1), [2.5, 97.5])
