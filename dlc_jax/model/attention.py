@@ -1,26 +1,11 @@
-"""Causal self-attention behind one function, with the kernel chosen by the mesh's platform.
+"""Causal grouped-query self-attention behind one function, the kernel chosen by the platform.
 
-`self_attention(q, k, v, valid, segment_ids, impl=..., mesh=..., rules=...)` computes
-
-    out[b, t] = softmax_s(q[b, t] . k[b, s] / sqrt(hd)  where allowed(b, t, s)) @ v[b, s]
-    allowed(b, t, s) = s <= t  and  valid[b, s]  and  segment_ids[b, t] == segment_ids[b, s]
-
-with grouped-query attention (H query heads over KV key/value heads, K/V never repeated).
-Rows of padding queries are unspecified (callers mask them out). Implementations:
-
-    dense   the reference: [B, KV, G, T, S] f32 scores and a [B, T, S] mask (memory ~ T^2)
-    xla     `jax.nn.dot_product_attention(implementation="xla")` with a [B, 1, T, S] mask
-    cudnn   `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16)
-    splash  Pallas splash attention (TPU flash kernel: memory ~ T) under `shard_map`: batch over
-            the mesh's batch axes, heads over `tensor` when both H and KV divide. Padding and
-            packing become segment ids (padding gets its own id), T is padded to a multiple of 128.
-            Off TPU the kernel runs in Pallas interpret mode (slow; for tests).
-    auto    splash when the mesh's devices are TPUs; on GPU cudnn for bf16/fp16, else xla; on CPU
-            dense (it and xla both materialize the T x S scores there, and dense measured ~5%
-            faster for the tiny model's forward+backward).
-
-The platform is read from the devices of the mesh (abstract TPU devices when planning on a CPU
-host), not from `jax.default_backend()`.
+`self_attention(q, k, v, valid, segment_ids, impl=..., mesh=..., rules=...)`: query t of row b sees
+key s when s <= t, `valid[b, s]` and both share a segment id; K/V are never repeated; padding
+queries' rows are unspecified. `impl`: dense (the [B, KV, G, T, S] reference) | xla | cudnn |
+splash (Pallas TPU flash kernel under `shard_map`; interpret mode off TPU) | auto (by the platform
+of the mesh's devices, not `jax.default_backend()`). What each does and why: docs/MODEL.md,
+"Attention".
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """All-to-all token dispatch for expert parallelism (`moe_dispatch='all_to_all'`).
 
-Inside the megablox `shard_map` body (moe_dispatch.py), with tokens split over the `expert` mesh
-axis (size P, E / P experts per device), each device sends every token only to the devices that
-hold at least one of its top-k experts, with `jax.lax.ragged_all_to_all`:
-
-1. `need[j, t]`: token t has an expert on device j. The send buffer holds those (device, token)
-   rows device-major (capacity n * min(K, P) rows: a token goes to at most min(K, P) devices),
-   `send_sizes[j]` rows for device j from `input_offsets[j]`; the token's expert ids and gate
-   weights travel with it (two more exchanges of K values per row).
-2. The receiver lays source i's rows at row i * n of a [P * n] buffer (a source sends it at most n
-   rows); unused rows carry the sentinel expert E (no expert: outside every group, weight 0).
-3. The receiver runs its local experts on the received rows (`_local_experts`: only the pairs of
-   its own experts contribute) and returns one partial output per received row by the reverse
-   exchange (offsets and sizes swapped); the source scatter-adds the rows to its tokens.
-
-Nothing is dropped (no capacity factor). Bytes moved per device are in proportion to the
-(token, device) pairs actually needed: `dispatch_bytes` counts them against the all-gather path
-(which sends every token to every peer and reduce-scatters [P * n, D] partial outputs back).
-
-The exchange primitive is one function, `ragged_exchange`: on TPU the real `ragged_all_to_all`;
-XLA:CPU has no lowering for it, so elsewhere `emulated_ragged_all_to_all` (all_gather + masked row
-gathers, identical semantics, differentiable) stands in, which lets the offsets, sizes,
-permutation and un-permutation be tested numerically on fake CPU devices.
+Inside the megablox `shard_map` body (moe_dispatch.py), each device sends every token only to the
+devices holding at least one of its top-k experts (`need[j, t]`; capacity n * min(K, P) rows, the
+expert ids and gate weights with it); the receiver lays source i's rows at row i * n (unused rows:
+the sentinel expert E), runs its local experts (`_local_experts`) and returns one partial output per
+row by the reverse exchange, which the source scatter-adds. Nothing is dropped; `dispatch_bytes`
+counts the bytes against the all-gather path. `ragged_exchange` is the real `ragged_all_to_all` on
+TPU and `emulated_ragged_all_to_all` (all_gather + masked row gathers, same semantics,
+differentiable) elsewhere, so everything is tested on fake CPU devices. See docs/MODEL.md.
 """
 
 from __future__ import annotations

@@ -4,26 +4,13 @@
 
     y[t] = sum_k weights[t, k] * down(silu(x[t] @ wg[e]) * (x[t] @ wu[e]))   with e = experts[t, k]
 
-with `jax.experimental.pallas.ops.tpu.megablox.ops.gmm` (the TPU grouped-matmul kernel kept with
-JAX, with its own VJP; MaxText's MoE uses it). A Pallas call cannot be partitioned by GSPMD, so the
-whole block runs under `jax.shard_map` over the training mesh:
-
-- tokens stay sharded over the batch axes the activation rules give `batch` (x [B, T, D]);
-- expert weights enter as each device's slice of the `expert` mesh axis (E / P experts; the model
-  dimension gathered, i.e. FSDP's all-gather) and, when the expert width divides the `tensor` axis,
-  with that width split over `tensor` (the down projection's partial sums are then `psum`-ed);
-- with an `expert` axis of size P > 1 holding tokens too, every device all-gathers the tokens of
-  its P expert-axis peers, multiplies the (token, expert) pairs routed to its E / P local experts
-  (`group_offset` = its first expert, group sizes of all E experts: the kernel visits only local
-  groups) and `psum_scatter`s the partial outputs back to the tokens' owners
-  (`dispatch='allgather'`), or, with `dispatch='all_to_all'`, sends each token only to the
-  devices holding its experts by `ragged_all_to_all` and gets the partial outputs back the same
-  way (moe_a2a.py).
-
+with `jax.experimental.pallas.ops.tpu.megablox.ops.gmm` (own VJP) under `jax.shard_map` over the
+training mesh (a Pallas call cannot be partitioned by GSPMD): tokens stay on their batch shards,
+each device holds E / P experts of the `expert` axis (width split over `tensor` when it divides,
+partial sums `psum`-ed), and tokens split over `expert` too reach their experts by all-gather +
+`psum_scatter` (`dispatch='allgather'`) or `ragged_all_to_all` (`'all_to_all'`, moe_a2a.py).
 The (token, slot) pairs are sorted by expert and padded to the kernel's row tile; rows outside the
-local groups (padding, other shards' experts) are zeroed before and after every kernel call, so no
-uninitialized kernel output reaches the result or the gradients. Off TPU the kernel runs in Pallas
-interpret mode (slow; for tests).
+local groups are zeroed before and after every kernel call. Details: docs/MODEL.md, "Qwen3-MoE".
 """
 
 from __future__ import annotations

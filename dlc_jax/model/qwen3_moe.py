@@ -1,29 +1,12 @@
 """Qwen3MoeForCausalLM in Flax NNX: Qwen3 attention, mixture-of-experts MLPs, routing replay.
 
-A sparse layer's `mlp` keeps HF's names (so HF conversion, LoRA-by-path and vLLM's loader line up):
-
-    mlp.gate.weight               [E, D]     the router (HF layout; logits in float32)
-    mlp.experts.gate_proj.kernel  [E, D, I]  HF `mlp.experts.{e}.gate_proj.weight` [I, D] (.T)
-    mlp.experts.up_proj.kernel    [E, D, I]
-    mlp.experts.down_proj.kernel  [E, I, D]  HF `mlp.experts.{e}.down_proj.weight` [D, I] (.T)
-
-(logical axes: `exp` on the expert axis -> the `expert` mesh axis; `embed`; `moe_mlp` -> `tensor`).
-A dense layer (`mlp_only_layers`, `decoder_sparse_step`) has Qwen3's MLP.
-
-Routing (HF `Qwen3MoeTopKRouter`): probs = softmax(x @ gate.T) in float32, top-k of probs, weights
-renormalized to sum 1 when `norm_topk_prob`, cast to the compute dtype. Experts run as grouped
-matmuls: the N*K (token, expert) pairs are sorted by expert and `jax.lax.ragged_dot` multiplies
-each expert's contiguous group by its weights (`moe_impl='ragged'`), or the Pallas megablox grouped
-matmul does under `shard_map` with expert-parallel dispatch (`moe_impl='megablox'`, moe_dispatch.py;
-`auto` picks it when the mesh's devices are TPUs, ragged otherwise; tokens reach other devices'
-experts by all-gather, or by ragged all-to-all with `moe_dispatch='all_to_all'`: moe_a2a.py);
-`moe_impl='dense'` runs every expert on every token and masks (the reference).
-
-Routing replay: `routed_experts` [B, T, L, K] int (L = all decoder layers; dense layers' entries are
-ignored) replaces each sparse layer's top-k choice; the gate weights are the model's *own* router
-probabilities gathered at the replayed experts (renormalized as above), so the router keeps its
-gradient. Every forward also returns its own top-k choice (`Routing.experts`, zeros at dense
-layers, as vLLM's `routed_experts`) and a Switch-style load-balancing loss.
+A sparse layer's `mlp` keeps HF's names (HF conversion, LoRA-by-path and vLLM's loader line up):
+`mlp.gate.weight` [E, D] (the router, logits in float32) and `mlp.experts.{gate,up}_proj.kernel`
+[E, D, I], `mlp.experts.down_proj.kernel` [E, I, D] (HF's per-expert weights, transposed; logical
+axes `exp`, `embed`, `moe_mlp`). A dense layer (`mlp_only_layers`, `decoder_sparse_step`) has
+Qwen3's MLP. Routing (HF `Qwen3MoeTopKRouter`), the expert implementations (`moe_impl`: ragged,
+megablox in moe_dispatch.py, dense) and routing replay (`routed_experts` [B, T, L, K]; the gate
+weights are the model's own probabilities at the replayed experts): docs/MODEL.md, "Qwen3-MoE".
 """
 
 from __future__ import annotations
