@@ -112,6 +112,16 @@ def time_interleaved(
     return out
 
 
+def token_batch(rng, vocab: int, batch: int, length: int):
+    """Random token ids [batch, length] (int32) and their next-token targets (shifted by one, a
+    random last column), drawn from ``rng`` in that order."""
+    import numpy as np
+
+    ids = rng.integers(0, vocab, (batch, length), dtype=np.int32)
+    nxt = rng.integers(0, vocab, (batch, 1), dtype=np.int32)
+    return ids, np.concatenate([ids[:, 1:], nxt], axis=1)
+
+
 def median(xs: Iterable[float]) -> float:
     return float(statistics.median(list(xs)))
 

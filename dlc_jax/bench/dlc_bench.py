@@ -79,12 +79,12 @@ def make_batch(cfg: DlcBenchConfig) -> dict:
     response tokens; every token stale (``self_mask`` False)."""
     rng = np.random.default_rng(cfg.seed)
     b, t, k, v = cfg.batch, cfg.length, cfg.head_k, cfg.vocab_size
-    ids = rng.integers(0, v, (b, t), dtype=np.int32)
+    ids, targets = common.token_batch(rng, v, b, t)
     mask = np.zeros((b, t), np.float32)
     mask[:, t // 2 :] = 1.0
     return {
         "input_ids": ids,
-        "targets": np.concatenate([ids[:, 1:], rng.integers(0, v, (b, 1), dtype=np.int32)], axis=1),
+        "targets": targets,
         "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
         "attention_mask": np.ones((b, t), np.int32),
         "mask": mask,

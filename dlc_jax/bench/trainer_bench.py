@@ -122,10 +122,7 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
     res["config"] = dataclasses.asdict(cfg)
     mcfg = cfg.model_config()
     rng = np.random.default_rng(cfg.seed)
-    ids = rng.integers(0, cfg.vocab_size, (cfg.batch, cfg.length), dtype=np.int32)
-    tgt = np.concatenate(
-        [ids[:, 1:], rng.integers(0, cfg.vocab_size, (cfg.batch, 1), dtype=np.int32)], axis=1
-    )
+    ids, tgt = common.token_batch(rng, cfg.vocab_size, cfg.batch, cfg.length)
 
     model = Qwen3ForCausalLM(mcfg, rngs=nnx.Rngs(cfg.seed))
     ours_chunked, ours_full = _our_fns(model, ids, tgt, cfg.chunk_size)

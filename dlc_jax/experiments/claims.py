@@ -345,8 +345,8 @@ def caveats(results: dict[str, RunResult], cfg: AnalysisConfig) -> list[str]:
     return [
         f"- *Context*: on-policy reward, first vs last {cfg.final_frac:.0%} of steps (mean [95% "
         f"CI] over {len(onp)} runs): {first.fmt(3)} vs {last.fmt(3)} — whether RL improved the "
-        "task in this many steps; the noise threshold N_t measures how far two such runs drift apart, and "
-        "a large N_t makes the 2x band wide."
+        "task in this many steps; the noise threshold N_t measures how far two such runs drift "
+        "apart, and a large N_t makes the 2x band wide."
     ]
 
 

@@ -14,6 +14,7 @@ from dlc_jax.data.chain_arith import ChainArithConfig
 from dlc_jax.experiments.heldout import HeldoutConfig
 from dlc_jax.experiments.prefixes import PrefixConfig
 from dlc_jax.experiments.warmup import ChainWarmup
+from dlc_jax.model.config import shape_kwargs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,18 +323,12 @@ QWEN3_1P7B = dataclasses.replace(
 )
 
 # Qwen3-0.6B's body (width, heads, MLP) with 4 of its 28 layers and the offline 4k tokenizer, random
-# init then
-# the chain warm-up: the smallest accelerator preset (launch/gpu_experiment.sh), a few minutes on
-# one GPU.
-QWEN3_0P6B_BODY_4L = (
-    ("vocab_size", 4096),
-    ("hidden_size", 1024),
-    ("intermediate_size", 3072),
-    ("num_hidden_layers", 4),
-    ("num_attention_heads", 16),
-    ("num_key_value_heads", 8),
-    ("head_dim", 128),
-    ("tie_word_embeddings", True),
+# init then the chain warm-up: the smallest accelerator preset (launch/gpu_experiment.sh), a few
+# minutes on one GPU.
+QWEN3_0P6B_BODY_4L = tuple(
+    shape_kwargs(
+        "Qwen3-0.6B", vocab_size=4096, num_hidden_layers=4, tie_word_embeddings=True
+    ).items()
 )
 
 QWEN3_0P6B_SMOKE = dataclasses.replace(

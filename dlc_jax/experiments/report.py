@@ -130,7 +130,8 @@ def _header(
             span = f"{wall / 60:.1f} min from the first start to the last finish; "
         lines.append(
             f"- **Wall time of the matrix**: {span}{total / 60:.1f} min summed over "
-            f"{len(timings)} invocation(s) (they may overlap) for {n_runs} runs trained and evaluated"
+            f"{len(timings)} invocation(s) (they may overlap) for {n_runs} runs trained and "
+            "evaluated"
             + (f"; load average at the end of each: {'; '.join(loads)}" if loads else "")
             + "."
         )
@@ -170,8 +171,8 @@ def write_report(
     lines += _header(exp, results, notes, preset, steps, ckpt_every) + [""]
     lines += [
         "Definitions: D_t(s) = mean over the on-policy runs O_j of the *other* sampling seeds of "
-        "KL(run_t || O_j,t); N_t = mean over on-policy pairs (i != j) of KL(O_i,t || O_j,t) — so an "
-        "on-policy run compared like an arm has D_t/N_t = 1 by construction. KL: exact full-"
+        "KL(run_t || O_j,t); N_t = mean over on-policy pairs (i != j) of KL(O_i,t || O_j,t) — so "
+        "an on-policy run compared like an arm has D_t/N_t = 1 by construction. KL: exact full-"
         "vocabulary next-token KL averaged over the prefixes, at checkpoint steps. Reference "
         "prefixes: fixed, sampled once from the initial policy. Own prefixes: the first "
         f"{preset.own_prefix_prompts if preset is not None else 16} of those prompts re-sampled at "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import common
 from .hostile_cases import config_plan_cases, data_cases, export_cases, reward_cases
-from .trainer_harness import Tally
+from .trainer_harness import Tally, tiny_model
 
 CLASSES = ("reward", "export", "data", "config/plan")
 
@@ -43,9 +43,7 @@ def run(out_dir, cfg: HostileSoakConfig | None = None) -> dict:
     timeout = cfg.run_timeout_s
     with tempfile.TemporaryDirectory(prefix="dlc_hostile_soak_") as tmp:
         work = Path(tmp)
-        from dlc_jax.model.tiny import make_tiny
-
-        model = make_tiny(work / "tiny", hidden_size=64, intermediate_size=128, head_dim=16)
+        model = tiny_model(work)
         if "config/plan" in cfg.classes:
             config_plan_cases(work, t, timeout)
         if "data" in cfg.classes:

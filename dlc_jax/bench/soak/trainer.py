@@ -41,7 +41,13 @@ from pathlib import Path
 
 from .. import common
 from .trainer_cases import SoakConfig, kill_and_damage_cycles, refusal_cases, user_error_cases
-from .trainer_harness import Tally, nonfinite_checkpoints, sampler_orphans, staged_leftovers
+from .trainer_harness import (
+    Tally,
+    nonfinite_checkpoints,
+    sampler_orphans,
+    staged_leftovers,
+    tiny_model,
+)
 
 
 def run(out_dir, cfg: SoakConfig | None = None) -> dict:
@@ -66,9 +72,7 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
     staged_before = staged_leftovers()
     with tempfile.TemporaryDirectory(prefix="dlc_trainer_soak_") as tmp:
         work = Path(tmp)
-        from dlc_jax.model.tiny import make_tiny
-
-        model = make_tiny(work / "tiny", hidden_size=64, intermediate_size=128, head_dim=16)
+        model = tiny_model(work)
         run_dir = work / "run"
         kill_and_damage_cycles(cfg, model, run_dir, t, rng, cfg.run_timeout_s)
         bad_weights = nonfinite_checkpoints(run_dir / "ckpt")

@@ -17,6 +17,13 @@ import time
 from pathlib import Path
 
 
+def tiny_model(work: Path) -> Path:
+    """The tiny model the trainer-side soaks train (``<work>/tiny``)."""
+    from dlc_jax.model.tiny import make_tiny
+
+    return make_tiny(work / "tiny", hidden_size=64, intermediate_size=128, head_dim=16)
+
+
 # ---- checkpoint damage (also used by tests) ----------------------------------------------------
 def data_files(step_dir: Path) -> list[Path]:
     """The array data files of an orbax step directory, largest first."""
