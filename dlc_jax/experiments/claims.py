@@ -376,4 +376,5 @@ def rank_correlation(pairs, *, n_boot: int = 2000, seed: int = 3) -> Interval:
     boots = boots[np.isfinite(boots)]
     if boots.size == 0:
         return NAN_INTERVAL
-    return Interval(rho(xy), *(float(np.percentile(boots, q)) for q in (2.5, 97.5)), len(xy))
+    lo, hi = (float(np.percentile(boots, q)) for q in (2.5, 97.5))
+    return Interval(rho(xy), lo, hi, len(xy))

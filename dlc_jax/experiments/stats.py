@@ -116,8 +116,8 @@ class RatioStats:
         idx = [i for i, s in enumerate(self.steps) if s >= step]
         if not idx:
             return NAN_INTERVAL
-        top = (float(np.max(x[idx])) for x in (self.curve, self.lo, self.hi))
-        return Interval(*top, self.max.n)
+        point, lo, hi = (float(np.max(x[idx])) for x in (self.curve, self.lo, self.hi))
+        return Interval(point, lo, hi, self.max.n)
 
 
 def pair_matrix(pairs: dict[str, list]) -> np.ndarray:
