@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-# Order and style of arms in tables and plots; unknown arms go last in name order.
-ARM_ORDER = (
-    "onpolicy",
-    "naive",
-    "tis",
-    "mis",
-    "score_centering",
-    "score_centering_tis",
-    "ppo_clip",
-    "decoupled_ppo",
-    "m2po",
-    "vcpo",
-    "dlc",
-    "dlc_seq",
-    "dlc_noresync",
-    "frozen",
-)
+# Each arm's colour, in the order of arms in tables and plots (the on-policy runs first); unknown
+# arms go last in name order.
 _COLOURS = {
     "naive": "tab:orange",
     "tis": "tab:green",
@@ -30,20 +15,12 @@ _COLOURS = {
     "m2po": "tab:cyan",
     "vcpo": "gold",
     "dlc": "tab:blue",
-    "dlc_noresync": "tab:purple",
     "dlc_seq": "navy",
+    "dlc_noresync": "tab:purple",
     "frozen": "black",
 }
-LINE_STYLES = (
-    ("-", "o"),
-    ("--", "s"),
-    ("-.", "^"),
-    (":", "D"),
-    ("-", "v"),
-    ("--", "P"),
-    ("-.", "X"),
-    (":", "*"),
-)
+ARM_ORDER = ("onpolicy", *_COLOURS)
+LINE_STYLES = tuple(zip(("-", "--", "-.", ":") * 2, "os^DvPX*"))  # (line style, marker)
 
 
 def arm_key(arm: str):

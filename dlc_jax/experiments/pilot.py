@@ -17,8 +17,12 @@ from pathlib import Path
 from dlc_jax.experiments.launch import log_progress
 from dlc_jax.experiments.presets import ExperimentPreset
 from dlc_jax.experiments.run_outputs import read_metrics
-from dlc_jax.experiments.runner import Experiment
-from dlc_jax.experiments.sweep import SweepPoint, lr_batch_point, train_and_evaluate
+from dlc_jax.experiments.sweep import (
+    SweepPoint,
+    lr_batch_point,
+    point_experiment,
+    train_and_evaluate,
+)
 
 PILOT_ARM, PILOT_SCENARIO = "dlc_noresync", "lag_never"
 ESS_KEYS = (("token", "ess_lag"), ("sequence", "ess_lag_seq"))
@@ -53,18 +57,16 @@ def run_pilot(
         if r["point"] not in names
     ]
     for pt in points:
-        exp = Experiment(
+        exp = point_experiment(
             preset,
-            out / "points" / pt.name,
+            out,
+            pt,
+            (seed,),
             arms=[PILOT_ARM],
             scenarios=[PILOT_SCENARIO],
             seeds=(seed,),
-            steps=pt.steps or None,
-            extra_overrides=pt.overrides,
             workers=workers,
-            cache_dir=out / "cache",
         )
-        exp.specs = [s for s in exp.specs if s.seed == seed]
         for spec, _, held, run_dir, done in train_and_evaluate(exp, f"pilot point {pt.name}"):
             metrics = read_metrics(run_dir / "logs" / "metrics.jsonl")
             res = [int(r["resync_count"]) for r in metrics if r.get("resync_count") is not None]

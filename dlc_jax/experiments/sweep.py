@@ -52,16 +52,7 @@ def run_sweep(
     seeds = tuple(seeds or preset.onpolicy_seeds)
     rows = []
     for pt in points:
-        exp = Experiment(
-            preset,
-            out / "points" / pt.name,
-            arms=[],
-            steps=pt.steps or None,
-            extra_overrides=pt.overrides,
-            workers=workers,
-            cache_dir=out / "cache",
-        )
-        exp.specs = [s for s in exp.specs if s.seed in seeds]
+        exp = point_experiment(preset, out, pt, seeds, workers=workers, arms=[])
         if run is not None and pt.name not in run:  # only what an earlier call evaluated
             exp.specs = [
                 s for s in exp.specs if (exp.out / "evals" / s.name / "heldout.json").exists()
@@ -93,6 +84,21 @@ def run_sweep(
     (out / "sweep.json").write_text(json.dumps(rows, indent=1))
     (out / "sweep.md").write_text("\n".join(sweep_table(rows)) + "\n")
     return out / "sweep.md"
+
+
+def point_experiment(preset, out: Path, pt: SweepPoint, seeds, **kw) -> Experiment:
+    """The `Experiment` of point ``pt`` under ``out/points/<name>`` (the cache shared by every
+    point), its runs those of ``seeds``; ``kw``: more `Experiment` arguments."""
+    exp = Experiment(
+        preset,
+        out / "points" / pt.name,
+        steps=pt.steps or None,
+        extra_overrides=pt.overrides,
+        cache_dir=out / "cache",
+        **kw,
+    )
+    exp.specs = [s for s in exp.specs if s.seed in seeds]
+    return exp
 
 
 def train_and_evaluate(
