@@ -86,9 +86,9 @@ def run_sweep(
     return out / "sweep.md"
 
 
-def point_experiment(preset, out: Path, pt: SweepPoint, seeds, **kw) -> Experiment:
+def point_experiment(preset, out: Path, pt: SweepPoint, keep_seeds, **kw) -> Experiment:
     """The `Experiment` of point ``pt`` under ``out/points/<name>`` (the cache shared by every
-    point), its runs those of ``seeds``; ``kw``: more `Experiment` arguments."""
+    point), its runs those of ``keep_seeds``; ``kw``: more `Experiment` arguments."""
     exp = Experiment(
         preset,
         out / "points" / pt.name,
@@ -97,7 +97,7 @@ def point_experiment(preset, out: Path, pt: SweepPoint, seeds, **kw) -> Experime
         cache_dir=out / "cache",
         **kw,
     )
-    exp.specs = [s for s in exp.specs if s.seed in seeds]
+    exp.specs = [s for s in exp.specs if s.seed in keep_seeds]
     return exp
 
 
