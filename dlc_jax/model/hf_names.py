@@ -1,4 +1,5 @@
-"""Per-family HF tensor names/shapes and matmul parameter counts (registered in `registry.py`)."""
+"""HF tensor names/shapes and matmul parameter counts of the Qwen3 families (dense and MoE: one
+function each, a dense layer being a layer that is not sparse; registered in `registry.py`)."""
 
 from __future__ import annotations
 
@@ -33,20 +34,10 @@ def _ends(c, out: dict) -> dict[str, tuple[int, ...]]:
 
 
 def qwen3_param_shapes(c) -> dict[str, tuple[int, ...]]:
-    """Dense Qwen3: HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when
-    tied)."""
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        out.update(_attention_shapes(c, p))
-        out.update(_mlp_shapes(p + "mlp.", c.hidden_size, c.intermediate_size))
-    return _ends(c, out)
-
-
-def qwen3_moe_param_shapes(c) -> dict[str, tuple[int, ...]]:
-    """Qwen3-MoE: as dense Qwen3, but a sparse layer's MLP is a router `mlp.gate.weight` [E, D] and
-    E experts `mlp.experts.{e}.{gate,up,down}_proj.weight` (the per-expert names transformers
-    saves and vLLM loads)."""
+    """Qwen3 and Qwen3-MoE: HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when
+    tied). A sparse layer's MLP (`c.is_sparse`; never in dense Qwen3) is a router
+    `mlp.gate.weight` [E, D] and E experts `mlp.experts.{e}.{gate,up,down}_proj.weight` (the
+    per-expert names transformers saves and vLLM loads)."""
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
     d = c.hidden_size
     for i in range(c.num_hidden_layers):
@@ -67,21 +58,10 @@ def _attention_params(c) -> int:
 
 
 def qwen3_matmul_params(c, *, active: bool = True) -> dict[str, int]:
-    """Dense Qwen3 matmul parameters over all layers (`active` makes no difference)."""
-    del active
-    d, f, n = c.hidden_size, c.intermediate_size, c.num_hidden_layers
-    return {
-        "decoder": n * (_attention_params(c) + 3 * d * f),
-        "down": n * d * f,
-        "vocab": c.vocab_size * d,
-    }
-
-
-def qwen3_moe_matmul_params(c, *, active: bool = True) -> dict[str, int]:
-    """Qwen3-MoE matmul parameters over all layers: a sparse layer has its router (D x E) and
-    top-k experts per token (`active`) or all E experts."""
+    """Qwen3 and Qwen3-MoE matmul parameters over all layers: a sparse layer (never in dense Qwen3)
+    has its router (D x E) and top-k experts per token (`active`) or all E experts."""
     d = c.hidden_size
-    experts = c.num_experts_per_tok if active else c.num_experts
+    experts = getattr(c, "num_experts_per_tok" if active else "num_experts", 0)
     decoder = down = 0
     for i in range(c.num_hidden_layers):
         decoder += _attention_params(c)

@@ -32,8 +32,9 @@ class ModelFamily:
     architecture: str  # HF config.json "architectures"[0]
     config_module: str  # "dlc_jax.model.config:Qwen3Config"
     model_module: str  # "dlc_jax.model.qwen3:Qwen3ForCausalLM"
-    names_module: str  # "dlc_jax.model.hf_names:qwen3_param_shapes" (config -> {name: shape})
-    counts_module: str  # "dlc_jax.model.hf_names:qwen3_matmul_params" (config, active) -> dict
+    # config -> {HF name: HF shape}; (config, active) -> matmul parameter counts
+    names_module: str = "dlc_jax.model.hf_names:qwen3_param_shapes"
+    counts_module: str = "dlc_jax.model.hf_names:qwen3_matmul_params"
     samplers: tuple[str, ...] = ("jax", "vllm")  # sampler backends that can run the family
     routed_experts: bool = False  # forward returns/accepts routed expert ids (routing replay)
 
@@ -78,8 +79,6 @@ register(
         architecture="Qwen3ForCausalLM",
         config_module="dlc_jax.model.config:Qwen3Config",
         model_module="dlc_jax.model.qwen3:Qwen3ForCausalLM",
-        names_module="dlc_jax.model.hf_names:qwen3_param_shapes",
-        counts_module="dlc_jax.model.hf_names:qwen3_matmul_params",
     )
 )
 
@@ -90,8 +89,6 @@ register(
         architecture="Qwen3MoeForCausalLM",
         config_module="dlc_jax.model.config:Qwen3MoeConfig",
         model_module="dlc_jax.model.qwen3_moe:Qwen3MoeForCausalLM",
-        names_module="dlc_jax.model.hf_names:qwen3_moe_param_shapes",
-        counts_module="dlc_jax.model.hf_names:qwen3_moe_matmul_params",
         routed_experts=True,
     )
 )
