@@ -134,26 +134,22 @@ class Qwen3Attention(nnx.Module):
         k/v_cache: [B,S,KV,hd] (layer None) or the stacked [L,B,S,KV,hd] with this layer at `layer`
         (updated in place inside the scan)."""
         q, k, v = self.qkv(x, cos, sin)
-        if layer is None:
-            k_cache = jax.lax.dynamic_update_slice(
-                k_cache, k.astype(k_cache.dtype), (0, index, 0, 0)
-            )
-            v_cache = jax.lax.dynamic_update_slice(
-                v_cache, v.astype(v_cache.dtype), (0, index, 0, 0)
-            )
-            k_all, v_all = k_cache, v_cache
-        else:
+
+        def write(cache, new):
+            """-> (the cache with ``new`` at its slots, this layer's [B,S,KV,hd] view of it)."""
+            if layer is None:
+                cache = jax.lax.dynamic_update_slice(
+                    cache, new.astype(cache.dtype), (0, index, 0, 0)
+                )
+                return cache, cache
             at = (layer, 0, index, 0, 0)
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], at)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], at)
-            k_all = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)
-            v_all = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)
+            cache = jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype)[None], at)
+            return cache, jax.lax.dynamic_index_in_dim(cache, layer, 0, keepdims=False)
+
+        (k_cache, k_all), (v_cache, v_all) = write(k_cache, k), write(v_cache, v)
         dt = q.dtype
-        impl = (
-            "dense"
-            if resolve_impl(self.attention_impl, self.act_sharding.mesh, dt) == "dense"
-            else "xla"
-        )
+        dense = resolve_impl(self.attention_impl, self.act_sharding.mesh, dt) == "dense"
+        impl = "dense" if dense else "xla"
         out = masked_attention(q, k_all.astype(dt), v_all.astype(dt), mask, impl)
         return self.o_proj(out), k_cache, v_cache
 
@@ -181,12 +177,8 @@ class Qwen3DecoderLayer(nnx.Module):
     def __init__(
         self, cfg: Qwen3Config, index: int = 0, *, rngs, param_dtype, compute_dtype, act_sharding
     ):
-        kw = dict(
-            rngs=rngs,
-            param_dtype=param_dtype,
-            compute_dtype=compute_dtype,
-            act_sharding=act_sharding,
-        )
+        kw = dict(rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
+        kw["act_sharding"] = act_sharding
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.self_attn = Qwen3Attention(cfg, **kw)
         self.post_attention_layernorm = RMSNorm(

@@ -31,20 +31,13 @@ class Qwen3Model(nnx.Module):
     parameters are stacked [L, ...] on the logical axis 'layers'."""
 
     def __init__(self, cfg: Qwen3Config, *, rngs, param_dtype, compute_dtype, act_sharding):
-        kw = dict(rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **kw)
+        kw = dict(param_dtype=param_dtype, compute_dtype=compute_dtype)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
 
         make_layer = type(self).make_layer  # a classmethod: the vmapped builder captures no module
 
         def layer(r, i=0):
-            return make_layer(
-                cfg,
-                i,
-                rngs=r,
-                param_dtype=param_dtype,
-                compute_dtype=compute_dtype,
-                act_sharding=act_sharding,
-            )
+            return make_layer(cfg, i, rngs=r, act_sharding=act_sharding, **kw)
 
         if cfg.use_scan:
             self.layers = make_stacked(layer, cfg.num_hidden_layers, rngs)
@@ -89,9 +82,7 @@ class Qwen3ForCausalLM(nnx.Module):
         self.remat = self.remat_policy != "none"
         self.scanned = config.use_scan
         self.act_sharding = act_sharding
-        self.hf_source: str | None = (
-            None  # directory loaded from (tokenizer files are copied on save)
-        )
+        self.hf_source: str | None = None  # directory loaded from (tokenizer files copied on save)
         self.model = self.body_cls(
             config,
             rngs=rngs,
@@ -99,12 +90,11 @@ class Qwen3ForCausalLM(nnx.Module):
             compute_dtype=compute_dtype,
             act_sharding=act_sharding,
         )
-        if not config.tie_word_embeddings:
-            self.lm_head = LMHead(
-                config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype
-            )
-        else:
-            self.lm_head = None  # type: ignore[assignment]
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else LMHead(config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype)
+        )
 
     # ---- public API -----------------------------------------------------------------------
     def unembedding(self):
@@ -167,21 +157,15 @@ class Qwen3ForCausalLM(nnx.Module):
         forward writes its slots in place (jit callers should donate the cache)."""
         cfg = self.config
         dtype = self.compute_dtype if dtype is None else dtype
-        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
-        k: jax.Array | tuple[jax.Array, ...]
-        v: jax.Array | tuple[jax.Array, ...]
-        if self.scanned:
-            k = jnp.zeros((cfg.num_hidden_layers, *shape), dtype)
-            v = jnp.zeros((cfg.num_hidden_layers, *shape), dtype)
-        else:
-            k = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
-            v = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
-        return {
-            "k": k,
-            "v": v,
-            "valid": jnp.zeros((batch, max_len), bool),
-            "index": jnp.zeros((), jnp.int32),
-        }
+        shape, n = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim), cfg.num_hidden_layers
+
+        def empty() -> jax.Array | tuple[jax.Array, ...]:
+            if self.scanned:
+                return jnp.zeros((n, *shape), dtype)
+            return tuple(jnp.zeros(shape, dtype) for _ in range(n))
+
+        valid = jnp.zeros((batch, max_len), bool)
+        return {"k": empty(), "v": empty(), "valid": valid, "index": jnp.zeros((), jnp.int32)}
 
     def forward_with_cache(self, input_ids, positions, cache: dict, attention_mask=None):
         """Append T tokens to the cache and return their logits.

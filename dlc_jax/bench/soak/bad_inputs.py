@@ -13,11 +13,7 @@ import uuid
 import grpc
 import numpy as np
 
-from .harness import (
-    TOKEN,
-    SoakConfig,
-    Tally,
-)
+from .harness import TOKEN, SoakConfig, Tally
 
 
 def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: SoakConfig) -> None:
@@ -34,38 +30,18 @@ def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: 
         return lambda: list(client.stub.Generate(req, timeout=30, metadata=client._md()))
 
     nan, inf = float("nan"), float("inf")
-    param_cases = [
-        {"n": 0},
-        {"n": 1000},
-        {"max_tokens": 0},
-        {"max_tokens": 100000},
-        {"temperature": -1.0},
-        {"temperature": nan},
-        {"temperature": inf},
-        {"temperature": -inf},
-        {"temperature": 1e-40},
-        {"temperature": 1e-10},
-        {"temperature": 0.005},
-        {"top_p": 1.5},
-        {"top_p": -0.5},
-        {"top_p": nan},
-        {"top_k": -2},
-        {"top_k": -100},
-        {"head_k": 9},
-        {"head_k": 1000},
-        {"stop_token_ids": [vocab]},
-        {"stop_token_ids": [-1]},
-        {"stop_token_ids": [2**31 - 1]},
-        {"stop_token_ids": [1, vocab + 5]},
-        {"n": 5},
-        {"head_k": 20},
-        {"top_k": -3},
-        {"max_tokens": cfg.max_model_len - 2},
-        {"temperature": 1e-300},
-        {"top_p": 1.0000001},
-    ]
-    for p in param_cases:
-        t.rpc("generate: bad params", gen(p), ("INVALID_ARGUMENT",))
+    bad_values = {  # each value alone in an otherwise valid request
+        "n": (0, 1000, 5),
+        "max_tokens": (0, 100000, cfg.max_model_len - 2),
+        "temperature": (-1.0, nan, inf, -inf, 1e-40, 1e-10, 0.005, 1e-300),
+        "top_p": (1.5, -0.5, nan, 1.0000001),
+        "top_k": (-2, -100, -3),
+        "head_k": (9, 1000, 20),
+        "stop_token_ids": ([vocab], [-1], [2**31 - 1], [1, vocab + 5]),
+    }
+    for key, values in bad_values.items():
+        for value in values:
+            t.rpc("generate: bad params", gen({key: value}), ("INVALID_ARGUMENT",))
     prompt_cases = [
         (),
         ((),),

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import (
-    Tally,
-    perturbed,
-    push_stream,
-)
+from .harness import Tally, perturbed, push_stream
+
+# the status codes an attack must get
+ABORTED, INVALID, DATA_LOSS = ("ABORTED",), ("INVALID_ARGUMENT",), ("DATA_LOSS",)
+STALE = ("FAILED_PRECONDITION",)
 
 
 def all_int32(h) -> None:
@@ -99,15 +99,12 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
     inf1 = perturbed(weights, 5)
     inf1[names[-1]].reshape(-1)[0] = np.inf
     attacks = {
-        "silent stream": (messages(silent), ("ABORTED",)),
-        "stalled after header": (messages(stalled), ("ABORTED",)),
-        "trickle past max duration": (messages(trickle), ("ABORTED",)),
-        "partial (no commit)": (
-            messages(lambda: push_stream(good, v + 1, commit=False)),
-            ("ABORTED",),
-        ),
-        "flipped bit, valid length": (mut_chunk(flip), ("DATA_LOSS",)),
-        "oversized tensor": (mut_chunk(oversize), ("INVALID_ARGUMENT",)),
+        "silent stream": (messages(silent), ABORTED),
+        "stalled after header": (messages(stalled), ABORTED),
+        "trickle past max duration": (messages(trickle), ABORTED),
+        "partial (no commit)": (messages(lambda: push_stream(good, v + 1, commit=False)), ABORTED),
+        "flipped bit, valid length": (mut_chunk(flip), DATA_LOSS),
+        "oversized tensor": (mut_chunk(oversize), INVALID),
         "chunk out of order": (
             mut_chunk(
                 lambda m: pb.WeightMessage(
@@ -118,7 +115,7 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
                     )
                 )
             ),
-            ("INVALID_ARGUMENT",),
+            INVALID,
         ),
         "tensor index out of range": (
             mut_chunk(
@@ -126,43 +123,34 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
                     chunk=pb.WeightChunk(tensor_index=10_000, offset=0, data=m.chunk.data)
                 )
             ),
-            ("INVALID_ARGUMENT",),
+            INVALID,
         ),
-        "all NaN, valid checksums": (
-            lambda: client.push_weights(nan, v + 1),
-            ("INVALID_ARGUMENT",),
-        ),
+        "all NaN, valid checksums": (lambda: client.push_weights(nan, v + 1), INVALID),
         "one Inf (bf16, socket)": (
             lambda: client.push_weights(inf1, v + 1, dtype="bfloat16", transport="socket"),
-            ("INVALID_ARGUMENT",),
+            INVALID,
         ),
-        "wrong dtype int32": (
-            bad_header(all_int32),
-            ("INVALID_ARGUMENT",),
-        ),
+        "wrong dtype int32": (bad_header(all_int32), INVALID),
         "wrong shape": (
             bad_header(lambda h: h.tensors[0].shape.__setitem__(0, h.tensors[0].shape[0] + 1)),
-            ("INVALID_ARGUMENT",),
+            INVALID,
         ),
         "unknown name": (
             bad_header(lambda h: setattr(h.tensors[0], "name", "model.evil.weight")),
-            ("INVALID_ARGUMENT",),
+            INVALID,
         ),
-        "missing tensor": (bad_header(lambda h: h.tensors.pop()), ("INVALID_ARGUMENT",)),
+        "missing tensor": (bad_header(lambda h: h.tensors.pop()), INVALID),
         "wrong sha256 in header": (
             bad_header(lambda h: setattr(h.tensors[0], "sha256", "0" * 64)),
-            ("DATA_LOSS",),
+            DATA_LOSS,
         ),
-        "unknown checksum": (
-            bad_header(lambda h: setattr(h, "checksum", "md5")),
-            ("INVALID_ARGUMENT",),
-        ),
-        "stale version": (lambda: client.push_weights(good, v), ("FAILED_PRECONDITION",)),
+        "unknown checksum": (bad_header(lambda h: setattr(h, "checksum", "md5")), INVALID),
+        "stale version": (lambda: client.push_weights(good, v), STALE),
         "no header first": (
             messages(lambda: iter([pb.WeightMessage(commit=pb.Commit())])),
-            ("INVALID_ARGUMENT",),
+            INVALID,
         ),
-        "empty message": (messages(lambda: iter([pb.WeightMessage()])), ("INVALID_ARGUMENT",)),
+        "empty message": (messages(lambda: iter([pb.WeightMessage()])), INVALID),
         "socket plane, no data connection": (
             bad_header(socket_plane_without_connection),
             ("FAILED_PRECONDITION", "INVALID_ARGUMENT"),
@@ -173,15 +161,15 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
         ),
         "relay: flipped bit, forwarded to a dead hop": (
             messages(lambda: push_stream(good, v + 1, mutate=relayed_flip)),
-            ("DATA_LOSS",),
+            DATA_LOSS,
         ),
         "relay: 300 hops": (
             bad_header(lambda h: h.relay_to.extend(f"127.0.0.1:{i + 1}" for i in range(300))),
-            ("INVALID_ARGUMENT",),
+            INVALID,
         ),
         "relay: the same hop twice": (
             bad_header(lambda h: h.relay_to.extend(["127.0.0.1:9", "127.0.0.1:9"])),
-            ("INVALID_ARGUMENT",),
+            INVALID,
         ),
     }
     outside = Path(tempfile.mkdtemp(prefix="soak_outside_"))
