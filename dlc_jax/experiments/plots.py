@@ -17,6 +17,8 @@ from dlc_jax.experiments.claims import ArmStats
 from dlc_jax.experiments.results import NoiseThreshold, RunResult
 from dlc_jax.experiments.stats import bootstrap_band
 
+BAND_SERIES = ("ess_lag", "ell_std", "mismatch_k3", "reward")  # plotted as seed bands
+
 
 def _aligned(runs: list[RunResult], key: str) -> tuple[list[int], np.ndarray]:
     """Series ``key`` of several runs on the union of their steps: (steps, [S, T] with NaN gaps)."""
@@ -37,18 +39,15 @@ def _band_plot(ax, x, rows, st, label, *, positive=False):
         return
     x = np.asarray(x)[ok]
     ax.plot(
-        x,
-        mean[ok],
-        ls=st["ls"],
-        color=st["color"],
-        lw=st["lw"],
-        label=label,
-        marker=st["marker"],
-        ms=3,
-        markevery=max(1, len(x) // 8),
+        x, mean[ok], **_line(st), label=label, marker=st["marker"], ms=3, markevery=len(x) // 8 or 1
     )
     if rows.shape[0] > 1:
         ax.fill_between(x, lo[ok], hi[ok], color=st["color"], alpha=0.1, lw=0)
+
+
+def _line(st: dict) -> dict:
+    """The line keywords of an `arm_style`."""
+    return {"ls": st["ls"], "color": st["color"], "lw": st["lw"]}
 
 
 def _subplots(*grid, **kw):
@@ -98,26 +97,12 @@ def plot_scenario(
         a = stats.get(arm)
         for ax, rs in ((ax_ref, a.ref if a else None), (ax_own, a.own if a else None)):
             if rs is not None and len(rs.curve):
-                ax.plot(
-                    rs.steps,
-                    rs.curve,
-                    ls=st["ls"],
-                    color=st["color"],
-                    lw=st["lw"],
-                    marker=st["marker"] or "o",
-                    ms=4,
-                    label=label,
-                )
+                marker = st["marker"] or "o"
+                ax.plot(rs.steps, rs.curve, **_line(st), marker=marker, ms=4, label=label)
                 ax.fill_between(rs.steps, rs.lo, rs.hi, color=st["color"], alpha=0.12, lw=0)
-        if arm != "onpolicy":
-            x, rows = _aligned(runs, "ess_lag")
-            _band_plot(ax_ess, x, rows, st, label)
-            x, rows = _aligned(runs, "ell_std")
-            _band_plot(ax_lag, x, rows, st, label)
-            x, rows = _aligned(runs, "mismatch_k3")
-            _band_plot(ax_k3, x, rows, st, label, positive=True)
-        x, rows = _aligned(runs, "reward")
-        _band_plot(ax_rew, x, rows, st, label)
+        for ax, key in zip((ax_ess, ax_lag, ax_k3, ax_rew), BAND_SERIES):
+            if arm != "onpolicy" or key == "reward":  # on-policy runs have no lag or mismatch
+                _band_plot(ax, *_aligned(runs, key), st, label, positive=key == "mismatch_k3")
     for ax, what in (
         (ax_ref, "fixed reference prefixes"),
         (ax_own, "each run's own sampled prefixes"),
@@ -159,16 +144,10 @@ def plot_noise(noise: NoiseThreshold, path: Path) -> Path | None:
         return None
     fig, ax = _subplots(figsize=(7, 4.5))
     for i, (k, v) in enumerate(sorted(noise.pairs.items())):
-        ax.plot(
-            noise.steps,
-            [np.nan if x is None else x for x in v],
-            ls=LINE_STYLES[i % 8][0],
-            marker=LINE_STYLES[i % 8][1],
-            ms=3,
-            lw=1,
-            alpha=0.7,
-            label=k.replace("onpolicy__", ""),
-        )
+        ls, marker = LINE_STYLES[i % 8]
+        y = [np.nan if x is None else x for x in v]
+        label = k.replace("onpolicy__", "")
+        ax.plot(noise.steps, y, ls=ls, marker=marker, ms=3, lw=1, alpha=0.7, label=label)
     ax.plot(noise.steps, noise.forward, color="black", lw=2.5, label="N_t (mean over pairs)")
     ax.set_xlabel("training step (optimizer updates)")
     ax.set_ylabel("KL(O_i || O_j) on reference prefixes (nats per token)")
@@ -186,13 +165,14 @@ def plot_crossings(rows: list[tuple[str, float, float]], path: Path) -> Path | N
     for arm, g, m in rows:
         st = arm_style(arm)
         dx = 0.12 * (arms.index(arm) - (len(arms) - 1) / 2)  # runs often cross at one step
+        label = None if arm in seen else arm
         ax.scatter(
             g + dx,
             m + dx,
             color=st["color"],
             marker=st["marker"] or "o",
             s=40,
-            label=None if arm in seen else arm,
+            label=label,
             alpha=0.8,
         )
         seen.add(arm)
