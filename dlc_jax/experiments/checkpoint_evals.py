@@ -35,10 +35,16 @@ class CheckpointEvals:
             self._models[key] = model
         return model
 
+    def evaluate(self, model, prefixes):
+        """``model`` on ``prefixes`` (`distance.evaluate_policy`, the preset's batch size)."""
+        from dlc_jax.experiments.distance import evaluate_policy
+
+        return evaluate_policy(model, prefixes, batch_size=self.preset.eval_batch_size)
+
     def reference_evals(self, name: str, cfg, prefixes) -> dict:
         """An on-policy run at each checkpoint evaluated on the prefixes (kept as npz: every D_t
         needs it)."""
-        from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy
+        from dlc_jax.experiments.distance import PolicyOnPrefixes
 
         edir = self.out / "evals" / name
         edir.mkdir(parents=True, exist_ok=True)
@@ -46,11 +52,7 @@ class CheckpointEvals:
         for step in self.steps:
             p = edir / f"step_{step}.npz"
             if not p.exists():
-                evaluate_policy(
-                    self.model(name, cfg, step),
-                    prefixes,
-                    batch_size=self.preset.eval_batch_size,
-                ).save(p)
+                self.evaluate(self.model(name, cfg, step), prefixes).save(p)
             out[step] = PolicyOnPrefixes.load(p)
         return out
 
@@ -58,7 +60,7 @@ class CheckpointEvals:
         """{ref: {step: (KL(run_t || ref_t), KL(ref_t || run_t))}} on the reference prefixes for
         each reference run in ``refs`` (name -> its :meth:`reference_evals`), one checkpoint in
         memory at a time (cached as numbers in ``evals/<name>/kl.json``)."""
-        from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy
+        from dlc_jax.experiments.distance import PolicyOnPrefixes
 
         edir = self.out / "evals" / name
         cache = edir / "kl.json"
@@ -71,11 +73,7 @@ class CheckpointEvals:
             if p.exists():
                 ev = PolicyOnPrefixes.load(p)
             else:
-                ev = evaluate_policy(
-                    self.model(name, cfg, step),
-                    prefixes,
-                    batch_size=self.preset.eval_batch_size,
-                )
+                ev = self.evaluate(self.model(name, cfg, step), prefixes)
             for r in out:
                 out[r][step] = self._kl_pair(ev, refs[r][step])
         _save_kl(cache, out)
@@ -86,7 +84,6 @@ class CheckpointEvals:
         checkpoint (the first ``own_prefix_prompts`` reference prompts, one response each, a fixed
         seed per step), for each reference run in ``ref_cfgs`` (name -> its run config)."""
         from dlc_jax.data.tokenize import load_tokenizer
-        from dlc_jax.experiments.distance import evaluate_policy
         from dlc_jax.experiments.own_prefixes import own_prefix_set
 
         edir = self.out / "evals" / name
@@ -112,12 +109,11 @@ class CheckpointEvals:
                 pad_id=prefixes.pad_id,
             )
             lens[step] = float(own.response_lens.mean())
-            ev = evaluate_policy(model, own, batch_size=self.preset.eval_batch_size)
+            ev = self.evaluate(model, own)
             for r in out:
-                ev_r = evaluate_policy(
-                    self.model(r, ref_cfgs[r], step), own, batch_size=self.preset.eval_batch_size
+                out[r][step] = self._kl_pair(
+                    ev, self.evaluate(self.model(r, ref_cfgs[r], step), own)
                 )
-                out[r][step] = self._kl_pair(ev, ev_r)
         _save_kl(cache, out)
         (edir / "own_lens.json").write_text(json.dumps(lens))
         return out
@@ -126,12 +122,8 @@ class CheckpointEvals:
         """(forward, reverse) KL between two evaluations on the same prefixes."""
         from dlc_jax.experiments.distance import prefix_kl
 
-        kl = prefix_kl(
-            ev,
-            ev_ref,
-            temperature=self.preset.kl_temperature,
-            chunk_size=self.preset.kl_chunk_size,
-        )
+        p = self.preset
+        kl = prefix_kl(ev, ev_ref, temperature=p.kl_temperature, chunk_size=p.kl_chunk_size)
         return (kl["forward"], kl["reverse"])
 
 
