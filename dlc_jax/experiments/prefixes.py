@@ -29,6 +29,7 @@ from dlc_jax.experiments.results import json_safe
 GenerateFn = Callable[..., list[np.ndarray]]
 
 NPZ_NAME = "prefixes.npz"
+_ARRAYS = ("tokens", "prompt_lens", "response_lens")  # the int32 arrays of a PrefixSet
 META_NAME = "prefixes.json"
 
 
@@ -117,13 +118,8 @@ class PrefixSet:
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        np.savez(
-            out / NPZ_NAME,
-            tokens=self.tokens.astype(np.int32),
-            prompt_lens=self.prompt_lens.astype(np.int32),
-            response_lens=self.response_lens.astype(np.int32),
-            pad_id=np.int32(self.pad_id),
-        )
+        arrays = {k: getattr(self, k).astype(np.int32) for k in _ARRAYS}
+        np.savez(out / NPZ_NAME, **arrays, pad_id=np.int32(self.pad_id))
         (out / META_NAME).write_text(json.dumps(self.meta, indent=1, sort_keys=True))
         return out
 
@@ -134,17 +130,12 @@ class PrefixSet:
         if not path.exists():
             raise FileNotFoundError(f"no reference prefix set at {path}")
         with np.load(path) as z:
-            missing = {"tokens", "prompt_lens", "response_lens", "pad_id"} - set(z.files)
+            missing = {*_ARRAYS, "pad_id"} - set(z.files)
             if missing:
                 raise ValueError(f"{path}: missing arrays {sorted(missing)}")
-            tokens, pl, rl, pad = (
-                z["tokens"],
-                z["prompt_lens"],
-                z["response_lens"],
-                int(z["pad_id"]),
-            )
+            arrays, pad = {k: z[k] for k in _ARRAYS}, int(z["pad_id"])
         meta = json.loads((out / META_NAME).read_text()) if (out / META_NAME).exists() else {}
-        return cls(tokens=tokens, prompt_lens=pl, response_lens=rl, pad_id=pad, meta=meta)
+        return cls(**arrays, pad_id=pad, meta=meta)
 
     @classmethod
     def exists(cls, out_dir: str | Path) -> bool:
