@@ -174,20 +174,9 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
         "export_push_grpc_vs_raw": med["raw socket"] / med["export + push (gRPC)"],
         "push_only_grpc_vs_raw": med["raw socket"] / med["push only (gRPC)"],
     }
-    res["targets"] += [
-        common.target(
-            f"export + push / raw socket throughput (best: {ep})",
-            res["summary"]["export_push_vs_raw"],
-            0.5,
-            ">=",
-        ),
-        common.target(
-            f"push only / raw socket throughput (best: {po})",
-            res["summary"]["push_only_vs_raw"],
-            0.5,
-            ">=",
-        ),
-    ]
+    for what, best, key in (("export + push", ep, "export_push"), ("push only", po, "push_only")):
+        name = f"{what} / raw socket throughput (best: {best})"
+        res["targets"].append(common.target(name, res["summary"][f"{key}_vs_raw"], 0.5, ">="))
     _engine_targets(res, med, extra["egress"], total)
     if multihost is not None:
         from dlc_jax.bench.weight_sync_multihost import add_multihost_part
