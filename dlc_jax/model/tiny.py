@@ -45,13 +45,7 @@ _WORDS = (
 ).split()
 
 
-_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + [
-    "th",
-    "ing",
-    "er",
-    "st",
-    "qu",
-]
+_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + "th ing er st qu".split()
 
 
 def _pseudo_word(rng: random.Random) -> str:
@@ -119,10 +113,7 @@ def _write_tokenizer_files(tok, out: Path, model_max_length: int) -> dict[str, i
     added = {
         str(ids[t]): {
             "content": t,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
+            **dict.fromkeys(("lstrip", "normalized", "rstrip", "single_word"), False),
             "special": True,
         }
         for t in SPECIAL_TOKENS
@@ -140,16 +131,8 @@ def _write_tokenizer_files(tok, out: Path, model_max_length: int) -> dict[str, i
         "chat_template": CHATML_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    (out / "special_tokens_map.json").write_text(
-        json.dumps(
-            {
-                "eos_token": IM_END,
-                "pad_token": ENDOFTEXT,
-                "additional_special_tokens": [IM_START, IM_END],
-            },
-            indent=2,
-        )
-    )
+    specials = {k: tok_cfg[k] for k in ("eos_token", "pad_token", "additional_special_tokens")}
+    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2))
     (out / "chat_template.jinja").write_text(CHATML_TEMPLATE)
     return ids
 
