@@ -1,22 +1,13 @@
 """LoRA pushes: an adapter push (``lora.push: adapter``) vs the full push of the same model
-(``lora.push: merged``) to one JAX-backend sampler process on loopback, in the same run, repeats
-interleaved (full, adapter, full, adapter, ...).
+(``lora.push: merged``) to one JAX-backend sampler process on loopback, repeats interleaved.
 
-Each row times the trainer's whole path for one resync, from the adapted model to the sampler
-serving the new version (the push returns after the sampler's swap):
-
-* ``full push, merged``: `merged_model` (base + delta), HF export, push of every tensor, the
-  sampler's load (over gRPC; and over the socket data plane, the loopback default);
-* ``adapter push``: the adapter factors gathered to host (PEFT names), pushed over gRPC, merged by
-  the sampler into its start-up base (`dlc_jax.lora.push.AdapterPusher`).
-
-Columns: the fastest repeat (``seconds``) and the median, the bytes pushed (counted by the sampler:
-load-independent), bytes and seconds against the gRPC full push, CPU seconds of a repeat in this
-(trainer) process and in the sampler process (medians; load-independent, unlike wall time), and
-the 1-minute load average
-while the row ran: a row measured above ``MAX_LOAD`` is marked unreliable (``reliable: no``).
-The model is random (Qwen3 shapes, tied embeddings), the sampler serves it from a directory this
-bench writes.
+Each row times the trainer's whole resync path, from the adapted model to the sampler serving the
+new version: ``full push, merged`` (`merged_model`, HF export, every tensor pushed over gRPC or the
+socket data plane, the sampler's load) and ``adapter push`` (the factors in PEFT names over gRPC,
+merged by the sampler into its start-up base: `dlc_jax.lora.push.AdapterPusher`). Columns: the
+fastest and median seconds, bytes pushed (counted by the sampler) and both against the gRPC full
+push, CPU seconds in the trainer and sampler processes, and the 1-minute load average: a row
+measured above ``MAX_LOAD`` is marked ``reliable: no``. The model is random (Qwen3 shapes, tied).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Weight sync: export + push of a Qwen3-sized NNX model to a sampler over loopback gRPC, vs a raw
 loopback socket copy of the same bytes (the physical limit here).
 
-* ``export + push``: ``SamplerClient.push_model(model, ...)`` — the trainer loop's path: each
-  tensor is gathered from the NNX params, converted to HF layout and the push dtype, chunked,
-  CRC-32C-checksummed and streamed; the server (its own process, as a sampler always is) stages
-  it to a safetensors file and verifies it (``sampler_bench.TransportOnlyBackend``: everything
-  but the engine reload).
-* ``push only``: the same push from tensors already exported to host numpy arrays.
-* ``(socket data plane)`` rows: the same pushes with ``transport="socket"``: gRPC carries the
-  header, the per-tensor CRC-32C trailers and Commit, the bytes go zero-copy over the server's raw
-  TCP data port (``ServerConfig.data_port``; see ``dlc_jax/sampler/push/data_plane.py``).
-* ``raw socket``: the same bytes through one loopback TCP connection into a file
-  (:func:`raw_socket_copy`: the receiver writes each chunk to disk, as the sampler stages a push).
-
-Runs interleaved, the fastest repeat reported (``common.best``); ratio = throughput / raw socket
-throughput. ``cpu_s``: CPU seconds of a repeat (this process + the server process), and
-``cpu_bound_s`` = cpu_s / CPUs, the wall time no overlap can beat here (on a 2-CPU machine the
-export, the send and the server compete for the same cores); the notes add the export's own CPU
-with the kernels transposed on host (as pushed on CPU devices) and on device (XLA).
-The targets use the best transport for each path (named in the target and in ``summary``).
+Rows: ``export + push`` (`SamplerClient.push_model`, the trainer loop's path: gather, HF layout,
+push dtype, chunks, CRC-32C) and ``push only`` (the same from exported host arrays), each over
+gRPC and over the socket data plane (``transport="socket"``); ``raw socket`` (`raw_socket_copy`
+into a file, as the sampler stages a push). The server is a real gRPC service in its own process
+with `sampler_bench.TransportOnlyBackend` (staging + verification, no engine reload). Repeats are
+interleaved, the fastest reported (``common.best``); ratio = throughput / raw socket throughput;
+``cpu_s`` / ``cpu_bound_s``: see the result's notes. The targets use each path's best transport.
 """
 
 from __future__ import annotations

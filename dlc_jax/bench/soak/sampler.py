@@ -1,24 +1,12 @@
 """Soak the sampler service as a hostile client would, on loopback only, and count what went wrong.
 
-A real sampler (`python -m dlc_jax.sampler.service.cli serve`, JAX backend on a tiny model; vLLM too
-when asked) with a token, a push data port, a load root and short push limits receives:
-
-* bad inputs (`bad_inputs`): malformed Generate requests, bad authorization on every RPC,
-  garbage bytes on the gRPC and data ports (and as serialized requests);
-* push attacks (`push_attacks`): silent, stalled, trickling, partial, cut, oversized,
-  out-of-order, NaN/Inf, wrong dtype / shape / name / checksum / version, socket-plane tricks,
-  LoadWeights escapes, a 1 TB safetensors header, the served directory;
-* 200 concurrent Generate streams with a good push in the middle (`concurrency`);
-* 100 requests with distinct sampling values (time and server RSS growth), 300 idle data
-  connections (server thread count);
-* a SIGKILL after a push, then a restart on the same staging root (here).
-
-The sampler process, its config (`SoakConfig`) and the outcome tally are in `harness`.
-
-Counted: crashes (the server process died or stopped answering), bad weights served (a rejected
-push changed what is served, a NaN log-prob, a version span naming a rejected version), files left
-behind (staging directories after the samplers are gone), attacks accepted, errors whose message is
-not one line. `run(out_dir)` writes `sampler_soak.json` / `.md` there and returns the result dict.
+A real sampler (`SamplerProcess`, the JAX backend on a tiny model; vLLM too when asked) with a
+token, a push data port, a load root and short push limits receives bad inputs (`bad_inputs`),
+push attacks (`push_attacks`), 200 concurrent streams with a good push in the middle, distinct
+sampling values and idle data connections (`concurrency`), and here a SIGKILL after a push and a
+restart on the same staging root. The process, config and tally are in `harness`. Counted:
+crashes, bad weights served, files left behind, attacks accepted, errors that are not one line.
+`run(out_dir)` writes `sampler_soak.json` / `.md` there and returns the result dict.
 """
 
 from __future__ import annotations

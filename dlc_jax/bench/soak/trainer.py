@@ -1,29 +1,12 @@
-"""Soak the trainer's failure paths as a careless user and a hostile disk would, and count what went
-wrong. Loopback only, bounded (a few `dlc-jax train` runs of a tiny model with the JAX sampler
-backend spawned on loopback; ~10 minutes on 2 busy CPU cores).
-
-Scenarios, all on real `python -m dlc_jax.cli train` processes:
-
-* SIGKILL of the trainer at random points (after a random number of steps plus a random delay, so
-  some land inside a checkpoint save), each followed by a resume;
-* bit flips (a few hundred bytes, same file size) and truncations of the newest checkpoint's array
-  data, then a resume: the run must name the bad step in one line and resume from an older one;
-* every checkpoint corrupt: the run must refuse in one line;
-* a resume with a different training config (loss, resync policy): refused in one line naming the
-  keys;
-* ``checkpoint.resume=false`` on a used run directory: refused; with ``checkpoint.overwrite=true``
-  the old run's checkpoints and metrics are gone and the new run starts at step 1;
-* user errors (missing model path, YAML syntax error, unknown key, unreachable sampler address,
-  missing export checkpoint, bad config value): one line each, non-zero exit.
-
-Counted: crashes (a Python traceback or an unexpected exit status), silent resumes from a corrupt
-or different run, bad weights (non-finite values in a checkpoint, a push the sampler refused),
-files left behind (half-written orbax temp dirs, staged weights of dead samplers, sampler processes
-outliving the trainer), user errors that are not exactly one line. `run(out_dir)` writes
+"""Soak the trainer's failure paths as a careless user and a hostile disk would, on real
+`python -m dlc_jax.cli train` processes (a tiny model, the JAX sampler on loopback; ~10 minutes on
+2 busy CPU cores): SIGKILLs at random points then resumes, bit flips and truncations of the newest
+checkpoint, every checkpoint corrupt, a resume with a different config, `checkpoint.resume=false`
+on a used run directory (and with `checkpoint.overwrite=true`), and user errors (docs/FAILURES.md
+says what each must do). Counted: crashes, silent resumes from a corrupt or different run, bad
+weights, files left behind, user errors that are not one line. The scenarios are in
+`trainer_cases`, the runs, tallies and disk checks in `trainer_harness`; `run(out_dir)` writes
 ``trainer_soak.{json,md}`` and returns the result dict.
-
-The scenarios are in `trainer_cases`, the process runs, tallies and disk checks in
-`trainer_harness`; this module runs them and writes the report.
 """
 
 from __future__ import annotations
