@@ -9,51 +9,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_WHERE = {
-    "PRESETS": "config",
-    "ModelShape": "config",
-    "Qwen3Config": "config",
-    "UnsupportedModelError": "config",
-    "CheckpointError": "hf_io",
-    "hf_param_shapes": "hf_io",
-    "iter_hf_tensors": "hf_io",
-    "save_hf": "hf_io",
-    "load_hf": "hf_load",
-    "Qwen3ForCausalLM": "qwen3",
-    "FAMILIES": "registry",
-    "ModelFamily": "registry",
-    "config_from_pretrained": "registry",
-    "family_for_hf": "registry",
-    "family_of": "registry",
-    "LOGICAL_RULES": "sharding",
-    "MeshConfig": "sharding",
-    "make_mesh": "sharding",
-    "shard_model": "sharding",
-    "make_tiny": "tiny",
+# module -> the names it lends the package
+_MODULES = {
+    "config": ("PRESETS", "ModelShape", "Qwen3Config", "UnsupportedModelError"),
+    "hf_io": ("CheckpointError", "hf_param_shapes", "iter_hf_tensors", "save_hf"),
+    "hf_load": ("load_hf",),
+    "qwen3": ("Qwen3ForCausalLM",),
+    "registry": ("FAMILIES", "ModelFamily", "config_from_pretrained", "family_for_hf", "family_of"),
+    "sharding": ("LOGICAL_RULES", "MeshConfig", "make_mesh", "shard_model"),
+    "tiny": ("make_tiny",),
 }
-
-__all__ = [
-    "PRESETS",
-    "ModelShape",
-    "Qwen3Config",
-    "UnsupportedModelError",
-    "CheckpointError",
-    "hf_param_shapes",
-    "iter_hf_tensors",
-    "save_hf",
-    "load_hf",
-    "Qwen3ForCausalLM",
-    "FAMILIES",
-    "ModelFamily",
-    "config_from_pretrained",
-    "family_for_hf",
-    "family_of",
-    "LOGICAL_RULES",
-    "MeshConfig",
-    "make_mesh",
-    "shard_model",
-    "make_tiny",
-]
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = list(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
@@ -64,11 +31,11 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-if TYPE_CHECKING:
-    from .config import PRESETS, ModelShape, Qwen3Config, UnsupportedModelError
-    from .hf_io import CheckpointError, hf_param_shapes, iter_hf_tensors, save_hf
-    from .hf_load import load_hf
-    from .qwen3 import Qwen3ForCausalLM
-    from .registry import FAMILIES, ModelFamily, config_from_pretrained, family_for_hf, family_of
-    from .sharding import LOGICAL_RULES, MeshConfig, make_mesh, shard_model
-    from .tiny import make_tiny
+if TYPE_CHECKING:  # the names of __all__ for type checkers
+    from .config import PRESETS, ModelShape, Qwen3Config, UnsupportedModelError  # noqa: F401
+    from .hf_io import CheckpointError, hf_param_shapes, iter_hf_tensors, save_hf  # noqa: F401
+    from .hf_load import load_hf  # noqa: F401
+    from .qwen3 import Qwen3ForCausalLM  # noqa: F401
+    from .registry import FAMILIES, ModelFamily, config_from_pretrained, family_for_hf, family_of  # noqa: F401
+    from .sharding import LOGICAL_RULES, MeshConfig, make_mesh, shard_model  # noqa: F401
+    from .tiny import make_tiny  # noqa: F401
