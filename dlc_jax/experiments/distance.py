@@ -93,13 +93,7 @@ def prefix_kl(
     block = max(chunk_size, (block // chunk_size) * chunk_size)
     for s in range(0, p, block):  # host-side blocks keep the jitted shapes bounded for huge sets
         ha, hb = a.hidden[s : s + block], b.hidden[s : s + block]
-        total = total + kl_on_positions(
-            ha,
-            hb,
-            a.unembed,
-            b.unembed,
-            np.ones(ha.shape[0], np.float32),
-            temperature=temperature,
-            chunk_size=chunk_size,
-        )
+        mask = np.ones(ha.shape[0], np.float32)
+        kw = dict(temperature=temperature, chunk_size=chunk_size)
+        total = total + kl_on_positions(ha, hb, a.unembed, b.unembed, mask, **kw)
     return total.means()

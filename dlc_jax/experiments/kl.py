@@ -101,8 +101,7 @@ def kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, 
     c = max(1, min(int(chunk_size), n))
     pad = (-n) % c
     if pad:
-        h_a = jnp.pad(h_a, ((0, pad), (0, 0)))
-        h_b = jnp.pad(h_b, ((0, pad), (0, 0)))
+        h_a, h_b = (jnp.pad(h, ((0, pad), (0, 0))) for h in (h_a, h_b))
         m = jnp.pad(m, (0, pad))
     n_chunks = (n + pad) // c
     xs = (h_a.reshape(n_chunks, c, d), h_b.reshape(n_chunks, c, d), m.reshape(n_chunks, c))
@@ -118,17 +117,7 @@ def kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, 
     return fwd, rev, jnp.sum(m)
 
 
-def kl_on_positions(
-    hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, chunk_size=256
-) -> KLSums:
-    """:func:`kl_sums` as a host-side :class:`KLSums` (for accumulating over batches)."""
-    f, r, c = kl_sums(
-        hidden_a,
-        hidden_b,
-        unembed_a,
-        unembed_b,
-        mask,
-        temperature=temperature,
-        chunk_size=chunk_size,
-    )
-    return KLSums(float(f), float(r), float(c))
+def kl_on_positions(*args, **kwargs) -> KLSums:
+    """:func:`kl_sums` (same arguments) as a host-side :class:`KLSums` (for accumulating over
+    batches)."""
+    return KLSums(*map(float, kl_sums(*args, **kwargs)))

@@ -81,19 +81,10 @@ def _local_experts(
     xs = jnp.where(local, jnp.take(x, src, axis=0), 0)
     offset = jnp.asarray(first_expert, jnp.int32)
 
-    def mm(lhs, rhs):
-        out = gmm(
-            lhs,
-            rhs,
-            sizes,
-            lhs.dtype,
-            _tiling(mp),
-            offset,
-            None,
-            False,
-            interpret,
+    def mm(lhs, rhs):  # gmm(lhs, rhs, group sizes, dtype, tiling, group offset, ..., interpret)
+        return jnp.where(
+            local, gmm(lhs, rhs, sizes, lhs.dtype, _tiling(mp), offset, None, False, interpret), 0
         )
-        return jnp.where(local, out, 0)
 
     h = jnp.where(local, jax.nn.silu(mm(xs, wg)) * mm(xs, wu), 0)
     ys = mm(h, wd)[:m]
@@ -104,19 +95,9 @@ def _local_experts(
 def _token_experts(x, experts, weights, wg, wu, wd, first_expert, num_experts, interpret):
     """`_local_experts` over x [..., D] with experts / weights [..., K]: flattened to tokens and
     back to x's shape."""
-    d, kk = x.shape[-1], experts.shape[-1]
-    y = _local_experts(
-        x.reshape(-1, d),
-        experts.reshape(-1, kk),
-        weights.reshape(-1, kk),
-        wg,
-        wu,
-        wd,
-        first_expert=first_expert,
-        num_experts=num_experts,
-        interpret=interpret,
-    )
-    return y.reshape(x.shape)
+    flat = (a.reshape(-1, a.shape[-1]) for a in (x, experts, weights))
+    kw = dict(first_expert=first_expert, num_experts=num_experts, interpret=interpret)
+    return _local_experts(*flat, wg, wu, wd, **kw).reshape(x.shape)
 
 
 def _sharded_block(
@@ -143,11 +124,8 @@ def _sharded_block(
         return y if tensor_axis is None else jax.lax.psum(y, tensor_axis)
 
     if gather and dispatch == "all_to_all":  # tokens go only to the devices of their experts
-        kk = experts.shape[-1]
         y = all_to_all_experts(
-            x.reshape(-1, d),
-            experts.reshape(-1, kk),
-            weights.reshape(-1, kk),
+            *(a.reshape(-1, a.shape[-1]) for a in (x, experts, weights)),
             local,
             axis_name=expert_axis,
             size=expert_size,
