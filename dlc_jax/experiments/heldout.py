@@ -73,6 +73,15 @@ def score_answers(texts: Sequence[str], answers: Sequence[str]) -> np.ndarray:
     return np.array([float(exact_match_reward(t, a) > 0) for t, a in zip(texts, answers)])
 
 
+def sampled_answers(model, prompts, decode, *, eos_id: int, **sampling) -> list[str]:
+    """One answer per prompt sampled from ``model`` (`own_prefixes.sample_responses` with the
+    keywords ``sampling``: max_tokens, temperature, seed), decoded without its eos."""
+    from dlc_jax.experiments.own_prefixes import sample_responses
+
+    outs = sample_responses(model, prompts, eos_id=eos_id, pad_id=eos_id, **sampling)
+    return [decode([int(t) for t in o if int(t) != eos_id]) for o in outs]
+
+
 def heldout_score(
     model,
     prompt_ids: Sequence[np.ndarray],
@@ -86,24 +95,14 @@ def heldout_score(
     """Greedy and sampled accuracy of ``model`` on the first ``cfg.prompts`` prompts.
 
     decode: token ids -> text (the tokenizer's decode, eos already removed)."""
-    from dlc_jax.experiments.own_prefixes import sample_responses
-
     n = min(cfg.prompts, len(prompt_ids))
     if n < 1 or len(answers) < n:
         raise ValueError(f"heldout: need {cfg.prompts} prompts with answers, got {len(answers)}")
     prompts, gold = list(prompt_ids[:n]), list(answers[:n])
 
     def answers_of(ps, temperature: float, seed: int) -> list[str]:
-        outs = sample_responses(
-            model,
-            ps,
-            max_tokens=cfg.max_tokens,
-            temperature=temperature,
-            seed=seed,
-            eos_id=eos_id,
-            pad_id=eos_id,
-        )
-        return [decode([int(t) for t in o if int(t) != eos_id]) for o in outs]
+        kw = dict(max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
+        return sampled_answers(model, ps, decode, eos_id=eos_id, **kw)
 
     greedy = score_answers(answers_of(prompts, GREEDY_TEMPERATURE, cfg.seed + step), gold)
     sampled_texts = answers_of(prompts * cfg.samples, cfg.temperature, cfg.seed + 1_000 + step)

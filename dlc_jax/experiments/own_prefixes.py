@@ -66,16 +66,8 @@ def sample_responses(
     for _ in range(int(max_tokens)):
         key, sub = jax.random.split(key)
         mask = (pos_ar < cur[:, None]).astype(np.int32)
-        tok = np.asarray(
-            fn(
-                model,
-                jnp.asarray(ids),
-                jnp.asarray(mask),
-                jnp.asarray(cur - 1),
-                sub,
-                jnp.float32(1.0 / temperature),
-            )
-        )
+        arrays = (jnp.asarray(a) for a in (ids, mask, cur - 1))
+        tok = np.asarray(fn(model, *arrays, sub, jnp.float32(1.0 / temperature)))
         live = ~done
         ids[live, cur[live]] = tok[live]
         cur[live] += 1

@@ -140,22 +140,13 @@ def greedy_accuracy(
 ) -> float:
     """Fraction of the first ``n`` prompts whose near-greedy (temperature 1e-4) answer scores 1 (one
     jitted shape for all prompts, see own_prefixes.sample_responses)."""
-    from dlc_jax.data.rewards import exact_match_reward
     from dlc_jax.data.tokenize import encode_prompt
-    from dlc_jax.experiments.own_prefixes import sample_responses
+    from dlc_jax.experiments.heldout import GREEDY_TEMPERATURE, sampled_answers, score_answers
 
     if n < 1:
         return float("nan")
     recs = [source[i] for i in range(n)]
     prompts = [encode_prompt(tok, r["prompt"]) for r in recs]
-    outs = sample_responses(
-        model,
-        prompts,
-        max_tokens=max_tokens,
-        temperature=1e-4,
-        seed=0,
-        eos_id=eos_id,
-        pad_id=eos_id,
-    )
-    texts = [tok.decode([t for t in o.tolist() if t != eos_id]) for o in outs]
-    return float(np.mean([exact_match_reward(t, r["answer"]) > 0 for t, r in zip(texts, recs)]))
+    kw = dict(max_tokens=max_tokens, temperature=GREEDY_TEMPERATURE, seed=0)
+    texts = sampled_answers(model, prompts, tok.decode, eos_id=eos_id, **kw)
+    return float(np.mean(score_answers(texts, [r["answer"] for r in recs])))
