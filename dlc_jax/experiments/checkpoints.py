@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ def _key_str(k) -> str:
     return str(k)
 
 
-def flatten_params(tree) -> dict[str, object]:
+def flatten_params(tree) -> dict[str, Any]:
     """``{"model/layers/0/mlp/up_proj/kernel": array}``; a trailing ``value`` (NNX Variable) is
     dropped."""
     import jax
@@ -101,18 +102,15 @@ def model_with_params(model_dir: str, raw_params):
             f"checkpoint params do not match the model: missing {missing[:5]}, unexpected "
             f"{extra[:5]}"
         )
-    paths, treedef = jax.tree_util.tree_flatten_with_path(params)
     leaves = []
-    for path, leaf in paths:
-        name = "/".join(_key_str(k) for k in path)
-        name = name[: -len("/value")] if name.endswith("/value") else name
+    for name, leaf in want.items():  # in the tree's leaf order
         arr = np.asarray(got[name])
         if arr.shape != tuple(leaf.shape):
             raise ValueError(
                 f"checkpoint param {name}: shape {arr.shape}, model expects {tuple(leaf.shape)}"
             )
         leaves.append(jnp.asarray(arr, jnp.float32))
-    new = jax.tree_util.tree_unflatten(treedef, leaves)
+    new = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), leaves)
     return nnx.merge(graphdef, new, rest)
 
 
@@ -123,6 +121,5 @@ def load_checkpoint_model(cfg, step: int):
         raise ValueError(
             "model.path: the experiment runner resolves the initial model; it must be set here"
         )
-    return model_with_params(
-        cfg.model.path, find_params(restore_raw_state(cfg.checkpoint.dir, step))
-    )
+    raw = find_params(restore_raw_state(cfg.checkpoint.dir, step))
+    return model_with_params(cfg.model.path, raw)
