@@ -59,10 +59,6 @@ class HeldoutScore:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
-    @classmethod
-    def from_json(cls, d: dict) -> HeldoutScore:
-        return cls(**d)
-
 
 def score_answers(texts: Sequence[str], answers: Sequence[str]) -> np.ndarray:
     """1.0 where the response's final number is the reference answer's (the training reward)."""

@@ -28,10 +28,7 @@ JAX_NUMERICS: dict[str, dict] = {
     "jax_int8": {"quantization": "int8"},
     "jax_fp8_e4m3": {"quantization": "fp8_e4m3"},
     "jax_fp8_e4m3_bf16": {"quantization": "fp8_e4m3", "dtype": "bfloat16"},
-    "noise_0.05": {"weight_noise": 0.05},
-    "noise_0.1": {"weight_noise": 0.1},
-    "noise_0.2": {"weight_noise": 0.2},
-    "noise_0.3": {"weight_noise": 0.3},
+    **{f"noise_{s}": {"weight_noise": s} for s in (0.05, 0.1, 0.2, 0.3)},
 }
 VLLM_NAME = "vllm_cpu_bf16"
 
