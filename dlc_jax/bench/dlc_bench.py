@@ -241,6 +241,13 @@ ARGS = common.Options("dlc", SIZES, ("--repeats", "repeats", {"type": int}))
 add_args, from_args = ARGS.add_args, ARGS.from_args
 
 
+# the end-to-end runs' fixed settings (both variants; the sizes come from the bench config)
+E2E_OVERRIDES = (
+    "sft.enabled=false sampler.backend=jax resync.policy=every_k async.prefetch=1 "
+    "log.progress=false log.tensorboard=false checkpoint.every=0 checkpoint.resume=false"
+)
+
+
 def _xla_flops(jitted, *args) -> float | None:
     """FLOPs of one call from XLA's cost analysis of the compiled program (None if not reported)."""
     ca = jitted.lower(*args).compile().cost_analysis()
@@ -290,32 +297,15 @@ def end_to_end(cfg: DlcBenchConfig) -> dict:
             "grpo": ["loss.name=naive", "sampler.head_k=0"],
             "dlc": ["loss.name=dlc", f"sampler.head_k={cfg.head_k}"],
         }
+        shared = [f"model.path={model_dir}", *E2E_OVERRIDES.split()]
+        shared += [f"sampler.n={cfg.e2e_n}", f"sampler.max_tokens={cfg.e2e_max_tokens}"]
+        shared += [f"train.batch_prompts={cfg.e2e_batch_prompts}", f"train.steps={cfg.e2e_steps}"]
+        shared += [f"resync.k={cfg.e2e_resync_k}", f"train.seed={cfg.seed}"]
         for rnd in range(cfg.e2e_rounds):
             for v, extra in variants.items():
                 run_dir = tmp / f"{v}{rnd}"
-                tc = load_config(
-                    default_config_path(),
-                    [
-                        f"model.path={model_dir}",
-                        "sft.enabled=false",
-                        "sampler.backend=jax",
-                        f"sampler.n={cfg.e2e_n}",
-                        f"sampler.max_tokens={cfg.e2e_max_tokens}",
-                        f"train.batch_prompts={cfg.e2e_batch_prompts}",
-                        f"train.steps={cfg.e2e_steps}",
-                        "resync.policy=every_k",
-                        f"resync.k={cfg.e2e_resync_k}",
-                        "async.prefetch=1",
-                        "log.progress=false",
-                        "log.tensorboard=false",
-                        f"log.dir={run_dir}/logs",
-                        f"checkpoint.dir={run_dir}/ckpt",
-                        "checkpoint.every=0",
-                        "checkpoint.resume=false",
-                        f"train.seed={cfg.seed}",
-                        *extra,
-                    ],
-                )
+                run_keys = [f"log.dir={run_dir}/logs", f"checkpoint.dir={run_dir}/ckpt"]
+                tc = load_config(default_config_path(), [*shared, *run_keys, *extra])
                 summary = (grpo_trainer if v == "grpo" else build_trainer)(tc).run()
                 if not summary.get("finished"):
                     raise RuntimeError(f"end-to-end {v} run did not finish: {summary}")

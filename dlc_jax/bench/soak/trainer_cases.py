@@ -31,30 +31,18 @@ class SoakConfig:
     seed: int = 0
 
 
+# the soaked runs' settings (the tiny model, the JAX sampler spawned on loopback)
+_TRAIN = (
+    "sft.enabled=false sampler.backend=jax sampler.n=2 sampler.max_tokens=4 sampler.head_k=2 "
+    "sampler.max_model_len=64 train.batch_prompts=2 async.prefetch=0 resync.policy=every_k "
+    "resync.k=2 optim.lr=3e-3 log.progress=false log.tensorboard=false checkpoint.every=1 "
+    "checkpoint.keep=2"
+).split()
+
+
 def _train_args(model: Path, run: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        "train",
-        f"model.path={model}",
-        "sft.enabled=false",
-        "sampler.backend=jax",
-        "sampler.n=2",
-        "sampler.max_tokens=4",
-        "sampler.head_k=2",
-        "sampler.max_model_len=64",
-        "train.batch_prompts=2",
-        f"train.steps={steps}",
-        "async.prefetch=0",
-        "resync.policy=every_k",
-        "resync.k=2",
-        "optim.lr=3e-3",
-        "log.progress=false",
-        "log.tensorboard=false",
-        f"log.dir={run}/logs",
-        f"checkpoint.dir={run}/ckpt",
-        "checkpoint.every=1",
-        "checkpoint.keep=2",
-        *extra,
-    ]
+    run_keys = [f"train.steps={steps}", f"log.dir={run}/logs", f"checkpoint.dir={run}/ckpt"]
+    return ["train", f"model.path={model}", *_TRAIN, *run_keys, *extra]
 
 
 def kill_and_damage_cycles(
