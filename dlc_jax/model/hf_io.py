@@ -185,15 +185,9 @@ def hf_device_tensors(
 def iter_hf_tensors(
     model: Qwen3ForCausalLM, *, dtype=np.float32, host_transpose: bool | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (HF name, HF-layout numpy array) one tensor at a time, gathered to host.
-
-    `dtype=None` keeps the parameter dtype. Tied models yield no lm_head.weight. The cast (and the
-    layer slice) runs on device, one tensor at a time, then the tensor is gathered. Kernels are
-    transposed to HF [out, in] on device, or on host after the gather with `host_transpose`
-    (default: when the parameter lives on CPU devices, where XLA's transpose costs 3-5x the
-    host's blocked copy; on an accelerator the device does it). Same bytes either way. The next
-    tensor's device work is dispatched before this one is gathered (`hf_device_tensors`).
-    """
+    """Yield (HF name, HF-layout numpy array) one tensor at a time, gathered to host: the tensors
+    of `hf_device_tensors` (same arguments), transposed on host where it says so. Tied models
+    yield no lm_head.weight; the bytes are the same whichever side transposes."""
     for name, x, on_host in hf_device_tensors(model, dtype=dtype, host_transpose=host_transpose):
         a = _gather(x)
         yield name, _host_transpose(a) if on_host else np.ascontiguousarray(a)
