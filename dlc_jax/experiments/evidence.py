@@ -163,18 +163,13 @@ def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunRe
             if b == "dlc" or "dlc" not in by_arm:
                 continue
             iv, diffs = paired_heldout(by_arm, "dlc", b)
-            a = "dlc"
             if not diffs:
                 continue
-            need = seeds_to_decide(diffs)
-            v = verdict_of_difference(iv)
-            tail = (
-                f"; {need} seeds would decide it at the measured spread"
-                if v == "inconclusive" and need is not None
-                else ""
-            )
+            need, v = seeds_to_decide(diffs), verdict_of_difference(iv)
+            decide = v == "inconclusive" and need is not None
+            tail = f"; {need} seeds would decide it at the measured spread" if decide else ""
             lines.append(
-                f"- {a} - {b}, final held-out greedy accuracy paired over {len(diffs)} seeds: "
+                f"- dlc - {b}, final held-out greedy accuracy paired over {len(diffs)} seeds: "
                 f"{iv.fmt(3)} ({v}){tail}."
             )
         lines.append("")

@@ -89,12 +89,8 @@ def self_attention(
     if kind == "dense":
         return dense_attention(q, k, v, causal_mask(valid, segment_ids))
     if kind == "splash":
-        seg = (
-            jnp.zeros(valid.shape, jnp.int32)
-            if segment_ids is None
-            else segment_ids.astype(jnp.int32)
-        )
-        seg = jnp.where(valid, seg, _PAD_SEGMENT)
+        seg = jnp.zeros(valid.shape, jnp.int32) if segment_ids is None else segment_ids
+        seg = jnp.where(valid, seg.astype(jnp.int32), _PAD_SEGMENT)
         return splash_self_attention(
             q, k, v, seg, mesh=mesh, rules=rules, interpret=mesh_platform(mesh) != "tpu"
         )
@@ -103,13 +99,9 @@ def self_attention(
         pad_seg = pad_seg & (segment_ids[:, :, None] == segment_ids[:, None, :])
     if kind == "cudnn" and jnp.dtype(q.dtype) not in (jnp.bfloat16, jnp.float16):
         raise ValueError(f"attention_impl='cudnn' needs bf16/fp16 activations, got {q.dtype}")
+    implementation: Literal["cudnn", "xla"] = "cudnn" if kind == "cudnn" else "xla"
     return jax.nn.dot_product_attention(
-        q,
-        k,
-        v,
-        mask=pad_seg[:, None],
-        is_causal=True,
-        implementation="cudnn" if kind == "cudnn" else "xla",
+        q, k, v, mask=pad_seg[:, None], is_causal=True, implementation=implementation
     )
 
 
