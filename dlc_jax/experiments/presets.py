@@ -76,17 +76,10 @@ class Scenario:
 ARMS: dict[str, Arm] = {
     a.name: a
     for a in (
-        Arm("naive", "naive"),
-        Arm("tis", "tis"),
-        Arm("mis", "mis"),
-        Arm("score_centering", "score_centering"),
-        Arm("score_centering_tis", "score_centering_tis"),
-        Arm(
-            "ppo_clip", "ppo_clip", options=(("old_policy", "sampler"),)
-        ),  # clip vs the sampler (bypass)
-        Arm("decoupled_ppo", "decoupled_ppo"),
-        Arm("m2po", "m2po"),
-        Arm("vcpo", "vcpo"),
+        *(Arm(n, n) for n in ("naive", "tis", "mis", "score_centering", "score_centering_tis")),
+        # PPO's clip against the sampler (bypass)
+        Arm("ppo_clip", "ppo_clip", options=(("old_policy", "sampler"),)),
+        *(Arm(n, n) for n in ("decoupled_ppo", "m2po", "vcpo")),
         Arm("dlc", "dlc", own_resync="ess"),
         # DLC whose trigger reads the sequence lag ESS (resync.statistic=sequence)
         Arm("dlc_seq", "dlc", own_resync="ess", extra=("resync.statistic=sequence",)),
