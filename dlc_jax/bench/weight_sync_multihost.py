@@ -252,25 +252,13 @@ def add_multihost_part(res: dict, mh: dict) -> None:
         shares = [r["egress_vs_model"] for r in rows]
         key = t.replace(" + ", "_")
         res["summary"][f"multihost_{key}_max_egress_vs_model"] = max(shares)
-        res["targets"].append(
-            common.target(
-                f"multihost push over {t} ({processes} processes): max bytes out of one "
-                "process / model bytes",
-                max(shares),
-                0.6,
-                "<=",
-            )
-        )
+        name = f"multihost push over {t} ({processes} processes): max bytes out of one process"
+        res["targets"].append(common.target(f"{name} / model bytes", max(shares), 0.6, "<="))
         if rows[0]["samplers"] > 1:  # relayed: the trainer's egress is one model for N samplers
             res["summary"][f"multihost_{key}_egress_vs_model"] = sum(shares)
+            name = f"multihost push over {t} to {rows[0]['samplers']} samplers: trainer egress"
             res["targets"].append(
-                common.target(
-                    f"multihost push over {t} to {rows[0]['samplers']} samplers: trainer egress "
-                    "(all processes) / model bytes",
-                    sum(shares),
-                    1.1,
-                    "<=",
-                )
+                common.target(f"{name} (all processes) / model bytes", sum(shares), 1.1, "<=")
             )
     res["notes"].append(
         f"multihost push: {processes} trainer processes x 4 fake CPU devices "
