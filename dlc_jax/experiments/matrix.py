@@ -30,8 +30,7 @@ def onpolicy_name(seed: int) -> str:
 
 def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -> list[RunSpec]:
     """The matrix: the on-policy runs first, then seed-major scenario x arm (so an interrupted
-    matrix has
-    every arm at its first seeds rather than some arms at all seeds)."""
+    matrix has every arm at its first seeds rather than some arms at all seeds)."""
     arms = list(preset.arms if arms is None else arms)  # [] = the on-policy runs only
     scs = [preset.scenario(s) for s in scenarios] if scenarios else list(preset.scenarios)
     bad = [a for a in arms if a not in ARMS]

@@ -143,10 +143,8 @@ class Experiment:
     # -- stages ---------------------------------------------------------------------------------
     def resolve_model(self) -> str:
         """The initial policy's HF dir: model.path, the chain-task warm-up, or the (SFT-warmed) tiny
-        model,
-        made once. All runs then point at this directory with SFT off, so the on-policy runs differ
-        only
-        in ``train.seed`` (sampling), never in their starting weights."""
+        model, made once. All runs then point at this directory with SFT off, so the on-policy runs
+        differ only in ``train.seed`` (sampling), never in their starting weights."""
         marker = self.out / "model.json"
         if marker.exists():
             return json.loads(marker.read_text())["model_dir"]
@@ -267,19 +265,11 @@ class Experiment:
         (self.out / "failures.json").write_text(json.dumps(failures, indent=1))
         log_progress(f"all runs done in {time.time() - t_all:.0f}s ({len(failures)} failed)")
         if self.timings:  # keep earlier invocations' timings: one file per invocation
-            (self.out / f"timings_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(
-                json.dumps(
-                    {
-                        "total_s": time.time() - t_all,
-                        "started": t_all,
-                        "finished": time.time(),
-                        "workers": self.workers,
-                        "runs": self.timings,
-                        "loadavg": loadavg(),
-                    },
-                    indent=1,
-                )
-            )
+            t_end = time.time()
+            timing: dict = {"total_s": t_end - t_all, "started": t_all, "finished": t_end}
+            timing.update(workers=self.workers, runs=self.timings, loadavg=loadavg())
+            path = self.out / f"timings_{time.strftime('%Y%m%d_%H%M%S')}.json"
+            path.write_text(json.dumps(timing, indent=1))
         if report:
             return self.write_report()
         return self.out
