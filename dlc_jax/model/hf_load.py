@@ -110,25 +110,11 @@ def load_hf(
     unexpected tensor, `UnsupportedModelError` for other architectures.
     """
     path = Path(path)
-    options = {
-        k: v
-        for k, v in (
-            ("scan_layers", scan_layers),
-            ("attention_impl", attention_impl),
-            ("moe_impl", moe_impl),  # mixture-of-experts families only
-            ("moe_dispatch", moe_dispatch),
-        )
-        if v is not None
-    }
-    config = config_from_pretrained(path, **options)
-    abstract = abstract_model(
-        config,
-        mesh=mesh,
-        rules=rules,
-        param_dtype=param_dtype,
-        compute_dtype=compute_dtype,
-        remat=remat,
-    )
+    options = dict(scan_layers=scan_layers, attention_impl=attention_impl)
+    options.update(moe_impl=moe_impl, moe_dispatch=moe_dispatch)  # mixture-of-experts families
+    config = config_from_pretrained(path, **{k: v for k, v in options.items() if v is not None})
+    dtypes = dict(param_dtype=param_dtype, compute_dtype=compute_dtype)
+    abstract = abstract_model(config, mesh=mesh, rules=rules, remat=remat, **dtypes)
     graphdef, params, *rest = nnx.split(abstract, nnx.Param, ...)  # rest: [non-Param state]
     index = _checkpoint_index(path)
     expected = hf_param_shapes(config)
@@ -183,8 +169,3 @@ def load_hf(
     model = nnx.merge(graphdef, nnx.from_flat_state(flat), *rest)
     model.hf_source = str(path)
     return model
-
-
-# ---------------------------------------------------------------------------------------------
-# Export
-# ---------------------------------------------------------------------------------------------
