@@ -1,16 +1,8 @@
-"""Held-out accuracy of a run's policy theta_t, computed from its checkpoints, never by a sampler.
-
-The rollout reward a run logs is the *sampler's* reward: a never-synced sampler keeps answering with
-the initial weights, so that number says nothing about what the trainer learned. Here the
-checkpointed parameters themselves answer ``prompts`` held-out prompts (the experiment's held-out
-split, disjoint seed from the training data):
-
-* **greedy**: one near-greedy answer per prompt (temperature 1e-4: argmax up to exact ties);
-* **sampled**: ``samples`` answers per prompt at ``temperature`` (the training temperature).
-
-The sampling seed depends only on ``seed`` and the checkpoint step, so every run answers with the
-same random numbers at the same step: the comparison between runs is paired. Per-prompt scores are
-kept (``greedy_correct``, ``sampled_correct``) for paired bootstraps over prompts.
+"""Held-out accuracy of a run's policy theta_t, computed from its checkpoints, never by a sampler
+(a never-synced sampler's rollout reward is the initial policy's): near-greedy (**greedy**) and
+``samples`` sampled answers per prompt (**sampled**) on the held-out prompts, with a seed that
+depends only on ``seed`` and the step, so runs are paired; per-prompt scores are kept
+(docs/experiments/README.md, "Held-out accuracy of theta_t").
 """
 
 from __future__ import annotations

