@@ -205,24 +205,19 @@ def run(cfg: MoeBenchConfig) -> dict:
     res["exactness"] = ex
     k_own, k_rep = rows[0]["k3_kl"], rows[1]["k3_kl"]
     ratio = k_own / k_rep if k_rep > 0 else float("inf")
-    res["targets"] = [
-        *(
-            common.target(
-                f"replay of own routing bitwise identical, {p} (1 = yes)",
-                float(ex[f"replay_own_bitwise_{p}"]),
-                1,
-                ">=",
-            )
-            for p in ("fp32", "bf16")
-        ),
-        common.target(
-            "router gradient norm under replay (smallest layer)",
-            ex["router_grad_norm_min"],
-            1e-12,
-            ">=",
-        ),
-        common.target("k3 KL without replay / with replay", ratio, 2.0, ">="),
+    lower_bounds: list[tuple[str, Any, float]] = [  # (target, value, bound): value >= bound
+        (
+            f"replay of own routing bitwise identical, {p} (1 = yes)",
+            ex[f"replay_own_bitwise_{p}"],
+            1,
+        )
+        for p in ("fp32", "bf16")
     ]
+    lower_bounds.append(
+        ("router gradient norm under replay (smallest layer)", ex["router_grad_norm_min"], 1e-12)
+    )
+    lower_bounds.append(("k3 KL without replay / with replay", ratio, 2.0))
+    res["targets"] = [common.target(n, float(v), b, ">=") for n, v, b in lower_bounds]
     res["notes"] = [
         f"tiny Qwen3-MoE: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"{cfg.num_experts} experts, top {cfg.num_experts_per_tok}, expert width "
