@@ -51,8 +51,7 @@ def _row(name: str, target: str, met: str) -> dict:
 def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
     from dlc_jax.bench.cli import BENCHMARKS
 
-    res = common.new_result("all", "All benchmarks", COLUMNS)
-    res["config"] = dataclasses.asdict(cfg)
+    res = common.new_result("all", "All benchmarks", COLUMNS, cfg)
     out = Path(cfg.out)
     sections, results = [], {}
     names = [n for n in BENCHMARKS if n not in cfg.skip and n != "all"]

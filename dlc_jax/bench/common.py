@@ -218,12 +218,13 @@ def write_result(result: dict, out_dir) -> str:
     return md
 
 
-def new_result(name: str, title: str, columns: list[str]) -> dict:
+def new_result(name: str, title: str, columns: list[str], config=None) -> dict:
+    """An empty result (see the module doc); ``config``: the benchmark's config dataclass."""
     return {
         "name": name,
         "title": title,
         "machine": machine_info(),
-        "config": {},
+        "config": {} if config is None else dataclasses.asdict(config),
         "columns": columns,
         "rows": [],
         "targets": [],

@@ -113,8 +113,7 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
         make_train_step,
     )
 
-    res = common.new_result("dlc", "DLC step overhead vs plain GRPO", COLUMNS)
-    res["config"] = dataclasses.asdict(cfg)
+    res = common.new_result("dlc", "DLC step overhead vs plain GRPO", COLUMNS, cfg)
     model = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed))
     graphdef, params = nnx.split(model, nnx.Param)
     params_s = nnx.split(

@@ -138,9 +138,11 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     import jax.numpy as jnp
 
     res = common.new_result(
-        "logprobs", f"Log-prob memory: chunked vs naive full softmax (V={cfg.vocab_size})", COLUMNS
+        "logprobs",
+        f"Log-prob memory: chunked vs naive full softmax (V={cfg.vocab_size})",
+        COLUMNS,
+        cfg,
     )
-    res["config"] = dataclasses.asdict(cfg)
     fns = _fns(cfg.chunk_size)
     d, v = cfg.hidden_size, cfg.vocab_size
     analyses = []

@@ -87,9 +87,8 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
     from dlc_jax.sampler.service.process import SamplerProcess
 
     res = common.new_result(
-        "lora", "LoRA pushes: adapter push vs full (merged) push of the same model", COLUMNS
+        "lora", "LoRA pushes: adapter push vs full (merged) push of the same model", COLUMNS, cfg
     )
-    res["config"] = dataclasses.asdict(cfg)
     with tempfile.TemporaryDirectory(prefix="dlc_lora_bench_") as d:
         tmp = pathlib.Path(d)
         base = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(0))

@@ -194,9 +194,8 @@ def mismatch(model_dir: Path, cfg: MoeBenchConfig) -> list[dict]:
 
 def run(cfg: MoeBenchConfig) -> dict:
     res = common.new_result(
-        "moe", "Routing replay on a tiny Qwen3-MoE (bf16 JAX sampler vs fp32 trainer)", COLUMNS
+        "moe", "Routing replay on a tiny Qwen3-MoE (bf16 JAX sampler vs fp32 trainer)", COLUMNS, cfg
     )
-    res["config"] = dataclasses.asdict(cfg)
     with tempfile.TemporaryDirectory(prefix="dlc_moe_bench_") as tmp:
         model_dir = _make_model_dir(cfg, Path(tmp))
         ex = exactness(model_dir, cfg.seed)

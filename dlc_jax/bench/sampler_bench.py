@@ -318,8 +318,8 @@ def run(cfg: SamplerBenchConfig = SIZES["default"]) -> dict:
         "sampler",
         "Sampler service: gRPC vs direct vLLM, weight push vs raw socket",
         ["measurement", "ours", "peer", "unit", "ratio"],
+        cfg,
     )
-    res["config"] = dataclasses.asdict(cfg)
     with tempfile.TemporaryDirectory(prefix="dlc_sampler_bench_") as d:
         tmp = pathlib.Path(d)
         _bench_rollouts(cfg, res, tmp)

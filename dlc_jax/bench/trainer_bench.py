@@ -118,8 +118,9 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
     from dlc_jax.bench import peers
     from dlc_jax.model import Qwen3ForCausalLM
 
-    res = common.new_result(cfg.name, "Trainer step: forward+backward tokens/s vs peers", COLUMNS)
-    res["config"] = dataclasses.asdict(cfg)
+    res = common.new_result(
+        cfg.name, "Trainer step: forward+backward tokens/s vs peers", COLUMNS, cfg
+    )
     mcfg = cfg.model_config()
     rng = np.random.default_rng(cfg.seed)
     ids, tgt = common.token_batch(rng, cfg.vocab_size, cfg.batch, cfg.length)

@@ -12,7 +12,6 @@ interleaved, the fastest reported (``common.best``); ratio = throughput / raw so
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import tempfile
@@ -56,9 +55,8 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
     from dlc_jax.sampler.wire import safetensors_io as st
 
     res = common.new_result(
-        "weight_sync", "Weight sync: export + gRPC push vs raw loopback socket", COLUMNS
+        "weight_sync", "Weight sync: export + gRPC push vs raw loopback socket", COLUMNS, cfg
     )
-    res["config"] = dataclasses.asdict(cfg)
     mcfg = cfg.model_config()
     model = Qwen3ForCausalLM(mcfg, rngs=nnx.Rngs(0))
     np_dtype = st.NP_DTYPES[cfg.push_dtype]

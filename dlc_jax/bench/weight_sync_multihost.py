@@ -287,7 +287,6 @@ def add_multihost_part(res: dict, mh: dict) -> None:
 def multihost_result(cfg) -> dict:
     """The multi-host part alone as a bench result (name `weight_sync_multihost`), e.g.
     `common.write_result(multihost_result(SIZES["small"]), "docs/bench")`."""
-    import dataclasses
     import tempfile
 
     from dlc_jax.bench import common
@@ -297,8 +296,8 @@ def multihost_result(cfg) -> dict:
         "weight_sync_multihost",
         "Weight sync: multi-host push, bytes out of each trainer process (gRPC / socket plane)",
         COLUMNS,
+        cfg,
     )
-    res["config"] = dataclasses.asdict(cfg)
     res["summary"] = {}
     with tempfile.TemporaryDirectory(prefix="dlc_weight_sync_multihost_") as d:
         add_multihost_part(res, multihost_rows(cfg, pathlib.Path(d)))

@@ -94,8 +94,8 @@ def run(cfg: SoakBenchConfig) -> dict:
         "Soak: sampler service, trainer failure paths, hostile inputs, environments, adapters "
         "(loopback)",
         COLUMNS,
+        cfg,
     )
-    res["config"] = dataclasses.asdict(cfg)
     parts_dir = Path(cfg.out) / "soak"
     # the two parts drive separate processes (a sampler server; trainer runs): run them side by
     # side, each writing its own table under <out>/soak/

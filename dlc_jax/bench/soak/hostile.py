@@ -35,9 +35,11 @@ def run(out_dir, cfg: HostileSoakConfig | None = None) -> dict:
     cfg = cfg or HostileSoakConfig()
     cols = ["scenario", "cases", "ok", "crashes", "multi_line_errors", "seconds"]
     res = common.new_result(
-        "hostile_soak", "Hostile inputs: rewards, export, data, config and plan (loopback)", cols
+        "hostile_soak",
+        "Hostile inputs: rewards, export, data, config and plan (loopback)",
+        cols,
+        cfg,
     )
-    res["config"] = dataclasses.asdict(cfg)
     t = Tally()
     counts = {"nan_metric_rows": 0, "corrupt_exported": 0, "orphans": 0}
     timeout = cfg.run_timeout_s

@@ -11,7 +11,6 @@ crashes, bad weights served, files left behind, attacks accepted, errors that ar
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -119,8 +118,8 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
         "sampler_soak",
         "Sampler service soak (hostile clients, loopback)",
         ["category", "cases", "refused", "accepted", "wrong_code", "multi_line_errors"],
+        cfg,
     )
-    res["config"] = dataclasses.asdict(cfg)
     t = Tally()
     metrics: dict = {}
     pids: list[int] = []

@@ -11,7 +11,6 @@ weights, files left behind, user errors that are not one line. The scenarios are
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -48,8 +47,8 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
             "multi_line_errors",
             "seconds",
         ],
+        cfg,
     )
-    res["config"] = dataclasses.asdict(cfg)
     rng = random.Random(cfg.seed)
     t = Tally()
     staged_before = staged_leftovers()
