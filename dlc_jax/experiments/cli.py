@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dlc_jax.cli_args import ArgumentParser, UsageError
 
 
@@ -34,35 +36,29 @@ def _parser() -> ArgumentParser:
         default=None,
         help="the arms' sampling seeds (default: the preset's)",
     )
+    key_values: dict[str, Any] = dict(action="append", default=[], metavar="KEY=VALUE")
+    points: dict[str, Any] = dict(nargs="*", default=None, metavar="POINT")
     ap.add_argument(
         "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
+        **key_values,
         help="extra trainer config override for every run (repeatable), e.g. model.preset=...",
     )
     ap.add_argument(
         "--warmup",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
+        **key_values,
         help="chain warm-up setting (steps, lr, batch_size, eval_prompts, dims.<make_tiny arg>), "
         "e.g. "
         "dims.num_hidden_layers=1 for a CPU smoke test of an accelerator preset",
     )
     ap.add_argument(
         "--sweep",
-        nargs="*",
-        default=None,
-        metavar="POINT",
+        **points,
         help="run the preset's on-policy sweep (all points, or those named) instead of the matrix; "
         "--seeds picks the seeds",
     )
     ap.add_argument(
         "--pilot",
-        nargs="*",
-        default=None,
-        metavar="POINT",
+        **points,
         help="run the preset's pilot (on-policy vs DLC without resync, 1 seed; all points, or "
         "those named) instead of the matrix",
     )
