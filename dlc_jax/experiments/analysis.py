@@ -4,9 +4,8 @@
   N_t is not measurably positive (at step 0 both on-policy runs are the initial model, N_0 = 0).
 * First step the lag ESS falls below 0.5 (measured), and the Gaussian prediction of that step
   (docs/CORRECTIONS.md §6): fit Var(ell) = a*k + b*k^2 against k = steps since the sampler's last
-  sync
-  on the first points after the first sync, then solve Var(k*) = ln 2; predicted step = sync step +
-  k*.
+  sync on the first points after the first sync, then solve Var(k*) = ln 2; predicted step = sync
+  step + k*.
 """
 
 from __future__ import annotations
@@ -186,10 +185,7 @@ class RunSummary:
 def summarize(
     run: RunResult, noise: NoiseThreshold | None, cfg: AnalysisConfig = AnalysisConfig()
 ) -> RunSummary:
-    if noise is not None:
-        rs, rr = distance_ratio(run, noise, cfg)
-    else:
-        rs, rr = [], []
+    rs, rr = distance_ratio(run, noise, cfg) if noise is not None else ([], [])
     mx = max(rr) if rr else None
     mx_step = rs[int(np.argmax(rr))] if rr else None
     ess = run.get("ess_lag")

@@ -3,15 +3,13 @@
 Layout under an experiment directory::
 
     results/<run_name>.json   one RunResult each (written by the runner after a run and its KL pass)
-    noise.json                {"steps", "forward", "reverse", "pairs", "own_pairs"}: N_t over
-    on-policy pairs
+    noise.json                {"steps", "forward", "reverse", "pairs", "own_pairs"}: N_t
 
 Per-step series (all lists aligned with ``steps``; missing values are ``None``):
     reward, entropy, ess_lag (token ESS of exp(ell)), ess_gaussian (exp(-Var ell)), ell_mean,
-    ell_std,
-    delta_mean, delta_std, mismatch_k3 (KL(q||p) on the sampler's own prefixes, k3 estimator),
-    version_lag (steps since the sampler's weights were synced, per step), resyncs (cumulative
-    count), delta_abs_mean and ell_abs_mean (mean |delta| and |ell| over the batch's tokens)
+    ell_std, delta_mean, delta_std, mismatch_k3 (KL(q||p) on the sampler's own prefixes, k3
+    estimator), version_lag (steps since the sampler's weights were synced, per step), resyncs
+    (cumulative count), delta_abs_mean and ell_abs_mean (mean |delta| and |ell| over the batch)
 Checkpoint-step series: ``kl_steps`` with ``kl_forward`` = mean over the compared on-policy runs O_j
 (those of the other sampling seeds) of KL(run_t || O_j,t) on the reference prefixes, ``kl_reverse``
 the other direction; ``kl_by_ref`` = {O_j: [KL(run_t || O_j,t)]} and ``own_kl_by_ref`` the same on
