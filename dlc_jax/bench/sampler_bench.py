@@ -168,18 +168,8 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
         srv.stop()
     mb = total / 1e6
     g, rw = common.median(grpc_s), common.median(raw_s)
-    res["rows"] += [
-        {
-            "measurement": (
-                "weight push MB/s: gRPC (chunks + CRC-32C + staged file + verify)"
-                " vs raw loopback TCP -> file"
-            ),
-            "ours": mb / g,
-            "peer": mb / rw,
-            "unit": "MB/s",
-            "ratio": rw / g,
-        },
-    ]
+    what = "weight push MB/s: gRPC (chunks + CRC-32C + staged file + verify) vs raw loopback TCP"
+    res["rows"].append(_row(f"{what} -> file", mb / g, mb / rw, "MB/s"))
     res["targets"].append(
         common.target("weight push MB/s: gRPC / raw loopback socket", rw / g, 0.5, ">=")
     )
@@ -270,14 +260,7 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
     g = tokens["grpc"] / common.median(times["grpc"])
     d = tokens["direct"] / common.median(times["direct"])
     res["rows"].insert(
-        0,
-        {
-            "measurement": "rollout tokens/s: gRPC service vs vLLM AsyncLLM direct",
-            "ours": g,
-            "peer": d,
-            "unit": "tok/s",
-            "ratio": g / d,
-        },
+        0, _row("rollout tokens/s: gRPC service vs vLLM AsyncLLM direct", g, d, "tok/s")
     )
     res["targets"].append(
         common.target("rollout tokens/s: gRPC service / direct vLLM", g / d, 0.9, ">=")
@@ -311,6 +294,17 @@ def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[i
         t0 = time.perf_counter()
         n = sum(len(r.response_ids) for r in c.generate(prompts, p))
         return n, time.perf_counter() - t0
+
+
+def _row(measurement: str, ours: float, peer: float, unit: str) -> dict:
+    """A table row: our throughput against the peer's (ratio = ours / peer)."""
+    return {
+        "measurement": measurement,
+        "ours": ours,
+        "peer": peer,
+        "unit": unit,
+        "ratio": ours / peer,
+    }
 
 
 def run(cfg: SamplerBenchConfig = SIZES["default"]) -> dict:
