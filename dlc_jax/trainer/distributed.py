@@ -1,34 +1,22 @@
 """Multi-host JAX for the trainer: process start-up, per-host batch shards, agreement between
 processes, and the weight push of a resync.
 
-Start-up (`initialize`): `jax.distributed.initialize` from the `distributed` config section, falling
-back to the environment (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`); on a
-TPU pod slice / GKE TPU node pool JAX detects all three itself (`distributed.mode=always` with the
-fields
-left empty). It must run before any other JAX call.
+Start-up (`initialize`): `jax.distributed.initialize` from the `distributed` section, else the
+environment (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`; on a TPU pod slice
+JAX detects all three); before any other JAX call. Mesh: one (data, fsdp, tensor) mesh over every
+device of every host; the jitted step is the same program on every process.
 
-Mesh: one (data, fsdp, tensor) mesh over `jax.devices()` -- every device of every host (the
-trainer's `make_training_mesh`). Parameters are sharded over it as on one host; the jitted step is
-the same program on every process.
+Agreement (`leader_bool`, `leader_json`, `allgather`, `global_versions`): everything that decides
+control flow must be the same on every process; these collectives make it so.
 
-Agreement (`leader_bool`, `allgather`, `global_versions`): everything that decides control flow must
-be the same on every process; these are the collectives that make it so (plain values in a single
-process).
+Batches -- CHOICE: rollouts are split by slot. Rows are ordered by (slot, sample) and sharded over
+('data', 'fsdp'); each process owns the rows on its own devices (`local_row_range`), whole groups
+of G = sampler.n rows (`local_slots`), asks the samplers for those slots only, scores and packs
+them, and the global arrays are assembled with `jax.make_array_from_process_local_data`
+(`global_batch`): no host holds the full batch. (Process 0 receiving and broadcasting everything
+was rejected: one host's funnel, a variable-length broadcast every step.)
 
-Batches -- CHOICE: rollouts are split by slot across processes. The batch rows are ordered by (slot
-order, sample index) and sharded over ('data', 'fsdp'); each process owns the rows that live on its
-own devices (`local_row_range`), which must be whole groups of G = sampler.n rows, i.e. a contiguous
-block of prompt slots (`local_slots`). Each process asks the samplers only for its own slots
-(every process builds the same deterministic prompt stream and keeps its slots), computes the group
-advantages of its slots locally (a group never straddles two processes), packs its rows, and the
-global arrays are assembled without any cross-host copy by
-`jax.make_array_from_process_local_data` (`global_batch`). No host ever holds, receives or
-broadcasts the full batch; the sampler traffic of a step is spread over the hosts. The alternative
-(process 0 receives everything and broadcasts) was rejected: it funnels all rollouts through one
-host and adds a broadcast of variable-length data every step.
-
-Resync push (`push_weights`): a collective -- every process must call it at the same point; no
-tensor is gathered (`shard_push`), and every process gets the same outcome and pool rotation.
+Resync push (`push_weights`): a collective; no tensor is gathered (`shard_push`).
 """
 
 from __future__ import annotations
@@ -69,21 +57,16 @@ class ProcessInfo:
 
 
 def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | None:
-    """Arguments for `jax.distributed.initialize` from the `distributed` section + environment, or
-    None when this is a single-process run. Config values win over the environment.
-
-    section: `dlc_jax.trainer.config.DistributedSection` (mode, coordinator_address, num_processes,
-    process_id, initialization_timeout_s)."""
+    """Arguments for `jax.distributed.initialize` from the `distributed` section + environment
+    (config values win), or None for a single-process run."""
     env = os.environ if environ is None else environ
     if section.mode == "never":
         return None
 
     def env_int(name: str) -> int | None:
         raw = env.get(name, "").strip()
-        if not raw:
-            return None
         try:
-            return int(raw)
+            return int(raw) if raw else None
         except ValueError:
             raise DistributedError(f"environment {name}={raw!r} is not an integer") from None
 
@@ -92,38 +75,21 @@ def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | Non
     pid = section.process_id if section.process_id != -1 else env_int(ENV_PROCESS_ID)
     if section.mode == "auto" and coord is None and (num is None or num <= 1):
         return None
-    if coord is not None or num is not None or pid is not None:
-        missing = [
-            k
-            for k, v in (
-                ("distributed.coordinator_address", coord),
-                ("distributed.num_processes", num),
-                ("distributed.process_id", pid),
-            )
-            if v is None
-        ]
-        if missing and section.mode == "auto":
-            raise DistributedError(
-                f"{missing[0]}: needed with the other distributed settings "
-                f"(set it in the config or ${_ENV_OF[missing[0]]})"
-            )
+    given = {
+        "coordinator_address": (coord, ENV_COORDINATOR),
+        "num_processes": (num, ENV_NUM_PROCESSES),
+        "process_id": (pid, ENV_PROCESS_ID),
+    }
+    missing = [(k, e) for k, (v, e) in given.items() if v is None]
+    if section.mode == "auto" and missing:
+        raise DistributedError(
+            f"distributed.{missing[0][0]}: needed with the other distributed settings "
+            f"(set it in the config or ${missing[0][1]})"
+        )
     if num is not None and pid is not None and not 0 <= pid < num:
         raise DistributedError(f"distributed.process_id: {pid} is not in [0, num_processes={num})")
-    kw: dict[str, Any] = {"initialization_timeout": int(section.initialization_timeout_s)}
-    if coord is not None:
-        kw["coordinator_address"] = coord
-    if num is not None:
-        kw["num_processes"] = num
-    if pid is not None:
-        kw["process_id"] = pid
-    return kw
-
-
-_ENV_OF = {
-    "distributed.coordinator_address": ENV_COORDINATOR,
-    "distributed.num_processes": ENV_NUM_PROCESSES,
-    "distributed.process_id": ENV_PROCESS_ID,
-}
+    kw: dict[str, Any] = {k: v for k, (v, _) in given.items() if v is not None}
+    return {"initialization_timeout": int(section.initialization_timeout_s), **kw}
 
 
 def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo:

@@ -1,32 +1,14 @@
 """The async RL loop: sampler rollouts stream in for upcoming batches while the trainer computes.
 
-Per step b (`Trainer.run`, then `_train_step`): wait until every (slot, sample) cell of batch b is
-filled (slot-based, never by arrival order), score the responses, group advantages, pack, theta_s
-forwards per weight version present (none when every token is current), the jitted step, metrics,
-then the resync policy; a resync pushes theta_t to the sampler and snapshots it as theta_s. After
-the step its hooks run at their intervals (`hooks.py`): evaluation, the metrics row, checkpoints.
-
-`Trainer` is built from parts passed to its constructor: the sampler (any
-`dlc_jax.sampler.client.protocol.Sampler`, e.g. the in-process one, or a `SamplerLink` that spawns /
-connects / reconnects), the rewards, the prompt stream and the model directory;
-`build.build_trainer` does the wiring of a run from its config (SFT warm-up, reward workers,
-spawn / connect). The parts it makes itself, one job each: `BatchCollector` (`batch_requests.py`:
-the batches in flight, their rollout streams and refusals), `RunCheckpoints` and `open_metrics`
-(`run_lifecycle.py`), `StepInputs` (`step_inputs.py`: score, pack, theta_s forwards), the model,
-optimizer and jitted step (`train_setup.py`, `step.py`), `Resyncer` (`weight_resync.py`: push,
-snapshot, prune) and the Ctrl-C latch (`interrupt.py`).
-``sampler.address`` = "h1:p,h2:p" drives a :class:`~dlc_jax.sampler.client.pool.SamplerPool`: a
-failed sampler leaves rotation inside the pool and training goes on with the others (``pool/*``
-metrics).
-Multi-host (``jax.distributed`` initialized by the CLI first): every process builds the same prompt
-stream, requests only its own slots (``local_slots``: the rows on its devices), scores and packs
-them, and the global batch is assembled with ``global_batch``. Everything that decides control flow
-is global: the resync policy reads replicated step metrics, the staleness resync is checked at a
-fixed point of every step from (version, synced_version) -- the same on every process --, the
-snapshot versions a batch needs and the packed length are agreed by an allgather, pushes are
-collective (only process 0 streams) and checkpoints are saved by all processes (orbax coordinates
-them); metrics and the progress bar come from process 0 only (the CLI also silences the other
-processes' logs).
+Per step (`Trainer._train_step`): wait until every (slot, sample) cell of the batch is filled,
+score, pack, theta_s forwards per weight version present, the jitted step, metrics, then the resync
+policy; after the step its hooks run (evaluation, the metrics row, checkpoints). `Trainer` is built
+from parts passed in (a `Sampler` or `SamplerLink`, rewards, prompts, model directory;
+`build.build_trainer` wires them from a config) and makes the rest itself: `BatchCollector`,
+`RunCheckpoints`, `StepInputs`, the jitted step (`train_setup.py`), `Resyncer`. Multi-host: each
+process requests, scores and packs its own slots; everything that decides control flow is agreed
+by a collective (`distributed`: resync decisions, snapshot versions, packed length, pushes,
+checkpoints); metrics come from process 0.
 """
 
 from __future__ import annotations
@@ -365,10 +347,8 @@ class Trainer:
         if reason is not None:
             self.resyncer.resync(reason)
         m.update(self.link.rotation_metrics())  # pool/*: rotation, removals, re-requested slots
+        m.update({k: stats[k] for k in ("reward_mean", "reward_std", "version_lag")})
         m.update(
-            reward_mean=stats["reward_mean"],
-            reward_std=stats["reward_std"],
-            version_lag=stats["version_lag"],
             lr=lr,
             resync=1.0 if reason else 0.0,
             response_len=stats["response_len"],
