@@ -1,17 +1,12 @@
 """Collecting the trainer's batches: `BatchCollector` opens a batch, requests its cells from the
 sampler, waits until every (slot, sample) cell is filled, and handles what the sampler refuses.
 
-It is the one owner of a batch in flight: the `BatchInFlight` record (prompts, data state, the
-slots asked for alone and the slots dropped), the cells being filled (`BatchAssembler`) and the
-streams filling them (`RolloutFeeder`) are all its own; the trainer reads them through its methods.
-
-A dead sampler is recovered by the ``recover`` callback the trainer passes in (reconnect + resync)
-and the still-missing cells are requested again (`STREAM_RECOVERIES` times in a row at most). A
-request the sampler refuses as INVALID_ARGUMENT is a data problem, never a reason to reconnect: its
-slots are requested again one slot per request, and a slot refused on its own is dropped (one
-warning naming the prompt, counted in ``dropped_invalid``) and its cells filled with rows that
-teach nothing (``filler_rollouts``), so the row count stays the same; a batch with every slot
-refused stops the run (`InvalidRequestError`).
+A dead sampler is recovered by the trainer's ``recover`` callback (reconnect + resync) and the
+missing cells requested again (`STREAM_RECOVERIES` times in a row at most). A request refused as
+INVALID_ARGUMENT is a data problem, never a reason to reconnect: its slots are requested one per
+request, and a slot refused on its own is dropped (one warning, ``dropped_invalid``) and filled
+with rows that teach nothing (``filler_rollouts``); every slot refused stops the run
+(`InvalidRequestError`).
 """
 
 from __future__ import annotations
@@ -62,10 +57,9 @@ class InvalidRequestError(UserError):
 
 @dataclasses.dataclass
 class BatchInFlight:
-    """One batch from its opening to its step: ``prompts`` (slot -> record), the data pipeline's
-    state before it (what a checkpoint saves, so a resumed run draws the same prompts), the slots
-    this process requests (``local_slots``), the slots asked for one per request after a refused
-    request (``alone``) and the slots refused on their own (``dropped``: filler rows)."""
+    """One batch from its opening to its step: ``prompts`` (slot -> record), the data state before
+    it (a checkpoint saves it), this process's slots, the slots asked for one per request after a
+    refusal (``alone``) and those refused on their own (``dropped``: filler rows)."""
 
     index: int
     prompts: dict[int, PromptRecord]
@@ -79,12 +73,9 @@ class BatchInFlight:
 class BatchCollector:
     """Opens, requests and collects the trainer's batches.
 
-    cfg: the training config (``sampler``, ``train.seed``, ``train.steps``, ``async``, ``resync``);
-    data: the prompt stream; link: the sampler connection; state: the train state (its versions
-    and snapshots decide which rollouts are usable); recover: ``(error) -> None``, brings the
-    sampler back (the trainer's reconnect + resync); counters: the run's counters
-    (``dropped_invalid`` is counted here); rows: the batch-row sharding of a multi-host run (None:
-    one process); env: the `dlc_jax.env.EnvSampler` of ``env.fn`` (None: single-turn)."""
+    recover: ``(error) -> None`` brings the sampler back (reconnect + resync); counters: the run's
+    (``dropped_invalid`` counted here); rows: the batch-row sharding of a multi-host run; env: the
+    `EnvSampler` of ``env.fn`` (None: single-turn)."""
 
     cfg: Any
     _: dataclasses.KW_ONLY
@@ -180,11 +171,8 @@ class BatchCollector:
     # ---- the sampler's requests ------------------------------------------------------------------
     def sampling_params(self, batch: int, attempt: int, g: int) -> SamplingParams:
         s = self.cfg.sampler
-        seed = (
-            mix_seed(self.cfg.train.seed, batch, attempt, g)
-            if s.backend in SEEDED_BACKENDS
-            else None
-        )
+        seeded = s.backend in SEEDED_BACKENDS
+        seed = mix_seed(self.cfg.train.seed, batch, attempt, g) if seeded else None
         return SamplingParams(
             n=1,
             max_tokens=s.max_tokens,
@@ -198,8 +186,7 @@ class BatchCollector:
         )
 
     def _known_versions(self, rollout) -> bool:
-        """A rollout is usable only if the trainer holds theta_s for every version that sampled
-        it."""
+        """Whether the trainer holds theta_s for every version that sampled ``rollout``."""
         snaps = self.state.snapshots
         return all(v in snaps or v == self.state.version for v, _, _ in rollout.version_spans)
 
@@ -270,9 +257,8 @@ class BatchCollector:
             self.request(index)
 
     def _refused(self, index: int, slots: list[int], err: BaseException) -> None:
-        """A request of batch ``index`` answered INVALID_ARGUMENT (a data problem: a new sampler
-        would refuse it too, so no reconnect): its slots are asked for again one per request; a
-        slot refused on its own is dropped from the batch (filler rows at the step)."""
+        """A request of batch ``index`` answered INVALID_ARGUMENT (a data problem, no reconnect):
+        its slots are asked for again one per request; a slot refused alone is dropped."""
         b = self.batches[index]
         why = getattr(err, "details", lambda: None)() or str(err)
         if len(slots) > 1:
@@ -302,8 +288,7 @@ class BatchCollector:
             self.assembler.drop_slot(index, s)
 
     def _with_fillers(self, index: int, rollouts: list) -> list:
-        """The released ``rollouts`` of batch ``index`` with filler rows for its dropped slots, in
-        slot order (the row count of the batch never changes)."""
+        """``rollouts`` of batch ``index`` with filler rows for its dropped slots, in slot order."""
         b, n = self.batches[index], self.cfg.sampler.n
         if not b.dropped:
             return rollouts

@@ -1,18 +1,10 @@
 """Parsing and checking a config mapping: types and choices (`from_dict`), then ranges and
 cross-field rules (`validate`); reading a YAML text safely (`load_yaml`).
 
-Every key is checked here: an unknown key or a bad value is a :class:`ConfigError` whose message
-starts with the full dotted key (e.g. ``optim.lr``); a section dataclass's own checks are reported
-under its key.
-
-No config library: OmegaConf / pydantic would replace the ~40 lines of type coercion below but
-accept different inputs (e.g. pydantic refuses an int for a str field, OmegaConf has no Literal
-choices) and word errors their own way; the dotted-key errors and the accepted inputs are what
-users rely on.
-
-Numbers: NaN is refused for every float key, infinity for all but the few where it means "no cap"
-(``_INF_OK``). YAML: a file that is not UTF-8 or nests deeper than ``MAX_YAML_DEPTH`` is a one-line
-ConfigError (the YAML composer recurses per level and would raise RecursionError).
+An unknown key or a bad value is a :class:`ConfigError` whose message starts with the dotted key
+(``optim.lr``). No config library: pydantic / OmegaConf accept other inputs and word errors their
+own way. NaN is refused for every float, infinity for all but ``_INF_OK``; a YAML file that is not
+UTF-8 or nests deeper than ``MAX_YAML_DEPTH`` is a one-line ConfigError.
 """
 
 from __future__ import annotations
@@ -95,9 +87,7 @@ def _coerce(key: str, tp, value):
         return value
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(key, args[0], value)
+        return None if value is None else _coerce(key, args[0], value)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -128,14 +118,11 @@ def _coerce(key: str, tp, value):
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
-    if tp is list or typing.get_origin(tp) is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return list(value)
-    if tp is dict or typing.get_origin(tp) is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
+    for kind, accepts, what in ((list, (list, tuple), "a list"), (dict, dict, "a mapping")):
+        if tp is kind or origin is kind:
+            if not isinstance(value, accepts):
+                raise ConfigError(f"{key}: expected {what}, got {value!r}")
+            return kind(value)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, prefix=key)
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
@@ -241,10 +228,8 @@ def load_yaml(path: Path):
 
 
 def safe_yaml(text: str, where: str, *, lines: bool = True):
-    """``yaml.safe_load(text)`` after checking its nesting depth (iteratively, on the parser's
-    events); deeper than ``MAX_YAML_DEPTH``: a ConfigError naming ``where`` (and the line, with
-    ``lines``). YAML syntax errors
-    are raised as they are."""
+    """``yaml.safe_load(text)`` after checking its nesting depth on the parser's events (deeper
+    than ``MAX_YAML_DEPTH``: a ConfigError naming ``where``, and the line with ``lines``)."""
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):

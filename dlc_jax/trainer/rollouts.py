@@ -1,13 +1,8 @@
 """Background rollout requests: one thread per Generate stream, feeding a BatchAssembler.
 
-The trainer thread asks for the missing cells of a batch (``request``); a worker thread streams the
-rollouts from the sampler and files each into its (slot, sample_index) cell. A stream that fails
-records the error (``failures``) and leaves its unfilled cells open, so after a reconnect the
-trainer
-simply requests the still-missing cells again: no batch is lost and no cell is filled twice.
-A request the sampler refuses as INVALID_ARGUMENT is a data problem, not a failure: it is filed in
-``refused`` (batch, slots, error) for the trainer, which asks for those slots again one slot per
-request (``alone``) and drops a slot refused on its own.
+A stream that fails records the error (``failures``) and leaves its cells open, so after a
+reconnect the trainer requests the still-missing cells again: no batch is lost, no cell filled
+twice. An INVALID_ARGUMENT answer is filed in ``refused`` (batch, slots, error) for the trainer.
 """
 
 from __future__ import annotations
@@ -22,14 +17,9 @@ from dlc_jax.trainer.batching import BatchAssembler
 class RolloutFeeder:
     """Issues Generate calls for batch cells and fills ``assembler`` from background threads.
 
-    client_fn: zero-arg callable returning the current ``SamplerClient`` (changes after a
-    reconnect).
-    version_fn: zero-arg callable returning the trainer's current weight version (for the staleness
-    bound).
-    params_fn: ``(batch_index, attempt, sample_index) -> SamplingParams`` with n = 1.
-    accept_fn: ``rollout -> bool``; rollouts it refuses (e.g. weight versions the trainer has no
-    snapshot
-    of, as after a sampler restart) are counted and their cells requested again.
+    client_fn / version_fn: () -> the current sampler / the trainer's weight version; params_fn:
+    ``(batch, attempt, sample_index) -> SamplingParams`` (n = 1); accept_fn: ``rollout -> bool``,
+    the rollouts it refuses (versions without a snapshot) are counted and their cells re-requested.
     """
 
     def __init__(self, assembler: BatchAssembler, client_fn, version_fn, params_fn, accept_fn=None):
@@ -44,18 +34,13 @@ class RolloutFeeder:
         self.failures: list[BaseException] = []
         self.refused: list[tuple[int, list[int], BaseException]] = []  # INVALID_ARGUMENT answers
         self.attempts: dict[int, int] = {}
-        self.requested_samples = 0
-        self.stale_in_flight = 0
 
     def request_missing(self, batch: int, prompt_ids: dict, alone=frozenset()) -> int:
-        """Request every open cell of ``batch`` that is not already being generated; returns how
-        many.
+        """Request every open cell of ``batch`` not already being generated; returns how many.
 
-        Cells are grouped by sample index: one Generate call per sample index g over the slots
-        missing
-        g (n = 1), and each returned rollout is renumbered to g. ``prompt_ids``: slot -> int32 [P].
-        Slots in ``alone`` get a request of their own (one refused prompt cannot sink others).
-        """
+        One Generate call (n = 1) per sample index g over the slots missing g, each rollout
+        renumbered to g; slots in ``alone`` get a request of their own. ``prompt_ids``: slot ->
+        int32 [P]."""
         with self.cond:
             if self.outstanding.get(batch, 0):
                 return 0
@@ -69,16 +54,12 @@ class RolloutFeeder:
             for s, g in missing:
                 by_req.setdefault((g, s if s in alone else -1), []).append(s)
             self.outstanding[batch] = len(by_req)
-            self.requested_samples += len(missing)
         for (g, _), slots in sorted(by_req.items()):
             params = self.params_fn(batch, attempt, g)
-            t = threading.Thread(
-                target=self._run,
-                args=(batch, g, slots, [prompt_ids[s] for s in slots], params),
-                daemon=True,
-                name=f"rollouts-b{batch}-g{g}",
-            )
-            t.start()
+            args = (batch, g, slots, [prompt_ids[s] for s in slots], params)
+            threading.Thread(
+                target=self._run, args=args, daemon=True, name=f"rollouts-b{batch}-g{g}"
+            ).start()
         return len(missing)
 
     def _run(self, batch, g, slots, prompts, params):
@@ -91,9 +72,7 @@ class RolloutFeeder:
                     if not self.accept_fn(r):
                         self.rejected_unknown_version += 1
                         continue
-                    status = self.asm.add(r, self.version_fn())
-                    if status == "stale":
-                        self.stale_in_flight += 1
+                    self.asm.add(r, self.version_fn())
                     self.cond.notify_all()
         except BaseException as e:  # handed to the trainer thread
             with self.cond:
@@ -108,8 +87,7 @@ class RolloutFeeder:
                 self.cond.notify_all()
 
     def take_refused(self, batch: int) -> list[tuple[list[int], BaseException]]:
-        """The refused requests of ``batch`` (slots, error), removed from ``refused``; hold
-        ``cond``."""
+        """The refused requests of ``batch`` (slots, error), removed (hold cond)."""
         mine = [(slots, e) for b, slots, e in self.refused if b == batch]
         self.refused = [x for x in self.refused if x[0] != batch]
         return mine

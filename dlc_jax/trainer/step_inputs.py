@@ -1,14 +1,10 @@
 """From a completed batch of rollouts to the device inputs of the train step.
 
-`StepInputs.score_and_pack`: rewards, group advantages and packing of this process's rollouts, with
-the batch statistics of the metrics row and the packed length agreed over all processes.
-`StepInputs.device_inputs`: the global device batch plus the theta_s log-probs of every token, from
-the snapshot of the weight version that sampled it (no forward when every token is current); which
-snapshot forwards run is agreed over processes, since each one is collective.
-`filler_rollouts`: the cells of prompts the sampler refused (INVALID_ARGUMENT, dropped by the
-trainer) keep their rows, so the row count is the same on every process: one pad token as prompt,
-no response, hence an all-zero loss mask and advantage 0; they are left out of the rewards and the
-batch statistics.
+`StepInputs.score_and_pack`: rewards, group advantages and packing of this process's rollouts,
+with the batch statistics and the packed length agreed over all processes. `device_inputs`: the
+global device batch plus the theta_s log-probs of every token from the snapshot of the version
+that sampled it. `filler_rollouts`: the cells of a dropped prompt keep their rows (one pad token,
+no response: loss mask 0, advantage 0), left out of the rewards and statistics.
 """
 
 from __future__ import annotations
@@ -32,13 +28,10 @@ from dlc_jax.trainer.step import STEP_KEYS
 
 
 def bucket(n: int, mode: str = "pow2", max_len: int = 0, mult: int = 16) -> int:
-    """The padded row length for a batch whose longest row has ``n`` tokens. Each distinct length
-    compiles the train step and the theta_s forward again (about a minute each on a TPU pod), so
-    lengths are bucketed (``train.length_buckets``): 'pow2' the next power of two (at least
-    ``mult``; a 2,048-token run has 8 lengths), 'fine' the next multiple of ``mult`` (up to
-    max_len / mult lengths, least padding), 'max' always ``max_len`` (one length). The result is
-    at least ``n`` and, unless ``n`` exceeds it, at most ``max_len`` rounded up to ``mult``
-    (``max_len`` 0: no cap)."""
+    """The padded row length for a longest row of ``n`` tokens (``train.length_buckets``; each
+    length compiles the step again): 'pow2' the next power of two (>= ``mult``), 'fine' the next
+    multiple of ``mult``, 'max' always ``max_len``; at most ``max_len`` rounded up to ``mult``
+    unless ``n`` exceeds it (``max_len`` 0: no cap)."""
     fine = -(-n // mult) * mult
     if mode == "fine":
         return fine
@@ -83,9 +76,8 @@ def filler_rollouts(slot: int, group_size: int, pad_id: int, head_k: int) -> lis
 
 @dataclasses.dataclass(eq=False)
 class StepInputs:
-    """cfg: the TrainConfig; tokenizer / eos_id: to decode responses and pad; mesh / rows: the
-    training mesh and its batch-row sharding (None on one device); snapshot_lp: the jitted theta_s
-    forward (`make_snapshot_logprobs`); rewards: the `RewardRunner` that scores responses."""
+    """mesh / rows: the training mesh and its batch-row sharding (None on one device);
+    snapshot_lp: the jitted theta_s forward; rewards: the `RewardRunner` that scores responses."""
 
     cfg: Any
     tokenizer: Any
