@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from dlc_jax.cli_args import ArgumentParser
-from dlc_jax.errors import UserError, one_line
+from dlc_jax.errors import UserError
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -117,14 +117,7 @@ def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | Non
             lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype), target
         )
         item = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
-        try:
-            out = ck._mgr.restore(step, args=ocp.args.Composite(state=item))
-        except Exception as e:  # orbax raises many types; rewrap naming the checkpoint
-            short = str(e).split(" See full TensorStore details")[0]  # no TensorStore spec dump
-            raise CheckpointError(
-                f"checkpoint {ck.directory}/{step}: params unreadable or not matching the model "
-                f"({type(e).__name__}: {one_line(short, 300)})"
-            ) from e
+        out = ck.restore_items(step, "params unreadable or not matching the model", 300, state=item)
         params = out["state"]["params"]
         want = meta.get("checksums")
         if want is not None:  # the params' own sums (the checkpoint also holds optimizer state)

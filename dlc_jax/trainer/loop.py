@@ -287,7 +287,7 @@ class Trainer:
         self._metrics.log_samples(info.step, info.samples)
 
     def _periodic_save(self, info: StepInfo) -> None:
-        if self.checkpoints.should_save(info.step):
+        if self.checkpoints.ckpt.should_save(info.step):
             self.save()
 
     def _checkpoint_meta(self) -> dict:

@@ -1,15 +1,11 @@
 """Which run a checkpoint directory belongs to: the training config fingerprint and the rules for
 starting over.
 
-* Resume: a checkpoint stores the resolved config it was trained with (``meta["config"]``); a
-  resume whose *training-relevant* keys differ (everything except the keys in
-  :data:`NOT_TRAINING_RELEVANT`: where files go, how to reach the sampler, timeouts, the step
-  budget, memory knobs) is refused in one line naming the keys, unless
+* Resume: a checkpoint stores its resolved config; a resume whose training-relevant keys differ
+  (all but :data:`NOT_TRAINING_RELEVANT`) is refused in one line naming them, unless
   ``checkpoint.allow_config_change=true``.
-* Start over: ``checkpoint.resume=false`` on a run directory that already holds checkpoints or
-  metrics is refused unless ``checkpoint.overwrite=true``, which deletes the old run's
-  checkpoints, metrics.jsonl, summary.json and TensorBoard events first (so a later resume cannot
-  jump to the old run's steps, and its metrics are not mixed with the new run's).
+* Start over: ``checkpoint.resume=false`` on a directory holding checkpoints or metrics is refused
+  unless ``checkpoint.overwrite=true``, which deletes the old run's outputs first.
 """
 
 from __future__ import annotations

@@ -49,11 +49,8 @@ def open_metrics(cfg: TrainConfig, *, lead: bool, step: int, append: bool) -> Me
 
 
 class RunCheckpoints:
-    """Checkpoints of one run: periodic and exit saves of the train state with the run's metadata
-    (data state, counters, config and its fingerprint), and resuming from the latest one.
-
-    ``meta_fn``: ``() -> dict``, what the run adds to a checkpoint's metadata now (``data_state``,
-    ``counters``, ``dropped_stale``)."""
+    """Checkpoints of one run: periodic and exit saves with the run's metadata (``meta_fn()``:
+    data state, counters; plus the config and its fingerprint), and resuming from the latest."""
 
     def __init__(
         self, cfg: TrainConfig, meta_fn: Callable[[], dict], *, base_fingerprint: str | None = None
@@ -71,9 +68,6 @@ class RunCheckpoints:
 
     def latest_step(self) -> int | None:
         return self.ckpt.latest_step()
-
-    def should_save(self, step: int) -> bool:
-        return self.ckpt.should_save(step)
 
     def save(self, state: TrainState, force: bool = False) -> bool:
         """Checkpoint ``state`` (periodic unless ``force``); a failed save is logged (the previous
@@ -143,12 +137,10 @@ def complete_summary(cfg: TrainConfig, checkpoints: RunCheckpoints, model_dir: P
     the saved summary.json when there is one, flagged ``already_complete``; nothing is trained or
     overwritten."""
     metrics_dir = Path(cfg.log.dir).absolute()
-    saved = {}
-    if (metrics_dir / "summary.json").exists():
-        try:
-            saved = json.loads((metrics_dir / "summary.json").read_text())
-        except ValueError:
-            saved = {}
+    try:
+        saved = json.loads((metrics_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        saved = {}
     step = checkpoints.latest_step()
     logger.info(
         "run already complete: checkpoint step %s >= train.steps=%d in %s; metrics "
