@@ -1,24 +1,13 @@
 """`EnvSampler`: multi-turn episodes behind the `Sampler` protocol.
 
 It wraps the real sampler: ``generate(prompts, params, slot_ids)`` runs one episode per prompt and
-yields one `Rollout` per episode, whose response interleaves the generated turns (loss mask 1, the
-sampler's log-probs, head and weight version per token) and the environment's answers (loss mask
-0). The trainer sees ordinary rollouts. The episodes of a request run in lockstep: turn t of every
-live episode is one sampler request on token ids (`History`), a batch rather than one request per
-episode (the JAX sampler decodes it as one batch: ~16x fewer CPU-seconds than one-prompt requests
-on the tiny tool task); then every environment answers (``env.workers`` calls at a time, each in
-its own thread, bounded by ``env.timeout_s``). A resync between two turns gives an episode two
-weight versions, handled like any in-flight rollout (theta_s per version).
-
-Episode end reasons (``episode["end"]``, counted under ``env/end_<reason>``): ``done`` (the
-environment said so), ``max_turns``, ``max_total_tokens``, ``length`` (a turn hit
-``sampler.max_tokens`` without its end-of-turn token: the environment still scores that turn),
-``env_error`` (reset/step raised or returned garbage), ``env_timeout`` (a call ran past
-``env.timeout_s``; its thread is abandoned), ``env_oversized`` (an answer over
-``env.max_env_tokens_per_turn`` with ``truncation_side: error``), ``prefix_break``
-(``on_prefix_break: split``, when the rest cannot continue as a new sequence in the same row).
-An environment failure never reaches the trainer; a sampler failure
-does (the stream fails as for single-turn requests).
+yields one `Rollout` per episode, whose response interleaves the generated turns (loss mask 1,
+with the sampler's log-probs, head and weight versions) and the environment's answers (loss mask
+0). The episodes of a request run in lockstep: turn t of every live episode is one sampler request
+on token ids (`History`), then every environment answers (``env.workers`` at a time, each call
+bounded by ``env.timeout_s``). Episode end reasons (`END_REASONS`, counted under
+``env/end_<reason>``) are listed in docs/ENVIRONMENTS.md. An environment failure never reaches the
+trainer; a sampler failure does.
 """
 
 from __future__ import annotations
@@ -35,33 +24,19 @@ import numpy as np
 from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.history import History
-from dlc_jax.env.protocol import EnvError, EnvTimeout, check_messages, check_step, timed_call
+from dlc_jax.env.protocol import EnvError, EnvTimeout, check_step, close_env, open_env, timed_call
 from dlc_jax.sampler.client.protocol import SamplerBase
 from dlc_jax.sampler.wire.types import Rollout, SamplingParams, mix_seed
 
 logger = logging.getLogger(__name__)
 
 END_REASONS = (
-    "done",
-    "max_turns",
-    "max_total_tokens",
-    "length",
-    "env_error",
-    "env_timeout",
-    "env_oversized",
-    "prefix_break",
+    *("done", "max_turns", "max_total_tokens", "length"),
+    *("env_error", "env_timeout", "env_oversized", "prefix_break"),
 )
-
-
-_DELEGATED = (
-    "push_weights",
-    "info",
-    "wait_ready",
-    "metrics",
-    "report",
-    "rotation",
-    "set_rotation",
-    "close",
+# the Sampler protocol's calls other than generate, answered by the real sampler
+_DELEGATED = frozenset(
+    ("push_weights", "info", "wait_ready", "metrics", "report", "rotation", "set_rotation", "close")
 )
 
 
@@ -184,12 +159,7 @@ class EnvSampler(SamplerBase):
         """Make the episode's environment and its opening tokens."""
         t = self.cfg.timeout_s
         e.env = timed_call(self.env_factory, (), t)
-        opening = check_messages(
-            timed_call(e.env.reset, (self.row_fn(e.slot),), t),
-            "reset()",
-            ("system", "user", "assistant", "tool"),
-        )
-        e.hist = History(self.delta.opening(opening, getattr(e.env, "tools", None)), e.hist.k)
+        e.hist = History(open_env(e.env, self.row_fn(e.slot), self.delta, t), e.hist.k)
 
     def _sample_turn(self, live: list[_Episode], params: SamplingParams, turn: int) -> None:
         """One sampler request per distinct per-turn token budget (usually one), each slot once
@@ -282,12 +252,7 @@ class EnvSampler(SamplerBase):
 
     def _close(self, e: _Episode) -> None:
         e.closed = True
-        close = getattr(e.env, "close", None)
-        if callable(close):
-            try:
-                timed_call(close, (), self.cfg.timeout_s)
-            except BaseException:  # noqa: BLE001 - closing is best effort
-                pass
+        close_env(e.env, self.cfg.timeout_s)
 
     def _rollout(self, e: _Episode) -> Rollout:
         ep, end = e.ep, str(e.end)
@@ -319,18 +284,15 @@ class EnvSampler(SamplerBase):
         return True
 
     # ---- counters ------------------------------------------------------------------------------
-    def _bump(self, key: str, by: float = 1.0) -> None:
+    def _bump(self, key: str, by: float = 1.0, **more: float) -> None:
+        """Add to run counters: ``key`` by ``by``, and ``env/<name>`` by each of ``more``."""
         with self.lock:
-            self.counts[key] = self.counts.get(key, 0.0) + by
+            for k, v in {key: by, **{f"env/{n}": m for n, m in more.items()}}.items():
+                self.counts[k] = self.counts.get(k, 0.0) + v
 
     def _count(self, ep: dict) -> None:
-        with self.lock:
-            c = self.counts
-            c["env/episodes"] = c.get("env/episodes", 0.0) + 1
-            c["env/errors"] = c.get("env/errors", 0.0) + ep["errors"]
-            c["env/silent_mismatches"] = c.get("env/silent_mismatches", 0.0) + ep["mismatches"]
-            key = f"env/end_{ep['end']}"
-            c[key] = c.get(key, 0.0) + 1
+        more = {"errors": ep["errors"], "silent_mismatches": ep["mismatches"]}
+        self._bump(f"env/end_{ep['end']}", 1.0, episodes=1.0, **more)
 
     def totals(self) -> dict[str, float]:
         """Run totals of the counters (episodes, errors, prefix breaks, end reasons, control

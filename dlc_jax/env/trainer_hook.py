@@ -28,16 +28,5 @@ def make_env_sampler(cfg: Any, tokenizer: Any, inner_fn: Callable[[], Any]) -> E
     if not cfg.env.enabled:
         return None
     factory = load_env_factory(cfg.env.fn, cfg.env.kwargs)
-    delta = ChatDelta(
-        tokenizer,
-        int(tokenizer.eos_token_id),
-        enable_thinking=cfg.data.enable_thinking,
-        allow_special=cfg.env.allow_special_tokens,
-    )
-    return EnvSampler(
-        inner_fn,
-        factory,
-        delta,
-        cfg.env,
-        max_model_len=cfg.sampler.max_model_len,
-    )
+    delta = ChatDelta.for_env(cfg.env, tokenizer, enable_thinking=cfg.data.enable_thinking)
+    return EnvSampler(inner_fn, factory, delta, cfg.env, max_model_len=cfg.sampler.max_model_len)

@@ -1,11 +1,7 @@
 """Where metrics go besides metrics.jsonl: grouped TensorBoard tags, an optional wandb run, sample
-completions (samples.jsonl + TensorBoard text), and the plain progress line.
-
-TensorBoard tags are grouped by what they measure -- ``reward/``, ``mismatch/`` (delta / ell /
-total log-ratio statistics, KL, head mass, lag), ``ess/``, ``loss/`` (loss terms, gradient norm,
-learning rate), ``system/`` (timings, counters, versions), ``eval/``, ``pool/`` -- and a flat key
-that repeats a ``loss/`` key of the same row (``head_mass_p`` next to ``loss/head_mass_p``) is
-written once. metrics.jsonl keeps the flat names.
+completions (samples.jsonl + TensorBoard text), and the plain progress line. Tags are grouped by
+what they measure (``reward/``, ``mismatch/``, ``ess/``, ``loss/``, ``system/``, ``eval/``,
+``pool/``); a flat key repeating a ``loss/`` key of the row is written once.
 """
 
 from __future__ import annotations
@@ -80,13 +76,10 @@ def wandb_api_key_known() -> bool:
 
 
 class WandbWriter:
-    """A wandb run (``log.wandb``): metrics under their grouped tags, the resolved config, sample
-    completions as a table. ``WANDB_MODE=offline`` writes the run under ``<dir>/wandb``.
-
-    Never a traceback, never a long wait: with no ``WANDB_MODE`` and no API key the run is offline
-    from the start (one line says so); an online start has ``WANDB_INIT_TIMEOUT_S`` and, when it
-    fails (no network, a refused key), the run falls back to offline with a one-line warning. Only
-    an offline start that fails too stops the run, in one line."""
+    """A wandb run (``log.wandb``): metrics under their grouped tags, the config, sample
+    completions as a table. Never a traceback, never a long wait: no ``WANDB_MODE`` and no API key
+    = offline from the start; an online start that fails within ``WANDB_INIT_TIMEOUT_S`` falls
+    back to offline (one-line warning); only an offline start that fails stops the run."""
 
     def __init__(self, directory: Path, project: str, run_name: str, config: dict | None):
         try:
