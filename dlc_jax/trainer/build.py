@@ -1,10 +1,7 @@
-"""`build_trainer(cfg)`: the wiring of a training run from its config, the parts `Trainer` takes.
-
-In order: the persistent compilation cache (``train.compile_cache_dir``), the model directory
-(``model.path``, or the tiny preset; the SFT warm-up first when ``sft.enabled``), its tokenizer,
-the reward workers (``reward``), the training prompts (``data``, checked against the rewards) and
-the sampler link (spawn on loopback, connect to ``sampler.address``, or ``sampler.backend=
-inprocess``). Any part given as an argument is used instead of the one the config would make:
+"""`build_trainer(cfg)`: the wiring of a training run from its config, the parts `Trainer` takes:
+the compilation cache, the model directory (the SFT warm-up first when ``sft.enabled``), its
+tokenizer, the reward workers, the training prompts and the sampler link. A part given as an
+argument is used instead of the one the config would make::
 
     trainer = build_trainer(cfg, sampler=InProcessSampler.from_section(cfg.sampler, model_dir))
 """

@@ -1,10 +1,5 @@
-"""JAX's persistent compilation cache for training runs (``train.compile_cache_dir``).
-
-A restarted or resumed run on a pod compiles the same train step and theta_s forward again (about a
-minute each at RL lengths); with the cache it reads them back. JAX keys each entry by the program,
-the compiler options and the devices, so a changed config or topology compiles afresh. Off when the
-directory is '' (the default); a relative path is relative to the working directory. Programs that
-compile in under ``min_compile_s`` are not stored.
+"""JAX's persistent compilation cache for training runs (``train.compile_cache_dir``, '' = off): a
+restarted run reads its compiled step and theta_s forward back instead of compiling them again.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.samples import sample_records
 from dlc_jax.trainer.state import update_count
 from dlc_jax.trainer.step import STEP_KEYS
-from dlc_jax.trainer.step_inputs import StepInputs
+from dlc_jax.trainer.step_inputs import StepInputs, decode
 from dlc_jax.trainer.train_setup import load_train_model, make_train_setup
 from dlc_jax.trainer.weight_resync import Resyncer
 
@@ -396,9 +396,7 @@ class Trainer:
         order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))
         chosen = [rollouts[i] for i in order[: lg.samples_n]]
         rewards, _ = self.inputs._score(chosen, prompts)
-        texts = [
-            self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True) for r in chosen
-        ]
+        texts = [decode(self.tokenizer, r) for r in chosen]
         per_token = None
         if not (self.multi or self.cfg.train.pack):
             lp, _ = self.inputs.snapshot_lp(params, dev)

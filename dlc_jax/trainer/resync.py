@@ -1,13 +1,9 @@
 """Resync policies: when the trainer pushes theta_t to the sampler (theta_s <- theta_t).
 
-* ``ess``: DLC — after a step whose lag ESS < threshold: the token ESS of exp(lp - lp_s) over valid
-  tokens (``statistic: token``) or the sequence ESS of exp(sum of a response's lp - lp_s)
-  (``statistic: sequence``); with ``max_interval`` k > 0 also after k steps without a sync (bounded
-  staleness: an asynchronous run synced at least every k steps, and sooner when the ESS falls).
-* ``every_k``: fixed staleness — every k optimizer steps.
-* ``never``: a stale sampler (kept for experiments).
-* ``onpolicy``: every step, and the next batch is sampled only after the push (no prefetch), so
-  theta_s == theta_t at every step: the lag is exactly zero and no snapshot forward runs.
+* ``ess``: DLC -- after a step whose lag ESS (``statistic``: token or sequence) < threshold; with
+  ``max_interval`` k > 0 also after k steps without a sync (bounded staleness).
+* ``every_k``: every k optimizer steps. ``never``: a stale sampler (for experiments).
+* ``onpolicy``: every step, and no prefetch: theta_s == theta_t at every step (lag exactly 0).
 """
 
 from __future__ import annotations
@@ -70,19 +66,13 @@ class OnPolicy(ResyncPolicy):
         return True
 
 
+_POLICIES = {"ess": EssPolicy, "every_k": EveryKPolicy, "never": NeverPolicy, "onpolicy": OnPolicy}
+
+
 def make_policy(resync_cfg) -> ResyncPolicy:
-    """Policy object from the ``resync`` config section."""
-    p = resync_cfg.policy
-    if p == "ess":
-        return EssPolicy(
-            threshold=resync_cfg.threshold,
-            statistic=resync_cfg.statistic,
-            max_interval=resync_cfg.max_interval,
-        )
-    if p == "every_k":
-        return EveryKPolicy(k=resync_cfg.k)
-    if p == "never":
-        return NeverPolicy()
-    if p == "onpolicy":
-        return OnPolicy()
-    raise ValueError(f"resync.policy: unknown policy {p!r}")
+    """Policy object from the ``resync`` config section (the keys its class declares)."""
+    cls = _POLICIES.get(resync_cfg.policy)
+    if cls is None:
+        raise ValueError(f"resync.policy: unknown policy {resync_cfg.policy!r}")
+    own = {f.name for f in dataclasses.fields(cls)} - {"name", "allows_prefetch"}
+    return cls(**{k: getattr(resync_cfg, k) for k in own})

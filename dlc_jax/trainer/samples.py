@@ -1,7 +1,6 @@
 """Sample completions of a training step for the logs (``log.samples_every``): prompt, response,
-reward and a per-token summary of the log-ratio split log p - log q = delta + ell
-(delta = log p_s - log q, the sampler/trainer discrepancy at the sampler's weights; ell =
-log p - log p_s, the lag of the trainer since those weights), as in ``dlc_jax.rl.decomposition``.
+reward and a per-token summary of log p - log q = delta + ell (delta = log p_s - log q, ell = log p
+- log p_s; ``dlc_jax.rl.decomposition``).
 """
 
 from __future__ import annotations
@@ -52,14 +51,7 @@ def sample_records(
             "versions": sorted({int(v) for v, _, _ in r.version_spans}),
         }
         if per_token is not None:
-            rec.update(
-                token_summary(
-                    per_token["lp"][i],
-                    per_token["lp_s"][i],
-                    per_token["lp_q"][i],
-                    per_token["mask"][i],
-                )
-            )
+            rec.update(token_summary(*(per_token[k][i] for k in ("lp", "lp_s", "lp_q", "mask"))))
         out.append(rec)
     return out
 

@@ -44,6 +44,24 @@ def bucket(n: int, mode: str = "pow2", max_len: int = 0, mult: int = 16) -> int:
     return max(fine, min(p, cap)) if cap else p
 
 
+def decode(tokenizer, rollout) -> str:
+    """The response text of ``rollout`` (special tokens skipped)."""
+    return tokenizer.decode(rollout.response_ids.tolist(), skip_special_tokens=True)
+
+
+def score_texts(rewards: RewardRunner, recs: list, texts: list[str], ids: list[str]):
+    """(rewards float32 [N], reward metrics) of ``texts`` answering prompt records ``recs``, with
+    the metadata columns every record has."""
+    keys = set.intersection(*(set(p.metadata) for p in recs)) if recs else set()
+    return rewards.score(
+        [p.prompt for p in recs],
+        texts,
+        [p.answer for p in recs],
+        ids,
+        metadata={k: [p.metadata[k] for p in recs] for k in sorted(keys)},
+    )
+
+
 @jax.jit
 def _select_version(ver, v, lp, lp_head, lp_s, lps_head):
     """Tokens of weight version ``v`` take theta_s log-probs ``lp`` [B,L] / ``lp_head`` [B,L,K]."""
@@ -167,18 +185,9 @@ class StepInputs:
         if rollouts and all(r.reward is not None for r in rollouts):
             return np.asarray([r.reward for r in rollouts], np.float32), {}
         recs = [prompts[r.slot_id] for r in rollouts]
-        texts = [
-            self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)
-            for r in rollouts
-        ]
-        keys = set.intersection(*(set(p.metadata) for p in recs)) if recs else set()
-        return self.rewards.score(
-            [p.prompt for p in recs],
-            texts,
-            [p.answer for p in recs],
-            [f"{r.slot_id}/{r.sample_index}" for r in rollouts],
-            metadata={k: [p.metadata[k] for p in recs] for k in sorted(keys)},
-        )
+        texts = [decode(self.tokenizer, r) for r in rollouts]
+        ids = [f"{r.slot_id}/{r.sample_index}" for r in rollouts]
+        return score_texts(self.rewards, recs, texts, ids)
 
     def device_batch(self, arrays: dict) -> dict:
         """Global device arrays from this process's rows (all rows in a single process)."""

@@ -1,8 +1,8 @@
-"""A resync: theta_t pushed to the sampler as a new weight version and snapshotted as theta_s;
-the snapshots no batch in flight needs are pruned, the resync is counted, and with
-``resync.stale_rollouts: drop`` the rollouts of older versions still in flight are dropped.
-Also the two moments the trainer resyncs outside its policy: before a step whose sampler version
-is beyond the staleness bound, and after reconnecting to a failed sampler."""
+"""A resync: theta_t pushed to the sampler as a new weight version and snapshotted as theta_s; the
+snapshots no batch in flight needs are pruned, and with ``resync.stale_rollouts: drop`` older
+rollouts in flight are dropped. Also the two resyncs outside the policy: before a step beyond the
+staleness bound, and after reconnecting to a failed sampler.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from dlc_jax.trainer import distributed as dist
 
 
 class Resyncer:
-    """state: the `TrainState`; link: the `SamplerLink`; serve: module -> what the sampler gets;
-    batches: the `BatchCollector` (versions in flight, staleness bound, stale drops); counters:
-    the run's counters (updated in place); cfg: the ``resync`` section (``stale_rollouts``)."""
+    """Resyncs of one run: ``serve``: module -> what the sampler gets; ``batches``: the
+    `BatchCollector` (versions in flight, staleness bound, stale drops); ``cfg``: the ``resync``
+    section."""
 
     def __init__(
         self,
