@@ -11,7 +11,6 @@ process is left waiting) and broadcasts each outcome, so every process returns t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from dlc_jax.lora.push import AdapterPusher, AdapterPushError, choose_push, push
 from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
 from dlc_jax.sampler.wire.types import PushResult
 from dlc_jax.trainer.distributed import leader_bool, leader_json, leader_push_targets
+from dlc_jax.trainer.shard_push import settle
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +69,9 @@ class MultiHostAdapterPusher(AdapterPusher):
             rows = {str(i): _row(r) for i, r in done.items()}
         rows = leader_json(rows)
         results = {i: PushResult(**rows[str(i)], transport="grpc") for i in targets}
-        seconds = time.monotonic() - t0
         itemsize = NP_DTYPES[dtype].itemsize
         sent = sum(a.size for _, a in tensors) * itemsize * len(targets) if leader else 0
-        if pool is not None:
-            out = pool.rot.settle(results, version, seconds)
-        else:
-            out = dataclasses.replace(results[0], seconds=seconds)
-        return dataclasses.replace(out, egress_bytes=int(sent), transport="grpc")
+        return settle(pool, results, version, t0, egress_bytes=int(sent), transport="grpc")
 
 
 def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> AdapterPusher:

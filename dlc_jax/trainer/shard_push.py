@@ -95,13 +95,19 @@ def push_shards(
         results = _relayed(rounds, targets, group, fanout, pool.probe_timeout)
     else:
         results = rounds.run(targets, group)
+    planes = "+".join(sorted(rounds.planes))
+    return settle(pool, results, version, t0, egress_bytes=rounds.sent, transport=planes)
+
+
+def settle(pool, results: dict[int, PushResult], version: int, t0: float, **fields) -> PushResult:
+    """The result of a push begun at monotonic ``t0``: a pool settles its rotation from the
+    per-sampler ``results``, a single sampler's is ``results[0]``; ``fields`` replaced."""
     seconds = time.monotonic() - t0
     if pool is not None:
         out = pool.rot.settle(results, version, seconds)
     else:
         out = dataclasses.replace(results[0], seconds=seconds)
-    planes = "+".join(sorted(rounds.planes))
-    return dataclasses.replace(out, egress_bytes=rounds.sent, transport=planes)
+    return dataclasses.replace(out, **fields)
 
 
 class _Rounds:
