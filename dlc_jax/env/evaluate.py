@@ -20,7 +20,7 @@ from dlc_jax.sampler.wire.types import SamplingParams
 
 class EnvEvaluator:
     """rows: the data rows of the eval prompts (``prompt``, ``answer``, ``row``, extra columns, as
-    `dlc_jax.env.trainer_hook.env_row` makes them); correct_min: the reward that counts as right."""
+    `dlc_jax.env.runner.env_row` makes them); correct_min: the reward that counts as right."""
 
     def __init__(
         self,
@@ -79,7 +79,7 @@ def make_env_evaluator(
     ``answer``, ``row`` and ``metadata``), or None without ``env.fn``."""
     if not cfg.env.enabled:
         return None
-    from dlc_jax.env.trainer_hook import env_row
+    from dlc_jax.env.runner import env_row
 
     ev = EnvEvaluator(
         cfg.env,

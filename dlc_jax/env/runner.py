@@ -7,7 +7,7 @@ with the sampler's log-probs, head and weight versions) and the environment's an
 on token ids (`History`), then every environment answers (``env.workers`` at a time, each call
 bounded by ``env.timeout_s``). Episode end reasons (`END_REASONS`, counted under
 ``env/end_<reason>``) are listed in docs/ENVIRONMENTS.md. An environment failure never reaches the
-trainer; a sampler failure does.
+trainer; a sampler failure does. `make_env_sampler` / `env_row`: what the trainer needs of it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ import numpy as np
 from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.history import History
-from dlc_jax.env.protocol import EnvError, EnvTimeout, check_step, close_env, open_env, timed_call
+from dlc_jax.env.protocol import (
+    EnvError,
+    EnvTimeout,
+    check_step,
+    close_env,
+    load_env_factory,
+    open_env,
+    timed_call,
+)
 from dlc_jax.sampler.client.protocol import SamplerBase
 from dlc_jax.sampler.wire.types import Rollout, SamplingParams, mix_seed
 
@@ -326,3 +334,24 @@ def episode_stats(rollouts: list[Rollout]) -> dict[str, float]:
         vals = [e["turn_rewards"][i] for e in eps if len(e["turn_rewards"]) > i]
         out[f"env/reward_turn_{i}"] = float(np.mean(vals))
     return out
+
+
+def env_row(record: Any) -> dict:
+    """The row an environment's ``reset`` gets from a `PromptRecord`: its prompt text, gold
+    answer, data row index and extra scalar columns."""
+    return {
+        **dict(record.metadata),
+        "prompt": record.prompt,
+        "answer": record.answer,
+        "row": record.row,
+    }
+
+
+def make_env_sampler(cfg: Any, tokenizer: Any, inner_fn: Callable[[], Any]) -> EnvSampler | None:
+    """The `EnvSampler` of ``cfg.env`` (None when ``env.fn`` is empty); the trainer gives it the
+    rows of each batch it opens (`EnvSampler.add_rows`)."""
+    if not cfg.env.enabled:
+        return None
+    factory = load_env_factory(cfg.env.fn, cfg.env.kwargs)
+    delta = ChatDelta.for_env(cfg.env, tokenizer, enable_thinking=cfg.data.enable_thinking)
+    return EnvSampler(inner_fn, factory, delta, cfg.env, max_model_len=cfg.sampler.max_model_len)

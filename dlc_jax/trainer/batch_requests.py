@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlc_jax.data.prompts import PromptPipeline, PromptRecord
-from dlc_jax.env.trainer_hook import env_row
+from dlc_jax.env.runner import env_row
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.client.retry import RetryPolicy, call_with_retry
 from dlc_jax.sampler.wire.types import SamplingParams, mix_seed

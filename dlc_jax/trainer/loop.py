@@ -25,19 +25,18 @@ import jax.numpy as jnp
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
-from dlc_jax.env.trainer_hook import make_env_sampler
+from dlc_jax.env.runner import make_env_sampler
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.client.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
 from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.eval import Evaluator
+from dlc_jax.trainer.guards import NonFiniteGuard, NonFiniteTrainingError, SigintLatch
 from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
-from dlc_jax.trainer.interrupt import SigintLatch
 from dlc_jax.trainer.lora_push import adapter_pusher, choose_lora_push, started_sampler_info
 from dlc_jax.trainer.metrics_log import MetricsLogger
-from dlc_jax.trainer.nonfinite import NonFiniteGuard, NonFiniteTrainingError
-from dlc_jax.trainer.resync import make_policy
+from dlc_jax.trainer.resync import Resyncer, make_policy
 from dlc_jax.trainer.run_lifecycle import (
     RunCheckpoints,
     complete_summary,
@@ -45,12 +44,11 @@ from dlc_jax.trainer.run_lifecycle import (
     open_metrics,
 )
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
-from dlc_jax.trainer.samples import sample_records
 from dlc_jax.trainer.state import update_count
 from dlc_jax.trainer.step import STEP_KEYS
 from dlc_jax.trainer.step_inputs import StepInputs, decode
 from dlc_jax.trainer.train_setup import load_train_model, make_train_setup
-from dlc_jax.trainer.weight_resync import Resyncer
+from dlc_jax.trainer.writers import sample_records
 
 logger = logging.getLogger(__name__)
 

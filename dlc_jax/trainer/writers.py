@@ -1,5 +1,6 @@
 """Where metrics go besides metrics.jsonl: grouped TensorBoard tags, an optional wandb run, sample
-completions (samples.jsonl + TensorBoard text), and the plain progress line. Tags are grouped by
+completions (`sample_records`: prompt, response, reward, a per-token delta / ell summary; written
+to samples.jsonl + TensorBoard text), and the plain progress line. Tags are grouped by
 what they measure (``reward/``, ``mismatch/``, ``ess/``, ``loss/``, ``system/``, ``eval/``,
 ``pool/``); a flat key repeating a ``loss/`` key of the row is written once.
 """
@@ -12,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dlc_jax.errors import UserError, one_line
 from dlc_jax.trainer.run_dir import flatten as flat_keys
@@ -215,10 +218,67 @@ class ProgressLine:
         print(" | ".join(parts), file=self.stream, flush=True)
 
 
-__all__ = ["tb_tag", "flatten", "WandbWriter", "SampleWriter", "samples_markdown", "ProgressLine"]
+__all__ = [
+    "tb_tag",
+    "flatten",
+    "WandbWriter",
+    "SampleWriter",
+    "samples_markdown",
+    "ProgressLine",
+    "sample_records",
+    "token_summary",
+]
 
 
 def _first(e: BaseException) -> str:
     """``e`` as one short line (wandb's messages run over several)."""
     text = str(e).strip()
     return one_line(f"{type(e).__name__}: {text.splitlines()[0] if text else ''}", 200)
+
+
+def token_summary(lp, lp_s, lp_q, mask) -> dict[str, float]:
+    """delta/ell mean and largest magnitude over one response's tokens (host arrays [T])."""
+    m = np.asarray(mask) > 0
+    if not m.any():
+        return {}
+    delta = (np.asarray(lp_s) - np.asarray(lp_q))[m]
+    ell = (np.asarray(lp) - np.asarray(lp_s))[m]
+    return {
+        "delta_mean": float(delta.mean()),
+        "delta_abs_max": float(np.abs(delta).max()),
+        "ell_mean": float(ell.mean()),
+        "ell_abs_max": float(np.abs(ell).max()),
+        "logprob_q_mean": float(np.asarray(lp_q)[m].mean()),
+    }
+
+
+def sample_records(
+    rollouts: list,
+    prompts: dict,
+    texts: list[str],
+    rewards: np.ndarray,
+    per_token: dict | None,
+    n: int,
+) -> list[dict]:
+    """Records of the first ``n`` rollouts (one per group first, so different prompts show).
+
+    per_token: host arrays ``lp``, ``lp_s``, ``lp_q``, ``mask`` [rows, L] with row i = rollout i
+    (None = no per-token summary, e.g. packed rows)."""
+    order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))[:n]
+    out = []
+    for i in order:
+        r = rollouts[i]
+        rec = {
+            "slot": int(r.slot_id),
+            "sample": int(r.sample_index),
+            "prompt": prompts[r.slot_id].prompt,
+            "answer": prompts[r.slot_id].answer,
+            "response": texts[i],
+            "reward": float(rewards[i]),
+            "tokens": int(len(r.response_ids)),
+            "versions": sorted({int(v) for v, _, _ in r.version_spans}),
+        }
+        if per_token is not None:
+            rec.update(token_summary(*(per_token[k][i] for k in ("lp", "lp_s", "lp_q", "mask"))))
+        out.append(rec)
+    return out
