@@ -129,13 +129,8 @@ class Checkpointer:
                     f"checkpoint step {step} did not verify after saving ({e}); moved to {where}, "
                     f"older checkpoints kept"
                 ) from e
-        self._rotate()
+        self.clear(keep=self.keep)
         return True
-
-    def _rotate(self) -> None:
-        steps = self.all_steps()
-        for s in steps[: max(0, len(steps) - self.keep)]:
-            self._mgr.delete(s)
 
     def quarantine(self, step: int) -> str:
         """Move step ``step`` to ``<dir>/corrupt/<step>-<time>`` (out of the manager's view);
@@ -208,9 +203,11 @@ class Checkpointer:
             )
         return step
 
-    def clear(self) -> list[int]:
-        """Delete every step (a run started over with ``checkpoint.overwrite``); returns them."""
+    def clear(self, keep: int = 0) -> list[int]:
+        """Delete every step but the last ``keep`` (0: all, a run started over with
+        ``checkpoint.overwrite``); returns the deleted steps."""
         steps = self.all_steps()
+        steps = steps[: max(0, len(steps) - keep)]
         for s in steps:
             self._mgr.delete(s)
         return steps

@@ -102,23 +102,18 @@ def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo
 
 
 def process_info() -> ProcessInfo:
-    return ProcessInfo(
+    counts = (
         jax.process_index(),
         jax.process_count(),
         jax.local_device_count(),
         jax.device_count(),
-        bool(jax.distributed.is_initialized()),
     )
+    return ProcessInfo(*counts, bool(jax.distributed.is_initialized()))
 
 
 def leader_bool(value: bool) -> bool:
-    """``value`` as decided by process 0 (identical on every process)."""
-    if jax.process_count() == 1:
-        return bool(value)
-    from jax.experimental import multihost_utils
-
-    flag = np.asarray(int(bool(value)), np.int32)
-    return bool(np.asarray(multihost_utils.broadcast_one_to_all(flag)))
+    """``value`` as decided by process 0 (identical on every process; a collective)."""
+    return bool(leader_json(bool(value)))
 
 
 def leader_json(value: Any) -> Any:
@@ -213,9 +208,8 @@ def rows_sharding(mesh):
 
 
 def local_row_range(sharding, global_rows: int) -> tuple[int, int]:
-    """[start, stop) of the batch rows stored on this process's devices under `sharding` (rows =
-    axis 0).
-    Raises DistributedError when they are not one contiguous block."""
+    """[start, stop) of the batch rows (axis 0) on this process's devices under `sharding`;
+    DistributedError when they are not one contiguous block."""
     idx = sharding.addressable_devices_indices_map((int(global_rows),))
     spans = sorted(
         {(s[0].start or 0, global_rows if s[0].stop is None else s[0].stop) for s in idx.values()}
@@ -240,12 +234,9 @@ def local_slots(slots: list[int], group_size: int, sharding) -> list[int]:
     if start % group_size or stop % group_size:
         raise DistributedError(
             f"train.batch_prompts: this process owns rows [{start}, {stop}) of {rows}, which "
-            "splits a group of "
-            f"sampler.n={group_size}; batch_prompts ({len(slots)}) must be a multiple of the "
-            "number of row shards "
-            "per process boundary (use batch_prompts divisible by "
-            f"jax.process_count()={jax.process_count()} "
-            f"times the row shards)"
+            f"splits a group of sampler.n={group_size}; batch_prompts ({len(slots)}) must be a "
+            "multiple of the number of row shards per process boundary (use batch_prompts "
+            f"divisible by jax.process_count()={jax.process_count()} times the row shards)"
         )
     return list(slots[start // group_size : stop // group_size])
 
@@ -272,13 +263,9 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
 def push_weights(
     sampler: Sampler, model, version: int, *, relay: str | None = None, **options: Any
 ) -> PushResult:
-    """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool);
-    `options`: dtype, chunk_bytes, transport.
-
-    Single process: a plain `push_model` (the pool's relay as configured). Several processes: a
-    collective -- every process sends its own deduplicated shards over `transport` and process 0
-    commits (`shard_push.push_shards`; `relay`: None = the pool's); every process returns the same
-    (ok, version) and a pool has the same rotation everywhere."""
+    """Push `model` as weight `version` to `sampler` (`options`: dtype, chunk_bytes, transport):
+    a plain `push_model` in a single process, else the collective `shard_push.push_shards`
+    (`relay`: None = the pool's), the same result on every process."""
     if jax.process_count() == 1:
         return sampler.push_model(model, version, **options)
     from dlc_jax.sampler.client.pool import SamplerPool

@@ -22,42 +22,30 @@ from dlc_jax.errors import UserError
 logger = logging.getLogger(__name__)
 
 # Dotted keys (or whole sections, by prefix) that may change between a checkpoint and its resume.
-NOT_TRAINING_RELEVANT = (
-    "log.",
-    "eval.",  # held-out evaluation reads the sampler; training is the same with or without it
-    "checkpoint.",
-    "distributed.",
-    "mesh.",
-    "plan.",
-    "train.steps",
-    "train.micro_batches",
-    "train.length_buckets",  # padding only: masked tokens
-    "train.compile_cache_dir",
-    "train.max_nonfinite_steps",
-    "model.remat",
-    "model.remat_policy",  # memory vs recompute; model.scan_layers changes the checkpoint layout
-    "model.attention_impl",  # the same attention by another kernel
-    "model.moe_impl",  # the same experts by another kernel
-    "model.moe_dispatch",  # the same experts reached by another collective
-    "model.path",
-    "sft.cache_dir",
-    "reward.workers",
-    "reward.timeout_s",
-    "reward.sample_timeout_s",
-    "resync.max_snapshots",
-    "sampler.address",
-    "sampler.token_file",
-    "sampler.tls_root_cert",
-    "sampler.tls_server_name",
-    "sampler.startup_timeout_s",
-    "sampler.reconnect_timeout_s",
-    "sampler.connect_timeout_s",
-    "sampler.retries",
-    "sampler.retry_backoff_s",
-    "sampler.retry_max_backoff_s",
-    "sampler.push_transport",
-    "sampler.push_relay",
-)
+_KEYS = {
+    # held-out evaluation reads the sampler; training is the same with or without it
+    "": ("log.", "eval.", "checkpoint.", "distributed.", "mesh.", "plan."),
+    # length_buckets: padding only (masked tokens)
+    "train": (
+        "steps",
+        "micro_batches",
+        "length_buckets",
+        "compile_cache_dir",
+        "max_nonfinite_steps",
+    ),
+    # memory vs recompute, or the same attention / experts by another kernel or collective
+    # (model.scan_layers changes the checkpoint layout: relevant)
+    "model": ("remat", "remat_policy", "attention_impl", "moe_impl", "moe_dispatch", "path"),
+    "sft": ("cache_dir",),
+    "reward": ("workers", "timeout_s", "sample_timeout_s"),
+    "resync": ("max_snapshots",),
+    "sampler": (
+        *("address", "token_file", "tls_root_cert", "tls_server_name", "startup_timeout_s"),
+        *("reconnect_timeout_s", "connect_timeout_s", "retries", "retry_backoff_s"),
+        *("retry_max_backoff_s", "push_transport", "push_relay"),
+    ),
+}
+NOT_TRAINING_RELEVANT = tuple(f"{s}.{k}" if s else k for s, keys in _KEYS.items() for k in keys)
 
 # Run outputs in log.dir that belong to one run (cleared by checkpoint.overwrite).
 RUN_OUTPUTS = ("metrics.jsonl", "samples.jsonl", "summary.json", "tb")
