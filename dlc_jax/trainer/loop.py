@@ -37,7 +37,7 @@ from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
 from dlc_jax.trainer.lora_push import adapter_pusher, choose_lora_push, started_sampler_info
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.resync import Resyncer, make_policy
-from dlc_jax.trainer.run_lifecycle import (
+from dlc_jax.trainer.run_dir import (
     RunCheckpoints,
     complete_summary,
     model_names,

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from dlc_jax.errors import UserError, one_line
-from dlc_jax.trainer.run_dir import flatten as flat_keys
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +46,18 @@ def tb_tag(key: str, row: dict) -> str | None:
     if key == "response_len":
         return "reward/response_len"
     return "system/" + key.replace("/", "_")
+
+
+def flat_keys(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat_keys(v, key + "."))
+        else:
+            out[key] = v
+    return out
 
 
 def flatten(d: dict) -> dict[str, Any]:
