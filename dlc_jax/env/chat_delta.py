@@ -117,21 +117,18 @@ class ChatDelta:
         or when the template tokens alone exceed ``limit``. Contents over ``CHARS_PER_TOKEN *
         limit`` characters are cut by characters first."""
         cap = CHARS_PER_TOKEN * limit
-        if any(len(m["content"]) > cap for m in messages):
-            if side == "error":
-                return [], True
+        cut = any(len(m["content"]) > cap for m in messages)
+        if cut and side == "error":
+            return [], True
+        if cut:
             messages = [
                 dict(m, content=m["content"][-cap:] if side == "left" else m["content"][:cap])
                 for m in messages
             ]
-            ids, n = self._answer(messages)
-            if len(ids) <= limit:
-                self._count(n)
-                return ids, True
         ids, n = self._answer(messages)
         if len(ids) <= limit:
             self._count(n)
-            return ids, False
+            return ids, cut
         if side == "error":
             return [], True
         overhead = len(self._answer([dict(m, content="") for m in messages])[0])
