@@ -116,10 +116,8 @@ class EnvSampler(SamplerBase):
         return self.inner_fn().push_model(*args, **kwargs)
 
     def _generate(self, prompts, params, slot_ids, request_id) -> Iterator[Rollout]:
-        """One episode per prompt (``params.n`` must be 1), run in lockstep: turn ``t`` of every
-        live episode is one sampler request (a batch, not one request per episode), then the
-        environments answer (``env.workers`` calls at a time); an episode's rollout is yielded as
-        soon as it ends."""
+        """One episode per prompt (``params.n`` 1), in lockstep (module doc); each rollout is
+        yielded as soon as its episode ends."""
         if params.n != 1:
             raise ValueError(f"EnvSampler: one episode per request cell (n = 1), got n={params.n}")
         k = int(params.head_k)

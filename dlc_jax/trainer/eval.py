@@ -108,6 +108,3 @@ class Evaluator:
             "eval/version": float(min(versions)) if versions else -1.0,
             "eval/seconds": time.time() - t0,
         }
-
-
-__all__ = ["Evaluator", "eval_data_config"]

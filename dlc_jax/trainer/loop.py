@@ -68,15 +68,10 @@ COUNTERS = (
 
 
 class Trainer:
-    """One run: the model, optimizer, step, checkpoints and metrics, over the parts it is given.
-
-    sampler: a `Sampler` (kept for the whole run: the caller owns it) or a `SamplerLink` (spawns,
-    connects, reconnects; closed with the trainer); rewards: the `RewardRunner` (closed with the
-    trainer); prompts: the `PromptPipeline` of the training prompts; model_dir: the model trained
-    (and served as version 0); hooks: more `Hook` s, run after the trainer's own (eval, metrics,
-    checkpoint). Construction loads the model, builds the jitted step and restores the latest
-    checkpoint when ``checkpoint.resume``; `run` connects the sampler and trains.
-    """
+    """One run over the parts it is given: ``sampler`` (a `Sampler` the caller owns, or a
+    `SamplerLink` closed with the trainer), ``rewards`` (closed with it), ``prompts``,
+    ``model_dir`` (trained, served as version 0) and more ``hooks`` (after eval, metrics,
+    checkpoint). Construction loads the model, builds the step and resumes; `run` trains."""
 
     def __init__(
         self,

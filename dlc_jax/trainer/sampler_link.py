@@ -41,13 +41,9 @@ class SamplerUnavailable(UserError, RuntimeError):
 
 
 class SamplerLink:
-    """Owns the sampler connection of one training run.
-
-    sampler_cfg: the `sampler` config section; model_dir: what a spawned sampler serves as version
-    0; log_dir: where a spawned sampler writes sampler.log; multi: this is one process of a
-    multi-host run; on_reconnect: called after every successful reconnect (the trainer counts it and
-    clears failed rollout streams); sampler: a `Sampler` to use instead of spawning or connecting
-    one (the caller owns it)."""
+    """Owns the sampler connection of one training run. model_dir / log_dir: what a spawned
+    sampler serves as version 0 and where it logs; on_reconnect: called after every successful
+    reconnect; sampler: a `Sampler` to use instead of spawning or connecting one."""
 
     def __init__(
         self,

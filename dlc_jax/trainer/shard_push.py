@@ -68,13 +68,9 @@ def push_shards(
     relay: str | None = None,
     targets: list[int],
 ) -> PushResult:
-    """Push `model` as weight `version` from every process's own shards (module docstring).
-    Collective. `sampler`: a SamplerClient or SamplerPool; `targets`: the indices of the pool's
-    samplers to push to, the same on every process (`distributed.leader_push_targets`; [0] for a
-    client); `transport`: "grpc", "socket" or "auto" (decided per sampler); `relay`: "off",
-    "chain", "tree" or "auto" (None: the pool's `relay`). The result's `egress_bytes`: tensor
-    bytes this process sent (all samplers together); its `transport`: the plane(s) this
-    process's parts used."""
+    """Push `model` as weight `version` from every process's own shards (a collective; module
+    doc). `targets`: the pool's sampler indices, the same on every process ([0] for a client);
+    `relay`: None = the pool's. The result's `egress_bytes` / `transport`: this process's."""
     from jax.experimental import multihost_utils
 
     check_transport(transport)

@@ -115,11 +115,8 @@ class StepInputs:
             )
 
     def score_and_pack(self, rollouts: list, prompts: dict, version: int) -> tuple[dict, dict]:
-        """(global batch statistics for the metrics row, packed host arrays incl. advantages
-        ``adv``).
-
-        version: the trainer's current weight version (the lag of each token is measured from
-        it)."""
+        """(global batch statistics, packed host arrays with advantages ``adv``); ``version``: the
+        trainer's weight version, which token lags are measured from."""
         cfg = self.cfg
         real = np.asarray([r.finish_reason != FILLER for r in rollouts])
         scored, reward_metrics = self._score([r for r, k in zip(rollouts, real) if k], prompts)

@@ -229,18 +229,6 @@ class ProgressLine:
         print(" | ".join(parts), file=self.stream, flush=True)
 
 
-__all__ = [
-    "tb_tag",
-    "flatten",
-    "WandbWriter",
-    "SampleWriter",
-    "samples_markdown",
-    "ProgressLine",
-    "sample_records",
-    "token_summary",
-]
-
-
 def _first(e: BaseException) -> str:
     """``e`` as one short line (wandb's messages run over several)."""
     text = str(e).strip()
