@@ -117,10 +117,10 @@ class ChatDelta:
         or when the template tokens alone exceed ``limit``. Contents over ``CHARS_PER_TOKEN *
         limit`` characters are cut by characters first."""
         cap = CHARS_PER_TOKEN * limit
-        cut = any(len(m["content"]) > cap for m in messages)
-        if cut and side == "error":
+        too_long = any(len(m["content"]) > cap for m in messages)
+        if too_long and side == "error":
             return [], True
-        if cut:
+        if too_long:
             messages = [
                 dict(m, content=m["content"][-cap:] if side == "left" else m["content"][:cap])
                 for m in messages
@@ -128,7 +128,7 @@ class ChatDelta:
         ids, n = self._answer(messages)
         if len(ids) <= limit:
             self._count(n)
-            return ids, cut
+            return ids, too_long
         if side == "error":
             return [], True
         overhead = len(self._answer([dict(m, content="") for m in messages])[0])

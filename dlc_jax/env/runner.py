@@ -290,15 +290,15 @@ class EnvSampler(SamplerBase):
         return True
 
     # ---- counters ------------------------------------------------------------------------------
-    def _bump(self, key: str, by: float = 1.0, **more: float) -> None:
-        """Add to run counters: ``key`` by ``by``, and ``env/<name>`` by each of ``more``."""
+    def _bump(self, *keys: str, by: dict[str, float] | None = None) -> None:
+        """Add 1 to each run counter of ``keys``, and each of ``by``'s values to its counter."""
         with self.lock:
-            for k, v in {key: by, **{f"env/{n}": m for n, m in more.items()}}.items():
+            for k, v in {**dict.fromkeys(keys, 1.0), **(by or {})}.items():
                 self.counts[k] = self.counts.get(k, 0.0) + v
 
     def _count(self, ep: dict) -> None:
-        more = {"errors": ep["errors"], "silent_mismatches": ep["mismatches"]}
-        self._bump(f"env/end_{ep['end']}", 1.0, episodes=1.0, **more)
+        more = {"env/errors": ep["errors"], "env/silent_mismatches": ep["mismatches"]}
+        self._bump(by={"env/episodes": 1.0, **more, f"env/end_{ep['end']}": 1.0})
 
     def totals(self) -> dict[str, float]:
         """Run totals of the counters (episodes, errors, prefix breaks, end reasons, control

@@ -258,23 +258,18 @@ class SamplerLink:
         if version == 0 and dist.leader_bool(self.client.info()["version"] == 0):
             return None
         t0 = time.time()
-        if self.adapter is not None:  # lora.push=adapter: the adapters alone
-            res = self.adapter.push(self.client, model_fn(), version, dtype=self.push_dtype)
-        else:
-            res = dist.push_weights(
-                self.client,
-                model_fn(),
-                version,
-                dtype=self.push_dtype,
-                transport=self.cfg.push_transport,
-            )
+        # lora.push=adapter: the adapters alone (over gRPC), else the whole model
+        whole = self.adapter is None
+        push = dist.push_weights if whole else self.adapter.push
+        kw = {"transport": self.cfg.push_transport} if whole else {}
+        res = push(self.client, model_fn(), version, dtype=self.push_dtype, **kw)
         if not res.ok:
             raise RuntimeError(f"sampler rejected weight push v{version} ({reason}): {res.message}")
         logger.info(
             "push: version %d (%s) %s%.3f MB %s via %s in %.2fs%s",
             version,
             reason,
-            "adapter " if self.adapter is not None else "",
+            "" if whole else "adapter ",
             res.bytes / 1e6,
             self.push_dtype,
             res.transport or "grpc",
@@ -282,11 +277,8 @@ class SamplerLink:
             f"; {res.message}" if res.per_sampler else "",
         )
         if res.removed:
-            logger.info(
-                "samplers out of rotation after the push of version %d: %s",
-                version,
-                list(res.removed),
-            )
+            out = list(res.removed)
+            logger.info("samplers out of rotation after the push of version %d: %s", version, out)
         return res
 
     def push_retrying(
