@@ -227,22 +227,13 @@ def export_checkpoint(
     model_dir = Path(model_dir) if model_dir else model_dir_from_meta(meta)
     jdt = _jnp_dtype(dtype)
     if meta.get("lora_base_fingerprint"):  # a LoRA run: adapters only, on the run's base
-
-        def write_lora(tmp: Path) -> None:
-            try:
-                export_lora_checkpoint(
-                    ckpt_dir,
-                    tmp,
-                    meta,
-                    model_dir,
-                    dtype=jdt,
-                    fmt=lora,
-                    max_shard_bytes=max_shard_bytes,
-                )
-            except ValueError as e:  # wrong base, no adapters, bad --lora
-                raise ExportError(str(e)) from e
-
-        _write_into_place(out_path, write_lora)
+        kw = {"dtype": jdt, "fmt": lora, "max_shard_bytes": max_shard_bytes}
+        try:
+            _write_into_place(
+                out_path, lambda tmp: export_lora_checkpoint(ckpt_dir, tmp, meta, model_dir, **kw)
+            )
+        except ValueError as e:  # wrong base, no adapters, bad --lora
+            raise ExportError(str(e)) from e
         return step, out_path
     run_model = meta.get("config", {}).get("model", {})
     pd = run_model.get("param_dtype", "float32")

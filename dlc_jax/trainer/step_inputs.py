@@ -131,14 +131,8 @@ class StepInputs:
         lag_tok = sum((version - v) * (e - s) for r in rollouts for v, s, e in r.version_spans)
         max_len = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
         # [sum r, sum r^2, rows, max len, sum response len, sum token lag] from every process
-        local = [
-            rewards.sum(),
-            np.square(rewards).sum(),
-            len(rewards),
-            max_len,
-            resp.sum(),
-            lag_tok,
-        ]
+        local = [rewards.sum(), np.square(rewards).sum(), len(rewards), max_len]
+        local += [resp.sum(), lag_tok]
         # per-reward sums and failure counts (same names, same order on every process)
         r_names = sorted(k for k in reward_metrics if k != "reward/seconds")
         counts = ("reward/errors", "reward/timeouts")
