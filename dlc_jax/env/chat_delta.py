@@ -1,21 +1,11 @@
 """Token ids of chat turns, rendered once and appended: the history is never re-tokenized.
 
-`ChatDelta.opening(messages)` renders the opening messages with the tokenizer's chat template (and
-the environment's tool schemas) plus the assistant header. `ChatDelta.answer(messages)` is the
-token delta an environment answer adds after an assistant turn that ended with the end-of-turn
-token: the template's text of (the answer + the next assistant header) after the assistant's
-end-of-turn token, tokenized on its own. Because that delta starts right after a
-special token, tokenizing it alone gives the tokens it has in context (the newline after
-``<|im_end|>`` is kept: it belongs to the delta).
-
-Qwen3's ``<think>`` blocks: the generated tokens of every turn stay in the history exactly as
-sampled, thinking included; Qwen3's template would drop earlier turns' reasoning when re-rendering
-a conversation, but here nothing is re-rendered, so later turns see (and the trainer trains on)
-exactly what the sampler produced.
-
-Message contents are text: a control token's text inside one (a tool answering
-``<|im_start|>assistant``) is encoded as plain text (`dlc_jax.data.text_tokens`), counted in
-``escaped``, unless ``allow_special`` (``env.allow_special_tokens``).
+`ChatDelta.opening` renders the opening messages (and tool schemas) plus the assistant header;
+`ChatDelta.answer` is the token delta an environment answer adds after an assistant turn that
+ended with the end-of-turn token, tokenized on its own (it starts right after a special token, so
+alone it has the tokens it has in context). Generated tokens stay exactly as sampled, ``<think>``
+included: nothing is re-rendered. A control token's text inside a message is encoded as plain
+text (counted in ``escaped``) unless ``allow_special``.
 """
 
 from __future__ import annotations
@@ -60,11 +50,16 @@ class ChatDelta:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("env: the model's tokenizer has no chat template")
 
+    @classmethod
+    def for_env(cls, cfg: Any, tokenizer: Any, *, enable_thinking: bool = True) -> ChatDelta:
+        """The delta of the ``env`` section ``cfg`` (its ``allow_special_tokens``)."""
+        eos = int(tokenizer.eos_token_id)
+        allow = cfg.allow_special_tokens
+        return cls(tokenizer, eos, enable_thinking=enable_thinking, allow_special=allow)
+
     def _render(self, messages: list[dict], gen: bool, tools=None) -> str:
-        kw: dict[str, Any] = dict(tokenize=False, add_generation_prompt=gen)
-        kw["enable_thinking"] = self.enable_thinking
-        if tools:
-            kw["tools"] = tools
+        kw = {"tools": tools} if tools else {}
+        kw.update(tokenize=False, add_generation_prompt=gen, enable_thinking=self.enable_thinking)
         return str(self.tok.apply_chat_template(messages, **kw))
 
     def encode(self, text: str) -> list[int]:
@@ -91,10 +86,9 @@ class ChatDelta:
 
     def answer_text(self, messages: list[dict]) -> str:
         """The text an environment answer adds after the assistant's end-of-turn token: the
-        template's rendering of (a probe exchange + ``messages`` + the assistant header) after the
-        probe assistant turn's end-of-turn token. Only what follows that turn is taken, so a
-        template that renders a last assistant turn differently from an earlier one (Qwen3 adds
-        an empty ``<think>`` block to the last) still gives the right delta."""
+        rendering of (a probe exchange + ``messages`` + the assistant header) after the probe
+        turn's end-of-turn token (so a template that renders the last assistant turn differently,
+        as Qwen3 does, still gives the right delta)."""
         return self._after_probe(self._render(_PROBE + list(messages), True))
 
     def _after_probe(self, text: str) -> str:
@@ -118,27 +112,23 @@ class ChatDelta:
         return self._encode(render, list(messages))
 
     def fit_answer(self, messages: list[dict], limit: int, side: str) -> tuple[list[int], bool]:
-        """(token delta, truncated): the answer, its message contents cut token-wise on ``side``
-        ('left' keeps the end, 'right' the start) until the delta has at most ``limit`` tokens.
-        Side 'error' or an answer whose template tokens alone exceed ``limit``: ([], True). A
-        content of more than ``CHARS_PER_TOKEN * limit`` characters is cut by characters first
-        (a 10 MB tool output is never tokenized whole)."""
+        """(token delta, truncated): the answer, its contents cut token-wise on ``side`` ('left'
+        keeps the end) until the delta has at most ``limit`` tokens; ([], True) for side 'error'
+        or when the template tokens alone exceed ``limit``. Contents over ``CHARS_PER_TOKEN *
+        limit`` characters are cut by characters first."""
         cap = CHARS_PER_TOKEN * limit
-        if any(len(m["content"]) > cap for m in messages):
-            if side == "error":
-                return [], True
+        too_long = any(len(m["content"]) > cap for m in messages)
+        if too_long and side == "error":
+            return [], True
+        if too_long:
             messages = [
                 dict(m, content=m["content"][-cap:] if side == "left" else m["content"][:cap])
                 for m in messages
             ]
-            ids, n = self._answer(messages)
-            if len(ids) <= limit:
-                self._count(n)
-                return ids, True
         ids, n = self._answer(messages)
         if len(ids) <= limit:
             self._count(n)
-            return ids, False
+            return ids, too_long
         if side == "error":
             return [], True
         overhead = len(self._answer([dict(m, content="") for m in messages])[0])

@@ -1,7 +1,5 @@
-"""The ``env`` config section: which environment drives multi-turn episodes, and their limits.
-
-``env.fn`` empty (the default) keeps the single-turn path: one sampler call per prompt, scored by
-the ``reward`` functions. Set, every rollout is an episode of that environment (`EnvSampler`).
+"""The ``env`` config section: which environment drives multi-turn episodes, and their limits
+(``env.fn`` empty: the single-turn path, one sampler call per prompt scored by ``reward``).
 """
 
 from __future__ import annotations
@@ -12,24 +10,14 @@ from typing import Literal
 
 @dataclasses.dataclass
 class EnvConfig:
-    """fn: ``package.module:Name`` of a class (or factory) called with no arguments per episode,
-    '' = single-turn. kwargs: keyword arguments passed to it. max_turns: sampler calls per episode.
-    max_total_tokens: prompt + all turns of an episode (0 = sampler.max_model_len).
-    max_env_tokens_per_turn: tokens of one environment answer; a longer one is cut on
-    ``truncation_side`` ('left' keeps its end, 'right' its start; the chat template's own tokens
-    around the content are never cut) or, with 'error', ends the episode (reason
-    ``env_oversized``). on_prefix_break: what a turn whose tokens do not extend the episode's
-    history exactly does: 'error' stops the run, 'split' goes on from the sampler's own
-    tokens as a new sequence in the same training row (both parts token-exact and trained;
-    counted in ``env/splits``; when the row would outgrow ``max_total_tokens`` the episode ends
-    at the break instead, reason ``prefix_break``). reward: 'sum' of the turn rewards or the
-    'last' one.
-    timeout_s: one reset / step call; a call that runs longer ends its episode (``env_timeout``).
-    workers: environment calls (reset, step, close) run at once per sampler request.
-    allow_special_tokens: message contents may hold the tokenizer's control tokens (an
-    environment that must emit them); by default a control token's text in a message is encoded
-    as plain text, counted in ``env/escaped_special_tokens`` (docs/ENVIRONMENTS.md).
-    """
+    """The ``env`` keys (docs/ENVIRONMENTS.md). fn: ``package.module:Name`` called with
+    ``kwargs`` per episode ('' = single-turn). max_total_tokens: prompt + all turns (0 =
+    sampler.max_model_len). max_env_tokens_per_turn: a longer answer is cut on
+    ``truncation_side`` ('left' keeps its end, 'right' its start) or ends the episode ('error').
+    on_prefix_break: 'error' stops the run, 'split' goes on as a new sequence in the same row.
+    reward: 'sum' or 'last' of the turn rewards. timeout_s: one environment call. workers:
+    environment calls at once. allow_special_tokens: control tokens in messages stay control
+    tokens (else encoded as text, counted in ``env/escaped_special_tokens``)."""
 
     fn: str = ""
     kwargs: dict = dataclasses.field(default_factory=dict)
@@ -44,33 +32,20 @@ class EnvConfig:
     allow_special_tokens: bool = False
 
     def __post_init__(self):
-        if self.max_turns < 1:
-            raise ValueError(f"EnvConfig.max_turns: must be >= 1, got {self.max_turns}")
-        if self.max_total_tokens < 0:
-            raise ValueError(
-                f"EnvConfig.max_total_tokens: must be >= 0, got {self.max_total_tokens}"
-            )
-        if self.max_env_tokens_per_turn < 1:
-            raise ValueError(
-                "EnvConfig.max_env_tokens_per_turn: must be >= 1, got "
-                f"{self.max_env_tokens_per_turn}"
-            )
-        if self.truncation_side not in ("left", "right", "error"):
-            raise ValueError(
-                f"EnvConfig.truncation_side: must be 'left', 'right' or 'error', got "
-                f"{self.truncation_side!r}"
-            )
-        if self.on_prefix_break not in ("error", "split"):
-            raise ValueError(
-                "EnvConfig.on_prefix_break: must be 'error' or 'split', got "
-                f"{self.on_prefix_break!r}"
-            )
-        if self.reward not in ("sum", "last"):
-            raise ValueError(f"EnvConfig.reward: must be 'sum' or 'last', got {self.reward!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"EnvConfig.timeout_s: must be > 0, got {self.timeout_s}")
-        if self.workers < 1:
-            raise ValueError(f"EnvConfig.workers: must be >= 1, got {self.workers}")
+        sides = ("left", "right", "error")
+        rules = (
+            ("max_turns", lambda v: v >= 1, ">= 1"),
+            ("max_total_tokens", lambda v: v >= 0, ">= 0"),
+            ("max_env_tokens_per_turn", lambda v: v >= 1, ">= 1"),
+            ("truncation_side", sides.__contains__, "'left', 'right' or 'error'"),
+            ("on_prefix_break", ("error", "split").__contains__, "'error' or 'split'"),
+            ("reward", ("sum", "last").__contains__, "'sum' or 'last'"),
+            ("timeout_s", lambda v: v > 0, "> 0"),
+            ("workers", lambda v: v >= 1, ">= 1"),
+        )
+        for name, ok, req in rules:
+            if not ok(v := getattr(self, name)):
+                raise ValueError(f"EnvConfig.{name}: must be {req}, got {v!r}")
         if self.fn and ":" not in self.fn:
             raise ValueError(f"EnvConfig.fn: expected 'package.module:Name', got {self.fn!r}")
 

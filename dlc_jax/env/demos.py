@@ -1,13 +1,10 @@
 """An environment's demonstrations as token-exact training sequences (the warm-up's data).
 
-A random tiny model never writes a tool call, so RL on a tool task needs a warm-up, as the
-single-turn default does. An environment class may offer ``demonstration(row) -> [completion of
-each turn]`` (an expert); each demonstration is played through a fresh environment exactly as an
-episode is (opening tokens, each completion + end-of-turn, each answer's token delta), with the
-same guards as a training episode: every call (``__init__``, ``reset``, ``demonstration``,
-``step``) bounded by ``env.timeout_s``, a call that raises, exits or returns garbage ends that
-demonstration, counted (`Demonstrations.counts`). The training loop is the trainer's
-(`dlc_jax.trainer.sft.ensure_env_sft_model`); this module only provides the sequences.
+A random tiny model never writes a tool call, so RL on a tool task needs a warm-up. An environment
+may offer ``demonstration(row) -> [completion of each turn]``; each is played through a fresh
+environment exactly as an episode is, with the same guards (every call bounded by
+``env.timeout_s``; a call that raises, exits or returns garbage drops that demonstration,
+counted). The training loop is `dlc_jax.trainer.sft.ensure_env_sft_model`.
 """
 
 from __future__ import annotations
@@ -24,15 +21,14 @@ from dlc_jax.env.history import History
 from dlc_jax.env.protocol import (
     EnvConfigError,
     EnvTimeout,
-    check_messages,
     check_step,
+    close_env,
     load_env_factory,
+    open_env,
     timed_call,
 )
 
 logger = logging.getLogger(__name__)
-
-OPENING_ROLES = ("system", "user", "assistant", "tool")
 
 
 class NoDemonstrationError(EnvConfigError):
@@ -52,8 +48,7 @@ def demo_sequence(
             f"sft.enabled with env.fn: {type(env).__name__} has no demonstration(row) method; "
             "set sft.enabled=false or give model.path"
         )
-    opening = check_messages(timed_call(env.reset, (row,), timeout), "reset()", OPENING_ROLES)
-    hist = History(delta.opening(opening, getattr(env, "tools", None)), 0)
+    hist = History(open_env(env, row, delta, timeout), 0)
     turns = timed_call(demo, (row,), timeout)
     if not isinstance(turns, (list, tuple)) or not all(isinstance(t, str) for t in turns):
         raise ValueError(f"demonstration(): expected a list of strings, got {turns!r:.100}")
@@ -64,12 +59,7 @@ def demo_sequence(
         if done or i == len(turns) - 1:
             break
         hist.add_env(delta.answer(msgs))
-    close = getattr(env, "close", None)
-    if callable(close):
-        try:
-            timed_call(close, (), timeout)
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
+    close_env(env, timeout)
     return hist
 
 
@@ -80,14 +70,9 @@ def demonstrations(
     whose environment raises, times out or breaks its contract is left out and counted; none
     played is a one-line error (`NoDemonstrationError`)."""
     factory = load_env_factory(cfg.fn, cfg.kwargs)
-    delta = ChatDelta(
-        tokenizer,
-        int(tokenizer.eos_token_id),
-        enable_thinking=enable_thinking,
-        allow_special=cfg.allow_special_tokens,
-    )
+    delta = ChatDelta.for_env(cfg, tokenizer, enable_thinking=enable_thinking)
     hists: list[History] = []
-    counts = {"env/warmup_demonstrations": 0.0, "env/warmup_errors": 0.0}
+    counts = dict.fromkeys(("env/warmup_demonstrations", "env/warmup_errors"), 0.0)
     counts["env/warmup_timeouts"] = 0.0
     last = ""
     for row in rows:

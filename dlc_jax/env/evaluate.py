@@ -1,11 +1,7 @@
-"""Held-out evaluation of ``env.fn`` episodes (``eval.every`` with an environment).
-
-The eval prompts (``eval.*``, read like the training data) become data rows for the environment;
-each evaluation runs one episode per row through its own `EnvSampler` in front of the training
-sampler, at ``eval.temperature`` (0 = greedy), with the same limits (``env.*``) as training. The
-score of an episode is its reward (the sum, or the last, of its turn rewards, ``env.reward``);
-``eval/accuracy`` is the share of episodes whose reward is >= ``eval.correct_min``. The episodes'
-counters stay apart from the training run's ``env/*`` totals.
+"""Held-out evaluation of ``env.fn`` episodes (``eval.every`` with an environment): one episode
+per eval row through its own `EnvSampler` in front of the training sampler, at
+``eval.temperature``, with the training limits; ``eval/accuracy`` is the share of episodes whose
+reward is >= ``eval.correct_min``. Its counters stay apart from the run's ``env/*`` totals.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from dlc_jax.sampler.wire.types import SamplingParams
 
 class EnvEvaluator:
     """rows: the data rows of the eval prompts (``prompt``, ``answer``, ``row``, extra columns, as
-    `dlc_jax.env.trainer_hook.env_row` makes them); correct_min: the reward that counts as right."""
+    `dlc_jax.env.runner.env_row` makes them); correct_min: the reward that counts as right."""
 
     def __init__(
         self,
@@ -40,12 +36,7 @@ class EnvEvaluator:
             raise ValueError("eval.n: no eval rows for env.fn episodes")
         self.cfg, self.rows, self.correct_min = cfg, list(rows), float(correct_min)
         self.factory = load_env_factory(cfg.fn, cfg.kwargs)
-        self.delta = ChatDelta(
-            tokenizer,
-            int(tokenizer.eos_token_id),
-            enable_thinking=enable_thinking,
-            allow_special=cfg.allow_special_tokens,
-        )
+        self.delta = ChatDelta.for_env(cfg, tokenizer, enable_thinking=enable_thinking)
         self.max_model_len = int(max_model_len)
 
     def run(self, client: Any, params: SamplingParams, request_id: str) -> dict[str, float]:
@@ -88,7 +79,7 @@ def make_env_evaluator(
     ``answer``, ``row`` and ``metadata``), or None without ``env.fn``."""
     if not cfg.env.enabled:
         return None
-    from dlc_jax.env.trainer_hook import env_row
+    from dlc_jax.env.runner import env_row
 
     ev = EnvEvaluator(
         cfg.env,

@@ -1,15 +1,10 @@
 """The token-exact history of one episode: prompt, then generated and environment tokens in turn.
 
-Every turn, the sampler is given ``tokens`` (ids, never text) and returns a `Rollout` that echoes
-the prompt it saw; `add_generated` checks that echo against the history (a difference is a prefix
-break) and appends the generated tokens with their log-probs, head and weight versions;
-`add_env` appends an environment answer's token delta (loss mask 0). `mismatches` re-checks, at
-the end, that every turn's (prompt seen, tokens generated) is a slice of the final sequence, token
-for token: what the trainer trains on is what the sampler saw and produced.
-
-A split (``env.on_prefix_break: split``): `restart` begins a new sequence in the same training row
-from the sampler's own prompt tokens (loss mask 0, positions from 0, no attention back: the
-rollout's ``segment_starts``); the part before stays as it was, token-exact, and both are trained.
+`add_generated` checks the prompt a turn's `Rollout` echoes against the history (a difference is a
+prefix break) and appends its tokens with log-probs, head and weight versions; `add_env` appends an
+answer's token delta (loss mask 0); `mismatches` re-checks at the end that every turn is a slice of
+the final sequence. A split (``env.on_prefix_break: split``): `restart` begins a new sequence in
+the same row from the sampler's own prompt (the rollout's ``segment_starts``).
 """
 
 from __future__ import annotations
@@ -54,9 +49,7 @@ class History:
         sampler echoes is not exactly the history."""
         echo = [int(t) for t in r.prompt_ids]
         gen = [int(t) for t in r.response_ids]
-        if echo != self.tokens:
-            return False
-        if len(r.logprobs) != len(gen):
+        if echo != self.tokens or len(r.logprobs) != len(gen):
             return False
         off = len(self.response)
         self.seen.append((self._base(), echo, gen))
@@ -78,15 +71,19 @@ class History:
                 self.spans.append((int(v), off + s, off + e))
         return True
 
-    def add_env(self, ids: list[int]) -> None:
-        """Append an environment answer's tokens (context only: loss mask 0, no log-prob)."""
+    def _add_context(self, ids: list[int]) -> None:
+        """Append tokens that are context only: loss mask 0, no log-prob, an empty head."""
         n = len(ids)
-        self.response += [int(t) for t in ids]
+        self.response += ids
         self.mask += [0.0] * n
         self.logprobs += [0.0] * n
         self.head_ids.append(np.zeros((n, self.k), np.int32))
         self.head_lp.append(np.zeros((n, self.k), np.float32))
-        self.env_tokens += n
+
+    def add_env(self, ids: list[int]) -> None:
+        """Append an environment answer's tokens (context only)."""
+        self._add_context([int(t) for t in ids])
+        self.env_tokens += len(ids)
 
     def restart(self, echo) -> None:
         """Start a new sequence in this row from ``echo`` (the sampler's own prompt tokens, after
@@ -95,12 +92,7 @@ class History:
         if not ids:
             raise ValueError("History.restart: an empty prompt")
         self.starts.append(len(self.response))
-        n = len(ids)
-        self.response += ids
-        self.mask += [0.0] * n
-        self.logprobs += [0.0] * n
-        self.head_ids.append(np.zeros((n, self.k), np.int32))
-        self.head_lp.append(np.zeros((n, self.k), np.float32))
+        self._add_context(ids)
 
     def mismatches(self) -> int:
         """Turns whose prompt seen or tokens generated are not a slice of their sequence in the

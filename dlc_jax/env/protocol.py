@@ -1,17 +1,9 @@
 """What an environment is, and how ``env.fn`` names one.
 
-An environment is one class (or factory) called with no arguments per episode::
-
-    class GuessNumber:
-        def reset(self, row: dict) -> list[dict]:
-            # the opening chat messages for this data row
-        def step(self, completion: str) -> tuple[list[dict], float, bool]:
-            # the messages it answers with (role "user" or "tool"), this turn's reward, and
-            # whether the episode is over
-
-``reset`` and ``step`` may be coroutines (``async def``): each call then runs to completion in the
-episode's own thread. Optional: ``tools`` (a list of OpenAI-style function schemas, rendered into
-the opening prompt by the chat template) and ``close()`` (called once when the episode ends).
+An environment is one class (or factory) called with no arguments per episode, with
+``reset(row) -> messages`` (the opening chat messages) and ``step(completion) -> (messages,
+reward, done)`` (its answer, role "user" or "tool"); either may be ``async``. Optional: ``tools``
+(OpenAI-style function schemas for the opening prompt) and ``close()``.
 """
 
 from __future__ import annotations
@@ -27,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from dlc_jax.errors import UserError
 
 ROLES = ("user", "tool", "system")  # roles an environment may answer with (never "assistant")
+OPENING_ROLES = ("system", "user", "assistant", "tool")
 
 
 @runtime_checkable
@@ -138,6 +131,23 @@ def call_env(fn: Callable, *args: Any) -> Any:
 
 async def _await(x: Any) -> Any:
     return await x
+
+
+def close_env(env: Any, timeout: float) -> None:
+    """``env.close()`` when it has one, bounded by ``timeout``; best effort (errors ignored)."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        try:
+            timed_call(close, (), timeout)
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+
+
+def open_env(env: Any, row: dict, delta: Any, timeout: float) -> list[int]:
+    """The opening token ids of ``env`` reset with ``row`` (its messages checked, its tools
+    rendered by ``delta``, a `ChatDelta`)."""
+    opening = check_messages(timed_call(env.reset, (row,), timeout), "reset()", OPENING_ROLES)
+    return delta.opening(opening, getattr(env, "tools", None))
 
 
 def check_messages(msgs: Any, where: str, roles: tuple[str, ...] = ROLES) -> list[dict]:

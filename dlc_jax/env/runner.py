@@ -1,24 +1,13 @@
 """`EnvSampler`: multi-turn episodes behind the `Sampler` protocol.
 
 It wraps the real sampler: ``generate(prompts, params, slot_ids)`` runs one episode per prompt and
-yields one `Rollout` per episode, whose response interleaves the generated turns (loss mask 1, the
-sampler's log-probs, head and weight version per token) and the environment's answers (loss mask
-0). The trainer sees ordinary rollouts. The episodes of a request run in lockstep: turn t of every
-live episode is one sampler request on token ids (`History`), a batch rather than one request per
-episode (the JAX sampler decodes it as one batch: ~16x fewer CPU-seconds than one-prompt requests
-on the tiny tool task); then every environment answers (``env.workers`` calls at a time, each in
-its own thread, bounded by ``env.timeout_s``). A resync between two turns gives an episode two
-weight versions, handled like any in-flight rollout (theta_s per version).
-
-Episode end reasons (``episode["end"]``, counted under ``env/end_<reason>``): ``done`` (the
-environment said so), ``max_turns``, ``max_total_tokens``, ``length`` (a turn hit
-``sampler.max_tokens`` without its end-of-turn token: the environment still scores that turn),
-``env_error`` (reset/step raised or returned garbage), ``env_timeout`` (a call ran past
-``env.timeout_s``; its thread is abandoned), ``env_oversized`` (an answer over
-``env.max_env_tokens_per_turn`` with ``truncation_side: error``), ``prefix_break``
-(``on_prefix_break: split``, when the rest cannot continue as a new sequence in the same row).
-An environment failure never reaches the trainer; a sampler failure
-does (the stream fails as for single-turn requests).
+yields one `Rollout` per episode, whose response interleaves the generated turns (loss mask 1,
+with the sampler's log-probs, head and weight versions) and the environment's answers (loss mask
+0). The episodes of a request run in lockstep: turn t of every live episode is one sampler request
+on token ids (`History`), then every environment answers (``env.workers`` at a time, each call
+bounded by ``env.timeout_s``). Episode end reasons (`END_REASONS`, counted under
+``env/end_<reason>``) are listed in docs/ENVIRONMENTS.md. An environment failure never reaches the
+trainer; a sampler failure does. `make_env_sampler` / `env_row`: what the trainer needs of it.
 """
 
 from __future__ import annotations
@@ -35,33 +24,27 @@ import numpy as np
 from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig
 from dlc_jax.env.history import History
-from dlc_jax.env.protocol import EnvError, EnvTimeout, check_messages, check_step, timed_call
+from dlc_jax.env.protocol import (
+    EnvError,
+    EnvTimeout,
+    check_step,
+    close_env,
+    load_env_factory,
+    open_env,
+    timed_call,
+)
 from dlc_jax.sampler.client.protocol import SamplerBase
 from dlc_jax.sampler.wire.types import Rollout, SamplingParams, mix_seed
 
 logger = logging.getLogger(__name__)
 
 END_REASONS = (
-    "done",
-    "max_turns",
-    "max_total_tokens",
-    "length",
-    "env_error",
-    "env_timeout",
-    "env_oversized",
-    "prefix_break",
+    *("done", "max_turns", "max_total_tokens", "length"),
+    *("env_error", "env_timeout", "env_oversized", "prefix_break"),
 )
-
-
-_DELEGATED = (
-    "push_weights",
-    "info",
-    "wait_ready",
-    "metrics",
-    "report",
-    "rotation",
-    "set_rotation",
-    "close",
+# the Sampler protocol's calls other than generate, answered by the real sampler
+_DELEGATED = frozenset(
+    ("push_weights", "info", "wait_ready", "metrics", "report", "rotation", "set_rotation", "close")
 )
 
 
@@ -133,10 +116,8 @@ class EnvSampler(SamplerBase):
         return self.inner_fn().push_model(*args, **kwargs)
 
     def _generate(self, prompts, params, slot_ids, request_id) -> Iterator[Rollout]:
-        """One episode per prompt (``params.n`` must be 1), run in lockstep: turn ``t`` of every
-        live episode is one sampler request (a batch, not one request per episode), then the
-        environments answer (``env.workers`` calls at a time); an episode's rollout is yielded as
-        soon as it ends."""
+        """One episode per prompt (``params.n`` 1), in lockstep (module doc); each rollout is
+        yielded as soon as its episode ends."""
         if params.n != 1:
             raise ValueError(f"EnvSampler: one episode per request cell (n = 1), got n={params.n}")
         k = int(params.head_k)
@@ -184,12 +165,7 @@ class EnvSampler(SamplerBase):
         """Make the episode's environment and its opening tokens."""
         t = self.cfg.timeout_s
         e.env = timed_call(self.env_factory, (), t)
-        opening = check_messages(
-            timed_call(e.env.reset, (self.row_fn(e.slot),), t),
-            "reset()",
-            ("system", "user", "assistant", "tool"),
-        )
-        e.hist = History(self.delta.opening(opening, getattr(e.env, "tools", None)), e.hist.k)
+        e.hist = History(open_env(e.env, self.row_fn(e.slot), self.delta, t), e.hist.k)
 
     def _sample_turn(self, live: list[_Episode], params: SamplingParams, turn: int) -> None:
         """One sampler request per distinct per-turn token budget (usually one), each slot once
@@ -282,12 +258,7 @@ class EnvSampler(SamplerBase):
 
     def _close(self, e: _Episode) -> None:
         e.closed = True
-        close = getattr(e.env, "close", None)
-        if callable(close):
-            try:
-                timed_call(close, (), self.cfg.timeout_s)
-            except BaseException:  # noqa: BLE001 - closing is best effort
-                pass
+        close_env(e.env, self.cfg.timeout_s)
 
     def _rollout(self, e: _Episode) -> Rollout:
         ep, end = e.ep, str(e.end)
@@ -319,18 +290,15 @@ class EnvSampler(SamplerBase):
         return True
 
     # ---- counters ------------------------------------------------------------------------------
-    def _bump(self, key: str, by: float = 1.0) -> None:
+    def _bump(self, *keys: str, by: dict[str, float] | None = None) -> None:
+        """Add 1 to each run counter of ``keys``, and each of ``by``'s values to its counter."""
         with self.lock:
-            self.counts[key] = self.counts.get(key, 0.0) + by
+            for k, v in {**dict.fromkeys(keys, 1.0), **(by or {})}.items():
+                self.counts[k] = self.counts.get(k, 0.0) + v
 
     def _count(self, ep: dict) -> None:
-        with self.lock:
-            c = self.counts
-            c["env/episodes"] = c.get("env/episodes", 0.0) + 1
-            c["env/errors"] = c.get("env/errors", 0.0) + ep["errors"]
-            c["env/silent_mismatches"] = c.get("env/silent_mismatches", 0.0) + ep["mismatches"]
-            key = f"env/end_{ep['end']}"
-            c[key] = c.get(key, 0.0) + 1
+        more = {"env/errors": ep["errors"], "env/silent_mismatches": ep["mismatches"]}
+        self._bump(by={"env/episodes": 1.0, **more, f"env/end_{ep['end']}": 1.0})
 
     def totals(self) -> dict[str, float]:
         """Run totals of the counters (episodes, errors, prefix breaks, end reasons, control
@@ -364,3 +332,24 @@ def episode_stats(rollouts: list[Rollout]) -> dict[str, float]:
         vals = [e["turn_rewards"][i] for e in eps if len(e["turn_rewards"]) > i]
         out[f"env/reward_turn_{i}"] = float(np.mean(vals))
     return out
+
+
+def env_row(record: Any) -> dict:
+    """The row an environment's ``reset`` gets from a `PromptRecord`: its prompt text, gold
+    answer, data row index and extra scalar columns."""
+    return {
+        **dict(record.metadata),
+        "prompt": record.prompt,
+        "answer": record.answer,
+        "row": record.row,
+    }
+
+
+def make_env_sampler(cfg: Any, tokenizer: Any, inner_fn: Callable[[], Any]) -> EnvSampler | None:
+    """The `EnvSampler` of ``cfg.env`` (None when ``env.fn`` is empty); the trainer gives it the
+    rows of each batch it opens (`EnvSampler.add_rows`)."""
+    if not cfg.env.enabled:
+        return None
+    factory = load_env_factory(cfg.env.fn, cfg.env.kwargs)
+    delta = ChatDelta.for_env(cfg.env, tokenizer, enable_thinking=cfg.data.enable_thinking)
+    return EnvSampler(inner_fn, factory, delta, cfg.env, max_model_len=cfg.sampler.max_model_len)

@@ -78,13 +78,10 @@ def function_schema(name: str, description: str, params: dict[str, str]) -> dict
 
 
 class ToolEnv:
-    """Base of a tool-using environment: a turn with tool calls is answered with one ``tool``
-    message per call (the function's result, or the error); a turn without any is the final
-    answer, scored by `score` and ending the episode.
-
-    Subclasses set ``functions`` ({name: callable taking the arguments as keywords, returning a
-    string}) and ``tools`` (their schemas), and implement `reset` and `score`. ``call_reward`` is
-    added per well-formed call (0 by default)."""
+    """Base of a tool-using environment: a turn with tool calls gets one ``tool`` message per call
+    (the result or the error) and ``call_reward`` per well-formed call; a turn without is the
+    final answer, scored by `score`. Subclasses set ``functions`` ({name: callable}) and ``tools``
+    (their schemas) and implement `reset` and `score`."""
 
     functions: dict[str, Callable[..., Any]] = {}
     tools: list[dict] = []

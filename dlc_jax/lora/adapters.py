@@ -1,23 +1,12 @@
 """LoRA adapters on the NNX module tree, found by parameter path.
 
-Every projection (a module with a ``kernel`` parameter contracting its input's last ``n_in`` axes:
-``dlc_jax.model.qwen3.Projection``) whose dotted path matches a target pattern gets a ``lora``
-child holding two :class:`LoraParam` factors, so ``y = x . W + scale * (x . A) . B``:
-
-    A  [*in, r]    (PEFT ``lora_A.weight`` is A's transpose)   random: U(-1/sqrt(fan_in), ..)
-    B  [r, *out]   (PEFT ``lora_B.weight`` is B's transpose)   zero: the delta starts at 0
-    scale = alpha / rank
-
-Scanned (stacked) layers carry a leading [L] axis on A and B like on their kernel, so the layer
-scan slices the adapters with the rest of the layer. The factors are float32 whatever the
-base's dtype. :class:`LoraParam` subclasses ``nnx.Param``: ``nnx.split(model, nnx.Param)`` still
-returns every parameter, and ``LoraParam`` alone is the trainable filter.
-
-An NNX parameter type of ours rather than qwix: qwix (not a dependency) intercepts
-``dot_general`` calls while tracing a sample input and names its adapters after the call site;
-here the adapters sit in the module tree under the projection's own HF-derived path (what the
-checkpoints, the merge, the PEFT names and the plan count by), with no sample input and no
-interception of the scanned layer body.
+Every projection (a module with a ``kernel`` contracting its input's last ``n_in`` axes) whose
+dotted path matches a target pattern gets a ``lora`` child with two float32 :class:`LoraParam`
+factors, ``y = x . W + scale * (x . A) . B``: A [*in, r] uniform(+-1/sqrt(fan_in)), B [r, *out]
+zero, scale = alpha / rank (PEFT's lora_A / lora_B are their transposes); scanned layers carry a
+leading [L] axis. ``LoraParam`` subclasses ``nnx.Param`` and alone is the trainable filter. Not
+qwix: its adapters are named after traced call sites, these sit under the projection's own path
+(what checkpoints, the merge, PEFT names and the plan count by).
 """
 
 from __future__ import annotations
@@ -86,8 +75,7 @@ def _projections(model) -> list[tuple[str, Any]]:
 
 
 def find_targets(model, patterns: Sequence[str]) -> list[tuple[str, Any]]:
-    """The projections whose path matches ``patterns``; a pattern that matches none is an error
-    naming ``lora.targets`` (a typo would otherwise train nothing)."""
+    """The projections whose path matches ``patterns``; a pattern matching none is an error."""
     projs = _projections(model)
     for p in patterns:
         if not any(_matches(path, [p]) for path, _ in projs):
@@ -114,9 +102,8 @@ def _placed(value, kernel_value, logical):
 
 def apply_lora(model, cfg: LoraConfig) -> list[str]:
     """Give every target projection of ``model`` a ``lora`` adapter (in place); returns their
-    paths. A is drawn from ``cfg.seed`` per path (the same adapters for the same model and seed),
-    B is zero. On an abstract model (``nnx.eval_shape``: kernels are ShapeDtypeStructs) the
-    adapters are ShapeDtypeStructs too (``dlc-jax plan``)."""
+    paths. A is drawn from ``cfg.seed`` per path, B is zero; on an abstract model (``dlc-jax
+    plan``) the adapters are ShapeDtypeStructs too."""
     if not cfg.enabled:
         return []
     from dlc_jax.model.sharding import param_logical_axes
@@ -145,14 +132,9 @@ def apply_lora(model, cfg: LoraConfig) -> list[str]:
         else:
             a = jax.random.uniform(jax.random.key(seed), a_shape, jnp.float32, -bound, bound)
             a, b = _placed(a, kv, la), _placed(jnp.zeros(b_shape, jnp.float32), kv, lb)
+        cd, n_in = m.compute_dtype, m.n_in
         m.lora = LoraAdapter(
-            a,
-            b,
-            scale=cfg.scale,
-            n_in=m.n_in,
-            compute_dtype=m.compute_dtype,
-            logical_a=la,
-            logical_b=lb,
+            a, b, scale=cfg.scale, n_in=n_in, compute_dtype=cd, logical_a=la, logical_b=lb
         )
         paths.append(path)
     return paths
@@ -184,9 +166,8 @@ def _merge(kernel, delta):
 
 
 def merged_model(model):
-    """A module with ``W + scale * A . B`` in every adapted kernel and no adapters (what the
-    sampler serves under ``lora.push=merged``, and what the HF export writes). ``model`` is left
-    as it is; the unadapted parameters are shared, not copied."""
+    """A module with ``W + scale * A . B`` in every adapted kernel and no adapters (a merged push,
+    the HF export); ``model`` is left as it is, its other parameters shared."""
     out = nnx.merge(*nnx.split(model))
     for _, m in adapted(out):
         stacked = m.lora.a.get_value().ndim == m.n_in + 2  # A [L, *in, r] vs [*in, r]

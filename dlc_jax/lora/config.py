@@ -1,9 +1,7 @@
-"""The ``lora`` section of the training config (LoRA RL: adapter-only training).
-
-``lora.rank = 0`` (the default) trains every parameter (full fine-tuning); ``rank > 0`` adds a
-rank-``rank`` adapter ``delta W = (alpha / rank) * A @ B`` to every projection whose module path
-matches one of ``targets`` and trains only the adapters (the base weights are frozen: no gradient,
-no optimizer state, not in the theta_s snapshots or checkpoints).
+"""The ``lora`` section of the training config (LoRA RL: adapter-only training). ``lora.rank = 0``
+trains every parameter; ``rank > 0`` adds ``delta W = (alpha / rank) * A @ B`` to every projection
+matching ``targets`` and trains only the adapters (the base is frozen: no gradient, no optimizer
+state, not in snapshots or checkpoints).
 """
 
 from __future__ import annotations
@@ -19,16 +17,12 @@ PUSH_MODES = ("auto", "merged", "adapter")
 
 @dataclasses.dataclass
 class LoraConfig:
-    """rank: adapter rank (0 = off: full fine-tuning); alpha: the scale is alpha / rank;
-    targets: comma-separated module-name patterns (fnmatch) matched against a projection's last
-    name or its dotted path (``model.layers.3.mlp.down_proj``); dropout: probability of dropping
-    an element of an adapter's input in the training forward (``dlc_jax.lora.dropout``; 0 = off;
-    never in the theta_s forward or the sampler); push: 'merged' = the sampler receives base +
-    delta as a full model through the usual weight push, 'adapter' = it receives the adapters
-    alone (PEFT names) and serves base + delta itself (``dlc_jax.lora.push``), 'auto' = adapter
-    where the sampler declares it serves adapters and serves the trainer's base, else merged
-    (``dlc_jax.lora.push.choose_push``; the trainer's start log says which and why); seed: the
-    adapters' initialization (A random, B zero: the delta starts at 0) and the dropout masks."""
+    """rank: adapter rank (0 = off); alpha: scale = alpha / rank; targets: comma-separated
+    fnmatch patterns on a projection's last name or dotted path; dropout: on the adapters' input
+    in the training forward (``lora.dropout``); push: 'merged' (base + delta as a full model),
+    'adapter' (the adapters alone, ``lora.push``) or 'auto' (adapter where the sampler serves
+    adapters of the trainer's base, else merged; the start log says which); seed: A's init and
+    the dropout masks."""
 
     rank: int = 0
     alpha: float = 32.0

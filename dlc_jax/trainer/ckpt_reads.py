@@ -1,17 +1,10 @@
 """Orbax reads that fail in one line: the reads abandoned by a failed restore are dropped quietly.
 
-Orbax runs a restore's TensorStore reads on a fresh asyncio loop and closes it as soon as the
-first read fails (a bit-rotted or truncated checkpoint), while the other reads are still running.
-When each of those finishes, TensorStore hands its result to the closed loop
-(``call_soon_threadsafe``), which raises ``RuntimeError: Event loop is closed`` in a TensorStore
-thread, printed as a traceback after the one-line error (8 of 10 damaged-checkpoint exports did
-this); reads that failed alongside the first leave tasks whose exceptions nobody retrieves,
-logged with their tracebacks ("Task exception was never retrieved") when they are collected.
-`quiet_reads` makes the loops orbax creates during a restore drop a callback that arrives after
-they closed, and log those unretrieved exceptions of a closed loop at debug level: the abandoned
-reads' results are discarded, as orbax already discarded them (the first error is raised).
-`QuietManager` wraps a ``CheckpointManager`` so that every ``restore`` (resume, verify-on-save,
-`dlc-jax export`, LoRA export) runs that way.
+Orbax runs a restore's TensorStore reads on a fresh asyncio loop and closes it when the first read
+fails; each read still running then hands its result to the closed loop (``RuntimeError: Event
+loop is closed`` printed from a TensorStore thread) or leaves an unretrieved task exception.
+`quiet_reads` makes the loops orbax creates drop such late callbacks and log those exceptions at
+debug level; `QuietManager` runs every ``restore`` of a ``CheckpointManager`` that way.
 """
 
 from __future__ import annotations

@@ -36,29 +36,15 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass
 class ModelSection:
-    """The model to train and how it runs.
+    """The model to train and how it runs (the ``Qwen3Config`` run options, docs/MODEL.md).
 
-    path: HF model directory ('' = make the tiny model under sft.cache_dir); preset: the
-    ``model.PRESETS`` name of the tiny model; param_dtype / compute_dtype: 'float32' | 'bfloat16'.
-
-    How it runs (the ``Qwen3Config`` run options, docs/MODEL.md): attention_impl is the attention
-    kernel, 'auto' (splash on TPU, cuDNN on GPU in bf16, dense on CPU) or one of 'splash', 'cudnn',
-    'xla', 'dense'. scan_layers: true stacks the decoder layers and runs them with lax.scan (one
-    compiled layer), false loops over them; null scans models of at least
-    ``model.config.SCAN_MIN_LAYERS`` layers. moe_impl (mixture-of-experts models only; a dense
-    model ignores it) is the experts' kernel: 'auto' (the Pallas megablox grouped matmul when the
-    mesh's devices are TPUs, else ``jax.lax.ragged_dot``) or one of 'ragged', 'megablox', 'dense'
-    (every expert on every token: the reference). moe_dispatch (megablox with tokens split over
-    the `expert` mesh axis) is how tokens reach their experts' devices: 'allgather' (the default)
-    or 'all_to_all' (``jax.lax.ragged_all_to_all``: each token only to the devices holding its
-    experts; docs/MODEL.md).
-
-    remat and remat_policy say what a decoder layer keeps for the backward pass. remat_policy names
-    the policy ('none', 'full', 'save_dots', 'save_attn_out', 'save_dots_and_attn_out'); '' takes
-    it from remat: 'full' when remat is true, else 'none'. remat may be left null when a policy is
-    named. Both given must agree (remat true with a policy other than 'none', remat false with
-    'none'); a contradiction is a config error, so turning remat off on a config that names a
-    policy never leaves the policy silently on. `remat_policy_name` is the policy used.
+    path: HF model directory ('' = make the tiny model ``preset`` under sft.cache_dir).
+    attention_impl: 'auto' (splash on TPU, cuDNN on GPU in bf16, dense on CPU), 'splash', 'cudnn',
+    'xla' or 'dense'. scan_layers: stack the layers under lax.scan (null: models of at least
+    ``SCAN_MIN_LAYERS`` layers). moe_impl (MoE models): 'auto' (megablox on TPU, else ragged),
+    'ragged', 'megablox', 'dense'; moe_dispatch: 'allgather' or 'all_to_all'.
+    remat_policy: 'none', 'full', 'save_dots', 'save_attn_out', 'save_dots_and_attn_out', or ''
+    (from remat: 'full' when true, else 'none'); remat and a named policy must agree.
     """
 
     path: str = ""
@@ -108,17 +94,11 @@ class ModelSection:
 class SamplerSection:
     """The sampler the trainer drives and how it samples.
 
-    backend: 'vllm' | 'jax' | 'inprocess' (the JAX backend inside the trainer's process: no server,
-    no subprocess; for debugging a config on one machine). address: 'host:port' of a running
-    sampler ('' = spawn one on loopback), or several comma-separated ('h1:p,h2:p') driven as one
-    ``dlc_jax.sampler.client.pool.SamplerPool``. token_file: the file holding the bearer token ('' =
-    none). tls_root_cert: PEM of the CA that signed the samplers' certificates ('' = plaintext);
-    tls_server_name: an override of the TLS target name. n: the group size G. head_k: the size of
-    the sampler's top-k head reported per token (0 = none, no centering term). push_transport: how
-    weight pushes carry the bytes: 'auto' (the sampler's raw socket data plane when it offers one,
-    as a spawned loopback sampler does, else gRPC), 'grpc' or 'socket'. push_relay: with several
-    samplers, 'off' (a copy to each from the trainer), 'chain' / 'tree' / 'auto' (one copy from
-    the trainer, forwarded between samplers; ``dlc_jax.sampler.push.relay``).
+    backend: 'vllm' | 'jax' | 'inprocess' (the JAX backend inside the trainer's process).
+    address: 'host:port' of a running sampler, several comma-separated (a `SamplerPool`), or ''
+    (spawn one on loopback). n: the group size G. head_k: the top-k head reported per token.
+    push_transport: 'auto' (the socket data plane where offered, else gRPC), 'grpc', 'socket'.
+    push_relay: 'off' or 'chain' / 'tree' / 'auto' (forwarded between samplers).
     """
 
     backend: Literal["vllm", "jax", "inprocess"] = "vllm"
@@ -152,12 +132,9 @@ class SamplerSection:
 class DistributedSection:
     """Multi-host JAX (``dlc_jax.trainer.distributed``).
 
-    mode: 'auto' initializes when the environment says there are several processes
-    (coordinator_address or JAX_COORDINATOR_ADDRESS set); 'always' always calls
-    ``jax.distributed.initialize`` (on a TPU pod slice JAX detects the rest); 'never' runs a single
-    process. Not 'on'/'off', which YAML reads as booleans. coordinator_address: 'host:port' of
-    process 0 ('' = from the environment, or auto-detected on TPU). num_processes and process_id:
-    -1 = from the environment, or auto-detected.
+    mode: 'auto' initializes when coordinator_address or JAX_COORDINATOR_ADDRESS is set, 'always'
+    always (on a TPU pod JAX detects the rest), 'never' runs one process (not 'on'/'off', which
+    YAML reads as booleans). '' / -1 = from the environment, or auto-detected.
     """
 
     mode: Literal["auto", "always", "never"] = "auto"
@@ -169,13 +146,9 @@ class DistributedSection:
 
 @dataclasses.dataclass(frozen=True)
 class LossSection(LossConfig):
-    """The ``loss`` section: ``rl.LossConfig`` (the name and every loss hyper-parameter, given
-    inline in YAML) plus old_policy, what lp_old (the PPO anchor, or proximal policy, of ppo_clip,
-    decoupled_ppo and m2po) is.
-
-    'current' = stop_gradient(lp), the trainer at theta_t (one optimizer step per batch: r = 1);
-    'sampler' = lp_q, the sampler's reported log-probs (the common async "bypass" PPO baseline);
-    'snapshot' = lp_s, the trainer at the sampler's weights theta_s.
+    """The ``loss`` section: ``rl.LossConfig`` plus old_policy, the PPO anchor lp_old:
+    'current' = stop_gradient(lp) (theta_t), 'sampler' = lp_q (the sampler's log-probs, the async
+    "bypass" baseline), 'snapshot' = lp_s (the trainer at the sampler's weights theta_s).
     """
 
     old_policy: Literal["current", "sampler", "snapshot"] = "current"
@@ -204,15 +177,12 @@ class OptimSection:
 
 @dataclasses.dataclass
 class ResyncSection:
-    """When theta_t is pushed to the sampler.
+    """When theta_t is pushed to the sampler (``trainer.resync``).
 
     policy: 'ess' (push when the lag ESS < threshold) | 'every_k' | 'never' | 'onpolicy'.
-    statistic: the lag ESS the 'ess' policy reads: 'token' (normalized ESS of exp(ell) over every
-    valid token) or 'sequence' (of exp(sum of a response's ell), VCPO's; it falls far sooner when
-    most tokens are near-certain). threshold: resync below this ESS, in (0, 1]. max_interval: with
-    'ess', also push after this many steps without a sync (0 = no cap; bounded staleness).
-    stale_rollouts: rollouts in flight from an older version are 'train'ed with their snapshot or
-    'drop'ped.
+    statistic: the lag ESS 'ess' reads, 'token' or 'sequence'. max_interval: with 'ess', also push
+    after this many steps without a sync (0 = no cap). stale_rollouts: rollouts in flight from an
+    older version are 'train'ed with their snapshot or 'drop'ped.
     """
 
     policy: Literal["ess", "every_k", "never", "onpolicy"] = "ess"
@@ -226,9 +196,8 @@ class ResyncSection:
 
 @dataclasses.dataclass
 class AsyncSection:
-    """max_staleness: rollouts more than this many versions behind theta_t are dropped and
-    resampled. prefetch: how many upcoming batches are requested from the sampler ahead of
-    training."""
+    """max_staleness: rollouts more than this many versions behind are dropped and resampled;
+    prefetch: upcoming batches requested ahead of training."""
 
     max_staleness: int = 8
     prefetch: int = 1
@@ -268,13 +237,9 @@ class CheckpointSection:
 
 @dataclasses.dataclass
 class LogSection:
-    """Where and how the run's metrics go.
-
-    dir: metrics.jsonl, samples.jsonl, summary.json and tb/ go here. progress: a tqdm bar on a
-    terminal (a plain line every progress_every steps when stdout is not one, or when false).
-    samples_every: log samples_n sample completions (prompt, response, reward, a per-token
-    delta/ell summary) to samples.jsonl and TensorBoard text every N steps (0 = off). wandb: also
-    log to Weights & Biases (wandb_project, wandb_run_name; WANDB_MODE=offline works).
+    """Where and how the run's metrics go: metrics.jsonl, samples.jsonl, summary.json and tb/
+    under dir; a tqdm bar (or a plain line every progress_every steps); samples_n completions every
+    samples_every steps (0 = off); Weights & Biases with ``wandb``.
     """
 
     dir: str = "runs/default/logs"
@@ -293,12 +258,9 @@ class LogSection:
 class EvalSection:
     """Held-out evaluation through the training sampler every ``every`` steps (0 = off).
 
-    source / subset / split: like ``data.*`` (the same source syntax; '' = data.source); the prompt
-    and answer fields, the answer format and the chat template are the ``data`` section's. n: how
-    many prompts (the first n, in order). temperature: 0 = greedy, else sampled. max_tokens: 0 =
-    sampler.max_tokens. Scored by the training rewards: eval/reward_mean is the mean total reward,
-    eval/accuracy the share of responses whose total reward is >= correct_min (1.0 = a right
-    answer under the built-in rewards).
+    source / subset / split: like ``data.*`` ('' = data.source); n: the first n prompts;
+    temperature 0 = greedy; max_tokens 0 = sampler.max_tokens. eval/accuracy is the share of
+    responses whose total reward is >= correct_min.
     """
 
     every: int = 0

@@ -1,34 +1,22 @@
 """Multi-host JAX for the trainer: process start-up, per-host batch shards, agreement between
 processes, and the weight push of a resync.
 
-Start-up (`initialize`): `jax.distributed.initialize` from the `distributed` config section, falling
-back to the environment (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`); on a
-TPU pod slice / GKE TPU node pool JAX detects all three itself (`distributed.mode=always` with the
-fields
-left empty). It must run before any other JAX call.
+Start-up (`initialize`): `jax.distributed.initialize` from the `distributed` section, else the
+environment (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`; on a TPU pod slice
+JAX detects all three); before any other JAX call. Mesh: one (data, fsdp, tensor) mesh over every
+device of every host; the jitted step is the same program on every process.
 
-Mesh: one (data, fsdp, tensor) mesh over `jax.devices()` -- every device of every host (the
-trainer's `make_training_mesh`). Parameters are sharded over it as on one host; the jitted step is
-the same program on every process.
+Agreement (`leader_bool`, `leader_json`, `allgather`, `global_versions`): everything that decides
+control flow must be the same on every process; these collectives make it so.
 
-Agreement (`leader_bool`, `allgather`, `global_versions`): everything that decides control flow must
-be the same on every process; these are the collectives that make it so (plain values in a single
-process).
+Batches -- CHOICE: rollouts are split by slot. Rows are ordered by (slot, sample) and sharded over
+('data', 'fsdp'); each process owns the rows on its own devices (`local_row_range`), whole groups
+of G = sampler.n rows (`local_slots`), asks the samplers for those slots only, scores and packs
+them, and the global arrays are assembled with `jax.make_array_from_process_local_data`
+(`global_batch`): no host holds the full batch. (Process 0 receiving and broadcasting everything
+was rejected: one host's funnel, a variable-length broadcast every step.)
 
-Batches -- CHOICE: rollouts are split by slot across processes. The batch rows are ordered by (slot
-order, sample index) and sharded over ('data', 'fsdp'); each process owns the rows that live on its
-own devices (`local_row_range`), which must be whole groups of G = sampler.n rows, i.e. a contiguous
-block of prompt slots (`local_slots`). Each process asks the samplers only for its own slots
-(every process builds the same deterministic prompt stream and keeps its slots), computes the group
-advantages of its slots locally (a group never straddles two processes), packs its rows, and the
-global arrays are assembled without any cross-host copy by
-`jax.make_array_from_process_local_data` (`global_batch`). No host ever holds, receives or
-broadcasts the full batch; the sampler traffic of a step is spread over the hosts. The alternative
-(process 0 receives everything and broadcasts) was rejected: it funnels all rollouts through one
-host and adds a broadcast of variable-length data every step.
-
-Resync push (`push_weights`): a collective -- every process must call it at the same point; no
-tensor is gathered (`shard_push`), and every process gets the same outcome and pool rotation.
+Resync push (`push_weights`): a collective; no tensor is gathered (`shard_push`).
 """
 
 from __future__ import annotations
@@ -69,21 +57,16 @@ class ProcessInfo:
 
 
 def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | None:
-    """Arguments for `jax.distributed.initialize` from the `distributed` section + environment, or
-    None when this is a single-process run. Config values win over the environment.
-
-    section: `dlc_jax.trainer.config.DistributedSection` (mode, coordinator_address, num_processes,
-    process_id, initialization_timeout_s)."""
+    """Arguments for `jax.distributed.initialize` from the `distributed` section + environment
+    (config values win), or None for a single-process run."""
     env = os.environ if environ is None else environ
     if section.mode == "never":
         return None
 
     def env_int(name: str) -> int | None:
         raw = env.get(name, "").strip()
-        if not raw:
-            return None
         try:
-            return int(raw)
+            return int(raw) if raw else None
         except ValueError:
             raise DistributedError(f"environment {name}={raw!r} is not an integer") from None
 
@@ -92,38 +75,21 @@ def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | Non
     pid = section.process_id if section.process_id != -1 else env_int(ENV_PROCESS_ID)
     if section.mode == "auto" and coord is None and (num is None or num <= 1):
         return None
-    if coord is not None or num is not None or pid is not None:
-        missing = [
-            k
-            for k, v in (
-                ("distributed.coordinator_address", coord),
-                ("distributed.num_processes", num),
-                ("distributed.process_id", pid),
-            )
-            if v is None
-        ]
-        if missing and section.mode == "auto":
-            raise DistributedError(
-                f"{missing[0]}: needed with the other distributed settings "
-                f"(set it in the config or ${_ENV_OF[missing[0]]})"
-            )
+    given = {
+        "coordinator_address": (coord, ENV_COORDINATOR),
+        "num_processes": (num, ENV_NUM_PROCESSES),
+        "process_id": (pid, ENV_PROCESS_ID),
+    }
+    missing = [(k, e) for k, (v, e) in given.items() if v is None]
+    if section.mode == "auto" and missing:
+        raise DistributedError(
+            f"distributed.{missing[0][0]}: needed with the other distributed settings "
+            f"(set it in the config or ${missing[0][1]})"
+        )
     if num is not None and pid is not None and not 0 <= pid < num:
         raise DistributedError(f"distributed.process_id: {pid} is not in [0, num_processes={num})")
-    kw: dict[str, Any] = {"initialization_timeout": int(section.initialization_timeout_s)}
-    if coord is not None:
-        kw["coordinator_address"] = coord
-    if num is not None:
-        kw["num_processes"] = num
-    if pid is not None:
-        kw["process_id"] = pid
-    return kw
-
-
-_ENV_OF = {
-    "distributed.coordinator_address": ENV_COORDINATOR,
-    "distributed.num_processes": ENV_NUM_PROCESSES,
-    "distributed.process_id": ENV_PROCESS_ID,
-}
+    kw: dict[str, Any] = {k: v for k, (v, _) in given.items() if v is not None}
+    return {"initialization_timeout": int(section.initialization_timeout_s), **kw}
 
 
 def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo:
@@ -136,23 +102,18 @@ def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo
 
 
 def process_info() -> ProcessInfo:
-    return ProcessInfo(
+    counts = (
         jax.process_index(),
         jax.process_count(),
         jax.local_device_count(),
         jax.device_count(),
-        bool(jax.distributed.is_initialized()),
     )
+    return ProcessInfo(*counts, bool(jax.distributed.is_initialized()))
 
 
 def leader_bool(value: bool) -> bool:
-    """``value`` as decided by process 0 (identical on every process)."""
-    if jax.process_count() == 1:
-        return bool(value)
-    from jax.experimental import multihost_utils
-
-    flag = np.asarray(int(bool(value)), np.int32)
-    return bool(np.asarray(multihost_utils.broadcast_one_to_all(flag)))
+    """``value`` as decided by process 0 (identical on every process; a collective)."""
+    return bool(leader_json(bool(value)))
 
 
 def leader_json(value: Any) -> Any:
@@ -247,9 +208,8 @@ def rows_sharding(mesh):
 
 
 def local_row_range(sharding, global_rows: int) -> tuple[int, int]:
-    """[start, stop) of the batch rows stored on this process's devices under `sharding` (rows =
-    axis 0).
-    Raises DistributedError when they are not one contiguous block."""
+    """[start, stop) of the batch rows (axis 0) on this process's devices under `sharding`;
+    DistributedError when they are not one contiguous block."""
     idx = sharding.addressable_devices_indices_map((int(global_rows),))
     spans = sorted(
         {(s[0].start or 0, global_rows if s[0].stop is None else s[0].stop) for s in idx.values()}
@@ -274,12 +234,9 @@ def local_slots(slots: list[int], group_size: int, sharding) -> list[int]:
     if start % group_size or stop % group_size:
         raise DistributedError(
             f"train.batch_prompts: this process owns rows [{start}, {stop}) of {rows}, which "
-            "splits a group of "
-            f"sampler.n={group_size}; batch_prompts ({len(slots)}) must be a multiple of the "
-            "number of row shards "
-            "per process boundary (use batch_prompts divisible by "
-            f"jax.process_count()={jax.process_count()} "
-            f"times the row shards)"
+            f"splits a group of sampler.n={group_size}; batch_prompts ({len(slots)}) must be a "
+            "multiple of the number of row shards per process boundary (use batch_prompts "
+            f"divisible by jax.process_count()={jax.process_count()} times the row shards)"
         )
     return list(slots[start // group_size : stop // group_size])
 
@@ -306,13 +263,9 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
 def push_weights(
     sampler: Sampler, model, version: int, *, relay: str | None = None, **options: Any
 ) -> PushResult:
-    """Push `model` (an NNX Qwen3) as weight `version` to `sampler` (SamplerClient or SamplerPool);
-    `options`: dtype, chunk_bytes, transport.
-
-    Single process: a plain `push_model` (the pool's relay as configured). Several processes: a
-    collective -- every process sends its own deduplicated shards over `transport` and process 0
-    commits (`shard_push.push_shards`; `relay`: None = the pool's); every process returns the same
-    (ok, version) and a pool has the same rotation everywhere."""
+    """Push `model` as weight `version` to `sampler` (`options`: dtype, chunk_bytes, transport):
+    a plain `push_model` in a single process, else the collective `shard_push.push_shards`
+    (`relay`: None = the pool's), the same result on every process."""
     if jax.process_count() == 1:
         return sampler.push_model(model, version, **options)
     from dlc_jax.sampler.client.pool import SamplerPool

@@ -1,12 +1,7 @@
-"""Held-out evaluation during training: the ``eval`` section's prompts through the training sampler,
-scored by the training rewards (the same :class:`~dlc_jax.data.reward_runner.RewardRunner`).
-
-The prompts are read once (same source syntax and validation as ``data``; the first ``eval.n``
-usable ones, in order) and rendered like the training prompts. Each evaluation asks the sampler for
-one response per prompt at ``eval.temperature`` (0 = greedy) with the weights it holds at that
-moment (``eval/version``: the last pushed version, which may trail the trainer's by the resync
-lag). With ``env.fn`` each prompt is an episode of the environment instead
-(`dlc_jax.env.evaluate`): ``eval/reward_mean`` is the mean episode reward, plus ``eval/turns``.
+"""Held-out evaluation during training: the ``eval`` section's prompts (read like ``data``, the
+first ``eval.n``) through the training sampler at ``eval.temperature`` (0 = greedy), scored by the
+training rewards. ``eval/version`` is the sampler's weight version, which may trail the trainer's.
+With ``env.fn`` each prompt is an episode instead (`dlc_jax.env.evaluate`).
 """
 
 from __future__ import annotations
@@ -22,6 +17,8 @@ from dlc_jax.data.prompts import DataConfig, load_data
 from dlc_jax.data.tokenize import count_prompt_tokens, encode_prompt
 from dlc_jax.env.evaluate import make_env_evaluator
 from dlc_jax.sampler.wire.types import SamplingParams
+from dlc_jax.trainer.batch_requests import SEEDED_BACKENDS
+from dlc_jax.trainer.step_inputs import decode, score_texts
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +36,8 @@ def eval_data_config(data: DataConfig, ev) -> DataConfig:
 
 
 class Evaluator:
-    """``run(client, step)`` -> ``eval/*`` metrics of one evaluation.
-
-    cfg: the TrainConfig; rewards: the run's RewardRunner; the prompts are loaded here (a source
-    with no usable prompt is a one-line error naming ``eval.source``)."""
+    """``run(client, step)`` -> ``eval/*`` metrics of one evaluation (the prompts are loaded here;
+    a source with no usable prompt is a one-line error naming ``eval.source``)."""
 
     def __init__(self, cfg, tokenizer, eos_id: int, rewards):
         self.cfg, self.ev, self.rewards, self.eos_id = cfg, cfg.eval, rewards, eos_id
@@ -81,9 +76,6 @@ class Evaluator:
             cfg.eval.temperature,
         )
 
-    def due(self, step: int) -> bool:
-        return self.ev.every > 0 and step > 0 and step % self.ev.every == 0
-
     def run(self, client, step: int) -> dict[str, float]:
         """One evaluation: responses from ``client`` (a Sampler), scores, ``eval/*`` metrics."""
         t0 = time.time()
@@ -95,7 +87,7 @@ class Evaluator:
             top_k=0,
             head_k=0,
             stop_token_ids=(self.eos_id,),
-            seed=step if self.cfg.sampler.backend in ("jax", "inprocess") else None,
+            seed=step if self.cfg.sampler.backend in SEEDED_BACKENDS else None,
         )
         if self.env_run is not None:
             out = self.env_run(client, params, f"eval-{step}")
@@ -104,20 +96,11 @@ class Evaluator:
         lens = np.zeros(len(self.examples))
         versions = []
         for r in client.generate(self.prompt_ids, params, request_id=f"eval-{step}"):
-            texts[r.slot_id] = self.tokenizer.decode(
-                r.response_ids.tolist(), skip_special_tokens=True
-            )
+            texts[r.slot_id] = decode(self.tokenizer, r)
             lens[r.slot_id] = len(r.response_ids)
             versions += [v for v, _, _ in r.version_spans]
-        ex = self.examples
-        keys = set.intersection(*(set(e.metadata) for e in ex))
-        rewards, _ = self.rewards.score(
-            [e.prompt for e in ex],
-            texts,
-            [e.answer for e in ex],
-            [f"eval-{step}/{i}" for i in range(len(ex))],
-            metadata={k: [e.metadata[k] for e in ex] for k in sorted(keys)},
-        )
+        ids = [f"eval-{step}/{i}" for i in range(len(texts))]
+        rewards, _ = score_texts(self.rewards, self.examples, texts, ids)
         return {
             "eval/accuracy": float(np.mean(rewards >= self.ev.correct_min)),
             "eval/reward_mean": float(np.mean(rewards)),
@@ -125,6 +108,3 @@ class Evaluator:
             "eval/version": float(min(versions)) if versions else -1.0,
             "eval/seconds": time.time() - t0,
         }
-
-
-__all__ = ["Evaluator", "eval_data_config"]

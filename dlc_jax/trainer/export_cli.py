@@ -1,20 +1,11 @@
 """`dlc-jax export --checkpoint DIR [--step N] --out HF_DIR [--dtype bfloat16|float32] [--model
-HF_DIR]`:
-turn an orbax training checkpoint (`dlc_jax.trainer.checkpoint.Checkpointer`, whose `state` item has
-a
-`params` subtree = theta_t as an `nnx.Param` state) into an HF directory for serving (vLLM,
-transformers, `dlc-jax sampler serve`).
+HF_DIR]`: turn an orbax training checkpoint's theta_t into an HF directory for serving.
 
-Only the `params` subtree is read (orbax partial restore: no optimizer state, no theta_s snapshots).
-The architecture and tokenizer come from `--model`, else from the run's config stored in the
-checkpoint metadata (the SFT-warmed directory when `sft.enabled`, else `model.path`). Writing goes
-through `dlc_jax.model.save_hf` (streamed, one tensor at a time).
-
-What is exported is verified as a resume verifies it: the step's metadata must be readable and name
-its step, and the restored params must hold only finite values and match the checksums saved with
-them (`dlc_jax.trainer.checkpoint.verify_tree`); any failure is a one-line error and nothing is
-written. The HF directory is written next to ``--out`` and renamed into place when complete; an
-existing non-empty ``--out`` is refused unless ``--overwrite`` (it is then replaced whole).
+Only the `params` subtree is read (orbax partial restore). The architecture and tokenizer come
+from `--model`, else from the run's config in the checkpoint metadata. The restored params are
+verified as a resume verifies them (`checkpoint.verify_tree`); any failure is a one-line error and
+nothing is written. The directory is written beside ``--out`` and renamed into place; a non-empty
+``--out`` is refused unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -25,36 +16,27 @@ import sys
 from pathlib import Path
 
 from dlc_jax.cli_args import ArgumentParser
-from dlc_jax.errors import UserError, one_line
+from dlc_jax.errors import UserError
 
 _DTYPES = ("float32", "bfloat16")
 
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="dlc-jax export", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--checkpoint", required=True, help="orbax checkpoint directory of a run (checkpoint.dir)"
-    )
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--out", required=True, help="output HF directory")
-    p.add_argument(
-        "--dtype", choices=_DTYPES, default="float32", help="dtype of the written tensors"
-    )
-    p.add_argument(
+    add = p.add_argument
+    add("--checkpoint", required=True, help="orbax checkpoint directory of a run (checkpoint.dir)")
+    add("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    add("--out", required=True, help="output HF directory")
+    add("--dtype", choices=_DTYPES, default="float32", help="dtype of the written tensors")
+    add(
         "--model",
         default=None,
         help="HF directory of the run's initial model (config + tokenizer); "
         "default: from the checkpoint's config",
     )
-    p.add_argument(
-        "--max-shard-gb", type=float, default=2.0, help="largest safetensors shard (GiB)"
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a non-empty --out directory (default: refuse)",
-    )
-    p.add_argument(
+    add("--max-shard-gb", type=float, default=2.0, help="largest safetensors shard (GiB)")
+    add("--overwrite", action="store_true", help="replace a non-empty --out directory")
+    add(
         "--lora",
         choices=("merged", "adapter"),
         default="merged",
@@ -65,6 +47,20 @@ def _parser() -> ArgumentParser:
 
 class ExportError(UserError):
     """An export refused: a bad argument, an unusable output directory, an unreadable checkpoint."""
+
+
+def _jnp_dtype(name: str):
+    import jax.numpy as jnp
+
+    return getattr(jnp, name)
+
+
+def _on_one_device(tree):
+    """``tree``'s leaves as ShapeDtypeStructs on this process's first device (a restore target)."""
+    import jax
+
+    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), tree)
 
 
 def check_out_dir(out_dir, overwrite: bool) -> Path:
@@ -84,7 +80,7 @@ def check_out_dir(out_dir, overwrite: bool) -> Path:
 def model_dir_from_meta(meta: dict) -> Path:
     """The run's initial HF directory named by the config saved in the checkpoint metadata."""
     from dlc_jax.trainer.config import ConfigError, TrainConfig, from_dict
-    from dlc_jax.trainer.sft import sft_cache_dir
+    from dlc_jax.trainer.sft import sft_cache_dir, tiny_model_dir
 
     if "config" not in meta:
         raise ExportError("checkpoint metadata has no 'config'; pass --model HF_DIR")
@@ -94,25 +90,19 @@ def model_dir_from_meta(meta: dict) -> Path:
         raise ExportError(
             f"checkpoint metadata config is not readable ({e}); pass --model HF_DIR"
         ) from e
-    if cfg.sft.enabled:
-        d = sft_cache_dir(cfg)
-    elif cfg.model.path:
-        d = Path(cfg.model.path)
-    else:
-        d = Path(cfg.sft.cache_dir) / f"tiny-{cfg.model.preset}-seed{cfg.train.seed}"
+    d = sft_cache_dir(cfg) if cfg.sft.enabled else Path(cfg.model.path or tiny_model_dir(cfg))
     if not (d / "config.json").exists():
         raise ExportError(
             f"the run's model directory {str(d)!r} (from the checkpoint config) has no "
-            "config.json; "
-            f"pass --model HF_DIR"
+            "config.json; pass --model HF_DIR"
         )
     return d
 
 
 def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | None = None):
     """(step, params): the `params` subtree of the checkpoint `state` item, restored onto the
-    shapes/dtypes/shardings of `abstract_params` (an nnx.State of ShapeDtypeStruct) and verified
-    against `meta`'s checksums (the step's metadata, read here when None) and for finite values."""
+    shapes/dtypes/shardings of `abstract_params` and verified against `meta`'s checksums (the
+    step's metadata, read here when None) and for finite values."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -126,20 +116,8 @@ def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | Non
         restore_args = jax.tree.map(
             lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype), target
         )
-        try:
-            out = ck._mgr.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.PyTreeRestore(
-                        item=target, restore_args=restore_args, partial_restore=True
-                    )
-                ),
-            )
-        except Exception as e:  # orbax raises many types; rewrap naming the checkpoint
-            raise CheckpointError(
-                f"checkpoint {ck.directory}/{step}: params unreadable or not matching the model "
-                f"({type(e).__name__}: {one_line(_short(e), 300)})"
-            ) from e
+        item = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
+        out = ck.restore_items(step, "params unreadable or not matching the model", 300, state=item)
         params = out["state"]["params"]
         want = meta.get("checksums")
         if want is not None:  # the params' own sums (the checkpoint also holds optimizer state)
@@ -153,11 +131,6 @@ def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | Non
         return step, params
     finally:
         ck.close()
-
-
-def _short(e: BaseException) -> str:
-    """An orbax/TensorStore read error without the TensorStore spec dump it carries."""
-    return str(e).split(" See full TensorStore details")[0]
 
 
 def _write_into_place(out_path: Path, write) -> None:
@@ -188,7 +161,6 @@ def export_lora_checkpoint(
     model (``fmt='merged'``) or as a PEFT adapter directory (``fmt='adapter'``). The base is
     ``model_dir`` loaded as the run loaded it, refused unless its fingerprint is the
     checkpoint's."""
-    import jax
     from flax import nnx
 
     from dlc_jax.lora.adapters import LoraParam, apply_lora, merged_model
@@ -200,9 +172,7 @@ def export_lora_checkpoint(
     if fmt not in ("merged", "adapter"):
         raise ValueError(f"--lora: {fmt!r} is not one of ['merged', 'adapter']")
     cfg = from_dict(TrainConfig, meta["config"])
-    import jax.numpy as jnp
-
-    pdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[cfg.model.param_dtype]
+    pdt = _jnp_dtype(cfg.model.param_dtype)
     model = load_hf(str(model_dir), param_dtype=pdt, scan_layers=cfg.model.scan_layers)
     apply_lora(model, cfg.lora)
     fp = base_fingerprint(nnx.state(model, nnx.Param))
@@ -211,12 +181,9 @@ def export_lora_checkpoint(
             f"{model_dir} is not the base these adapters were trained on (fingerprint {fp}, "
             f"checkpoint {meta.get(META_KEY)}); pass the run's base with --model"
         )
-    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
-        nnx.state(model, LoraParam),
+    _, restored = restore_params(
+        ckpt_dir, int(meta["step"]), _on_one_device(nnx.state(model, LoraParam))
     )
-    _, restored = restore_params(ckpt_dir, int(meta["step"]), abstract)
     nnx.update(model, restored)
     if fmt == "adapter":
         return save_peft(model, cfg.lora, out_dir, base=str(model_dir))
@@ -238,8 +205,6 @@ def export_checkpoint(
 ) -> tuple[int, Path]:
     """Write theta_t of checkpoint `step` (latest when None) as an HF directory; returns (step,
     out_dir). Verified first (module doc); a non-empty `out_dir` needs `overwrite`."""
-    import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     from dlc_jax.model import save_hf
@@ -260,51 +225,31 @@ def export_checkpoint(
         ck.close()
     step = int(meta["step"])
     model_dir = Path(model_dir) if model_dir else model_dir_from_meta(meta)
+    jdt = _jnp_dtype(dtype)
     if meta.get("lora_base_fingerprint"):  # a LoRA run: adapters only, on the run's base
-        jdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
-
-        def write_lora(tmp: Path) -> None:
-            try:
-                export_lora_checkpoint(
-                    ckpt_dir,
-                    tmp,
-                    meta,
-                    model_dir,
-                    dtype=jdt,
-                    fmt=lora,
-                    max_shard_bytes=max_shard_bytes,
-                )
-            except ValueError as e:  # wrong base, no adapters, bad --lora
-                raise ExportError(str(e)) from e
-
-        _write_into_place(out_path, write_lora)
+        kw = {"dtype": jdt, "fmt": lora, "max_shard_bytes": max_shard_bytes}
+        try:
+            _write_into_place(
+                out_path, lambda tmp: export_lora_checkpoint(ckpt_dir, tmp, meta, model_dir, **kw)
+            )
+        except ValueError as e:  # wrong base, no adapters, bad --lora
+            raise ExportError(str(e)) from e
         return step, out_path
     run_model = meta.get("config", {}).get("model", {})
     pd = run_model.get("param_dtype", "float32")
     if pd not in _DTYPES:
         raise ExportError(f"checkpoint metadata: model.param_dtype {pd!r} is not one of {_DTYPES}")
-    param_dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[pd]
     # the checkpoint holds the decoder layers in the run's layout (None: by layer count)
     config = config_from_pretrained(model_dir, scan_layers=run_model.get("scan_layers"))
     abstract = nnx.eval_shape(
-        lambda: build_model(config, rngs=nnx.Rngs(0), param_dtype=param_dtype)
+        lambda: build_model(config, rngs=nnx.Rngs(0), param_dtype=_jnp_dtype(pd))
     )
     graphdef, params, *rest = nnx.split(abstract, nnx.Param, ...)
-    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract_params = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), params
-    )
-    step, restored = restore_params(ckpt_dir, step, abstract_params, meta)
+    step, restored = restore_params(ckpt_dir, step, _on_one_device(params), meta)
     model = nnx.merge(graphdef, restored, *rest)
     model.hf_source = str(model_dir)
     _write_into_place(
-        out_path,
-        lambda tmp: save_hf(
-            model,
-            tmp,
-            dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype],
-            max_shard_bytes=max_shard_bytes,
-        ),
+        out_path, lambda tmp: save_hf(model, tmp, dtype=jdt, max_shard_bytes=max_shard_bytes)
     )
     return step, out_path
 

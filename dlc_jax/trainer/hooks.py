@@ -1,11 +1,7 @@
 """Hooks: what runs after a training step at an interval (evaluation, the metrics row, checkpoints),
-levanter-style, instead of being written into the loop.
-
-A hook is ``fn(info) -> dict | None`` with an interval ``every`` (0 = never): it runs after every
-step whose number is a multiple of ``every``, in the order the hooks were added; the metrics a hook
-returns are merged into ``info.row`` before the next hook runs (so an evaluation added before the
-metrics hook lands in the step's row). `Trainer` adds its own (``eval``, ``metrics``,
-``checkpoint``) and takes more through its ``hooks`` argument.
+levanter-style. A hook is ``fn(info) -> dict | None`` run after every step that is a multiple of
+``every`` (0 = never), in the order added; what it returns is merged into ``info.row`` before the
+next hook runs.
 """
 
 from __future__ import annotations

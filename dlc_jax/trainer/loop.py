@@ -1,32 +1,14 @@
 """The async RL loop: sampler rollouts stream in for upcoming batches while the trainer computes.
 
-Per step b (`Trainer.run`, then `_train_step`): wait until every (slot, sample) cell of batch b is
-filled (slot-based, never by arrival order), score the responses, group advantages, pack, theta_s
-forwards per weight version present (none when every token is current), the jitted step, metrics,
-then the resync policy; a resync pushes theta_t to the sampler and snapshots it as theta_s. After
-the step its hooks run at their intervals (`hooks.py`): evaluation, the metrics row, checkpoints.
-
-`Trainer` is built from parts passed to its constructor: the sampler (any
-`dlc_jax.sampler.client.protocol.Sampler`, e.g. the in-process one, or a `SamplerLink` that spawns /
-connects / reconnects), the rewards, the prompt stream and the model directory;
-`build.build_trainer` does the wiring of a run from its config (SFT warm-up, reward workers,
-spawn / connect). The parts it makes itself, one job each: `BatchCollector` (`batch_requests.py`:
-the batches in flight, their rollout streams and refusals), `RunCheckpoints` and `open_metrics`
-(`run_lifecycle.py`), `StepInputs` (`step_inputs.py`: score, pack, theta_s forwards), the model,
-optimizer and jitted step (`train_setup.py`, `step.py`), `Resyncer` (`weight_resync.py`: push,
-snapshot, prune) and the Ctrl-C latch (`interrupt.py`).
-``sampler.address`` = "h1:p,h2:p" drives a :class:`~dlc_jax.sampler.client.pool.SamplerPool`: a
-failed sampler leaves rotation inside the pool and training goes on with the others (``pool/*``
-metrics).
-Multi-host (``jax.distributed`` initialized by the CLI first): every process builds the same prompt
-stream, requests only its own slots (``local_slots``: the rows on its devices), scores and packs
-them, and the global batch is assembled with ``global_batch``. Everything that decides control flow
-is global: the resync policy reads replicated step metrics, the staleness resync is checked at a
-fixed point of every step from (version, synced_version) -- the same on every process --, the
-snapshot versions a batch needs and the packed length are agreed by an allgather, pushes are
-collective (only process 0 streams) and checkpoints are saved by all processes (orbax coordinates
-them); metrics and the progress bar come from process 0 only (the CLI also silences the other
-processes' logs).
+Per step (`Trainer._train_step`): wait until every (slot, sample) cell of the batch is filled,
+score, pack, theta_s forwards per weight version present, the jitted step, metrics, then the resync
+policy; after the step its hooks run (evaluation, the metrics row, checkpoints). `Trainer` is built
+from parts passed in (a `Sampler` or `SamplerLink`, rewards, prompts, model directory;
+`build.build_trainer` wires them from a config) and makes the rest itself: `BatchCollector`,
+`RunCheckpoints`, `StepInputs`, the jitted step (`train_setup.py`), `Resyncer`. Multi-host: each
+process requests, scores and packs its own slots; everything that decides control flow is agreed
+by a collective (`distributed`: resync decisions, snapshot versions, packed length, pushes,
+checkpoints); metrics come from process 0.
 """
 
 from __future__ import annotations
@@ -43,32 +25,30 @@ import jax.numpy as jnp
 from dlc_jax.data.prompts import PromptPipeline
 from dlc_jax.data.reward_runner import RewardRunner
 from dlc_jax.data.tokenize import load_tokenizer
-from dlc_jax.env.trainer_hook import make_env_sampler
+from dlc_jax.env.runner import make_env_sampler
 from dlc_jax.errors import UserError
 from dlc_jax.sampler.client.protocol import Sampler
 from dlc_jax.trainer import distributed as dist
 from dlc_jax.trainer.batch_requests import BatchCollector
 from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.eval import Evaluator
+from dlc_jax.trainer.guards import NonFiniteGuard, NonFiniteTrainingError, SigintLatch
 from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
-from dlc_jax.trainer.interrupt import SigintLatch
 from dlc_jax.trainer.lora_push import adapter_pusher, choose_lora_push, started_sampler_info
 from dlc_jax.trainer.metrics_log import MetricsLogger
-from dlc_jax.trainer.nonfinite import NonFiniteGuard, NonFiniteTrainingError
-from dlc_jax.trainer.resync import make_policy
-from dlc_jax.trainer.run_lifecycle import (
+from dlc_jax.trainer.resync import Resyncer, make_policy
+from dlc_jax.trainer.run_dir import (
     RunCheckpoints,
     complete_summary,
     model_names,
     open_metrics,
 )
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
-from dlc_jax.trainer.samples import sample_records
 from dlc_jax.trainer.state import update_count
 from dlc_jax.trainer.step import STEP_KEYS
-from dlc_jax.trainer.step_inputs import StepInputs
+from dlc_jax.trainer.step_inputs import StepInputs, decode
 from dlc_jax.trainer.train_setup import load_train_model, make_train_setup
-from dlc_jax.trainer.weight_resync import Resyncer
+from dlc_jax.trainer.writers import sample_records
 
 logger = logging.getLogger(__name__)
 
@@ -88,15 +68,10 @@ COUNTERS = (
 
 
 class Trainer:
-    """One run: the model, optimizer, step, checkpoints and metrics, over the parts it is given.
-
-    sampler: a `Sampler` (kept for the whole run: the caller owns it) or a `SamplerLink` (spawns,
-    connects, reconnects; closed with the trainer); rewards: the `RewardRunner` (closed with the
-    trainer); prompts: the `PromptPipeline` of the training prompts; model_dir: the model trained
-    (and served as version 0); hooks: more `Hook` s, run after the trainer's own (eval, metrics,
-    checkpoint). Construction loads the model, builds the jitted step and restores the latest
-    checkpoint when ``checkpoint.resume``; `run` connects the sampler and trains.
-    """
+    """One run over the parts it is given: ``sampler`` (a `Sampler` the caller owns, or a
+    `SamplerLink` closed with the trainer), ``rewards`` (closed with it), ``prompts``,
+    ``model_dir`` (trained, served as version 0) and more ``hooks`` (after eval, metrics,
+    checkpoint). Construction loads the model, builds the step and resumes; `run` trains."""
 
     def __init__(
         self,
@@ -305,7 +280,7 @@ class Trainer:
         self._metrics.log_samples(info.step, info.samples)
 
     def _periodic_save(self, info: StepInfo) -> None:
-        if self.checkpoints.should_save(info.step):
+        if self.checkpoints.ckpt.should_save(info.step):
             self.save()
 
     def _checkpoint_meta(self) -> dict:
@@ -365,10 +340,8 @@ class Trainer:
         if reason is not None:
             self.resyncer.resync(reason)
         m.update(self.link.rotation_metrics())  # pool/*: rotation, removals, re-requested slots
+        m.update({k: stats[k] for k in ("reward_mean", "reward_std", "version_lag")})
         m.update(
-            reward_mean=stats["reward_mean"],
-            reward_std=stats["reward_std"],
-            version_lag=stats["version_lag"],
             lr=lr,
             resync=1.0 if reason else 0.0,
             response_len=stats["response_len"],
@@ -416,9 +389,7 @@ class Trainer:
         order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))
         chosen = [rollouts[i] for i in order[: lg.samples_n]]
         rewards, _ = self.inputs._score(chosen, prompts)
-        texts = [
-            self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True) for r in chosen
-        ]
+        texts = [decode(self.tokenizer, r) for r in chosen]
         per_token = None
         if not (self.multi or self.cfg.train.pack):
             lp, _ = self.inputs.snapshot_lp(params, dev)

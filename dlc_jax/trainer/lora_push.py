@@ -1,31 +1,16 @@
 """What the trainer's pushes carry in a LoRA run (`choose_lora_push`: ``lora.push`` resolved
-against the sampler, ``auto`` by what it declares) and the adapter pusher (`adapter_pusher`):
-`dlc_jax.lora.push.AdapterPusher` in a single-host run; in a multi-host run
-`MultiHostAdapterPusher`, built on the collectives of `dlc_jax.trainer.distributed`.
+against the sampler, ``auto`` by what it declares) and the adapter pusher (`adapter_pusher`).
 
-``lora.push: adapter`` in a multi-host run: a collective, called by every trainer process at the
-same point of the resync (as the full push, `trainer.distributed.push_weights`).
-
-1. Every process gathers the adapter factors (`export.peft_tensors`: one all-gather of every
-   factor, which may be sharded over other processes' devices; adapters are small, a rank-8
-   adapter of Qwen3-8B is 0.27% of the model) and, at the first push only, the base's fingerprint
-   (`push.hf_base_fingerprint`: the frozen base, gathered one tensor at a time).
-2. The target samplers are process 0's choice (one `SamplerClient`, or a `SamplerPool`'s
-   rotation / readmission targets), broadcast.
-3. Process 0 alone pushes the adapter to each target (`push.push_one`: gRPC, the same
-   checksummed stream and checks as a single-host adapter push); a sampler that fails or refuses
-   is a failed result, never an exception (so no process is left waiting in a collective).
-4. Process 0 broadcasts each target's outcome (ok, version, code, message, bytes); every process
-   returns the same `PushResult` and a pool settles the same rotation everywhere, so every process
-   takes the same snapshot / resync decision and routes rollouts to the same samplers.
-
-The other processes send no bytes (``egress_bytes`` 0); process 0 sends the adapter once per
-sampler.
+``lora.push: adapter`` in a multi-host run (`MultiHostAdapterPusher`) is a collective called by
+every process at the same point of the resync: every process gathers the (small) adapter factors
+(`export.peft_tensors`) and, at the first push, the base's fingerprint; process 0 alone pushes to
+the targets it chose (`push.push_one`; a failure is a failed result, never an exception, so no
+process is left waiting) and broadcasts each outcome, so every process returns the same
+`PushResult` and a pool settles the same rotation everywhere. The others send no bytes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -39,6 +24,7 @@ from dlc_jax.lora.push import AdapterPusher, AdapterPushError, choose_push, push
 from dlc_jax.sampler.wire.safetensors_io import NP_DTYPES
 from dlc_jax.sampler.wire.types import PushResult
 from dlc_jax.trainer.distributed import leader_bool, leader_json, leader_push_targets
+from dlc_jax.trainer.shard_push import settle
 
 logger = logging.getLogger(__name__)
 
@@ -82,25 +68,10 @@ class MultiHostAdapterPusher(AdapterPusher):
             )
             rows = {str(i): _row(r) for i, r in done.items()}
         rows = leader_json(rows)
-        results = {
-            i: PushResult(
-                rows[str(i)]["ok"],
-                rows[str(i)]["version"],
-                rows[str(i)]["message"],
-                bytes=rows[str(i)]["bytes"],
-                code=rows[str(i)]["code"],
-                transport="grpc",
-            )
-            for i in targets
-        }
-        seconds = time.monotonic() - t0
+        results = {i: PushResult(**rows[str(i)], transport="grpc") for i in targets}
         itemsize = NP_DTYPES[dtype].itemsize
         sent = sum(a.size for _, a in tensors) * itemsize * len(targets) if leader else 0
-        if pool is not None:
-            out = pool.rot.settle(results, version, seconds)
-        else:
-            out = dataclasses.replace(results[0], seconds=seconds)
-        return dataclasses.replace(out, egress_bytes=int(sent), transport="grpc")
+        return settle(pool, results, version, t0, egress_bytes=int(sent), transport="grpc")
 
 
 def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> AdapterPusher:

@@ -1,9 +1,7 @@
-"""Per-step metrics to JSONL, TensorBoard (tensorboardX, grouped tags) and optionally wandb; a tqdm
-bar on a terminal or a plain line every N steps; sample completions; an end summary.
-
-metrics.jsonl is durable: one flushed line per step; on resume the rows past the checkpoint are
-dropped, a half-written last line (a crash mid-write) is skipped with a warning, and the kept rows
-are read back so the summary covers the whole run.
+"""Per-step metrics to JSONL, TensorBoard (grouped tags) and optionally wandb; a tqdm bar or a
+plain progress line; sample completions; an end summary. metrics.jsonl is durable: one flushed line
+per step; on resume the rows past the checkpoint are dropped, a half-written last line is skipped
+with a warning, and the kept rows are read back so the summary covers the whole run.
 """
 
 from __future__ import annotations
@@ -76,17 +74,10 @@ def read_rows(path: Path, upto: int | None = None) -> list[dict]:
 
 
 class MetricsLogger:
-    """Writes ``{"step": s, **metrics}`` per step to ``<dir>/metrics.jsonl``, TensorBoard events
-    (grouped tags, see :func:`~dlc_jax.trainer.writers.tb_tag`) and a wandb run when asked.
-
-    progress: a tqdm bar (step, reward, lag ESS, resyncs) when stdout is a terminal, else a plain
-    line every ``progress_every`` steps; progress=False also prints the plain line.
-    append: continue an existing metrics.jsonl (resume), dropping its rows after ``initial_step``.
-    config: the resolved config (a dict), logged as TensorBoard text and wandb config.
-    wandb: ``{"project": ..., "run_name": ...}`` to log to wandb too (None = off).
-    """
-
-    BAR_KEYS = (("reward", "reward_mean"), ("ess", "ess_lag"), ("resyncs", "resync_count"))
+    """Writes ``{"step": s, **metrics}`` per step to ``<dir>/metrics.jsonl``, TensorBoard (grouped
+    tags, `writers.tb_tag`) and wandb (``{"project", "run_name"}``; None = off). progress: a tqdm
+    bar on a terminal, else (or when False) a plain line every ``progress_every`` steps. append:
+    continue a metrics.jsonl (resume), dropping its rows after ``initial_step``."""
 
     def __init__(
         self,
@@ -149,8 +140,7 @@ class MetricsLogger:
         self._t0 = time.time()
 
     def log(self, step: int, metrics: dict) -> dict:
-        """Record scalar ``metrics`` at ``step``; non-scalars are skipped. Returns what was
-        written."""
+        """Record scalar ``metrics`` at ``step`` (non-scalars skipped); returns the row written."""
         row: dict = {"step": int(step)}
         for k, v in metrics.items():
             s = _scalar(v)
@@ -160,11 +150,8 @@ class MetricsLogger:
         if self._jsonl:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
-        tags = {}
-        for k, v in row.items():
-            tag = tb_tag(k, row) if v is not None else None
-            if tag is not None:
-                tags[tag] = v
+        tagged = ((tb_tag(k, row) if v is not None else None, v) for k, v in row.items())
+        tags = {tag: v for tag, v in tagged if tag is not None}
         if self._tb:
             for tag, v in tags.items():
                 self._tb.add_scalar(tag, v, global_step=step)
@@ -173,7 +160,7 @@ class MetricsLogger:
         if self._line is not None:
             self._line.update(row)
         if self._bar is not None:
-            post = {name: row[k] for name, k in self.BAR_KEYS if row.get(k) is not None}
+            post = {name: row[k] for name, k in ProgressLine.KEYS if row.get(k) is not None}
             self._bar.set_postfix(
                 {k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in post.items()},
                 refresh=False,
@@ -229,13 +216,6 @@ class MetricsLogger:
         return path
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        if self._samples is not None:
-            self._samples.close()
-        if self._wandb is not None:
-            self._wandb.close()
-        if self._tb:
-            self._tb.close()
-        if self._jsonl:
-            self._jsonl.close()
+        for out in (self._bar, self._samples, self._wandb, self._tb, self._jsonl):
+            if out is not None:
+                out.close()

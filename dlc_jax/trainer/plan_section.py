@@ -10,13 +10,11 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class PlanConfig:
-    """topology: the TPU slice the config is meant for (GCP type ``v5p-16`` or ``v5p:2x2x2``; '' =
-    none, ``--topology`` is then required); slices: how many of them (data parallel over DCN);
-    efficiency: fraction of the chip's bf16 peak of the old projected step time (kept beside the
-    roofline for one release); libtpu_flags: TPU compiler flags (``--name=value`` separated by
-    spaces) added to / overriding the project's set (``dlc_jax.tpu_flags``), used by both
-    ``dlc-jax plan`` and ``dlc-jax train`` on a TPU so the plan compiles what the run compiles.
-    The trainer reads only libtpu_flags."""
+    """topology: the TPU slice (``v5p-16`` or ``v5p:2x2x2``; '' = ``--topology`` required);
+    slices: how many (data parallel over DCN); efficiency: fraction of the bf16 peak of the old
+    projected step time; libtpu_flags: TPU compiler flags (``--name=value ...``) over the
+    project's set, used by ``dlc-jax plan`` and ``dlc-jax train`` alike (the trainer reads only
+    these)."""
 
     topology: str = ""
     slices: int = 1

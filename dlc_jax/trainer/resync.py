@@ -1,18 +1,22 @@
 """Resync policies: when the trainer pushes theta_t to the sampler (theta_s <- theta_t).
 
-* ``ess``: DLC — after a step whose lag ESS < threshold: the token ESS of exp(lp - lp_s) over valid
-  tokens (``statistic: token``) or the sequence ESS of exp(sum of a response's lp - lp_s)
-  (``statistic: sequence``); with ``max_interval`` k > 0 also after k steps without a sync (bounded
-  staleness: an asynchronous run synced at least every k steps, and sooner when the ESS falls).
-* ``every_k``: fixed staleness — every k optimizer steps.
-* ``never``: a stale sampler (kept for experiments).
-* ``onpolicy``: every step, and the next batch is sampled only after the push (no prefetch), so
-  theta_s == theta_t at every step: the lag is exactly zero and no snapshot forward runs.
+* ``ess``: DLC -- after a step whose lag ESS (``statistic``: token or sequence) < threshold; with
+  ``max_interval`` k > 0 also after k steps without a sync (bounded staleness).
+* ``every_k``: every k optimizer steps. ``never``: a stale sampler (for experiments).
+* ``onpolicy``: every step, and no prefetch: theta_s == theta_t at every step (lag exactly 0).
+
+`Resyncer` runs a resync: theta_t pushed as a new weight version and snapshotted as theta_s, the
+snapshots no batch in flight needs pruned, and with ``resync.stale_rollouts: drop`` older rollouts
+in flight dropped; also before a step beyond the staleness bound and after a reconnect.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from dlc_jax.trainer import distributed as dist
 
 
 @dataclasses.dataclass
@@ -70,19 +74,59 @@ class OnPolicy(ResyncPolicy):
         return True
 
 
+_POLICIES = {"ess": EssPolicy, "every_k": EveryKPolicy, "never": NeverPolicy, "onpolicy": OnPolicy}
+
+
 def make_policy(resync_cfg) -> ResyncPolicy:
-    """Policy object from the ``resync`` config section."""
-    p = resync_cfg.policy
-    if p == "ess":
-        return EssPolicy(
-            threshold=resync_cfg.threshold,
-            statistic=resync_cfg.statistic,
-            max_interval=resync_cfg.max_interval,
+    """Policy object from the ``resync`` config section (the keys its class declares)."""
+    cls = _POLICIES.get(resync_cfg.policy)
+    if cls is None:
+        raise ValueError(f"resync.policy: unknown policy {resync_cfg.policy!r}")
+    own = {f.name for f in dataclasses.fields(cls)} - {"name", "allows_prefetch"}
+    return cls(**{k: getattr(resync_cfg, k) for k in own})
+
+
+class Resyncer:
+    """Resyncs of one run: ``serve``: module -> what the sampler gets; ``batches``: the
+    `BatchCollector` (versions in flight, staleness bound, stale drops); ``cfg``: the ``resync``
+    section."""
+
+    def __init__(
+        self,
+        state: Any,
+        link: Any,
+        serve: Callable[[Any], Any],
+        batches: Any,
+        counters: dict,
+        cfg: Any,
+    ):
+        self.state, self.link, self.serve = state, link, serve
+        self.batches, self.counters = batches, counters
+        self.stale_rollouts = cfg.stale_rollouts
+
+    def resync(self, reason: str) -> None:
+        """Push theta_t as a new sampler version and snapshot it as theta_s."""
+        st = self.state
+        self.link.push_retrying(st.version, lambda: self.serve(st.model()), reason)
+        st.snapshot()
+        keep = self.batches.versions_in_flight()
+        st.prune(
+            set(dist.global_versions(keep & set(st.snapshots), set(st.snapshots) | {st.version}))
         )
-    if p == "every_k":
-        return EveryKPolicy(k=resync_cfg.k)
-    if p == "never":
-        return NeverPolicy()
-    if p == "onpolicy":
-        return OnPolicy()
-    raise ValueError(f"resync.policy: unknown policy {p!r}")
+        self.counters["resync_count"] += 1
+        if reason in ("ess", "staleness"):
+            self.counters["resync_ess" if reason == "ess" else "resync_forced"] += 1
+        if self.stale_rollouts == "drop":
+            self.counters["dropped_on_resync"] += self.batches.drop_versions_below(st.version)
+
+    def if_too_stale(self) -> None:
+        """Resync before a step whose sampler version is beyond the staleness bound (every rollout
+        it would produce is stale). Decided from (version, synced_version): the same on every
+        process."""
+        if self.state.version - self.state.synced_version > self.batches.max_staleness:
+            self.resync(reason="staleness")
+
+    def recover(self, err: BaseException) -> None:
+        """Reconnect, then push theta_t as a new version and snapshot it (a resync)."""
+        self.link.reconnect(err)
+        self.resync(reason="reconnect")

@@ -1,15 +1,11 @@
-"""Which run a checkpoint directory belongs to: the training config fingerprint and the rules for
-starting over.
+"""A training run's directory: its checkpoints and metrics outputs (`RunCheckpoints`,
+`open_metrics`), the summary of a run that had already finished, and the rules for reusing it.
 
-* Resume: a checkpoint stores the resolved config it was trained with (``meta["config"]``); a
-  resume whose *training-relevant* keys differ (everything except the keys in
-  :data:`NOT_TRAINING_RELEVANT`: where files go, how to reach the sampler, timeouts, the step
-  budget, memory knobs) is refused in one line naming the keys, unless
+* Resume: a checkpoint stores its resolved config; a resume whose training-relevant keys differ
+  (all but :data:`NOT_TRAINING_RELEVANT`) is refused in one line naming them, unless
   ``checkpoint.allow_config_change=true``.
-* Start over: ``checkpoint.resume=false`` on a run directory that already holds checkpoints or
-  metrics is refused unless ``checkpoint.overwrite=true``, which deletes the old run's
-  checkpoints, metrics.jsonl, summary.json and TensorBoard events first (so a later resume cannot
-  jump to the old run's steps, and its metrics are not mixed with the new run's).
+* Start over: ``checkpoint.resume=false`` on a directory holding checkpoints or metrics is refused
+  unless ``checkpoint.overwrite=true``, which deletes the old run's outputs first.
 """
 
 from __future__ import annotations
@@ -18,50 +14,52 @@ import hashlib
 import json
 import logging
 import shutil
+import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dlc_jax.errors import UserError
+from dlc_jax.lora.base_check import base_meta, check_base
+from dlc_jax.trainer.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    restore_train_state,
+    save_train_state,
+)
+from dlc_jax.trainer.config import TrainConfig, to_dict
+from dlc_jax.trainer.metrics_log import MetricsLogger
+from dlc_jax.trainer.state import TrainState
+from dlc_jax.trainer.writers import flat_keys
 
 logger = logging.getLogger(__name__)
 
 # Dotted keys (or whole sections, by prefix) that may change between a checkpoint and its resume.
-NOT_TRAINING_RELEVANT = (
-    "log.",
-    "eval.",  # held-out evaluation reads the sampler; training is the same with or without it
-    "checkpoint.",
-    "distributed.",
-    "mesh.",
-    "plan.",
-    "train.steps",
-    "train.micro_batches",
-    "train.length_buckets",  # padding only: masked tokens
-    "train.compile_cache_dir",
-    "train.max_nonfinite_steps",
-    "model.remat",
-    "model.remat_policy",  # memory vs recompute; model.scan_layers changes the checkpoint layout
-    "model.attention_impl",  # the same attention by another kernel
-    "model.moe_impl",  # the same experts by another kernel
-    "model.moe_dispatch",  # the same experts reached by another collective
-    "model.path",
-    "sft.cache_dir",
-    "reward.workers",
-    "reward.timeout_s",
-    "reward.sample_timeout_s",
-    "resync.max_snapshots",
-    "sampler.address",
-    "sampler.token_file",
-    "sampler.tls_root_cert",
-    "sampler.tls_server_name",
-    "sampler.startup_timeout_s",
-    "sampler.reconnect_timeout_s",
-    "sampler.connect_timeout_s",
-    "sampler.retries",
-    "sampler.retry_backoff_s",
-    "sampler.retry_max_backoff_s",
-    "sampler.push_transport",
-    "sampler.push_relay",
-)
+_KEYS = {
+    # held-out evaluation reads the sampler; training is the same with or without it
+    "": ("log.", "eval.", "checkpoint.", "distributed.", "mesh.", "plan."),
+    # length_buckets: padding only (masked tokens)
+    "train": (
+        "steps",
+        "micro_batches",
+        "length_buckets",
+        "compile_cache_dir",
+        "max_nonfinite_steps",
+    ),
+    # memory vs recompute, or the same attention / experts by another kernel or collective
+    # (model.scan_layers changes the checkpoint layout: relevant)
+    "model": ("remat", "remat_policy", "attention_impl", "moe_impl", "moe_dispatch", "path"),
+    "sft": ("cache_dir",),
+    "reward": ("workers", "timeout_s", "sample_timeout_s"),
+    "resync": ("max_snapshots",),
+    "sampler": (
+        *("address", "token_file", "tls_root_cert", "tls_server_name", "startup_timeout_s"),
+        *("reconnect_timeout_s", "connect_timeout_s", "retries", "retry_backoff_s"),
+        *("retry_max_backoff_s", "push_transport", "push_relay"),
+    ),
+}
+NOT_TRAINING_RELEVANT = tuple(f"{s}.{k}" if s else k for s, keys in _KEYS.items() for k in keys)
 
 # Run outputs in log.dir that belong to one run (cleared by checkpoint.overwrite).
 RUN_OUTPUTS = ("metrics.jsonl", "samples.jsonl", "summary.json", "tb")
@@ -75,18 +73,6 @@ class RunDirInUseError(UserError):
     """``checkpoint.resume=false`` on a directory that holds another run."""
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _relevant(key: str) -> bool:
     return not any(
         key == p or (p.endswith(".") and key.startswith(p)) for p in NOT_TRAINING_RELEVANT
@@ -97,7 +83,7 @@ def training_config(config: dict) -> dict[str, Any]:
     """The training-relevant keys of a config dict (``to_dict(cfg)``), flattened, as JSON values
     (tuples become lists, as in a checkpoint's stored config)."""
     plain = json.loads(json.dumps(config, default=str))
-    return {k: v for k, v in flatten(plain).items() if _relevant(k)}
+    return {k: v for k, v in flat_keys(plain).items() if _relevant(k)}
 
 
 def fingerprint(config: dict) -> str:
@@ -171,3 +157,141 @@ def prepare_fresh_start(ckpt, log_dir: str | Path, *, overwrite: bool) -> None:
         else:
             p.unlink()
     logger.warning("checkpoint.overwrite=true: deleted the previous run (%s)", ", ".join(found))
+
+
+def open_metrics(cfg: TrainConfig, *, lead: bool, step: int, append: bool) -> MetricsLogger:
+    """The run's metrics outputs (JSONL, TensorBoard, progress bar, W&B: process 0 only), from
+    ``step`` on; ``append`` keeps a resumed run's rows."""
+    lg = cfg.log
+    return MetricsLogger(
+        lg.dir,
+        jsonl=lg.jsonl and lead,
+        tensorboard=lg.tensorboard and lead,
+        progress=lg.progress and lead,
+        total_steps=cfg.train.steps,
+        initial_step=step,
+        append=append,
+        progress_every=lg.progress_every,
+        config=to_dict(cfg),
+        wandb={"project": lg.wandb_project, "run_name": lg.wandb_run_name}
+        if lg.wandb and lead
+        else None,
+        quiet=not lead,
+    )
+
+
+class RunCheckpoints:
+    """Checkpoints of one run: periodic and exit saves with the run's metadata (``meta_fn()``:
+    data state, counters; plus the config and its fingerprint), and resuming from the latest."""
+
+    def __init__(
+        self, cfg: TrainConfig, meta_fn: Callable[[], dict], *, base_fingerprint: str | None = None
+    ):
+        c = cfg.checkpoint
+        self.cfg = cfg
+        self.base_fingerprint = base_fingerprint  # LoRA: checkpoints hold adapters of this base
+        self.ckpt = Checkpointer(c.dir, keep=c.keep, every=c.every)
+        self.meta_fn = meta_fn
+
+    @property
+    def directory(self) -> Any:
+        """Where the checkpoints are (an ``etils.epath.Path``: gs:// too)."""
+        return self.ckpt.directory
+
+    def latest_step(self) -> int | None:
+        return self.ckpt.latest_step()
+
+    def save(self, state: TrainState, force: bool = False) -> bool:
+        """Checkpoint ``state`` (periodic unless ``force``); a failed save is logged (the previous
+        good checkpoints are still there)."""
+        meta = {
+            **self.meta_fn(),
+            "seed": self.cfg.train.seed,
+            "config": to_dict(self.cfg),
+            "config_fingerprint": fingerprint(to_dict(self.cfg)),
+            **base_meta(self.base_fingerprint),
+        }
+        try:
+            return save_train_state(self.ckpt, state, meta, force=force)
+        except CheckpointError as e:
+            logger.warning("%s", e)
+            return False
+
+    def save_on_exit(self, state: TrainState) -> None:
+        """The exit checkpoint; a second Ctrl-C does not cut it short."""
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self.save(state, force=True)
+        except Exception as e:
+            logger.warning("checkpoint on exit failed: %s", e)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, old)
+
+    def resume(self, state: TrainState) -> dict | None:
+        """Restore the latest checkpoint into ``state`` (``checkpoint.resume``); its metadata, or
+        None for a fresh start (a fresh start with ``checkpoint.overwrite`` clears the old
+        outputs)."""
+        c = self.cfg.checkpoint
+        if not c.resume or c.overwrite:
+            prepare_fresh_start(self.ckpt, self.cfg.log.dir, overwrite=c.overwrite)
+            return None
+        if self.ckpt.latest_step() is None:
+            return None
+        current = to_dict(self.cfg)
+        where = str(self.ckpt.directory)
+
+        def check_meta(m: dict) -> None:
+            check_resume_config(m, current, allow_change=c.allow_config_change, where=where)
+            check_base(m, self.base_fingerprint, where)  # LoRA: adapters of this very base
+
+        meta = restore_train_state(self.ckpt, state, check_meta=check_meta)
+        logger.info(
+            "resumed from %s at step %d (sampler version %d)",
+            self.ckpt.directory,
+            state.step,
+            state.synced_version,
+        )
+        return meta
+
+
+def model_names(cfg: TrainConfig, model_dir: Path) -> dict:
+    """The model the user gave (``model``) and, when the SFT warm-up ran, its copy (``sft``)."""
+    out: dict[str, Any] = {"model": cfg.model.path or f"tiny model (preset {cfg.model.preset})"}
+    if cfg.sft.enabled:
+        out["sft"] = {"model_dir": str(model_dir), "steps": cfg.sft.steps}
+    return out
+
+
+def complete_summary(cfg: TrainConfig, checkpoints: RunCheckpoints, model_dir: Path) -> dict:
+    """Summary of a run whose final step is already checkpointed (re-invoked after it finished):
+    the saved summary.json when there is one, flagged ``already_complete``; nothing is trained or
+    overwritten."""
+    metrics_dir = Path(cfg.log.dir).absolute()
+    try:
+        saved = json.loads((metrics_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        saved = {}
+    step = checkpoints.latest_step()
+    logger.info(
+        "run already complete: checkpoint step %s >= train.steps=%d in %s; metrics "
+        "%s/metrics.jsonl, summary %s/summary.json; nothing was trained (raise train.steps to "
+        "continue, or use checkpoint.resume=false checkpoint.overwrite=true / a new checkpoint.dir "
+        "and log.dir to start over)",
+        step,
+        cfg.train.steps,
+        checkpoints.directory,
+        metrics_dir,
+        metrics_dir,
+    )
+    return dict(
+        saved,
+        already_complete=True,
+        finished=True,
+        seconds=0.0,
+        checkpoint_dir=str(checkpoints.directory),
+        checkpoint_step=step,
+        metrics_dir=str(metrics_dir),
+        model_dir=str(model_dir),
+    )

@@ -1,22 +1,15 @@
 """The trainer's link to its sampler(s): spawn or connect, reconnect, push weights, watch rotation.
 
-`SamplerLink.client` is a `dlc_jax.sampler.client.protocol.Sampler`: a `SamplerClient` for one
-`sampler.address`, a `SamplerPool` for several ("h1:p,h2:p"), the client of a sampler this
-process spawned on loopback (no address; it serves the model directory as version 0 until the
-trainer pushes, and is respawned on a reconnect), an `InProcessSampler` (``sampler.backend=
-inprocess``: no process, made again on a reconnect), or a `Sampler` handed in by the caller
-(``sampler=``: used as it is, never closed or replaced here).
+`SamplerLink.client` is a `Sampler`: a `SamplerClient` for one `sampler.address`, a `SamplerPool`
+for several, the client of a sampler spawned on loopback (no address; respawned on a reconnect),
+an `InProcessSampler` (``sampler.backend=inprocess``), or a `Sampler` handed in by the caller
+(used as it is, never closed or replaced here).
 
-Retries follow `dlc_jax.sampler.client.retry`: the client retries UNAVAILABLE itself
-(`sampler.retries`, `retry_backoff_s`, `retry_max_backoff_s`); on top, a push that
-still fails is retried after a reconnect (`push_retrying`), and a reconnect polls until
-`sampler.reconnect_timeout_s`. A multi-host run never reconnects on its own: a failure is seen
-by one process only, while a reconnect + push must be collective (`SamplerUnavailable` tells the
-user to restart all processes; training resumes from the last checkpoint).
-
-Weight pushes go over the sampler's socket data plane when it offers one and
-`sampler.push_transport` is "auto" (a spawned loopback sampler is started with a data port), else
-over gRPC.
+The client retries UNAVAILABLE itself (`sampler.retries`, `retry_backoff_s`,
+`retry_max_backoff_s`); a push that still fails is retried after a reconnect (`push_retrying`),
+and a reconnect polls until `sampler.reconnect_timeout_s`. A multi-host run never reconnects on
+its own (a reconnect + push must be collective): `SamplerUnavailable` says to restart all
+processes.
 """
 
 from __future__ import annotations
@@ -48,13 +41,9 @@ class SamplerUnavailable(UserError, RuntimeError):
 
 
 class SamplerLink:
-    """Owns the sampler connection of one training run.
-
-    sampler_cfg: the `sampler` config section; model_dir: what a spawned sampler serves as version
-    0; log_dir: where a spawned sampler writes sampler.log; multi: this is one process of a
-    multi-host run; on_reconnect: called after every successful reconnect (the trainer counts it and
-    clears failed rollout streams); sampler: a `Sampler` to use instead of spawning or connecting
-    one (the caller owns it)."""
+    """Owns the sampler connection of one training run. model_dir / log_dir: what a spawned
+    sampler serves as version 0 and where it logs; on_reconnect: called after every successful
+    reconnect; sampler: a `Sampler` to use instead of spawning or connecting one."""
 
     def __init__(
         self,
@@ -180,26 +169,20 @@ class SamplerLink:
             return
         if self.process is not None:
             self.process.kill()
-        extra = [
-            "--dtype",
-            s.dtype if s.dtype != "float16" else "bfloat16",
-            "--max-model-len",
-            str(s.max_model_len),
-            "--max-head-k",
-            str(max(1, s.head_k)),
-            "--max-n",
-            str(max(1, s.n)),
-            "--initial-version",
-            "0",
-        ]
-        if s.quantization:
-            extra += ["--quantization", s.quantization]
-        if s.weight_noise:
-            extra += ["--weight-noise", str(s.weight_noise)]
-        if self.adapter is not None:  # serve LoRA adapter pushes (vLLM: LoRA enabled)
-            extra += ["--max-lora-rank", str(self.adapter.cfg.rank)]
-        if s.push_transport != "grpc":  # loopback: the raw socket data plane is safe and faster
-            extra += ["--push-data-port", "0"]
+        flags = {
+            "--dtype": s.dtype if s.dtype != "float16" else "bfloat16",
+            "--max-model-len": s.max_model_len,
+            "--max-head-k": max(1, s.head_k),
+            "--max-n": max(1, s.n),
+            "--initial-version": 0,
+            "--quantization": s.quantization or None,
+            "--weight-noise": s.weight_noise or None,
+            # serve LoRA adapter pushes (vLLM: LoRA enabled)
+            "--max-lora-rank": None if self.adapter is None else self.adapter.cfg.rank,
+            # loopback: the raw socket data plane is safe and faster
+            "--push-data-port": 0 if s.push_transport != "grpc" else None,
+        }
+        extra = [x for k, v in flags.items() if v is not None for x in (k, str(v))]
         log_file = str(self.log_dir / "sampler.log")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # vLLM-CPU defaults reserve ~90% of RAM for KV cache and fork worker processes; a loopback
@@ -224,8 +207,7 @@ class SamplerLink:
         logger.info("sampler: %s on %s (log %s)", s.backend, self.process.address, log_file)
 
     def _retry_kw(self) -> dict[str, Any]:
-        """The client's own UNAVAILABLE retries (`sampler.retries`, `retry_backoff_s`,
-        `retry_max_backoff_s`)."""
+        """The client's own UNAVAILABLE retries."""
         s = self.cfg
         return dict(
             max_retries=s.retries, backoff=s.retry_backoff_s, max_backoff=s.retry_max_backoff_s
@@ -236,10 +218,9 @@ class SamplerLink:
         if self.multi:
             raise SamplerUnavailable(
                 f"process {dist.process_info().process_index}: sampler(s) {self.cfg.address} "
-                "failed "
-                f"({type(err).__name__}: {str(err)[:200]}); a multi-host run does not reconnect on "
-                "its own -- "
-                f"restart all processes (training resumes from the last checkpoint)"
+                f"failed ({type(err).__name__}: {str(err)[:200]}); a multi-host run does not "
+                "reconnect on its own -- restart all processes (training resumes from the last "
+                "checkpoint)"
             )
         logger.info("sampler failed (%s: %s); reconnecting", type(err).__name__, str(err)[:200])
         limit = self.cfg.reconnect_timeout_s
@@ -277,23 +258,18 @@ class SamplerLink:
         if version == 0 and dist.leader_bool(self.client.info()["version"] == 0):
             return None
         t0 = time.time()
-        if self.adapter is not None:  # lora.push=adapter: the adapters alone
-            res = self.adapter.push(self.client, model_fn(), version, dtype=self.push_dtype)
-        else:
-            res = dist.push_weights(
-                self.client,
-                model_fn(),
-                version,
-                dtype=self.push_dtype,
-                transport=self.cfg.push_transport,
-            )
+        # lora.push=adapter: the adapters alone (over gRPC), else the whole model
+        whole = self.adapter is None
+        push = dist.push_weights if whole else self.adapter.push
+        kw = {"transport": self.cfg.push_transport} if whole else {}
+        res = push(self.client, model_fn(), version, dtype=self.push_dtype, **kw)
         if not res.ok:
             raise RuntimeError(f"sampler rejected weight push v{version} ({reason}): {res.message}")
         logger.info(
             "push: version %d (%s) %s%.3f MB %s via %s in %.2fs%s",
             version,
             reason,
-            "adapter " if self.adapter is not None else "",
+            "" if whole else "adapter ",
             res.bytes / 1e6,
             self.push_dtype,
             res.transport or "grpc",
@@ -301,11 +277,8 @@ class SamplerLink:
             f"; {res.message}" if res.per_sampler else "",
         )
         if res.removed:
-            logger.info(
-                "samplers out of rotation after the push of version %d: %s",
-                version,
-                list(res.removed),
-            )
+            out = list(res.removed)
+            logger.info("samplers out of rotation after the push of version %d: %s", version, out)
         return res
 
     def push_retrying(

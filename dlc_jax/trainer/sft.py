@@ -1,12 +1,8 @@
 """Supervised warm-up of the tiny Qwen3 on the synthetic arithmetic task, cached by config hash.
 
-The RL default needs a policy that sometimes answers correctly (reward signal); a random tiny model
-never does. This trains next-token cross-entropy on ``prompt_ids + answer_ids + eos`` (loss on the
-answer and eos tokens only) with optax AdamW, then writes an HF directory (weights + tokenizer) that
-both the trainer and the vLLM sampler load. A rerun with the same model/data/sft config reuses it.
-
-With ``env.fn`` the same loop (`sft_train`, `_save_warm`) trains on the environment's
-demonstrations instead (`ensure_env_sft_model`; the sequences come from `dlc_jax.env.demos`).
+A random tiny model never earns a reward; this trains next-token cross-entropy on the answer and
+eos tokens (optax AdamW) and writes an HF directory both the trainer and the sampler load. With
+``env.fn`` the same loop trains on the environment's demonstrations (`ensure_env_sft_model`).
 """
 
 from __future__ import annotations
@@ -150,13 +146,18 @@ def sft_cache_dir(cfg) -> Path:
     return Path(cfg.sft.cache_dir) / f"sft-{cfg.hash('model', 'data', 'sft', drop=drop)}"
 
 
+def tiny_model_dir(cfg) -> Path:
+    """Where `base_model_dir` makes the tiny model of ``cfg`` (``model.path`` empty)."""
+    return Path(cfg.sft.cache_dir) / f"tiny-{cfg.model.preset}-seed{cfg.train.seed}"
+
+
 def base_model_dir(cfg) -> Path:
     """The untrained model directory: ``model.path`` or a tiny Qwen3 made once under the cache."""
     if cfg.model.path:
         return Path(cfg.model.path)
     from dlc_jax.model.tiny import make_tiny
 
-    d = Path(cfg.sft.cache_dir) / f"tiny-{cfg.model.preset}-seed{cfg.train.seed}"
+    d = tiny_model_dir(cfg)
     if not (d / "DONE").exists():
         tmp = d.with_name(d.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -187,14 +188,9 @@ def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
     source = ArithmeticSource(cfg.data.arithmetic, seed=cfg.data.seed)
     model = load_hf(str(base))
     rng = np.random.default_rng(cfg.train.seed + 1)
-    seq_len = (
-        8
-        + cfg.sampler.max_tokens
-        + max(
-            len(encode_prompt(tok, source[i]["prompt"], chat_template=cfg.data.chat_template))
-            for i in range(min(len(source), 256))
-        )
-    )
+    prompts = (source[i]["prompt"] for i in range(min(len(source), 256)))
+    longest = max(len(encode_prompt(tok, p, chat_template=cfg.data.chat_template)) for p in prompts)
+    seq_len = 8 + cfg.sampler.max_tokens + longest
 
     def batches():
         while True:
@@ -222,8 +218,8 @@ def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
     )
     log(
         f"sft: trained {cfg.sft.steps} steps in {info['seconds']:.0f}s, loss "
-        f"{info['loss_first']:.3f} -> "
-        f"{info['loss_last']:.3f}, greedy accuracy {acc:.2f}; saved {out}"
+        f"{info['loss_first']:.3f} -> {info['loss_last']:.3f}, greedy accuracy {acc:.2f}; "
+        f"saved {out}"
     )
     return out
 
@@ -273,17 +269,15 @@ def _env_rows(cfg) -> list[dict]:
     src = open_source(
         d.source, split=d.split, subset=d.subset, arithmetic=d.arithmetic, seed=d.seed
     )
-    out = []
-    for i in range(min(len(src), 4096)):
-        raw = src.row(i)
-        out.append(
-            {
-                **raw,
-                "prompt": str(raw[d.prompt_field]),
-                "answer": extract_gold(str(raw[d.answer_field]), d.answer_format),
-            }
-        )
-    return out
+    rows = (src.row(i) for i in range(min(len(src), 4096)))
+    return [
+        {
+            **raw,
+            "prompt": str(raw[d.prompt_field]),
+            "answer": extract_gold(str(raw[d.answer_field]), d.answer_format),
+        }
+        for raw in rows
+    ]
 
 
 def ensure_env_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
@@ -294,8 +288,7 @@ def ensure_env_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Pa
     from dlc_jax.model import load_hf
 
     log = log or logger.info
-    key = cfg.hash("model", "data", "sft", "env")
-    out = Path(cfg.sft.cache_dir) / f"env-sft-{key}"
+    out = Path(cfg.sft.cache_dir) / f"env-sft-{cfg.hash('model', 'data', 'sft', 'env')}"
     if (out / "sft.json").exists():
         log(f"sft: reusing cached environment warm-up {out}")
         return out

@@ -1,32 +1,17 @@
 """The multi-host weight push: every trainer process sends the slices of the model it holds itself,
 deduplicated across replicas, and process 0 only coordinates the commit.
 
-Which bytes a process sends (`local_slices`): each HF tensor is computed in HF layout where its
-parameter lives (the same jitted slice/transpose/cast as the single-host export, run by every
-process in the same order), keeping the parameter's sharding; of its shards, a process sends those
-on its own devices whose `replica_id` is 0 -- JAX gives exactly one replica 0 per distinct shard
-over all devices, so every element of every tensor is sent once, by one process, and no tensor is
-ever gathered. A process's bytes out are its devices' share of the model (replicated tensors, e.g.
-norms, come from the process holding their replica 0).
+`local_slices`: each HF tensor is computed in HF layout where its parameter lives (the export's
+jitted slice/transpose/cast, run by every process in the same order); a process sends the shards
+on its own devices whose `replica_id` is 0 (JAX gives one replica 0 per distinct shard), so every
+element is sent once and no tensor is gathered.
 
-The push (`push_shards`), a collective: every process streams its slices as one part of a push
-group (`dlc_jax.sampler.push.slice_stream`) to every in-rotation sampler, concurrently (one pass
-over its slices, `fanout.fan_out`); the part outcomes are all-gathered; process 0 then commits the
-group on the samplers where every part was accepted (the sampler applies it only if all parts
-arrived and every tensor's slices tile it exactly, `dlc_jax.sampler.push.sliced`) and broadcasts the
-outcome, so every process returns the same result and a pool settles the same rotation everywhere.
-Parts go as gRPC chunks or over the socket data plane (`transport`: "socket", or "auto" where the
-sampler offers a data port and the channel is plaintext; each process opens its own data connection
-per sampler and chooses its plane itself). The target samplers are process 0's choice (a pool's
-rotation, plus reachable out-of-rotation samplers when it readmits).
-
-Relay (`relay`, a pool's `sampler.push_relay`; `_relayed`): with several targets every process sends
-its part to the first one only, with `relay_to` = the others; that sampler assembles the group and
-forwards each tensor along them as it completes (`dlc_jax.sampler.push.relay`), and they commit with
-the group. Process 0 reads the outcomes from the group commit's answer, probes the samplers missing
-from it (one already at the version is kept) and broadcasts them; the rest get a direct round (every
-process sends its part to each of them). Trainer egress summed over processes: one model, whatever
-the number of samplers.
+`push_shards`, a collective: every process streams its slices as one part of a push group
+(`sampler.push.slice_stream`) to every target sampler (gRPC or the socket data plane, chosen per
+sampler); the part outcomes are all-gathered; process 0 commits the group where every part was
+accepted (`sampler.push.sliced`) and broadcasts the outcome, so every process returns the same
+result. With a relay (`_relayed`) every process sends its part to the first target only, which
+forwards each tensor along the others; targets it did not reach get a direct round.
 """
 
 from __future__ import annotations
@@ -83,13 +68,9 @@ def push_shards(
     relay: str | None = None,
     targets: list[int],
 ) -> PushResult:
-    """Push `model` as weight `version` from every process's own shards (module docstring).
-    Collective. `sampler`: a SamplerClient or SamplerPool; `targets`: the indices of the pool's
-    samplers to push to, the same on every process (`distributed.leader_push_targets`; [0] for a
-    client); `transport`: "grpc", "socket" or "auto" (decided per sampler); `relay`: "off",
-    "chain", "tree" or "auto" (None: the pool's `relay`). The result's `egress_bytes`: tensor
-    bytes this process sent (all samplers together); its `transport`: the plane(s) this
-    process's parts used."""
+    """Push `model` as weight `version` from every process's own shards (a collective; module
+    doc). `targets`: the pool's sampler indices, the same on every process ([0] for a client);
+    `relay`: None = the pool's. The result's `egress_bytes` / `transport`: this process's."""
     from jax.experimental import multihost_utils
 
     check_transport(transport)
@@ -110,13 +91,19 @@ def push_shards(
         results = _relayed(rounds, targets, group, fanout, pool.probe_timeout)
     else:
         results = rounds.run(targets, group)
+    planes = "+".join(sorted(rounds.planes))
+    return settle(pool, results, version, t0, egress_bytes=rounds.sent, transport=planes)
+
+
+def settle(pool, results: dict[int, PushResult], version: int, t0: float, **fields) -> PushResult:
+    """The result of a push begun at monotonic ``t0``: a pool settles its rotation from the
+    per-sampler ``results``, a single sampler's is ``results[0]``; ``fields`` replaced."""
     seconds = time.monotonic() - t0
     if pool is not None:
         out = pool.rot.settle(results, version, seconds)
     else:
         out = dataclasses.replace(results[0], seconds=seconds)
-    planes = "+".join(sorted(rounds.planes))
-    return dataclasses.replace(out, egress_bytes=rounds.sent, transport=planes)
+    return dataclasses.replace(out, **fields)
 
 
 class _Rounds:

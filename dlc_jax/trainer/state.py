@@ -1,10 +1,6 @@
 """Train state: theta_t (NNX params), optax AdamW with warmup + decay and global-norm clipping, the
-weight version, and the sampler snapshots theta_s keyed by weight version (bounded count).
-
-The model is split once into ``graphdef`` (static) and ``params`` (an ``nnx.State`` pytree of
-arrays);
-everything jitted works on ``params``. A per-step LR scale (VCPO) multiplies the final update, which
-for AdamW (decoupled weight decay included) equals scaling the learning rate for that step.
+weight version, and the sampler snapshots theta_s keyed by weight version (bounded count). A
+per-step LR scale (VCPO) multiplies the final update (for AdamW: scaling that step's LR).
 """
 
 from __future__ import annotations
@@ -35,19 +31,12 @@ def make_schedule(optim, total_steps: int):
 
 def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
     """Global-norm clip (if ``grad_clip`` > 0) then AdamW with the schedule."""
-    parts = []
-    if optim.grad_clip > 0:
-        parts.append(optax.clip_by_global_norm(optim.grad_clip))
-    parts.append(
-        optax.adamw(
-            make_schedule(optim, total_steps),
-            b1=optim.b1,
-            b2=optim.b2,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-        )
+    clip = [optax.clip_by_global_norm(optim.grad_clip)] if optim.grad_clip > 0 else []
+    o = optim
+    adamw = optax.adamw(
+        make_schedule(o, total_steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay
     )
-    return optax.chain(*parts)
+    return optax.chain(*clip, adamw)
 
 
 def all_finite(tree) -> jax.Array:
@@ -118,18 +107,11 @@ def opt_state_shardings(tx, params, param_shardings, mesh):
 
 @dataclasses.dataclass
 class TrainState:
-    """Host-side holder of the training state.
-
-    graphdef: the NNX graph definition; params: theta_t (``nnx.State``); opt_state: optax state;
-    step: optimizer steps done. The weight version of theta_t is its step count (``version``), so
-    version lag = optimizer steps of staleness; ``synced_version`` is what the sampler last
-    received.
-    snapshots: {version: trainable params} for versions the sampler may still be producing
-    rollouts with; max_snapshots: bound on len(snapshots) (oldest dropped first).
-    trainable: an NNX filter of the trained parameters (None: all of them). The rest is frozen:
-    no optimizer state, shared by theta_t and every theta_s (the snapshots hold the trainable part
-    only: under LoRA, the adapters).
-    """
+    """Host-side holder of the training state: theta_t (``params``), the optimizer state, the step
+    (= the weight ``version``), ``synced_version`` (what the sampler last received), theta_s
+    ``snapshots`` {version: trainable params} (at most ``max_snapshots``, oldest dropped first).
+    trainable: an NNX filter of the trained parameters (None: all); the rest is frozen, shared by
+    theta_t and every theta_s (under LoRA the snapshots hold the adapters only)."""
 
     graphdef: Any
     params: object
@@ -159,13 +141,7 @@ class TrainState:
             out = opt_state_shardings(tx, params, jax.tree.map(on_mesh, params), mesh)
             opt_state = jax.jit(tx.init, out_shardings=out)(params)
             opt_state = place_on_mesh(opt_state, mesh)
-        st = cls(
-            graphdef=graphdef,
-            params=full,
-            opt_state=opt_state,
-            max_snapshots=max_snapshots,
-            trainable=trainable,
-        )
+        st = cls(graphdef, full, opt_state, max_snapshots=max_snapshots, trainable=trainable)
         st.snapshot()
         return st
 
@@ -230,8 +206,7 @@ def split_trainable(params, trainable):
         return params, None
     from flax import nnx
 
-    train, frozen = nnx.split_state(params, trainable, ...)
-    return train, frozen
+    return tuple(nnx.split_state(params, trainable, ...))
 
 
 def join_trainable(train, frozen):

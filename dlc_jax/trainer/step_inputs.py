@@ -1,14 +1,10 @@
 """From a completed batch of rollouts to the device inputs of the train step.
 
-`StepInputs.score_and_pack`: rewards, group advantages and packing of this process's rollouts, with
-the batch statistics of the metrics row and the packed length agreed over all processes.
-`StepInputs.device_inputs`: the global device batch plus the theta_s log-probs of every token, from
-the snapshot of the weight version that sampled it (no forward when every token is current); which
-snapshot forwards run is agreed over processes, since each one is collective.
-`filler_rollouts`: the cells of prompts the sampler refused (INVALID_ARGUMENT, dropped by the
-trainer) keep their rows, so the row count is the same on every process: one pad token as prompt,
-no response, hence an all-zero loss mask and advantage 0; they are left out of the rewards and the
-batch statistics.
+`StepInputs.score_and_pack`: rewards, group advantages and packing of this process's rollouts,
+with the batch statistics and the packed length agreed over all processes. `device_inputs`: the
+global device batch plus the theta_s log-probs of every token from the snapshot of the version
+that sampled it. `filler_rollouts`: the cells of a dropped prompt keep their rows (one pad token,
+no response: loss mask 0, advantage 0), left out of the rewards and statistics.
 """
 
 from __future__ import annotations
@@ -32,13 +28,10 @@ from dlc_jax.trainer.step import STEP_KEYS
 
 
 def bucket(n: int, mode: str = "pow2", max_len: int = 0, mult: int = 16) -> int:
-    """The padded row length for a batch whose longest row has ``n`` tokens. Each distinct length
-    compiles the train step and the theta_s forward again (about a minute each on a TPU pod), so
-    lengths are bucketed (``train.length_buckets``): 'pow2' the next power of two (at least
-    ``mult``; a 2,048-token run has 8 lengths), 'fine' the next multiple of ``mult`` (up to
-    max_len / mult lengths, least padding), 'max' always ``max_len`` (one length). The result is
-    at least ``n`` and, unless ``n`` exceeds it, at most ``max_len`` rounded up to ``mult``
-    (``max_len`` 0: no cap)."""
+    """The padded row length for a longest row of ``n`` tokens (``train.length_buckets``; each
+    length compiles the step again): 'pow2' the next power of two (>= ``mult``), 'fine' the next
+    multiple of ``mult``, 'max' always ``max_len``; at most ``max_len`` rounded up to ``mult``
+    unless ``n`` exceeds it (``max_len`` 0: no cap)."""
     fine = -(-n // mult) * mult
     if mode == "fine":
         return fine
@@ -49,6 +42,24 @@ def bucket(n: int, mode: str = "pow2", max_len: int = 0, mult: int = 16) -> int:
         raise ValueError(f"length bucket mode must be 'pow2', 'fine' or 'max', got {mode!r}")
     p = max(mult, 1 << max(n - 1, 0).bit_length())
     return max(fine, min(p, cap)) if cap else p
+
+
+def decode(tokenizer, rollout) -> str:
+    """The response text of ``rollout`` (special tokens skipped)."""
+    return tokenizer.decode(rollout.response_ids.tolist(), skip_special_tokens=True)
+
+
+def score_texts(rewards: RewardRunner, recs: list, texts: list[str], ids: list[str]):
+    """(rewards float32 [N], reward metrics) of ``texts`` answering prompt records ``recs``, with
+    the metadata columns every record has."""
+    keys = set.intersection(*(set(p.metadata) for p in recs)) if recs else set()
+    return rewards.score(
+        [p.prompt for p in recs],
+        texts,
+        [p.answer for p in recs],
+        ids,
+        metadata={k: [p.metadata[k] for p in recs] for k in sorted(keys)},
+    )
 
 
 @jax.jit
@@ -83,9 +94,8 @@ def filler_rollouts(slot: int, group_size: int, pad_id: int, head_k: int) -> lis
 
 @dataclasses.dataclass(eq=False)
 class StepInputs:
-    """cfg: the TrainConfig; tokenizer / eos_id: to decode responses and pad; mesh / rows: the
-    training mesh and its batch-row sharding (None on one device); snapshot_lp: the jitted theta_s
-    forward (`make_snapshot_logprobs`); rewards: the `RewardRunner` that scores responses."""
+    """mesh / rows: the training mesh and its batch-row sharding (None on one device);
+    snapshot_lp: the jitted theta_s forward; rewards: the `RewardRunner` that scores responses."""
 
     cfg: Any
     tokenizer: Any
@@ -105,11 +115,8 @@ class StepInputs:
             )
 
     def score_and_pack(self, rollouts: list, prompts: dict, version: int) -> tuple[dict, dict]:
-        """(global batch statistics for the metrics row, packed host arrays incl. advantages
-        ``adv``).
-
-        version: the trainer's current weight version (the lag of each token is measured from
-        it)."""
+        """(global batch statistics, packed host arrays with advantages ``adv``); ``version``: the
+        trainer's weight version, which token lags are measured from."""
         cfg = self.cfg
         real = np.asarray([r.finish_reason != FILLER for r in rollouts])
         scored, reward_metrics = self._score([r for r, k in zip(rollouts, real) if k], prompts)
@@ -124,14 +131,8 @@ class StepInputs:
         lag_tok = sum((version - v) * (e - s) for r in rollouts for v, s, e in r.version_spans)
         max_len = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
         # [sum r, sum r^2, rows, max len, sum response len, sum token lag] from every process
-        local = [
-            rewards.sum(),
-            np.square(rewards).sum(),
-            len(rewards),
-            max_len,
-            resp.sum(),
-            lag_tok,
-        ]
+        local = [rewards.sum(), np.square(rewards).sum(), len(rewards), max_len]
+        local += [resp.sum(), lag_tok]
         # per-reward sums and failure counts (same names, same order on every process)
         r_names = sorted(k for k in reward_metrics if k != "reward/seconds")
         counts = ("reward/errors", "reward/timeouts")
@@ -175,18 +176,9 @@ class StepInputs:
         if rollouts and all(r.reward is not None for r in rollouts):
             return np.asarray([r.reward for r in rollouts], np.float32), {}
         recs = [prompts[r.slot_id] for r in rollouts]
-        texts = [
-            self.tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)
-            for r in rollouts
-        ]
-        keys = set.intersection(*(set(p.metadata) for p in recs)) if recs else set()
-        return self.rewards.score(
-            [p.prompt for p in recs],
-            texts,
-            [p.answer for p in recs],
-            [f"{r.slot_id}/{r.sample_index}" for r in rollouts],
-            metadata={k: [p.metadata[k] for p in recs] for k in sorted(keys)},
-        )
+        texts = [decode(self.tokenizer, r) for r in rollouts]
+        ids = [f"{r.slot_id}/{r.sample_index}" for r in rollouts]
+        return score_texts(self.rewards, recs, texts, ids)
 
     def device_batch(self, arrays: dict) -> dict:
         """Global device arrays from this process's rows (all rows in a single process)."""

@@ -56,12 +56,9 @@ def load_train_model(cfg: TrainConfig, model_dir, mesh):
 
 @dataclasses.dataclass
 class TrainSetup:
-    """state: the train state (params, optimizer state, theta_s snapshots); tx / schedule: the
-    optimizer and its learning-rate schedule; serve: what a full push sends for a trained module
-    (LoRA: base + delta, a full model; an adapter push sends the adapters alone, see
-    `trainer.lora_push`); adapters: LoRA adapters are on (``lora.push`` decides what a push carries,
-    `Trainer`); base_fp: the LoRA base's fingerprint (None without LoRA); step_cfg: the step's
-    configuration; train_step / snapshot_lp: the jitted step and theta_s forward."""
+    """serve: what a full push sends for a trained module (LoRA: base + delta merged); adapters:
+    LoRA is on; base_fp: the LoRA base's fingerprint (None without LoRA); train_step /
+    snapshot_lp: the jitted step and theta_s forward."""
 
     state: TrainState
     tx: Any

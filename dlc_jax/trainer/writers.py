@@ -1,11 +1,8 @@
 """Where metrics go besides metrics.jsonl: grouped TensorBoard tags, an optional wandb run, sample
-completions (samples.jsonl + TensorBoard text), and the plain progress line.
-
-TensorBoard tags are grouped by what they measure -- ``reward/``, ``mismatch/`` (delta / ell /
-total log-ratio statistics, KL, head mass, lag), ``ess/``, ``loss/`` (loss terms, gradient norm,
-learning rate), ``system/`` (timings, counters, versions), ``eval/``, ``pool/`` -- and a flat key
-that repeats a ``loss/`` key of the same row (``head_mass_p`` next to ``loss/head_mass_p``) is
-written once. metrics.jsonl keeps the flat names.
+completions (`sample_records`: prompt, response, reward, a per-token delta / ell summary; written
+to samples.jsonl + TensorBoard text), and the plain progress line. Tags are grouped by
+what they measure (``reward/``, ``mismatch/``, ``ess/``, ``loss/``, ``system/``, ``eval/``,
+``pool/``); a flat key repeating a ``loss/`` key of the row is written once.
 """
 
 from __future__ import annotations
@@ -17,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dlc_jax.errors import UserError, one_line
-from dlc_jax.trainer.run_dir import flatten as flat_keys
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +46,18 @@ def tb_tag(key: str, row: dict) -> str | None:
     if key == "response_len":
         return "reward/response_len"
     return "system/" + key.replace("/", "_")
+
+
+def flat_keys(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat_keys(v, key + "."))
+        else:
+            out[key] = v
+    return out
 
 
 def flatten(d: dict) -> dict[str, Any]:
@@ -80,13 +90,10 @@ def wandb_api_key_known() -> bool:
 
 
 class WandbWriter:
-    """A wandb run (``log.wandb``): metrics under their grouped tags, the resolved config, sample
-    completions as a table. ``WANDB_MODE=offline`` writes the run under ``<dir>/wandb``.
-
-    Never a traceback, never a long wait: with no ``WANDB_MODE`` and no API key the run is offline
-    from the start (one line says so); an online start has ``WANDB_INIT_TIMEOUT_S`` and, when it
-    fails (no network, a refused key), the run falls back to offline with a one-line warning. Only
-    an offline start that fails too stops the run, in one line."""
+    """A wandb run (``log.wandb``): metrics under their grouped tags, the config, sample
+    completions as a table. Never a traceback, never a long wait: no ``WANDB_MODE`` and no API key
+    = offline from the start; an online start that fails within ``WANDB_INIT_TIMEOUT_S`` falls
+    back to offline (one-line warning); only an offline start that fails stops the run."""
 
     def __init__(self, directory: Path, project: str, run_name: str, config: dict | None):
         try:
@@ -222,10 +229,55 @@ class ProgressLine:
         print(" | ".join(parts), file=self.stream, flush=True)
 
 
-__all__ = ["tb_tag", "flatten", "WandbWriter", "SampleWriter", "samples_markdown", "ProgressLine"]
-
-
 def _first(e: BaseException) -> str:
     """``e`` as one short line (wandb's messages run over several)."""
     text = str(e).strip()
     return one_line(f"{type(e).__name__}: {text.splitlines()[0] if text else ''}", 200)
+
+
+def token_summary(lp, lp_s, lp_q, mask) -> dict[str, float]:
+    """delta/ell mean and largest magnitude over one response's tokens (host arrays [T])."""
+    m = np.asarray(mask) > 0
+    if not m.any():
+        return {}
+    delta = (np.asarray(lp_s) - np.asarray(lp_q))[m]
+    ell = (np.asarray(lp) - np.asarray(lp_s))[m]
+    return {
+        "delta_mean": float(delta.mean()),
+        "delta_abs_max": float(np.abs(delta).max()),
+        "ell_mean": float(ell.mean()),
+        "ell_abs_max": float(np.abs(ell).max()),
+        "logprob_q_mean": float(np.asarray(lp_q)[m].mean()),
+    }
+
+
+def sample_records(
+    rollouts: list,
+    prompts: dict,
+    texts: list[str],
+    rewards: np.ndarray,
+    per_token: dict | None,
+    n: int,
+) -> list[dict]:
+    """Records of the first ``n`` rollouts (one per group first, so different prompts show).
+
+    per_token: host arrays ``lp``, ``lp_s``, ``lp_q``, ``mask`` [rows, L] with row i = rollout i
+    (None = no per-token summary, e.g. packed rows)."""
+    order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))[:n]
+    out = []
+    for i in order:
+        r = rollouts[i]
+        rec = {
+            "slot": int(r.slot_id),
+            "sample": int(r.sample_index),
+            "prompt": prompts[r.slot_id].prompt,
+            "answer": prompts[r.slot_id].answer,
+            "response": texts[i],
+            "reward": float(rewards[i]),
+            "tokens": int(len(r.response_ids)),
+            "versions": sorted({int(v) for v, _, _ in r.version_spans}),
+        }
+        if per_token is not None:
+            rec.update(token_summary(*(per_token[k][i] for k in ("lp", "lp_s", "lp_q", "mask"))))
+        out.append(rec)
+    return out

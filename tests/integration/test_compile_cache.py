@@ -6,12 +6,12 @@ import sys
 import pytest
 
 from dlc_jax.errors import UserError
-from dlc_jax.trainer.compile_cache import enable_compile_cache
+from dlc_jax.trainer.build import enable_compile_cache
 
 _PROG = """
 import sys
 import jax, jax.numpy as jnp
-from dlc_jax.trainer.compile_cache import enable_compile_cache
+from dlc_jax.trainer.build import enable_compile_cache
 enable_compile_cache(sys.argv[1], min_compile_s=0.0)
 events = []
 jax.monitoring.register_event_listener(lambda name, **kw: events.append(name))

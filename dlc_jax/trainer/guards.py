@@ -1,11 +1,17 @@
-"""The guard against non-finite steps: a step whose loss or gradient is NaN/Inf, or whose update
-the jitted step refused, is undone (not applied, not pushed, counted in ``nonfinite_skipped``);
-``train.max_nonfinite_steps`` such steps in a row stop the run (`NonFiniteTrainingError`)."""
+"""What stops a run safely: the guard against non-finite steps (`NonFiniteGuard`: a step whose
+loss or gradient is NaN/Inf, or whose update the jitted step refused, is undone and counted in
+``nonfinite_skipped``; ``train.max_nonfinite_steps`` in a row stop the run) and Ctrl-C
+(`SigintLatch`: recorded as well as raised, so an interrupt swallowed by a callback, such as JAX's
+gc callback, still stops the run at the next step boundary).
+"""
 
 from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
+from collections.abc import Callable
 
 from dlc_jax.errors import UserError
 from dlc_jax.trainer.state import TrainState
@@ -55,3 +61,29 @@ class NonFiniteGuard:
                 f"reward function and data for NaN/Inf, or lower optim.lr"
             )
         return False
+
+
+class SigintLatch:
+    """`install` sets a SIGINT handler that records the interrupt (``caught``) and raises
+    KeyboardInterrupt; `restore` puts the previous handler back. Outside the main thread (where
+    signal handlers cannot be set) it installs nothing and ``caught`` stays False."""
+
+    def __init__(self) -> None:
+        self.caught = False
+        self._restore: Callable[[], object] = lambda: None
+
+    def install(self) -> SigintLatch:
+        self.caught = False
+        if threading.current_thread() is threading.main_thread():
+
+            def on_sigint(signum, frame):
+                self.caught = True
+                raise KeyboardInterrupt
+
+            old = signal.signal(signal.SIGINT, on_sigint)
+            self._restore = lambda: signal.signal(signal.SIGINT, old)
+        return self
+
+    def restore(self) -> None:
+        self._restore()
+        self._restore = lambda: None
