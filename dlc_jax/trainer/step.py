@@ -23,7 +23,13 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dlc_jax.rl import LossInputs, compute_loss, resync_decision, step_metrics, token_logprobs
+from dlc_jax.rl import (
+    LossInputs,
+    compute_loss,
+    resync_decision,
+    step_metrics,
+    vocab_parallel_token_logprobs,
+)
 from dlc_jax.trainer.state import apply_updates, join_trainable, split_trainable
 
 STEP_KEYS = (
@@ -60,7 +66,7 @@ class StepConfig:
     top_p: float = 1.0
     head_k: int = 0
     micro_batches: int = 1
-    chunk_size: int = 256
+    chunk_size: int = 256  # log-prob positions per chunk over the devices (rl.vocab_parallel)
     resync_threshold: float = 0.5
     resync_statistic: str = "token"  # resync.statistic: the lag ESS of resync_wanted
     old_policy: str = "current"  # lp_old: 'current' (sg(lp)) | 'sampler' (lp_q) | 'snapshot' (lp_s)
@@ -125,10 +131,16 @@ def policy_logprobs(
         **moe,
     )
     h, routing = out if moe else (out, None)
-    tl = token_logprobs(
+    # the vocabulary split over the devices the positions are split over (rl.vocab_parallel):
+    # no chunk of [positions, V] logits crosses a device boundary
+    rows, positions = model.act_sharding.logprob_axes(h.shape[0], h.shape[1])
+    tl = vocab_parallel_token_logprobs(
         h,
         model.unembedding(),
         batch["targets"],
+        mesh=model.act_sharding.mesh,
+        rows=rows,
+        positions=positions,
         head_ids=batch["head_ids"] if cfg.head_k else None,
         temperature=cfg.temperature,
         top_k=cfg.top_k,
