@@ -40,6 +40,9 @@ class ProgramReport:
     xla_bytes_accessed: float = 0.0  # XLA's cost analysis: HBM bytes read + written (bodies once)
     collective_bytes: dict = dataclasses.field(default_factory=dict)  # per kind, from the HLO
     windowed_einsum_loops: int = 0  # collective matmuls in the optimized HLO
+    # the HLO's HBM bytes with each loop body once / times its trip count (`plan.hlo_bytes`)
+    hlo_bytes_once: float = 0.0
+    hlo_bytes_weighted: float = 0.0
     oom: str = ""
     oom_required_bytes: int = 0
     oom_available_bytes: int = 0
@@ -94,6 +97,9 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
     flops = float((cost or {}).get("flops", 0.0))
     hlo = compiled.as_text() or ""
     log.info("%s: compiled in %.1f s", name, seconds)
+    from dlc_jax.plan.hlo_bytes import loop_weighted_bytes
+
+    loop_bytes = loop_weighted_bytes(hlo)
     return ProgramReport(
         name=name,
         compile_s=seconds,
@@ -107,6 +113,8 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
         xla_bytes_accessed=float((cost or {}).get("bytes accessed", 0.0)),
         collective_bytes=collective_bytes(hlo),
         windowed_einsum_loops=windowed_loops(hlo),
+        hlo_bytes_once=loop_bytes["once"],
+        hlo_bytes_weighted=loop_bytes["weighted"],
     )
 
 

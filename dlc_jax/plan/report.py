@@ -8,7 +8,8 @@ HBM per chip while training (bytes on one chip; shardings decide the share):
   (``resync.max_snapshots`` copies of the trained parameters: under ``lora.rank`` > 0 the adapters
   alone, whose optimizer state is also all the optimizer state there is);
 * during the theta_s forward: theta_t + optimizer state + the snapshots + the batch + the forward's
-  outputs and temporaries (its log-prob chunks of ``chunk_size`` positions x vocabulary logits).
+  outputs and temporaries (its log-prob chunks: ``chunk_size`` positions of each device x the
+  vocabulary's f32 logits, split over the devices, ``dlc_jax.rl.vocab_parallel``).
 
 The plan fits when the larger of the two is within the chip's usable HBM (``chips.ChipSpec``).
 """
@@ -39,6 +40,19 @@ def _pallas(qcfg, mesh, compute_dtype) -> bool:
     except ImportError:
         return False
     return resolve_impl(getattr(qcfg, "attention_impl", "auto"), mesh, compute_dtype) == "splash"
+
+
+def logprob_vocab_shards(rows: int, seq_len: int, mesh_shape, vocab: int, sampler) -> int:
+    """StepShape.vocab_shards of a micro-batch of [rows, seq_len] on a mesh of {axis: size}: the
+    devices the trainer's log-prob path splits the vocabulary over (``rl.vocab_parallel``), 0 when
+    it falls back to the flattened chunks (top-k / top-p, or nothing to split)."""
+    import math
+
+    from dlc_jax.model.sharding import logprob_shards
+    from dlc_jax.rl.vocab_parallel import truncates
+
+    n = math.prod(logprob_shards(rows, seq_len, mesh_shape))
+    return 0 if n <= 1 or truncates(vocab, sampler.top_k, sampler.top_p) else n
 
 
 def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -> dict:
@@ -96,14 +110,26 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         snapshot_forward=cfg.resync.policy != "onpolicy",
         fsdp=int(dict(mesh.shape).get("fsdp", 1)),
         slices=topo.num_slices,
+        vocab_shards=logprob_vocab_shards(
+            run.rows // cfg.train.micro_batches,
+            run.seq_len,
+            dict(mesh.shape),
+            run.qcfg.vocab_size,
+            cfg.sampler,
+        ),
     )
     fl = step_flops(run.qcfg, shape)
     peak_flops = chip.peak_bf16_flops * topo.chips
     projected = fl["hardware_flops"] / (peak_flops * efficiency)
     mfu = fl["model_flops"] / (projected * peak_flops)
-    # one log-prob chunk's f32 logits [chunk_size, V], spread over the chips (inside the
-    # temporaries)
-    chunk_logits = -(-scfg.chunk_size * run.qcfg.vocab_size * 4 // topo.chips)
+    # one log-prob chunk's f32 logits on one chip (inside the temporaries): vocab-parallel
+    # [vocab_shards x chunk_size, V / vocab_shards], else [chunk_size, V] spread over the chips
+    vs = shape.vocab_shards
+    chunk_logits = (
+        scfg.chunk_size * vs * -(-run.qcfg.vocab_size // vs) * 4
+        if vs
+        else -(-scfg.chunk_size * run.qcfg.vocab_size * 4 // topo.chips)
+    )
     result = {
         "config": {
             "model": cfg.model.path or cfg.model.preset,

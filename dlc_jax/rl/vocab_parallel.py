@@ -49,6 +49,20 @@ def axis_names(entry) -> tuple[str, ...]:
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def truncates(vocab: int, top_k: int, top_p: float) -> bool:
+    """Whether top-k / top-p remove tokens (they need a sort over the whole vocabulary: the
+    vocab-parallel path then falls back to ``token_logprobs``)."""
+    return (0 < top_k < vocab) or top_p < 1.0
+
+
+def vocab_shards(mesh, rows, positions=None) -> int:
+    """n: the devices the vocabulary is split over for PartitionSpec entries ``rows`` and
+    ``positions`` (1 without a mesh: the single-device path)."""
+    if mesh is None:
+        return 1
+    return math.prod(mesh.shape[a] for a in axis_names(rows) + axis_names(positions))
+
+
 def local_chunk_positions(chunk_size: int, shards: int) -> int:
     """Positions one device contributes to a chunk of ``chunk_size`` split over ``shards``."""
     return max(1, -(-chunk_size // shards))
@@ -114,7 +128,6 @@ def vocab_parallel_token_logprobs(
     axes = axis_names(rows) + axis_names(positions)
     vocab = unembed.shape[0]
     check_sampling_params(temperature, top_k, top_p, vocab)
-    truncating = (0 < top_k < vocab) or top_p < 1.0
     kw = dict(
         head_ids=head_ids,
         temperature=temperature,
@@ -125,7 +138,7 @@ def vocab_parallel_token_logprobs(
         compute_entropy=compute_entropy,
         out_of_support=out_of_support,
     )
-    if mesh is None or not axes or truncating or vocab_chunk is not None:
+    if mesh is None or not axes or truncates(vocab, top_k, top_p) or vocab_chunk is not None:
         return token_logprobs(hidden, unembed, targets, **kw)  # type: ignore[arg-type]
     if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
         raise ValueError(
@@ -135,7 +148,7 @@ def vocab_parallel_token_logprobs(
         raise ValueError(f"unembed must be [V,{hidden.shape[2]}], got {unembed.shape}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    n = math.prod(mesh.shape[a] for a in axes)
+    n = vocab_shards(mesh, rows, positions)
     vn = -(-vocab // n)
     w = jnp.pad(unembed, ((0, vn * n - vocab), (0, 0))) if vn * n != vocab else unembed
     ids = targets[..., None].astype(jnp.int32)

@@ -28,7 +28,9 @@ from dlc_jax.rl import (
     compute_loss,
     resync_decision,
     step_metrics,
+    truncates,
     vocab_parallel_token_logprobs,
+    vocab_shards,
 )
 from dlc_jax.trainer.state import apply_updates, join_trainable, split_trainable
 
@@ -66,7 +68,10 @@ class StepConfig:
     top_p: float = 1.0
     head_k: int = 0
     micro_batches: int = 1
-    chunk_size: int = 256  # log-prob positions per chunk over the devices (rl.vocab_parallel)
+    # log-prob positions per device per chunk: each device's f32 logits block is chunk_size x V
+    # on one device and in the vocab-parallel layout alike ([n * chunk_size, V/n] on n devices
+    # splitting the vocabulary, `rl.vocab_parallel`; `rl.token_logprobs` when it falls back)
+    chunk_size: int = 256
     resync_threshold: float = 0.5
     resync_statistic: str = "token"  # resync.statistic: the lag ESS of resync_wanted
     old_policy: str = "current"  # lp_old: 'current' (sg(lp)) | 'sampler' (lp_q) | 'snapshot' (lp_s)
@@ -134,18 +139,20 @@ def policy_logprobs(
     # the vocabulary split over the devices the positions are split over (rl.vocab_parallel):
     # no chunk of [positions, V] logits crosses a device boundary
     rows, positions = model.act_sharding.logprob_axes(h.shape[0], h.shape[1])
+    mesh, w = model.act_sharding.mesh, model.unembedding()
+    n = 1 if truncates(w.shape[0], cfg.top_k, cfg.top_p) else vocab_shards(mesh, rows, positions)
     tl = vocab_parallel_token_logprobs(
         h,
-        model.unembedding(),
+        w,
         batch["targets"],
-        mesh=model.act_sharding.mesh,
+        mesh=mesh,
         rows=rows,
         positions=positions,
         head_ids=batch["head_ids"] if cfg.head_k else None,
         temperature=cfg.temperature,
         top_k=cfg.top_k,
         top_p=cfg.top_p,
-        chunk_size=cfg.chunk_size,
+        chunk_size=cfg.chunk_size * n,  # chunk_size of each of the n devices' positions
     )
     if not with_routing:
         return tl

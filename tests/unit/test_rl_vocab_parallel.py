@@ -251,3 +251,38 @@ def test_local_chunk_positions():
     assert local_chunk_positions(256, 8) == 32
     assert local_chunk_positions(256, 3) == 86  # rounded up: a chunk is at least chunk_size
     assert local_chunk_positions(4, 8) == 1
+
+
+def test_trainer_policy_logprobs_loops_move_no_logits(mesh):
+    """The trainer's own path (trainer.step.policy_logprobs on a sharded model, value_and_grad):
+    no loop body of the compiled program moves a vocabulary-sized block between devices. On the
+    flattened layout (rl.token_logprobs) its chunk loops all-reduced [256, V] f32 logits."""
+    from dlc_jax.model.abstract import abstract_model, abstract_params
+    from dlc_jax.model.config import Qwen3Config
+    from dlc_jax.trainer.step import StepConfig, policy_logprobs
+
+    vocab = 96  # its 8th, 12, is no other dimension of the model
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=D,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
+    model = abstract_model(cfg, mesh=mesh, compute_dtype=jnp.bfloat16)
+    graphdef, params = abstract_params(model, mesh)
+    rows = NamedSharding(mesh, P("fsdp"))
+    ids = jax.ShapeDtypeStruct((8, 64), jnp.int32, sharding=rows)
+    batch = {"input_ids": ids, "targets": ids, "positions": ids, "attention_mask": ids}
+
+    def loss(p, b):
+        o = policy_logprobs(graphdef, p, b, StepConfig(loss=None))
+        return o.lp.sum() + o.entropy.sum()
+
+    hlo = jax.jit(jax.grad(loss)).lower(params, batch).compile().as_text()
+    found = [f for body in loop_bodies(hlo).values() for f in vocab_collectives(body, vocab)]
+    assert not found, found
+    # one chunk: the 8 devices' 64 positions each (fewer than chunk_size) by V/8 on each device
+    assert f"f32[512,{vocab // 8}]" in hlo
