@@ -14,7 +14,11 @@ Per chunk, every device all-gathers the chunk's hidden rows (``chunk_size`` x D,
 local f32 logits ``[chunk_size, V/n]``, and the devices combine per-position scalars: the max
 (``pmax``), the sum of exp, the target and head logits and the entropy term (``psum_scatter``: each
 device receives its own positions' sums). So ``chunk_size`` keeps its meaning, positions per chunk
-(over the n devices), and a device's logits chunk is ``chunk_size x V/n`` f32. In the backward pass
+(over the n devices), and a device's logits chunk is ``chunk_size x V/n`` f32. The trainer
+(``trainer.step.policy_logprobs``) passes ``StepConfig.chunk_size x n``: each device's logits
+block is then ``StepConfig.chunk_size x V`` f32, what one device holds on the single-device
+path, in n times fewer loop iterations (each iteration of the backward loop re-reads and
+re-writes the [V/n, D] f32 gradient accumulator, so fewer, larger chunks move fewer bytes). In the backward pass
 each device accumulates only its [V/n, D] share of the unembedding's gradient (no collective in the
 loop, no full-size gradient per device) and the hidden rows' gradient is reduce-scattered back to
 their owners per chunk ([chunk_size, D]).
