@@ -49,6 +49,18 @@ SIZES = {
     "2-layers": PlanPeersConfig(
         rows=(("1.7B:2", "v5p-16", 8, 4096), ("1.7B:2", "v5p-16", 8, 32768))
     ),
+    "0.6B-2-layers": PlanPeersConfig(
+        rows=(("0.6B:2", "v5p-8", 8, 4096), ("0.6B:2", "v5p-8", 8, 32768))
+    ),
+    # the 1.7B and 0.6B rows, each model cut to 2 layers
+    "2-layers-all": PlanPeersConfig(
+        rows=(
+            ("1.7B:2", "v5p-16", 8, 4096),
+            ("1.7B:2", "v5p-16", 8, 32768),
+            ("0.6B:2", "v5p-8", 8, 4096),
+            ("0.6B:2", "v5p-8", 8, 32768),
+        )
+    ),
 }
 
 

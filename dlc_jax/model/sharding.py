@@ -172,6 +172,17 @@ def logprob_shards(
     )
 
 
+def logprob_vocab_axes(mesh: Mesh, rows, positions) -> tuple[str, ...]:
+    """The axes of `logprob_axes`' entries the trainer splits the vocabulary over
+    (`dlc_jax.rl.vocab_parallel`): all of them, less `data` when the mesh spans several slices
+    (its data axis crosses DCN, too slow for the per-chunk collectives)."""
+    axes = _names(rows) + _names(positions)
+    devices = np.asarray(mesh.devices).ravel()
+    if len({getattr(d, "slice_index", 0) for d in devices}) > 1:
+        axes = tuple(a for a in axes if a != "data")
+    return axes
+
+
 def batch_replication(rows: int, mesh: Mesh, rules=None) -> int:
     """How many times each row of a [rows, ...] batch is computed: the product of the mesh axes the
     `batch` rule names (size > 1) over the product of those `logical_to_spec` can shard ``rows``

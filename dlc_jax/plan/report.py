@@ -42,16 +42,21 @@ def _pallas(qcfg, mesh, compute_dtype) -> bool:
     return resolve_impl(getattr(qcfg, "attention_impl", "auto"), mesh, compute_dtype) == "splash"
 
 
-def logprob_vocab_shards(rows: int, seq_len: int, mesh_shape, vocab: int, sampler) -> int:
+def logprob_vocab_shards(
+    rows: int, seq_len: int, mesh_shape, vocab: int, sampler, slices: int = 1
+) -> int:
     """StepShape.vocab_shards of a micro-batch of [rows, seq_len] on a mesh of {axis: size}: the
-    devices the trainer's log-prob path splits the vocabulary over (``rl.vocab_parallel``), 0 when
-    it falls back to the flattened chunks (top-k / top-p, or nothing to split)."""
+    devices the trainer's log-prob path splits the vocabulary over (``rl.vocab_parallel``; not the
+    data axis across ``slices`` > 1, ``model.sharding.logprob_vocab_axes``), 0 when it falls back
+    to the flattened chunks (top-k / top-p, or nothing to split)."""
     import math
 
-    from dlc_jax.model.sharding import logprob_shards
-    from dlc_jax.rl.vocab_parallel import truncates
+    from dlc_jax.model.sharding import logprob_axes
+    from dlc_jax.rl.vocab_parallel import axis_names, truncates
 
-    n = math.prod(logprob_shards(rows, seq_len, mesh_shape))
+    rows_axes, position_axes = logprob_axes(rows, seq_len, mesh_shape)
+    axes = axis_names(rows_axes) + axis_names(position_axes)
+    n = math.prod(mesh_shape[a] for a in axes if slices == 1 or a != "data")
     return 0 if n <= 1 or truncates(vocab, sampler.top_k, sampler.top_p) else n
 
 
@@ -116,6 +121,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
             dict(mesh.shape),
             run.qcfg.vocab_size,
             cfg.sampler,
+            topo.num_slices,
         ),
     )
     fl = step_flops(run.qcfg, shape)

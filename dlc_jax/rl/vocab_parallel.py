@@ -18,10 +18,10 @@ device receives its own positions' sums). So ``chunk_size`` keeps its meaning, p
 (``trainer.step.policy_logprobs``) passes ``StepConfig.chunk_size x n``: each device's logits
 block is then ``StepConfig.chunk_size x V`` f32, what one device holds on the single-device
 path, in n times fewer loop iterations (each iteration of the backward loop re-reads and
-re-writes the [V/n, D] f32 gradient accumulator, so fewer, larger chunks move fewer bytes). In the backward pass
-each device accumulates only its [V/n, D] share of the unembedding's gradient (no collective in the
-loop, no full-size gradient per device) and the hidden rows' gradient is reduce-scattered back to
-their owners per chunk ([chunk_size, D]).
+re-writes the [V/n, D] f32 gradient accumulator, so fewer, larger chunks move fewer bytes).
+In the backward pass each device accumulates only its [V/n, D] share of the unembedding's
+gradient (no collective in the loop, no full-size gradient per device) and the hidden rows'
+gradient is reduce-scattered back to their owners per chunk ([chunk_size, D]).
 
 Numerics: the log-prob is ``(z_t - m) - log(sum exp(z - m))`` and the entropy
 ``log S - sum(e * (z - m)) / S`` with ``e = exp(z - m)``, ``S = sum e``: both relative to the max m,
@@ -59,12 +59,13 @@ def truncates(vocab: int, top_k: int, top_p: float) -> bool:
     return (0 < top_k < vocab) or top_p < 1.0
 
 
-def vocab_shards(mesh, rows, positions=None) -> int:
+def vocab_shards(mesh, rows, positions=None, vocab_axes=None) -> int:
     """n: the devices the vocabulary is split over for PartitionSpec entries ``rows`` and
-    ``positions`` (1 without a mesh: the single-device path)."""
+    ``positions`` (``vocab_axes``: a subset of their axes; 1 without a mesh)."""
     if mesh is None:
         return 1
-    return math.prod(mesh.shape[a] for a in axis_names(rows) + axis_names(positions))
+    axes = axis_names(rows) + axis_names(positions) if vocab_axes is None else tuple(vocab_axes)
+    return math.prod(mesh.shape[a] for a in axes)
 
 
 def local_chunk_positions(chunk_size: int, shards: int) -> int:
@@ -116,6 +117,7 @@ def vocab_parallel_token_logprobs(
     mesh,
     rows,
     positions=None,
+    vocab_axes: tuple[str, ...] | None = None,
     head_ids: jax.Array | None = None,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -127,9 +129,13 @@ def vocab_parallel_token_logprobs(
 ) -> TokenLogprobs:
     """``token_logprobs`` (same arguments and outputs) with the vocabulary split over the mesh axes
     ``rows`` + ``positions`` (PartitionSpec entries: the axes hidden [B,T,D]'s rows and each row's
-    positions are split over; see the module doc). ``chunk_size``: positions per chunk over all
-    those devices (each contributes ``ceil(chunk_size / n)`` of its own)."""
+    positions are split over; see the module doc). ``vocab_axes``: the axes among those that split
+    the vocabulary (default all; the trainer leaves out the data axis across slices, so the
+    per-chunk collectives stay on ICI): each group of devices along them works on its own rows.
+    ``chunk_size``: positions per chunk over the n devices of a group (each contributes
+    ``ceil(chunk_size / n)`` of its own)."""
     axes = axis_names(rows) + axis_names(positions)
+    vaxes = axes if vocab_axes is None else tuple(a for a in axes if a in vocab_axes)
     vocab = unembed.shape[0]
     check_sampling_params(temperature, top_k, top_p, vocab)
     kw = dict(
@@ -142,7 +148,7 @@ def vocab_parallel_token_logprobs(
         compute_entropy=compute_entropy,
         out_of_support=out_of_support,
     )
-    if mesh is None or not axes or truncates(vocab, top_k, top_p) or vocab_chunk is not None:
+    if mesh is None or not vaxes or truncates(vocab, top_k, top_p) or vocab_chunk is not None:
         return token_logprobs(hidden, unembed, targets, **kw)  # type: ignore[arg-type]
     if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
         raise ValueError(
@@ -152,7 +158,7 @@ def vocab_parallel_token_logprobs(
         raise ValueError(f"unembed must be [V,{hidden.shape[2]}], got {unembed.shape}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    n = vocab_shards(mesh, rows, positions)
+    n = vocab_shards(mesh, rows, positions, vaxes)
     vn = -(-vocab // n)
     w = jnp.pad(unembed, ((0, vn * n - vocab), (0, 0))) if vn * n != vocab else unembed
     ids = targets[..., None].astype(jnp.int32)
@@ -161,7 +167,7 @@ def vocab_parallel_token_logprobs(
     dtype = jnp.result_type(hidden.dtype, unembed.dtype)  # what jnp.dot would multiply in
     chunk = functools.partial(
         _vocab_parallel_chunk,
-        axes=axes,
+        axes=vaxes,
         vocab=vocab,
         temperature=temperature,
         compute_entropy=compute_entropy,
@@ -185,7 +191,7 @@ def vocab_parallel_token_logprobs(
     out, ent = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(spec3, PartitionSpec(axes, None), spec3),
+        in_specs=(spec3, PartitionSpec(vaxes, None), spec3),
         out_specs=(spec3, spec2),
     )(hidden, w, ids)
     lp_head = out[..., 1:] if head_ids is not None else None

@@ -118,6 +118,7 @@ def policy_logprobs(
     from flax import nnx
 
     from dlc_jax.model.registry import family_of
+    from dlc_jax.model.sharding import logprob_vocab_axes
 
     model = nnx.merge(graphdef, params)
     if dropout_key is not None:
@@ -140,7 +141,9 @@ def policy_logprobs(
     # no chunk of [positions, V] logits crosses a device boundary
     rows, positions = model.act_sharding.logprob_axes(h.shape[0], h.shape[1])
     mesh, w = model.act_sharding.mesh, model.unembedding()
-    n = 1 if truncates(w.shape[0], cfg.top_k, cfg.top_p) else vocab_shards(mesh, rows, positions)
+    vaxes = None if mesh is None else logprob_vocab_axes(mesh, rows, positions)  # ICI only
+    n = vocab_shards(mesh, rows, positions, vaxes)
+    n = 1 if truncates(w.shape[0], cfg.top_k, cfg.top_p) or not vaxes else n
     tl = vocab_parallel_token_logprobs(
         h,
         w,
@@ -148,6 +151,7 @@ def policy_logprobs(
         mesh=mesh,
         rows=rows,
         positions=positions,
+        vocab_axes=vaxes,
         head_ids=batch["head_ids"] if cfg.head_k else None,
         temperature=cfg.temperature,
         top_k=cfg.top_k,

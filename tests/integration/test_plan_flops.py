@@ -52,7 +52,7 @@ step = make_train_step(run.graphdef, run.tx, scfg, mesh=mesh, param_shardings=sh
 rep = compile_program("train_step", step, run.params, run.opt_state, run.batch)
 from dlc_jax.plan.report import logprob_vocab_shards
 vs = logprob_vocab_shards(run.rows // scfg.micro_batches, run.seq_len, dict(mesh.shape),
-                          run.qcfg.vocab_size, cfg.sampler)
+                          run.qcfg.vocab_size, cfg.sampler, topo.num_slices)
 print(json.dumps({"xla": rep.xla_flops, "mesh": dict(mesh.shape), "chunk": scfg.chunk_size,
                   "policy": run.model.remat_policy, "scanned": bool(run.model.scanned),
                   "vocab_shards": vs}))
@@ -74,8 +74,9 @@ def test_xla_count_of_a_two_slice_tiny_step_matches_the_prediction(tmp_path: Pat
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
     assert got["scanned"] and got["policy"] == "full"
-    # 8 rows per micro-batch over data 2 x fsdp 4: the vocabulary splits 8 ways (rl.vocab_parallel)
-    assert got["vocab_shards"] == 8
+    # 8 rows per micro-batch over data 2 x fsdp 4; the vocabulary splits over fsdp only, not the
+    # data axis across the 2 slices (DCN; model.sharding.logprob_vocab_axes, rl.vocab_parallel)
+    assert got["vocab_shards"] == 4
     qcfg = Qwen3Config(**{**TINY_DIMS, "scan_layers": True})
     shape = StepShape(
         rows=16,

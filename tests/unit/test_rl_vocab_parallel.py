@@ -286,3 +286,39 @@ def test_trainer_policy_logprobs_loops_move_no_logits(mesh):
     assert not found, found
     # one chunk: the 8 devices' 64 positions each (fewer than chunk_size) by V/8 on each device
     assert f"f32[512,{vocab // 8}]" in hlo
+
+
+def test_vocab_split_over_a_subset_of_the_row_axes():
+    """Across slices the trainer splits the vocabulary over fsdp only (the data axis is DCN):
+    each data group of 4 devices combines its own rows; values and gradients are the reference's."""
+    mesh = make_mesh(MeshConfig(data=2, fsdp=4, tensor=1), jax.devices()[:8])
+    h, w, y, head = _data(8, 7, 2, 70, seed=11)
+
+    def loss(fn, h, w, **kw):
+        o = fn(h, w, y, head_ids=head, **kw)
+        return jnp.sum(o.lp) + jnp.sum(o.lp_head * 0.5) + jnp.sum(o.entropy * 0.3), o
+
+    kw = dict(mesh=mesh, rows=("data", "fsdp"), vocab_axes=("fsdp",), chunk_size=12)
+    ours = jax.value_and_grad(
+        lambda h, w: loss(vocab_parallel_token_logprobs, h, w, **kw), (0, 1), has_aux=True
+    )
+    ref = jax.value_and_grad(
+        lambda h, w: loss(reference_token_logprobs, h, w), (0, 1), has_aux=True
+    )
+    (_, o8), g8 = jax.jit(ours)(h, w)
+    (_, o1), g1 = jax.jit(ref)(h, w)
+    for a, r in zip([*o8, *g8], [*o1, *g1]):
+        np.testing.assert_allclose(a, r, atol=2e-5, rtol=1e-4)
+    hlo = jax.jit(ours).lower(h, w).compile().as_text()
+    groups = re.findall(
+        r"all-gather\(.*?replica_groups=(\{\{[\d,]+\}[^ ]*\}|\[[\d,]+\]<=\[[\d,]+\][^ ,]*)", hlo
+    )
+    assert groups and all("0,1,2,3,4,5,6,7}" not in g for g in groups), groups
+
+
+def test_logprob_vocab_axes_leave_out_data_across_slices(mesh):
+    from dlc_jax.model.sharding import logprob_vocab_axes
+
+    assert logprob_vocab_axes(mesh, "fsdp", None) == ("fsdp",)
+    two = make_mesh(MeshConfig(data=2, fsdp=4, tensor=1), jax.devices()[:8])
+    assert logprob_vocab_axes(two, ("data", "fsdp"), None) == ("data", "fsdp")  # one slice
