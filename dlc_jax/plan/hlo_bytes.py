@@ -15,7 +15,21 @@ from __future__ import annotations
 
 import re
 
-from dlc_jax.plan.compile import _shape_bytes
+ARRAY_RE = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
+_DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
+
+
+def shape_bytes(text: str) -> int:
+    """Bytes of every array shape written in ``text`` (a tuple's elements summed)."""
+    total = 0
+    for dt, dims in ARRAY_RE.findall(text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _DTYPE_BYTES[dt]
+    return total
+
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
@@ -92,8 +106,8 @@ def _root(comp: list):
 
 def _instruction_bytes(ins, shapes: dict, comps: dict) -> int:
     name, shape, op, operands, attrs = ins
-    out = _shape_bytes(shape)
-    ins_bytes = [_shape_bytes(shapes.get(o, "")) for o in operands]
+    out = shape_bytes(shape)
+    ins_bytes = [shape_bytes(shapes.get(o, "")) for o in operands]
     if op in ("dynamic-slice", "slice"):
         return 2 * out
     if op == "dynamic-update-slice" and len(ins_bytes) > 1:
@@ -104,7 +118,7 @@ def _instruction_bytes(ins, shapes: dict, comps: dict) -> int:
         root = _root(body)
         if root and root[2] == "dynamic-update-slice":  # in place: the buffer is not re-read
             fshapes = {i[0]: i[1] for i in body}
-            upd = _shape_bytes(fshapes.get(root[3][1], "")) if len(root[3]) > 1 else out
+            upd = shape_bytes(fshapes.get(root[3][1], "")) if len(root[3]) > 1 else out
             big = max(ins_bytes, default=0)
             return 2 * upd + sum(ins_bytes) - big
         # a parameter used only through dynamic slices is read only where sliced
@@ -131,7 +145,7 @@ def _sliced_params(body: list) -> dict[int, int]:
     for pname, i in index.items():
         us = uses.get(pname, [])
         if us and all(op in ("dynamic-slice", "slice") and k == 0 for op, k, _ in us):
-            read[i] = sum(_shape_bytes(s) for _, _, s in us)
+            read[i] = sum(shape_bytes(s) for _, _, s in us)
     return read
 
 
