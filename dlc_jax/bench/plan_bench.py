@@ -205,6 +205,7 @@ def refresh_flops(r: dict) -> dict:
         slices=int(t.get("slices", 1)),
         # the layout it was compiled with: 0 (flattened chunks) before rl.vocab_parallel
         vocab_shards=int(r["analytic_flops"].get("logprob_vocab_shards", 0)),
+        position_shards=int(r["analytic_flops"].get("logprob_position_shards", 0)),
     )
     fl = step_flops(qcfg, shape)
     xla = r["xla_flops_per_device"]

@@ -70,6 +70,9 @@ class StepShape:
     # devices the log-prob path splits the vocabulary over (rl.vocab_parallel; chunk_size is then
     # per device); 0: the flattened chunks of chunk_size positions, split along D by XLA
     vocab_shards: int = 0
+    # devices a micro-batch's positions are split over in that path (>= vocab_shards: across
+    # slices the data axis splits rows but not the vocabulary); 0: vocab_shards
+    position_shards: int = 0
 
 
 def model_matmul_params(cfg) -> dict[str, int]:
@@ -129,8 +132,10 @@ def _xla_view(cfg, s: StepShape, p: dict, mm_seen: float) -> dict:
     mb_peeled = 2.0 if s.slices > 1 and s.micro_batches > 1 else 1.0  # rule 3
     positions = s.rows * s.seq_len // s.micro_batches
     if s.vocab_shards:  # each device: chunk_size of its positions x all n devices' by V/n
-        n_chunks = max(1, -(-positions // s.vocab_shards // s.chunk_size))
-        chunk = p["vocab_fwd"] / (s.rows * s.seq_len) * s.chunk_size * s.chips
+        local = max(1, positions // (s.position_shards or s.vocab_shards))
+        c = min(s.chunk_size, local)  # a device with fewer positions maps them in one chunk
+        n_chunks = -(-local // c)
+        chunk = p["vocab_fwd"] / (s.rows * s.seq_len) * c * s.chips
     else:
         n_chunks = max(1, -(-positions // s.chunk_size))
         chunk = p["vocab_fwd"] / (s.micro_batches * n_chunks)  # one log-prob chunk's projection
@@ -192,6 +197,7 @@ def step_flops(cfg, s: StepShape) -> dict:
         # positions of one chunk (vocab-parallel: over the vocab_shards devices) and the devices
         "logprob_chunk_positions": s.chunk_size * max(1, s.vocab_shards),
         "logprob_vocab_shards": s.vocab_shards,
+        "logprob_position_shards": s.position_shards,
     }
 
 

@@ -42,13 +42,14 @@ def _pallas(qcfg, mesh, compute_dtype) -> bool:
     return resolve_impl(getattr(qcfg, "attention_impl", "auto"), mesh, compute_dtype) == "splash"
 
 
-def logprob_vocab_shards(
+def logprob_split(
     rows: int, seq_len: int, mesh_shape, vocab: int, sampler, slices: int = 1
-) -> int:
-    """StepShape.vocab_shards of a micro-batch of [rows, seq_len] on a mesh of {axis: size}: the
-    devices the trainer's log-prob path splits the vocabulary over (``rl.vocab_parallel``; not the
-    data axis across ``slices`` > 1, ``model.sharding.logprob_vocab_axes``), 0 when it falls back
-    to the flattened chunks (top-k / top-p, or nothing to split)."""
+) -> dict[str, int]:
+    """StepShape's vocab_shards and position_shards for a micro-batch of [rows, seq_len] on a mesh
+    of {axis: size}: the devices the trainer's log-prob path splits the vocabulary over
+    (``rl.vocab_parallel``; not the data axis across ``slices`` > 1,
+    ``model.sharding.logprob_vocab_axes``), 0 when it falls back to the flattened chunks (top-k /
+    top-p, or nothing to split), and the devices the positions are split over."""
     import math
 
     from dlc_jax.model.sharding import logprob_axes
@@ -57,7 +58,9 @@ def logprob_vocab_shards(
     rows_axes, position_axes = logprob_axes(rows, seq_len, mesh_shape)
     axes = axis_names(rows_axes) + axis_names(position_axes)
     n = math.prod(mesh_shape[a] for a in axes if slices == 1 or a != "data")
-    return 0 if n <= 1 or truncates(vocab, sampler.top_k, sampler.top_p) else n
+    if n <= 1 or truncates(vocab, sampler.top_k, sampler.top_p):
+        return {"vocab_shards": 0, "position_shards": 0}
+    return {"vocab_shards": n, "position_shards": math.prod(mesh_shape[a] for a in axes)}
 
 
 def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -> dict:
@@ -103,6 +106,10 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     model = run.model
     policy = _remat_policy(model)
     compute = cfg.model.compute_dtype
+    rows_mb, vocab = run.rows // cfg.train.micro_batches, run.qcfg.vocab_size
+    split = logprob_split(
+        rows_mb, run.seq_len, dict(mesh.shape), vocab, cfg.sampler, topo.num_slices
+    )
     shape = StepShape(
         rows=run.rows,
         seq_len=run.seq_len,
@@ -115,14 +122,8 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         snapshot_forward=cfg.resync.policy != "onpolicy",
         fsdp=int(dict(mesh.shape).get("fsdp", 1)),
         slices=topo.num_slices,
-        vocab_shards=logprob_vocab_shards(
-            run.rows // cfg.train.micro_batches,
-            run.seq_len,
-            dict(mesh.shape),
-            run.qcfg.vocab_size,
-            cfg.sampler,
-            topo.num_slices,
-        ),
+        vocab_shards=split["vocab_shards"],
+        position_shards=split["position_shards"],
     )
     fl = step_flops(run.qcfg, shape)
     peak_flops = chip.peak_bf16_flops * topo.chips

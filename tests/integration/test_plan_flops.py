@@ -50,9 +50,9 @@ shard = lambda t: jax.tree.map(lambda x: x.sharding, t)
 step = make_train_step(run.graphdef, run.tx, scfg, mesh=mesh, param_shardings=shard(run.params),
                        opt_shardings=shard(run.opt_state))
 rep = compile_program("train_step", step, run.params, run.opt_state, run.batch)
-from dlc_jax.plan.report import logprob_vocab_shards
-vs = logprob_vocab_shards(run.rows // scfg.micro_batches, run.seq_len, dict(mesh.shape),
-                          run.qcfg.vocab_size, cfg.sampler, topo.num_slices)
+from dlc_jax.plan.report import logprob_split
+vs = logprob_split(run.rows // scfg.micro_batches, run.seq_len, dict(mesh.shape),
+                   run.qcfg.vocab_size, cfg.sampler, topo.num_slices)
 print(json.dumps({"xla": rep.xla_flops, "mesh": dict(mesh.shape), "chunk": scfg.chunk_size,
                   "policy": run.model.remat_policy, "scanned": bool(run.model.scanned),
                   "vocab_shards": vs}))
@@ -76,7 +76,7 @@ def test_xla_count_of_a_two_slice_tiny_step_matches_the_prediction(tmp_path: Pat
     assert got["scanned"] and got["policy"] == "full"
     # 8 rows per micro-batch over data 2 x fsdp 4; the vocabulary splits over fsdp only, not the
     # data axis across the 2 slices (DCN; model.sharding.logprob_vocab_axes, rl.vocab_parallel)
-    assert got["vocab_shards"] == 4
+    assert got["vocab_shards"] == {"vocab_shards": 4, "position_shards": 8}
     qcfg = Qwen3Config(**{**TINY_DIMS, "scan_layers": True})
     shape = StepShape(
         rows=16,
@@ -89,7 +89,7 @@ def test_xla_count_of_a_two_slice_tiny_step_matches_the_prediction(tmp_path: Pat
         pallas_attention=True,  # attention_impl auto = splash on TPU devices
         fsdp=4,
         slices=2,
-        vocab_shards=got["vocab_shards"],
+        **got["vocab_shards"],
     )
     pred = step_flops(qcfg, shape)["xla_visible_train_step_per_device"]
     # XLA also counts norms, softmax, RoPE, the log-softmax over the vocabulary and the optimizer
@@ -171,6 +171,13 @@ def test_loop_rules_by_hand():
     pad = step_flops(cfg, dataclasses.replace(s, vocab_shards=2, chunk_size=3))
     assert pad["loops"]["logprob_chunks"] == 6
     assert pad["xla_visible_snapshot_forward_per_device"] == (layer + attn) / 2 + 3 * vocab / 32
+    # fewer positions per chip than chunk_size: one chunk of them; across 2 slices the rows split
+    # over 4 chips but the vocabulary over 2 (8 positions per chip, 16 per chunk by V/2)
+    few = step_flops(
+        cfg, dataclasses.replace(s, chips=4, vocab_shards=2, position_shards=4, chunk_size=64)
+    )
+    assert few["loops"]["logprob_chunks"] == 1
+    assert few["xla_visible_snapshot_forward_per_device"] == (layer + attn) / 4 + vocab / 4
 
 
 def test_windowed_share_and_explanation():

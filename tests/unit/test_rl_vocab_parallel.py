@@ -112,9 +112,10 @@ def test_train_step_loops_move_no_logits_between_devices(mesh):
     """value_and_grad of the vocab-parallel path: the forward map and its transpose hold only
     per-position collectives (the chunk's hidden rows, ids, max and sums); each device's logits
     are the whole chunk (32 positions) by its V/8 vocabulary rows."""
-    fn = lambda h, w, y: vocab_parallel_token_logprobs(
-        h, w, y, mesh=mesh, rows="fsdp", chunk_size=32
-    )  # noqa: E731
+
+    def fn(h, w, y):
+        return vocab_parallel_token_logprobs(h, w, y, mesh=mesh, rows="fsdp", chunk_size=32)
+
     hlo = _train_hlo(fn, mesh).compile().as_text()
     bodies = loop_bodies(hlo)
     assert len(bodies) == 2, list(bodies)  # the forward map and its transpose
