@@ -203,6 +203,9 @@ def refresh_flops(r: dict) -> dict:
         snapshot_forward=r["analytic_flops"]["snapshot_forward"] > 0,
         fsdp=int(t["mesh"].get("fsdp", 1)),
         slices=int(t.get("slices", 1)),
+        # the layout it was compiled with: 0 (flattened chunks) before rl.vocab_parallel
+        vocab_shards=int(r["analytic_flops"].get("logprob_vocab_shards", 0)),
+        position_shards=int(r["analytic_flops"].get("logprob_position_shards", 0)),
     )
     fl = step_flops(qcfg, shape)
     xla = r["xla_flops_per_device"]
@@ -304,7 +307,9 @@ def run(cfg: PlanBenchConfig) -> dict:
         "compiler's usable "
         "HBM (v5p 95.74 GiB, v5e 15.75 GiB)",
         "roofline step s: each program's largest of compute (analytic FLOPs / bf16 peak), HBM "
-        "(XLA bytes accessed scaled by its loop undercount / HBM bandwidth) and ICI (FSDP "
+        "(XLA bytes accessed with each loop body weighted by its trip count, plan/hlo_bytes.py; "
+        "plans compiled before session 11: scaled by the FLOPs' loop undercount / HBM "
+        "bandwidth) and ICI (FSDP "
         "collective bytes / ICI bandwidth) time, summed over the train step and the theta_s "
         "forward (bound per program: c/m/i); rows compiled before issue 30 have no bytes-accessed "
         "figure (HBM term 0, a lower bound) and no recorded flags (see each JSON's xla_flags)",

@@ -49,6 +49,18 @@ SIZES = {
     "2-layers": PlanPeersConfig(
         rows=(("1.7B:2", "v5p-16", 8, 4096), ("1.7B:2", "v5p-16", 8, 32768))
     ),
+    "0.6B-2-layers": PlanPeersConfig(
+        rows=(("0.6B:2", "v5p-8", 8, 4096), ("0.6B:2", "v5p-8", 8, 32768))
+    ),
+    # the 1.7B and 0.6B rows, each model cut to 2 layers
+    "2-layers-all": PlanPeersConfig(
+        rows=(
+            ("1.7B:2", "v5p-16", 8, 4096),
+            ("1.7B:2", "v5p-16", 8, 32768),
+            ("0.6B:2", "v5p-8", 8, 4096),
+            ("0.6B:2", "v5p-8", 8, 32768),
+        )
+    ),
 }
 
 
@@ -139,6 +151,7 @@ COLUMNS = [
     "ours: roofline s (bound)",
     "peer: roofline s (bound)",
     "roofline ours/peer",
+    "compute floor ours/peer",
 ]
 
 
@@ -169,6 +182,8 @@ def _row(model, topo, rows, length, ours, peer) -> dict:
     row["peer: roofline s (bound)"] = f"{prl['projected_s']:.2f} ({prl['bound']})"
     if rl:
         row["roofline ours/peer"] = f"{rl['step_s'] / prl['projected_s']:.2f}"
+        ours_compute = sum(p["seconds"]["compute"] for p in rl["programs"].values())
+        row["compute floor ours/peer"] = f"{ours_compute / prl['seconds']['compute']:.2f}"
     row["_peer_roofline"] = prl
     return row
 
@@ -234,7 +249,11 @@ def run(cfg: PlanPeersConfig) -> dict:
         "once (layer scan, log-prob chunk map, collective matmuls), tunix's unrolled layers are "
         "counted whole, so compare the roofline columns (which scale ours back to the work)",
         "roofline: each program's largest of compute (analytic FLOPs / bf16 peak), HBM (XLA bytes "
-        "accessed scaled by its loop undercount / HBM bandwidth) and ICI (FSDP gather + "
-        "reduce-scatter bytes / ICI bandwidth); docs/bench/PLAN.md",
+        "accessed with each loop body weighted by its trip count, from the HLO; the peer's cached "
+        "compiles predate that walk: its bytes scale by its FLOPs undercount / HBM bandwidth) and "
+        "ICI (FSDP gather + reduce-scatter bytes / ICI bandwidth); docs/bench/PLAN.md",
+        "compute floor: both steps' compute terms alone (the ratio if both ran at the bf16 peak): "
+        "ours adds the theta_s forward and recomputes the log-prob chunks' vocabulary projection "
+        "in the backward pass, so the roofline ratio cannot go below it (docs/bench/PLAN.md)",
     ]
     return common.finish(res)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -108,6 +108,13 @@ def logical_to_spec(
 ) -> PartitionSpec:
     """PartitionSpec for an array of `shape` with `logical` axis names; indivisible dims
     replicate."""
+    return spec_on(logical, shape, mesh.shape, rules)
+
+
+def spec_on(
+    logical: Sequence[str | None], shape: Sequence[int], mesh_shape: Mapping[str, int], rules=None
+) -> PartitionSpec:
+    """`logical_to_spec` on a mesh given by its {axis: size} (``Mesh.shape``)."""
     if len(logical) != len(shape):
         raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
     table = _rules_dict(rules)
@@ -116,13 +123,64 @@ def logical_to_spec(
     for name, size in zip(logical, shape):
         target = table.get(name) if name is not None else None
         axes = (target,) if isinstance(target, str) else tuple(target or ())
-        axes = tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
+        axes = tuple(a for a in axes if a in mesh_shape and mesh_shape[a] > 1 and a not in used)
         # keep the longest prefix of the mesh axes whose product divides the dimension
-        while axes and size % math.prod(mesh.shape[a] for a in axes):
+        while axes and size % math.prod(mesh_shape[a] for a in axes):
             axes = axes[:-1]
         used.update(axes)
         out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return PartitionSpec(*out)
+
+
+def batch_axes(rows: int, mesh: Mesh, rules=None):
+    """The PartitionSpec entry a [rows, ...] batch is split over (the `batch` rule's mesh axes
+    that divide ``rows``): an axis name, a tuple of them, or None."""
+    return spec_on(("batch",), (rows,), mesh.shape, rules)[0]
+
+
+def _names(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def batch_shards(rows: int, mesh: Mesh, rules=None) -> int:
+    """How many parts a [rows, ...] batch is split into (the size of its `batch_axes`)."""
+    return math.prod(mesh.shape[a] for a in _names(batch_axes(rows, mesh, rules)))
+
+
+def logprob_axes(rows: int, seq_len: int, mesh_shape: Mapping[str, int], rules=None):
+    """(rows, positions): the PartitionSpec entries the log-prob chunk loop splits a [rows,
+    seq_len] batch over (`dlc_jax.rl.sharded_token_logprobs`) on a mesh of {axis: size}: the rows
+    over the `batch` rule's axes that divide them, each row's positions over the longest run of
+    the other axes (size > 1, in mesh order) whose product divides ``seq_len``; so no device
+    computes another's log-probs."""
+    row_axes = spec_on(("batch",), (rows,), mesh_shape, rules)[0]
+    rest = tuple(a for a, n in mesh_shape.items() if n > 1 and a not in _names(row_axes))
+    while rest and seq_len % math.prod(mesh_shape[a] for a in rest):
+        rest = rest[:-1]
+    return row_axes, (None if not rest else rest[0] if len(rest) == 1 else rest)
+
+
+def logprob_shards(
+    rows: int, seq_len: int, mesh_shape: Mapping[str, int], rules=None
+) -> tuple[int, int]:
+    """(parts the rows are split into, parts each row's positions are split into) by
+    `logprob_axes`."""
+    row_axes, position_axes = logprob_axes(rows, seq_len, mesh_shape, rules)
+    return (
+        math.prod(mesh_shape[a] for a in _names(row_axes)),
+        math.prod(mesh_shape[a] for a in _names(position_axes)),
+    )
+
+
+def logprob_vocab_axes(mesh: Mesh, rows, positions) -> tuple[str, ...]:
+    """The axes of `logprob_axes`' entries the trainer splits the vocabulary over
+    (`dlc_jax.rl.vocab_parallel`): all of them, less `data` when the mesh spans several slices
+    (its data axis crosses DCN, too slow for the per-chunk collectives)."""
+    axes = _names(rows) + _names(positions)
+    devices = np.asarray(mesh.devices).ravel()
+    if len({getattr(d, "slice_index", 0) for d in devices}) > 1:
+        axes = tuple(a for a in axes if a != "data")
+    return axes
 
 
 def batch_replication(rows: int, mesh: Mesh, rules=None) -> int:
@@ -133,9 +191,7 @@ def batch_replication(rows: int, mesh: Mesh, rules=None) -> int:
     target = _rules_dict(rules).get("batch")
     names = (target,) if isinstance(target, str) else tuple(target or ())
     wanted = math.prod(mesh.shape[a] for a in names if a in mesh.shape)
-    spec = logical_to_spec(("batch",), (rows,), mesh, rules)[0]
-    got = math.prod(mesh.shape[a] for a in ((spec,) if isinstance(spec, str) else spec or ()))
-    return wanted // got
+    return wanted // batch_shards(rows, mesh, rules)
 
 
 def named_sharding(logical, shape, mesh: Mesh, rules=None) -> NamedSharding:
@@ -149,6 +205,12 @@ class ActivationSharding:
 
     mesh: Mesh | None = None
     rules: tuple | None = None
+
+    def logprob_axes(self, rows: int, seq_len: int):
+        """`logprob_axes` on this mesh; (None, None) without one."""
+        if self.mesh is None or self.mesh.size == 1:
+            return None, None
+        return logprob_axes(rows, seq_len, self.mesh.shape, self.rules)
 
     def constrain(self, x, logical: Sequence[str | None]):
         """`with_sharding_constraint(x, ...)` by logical names; identity without a mesh."""

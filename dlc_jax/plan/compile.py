@@ -14,6 +14,8 @@ import time
 
 import jax
 
+from dlc_jax.plan.hlo_bytes import ARRAY_RE, loop_weighted_bytes, shape_bytes
+
 log = logging.getLogger(__name__)
 
 _OOM_RE = re.compile(r"\(([\d.]+)([KMGT])\)\s*exceeds available HBM\s*\(([\d.]+)([KMGT])\)")
@@ -40,6 +42,9 @@ class ProgramReport:
     xla_bytes_accessed: float = 0.0  # XLA's cost analysis: HBM bytes read + written (bodies once)
     collective_bytes: dict = dataclasses.field(default_factory=dict)  # per kind, from the HLO
     windowed_einsum_loops: int = 0  # collective matmuls in the optimized HLO
+    # the HLO's HBM bytes with each loop body once / times its trip count (`plan.hlo_bytes`)
+    hlo_bytes_once: float = 0.0
+    hlo_bytes_weighted: float = 0.0
     oom: str = ""
     oom_required_bytes: int = 0
     oom_available_bytes: int = 0
@@ -94,6 +99,7 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
     flops = float((cost or {}).get("flops", 0.0))
     hlo = compiled.as_text() or ""
     log.info("%s: compiled in %.1f s", name, seconds)
+    loop_bytes = loop_weighted_bytes(hlo)
     return ProgramReport(
         name=name,
         compile_s=seconds,
@@ -107,6 +113,8 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
         xla_bytes_accessed=float((cost or {}).get("bytes accessed", 0.0)),
         collective_bytes=collective_bytes(hlo),
         windowed_einsum_loops=windowed_loops(hlo),
+        hlo_bytes_once=loop_bytes["once"],
+        hlo_bytes_weighted=loop_bytes["weighted"],
     )
 
 
@@ -115,19 +123,6 @@ _COLLECTIVE_RE = re.compile(
     r"(all-gather|reduce-scatter|all-reduce|ragged-all-to-all|all-to-all|collective-permute)"
     r"(?:-start)?\("
 )
-_ARRAY_RE = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
-_DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
-
-
-def _shape_bytes(text: str) -> int:
-    total = 0
-    for dt, dims in _ARRAY_RE.findall(text):
-        n = 1
-        for d in filter(None, dims.split(",")):
-            n *= int(d)
-        total += n * _DTYPE_BYTES[dt]
-    return total
 
 
 def collective_bytes(hlo: str) -> dict[str, int]:
@@ -136,9 +131,9 @@ def collective_bytes(hlo: str) -> dict[str, int]:
     ``-done`` not). Like XLA's cost analysis, a loop body's instructions are counted once."""
     out: dict[str, int] = {}
     for shape, kind in _COLLECTIVE_RE.findall(hlo):
-        b = _shape_bytes(shape)
+        b = shape_bytes(shape)
         if shape.startswith("("):  # async start: (operand, result[, scratch]): the result
-            parts = [_shape_bytes(m.group(0)) for m in _ARRAY_RE.finditer(shape)]
+            parts = [shape_bytes(m.group(0)) for m in ARRAY_RE.finditer(shape)]
             b = parts[1] if len(parts) > 1 else b
         out[kind] = out.get(kind, 0) + b
     return out

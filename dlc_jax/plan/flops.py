@@ -10,7 +10,11 @@ the hardware does:
   (rule 5 below) (policy ``full``; ``save_dots`` saves the matmuls and recomputes attention;
   ``save_attn_out`` recomputes the matmuls; none with ``none`` / ``save_dots_and_attn_out``);
 * the log-prob chunks (``dlc_jax.rl.token_logprobs``) are rematerialized: the vocabulary projection
-  runs again in the backward pass;
+  runs again in the backward pass. On a mesh the trainer splits the vocabulary over the n devices
+  that split the positions (``dlc_jax.rl.vocab_parallel``; ``StepShape.vocab_shards``): a chunk is
+  ``chunk_size`` positions of each device, each device's matmul [n x chunk_size, D] x [D, V/n];
+  otherwise (0: top-k/top-p, or plans before it) XLA splits each chunk of ``chunk_size`` positions
+  along D over the chips;
 * the theta_s forward (no gradient) when the batch has lagged tokens (DLC: one per lagged version;
   counted once here).
 
@@ -63,6 +67,12 @@ class StepShape:
     snapshot_forward: bool = True  # False for resync.policy=onpolicy (no theta_s forward)
     fsdp: int = 1  # size of the mesh's fsdp axis (collective matmuls loop over its shards)
     slices: int = 1  # TPU slices (data-parallel over DCN)
+    # devices the log-prob path splits the vocabulary over (rl.vocab_parallel; chunk_size is then
+    # per device); 0: the flattened chunks of chunk_size positions, split along D by XLA
+    vocab_shards: int = 0
+    # devices a micro-batch's positions are split over in that path (>= vocab_shards: across
+    # slices the data axis splits rows but not the vocabulary); 0: vocab_shards
+    position_shards: int = 0
 
 
 def model_matmul_params(cfg) -> dict[str, int]:
@@ -120,12 +130,20 @@ def _xla_view(cfg, s: StepShape, p: dict, mm_seen: float) -> dict:
     bwd = 2.0 * fwd + _remat_recompute(s.remat_policy, mm, at, down)
     peeled = 2.0 if s.slices > 1 and s.scanned_layers else 1.0  # rule 3
     mb_peeled = 2.0 if s.slices > 1 and s.micro_batches > 1 else 1.0  # rule 3
-    n_chunks = max(1, -(-(s.rows * s.seq_len // s.micro_batches) // s.chunk_size))
-    chunk = p["vocab_fwd"] / (s.micro_batches * n_chunks)  # one log-prob chunk's projection
+    positions = s.rows * s.seq_len // s.micro_batches
+    if s.vocab_shards:  # each device: chunk_size of its positions x all n devices' by V/n
+        local = max(1, positions // (s.position_shards or s.vocab_shards))
+        c = min(s.chunk_size, local)  # a device with fewer positions maps them in one chunk
+        n_chunks = -(-local // c)
+        chunk = p["vocab_fwd"] / (s.rows * s.seq_len) * c * s.chips
+    else:
+        n_chunks = max(1, -(-positions // s.chunk_size))
+        chunk = p["vocab_fwd"] / (s.micro_batches * n_chunks)  # one log-prob chunk's projection
     layers_step = layer_bodies * (fwd + peeled * bwd) / s.chips
     layers_snap = layer_bodies * fwd / s.chips
     # the chunk map body: forward + rematerialized forward + backward (2x) = 4 projections; split
     # over the chips, or (when XLA cannot split a chunk over the rows' devices) whole on each
+    # (vocab-parallel: ``chunk`` is chips x one device's share, so / chips is that share)
     return {
         "train_step": mb_peeled * (layers_step + 4.0 * chunk / s.chips),
         "train_step_chunks_replicated": mb_peeled * (layers_step + 4.0 * chunk),
@@ -176,7 +194,10 @@ def step_flops(cfg, s: StepShape) -> dict:
             "micro_batch_bodies_counted": int(full["mb_peeled"]),
             "collective_matmul_iterations": max(1, s.fsdp // 2),
         },
-        "logprob_chunk_positions": s.chunk_size,
+        # positions of one chunk (vocab-parallel: over the vocab_shards devices) and the devices
+        "logprob_chunk_positions": s.chunk_size * max(1, s.vocab_shards),
+        "logprob_vocab_shards": s.vocab_shards,
+        "logprob_position_shards": s.position_shards,
     }
 
 

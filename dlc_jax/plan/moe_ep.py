@@ -88,6 +88,7 @@ def compile_tiny_moe(
     from dlc_jax.model.moe_dispatch import resolve_moe_impl
     from dlc_jax.plan.abstract_state import abstract_run, model_config, plan_mesh
     from dlc_jax.plan.flops import StepShape, step_flops
+    from dlc_jax.plan.report import logprob_split
     from dlc_jax.plan.topology import abstract_devices, parse_topology
     from dlc_jax.trainer.config import load_config
     from dlc_jax.trainer.step import make_snapshot_logprobs, make_train_step, step_config
@@ -119,6 +120,7 @@ def compile_tiny_moe(
         "snapshot_forward": _compile(snap, run.params, run.batch),
     }
     chips = int(mesh.size)
+    split = logprob_split(ROWS // MICRO, SEQ, dict(mesh.shape), qc.vocab_size, cfg.sampler)
     shape = StepShape(
         rows=ROWS,
         seq_len=SEQ,
@@ -130,6 +132,8 @@ def compile_tiny_moe(
         pallas_attention=True,
         fsdp=mesh.shape["fsdp"],
         slices=1,
+        vocab_shards=split["vocab_shards"],
+        position_shards=split["position_shards"],
     )
     fl = step_flops(qc, shape)
     programs["train_step"]["pred_flops"] = fl["xla_visible_train_step_per_device"]

@@ -8,7 +8,8 @@ HBM per chip while training (bytes on one chip; shardings decide the share):
   (``resync.max_snapshots`` copies of the trained parameters: under ``lora.rank`` > 0 the adapters
   alone, whose optimizer state is also all the optimizer state there is);
 * during the theta_s forward: theta_t + optimizer state + the snapshots + the batch + the forward's
-  outputs and temporaries (its log-prob chunks of ``chunk_size`` positions x vocabulary logits).
+  outputs and temporaries (its log-prob chunks: ``chunk_size`` positions of each device x the
+  vocabulary's f32 logits, split over the devices, ``dlc_jax.rl.vocab_parallel``).
 
 The plan fits when the larger of the two is within the chip's usable HBM (``chips.ChipSpec``).
 """
@@ -39,6 +40,27 @@ def _pallas(qcfg, mesh, compute_dtype) -> bool:
     except ImportError:
         return False
     return resolve_impl(getattr(qcfg, "attention_impl", "auto"), mesh, compute_dtype) == "splash"
+
+
+def logprob_split(
+    rows: int, seq_len: int, mesh_shape, vocab: int, sampler, slices: int = 1
+) -> dict[str, int]:
+    """StepShape's vocab_shards and position_shards for a micro-batch of [rows, seq_len] on a mesh
+    of {axis: size}: the devices the trainer's log-prob path splits the vocabulary over
+    (``rl.vocab_parallel``; not the data axis across ``slices`` > 1,
+    ``model.sharding.logprob_vocab_axes``), 0 when it falls back to the flattened chunks (top-k /
+    top-p, or nothing to split), and the devices the positions are split over."""
+    import math
+
+    from dlc_jax.model.sharding import logprob_axes
+    from dlc_jax.rl.vocab_parallel import axis_names, truncates
+
+    rows_axes, position_axes = logprob_axes(rows, seq_len, mesh_shape)
+    axes = axis_names(rows_axes) + axis_names(position_axes)
+    n = math.prod(mesh_shape[a] for a in axes if slices == 1 or a != "data")
+    if n <= 1 or truncates(vocab, sampler.top_k, sampler.top_p):
+        return {"vocab_shards": 0, "position_shards": 0}
+    return {"vocab_shards": n, "position_shards": math.prod(mesh_shape[a] for a in axes)}
 
 
 def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -> dict:
@@ -84,6 +106,10 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     model = run.model
     policy = _remat_policy(model)
     compute = cfg.model.compute_dtype
+    rows_mb, vocab = run.rows // cfg.train.micro_batches, run.qcfg.vocab_size
+    split = logprob_split(
+        rows_mb, run.seq_len, dict(mesh.shape), vocab, cfg.sampler, topo.num_slices
+    )
     shape = StepShape(
         rows=run.rows,
         seq_len=run.seq_len,
@@ -96,14 +122,21 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         snapshot_forward=cfg.resync.policy != "onpolicy",
         fsdp=int(dict(mesh.shape).get("fsdp", 1)),
         slices=topo.num_slices,
+        vocab_shards=split["vocab_shards"],
+        position_shards=split["position_shards"],
     )
     fl = step_flops(run.qcfg, shape)
     peak_flops = chip.peak_bf16_flops * topo.chips
     projected = fl["hardware_flops"] / (peak_flops * efficiency)
     mfu = fl["model_flops"] / (projected * peak_flops)
-    # one log-prob chunk's f32 logits [chunk_size, V], spread over the chips (inside the
-    # temporaries)
-    chunk_logits = -(-scfg.chunk_size * run.qcfg.vocab_size * 4 // topo.chips)
+    # one log-prob chunk's f32 logits on one chip (inside the temporaries): vocab-parallel
+    # [vocab_shards x chunk_size, V / vocab_shards], else [chunk_size, V] spread over the chips
+    vs = shape.vocab_shards
+    chunk_logits = (
+        scfg.chunk_size * vs * -(-run.qcfg.vocab_size // vs) * 4
+        if vs
+        else -(-scfg.chunk_size * run.qcfg.vocab_size * 4 // topo.chips)
+    )
     result = {
         "config": {
             "model": cfg.model.path or cfg.model.preset,

@@ -9,8 +9,12 @@ Per program and per chip:
   chunk recompute for the train step, one forward for theta_s), not XLA's count, which sees each
   loop body once (layer scan, micro-batches, chunks), a collective matmul at 4/fsdp and a Pallas
   kernel as 0 (``flops`` module doc);
-* HBM: XLA's ``bytes accessed`` scaled by the same undercount as its FLOPs (``loop_scale`` = the
-  analytic FLOPs XLA can see, i.e. less splash attention's, over XLA's count, or over the rules'
+* HBM: XLA's ``bytes accessed`` times the ratio of the HLO's bytes with each loop body weighted
+  by its trip count to the same with each body once (``bytes_loop_scale``; ``plan.hlo_bytes``
+  walks the optimized HLO: a log-prob chunk map of 16 iterations weighs 16x, a 2-layer scan 2x).
+  A program compiled before that walk (no ``hlo_bytes_*``; the peer's cached compiles) falls
+  back to XLA's bytes scaled by the same undercount as its FLOPs (``loop_scale`` = the analytic
+  FLOPs XLA can see, i.e. less splash attention's, over XLA's count, or over the rules'
   no-windowing prediction when XLA counts more than that, as for megablox MoE experts): a loop
   body's bytes are seen once just as its FLOPs, except the program's arguments and outputs
   (parameters, optimizer state, batch: read and written once, outside the loops), which are not
@@ -27,6 +31,9 @@ imperfect overlap, host work.
 """
 
 from __future__ import annotations
+
+# ProgramReport's HLO walk (plan.hlo_bytes): bytes with loop bodies once / times their trips
+HLO_BYTES = ("hlo_bytes_once", "hlo_bytes_weighted")
 
 
 def _fsdp_bytes(params: int, compute_bytes: int, fsdp: int, passes: int, grads: int) -> float:
@@ -58,7 +65,13 @@ def program_roofline(
     # written outside the loops: counted once, not scaled
     once = float(prog.get("argument_bytes") or 0) + float(prog.get("output_bytes") or 0)
     seen_bytes = float(prog.get("xla_bytes_accessed") or 0.0)
-    hbm = max(seen_bytes - once, 0.0) * scale + min(once, seen_bytes)
+    hlo_once, hlo_weighted = (float(prog.get(k) or 0.0) for k in HLO_BYTES)
+    if hlo_once > 0:  # each loop body's bytes times its own trip count (hlo_bytes)
+        bytes_scale = hlo_weighted / hlo_once
+        hbm = seen_bytes * bytes_scale
+    else:  # compiled before the HLO walk: the FLOPs' undercount stands in for the loops'
+        bytes_scale = scale
+        hbm = max(seen_bytes - once, 0.0) * scale + min(once, seen_bytes)
     t = {
         "compute": flops / chip.peak_bf16_flops,
         "memory": hbm / chip.hbm_bytes_per_s if chip.hbm_bytes_per_s else 0.0,
@@ -71,6 +84,7 @@ def program_roofline(
         "collective_bytes_per_chip": coll_bytes,
         "collective_bytes_hlo": prog.get("collective_bytes", {}),
         "loop_scale": scale,
+        "bytes_loop_scale": bytes_scale,
         "seconds": {k: round(v, 6) for k, v in t.items()},
         "bound": bound,
         "projected_s": t[bound],

@@ -22,6 +22,7 @@ _EXPORTS = {
     "losses": ("LOSSES", "compute_loss", "register_loss"),
     "metrics": ("step_metrics",),
     "resync": ("ResyncDecision", "resync_decision"),
+    "vocab_parallel": ("truncates", "vocab_parallel_token_logprobs", "vocab_shards"),
 }
 _MODULE_OF = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from dlc_jax.rl.losses import LOSSES, compute_loss, register_loss
     from dlc_jax.rl.metrics import step_metrics
     from dlc_jax.rl.resync import ResyncDecision, resync_decision
+    from dlc_jax.rl.vocab_parallel import truncates, vocab_parallel_token_logprobs, vocab_shards
 
 
 def __getattr__(name: str) -> Any:
@@ -79,7 +81,10 @@ __all__ = [
     "sequence_ess",
     "step_metrics",
     "token_logprobs",
+    "truncates",
     "validate_inputs",
+    "vocab_parallel_token_logprobs",
+    "vocab_shards",
 ]
 assert sorted(__all__) == sorted(_MODULE_OF)
 # A name exported like a submodule would be shadowed by that submodule once something imports it.

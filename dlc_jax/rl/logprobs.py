@@ -8,6 +8,13 @@ candidate ids, plus the entropy of the transformed distribution. Each chunk is r
 Optionally (``vocab_chunk``; temperature-only transforms) each chunk also scans over blocks of the
 vocabulary with an online log-sum-exp, so not even a [chunk, V] block is materialized.
 
+Entropy is ``log S - sum(e * (z - m)) / S`` with ``e = exp(z - m)``, ``S = sum e`` and m the max
+logit: the form ``lse - sum(p * z)`` subtracts two numbers of the logits' size, and in f32 loses
+about ulp(lse) (2.4e-4 at logits near 3,000) to the cancellation.
+
+``dlc_jax.rl.vocab_parallel`` is the trainer's layout on a mesh (the vocabulary split over the
+devices); this module is the single-device path and its fallback (top-k / top-p, ``vocab_chunk``).
+
 Out-of-support tokens: a token removed by top-k/top-p (or an id outside [0, V)) has log-prob
 -inf mathematically. It is reported as the finite ``out_of_support`` value (default -1e4) with zero
 gradient, so ratios exp(lp - lq) underflow to 0 and the loss path never sees inf * 0 = NaN.
@@ -51,12 +58,17 @@ def _chunk_full_vocab(h, ids, *, w, temperature, top_k, top_p, compute_entropy, 
     logits = jnp.dot(h, w.T, preferred_element_type=jnp.float32)
     z, keep = processed_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     zm = z if keep is None else jnp.where(keep, z, -jnp.inf)
-    lse = jax.nn.logsumexp(zm, axis=-1)
+    # relative to the max m (kept: finite): the shift cancels exactly, so no gradient through it
+    m = jax.lax.stop_gradient(jnp.max(zm, axis=-1))
+    e = jnp.exp(zm - m[:, None])
+    s = jnp.sum(e, axis=-1)
+    lse = m + jnp.log(s)
     out = _gather_logprob(z, keep, lse, ids, floor)
     if compute_entropy:
-        p = jnp.exp(zm - lse[:, None])
-        pz = p * z if keep is None else jnp.where(keep, p * z, 0.0)
-        ent = lse - jnp.sum(pz, axis=-1)
+        # log S - E[z - m]: not lse - E[z], two large f32 numbers that cancel (module doc)
+        dz = z - m[:, None]
+        pz = e * dz if keep is None else jnp.where(keep, e * dz, 0.0)
+        ent = jnp.log(s) - jnp.sum(pz, axis=-1) / s
     else:
         ent = jnp.zeros(h.shape[:1], jnp.float32)
     return out, ent
@@ -77,10 +89,14 @@ def _chunk_vocab_scan(h, ids, *, w_blocks, temperature, vocab, compute_entropy, 
         m_new = jnp.maximum(m, jnp.max(jnp.where(real, z, -jnp.inf), axis=-1))
         m_new = jax.lax.stop_gradient(m_new)  # the shift cancels exactly in lse; no grad needed
         scale = jnp.exp(m - m_new)
-        e = jnp.where(real, jnp.exp(z - m_new[:, None]), 0.0)
-        s = s * scale + jnp.sum(e, axis=-1)
+        zs = jnp.where(real, z - m_new[:, None], 0.0)
+        e = jnp.where(real, jnp.exp(zs), 0.0)
         if compute_entropy:
-            t = t * scale + jnp.sum(e * z, axis=-1)
+            # t = sum e * (z - m), kept relative to the running max: moving the max from m to
+            # m_new shifts each earlier term by (m - m_new) (no -inf * 0 before the first block)
+            dm = jnp.where(s > 0, m - m_new, 0.0)  # m, m_new carry no gradient: finite here
+            t = (t + dm * s) * scale + jnp.sum(e * zs, axis=-1)
+        s = s * scale + jnp.sum(e, axis=-1)
         local = ids - blk * vb
         inside = (local >= 0) & (local < vb)
         zi = jnp.take_along_axis(z, jnp.clip(local, 0, vb - 1), axis=-1)
@@ -96,7 +112,7 @@ def _chunk_vocab_scan(h, ids, *, w_blocks, temperature, vocab, compute_entropy, 
     (m, s, t, g), _ = jax.lax.scan(body, init, (jnp.arange(nb), w_blocks))
     lse = m + jnp.log(s)
     out = jnp.where(in_range, g - lse[:, None], jnp.float32(floor))
-    ent = (lse - t / s) if compute_entropy else jnp.zeros((c,), jnp.float32)
+    ent = (jnp.log(s) - t / s) if compute_entropy else jnp.zeros((c,), jnp.float32)
     return out, ent
 
 

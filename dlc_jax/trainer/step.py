@@ -23,7 +23,15 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dlc_jax.rl import LossInputs, compute_loss, resync_decision, step_metrics, token_logprobs
+from dlc_jax.rl import (
+    LossInputs,
+    compute_loss,
+    resync_decision,
+    step_metrics,
+    truncates,
+    vocab_parallel_token_logprobs,
+    vocab_shards,
+)
 from dlc_jax.trainer.state import apply_updates, join_trainable, split_trainable
 
 STEP_KEYS = (
@@ -60,6 +68,9 @@ class StepConfig:
     top_p: float = 1.0
     head_k: int = 0
     micro_batches: int = 1
+    # log-prob positions per device per chunk: each device's f32 logits block is chunk_size x V
+    # on one device and in the vocab-parallel layout alike ([n * chunk_size, V/n] on n devices
+    # splitting the vocabulary, `rl.vocab_parallel`; `rl.token_logprobs` when it falls back)
     chunk_size: int = 256
     resync_threshold: float = 0.5
     resync_statistic: str = "token"  # resync.statistic: the lag ESS of resync_wanted
@@ -107,6 +118,7 @@ def policy_logprobs(
     from flax import nnx
 
     from dlc_jax.model.registry import family_of
+    from dlc_jax.model.sharding import logprob_vocab_axes
 
     model = nnx.merge(graphdef, params)
     if dropout_key is not None:
@@ -125,15 +137,26 @@ def policy_logprobs(
         **moe,
     )
     h, routing = out if moe else (out, None)
-    tl = token_logprobs(
+    # the vocabulary split over the devices the positions are split over (rl.vocab_parallel):
+    # no chunk of [positions, V] logits crosses a device boundary
+    rows, positions = model.act_sharding.logprob_axes(h.shape[0], h.shape[1])
+    mesh, w = model.act_sharding.mesh, model.unembedding()
+    vaxes = None if mesh is None else logprob_vocab_axes(mesh, rows, positions)  # ICI only
+    n = vocab_shards(mesh, rows, positions, vaxes)
+    n = 1 if truncates(w.shape[0], cfg.top_k, cfg.top_p) or not vaxes else n
+    tl = vocab_parallel_token_logprobs(
         h,
-        model.unembedding(),
+        w,
         batch["targets"],
+        mesh=mesh,
+        rows=rows,
+        positions=positions,
+        vocab_axes=vaxes,
         head_ids=batch["head_ids"] if cfg.head_k else None,
         temperature=cfg.temperature,
         top_k=cfg.top_k,
         top_p=cfg.top_p,
-        chunk_size=cfg.chunk_size,
+        chunk_size=cfg.chunk_size * n,  # chunk_size of each of the n devices' positions
     )
     if not with_routing:
         return tl

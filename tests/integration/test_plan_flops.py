@@ -50,8 +50,12 @@ shard = lambda t: jax.tree.map(lambda x: x.sharding, t)
 step = make_train_step(run.graphdef, run.tx, scfg, mesh=mesh, param_shardings=shard(run.params),
                        opt_shardings=shard(run.opt_state))
 rep = compile_program("train_step", step, run.params, run.opt_state, run.batch)
+from dlc_jax.plan.report import logprob_split
+vs = logprob_split(run.rows // scfg.micro_batches, run.seq_len, dict(mesh.shape),
+                   run.qcfg.vocab_size, cfg.sampler, topo.num_slices)
 print(json.dumps({"xla": rep.xla_flops, "mesh": dict(mesh.shape), "chunk": scfg.chunk_size,
-                  "policy": run.model.remat_policy, "scanned": bool(run.model.scanned)}))
+                  "policy": run.model.remat_policy, "scanned": bool(run.model.scanned),
+                  "vocab_shards": vs}))
 """
 
 
@@ -70,6 +74,9 @@ def test_xla_count_of_a_two_slice_tiny_step_matches_the_prediction(tmp_path: Pat
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
     assert got["scanned"] and got["policy"] == "full"
+    # 8 rows per micro-batch over data 2 x fsdp 4; the vocabulary splits over fsdp only, not the
+    # data axis across the 2 slices (DCN; model.sharding.logprob_vocab_axes, rl.vocab_parallel)
+    assert got["vocab_shards"] == {"vocab_shards": 4, "position_shards": 8}
     qcfg = Qwen3Config(**{**TINY_DIMS, "scan_layers": True})
     shape = StepShape(
         rows=16,
@@ -82,6 +89,7 @@ def test_xla_count_of_a_two_slice_tiny_step_matches_the_prediction(tmp_path: Pat
         pallas_attention=True,  # attention_impl auto = splash on TPU devices
         fsdp=4,
         slices=2,
+        **got["vocab_shards"],
     )
     pred = step_flops(qcfg, shape)["xla_visible_train_step_per_device"]
     # XLA also counts norms, softmax, RoPE, the log-softmax over the vocabulary and the optimizer
@@ -152,6 +160,24 @@ def test_loop_rules_by_hand():
     assert windowed_fraction(8) == 0.5 and windowed_fraction(4) == 1.0
     win = step_flops(cfg, dataclasses.replace(s, fsdp=8))
     assert win["xla_all_windowed_train_step_per_device"] == 3 * (layer / 2 + attn) / 2 + vocab / 2
+    # vocab-parallel over the 2 chips (rl.vocab_parallel): a chunk is chunk_size = 8 positions of
+    # each chip (16 of 32: 2 chunks), each chip's matmul [16, d] x [d, V/2]: a quarter of the
+    # projection per body, as many FLOPs as 8 positions by the whole vocabulary
+    vp = step_flops(cfg, dataclasses.replace(s, vocab_shards=2))
+    assert vp["loops"]["logprob_chunks"] == 2 and vp["logprob_chunk_positions"] == 16
+    assert vp["xla_visible_train_step_per_device"] == 3 * (layer + attn) / 2 + 4 * vocab / 4
+    assert vp["xla_visible_snapshot_forward_per_device"] == (layer + attn) / 2 + vocab / 4
+    # 3 positions per chip: 16 positions per chip in 6 chunks (the last one padded, computed too)
+    pad = step_flops(cfg, dataclasses.replace(s, vocab_shards=2, chunk_size=3))
+    assert pad["loops"]["logprob_chunks"] == 6
+    assert pad["xla_visible_snapshot_forward_per_device"] == (layer + attn) / 2 + 3 * vocab / 32
+    # fewer positions per chip than chunk_size: one chunk of them; across 2 slices the rows split
+    # over 4 chips but the vocabulary over 2 (8 positions per chip, 16 per chunk by V/2)
+    few = step_flops(
+        cfg, dataclasses.replace(s, chips=4, vocab_shards=2, position_shards=4, chunk_size=64)
+    )
+    assert few["loops"]["logprob_chunks"] == 1
+    assert few["xla_visible_snapshot_forward_per_device"] == (layer + attn) / 4 + vocab / 4
 
 
 def test_windowed_share_and_explanation():

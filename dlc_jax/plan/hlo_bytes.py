@@ -1,0 +1,196 @@
+"""HBM bytes of an optimized HLO module with each while loop's body weighted by its trip count.
+
+XLA's cost analysis (``bytes accessed``) counts a loop body once, so a program whose traffic sits
+in a loop (the layer scan, the log-prob chunk map, a collective matmul) looks lighter than it runs.
+:func:`loop_weighted_bytes` walks the module text from the entry computation: each instruction
+outside a fused computation moves its operands and its result through HBM; a ``while`` multiplies
+its body by ``known_trip_count`` (nested loops multiply); ``call`` / ``conditional`` descend.
+(Dynamic) slices read only the slice and in-place dynamic-update-slices write only the update (also
+as a fusion's root or operand use), as XLA counts them. The result is an estimate in XLA's own
+terms: ``once`` (every body once, as the cost analysis) and ``weighted`` (bodies x trips); the
+roofline scales XLA's figure by their ratio (``roofline.program_roofline``).
+"""
+
+from __future__ import annotations
+
+import re
+
+ARRAY_RE = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
+_DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
+
+
+def shape_bytes(text: str) -> int:
+    """Bytes of every array shape written in ``text`` (a tuple's elements summed)."""
+    total = 0
+    for dt, dims in ARRAY_RE.findall(text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _DTYPE_BYTES[dt]
+    return total
+
+
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_FREE = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "iota",
+    "opt-barrier",
+}
+
+
+def _balanced(s: str, i: int) -> int:
+    """Index just past the bracket group opening at s[i]."""
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] in "([{":
+            depth += 1
+        elif s[j] in ")]}":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return len(s)
+
+
+def _instruction(line: str):
+    """(name, shape text, opcode, operand names, attributes text) of one HLO instruction line."""
+    m = _NAME.match(line)
+    if not m:
+        return None
+    rest = line[m.end() :]
+    end = _balanced(rest, 0) if rest.startswith("(") else rest.find(" ")
+    shape, rest = rest[:end], rest[end:].lstrip()
+    p = rest.find("(")
+    if p < 0:
+        return None
+    opcode = rest[:p]
+    close = _balanced(rest, p)
+    operands = re.findall(r"%([\w.\-]+)", rest[p:close])
+    return m.group(1), shape, opcode, operands, rest[p:]  # attributes with the operand text
+
+
+def parse_module(hlo: str) -> tuple[dict, str]:
+    """({computation: [instruction tuples]}, entry computation name)."""
+    comps: dict[str, list] = {}
+    entry, current = "", None
+    for line in hlo.splitlines():
+        h = _HEADER.match(line)
+        if h:
+            current = h.group(1)
+            comps[current] = []
+            if line.startswith("ENTRY"):
+                entry = current
+            continue
+        if current is not None and line.strip() == "}":
+            current = None
+            continue
+        if current is not None:
+            ins = _instruction(line)
+            if ins:
+                comps[current].append(ins)
+    return comps, entry
+
+
+def _root(comp: list):
+    return comp[-1] if comp else None
+
+
+def _instruction_bytes(ins, shapes: dict, comps: dict) -> int:
+    name, shape, op, operands, attrs = ins
+    out = shape_bytes(shape)
+    ins_bytes = [shape_bytes(shapes.get(o, "")) for o in operands]
+    if op in ("dynamic-slice", "slice"):
+        return 2 * out
+    if op == "dynamic-update-slice" and len(ins_bytes) > 1:
+        return 2 * ins_bytes[1]
+    if op == "fusion":
+        called = re.search(r"calls=%?([\w.\-]+)", attrs)
+        body = comps.get(called.group(1), []) if called else []
+        root = _root(body)
+        if root and root[2] == "dynamic-update-slice":  # in place: the buffer is not re-read
+            fshapes = {i[0]: i[1] for i in body}
+            upd = shape_bytes(fshapes.get(root[3][1], "")) if len(root[3]) > 1 else out
+            big = max(ins_bytes, default=0)
+            return 2 * upd + sum(ins_bytes) - big
+        # a parameter used only through dynamic slices is read only where sliced
+        sliced = _sliced_params(body)
+        total = out
+        for k, b in enumerate(ins_bytes):
+            total += sliced.get(k, b)
+        return total
+    return out + sum(ins_bytes)
+
+
+def _sliced_params(body: list) -> dict[int, int]:
+    """{parameter index: bytes read} for a fused computation's parameters used only as the
+    sliced operand of dynamic-slice instructions."""
+    index: dict[str, int] = {}
+    uses: dict[str, list] = {}
+    read: dict[int, int] = {}
+    for name, shape, op, operands, _ in body:
+        if op == "parameter":  # fused parameters are named param_<index>[.<id>]
+            m = re.match(r"param_(\d+)", name)
+            index[name] = int(m.group(1)) if m else -1
+        for k, o in enumerate(operands):
+            uses.setdefault(o, []).append((op, k, shape))
+    for pname, i in index.items():
+        us = uses.get(pname, [])
+        if us and all(op in ("dynamic-slice", "slice") and k == 0 for op, k, _ in us):
+            read[i] = sum(shape_bytes(s) for _, _, s in us)
+    return read
+
+
+def _trip_count(attrs: str, comps: dict) -> int:
+    """A while loop's trip count: ``known_trip_count`` when the backend config has it, else the
+    bound of its condition (``i < N``: the loops jax emits count from 0 in steps of 1), else 1."""
+    n = _TRIP.search(attrs)
+    if n:
+        return int(n.group(1))
+    c = re.search(r"condition=%?([\w.\-]+)", attrs)
+    cond = comps.get(c.group(1), []) if c else []
+    bounds = [int(m) for i in cond if i[2] == "constant" for m in re.findall(r"^\((-?\d+)\)", i[4])]
+    called = [comps.get(m, []) for i in cond for m in re.findall(r"calls=%?([\w.\-]+)", i[4])]
+    lt = any(i[2] == "compare" and "direction=LT" in i[4] for c in [cond, *called] for i in c)
+    return max(bounds) if bounds and lt and max(bounds) > 0 else 1
+
+
+def loop_weighted_bytes(hlo: str) -> dict[str, float]:
+    """{'once': bytes with each loop body once, 'weighted': bodies x trip counts} (see module
+    doc); both 0 when the text has no entry computation."""
+    comps, entry = parse_module(hlo)
+    if not entry:
+        return {"once": 0.0, "weighted": 0.0}
+    totals = {"once": 0.0, "weighted": 0.0}
+
+    def walk(comp: str, trips: float, depth: int) -> None:
+        body = comps.get(comp, [])
+        shapes = {i[0]: i[1] for i in body}
+        for ins in body:
+            _, _, op, _, attrs = ins
+            if op == "while":
+                loop = re.search(r"body=%?([\w.\-]+)", attrs)
+                if loop and depth < 16:
+                    walk(loop.group(1), trips * _trip_count(attrs, comps), depth + 1)
+                continue
+            if op in ("call", "conditional"):
+                for c in re.findall(r"(?:to_apply|branch_computations)=\{?([^}\s]+)", attrs):
+                    for sub in c.split(","):
+                        walk(sub.strip().lstrip("%"), trips, depth + 1)
+                continue
+            if op in _FREE or op.endswith("-done"):
+                continue
+            b = _instruction_bytes(ins, shapes, comps)
+            totals["once"] += b
+            totals["weighted"] += b * trips
+
+    walk(entry, 1.0, 0)
+    return totals
