@@ -32,7 +32,6 @@ import grpc
 
 from ..push import data_plane
 from ..push.weight_stream import TensorSource, prefetched, tensor_source, weight_messages
-from ..wire import chunk_wire
 from ..wire import sampler_pb2 as pb
 from ..wire import sampler_pb2_grpc as pb_grpc
 from ..wire.types import PushResult, Rollout
@@ -96,12 +95,6 @@ class SamplerClient(SingleSampler):
         else:
             self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = pb_grpc.SamplerStub(self.channel)
-        # PushWeights with pre-encoded chunk messages (bytes) passed through untouched
-        self._push_call = self.channel.stream_unary(
-            "/dlc_jax.sampler.v1.Sampler/PushWeights",
-            request_serializer=chunk_wire.serialize_weight_message,
-            response_deserializer=pb.PushResult.FromString,
-        )
 
     # -- plumbing ---------------------------------------------------------------------------
     def _md(self):
@@ -167,7 +160,7 @@ class SamplerClient(SingleSampler):
         """Send a raw WeightMessage stream (no retry); items may also be already-serialized
         messages (bytes). Rejections come back as ok=False."""
         return self._answer(
-            lambda: self._push_call(iter(messages), timeout=self.timeout, metadata=self._md())
+            lambda: self.stub.PushWeights(iter(messages), timeout=self.timeout, metadata=self._md())
         )
 
     def _answer(self, call: Callable[[], pb.PushResult]) -> PushResult:

@@ -27,40 +27,13 @@ import grpc
 from ..backends.base import SamplerBackend
 from ..push import data_plane
 from ..push.staging_dirs import clean_stale_staging, staging_roots
-from ..wire import chunk_wire
-from ..wire import sampler_pb2 as pb
+from ..wire import sampler_pb2_grpc as pb_grpc
 from .server_config import ServerConfig
 from .service import SamplerService
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SamplerServer", "ServerConfig", "ServerThread"]
-
-
-def add_sampler_service(servicer: SamplerService, server) -> None:
-    """Register the Sampler service like `pb_grpc.add_SamplerServicer_to_server`, except that
-    PushWeights requests are decoded by `chunk_wire.decode_weight_message` (chunk bytes not
-    copied)."""
-    g = grpc
-    rpcs = (  # name, handler kind, request message (None: chunk_wire's decoder), response message
-        ("Generate", g.unary_stream_rpc_method_handler, pb.GenerateRequest, pb.Rollout),
-        ("PushWeights", g.stream_unary_rpc_method_handler, None, pb.PushResult),
-        ("LoadWeights", g.unary_unary_rpc_method_handler, pb.LoadWeightsRequest, pb.PushResult),
-        ("Info", g.unary_unary_rpc_method_handler, pb.InfoRequest, pb.InfoResponse),
-    )
-    handlers = {
-        name: kind(
-            getattr(servicer, name),
-            request_deserializer=(
-                chunk_wire.decode_weight_message if req is None else req.FromString
-            ),
-            response_serializer=reply.SerializeToString,
-        )
-        for name, kind, req, reply in rpcs
-    }
-    service = "dlc_jax.sampler.v1.Sampler"
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)
 
 
 class SamplerServer:
@@ -86,7 +59,7 @@ class SamplerServer:
             ("grpc.max_send_message_length", self.cfg.max_message_bytes),
         ]
         self.server = grpc.aio.server(options=opts)
-        add_sampler_service(self.service, self.server)
+        pb_grpc.add_service(self.service, self.server)
         bind = f"{self.cfg.host}:{self.cfg.port}"
         if self.cfg.tls_cert:
             creds = grpc.ssl_server_credentials(

@@ -4,7 +4,7 @@ pushes (serialized by a lock taken only once a header arrived, received by `push
 only on Commit; any failure or disconnect discards the staging and keeps the old weights; a sliced
 push from several senders is staged across its part streams and applied by a group commit,
 `push.sliced`), LoadWeights (off unless `load_root` is set; `push.load_checks`) and Info.
-`server.add_sampler_service` registers it.
+`wire.sampler_pb2_grpc.add_service` registers it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from ..push.warm_staging import WarmStaging
 from ..push.weight_checks import PushError
 from ..wire import chunk_wire
 from ..wire import sampler_pb2 as pb
-from ..wire import sampler_pb2_grpc as pb_grpc
 from ..wire.types import SamplingParams
 from .request_checks import RequestError, validate_generate
 from .server_config import ServerConfig
@@ -58,7 +57,9 @@ def check_request(
     )
 
 
-class SamplerService(pb_grpc.SamplerServicer):
+class SamplerService:
+    """The RPCs of one sampler server over `backend` (module doc)."""
+
     def __init__(self, backend: SamplerBackend, cfg: ServerConfig):
         self.backend = backend
         self.cfg = cfg
