@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -138,46 +139,30 @@ def _parser() -> ArgumentParser:
     return ap
 
 
+# `serve` flags whose config field has another name (the others have the field's name)
+_RENAMED = {
+    "model": "model_dir",
+    "push_data_port": "data_port",
+    "push_idle_timeout": "push_idle_timeout_s",
+    "push_max_seconds": "push_max_s",
+    "data_auth_timeout": "data_auth_timeout_s",
+}
+
+
+def _fields(cls, args) -> dict:
+    """The `serve` flags that are fields of the config dataclass `cls`, as its keywords."""
+    given = {_RENAMED.get(k, k): v for k, v in vars(args).items()}
+    given["push_staging_warm"] = args.push_staging_warm == "on"
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in given.items() if k in names}
+
+
 async def _serve(args) -> int:
     from ..backends import BackendConfig, make_backend
     from .server import SamplerServer, ServerConfig
 
-    cfg = BackendConfig(
-        model_dir=args.model,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        max_model_len=args.max_model_len,
-        max_n=args.max_n,
-        max_head_k=args.max_head_k,
-        max_num_seqs=args.max_num_seqs,
-        seed=args.seed,
-        initial_version=args.initial_version,
-        weight_noise=args.weight_noise,
-        weight_noise_seed=args.weight_noise_seed,
-        kv_cache_gib=args.kv_cache_gib,
-        max_lora_rank=args.max_lora_rank,
-    )
-    server = SamplerServer(
-        make_backend(args.backend, cfg),
-        ServerConfig(
-            host=args.host,
-            port=args.port,
-            token=args.token,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            max_message_bytes=args.max_message_bytes,
-            staging_root=args.staging_root,
-            push_staging=args.push_staging,
-            push_staging_warm=args.push_staging_warm == "on",
-            data_port=args.push_data_port,
-            push_idle_timeout_s=args.push_idle_timeout,
-            push_max_s=args.push_max_seconds,
-            data_auth_timeout_s=args.data_auth_timeout,
-            data_max_pending=args.data_max_pending,
-            load_root=args.load_root,
-        ),
-    )
+    backend = make_backend(args.backend, BackendConfig(**_fields(BackendConfig, args)))
+    server = SamplerServer(backend, ServerConfig(**_fields(ServerConfig, args)))
     await server.start()
     print(f"LISTENING {server.address}", flush=True)
     stop = asyncio.Event()
@@ -211,12 +196,7 @@ def cli(argv: list[str]) -> int:
         )
         try:
             return asyncio.run(_serve(args))
-        except (
-            ValueError,
-            OSError,
-            RuntimeError,
-            ImportError,
-        ) as e:  # bad flags, model dir, engine version
+        except (ValueError, OSError, RuntimeError, ImportError) as e:  # flags, model, engine
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise SamplerCliError(f"serve: {msg}") from e
     import grpc
