@@ -318,26 +318,12 @@ class SlicedStager(WeightStager):
 
     def _tensor_complete(self, i: int) -> None:
         self._received[i] = int(self.specs[i].nbytes)
-        if not self._sent[i]:
-            self._sent[i] = True
-            if self._loader is not None:  # memory mode: load it now
-                self._loader.put(i)
-            if self.relay is not None:  # and forward it (its slices all verified)
-                self.relay.verified(i)
+        self._hand_on(i)  # memory mode: loaded now, and forwarded (its slices all verified)
 
-    # -- relay ------------------------------------------------------------------------------
-    def start_relay(self, forward) -> None:
-        """Forward every tensor, once all its slices are verified, through `forward` (a
-        `relay.RelayForward` made at the group's first part; the ones complete already now)."""
-        self.relay = forward
-        for i, done in enumerate(self._sent):
-            if done:
-                forward.verified(i)
-
-    def take_relay(self):
-        """The group's relay, no longer cut by `discard` (the caller finishes it)."""
-        forward, self.relay = self.relay, None
-        return forward
+    def verified_tensor(self, i: int) -> np.ndarray:
+        """`tensor_view(i)`: a relay checksums an assembled tensor itself (no slice's checksum
+        is the tensor's)."""
+        return self.tensor_view(i)
 
     def discard(self) -> None:
         """Drop the group; its relay (if any) is cut, so every sampler it forwards to drops the

@@ -381,12 +381,29 @@ class WeightStager:
                 f"tensor {s.name!r}: contains NaN or Inf values (push refused; the current "
                 "weights keep serving)",
             )
-        if not self._sent[i]:  # verified: load it / forward it (each once)
+        self._hand_on(i)
+
+    def _hand_on(self, i: int) -> None:
+        """Tensor i is verified: load it / forward it (each once)."""
+        if not self._sent[i]:
             self._sent[i] = True
             if self._loader is not None:
                 self._loader.put(i)
             if self.relay is not None:
                 self.relay.verified(i)
+
+    def start_relay(self, forward) -> None:
+        """Forward every tensor once verified through `forward` (a `relay.RelayForward`; the
+        tensors verified already, now)."""
+        self.relay = forward
+        for i, done in enumerate(self._sent):
+            if done:
+                forward.verified(i)
+
+    def take_relay(self):
+        """The push's relay, no longer cut by `discard` (the caller finishes it)."""
+        forward, self.relay = self.relay, None
+        return forward
 
     def commit(self) -> pathlib.Path:
         """Verify every tensor; -> the staged directory (one safetensors file)."""
