@@ -1,20 +1,11 @@
-"""JAX backend: the project's models (`dlc_jax.model`, any registered family) with a KV cache,
-batched prefill + jitted decode steps, vLLM-equivalent sampling (temperature -> top-k -> top-p via
-`dlc_jax.rl.sampling.processed_logits`, processed logprobs), a top-K head, and weight versions.
+"""JAX backend: the project's models (any registered family) with a KV cache, batched prefill +
+jitted decode, vLLM-equivalent sampling (`jax_sampling`), a top-K head, and weight versions.
 
-Numerics knobs (a controlled sampler/trainer discrepancy), applied in HF layout every time weights
-are loaded: `dtype="bfloat16"` (compute dtype; params stay fp32), `quantization="int8"`
-(weight-only, symmetric, per output channel = per row of every 2-D HF weight, dequantized back:
-round-to-nearest), `quantization="fp8_e4m3"` (the same per-output-channel scale, max |w| -> 448,
-cast to `jnp.float8_e4m3fn` and back: FP8 rollouts' weight error; activations stay in the compute
-dtype, the model forward has no FP8 hook), `weight_noise=s` (w += s * rms(w) * N(0,1) on every 2-D
-weight, fixed `weight_noise_seed`, the same pattern for every version). Norm vectors are left
-unchanged by all of them.
-
-Determinism: the key of token t of sample j of prompt i is fold_in(seed, i, j, t), so results do
-not depend on batching. Weight swaps happen between decode steps; a sequence whose weights changed
-is re-prefilled (prompt + tokens so far) with the new weights before its next token, so every token
-is sampled from logits computed entirely with one version.
+Numerics knobs, applied in HF layout to every 2-D weight whenever weights load: `dtype="bfloat16"`
+(compute dtype), `quantization="int8"` / `"fp8_e4m3"` (weight-only, per output channel, dequantized
+back), `weight_noise=s` (w += s * rms(w) * N(0,1), fixed seed). Determinism: token t of sample j of
+prompt i uses key fold_in(seed, i, j, t), whatever the batching. A sequence whose weights changed
+between decode steps is re-prefilled with the new ones, so every token comes from one version.
 """
 
 from __future__ import annotations

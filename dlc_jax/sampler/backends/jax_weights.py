@@ -1,11 +1,6 @@
-"""The JAX backend's in-memory, tensor-by-tensor weight load (`SamplerBackend.begin_load`).
-
-Each verified HF tensor of a push is converted as it arrives (numerics knobs, HF -> our layout,
-the parameter dtype; without knobs the cast and transpose run on the device, jitted) while the next
-tensor is still being received; a stacked (scanned) parameter is stacked on the device when its
-last layer is in. `state()` then builds the new params state; nothing serves it until the backend
-swaps it in (`JaxBackend.apply_load`), so the old weights keep serving meanwhile and a failed push
-changes nothing.
+"""The JAX backend's in-memory, tensor-by-tensor weight load (`SamplerBackend.begin_load`): each
+verified HF tensor is converted (knobs, layout, dtype; on the device when there are no knobs) as
+it arrives; `state()` builds the new params, served only once the backend swaps them in.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""Trainer-side gRPC client for the sampler service.
+"""Trainer-side gRPC client for the sampler service (`SamplerClient`).
 
-Weight pushes: the request stream (header, chunks, per-tensor checksum trailers, commit) is built
-by `weight_stream.weight_messages` in one pass over the source (~one converted tensor plus one
-chunk in host memory); the server verifies each tensor against its trailer and swaps only on Commit.
-
-Socket data plane (`transport="socket"`, opt-in): the bytes go over one raw TCP connection to the
-server's data port (from Info) straight from the numpy buffer (`sendall(memoryview)`, no copy),
-while the gRPC stream carries the header, the per-tensor checksum trailers and Commit; the server
-verifies and swaps exactly as for gRPC chunks. Plaintext: loopback / trusted networks only, never
-with TLS (see data_plane.py).
-
-Retries (`dlc_jax.sampler.client.retry`): calls that fail with UNAVAILABLE (server restarting / not
-yet up) are retried under the client's `RetryPolicy` (`max_retries`, `backoff`..`max_backoff`
-seconds); `info` takes a per-call `timeout` / `retry` (a readiness probe passes `NO_RETRY`), so no
-call ever changes the client's own settings, which other threads share. `generate` retries only
-before the first rollout arrived (no duplicates); `push_weights` retries only when the source is
-re-iterable (a Mapping, a Sequence, or a zero-argument callable returning an iterator).
+Pushes stream `weight_stream.weight_messages` (header, chunks, per-tensor checksum trailers,
+commit; ~one converted tensor in host memory); `transport="socket"` sends the bytes over the
+server's raw TCP data port instead (`data_plane`; plaintext, never with TLS). Calls failing with
+UNAVAILABLE are retried under the client's `RetryPolicy` (`retry`); `generate` only before its
+first rollout (no duplicates), `push_weights` only with a re-iterable source.
 """
 
 from __future__ import annotations

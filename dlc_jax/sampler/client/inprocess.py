@@ -1,16 +1,8 @@
-"""`InProcessSampler`: the JAX backend's own sampling code behind the `Sampler` protocol, in the
-caller's process: no gRPC, no server, no subprocess (``sampler.backend=inprocess``).
-
-What it is for: debugging a config on one machine, and trainer-behaviour tests (refusal, recovery,
-resync, eval, resume) that are not about the process boundary or the wire. It keeps the sampler's
-contract: requests are checked by the server's own `validate_generate` (a refused request raises
-`RequestError`, which the trainer treats like a gRPC INVALID_ARGUMENT answer), every token is tagged
-with the weight version that produced it, and a push swaps the weights atomically between decode
-steps (a request in flight continues with the new version, re-prefilled: two version spans).
-
-A push goes through the same HF export the gRPC push streams (`iter_hf_tensors`), written to a
-temporary safetensors directory and loaded with the backend's numerics knobs (dtype, int8, noise),
-so the in-process sampler serves exactly what a spawned JAX sampler would after the same push.
+"""`InProcessSampler`: the JAX backend behind the `Sampler` protocol in the caller's process (no
+gRPC, server or subprocess; ``sampler.backend=inprocess``), for debugging and trainer-behaviour
+tests. It keeps the sampler's contract: requests get the server's own checks (`RequestError`),
+tokens are tagged with their weight version, and a push (the same HF export, loaded with the same
+numerics knobs) swaps the weights atomically between decode steps.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""`SamplerPool`: drive N sampler servers through the `SamplerClient` interface.
+"""`SamplerPool`: N sampler servers behind the `Sampler` interface.
 
-Routing: every prompt slot goes to one in-rotation sampler, round robin by slot id
-(`active[slot % len(active)]`), as its own Generate request. When `params.seed` is set, the request
-for slot `s` carries the seed `slot_seed(params.seed, s)`, so a slot's samples depend only on
-(seed, slot, weights) -- not on which sampler or which trainer process asked for it, nor on how many
-samplers are up.
-
-Failures: a sampler whose Generate stream or weight push fails (unreachable, killed, push rejected)
-is taken out of rotation; the slots it still owed are re-requested from the remaining samplers
-(samples already received are kept; duplicates by (slot, sample_index) are dropped), and training
-continues. `metrics()` reports the rotation (kept by `rotation.Rotation`). An out-of-rotation
-sampler that answers Info again is offered the next full push (`readmit=True`); it rejoins only if
-that push succeeds, so a sampler in rotation always holds the latest pushed version.
-
-Pushes: `push_weights` streams to every target concurrently and waits for all. Each push is
-atomic per sampler (the server swaps only on Commit). For a callable or one-shot source, each
-tensor is read once and fanned out to per-sampler bounded queues (`fanout.fan_out`; host memory ~
-one tensor x queue depth), so a multi-host gather runs once per tensor however many samplers there
-are.
+Routing: each prompt slot goes to one in-rotation sampler (round robin by slot id) as its own
+Generate request, seeded `slot_seed(seed, slot)` when the params have a seed, so a slot's samples
+depend only on (seed, slot, weights). A sampler whose Generate or push fails leaves rotation
+(`rotation.Rotation`) and the slots it owed are re-requested elsewhere (duplicates by (slot,
+sample_index) dropped); it rejoins only through a successful full push (`readmit`), so every
+sampler in rotation holds the latest version. Pushes go to all targets concurrently, a one-shot
+source read once and fanned out (`fanout.fan_out`), or relayed between samplers (`pool_relay`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""`Sampler`: what the trainer needs from a sampler service, one server (`SamplerClient`) or many
-(`SamplerPool`). Both implement it; the trainer talks to this interface only.
-
-generate: stream one `Rollout` per (prompt, sample) in completion order.
-push_model / push_weights: a full weight version (atomic per sampler: swapped only on Commit).
-info: the serving sampler's Info (version, backend, data_port, ...); `timeout`/`retry` per call.
-wait_ready: block until it answers Info. metrics / report: numeric rotation metrics (`pool/*`; empty
-for one server) and per-sampler status dicts. rotation / set_rotation: in-rotation flag per sampler
-(empty for one server, which has no rotation) and imposing one decided elsewhere (multi-host).
+"""`Sampler`: what the trainer needs from a sampler service, one server (`SamplerClient`), many
+(`SamplerPool`) or in process (`InProcessSampler`); the trainer talks to this interface only.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """LoRA adapter pushes on the sampler side: a push kind (``WeightHeader.kind = "lora_adapter"``)
-that carries only the adapter factors, in PEFT names, through the same staging, checksums and
-atomic swap as a full push (`staging.WeightStager`, `push_session`).
-
-The payload: for an adapted projection whose HF weight is ``M.weight`` [out, in] (``M`` e.g.
-``model.layers.3.self_attn.q_proj``)
-
-    base_model.model.M.lora_A.weight   [rank, in]
-    base_model.model.M.lora_B.weight   [out, rank]
-
-and the sampler serves ``W + (alpha / rank) * B @ A`` (fp32) for every adapted ``M``, the base
-``W`` being the weights the sampler loaded at start (its model directory), whatever full pushes
-came since. Checks before any byte is staged (`AdapterStager.header`): the kind, rank >= 1, a
-finite alpha > 0, no relay, the backend serves adapters, the header's ``adapter_base`` equals the
-fingerprint of this sampler's base (`base_fingerprint`: a mismatched adapter would be merged into
-the wrong weights, so it is refused with FAILED_PRECONDITION, naming both), and the names/shapes
-(`validate_adapter_specs`: every name one of the served model's projections, both factors of each
-module, shapes from the rank). Any rejection keeps the current weights serving.
+carrying only the adapter factors in PEFT names (``base_model.model.M.lora_A.weight`` [rank, in],
+``...lora_B.weight`` [out, rank] for an adapted ``M.weight``), through the same staging, checksums
+and atomic swap as a full push. The sampler serves ``W + (alpha / rank) * B @ A`` (fp32), ``W``
+its start-up base. Refused before any byte is staged (the current weights keep serving): a bad
+rank or alpha, a relay, a backend that serves no adapters, a base fingerprint other than this
+sampler's (FAILED_PRECONDITION, naming both), names or shapes that are not both factors of the
+served model's projections.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""Opt-in out-of-band bulk data plane for weight pushes: raw tensor bytes over one plain TCP
-connection, while the PushWeights gRPC stream stays the control plane (header, TensorDone
-checksums, Commit). Python gRPC copies every message several times; a raw socket carries the bytes
-straight from the trainer's numpy buffer (`sendall(memoryview)`) into the server's staging file.
+"""Opt-in bulk data plane for weight pushes: raw tensor bytes over one plain TCP connection,
+straight from the trainer's numpy buffer into the staging file, while the PushWeights stream stays
+the control plane (header, TensorDone checksums, Commit; verified and swapped as gRPC chunks are).
 
-Wire: the client opens a TCP connection to `InfoResponse.data_port` (same host as gRPC) and sends a
-preamble: MAGIC (8 bytes), the push id (32 ASCII hex chars, the same one it puts in
-`WeightHeader.data_push_id`), a big-endian uint16 token length and the token (the server's bearer
-token; empty when the server needs none). Then every tensor's bytes, in header order, no framing.
-The server stages them exactly like gRPC chunks (every tensor's CRC-32C/sha256 verified against the
-TensorDone trailer, atomic swap only on Commit, staging deleted on any failure).
-
-No encryption: use it only on loopback or a trusted network. A server with TLS offers no data port.
+Wire: to `InfoResponse.data_port`, a preamble MAGIC (8 bytes), the push id (32 ASCII hex chars, as
+in `WeightHeader.data_push_id`), a big-endian uint16 token length and the bearer token (empty when
+none); then every tensor's bytes in header order, unframed. No encryption: loopback or trusted
+networks only; a TLS server offers no data port.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The sliced push group a sampler is receiving between its part streams (`sliced_push`): at most
-one pending group (a new group supersedes it, a full push drops it), and the ids of groups that
-failed, whose later parts are refused.
+"""The sliced push group a sampler receives between its part streams: at most one pending (a new
+group supersedes it, a full push drops it), and the ids of failed groups, whose parts are refused.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""LoadWeights checks: which directories a server may load, and what their files must hold.
-
-A server loads only directories under its `load_root` (None = LoadWeights disabled), resolved
-(symlinks followed) before the check, never the directory it is serving (loading it would delete
-it on the next swap). The files get the push checks: names, shapes and dtypes against the served
-model (`weight_checks.validate_specs`), bounded safetensors header reads, and finite values.
+"""LoadWeights checks: a server loads only directories under its `load_root` (symlinks resolved;
+None = disabled), never the one it serves, and their files get the push checks.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Relay of a weight push between samplers: the trainer sends one copy, and each sampler forwards
-it to the next ones while it stages it itself, so the trainer's egress is one model whatever the
-number of samplers.
+it to the next ones while staging it itself (trainer egress: one model whatever the sampler count).
 
-A push whose header lists `relay_to` (and `relay_fanout` k >= 1) is forwarded by the receiving
-sampler to k children: `relay_to` split into k contiguous groups, each group's first address
-receiving the push with the rest of its group as its own `relay_to` (k = 1: a chain; k = 2: a
-binary tree, depth ~log2 n). Each tensor is forwarded once it is verified here (checksum and
-finite values), straight from the memory-mapped staging buffer, over the child's own push path
-(`SamplerClient.push_weights`, socket data plane when the child offers one), so a corrupt upstream
-never reaches the children: a push that fails here is cut before its Commit and every child drops
-it. The sampler answers only once its children answered, with every forwarded sampler's outcome
-(`PushResult.relayed`); a sampler missing from them (a failed hop cut its subtree) is pushed to
-directly by the trainer (`SamplerPool.push_weights(relay=...)`), and leaves rotation if that fails
-too. The bearer token of the incoming push is used for the onward pushes (a pool shares one).
+A header's `relay_to` is split into `relay_fanout` contiguous groups (1: a chain, 2: a binary
+tree); each group's first address gets the push with the rest of its group as its `relay_to`.
+Each tensor is forwarded once verified here, from the staging map, over the child's own push path,
+so a corrupt upstream never reaches the children: a push that fails here is cut before Commit. The
+sampler answers once its children did, with their outcomes (`PushResult.relayed`); the trainer
+pushes directly to samplers a failed hop cut off. Onward pushes use the incoming bearer token.
 """
 
 from __future__ import annotations

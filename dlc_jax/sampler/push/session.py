@@ -1,8 +1,7 @@
-"""Receiving one weight push (the part of PushWeights after its header), apart from the server's
-bookkeeping: messages read within the idle timeout and the push deadline, chunks written and
-checksummed on the I/O thread (one in flight), the socket data plane's connection claimed and read
-on that thread, and everything stopped cleanly on any failure or disconnect. The caller owns the
-`WeightStager` (and discards it unless the returned directory was applied).
+"""Receiving one weight push after its header: messages within the idle timeout and the deadline,
+chunks written and checksummed on the I/O thread (one in flight), the socket data plane's
+connection claimed and read there, everything stopped cleanly on failure. The caller owns the
+stager (and discards it unless the returned directory was applied).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The sending side of a sliced multi-sender push (the receiving side and the wire: `sliced_push`).
-
-`part_messages` is the PushWeights stream of one part: the header (all tensors, plus the group
-fields), then for each slice this sender owns a `WeightSlice` (tensor index, box), the slice's
-C-order bytes in chunks (`chunk_wire.encode_chunk`, offsets inside the slice) and a `TensorDone`
-with the CRC-32C of exactly those bytes, then Commit (which ends the part). On the socket data plane
-(`send_data`, `SamplerClient.push_with_data`) each slice's bytes go over the part's data connection
-right after its `WeightSlice` instead of as chunks. `commit_messages` is the coordinator's stream
-that applies the group. Both go through `SamplerClient.push_messages`.
+"""The sending side of a sliced multi-sender push (the receiving side and the wire: `sliced`):
+`part_messages` is one part's PushWeights stream, `commit_messages` the coordinator's stream that
+applies the group; both go through `SamplerClient.push_messages` (`push_with_data` for the socket
+data plane).
 """
 
 from __future__ import annotations
@@ -40,12 +35,9 @@ def part_messages(
     relay_to: Sequence[str] = (),
     relay_fanout: int = 1,
 ) -> Iterator:
-    """One part's stream (see the module docstring). Each slice is converted to `dtype` (C order);
-    its shape must be stop - start. ``on_sent(n)``: called with each slice's byte count once handed
-    to the transport. ``send_data(tensor_index, bytes)`` / ``push_id``: the socket data plane (a
-    data connection the server dropped stops the sending; the server says why it rejects).
-    ``relay_to`` / ``relay_fanout``: the samplers the receiver forwards the assembled tensors to
-    (the same in every part of the group; `relay`)."""
+    """One part's stream: the header (all tensors, the group fields), then per slice a
+    `WeightSlice`, its C-order bytes (converted to `dtype`; shape stop - start) and a `TensorDone`
+    with their CRC-32C, then Commit; other arguments as in `weight_messages`."""
     socket_id = push_id if send_data is not None else None
     header = weight_header(
         names_shapes, version, dtype, "crc32c", socket_push_id=socket_id,

@@ -1,36 +1,16 @@
 """Receiving a sliced multi-sender push: every trainer process streams the slices it owns of each
-tensor, as one "part" of a push group, and process 0 applies the group once all parts are in.
+tensor as one "part" of a push group (its own PushWeights stream; wire: sampler.proto fields 70-73
+and docs/CONTRACTS.md), and a last stream from the coordinator (header {push_group, push_parts,
+group_commit}, Commit) applies the group. On the socket data plane the stream carries the slice
+announcements, trailers and Commit, and each announced slice's bytes follow in order on the part's
+data connection; parts of one group may mix planes.
 
-Wire (sampler.proto fields 70-73): each part is its own PushWeights stream whose header carries
-`push_group` (an id shared by the parts), `push_part` / `push_parts` and the full tensor list (the
-same in every part). After the header come slices: a `WeightSlice` (tensor index and the box
-[start, stop) per dimension), the slice's own C-order bytes in `WeightChunk`s (offsets inside the
-slice), then a `TensorDone` with the checksum of exactly those bytes. The part's `Commit` only ends
-the part. A last stream from the coordinator, header {push_group, push_parts, group_commit} then
-Commit, applies the group.
-
-Socket data plane (a part whose header has data_plane "socket" and a `data_push_id`, as a plain
-push's, `data_plane`): the stream carries the `WeightSlice` announcements, `TensorDone` trailers and
-Commit; each announced slice's bytes follow, in announcement order with no framing, on the part's
-own data connection. The reader (`read_socket`, the push's I/O thread) takes the announced slices in
-order, receives each one's bytes, checksums and finite-checks them, waits for its trailer and only
-then scatters it into the staged tensor. Each part chooses its plane; parts of one group may mix.
-
-Checks: a slice must lie inside its tensor and must not overlap any slice of the same tensor
-received before (in any part), checked as soon as the slice is announced; its bytes must match its
-checksum and be finite before they are written into the staged tensor. The group is applied only
-when every part ended cleanly and every tensor is covered exactly (the boxes' volumes add up to the
-tensor's: with no overlap and all in bounds, that is an exact tiling). Any failure discards the
-whole group (the old weights keep serving); later parts of a failed group are refused (the group
-between its part streams: `push_group.PendingGroup`).
-
-Staging: `SlicedStager` is a `WeightStager` that always memory-maps its staging file (memory or file
-mode alike) so that a slice is scattered into the tensor with one strided copy; in memory mode each
-tensor is handed to the engine's load as soon as its last slice landed, as in a plain push.
-
-Relay: parts whose header lists `relay_to` (memory staging) make this sampler forward each tensor,
-once all its slices are verified, as a plain relayed push (`relay.RelayForward`, started at the
-group's first part); the children commit with the group commit and are cut when the group fails.
+Checks: a slice must lie inside its tensor and overlap no slice received before (checked when it
+is announced), and its bytes must match its checksum and be finite before they are scattered into
+the staged tensor (memory-mapped in both staging modes). The group applies only when every part
+ended cleanly and every tensor is tiled exactly (volumes add up, with no overlap); any failure
+discards the whole group and refuses its later parts (`group.PendingGroup`). With `relay_to`, each
+tensor is forwarded once all its slices are verified, and the relay commits with the group.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""One background worker of a push's receive pipeline: items handled in order on its own thread,
-the first error kept (later items skipped) and raised by `finish()`. Used by `staging` for the
-socket plane's checksum/finite check (overlapped with receiving the next bytes) and for the
-engine's tensor-by-tensor load (overlapped with receiving the next tensor).
+"""One background worker of a push's receive pipeline (the socket plane's checks, the engine's
+tensor-by-tensor load): items handled in order, the first error kept and raised by `finish()`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """Server-side staging of one weight push: header -> chunks -> per-tensor checksums -> commit.
 
-Bytes are written straight into a preallocated safetensors file in a fresh temp directory at
-precomputed offsets, so host memory stays ~ one chunk. Checksums: the header names one
-("sha256", the default, or "crc32c"); every tensor must carry it (in its spec or its TensorDone
-trailer) and every value given is checked. Chunks may be `pb.WeightChunk` or
-`chunk_wire.RawChunk` (zero-copy memoryview data). Every check failure raises `PushError` with the
-gRPC status code to answer and a message naming the tensor; the caller deletes the staging
-directory with `discard()`. Only `commit()` returns the staged directory.
+Bytes go straight into a preallocated safetensors file (a fresh `staging_dirs` directory) at
+precomputed offsets. Before anything is written the header is checked against the served model
+(`weight_checks`) and the staged size against the filesystem's free space; every tensor must carry
+the header's checksum ("sha256" or "crc32c") in its spec or TensorDone trailer, and float values are
+checked finite as they arrive. Failures raise `PushError` (gRPC code + a message naming the
+tensor); the caller deletes the staging with `discard()`, and only `commit()` returns it.
 
-Limits: the header is checked against the served model (`weight_checks.validate_specs`, shared
-with LoadWeights), the staged size against the model's largest possible push and against the free
-space of the staging filesystem (minus `reserve_bytes`, `staging_dirs.make_staging_dir`) before
-anything is written; every float tensor's values are checked finite as its bytes arrive
-(`weight_checks.FiniteCheck`), so a NaN/Inf push is refused even with valid checksums. Where the
-directory lives and how dead samplers' directories are removed: `staging_dirs`.
-
-Two modes. `memory=False` ("file", the original path): bytes are `pwrite`n into the file and the
-engine loads the committed directory. `memory=True`: the same file (same size and free-space
-checks; a RAM filesystem by default) is memory-mapped; socket-plane bytes are received straight
-into it (`recv_into`, no bounce buffer) while a second thread checksums and finite-checks the
-previous piece, and each tensor, once verified, is handed to the engine's `load` (a
-`backends.base.WeightLoad`) on a third thread while the next one arrives, so at Commit only the
-atomic swap is left. The old weights serve until then; a failed push drops the load unseen.
+`memory=False` ("file"): bytes are `pwrite`n and the engine loads the committed directory.
+`memory=True`: the file is memory-mapped, socket bytes are received into it while a second thread
+checks the previous piece, and each verified tensor goes to the engine's `load`
+(`backends.base.WeightLoad`) on a third thread, so at Commit only the atomic swap is left.
 """
 
 from __future__ import annotations

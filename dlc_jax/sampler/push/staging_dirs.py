@@ -1,10 +1,7 @@
 """Staging directories of weight pushes: where a push is staged (`resolve_staging_root`: the RAM
-filesystem when it has room), the free-space check and creation of one push's directory
-(`make_staging_dir`), and removal of those left by dead samplers (`clean_stale_staging`).
-
-Directories are named `dlc_push_p<pid>_v<version>_*` after the sampler process that owns them and
-hold an `.owner` file naming its pid namespace; `clean_stale_staging` removes those of dead
-processes in this pid namespace (a SIGKILLed sampler cannot clean its /dev/shm copy itself).
+filesystem when it has room), the free-space check and creation of one (`make_staging_dir`), and
+removal of those of dead samplers (`clean_stale_staging`), named `dlc_push_p<pid>_v<version>_*`
+with an `.owner` file naming their pid namespace.
 """
 
 from __future__ import annotations

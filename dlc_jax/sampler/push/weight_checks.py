@@ -1,7 +1,6 @@
-"""Checks on a full set of pushed or loaded weights, shared by pushes (`staging.WeightStager`) and
-LoadWeights (`load_checks`): names, shapes and dtypes against the served model (`validate_specs`),
-the largest push a model can have (`max_push_bytes`), and an incremental NaN/Inf check over raw
-tensor bytes (`FiniteCheck`). Every failure raises `PushError` with the gRPC status code to answer.
+"""Checks shared by pushes and LoadWeights: names, shapes and dtypes against the served model
+(`validate_specs`), the largest possible push (`max_push_bytes`) and an incremental NaN/Inf check
+over raw bytes (`FiniteCheck`); failures raise `PushError` with the gRPC code to answer.
 """
 
 from __future__ import annotations

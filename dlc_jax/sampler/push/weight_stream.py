@@ -1,14 +1,7 @@
 """The client side of a weight push, apart from the gRPC call: which tensors a source holds, the
-`WeightMessage` stream (header, chunks or socket bytes, per-tensor checksum trailers, commit), and
-the background prefetch of the next tensors' export, conversion and checksum.
-
-Wire design: the header lists every tensor's name, shape, dtype and byte size; the bytes follow
-tensor by tensor in chunks of `chunk_bytes` (encoded by hand, `chunk_wire.encode_chunk`: one copy,
-straight from the numpy buffer) or, on the socket data plane, go over the raw TCP connection
-(`send_data`); after a tensor's bytes a `TensorDone` trailer carries its checksum (CRC-32C by
-default, sha256 on request) over exactly the bytes sent, computed in the prefetch thread (where the
-tensor was just produced) while the previous tensor is being sent. One pass over the source; host
-memory ~ one converted tensor being sent plus `prefetch` ready ones (plus one chunk on gRPC).
+`WeightMessage` stream (header, chunks or socket bytes, per-tensor checksum trailers computed in a
+prefetch thread while the previous tensor is sent, commit). One pass over the source; host memory
+~ one converted tensor being sent plus `prefetch` ready ones.
 """
 
 from __future__ import annotations
@@ -196,13 +189,9 @@ def weight_messages(
     relay_fanout: int = 1,
     on_sent: Callable[[int], None] | None = None,
 ) -> Iterator:
-    """The PushWeights request stream. With ``send_data`` (the socket data plane) each tensor's
-    bytes go through ``send_data(tensor_index, bytes)`` instead of chunk messages; a data connection
-    the server dropped (OSError) stops the sending, and the server rejects the push saying why.
-    ``prefetch``: tensors produced (exported, converted, checksummed) ahead in a background thread
-    while the current one is sent (0: in the caller's thread). ``relay_to`` / ``relay_fanout``: the
-    samplers the receiver forwards the push to (`relay`). ``on_sent(n)``: called with each tensor's
-    byte count once its bytes are handed to the transport."""
+    """The PushWeights request stream: `send_data` / `push_id`, `chunk_bytes`, `on_sent` as in
+    `TensorSender`, `relay_to` / `relay_fanout` as in `weight_header`; ``prefetch``: tensors made
+    ready (exported, converted, checksummed) ahead in a background thread (0: none)."""
     socket_id = push_id if send_data is not None else None
     header = weight_header(
         names_shapes, version, dtype, checksum, socket_push_id=socket_id,

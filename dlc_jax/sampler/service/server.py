@@ -1,17 +1,6 @@
 """gRPC sampler server (grpc.aio) in front of a `SamplerBackend`: `SamplerServer` (binding, TLS,
-the push data plane, start/stop) and `ServerThread` (one in a background thread). The RPCs are in
-service.py, the settings in server_config.py.
-
-Security/limits: binds 127.0.0.1 unless told otherwise; optional TLS (server cert + key); optional
-shared token checked on every call (`authorization: Bearer <token>` metadata, else UNAUTHENTICATED);
-bounded message sizes; every Generate request validated (INVALID_ARGUMENT with a message; the server
-stays up; 0 < temperature < `min_temperature` is refused; a rollout with NaN log-probs is never
-sent, the call fails INTERNAL). Weight pushes are serialized by a lock taken only once a header
-arrived, bounded by an idle timeout and a maximum duration, staged to disk and verified (names,
-shapes, dtypes, checksums, finite values, size vs free space: see staging.py), and applied only on
-Commit; any failure or disconnect discards the staging and keeps the old weights. LoadWeights is off
-unless `load_root` is set, reads only under it, never the directory being served, and applies the
-same checks. Staging directories of dead samplers are removed at start.
+the push data plane, start/stop; stale staging of dead samplers removed at start) and
+`ServerThread` (one in a background thread). The RPCs: service.py; the settings: server_config.py.
 """
 
 from __future__ import annotations

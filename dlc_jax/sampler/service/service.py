@@ -1,10 +1,8 @@
-"""The Sampler gRPC service (`SamplerService`): bearer-token auth on every call, Generate
-(validated requests; a rollout with NaN log-probs is never sent, the call fails INTERNAL), weight
-pushes (serialized by a lock taken only once a header arrived, received by `push.session`, applied
-only on Commit; any failure or disconnect discards the staging and keeps the old weights; a sliced
-push from several senders is staged across its part streams and applied by a group commit,
-`push.sliced`), LoadWeights (off unless `load_root` is set; `push.load_checks`) and Info.
-`wire.sampler_pb2_grpc.add_service` registers it.
+"""The Sampler gRPC service (`SamplerService`): bearer-token auth on every call; Generate
+(validated requests; a rollout with NaN log-probs is never sent: INTERNAL); weight pushes
+(serialized by a lock taken once a header arrived, received by `push.session`, applied only on
+Commit, any failure keeping the old weights; sliced pushes staged across their part streams and
+applied by a group commit); LoadWeights (off unless `load_root` is set) and Info.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Minimal safetensors reading/writing by header, with no framework: spec listing, streaming
-writes at precomputed offsets (host memory ~ one chunk), and numpy reads (bf16 via ml_dtypes).
-
-Reads are bounded: a header longer than `MAX_HEADER_BYTES` or than the file, an entry whose data
-range lies outside the file or disagrees with its shape and dtype, is refused with a ValueError
-naming the file (never a MemoryError or a short read).
+"""Minimal safetensors reading/writing by header: spec listing, streaming writes at precomputed
+offsets, numpy reads (bf16 via ml_dtypes). Reads are bounded: an absurd header or an entry outside
+the file or disagreeing with its shape is a ValueError naming the file.
 """
 
 from __future__ import annotations
