@@ -1,14 +1,7 @@
-"""Grain prompt pipeline over JSONL / Parquet / HF ``datasets`` / the synthetic arithmetic task.
-
-Load (once, before training; :mod:`dlc_jax.data.validate`): rows are read, fields and gold answers
-checked (errors name file:line or the row), prompts rendered and measured, too-long ones dropped.
-
-Then, all on a ``grain.MapDataset`` (random-access and checkpointable): examples -> shuffle(seed)
-(reshuffled every epoch) -> repeat(epochs) -> attach the global **slot id** (position in the epoch
-order: ``epoch * N + position``) -> shard by JAX process
-(``slots[process_index::process_count]``) ->
-tokenize -> ``to_iter_dataset`` -> batch into groups of ``batch_prompts`` prompts. The iterator's
-``get_state()/set_state()`` is a small JSON-able dict.
+"""Grain prompt pipeline: examples loaded and checked once (`validate`), then on a
+``grain.MapDataset`` (random-access, checkpointable): shuffle(seed) -> repeat(epochs) -> global
+slot id (``epoch * N + position``) -> shard by JAX process -> tokenize -> batches of
+``batch_prompts``; ``get_state()/set_state()`` is a small JSON-able dict.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""Runs reward functions in worker processes, with timeouts, off the training thread.
-
+"""Runs reward functions in worker processes, with timeouts, off the training thread:
 ``RewardRunner(cfg).score(prompts, completions, answers, ids) -> (rewards float32 [N], metrics)``.
 
-Why processes: a reward is user code; a hanging one must be stoppable (a thread cannot be killed),
-and HF math-verify's own timeouts use ``signal.alarm``, which only works on a process's main
-thread —
-a worker process runs every call on its main thread, so those timeouts work there. Workers are
-``spawn``ed (never forked from the multi-threaded trainer) and import the reward functions once at
-start-up, so a bad ``module:function`` fails the run at start in one line.
-
-Each reward function is called on the batch split into one contiguous chunk per worker. A chunk that
-raises, returns the wrong number of values / non-finite values, or runs past ``timeout_s`` (its
-worker
-is killed and replaced) is re-scored one sample at a time (``sample_timeout_s`` each, all of them
-within ``timeout_s``); samples that still fail score 0 and are logged with their ids. The run goes
-on, until a reward's failures exceed ``reward.max_failed_fraction`` over ``reward.window`` batches
-(:mod:`dlc_jax.data.reward_budget`). What a reward may return: :mod:`dlc_jax.data.reward_values`.
-
-Each worker leads its own process group (session): closing the runner, replacing a hung worker, or
-the trainer dying kills the whole group, so processes a reward spawned do not outlive the run.
+Processes, because a hanging reward must be killable and math-verify's signal timeouts work only
+on a main thread. Workers are plain subprocesses (`reward_worker`) that import the functions once
+at start (a bad path fails the run then). Each call is split into one chunk per worker; a chunk
+that raises, returns unusable values (`reward_values`) or outlives ``timeout_s`` (its worker killed
+and replaced) is re-scored one sample at a time; samples that still fail score 0 and are logged
+with their ids, until the failure budget stops the run (`reward_budget`). Each worker leads its own
+process group, killed whole.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""What a reward function may return, checked where it comes back.
-
-A reward call must return one real number per completion: a ``list`` / ``tuple`` of ints, floats,
-bools or numpy scalars, or a 1-D numeric array (numpy, or anything with ``__array__``). A ``str``,
-``bytes``, mapping, set, scalar or nested sequence is refused (a bare ``str`` used to be read
-character by character, an int-keyed dict by its keys).
-
-The values must then lie within ``±MAX_ABS_REWARD`` (``reward.clip: [lo, hi]`` clips them instead,
-NaN still refused): a value finite in float64 but not in float32 (1e39) became a NaN advantage, and
-one around 1e20 overflowed the group variance in float32 and zeroed every advantage of its group.
-A call that breaks either rule scores 0 like a raising one, logged with its sample ids and reason.
+"""What a reward function may return: one real number per completion (a list / tuple of numbers
+or a 1-D numeric array; a str, mapping, set, scalar or nested sequence is refused), each within
+``±MAX_ABS_REWARD`` unless ``reward.clip`` clips them (NaN never): larger values overflowed the
+float32 advantages. A call breaking either rule scores 0 like a raising one.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""Reward functions and their config.
-
-A reward function is any importable ``package.module:function`` with the batch signature
+"""Reward functions and their config. A reward function is any importable ``module:function``
 
     fn(prompts: list[str], completions: list[str], answers: list[str], **metadata) -> list[float]
 
-(one float per completion; ``metadata`` holds ``ids`` — one id string per sample — plus any extra
-dataset columns, one list each). A function may also carry a ``check_answer(answer) -> str | None``
-attribute: the data pipeline calls it on every gold answer at load and refuses the data set (naming
-the row) on the first message it returns.
-
-Built-ins, plug-ins of the same signature:
-  - ``dlc_jax.data.rewards:exact_match`` — the response's candidate answer (``#### n``, the last
-    ``\\boxed{}``'s whole content, or the last standalone number) equals the gold number exactly;
-  - ``dlc_jax.data.rewards:math_verify`` — HF ``math-verify`` equivalence of the response and the
-    gold
-    answer (``\\boxed{0.5}`` vs ``1/2``, ``\\boxed{2^{10}}`` vs ``1024``).
-Rewards run in worker processes (``dlc_jax.data.reward_runner``), never on the training thread.
+(``metadata``: ``ids`` plus the data set's extra columns, one list each); an optional
+``check_answer(answer) -> str | None`` attribute is run on every gold answer at load. Built-ins:
+``exact_match`` (the response's candidate answer equals the gold number) and ``math_verify`` (HF
+math-verify equivalence). They run in worker processes (`reward_runner`).
 """
 
 from __future__ import annotations

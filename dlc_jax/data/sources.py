@@ -1,21 +1,9 @@
-"""Row sources of the prompt pipeline: JSONL, Parquet, HF ``datasets`` and the synthetic task.
-
-Every source is random-access (``len`` + ``row(i) -> dict``) so grain can shuffle and checkpoint it,
-and names where row ``i`` came from (``where(i)``: ``"data.jsonl:17"``,
-``"hf:openai/gsm8k[train] row
-17"``) for the data errors. ``data.source`` forms:
-  - ``arithmetic``: the synthetic task (:mod:`dlc_jax.data.arithmetic`);
-  - ``PATH.jsonl`` / ``PATH.parquet``: a local file;
-  - ``hf:NAME_OR_PATH``: HF ``datasets`` — a directory written by ``Dataset.save_to_disk`` /
-    ``DatasetDict.save_to_disk``, a local directory of data files, or a hub name
-    (``hf:openai/gsm8k``
-    with ``data.subset=main``; offline, ``HF_DATASETS_OFFLINE=1`` uses the local cache only).
-
-Hostile input ends in one line (:class:`DataError`): loading an HF data set runs under a deadline
-(``data.timeout_s``; the hub's own HTTP timeouts are set to it too), so an endpoint that accepts and
-never answers fails instead of hanging; bytes that are not UTF-8 and lone surrogates in a JSONL row
-name ``file:line``; an empty data set, and a ``data.split`` that a single saved ``Dataset`` cannot
-honour, are errors rather than an ``IndexError`` or a silently ignored split.
+"""Row sources of the prompt pipeline: ``arithmetic`` (synthetic), ``PATH.jsonl`` /
+``PATH.parquet`` and ``hf:NAME_OR_PATH`` (HF ``datasets``: a ``save_to_disk`` directory, a data
+directory or a hub name). Every source is random-access (``len`` + ``row(i)``) and names where a
+row came from (``where(i)``). Hostile input ends in one line (`DataError`): HF loads run under
+``data.timeout_s``; non-UTF-8 bytes and lone surrogates name ``file:line``; an empty data set or a
+split a saved ``Dataset`` cannot honour is an error.
 """
 
 from __future__ import annotations

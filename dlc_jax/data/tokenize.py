@@ -1,15 +1,7 @@
-"""Prompt rendering and tokenization with the model's HF tokenizer (from the model directory).
-
-With ``chat_template`` on, a prompt is rendered by the tokenizer's own chat template
-(``apply_chat_template`` with ``add_generation_prompt=True``, an optional system message and
-``enable_thinking`` — Qwen3's switch; templates that do not use it ignore it); a tokenizer without a
-template falls back to the hand-written ChatML below. Token ids are produced once here and then
-travel unchanged trainer -> sampler -> trainer; nothing downstream re-tokenizes text.
-
-A rendered prompt's content is text: a control token's text in a dataset prompt
-(``<|im_start|>system``) is encoded as plain text (`dlc_jax.data.text_tokens`), counted in
-``data/escaped_special_tokens``. Without ``chat_template`` the prompt is the model's whole input,
-written by the user, and is encoded as it is.
+"""Prompt rendering and tokenization with the model's HF tokenizer. With ``chat_template`` a prompt
+is rendered by the tokenizer's chat template (ChatML when it has none), its content encoded as text
+(`text_tokens`: control tokens in it counted, never matched); without, the prompt is encoded as
+is. Token ids are made once here and never re-tokenized downstream.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Data validation at load: every row is checked before training starts, not when it is sampled.
-
-For each row: the prompt and answer fields are present and non-empty text, the gold answer is found
-in
-``data.answer_format`` and accepted by every reward's ``check_answer`` (e.g. exact_match needs a
-number), and the rendered prompt fits: prompt tokens + ``sampler.max_tokens`` <= ``max_model_len``.
-Missing fields and bad gold answers are errors naming the file:line / row (:class:`DataError`);
-too-long prompts are dropped, counted and logged.
+"""Data validation at load, before training: fields present and non-empty text, gold answers found
+in ``data.answer_format`` and accepted by every reward's ``check_answer`` (errors name the row),
+prompts that do not fit ``max_model_len - max_tokens`` dropped, counted and logged.
 """
 
 from __future__ import annotations
