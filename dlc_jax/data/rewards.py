@@ -85,20 +85,19 @@ class RewardConfig:
     def __post_init__(self):
         if self.workers < 1:
             raise ValueError(f"reward.workers must be >= 1, got {self.workers}")
-        if not self.timeout_s > 0 or not self.sample_timeout_s > 0:
-            raise ValueError("reward.timeout_s and reward.sample_timeout_s must be > 0")
-        if not math.isfinite(self.timeout_s) or not math.isfinite(self.sample_timeout_s):
-            raise ValueError("reward.timeout_s and reward.sample_timeout_s must be finite")
+        for t in (self.timeout_s, self.sample_timeout_s):
+            if not t > 0 or not math.isfinite(t):
+                raise ValueError(
+                    "reward.timeout_s and reward.sample_timeout_s must be finite and > 0"
+                )
         check_clip(self.clip)
         f = self.max_failed_fraction
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+        if not _is_number(f) or not 0.0 <= f <= 1.0:
             raise ValueError(f"reward.max_failed_fraction must be in [0, 1], got {f!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"reward.window must be an integer >= 1, got {self.window!r}")
         for key in ("correct", "incorrect", "format_bonus"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"reward.{key}: expected a finite number, got {v!r}")
+            _finite(f"reward.{key}", getattr(self, key))
         try:
             re.compile(self.strict_format)
         except re.error as e:
@@ -137,9 +136,7 @@ class RewardConfig:
                     f"{key}: the name is reserved for a metric (reserved: {sorted(RESERVED_NAMES)})"
                 )
             _check_fn_path(f"{key}.fn", entry["fn"])
-            w = entry.get("weight", 1.0)
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
-                raise ValueError(f"{key}.weight: expected a finite number, got {w!r}")
+            w = _finite(f"{key}.weight", entry.get("weight", 1.0))
             kw = entry.get("kwargs") or {}
             if not isinstance(kw, dict):
                 raise ValueError(f"{key}.kwargs: expected a mapping, got {kw!r}")
@@ -147,6 +144,17 @@ class RewardConfig:
                 RewardFnSpec(name=str(name), fn=entry["fn"], weight=float(w), kwargs=dict(kw))
             )
         return out
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite(key: str, v):
+    """``v`` when it is a finite number, else a one-line ValueError naming ``key``."""
+    if not _is_number(v) or not math.isfinite(v):
+        raise ValueError(f"{key}: expected a finite number, got {v!r}")
+    return v
 
 
 def _check_fn_path(key: str, path) -> None:

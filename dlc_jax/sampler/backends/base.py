@@ -100,6 +100,7 @@ class SamplerBackend(abc.ABC):
         self.vocab_size = int(self.model_config["vocab_size"])
         self.version = int(cfg.initial_version)
         self._expected = st.read_specs(cfg.model_dir)
+        self._base_fp: str | None = None  # `base_fingerprint`, once computed
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """{hf_name: (shape, dtype)} that a full weight push must provide."""
@@ -134,12 +135,11 @@ class SamplerBackend(abc.ABC):
 
     def base_fingerprint(self) -> str:
         """`adapter_push.dir_fingerprint` of the model directory (computed once)."""
-        fp = getattr(self, "_base_fp", None)
-        if fp is None:
+        if self._base_fp is None:
             from ..push.adapter import dir_fingerprint
 
-            fp = self._base_fp = dir_fingerprint(self.cfg.model_dir)
-        return fp
+            self._base_fp = dir_fingerprint(self.cfg.model_dir)
+        return self._base_fp
 
     async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
         """Serve base + the verified adapter in ``adapter_dir`` (``meta``: its

@@ -91,7 +91,9 @@ class JaxBackend(SamplerBackend):
         self._state = None
         self._base_state = None
         self._seed_counter = np.random.default_rng(cfg.seed)
-        self._load_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._routes = False  # the family returns routed experts (set at start)
+        # loads on their own thread: decode batches queued on the default executor never delay them
+        self._load_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-load")
 
     # -- weights ----------------------------------------------------------------------------
     def load_weights_dir(self, weights_dir: str):
@@ -133,18 +135,12 @@ class JaxBackend(SamplerBackend):
             self.load_weights_dir, self.cfg.model_dir
         )
         self._base_state = self._state  # what LoRA adapter pushes are merged into
-        self._cache_dtype = "bfloat16" if self.cfg.dtype == "bfloat16" else "float32"
+
+    async def _on_load_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._load_pool, fn, *args)
 
     async def apply_weights(self, weights_dir: str, version: int) -> None:
-        # its own thread: decode batches queued on the default executor must not delay a push
-        if self._load_pool is None:
-            self._load_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="jax-load"
-            )
-        loop = asyncio.get_running_loop()
-        graphdef, state = await loop.run_in_executor(
-            self._load_pool, self.load_weights_dir, weights_dir
-        )
+        graphdef, state = await self._on_load_thread(self.load_weights_dir, weights_dir)
         self.set_weights(graphdef, state, version)
 
     def set_weights(self, graphdef, state, version: int) -> None:
@@ -154,25 +150,20 @@ class JaxBackend(SamplerBackend):
             if self._base_state is None:  # the start-up weights: what adapters are merged into
                 self._base_state = state
 
-    def begin_load(self):
+    def begin_load(self, state=None):
+        """A tensor-by-tensor load into `state`'s structure (default: the served one), with the
+        numerics knobs."""
         from .jax_weights import JaxWeightLoad
 
         knobs = has_knobs(self.cfg)
-        state, _ = self._snapshot()
         return JaxWeightLoad(
-            state,
+            self._snapshot()[0] if state is None else state,
             int(self.model_config["num_hidden_layers"]),
             (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
         )
 
     async def apply_load(self, load, version: int) -> None:
-        if self._load_pool is None:
-            self._load_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="jax-load"
-            )
-        state = await asyncio.get_running_loop().run_in_executor(self._load_pool, load.state)
-        with self._lock:
-            self._state, self.version = state, int(version)
+        self.serve_state(await self._on_load_thread(load.state), version)
 
     # -- LoRA adapter pushes: base + delta merged in memory at commit ------------------------------
     def adapter_base(self, rank: int) -> str:
@@ -191,15 +182,9 @@ class JaxBackend(SamplerBackend):
         from the model directory's base with the knobs applied to the merged weight, as to a
         pushed one."""
         from ..push.adapter import merged_tensors, peft_name, split_name
-        from .jax_weights import JaxWeightLoad
 
-        knobs = has_knobs(self.cfg)
-        load = JaxWeightLoad(
-            self._base_state,
-            int(self.model_config["num_hidden_layers"]),
-            (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
-        )
-        if knobs:
+        load = self.begin_load(self._base_state)
+        if has_knobs(self.cfg):
             base = st.iter_tensors(self.cfg.model_dir)
             for name, w in merged_tensors(base, adapter, meta.scale):
                 load.add(name, w)
@@ -210,13 +195,9 @@ class JaxBackend(SamplerBackend):
         return load.state(partial=True)
 
     async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
-        if self._load_pool is None:
-            self._load_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="jax-load"
-            )
-        loop = asyncio.get_running_loop()
-        state = await loop.run_in_executor(self._load_pool, self._adapter_state, adapter_dir, meta)
-        self.serve_state(state, version)
+        self.serve_state(
+            await self._on_load_thread(self._adapter_state, adapter_dir, meta), version
+        )
 
     def serve_state(self, state, version: int) -> None:
         """Serve ``state`` (the served graph's parameters) as ``version`` from the next decode
@@ -237,7 +218,7 @@ class JaxBackend(SamplerBackend):
 
         graphdef = self._graphdef
         cache_dtype = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
-        routes = getattr(self, "_routes", False)
+        routes = self._routes
 
         def forward(model, ids, positions, cache, mask=None):
             """(logits, cache, routed experts [B, T, L, K] or None)."""
@@ -320,7 +301,7 @@ class JaxBackend(SamplerBackend):
         done[b_real:] = True
         length = np.full(b, t_max)
         finish = ["length"] * b
-        want_routes = bool(params.return_routed_experts) and getattr(self, "_routes", False)
+        want_routes = bool(params.return_routed_experts) and self._routes
         out_route: np.ndarray | None = None
         state, version = self._snapshot()
         logits, cache, routed = prefill(
@@ -420,6 +401,5 @@ class JaxBackend(SamplerBackend):
             yield from self._generate_batch(seqs, params, seed, request_id)
 
     async def close(self) -> None:
-        if self._load_pool is not None:
-            self._load_pool.shutdown(wait=False)
+        self._load_pool.shutdown(wait=False)
         self._state = None
