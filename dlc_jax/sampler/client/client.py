@@ -204,21 +204,12 @@ class SamplerClient(SingleSampler):
         relay_to: cabc.Sequence[str] = (),
         relay_fanout: int = 1,
     ) -> PushResult:
-        """Stream a full set of HF-named tensors as weight version `version`.
-
-        named_tensors: a Mapping name -> array, a Sequence of (name, array), a zero-argument
-        callable returning an iterator of (name, array), or a one-shot iterator together with
-        `specs` ({name: shape}, all tensors, e.g. `hf_param_shapes(config)`). Arrays are converted
-        to `dtype` ("float32" | "bfloat16" | "float16") one at a time. `checksum`: "crc32c"
-        (hardware CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and
-        verified by the server. `transport`: "grpc" (default: bytes in chunk messages), "socket"
-        (bytes over the server's raw TCP data port, zero-copy; needs a server started with a data
-        port, refused with TLS) or "auto" (socket when the server offers a data port and the
-        channel is not TLS, else grpc). A re-iterable source is pushed again on UNAVAILABLE.
-        `relay_to` / `relay_fanout`: samplers the receiving one forwards the push to while it
-        stages it (chain: fanout 1); their outcomes come back in `PushResult.relayed`. `push_model`
-        (`SamplerBase`) pushes an NNX model through it.
-        """
+        """Stream a full set of HF-named tensors as weight version `version`: `named_tensors` in a
+        form `weight_stream.tensor_source` takes (a re-iterable one is pushed again on
+        UNAVAILABLE), converted to `dtype` one at a time; `checksum` ("crc32c" or "sha256") per
+        tensor in its trailer; `transport` one of `protocol.TRANSPORTS`; `relay_to` /
+        `relay_fanout`: samplers the receiver forwards the push to (outcomes in
+        `PushResult.relayed`)."""
         if check_transport(transport) == "auto":
             transport = self.push_transport()
         if not 0 < chunk_bytes <= self.max_message_bytes - 64:
@@ -274,43 +265,22 @@ class SamplerClient(SingleSampler):
         return sock
 
     def _push_once(
-        self,
-        src: TensorSource,
-        version: int,
-        dtype: str,
-        chunk_bytes: int,
-        checksum: str,
-        transport: str,
-        relay: tuple[tuple[str, ...], int] = ((), 1),
-    ) -> PushResult:
+        self, src: TensorSource, version: int, dtype: str, chunk_bytes: int, checksum: str,
+        transport: str, relay: tuple[tuple[str, ...], int] = ((), 1),
+    ) -> PushResult:  # fmt: skip
         sent = [0]  # tensor bytes handed to the transport by this attempt (egress)
 
         def count(n: int) -> None:
             sent[0] += n
 
-        relay_kw: dict[str, Any] = {
-            "relay_to": relay[0],
-            "relay_fanout": relay[1],
-            "on_sent": count,
-        }
-        if transport != "socket":
-            stream = weight_messages(
-                src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum, **relay_kw
-            )
-            return dataclasses.replace(self.push_messages(stream), egress_bytes=sent[0])
-        r = self.push_with_data(
-            lambda send_data, push_id: weight_messages(
-                src.open(),
-                src.names_shapes,
-                version,
-                dtype,
-                chunk_bytes,
-                checksum,
-                send_data=send_data,
-                push_id=push_id,
-                **relay_kw,
-            )
-        )
+        def stream(send_data=None, push_id: str = ""):
+            return weight_messages(
+                src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum,
+                send_data=send_data, push_id=push_id, relay_to=relay[0], relay_fanout=relay[1],
+                on_sent=count,
+            )  # fmt: skip
+
+        r = self.push_with_data(stream) if transport == "socket" else self.push_messages(stream())
         return dataclasses.replace(r, egress_bytes=sent[0])
 
     def load_weights(self, path: str, version: int) -> PushResult:
