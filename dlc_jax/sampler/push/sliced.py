@@ -16,7 +16,6 @@ tensor is forwarded once all its slices are verified, and the relay commits with
 from __future__ import annotations
 
 import collections
-import hashlib
 import math
 import mmap
 import os
@@ -24,7 +23,6 @@ import pathlib
 import socket
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import grpc
 import numpy as np
@@ -32,7 +30,7 @@ import numpy as np
 from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
 from .staging import WeightStager
-from .weight_checks import Crc32c, FiniteCheck, PushError
+from .weight_checks import Checksum, FiniteCheck, PushError, given_checksums
 
 _BAD = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -87,7 +85,7 @@ class _OpenSlice:
         self.nbytes = self.elements * st.NP_DTYPES[spec.dtype].itemsize
         self.buf = bytearray()
         self.got = 0
-        self.hash: Any = hashlib.sha256() if algo == "sha256" else Crc32c()
+        self.hash = Checksum(algo)
         self.finite = FiniteCheck(spec.dtype)
         self.trailer: pb.TensorDone | None = None
 
@@ -220,11 +218,7 @@ class SlicedStager(WeightStager):
             raise PushError(
                 grpc.StatusCode.DATA_LOSS, f"{where}: received {o.got} of {o.nbytes} bytes"
             )
-        if self.checksum == "sha256":
-            ok = bool(d.sha256) and d.sha256.lower() == o.hash.hexdigest()
-        else:
-            ok = d.HasField("crc32c") and d.crc32c == o.hash.value
-        if not ok:
+        if given_checksums(self.checksum, d) != [o.hash.value]:
             raise PushError(
                 grpc.StatusCode.DATA_LOSS, f"{where}: {self.checksum} missing or mismatched"
             )

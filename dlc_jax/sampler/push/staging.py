@@ -15,7 +15,7 @@ checks the previous piece, and each verified tensor goes to the engine's `load`
 
 from __future__ import annotations
 
-import hashlib
+import math
 import mmap
 import os
 import pathlib
@@ -32,7 +32,14 @@ from ..wire import sampler_pb2 as pb
 from .stage_worker import StageWorker
 from .staging_dirs import make_staging_dir
 from .warm_staging import StagingBuffer, WarmStaging
-from .weight_checks import Crc32c, FiniteCheck, PushError, max_push_bytes, validate_specs
+from .weight_checks import (
+    Checksum,
+    FiniteCheck,
+    PushError,
+    given_checksums,
+    max_push_bytes,
+    validate_specs,
+)
 from .weight_stream import with_checksum
 
 CHECKSUMS = ("sha256", "crc32c")
@@ -107,10 +114,7 @@ class WeightStager:
             seen[s.name] = (tuple(int(d) for d in s.shape), s.dtype)
         self.validate(seen)
         for s in h.tensors:
-            n = 1
-            for d in s.shape:
-                n *= int(d)
-            want = n * st.NP_DTYPES[s.dtype].itemsize
+            want = math.prod(int(d) for d in s.shape) * st.NP_DTYPES[s.dtype].itemsize
             if s.nbytes != want:
                 raise PushError(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -122,9 +126,7 @@ class WeightStager:
         self.version = int(h.version)
         self.specs = list(h.tensors)
         self._received = [0] * len(self.specs)
-        self._hash: list[Any] = [
-            hashlib.sha256() if algo == "sha256" else Crc32c() for _ in self.specs
-        ]
+        self._hash = [Checksum(algo) for _ in self.specs]
         self._trailer: list[pb.TensorDone | None] = [None] * len(self.specs)
         self._complete = [False] * len(self.specs)  # socket plane: all of the tensor's bytes read
         self._finite = [FiniteCheck(s.dtype) for s in self.specs]
@@ -319,9 +321,7 @@ class WeightStager:
     def verified_tensor(self, i: int) -> np.ndarray:
         """Memory mode, tensor i verified: `tensor_view(i)` marked with the checksum it passed
         (a relay forwards it without checksumming it again: `weight_stream.VerifiedTensor`)."""
-        h = self._hash[i]
-        value = h.hexdigest() if self.checksum == "sha256" else h.value
-        return with_checksum(self.tensor_view(i), self.checksum, value)
+        return with_checksum(self.tensor_view(i), self.checksum, self._hash[i].value)
 
     def _load_tensor(self, i) -> None:
         s = self.specs[i]
@@ -343,15 +343,9 @@ class WeightStager:
                 grpc.StatusCode.DATA_LOSS,
                 f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes",
             )
-        t = self._trailer[i]
-        if self.checksum == "sha256":
-            want = [c.lower() for c in (s.sha256, t.sha256 if t is not None else "") if c]
-            got = self._hash[i].hexdigest()
-            shown = lambda x: f"{x[:16]}.."
-        else:
-            want = [m.crc32c for m in (s, t) if m is not None and m.HasField("crc32c")]
-            got = self._hash[i].value
-            shown = lambda x: f"{x:08x}"
+        want = given_checksums(self.checksum, s, self._trailer[i])
+        got = self._hash[i].value
+        shown = (lambda x: f"{x[:16]}..") if self.checksum == "sha256" else (lambda x: f"{x:08x}")
         if not want:
             raise PushError(
                 grpc.StatusCode.INVALID_ARGUMENT,

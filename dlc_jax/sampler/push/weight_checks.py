@@ -5,6 +5,9 @@ over raw bytes (`FiniteCheck`); failures raise `PushError` with the gRPC code to
 
 from __future__ import annotations
 
+import hashlib
+import math
+
 import crc32c
 import grpc
 import numpy as np
@@ -22,14 +25,30 @@ class PushError(Exception):
         self.message = message
 
 
-class Crc32c:
-    """Incremental CRC-32C (hardware, GIL released) with the hashlib update() interface."""
+class Checksum:
+    """Incremental checksum of a push's bytes: "sha256" (`value`: hex digest) or "crc32c"
+    (hardware, GIL released; `value`: int)."""
 
-    def __init__(self):
-        self.value = 0
+    def __init__(self, algo: str):
+        self._sha = hashlib.sha256() if algo == "sha256" else None
+        self._crc = 0
 
     def update(self, data) -> None:
-        self.value = crc32c.crc32c(data, self.value)
+        if self._sha is not None:
+            self._sha.update(data)
+        else:
+            self._crc = crc32c.crc32c(data, self._crc)
+
+    @property
+    def value(self) -> int | str:
+        return self._sha.hexdigest() if self._sha is not None else self._crc
+
+
+def given_checksums(algo: str, *msgs) -> list:
+    """The `algo` checksums the TensorSpec / TensorDone messages `msgs` carry (None skipped)."""
+    if algo == "sha256":
+        return [m.sha256.lower() for m in msgs if m is not None and m.sha256]
+    return [m.crc32c for m in msgs if m is not None and m.HasField("crc32c")]
 
 
 # (unsigned view dtype, exponent mask): a float is NaN/Inf iff all its exponent bits are set
@@ -127,17 +146,9 @@ def validate_specs(
 
 def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
     """The largest tensor payload a valid push of this model can have (every float as float32)."""
-    total = 0
-    for shape, dtype in expected.values():
-        n = 1
-        for d in shape:
-            n *= int(d)
-        isz = (
-            4
-            if dtype in FLOAT_DTYPES
-            else st.NP_DTYPES[dtype].itemsize
-            if dtype in st.NP_DTYPES
-            else 8
-        )
-        total += n * isz
-    return total
+
+    def itemsize(dtype: str) -> int:  # floats may come as float32; unknown dtypes as 8 bytes
+        known = st.NP_DTYPES[dtype].itemsize if dtype in st.NP_DTYPES else 8
+        return 4 if dtype in FLOAT_DTYPES else known
+
+    return sum(math.prod(int(d) for d in shape) * itemsize(dt) for shape, dt in expected.values())
