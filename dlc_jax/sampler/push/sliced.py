@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import math
-import mmap
 import os
 import pathlib
 import socket
@@ -133,9 +132,6 @@ class SlicedStager(WeightStager):
         ).SerializeToString(deterministic=True)
         if self.dir is None:  # the group's first part: the header's checks, the staging file
             super().header(h)
-            if self._mm is None:  # file mode too: slices are scattered through the map
-                self._mm = mmap.mmap(self._fd, 0)
-                self._mv = memoryview(self._mm)
             self.group, self.parts, self._fingerprint = h.push_group, int(h.push_parts), fingerprint
             self._tilings = [SliceTiling(s.name, s.shape) for s in self.specs]
             for i, t in enumerate(self._tilings):

@@ -7,10 +7,10 @@ the header's checksum ("sha256" or "crc32c") in its spec or TensorDone trailer, 
 checked finite as they arrive. Failures raise `PushError` (gRPC code + a message naming the
 tensor); the caller deletes the staging with `discard()`, and only `commit()` returns it.
 
-`memory=False` ("file"): bytes are `pwrite`n and the engine loads the committed directory.
-`memory=True`: the file is memory-mapped, socket bytes are received into it while a second thread
-checks the previous piece, and each verified tensor goes to the engine's `load`
-(`backends.base.WeightLoad`) on a third thread, so at Commit only the atomic swap is left.
+The file is memory-mapped: chunks are copied and socket bytes received into it (a second thread
+checking the previous piece). `memory=False` ("file"): the engine loads the committed directory.
+`memory=True`: each verified tensor goes to the engine's `load` (`backends.base.WeightLoad`) on a
+third thread while the next arrives, so at Commit only the atomic swap is left.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class WeightStager:
                 f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)",
             )
         total = len(prefix) + payload
-        self._hashed = [0] * len(self.specs)  # memory mode, socket plane: bytes checksummed
+        self._hashed = [0] * len(self.specs)  # socket plane: bytes checksummed
         self._sent = [False] * len(self.specs)  # handed to the engine load
         if self.warm is not None:  # a buffer whose pages are already mapped (warm_staging)
             self._buffer = self.warm.take(
@@ -157,9 +157,8 @@ class WeightStager:
             self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             os.pwrite(self._fd, prefix, 0)
             os.ftruncate(self._fd, total)
-            if self.memory:
-                self._mm = mmap.mmap(self._fd, total)
-                self._mv = memoryview(self._mm)
+            self._mm = mmap.mmap(self._fd, total)
+            self._mv = memoryview(self._mm)
         if self.load is not None:
             self._loader = StageWorker(self._load_tensor, "push-load")
 
@@ -200,10 +199,8 @@ class WeightStager:
                 f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}",
             )
         at = self._offsets[c.tensor_index] + got
-        if self._mv is not None:
-            self._mv[at : at + len(c.data)] = c.data
-        else:
-            os.pwrite(self._fd, c.data, at)
+        assert self._mv is not None
+        self._mv[at : at + len(c.data)] = c.data
         self._hash[c.tensor_index].update(c.data)
         self._finite[c.tensor_index].update(c.data)
         self._received[c.tensor_index] = got + len(c.data)
@@ -221,35 +218,33 @@ class WeightStager:
         self._verify(d.tensor_index, s)
 
     def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
-        """Socket data plane: read every tensor's bytes, in header order, from `conn` into the
-        staging file (through one `piece`-byte buffer: host memory ~ one piece), checksumming as it
-        goes; each tensor whose trailer is already in is verified right away. Blocking (run it in a
-        worker thread; closing `conn` from elsewhere stops it). Raises PushError."""
+        """Socket data plane: `recv_into` the mapped staging file every tensor's bytes, in header
+        order, from `conn`; each piece is checksummed and finite-checked on a second thread while
+        the next one is received, and a tensor whose trailer is in is verified right away.
+        Blocking (a worker thread; closing `conn` from elsewhere stops it). Raises PushError."""
         if self.dir is None or self.data_plane != "socket":
             raise PushError(
                 grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
             )
-        if self._mv is not None:
-            self._read_socket_mapped(conn, piece)
-            return
-        buf = bytearray(piece)
-        view = memoryview(buf)
-        for i, s in enumerate(self.specs):
-            n, got, base = int(s.nbytes), 0, self._offsets[i]
-            h = self._hash[i]
-            while got < n:
-                k = self._recv(conn, view[: min(piece, n - got)], s.name, got, n)
-                chunk = view[:k]
-                h.update(chunk)
-                self._finite[i].update(chunk)
-                os.pwrite(self._fd, chunk, base + got)
-                got += k
-                self._received[i] = got
-                self.bytes_received += k
-            with self._lock:
-                self._complete[i] = True
-                if self._trailer[i] is not None:
-                    self._verify(i, s)
+        assert self._mv is not None
+        checker = StageWorker(self._check_piece, "push-verify")
+        try:
+            for i, s in enumerate(self.specs):
+                n, got, base = int(s.nbytes), 0, self._offsets[i]
+                if n == 0:
+                    checker.put((i, base, 0))
+                while got < n:
+                    if checker.error is not None:
+                        raise checker.error
+                    want = min(piece, n - got)
+                    k = self._recv(conn, self._mv[base + got : base + got + want], s.name, got, n)
+                    self._received[i] = got + k  # before the checker may verify the tensor
+                    self.bytes_received += k
+                    checker.put((i, base + got, k))
+                    got += k
+            checker.finish()
+        finally:
+            checker.cancel()
 
     def end_data(self) -> None:
         """The push's stream reached Commit or failed. Nothing to do here (`read_socket` knows
@@ -270,29 +265,6 @@ class WeightStager:
                 f"tensor {name!r}: data socket closed after {got} of {n} bytes",
             )
         return k
-
-    def _read_socket_mapped(self, conn: socket.socket, piece: int) -> None:
-        """Memory mode: `recv_into` the mapped staging file; the checksum + finite check of each
-        piece runs on a second thread while the next piece is received."""
-        assert self._mv is not None
-        checker = StageWorker(self._check_piece, "push-verify")
-        try:
-            for i, s in enumerate(self.specs):
-                n, got, base = int(s.nbytes), 0, self._offsets[i]
-                if n == 0:
-                    checker.put((i, base, 0))
-                while got < n:
-                    if checker.error is not None:
-                        raise checker.error
-                    want = min(piece, n - got)
-                    k = self._recv(conn, self._mv[base + got : base + got + want], s.name, got, n)
-                    self._received[i] = got + k  # before the checker may verify the tensor
-                    self.bytes_received += k
-                    checker.put((i, base + got, k))
-                    got += k
-            checker.finish()
-        finally:
-            checker.cancel()
 
     def _check_piece(self, item) -> None:
         i, at, k = item  # type: ignore[misc]
