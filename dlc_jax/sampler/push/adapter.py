@@ -19,7 +19,6 @@ import pathlib
 from collections.abc import Callable, Iterable, Iterator
 
 import crc32c
-import grpc
 import numpy as np
 
 from ..wire import safetensors_io as st
@@ -117,33 +116,27 @@ def validate_adapter_specs(
     """An adapter push's names, shapes and dtypes: a non-empty subset of ``allowed`` holding both
     factors of each module it adapts."""
     if not specs:
-        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "adapter push with no tensors")
+        raise PushError.invalid("adapter push with no tensors")
     for name, (shape, dtype) in specs.items():
         if name not in allowed:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"adapter tensor {name!r} is not a LoRA factor of a projection of the served model",
+            raise PushError.invalid(
+                f"adapter tensor {name!r} is not a LoRA factor of a projection of the served model"
             )
         want = allowed[name][0]
         if tuple(shape) != tuple(want):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise PushError.invalid(
                 f"adapter tensor {name!r}: shape {list(shape)} != expected {list(want)} "
-                f"(header.adapter_rank and the served model)",
+                f"(header.adapter_rank and the served model)"
             )
         if dtype not in PUSH_DTYPES:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"adapter tensor {name!r}: dtype {dtype!r} not one of {PUSH_DTYPES}",
+            raise PushError.invalid(
+                f"adapter tensor {name!r}: dtype {dtype!r} not one of {PUSH_DTYPES}"
             )
     for name in specs:
         mod, factor = split_name(name)
         other = peft_name(mod, "lora_B" if factor == "lora_A" else "lora_A")
         if other not in specs:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"adapter push has {name!r} without {other!r}",
-            )
+            raise PushError.invalid(f"adapter push has {name!r} without {other!r}")
 
 
 def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
@@ -151,20 +144,18 @@ def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
     base ``check_base(rank)`` fingerprints (`SamplerBackend.adapter_base`; its ValueError, a
     sampler that takes no adapter of that rank, is FAILED_PRECONDITION too)."""
     if meta.rank < 1 or not (math.isfinite(meta.alpha) and meta.alpha > 0):
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
+        raise PushError.invalid(
             f"adapter push: adapter_rank {meta.rank} must be >= 1 and adapter_alpha "
-            f"{meta.alpha} finite and > 0",
+            f"{meta.alpha} finite and > 0"
         )
     try:
         ours = check_base(meta.rank)
     except ValueError as e:
-        raise PushError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+        raise PushError.precondition(str(e)) from None
     if meta.base != ours:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             f"adapter push refused: its adapter was trained on base {meta.base or '(none)'}, "
-            f"this sampler's base is {ours}; the current weights keep serving",
+            f"this sampler's base is {ours}; the current weights keep serving"
         )
 
 
@@ -178,10 +169,9 @@ def check_rank(expected: dict[str, tuple[tuple[int, ...], str]], rank: int) -> N
     ]
     most = max((min(int(d) for d in shape) for shape in adaptable), default=0)
     if rank > most:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
+        raise PushError.invalid(
             f"adapter push: adapter_rank {rank} > {most}, the largest rank a projection of the "
-            "served model can hold",
+            "served model can hold"
         )
 
 
@@ -202,9 +192,7 @@ def check_adapter(
     )
     for n, a in adapter.items():
         if not np.isfinite(a).all():
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"adapter tensor {n!r} has non-finite values"
-            )
+            raise PushError.invalid(f"adapter tensor {n!r} has non-finite values")
 
 
 class AdapterStager(WeightStager):
@@ -231,15 +219,12 @@ class AdapterStager(WeightStager):
 
     def header(self, h: pb.WeightHeader) -> None:
         if h.kind != ADAPTER_KIND:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"header.kind {h.kind!r} is not '' (a full push) or {ADAPTER_KIND!r}",
+            raise PushError.invalid(
+                f"header.kind {h.kind!r} is not '' (a full push) or {ADAPTER_KIND!r}"
             )
         meta = AdapterMeta.from_header(h)
         if h.relay_to:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, "adapter pushes are not relayed (push each)"
-            )
+            raise PushError.invalid("adapter pushes are not relayed (push each)")
         check_meta(meta, self._check_base)
         check_rank(self._full, meta.rank)
         self.expected = adapter_specs(self._full, meta.rank)

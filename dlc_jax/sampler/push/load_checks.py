@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pathlib
 
-import grpc
-
 from ..wire import safetensors_io as st
 from .weight_checks import PushError, validate_specs
 
@@ -15,25 +13,20 @@ from .weight_checks import PushError, validate_specs
 def check_load_path(raw: str, load_root: str | None, serving: list[pathlib.Path]) -> pathlib.Path:
     """`raw` resolved, inside `load_root`, a directory, none of `serving`; else PushError."""
     if not load_root:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             "LoadWeights is disabled on this server (start it with --load-root DIR to allow "
-            "loading weight directories under DIR)",
+            "loading weight directories under DIR)"
         )
     path = pathlib.Path(raw).resolve()
     root = pathlib.Path(load_root).resolve()
     if path != root and root not in path.parents:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"path {raw!r} is outside the load root {load_root}",
-        )
+        raise PushError.precondition(f"path {raw!r} is outside the load root {load_root}")
     if not path.is_dir():
-        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, f"path {raw!r} is not a directory")
+        raise PushError.invalid(f"path {raw!r} is not a directory")
     if path in {p.resolve() for p in serving}:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             f"path {raw!r} is the directory being served; write the new weights to another "
-            "directory",
+            "directory"
         )
     return path
 
@@ -43,10 +36,9 @@ def check_load_files(path: pathlib.Path, expected: dict[str, tuple[tuple[int, ..
     validate_specs(expected, _read(st.read_specs, path), where=str(path))
     bad = _read(st.first_nonfinite, path)
     if bad is not None:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
+        raise PushError.invalid(
             f"tensor {bad!r} in {path} contains NaN or Inf values (load refused; the current "
-            "weights keep serving)",
+            "weights keep serving)"
         )
 
 
@@ -55,6 +47,4 @@ def _read(read, path: pathlib.Path):
     try:
         return read(path)
     except (OSError, ValueError) as e:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT, f"cannot read safetensors in {path}: {e}"
-        ) from None
+        raise PushError.invalid(f"cannot read safetensors in {path}: {e}") from None

@@ -15,7 +15,6 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 
-import grpc
 import numpy as np
 
 from ..client.fanout import describe
@@ -43,19 +42,16 @@ def check_relay(header: pb.WeightHeader, memory: bool, tls: bool) -> None:
     """PushError when this server cannot relay the push `header` asks it to relay."""
     to = list(header.relay_to)
     if not memory:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "header.relay_to: relaying needs push_staging='memory' on the relaying sampler",
+        raise PushError.precondition(
+            "header.relay_to: relaying needs push_staging='memory' on the relaying sampler"
         )
     if tls:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "header.relay_to: a TLS sampler does not relay (onward pushes are plaintext)",
+        raise PushError.precondition(
+            "header.relay_to: a TLS sampler does not relay (onward pushes are plaintext)"
         )
     if len(to) > MAX_RELAY or len(set(to)) != len(to) or not all(to):
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"header.relay_to: at most {MAX_RELAY} distinct non-empty addresses, got {len(to)}",
+        raise PushError.invalid(
+            f"header.relay_to: at most {MAX_RELAY} distinct non-empty addresses, got {len(to)}"
         )
 
 

@@ -49,22 +49,19 @@ async def next_message(it, deadline: float, cfg, what: str):
 async def claim_data(listener: data_plane.DataPlaneListener | None, push_id: str, wait: float):
     """The authenticated data connection for `push_id`, or PushError."""
     if listener is None:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             "push asks for the socket data plane but this server has no data port "
-            "(start it with --push-data-port / ServerConfig.data_port; never offered with TLS)",
+            "(start it with --push-data-port / ServerConfig.data_port; never offered with TLS)"
         )
     if len(push_id) != data_plane.PUSH_ID_LEN:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"header.data_push_id must be {data_plane.PUSH_ID_LEN} chars for the socket data plane",
+        raise PushError.invalid(
+            f"header.data_push_id must be {data_plane.PUSH_ID_LEN} chars for the socket data plane"
         )
     conn = await asyncio.get_running_loop().run_in_executor(None, listener.claim, push_id, wait)
     if conn is None:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             f"no data connection for push id {push_id[:8]}.. within {wait}s "
-            "(not connected, wrong push id, or missing/wrong token in its preamble)",
+            "(not connected, wrong push id, or missing/wrong token in its preamble)"
         )
     return conn
 
@@ -113,17 +110,14 @@ async def receive(
                 continue
             kind = msg.WhichOneof("kind")
             if kind == "header":
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "second header in one push")
+                raise PushError.invalid("second header in one push")
             elif kind == "chunk":
                 stager.chunk(msg.chunk)
             elif kind == "done":
                 stager.done(msg.done)
             elif kind == "slice":  # a part of a sliced push (`sliced.SlicedStager`)
                 if not isinstance(stager, SlicedStager):
-                    raise PushError(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "WeightSlice in a push whose header has no push_parts",
-                    )
+                    raise PushError.invalid("WeightSlice in a push whose header has no push_parts")
                 stager.slice(msg.slice)
             elif kind == "commit":
                 if reading is not None:
@@ -139,7 +133,7 @@ async def receive(
                 # blocking in memory mode (the engine's load of the last tensors): off the loop
                 return await loop.run_in_executor(io_pool, on_commit or stager.commit)
             else:
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
+                raise PushError.invalid("WeightMessage with no field set")
         if writing is not None:  # its error (if any) is the reason to report
             await writing
             writing = None

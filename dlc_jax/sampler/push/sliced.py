@@ -23,15 +23,12 @@ import socket
 import threading
 from collections.abc import Sequence
 
-import grpc
 import numpy as np
 
 from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
 from .staging import WeightStager
 from .weight_checks import Checksum, FiniteCheck, PushError, given_checksums
-
-_BAD = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class SliceTiling:
@@ -51,20 +48,18 @@ class SliceTiling:
         a, b = tuple(int(x) for x in start), tuple(int(x) for x in stop)
         box = f"[{list(a)}, {list(b)})"
         if len(a) != len(self.shape) or len(b) != len(self.shape):
-            raise PushError(
-                _BAD, f"tensor {self.name!r}: slice {box} does not have rank {len(self.shape)}"
+            raise PushError.invalid(
+                f"tensor {self.name!r}: slice {box} does not have rank {len(self.shape)}"
             )
         if any(not 0 <= lo < hi <= d for lo, hi, d in zip(a, b, self.shape)):
-            raise PushError(
-                _BAD,
+            raise PushError.invalid(
                 f"tensor {self.name!r}: slice {box} is empty or out of bounds of shape "
-                f"{list(self.shape)}",
+                f"{list(self.shape)}"
             )
         for c, d in self.boxes:
             if all(lo < d_hi and c_lo < hi for lo, hi, c_lo, d_hi in zip(a, b, c, d)):
-                raise PushError(
-                    _BAD,
-                    f"tensor {self.name!r}: slice {box} overlaps slice [{list(c)}, {list(d)})",
+                raise PushError.invalid(
+                    f"tensor {self.name!r}: slice {box} overlaps slice [{list(c)}, {list(d)})"
                 )
         self.boxes.append((a, b))
         return math.prod(hi - lo for lo, hi in zip(a, b))
@@ -112,14 +107,14 @@ class SlicedStager(WeightStager):
     # -- header -----------------------------------------------------------------------------
     def header(self, h: pb.WeightHeader) -> None:
         if h.push_parts == 0 or not h.push_group or h.group_commit:
-            raise PushError(_BAD, "a sliced push part needs push_group and push_parts > 0")
+            raise PushError.invalid("a sliced push part needs push_group and push_parts > 0")
         if not 0 <= h.push_part < h.push_parts:
-            raise PushError(_BAD, f"push_part {h.push_part} not in [0, {h.push_parts})")
+            raise PushError.invalid(f"push_part {h.push_part} not in [0, {h.push_parts})")
         plane = h.data_plane or "grpc"
         if plane not in ("grpc", "socket"):
-            raise PushError(_BAD, f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
+            raise PushError.invalid(f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
         if self._part is not None:
-            raise PushError(_BAD, "second header in one push")
+            raise PushError.invalid("second header in one push")
         fingerprint = pb.WeightHeader(
             version=h.version,
             tensors=h.tensors,
@@ -138,14 +133,13 @@ class SlicedStager(WeightStager):
                 if t.total == 0:
                     self._tensor_complete(i)
         elif fingerprint != self._fingerprint:
-            raise PushError(
-                _BAD,
+            raise PushError.invalid(
                 f"push group {h.push_group!r} part {h.push_part}: header differs from the "
                 "group's first part (version, dtype, checksum, tensors, part count and relay "
-                "must match)",
+                "must match)"
             )
         if h.push_part in self.parts_done:
-            raise PushError(_BAD, f"push group {self.group!r}: part {h.push_part} sent twice")
+            raise PushError.invalid(f"push group {self.group!r}: part {h.push_part} sent twice")
         self._part = int(h.push_part)
         self.data_plane = plane  # this part's plane (push_session claims its data connection)
         with self._cv:
@@ -156,8 +150,8 @@ class SlicedStager(WeightStager):
     def slice(self, m: pb.WeightSlice) -> None:
         s = self._spec(m.tensor_index)
         if self._open is not None:
-            raise PushError(
-                _BAD, f"tensor {s.name!r}: a slice starts before the previous one's TensorDone"
+            raise PushError.invalid(
+                f"tensor {s.name!r}: a slice starts before the previous one's TensorDone"
             )
         self._tilings[m.tensor_index].add(m.start, m.stop)
         start, stop = tuple(int(x) for x in m.start), tuple(int(x) for x in m.stop)
@@ -174,21 +168,20 @@ class SlicedStager(WeightStager):
         s = self._spec(i)
         o = self._open
         if o is None or o.index != i:
-            raise PushError(_BAD, f"tensor {s.name!r}: {what} outside a WeightSlice of it")
+            raise PushError.invalid(f"tensor {s.name!r}: {what} outside a WeightSlice of it")
         return o
 
     def chunk(self, c) -> None:
         o = self._slice_of(c.tensor_index, "chunk")
         if self.data_plane == "socket":
-            raise PushError(
-                _BAD, "WeightChunk in a sliced part whose bytes come over the socket data plane"
+            raise PushError.invalid(
+                "WeightChunk in a sliced part whose bytes come over the socket data plane"
             )
         n = len(c.data)
         if c.offset != o.got or o.got + n > len(o.buf):
-            raise PushError(
-                _BAD,
+            raise PushError.invalid(
                 f"tensor {self.specs[o.index].name!r}: slice chunk at offset {c.offset} "
-                f"+{n} bytes, expected offset {o.got} within {len(o.buf)} (in order)",
+                f"+{n} bytes, expected offset {o.got} within {len(o.buf)} (in order)"
             )
         o.buf[o.got : o.got + n] = c.data
         o.hash.update(c.data)
@@ -211,15 +204,11 @@ class SlicedStager(WeightStager):
         s = self.specs[o.index]
         where = f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)})"
         if o.got != o.nbytes:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS, f"{where}: received {o.got} of {o.nbytes} bytes"
-            )
+            raise PushError.data_loss(f"{where}: received {o.got} of {o.nbytes} bytes")
         if given_checksums(self.checksum, d) != [o.hash.value]:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS, f"{where}: {self.checksum} missing or mismatched"
-            )
+            raise PushError.data_loss(f"{where}: {self.checksum} missing or mismatched")
         if not o.finite.ok:
-            raise PushError(_BAD, f"{where}: contains NaN or Inf values (push refused)")
+            raise PushError.invalid(f"{where}: contains NaN or Inf values (push refused)")
         self._scatter(o)
         o.buf = bytearray()
         t = self._tilings[o.index]
@@ -234,9 +223,7 @@ class SlicedStager(WeightStager):
         verified and staged. Blocking (the push's I/O thread; closing `conn` stops it). Raises
         PushError."""
         if self.dir is None or self.data_plane != "socket":
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
-            )
+            raise PushError.precondition("read_socket before a socket-plane header")
         while (o := self._next_announced()) is not None:
             s = self.specs[o.index]
             o.buf = bytearray(o.nbytes)
@@ -253,10 +240,9 @@ class SlicedStager(WeightStager):
                 while o.trailer is None and not self._data_end:
                     self._cv.wait()
             if o.trailer is None:
-                raise PushError(
-                    _BAD,
+                raise PushError.invalid(
                     f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)}): part ended "
-                    "without its TensorDone",
+                    "without its TensorDone"
                 )
             self._finish(o, o.trailer)
 
@@ -309,7 +295,7 @@ class SlicedStager(WeightStager):
     def end_part(self) -> None:
         """The part's Commit: its last slice must be closed."""
         if self._open is not None:
-            raise PushError(_BAD, "part ended inside a slice (no TensorDone)")
+            raise PushError.invalid("part ended inside a slice (no TensorDone)")
         assert self._part is not None
         self.parts_done.add(self._part)
         self._part = None
@@ -318,19 +304,17 @@ class SlicedStager(WeightStager):
         """Every part ended and every tensor tiled exactly; -> the staged directory (blocking:
         waits for the engine's load of the last tensors)."""
         if self.dir is None:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "group commit before any part")
+            raise PushError.precondition("group commit before any part")
         missing = sorted(set(range(self.parts)) - self.parts_done)
         if missing:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"push group {self.group!r}: parts {missing} of {self.parts} did not arrive",
+            raise PushError.precondition(
+                f"push group {self.group!r}: parts {missing} of {self.parts} did not arrive"
             )
         for t in self._tilings:
             if not t.complete:
-                raise PushError(
-                    _BAD,
+                raise PushError.invalid(
                     f"tensor {t.name!r}: slices cover {t.covered} of its {t.total} elements "
-                    "(they must tile it exactly)",
+                    "(they must tile it exactly)"
                 )
         if self._loader is not None:
             self._loader.finish()

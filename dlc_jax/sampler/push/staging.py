@@ -86,40 +86,29 @@ class WeightStager:
     # -- header -----------------------------------------------------------------------------
     def header(self, h: pb.WeightHeader) -> None:
         if self.dir is not None:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "second header in one push")
+            raise PushError.invalid("second header in one push")
         if h.version <= self.current_version:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale version {h.version}: server already serves version {self.current_version}",
+            raise PushError.precondition(
+                f"stale version {h.version}: server already serves version {self.current_version}"
             )
         plane = h.data_plane or "grpc"
         if plane not in ("grpc", "socket"):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'",
-            )
+            raise PushError.invalid(f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
         algo = h.checksum or "sha256"
         if algo not in CHECKSUMS:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"header.checksum {h.checksum!r} not one of {CHECKSUMS}",
-            )
+            raise PushError.invalid(f"header.checksum {h.checksum!r} not one of {CHECKSUMS}")
         seen: dict[str, tuple[tuple[int, ...], str]] = {}
         for s in h.tensors:
             if s.name in seen:
-                raise PushError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"tensor {s.name!r} listed twice in the header",
-                )
+                raise PushError.invalid(f"tensor {s.name!r} listed twice in the header")
             seen[s.name] = (tuple(int(d) for d in s.shape), s.dtype)
         self.validate(seen)
         for s in h.tensors:
             want = math.prod(int(d) for d in s.shape) * st.NP_DTYPES[s.dtype].itemsize
             if s.nbytes != want:
-                raise PushError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
+                raise PushError.invalid(
                     f"tensor {s.name!r}: nbytes {s.nbytes} != {want} for shape {list(s.shape)} "
-                    f"{s.dtype}",
+                    f"{s.dtype}"
                 )
         self.checksum = algo
         self.data_plane = plane
@@ -136,9 +125,8 @@ class WeightStager:
         payload = sum(int(s.nbytes) for s in self.specs)
         cap = max_push_bytes(self.expected)
         if payload > cap:  # cannot happen after validate_specs; kept as the explicit bound
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)",
+            raise PushError.invalid(
+                f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)"
             )
         total = len(prefix) + payload
         self._hashed = [0] * len(self.specs)  # socket plane: bytes checksummed
@@ -170,33 +158,27 @@ class WeightStager:
     # -- data -------------------------------------------------------------------------------
     def _spec(self, i: int) -> pb.TensorSpec:
         if self.dir is None:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "data before header")
+            raise PushError.precondition("data before header")
         if not 0 <= i < len(self.specs):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor_index {i} out of range [0, {len(self.specs)})",
-            )
+            raise PushError.invalid(f"tensor_index {i} out of range [0, {len(self.specs)})")
         return self.specs[i]
 
     def chunk(self, c) -> None:
         """`c`: a `pb.WeightChunk` or a `chunk_wire.RawChunk` (tensor_index, offset, data)."""
         s = self._spec(c.tensor_index)
         if self.data_plane == "socket":
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "WeightChunk in a push whose bytes come over the socket data plane",
+            raise PushError.invalid(
+                "WeightChunk in a push whose bytes come over the socket data plane"
             )
         got = self._received[c.tensor_index]
         if c.offset != got:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise PushError.invalid(
                 f"tensor {s.name!r}: chunk at offset {c.offset}, expected {got} (chunks must be "
-                "in order)",
+                "in order)"
             )
         if got + len(c.data) > s.nbytes:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}",
+            raise PushError.invalid(
+                f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}"
             )
         at = self._offsets[c.tensor_index] + got
         assert self._mv is not None
@@ -223,9 +205,7 @@ class WeightStager:
         the next one is received, and a tensor whose trailer is in is verified right away.
         Blocking (a worker thread; closing `conn` from elsewhere stops it). Raises PushError."""
         if self.dir is None or self.data_plane != "socket":
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
-            )
+            raise PushError.precondition("read_socket before a socket-plane header")
         assert self._mv is not None
         checker = StageWorker(self._check_piece, "push-verify")
         try:
@@ -255,14 +235,12 @@ class WeightStager:
         try:
             k = conn.recv_into(into, len(into), socket.MSG_WAITALL)
         except OSError as e:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS,
-                f"tensor {name!r}: data socket failed after {got} of {n} bytes: {e}",
+            raise PushError.data_loss(
+                f"tensor {name!r}: data socket failed after {got} of {n} bytes: {e}"
             ) from None
         if k == 0:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS,
-                f"tensor {name!r}: data socket closed after {got} of {n} bytes",
+            raise PushError.data_loss(
+                f"tensor {name!r}: data socket closed after {got} of {n} bytes"
             )
         return k
 
@@ -311,30 +289,24 @@ class WeightStager:
 
     def _verify(self, i: int, s: pb.TensorSpec) -> None:
         if self._received[i] != s.nbytes:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS,
-                f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes",
+            raise PushError.data_loss(
+                f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes"
             )
         want = given_checksums(self.checksum, s, self._trailer[i])
         got = self._hash[i].value
         shown = (lambda x: f"{x[:16]}..") if self.checksum == "sha256" else (lambda x: f"{x:08x}")
         if not want:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {s.name!r}: no {self.checksum} in header or trailer",
-            )
+            raise PushError.invalid(f"tensor {s.name!r}: no {self.checksum} in header or trailer")
         for w in want:
             if w != got:
-                raise PushError(
-                    grpc.StatusCode.DATA_LOSS,
+                raise PushError.data_loss(
                     f"tensor {s.name!r}: {self.checksum} mismatch (corrupted data): "
-                    f"got {shown(got)}, expected {shown(w)}",
+                    f"got {shown(got)}, expected {shown(w)}"
                 )
         if not self._finite[i].ok:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise PushError.invalid(
                 f"tensor {s.name!r}: contains NaN or Inf values (push refused; the current "
-                "weights keep serving)",
+                "weights keep serving)"
             )
         self._hand_on(i)
 
@@ -363,7 +335,7 @@ class WeightStager:
     def commit(self) -> pathlib.Path:
         """Verify every tensor; -> the staged directory (one safetensors file)."""
         if self.dir is None:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "commit before header")
+            raise PushError.precondition("commit before header")
         for i, s in enumerate(self.specs):
             self._verify(i, s)
         if self._loader is not None:  # blocking: the engine's load of the last tensors

@@ -12,8 +12,6 @@ import pathlib
 import shutil
 import tempfile
 
-import grpc
-
 from .weight_checks import PushError
 
 log = logging.getLogger(__name__)
@@ -114,14 +112,11 @@ def make_staging_dir(
     try:
         free = shutil.disk_usage(where).free
     except OSError as e:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION, f"staging directory {where}: {e}"
-        ) from None
+        raise PushError.precondition(f"staging directory {where}: {e}") from None
     if free - reserve_bytes < total:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             f"not enough space to stage the push: needs {total / 1e6:.1f} MB, {where} has "
-            f"{free / 1e6:.1f} MB free with {reserve_bytes / 1e6:.1f} MB kept in reserve",
+            f"{free / 1e6:.1f} MB free with {reserve_bytes / 1e6:.1f} MB kept in reserve"
         )
     d = pathlib.Path(
         tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}_v{version}_", dir=root)

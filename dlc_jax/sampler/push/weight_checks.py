@@ -19,10 +19,24 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 class PushError(Exception):
+    """A refused push: the gRPC status `code` to answer and a one-line `message`."""
+
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
         self.code = code
         self.message = message
+
+    @classmethod
+    def invalid(cls, message: str) -> PushError:
+        return cls(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    @classmethod
+    def precondition(cls, message: str) -> PushError:
+        return cls(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+    @classmethod
+    def data_loss(cls, message: str) -> PushError:
+        return cls(grpc.StatusCode.DATA_LOSS, message)
 
 
 class Checksum:
@@ -110,38 +124,27 @@ def validate_specs(
     parameter may come as any of PUSH_DTYPES (the engine casts); any other must match exactly."""
     unknown = sorted(set(specs) - set(expected))
     if unknown:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)",
+        raise PushError.invalid(
+            f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)"
         )
     missing = sorted(set(expected) - set(specs))
     if missing:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}",
-        )
+        raise PushError.invalid(f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
     for name, (shape, dtype) in specs.items():
         exp_shape, exp_dtype = expected[name]
         if tuple(shape) != tuple(exp_shape):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}",
+            raise PushError.invalid(
+                f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}"
             )
         if dtype not in st.NP_DTYPES:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: unsupported dtype {dtype!r}"
-            )
+            raise PushError.invalid(f"tensor {name!r}: unsupported dtype {dtype!r}")
         if exp_dtype in FLOAT_DTYPES and dtype not in PUSH_DTYPES:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise PushError.invalid(
                 f"tensor {name!r}: dtype {dtype!r} not allowed for a float parameter (use one of "
-                f"{PUSH_DTYPES})",
+                f"{PUSH_DTYPES})"
             )
         if exp_dtype not in FLOAT_DTYPES and dtype != exp_dtype:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}",
-            )
+            raise PushError.invalid(f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}")
 
 
 def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:

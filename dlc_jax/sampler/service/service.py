@@ -195,10 +195,7 @@ class SamplerService:
                 or isinstance(first, chunk_wire.RawChunk)
                 or first.WhichOneof("kind") != "header"
             ):
-                raise PushError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "a push must start with a WeightHeader message",
-                )
+                raise PushError.invalid("a push must start with a WeightHeader message")
             try:
                 await asyncio.wait_for(
                     self._push_lock.acquire(), max(deadline - loop.time(), 0.001)
@@ -322,9 +319,7 @@ class SamplerService:
     async def _commit_group(self, header, it, deadline: float, t0: float) -> pb.PushResult:
         msg = await push_session.next_message(it, deadline, self.cfg, "Commit")
         if not isinstance(msg, pb.WeightMessage) or msg.WhichOneof("kind") != "commit":
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, "a group commit is a header then Commit"
-            )
+            raise PushError.invalid("a group commit is a header then Commit")
         stager = self._group.take(header, self.backend.version)
         loop = asyncio.get_running_loop()
         try:
@@ -355,10 +350,9 @@ class SamplerService:
                 serving = [self._current_dir] + ([self._owned_dir] if self._owned_dir else [])
                 path = check_load_path(request.path, self.cfg.load_root, serving)
                 if request.version <= self.backend.version:
-                    raise PushError(
-                        grpc.StatusCode.FAILED_PRECONDITION,
+                    raise PushError.precondition(
                         f"stale version {request.version}: server already serves version "
-                        f"{self.backend.version}",
+                        f"{self.backend.version}"
                     )
                 expected = self.backend.expected_tensors()
                 await asyncio.get_running_loop().run_in_executor(
