@@ -18,8 +18,8 @@ from dlc_jax.data.arithmetic import ExampleSource
 
 @dataclasses.dataclass(frozen=True)
 class ChainArithConfig:
-    """min_terms / max_terms: how many numbers are added (drawn uniformly, >= 2); digits: each term
-    is drawn from [0, 10**digits); num_examples: size of one epoch."""
+    """Terms per example in [min_terms, max_terms] (>= 2), each in [0, 10**digits);
+    num_examples: one epoch."""
 
     min_terms: int = 3
     max_terms: int = 5

@@ -50,8 +50,8 @@ class FailureBudget:
             )
 
     def short_run_counts(self, names: list[str]) -> np.ndarray:
-        """[len(names), 2] int64: (failed, scored) samples of each reward whose window never
-        filled (0, 0 for the others): what `judge_short_run` judges, summed over processes."""
+        """[len(names), 2] int64 (failed, scored) samples of each reward whose window never filled
+        (0, 0 for the others), to be summed over processes for `judge_short_run`."""
         out = np.zeros((len(names), 2), np.int64)
         for i, name in enumerate(names):
             seen = self._seen.get(name)
@@ -60,8 +60,8 @@ class FailureBudget:
         return out
 
     def judge_short_run(self, names: list[str], fns: list[str], counts: np.ndarray) -> None:
-        """Raise :class:`RewardFailureError` when a reward's failed samples in ``counts`` (the
-        `short_run_counts` of every process, summed) exceed the budget."""
+        """Raise :class:`RewardFailureError` when a reward's summed `short_run_counts` exceed the
+        budget."""
         if self.max_failed_fraction >= 1.0:
             return
         for name, fn, (bad, n) in zip(names, fns, np.asarray(counts).tolist()):

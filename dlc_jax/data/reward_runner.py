@@ -172,9 +172,9 @@ class RewardRunner:
         ids: list[str],
         metadata: dict[str, list] | None = None,
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Total reward per sample (float32 [N], weighted sum over the rewards) and metrics:
-        ``reward/<name>`` (mean of that reward), ``reward/errors`` and ``reward/timeouts`` (samples
-        that scored 0 because of a failure, this call), ``reward/seconds``."""
+        """Total reward per sample (float32 [N], the weighted sum) and metrics ``reward/<name>``
+        (means), ``reward/errors`` / ``reward/timeouts`` (samples scored 0 by a failure) and
+        ``reward/seconds``."""
         n = len(completions)
         if not (len(prompts) == len(answers) == len(ids) == n):
             raise ValueError(

@@ -17,8 +17,7 @@ MAX_ABS_REWARD = 1e15
 
 
 def as_reward_list(out: object) -> list[float] | str:
-    """``out`` (a reward function's return value) as a list of Python floats, or why it is not a
-    list of real numbers (a one-line reason)."""
+    """A reward function's return value as a list of floats, or a one-line reason why not."""
     kind = type(out).__name__
     if isinstance(out, (str, bytes, bytearray, Mapping, set, frozenset)) or out is None:
         return f"returned a {kind}, expected a list of numbers (one per completion)"

@@ -47,26 +47,12 @@ class RewardFnSpec:
 
 @dataclasses.dataclass
 class RewardConfig:
-    """The ``reward`` section.
-
-    fn: one reward function ``package.module:function`` (weight 1).
-    fns: several weighted rewards, replacing ``fn`` when non-empty: a mapping
-      ``NAME: {fn: module:function, weight: 1.0, kwargs: {...}}`` (or ``NAME: module:function``);
-      the total reward is the weighted sum. Overridable per entry: ``reward.fns.NAME.weight=0.5``.
-    workers: reward worker processes (each call is split into one contiguous chunk per worker; set 1
-      for a function that must see the whole batch at once).
-    timeout_s: time limit of one call on one chunk; past it the worker is killed and the chunk is
-      re-scored one sample at a time, each sample limited to sample_timeout_s, all of them to
-      timeout_s.
-      Samples that raise or do not finish score 0 and are logged with their ids.
-    clip: ``[lo, hi]``: reward values are clipped into this range; null (default): a value outside
-      ±1e15 (or NaN, or not a number; ``dlc_jax.data.reward_values``) fails its call like an error.
-    max_failed_fraction / window: a reward failing on more than this fraction of its samples over
-      ``window`` scored batches stops the run in one line naming it and its last error
-      (``dlc_jax.data.reward_budget``; 1.0 = never).
-    correct / incorrect / format_bonus / strict_format: options of the built-in exact_match when it
-      is the ``fn`` (reward of a match / a miss; bonus when ``strict_format`` full-matches the
-      stripped response).
+    """The ``reward`` section (keys: docs/CONTRACTS.md). ``fns`` (``NAME: {fn, weight, kwargs}`` or
+    ``NAME: module:function``) replaces ``fn`` when non-empty: the total is the weighted sum.
+    ``timeout_s`` bounds one call on one chunk, after which its samples are re-scored one by one
+    (``sample_timeout_s`` each); ``clip`` clips values (null: outside ±1e15 fails the call);
+    ``max_failed_fraction`` / ``window``: the failure budget; ``correct`` ... ``strict_format``:
+    options of the built-in exact_match as ``fn``.
     """
 
     fn: str = EXACT_MATCH

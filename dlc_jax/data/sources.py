@@ -155,9 +155,8 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 def with_deadline(fn, timeout_s: float, what: str):
-    """``fn()`` run in a daemon thread; a DataError naming ``what`` when it takes longer than
-    ``timeout_s`` (the thread is abandoned: a network read that never returns cannot be
-    interrupted, and a daemon thread does not keep the process alive)."""
+    """``fn()`` in a daemon thread; a DataError naming ``what`` past ``timeout_s`` (the thread is
+    abandoned: a network read that never returns cannot be interrupted)."""
     box: dict[str, Any] = {}
 
     def run():

@@ -17,8 +17,8 @@ _PATTERNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _pattern(tok: Any) -> tuple[Any, Any]:
-    """(all added tokens' texts, the non-special ones) as regexes (longest first; None when there
-    are none: a plain ``encode`` tokenizer has nothing to keep as text); cached per tokenizer."""
+    """(all added tokens' texts, the non-special ones) as regexes, longest first (None: none);
+    cached per tokenizer."""
     try:
         return _PATTERNS[tok]
     except (KeyError, TypeError):
@@ -62,9 +62,8 @@ def encode_chat(
     *,
     allow_special: bool = False,
 ) -> tuple[list[int], int]:
-    """(token ids of ``render(messages)``, control tokens kept as text): the template's own text
-    is encoded as usual, every message's content with `encode_text`. ``allow_special``: the
-    contents' control tokens are kept (the plain encoding of the rendering)."""
+    """(token ids of ``render(messages)``, control tokens kept as text): the template's text
+    encoded as usual, each content with `encode_text` (``allow_special``: contents as they are)."""
     escaped = 0 if allow_special else sum(count_control(tok, m["content"]) for m in messages)
     if not escaped:
         return [int(i) for i in tok.encode(render(messages), add_special_tokens=False)], 0

@@ -26,9 +26,8 @@ _DIRECT_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe")
 
 
 def _direct_tokenizer_class(model_dir: str):
-    """The class AutoTokenizer would pick for ``model_dir``, when it is one of the classes above
-    (tokenizer_config.json names it, no ``auto_map``, config.json has a Qwen model type); else
-    None."""
+    """The class AutoTokenizer would pick for ``model_dir`` when it is one of `_DIRECT_CLASSES`
+    (named by tokenizer_config.json, no ``auto_map``, a Qwen model type), else None."""
     import importlib
     import json
     from pathlib import Path
@@ -53,9 +52,8 @@ def _direct_tokenizer_class(model_dir: str):
 
 
 def load_tokenizer(model_dir: str):
-    """The HF fast tokenizer stored in ``model_dir`` (``tokenizer.json`` + config), no network:
-    the class AutoTokenizer picks, loaded without importing AutoTokenizer where that class is
-    known (see ``_DIRECT_CLASSES``)."""
+    """The HF fast tokenizer stored in ``model_dir``, offline, without importing AutoTokenizer
+    where its class is known."""
     try:
         cls = _direct_tokenizer_class(str(model_dir))
         if cls is None:
@@ -143,8 +141,8 @@ def encode_prompt(tokenizer, prompt: str, **fmt: Unpack[PromptFormat]) -> np.nda
 
 
 def count_prompt_tokens(tokenizer, prompts: list[str], **fmt: Unpack[PromptFormat]) -> list[int]:
-    """Token count of each rendered prompt (batched when the tokenizer is an HF one; a prompt
-    holding a control token's text is counted as `encode_prompt` encodes it)."""
+    """Token count of each rendered prompt, as `encode_prompt` encodes it (batched for an HF
+    tokenizer)."""
     from dlc_jax.data.text_tokens import count_control
 
     if fmt.get("chat_template") and any(count_control(tokenizer, p) for p in prompts):
