@@ -175,12 +175,9 @@ class JaxBackend(SamplerBackend):
         return self.merged_adapter_state(read_adapter(adapter_dir), meta)
 
     def merged_adapter_state(self, adapter: dict[str, np.ndarray], meta):
-        """The start-up base with ``W + scale * B @ A`` in every kernel ``adapter`` (PEFT name:
-        float32 factor, checked) adapts; the other parameters are shared. Merged on the device
-        from the served base (`JaxWeightLoad.add_lora`: no read of the model directory, no host
-        copy of a kernel; ~6x less CPU than the host merge), or, with numerics knobs, on the host
-        from the model directory's base with the knobs applied to the merged weight, as to a
-        pushed one."""
+        """The start-up base with ``W + scale * B @ A`` in every kernel ``adapter`` adapts (the
+        rest shared): merged on the device from the served base (`JaxWeightLoad.add_lora`), or,
+        with numerics knobs, on the host from the model directory, knobs applied as to a push."""
         from ..push.adapter import merged_tensors, peft_name, split_name
 
         load = self.begin_load(self._base_state)

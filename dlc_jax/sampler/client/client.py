@@ -39,10 +39,9 @@ REJECT_CODES = (
 
 
 class SamplerClient(SingleSampler):
-    """One sampler server over gRPC (implements `dlc_jax.sampler.client.protocol.Sampler`).
-
-    timeout: default deadline of a call in seconds; retry: the `RetryPolicy` for UNAVAILABLE (or
-    max_retries / backoff / max_backoff to build one); both are read-only after construction."""
+    """One sampler server over gRPC (a `protocol.Sampler`): `timeout` is a call's default
+    deadline (s); `retry` (or max_retries / backoff / max_backoff) the `RetryPolicy` for
+    UNAVAILABLE."""
 
     def __init__(
         self,
@@ -169,10 +168,9 @@ class SamplerClient(SingleSampler):
     def push_with_data(
         self, messages: Callable[[Callable[[int, memoryview], None], str], Iterable]
     ) -> PushResult:
-        """A push over the socket data plane: open a data connection to the server's data port
-        under a fresh push id, send the stream ``messages(send_data, push_id)`` (its header names
-        data_plane "socket" and that push id; ``send_data(tensor_index, bytes)`` writes raw bytes
-        to the connection), then close the connection. Rejections come back as ok=False."""
+        """A push over the socket data plane: a data connection to the server's data port under
+        a fresh push id, and the stream ``messages(send_data, push_id)`` whose header names it
+        (``send_data(tensor_index, bytes)`` writes to the connection). Rejections: ok=False."""
         if self.tls:
             raise ValueError(
                 "push transport 'socket' is plaintext raw TCP and is refused on a TLS channel; "

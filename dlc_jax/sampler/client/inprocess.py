@@ -29,12 +29,8 @@ _ids = itertools.count()
 
 
 class InProcessSampler(SingleSampler):
-    """A `dlc_jax.sampler.client.protocol.Sampler` running the JAX backend in this process.
-
-    ``cfg``: the backend's `BackendConfig` (model_dir serves as ``initial_version``). `generate`
-    may be called from several threads at once (the trainer's rollout feeder does); the jitted
-    prefill / decode are shared, so each shape compiles once per process.
-    """
+    """A `Sampler` running the JAX backend (`cfg`) in this process; `generate` may be called
+    from several threads (jitted programs shared)."""
 
     def __init__(self, cfg: BackendConfig):
         self.backend = JaxBackend(cfg)

@@ -52,15 +52,10 @@ PoolPushResult = PushResult
 
 
 class SamplerPool(SamplerBase):
-    """N sampler servers behind the `dlc_jax.sampler.client.protocol.Sampler` interface (generate /
-    push_weights / push_model / load_weights / info / wait_ready / metrics / report / close).
-
-    addresses: 'host:port' list (or one comma-separated string). readmit: offer full pushes to
-    out-of-rotation samplers that answer Info within probe_timeout. max_inflight: concurrent
-    Generate requests per sampler. queue_depth: tensors buffered per sampler during a fanned-out
-    push. relay: default relay mode of pushes (`push_weights`). client_options (token,
-    tls_root_cert, tls_server_name, timeout, max_retries, backoff, retry, ...): each
-    `SamplerClient`'s.
+    """N sampler servers behind the `Sampler` interface. readmit: offer full pushes to
+    out-of-rotation samplers that answer Info within probe_timeout; max_inflight: concurrent
+    Generate requests per sampler; queue_depth: tensors buffered per sampler in a fanned-out push;
+    relay: pushes' default relay mode; client_options: each `SamplerClient`'s.
     """
 
     def __init__(
@@ -160,9 +155,8 @@ class SamplerPool(SamplerBase):
 
     # -- generate ---------------------------------------------------------------------------
     def _generate(self, prompts, params, slot_ids, rid) -> Iterator[Rollout]:
-        """Spread over the rotation: a sampler that fails mid-stream leaves rotation and its
-        missing (slot, sample) cells are re-requested elsewhere; raises NoActiveSamplerError when
-        no sampler is left."""
+        """A sampler failing mid-stream leaves rotation and its missing (slot, sample) cells are
+        re-requested elsewhere (NoActiveSamplerError when none is left)."""
         if len(set(int(s) for s in slot_ids)) != len(slot_ids):
             raise ValueError(
                 "SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)"
@@ -251,15 +245,11 @@ class SamplerPool(SamplerBase):
         relay: str | None = None,
         **options: Any,
     ) -> PushResult:
-        """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation
-        ones when readmit) concurrently; wait for all. Same `named_tensors` forms and `options`
-        (dtype, chunk_bytes, transport: "auto" is decided per sampler, ...) as
-        `SamplerClient.push_weights`; a callable or one-shot iterator needs `specs` ({name:
-        shape}) and is read exactly once (`fanout.fan_out`). `relay`: "off" (one copy per sampler
-        from here), "chain", "tree" or "auto" (chain up to 4 samplers, else tree): one copy goes
-        to the first target, which forwards it (`relay.py`); samplers the relay did not reach are
-        pushed to directly (a one-shot iterator cannot be resent: they fail); None: the pool's
-        `relay`."""
+        """Push `version` to every in-rotation sampler (and, with readmit, reachable others)
+        concurrently; `options` as `SamplerClient.push_weights` ("auto" transport decided per
+        sampler). A callable or one-shot source needs `specs` and is read once. `relay` (None: the
+        pool's): "off", "chain", "tree" or "auto" (chain up to 4 samplers): the first target
+        forwards the push, samplers it missed get direct pushes when the source can be resent."""
         relay = relay_mode(relay, self.relay)
         if not isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)) and specs is None:
             raise TypeError(

@@ -57,9 +57,8 @@ class AdapterMeta:
 
 
 def base_fingerprint(named_tensors: Iterable[tuple[str, np.ndarray]]) -> str:
-    """A short hash of a base model's HF tensors: name, shape and the CRC-32C of the values as
-    float32 (so a bf16 checkpoint and its exact fp32 load agree). The trainer computes it from its
-    frozen base, the sampler from its model directory."""
+    """A short hash of a base model's HF tensors (name, shape, CRC-32C of the float32 values,
+    so bf16 and its fp32 load agree), computed by the trainer and the sampler alike."""
     rows = []
     for name, a in named_tensors:
         x = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
@@ -182,8 +181,7 @@ def check_adapter(
     check_base: Callable[[int], str],
 ) -> None:
     """Every check `AdapterStager` makes, for an adapter handed over in memory (the in-process
-    sampler): ``meta`` (`check_meta`), names / shapes / pairs against the served model's HF
-    tensors ``expected``, finite values."""
+    sampler)."""
     check_meta(meta, check_base)
     check_rank(expected, meta.rank)
     validate_adapter_specs(

@@ -36,13 +36,10 @@ def preamble(push_id: str, token: str | None) -> bytes:
 
 
 class DataPlaneListener:
-    """Accepts data connections, checks their preamble (magic, token) and parks each under its push
-    id until the PushWeights call naming that id claims it.
-
-    One thread serves every connection with a selector (no thread per connection): a connection
-    must deliver its whole preamble within `preamble_timeout` s or it is closed; at most
-    `max_pending` connections (awaiting their preamble or their push) are held, further ones are
-    closed on accept. Unclaimed connections are closed after `stale_s`."""
+    """Accepts data connections, checks their preamble and parks each under its push id until
+    the push naming it claims it. One selector thread serves them all: a preamble must arrive
+    within `preamble_timeout`, at most `max_pending` are held, unclaimed ones close after
+    `stale_s`."""
 
     def __init__(
         self,

@@ -66,11 +66,8 @@ class RelayAborted(Exception):
 
 
 class RelayForward:
-    """Forwards one push to its children, tensor by tensor as `verified(i)` is called.
-
-    header: the incoming `WeightHeader` (relay_to non-empty); tensor(i): a read-only array of
-    tensor i's verified bytes; token: bearer token for the children; timeout: their push deadline.
-    """
+    """Forwards one push to its children as `verified(i)` is called: `tensor(i)` a read-only
+    array of tensor i's verified bytes; `token` and `timeout` those of the onward pushes."""
 
     def __init__(
         self,

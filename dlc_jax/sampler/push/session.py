@@ -77,11 +77,9 @@ async def receive(
     after_header=None,
     on_commit=None,
 ) -> pathlib.Path | None:
-    """Stage the push announced by `header` from the rest of the stream `it`; -> the committed
-    directory. `after_header()` runs once the header passed its checks. `on_commit` (blocking, run
-    on the I/O thread) replaces `stager.commit` at the Commit message, e.g. the end of one part of
-    a sliced push (`sliced_push`), which returns None. Raises PushError on any check failure, limit
-    or early end of the stream."""
+    """Stage the push announced by `header` from the rest of the stream `it` -> the committed
+    directory. `after_header()` runs once the header passed; `on_commit` (blocking, on the I/O
+    thread) replaces `stager.commit` at Commit (a sliced part's end: returns None)."""
     loop = asyncio.get_running_loop()
     writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
     reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes

@@ -218,10 +218,9 @@ class SlicedStager(WeightStager):
 
     # -- socket data plane ------------------------------------------------------------------
     def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
-        """Socket part: the bytes of every announced slice, in announcement order, from `conn`
-        (module docstring); returns once `end_data` was called and every announced slice is
-        verified and staged. Blocking (the push's I/O thread; closing `conn` stops it). Raises
-        PushError."""
+        """Socket part: each announced slice's bytes, in order, from `conn`, verified and
+        scattered once its trailer is in; returns after `end_data` and the last announced slice.
+        Blocking (closing `conn` stops it). Raises PushError."""
         if self.dir is None or self.data_plane != "socket":
             raise PushError.precondition("read_socket before a socket-plane header")
         while (o := self._next_announced()) is not None:

@@ -88,9 +88,8 @@ def prepared_tensors(
     dtype: str,
     checksum: str,
 ) -> Iterator[PreparedTensor]:
-    """Check, convert (to `dtype`, C order; no copy when it already is) and checksum each
-    (name, array) of `source`, in order. Runs in the prefetch thread of a push, so the conversion
-    and the checksum of the next tensor overlap the send of this one."""
+    """Check, convert and checksum each (name, array) of `source`, in order (run in a push's
+    prefetch thread, overlapping the previous tensor's send)."""
     np_dtype = st.NP_DTYPES[dtype]
     index = {n: i for i, (n, _) in enumerate(names_shapes)}
     seen: set[str] = set()
@@ -218,10 +217,8 @@ def weight_messages(
 
 
 def prefetched(items: Iterator, depth: int = 1) -> Iterator:
-    """Iterate `items` with the next `depth` elements produced ahead in a background thread, so a
-    tensor's export (device transpose/cast + device->host copy) overlaps the previous tensor's send.
-    Host memory: the tensor being sent plus `depth` ready ones. Errors re-raise in the consumer; a
-    consumer that stops early (closed generator) stops the producer."""
+    """Iterate `items` with the next `depth` produced ahead in a background thread; errors
+    re-raise in the consumer, and a consumer that stops early stops the producer."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
     end = object()

@@ -26,14 +26,10 @@ def _die_with_parent() -> None:
 
 
 class SamplerProcess:
-    """Start a sampler server subprocess and wait until Info answers.
-
-    port=0 lets the server pick a free port; it prints 'LISTENING host:port', read from its log.
-    extra_args: more `serve` flags (e.g. ["--dtype", "bfloat16"], or "--tls-cert/--tls-key"); env:
-    extra environment; token / tls_root_cert / tls_server_name: how `client()` (and the readiness
-    check) connect. die_with_parent: the server gets SIGTERM when the thread that started it exits
-    (Linux PR_SET_PDEATHSIG); start it from a long-lived thread, or pass False.
-    """
+    """A sampler server subprocess, started (`start`) until Info answers: its 'LISTENING
+    host:port' line is read from the log (port 0: a free one); extra_args: more `serve` flags;
+    token / tls_*: how `client()` connects; die_with_parent: SIGTERM when the starting thread
+    exits (Linux)."""
 
     def __init__(
         self,
