@@ -90,18 +90,15 @@ class RewardConfig:
             raise ValueError(f"reward.strict_format: bad regex {self.strict_format!r}: {e}") from e
         self.specs()  # validates fn / fns
 
+    def exact_match_options(self) -> dict:
+        keys = ("correct", "incorrect", "format_bonus", "strict_format")
+        return {k: getattr(self, k) for k in keys}
+
     def specs(self) -> list[RewardFnSpec]:
         """The rewards to run, validated (one-line ValueError naming the key)."""
         if not self.fns:
             _check_fn_path("reward.fn", self.fn)
-            kw = {}
-            if self.fn == EXACT_MATCH:
-                kw = dict(
-                    correct=self.correct,
-                    incorrect=self.incorrect,
-                    format_bonus=self.format_bonus,
-                    strict_format=self.strict_format,
-                )
+            kw = self.exact_match_options() if self.fn == EXACT_MATCH else {}
             return [RewardFnSpec(name=self.fn.rsplit(":", 1)[1], fn=self.fn, kwargs=kw)]
         out = []
         for name, entry in self.fns.items():
@@ -215,15 +212,7 @@ def exact_match_reward(response: str, answer: str, cfg: RewardConfig | None = No
     gold = answer if parse_number(answer) is not None else extract_answer(answer)  # e.g. "#### 19"
     if gold is None or parse_number(gold) is None:
         raise ValueError(f"reference answer {answer!r} contains no number")
-    return exact_match(
-        [""],
-        [response],
-        [gold],
-        correct=cfg.correct,
-        incorrect=cfg.incorrect,
-        format_bonus=cfg.format_bonus,
-        strict_format=cfg.strict_format,
-    )[0]
+    return exact_match([""], [response], [gold], **cfg.exact_match_options())[0]
 
 
 # ---- math_verify ------------------------------------------------------------------------------

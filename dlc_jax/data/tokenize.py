@@ -83,12 +83,6 @@ def has_chat_template(tokenizer) -> bool:
     )
 
 
-def _messages(prompt: str, system: str | None) -> list[dict]:
-    return ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}
-    ]
-
-
 def _render(tokenizer, messages: list[dict], enable_thinking: bool) -> str:
     if not has_chat_template(tokenizer):
         system = messages[0]["content"] if len(messages) > 1 else None
@@ -98,36 +92,32 @@ def _render(tokenizer, messages: list[dict], enable_thinking: bool) -> str:
     )
 
 
-def render_prompt(
-    tokenizer,
-    prompt: str,
-    *,
-    chat_template: bool = False,
-    system: str | None = None,
-    enable_thinking: bool = True,
-) -> str:
+def _chat(tokenizer, prompt: str, fmt: PromptFormat):
+    """(render(messages) -> text, messages) of ``prompt`` under ``fmt``; None without
+    ``chat_template``."""
+    if not fmt.get("chat_template", False):
+        return None
+    system, thinking = fmt.get("system"), fmt.get("enable_thinking", True)
+    messages = [{"role": "system", "content": system}] if system else []
+    return (lambda m: _render(tokenizer, m, thinking)), messages + [
+        {"role": "user", "content": prompt}
+    ]
+
+
+def render_prompt(tokenizer, prompt: str, **fmt: Unpack[PromptFormat]) -> str:
     """The text the model sees for ``prompt`` (module doc)."""
-    if not chat_template:
-        return prompt
-    return _render(tokenizer, _messages(prompt, system), enable_thinking)
+    chat = _chat(tokenizer, prompt, fmt)
+    return prompt if chat is None else chat[0](chat[1])
 
 
 def encode_prompt_counted(
-    tokenizer,
-    prompt: str,
-    *,
-    chat_template: bool = False,
-    system: str | None = None,
-    enable_thinking: bool = True,
+    tokenizer, prompt: str, **fmt: Unpack[PromptFormat]
 ) -> tuple[np.ndarray, int]:
     """(token ids [P] int32 of the rendered ``prompt``, control tokens of its content kept as
     text)."""
-    if chat_template:
-        ids, escaped = encode_chat(
-            tokenizer,
-            lambda msgs: _render(tokenizer, msgs, enable_thinking),
-            _messages(prompt, system),
-        )
+    chat = _chat(tokenizer, prompt, fmt)
+    if chat is not None:
+        ids, escaped = encode_chat(tokenizer, *chat)
     else:
         ids, escaped = tokenizer.encode(prompt, add_special_tokens=False), 0
     if len(ids) == 0:

@@ -198,19 +198,8 @@ class AdapterStager(WeightStager):
     `SamplerBackend.adapter_base`) returns the fingerprint of the sampler's base or raises
     ValueError saying why this sampler takes no adapter of that rank."""
 
-    def __init__(
-        self,
-        expected: dict[str, tuple[tuple[int, ...], str]],
-        current_version: int,
-        staging_root: str | None = None,
-        *,
-        check_base: Callable[[int], str],
-        reserve_bytes: int = 0,
-        memory: bool = False,
-    ):
-        super().__init__(
-            expected, current_version, staging_root, reserve_bytes=reserve_bytes, memory=memory
-        )
+    def __init__(self, expected, *args, check_base: Callable[[int], str], **kwargs):
+        super().__init__(expected, *args, **kwargs)
         self._full = expected
         self._check_base = check_base
         self.meta: AdapterMeta | None = None

@@ -28,14 +28,8 @@ _END, _ABORT = object(), object()
 def relay_groups(addresses: Sequence[str], fanout: int) -> list[list[str]]:
     """`addresses` split into min(fanout, n) contiguous groups of near-equal size."""
     n, k = len(addresses), max(1, min(int(fanout), len(addresses)))
-    if n == 0:
-        return []
-    sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
-    out, at = [], 0
-    for s in sizes:
-        out.append(list(addresses[at : at + s]))
-        at += s
-    return out
+    bounds = [i * (n // k) + min(i, n % k) for i in range(k + 1)]
+    return [list(addresses[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def check_relay(header: pb.WeightHeader, memory: bool, tls: bool) -> None:

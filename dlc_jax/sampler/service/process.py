@@ -64,21 +64,9 @@ class SamplerProcess:
         if self.log_file is None:
             fd, self.log_file = tempfile.mkstemp(prefix="dlc_sampler_", suffix=".log")
             os.close(fd)
-        cmd = [
-            sys.executable,
-            "-m",
-            "dlc_jax.sampler.service.cli",
-            "serve",
-            "--backend",
-            self.backend,
-            "--model",
-            self.model_dir,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            *self.extra_args,
-        ]
+        cmd = [sys.executable, "-m", "dlc_jax.sampler.service.cli", "serve"]
+        cmd += ["--backend", self.backend, "--model", self.model_dir, "--host", self.host]
+        cmd += ["--port", str(self.port), *self.extra_args]
         if self.token:
             cmd += ["--token", self.token]
         env = with_huge_pages({**os.environ, **self.env})  # malloc_env: faster weight loads
