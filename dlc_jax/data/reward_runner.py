@@ -187,58 +187,38 @@ class RewardRunner:
             if len(v) != n:
                 raise ValueError(f"score: metadata {k!r} has {len(v)} values for {n} samples")
         total = np.zeros(n, np.float64)
-        metrics: dict[str, float] = {}
-        errors = timeouts = 0
-        if n == 0:  # the same metric names as always (processes sum them in a fixed layout)
-            metrics = {f"reward/{s.name}": 0.0 for s in self.specs}
-            metrics.update({"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/seconds": 0.0})
-            return total.astype(np.float32), metrics
+        metrics = {f"reward/{s.name}": 0.0 for s in self.specs}  # the same names even when empty
+        failures = {"error": 0, "timeout": 0}
         payload = (prompts, completions, answers, meta, ids)
-        per_spec = self._run(payload, n)
-        for si, spec in enumerate(self.specs):
-            vals, failed = per_spec[si]
+        for spec, (vals, failed) in zip(self.specs, self._run(payload, n) if n else []):
             for kind, rows, why in failed:
-                if kind == "timeout":
-                    timeouts += len(rows)
-                else:
-                    errors += len(rows)
-                shown = ", ".join(ids[r] for r in rows[:_MAX_IDS_IN_LOG])
-                more = (
-                    f" (+{len(rows) - _MAX_IDS_IN_LOG} more)" if len(rows) > _MAX_IDS_IN_LOG else ""
-                )
+                failures[kind] += len(rows)
+                what = "timed out" if kind == "timeout" else "failed"
                 log.warning(
-                    "reward %r (%s) %s on sample ids [%s]%s: %s; they score 0",
-                    spec.name,
-                    spec.fn,
-                    "timed out" if kind == "timeout" else "failed",
-                    shown,
-                    more,
-                    why,
-                )
+                    "reward %r (%s) %s on sample ids [%s]: %s; they score 0",
+                    spec.name, spec.fn, what, _shown(ids, rows), why,
+                )  # fmt: skip
             # after the warnings above: a stop names the last error, they name the samples
             failed_rows = sum(len(rows) for _, rows, _ in failed)
-            last = failed[-1][2] if failed else None
-            self.budget.record(spec.name, spec.fn, failed_rows, n, last)
+            self.budget.record(
+                spec.name, spec.fn, failed_rows, n, failed[-1][2] if failed else None
+            )
             metrics[f"reward/{spec.name}"] = float(np.mean(vals))
             total += spec.weight * vals
         big = np.flatnonzero(~(np.abs(total) <= MAX_ABS_REWARD))  # weights x values overflowing
         if big.size:
-            errors += big.size
+            failures["error"] += big.size
             log.warning(
                 "rewards: the weighted total of sample ids [%s] is outside ±%g; they score 0",
-                ", ".join(ids[r] for r in big[:_MAX_IDS_IN_LOG]),
+                _shown(ids, big),
                 MAX_ABS_REWARD,
             )
             total[big] = 0.0
-        self.totals["errors"] += errors
-        self.totals["timeouts"] += timeouts
-        metrics.update(
-            {
-                "reward/errors": float(errors),
-                "reward/timeouts": float(timeouts),
-                "reward/seconds": time.time() - t0,
-            }
-        )
+        self.totals["errors"] += failures["error"]
+        self.totals["timeouts"] += failures["timeout"]
+        metrics["reward/errors"] = float(failures["error"])
+        metrics["reward/timeouts"] = float(failures["timeout"])
+        metrics["reward/seconds"] = time.time() - t0 if n else 0.0
         return total.astype(np.float32), metrics
 
     def check_answers(self, answers: list[str]) -> list[str | None]:
@@ -397,6 +377,13 @@ def _stop_workers(workers: list[_Worker]) -> None:
             pass
         w.kill()  # the process group too: what the reward spawned
     workers.clear()
+
+
+def _shown(ids: list[str], rows) -> str:
+    """The ids of ``rows`` for a log line: the first few, then how many more."""
+    more = len(rows) - _MAX_IDS_IN_LOG
+    shown = ", ".join(ids[r] for r in rows[:_MAX_IDS_IN_LOG])
+    return shown + (f" (+{more} more)" if more > 0 else "")
 
 
 def _split(n: int, parts: int) -> list[list[int]]:
