@@ -4,7 +4,7 @@
 Processes, because a hanging reward must be killable and math-verify's signal timeouts work only
 on a main thread. Workers are plain subprocesses (`reward_worker`) that import the functions once
 at start (a bad path fails the run then). Each call is split into one chunk per worker; a chunk
-that raises, returns unusable values (`reward_values`) or outlives ``timeout_s`` (its worker killed
+that raises, returns unusable values (`check_values`) or outlives ``timeout_s`` (its worker killed
 and replaced) is re-scored one sample at a time; samples that still fail score 0 and are logged
 with their ids, until the failure budget stops the run (`reward_budget`). Each worker leads its own
 process group, killed whole.
@@ -28,8 +28,13 @@ from multiprocessing.connection import Connection, wait
 import numpy as np
 
 from dlc_jax.data.reward_budget import FailureBudget
-from dlc_jax.data.reward_values import MAX_ABS_REWARD, check_clip, check_values
-from dlc_jax.data.rewards import RewardConfig, RewardFnSpec
+from dlc_jax.data.rewards import (
+    MAX_ABS_REWARD,
+    RewardConfig,
+    RewardFnSpec,
+    check_clip,
+    check_values,
+)
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,7 @@ def _describe(e: BaseException) -> str:
 
 
 def serve(conn: Connection) -> None:
-    from dlc_jax.data.reward_values import as_reward_list
-    from dlc_jax.data.rewards import resolve_fn
+    from dlc_jax.data.rewards import as_reward_list, resolve_fn
 
     paths = conn.recv()
     try:

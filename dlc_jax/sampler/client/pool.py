@@ -47,10 +47,6 @@ def slot_seed(seed: int, slot: int) -> int:
     return mix_seed(seed, slot)
 
 
-# A pool push reports per sampler in the same type (per_sampler / removed / readmitted filled in).
-PoolPushResult = PushResult
-
-
 class SamplerPool(SamplerBase):
     """N sampler servers behind the `Sampler` interface. readmit: offer full pushes to
     out-of-rotation samplers that answer Info within probe_timeout; max_inflight: concurrent

@@ -56,10 +56,8 @@ class DataPlaneListener:
         self.stale_s = stale_s
         self.max_pending = max_pending
         h = host.strip("[]")
-        fam = socket.getaddrinfo(h or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
-            0
-        ][0]
-        self.sock = socket.create_server((h, port), family=fam, backlog=128)
+        addr = socket.getaddrinfo(h or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        self.sock = socket.create_server((h, port), family=addr[0][0], backlog=128)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self._pending: dict[str, tuple[socket.socket, float]] = {}  # authenticated, awaiting claim
@@ -131,9 +129,7 @@ class DataPlaneListener:
         for _ in range(64):  # drain the backlog a batch at a time
             try:
                 conn, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # nothing more to accept now (or the listener closed)
                 return
             with self._cond:
                 held = len(self._hello) + len(self._pending)

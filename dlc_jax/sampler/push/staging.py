@@ -19,9 +19,11 @@ import math
 import mmap
 import os
 import pathlib
+import queue
 import shutil
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -29,7 +31,6 @@ import numpy as np
 
 from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
-from .stage_worker import StageWorker
 from .staging_dirs import make_staging_dir
 from .warm_staging import StagingBuffer, WarmStaging
 from .weight_checks import (
@@ -43,6 +44,45 @@ from .weight_checks import (
 from .weight_stream import with_checksum
 
 CHECKSUMS = ("sha256", "crc32c")
+_END = object()  # StageWorker: no more items
+
+
+class StageWorker:
+    """`fn(item)` for every `put(item)`, in order, on one daemon thread."""
+
+    def __init__(self, fn: Callable[[object], None], name: str):
+        self._fn = fn
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not _END:
+            if self.error is not None or self._stop:
+                continue
+            try:
+                self._fn(item)
+            except BaseException as e:  # noqa: BLE001 - raised by finish() in the owner
+                self.error = e
+
+    def put(self, item: object) -> None:
+        self._q.put(item)
+
+    def finish(self) -> None:
+        """Wait until every item put so far is handled; raise the first error."""
+        self._q.put(_END)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        """Skip the items not started yet and wait for the one in progress (idempotent)."""
+        self._stop = True
+        if self._thread.is_alive():
+            self._q.put(_END)
+            self._thread.join()
 
 
 class WeightStager:

@@ -26,10 +26,9 @@ from ..push import data_plane, relay
 from ..push import group as push_group
 from ..push import session as push_session
 from ..push import sliced as sliced_push
-from ..push.load_checks import check_load_files, check_load_path
 from ..push.staging import WeightStager
 from ..push.warm_staging import WarmStaging
-from ..push.weight_checks import PushError
+from ..push.weight_checks import PushError, check_load_files, check_load_path
 from ..wire import chunk_wire
 from ..wire import sampler_pb2 as pb
 from ..wire.types import SamplingParams

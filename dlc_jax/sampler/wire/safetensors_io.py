@@ -6,6 +6,7 @@ the file or disagreeing with its shape is a ValueError naming the file.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import struct
 from collections.abc import Iterator
@@ -81,14 +82,9 @@ def read_header(path: pathlib.Path, max_header: int = MAX_HEADER_BYTES) -> tuple
             b, end = (int(x) for x in ent["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path.name}: tensor {name!r}: malformed header entry") from None
-        numel = 1
-        for d in shape:
-            if d < 0:
-                raise ValueError(
-                    f"{path.name}: tensor {name!r}: negative dimension in shape {shape}"
-                )
-            numel *= d
-        if not 0 <= b <= end <= data_size or end - b != numel * dt.itemsize:
+        if any(d < 0 for d in shape):
+            raise ValueError(f"{path.name}: tensor {name!r}: negative dimension in shape {shape}")
+        if not 0 <= b <= end <= data_size or end - b != math.prod(shape) * dt.itemsize:
             raise ValueError(
                 f"{path.name}: tensor {name!r}: data range [{b}, {end}) does not match shape "
                 f"{shape} {ent['dtype']} inside the {data_size}-byte data section"
