@@ -12,6 +12,7 @@ process group, killed whole.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -78,14 +79,10 @@ class _Worker:
 
     def kill(self) -> None:
         """Kill the worker's whole process group (what its reward spawned too)."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
         self.conn.close()
 
     def exit_status(self) -> str:
@@ -371,15 +368,11 @@ class RewardRunner:
 
 def _stop_workers(workers: list[_Worker]) -> None:
     for w in workers:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             w.conn.send(None)
-        except (OSError, ValueError):
-            pass
     for w in workers:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             w.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
         w.kill()  # the process group too: what the reward spawned
     workers.clear()
 

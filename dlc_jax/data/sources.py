@@ -8,6 +8,7 @@ split a saved ``Dataset`` cannot honour is an error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -183,14 +184,12 @@ def _hub_timeouts(timeout_s: float) -> None:
     t = str(max(1, int(timeout_s)))
     for var in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
         os.environ.setdefault(var, t)
-    try:
+    with contextlib.suppress(ImportError):
         from huggingface_hub import constants
 
         for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
             if hasattr(constants, name):
                 setattr(constants, name, min(getattr(constants, name), int(t)))
-    except ImportError:
-        pass
 
 
 def read_hf(

@@ -7,6 +7,7 @@ encodes the template's text as usual and each content as text.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import weakref
@@ -19,20 +20,16 @@ _PATTERNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _pattern(tok: Any) -> tuple[Any, Any]:
     """(all added tokens' texts, the non-special ones) as regexes, longest first (None: none);
     cached per tokenizer."""
-    try:
+    with contextlib.suppress(KeyError, TypeError):
         return _PATTERNS[tok]
-    except (KeyError, TypeError):
-        pass
     added = [t for t in dict(getattr(tok, "added_tokens_decoder", {}) or {}).values() if str(t)]
     both = []
     for keep in (lambda t: True, lambda t: not t.special):
         texts = sorted({str(t) for t in added if keep(t)}, key=len, reverse=True)
         both.append(re.compile("|".join(map(re.escape, texts))) if texts else None)
     out = (both[0], both[1])
-    try:
+    with contextlib.suppress(TypeError):  # not weak-referenceable: not cached
         _PATTERNS[tok] = out
-    except TypeError:  # not weak-referenceable: not cached
-        pass
     return out
 
 

@@ -10,6 +10,7 @@ networks only; a TLS server offers no data port.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import selectors
@@ -76,10 +77,8 @@ class DataPlaneListener:
     # -- the selector loop (its own thread) ---------------------------------------------------
     def _drop_hello(self, conn: socket.socket, why: str) -> None:
         self._hello.pop(conn, None)
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(conn)
-        except (KeyError, ValueError):
-            pass
         self._refuse(why)  # counted before the close, so a peer that sees the close sees the count
         conn.close()
 
@@ -106,10 +105,8 @@ class DataPlaneListener:
                     break
             for key, _ in events:
                 if key.data == "wake":
-                    try:
+                    with contextlib.suppress(OSError):
                         self._wake_r.recv(64)
-                    except OSError:
-                        pass
                 elif key.data == "accept":
                     self._accept()
                 else:
@@ -229,15 +226,11 @@ class DataPlaneListener:
             self._closed = True
             pending, self._pending = self._pending, {}
             self._cond.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
         self._thread.join(5)
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
         self._wake_r.close()
         self._wake_w.close()
         for c, _ in pending.values():

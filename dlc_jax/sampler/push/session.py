@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import pathlib
 import socket
 
@@ -138,21 +139,15 @@ async def receive(
         raise PushError(grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded")
     finally:
         if writing is not None:  # stream ended/cancelled with a write in flight: let it finish
-            try:
+            with contextlib.suppress(Exception):  # the push is discarded by the caller anyway
                 await asyncio.shield(writing)
-            except Exception:  # noqa: BLE001 - the push is discarded by the caller anyway
-                pass
         stager.end_data()  # stops a sliced part's reader waiting for the next announced slice
         if conn is not None:  # stops a reader still blocked on the data socket
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             conn.close()
         elif push_id and listener is not None:
             listener.drop(push_id)
         if reading is not None:
-            try:
+            with contextlib.suppress(Exception):  # the push is discarded by the caller anyway
                 await asyncio.shield(reading)
-            except Exception:  # noqa: BLE001 - the push is discarded by the caller anyway
-                pass

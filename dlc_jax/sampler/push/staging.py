@@ -15,6 +15,7 @@ third thread while the next arrives, so at Commit only the atomic swap is left.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -390,16 +391,13 @@ class WeightStager:
         if self._loader is not None:
             self._loader.cancel()
         if self._mv is not None:
-            try:
+            with contextlib.suppress(BufferError):
                 self._mv.release()
-            except BufferError:
-                pass
             self._mv = None
         if self._mm is not None and self._buffer is None:  # a warm buffer's map stays
-            try:
+            # a view still held somewhere: unmapped when it is collected
+            with contextlib.suppress(BufferError):
                 self._mm.close()
-            except BufferError:  # a view still held somewhere: unmapped when it is collected
-                pass
         self._mm = None
 
     def discard(self) -> None:

@@ -10,6 +10,7 @@ many more staged models of RAM (`ServerConfig.push_staging_warm` turns it off).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import mmap
 import os
@@ -31,14 +32,11 @@ class StagingBuffer:
     size: int
 
     def close(self) -> None:
-        try:
+        # a view still held somewhere: unmapped when it is collected
+        with contextlib.suppress(BufferError):
             self.mm.close()
-        except BufferError:  # a view still held somewhere: unmapped when it is collected
-            pass
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,12 +18,10 @@ from .malloc_env import with_huge_pages
 def _die_with_parent() -> None:
     """Linux: SIGTERM the server when the process (thread) that started it dies, so a crashed
     trainer does not leave orphaned samplers. No-op elsewhere."""
-    try:
+    with contextlib.suppress(OSError):
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class SamplerProcess:
@@ -126,10 +125,8 @@ class SamplerProcess:
         (not `kill`) to replace a sampler: it never leaks a model-sized staged copy."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()  # leftovers in the group, if any
         return self.proc.returncode if self.proc else None
 
@@ -147,10 +144,8 @@ class SamplerProcess:
         directories the dead server owned (its /dev/shm copy of the weights)."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
         clean_stale_staging(staging_roots(self._staging_root()), pid=self.proc.pid)
 
