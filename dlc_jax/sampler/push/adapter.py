@@ -89,20 +89,21 @@ def split_name(name: str) -> tuple[str, str]:
     raise ValueError(f"{name!r} is not a PEFT LoRA factor name")
 
 
+def _adaptable(expected: dict[str, tuple[tuple[int, ...], str]]) -> Iterator[tuple[str, int, int]]:
+    """(module, out, in) of every 2-D ``*.weight`` of ``expected`` but the embeddings and head."""
+    for name, (shape, _) in expected.items():
+        mod = name[: -len(".weight")]
+        if len(shape) == 2 and name.endswith(".weight") and not any(n in mod for n in NOT_ADAPTED):
+            yield mod, int(shape[0]), int(shape[1])
+
+
 def adapter_specs(
     expected: dict[str, tuple[tuple[int, ...], str]], rank: int
 ) -> dict[str, tuple[tuple[int, ...], str]]:
     """{PEFT name: (shape, 'float32')} of every factor an adapter of ``rank`` may carry for a model
-    with HF tensors ``expected``: both factors of every 2-D ``*.weight`` but the embeddings and
-    the head."""
+    with HF tensors ``expected`` (both factors of each `_adaptable` module)."""
     out: dict[str, tuple[tuple[int, ...], str]] = {}
-    for name, (shape, _) in expected.items():
-        if len(shape) != 2 or not name.endswith(".weight"):
-            continue
-        mod = name[: -len(".weight")]
-        if any(n in mod for n in NOT_ADAPTED):
-            continue
-        n_out, n_in = (int(d) for d in shape)
+    for mod, n_out, n_in in _adaptable(expected):
         out[peft_name(mod, "lora_A")] = ((rank, n_in), "float32")
         out[peft_name(mod, "lora_B")] = ((n_out, rank), "float32")
     return out
@@ -161,12 +162,7 @@ def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
 def check_rank(expected: dict[str, tuple[tuple[int, ...], str]], rank: int) -> None:
     """PushError when ``rank`` exceeds every adaptable projection's min(out, in) (a huge rank:
     refused before its factors' bytes are sized or staged)."""
-    adaptable = [
-        shape
-        for name, (shape, _) in expected.items()
-        if len(shape) == 2 and name.endswith(".weight") and not any(x in name for x in NOT_ADAPTED)
-    ]
-    most = max((min(int(d) for d in shape) for shape in adaptable), default=0)
+    most = max((min(n_out, n_in) for _, n_out, n_in in _adaptable(expected)), default=0)
     if rank > most:
         raise PushError.invalid(
             f"adapter push: adapter_rank {rank} > {most}, the largest rank a projection of the "
