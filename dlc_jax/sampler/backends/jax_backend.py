@@ -48,12 +48,17 @@ def has_knobs(cfg: BackendConfig) -> bool:
     return cfg.weight_noise > 0 or cfg.quantization in ("int8", "fp8_e4m3")
 
 
+def _row_scale(w: np.ndarray, qmax: float) -> np.ndarray:
+    """Per-output-channel (per row) scale mapping max |w| to `qmax` (1 for an all-zero row)."""
+    amax = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True)
+    return np.where(amax == 0, 1.0, amax / qmax).astype(np.float32)
+
+
 def fp8_e4m3_roundtrip(w: np.ndarray) -> np.ndarray:
     """w quantized to FP8 e4m3 with a per-output-channel (per row) scale and dequantized."""
     import jax.numpy as jnp
 
-    amax = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True)
-    scale = np.where(amax == 0, 1.0, amax / FP8_E4M3_MAX).astype(np.float32)
+    scale = _row_scale(w, FP8_E4M3_MAX)
     q = (w / scale).astype(jnp.float8_e4m3fn)
     return (q.astype(np.float32) * scale).astype(np.float32)
 
@@ -68,8 +73,7 @@ def transform_weights(name: str, w: np.ndarray, cfg: BackendConfig) -> np.ndarra
         rms = float(np.sqrt(np.mean(np.square(w, dtype=np.float64))))
         w = w + np.float32(cfg.weight_noise * rms) * rng.standard_normal(w.shape, dtype=np.float32)
     if cfg.quantization == "int8":
-        scale = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True) / 127.0
-        scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+        scale = _row_scale(w, 127.0)
         w = (np.clip(np.round(w / scale), -127, 127) * scale).astype(np.float32)
     if cfg.quantization == "fp8_e4m3":
         w = fp8_e4m3_roundtrip(w)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections.abc as cabc
 import dataclasses
 import json
+import pathlib
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -72,11 +73,9 @@ class SamplerClient(SingleSampler):
         if tls_server_name:
             opts.append(("grpc.ssl_target_name_override", tls_server_name))
         if tls_root_cert is not None:
-            pem = (
-                tls_root_cert
-                if isinstance(tls_root_cert, bytes)
-                else open(tls_root_cert, "rb").read()
-            )
+            pem = tls_root_cert
+            if not isinstance(pem, bytes):
+                pem = pathlib.Path(pem).read_bytes()
             self.channel = grpc.secure_channel(
                 address, grpc.ssl_channel_credentials(root_certificates=pem), options=opts
             )

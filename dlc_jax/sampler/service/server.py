@@ -51,14 +51,10 @@ class SamplerServer:
         pb_grpc.add_service(self.service, self.server)
         bind = f"{self.cfg.host}:{self.cfg.port}"
         if self.cfg.tls_cert:
-            creds = grpc.ssl_server_credentials(
-                [
-                    (
-                        pathlib.Path(str(self.cfg.tls_key)).read_bytes(),
-                        pathlib.Path(str(self.cfg.tls_cert)).read_bytes(),
-                    )
-                ]
+            key, cert = (
+                pathlib.Path(str(f)).read_bytes() for f in (self.cfg.tls_key, self.cfg.tls_cert)
             )
+            creds = grpc.ssl_server_credentials([(key, cert)])
             self.port = self.server.add_secure_port(bind, creds)
         else:
             self.port = self.server.add_insecure_port(bind)
