@@ -32,8 +32,7 @@ import numpy as np
 
 from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
-from .staging_dirs import make_staging_dir
-from .warm_staging import StagingBuffer, WarmStaging
+from .warm_staging import StagingBuffer, WarmStaging, new_buffer
 from .weight_checks import (
     Checksum,
     FiniteCheck,
@@ -172,22 +171,12 @@ class WeightStager:
         total = len(prefix) + payload
         self._hashed = [0] * len(self.specs)  # socket plane: bytes checksummed
         self._sent = [False] * len(self.specs)  # handed to the engine load
-        if self.warm is not None:  # a buffer whose pages are already mapped (warm_staging)
-            self._buffer = self.warm.take(
-                total, self.staging_root, self.reserve_bytes, self.version
-            )
-            self.dir, self._path, self._fd = self._buffer.dir, self._buffer.path, self._buffer.fd
-            self._mm = self._buffer.mm
-            self._mv = memoryview(self._mm)
-            self._mv[: len(prefix)] = prefix
-        else:
-            self.dir = make_staging_dir(self.staging_root, total, self.reserve_bytes, self.version)
-            self._path = self.dir / "model.safetensors"
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.pwrite(self._fd, prefix, 0)
-            os.ftruncate(self._fd, total)
-            self._mm = mmap.mmap(self._fd, total)
-            self._mv = memoryview(self._mm)
+        # warm: a buffer whose pages are already mapped (warm_staging)
+        take = self.warm.take if self.warm is not None else new_buffer
+        self._buffer = buf = take(total, self.staging_root, self.reserve_bytes, self.version)
+        self.dir, self._fd, self._mm = buf.dir, buf.fd, buf.mm
+        self._mv = memoryview(self._mm)
+        self._mv[: len(prefix)] = prefix
         if self.load is not None:
             self._loader = StageWorker(self._load_tensor, "push-load")
 
@@ -382,7 +371,7 @@ class WeightStager:
         if self._loader is not None:  # blocking: the engine's load of the last tensors
             self._loader.finish()
         self._unmap()
-        if self._buffer is None:  # a warm buffer stays open: the service gives it back later
+        if self.warm is None:  # a warm buffer stays open: the service gives it back later
             os.close(self._fd)  # no fsync: a staging file need not survive a crash (redone)
         self._fd = -1
         return self.dir
@@ -394,7 +383,7 @@ class WeightStager:
             with contextlib.suppress(BufferError):
                 self._mv.release()
             self._mv = None
-        if self._mm is not None and self._buffer is None:  # a warm buffer's map stays
+        if self._mm is not None and self.warm is None:  # a warm buffer's map stays
             # a view still held somewhere: unmapped when it is collected
             with contextlib.suppress(BufferError):
                 self._mm.close()
@@ -402,8 +391,7 @@ class WeightStager:
 
     def discard(self) -> None:
         self._unmap()
-        if self._buffer is not None:  # back to the warm buffers (not reused before the lock)
-            assert self.warm is not None
+        if self._buffer is not None and self.warm is not None:  # back to the warm buffers
             self._fd = -1
             self.warm.give_back(self._buffer.dir)
             self._buffer = None

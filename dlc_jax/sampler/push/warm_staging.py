@@ -51,6 +51,24 @@ def _rename(buf: StagingBuffer, version: int) -> None:
     buf.dir, buf.path = new, new / buf.path.name
 
 
+def new_buffer(
+    total: int, staging_root: str | None, reserve_bytes: int, version: int
+) -> StagingBuffer:
+    """A new mapped staging file of `total` bytes for the push of `version` (PushError from
+    `make_staging_dir` when it does not fit)."""
+    d = make_staging_dir(staging_root, total, reserve_bytes, version)
+    path = d / "model.safetensors"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, total)
+        mm = mmap.mmap(fd, total)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    return StagingBuffer(d, path, fd, mm, total)
+
+
 class WarmStaging:
     """The staging buffers of one sampler server (see the module doc)."""
 
@@ -77,19 +95,9 @@ class WarmStaging:
             stale, self._free = self._free, []  # other sizes: a different model or dtype
         for b in stale:
             b.close()
-        d = make_staging_dir(staging_root, total, reserve_bytes, version)
-        path = d / "model.safetensors"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, total)
-            mm = mmap.mmap(fd, total)
-        except BaseException:
-            os.close(fd)
-            shutil.rmtree(d, ignore_errors=True)
-            raise
-        buf = StagingBuffer(d, path, fd, mm, total)
+        buf = new_buffer(total, staging_root, reserve_bytes, version)
         with self._lock:
-            self._out[d] = buf
+            self._out[buf.dir] = buf
         return buf
 
     def give_back(self, d: pathlib.Path) -> bool:
