@@ -234,7 +234,7 @@ class SamplerService:
     async def _receive(self, stager, header, it, deadline: float, context, relay_timeout: float):
         """`push_session.receive` of one push (part) into `stager`. With `relay_to`, the stager
         forwards the push once its header passed (a group: from its first part on)."""
-        start_relay = None
+        after_header = None
         if header.relay_to:
             memory = self.cfg.push_staging == "memory"
             relay.check_relay(header, memory, self.cfg.tls_cert is not None)
@@ -247,10 +247,11 @@ class SamplerService:
                     )
                     stager.start_relay(fwd)
 
+            after_header = start_relay
         sliced = isinstance(stager, sliced_push.SlicedStager)
         return await push_session.receive(
             stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener,
-            after_header=start_relay, on_commit=stager.end_part if sliced else None,
+            after_header=after_header, on_commit=stager.end_part if sliced else None,
         )  # fmt: skip
 
     async def _push_whole(self, header, it, deadline: float, context, t0: float):
