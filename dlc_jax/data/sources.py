@@ -23,71 +23,33 @@ class DataError(ValueError):
 
 
 class RowSource:
-    """Rows of a data set with their locations."""
+    """The rows of a data set (a sequence of dicts: a list, the synthetic task) with where each
+    came from; ``lines``: each row's 1-based file line (JSONL)."""
 
-    name: str = ""
-
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def row(self, i: int) -> dict:
-        raise NotImplementedError
-
-    def where(self, i: int) -> str:
-        return f"{self.name} row {i}"
-
-    def iter_rows(self):
-        """``(i, row)`` for every row, in order (sources override this with a faster scan)."""
-        for i in range(len(self)):
-            yield i, self.row(i)
-
-
-class ListSource(RowSource):
-    """Rows held in memory; ``lines`` maps a row to its 1-based file line (JSONL)."""
-
-    def __init__(self, name: str, rows: list[dict], lines: list[int] | None = None):
+    def __init__(self, name: str, rows: Any, lines: list[int] | None = None):
         self.name, self.rows, self.lines = name, rows, lines
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def row(self, i: int) -> dict:
-        return self.rows[i]
+        return self.rows[int(i)]
 
     def where(self, i: int) -> str:
         return f"{self.name}:{self.lines[i]}" if self.lines is not None else f"{self.name} row {i}"
 
     def iter_rows(self):
-        return enumerate(self.rows)
-
-
-class ArithmeticRows(RowSource):
-    def __init__(self, cfg: ArithmeticConfig, seed: int):
-        self.src = ArithmeticSource(cfg, seed=seed)
-        self.name = "arithmetic"
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def row(self, i: int) -> dict:
-        return self.src[i]
+        """``(i, row)`` for every row, in order."""
+        return ((i, self.row(i)) for i in range(len(self)))
 
 
 class HFSource(RowSource):
-    """A ``datasets.Dataset`` (memory-mapped Arrow: rows are read on access, not held in memory)."""
-
-    def __init__(self, name: str, ds: Any):
-        self.name, self.ds = name, ds
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def row(self, i: int) -> dict:
-        return self.ds[int(i)]
+    """A ``datasets.Dataset`` (memory-mapped Arrow: rows are read on access, not held in memory),
+    scanned in batches."""
 
     def iter_rows(self):
         i = 0
-        for batch in self.ds.iter(batch_size=1024):
+        for batch in self.rows.iter(batch_size=1024):
             cols = list(batch)
             for j in range(len(batch[cols[0]]) if cols else 0):
                 yield i, {c: batch[c][j] for c in cols}
@@ -111,7 +73,7 @@ def _no_surrogates(value: Any) -> str | None:
     return None
 
 
-def read_jsonl(path: Path) -> ListSource:
+def read_jsonl(path: Path) -> RowSource:
     rows, lines = [], []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -139,17 +101,17 @@ def read_jsonl(path: Path) -> ListSource:
                 raise DataError(f"{path}:{lineno}: a lone surrogate (not valid text) in {bad}")
             rows.append(rec)
             lines.append(lineno)
-    return ListSource(str(path), rows, lines)
+    return RowSource(str(path), rows, lines)
 
 
-def read_parquet(path: Path) -> ListSource:
+def read_parquet(path: Path) -> RowSource:
     import pyarrow.parquet as pq
 
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise DataError(f"{path}: cannot read Parquet ({type(e).__name__}: {e})") from None
-    return ListSource(str(path), rows)
+    return RowSource(str(path), rows)
 
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -261,7 +223,7 @@ def open_source(
 ) -> RowSource:
     """The :class:`RowSource` of ``data.source`` (module doc); one-line DataError if unreadable."""
     if source == "arithmetic":
-        return ArithmeticRows(arithmetic or ArithmeticConfig(), seed)
+        return RowSource("arithmetic", ArithmeticSource(arithmetic or ArithmeticConfig(), seed))
     if source.startswith("hf:"):
         return read_hf(source[3:], split, subset, timeout_s)
     path = Path(source).expanduser()
