@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Callable
 from typing import Any, Literal
 
 import grain
@@ -85,31 +84,20 @@ class PromptRecord:
     metadata: dict = dataclasses.field(default_factory=dict)
 
 
-def load_data(
-    cfg: DataConfig,
-    *,
-    answer_check: AnswerCheck | None = None,
-    count_tokens: Callable[[list[str]], list[int]] | None = None,
-    max_prompt_tokens: int | None = None,
-) -> tuple[list[Example], LoadStats]:
-    """Validated examples of ``cfg.source`` (see :mod:`dlc_jax.data.validate`)."""
+def load_data(cfg: DataConfig, **checks: Any) -> tuple[list[Example], LoadStats]:
+    """Validated examples of ``cfg.source``; ``checks``: `validate.load_examples`' answer_check,
+    count_tokens and max_prompt_tokens."""
     src = open_source(
-        cfg.source,
-        split=cfg.split,
-        subset=cfg.subset,
-        arithmetic=cfg.arithmetic,
-        seed=cfg.seed,
+        cfg.source, split=cfg.split, subset=cfg.subset, arithmetic=cfg.arithmetic, seed=cfg.seed,
         timeout_s=cfg.timeout_s,
-    )
-    synthetic = cfg.source == "arithmetic"
+    )  # fmt: skip
+    synthetic = cfg.source == "arithmetic"  # its own field names and raw answers
     return load_examples(
         src,
         prompt_field="prompt" if synthetic else cfg.prompt_field,
         answer_field="answer" if synthetic else cfg.answer_field,
         answer_format="raw" if synthetic else cfg.answer_format,
-        answer_check=answer_check,
-        count_tokens=count_tokens,
-        max_prompt_tokens=max_prompt_tokens,
+        **checks,
     )
 
 
