@@ -32,6 +32,7 @@ from .retry import NO_RETRY, RetryPolicy
 from .rotation import NoActiveSamplerError, Rotation
 
 RELAY_MODES = ("off", "chain", "tree", "auto")
+_CLIENT_OPTIONS = ("timeout", "max_retries", "backoff", "max_backoff", "retry")  # not the pool's
 
 
 def relay_mode(relay: str | None, default: str = "off") -> str:
@@ -315,18 +316,14 @@ def connect_samplers(
     token = Path(token_file).read_text().strip() if token_file else None
     if token_file and not token:
         raise ValueError(f"sampler.token_file: {token_file!r} is empty")
-    tls = tls_root_cert or None
-    name = tls_server_name or None
+    tls: dict[str, Any] = {
+        "tls_root_cert": tls_root_cert or None,
+        "tls_server_name": tls_server_name or None,
+    }
     addrs = [a.strip() for a in address.split(",") if a.strip()]
     if not addrs:
         raise ValueError("sampler.address: no address given")
-    if len(addrs) == 1:
-        client_kw = {
-            k: v
-            for k, v in kw.items()
-            if k in ("timeout", "max_retries", "backoff", "max_backoff", "retry")
-        }
-        return SamplerClient(
-            addrs[0], token=token, tls_root_cert=tls, tls_server_name=name, **client_kw
-        )
-    return SamplerPool(addrs, token=token, tls_root_cert=tls, tls_server_name=name, **kw)
+    if len(addrs) == 1:  # the client's own options only
+        own = {k: v for k, v in kw.items() if k in _CLIENT_OPTIONS}
+        return SamplerClient(addrs[0], token=token, **tls, **own)
+    return SamplerPool(addrs, token=token, **tls, **kw)
