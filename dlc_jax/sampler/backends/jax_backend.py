@@ -286,9 +286,7 @@ class JaxBackend(SamplerBackend):
         for r, (_, _, _, p) in enumerate(seqs):
             tokens[r, lp_len - len(p) : lp_len] = p
             mask[r, lp_len - len(p) : lp_len] = 1
-        for r in range(b_real, b):  # padding rows: a one-token dummy prompt
-            tokens[r, lp_len - 1] = 0
-            mask[r, lp_len - 1] = 1
+        mask[b_real:, lp_len - 1] = 1  # padding rows: a one-token dummy prompt (token 0)
         plen = mask[:, :lp_len].sum(1)
         base = jax.random.PRNGKey(seed)
         per_row = [jax.random.fold_in(jax.random.fold_in(base, s[0]), s[2]) for s in seqs]

@@ -197,13 +197,8 @@ def completion_to_rollout(
     for i, (tok, d) in enumerate(zip(c.token_ids, c.logprobs)):
         lps[i] = d[tok].logprob
         if head_k:
-            ranked = sorted(
-                (
-                    (lp.rank, tid, lp.logprob)
-                    for tid, lp in d.items()
-                    if lp.rank is not None and lp.rank <= head_k
-                )
-            )
+            ranks = [(lp.rank, tid, lp.logprob) for tid, lp in d.items() if lp.rank is not None]
+            ranked = sorted(r for r in ranks if r[0] <= head_k)
             for j, (_, tid, lp) in enumerate(ranked[:head_k]):
                 hid[i, j], hlp[i, j] = tid, lp
     if c.weight_versions:
