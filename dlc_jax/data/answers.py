@@ -1,18 +1,8 @@
-"""Answer strings: gold-answer formats of datasets and the candidate answer of a response.
-
-Gold answers (``data.answer_format``):
-  - ``raw``: the field as is;
-  - ``gsm8k``: the text after the last ``####`` (GSM8K's ``"...reasoning...\\n#### 72"``);
-  - ``boxed``: the content of the last ``\\boxed{...}`` (MATH-style solutions).
-
-Responses (:func:`candidate_answer`): the number right after the last ``####``, else the whole
-content of the last ``\\boxed{...}``, else the last *standalone* number in the text. A number that
-is part of a larger expression (``x^2``, ``3√2``, ``\\frac{3}{2}`` outside a box, ``2x``) is not
-standalone, so the fallback no longer credits a wrong last number.
-
-Numbers (:func:`parse_number`) are exact fractions: ``"1,234"``, ``"12.50"``, ``"-3/4"``,
-``"\\frac{1}{2}"``, ``"$72"``, ``"50\\%"`` all parse; anything else (``x^2``, ``5\\sqrt{2}``)
-does not.
+"""Answer strings: gold answers of a ``data.answer_format`` (``raw``; ``gsm8k``: after the last
+``####``; ``boxed``: the last ``\\boxed{...}``), the candidate answer of a response (after the
+last ``####``, else the last box, else the last standalone number: one not part of an expression
+like ``x^2`` or ``2x``) and exact numbers (``"1,234"``, ``"-3/4"``, ``"\\frac{1}{2}"``,
+``"50\\%"``).
 """
 
 from __future__ import annotations

@@ -17,13 +17,8 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 
 @dataclasses.dataclass(frozen=True)
 class ArithmeticConfig:
-    """Difficulty knobs.
-
-    digits: operands are drawn uniformly from [0, 10**digits).
-    operators: string of operator symbols to draw from (subset of "+-*").
-    num_examples: size of one epoch.
-    nonnegative: for "-", order the operands so the answer is >= 0.
-    """
+    """Difficulty knobs: operands in [0, 10**digits), operators a subset of "+-*",
+    num_examples per epoch, nonnegative answers for "-"."""
 
     digits: int = 2
     operators: str = "+"

@@ -1,21 +1,8 @@
-"""Chain arithmetic: a synthetic task whose answers are worked chains of partial sums (16-48
-tokens).
-
-A prompt lists ``terms`` one-digit numbers to add (``"3+5+2+7="``); the worked answer adds them one
-at a time and ends with the total in GSM8K form::
-
-    3+5=8,8+2=10,10+7=17 #### 17
-
-With single-digit tokenization (Qwen3 splits numbers into digits) 3-5 terms give responses of about
-14-36 tokens, so the policy lag and the numerical discrepancy are summed over many tokens per
-sequence (unlike the 1-4 token answers of ``arithmetic``). Every step depends on the previous
-partial sum, so an early mistake propagates and the final answer is wrong: the reward (the ``####``
-number) is sparse and a small model reaches a middling accuracy after a short warm-up, leaving room
-for RL.
-
-Each example is a pure function of ``(seed, index)``. Records carry ``prompt``, ``answer`` (the
-final
-number, what the reward compares) and ``worked`` (the full worked answer, the supervised target).
+"""Chain arithmetic: a synthetic task whose answers are worked chains of partial sums,
+``"3+5+2+7="`` -> ``"3+5=8,8+2=10,10+7=17 #### 17"`` (~14-36 tokens with per-digit tokens), so lag
+and numerics act over many tokens per sequence and an early mistake spoils the sparse reward.
+Examples are pure functions of ``(seed, index)``: ``prompt``, ``answer`` (the total) and ``worked``
+(the SFT target).
 """
 
 from __future__ import annotations
@@ -31,8 +18,8 @@ from dlc_jax.data.arithmetic import ExampleSource
 
 @dataclasses.dataclass(frozen=True)
 class ChainArithConfig:
-    """min_terms / max_terms: how many numbers are added (drawn uniformly, >= 2); digits: each term
-    is drawn from [0, 10**digits); num_examples: size of one epoch."""
+    """Terms per example in [min_terms, max_terms] (>= 2), each in [0, 10**digits);
+    num_examples: one epoch."""
 
     min_terms: int = 3
     max_terms: int = 5

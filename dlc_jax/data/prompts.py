@@ -1,14 +1,7 @@
-"""Grain prompt pipeline over JSONL / Parquet / HF ``datasets`` / the synthetic arithmetic task.
-
-Load (once, before training; :mod:`dlc_jax.data.validate`): rows are read, fields and gold answers
-checked (errors name file:line or the row), prompts rendered and measured, too-long ones dropped.
-
-Then, all on a ``grain.MapDataset`` (random-access and checkpointable): examples -> shuffle(seed)
-(reshuffled every epoch) -> repeat(epochs) -> attach the global **slot id** (position in the epoch
-order: ``epoch * N + position``) -> shard by JAX process
-(``slots[process_index::process_count]``) ->
-tokenize -> ``to_iter_dataset`` -> batch into groups of ``batch_prompts`` prompts. The iterator's
-``get_state()/set_state()`` is a small JSON-able dict.
+"""Grain prompt pipeline: examples loaded and checked once (`validate`), then on a
+``grain.MapDataset`` (random-access, checkpointable): shuffle(seed) -> repeat(epochs) -> global
+slot id (``epoch * N + position``) -> shard by JAX process -> tokenize -> batches of
+``batch_prompts``; ``get_state()/set_state()`` is a small JSON-able dict.
 """
 
 from __future__ import annotations
@@ -16,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Callable
 from typing import Any, Literal
 
 import grain
@@ -47,24 +39,12 @@ class DataExhausted(DataError, StopIteration):
 
 @dataclasses.dataclass
 class DataConfig:
-    """Where prompts come from, how they are read and ordered.
-
-    source: "arithmetic" (synthetic, local), a ``.jsonl`` / ``.parquet`` file, or
-      ``hf:NAME_OR_PATH``
-      (HF ``datasets``: a ``save_to_disk`` directory, a data-files directory or a hub name).
-    split / subset: the HF split and configuration name (``hf:openai/gsm8k``: subset ``main``).
-    prompt_field / answer_field: record field names.
-    answer_format: how the gold answer is found in answer_field: 'raw' (as is), 'gsm8k' (after the
-      last '####'), 'boxed' (the last \\boxed{...}).
-    seed: shuffle seed; shuffle: whether to shuffle; epochs: passes over the data (0 = forever).
-      With epochs set, the run can train ``epochs * usable prompts // batch_prompts`` steps: a
-      pipeline given ``steps`` refuses at start when that is fewer; one that runs out anyway
-      raises a one-line DataError (the trainer saves its last completed step on the way out).
-    timeout_s: deadline of loading an HF data set (a hub download included); past it, a one-line
-      error.
-    chat_template: render prompts with the tokenizer's own chat template (ChatML when it has none);
-    system: optional system prompt; enable_thinking: passed to the template (Qwen3: false = no
-      thinking block).
+    """Where prompts come from, how they are read and ordered (config section ``data``; keys:
+    docs/CONTRACTS.md). ``answer_format``: 'raw', 'gsm8k' (after the last '####') or 'boxed';
+    ``epochs`` (0 = forever) allows ``epochs * usable prompts // batch_prompts`` steps: a pipeline
+    given more ``steps`` refuses at start, one that runs out raises a one-line DataError;
+    ``timeout_s``: deadline of loading an HF data set; ``chat_template``: render with the
+    tokenizer's template (ChatML when it has none), with ``system`` and ``enable_thinking``.
     """
 
     source: str = "arithmetic"
@@ -104,31 +84,20 @@ class PromptRecord:
     metadata: dict = dataclasses.field(default_factory=dict)
 
 
-def load_data(
-    cfg: DataConfig,
-    *,
-    answer_check: AnswerCheck | None = None,
-    count_tokens: Callable[[list[str]], list[int]] | None = None,
-    max_prompt_tokens: int | None = None,
-) -> tuple[list[Example], LoadStats]:
-    """Validated examples of ``cfg.source`` (see :mod:`dlc_jax.data.validate`)."""
+def load_data(cfg: DataConfig, **checks: Any) -> tuple[list[Example], LoadStats]:
+    """Validated examples of ``cfg.source``; ``checks``: `validate.load_examples`' answer_check,
+    count_tokens and max_prompt_tokens."""
     src = open_source(
-        cfg.source,
-        split=cfg.split,
-        subset=cfg.subset,
-        arithmetic=cfg.arithmetic,
-        seed=cfg.seed,
+        cfg.source, split=cfg.split, subset=cfg.subset, arithmetic=cfg.arithmetic, seed=cfg.seed,
         timeout_s=cfg.timeout_s,
-    )
-    synthetic = cfg.source == "arithmetic"
+    )  # fmt: skip
+    synthetic = cfg.source == "arithmetic"  # its own field names and raw answers
     return load_examples(
         src,
         prompt_field="prompt" if synthetic else cfg.prompt_field,
         answer_field="answer" if synthetic else cfg.answer_field,
         answer_format="raw" if synthetic else cfg.answer_format,
-        answer_check=answer_check,
-        count_tokens=count_tokens,
-        max_prompt_tokens=max_prompt_tokens,
+        **checks,
     )
 
 
@@ -156,16 +125,9 @@ def slot_dataset(
 
 class PromptPipeline:
     """Iterator over batches (lists) of ``batch_prompts`` :class:`PromptRecord`, checkpointable.
-
-    tokenizer: an HF tokenizer, or anything with
-      ``encode(text, add_special_tokens=False) -> list[int]``.
-    max_prompt_tokens: prompts with more tokens are dropped at load
-      (``max_model_len - max_tokens``).
-    answer_check: ``answers -> [error or None]`` run on every gold answer at load
-      (``RewardRunner.check_answers``).
-    process_index / process_count default to ``jax.process_index()/process_count()``.
-    steps: the batches the run will take (``train.steps``): with ``data.epochs`` set, fewer
-      available batches is refused here, at start (``total_batches``).
+    ``max_prompt_tokens``: longer prompts dropped at load; ``answer_check``: run on every gold
+    answer at load; ``steps``: the run's batches, refused at start when ``data.epochs`` gives
+    fewer; process index / count default to JAX's.
     """
 
     def __init__(

@@ -1,18 +1,7 @@
-"""The reward-failure budget: a reward that fails on most samples stops the run in one line.
-
-A reward whose calls raise (a wrong signature, e.g. no ``**metadata``, raises on every call), time
-out or return unusable values scores 0 for those samples and the run goes on. Over the last
-``reward.window`` scored batches (training steps, and evals when they run), a reward function whose
-failed samples exceed ``reward.max_failed_fraction`` of its samples stops the run with
-:class:`RewardFailureError`, naming the function and its last error, instead of training on zeros
-to the end. ``max_failed_fraction: 1.0`` turns the check off.
-
-The decision is taken by each process on its own samples (no collective): a reward failing on
-every sample stops every process at the same step.
-
-A run that ends before a reward's window is full is judged at its end on the batches it scored
-(`FailureBudget.short_run_counts` / `judge_short_run`): the trainer sums every process's counts
-(one collective, so every process decides the same and none stops alone).
+"""The reward-failure budget: a reward whose samples fail (raise, time out, unusable values) on more
+than ``reward.max_failed_fraction`` over the last ``reward.window`` batches stops the run in one
+line naming it and its last error (1.0: never). Each process judges its own samples; a run that
+ends before a window fills is judged at its end on every process's summed counts.
 """
 
 from __future__ import annotations
@@ -61,8 +50,8 @@ class FailureBudget:
             )
 
     def short_run_counts(self, names: list[str]) -> np.ndarray:
-        """[len(names), 2] int64: (failed, scored) samples of each reward whose window never
-        filled (0, 0 for the others): what `judge_short_run` judges, summed over processes."""
+        """[len(names), 2] int64 (failed, scored) samples of each reward whose window never filled
+        (0, 0 for the others), to be summed over processes for `judge_short_run`."""
         out = np.zeros((len(names), 2), np.int64)
         for i, name in enumerate(names):
             seen = self._seen.get(name)
@@ -71,8 +60,8 @@ class FailureBudget:
         return out
 
     def judge_short_run(self, names: list[str], fns: list[str], counts: np.ndarray) -> None:
-        """Raise :class:`RewardFailureError` when a reward's failed samples in ``counts`` (the
-        `short_run_counts` of every process, summed) exceed the budget."""
+        """Raise :class:`RewardFailureError` when a reward's summed `short_run_counts` exceed the
+        budget."""
         if self.max_failed_fraction >= 1.0:
             return
         for name, fn, (bad, n) in zip(names, fns, np.asarray(counts).tolist()):

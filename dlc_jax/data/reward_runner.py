@@ -1,28 +1,18 @@
-"""Runs reward functions in worker processes, with timeouts, off the training thread.
-
+"""Runs reward functions in worker processes, with timeouts, off the training thread:
 ``RewardRunner(cfg).score(prompts, completions, answers, ids) -> (rewards float32 [N], metrics)``.
 
-Why processes: a reward is user code; a hanging one must be stoppable (a thread cannot be killed),
-and HF math-verify's own timeouts use ``signal.alarm``, which only works on a process's main
-thread —
-a worker process runs every call on its main thread, so those timeouts work there. Workers are
-``spawn``ed (never forked from the multi-threaded trainer) and import the reward functions once at
-start-up, so a bad ``module:function`` fails the run at start in one line.
-
-Each reward function is called on the batch split into one contiguous chunk per worker. A chunk that
-raises, returns the wrong number of values / non-finite values, or runs past ``timeout_s`` (its
-worker
-is killed and replaced) is re-scored one sample at a time (``sample_timeout_s`` each, all of them
-within ``timeout_s``); samples that still fail score 0 and are logged with their ids. The run goes
-on, until a reward's failures exceed ``reward.max_failed_fraction`` over ``reward.window`` batches
-(:mod:`dlc_jax.data.reward_budget`). What a reward may return: :mod:`dlc_jax.data.reward_values`.
-
-Each worker leads its own process group (session): closing the runner, replacing a hung worker, or
-the trainer dying kills the whole group, so processes a reward spawned do not outlive the run.
+Processes, because a hanging reward must be killable and math-verify's signal timeouts work only
+on a main thread. Workers are plain subprocesses (`reward_worker`) that import the functions once
+at start (a bad path fails the run then). Each call is split into one chunk per worker; a chunk
+that raises, returns unusable values (`check_values`) or outlives ``timeout_s`` (its worker killed
+and replaced) is re-scored one sample at a time; samples that still fail score 0 and are logged
+with their ids, until the failure budget stops the run (`reward_budget`). Each worker leads its own
+process group, killed whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -39,8 +29,13 @@ from multiprocessing.connection import Connection, wait
 import numpy as np
 
 from dlc_jax.data.reward_budget import FailureBudget
-from dlc_jax.data.reward_values import MAX_ABS_REWARD, check_clip, check_values
-from dlc_jax.data.rewards import RewardConfig, RewardFnSpec
+from dlc_jax.data.rewards import (
+    MAX_ABS_REWARD,
+    RewardConfig,
+    RewardFnSpec,
+    check_clip,
+    check_values,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +79,10 @@ class _Worker:
 
     def kill(self) -> None:
         """Kill the worker's whole process group (what its reward spawned too)."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
         self.conn.close()
 
     def exit_status(self) -> str:
@@ -183,9 +174,9 @@ class RewardRunner:
         ids: list[str],
         metadata: dict[str, list] | None = None,
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Total reward per sample (float32 [N], weighted sum over the rewards) and metrics:
-        ``reward/<name>`` (mean of that reward), ``reward/errors`` and ``reward/timeouts`` (samples
-        that scored 0 because of a failure, this call), ``reward/seconds``."""
+        """Total reward per sample (float32 [N], the weighted sum) and metrics ``reward/<name>``
+        (means), ``reward/errors`` / ``reward/timeouts`` (samples scored 0 by a failure) and
+        ``reward/seconds``."""
         n = len(completions)
         if not (len(prompts) == len(answers) == len(ids) == n):
             raise ValueError(
@@ -198,58 +189,38 @@ class RewardRunner:
             if len(v) != n:
                 raise ValueError(f"score: metadata {k!r} has {len(v)} values for {n} samples")
         total = np.zeros(n, np.float64)
-        metrics: dict[str, float] = {}
-        errors = timeouts = 0
-        if n == 0:  # the same metric names as always (processes sum them in a fixed layout)
-            metrics = {f"reward/{s.name}": 0.0 for s in self.specs}
-            metrics.update({"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/seconds": 0.0})
-            return total.astype(np.float32), metrics
+        metrics = {f"reward/{s.name}": 0.0 for s in self.specs}  # the same names even when empty
+        failures = {"error": 0, "timeout": 0}
         payload = (prompts, completions, answers, meta, ids)
-        per_spec = self._run(payload, n)
-        for si, spec in enumerate(self.specs):
-            vals, failed = per_spec[si]
+        for spec, (vals, failed) in zip(self.specs, self._run(payload, n) if n else []):
             for kind, rows, why in failed:
-                if kind == "timeout":
-                    timeouts += len(rows)
-                else:
-                    errors += len(rows)
-                shown = ", ".join(ids[r] for r in rows[:_MAX_IDS_IN_LOG])
-                more = (
-                    f" (+{len(rows) - _MAX_IDS_IN_LOG} more)" if len(rows) > _MAX_IDS_IN_LOG else ""
-                )
+                failures[kind] += len(rows)
+                what = "timed out" if kind == "timeout" else "failed"
                 log.warning(
-                    "reward %r (%s) %s on sample ids [%s]%s: %s; they score 0",
-                    spec.name,
-                    spec.fn,
-                    "timed out" if kind == "timeout" else "failed",
-                    shown,
-                    more,
-                    why,
-                )
+                    "reward %r (%s) %s on sample ids [%s]: %s; they score 0",
+                    spec.name, spec.fn, what, _shown(ids, rows), why,
+                )  # fmt: skip
             # after the warnings above: a stop names the last error, they name the samples
             failed_rows = sum(len(rows) for _, rows, _ in failed)
-            last = failed[-1][2] if failed else None
-            self.budget.record(spec.name, spec.fn, failed_rows, n, last)
+            self.budget.record(
+                spec.name, spec.fn, failed_rows, n, failed[-1][2] if failed else None
+            )
             metrics[f"reward/{spec.name}"] = float(np.mean(vals))
             total += spec.weight * vals
         big = np.flatnonzero(~(np.abs(total) <= MAX_ABS_REWARD))  # weights x values overflowing
         if big.size:
-            errors += big.size
+            failures["error"] += big.size
             log.warning(
                 "rewards: the weighted total of sample ids [%s] is outside ±%g; they score 0",
-                ", ".join(ids[r] for r in big[:_MAX_IDS_IN_LOG]),
+                _shown(ids, big),
                 MAX_ABS_REWARD,
             )
             total[big] = 0.0
-        self.totals["errors"] += errors
-        self.totals["timeouts"] += timeouts
-        metrics.update(
-            {
-                "reward/errors": float(errors),
-                "reward/timeouts": float(timeouts),
-                "reward/seconds": time.time() - t0,
-            }
-        )
+        self.totals["errors"] += failures["error"]
+        self.totals["timeouts"] += failures["timeout"]
+        metrics["reward/errors"] = float(failures["error"])
+        metrics["reward/timeouts"] = float(failures["timeout"])
+        metrics["reward/seconds"] = time.time() - t0 if n else 0.0
         return total.astype(np.float32), metrics
 
     def check_answers(self, answers: list[str]) -> list[str | None]:
@@ -397,17 +368,20 @@ class RewardRunner:
 
 def _stop_workers(workers: list[_Worker]) -> None:
     for w in workers:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             w.conn.send(None)
-        except (OSError, ValueError):
-            pass
     for w in workers:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             w.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
         w.kill()  # the process group too: what the reward spawned
     workers.clear()
+
+
+def _shown(ids: list[str], rows) -> str:
+    """The ids of ``rows`` for a log line: the first few, then how many more."""
+    more = len(rows) - _MAX_IDS_IN_LOG
+    shown = ", ".join(ids[r] for r in rows[:_MAX_IDS_IN_LOG])
+    return shown + (f" (+{more} more)" if more > 0 else "")
 
 
 def _split(n: int, parts: int) -> list[list[int]]:

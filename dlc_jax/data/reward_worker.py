@@ -1,16 +1,8 @@
 """A reward worker process: ``python -m dlc_jax.data.reward_worker FD`` (run by ``RewardRunner``).
-
-The worker talks over the socket ``FD`` (a ``multiprocessing.connection.Connection``): it receives
-the
-list of ``module:function`` paths, imports them, answers ``("ready", None)`` (or
-``("error", msg)``),
-then serves ``(kind, fn_index, payload)`` requests until it reads ``None`` or EOF. Every call runs
-on
-the worker's main thread, so signal-based timeouts inside a reward (HF math-verify) work.
-
-It is a plain subprocess rather than a ``multiprocessing`` child: ``spawn`` would re-run the user's
-``__main__`` script in the worker, ``fork`` would copy the multi-threaded trainer. A watchdog thread
-exits the worker when its parent dies, even while a reward hangs.
+Over the socket ``FD`` it receives the ``module:function`` paths, answers ``("ready", None)`` or
+``("error", msg)``, then serves ``(kind, fn_index, payload)`` until ``None`` or EOF, every call on
+its main thread. A plain subprocess (spawn would re-run the user's ``__main__``, fork would copy
+the threaded trainer); a watchdog exits it when its parent dies.
 """
 
 from __future__ import annotations
@@ -41,8 +33,7 @@ def _describe(e: BaseException) -> str:
 
 
 def serve(conn: Connection) -> None:
-    from dlc_jax.data.reward_values import as_reward_list
-    from dlc_jax.data.rewards import resolve_fn
+    from dlc_jax.data.rewards import as_reward_list, resolve_fn
 
     paths = conn.recv()
     try:

@@ -1,21 +1,13 @@
-"""Reward functions and their config.
-
-A reward function is any importable ``package.module:function`` with the batch signature
+"""Reward functions and their config. A reward function is any importable ``module:function``
 
     fn(prompts: list[str], completions: list[str], answers: list[str], **metadata) -> list[float]
 
-(one float per completion; ``metadata`` holds ``ids`` — one id string per sample — plus any extra
-dataset columns, one list each). A function may also carry a ``check_answer(answer) -> str | None``
-attribute: the data pipeline calls it on every gold answer at load and refuses the data set (naming
-the row) on the first message it returns.
-
-Built-ins, plug-ins of the same signature:
-  - ``dlc_jax.data.rewards:exact_match`` — the response's candidate answer (``#### n``, the last
-    ``\\boxed{}``'s whole content, or the last standalone number) equals the gold number exactly;
-  - ``dlc_jax.data.rewards:math_verify`` — HF ``math-verify`` equivalence of the response and the
-    gold
-    answer (``\\boxed{0.5}`` vs ``1/2``, ``\\boxed{2^{10}}`` vs ``1024``).
-Rewards run in worker processes (``dlc_jax.data.reward_runner``), never on the training thread.
+(``metadata``: ``ids`` plus the data set's extra columns, one list each); an optional
+``check_answer(answer) -> str | None`` attribute is run on every gold answer at load. Built-ins:
+``exact_match`` (the response's candidate answer equals the gold number) and ``math_verify`` (HF
+math-verify equivalence). They run in worker processes (`reward_runner`), and what they return
+must be one real number per completion (`as_reward_list`) within ±1e15 unless clipped
+(`check_values`): larger values overflowed the float32 advantages.
 """
 
 from __future__ import annotations
@@ -24,17 +16,93 @@ import dataclasses
 import functools
 import importlib
 import math
+import numbers
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
-from dlc_jax.data.answers import (
-    candidate_answer,
-    extract_answer,
-    normalize_text,
-    parse_number,
-)
-from dlc_jax.data.reward_values import check_clip
+import numpy as np
+
+from dlc_jax.data.answers import candidate_answer, extract_answer, normalize_text, parse_number
+
+# |reward| limit without reward.clip: (2 * 1e15)^2 * a group of 10^6 stays finite in float32
+MAX_ABS_REWARD = 1e15
+
+
+def as_reward_list(out: object) -> list[float] | str:
+    """A reward function's return value as a list of floats, or a one-line reason why not."""
+    kind = type(out).__name__
+    if isinstance(out, (str, bytes, bytearray, Mapping, set, frozenset)) or out is None:
+        return f"returned a {kind}, expected a list of numbers (one per completion)"
+    if isinstance(out, np.ndarray) or (hasattr(out, "__array__") and not isinstance(out, Sequence)):
+        try:
+            arr = np.asarray(out)
+        except Exception as e:  # noqa: BLE001 - any array-like that does not convert
+            return f"returned a {kind} that is not an array ({type(e).__name__})"
+        if arr.ndim != 1 or arr.dtype.kind not in "biuf":
+            return (
+                f"returned a {kind} of shape {list(arr.shape)} and dtype {arr.dtype}, "
+                "expected a 1-D array of real numbers"
+            )
+        return [float(x) for x in arr.tolist()]
+    if not isinstance(out, (list, tuple)):
+        return f"returned a {kind}, expected a list of numbers (one per completion)"
+    vals = []
+    for i, x in enumerate(out):
+        if not isinstance(x, numbers.Real) or isinstance(x, (np.datetime64, np.timedelta64)):
+            return (
+                f"returned a {kind} whose item {i} is a {type(x).__name__} ({_short(x)}), "
+                "expected real numbers"
+            )
+        vals.append(float(x))
+    return vals
+
+
+def check_values(
+    vals: list[float], n: int, clip: tuple[float, float] | None = None
+) -> tuple[list[float] | None, str | None]:
+    """(values, None) when ``vals`` are ``n`` usable rewards (clipped into ``clip`` when given),
+    else (None, the reason)."""
+    if len(vals) != n:
+        return None, f"returned {len(vals)} values for {n} samples"
+    nan = [x for x in vals if math.isnan(x)]
+    if nan:
+        return None, f"returned NaN ({len(nan)} of {n} values)"
+    if clip is not None:
+        lo, hi = clip
+        return [min(max(x, lo), hi) for x in vals], None
+    big = [x for x in vals if not abs(x) <= MAX_ABS_REWARD]
+    if big:
+        return None, (
+            f"returned values outside ±{MAX_ABS_REWARD:g} "
+            f"({', '.join(f'{x:g}' for x in big[:3])}); set reward.clip: [lo, hi] to clip them"
+        )
+    return vals, None
+
+
+def check_clip(clip: object) -> tuple[float, float] | None:
+    """``reward.clip`` as ``(lo, hi)`` (None: no clipping); one-line ValueError naming the key."""
+    if clip is None:
+        return None
+    ok = (
+        isinstance(clip, (list, tuple))
+        and len(clip) == 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in clip)
+    )
+    if not ok:
+        raise ValueError(f"reward.clip: expected [lo, hi] (two numbers) or null, got {clip!r}")
+    lo, hi = float(clip[0]), float(clip[1])  # type: ignore[index]
+    if not (-MAX_ABS_REWARD <= lo < hi <= MAX_ABS_REWARD):
+        raise ValueError(
+            f"reward.clip: need -{MAX_ABS_REWARD:g} <= lo < hi <= {MAX_ABS_REWARD:g}, got {clip!r}"
+        )
+    return lo, hi
+
+
+def _short(x: object) -> str:
+    s = repr(x)
+    return s if len(s) <= 40 else s[:37] + "..."
+
 
 EXACT_MATCH = "dlc_jax.data.rewards:exact_match"
 MATH_VERIFY = "dlc_jax.data.rewards:math_verify"
@@ -57,26 +125,12 @@ class RewardFnSpec:
 
 @dataclasses.dataclass
 class RewardConfig:
-    """The ``reward`` section.
-
-    fn: one reward function ``package.module:function`` (weight 1).
-    fns: several weighted rewards, replacing ``fn`` when non-empty: a mapping
-      ``NAME: {fn: module:function, weight: 1.0, kwargs: {...}}`` (or ``NAME: module:function``);
-      the total reward is the weighted sum. Overridable per entry: ``reward.fns.NAME.weight=0.5``.
-    workers: reward worker processes (each call is split into one contiguous chunk per worker; set 1
-      for a function that must see the whole batch at once).
-    timeout_s: time limit of one call on one chunk; past it the worker is killed and the chunk is
-      re-scored one sample at a time, each sample limited to sample_timeout_s, all of them to
-      timeout_s.
-      Samples that raise or do not finish score 0 and are logged with their ids.
-    clip: ``[lo, hi]``: reward values are clipped into this range; null (default): a value outside
-      ±1e15 (or NaN, or not a number; ``dlc_jax.data.reward_values``) fails its call like an error.
-    max_failed_fraction / window: a reward failing on more than this fraction of its samples over
-      ``window`` scored batches stops the run in one line naming it and its last error
-      (``dlc_jax.data.reward_budget``; 1.0 = never).
-    correct / incorrect / format_bonus / strict_format: options of the built-in exact_match when it
-      is the ``fn`` (reward of a match / a miss; bonus when ``strict_format`` full-matches the
-      stripped response).
+    """The ``reward`` section (keys: docs/CONTRACTS.md). ``fns`` (``NAME: {fn, weight, kwargs}`` or
+    ``NAME: module:function``) replaces ``fn`` when non-empty: the total is the weighted sum.
+    ``timeout_s`` bounds one call on one chunk, after which its samples are re-scored one by one
+    (``sample_timeout_s`` each); ``clip`` clips values (null: outside ±1e15 fails the call);
+    ``max_failed_fraction`` / ``window``: the failure budget; ``correct`` ... ``strict_format``:
+    options of the built-in exact_match as ``fn``.
     """
 
     fn: str = EXACT_MATCH
@@ -95,38 +149,34 @@ class RewardConfig:
     def __post_init__(self):
         if self.workers < 1:
             raise ValueError(f"reward.workers must be >= 1, got {self.workers}")
-        if not self.timeout_s > 0 or not self.sample_timeout_s > 0:
-            raise ValueError("reward.timeout_s and reward.sample_timeout_s must be > 0")
-        if not math.isfinite(self.timeout_s) or not math.isfinite(self.sample_timeout_s):
-            raise ValueError("reward.timeout_s and reward.sample_timeout_s must be finite")
+        for t in (self.timeout_s, self.sample_timeout_s):
+            if not t > 0 or not math.isfinite(t):
+                raise ValueError(
+                    "reward.timeout_s and reward.sample_timeout_s must be finite and > 0"
+                )
         check_clip(self.clip)
         f = self.max_failed_fraction
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+        if not _is_number(f) or not 0.0 <= f <= 1.0:
             raise ValueError(f"reward.max_failed_fraction must be in [0, 1], got {f!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"reward.window must be an integer >= 1, got {self.window!r}")
         for key in ("correct", "incorrect", "format_bonus"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"reward.{key}: expected a finite number, got {v!r}")
+            _finite(f"reward.{key}", getattr(self, key))
         try:
             re.compile(self.strict_format)
         except re.error as e:
             raise ValueError(f"reward.strict_format: bad regex {self.strict_format!r}: {e}") from e
         self.specs()  # validates fn / fns
 
+    def exact_match_options(self) -> dict:
+        keys = ("correct", "incorrect", "format_bonus", "strict_format")
+        return {k: getattr(self, k) for k in keys}
+
     def specs(self) -> list[RewardFnSpec]:
         """The rewards to run, validated (one-line ValueError naming the key)."""
         if not self.fns:
             _check_fn_path("reward.fn", self.fn)
-            kw = {}
-            if self.fn == EXACT_MATCH:
-                kw = dict(
-                    correct=self.correct,
-                    incorrect=self.incorrect,
-                    format_bonus=self.format_bonus,
-                    strict_format=self.strict_format,
-                )
+            kw = self.exact_match_options() if self.fn == EXACT_MATCH else {}
             return [RewardFnSpec(name=self.fn.rsplit(":", 1)[1], fn=self.fn, kwargs=kw)]
         out = []
         for name, entry in self.fns.items():
@@ -147,9 +197,7 @@ class RewardConfig:
                     f"{key}: the name is reserved for a metric (reserved: {sorted(RESERVED_NAMES)})"
                 )
             _check_fn_path(f"{key}.fn", entry["fn"])
-            w = entry.get("weight", 1.0)
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
-                raise ValueError(f"{key}.weight: expected a finite number, got {w!r}")
+            w = _finite(f"{key}.weight", entry.get("weight", 1.0))
             kw = entry.get("kwargs") or {}
             if not isinstance(kw, dict):
                 raise ValueError(f"{key}.kwargs: expected a mapping, got {kw!r}")
@@ -157,6 +205,17 @@ class RewardConfig:
                 RewardFnSpec(name=str(name), fn=entry["fn"], weight=float(w), kwargs=dict(kw))
             )
         return out
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite(key: str, v):
+    """``v`` when it is a finite number, else a one-line ValueError naming ``key``."""
+    if not _is_number(v) or not math.isfinite(v):
+        raise ValueError(f"{key}: expected a finite number, got {v!r}")
+    return v
 
 
 def _check_fn_path(key: str, path) -> None:
@@ -231,15 +290,7 @@ def exact_match_reward(response: str, answer: str, cfg: RewardConfig | None = No
     gold = answer if parse_number(answer) is not None else extract_answer(answer)  # e.g. "#### 19"
     if gold is None or parse_number(gold) is None:
         raise ValueError(f"reference answer {answer!r} contains no number")
-    return exact_match(
-        [""],
-        [response],
-        [gold],
-        correct=cfg.correct,
-        incorrect=cfg.incorrect,
-        format_bonus=cfg.format_bonus,
-        strict_format=cfg.strict_format,
-    )[0]
+    return exact_match([""], [response], [gold], **cfg.exact_match_options())[0]
 
 
 # ---- math_verify ------------------------------------------------------------------------------

@@ -1,25 +1,14 @@
-"""Row sources of the prompt pipeline: JSONL, Parquet, HF ``datasets`` and the synthetic task.
-
-Every source is random-access (``len`` + ``row(i) -> dict``) so grain can shuffle and checkpoint it,
-and names where row ``i`` came from (``where(i)``: ``"data.jsonl:17"``,
-``"hf:openai/gsm8k[train] row
-17"``) for the data errors. ``data.source`` forms:
-  - ``arithmetic``: the synthetic task (:mod:`dlc_jax.data.arithmetic`);
-  - ``PATH.jsonl`` / ``PATH.parquet``: a local file;
-  - ``hf:NAME_OR_PATH``: HF ``datasets`` — a directory written by ``Dataset.save_to_disk`` /
-    ``DatasetDict.save_to_disk``, a local directory of data files, or a hub name
-    (``hf:openai/gsm8k``
-    with ``data.subset=main``; offline, ``HF_DATASETS_OFFLINE=1`` uses the local cache only).
-
-Hostile input ends in one line (:class:`DataError`): loading an HF data set runs under a deadline
-(``data.timeout_s``; the hub's own HTTP timeouts are set to it too), so an endpoint that accepts and
-never answers fails instead of hanging; bytes that are not UTF-8 and lone surrogates in a JSONL row
-name ``file:line``; an empty data set, and a ``data.split`` that a single saved ``Dataset`` cannot
-honour, are errors rather than an ``IndexError`` or a silently ignored split.
+"""Row sources of the prompt pipeline: ``arithmetic`` (synthetic), ``PATH.jsonl`` /
+``PATH.parquet`` and ``hf:NAME_OR_PATH`` (HF ``datasets``: a ``save_to_disk`` directory, a data
+directory or a hub name). Every source is random-access (``len`` + ``row(i)``) and names where a
+row came from (``where(i)``). Hostile input ends in one line (`DataError`): HF loads run under
+``data.timeout_s``; non-UTF-8 bytes and lone surrogates name ``file:line``; an empty data set or a
+split a saved ``Dataset`` cannot honour is an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -34,71 +23,33 @@ class DataError(ValueError):
 
 
 class RowSource:
-    """Rows of a data set with their locations."""
+    """The rows of a data set (a sequence of dicts: a list, the synthetic task) with where each
+    came from; ``lines``: each row's 1-based file line (JSONL)."""
 
-    name: str = ""
-
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def row(self, i: int) -> dict:
-        raise NotImplementedError
-
-    def where(self, i: int) -> str:
-        return f"{self.name} row {i}"
-
-    def iter_rows(self):
-        """``(i, row)`` for every row, in order (sources override this with a faster scan)."""
-        for i in range(len(self)):
-            yield i, self.row(i)
-
-
-class ListSource(RowSource):
-    """Rows held in memory; ``lines`` maps a row to its 1-based file line (JSONL)."""
-
-    def __init__(self, name: str, rows: list[dict], lines: list[int] | None = None):
+    def __init__(self, name: str, rows: Any, lines: list[int] | None = None):
         self.name, self.rows, self.lines = name, rows, lines
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def row(self, i: int) -> dict:
-        return self.rows[i]
+        return self.rows[int(i)]
 
     def where(self, i: int) -> str:
         return f"{self.name}:{self.lines[i]}" if self.lines is not None else f"{self.name} row {i}"
 
     def iter_rows(self):
-        return enumerate(self.rows)
-
-
-class ArithmeticRows(RowSource):
-    def __init__(self, cfg: ArithmeticConfig, seed: int):
-        self.src = ArithmeticSource(cfg, seed=seed)
-        self.name = "arithmetic"
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def row(self, i: int) -> dict:
-        return self.src[i]
+        """``(i, row)`` for every row, in order."""
+        return ((i, self.row(i)) for i in range(len(self)))
 
 
 class HFSource(RowSource):
-    """A ``datasets.Dataset`` (memory-mapped Arrow: rows are read on access, not held in memory)."""
-
-    def __init__(self, name: str, ds: Any):
-        self.name, self.ds = name, ds
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def row(self, i: int) -> dict:
-        return self.ds[int(i)]
+    """A ``datasets.Dataset`` (memory-mapped Arrow: rows are read on access, not held in memory),
+    scanned in batches."""
 
     def iter_rows(self):
         i = 0
-        for batch in self.ds.iter(batch_size=1024):
+        for batch in self.rows.iter(batch_size=1024):
             cols = list(batch)
             for j in range(len(batch[cols[0]]) if cols else 0):
                 yield i, {c: batch[c][j] for c in cols}
@@ -122,7 +73,7 @@ def _no_surrogates(value: Any) -> str | None:
     return None
 
 
-def read_jsonl(path: Path) -> ListSource:
+def read_jsonl(path: Path) -> RowSource:
     rows, lines = [], []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -150,26 +101,25 @@ def read_jsonl(path: Path) -> ListSource:
                 raise DataError(f"{path}:{lineno}: a lone surrogate (not valid text) in {bad}")
             rows.append(rec)
             lines.append(lineno)
-    return ListSource(str(path), rows, lines)
+    return RowSource(str(path), rows, lines)
 
 
-def read_parquet(path: Path) -> ListSource:
+def read_parquet(path: Path) -> RowSource:
     import pyarrow.parquet as pq
 
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise DataError(f"{path}: cannot read Parquet ({type(e).__name__}: {e})") from None
-    return ListSource(str(path), rows)
+    return RowSource(str(path), rows)
 
 
 DEFAULT_TIMEOUT_S = 300.0
 
 
 def with_deadline(fn, timeout_s: float, what: str):
-    """``fn()`` run in a daemon thread; a DataError naming ``what`` when it takes longer than
-    ``timeout_s`` (the thread is abandoned: a network read that never returns cannot be
-    interrupted, and a daemon thread does not keep the process alive)."""
+    """``fn()`` in a daemon thread; a DataError naming ``what`` past ``timeout_s`` (the thread is
+    abandoned: a network read that never returns cannot be interrupted)."""
     box: dict[str, Any] = {}
 
     def run():
@@ -196,14 +146,12 @@ def _hub_timeouts(timeout_s: float) -> None:
     t = str(max(1, int(timeout_s)))
     for var in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
         os.environ.setdefault(var, t)
-    try:
+    with contextlib.suppress(ImportError):
         from huggingface_hub import constants
 
         for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
             if hasattr(constants, name):
                 setattr(constants, name, min(getattr(constants, name), int(t)))
-    except ImportError:
-        pass
 
 
 def read_hf(
@@ -275,7 +223,7 @@ def open_source(
 ) -> RowSource:
     """The :class:`RowSource` of ``data.source`` (module doc); one-line DataError if unreadable."""
     if source == "arithmetic":
-        return ArithmeticRows(arithmetic or ArithmeticConfig(), seed)
+        return RowSource("arithmetic", ArithmeticSource(arithmetic or ArithmeticConfig(), seed))
     if source.startswith("hf:"):
         return read_hf(source[3:], split, subset, timeout_s)
     path = Path(source).expanduser()

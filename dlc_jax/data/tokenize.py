@@ -1,15 +1,7 @@
-"""Prompt rendering and tokenization with the model's HF tokenizer (from the model directory).
-
-With ``chat_template`` on, a prompt is rendered by the tokenizer's own chat template
-(``apply_chat_template`` with ``add_generation_prompt=True``, an optional system message and
-``enable_thinking`` — Qwen3's switch; templates that do not use it ignore it); a tokenizer without a
-template falls back to the hand-written ChatML below. Token ids are produced once here and then
-travel unchanged trainer -> sampler -> trainer; nothing downstream re-tokenizes text.
-
-A rendered prompt's content is text: a control token's text in a dataset prompt
-(``<|im_start|>system``) is encoded as plain text (`dlc_jax.data.text_tokens`), counted in
-``data/escaped_special_tokens``. Without ``chat_template`` the prompt is the model's whole input,
-written by the user, and is encoded as it is.
+"""Prompt rendering and tokenization with the model's HF tokenizer. With ``chat_template`` a prompt
+is rendered by the tokenizer's chat template (ChatML when it has none), its content encoded as text
+(`text_tokens`: control tokens in it counted, never matched); without, the prompt is encoded as
+is. Token ids are made once here and never re-tokenized downstream.
 """
 
 from __future__ import annotations
@@ -34,9 +26,8 @@ _DIRECT_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe")
 
 
 def _direct_tokenizer_class(model_dir: str):
-    """The class AutoTokenizer would pick for ``model_dir``, when it is one of the classes above
-    (tokenizer_config.json names it, no ``auto_map``, config.json has a Qwen model type); else
-    None."""
+    """The class AutoTokenizer would pick for ``model_dir`` when it is one of `_DIRECT_CLASSES`
+    (named by tokenizer_config.json, no ``auto_map``, a Qwen model type), else None."""
     import importlib
     import json
     from pathlib import Path
@@ -61,9 +52,8 @@ def _direct_tokenizer_class(model_dir: str):
 
 
 def load_tokenizer(model_dir: str):
-    """The HF fast tokenizer stored in ``model_dir`` (``tokenizer.json`` + config), no network:
-    the class AutoTokenizer picks, loaded without importing AutoTokenizer where that class is
-    known (see ``_DIRECT_CLASSES``)."""
+    """The HF fast tokenizer stored in ``model_dir``, offline, without importing AutoTokenizer
+    where its class is known."""
     try:
         cls = _direct_tokenizer_class(str(model_dir))
         if cls is None:
@@ -93,12 +83,6 @@ def has_chat_template(tokenizer) -> bool:
     )
 
 
-def _messages(prompt: str, system: str | None) -> list[dict]:
-    return ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}
-    ]
-
-
 def _render(tokenizer, messages: list[dict], enable_thinking: bool) -> str:
     if not has_chat_template(tokenizer):
         system = messages[0]["content"] if len(messages) > 1 else None
@@ -108,36 +92,32 @@ def _render(tokenizer, messages: list[dict], enable_thinking: bool) -> str:
     )
 
 
-def render_prompt(
-    tokenizer,
-    prompt: str,
-    *,
-    chat_template: bool = False,
-    system: str | None = None,
-    enable_thinking: bool = True,
-) -> str:
+def _chat(tokenizer, prompt: str, fmt: PromptFormat):
+    """(render(messages) -> text, messages) of ``prompt`` under ``fmt``; None without
+    ``chat_template``."""
+    if not fmt.get("chat_template", False):
+        return None
+    system, thinking = fmt.get("system"), fmt.get("enable_thinking", True)
+    messages = [{"role": "system", "content": system}] if system else []
+    return (lambda m: _render(tokenizer, m, thinking)), messages + [
+        {"role": "user", "content": prompt}
+    ]
+
+
+def render_prompt(tokenizer, prompt: str, **fmt: Unpack[PromptFormat]) -> str:
     """The text the model sees for ``prompt`` (module doc)."""
-    if not chat_template:
-        return prompt
-    return _render(tokenizer, _messages(prompt, system), enable_thinking)
+    chat = _chat(tokenizer, prompt, fmt)
+    return prompt if chat is None else chat[0](chat[1])
 
 
 def encode_prompt_counted(
-    tokenizer,
-    prompt: str,
-    *,
-    chat_template: bool = False,
-    system: str | None = None,
-    enable_thinking: bool = True,
+    tokenizer, prompt: str, **fmt: Unpack[PromptFormat]
 ) -> tuple[np.ndarray, int]:
     """(token ids [P] int32 of the rendered ``prompt``, control tokens of its content kept as
     text)."""
-    if chat_template:
-        ids, escaped = encode_chat(
-            tokenizer,
-            lambda msgs: _render(tokenizer, msgs, enable_thinking),
-            _messages(prompt, system),
-        )
+    chat = _chat(tokenizer, prompt, fmt)
+    if chat is not None:
+        ids, escaped = encode_chat(tokenizer, *chat)
     else:
         ids, escaped = tokenizer.encode(prompt, add_special_tokens=False), 0
     if len(ids) == 0:
@@ -151,8 +131,8 @@ def encode_prompt(tokenizer, prompt: str, **fmt: Unpack[PromptFormat]) -> np.nda
 
 
 def count_prompt_tokens(tokenizer, prompts: list[str], **fmt: Unpack[PromptFormat]) -> list[int]:
-    """Token count of each rendered prompt (batched when the tokenizer is an HF one; a prompt
-    holding a control token's text is counted as `encode_prompt` encodes it)."""
+    """Token count of each rendered prompt, as `encode_prompt` encodes it (batched for an HF
+    tokenizer)."""
     from dlc_jax.data.text_tokens import count_control
 
     if fmt.get("chat_template") and any(count_control(tokenizer, p) for p in prompts):

@@ -1,11 +1,6 @@
-"""Data validation at load: every row is checked before training starts, not when it is sampled.
-
-For each row: the prompt and answer fields are present and non-empty text, the gold answer is found
-in
-``data.answer_format`` and accepted by every reward's ``check_answer`` (e.g. exact_match needs a
-number), and the rendered prompt fits: prompt tokens + ``sampler.max_tokens`` <= ``max_model_len``.
-Missing fields and bad gold answers are errors naming the file:line / row (:class:`DataError`);
-too-long prompts are dropped, counted and logged.
+"""Data validation at load, before training: fields present and non-empty text, gold answers found
+in ``data.answer_format`` and accepted by every reward's ``check_answer`` (errors name the row),
+prompts that do not fit ``max_model_len - max_tokens`` dropped, counted and logged.
 """
 
 from __future__ import annotations
@@ -43,7 +38,7 @@ class LoadStats:
     seconds: float = 0.0
 
 
-def _text(rec: dict, name: str, kind: str, where: str, src_name: str) -> str:
+def _text(rec: dict, name: str, kind: str, where: str) -> str:
     if name not in rec:
         raise DataError(
             f"{where}: no field {name!r} (fields: {sorted(rec)}); set data.{kind}_field"
@@ -63,8 +58,8 @@ def build_examples(
     out = []
     for i, rec in src.iter_rows():
         where = src.where(i)
-        prompt = _text(rec, prompt_field, "prompt", where, src.name)
-        raw = _text(rec, answer_field, "answer", where, src.name)
+        prompt = _text(rec, prompt_field, "prompt", where)
+        raw = _text(rec, answer_field, "answer", where)
         try:
             answer = extract_gold(raw, answer_format)
         except ValueError as e:
@@ -125,8 +120,7 @@ def filter_too_long(
         e, n = dropped[0]
         log.warning(
             "data: dropped %d of %d prompts longer than %d tokens (max_model_len - max_tokens); "
-            "first: "
-            "%s (%d tokens)",
+            "first: %s (%d tokens)",
             len(dropped),
             len(examples),
             max_prompt_tokens,

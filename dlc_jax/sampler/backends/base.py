@@ -17,14 +17,10 @@ from ..wire.types import Rollout, SamplingParams
 
 @dataclasses.dataclass
 class BackendConfig:
-    """Engine settings shared by the backends (a backend ignores knobs it does not have).
-
-    dtype: compute dtype ("float32" | "bfloat16"). quantization: vLLM online quantization name
-    (e.g. "fp8_per_channel") or, for the JAX backend, "int8" or "fp8_e4m3" (per-output-channel
-    weight-only, dequantized back).
-    weight_noise: Gaussian noise added to every weight matrix, sigma = weight_noise * rms(tensor),
-    with `weight_noise_seed` (JAX backend). Limits: max_model_len bounds prompt + max_tokens; max_n
-    and max_head_k bound n and head_k in requests.
+    """Engine settings shared by the backends (a backend ignores knobs it does not have):
+    compute `dtype`, `quantization` (vLLM's name, or "int8" / "fp8_e4m3" for the JAX backend),
+    `weight_noise` (sigma relative to each tensor's rms); max_model_len bounds prompt + max_tokens,
+    max_n / max_head_k bound requests.
     """
 
     model_dir: str
@@ -72,24 +68,17 @@ def read_model_config(model_dir: str) -> dict:
 
 
 class WeightLoad(Protocol):
-    """A push being loaded into the engine tensor by tensor, beside the weights it serves.
-
-    `add(name, array)` is called once per tensor, in push order, from one worker thread, as soon
-    as the tensor's bytes are verified (checksum and finite values); `array` is a read-only view
-    into the staging buffer, valid only during the call (copy what you keep). Nothing serves the
-    new weights until `SamplerBackend.apply_load`; a push that fails is simply dropped."""
+    """A push loaded into the engine tensor by tensor beside the served weights: `add` once per
+    verified tensor, in order, from one worker thread (the array is a view valid only during the
+    call); served only after `SamplerBackend.apply_load`, dropped if the push fails."""
 
     def add(self, name: str, array: np.ndarray) -> None: ...
 
 
 class SamplerBackend(abc.ABC):
-    """A generation engine with versioned, atomically swappable weights.
-
-    Contract: `generate` yields one Rollout per (prompt, sample) with version spans covering every
-    response token; `apply_weights(dir, version)` loads a verified HF safetensors directory whose
-    names/shapes equal `expected_tensors()` and from then on tags tokens with `version`. Tokens of
-    requests in flight when the weights change are tagged with two (or more) spans, and tokens after
-    the change are computed from the new weights only (KV recomputed).
+    """A generation engine with versioned, atomically swappable weights: `generate` yields one
+    Rollout per (prompt, sample) with version spans over every token; `apply_weights(dir,
+    version)` loads a verified HF directory; tokens after a swap come from the new weights only.
     """
 
     name: str = "base"
@@ -100,6 +89,7 @@ class SamplerBackend(abc.ABC):
         self.vocab_size = int(self.model_config["vocab_size"])
         self.version = int(cfg.initial_version)
         self._expected = st.read_specs(cfg.model_dir)
+        self._base_fp: str | None = None  # `base_fingerprint`, once computed
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """{hf_name: (shape, dtype)} that a full weight push must provide."""
@@ -134,12 +124,11 @@ class SamplerBackend(abc.ABC):
 
     def base_fingerprint(self) -> str:
         """`adapter_push.dir_fingerprint` of the model directory (computed once)."""
-        fp = getattr(self, "_base_fp", None)
-        if fp is None:
+        if self._base_fp is None:
             from ..push.adapter import dir_fingerprint
 
-            fp = self._base_fp = dir_fingerprint(self.cfg.model_dir)
-        return fp
+            self._base_fp = dir_fingerprint(self.cfg.model_dir)
+        return self._base_fp
 
     async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
         """Serve base + the verified adapter in ``adapter_dir`` (``meta``: its

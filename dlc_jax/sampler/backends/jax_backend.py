@@ -1,20 +1,11 @@
-"""JAX backend: the project's models (`dlc_jax.model`, any registered family) with a KV cache,
-batched prefill + jitted decode steps, vLLM-equivalent sampling (temperature -> top-k -> top-p via
-`dlc_jax.rl.sampling.processed_logits`, processed logprobs), a top-K head, and weight versions.
+"""JAX backend: the project's models (any registered family) with a KV cache, batched prefill +
+jitted decode, vLLM-equivalent sampling (`jax_sampling`), a top-K head, and weight versions.
 
-Numerics knobs (a controlled sampler/trainer discrepancy), applied in HF layout every time weights
-are loaded: `dtype="bfloat16"` (compute dtype; params stay fp32), `quantization="int8"`
-(weight-only, symmetric, per output channel = per row of every 2-D HF weight, dequantized back:
-round-to-nearest), `quantization="fp8_e4m3"` (the same per-output-channel scale, max |w| -> 448,
-cast to `jnp.float8_e4m3fn` and back: FP8 rollouts' weight error; activations stay in the compute
-dtype, the model forward has no FP8 hook), `weight_noise=s` (w += s * rms(w) * N(0,1) on every 2-D
-weight, fixed `weight_noise_seed`, the same pattern for every version). Norm vectors are left
-unchanged by all of them.
-
-Determinism: the key of token t of sample j of prompt i is fold_in(seed, i, j, t), so results do
-not depend on batching. Weight swaps happen between decode steps; a sequence whose weights changed
-is re-prefilled (prompt + tokens so far) with the new weights before its next token, so every token
-is sampled from logits computed entirely with one version.
+Numerics knobs, applied in HF layout to every 2-D weight whenever weights load: `dtype="bfloat16"`
+(compute dtype), `quantization="int8"` / `"fp8_e4m3"` (weight-only, per output channel, dequantized
+back), `weight_noise=s` (w += s * rms(w) * N(0,1), fixed seed). Determinism: token t of sample j of
+prompt i uses key fold_in(seed, i, j, t), whatever the batching. A sequence whose weights changed
+between decode steps is re-prefilled with the new ones, so every token comes from one version.
 """
 
 from __future__ import annotations
@@ -57,12 +48,17 @@ def has_knobs(cfg: BackendConfig) -> bool:
     return cfg.weight_noise > 0 or cfg.quantization in ("int8", "fp8_e4m3")
 
 
+def _row_scale(w: np.ndarray, qmax: float) -> np.ndarray:
+    """Per-output-channel (per row) scale mapping max |w| to `qmax` (1 for an all-zero row)."""
+    amax = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True)
+    return np.where(amax == 0, 1.0, amax / qmax).astype(np.float32)
+
+
 def fp8_e4m3_roundtrip(w: np.ndarray) -> np.ndarray:
     """w quantized to FP8 e4m3 with a per-output-channel (per row) scale and dequantized."""
     import jax.numpy as jnp
 
-    amax = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True)
-    scale = np.where(amax == 0, 1.0, amax / FP8_E4M3_MAX).astype(np.float32)
+    scale = _row_scale(w, FP8_E4M3_MAX)
     q = (w / scale).astype(jnp.float8_e4m3fn)
     return (q.astype(np.float32) * scale).astype(np.float32)
 
@@ -77,8 +73,7 @@ def transform_weights(name: str, w: np.ndarray, cfg: BackendConfig) -> np.ndarra
         rms = float(np.sqrt(np.mean(np.square(w, dtype=np.float64))))
         w = w + np.float32(cfg.weight_noise * rms) * rng.standard_normal(w.shape, dtype=np.float32)
     if cfg.quantization == "int8":
-        scale = np.max(np.abs(w), axis=tuple(range(1, w.ndim)), keepdims=True) / 127.0
-        scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+        scale = _row_scale(w, 127.0)
         w = (np.clip(np.round(w / scale), -127, 127) * scale).astype(np.float32)
     if cfg.quantization == "fp8_e4m3":
         w = fp8_e4m3_roundtrip(w)
@@ -100,7 +95,9 @@ class JaxBackend(SamplerBackend):
         self._state = None
         self._base_state = None
         self._seed_counter = np.random.default_rng(cfg.seed)
-        self._load_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._routes = False  # the family returns routed experts (set at start)
+        # loads on their own thread: decode batches queued on the default executor never delay them
+        self._load_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-load")
 
     # -- weights ----------------------------------------------------------------------------
     def load_weights_dir(self, weights_dir: str):
@@ -142,18 +139,12 @@ class JaxBackend(SamplerBackend):
             self.load_weights_dir, self.cfg.model_dir
         )
         self._base_state = self._state  # what LoRA adapter pushes are merged into
-        self._cache_dtype = "bfloat16" if self.cfg.dtype == "bfloat16" else "float32"
+
+    async def _on_load_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._load_pool, fn, *args)
 
     async def apply_weights(self, weights_dir: str, version: int) -> None:
-        # its own thread: decode batches queued on the default executor must not delay a push
-        if self._load_pool is None:
-            self._load_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="jax-load"
-            )
-        loop = asyncio.get_running_loop()
-        graphdef, state = await loop.run_in_executor(
-            self._load_pool, self.load_weights_dir, weights_dir
-        )
+        graphdef, state = await self._on_load_thread(self.load_weights_dir, weights_dir)
         self.set_weights(graphdef, state, version)
 
     def set_weights(self, graphdef, state, version: int) -> None:
@@ -163,25 +154,20 @@ class JaxBackend(SamplerBackend):
             if self._base_state is None:  # the start-up weights: what adapters are merged into
                 self._base_state = state
 
-    def begin_load(self):
+    def begin_load(self, state=None):
+        """A tensor-by-tensor load into `state`'s structure (default: the served one), with the
+        numerics knobs."""
         from .jax_weights import JaxWeightLoad
 
         knobs = has_knobs(self.cfg)
-        state, _ = self._snapshot()
         return JaxWeightLoad(
-            state,
+            self._snapshot()[0] if state is None else state,
             int(self.model_config["num_hidden_layers"]),
             (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
         )
 
     async def apply_load(self, load, version: int) -> None:
-        if self._load_pool is None:
-            self._load_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="jax-load"
-            )
-        state = await asyncio.get_running_loop().run_in_executor(self._load_pool, load.state)
-        with self._lock:
-            self._state, self.version = state, int(version)
+        self.serve_state(await self._on_load_thread(load.state), version)
 
     # -- LoRA adapter pushes: base + delta merged in memory at commit ------------------------------
     def adapter_base(self, rank: int) -> str:
@@ -193,22 +179,13 @@ class JaxBackend(SamplerBackend):
         return self.merged_adapter_state(read_adapter(adapter_dir), meta)
 
     def merged_adapter_state(self, adapter: dict[str, np.ndarray], meta):
-        """The start-up base with ``W + scale * B @ A`` in every kernel ``adapter`` (PEFT name:
-        float32 factor, checked) adapts; the other parameters are shared. Merged on the device
-        from the served base (`JaxWeightLoad.add_lora`: no read of the model directory, no host
-        copy of a kernel; ~6x less CPU than the host merge), or, with numerics knobs, on the host
-        from the model directory's base with the knobs applied to the merged weight, as to a
-        pushed one."""
+        """The start-up base with ``W + scale * B @ A`` in every kernel ``adapter`` adapts (the
+        rest shared): merged on the device from the served base (`JaxWeightLoad.add_lora`), or,
+        with numerics knobs, on the host from the model directory, knobs applied as to a push."""
         from ..push.adapter import merged_tensors, peft_name, split_name
-        from .jax_weights import JaxWeightLoad
 
-        knobs = has_knobs(self.cfg)
-        load = JaxWeightLoad(
-            self._base_state,
-            int(self.model_config["num_hidden_layers"]),
-            (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
-        )
-        if knobs:
+        load = self.begin_load(self._base_state)
+        if has_knobs(self.cfg):
             base = st.iter_tensors(self.cfg.model_dir)
             for name, w in merged_tensors(base, adapter, meta.scale):
                 load.add(name, w)
@@ -219,13 +196,9 @@ class JaxBackend(SamplerBackend):
         return load.state(partial=True)
 
     async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
-        if self._load_pool is None:
-            self._load_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="jax-load"
-            )
-        loop = asyncio.get_running_loop()
-        state = await loop.run_in_executor(self._load_pool, self._adapter_state, adapter_dir, meta)
-        self.serve_state(state, version)
+        self.serve_state(
+            await self._on_load_thread(self._adapter_state, adapter_dir, meta), version
+        )
 
     def serve_state(self, state, version: int) -> None:
         """Serve ``state`` (the served graph's parameters) as ``version`` from the next decode
@@ -246,7 +219,7 @@ class JaxBackend(SamplerBackend):
 
         graphdef = self._graphdef
         cache_dtype = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
-        routes = getattr(self, "_routes", False)
+        routes = self._routes
 
         def forward(model, ids, positions, cache, mask=None):
             """(logits, cache, routed experts [B, T, L, K] or None)."""
@@ -313,9 +286,7 @@ class JaxBackend(SamplerBackend):
         for r, (_, _, _, p) in enumerate(seqs):
             tokens[r, lp_len - len(p) : lp_len] = p
             mask[r, lp_len - len(p) : lp_len] = 1
-        for r in range(b_real, b):  # padding rows: a one-token dummy prompt
-            tokens[r, lp_len - 1] = 0
-            mask[r, lp_len - 1] = 1
+        mask[b_real:, lp_len - 1] = 1  # padding rows: a one-token dummy prompt (token 0)
         plen = mask[:, :lp_len].sum(1)
         base = jax.random.PRNGKey(seed)
         per_row = [jax.random.fold_in(jax.random.fold_in(base, s[0]), s[2]) for s in seqs]
@@ -329,7 +300,7 @@ class JaxBackend(SamplerBackend):
         done[b_real:] = True
         length = np.full(b, t_max)
         finish = ["length"] * b
-        want_routes = bool(params.return_routed_experts) and getattr(self, "_routes", False)
+        want_routes = bool(params.return_routed_experts) and self._routes
         out_route: np.ndarray | None = None
         state, version = self._snapshot()
         logits, cache, routed = prefill(
@@ -429,6 +400,5 @@ class JaxBackend(SamplerBackend):
             yield from self._generate_batch(seqs, params, seed, request_id)
 
     async def close(self) -> None:
-        if self._load_pool is not None:
-            self._load_pool.shutdown(wait=False)
+        self._load_pool.shutdown(wait=False)
         self._state = None

@@ -1,13 +1,6 @@
-"""One decode step's token choice for the JAX backend, with the sampling parameters as traced
-values: temperature, top-k and top-p are array arguments, so a request with new values reuses the
-compiled program. Only which filters are active (`use_k`, `use_p`) and the head width (the server
-cap `max_head_k` or 0) are static: at most 4 x 2 programs per batch shape, however many distinct
-values clients send.
-
-Semantics equal `dlc_jax.rl.sampling.processed_logits` / `support_mask` (vLLM's order: temperature,
-then top-k, then top-p on the renormalized top-k distribution; logprobs of the processed
-distribution). A temperature <= 0 row is greedy: argmax of the raw logits, logprobs
-`log_softmax(logits)` (top-k/top-p ignored), as vLLM does.
+"""One decode step's token choice for the JAX backend, with temperature, top-k and top-p traced
+(new values compile nothing; only which filters are on and the head width are static). Semantics
+equal `dlc_jax.rl.sampling.processed_logits` (vLLM's order); temperature <= 0 is greedy.
 """
 
 from __future__ import annotations

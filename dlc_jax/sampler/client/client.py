@@ -1,21 +1,10 @@
-"""Trainer-side gRPC client for the sampler service.
+"""Trainer-side gRPC client for the sampler service (`SamplerClient`).
 
-Weight pushes: the request stream (header, chunks, per-tensor checksum trailers, commit) is built
-by `weight_stream.weight_messages` in one pass over the source (~one converted tensor plus one
-chunk in host memory); the server verifies each tensor against its trailer and swaps only on Commit.
-
-Socket data plane (`transport="socket"`, opt-in): the bytes go over one raw TCP connection to the
-server's data port (from Info) straight from the numpy buffer (`sendall(memoryview)`, no copy),
-while the gRPC stream carries the header, the per-tensor checksum trailers and Commit; the server
-verifies and swaps exactly as for gRPC chunks. Plaintext: loopback / trusted networks only, never
-with TLS (see data_plane.py).
-
-Retries (`dlc_jax.sampler.client.retry`): calls that fail with UNAVAILABLE (server restarting / not
-yet up) are retried under the client's `RetryPolicy` (`max_retries`, `backoff`..`max_backoff`
-seconds); `info` takes a per-call `timeout` / `retry` (a readiness probe passes `NO_RETRY`), so no
-call ever changes the client's own settings, which other threads share. `generate` retries only
-before the first rollout arrived (no duplicates); `push_weights` retries only when the source is
-re-iterable (a Mapping, a Sequence, or a zero-argument callable returning an iterator).
+Pushes stream `weight_stream.weight_messages` (header, chunks, per-tensor checksum trailers,
+commit; ~one converted tensor in host memory); `transport="socket"` sends the bytes over the
+server's raw TCP data port instead (`data_plane`; plaintext, never with TLS). Calls failing with
+UNAVAILABLE are retried under the client's `RetryPolicy` (`retry`); `generate` only before its
+first rollout (no duplicates), `push_weights` only with a re-iterable source.
 """
 
 from __future__ import annotations
@@ -23,6 +12,7 @@ from __future__ import annotations
 import collections.abc as cabc
 import dataclasses
 import json
+import pathlib
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -32,7 +22,6 @@ import grpc
 
 from ..push import data_plane
 from ..push.weight_stream import TensorSource, prefetched, tensor_source, weight_messages
-from ..wire import chunk_wire
 from ..wire import sampler_pb2 as pb
 from ..wire import sampler_pb2_grpc as pb_grpc
 from ..wire.types import PushResult, Rollout
@@ -51,10 +40,9 @@ REJECT_CODES = (
 
 
 class SamplerClient(SingleSampler):
-    """One sampler server over gRPC (implements `dlc_jax.sampler.client.protocol.Sampler`).
-
-    timeout: default deadline of a call in seconds; retry: the `RetryPolicy` for UNAVAILABLE (or
-    max_retries / backoff / max_backoff to build one); both are read-only after construction."""
+    """One sampler server over gRPC (a `protocol.Sampler`): `timeout` is a call's default
+    deadline (s); `retry` (or max_retries / backoff / max_backoff) the `RetryPolicy` for
+    UNAVAILABLE."""
 
     def __init__(
         self,
@@ -85,23 +73,15 @@ class SamplerClient(SingleSampler):
         if tls_server_name:
             opts.append(("grpc.ssl_target_name_override", tls_server_name))
         if tls_root_cert is not None:
-            pem = (
-                tls_root_cert
-                if isinstance(tls_root_cert, bytes)
-                else open(tls_root_cert, "rb").read()
-            )
+            pem = tls_root_cert
+            if not isinstance(pem, bytes):
+                pem = pathlib.Path(pem).read_bytes()
             self.channel = grpc.secure_channel(
                 address, grpc.ssl_channel_credentials(root_certificates=pem), options=opts
             )
         else:
             self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = pb_grpc.SamplerStub(self.channel)
-        # PushWeights with pre-encoded chunk messages (bytes) passed through untouched
-        self._push_call = self.channel.stream_unary(
-            "/dlc_jax.sampler.v1.Sampler/PushWeights",
-            request_serializer=chunk_wire.serialize_weight_message,
-            response_deserializer=pb.PushResult.FromString,
-        )
 
     # -- plumbing ---------------------------------------------------------------------------
     def _md(self):
@@ -167,7 +147,7 @@ class SamplerClient(SingleSampler):
         """Send a raw WeightMessage stream (no retry); items may also be already-serialized
         messages (bytes). Rejections come back as ok=False."""
         return self._answer(
-            lambda: self._push_call(iter(messages), timeout=self.timeout, metadata=self._md())
+            lambda: self.stub.PushWeights(iter(messages), timeout=self.timeout, metadata=self._md())
         )
 
     def _answer(self, call: Callable[[], pb.PushResult]) -> PushResult:
@@ -187,10 +167,9 @@ class SamplerClient(SingleSampler):
     def push_with_data(
         self, messages: Callable[[Callable[[int, memoryview], None], str], Iterable]
     ) -> PushResult:
-        """A push over the socket data plane: open a data connection to the server's data port
-        under a fresh push id, send the stream ``messages(send_data, push_id)`` (its header names
-        data_plane "socket" and that push id; ``send_data(tensor_index, bytes)`` writes raw bytes
-        to the connection), then close the connection. Rejections come back as ok=False."""
+        """A push over the socket data plane: a data connection to the server's data port under
+        a fresh push id, and the stream ``messages(send_data, push_id)`` whose header names it
+        (``send_data(tensor_index, bytes)`` writes to the connection). Rejections: ok=False."""
         if self.tls:
             raise ValueError(
                 "push transport 'socket' is plaintext raw TCP and is refused on a TLS channel; "
@@ -222,21 +201,12 @@ class SamplerClient(SingleSampler):
         relay_to: cabc.Sequence[str] = (),
         relay_fanout: int = 1,
     ) -> PushResult:
-        """Stream a full set of HF-named tensors as weight version `version`.
-
-        named_tensors: a Mapping name -> array, a Sequence of (name, array), a zero-argument
-        callable returning an iterator of (name, array), or a one-shot iterator together with
-        `specs` ({name: shape}, all tensors, e.g. `hf_param_shapes(config)`). Arrays are converted
-        to `dtype` ("float32" | "bfloat16" | "float16") one at a time. `checksum`: "crc32c"
-        (hardware CRC-32C, default) or "sha256", sent per tensor in its TensorDone trailer and
-        verified by the server. `transport`: "grpc" (default: bytes in chunk messages), "socket"
-        (bytes over the server's raw TCP data port, zero-copy; needs a server started with a data
-        port, refused with TLS) or "auto" (socket when the server offers a data port and the
-        channel is not TLS, else grpc). A re-iterable source is pushed again on UNAVAILABLE.
-        `relay_to` / `relay_fanout`: samplers the receiving one forwards the push to while it
-        stages it (chain: fanout 1); their outcomes come back in `PushResult.relayed`. `push_model`
-        (`SamplerBase`) pushes an NNX model through it.
-        """
+        """Stream a full set of HF-named tensors as weight version `version`: `named_tensors` in a
+        form `weight_stream.tensor_source` takes (a re-iterable one is pushed again on
+        UNAVAILABLE), converted to `dtype` one at a time; `checksum` ("crc32c" or "sha256") per
+        tensor in its trailer; `transport` one of `protocol.TRANSPORTS`; `relay_to` /
+        `relay_fanout`: samplers the receiver forwards the push to (outcomes in
+        `PushResult.relayed`)."""
         if check_transport(transport) == "auto":
             transport = self.push_transport()
         if not 0 < chunk_bytes <= self.max_message_bytes - 64:
@@ -292,43 +262,22 @@ class SamplerClient(SingleSampler):
         return sock
 
     def _push_once(
-        self,
-        src: TensorSource,
-        version: int,
-        dtype: str,
-        chunk_bytes: int,
-        checksum: str,
-        transport: str,
-        relay: tuple[tuple[str, ...], int] = ((), 1),
-    ) -> PushResult:
+        self, src: TensorSource, version: int, dtype: str, chunk_bytes: int, checksum: str,
+        transport: str, relay: tuple[tuple[str, ...], int] = ((), 1),
+    ) -> PushResult:  # fmt: skip
         sent = [0]  # tensor bytes handed to the transport by this attempt (egress)
 
         def count(n: int) -> None:
             sent[0] += n
 
-        relay_kw: dict[str, Any] = {
-            "relay_to": relay[0],
-            "relay_fanout": relay[1],
-            "on_sent": count,
-        }
-        if transport != "socket":
-            stream = weight_messages(
-                src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum, **relay_kw
-            )
-            return dataclasses.replace(self.push_messages(stream), egress_bytes=sent[0])
-        r = self.push_with_data(
-            lambda send_data, push_id: weight_messages(
-                src.open(),
-                src.names_shapes,
-                version,
-                dtype,
-                chunk_bytes,
-                checksum,
-                send_data=send_data,
-                push_id=push_id,
-                **relay_kw,
-            )
-        )
+        def stream(send_data=None, push_id: str = ""):
+            return weight_messages(
+                src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum,
+                send_data=send_data, push_id=push_id, relay_to=relay[0], relay_fanout=relay[1],
+                on_sent=count,
+            )  # fmt: skip
+
+        r = self.push_with_data(stream) if transport == "socket" else self.push_messages(stream())
         return dataclasses.replace(r, egress_bytes=sent[0])
 
     def load_weights(self, path: str, version: int) -> PushResult:

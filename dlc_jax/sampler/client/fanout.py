@@ -1,9 +1,6 @@
-"""Concurrent calls over the samplers of a pool, each failure reported per sampler, never fatal.
-
-`run_each`: one call per sampler in its own thread. `fan_out`: one source read once (a multi-host
-gather runs once per tensor however many samplers there are) and each item handed to every
-sampler's consumer through a bounded queue (host memory ~ one tensor x `queue_depth`); a consumer
-that finished early (failed) stops receiving, the source is still read to its end.
+"""Concurrent calls over a pool's samplers, each failure reported per sampler: `run_each` (one call
+per sampler) and `fan_out` (one source read once, each item handed to every sampler through a
+bounded queue; a consumer that failed stops receiving, the source is still read to its end).
 """
 
 from __future__ import annotations

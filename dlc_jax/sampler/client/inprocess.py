@@ -1,34 +1,23 @@
-"""`InProcessSampler`: the JAX backend's own sampling code behind the `Sampler` protocol, in the
-caller's process: no gRPC, no server, no subprocess (``sampler.backend=inprocess``).
-
-What it is for: debugging a config on one machine, and trainer-behaviour tests (refusal, recovery,
-resync, eval, resume) that are not about the process boundary or the wire. It keeps the sampler's
-contract: requests are checked by the server's own `validate_generate` (a refused request raises
-`RequestError`, which the trainer treats like a gRPC INVALID_ARGUMENT answer), every token is tagged
-with the weight version that produced it, and a push swaps the weights atomically between decode
-steps (a request in flight continues with the new version, re-prefilled: two version spans).
-
-A push goes through the same HF export the gRPC push streams (`iter_hf_tensors`), written to a
-temporary safetensors directory and loaded with the backend's numerics knobs (dtype, int8, noise),
-so the in-process sampler serves exactly what a spawned JAX sampler would after the same push.
+"""`InProcessSampler`: the JAX backend behind the `Sampler` protocol in the caller's process (no
+gRPC, server or subprocess; ``sampler.backend=inprocess``), for debugging and trainer-behaviour
+tests. It keeps the sampler's contract: requests get the server's own checks (`RequestError`),
+tokens are tagged with their weight version, and a push (the same HF export, loaded with the same
+numerics knobs) swaps the weights atomically between decode steps.
 """
 
 from __future__ import annotations
 
 import itertools
 import pathlib
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..backends.base import BackendConfig
 from ..backends.jax_backend import JaxBackend
 from ..service.server_config import ServerConfig
 from ..service.service import check_request
-from ..wire import safetensors_io as st
 from ..wire.types import PushResult, Rollout
 from .protocol import SingleSampler, generate_request
 from .retry import RetryPolicy
@@ -40,12 +29,8 @@ _ids = itertools.count()
 
 
 class InProcessSampler(SingleSampler):
-    """A `dlc_jax.sampler.client.protocol.Sampler` running the JAX backend in this process.
-
-    ``cfg``: the backend's `BackendConfig` (model_dir serves as ``initial_version``). `generate`
-    may be called from several threads at once (the trainer's rollout feeder does); the jitted
-    prefill / decode are shared, so each shape compiles once per process.
-    """
+    """A `Sampler` running the JAX backend (`cfg`) in this process; `generate` may be called
+    from several threads (jitted programs shared)."""
 
     def __init__(self, cfg: BackendConfig):
         self.backend = JaxBackend(cfg)
@@ -95,32 +80,20 @@ class InProcessSampler(SingleSampler):
         if isinstance(items, Mapping):
             items = items.items()
         tensors = {name: arr for name, arr in items}
-        expected = self.backend.expected_tensors()
         got = {n: tuple(a.shape) for n, a in tensors.items()}
-        want = {n: tuple(shape) for n, (shape, _) in expected.items()}
+        want = {n: tuple(shape) for n, (shape, _) in self.backend.expected_tensors().items()}
         if got != want:
-            self.counters["rejected_pushes"] += 1
             bad = sorted(set(got) ^ set(want)) or sorted(n for n in got if got[n] != want[n])
-            return PushResult(
-                False,
-                self.backend.version,
-                f"push v{version}: tensors differ from the served model's ({bad[:3]})",
-                code="INVALID_ARGUMENT",
-            )
-        with self._push_lock:
-            tmp = pathlib.Path(tempfile.mkdtemp(prefix="dlc_inprocess_push_"))
-            try:
-                shutil.copy(pathlib.Path(self.backend.cfg.model_dir) / "config.json", tmp)
-                st.write_file(tmp / "model.safetensors", tensors)
-                graphdef, state = self.backend.load_weights_dir(str(tmp))
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            self.backend.set_weights(graphdef, state, int(version))
-            self.counters["pushes"] += 1
-        nbytes = sum(int(a.nbytes) for a in tensors.values())
-        return PushResult(
-            True, int(version), "", bytes=nbytes, seconds=time.time() - t0, transport="inprocess"
-        )
+            message = f"push v{version}: tensors differ from the served model's ({bad[:3]})"
+            return self._refused(message, "INVALID_ARGUMENT")
+
+        def state():  # the backend's load of a memory-staged push, with its numerics knobs
+            load = self.backend.begin_load()
+            for name, arr in tensors.items():
+                load.add(name, arr)
+            return load.state()
+
+        return self._serve(state, version, tensors, t0)
 
     def push_adapter(self, tensors: Any, version: int, meta: Any) -> PushResult:
         """Serve the start-up base + the LoRA adapter ``tensors`` ((PEFT name, array) pairs;
@@ -139,12 +112,19 @@ class InProcessSampler(SingleSampler):
         try:
             check_adapter(b.expected_tensors(), adapter, meta, b.adapter_base)
         except PushError as e:
-            self.counters["rejected_pushes"] += 1
-            return PushResult(False, b.version, e.message, code=e.code.name)
+            return self._refused(e.message, e.code.name)
+        return self._serve(lambda: b.merged_adapter_state(adapter, meta), version, adapter, t0)
+
+    def _refused(self, message: str, code: str) -> PushResult:
+        self.counters["rejected_pushes"] += 1
+        return PushResult(False, self.backend.version, message, code=code)
+
+    def _serve(self, state: Callable, version: int, tensors: dict, t0: float) -> PushResult:
+        """Serve `state()` as `version` (one push at a time) -> the push's result."""
         with self._push_lock:
-            b.serve_state(b.merged_adapter_state(adapter, meta), int(version))
+            self.backend.serve_state(state(), int(version))
             self.counters["pushes"] += 1
-        nbytes = sum(int(a.nbytes) for a in adapter.values())
+        nbytes = sum(int(a.nbytes) for a in tensors.values())
         return PushResult(
             True, int(version), "", bytes=nbytes, seconds=time.time() - t0, transport="inprocess"
         )

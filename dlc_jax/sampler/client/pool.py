@@ -1,23 +1,12 @@
-"""`SamplerPool`: drive N sampler servers through the `SamplerClient` interface.
+"""`SamplerPool`: N sampler servers behind the `Sampler` interface.
 
-Routing: every prompt slot goes to one in-rotation sampler, round robin by slot id
-(`active[slot % len(active)]`), as its own Generate request. When `params.seed` is set, the request
-for slot `s` carries the seed `slot_seed(params.seed, s)`, so a slot's samples depend only on
-(seed, slot, weights) -- not on which sampler or which trainer process asked for it, nor on how many
-samplers are up.
-
-Failures: a sampler whose Generate stream or weight push fails (unreachable, killed, push rejected)
-is taken out of rotation; the slots it still owed are re-requested from the remaining samplers
-(samples already received are kept; duplicates by (slot, sample_index) are dropped), and training
-continues. `metrics()` reports the rotation (kept by `rotation.Rotation`). An out-of-rotation
-sampler that answers Info again is offered the next full push (`readmit=True`); it rejoins only if
-that push succeeds, so a sampler in rotation always holds the latest pushed version.
-
-Pushes: `push_weights` streams to every target concurrently and waits for all. Each push is
-atomic per sampler (the server swaps only on Commit). For a callable or one-shot source, each
-tensor is read once and fanned out to per-sampler bounded queues (`fanout.fan_out`; host memory ~
-one tensor x queue depth), so a multi-host gather runs once per tensor however many samplers there
-are.
+Routing: each prompt slot goes to one in-rotation sampler (round robin by slot id) as its own
+Generate request, seeded `slot_seed(seed, slot)` when the params have a seed, so a slot's samples
+depend only on (seed, slot, weights). A sampler whose Generate or push fails leaves rotation
+(`rotation.Rotation`) and the slots it owed are re-requested elsewhere (duplicates by (slot,
+sample_index) dropped); it rejoins only through a successful full push (`readmit`), so every
+sampler in rotation holds the latest version. Pushes go to all targets concurrently, a one-shot
+source read once and fanned out (`fanout.fan_out`), or relayed between samplers (`pool_relay`).
 """
 
 from __future__ import annotations
@@ -43,6 +32,7 @@ from .retry import NO_RETRY, RetryPolicy
 from .rotation import NoActiveSamplerError, Rotation
 
 RELAY_MODES = ("off", "chain", "tree", "auto")
+_CLIENT_OPTIONS = ("timeout", "max_retries", "backoff", "max_backoff", "retry")  # not the pool's
 
 
 def relay_mode(relay: str | None, default: str = "off") -> str:
@@ -58,20 +48,11 @@ def slot_seed(seed: int, slot: int) -> int:
     return mix_seed(seed, slot)
 
 
-# A pool push reports per sampler in the same type (per_sampler / removed / readmitted filled in).
-PoolPushResult = PushResult
-
-
 class SamplerPool(SamplerBase):
-    """N sampler servers behind the `dlc_jax.sampler.client.protocol.Sampler` interface (generate /
-    push_weights / push_model / load_weights / info / wait_ready / metrics / report / close).
-
-    addresses: 'host:port' list (or one comma-separated string). readmit: offer full pushes to
-    out-of-rotation samplers that answer Info within probe_timeout. max_inflight: concurrent
-    Generate requests per sampler. queue_depth: tensors buffered per sampler during a fanned-out
-    push. relay: default relay mode of pushes (`push_weights`). client_options (token,
-    tls_root_cert, tls_server_name, timeout, max_retries, backoff, retry, ...): each
-    `SamplerClient`'s.
+    """N sampler servers behind the `Sampler` interface. readmit: offer full pushes to
+    out-of-rotation samplers that answer Info within probe_timeout; max_inflight: concurrent
+    Generate requests per sampler; queue_depth: tensors buffered per sampler in a fanned-out push;
+    relay: pushes' default relay mode; client_options: each `SamplerClient`'s.
     """
 
     def __init__(
@@ -171,9 +152,8 @@ class SamplerPool(SamplerBase):
 
     # -- generate ---------------------------------------------------------------------------
     def _generate(self, prompts, params, slot_ids, rid) -> Iterator[Rollout]:
-        """Spread over the rotation: a sampler that fails mid-stream leaves rotation and its
-        missing (slot, sample) cells are re-requested elsewhere; raises NoActiveSamplerError when
-        no sampler is left."""
+        """A sampler failing mid-stream leaves rotation and its missing (slot, sample) cells are
+        re-requested elsewhere (NoActiveSamplerError when none is left)."""
         if len(set(int(s) for s in slot_ids)) != len(slot_ids):
             raise ValueError(
                 "SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)"
@@ -262,15 +242,11 @@ class SamplerPool(SamplerBase):
         relay: str | None = None,
         **options: Any,
     ) -> PushResult:
-        """Push weight version `version` to every in-rotation sampler (and reachable out-of-rotation
-        ones when readmit) concurrently; wait for all. Same `named_tensors` forms and `options`
-        (dtype, chunk_bytes, transport: "auto" is decided per sampler, ...) as
-        `SamplerClient.push_weights`; a callable or one-shot iterator needs `specs` ({name:
-        shape}) and is read exactly once (`fanout.fan_out`). `relay`: "off" (one copy per sampler
-        from here), "chain", "tree" or "auto" (chain up to 4 samplers, else tree): one copy goes
-        to the first target, which forwards it (`relay.py`); samplers the relay did not reach are
-        pushed to directly (a one-shot iterator cannot be resent: they fail); None: the pool's
-        `relay`."""
+        """Push `version` to every in-rotation sampler (and, with readmit, reachable others)
+        concurrently; `options` as `SamplerClient.push_weights` ("auto" transport decided per
+        sampler). A callable or one-shot source needs `specs` and is read once. `relay` (None: the
+        pool's): "off", "chain", "tree" or "auto" (chain up to 4 samplers): the first target
+        forwards the push, samplers it missed get direct pushes when the source can be resent."""
         relay = relay_mode(relay, self.relay)
         if not isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)) and specs is None:
             raise TypeError(
@@ -340,18 +316,14 @@ def connect_samplers(
     token = Path(token_file).read_text().strip() if token_file else None
     if token_file and not token:
         raise ValueError(f"sampler.token_file: {token_file!r} is empty")
-    tls = tls_root_cert or None
-    name = tls_server_name or None
+    tls: dict[str, Any] = {
+        "tls_root_cert": tls_root_cert or None,
+        "tls_server_name": tls_server_name or None,
+    }
     addrs = [a.strip() for a in address.split(",") if a.strip()]
     if not addrs:
         raise ValueError("sampler.address: no address given")
-    if len(addrs) == 1:
-        client_kw = {
-            k: v
-            for k, v in kw.items()
-            if k in ("timeout", "max_retries", "backoff", "max_backoff", "retry")
-        }
-        return SamplerClient(
-            addrs[0], token=token, tls_root_cert=tls, tls_server_name=name, **client_kw
-        )
-    return SamplerPool(addrs, token=token, tls_root_cert=tls, tls_server_name=name, **kw)
+    if len(addrs) == 1:  # the client's own options only
+        own = {k: v for k, v in kw.items() if k in _CLIENT_OPTIONS}
+        return SamplerClient(addrs[0], token=token, **tls, **own)
+    return SamplerPool(addrs, token=token, **tls, **kw)

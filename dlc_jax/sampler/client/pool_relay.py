@@ -1,7 +1,6 @@
-"""The trainer side of a relayed push (`SamplerPool.push_weights(relay=...)`, see `relay.py`): one
-copy to the first target, relayed by the samplers to the rest; samplers the relay missed are
-probed (one already serving the version, because only the head failed its own swap, is kept)
-and the others get direct pushes when the source can be read again.
+"""The trainer side of a relayed pool push (`relay`): one copy to the first target; samplers the
+relay missed are probed (one serving the version already is kept) and the others pushed to
+directly when the source can be read again.
 """
 
 from __future__ import annotations

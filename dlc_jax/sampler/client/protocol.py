@@ -1,12 +1,5 @@
-"""`Sampler`: what the trainer needs from a sampler service, one server (`SamplerClient`) or many
-(`SamplerPool`). Both implement it; the trainer talks to this interface only.
-
-generate: stream one `Rollout` per (prompt, sample) in completion order.
-push_model / push_weights: a full weight version (atomic per sampler: swapped only on Commit).
-info: the serving sampler's Info (version, backend, data_port, ...); `timeout`/`retry` per call.
-wait_ready: block until it answers Info. metrics / report: numeric rotation metrics (`pool/*`; empty
-for one server) and per-sampler status dicts. rotation / set_rotation: in-rotation flag per sampler
-(empty for one server, which has no rotation) and imposing one decided elsewhere (multi-host).
+"""`Sampler`: what the trainer needs from a sampler service, one server (`SamplerClient`), many
+(`SamplerPool`) or in process (`InProcessSampler`); the trainer talks to this interface only.
 """
 
 from __future__ import annotations
@@ -124,9 +117,8 @@ class SamplerBase:
         slot_ids: list[int] | None = None,
         request_id: str | None = None,
     ) -> Iterator[Rollout]:
-        """Stream one Rollout per (prompt, sample) in completion order. slot_ids: one per prompt
-        (default 0..P-1; ValueError otherwise, raised on the first `next`); request_id: default a
-        fresh one."""
+        """One Rollout per (prompt, sample) in completion order; slot_ids one per prompt
+        (default 0..P-1), request_id default a fresh one."""
         slots = slot_list(prompts, slot_ids)
         yield from self._generate(prompts, params, slots, request_id or uuid.uuid4().hex)
 
@@ -138,10 +130,9 @@ class SamplerBase:
     def push_model(
         self, model: Any, version: int, *, dtype: str = "float32", **options: Any
     ) -> PushResult:
-        """Push an NNX `Qwen3ForCausalLM` with `push_weights` (``options``: its chunk_bytes,
-        transport, a pool's relay): HF names and layout via `dlc_jax.model.iter_hf_tensors`, one
-        tensor at a time exported in `dtype` where the parameter lives (half the device->host bytes
-        for bf16), the header from `hf_param_shapes(config)`."""
+        """Push an NNX model with `push_weights` (``options``: its keywords): HF names via
+        `iter_hf_tensors`, one tensor at a time exported in `dtype`, the header from
+        `hf_param_shapes`."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
         return self.push_weights(

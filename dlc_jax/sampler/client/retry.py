@@ -1,15 +1,7 @@
-"""One retry policy for every call to a sampler: a frozen dataclass plus `call_with_retry`.
-
-A `RetryPolicy` says how often and how long to wait; what counts as retryable is an argument of
-each call (`retryable=`), and a caller that needs different settings for one call (a readiness
-probe: no retries, a short timeout) passes its own policy instead of changing a shared client.
-
-Waits grow exponentially: `backoff`, 2*backoff, ... capped at `max_backoff`; `deadline_s` (optional)
-stops retrying once that many seconds have passed since the first attempt.
-
-gRPC's own service-config retry (channel option `grpc.service_config`) is not used: it is set per
-channel, not per call (a probe on a shared channel could not opt out), is capped at 5 attempts, and
-cannot express "retry a server stream only before its first message" (`SamplerClient.generate`).
+"""One retry policy for every call to a sampler (`RetryPolicy`, `call_with_retry`): waits double
+from `backoff` to `max_backoff`, optionally bounded by `deadline_s`; what is retryable is an
+argument of each call. gRPC's service-config retry is not used: it is per channel (a probe could
+not opt out), capped at 5 attempts, and cannot retry a stream only before its first message.
 """
 
 from __future__ import annotations

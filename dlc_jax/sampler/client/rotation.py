@@ -1,9 +1,6 @@
-"""Which samplers of a pool are in rotation, and why: the pool's bookkeeping apart from its I/O.
-
-A sampler leaves rotation when a call to it fails (`take_out`) or its push fails (`settle`); it
-rejoins only through a successful full push (`settle`), so a sampler in rotation always holds the
-latest pushed version. Multi-host: process 0 decides and the others `impose` its flags. Thread-safe
-(one lock); `metrics` gives the flat `pool/*` numbers of a metrics row, `report` per-sampler dicts.
+"""Which samplers of a pool are in rotation, and why (thread-safe bookkeeping apart from the I/O):
+out on a failed call or push, back in only through a successful full push; multi-host processes
+`impose` process 0's flags. `metrics` gives the `pool/*` numbers, `report` per-sampler dicts.
 """
 
 from __future__ import annotations

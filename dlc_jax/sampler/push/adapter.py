@@ -1,21 +1,11 @@
 """LoRA adapter pushes on the sampler side: a push kind (``WeightHeader.kind = "lora_adapter"``)
-that carries only the adapter factors, in PEFT names, through the same staging, checksums and
-atomic swap as a full push (`staging.WeightStager`, `push_session`).
-
-The payload: for an adapted projection whose HF weight is ``M.weight`` [out, in] (``M`` e.g.
-``model.layers.3.self_attn.q_proj``)
-
-    base_model.model.M.lora_A.weight   [rank, in]
-    base_model.model.M.lora_B.weight   [out, rank]
-
-and the sampler serves ``W + (alpha / rank) * B @ A`` (fp32) for every adapted ``M``, the base
-``W`` being the weights the sampler loaded at start (its model directory), whatever full pushes
-came since. Checks before any byte is staged (`AdapterStager.header`): the kind, rank >= 1, a
-finite alpha > 0, no relay, the backend serves adapters, the header's ``adapter_base`` equals the
-fingerprint of this sampler's base (`base_fingerprint`: a mismatched adapter would be merged into
-the wrong weights, so it is refused with FAILED_PRECONDITION, naming both), and the names/shapes
-(`validate_adapter_specs`: every name one of the served model's projections, both factors of each
-module, shapes from the rank). Any rejection keeps the current weights serving.
+carrying only the adapter factors in PEFT names (``base_model.model.M.lora_A.weight`` [rank, in],
+``...lora_B.weight`` [out, rank] for an adapted ``M.weight``), through the same staging, checksums
+and atomic swap as a full push. The sampler serves ``W + (alpha / rank) * B @ A`` (fp32), ``W``
+its start-up base. Refused before any byte is staged (the current weights keep serving): a bad
+rank or alpha, a relay, a backend that serves no adapters, a base fingerprint other than this
+sampler's (FAILED_PRECONDITION, naming both), names or shapes that are not both factors of the
+served model's projections.
 """
 
 from __future__ import annotations
@@ -29,7 +19,6 @@ import pathlib
 from collections.abc import Callable, Iterable, Iterator
 
 import crc32c
-import grpc
 import numpy as np
 
 from ..wire import safetensors_io as st
@@ -68,9 +57,8 @@ class AdapterMeta:
 
 
 def base_fingerprint(named_tensors: Iterable[tuple[str, np.ndarray]]) -> str:
-    """A short hash of a base model's HF tensors: name, shape and the CRC-32C of the values as
-    float32 (so a bf16 checkpoint and its exact fp32 load agree). The trainer computes it from its
-    frozen base, the sampler from its model directory."""
+    """A short hash of a base model's HF tensors (name, shape, CRC-32C of the float32 values,
+    so bf16 and its fp32 load agree), computed by the trainer and the sampler alike."""
     rows = []
     for name, a in named_tensors:
         x = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
@@ -101,20 +89,21 @@ def split_name(name: str) -> tuple[str, str]:
     raise ValueError(f"{name!r} is not a PEFT LoRA factor name")
 
 
+def _adaptable(expected: dict[str, tuple[tuple[int, ...], str]]) -> Iterator[tuple[str, int, int]]:
+    """(module, out, in) of every 2-D ``*.weight`` of ``expected`` but the embeddings and head."""
+    for name, (shape, _) in expected.items():
+        mod = name[: -len(".weight")]
+        if len(shape) == 2 and name.endswith(".weight") and not any(n in mod for n in NOT_ADAPTED):
+            yield mod, int(shape[0]), int(shape[1])
+
+
 def adapter_specs(
     expected: dict[str, tuple[tuple[int, ...], str]], rank: int
 ) -> dict[str, tuple[tuple[int, ...], str]]:
     """{PEFT name: (shape, 'float32')} of every factor an adapter of ``rank`` may carry for a model
-    with HF tensors ``expected``: both factors of every 2-D ``*.weight`` but the embeddings and
-    the head."""
+    with HF tensors ``expected`` (both factors of each `_adaptable` module)."""
     out: dict[str, tuple[tuple[int, ...], str]] = {}
-    for name, (shape, _) in expected.items():
-        if len(shape) != 2 or not name.endswith(".weight"):
-            continue
-        mod = name[: -len(".weight")]
-        if any(n in mod for n in NOT_ADAPTED):
-            continue
-        n_out, n_in = (int(d) for d in shape)
+    for mod, n_out, n_in in _adaptable(expected):
         out[peft_name(mod, "lora_A")] = ((rank, n_in), "float32")
         out[peft_name(mod, "lora_B")] = ((n_out, rank), "float32")
     return out
@@ -127,33 +116,27 @@ def validate_adapter_specs(
     """An adapter push's names, shapes and dtypes: a non-empty subset of ``allowed`` holding both
     factors of each module it adapts."""
     if not specs:
-        raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "adapter push with no tensors")
+        raise PushError.invalid("adapter push with no tensors")
     for name, (shape, dtype) in specs.items():
         if name not in allowed:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"adapter tensor {name!r} is not a LoRA factor of a projection of the served model",
+            raise PushError.invalid(
+                f"adapter tensor {name!r} is not a LoRA factor of a projection of the served model"
             )
         want = allowed[name][0]
         if tuple(shape) != tuple(want):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise PushError.invalid(
                 f"adapter tensor {name!r}: shape {list(shape)} != expected {list(want)} "
-                f"(header.adapter_rank and the served model)",
+                f"(header.adapter_rank and the served model)"
             )
         if dtype not in PUSH_DTYPES:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"adapter tensor {name!r}: dtype {dtype!r} not one of {PUSH_DTYPES}",
+            raise PushError.invalid(
+                f"adapter tensor {name!r}: dtype {dtype!r} not one of {PUSH_DTYPES}"
             )
     for name in specs:
         mod, factor = split_name(name)
         other = peft_name(mod, "lora_B" if factor == "lora_A" else "lora_A")
         if other not in specs:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"adapter push has {name!r} without {other!r}",
-            )
+            raise PushError.invalid(f"adapter push has {name!r} without {other!r}")
 
 
 def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
@@ -161,37 +144,29 @@ def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
     base ``check_base(rank)`` fingerprints (`SamplerBackend.adapter_base`; its ValueError, a
     sampler that takes no adapter of that rank, is FAILED_PRECONDITION too)."""
     if meta.rank < 1 or not (math.isfinite(meta.alpha) and meta.alpha > 0):
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
+        raise PushError.invalid(
             f"adapter push: adapter_rank {meta.rank} must be >= 1 and adapter_alpha "
-            f"{meta.alpha} finite and > 0",
+            f"{meta.alpha} finite and > 0"
         )
     try:
         ours = check_base(meta.rank)
     except ValueError as e:
-        raise PushError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+        raise PushError.precondition(str(e)) from None
     if meta.base != ours:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             f"adapter push refused: its adapter was trained on base {meta.base or '(none)'}, "
-            f"this sampler's base is {ours}; the current weights keep serving",
+            f"this sampler's base is {ours}; the current weights keep serving"
         )
 
 
 def check_rank(expected: dict[str, tuple[tuple[int, ...], str]], rank: int) -> None:
     """PushError when ``rank`` exceeds every adaptable projection's min(out, in) (a huge rank:
     refused before its factors' bytes are sized or staged)."""
-    adaptable = [
-        shape
-        for name, (shape, _) in expected.items()
-        if len(shape) == 2 and name.endswith(".weight") and not any(x in name for x in NOT_ADAPTED)
-    ]
-    most = max((min(int(d) for d in shape) for shape in adaptable), default=0)
+    most = max((min(n_out, n_in) for _, n_out, n_in in _adaptable(expected)), default=0)
     if rank > most:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
+        raise PushError.invalid(
             f"adapter push: adapter_rank {rank} > {most}, the largest rank a projection of the "
-            "served model can hold",
+            "served model can hold"
         )
 
 
@@ -202,8 +177,7 @@ def check_adapter(
     check_base: Callable[[int], str],
 ) -> None:
     """Every check `AdapterStager` makes, for an adapter handed over in memory (the in-process
-    sampler): ``meta`` (`check_meta`), names / shapes / pairs against the served model's HF
-    tensors ``expected``, finite values."""
+    sampler)."""
     check_meta(meta, check_base)
     check_rank(expected, meta.rank)
     validate_adapter_specs(
@@ -212,9 +186,7 @@ def check_adapter(
     )
     for n, a in adapter.items():
         if not np.isfinite(a).all():
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"adapter tensor {n!r} has non-finite values"
-            )
+            raise PushError.invalid(f"adapter tensor {n!r} has non-finite values")
 
 
 class AdapterStager(WeightStager):
@@ -222,34 +194,20 @@ class AdapterStager(WeightStager):
     `SamplerBackend.adapter_base`) returns the fingerprint of the sampler's base or raises
     ValueError saying why this sampler takes no adapter of that rank."""
 
-    def __init__(
-        self,
-        expected: dict[str, tuple[tuple[int, ...], str]],
-        current_version: int,
-        staging_root: str | None = None,
-        *,
-        check_base: Callable[[int], str],
-        reserve_bytes: int = 0,
-        memory: bool = False,
-    ):
-        super().__init__(
-            expected, current_version, staging_root, reserve_bytes=reserve_bytes, memory=memory
-        )
+    def __init__(self, expected, *args, check_base: Callable[[int], str], **kwargs):
+        super().__init__(expected, *args, **kwargs)
         self._full = expected
         self._check_base = check_base
         self.meta: AdapterMeta | None = None
 
     def header(self, h: pb.WeightHeader) -> None:
         if h.kind != ADAPTER_KIND:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"header.kind {h.kind!r} is not '' (a full push) or {ADAPTER_KIND!r}",
+            raise PushError.invalid(
+                f"header.kind {h.kind!r} is not '' (a full push) or {ADAPTER_KIND!r}"
             )
         meta = AdapterMeta.from_header(h)
         if h.relay_to:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, "adapter pushes are not relayed (push each)"
-            )
+            raise PushError.invalid("adapter pushes are not relayed (push each)")
         check_meta(meta, self._check_base)
         check_rank(self._full, meta.rank)
         self.expected = adapter_specs(self._full, meta.rank)

@@ -1,20 +1,16 @@
-"""Opt-in out-of-band bulk data plane for weight pushes: raw tensor bytes over one plain TCP
-connection, while the PushWeights gRPC stream stays the control plane (header, TensorDone
-checksums, Commit). Python gRPC copies every message several times; a raw socket carries the bytes
-straight from the trainer's numpy buffer (`sendall(memoryview)`) into the server's staging file.
+"""Opt-in bulk data plane for weight pushes: raw tensor bytes over one plain TCP connection,
+straight from the trainer's numpy buffer into the staging file, while the PushWeights stream stays
+the control plane (header, TensorDone checksums, Commit; verified and swapped as gRPC chunks are).
 
-Wire: the client opens a TCP connection to `InfoResponse.data_port` (same host as gRPC) and sends a
-preamble: MAGIC (8 bytes), the push id (32 ASCII hex chars, the same one it puts in
-`WeightHeader.data_push_id`), a big-endian uint16 token length and the token (the server's bearer
-token; empty when the server needs none). Then every tensor's bytes, in header order, no framing.
-The server stages them exactly like gRPC chunks (every tensor's CRC-32C/sha256 verified against the
-TensorDone trailer, atomic swap only on Commit, staging deleted on any failure).
-
-No encryption: use it only on loopback or a trusted network. A server with TLS offers no data port.
+Wire: to `InfoResponse.data_port`, a preamble MAGIC (8 bytes), the push id (32 ASCII hex chars, as
+in `WeightHeader.data_push_id`), a big-endian uint16 token length and the bearer token (empty when
+none); then every tensor's bytes in header order, unframed. No encryption: loopback or trusted
+networks only; a TLS server offers no data port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import selectors
@@ -41,13 +37,10 @@ def preamble(push_id: str, token: str | None) -> bytes:
 
 
 class DataPlaneListener:
-    """Accepts data connections, checks their preamble (magic, token) and parks each under its push
-    id until the PushWeights call naming that id claims it.
-
-    One thread serves every connection with a selector (no thread per connection): a connection
-    must deliver its whole preamble within `preamble_timeout` s or it is closed; at most
-    `max_pending` connections (awaiting their preamble or their push) are held, further ones are
-    closed on accept. Unclaimed connections are closed after `stale_s`."""
+    """Accepts data connections, checks their preamble and parks each under its push id until
+    the push naming it claims it. One selector thread serves them all: a preamble must arrive
+    within `preamble_timeout`, at most `max_pending` are held, unclaimed ones close after
+    `stale_s`."""
 
     def __init__(
         self,
@@ -64,10 +57,8 @@ class DataPlaneListener:
         self.stale_s = stale_s
         self.max_pending = max_pending
         h = host.strip("[]")
-        fam = socket.getaddrinfo(h or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
-            0
-        ][0]
-        self.sock = socket.create_server((h, port), family=fam, backlog=128)
+        addr = socket.getaddrinfo(h or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        self.sock = socket.create_server((h, port), family=addr[0][0], backlog=128)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self._pending: dict[str, tuple[socket.socket, float]] = {}  # authenticated, awaiting claim
@@ -86,10 +77,8 @@ class DataPlaneListener:
     # -- the selector loop (its own thread) ---------------------------------------------------
     def _drop_hello(self, conn: socket.socket, why: str) -> None:
         self._hello.pop(conn, None)
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(conn)
-        except (KeyError, ValueError):
-            pass
         self._refuse(why)  # counted before the close, so a peer that sees the close sees the count
         conn.close()
 
@@ -116,10 +105,8 @@ class DataPlaneListener:
                     break
             for key, _ in events:
                 if key.data == "wake":
-                    try:
+                    with contextlib.suppress(OSError):
                         self._wake_r.recv(64)
-                    except OSError:
-                        pass
                 elif key.data == "accept":
                     self._accept()
                 else:
@@ -139,9 +126,7 @@ class DataPlaneListener:
         for _ in range(64):  # drain the backlog a batch at a time
             try:
                 conn, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # nothing more to accept now (or the listener closed)
                 return
             with self._cond:
                 held = len(self._hello) + len(self._pending)
@@ -241,15 +226,11 @@ class DataPlaneListener:
             self._closed = True
             pending, self._pending = self._pending, {}
             self._cond.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
         self._thread.join(5)
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
         self._wake_r.close()
         self._wake_w.close()
         for c, _ in pending.values():

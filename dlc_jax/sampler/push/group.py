@@ -1,6 +1,5 @@
-"""The sliced push group a sampler is receiving between its part streams (`sliced_push`): at most
-one pending group (a new group supersedes it, a full push drops it), and the ids of groups that
-failed, whose later parts are refused.
+"""The sliced push group a sampler receives between its part streams: at most one pending (a new
+group supersedes it, a full push drops it), and the ids of failed groups, whose parts are refused.
 """
 
 from __future__ import annotations
@@ -9,15 +8,11 @@ import collections
 import logging
 from collections.abc import Callable
 
-import grpc
-
 from ..wire import sampler_pb2 as pb
 from .sliced import SlicedStager
 from .weight_checks import PushError
 
 log = logging.getLogger(__name__)
-
-_BAD = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class PendingGroup:
@@ -39,9 +34,8 @@ class PendingGroup:
         """The group's stager for a part's header (a new one for a new group, which supersedes a
         pending group)."""
         if h.push_group in self.failed:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"push group {h.push_group!r} was discarded (a part failed or it was superseded)",
+            raise PushError.precondition(
+                f"push group {h.push_group!r} was discarded (a part failed or it was superseded)"
             )
         if self.stager is not None and self.stager.group != h.push_group:
             self.drop(f"superseded by push group {h.push_group!r}")
@@ -60,22 +54,19 @@ class PendingGroup:
         applies or discards it)."""
         s = self.stager
         if s is None or s.group != h.push_group:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"group commit: push group {h.push_group!r} is not pending here",
+            raise PushError.precondition(
+                f"group commit: push group {h.push_group!r} is not pending here"
             )
         self.stager = None
         if h.version != s.version or h.push_parts != s.parts:
             s.discard()
-            raise PushError(
-                _BAD,
+            raise PushError.invalid(
                 f"group commit: version {h.version} / {h.push_parts} parts do not match the "
-                f"group's {s.version} / {s.parts}",
+                f"group's {s.version} / {s.parts}"
             )
         if s.version is None or s.version <= serving_version:
             s.discard()
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale version {s.version}: server already serves version {serving_version}",
+            raise PushError.precondition(
+                f"stale version {s.version}: server already serves version {serving_version}"
             )
         return s

@@ -1,18 +1,12 @@
 """Relay of a weight push between samplers: the trainer sends one copy, and each sampler forwards
-it to the next ones while it stages it itself, so the trainer's egress is one model whatever the
-number of samplers.
+it to the next ones while staging it itself (trainer egress: one model whatever the sampler count).
 
-A push whose header lists `relay_to` (and `relay_fanout` k >= 1) is forwarded by the receiving
-sampler to k children: `relay_to` split into k contiguous groups, each group's first address
-receiving the push with the rest of its group as its own `relay_to` (k = 1: a chain; k = 2: a
-binary tree, depth ~log2 n). Each tensor is forwarded once it is verified here (checksum and
-finite values), straight from the memory-mapped staging buffer, over the child's own push path
-(`SamplerClient.push_weights`, socket data plane when the child offers one), so a corrupt upstream
-never reaches the children: a push that fails here is cut before its Commit and every child drops
-it. The sampler answers only once its children answered, with every forwarded sampler's outcome
-(`PushResult.relayed`); a sampler missing from them (a failed hop cut its subtree) is pushed to
-directly by the trainer (`SamplerPool.push_weights(relay=...)`), and leaves rotation if that fails
-too. The bearer token of the incoming push is used for the onward pushes (a pool shares one).
+A header's `relay_to` is split into `relay_fanout` contiguous groups (1: a chain, 2: a binary
+tree); each group's first address gets the push with the rest of its group as its `relay_to`.
+Each tensor is forwarded once verified here, from the staging map, over the child's own push path,
+so a corrupt upstream never reaches the children: a push that fails here is cut before Commit. The
+sampler answers once its children did, with their outcomes (`PushResult.relayed`); the trainer
+pushes directly to samplers a failed hop cut off. Onward pushes use the incoming bearer token.
 """
 
 from __future__ import annotations
@@ -21,7 +15,6 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 
-import grpc
 import numpy as np
 
 from ..client.fanout import describe
@@ -35,33 +28,24 @@ _END, _ABORT = object(), object()
 def relay_groups(addresses: Sequence[str], fanout: int) -> list[list[str]]:
     """`addresses` split into min(fanout, n) contiguous groups of near-equal size."""
     n, k = len(addresses), max(1, min(int(fanout), len(addresses)))
-    if n == 0:
-        return []
-    sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
-    out, at = [], 0
-    for s in sizes:
-        out.append(list(addresses[at : at + s]))
-        at += s
-    return out
+    bounds = [i * (n // k) + min(i, n % k) for i in range(k + 1)]
+    return [list(addresses[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def check_relay(header: pb.WeightHeader, memory: bool, tls: bool) -> None:
     """PushError when this server cannot relay the push `header` asks it to relay."""
     to = list(header.relay_to)
     if not memory:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "header.relay_to: relaying needs push_staging='memory' on the relaying sampler",
+        raise PushError.precondition(
+            "header.relay_to: relaying needs push_staging='memory' on the relaying sampler"
         )
     if tls:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "header.relay_to: a TLS sampler does not relay (onward pushes are plaintext)",
+        raise PushError.precondition(
+            "header.relay_to: a TLS sampler does not relay (onward pushes are plaintext)"
         )
     if len(to) > MAX_RELAY or len(set(to)) != len(to) or not all(to):
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"header.relay_to: at most {MAX_RELAY} distinct non-empty addresses, got {len(to)}",
+        raise PushError.invalid(
+            f"header.relay_to: at most {MAX_RELAY} distinct non-empty addresses, got {len(to)}"
         )
 
 
@@ -76,11 +60,8 @@ class RelayAborted(Exception):
 
 
 class RelayForward:
-    """Forwards one push to its children, tensor by tensor as `verified(i)` is called.
-
-    header: the incoming `WeightHeader` (relay_to non-empty); tensor(i): a read-only array of
-    tensor i's verified bytes; token: bearer token for the children; timeout: their push deadline.
-    """
+    """Forwards one push to its children as `verified(i)` is called: `tensor(i)` a read-only
+    array of tensor i's verified bytes; `token` and `timeout` those of the onward pushes."""
 
     def __init__(
         self,

@@ -1,14 +1,14 @@
-"""Receiving one weight push (the part of PushWeights after its header), apart from the server's
-bookkeeping: messages read within the idle timeout and the push deadline, chunks written and
-checksummed on the I/O thread (one in flight), the socket data plane's connection claimed and read
-on that thread, and everything stopped cleanly on any failure or disconnect. The caller owns the
-`WeightStager` (and discards it unless the returned directory was applied).
+"""Receiving one weight push after its header: messages within the idle timeout and the deadline,
+chunks written and checksummed on the I/O thread (one in flight), the socket data plane's
+connection claimed and read there, everything stopped cleanly on failure. The caller owns the
+stager (and discards it unless the returned directory was applied).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import pathlib
 import socket
 
@@ -50,22 +50,19 @@ async def next_message(it, deadline: float, cfg, what: str):
 async def claim_data(listener: data_plane.DataPlaneListener | None, push_id: str, wait: float):
     """The authenticated data connection for `push_id`, or PushError."""
     if listener is None:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             "push asks for the socket data plane but this server has no data port "
-            "(start it with --push-data-port / ServerConfig.data_port; never offered with TLS)",
+            "(start it with --push-data-port / ServerConfig.data_port; never offered with TLS)"
         )
     if len(push_id) != data_plane.PUSH_ID_LEN:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"header.data_push_id must be {data_plane.PUSH_ID_LEN} chars for the socket data plane",
+        raise PushError.invalid(
+            f"header.data_push_id must be {data_plane.PUSH_ID_LEN} chars for the socket data plane"
         )
     conn = await asyncio.get_running_loop().run_in_executor(None, listener.claim, push_id, wait)
     if conn is None:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             f"no data connection for push id {push_id[:8]}.. within {wait}s "
-            "(not connected, wrong push id, or missing/wrong token in its preamble)",
+            "(not connected, wrong push id, or missing/wrong token in its preamble)"
         )
     return conn
 
@@ -81,11 +78,9 @@ async def receive(
     after_header=None,
     on_commit=None,
 ) -> pathlib.Path | None:
-    """Stage the push announced by `header` from the rest of the stream `it`; -> the committed
-    directory. `after_header()` runs once the header passed its checks. `on_commit` (blocking, run
-    on the I/O thread) replaces `stager.commit` at the Commit message, e.g. the end of one part of
-    a sliced push (`sliced_push`), which returns None. Raises PushError on any check failure, limit
-    or early end of the stream."""
+    """Stage the push announced by `header` from the rest of the stream `it` -> the committed
+    directory. `after_header()` runs once the header passed; `on_commit` (blocking, on the I/O
+    thread) replaces `stager.commit` at Commit (a sliced part's end: returns None)."""
     loop = asyncio.get_running_loop()
     writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
     reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes
@@ -114,17 +109,14 @@ async def receive(
                 continue
             kind = msg.WhichOneof("kind")
             if kind == "header":
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "second header in one push")
+                raise PushError.invalid("second header in one push")
             elif kind == "chunk":
                 stager.chunk(msg.chunk)
             elif kind == "done":
                 stager.done(msg.done)
             elif kind == "slice":  # a part of a sliced push (`sliced.SlicedStager`)
                 if not isinstance(stager, SlicedStager):
-                    raise PushError(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "WeightSlice in a push whose header has no push_parts",
-                    )
+                    raise PushError.invalid("WeightSlice in a push whose header has no push_parts")
                 stager.slice(msg.slice)
             elif kind == "commit":
                 if reading is not None:
@@ -140,28 +132,22 @@ async def receive(
                 # blocking in memory mode (the engine's load of the last tensors): off the loop
                 return await loop.run_in_executor(io_pool, on_commit or stager.commit)
             else:
-                raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "WeightMessage with no field set")
+                raise PushError.invalid("WeightMessage with no field set")
         if writing is not None:  # its error (if any) is the reason to report
             await writing
             writing = None
         raise PushError(grpc.StatusCode.ABORTED, "stream ended before Commit; push discarded")
     finally:
         if writing is not None:  # stream ended/cancelled with a write in flight: let it finish
-            try:
+            with contextlib.suppress(Exception):  # the push is discarded by the caller anyway
                 await asyncio.shield(writing)
-            except Exception:  # noqa: BLE001 - the push is discarded by the caller anyway
-                pass
         stager.end_data()  # stops a sliced part's reader waiting for the next announced slice
         if conn is not None:  # stops a reader still blocked on the data socket
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             conn.close()
         elif push_id and listener is not None:
             listener.drop(push_id)
         if reading is not None:
-            try:
+            with contextlib.suppress(Exception):  # the push is discarded by the caller anyway
                 await asyncio.shield(reading)
-            except Exception:  # noqa: BLE001 - the push is discarded by the caller anyway
-                pass

@@ -1,12 +1,7 @@
-"""The sending side of a sliced multi-sender push (the receiving side and the wire: `sliced_push`).
-
-`part_messages` is the PushWeights stream of one part: the header (all tensors, plus the group
-fields), then for each slice this sender owns a `WeightSlice` (tensor index, box), the slice's
-C-order bytes in chunks (`chunk_wire.encode_chunk`, offsets inside the slice) and a `TensorDone`
-with the CRC-32C of exactly those bytes, then Commit (which ends the part). On the socket data plane
-(`send_data`, `SamplerClient.push_with_data`) each slice's bytes go over the part's data connection
-right after its `WeightSlice` instead of as chunks. `commit_messages` is the coordinator's stream
-that applies the group. Both go through `SamplerClient.push_messages`.
+"""The sending side of a sliced multi-sender push (the receiving side and the wire: `sliced`):
+`part_messages` is one part's PushWeights stream, `commit_messages` the coordinator's stream that
+applies the group; both go through `SamplerClient.push_messages` (`push_with_data` for the socket
+data plane).
 """
 
 from __future__ import annotations
@@ -16,10 +11,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import crc32c
 import numpy as np
 
-from ..wire import chunk_wire
 from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
-from .weight_stream import weight_header
+from .weight_stream import TensorSender, as_sent, weight_header
 
 # (HF tensor name, start per dimension, stop per dimension, the slice's values)
 Slice = tuple[str, Sequence[int], Sequence[int], np.ndarray]
@@ -41,27 +35,23 @@ def part_messages(
     relay_to: Sequence[str] = (),
     relay_fanout: int = 1,
 ) -> Iterator:
-    """One part's stream (see the module docstring). Each slice is converted to `dtype` (C order);
-    its shape must be stop - start. ``on_sent(n)``: called with each slice's byte count once handed
-    to the transport. ``send_data(tensor_index, bytes)`` / ``push_id``: the socket data plane (a
-    data connection the server dropped stops the sending; the server says why it rejects).
-    ``relay_to`` / ``relay_fanout``: the samplers the receiver forwards the assembled tensors to
-    (the same in every part of the group; `relay`)."""
-    header = weight_header(names_shapes, version, dtype, "crc32c")
+    """One part's stream: the header (all tensors, the group fields), then per slice a
+    `WeightSlice`, its C-order bytes (converted to `dtype`; shape stop - start) and a `TensorDone`
+    with their CRC-32C, then Commit; other arguments as in `weight_messages`."""
+    socket_id = push_id if send_data is not None else None
+    header = weight_header(
+        names_shapes, version, dtype, "crc32c", socket_push_id=socket_id,
+        relay_to=relay_to, relay_fanout=relay_fanout,
+    )  # fmt: skip
     header.push_group, header.push_part, header.push_parts = group, int(part), int(parts)
-    if send_data is not None:
-        header.data_plane, header.data_push_id = "socket", push_id
-    if relay_to:
-        header.relay_to.extend(relay_to)
-        header.relay_fanout = int(relay_fanout)
     yield pb.WeightMessage(header=header)
-    data_failed = False
+    out = TensorSender(chunk_bytes, send_data, on_sent)
     np_dtype = st.NP_DTYPES[dtype]
     index = {n: i for i, (n, _) in enumerate(names_shapes)}
     for name, start, stop, arr in slices:
         if name not in index:
             raise ValueError(f"sliced push: tensor {name!r} is not in the header")
-        a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
+        a, buf = as_sent(arr, np_dtype)
         box = tuple(int(b) - int(s) for s, b in zip(start, stop))
         if tuple(a.shape) != box:
             raise ValueError(
@@ -74,18 +64,7 @@ def part_messages(
                 tensor_index=i, start=[int(x) for x in start], stop=[int(x) for x in stop]
             )
         )
-        buf = a.reshape(-1).view(np.uint8).data
-        if send_data is None:
-            for off in range(0, len(buf), chunk_bytes):
-                yield chunk_wire.encode_chunk(i, off, buf[off : off + chunk_bytes])
-        elif not data_failed:
-            try:
-                send_data(i, buf)
-            except OSError:  # keep the control stream going: the server says why it rejects
-                data_failed = True
-        yield pb.WeightMessage(done=pb.TensorDone(tensor_index=i, crc32c=crc32c.crc32c(buf)))
-        if on_sent is not None and not data_failed:
-            on_sent(len(buf))
+        yield from out.messages(i, buf, pb.TensorDone(tensor_index=i, crc32c=crc32c.crc32c(buf)))
         del a, buf
     yield pb.WeightMessage(commit=pb.Commit())
 

@@ -1,60 +1,34 @@
 """Receiving a sliced multi-sender push: every trainer process streams the slices it owns of each
-tensor, as one "part" of a push group, and process 0 applies the group once all parts are in.
+tensor as one "part" of a push group (its own PushWeights stream; wire: sampler.proto fields 70-73
+and docs/CONTRACTS.md), and a last stream from the coordinator (header {push_group, push_parts,
+group_commit}, Commit) applies the group. On the socket data plane the stream carries the slice
+announcements, trailers and Commit, and each announced slice's bytes follow in order on the part's
+data connection; parts of one group may mix planes.
 
-Wire (sampler.proto fields 70-73): each part is its own PushWeights stream whose header carries
-`push_group` (an id shared by the parts), `push_part` / `push_parts` and the full tensor list (the
-same in every part). After the header come slices: a `WeightSlice` (tensor index and the box
-[start, stop) per dimension), the slice's own C-order bytes in `WeightChunk`s (offsets inside the
-slice), then a `TensorDone` with the checksum of exactly those bytes. The part's `Commit` only ends
-the part. A last stream from the coordinator, header {push_group, push_parts, group_commit} then
-Commit, applies the group.
-
-Socket data plane (a part whose header has data_plane "socket" and a `data_push_id`, as a plain
-push's, `data_plane`): the stream carries the `WeightSlice` announcements, `TensorDone` trailers and
-Commit; each announced slice's bytes follow, in announcement order with no framing, on the part's
-own data connection. The reader (`read_socket`, the push's I/O thread) takes the announced slices in
-order, receives each one's bytes, checksums and finite-checks them, waits for its trailer and only
-then scatters it into the staged tensor. Each part chooses its plane; parts of one group may mix.
-
-Checks: a slice must lie inside its tensor and must not overlap any slice of the same tensor
-received before (in any part), checked as soon as the slice is announced; its bytes must match its
-checksum and be finite before they are written into the staged tensor. The group is applied only
-when every part ended cleanly and every tensor is covered exactly (the boxes' volumes add up to the
-tensor's: with no overlap and all in bounds, that is an exact tiling). Any failure discards the
-whole group (the old weights keep serving); later parts of a failed group are refused (the group
-between its part streams: `push_group.PendingGroup`).
-
-Staging: `SlicedStager` is a `WeightStager` that always memory-maps its staging file (memory or file
-mode alike) so that a slice is scattered into the tensor with one strided copy; in memory mode each
-tensor is handed to the engine's load as soon as its last slice landed, as in a plain push.
-
-Relay: parts whose header lists `relay_to` (memory staging) make this sampler forward each tensor,
-once all its slices are verified, as a plain relayed push (`relay.RelayForward`, started at the
-group's first part); the children commit with the group commit and are cut when the group fails.
+Checks: a slice must lie inside its tensor and overlap no slice received before (checked when it
+is announced), and its bytes must match its checksum and be finite before they are scattered into
+the staged tensor (memory-mapped in both staging modes). The group applies only when every part
+ended cleanly and every tensor is tiled exactly (volumes add up, with no overlap); any failure
+discards the whole group and refuses its later parts (`group.PendingGroup`). With `relay_to`, each
+tensor is forwarded once all its slices are verified, and the relay commits with the group.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import math
-import mmap
 import os
 import pathlib
 import socket
 import threading
 from collections.abc import Sequence
-from typing import Any
 
-import grpc
 import numpy as np
 
 from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
 from .staging import WeightStager
-from .weight_checks import Crc32c, FiniteCheck, PushError
-
-_BAD = grpc.StatusCode.INVALID_ARGUMENT
+from .weight_checks import Checksum, FiniteCheck, PushError, given_checksums
 
 
 class SliceTiling:
@@ -74,20 +48,18 @@ class SliceTiling:
         a, b = tuple(int(x) for x in start), tuple(int(x) for x in stop)
         box = f"[{list(a)}, {list(b)})"
         if len(a) != len(self.shape) or len(b) != len(self.shape):
-            raise PushError(
-                _BAD, f"tensor {self.name!r}: slice {box} does not have rank {len(self.shape)}"
+            raise PushError.invalid(
+                f"tensor {self.name!r}: slice {box} does not have rank {len(self.shape)}"
             )
         if any(not 0 <= lo < hi <= d for lo, hi, d in zip(a, b, self.shape)):
-            raise PushError(
-                _BAD,
+            raise PushError.invalid(
                 f"tensor {self.name!r}: slice {box} is empty or out of bounds of shape "
-                f"{list(self.shape)}",
+                f"{list(self.shape)}"
             )
         for c, d in self.boxes:
             if all(lo < d_hi and c_lo < hi for lo, hi, c_lo, d_hi in zip(a, b, c, d)):
-                raise PushError(
-                    _BAD,
-                    f"tensor {self.name!r}: slice {box} overlaps slice [{list(c)}, {list(d)})",
+                raise PushError.invalid(
+                    f"tensor {self.name!r}: slice {box} overlaps slice [{list(c)}, {list(d)})"
                 )
         self.boxes.append((a, b))
         return math.prod(hi - lo for lo, hi in zip(a, b))
@@ -107,7 +79,7 @@ class _OpenSlice:
         self.nbytes = self.elements * st.NP_DTYPES[spec.dtype].itemsize
         self.buf = bytearray()
         self.got = 0
-        self.hash: Any = hashlib.sha256() if algo == "sha256" else Crc32c()
+        self.hash = Checksum(algo)
         self.finite = FiniteCheck(spec.dtype)
         self.trailer: pb.TensorDone | None = None
 
@@ -135,14 +107,14 @@ class SlicedStager(WeightStager):
     # -- header -----------------------------------------------------------------------------
     def header(self, h: pb.WeightHeader) -> None:
         if h.push_parts == 0 or not h.push_group or h.group_commit:
-            raise PushError(_BAD, "a sliced push part needs push_group and push_parts > 0")
+            raise PushError.invalid("a sliced push part needs push_group and push_parts > 0")
         if not 0 <= h.push_part < h.push_parts:
-            raise PushError(_BAD, f"push_part {h.push_part} not in [0, {h.push_parts})")
+            raise PushError.invalid(f"push_part {h.push_part} not in [0, {h.push_parts})")
         plane = h.data_plane or "grpc"
         if plane not in ("grpc", "socket"):
-            raise PushError(_BAD, f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
+            raise PushError.invalid(f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
         if self._part is not None:
-            raise PushError(_BAD, "second header in one push")
+            raise PushError.invalid("second header in one push")
         fingerprint = pb.WeightHeader(
             version=h.version,
             tensors=h.tensors,
@@ -155,23 +127,19 @@ class SlicedStager(WeightStager):
         ).SerializeToString(deterministic=True)
         if self.dir is None:  # the group's first part: the header's checks, the staging file
             super().header(h)
-            if self._mm is None:  # file mode too: slices are scattered through the map
-                self._mm = mmap.mmap(self._fd, 0)
-                self._mv = memoryview(self._mm)
             self.group, self.parts, self._fingerprint = h.push_group, int(h.push_parts), fingerprint
             self._tilings = [SliceTiling(s.name, s.shape) for s in self.specs]
             for i, t in enumerate(self._tilings):
                 if t.total == 0:
                     self._tensor_complete(i)
         elif fingerprint != self._fingerprint:
-            raise PushError(
-                _BAD,
+            raise PushError.invalid(
                 f"push group {h.push_group!r} part {h.push_part}: header differs from the "
                 "group's first part (version, dtype, checksum, tensors, part count and relay "
-                "must match)",
+                "must match)"
             )
         if h.push_part in self.parts_done:
-            raise PushError(_BAD, f"push group {self.group!r}: part {h.push_part} sent twice")
+            raise PushError.invalid(f"push group {self.group!r}: part {h.push_part} sent twice")
         self._part = int(h.push_part)
         self.data_plane = plane  # this part's plane (push_session claims its data connection)
         with self._cv:
@@ -182,8 +150,8 @@ class SlicedStager(WeightStager):
     def slice(self, m: pb.WeightSlice) -> None:
         s = self._spec(m.tensor_index)
         if self._open is not None:
-            raise PushError(
-                _BAD, f"tensor {s.name!r}: a slice starts before the previous one's TensorDone"
+            raise PushError.invalid(
+                f"tensor {s.name!r}: a slice starts before the previous one's TensorDone"
             )
         self._tilings[m.tensor_index].add(m.start, m.stop)
         start, stop = tuple(int(x) for x in m.start), tuple(int(x) for x in m.stop)
@@ -200,21 +168,20 @@ class SlicedStager(WeightStager):
         s = self._spec(i)
         o = self._open
         if o is None or o.index != i:
-            raise PushError(_BAD, f"tensor {s.name!r}: {what} outside a WeightSlice of it")
+            raise PushError.invalid(f"tensor {s.name!r}: {what} outside a WeightSlice of it")
         return o
 
     def chunk(self, c) -> None:
         o = self._slice_of(c.tensor_index, "chunk")
         if self.data_plane == "socket":
-            raise PushError(
-                _BAD, "WeightChunk in a sliced part whose bytes come over the socket data plane"
+            raise PushError.invalid(
+                "WeightChunk in a sliced part whose bytes come over the socket data plane"
             )
         n = len(c.data)
         if c.offset != o.got or o.got + n > len(o.buf):
-            raise PushError(
-                _BAD,
+            raise PushError.invalid(
                 f"tensor {self.specs[o.index].name!r}: slice chunk at offset {c.offset} "
-                f"+{n} bytes, expected offset {o.got} within {len(o.buf)} (in order)",
+                f"+{n} bytes, expected offset {o.got} within {len(o.buf)} (in order)"
             )
         o.buf[o.got : o.got + n] = c.data
         o.hash.update(c.data)
@@ -237,19 +204,11 @@ class SlicedStager(WeightStager):
         s = self.specs[o.index]
         where = f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)})"
         if o.got != o.nbytes:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS, f"{where}: received {o.got} of {o.nbytes} bytes"
-            )
-        if self.checksum == "sha256":
-            ok = bool(d.sha256) and d.sha256.lower() == o.hash.hexdigest()
-        else:
-            ok = d.HasField("crc32c") and d.crc32c == o.hash.value
-        if not ok:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS, f"{where}: {self.checksum} missing or mismatched"
-            )
+            raise PushError.data_loss(f"{where}: received {o.got} of {o.nbytes} bytes")
+        if given_checksums(self.checksum, d) != [o.hash.value]:
+            raise PushError.data_loss(f"{where}: {self.checksum} missing or mismatched")
         if not o.finite.ok:
-            raise PushError(_BAD, f"{where}: contains NaN or Inf values (push refused)")
+            raise PushError.invalid(f"{where}: contains NaN or Inf values (push refused)")
         self._scatter(o)
         o.buf = bytearray()
         t = self._tilings[o.index]
@@ -259,14 +218,11 @@ class SlicedStager(WeightStager):
 
     # -- socket data plane ------------------------------------------------------------------
     def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
-        """Socket part: the bytes of every announced slice, in announcement order, from `conn`
-        (module docstring); returns once `end_data` was called and every announced slice is
-        verified and staged. Blocking (the push's I/O thread; closing `conn` stops it). Raises
-        PushError."""
+        """Socket part: each announced slice's bytes, in order, from `conn`, verified and
+        scattered once its trailer is in; returns after `end_data` and the last announced slice.
+        Blocking (closing `conn` stops it). Raises PushError."""
         if self.dir is None or self.data_plane != "socket":
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
-            )
+            raise PushError.precondition("read_socket before a socket-plane header")
         while (o := self._next_announced()) is not None:
             s = self.specs[o.index]
             o.buf = bytearray(o.nbytes)
@@ -283,10 +239,9 @@ class SlicedStager(WeightStager):
                 while o.trailer is None and not self._data_end:
                     self._cv.wait()
             if o.trailer is None:
-                raise PushError(
-                    _BAD,
+                raise PushError.invalid(
                     f"tensor {s.name!r} slice [{list(o.start)}, {list(o.stop)}): part ended "
-                    "without its TensorDone",
+                    "without its TensorDone"
                 )
             self._finish(o, o.trailer)
 
@@ -318,26 +273,12 @@ class SlicedStager(WeightStager):
 
     def _tensor_complete(self, i: int) -> None:
         self._received[i] = int(self.specs[i].nbytes)
-        if not self._sent[i]:
-            self._sent[i] = True
-            if self._loader is not None:  # memory mode: load it now
-                self._loader.put(i)
-            if self.relay is not None:  # and forward it (its slices all verified)
-                self.relay.verified(i)
+        self._hand_on(i)  # memory mode: loaded now, and forwarded (its slices all verified)
 
-    # -- relay ------------------------------------------------------------------------------
-    def start_relay(self, forward) -> None:
-        """Forward every tensor, once all its slices are verified, through `forward` (a
-        `relay.RelayForward` made at the group's first part; the ones complete already now)."""
-        self.relay = forward
-        for i, done in enumerate(self._sent):
-            if done:
-                forward.verified(i)
-
-    def take_relay(self):
-        """The group's relay, no longer cut by `discard` (the caller finishes it)."""
-        forward, self.relay = self.relay, None
-        return forward
+    def verified_tensor(self, i: int) -> np.ndarray:
+        """`tensor_view(i)`: a relay checksums an assembled tensor itself (no slice's checksum
+        is the tensor's)."""
+        return self.tensor_view(i)
 
     def discard(self) -> None:
         """Drop the group; its relay (if any) is cut, so every sampler it forwards to drops the
@@ -353,7 +294,7 @@ class SlicedStager(WeightStager):
     def end_part(self) -> None:
         """The part's Commit: its last slice must be closed."""
         if self._open is not None:
-            raise PushError(_BAD, "part ended inside a slice (no TensorDone)")
+            raise PushError.invalid("part ended inside a slice (no TensorDone)")
         assert self._part is not None
         self.parts_done.add(self._part)
         self._part = None
@@ -362,19 +303,17 @@ class SlicedStager(WeightStager):
         """Every part ended and every tensor tiled exactly; -> the staged directory (blocking:
         waits for the engine's load of the last tensors)."""
         if self.dir is None:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "group commit before any part")
+            raise PushError.precondition("group commit before any part")
         missing = sorted(set(range(self.parts)) - self.parts_done)
         if missing:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"push group {self.group!r}: parts {missing} of {self.parts} did not arrive",
+            raise PushError.precondition(
+                f"push group {self.group!r}: parts {missing} of {self.parts} did not arrive"
             )
         for t in self._tilings:
             if not t.complete:
-                raise PushError(
-                    _BAD,
+                raise PushError.invalid(
                     f"tensor {t.name!r}: slices cover {t.covered} of its {t.total} elements "
-                    "(they must tile it exactly)",
+                    "(they must tile it exactly)"
                 )
         if self._loader is not None:
             self._loader.finish()

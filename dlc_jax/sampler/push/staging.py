@@ -1,38 +1,30 @@
 """Server-side staging of one weight push: header -> chunks -> per-tensor checksums -> commit.
 
-Bytes are written straight into a preallocated safetensors file in a fresh temp directory at
-precomputed offsets, so host memory stays ~ one chunk. Checksums: the header names one
-("sha256", the default, or "crc32c"); every tensor must carry it (in its spec or its TensorDone
-trailer) and every value given is checked. Chunks may be `pb.WeightChunk` or
-`chunk_wire.RawChunk` (zero-copy memoryview data). Every check failure raises `PushError` with the
-gRPC status code to answer and a message naming the tensor; the caller deletes the staging
-directory with `discard()`. Only `commit()` returns the staged directory.
+Bytes go straight into a preallocated safetensors file (a fresh `staging_dirs` directory) at
+precomputed offsets. Before anything is written the header is checked against the served model
+(`weight_checks`) and the staged size against the filesystem's free space; every tensor must carry
+the header's checksum ("sha256" or "crc32c") in its spec or TensorDone trailer, and float values are
+checked finite as they arrive. Failures raise `PushError` (gRPC code + a message naming the
+tensor); the caller deletes the staging with `discard()`, and only `commit()` returns it.
 
-Limits: the header is checked against the served model (`weight_checks.validate_specs`, shared
-with LoadWeights), the staged size against the model's largest possible push and against the free
-space of the staging filesystem (minus `reserve_bytes`, `staging_dirs.make_staging_dir`) before
-anything is written; every float tensor's values are checked finite as its bytes arrive
-(`weight_checks.FiniteCheck`), so a NaN/Inf push is refused even with valid checksums. Where the
-directory lives and how dead samplers' directories are removed: `staging_dirs`.
-
-Two modes. `memory=False` ("file", the original path): bytes are `pwrite`n into the file and the
-engine loads the committed directory. `memory=True`: the same file (same size and free-space
-checks; a RAM filesystem by default) is memory-mapped; socket-plane bytes are received straight
-into it (`recv_into`, no bounce buffer) while a second thread checksums and finite-checks the
-previous piece, and each tensor, once verified, is handed to the engine's `load` (a
-`backends.base.WeightLoad`) on a third thread while the next one arrives, so at Commit only the
-atomic swap is left. The old weights serve until then; a failed push drops the load unseen.
+The file is memory-mapped: chunks are copied and socket bytes received into it (a second thread
+checking the previous piece). `memory=False` ("file"): the engine loads the committed directory.
+`memory=True`: each verified tensor goes to the engine's `load` (`backends.base.WeightLoad`) on a
+third thread while the next arrives, so at Commit only the atomic swap is left.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import math
 import mmap
 import os
 import pathlib
+import queue
 import shutil
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -40,13 +32,57 @@ import numpy as np
 
 from ..wire import safetensors_io as st
 from ..wire import sampler_pb2 as pb
-from .stage_worker import StageWorker
-from .staging_dirs import make_staging_dir
-from .warm_staging import StagingBuffer, WarmStaging
-from .weight_checks import Crc32c, FiniteCheck, PushError, max_push_bytes, validate_specs
+from .warm_staging import StagingBuffer, WarmStaging, new_buffer
+from .weight_checks import (
+    Checksum,
+    FiniteCheck,
+    PushError,
+    given_checksums,
+    max_push_bytes,
+    validate_specs,
+)
 from .weight_stream import with_checksum
 
 CHECKSUMS = ("sha256", "crc32c")
+_END = object()  # StageWorker: no more items
+
+
+class StageWorker:
+    """`fn(item)` for every `put(item)`, in order, on one daemon thread."""
+
+    def __init__(self, fn: Callable[[object], None], name: str):
+        self._fn = fn
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not _END:
+            if self.error is not None or self._stop:
+                continue
+            try:
+                self._fn(item)
+            except BaseException as e:  # noqa: BLE001 - raised by finish() in the owner
+                self.error = e
+
+    def put(self, item: object) -> None:
+        self._q.put(item)
+
+    def finish(self) -> None:
+        """Wait until every item put so far is handled; raise the first error."""
+        self._q.put(_END)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        """Skip the items not started yet and wait for the one in progress (idempotent)."""
+        self._stop = True
+        if self._thread.is_alive():
+            self._q.put(_END)
+            self._thread.join()
 
 
 class WeightStager:
@@ -90,52 +126,36 @@ class WeightStager:
     # -- header -----------------------------------------------------------------------------
     def header(self, h: pb.WeightHeader) -> None:
         if self.dir is not None:
-            raise PushError(grpc.StatusCode.INVALID_ARGUMENT, "second header in one push")
+            raise PushError.invalid("second header in one push")
         if h.version <= self.current_version:
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"stale version {h.version}: server already serves version {self.current_version}",
+            raise PushError.precondition(
+                f"stale version {h.version}: server already serves version {self.current_version}"
             )
         plane = h.data_plane or "grpc"
         if plane not in ("grpc", "socket"):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'",
-            )
+            raise PushError.invalid(f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
         algo = h.checksum or "sha256"
         if algo not in CHECKSUMS:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"header.checksum {h.checksum!r} not one of {CHECKSUMS}",
-            )
+            raise PushError.invalid(f"header.checksum {h.checksum!r} not one of {CHECKSUMS}")
         seen: dict[str, tuple[tuple[int, ...], str]] = {}
         for s in h.tensors:
             if s.name in seen:
-                raise PushError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"tensor {s.name!r} listed twice in the header",
-                )
+                raise PushError.invalid(f"tensor {s.name!r} listed twice in the header")
             seen[s.name] = (tuple(int(d) for d in s.shape), s.dtype)
         self.validate(seen)
         for s in h.tensors:
-            n = 1
-            for d in s.shape:
-                n *= int(d)
-            want = n * st.NP_DTYPES[s.dtype].itemsize
+            want = math.prod(int(d) for d in s.shape) * st.NP_DTYPES[s.dtype].itemsize
             if s.nbytes != want:
-                raise PushError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
+                raise PushError.invalid(
                     f"tensor {s.name!r}: nbytes {s.nbytes} != {want} for shape {list(s.shape)} "
-                    f"{s.dtype}",
+                    f"{s.dtype}"
                 )
         self.checksum = algo
         self.data_plane = plane
         self.version = int(h.version)
         self.specs = list(h.tensors)
         self._received = [0] * len(self.specs)
-        self._hash: list[Any] = [
-            hashlib.sha256() if algo == "sha256" else Crc32c() for _ in self.specs
-        ]
+        self._hash = [Checksum(algo) for _ in self.specs]
         self._trailer: list[pb.TensorDone | None] = [None] * len(self.specs)
         self._complete = [False] * len(self.specs)  # socket plane: all of the tensor's bytes read
         self._finite = [FiniteCheck(s.dtype) for s in self.specs]
@@ -145,30 +165,18 @@ class WeightStager:
         payload = sum(int(s.nbytes) for s in self.specs)
         cap = max_push_bytes(self.expected)
         if payload > cap:  # cannot happen after validate_specs; kept as the explicit bound
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)",
+            raise PushError.invalid(
+                f"push of {payload} bytes exceeds the model's largest push ({cap} bytes)"
             )
         total = len(prefix) + payload
-        self._hashed = [0] * len(self.specs)  # memory mode, socket plane: bytes checksummed
+        self._hashed = [0] * len(self.specs)  # socket plane: bytes checksummed
         self._sent = [False] * len(self.specs)  # handed to the engine load
-        if self.warm is not None:  # a buffer whose pages are already mapped (warm_staging)
-            self._buffer = self.warm.take(
-                total, self.staging_root, self.reserve_bytes, self.version
-            )
-            self.dir, self._path, self._fd = self._buffer.dir, self._buffer.path, self._buffer.fd
-            self._mm = self._buffer.mm
-            self._mv = memoryview(self._mm)
-            self._mv[: len(prefix)] = prefix
-        else:
-            self.dir = make_staging_dir(self.staging_root, total, self.reserve_bytes, self.version)
-            self._path = self.dir / "model.safetensors"
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.pwrite(self._fd, prefix, 0)
-            os.ftruncate(self._fd, total)
-            if self.memory:
-                self._mm = mmap.mmap(self._fd, total)
-                self._mv = memoryview(self._mm)
+        # warm: a buffer whose pages are already mapped (warm_staging)
+        take = self.warm.take if self.warm is not None else new_buffer
+        self._buffer = buf = take(total, self.staging_root, self.reserve_bytes, self.version)
+        self.dir, self._fd, self._mm = buf.dir, buf.fd, buf.mm
+        self._mv = memoryview(self._mm)
+        self._mv[: len(prefix)] = prefix
         if self.load is not None:
             self._loader = StageWorker(self._load_tensor, "push-load")
 
@@ -180,39 +188,31 @@ class WeightStager:
     # -- data -------------------------------------------------------------------------------
     def _spec(self, i: int) -> pb.TensorSpec:
         if self.dir is None:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "data before header")
+            raise PushError.precondition("data before header")
         if not 0 <= i < len(self.specs):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor_index {i} out of range [0, {len(self.specs)})",
-            )
+            raise PushError.invalid(f"tensor_index {i} out of range [0, {len(self.specs)})")
         return self.specs[i]
 
     def chunk(self, c) -> None:
         """`c`: a `pb.WeightChunk` or a `chunk_wire.RawChunk` (tensor_index, offset, data)."""
         s = self._spec(c.tensor_index)
         if self.data_plane == "socket":
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "WeightChunk in a push whose bytes come over the socket data plane",
+            raise PushError.invalid(
+                "WeightChunk in a push whose bytes come over the socket data plane"
             )
         got = self._received[c.tensor_index]
         if c.offset != got:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise PushError.invalid(
                 f"tensor {s.name!r}: chunk at offset {c.offset}, expected {got} (chunks must be "
-                "in order)",
+                "in order)"
             )
         if got + len(c.data) > s.nbytes:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}",
+            raise PushError.invalid(
+                f"tensor {s.name!r}: {got + len(c.data)} bytes exceed its {s.nbytes}"
             )
         at = self._offsets[c.tensor_index] + got
-        if self._mv is not None:
-            self._mv[at : at + len(c.data)] = c.data
-        else:
-            os.pwrite(self._fd, c.data, at)
+        assert self._mv is not None
+        self._mv[at : at + len(c.data)] = c.data
         self._hash[c.tensor_index].update(c.data)
         self._finite[c.tensor_index].update(c.data)
         self._received[c.tensor_index] = got + len(c.data)
@@ -230,59 +230,12 @@ class WeightStager:
         self._verify(d.tensor_index, s)
 
     def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
-        """Socket data plane: read every tensor's bytes, in header order, from `conn` into the
-        staging file (through one `piece`-byte buffer: host memory ~ one piece), checksumming as it
-        goes; each tensor whose trailer is already in is verified right away. Blocking (run it in a
-        worker thread; closing `conn` from elsewhere stops it). Raises PushError."""
+        """Socket data plane: `recv_into` the mapped staging file every tensor's bytes, in header
+        order, from `conn`; each piece is checksummed and finite-checked on a second thread while
+        the next one is received, and a tensor whose trailer is in is verified right away.
+        Blocking (a worker thread; closing `conn` from elsewhere stops it). Raises PushError."""
         if self.dir is None or self.data_plane != "socket":
-            raise PushError(
-                grpc.StatusCode.FAILED_PRECONDITION, "read_socket before a socket-plane header"
-            )
-        if self._mv is not None:
-            self._read_socket_mapped(conn, piece)
-            return
-        buf = bytearray(piece)
-        view = memoryview(buf)
-        for i, s in enumerate(self.specs):
-            n, got, base = int(s.nbytes), 0, self._offsets[i]
-            h = self._hash[i]
-            while got < n:
-                k = self._recv(conn, view[: min(piece, n - got)], s.name, got, n)
-                chunk = view[:k]
-                h.update(chunk)
-                self._finite[i].update(chunk)
-                os.pwrite(self._fd, chunk, base + got)
-                got += k
-                self._received[i] = got
-                self.bytes_received += k
-            with self._lock:
-                self._complete[i] = True
-                if self._trailer[i] is not None:
-                    self._verify(i, s)
-
-    def end_data(self) -> None:
-        """The push's stream reached Commit or failed. Nothing to do here (`read_socket` knows
-        every tensor's size from the header); a sliced part's reader stops on it
-        (`sliced_push.SlicedStager.end_data`)."""
-
-    def _recv(self, conn: socket.socket, into: memoryview, name: str, got: int, n: int) -> int:
-        try:
-            k = conn.recv_into(into, len(into), socket.MSG_WAITALL)
-        except OSError as e:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS,
-                f"tensor {name!r}: data socket failed after {got} of {n} bytes: {e}",
-            ) from None
-        if k == 0:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS,
-                f"tensor {name!r}: data socket closed after {got} of {n} bytes",
-            )
-        return k
-
-    def _read_socket_mapped(self, conn: socket.socket, piece: int) -> None:
-        """Memory mode: `recv_into` the mapped staging file; the checksum + finite check of each
-        piece runs on a second thread while the next piece is received."""
+            raise PushError.precondition("read_socket before a socket-plane header")
         assert self._mv is not None
         checker = StageWorker(self._check_piece, "push-verify")
         try:
@@ -302,6 +255,24 @@ class WeightStager:
             checker.finish()
         finally:
             checker.cancel()
+
+    def end_data(self) -> None:
+        """The push's stream reached Commit or failed. Nothing to do here (`read_socket` knows
+        every tensor's size from the header); a sliced part's reader stops on it
+        (`sliced_push.SlicedStager.end_data`)."""
+
+    def _recv(self, conn: socket.socket, into: memoryview, name: str, got: int, n: int) -> int:
+        try:
+            k = conn.recv_into(into, len(into), socket.MSG_WAITALL)
+        except OSError as e:
+            raise PushError.data_loss(
+                f"tensor {name!r}: data socket failed after {got} of {n} bytes: {e}"
+            ) from None
+        if k == 0:
+            raise PushError.data_loss(
+                f"tensor {name!r}: data socket closed after {got} of {n} bytes"
+            )
+        return k
 
     def _check_piece(self, item) -> None:
         i, at, k = item  # type: ignore[misc]
@@ -330,9 +301,7 @@ class WeightStager:
     def verified_tensor(self, i: int) -> np.ndarray:
         """Memory mode, tensor i verified: `tensor_view(i)` marked with the checksum it passed
         (a relay forwards it without checksumming it again: `weight_stream.VerifiedTensor`)."""
-        h = self._hash[i]
-        value = h.hexdigest() if self.checksum == "sha256" else h.value
-        return with_checksum(self.tensor_view(i), self.checksum, value)
+        return with_checksum(self.tensor_view(i), self.checksum, self._hash[i].value)
 
     def _load_tensor(self, i) -> None:
         s = self.specs[i]
@@ -350,54 +319,59 @@ class WeightStager:
 
     def _verify(self, i: int, s: pb.TensorSpec) -> None:
         if self._received[i] != s.nbytes:
-            raise PushError(
-                grpc.StatusCode.DATA_LOSS,
-                f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes",
+            raise PushError.data_loss(
+                f"tensor {s.name!r}: received {self._received[i]} of {s.nbytes} bytes"
             )
-        t = self._trailer[i]
-        if self.checksum == "sha256":
-            want = [c.lower() for c in (s.sha256, t.sha256 if t is not None else "") if c]
-            got = self._hash[i].hexdigest()
-            shown = lambda x: f"{x[:16]}.."
-        else:
-            want = [m.crc32c for m in (s, t) if m is not None and m.HasField("crc32c")]
-            got = self._hash[i].value
-            shown = lambda x: f"{x:08x}"
+        want = given_checksums(self.checksum, s, self._trailer[i])
+        got = self._hash[i].value
+        shown = (lambda x: f"{x[:16]}..") if self.checksum == "sha256" else (lambda x: f"{x:08x}")
         if not want:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {s.name!r}: no {self.checksum} in header or trailer",
-            )
+            raise PushError.invalid(f"tensor {s.name!r}: no {self.checksum} in header or trailer")
         for w in want:
             if w != got:
-                raise PushError(
-                    grpc.StatusCode.DATA_LOSS,
+                raise PushError.data_loss(
                     f"tensor {s.name!r}: {self.checksum} mismatch (corrupted data): "
-                    f"got {shown(got)}, expected {shown(w)}",
+                    f"got {shown(got)}, expected {shown(w)}"
                 )
         if not self._finite[i].ok:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise PushError.invalid(
                 f"tensor {s.name!r}: contains NaN or Inf values (push refused; the current "
-                "weights keep serving)",
+                "weights keep serving)"
             )
-        if not self._sent[i]:  # verified: load it / forward it (each once)
+        self._hand_on(i)
+
+    def _hand_on(self, i: int) -> None:
+        """Tensor i is verified: load it / forward it (each once)."""
+        if not self._sent[i]:
             self._sent[i] = True
             if self._loader is not None:
                 self._loader.put(i)
             if self.relay is not None:
                 self.relay.verified(i)
 
+    def start_relay(self, forward) -> None:
+        """Forward every tensor once verified through `forward` (a `relay.RelayForward`; the
+        tensors verified already, now)."""
+        self.relay = forward
+        for i, done in enumerate(self._sent):
+            if done:
+                forward.verified(i)
+
+    def take_relay(self):
+        """The push's relay, no longer cut by `discard` (the caller finishes it)."""
+        forward, self.relay = self.relay, None
+        return forward
+
     def commit(self) -> pathlib.Path:
         """Verify every tensor; -> the staged directory (one safetensors file)."""
         if self.dir is None:
-            raise PushError(grpc.StatusCode.FAILED_PRECONDITION, "commit before header")
+            raise PushError.precondition("commit before header")
         for i, s in enumerate(self.specs):
             self._verify(i, s)
         if self._loader is not None:  # blocking: the engine's load of the last tensors
             self._loader.finish()
         self._unmap()
-        if self._buffer is None:  # a warm buffer stays open: the service gives it back later
+        if self.warm is None:  # a warm buffer stays open: the service gives it back later
             os.close(self._fd)  # no fsync: a staging file need not survive a crash (redone)
         self._fd = -1
         return self.dir
@@ -406,22 +380,18 @@ class WeightStager:
         if self._loader is not None:
             self._loader.cancel()
         if self._mv is not None:
-            try:
+            with contextlib.suppress(BufferError):
                 self._mv.release()
-            except BufferError:
-                pass
             self._mv = None
-        if self._mm is not None and self._buffer is None:  # a warm buffer's map stays
-            try:
+        if self._mm is not None and self.warm is None:  # a warm buffer's map stays
+            # a view still held somewhere: unmapped when it is collected
+            with contextlib.suppress(BufferError):
                 self._mm.close()
-            except BufferError:  # a view still held somewhere: unmapped when it is collected
-                pass
         self._mm = None
 
     def discard(self) -> None:
         self._unmap()
-        if self._buffer is not None:  # back to the warm buffers (not reused before the lock)
-            assert self.warm is not None
+        if self._buffer is not None and self.warm is not None:  # back to the warm buffers
             self._fd = -1
             self.warm.give_back(self._buffer.dir)
             self._buffer = None

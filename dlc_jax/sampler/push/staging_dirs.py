@@ -1,10 +1,7 @@
 """Staging directories of weight pushes: where a push is staged (`resolve_staging_root`: the RAM
-filesystem when it has room), the free-space check and creation of one push's directory
-(`make_staging_dir`), and removal of those left by dead samplers (`clean_stale_staging`).
-
-Directories are named `dlc_push_p<pid>_v<version>_*` after the sampler process that owns them and
-hold an `.owner` file naming its pid namespace; `clean_stale_staging` removes those of dead
-processes in this pid namespace (a SIGKILLed sampler cannot clean its /dev/shm copy itself).
+filesystem when it has room), the free-space check and creation of one (`make_staging_dir`), and
+removal of those of dead samplers (`clean_stale_staging`), named `dlc_push_p<pid>_v<version>_*`
+with an `.owner` file naming their pid namespace.
 """
 
 from __future__ import annotations
@@ -14,8 +11,6 @@ import os
 import pathlib
 import shutil
 import tempfile
-
-import grpc
 
 from .weight_checks import PushError
 
@@ -117,14 +112,11 @@ def make_staging_dir(
     try:
         free = shutil.disk_usage(where).free
     except OSError as e:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION, f"staging directory {where}: {e}"
-        ) from None
+        raise PushError.precondition(f"staging directory {where}: {e}") from None
     if free - reserve_bytes < total:
-        raise PushError(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise PushError.precondition(
             f"not enough space to stage the push: needs {total / 1e6:.1f} MB, {where} has "
-            f"{free / 1e6:.1f} MB free with {reserve_bytes / 1e6:.1f} MB kept in reserve",
+            f"{free / 1e6:.1f} MB free with {reserve_bytes / 1e6:.1f} MB kept in reserve"
         )
     d = pathlib.Path(
         tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}_v{version}_", dir=root)

@@ -1,22 +1,16 @@
-"""Warm staging buffers for memory-mode pushes: the staging file of a superseded push stays
-mapped, and the next push of the same size is received into it.
+"""Warm staging buffers for memory-mode pushes: a superseded push's staging file stays mapped and
+the next push of the same size is received into it, saving the kernel's page faults on a fresh
+mapping (~0.6 against ~0.1 CPU-s per GB received on the development VM).
 
-Why: a fresh staging file costs the kernel one page fault, one page allocation and one zeroing per
-4 KiB the first time each page is written (tmpfs has no huge pages by default). Measured on the
-2-core development VM, receiving into a fresh mapping cost ~0.6 CPU-s per GB against ~0.1 into
-one whose pages are already mapped, so a push spent most of its receive CPU in the kernel's
-page-fault path. Keeping the buffer mapped removes that cost from every push after the first.
-
-Lifetime (the service's push lock orders all of it): `take()` hands a buffer to one push (a free
-one of the exact size, else a new file from `staging_dirs.make_staging_dir`, with its free-space
-check); the push that fails gives it back at once (`give_back`); the push that commits makes it
-the served directory (the restore point if a later swap fails), given back when the next push or
-LoadWeights replaces it. At most `keep` buffers wait free; others are unmapped and deleted.
-Cost: `keep` more staged models of RAM at rest (`ServerConfig.push_staging_warm` turns it off).
+Lifetime (ordered by the service's push lock): `take()` hands a buffer to a push (a free one of
+the exact size, else a new `make_staging_dir` file); a failed push gives it back at once, a
+committed one when the next push or load replaces it. At most `keep` buffers wait free. Cost: that
+many more staged models of RAM (`ServerConfig.push_staging_warm` turns it off).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import mmap
 import os
@@ -38,14 +32,11 @@ class StagingBuffer:
     size: int
 
     def close(self) -> None:
-        try:
+        # a view still held somewhere: unmapped when it is collected
+        with contextlib.suppress(BufferError):
             self.mm.close()
-        except BufferError:  # a view still held somewhere: unmapped when it is collected
-            pass
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -58,6 +49,24 @@ def _rename(buf: StagingBuffer, version: int) -> None:
     except OSError:  # keep the old name: only the name is wrong
         return
     buf.dir, buf.path = new, new / buf.path.name
+
+
+def new_buffer(
+    total: int, staging_root: str | None, reserve_bytes: int, version: int
+) -> StagingBuffer:
+    """A new mapped staging file of `total` bytes for the push of `version` (PushError from
+    `make_staging_dir` when it does not fit)."""
+    d = make_staging_dir(staging_root, total, reserve_bytes, version)
+    path = d / "model.safetensors"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, total)
+        mm = mmap.mmap(fd, total)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    return StagingBuffer(d, path, fd, mm, total)
 
 
 class WarmStaging:
@@ -86,19 +95,9 @@ class WarmStaging:
             stale, self._free = self._free, []  # other sizes: a different model or dtype
         for b in stale:
             b.close()
-        d = make_staging_dir(staging_root, total, reserve_bytes, version)
-        path = d / "model.safetensors"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, total)
-            mm = mmap.mmap(fd, total)
-        except BaseException:
-            os.close(fd)
-            shutil.rmtree(d, ignore_errors=True)
-            raise
-        buf = StagingBuffer(d, path, fd, mm, total)
+        buf = new_buffer(total, staging_root, reserve_bytes, version)
         with self._lock:
-            self._out[d] = buf
+            self._out[buf.dir] = buf
         return buf
 
     def give_back(self, d: pathlib.Path) -> bool:

@@ -1,10 +1,14 @@
-"""Checks on a full set of pushed or loaded weights, shared by pushes (`staging.WeightStager`) and
-LoadWeights (`load_checks`): names, shapes and dtypes against the served model (`validate_specs`),
-the largest push a model can have (`max_push_bytes`), and an incremental NaN/Inf check over raw
-tensor bytes (`FiniteCheck`). Every failure raises `PushError` with the gRPC status code to answer.
+"""Checks shared by pushes and LoadWeights: names, shapes and dtypes against the served model
+(`validate_specs`), the largest possible push (`max_push_bytes`) and an incremental NaN/Inf check
+over raw bytes (`FiniteCheck`), LoadWeights' path and file checks (`check_load_path`,
+`check_load_files`); failures raise `PushError` with the gRPC code to answer.
 """
 
 from __future__ import annotations
+
+import hashlib
+import math
+import pathlib
 
 import crc32c
 import grpc
@@ -17,20 +21,50 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 class PushError(Exception):
+    """A refused push: the gRPC status `code` to answer and a one-line `message`."""
+
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
         self.code = code
         self.message = message
 
+    @classmethod
+    def invalid(cls, message: str) -> PushError:
+        return cls(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-class Crc32c:
-    """Incremental CRC-32C (hardware, GIL released) with the hashlib update() interface."""
+    @classmethod
+    def precondition(cls, message: str) -> PushError:
+        return cls(grpc.StatusCode.FAILED_PRECONDITION, message)
 
-    def __init__(self):
-        self.value = 0
+    @classmethod
+    def data_loss(cls, message: str) -> PushError:
+        return cls(grpc.StatusCode.DATA_LOSS, message)
+
+
+class Checksum:
+    """Incremental checksum of a push's bytes: "sha256" (`value`: hex digest) or "crc32c"
+    (hardware, GIL released; `value`: int)."""
+
+    def __init__(self, algo: str):
+        self._sha = hashlib.sha256() if algo == "sha256" else None
+        self._crc = 0
 
     def update(self, data) -> None:
-        self.value = crc32c.crc32c(data, self.value)
+        if self._sha is not None:
+            self._sha.update(data)
+        else:
+            self._crc = crc32c.crc32c(data, self._crc)
+
+    @property
+    def value(self) -> int | str:
+        return self._sha.hexdigest() if self._sha is not None else self._crc
+
+
+def given_checksums(algo: str, *msgs) -> list:
+    """The `algo` checksums the TensorSpec / TensorDone messages `msgs` carry (None skipped)."""
+    if algo == "sha256":
+        return [m.sha256.lower() for m in msgs if m is not None and m.sha256]
+    return [m.crc32c for m in msgs if m is not None and m.HasField("crc32c")]
 
 
 # (unsigned view dtype, exponent mask): a float is NaN/Inf iff all its exponent bits are set
@@ -92,53 +126,76 @@ def validate_specs(
     parameter may come as any of PUSH_DTYPES (the engine casts); any other must match exactly."""
     unknown = sorted(set(specs) - set(expected))
     if unknown:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)",
+        raise PushError.invalid(
+            f"unknown tensor name {unknown[0]!r} in {where} (not a parameter of the served model)"
         )
     missing = sorted(set(expected) - set(specs))
     if missing:
-        raise PushError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}",
-        )
+        raise PushError.invalid(f"{where} is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
     for name, (shape, dtype) in specs.items():
         exp_shape, exp_dtype = expected[name]
         if tuple(shape) != tuple(exp_shape):
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}",
+            raise PushError.invalid(
+                f"tensor {name!r}: shape {list(shape)} != expected {list(exp_shape)}"
             )
         if dtype not in st.NP_DTYPES:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: unsupported dtype {dtype!r}"
-            )
+            raise PushError.invalid(f"tensor {name!r}: unsupported dtype {dtype!r}")
         if exp_dtype in FLOAT_DTYPES and dtype not in PUSH_DTYPES:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise PushError.invalid(
                 f"tensor {name!r}: dtype {dtype!r} not allowed for a float parameter (use one of "
-                f"{PUSH_DTYPES})",
+                f"{PUSH_DTYPES})"
             )
         if exp_dtype not in FLOAT_DTYPES and dtype != exp_dtype:
-            raise PushError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}",
-            )
+            raise PushError.invalid(f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}")
 
 
 def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
     """The largest tensor payload a valid push of this model can have (every float as float32)."""
-    total = 0
-    for shape, dtype in expected.values():
-        n = 1
-        for d in shape:
-            n *= int(d)
-        isz = (
-            4
-            if dtype in FLOAT_DTYPES
-            else st.NP_DTYPES[dtype].itemsize
-            if dtype in st.NP_DTYPES
-            else 8
+
+    def itemsize(dtype: str) -> int:  # floats may come as float32; unknown dtypes as 8 bytes
+        known = st.NP_DTYPES[dtype].itemsize if dtype in st.NP_DTYPES else 8
+        return 4 if dtype in FLOAT_DTYPES else known
+
+    return sum(math.prod(int(d) for d in shape) * itemsize(dt) for shape, dt in expected.values())
+
+
+# -- LoadWeights: only directories under `load_root` (symlinks resolved; None = disabled), never
+# the one being served; their files get the push checks
+def check_load_path(raw: str, load_root: str | None, serving: list[pathlib.Path]) -> pathlib.Path:
+    """`raw` resolved, inside `load_root`, a directory, none of `serving`; else PushError."""
+    if not load_root:
+        raise PushError.precondition(
+            "LoadWeights is disabled on this server (start it with --load-root DIR to allow "
+            "loading weight directories under DIR)"
         )
-        total += n * isz
-    return total
+    path = pathlib.Path(raw).resolve()
+    root = pathlib.Path(load_root).resolve()
+    if path != root and root not in path.parents:
+        raise PushError.precondition(f"path {raw!r} is outside the load root {load_root}")
+    if not path.is_dir():
+        raise PushError.invalid(f"path {raw!r} is not a directory")
+    if path in {p.resolve() for p in serving}:
+        raise PushError.precondition(
+            f"path {raw!r} is the directory being served; write the new weights to another "
+            "directory"
+        )
+    return path
+
+
+def check_load_files(path: pathlib.Path, expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """Blocking: names/shapes/dtypes against `expected`, bounded header reads, finite values."""
+    validate_specs(expected, _read(st.read_specs, path), where=str(path))
+    bad = _read(st.first_nonfinite, path)
+    if bad is not None:
+        raise PushError.invalid(
+            f"tensor {bad!r} in {path} contains NaN or Inf values (load refused; the current "
+            "weights keep serving)"
+        )
+
+
+def _read(read, path: pathlib.Path):
+    """``read(path)``; an unreadable or malformed file is INVALID_ARGUMENT."""
+    try:
+        return read(path)
+    except (OSError, ValueError) as e:
+        raise PushError.invalid(f"cannot read safetensors in {path}: {e}") from None

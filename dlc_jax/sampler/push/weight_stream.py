@@ -1,14 +1,7 @@
 """The client side of a weight push, apart from the gRPC call: which tensors a source holds, the
-`WeightMessage` stream (header, chunks or socket bytes, per-tensor checksum trailers, commit), and
-the background prefetch of the next tensors' export, conversion and checksum.
-
-Wire design: the header lists every tensor's name, shape, dtype and byte size; the bytes follow
-tensor by tensor in chunks of `chunk_bytes` (encoded by hand, `chunk_wire.encode_chunk`: one copy,
-straight from the numpy buffer) or, on the socket data plane, go over the raw TCP connection
-(`send_data`); after a tensor's bytes a `TensorDone` trailer carries its checksum (CRC-32C by
-default, sha256 on request) over exactly the bytes sent, computed in the prefetch thread (where the
-tensor was just produced) while the previous tensor is being sent. One pass over the source; host
-memory ~ one converted tensor being sent plus `prefetch` ready ones (plus one chunk on gRPC).
+`WeightMessage` stream (header, chunks or socket bytes, per-tensor checksum trailers computed in a
+prefetch thread while the previous tensor is sent, commit). One pass over the source; host memory
+~ one converted tensor being sent plus `prefetch` ready ones.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ import dataclasses
 import hashlib
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import crc32c
 import numpy as np
@@ -95,9 +88,8 @@ def prepared_tensors(
     dtype: str,
     checksum: str,
 ) -> Iterator[PreparedTensor]:
-    """Check, convert (to `dtype`, C order; no copy when it already is) and checksum each
-    (name, array) of `source`, in order. Runs in the prefetch thread of a push, so the conversion
-    and the checksum of the next tensor overlap the send of this one."""
+    """Check, convert and checksum each (name, array) of `source`, in order (run in a push's
+    prefetch thread, overlapping the previous tensor's send)."""
     np_dtype = st.NP_DTYPES[dtype]
     index = {n: i for i, (n, _) in enumerate(names_shapes)}
     seen: set[str] = set()
@@ -111,13 +103,12 @@ def prepared_tensors(
         known = getattr(arr, "checksum", None) if isinstance(arr, VerifiedTensor) else None
         if known is not None and (arr.dtype != np_dtype or not arr.flags.c_contiguous):
             known = None  # converted or copied below: the bytes sent differ
-        a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
+        a, buf = as_sent(arr, np_dtype)
         if tuple(a.shape) != names_shapes[i][1]:
             raise ValueError(
                 f"push_weights: tensor {name!r} has shape {a.shape}, "
                 f"header says {names_shapes[i][1]}"
             )
-        buf = a.reshape(-1).view(np.uint8).data  # a memoryview of the array (no copy)
         digest: int | str
         if known is not None and known[0] == checksum:  # verified upstream over these bytes
             digest = known[1]
@@ -126,16 +117,61 @@ def prepared_tensors(
         yield PreparedTensor(i, a, buf, digest)
 
 
+def as_sent(arr, np_dtype: np.dtype) -> tuple[np.ndarray, memoryview]:
+    """(`arr` converted to `np_dtype` in C order, no copy when it already is; a zero-copy byte
+    view of it)."""
+    a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
+    return a, a.reshape(-1).view(np.uint8).data
+
+
 def weight_header(
-    names_shapes: list[tuple[str, tuple[int, ...]]], version: int, dtype: str, checksum: str
+    names_shapes: list[tuple[str, tuple[int, ...]]],
+    version: int,
+    dtype: str,
+    checksum: str,
+    *,
+    socket_push_id: str | None = None,
+    relay_to: Sequence[str] = (),
+    relay_fanout: int = 1,
 ) -> pb.WeightHeader:
-    """The header listing every tensor (name, shape, dtype, byte size) of a push."""
+    """The header listing every tensor (name, shape, dtype, byte size) of a push; its bytes come
+    on the socket data plane under `socket_push_id` (None: in chunk messages); `relay_to` /
+    `relay_fanout`: the samplers the receiver forwards the push to (`relay`)."""
     itemsize = st.NP_DTYPES[dtype].itemsize
     header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
     for n, shape in names_shapes:
         nb = int(np.prod(shape, dtype=np.int64)) * itemsize
         header.tensors.append(pb.TensorSpec(name=n, shape=list(shape), dtype=dtype, nbytes=nb))
+    if socket_push_id is not None:
+        header.data_plane, header.data_push_id = "socket", socket_push_id
+    if relay_to:
+        header.relay_to.extend(relay_to)
+        header.relay_fanout = int(relay_fanout)
     return header
+
+
+class TensorSender:
+    """How a push's tensor bytes leave: chunk messages of `chunk_bytes`, or `send_data(tensor_index,
+    bytes)` (the socket data plane: a connection the server dropped stops the sending, and the
+    server says why it rejects); `on_sent(n)` once n bytes are handed to the transport."""
+
+    def __init__(self, chunk_bytes: int, send_data=None, on_sent=None):
+        self.chunk_bytes, self.send_data, self.on_sent = chunk_bytes, send_data, on_sent
+        self.data_failed = False
+
+    def messages(self, i: int, buf: memoryview, done: pb.TensorDone) -> Iterator:
+        """Tensor (or slice) `i`'s bytes `buf`, then its trailer `done`."""
+        if self.send_data is None:
+            for off in range(0, len(buf), self.chunk_bytes):
+                yield chunk_wire.encode_chunk(i, off, buf[off : off + self.chunk_bytes])
+        elif not self.data_failed:
+            try:
+                self.send_data(i, buf)
+            except OSError:  # keep the control stream going: the server says why it rejects
+                self.data_failed = True
+        if self.on_sent is not None and not self.data_failed:
+            self.on_sent(len(buf))
+        yield pb.WeightMessage(done=done)
 
 
 def weight_messages(
@@ -152,44 +188,28 @@ def weight_messages(
     relay_fanout: int = 1,
     on_sent: Callable[[int], None] | None = None,
 ) -> Iterator:
-    """The PushWeights request stream. With ``send_data`` (the socket data plane) each tensor's
-    bytes go through ``send_data(tensor_index, bytes)`` instead of chunk messages; a data connection
-    the server dropped (OSError) stops the sending, and the server rejects the push saying why.
-    ``prefetch``: tensors produced (exported, converted, checksummed) ahead in a background thread
-    while the current one is sent (0: in the caller's thread). ``relay_to`` / ``relay_fanout``: the
-    samplers the receiver forwards the push to (`relay`). ``on_sent(n)``: called with each tensor's
-    byte count once its bytes are handed to the transport."""
-    header = weight_header(names_shapes, version, dtype, checksum)
-    if relay_to:  # the receiving sampler forwards the push to these (see relay.py)
-        header.relay_to.extend(relay_to)
-        header.relay_fanout = int(relay_fanout)
-    if send_data is not None:
-        header.data_plane, header.data_push_id = "socket", push_id
+    """The PushWeights request stream: `send_data` / `push_id`, `chunk_bytes`, `on_sent` as in
+    `TensorSender`, `relay_to` / `relay_fanout` as in `weight_header`; ``prefetch``: tensors made
+    ready (exported, converted, checksummed) ahead in a background thread (0: none)."""
+    socket_id = push_id if send_data is not None else None
+    header = weight_header(
+        names_shapes, version, dtype, checksum, socket_push_id=socket_id,
+        relay_to=relay_to, relay_fanout=relay_fanout,
+    )  # fmt: skip
     ready = prepared_tensors(source, names_shapes, dtype, checksum)
     if prefetch > 0:
         ready = prefetched(ready, depth=prefetch)
     yield pb.WeightMessage(header=header)
+    out = TensorSender(chunk_bytes, send_data, on_sent)
     sent: set[int] = set()
-    data_failed = False
     for t in ready:
-        buf = t.buf
-        if send_data is not None and not data_failed:  # the raw bytes straight from the array
-            try:
-                send_data(t.index, buf)
-            except OSError:  # keep the control stream going: the server says why it rejects
-                data_failed = True
-        for off in range(0, len(buf) if send_data is None else 0, chunk_bytes):
-            yield chunk_wire.encode_chunk(t.index, off, buf[off : off + chunk_bytes])
-        done = (
-            pb.TensorDone(tensor_index=t.index, sha256=t.checksum)
-            if checksum == "sha256"
-            else pb.TensorDone(tensor_index=t.index, crc32c=t.checksum)
-        )
-        if on_sent is not None and not (send_data is not None and data_failed):
-            on_sent(len(buf))
-        yield pb.WeightMessage(done=done)
+        if checksum == "sha256":
+            done = pb.TensorDone(tensor_index=t.index, sha256=str(t.checksum))
+        else:
+            done = pb.TensorDone(tensor_index=t.index, crc32c=int(t.checksum))
+        yield from out.messages(t.index, t.buf, done)
         sent.add(t.index)
-        del t, buf
+        del t
     missing = [n for i, (n, _) in enumerate(names_shapes) if i not in sent]
     if missing:
         raise ValueError(f"push_weights: source ended without tensors {missing[:3]}")
@@ -197,10 +217,8 @@ def weight_messages(
 
 
 def prefetched(items: Iterator, depth: int = 1) -> Iterator:
-    """Iterate `items` with the next `depth` elements produced ahead in a background thread, so a
-    tensor's export (device transpose/cast + device->host copy) overlaps the previous tensor's send.
-    Host memory: the tensor being sent plus `depth` ready ones. Errors re-raise in the consumer; a
-    consumer that stops early (closed generator) stops the producer."""
+    """Iterate `items` with the next `depth` produced ahead in a background thread; errors
+    re-raise in the consumer, and a consumer that stops early stops the producer."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
     end = object()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -17,167 +18,108 @@ class SamplerCliError(UserError):
     """``dlc-jax sampler serve`` / ``info`` could not start or get an answer."""
 
 
+_REQUIRED = object()
+# fmt: off
+# (flag, type or choices, default, help) of `serve`, then of `info`
+_SERVE = (
+    ("--backend", ["vllm", "jax"], "vllm", None),
+    ("--model", str, _REQUIRED, "HF Qwen3 directory (config.json + *.safetensors)"),
+    ("--host", str, "127.0.0.1", None),
+    ("--port", int, 0, "0 = pick a free port (printed as 'LISTENING host:port')"),
+    ("--dtype", ["float32", "bfloat16"], "float32", None),
+    ("--quantization", str, None, "vLLM: e.g. fp8_per_channel; jax: int8 | fp8_e4m3"),
+    ("--tensor-parallel-size", int, 1, None),
+    ("--max-model-len", int, 512, None),
+    ("--max-n", int, 64, None),
+    ("--max-head-k", int, 20, None),
+    ("--max-lora-rank", int, 0,
+     "serve LoRA adapter pushes up to this rank (vLLM: enables LoRA; 0 = off)"),
+    ("--max-num-seqs", int, 64, None),
+    ("--seed", int, 0, None),
+    ("--kv-cache-gib", float, None, "vLLM KV cache size (default 1 GiB on CPU)"),
+    ("--initial-version", int, 0, None),
+    ("--weight-noise", float, 0.0, "jax: sigma relative to per-tensor rms"),
+    ("--weight-noise-seed", int, 0, None),
+    ("--token", str, None, "require 'authorization: Bearer TOKEN' on every call"),
+    ("--token-file", str, None, "read TOKEN from this file (keeps it out of the process list)"),
+    ("--tls-cert", str, None, None),
+    ("--tls-key", str, None, None),
+    ("--max-message-bytes", int, 64 << 20, None),
+    ("--push-data-port", int, None,
+     "also accept weight-push bytes over a raw TCP socket on this port (0 = pick a free one; "
+     "default off). Plaintext: loopback / trusted networks only; refused together with TLS"),
+    ("--push-idle-timeout", float, 60.0,
+     "discard a weight push whose stream (or data socket) is silent this many seconds"),
+    ("--push-max-seconds", float, 900.0,
+     "discard a weight push that takes longer than this in all"),
+    ("--data-auth-timeout", float, 5.0,
+     "a push data connection must send its preamble (push id + token) within this many seconds"),
+    ("--data-max-pending", int, 64,
+     "push data connections held at once (awaiting preamble or push); more are closed"),
+    ("--load-root", str, None,
+     "allow LoadWeights of directories under this root (default: LoadWeights disabled)"),
+    ("--staging-root", str, None,
+     "directory for staged weight pushes (default auto: /dev/shm when it has room for 2x the "
+     "push, else the system temp dir)"),
+    ("--push-staging", ["memory", "file"], "memory",
+     "memory (default): staging file memory-mapped, checks overlapped with receiving, the JAX "
+     "engine loads each verified tensor as the next arrives; file: the engine loads the staged "
+     "file at Commit"),
+    ("--push-staging-warm", ["on", "off"], "on",
+     "memory staging: keep the last superseded staging file mapped for the next push (on, "
+     "default: no page faults, ~6x less receive CPU; one more staged model of RAM)"),
+)
+_INFO = (
+    ("--address", str, _REQUIRED, None),
+    ("--token", str, None, None),
+    ("--token-file", str, None, None),
+    ("--tls-root-cert", str, None, None),
+    ("--tls-server-name", str, None, "expected name in the server certificate"),
+    ("--timeout", float, 10.0, "seconds to wait for the answer"),
+)
+# fmt: on
+
+
 def _parser() -> ArgumentParser:
     ap = ArgumentParser(prog="dlc-jax sampler", description="sampler service")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="start a sampler server")
-    s.add_argument("--backend", choices=["vllm", "jax"], default="vllm")
-    s.add_argument(
-        "--model", required=True, help="HF Qwen3 directory (config.json + *.safetensors)"
-    )
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument(
-        "--port",
-        type=int,
-        default=0,
-        help="0 = pick a free port (printed as 'LISTENING host:port')",
-    )
-    s.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    s.add_argument(
-        "--quantization", default=None, help="vLLM: e.g. fp8_per_channel; jax: int8 | fp8_e4m3"
-    )
-    s.add_argument("--tensor-parallel-size", type=int, default=1)
-    s.add_argument("--max-model-len", type=int, default=512)
-    s.add_argument("--max-n", type=int, default=64)
-    s.add_argument("--max-head-k", type=int, default=20)
-    s.add_argument(
-        "--max-lora-rank",
-        type=int,
-        default=0,
-        help="serve LoRA adapter pushes up to this rank (vLLM: enables LoRA; 0 = off)",
-    )
-    s.add_argument("--max-num-seqs", type=int, default=64)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument(
-        "--kv-cache-gib", type=float, default=None, help="vLLM KV cache size (default 1 GiB on CPU)"
-    )
-    s.add_argument("--initial-version", type=int, default=0)
-    s.add_argument(
-        "--weight-noise", type=float, default=0.0, help="jax: sigma relative to per-tensor rms"
-    )
-    s.add_argument("--weight-noise-seed", type=int, default=0)
-    s.add_argument(
-        "--token", default=None, help="require 'authorization: Bearer TOKEN' on every call"
-    )
-    s.add_argument(
-        "--token-file",
-        default=None,
-        help="read TOKEN from this file (keeps it out of the process list)",
-    )
-    s.add_argument("--tls-cert", default=None)
-    s.add_argument("--tls-key", default=None)
-    s.add_argument("--max-message-bytes", type=int, default=64 << 20)
-    s.add_argument(
-        "--push-data-port",
-        type=int,
-        default=None,
-        help="also accept weight-push bytes over a raw TCP socket on this port "
-        "(0 = pick a free one; default off). Plaintext: loopback / trusted networks only; "
-        "refused together with TLS",
-    )
-    s.add_argument(
-        "--push-idle-timeout",
-        type=float,
-        default=60.0,
-        help="discard a weight push whose stream (or data socket) is silent this many seconds",
-    )
-    s.add_argument(
-        "--push-max-seconds",
-        type=float,
-        default=900.0,
-        help="discard a weight push that takes longer than this in all",
-    )
-    s.add_argument(
-        "--data-auth-timeout",
-        type=float,
-        default=5.0,
-        help="a push data connection must send its preamble (push id + token) within this many "
-        "seconds",
-    )
-    s.add_argument(
-        "--data-max-pending",
-        type=int,
-        default=64,
-        help="push data connections held at once (awaiting preamble or push); more are closed",
-    )
-    s.add_argument(
-        "--load-root",
-        default=None,
-        help="allow LoadWeights of directories under this root (default: LoadWeights disabled)",
-    )
-    s.add_argument(
-        "--staging-root",
-        default=None,
-        help="directory for staged weight pushes (default auto: /dev/shm when it has room for 2x "
-        "the push, else the system temp dir)",
-    )
-    s.add_argument(
-        "--push-staging",
-        choices=["memory", "file"],
-        default="memory",
-        help="memory (default): staging file memory-mapped, checks overlapped with receiving, the "
-        "JAX engine loads each verified tensor as the next arrives; file: the engine loads the "
-        "staged file at Commit",
-    )
-    s.add_argument(
-        "--push-staging-warm",
-        choices=["on", "off"],
-        default="on",
-        help="memory staging: keep the last superseded staging file mapped for the next push "
-        "(on, default: no page faults, ~6x less receive CPU; one more staged model of RAM)",
-    )
-    i = sub.add_parser("info", help="query a running server")
-    i.add_argument("--address", required=True)
-    i.add_argument("--token", default=None)
-    i.add_argument("--token-file", default=None)
-    i.add_argument("--tls-root-cert", default=None)
-    i.add_argument(
-        "--tls-server-name", default=None, help="expected name in the server certificate"
-    )
-    i.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
+    serve = sub.add_parser("serve", help="start a sampler server")
+    info = sub.add_parser("info", help="query a running server")
+    for parser, flags in ((serve, _SERVE), (info, _INFO)):
+        for flag, kind, default, help in flags:
+            kw: dict = {"choices": kind} if isinstance(kind, list) else {"type": kind}
+            if default is _REQUIRED:
+                kw["required"] = True
+            else:
+                kw["default"] = default
+            parser.add_argument(flag, help=help, **kw)
     return ap
+
+
+# `serve` flags whose config field has another name (the others have the field's name)
+_RENAMED = {
+    "model": "model_dir",
+    "push_data_port": "data_port",
+    "push_idle_timeout": "push_idle_timeout_s",
+    "push_max_seconds": "push_max_s",
+    "data_auth_timeout": "data_auth_timeout_s",
+}
+
+
+def _fields(cls, args) -> dict:
+    """The `serve` flags that are fields of the config dataclass `cls`, as its keywords."""
+    given = {_RENAMED.get(k, k): v for k, v in vars(args).items()}
+    given["push_staging_warm"] = args.push_staging_warm == "on"
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in given.items() if k in names}
 
 
 async def _serve(args) -> int:
     from ..backends import BackendConfig, make_backend
     from .server import SamplerServer, ServerConfig
 
-    cfg = BackendConfig(
-        model_dir=args.model,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        max_model_len=args.max_model_len,
-        max_n=args.max_n,
-        max_head_k=args.max_head_k,
-        max_num_seqs=args.max_num_seqs,
-        seed=args.seed,
-        initial_version=args.initial_version,
-        weight_noise=args.weight_noise,
-        weight_noise_seed=args.weight_noise_seed,
-        kv_cache_gib=args.kv_cache_gib,
-        max_lora_rank=args.max_lora_rank,
-    )
-    server = SamplerServer(
-        make_backend(args.backend, cfg),
-        ServerConfig(
-            host=args.host,
-            port=args.port,
-            token=args.token,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            max_message_bytes=args.max_message_bytes,
-            staging_root=args.staging_root,
-            push_staging=args.push_staging,
-            push_staging_warm=args.push_staging_warm == "on",
-            data_port=args.push_data_port,
-            push_idle_timeout_s=args.push_idle_timeout,
-            push_max_s=args.push_max_seconds,
-            data_auth_timeout_s=args.data_auth_timeout,
-            data_max_pending=args.data_max_pending,
-            load_root=args.load_root,
-        ),
-    )
+    backend = make_backend(args.backend, BackendConfig(**_fields(BackendConfig, args)))
+    server = SamplerServer(backend, ServerConfig(**_fields(ServerConfig, args)))
     await server.start()
     print(f"LISTENING {server.address}", flush=True)
     stop = asyncio.Event()
@@ -211,12 +153,7 @@ def cli(argv: list[str]) -> int:
         )
         try:
             return asyncio.run(_serve(args))
-        except (
-            ValueError,
-            OSError,
-            RuntimeError,
-            ImportError,
-        ) as e:  # bad flags, model dir, engine version
+        except (ValueError, OSError, RuntimeError, ImportError) as e:  # flags, model, engine
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise SamplerCliError(f"serve: {msg}") from e
     import grpc

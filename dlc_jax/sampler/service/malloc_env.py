@@ -1,14 +1,7 @@
-"""The environment a sampler process is started with: glibc's malloc backs its large blocks with
-transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, glibc >= 2.35; ignored by older
-ones and other C libraries).
-
-Why: a weight push makes the JAX engine allocate a fresh copy of every parameter (the old weights
-serve until the swap), and each first-touched 4 KiB page is a kernel page fault. With huge pages
-the JAX backend's load of a bf16 push took about half the CPU per GB on the 2-core development VM
-(`dlc_jax/bench/weight_sync_stages.py`: ~1.1 -> ~0.5-0.7 CPU-s/GB). A tunable the caller already
-set (``glibc.malloc.hugetlb=0`` to opt out) is left alone. Glibc reads it only at process start,
-so it is set for the processes this package starts (`process.SamplerProcess`, the benches); a
-sampler started by hand gets it from its own environment.
+"""The environment of the sampler processes this package starts: glibc malloc backs large blocks
+with transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, glibc >= 2.35), halving the
+CPU of the JAX backend's weight loads (page faults of each fresh parameter copy). A hugetlb tunable
+the caller set is left alone.
 """
 
 from __future__ import annotations

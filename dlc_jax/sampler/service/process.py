@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,23 +18,17 @@ from .malloc_env import with_huge_pages
 def _die_with_parent() -> None:
     """Linux: SIGTERM the server when the process (thread) that started it dies, so a crashed
     trainer does not leave orphaned samplers. No-op elsewhere."""
-    try:
+    with contextlib.suppress(OSError):
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class SamplerProcess:
-    """Start a sampler server subprocess and wait until Info answers.
-
-    port=0 lets the server pick a free port; it prints 'LISTENING host:port', read from its log.
-    extra_args: more `serve` flags (e.g. ["--dtype", "bfloat16"], or "--tls-cert/--tls-key"); env:
-    extra environment; token / tls_root_cert / tls_server_name: how `client()` (and the readiness
-    check) connect. die_with_parent: the server gets SIGTERM when the thread that started it exits
-    (Linux PR_SET_PDEATHSIG); start it from a long-lived thread, or pass False.
-    """
+    """A sampler server subprocess, started (`start`) until Info answers: its 'LISTENING
+    host:port' line is read from the log (port 0: a free one); extra_args: more `serve` flags;
+    token / tls_*: how `client()` connects; die_with_parent: SIGTERM when the starting thread
+    exits (Linux)."""
 
     def __init__(
         self,
@@ -68,21 +63,9 @@ class SamplerProcess:
         if self.log_file is None:
             fd, self.log_file = tempfile.mkstemp(prefix="dlc_sampler_", suffix=".log")
             os.close(fd)
-        cmd = [
-            sys.executable,
-            "-m",
-            "dlc_jax.sampler.service.cli",
-            "serve",
-            "--backend",
-            self.backend,
-            "--model",
-            self.model_dir,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            *self.extra_args,
-        ]
+        cmd = [sys.executable, "-m", "dlc_jax.sampler.service.cli", "serve"]
+        cmd += ["--backend", self.backend, "--model", self.model_dir, "--host", self.host]
+        cmd += ["--port", str(self.port), *self.extra_args]
         if self.token:
             cmd += ["--token", self.token]
         env = with_huge_pages({**os.environ, **self.env})  # malloc_env: faster weight loads
@@ -142,10 +125,8 @@ class SamplerProcess:
         (not `kill`) to replace a sampler: it never leaks a model-sized staged copy."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()  # leftovers in the group, if any
         return self.proc.returncode if self.proc else None
 
@@ -163,10 +144,8 @@ class SamplerProcess:
         directories the dead server owned (its /dev/shm copy of the weights)."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
         clean_stale_staging(staging_roots(self._staging_root()), pid=self.proc.pid)
 

@@ -1,9 +1,6 @@
-"""Validation of Generate requests: every field checked before the engine sees it, each failure a
-`RequestError` whose one-line message names the field (answered as INVALID_ARGUMENT).
-
-Temperature: 0 means greedy; 0 < T < `min_temperature` (default 0.01) is refused, because vLLM
-silently raises such temperatures to 0.01 (the reported log-probs would not be those of the asked
-temperature) and logits / T overflow float32 for tiny T (NaN log-probs).
+"""Validation of Generate requests: every field checked before the engine sees it, a failure a
+one-line `RequestError` naming the field (INVALID_ARGUMENT). 0 < temperature < `min_temperature`
+is refused: vLLM silently raises it to 0.01, and logits / T overflow float32 for tiny T.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """gRPC sampler server (grpc.aio) in front of a `SamplerBackend`: `SamplerServer` (binding, TLS,
-the push data plane, start/stop) and `ServerThread` (one in a background thread). The RPCs are in
-service.py, the settings in server_config.py.
-
-Security/limits: binds 127.0.0.1 unless told otherwise; optional TLS (server cert + key); optional
-shared token checked on every call (`authorization: Bearer <token>` metadata, else UNAUTHENTICATED);
-bounded message sizes; every Generate request validated (INVALID_ARGUMENT with a message; the server
-stays up; 0 < temperature < `min_temperature` is refused; a rollout with NaN log-probs is never
-sent, the call fails INTERNAL). Weight pushes are serialized by a lock taken only once a header
-arrived, bounded by an idle timeout and a maximum duration, staged to disk and verified (names,
-shapes, dtypes, checksums, finite values, size vs free space: see staging.py), and applied only on
-Commit; any failure or disconnect discards the staging and keeps the old weights. LoadWeights is off
-unless `load_root` is set, reads only under it, never the directory being served, and applies the
-same checks. Staging directories of dead samplers are removed at start.
+the push data plane, start/stop; stale staging of dead samplers removed at start) and
+`ServerThread` (one in a background thread). The RPCs: service.py; the settings: server_config.py.
 """
 
 from __future__ import annotations
@@ -27,40 +16,13 @@ import grpc
 from ..backends.base import SamplerBackend
 from ..push import data_plane
 from ..push.staging_dirs import clean_stale_staging, staging_roots
-from ..wire import chunk_wire
-from ..wire import sampler_pb2 as pb
+from ..wire import sampler_pb2_grpc as pb_grpc
 from .server_config import ServerConfig
 from .service import SamplerService
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SamplerServer", "ServerConfig", "ServerThread"]
-
-
-def add_sampler_service(servicer: SamplerService, server) -> None:
-    """Register the Sampler service like `pb_grpc.add_SamplerServicer_to_server`, except that
-    PushWeights requests are decoded by `chunk_wire.decode_weight_message` (chunk bytes not
-    copied)."""
-    g = grpc
-    rpcs = (  # name, handler kind, request message (None: chunk_wire's decoder), response message
-        ("Generate", g.unary_stream_rpc_method_handler, pb.GenerateRequest, pb.Rollout),
-        ("PushWeights", g.stream_unary_rpc_method_handler, None, pb.PushResult),
-        ("LoadWeights", g.unary_unary_rpc_method_handler, pb.LoadWeightsRequest, pb.PushResult),
-        ("Info", g.unary_unary_rpc_method_handler, pb.InfoRequest, pb.InfoResponse),
-    )
-    handlers = {
-        name: kind(
-            getattr(servicer, name),
-            request_deserializer=(
-                chunk_wire.decode_weight_message if req is None else req.FromString
-            ),
-            response_serializer=reply.SerializeToString,
-        )
-        for name, kind, req, reply in rpcs
-    }
-    service = "dlc_jax.sampler.v1.Sampler"
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)
 
 
 class SamplerServer:
@@ -86,17 +48,13 @@ class SamplerServer:
             ("grpc.max_send_message_length", self.cfg.max_message_bytes),
         ]
         self.server = grpc.aio.server(options=opts)
-        add_sampler_service(self.service, self.server)
+        pb_grpc.add_service(self.service, self.server)
         bind = f"{self.cfg.host}:{self.cfg.port}"
         if self.cfg.tls_cert:
-            creds = grpc.ssl_server_credentials(
-                [
-                    (
-                        pathlib.Path(str(self.cfg.tls_key)).read_bytes(),
-                        pathlib.Path(str(self.cfg.tls_cert)).read_bytes(),
-                    )
-                ]
+            key, cert = (
+                pathlib.Path(str(f)).read_bytes() for f in (self.cfg.tls_key, self.cfg.tls_cert)
             )
+            creds = grpc.ssl_server_credentials([(key, cert)])
             self.port = self.server.add_secure_port(bind, creds)
         else:
             self.port = self.server.add_insecure_port(bind)

@@ -1,10 +1,8 @@
-"""The Sampler gRPC service (`SamplerService`): bearer-token auth on every call, Generate
-(validated requests; a rollout with NaN log-probs is never sent, the call fails INTERNAL), weight
-pushes (serialized by a lock taken only once a header arrived, received by `push.session`, applied
-only on Commit; any failure or disconnect discards the staging and keeps the old weights; a sliced
-push from several senders is staged across its part streams and applied by a group commit,
-`push.sliced`), LoadWeights (off unless `load_root` is set; `push.load_checks`) and Info.
-`server.add_sampler_service` registers it.
+"""The Sampler gRPC service (`SamplerService`): bearer-token auth on every call; Generate
+(validated requests; a rollout with NaN log-probs is never sent: INTERNAL); weight pushes
+(serialized by a lock taken once a header arrived, received by `push.session`, applied only on
+Commit, any failure keeping the old weights; sliced pushes staged across their part streams and
+applied by a group commit); LoadWeights (off unless `load_root` is set) and Info.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import logging
 import pathlib
 import shutil
 import time
+from typing import cast
 
 import grpc
 import numpy as np
@@ -27,13 +26,11 @@ from ..push import data_plane, relay
 from ..push import group as push_group
 from ..push import session as push_session
 from ..push import sliced as sliced_push
-from ..push.load_checks import check_load_files, check_load_path
 from ..push.staging import WeightStager
 from ..push.warm_staging import WarmStaging
-from ..push.weight_checks import PushError
+from ..push.weight_checks import PushError, check_load_files, check_load_path
 from ..wire import chunk_wire
 from ..wire import sampler_pb2 as pb
-from ..wire import sampler_pb2_grpc as pb_grpc
 from ..wire.types import SamplingParams
 from .request_checks import RequestError, validate_generate
 from .server_config import ServerConfig
@@ -58,7 +55,9 @@ def check_request(
     )
 
 
-class SamplerService(pb_grpc.SamplerServicer):
+class SamplerService:
+    """The RPCs of one sampler server over `backend` (module doc)."""
+
     def __init__(self, backend: SamplerBackend, cfg: ServerConfig):
         self.backend = backend
         self.cfg = cfg
@@ -69,7 +68,6 @@ class SamplerService(pb_grpc.SamplerServicer):
         self._adapter_dir: pathlib.Path | None = None  # the staged LoRA adapter now serving
         self.counters = {"tokens_generated": 0, "requests": 0, "pushes": 0, "rejected_pushes": 0}
         self.queue_depth = 0
-        self.last_push_message = ""
         self.data_listener: data_plane.DataPlaneListener | None = None  # set by SamplerServer.start
         self._group = push_group.PendingGroup()  # a sliced push between its part streams
         # memory staging: superseded staging files stay mapped for the next push (warm_staging)
@@ -170,9 +168,16 @@ class SamplerService(pb_grpc.SamplerServicer):
 
     async def _reject(self, context, e: PushError):
         self.counters["rejected_pushes"] += 1
-        self.last_push_message = e.message
         log.warning("weight push rejected: %s", e.message)
         await context.abort(e.code, e.message)
+
+    def _result(self, message: str, t0: float, nbytes: int = 0, relayed=()) -> pb.PushResult:
+        """The answer to an accepted push (part) or load."""
+        seconds = time.perf_counter() - t0
+        v = self.backend.version
+        return pb.PushResult(
+            ok=True, version=v, message=message, bytes=nbytes, seconds=seconds, relayed=relayed
+        )
 
     async def PushWeights(self, request_iterator, context):
         await self._auth(context)
@@ -189,10 +194,7 @@ class SamplerService(pb_grpc.SamplerServicer):
                 or isinstance(first, chunk_wire.RawChunk)
                 or first.WhichOneof("kind") != "header"
             ):
-                raise PushError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "a push must start with a WeightHeader message",
-                )
+                raise PushError.invalid("a push must start with a WeightHeader message")
             try:
                 await asyncio.wait_for(
                     self._push_lock.acquire(), max(deadline - loop.time(), 0.001)
@@ -206,108 +208,91 @@ class SamplerService(pb_grpc.SamplerServicer):
         except PushError as e:
             await self._reject(context, e)
         try:
-            return await self._push_locked(first.header, it, deadline, context, t0)
+            h = first.header
+            if h.push_parts or h.group_commit:  # a part / the commit of a sliced push
+                return await self._push_sliced(h, it, deadline, context, t0)
+            return await self._push_whole(h, it, deadline, context, t0)
         finally:
             self._push_lock.release()
 
-    def _stager(self, cls=WeightStager):
-        memory = self.cfg.push_staging == "memory"
+    def _stager(self, header) -> WeightStager:
+        """The stager of a whole push, of an adapter push (`header.kind`) or of a push group."""
+        b, cfg, memory = self.backend, self.cfg, self.cfg.push_staging == "memory"
+        if header.kind and not header.push_parts:  # a LoRA adapter push: applied at commit
+            return adapter_push.AdapterStager(
+                b.expected_tensors(), b.version, cfg.staging_root, check_base=b.adapter_base,
+                reserve_bytes=cfg.staging_reserve_bytes, memory=memory,
+            )  # fmt: skip
+        cls = sliced_push.SlicedStager if header.push_parts else WeightStager
         return cls(
-            self.backend.expected_tensors(),
-            self.backend.version,
-            self.cfg.staging_root,
-            reserve_bytes=self.cfg.staging_reserve_bytes,
-            memory=memory,
-            load=self.backend.begin_load() if memory else None,
+            b.expected_tensors(), b.version, cfg.staging_root,
+            reserve_bytes=cfg.staging_reserve_bytes, memory=memory,
+            load=b.begin_load() if memory else None,
             warm=self.warm_staging if cls is WeightStager else None,
-        )
+        )  # fmt: skip
 
-    async def _push_locked(self, header, it, deadline: float, context, t0: float):
-        if header.push_parts or header.group_commit:  # a part / the commit of a sliced push
-            return await self._push_sliced(header, it, deadline, context, t0)
+    async def _receive(self, stager, header, it, deadline: float, context, relay_timeout: float):
+        """`push_session.receive` of one push (part) into `stager`. With `relay_to`, the stager
+        forwards the push once its header passed (a group: from its first part on)."""
+        after_header = None
+        if header.relay_to:
+            memory = self.cfg.push_staging == "memory"
+            relay.check_relay(header, memory, self.cfg.tls_cert is not None)
+
+            def start_relay() -> None:
+                if stager.relay is None:
+                    token = relay.bearer_token(context.invocation_metadata())
+                    fwd = relay.RelayForward(
+                        header, stager.verified_tensor, token, timeout=relay_timeout
+                    )
+                    stager.start_relay(fwd)
+
+            after_header = start_relay
+        sliced = isinstance(stager, sliced_push.SlicedStager)
+        return await push_session.receive(
+            stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener,
+            after_header=after_header, on_commit=stager.end_part if sliced else None,
+        )  # fmt: skip
+
+    async def _push_whole(self, header, it, deadline: float, context, t0: float):
         self._group.drop("superseded by a full push")
-        memory = self.cfg.push_staging == "memory"
-        stager: WeightStager
-        if header.kind:  # a LoRA adapter push (adapter_push): applied at commit, not streamed in
-            stager = adapter_push.AdapterStager(
-                self.backend.expected_tensors(),
-                self.backend.version,
-                self.cfg.staging_root,
-                check_base=self.backend.adapter_base,
-                reserve_bytes=self.cfg.staging_reserve_bytes,
-                memory=memory,
-            )
-        else:
-            stager = self._stager()
+        stager = self._stager(header)
+        loop = asyncio.get_running_loop()
         applied = False
         error: PushError | None = None
-        loop = asyncio.get_running_loop()
-        forwards: list[relay.RelayForward] = []  # the push's relay, once its header passed
         relayed: asyncio.Future | None = None
 
-        def start_relay() -> None:
-            fwd = relay.RelayForward(
-                header,
-                stager.verified_tensor,  # its checksum is not computed again to forward it
-                relay.bearer_token(context.invocation_metadata()),
-                timeout=max(deadline - loop.time(), 1.0),
-            )
-            stager.relay = fwd
-            forwards.append(fwd)
+        async def swap(path: pathlib.Path, version: int) -> None:
+            nonlocal applied
+            if isinstance(stager, adapter_push.AdapterStager):
+                await self._swap_adapter(path, version, stager.meta)
+            else:
+                await self._swap(path, version, owned=True, load=stager.load)
+            applied = True
 
         try:
-            if header.relay_to:
-                relay.check_relay(header, memory, self.cfg.tls_cert is not None)
-            path = await push_session.receive(
-                stager,
-                header,
-                it,
-                deadline,
-                self.cfg,
-                self._io_pool,
-                self.data_listener,
-                after_header=start_relay if header.relay_to else None,
-            )
+            timeout = max(deadline - loop.time(), 1.0)
+            path = await self._receive(stager, header, it, deadline, context, timeout)
             assert stager.version is not None and path is not None
-            if forwards:  # verified here: the children commit while this one swaps
-                relayed = loop.run_in_executor(None, forwards[0].finish, True)
-            swap = asyncio.ensure_future(
-                self._swap_adapter(path, stager.version, stager.meta)
-                if isinstance(stager, adapter_push.AdapterStager)
-                else self._swap(path, stager.version, owned=True, load=stager.load)
-            )
-            try:
-                await asyncio.shield(swap)
-            except asyncio.CancelledError:  # client went away during the swap: finish it anyway
-                await swap
-                applied = True
-                raise
-            applied = True
+            if stager.relay is not None:  # verified here: the children commit while this swaps
+                relayed = loop.run_in_executor(None, stager.relay.finish, True)
+            await _shielded(swap(path, stager.version))
         except PushError as e:
             error = e
         finally:
-            if forwards and relayed is None:  # failed here: cut the onward pushes
-                relayed = loop.run_in_executor(None, forwards[0].finish, False)
+            if stager.relay is not None and relayed is None:  # failed here: cut the onward pushes
+                relayed = loop.run_in_executor(None, stager.relay.finish, False)
             if not applied:
                 stager.discard()
                 if error is None:  # cancelled / disconnected mid-push
                     self.counters["rejected_pushes"] += 1
-                    self.last_push_message = "client disconnected before Commit; push discarded"
-                    log.warning(self.last_push_message)
+                    log.warning("client disconnected before Commit; push discarded")
         outcomes = await relayed if relayed is not None else []
         if error is not None:
             await self._reject(context, error)
         self.counters["pushes"] += 1
-        dt = time.perf_counter() - t0
-        self.last_push_message = f"version {stager.version} applied"
-        return pb.PushResult(
-            ok=True,
-            version=self.backend.version,
-            message=self.last_push_message,
-            bytes=stager.bytes_received,
-            seconds=dt,
-            relayed=outcomes,
-        )
+        message = f"version {stager.version} applied"
+        return self._result(message, t0, stager.bytes_received, outcomes)
 
     async def _push_sliced(self, header, it, deadline: float, context, t0: float):
         """One part of a sliced push (staged into the pending group), or the group's commit
@@ -315,80 +300,47 @@ class SamplerService(pb_grpc.SamplerServicer):
         with `relay_to`: every tensor, once all its slices are verified, is forwarded as a plain
         relayed push (`relay`) whose children commit with the group and are cut if it fails."""
         group = header.push_group
-        outcomes: list[pb.RelayOutcome] = []  # the group's relay (group commit)
         try:
             if header.group_commit:
-                msg = await push_session.next_message(it, deadline, self.cfg, "Commit")
-                if not isinstance(msg, pb.WeightMessage) or msg.WhichOneof("kind") != "commit":
-                    raise PushError(
-                        grpc.StatusCode.INVALID_ARGUMENT, "a group commit is a header then Commit"
-                    )
-                stager = self._group.take(header, self.backend.version)
-                loop = asyncio.get_running_loop()
-                try:
-                    path = await loop.run_in_executor(self._io_pool, stager.apply)
-                    assert stager.version is not None
-                    swap = asyncio.ensure_future(
-                        self._swap(path, stager.version, owned=True, load=stager.load)
-                    )
-                except BaseException:
-                    stager.discard()  # also cuts its relay
-                    raise
-                forward = stager.take_relay()  # verified here: the children commit meanwhile
-                if forward is not None:
-                    relayed = loop.run_in_executor(None, forward.finish, True)
-                try:
-                    await asyncio.shield(swap)
-                except asyncio.CancelledError:  # client went away during the swap: finish it
-                    await swap
-                    raise
-                except PushError:  # not applied (previous weights restored)
-                    stager.discard()
-                    raise
-                if forward is not None:
-                    outcomes = await relayed
-                self.counters["pushes"] += 1
-                self.last_push_message = (
-                    f"version {stager.version} applied from {stager.parts} parts"
-                )
-                n = stager.bytes_received
-            else:
-                new = lambda: self._stager(sliced_push.SlicedStager)  # noqa: E731
-                stager = self._group.stager_for(header, new)
-                before = stager.bytes_received
-                if header.relay_to:
-                    memory = self.cfg.push_staging == "memory"
-                    relay.check_relay(header, memory, self.cfg.tls_cert is not None)
-
-                def start_relay() -> None:  # the group's first part: forward it from here on
-                    if stager.relay is None:
-                        token = relay.bearer_token(context.invocation_metadata())
-                        fwd = relay.RelayForward(
-                            header, stager.tensor_view, token, timeout=self.cfg.push_max_s
-                        )
-                        stager.start_relay(fwd)
-
-                await push_session.receive(
-                    stager, header, it, deadline, self.cfg, self._io_pool, self.data_listener,
-                    after_header=start_relay if header.relay_to else None,
-                    on_commit=stager.end_part,
-                )  # fmt: skip
-                n = stager.bytes_received - before
-                self.last_push_message = f"part {header.push_part} of push group {group!r} staged"
+                return await self._commit_group(header, it, deadline, t0)
+            new = lambda: cast(sliced_push.SlicedStager, self._stager(header))  # noqa: E731
+            stager = self._group.stager_for(header, new)
+            before = stager.bytes_received
+            await self._receive(stager, header, it, deadline, context, self.cfg.push_max_s)
+            message = f"part {header.push_part} of push group {group!r} staged"
+            return self._result(message, t0, stager.bytes_received - before)
         except PushError as e:
             self._group.fail(group, e.message)
             await self._reject(context, e)
         except BaseException:  # disconnected / cancelled mid-part
             self._group.fail(group, "a part's stream ended before its Commit")
             raise
-        return pb.PushResult(
-            ok=True,
-            version=self.backend.version,
-            message=self.last_push_message,
-            bytes=n,
-            seconds=time.perf_counter() - t0,
-            relayed=outcomes,
-        )
+
+    async def _commit_group(self, header, it, deadline: float, t0: float) -> pb.PushResult:
+        msg = await push_session.next_message(it, deadline, self.cfg, "Commit")
+        if not isinstance(msg, pb.WeightMessage) or msg.WhichOneof("kind") != "commit":
+            raise PushError.invalid("a group commit is a header then Commit")
+        stager = self._group.take(header, self.backend.version)
+        loop = asyncio.get_running_loop()
+        try:
+            path = await loop.run_in_executor(self._io_pool, stager.apply)
+            assert stager.version is not None
+            swap = self._swap(path, stager.version, owned=True, load=stager.load)
+        except BaseException:
+            stager.discard()  # also cuts its relay
+            raise
+        forward = stager.take_relay()  # verified here: the children commit meanwhile
+        if forward is not None:
+            relayed = loop.run_in_executor(None, forward.finish, True)
+        try:
+            await _shielded(swap)
+        except PushError:  # not applied (previous weights restored)
+            stager.discard()
+            raise
+        outcomes = await relayed if forward is not None else []
+        self.counters["pushes"] += 1
+        message = f"version {stager.version} applied from {stager.parts} parts"
+        return self._result(message, t0, stager.bytes_received, outcomes)
 
     async def LoadWeights(self, request, context):
         await self._auth(context)
@@ -398,10 +350,9 @@ class SamplerService(pb_grpc.SamplerServicer):
                 serving = [self._current_dir] + ([self._owned_dir] if self._owned_dir else [])
                 path = check_load_path(request.path, self.cfg.load_root, serving)
                 if request.version <= self.backend.version:
-                    raise PushError(
-                        grpc.StatusCode.FAILED_PRECONDITION,
+                    raise PushError.precondition(
                         f"stale version {request.version}: server already serves version "
-                        f"{self.backend.version}",
+                        f"{self.backend.version}"
                     )
                 expected = self.backend.expected_tensors()
                 await asyncio.get_running_loop().run_in_executor(
@@ -411,12 +362,7 @@ class SamplerService(pb_grpc.SamplerServicer):
             except PushError as e:
                 await self._reject(context, e)
             self.counters["pushes"] += 1
-            return pb.PushResult(
-                ok=True,
-                version=self.backend.version,
-                message=f"loaded {path}",
-                seconds=time.perf_counter() - t0,
-            )
+            return self._result(f"loaded {path}", t0)
 
     async def Info(self, request, context):
         await self._auth(context)
@@ -437,3 +383,14 @@ class SamplerService(pb_grpc.SamplerServicer):
             backend_config_json=b.cfg.to_json(),
             data_port=self.data_listener.port if self.data_listener is not None else 0,
         )
+
+
+async def _shielded(swap) -> None:
+    """Run the weight swap `swap` to its end even if the client goes away meanwhile (the
+    CancelledError is raised once it is done)."""
+    task = asyncio.ensure_future(swap)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise

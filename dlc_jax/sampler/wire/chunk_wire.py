@@ -1,14 +1,6 @@
-"""Copy-light wire encoding of `WeightMessage{chunk: WeightChunk}` for weight pushes.
-
-Protobuf would copy each chunk's bytes twice on the client (into a `bytes` field, then into the
-serialized message) and once on the server (parsing into a `bytes` field). These helpers produce and
-read the exact protobuf wire format of a chunk message by hand instead:
-
-* `encode_chunk(i, offset, data)` -> the serialized `WeightMessage` (one copy of `data`),
-  byte-for-byte what `pb.WeightMessage(chunk=pb.WeightChunk(...)).SerializeToString()` gives.
-* `decode_weight_message(raw)` -> a `RawChunk` whose `data` is a zero-copy memoryview into `raw` for
-  chunk messages, else the protobuf-parsed `pb.WeightMessage` (header, done, commit, or any chunk
-  with fields this parser does not expect, which protobuf then handles/rejects).
+"""Copy-light wire encoding of `WeightMessage{chunk: WeightChunk}`: `encode_chunk` writes the exact
+protobuf bytes with one copy of the data; `decode_weight_message` returns a `RawChunk` whose data is
+a zero-copy view for chunk messages, else the protobuf-parsed message.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
-"""Minimal safetensors reading/writing by header, with no framework: spec listing, streaming
-writes at precomputed offsets (host memory ~ one chunk), and numpy reads (bf16 via ml_dtypes).
-
-Reads are bounded: a header longer than `MAX_HEADER_BYTES` or than the file, an entry whose data
-range lies outside the file or disagrees with its shape and dtype, is refused with a ValueError
-naming the file (never a MemoryError or a short read).
+"""Minimal safetensors reading/writing by header: spec listing, streaming writes at precomputed
+offsets, numpy reads (bf16 via ml_dtypes). Reads are bounded: an absurd header or an entry outside
+the file or disagreeing with its shape is a ValueError naming the file.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import struct
 from collections.abc import Iterator
@@ -84,14 +82,9 @@ def read_header(path: pathlib.Path, max_header: int = MAX_HEADER_BYTES) -> tuple
             b, end = (int(x) for x in ent["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path.name}: tensor {name!r}: malformed header entry") from None
-        numel = 1
-        for d in shape:
-            if d < 0:
-                raise ValueError(
-                    f"{path.name}: tensor {name!r}: negative dimension in shape {shape}"
-                )
-            numel *= d
-        if not 0 <= b <= end <= data_size or end - b != numel * dt.itemsize:
+        if any(d < 0 for d in shape):
+            raise ValueError(f"{path.name}: tensor {name!r}: negative dimension in shape {shape}")
+        if not 0 <= b <= end <= data_size or end - b != math.prod(shape) * dt.itemsize:
             raise ValueError(
                 f"{path.name}: tensor {name!r}: data range [{b}, {end}) does not match shape "
                 f"{shape} {ent['dtype']} inside the {data_size}-byte data section"

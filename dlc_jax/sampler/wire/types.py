@@ -15,10 +15,8 @@ from . import sampler_pb2 as pb
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """What to sample. `temperature == 0` means greedy (logprobs are then log_softmax(logits));
-    otherwise logprobs are "processed": log_softmax of the top-k/top-p-masked logits / T.
-    `top_k <= 0` disables top-k. `head_k` asks for the top-`head_k` processed logprobs per position.
-    `seed=None` lets the engine choose."""
+    """What to sample: temperature 0 = greedy, else logprobs of the top-k/top-p-masked
+    logits / T; top_k <= 0 off; head_k top logprobs per position; seed None: the engine's."""
 
     n: int = 1
     max_tokens: int = 16
@@ -95,23 +93,14 @@ def routed_from_wire(m, rows: int) -> np.ndarray | None:
 
 @dataclasses.dataclass
 class Rollout:
-    """One sampled response.
+    """One sampled response: prompt_ids int32 [P]; response_ids int32 [T]; logprobs float32
+    [T] (processed); head_ids int32 / head_logprobs float32 [T, K] (top-K, rank order; K = 0: no
+    head); version_spans (version, start, end): tokens [start, end) sampled with that version.
 
-    prompt_ids int32 [P]; response_ids int32 [T]; logprobs float32 [T] (processed logprob of each
-    sampled token); head_ids int32 [T, K] and head_logprobs float32 [T, K] (top-K by processed
-    logprob, rank order; K = 0 when no head was asked); version_spans: list of
-    (version, start, end) — tokens [start, end) were sampled with that version.
-
-    A single-turn rollout's spans cover [0, T). A multi-turn episode (`dlc_jax.env`) interleaves
-    generated and environment tokens in ``response_ids``: ``loss_mask`` float32 [T] is 1 on the
-    tokens the sampler generated and 0 on the environment's (None: all generated), the spans cover
-    only the generated tokens (gaps over environment tokens, whose ``logprobs`` and head are 0 and
-    never read), and ``reward`` is the episode's reward from the environment (None: scored by the
-    reward functions). ``episode`` holds the episode's counters (turns, env tokens, end reason).
-    ``segment_starts``: response offsets where a new sequence starts in the same row (an episode
-    split at a prefix break, ``env.on_prefix_break: split``): from there positions restart at 0
-    and attention does not reach back; the tokens at such an offset begin the sampler's own prompt
-    of the continuation (loss mask 0).
+    Multi-turn episodes (`dlc_jax.env`, trainer-side only): ``loss_mask`` float32 [T] (1 on
+    generated tokens; None: all), spans only over generated tokens, ``reward`` from the
+    environment (None: reward functions), ``episode`` counters, ``segment_starts`` (response offsets
+    where a new sequence starts in the row: positions restart, no attention back).
     """
 
     prompt_ids: np.ndarray
@@ -207,13 +196,10 @@ class Rollout:
 
 @dataclasses.dataclass(frozen=True)
 class PushResult:
-    """Outcome of a weight push (or load) to one sampler or a pool.
-
-    ok: the sampler (for a pool: at least one sampler; all in-rotation samplers then hold `version`)
-    took `version`; code: gRPC status name when rejected. Pool pushes also fill per_sampler
-    (address -> PushResult) and removed / readmitted (addresses that left / rejoined rotation);
-    they stay empty for a single sampler. transport: how the bytes went ("grpc" | "socket"; a pool
-    lists those of its successful pushes, comma-separated; "" for a load)."""
+    """Outcome of a weight push (or load) to one sampler or a pool (ok: at least one sampler
+    took `version`; `code`: gRPC status name when refused). A pool fills per_sampler / removed /
+    readmitted; transport: how the bytes went ("grpc" | "socket" | "relay", comma-separated for a
+    pool, "" for a load)."""
 
     ok: bool
     version: int
