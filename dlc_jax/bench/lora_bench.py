@@ -60,30 +60,27 @@ FULL_SOCKET = "full push, merged (socket data plane)"
 ADAPTER = "adapter push (gRPC)"
 
 
-def _adapted_model(cfg: LoraBenchConfig, base_dir: pathlib.Path):
-    """The trainer's model: the saved base loaded back, with rank-``cfg.rank`` adapters whose B is
-    non-zero (a trained adapter)."""
+def random_adapters(model, lcfg, scale: float):
+    """``model`` with ``lcfg``'s LoRA adapters applied (in place), every factor drawn normal x
+    ``scale`` (B non-zero: a trained adapter)."""
     import jax
     from flax import nnx
 
-    from dlc_jax.lora import LoraConfig, LoraParam, apply_lora
-    from dlc_jax.model import load_hf
+    from dlc_jax.lora import LoraParam, apply_lora
 
-    model = load_hf(str(base_dir))
-    lcfg = LoraConfig(rank=cfg.rank, alpha=cfg.alpha, push="adapter")
     apply_lora(model, lcfg)
     for i, (_, v) in enumerate(nnx.to_flat_state(nnx.state(model, LoraParam))):
         x = v.get_value()
-        v.set_value(1e-3 * jax.random.normal(jax.random.key(i), x.shape, x.dtype))
-    return model, lcfg
+        v.set_value(scale * jax.random.normal(jax.random.key(i), x.shape, x.dtype))
+    return model
 
 
 def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
     from flax import nnx
 
-    from dlc_jax.lora import merged_model
+    from dlc_jax.lora import LoraConfig, merged_model
     from dlc_jax.lora.push import AdapterPusher
-    from dlc_jax.model import Qwen3ForCausalLM, save_hf
+    from dlc_jax.model import Qwen3ForCausalLM, load_hf, save_hf
     from dlc_jax.sampler.service.process import SamplerProcess
 
     res = common.new_result(
@@ -94,7 +91,9 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
         base = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(0))
         base_dir = pathlib.Path(save_hf(base, tmp / "base", dtype=cfg.push_dtype))
         del base
-        model, lcfg = _adapted_model(cfg, base_dir)
+        # the trainer's model: the base loaded back, adapters with B non-zero (a trained adapter)
+        lcfg = LoraConfig(rank=cfg.rank, alpha=cfg.alpha, push="adapter")
+        model = random_adapters(load_hf(str(base_dir)), lcfg, 1e-3)
         pusher = AdapterPusher(lcfg)
         srv = SamplerProcess(
             "jax",

@@ -24,29 +24,22 @@ import numpy as np
 from dlc_jax.model.config import shape_kwargs
 
 from .. import common
+from ..lora_bench import random_adapters
 
 DIMS = shape_kwargs("soak", tie_word_embeddings=False)
 RANK, ALPHA = 4, 8.0
 
 
 def _model():
-    import jax
+    """The base model and a function adding random rank-``RANK`` adapters to it."""
     from flax import nnx
 
-    from dlc_jax.lora import LoraConfig, LoraParam, apply_lora
+    from dlc_jax.lora import LoraConfig
     from dlc_jax.model.config import Qwen3Config
     from dlc_jax.model.qwen3 import Qwen3ForCausalLM
 
     m = Qwen3ForCausalLM(Qwen3Config(**DIMS), rngs=nnx.Rngs(0))
-    return m, lambda: _adapt(m, apply_lora, LoraConfig, LoraParam, jax, nnx)
-
-
-def _adapt(m, apply_lora, LoraConfig, LoraParam, jax, nnx):  # noqa: N803 - the classes passed in
-    apply_lora(m, LoraConfig(rank=RANK, alpha=ALPHA))
-    for i, (_, v) in enumerate(nnx.to_flat_state(nnx.state(m, LoraParam))):
-        x = v.get_value()
-        v.set_value(0.3 * jax.random.normal(jax.random.key(i), x.shape, x.dtype))
-    return m
+    return m, lambda: random_adapters(m, LoraConfig(rank=RANK, alpha=ALPHA), 0.3)
 
 
 def hostile_cases(tensors: list, base: str) -> dict:
