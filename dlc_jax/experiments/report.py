@@ -196,11 +196,12 @@ def write_report(
     for r in results.values():
         if r.scenario != "reference":
             by_sc.setdefault(r.scenario, {}).setdefault(r.arm, []).append(r)
-    all_stats: dict[str, dict[str, ArmStats]] = {}
     by_sc = {sc: {a: sorted(v, key=lambda r: r.seed) for a, v in by_sc[sc].items()} for sc in by_sc}
-    for sc in sorted(by_sc):
-        by_arm = with_onpolicy(by_sc[sc], refs)
-        all_stats[sc] = {a: arm_stats(a, runs, noise, summaries, cfg) for a, runs in by_arm.items()}
+    with_refs = {sc: with_onpolicy(by_sc[sc], refs) for sc in sorted(by_sc)}
+    all_stats: dict[str, dict[str, ArmStats]] = {
+        sc: {a: arm_stats(a, runs, noise, summaries, cfg) for a, runs in by_arm.items()}
+        for sc, by_arm in with_refs.items()
+    }
     claim_lines = claims(all_stats, results, noise, summaries, cfg)
     kinds = {s.name: s.kind for s in preset.scenarios} if preset is not None else {}
     numerics_path = exp / "numerics.json"
@@ -217,12 +218,10 @@ def write_report(
     write_summary(exp / "summary.json", summary)
     lines += first_table(summary, cfg.band) + [""]
     lines += numerics_lines(numerics, summary["heldout_overlap"])
-    for sc in sorted(by_sc):
-        by_arm = with_onpolicy(by_sc[sc], refs)
-        st = all_stats[sc]
-        png = plot_scenario(sc, by_arm, st, plots / f"{sc}.png", cfg)
+    for sc, by_arm in with_refs.items():
+        png = plot_scenario(sc, by_arm, all_stats[sc], plots / f"{sc}.png", cfg)
         lines += [f"## Scenario `{sc}`", "", f"![{sc}](plots/{png.name})", ""]
-        lines += _table(st, cfg.band) + [""]
+        lines += _table(all_stats[sc], cfg.band) + [""]
     if any(r.heldout for r in results.values()):
         lines += heldout_lines(by_sc, refs)
     lines += ["## The paper's claims at this scale", ""]
