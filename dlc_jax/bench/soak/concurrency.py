@@ -13,10 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from .harness import (
-    perturbed,
-    proc_status,
-)
+from .harness import perturbed, proc_status
 
 
 def streams_with_push(client, weights: dict, v: int, n: int, vocab: int) -> dict:
