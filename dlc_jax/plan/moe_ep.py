@@ -22,7 +22,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,25 +42,14 @@ ROWS, PROMPTS, SEQ, MICRO = 16, 4, 128, 2
 
 
 def _compile(jitted, *args) -> dict:
-    from dlc_jax.plan.compile import collective_bytes
+    from dlc_jax.plan.compile import compile_program
 
-    t0 = time.process_time()
-    compiled = jitted.lower(*args).compile()
-    mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else {}
-    arg, out = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
-    temp, alias = int(mem.temp_size_in_bytes), int(mem.alias_size_in_bytes)
-    return {
-        "argument_bytes": arg,
-        "output_bytes": out,
-        "temp_bytes": temp,
-        "peak_bytes": arg + out + temp - alias,
-        "xla_flops": float((cost or {}).get("flops", 0.0)),
-        "collective_bytes": collective_bytes(compiled.as_text()),
-        "compile_cpu_s": time.process_time() - t0,
-    }
+    rep = compile_program("", jitted, *args)
+    if rep.oom:
+        raise RuntimeError(rep.oom)
+    d = rep.as_dict()
+    keys = ("argument_bytes", "output_bytes", "temp_bytes", "peak_bytes", "xla_flops")
+    return {k: d[k] for k in (*keys, "collective_bytes", "compile_cpu_s")}
 
 
 def _config_yaml(model_dir: Path, fsdp: int, expert: int, dispatch: str, impl: str) -> str:

@@ -50,8 +50,6 @@ def logprob_split(
     (``rl.vocab_parallel``; not the data axis across ``slices`` > 1,
     ``model.sharding.logprob_vocab_axes``), 0 when it falls back to the flattened chunks (top-k /
     top-p, or nothing to split), and the devices the positions are split over."""
-    import math
-
     from dlc_jax.model.sharding import logprob_axes
     from dlc_jax.rl.vocab_parallel import axis_names, truncates
 
@@ -107,9 +105,6 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     policy = _remat_policy(model)
     compute = cfg.model.compute_dtype
     rows_mb, vocab = run.rows // cfg.train.micro_batches, run.qcfg.vocab_size
-    split = logprob_split(
-        rows_mb, run.seq_len, dict(mesh.shape), vocab, cfg.sampler, topo.num_slices
-    )
     shape = StepShape(
         rows=run.rows,
         seq_len=run.seq_len,
@@ -122,8 +117,9 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         snapshot_forward=cfg.resync.policy != "onpolicy",
         fsdp=int(dict(mesh.shape).get("fsdp", 1)),
         slices=topo.num_slices,
-        vocab_shards=split["vocab_shards"],
-        position_shards=split["position_shards"],
+        **logprob_split(
+            rows_mb, run.seq_len, dict(mesh.shape), vocab, cfg.sampler, topo.num_slices
+        ),
     )
     fl = step_flops(run.qcfg, shape)
     peak_flops = chip.peak_bf16_flops * topo.chips
