@@ -237,10 +237,9 @@ def _resync(cfg, topo, qcfg, result: dict, nic_gbps: float) -> dict:
 
     c = topo.chips_per_host_bounds
     hosts = max(1, topo.chips // (c[0] * c[1] * c[2]))
-    dtype = cfg.sampler.dtype
     return project_resync(
         result["config"]["params"],
-        dtype,
+        cfg.sampler.dtype,
         sampler_count(cfg.sampler.address),
         hosts,
         nic_gbps,
@@ -333,10 +332,8 @@ def table(r: dict) -> str:
         + f") on {t['name']}, {t['chips']} chips, mesh "
         f"{t['mesh']}" + (f" ({t['mesh_note']})" if t["mesh_note"] else ""),
         f"  batch {c['rows']} rows x {c['seq_len']} tokens, {c['micro_batches']} micro-batches, "
-        "params "
-        f"{c['param_dtype']}, compute {c['compute_dtype']}, remat {c['remat_policy']}, scanned "
-        "layers "
-        f"{c['scanned_layers']}, attention {c['attention']}, head K={c['head_k']}",
+        f"params {c['param_dtype']}, compute {c['compute_dtype']}, remat {c['remat_policy']}, "
+        f"scanned layers {c['scanned_layers']}, attention {c['attention']}, head K={c['head_k']}",
         "",
         f"  {'HBM per chip':<34}{'GiB':>10}",
         *[f"  {k:<34}{v / GIB:>10.2f}" for k, v in res.items()],
@@ -357,8 +354,7 @@ def table(r: dict) -> str:
         f"({100 * r['hbm_left_fraction']:.0f}% left)",
         "",
         f"  FLOPs/step {r['flops_per_step']:.3e} (model {r['model_flops_per_step']:.3e}, "
-        "6*N*tokens "
-        f"{r['analytic_flops']['six_n_tokens']:.3e}); XLA per device: step "
+        f"6*N*tokens {r['analytic_flops']['six_n_tokens']:.3e}); XLA per device: step "
         f"{r['xla_flops_per_device']['train_step']:.3e}, theta_s forward "
         f"{r['xla_flops_per_device']['snapshot_forward']:.3e}",
         f"  old projection (kept one release): step {r['projected_step_s']:.2f} s at "
