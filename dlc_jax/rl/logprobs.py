@@ -41,18 +41,6 @@ class TokenLogprobs(NamedTuple):
     entropy: jax.Array
 
 
-def _gather_logprob(z, keep, lse, ids, floor):
-    """z [C,V] scaled logits, keep [C,V] bool|None, lse [C], ids [C,K] int -> [C,K] log-probs."""
-    vocab = z.shape[-1]
-    in_range = (ids >= 0) & (ids < vocab)
-    idc = jnp.clip(ids, 0, vocab - 1)
-    zi = jnp.take_along_axis(z, idc, axis=-1)
-    ok = in_range
-    if keep is not None:
-        ok = ok & jnp.take_along_axis(keep, idc, axis=-1)
-    return jnp.where(ok, zi - lse[:, None], jnp.float32(floor))
-
-
 def _chunk_full_vocab(h, ids, *, w, temperature, top_k, top_p, compute_entropy, floor):
     """h [C,D], w [V,D], ids [C,1+K] -> (logprobs [C,1+K], entropy [C])."""
     logits = jnp.dot(h, w.T, preferred_element_type=jnp.float32)
@@ -63,7 +51,12 @@ def _chunk_full_vocab(h, ids, *, w, temperature, top_k, top_p, compute_entropy, 
     e = jnp.exp(zm - m[:, None])
     s = jnp.sum(e, axis=-1)
     lse = m + jnp.log(s)
-    out = _gather_logprob(z, keep, lse, ids, floor)
+    vocab = z.shape[-1]
+    idc = jnp.clip(ids, 0, vocab - 1)
+    ok = (ids >= 0) & (ids < vocab)  # out of range or removed by top-k/top-p: the floor
+    if keep is not None:
+        ok = ok & jnp.take_along_axis(keep, idc, axis=-1)
+    out = jnp.where(ok, jnp.take_along_axis(z, idc, axis=-1) - lse[:, None], jnp.float32(floor))
     if compute_entropy:
         # log S - E[z - m]: not lse - E[z], two large f32 numbers that cancel (module doc)
         dz = z - m[:, None]
