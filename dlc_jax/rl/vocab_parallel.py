@@ -93,10 +93,7 @@ def _vocab_parallel_chunk(h, ids, w, *, axes, vocab, temperature, compute_entrop
     log_s = jnp.log(sums[:, 0])
     in_range = (ids >= 0) & (ids < vocab)
     out = jnp.where(in_range, sums[:, 1 : 1 + k1] - log_s[:, None], jnp.float32(floor))
-    if compute_entropy:
-        ent = log_s - sums[:, 1 + k1] / sums[:, 0]
-    else:
-        ent = jnp.zeros_like(log_s)
+    ent = log_s - sums[:, 1 + k1] / sums[:, 0] if compute_entropy else jnp.zeros_like(log_s)
     return out, ent
 
 
