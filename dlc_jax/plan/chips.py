@@ -1,16 +1,12 @@
 """Per-chip specs of TPU generations: HBM, published bf16 peak FLOP/s, HBM and ICI bandwidth.
 
-``peak_bf16_flops`` and ``hbm_published_bytes`` are Google's published per-chip figures (the page is
-named in ``source``). ``hbm_usable_bytes`` is what the TPU compiler in libtpu 0.0.42.1 lets one
-program use: measured here by AOT-compiling a program with too large temporaries and reading the
-``RESOURCE_EXHAUSTED ... exceeds available HBM (X G)`` message (v5p 95.74 GiB, v5e 15.75 GiB,
-v6e 31.25 GiB, v4 30.75 GiB). A plan fits when its peak is within the usable figure.
-
-``hbm_bytes_per_s`` and ``ici_bytes_per_s`` (bidirectional inter-chip interconnect bandwidth per
-chip) are the roofline's memory and collective ceilings, from the same Google pages
-(``bw_source``): v5p 2,765 GB/s HBM, 1,200 GB/s ICI; v5e 819 GB/s, 400 GB/s; v6e 1,638 GB/s,
-800 GB/s; v4 1,200 GB/s HBM and, as its page gives no per-chip ICI figure, the pod's all-reduce
-bandwidth per chip (1.1 PB/s / 4,096 chips = 269 GB/s).
+``peak_bf16_flops``, ``hbm_published_bytes``, ``hbm_bytes_per_s`` and ``ici_bytes_per_s``
+(bidirectional inter-chip bandwidth per chip; the roofline's ceilings) are Google's published
+per-chip figures (pages in ``source`` / ``bw_source``; v4 gives no per-chip ICI figure: the pod's
+all-reduce bandwidth per chip, 1.1 PB/s / 4,096 chips). ``hbm_usable_bytes`` is what the TPU
+compiler in libtpu 0.0.42.1 lets one program use, measured by AOT-compiling a program with too
+large temporaries and reading ``RESOURCE_EXHAUSTED ... exceeds available HBM (X G)``. A plan fits
+when its peak is within the usable figure.
 """
 
 from __future__ import annotations

@@ -18,29 +18,19 @@ the hardware does:
 * the theta_s forward (no gradient) when the batch has lagged tokens (DLC: one per lagged version;
   counted once here).
 
-How XLA's ``cost_analysis()`` of the compiled per-device program counts it (each rule measured by
-compiling small variants for abstract TPU devices and reading the optimized HLO; see "How the
-FLOPs are counted" in docs/bench/PLAN.md):
+How XLA's ``cost_analysis()`` of the compiled per-device program counts it (each rule measured;
+evidence in "How the FLOPs are counted", docs/bench/PLAN.md):
 
-1. a while loop's body is counted once, whatever its trip count: the micro-batch scan, the layer
-   scan (forward and backward) and the log-prob chunk map each contribute one iteration;
+1. a while loop's body counts once: the micro-batch scan, the layer scan and the chunk map;
 2. a Pallas kernel (splash attention) counts 0;
-3. with more than one slice, the compiler peels one iteration of the backward layer loop out of the
-   loop (to overlap the data-parallel gradient reduction over DCN), so the backward layer body is
-   counted twice; so is the train step's micro-batch body when there are several micro-batches
-   (the theta_s forward's micro-batch map is not peeled);
-4. for a large enough FSDP matmul the compiler may use a collective matmul ("windowed einsum"):
-   the weight all-gather (forward) or the gradient reduce-scatter (backward) is interleaved with
-   the matmul in a ``windowed_dot_general`` loop of fsdp/2 iterations, which rule 1 counts once;
-   the loop body holds 4 of the fsdp weight shards, so such a matmul is seen at 4/fsdp of its
-   FLOPs (measured: a single-slice theta_s forward, all of whose layer matmuls are windowed, is
-   1.00-1.03x of that prediction at fsdp 8, 16 and 32). Which matmuls get it is the compiler's
-   cost-model decision, so the analytic count gives a range: none windowed (``xla_visible_*``)
-   to all of the layer matmuls windowed (``xla_all_windowed_*``), and :func:`explain` says where
-   XLA's count lies;
-5. the remat recompute does not redo a layer's last matmul (the MLP down projection): the backward
-   pass does not need its output, and the compiler drops it (this holds for the hardware too, so
-   the analytic remat recompute leaves it out as well).
+3. with more than one slice the backward layer body, and the train step's micro-batch body when
+   there are several micro-batches, is peeled out of its loop and counts twice;
+4. a collective matmul ("windowed einsum", a ``windowed_dot_general`` loop of fsdp/2 iterations)
+   is seen at 4/fsdp of its FLOPs; which matmuls get one is the compiler's choice, so the count is
+   a range, none windowed (``xla_visible_*``) to all layer matmuls windowed
+   (``xla_all_windowed_*``), and :func:`explain` says where XLA's count lies;
+5. the remat recompute skips a layer's last matmul (the MLP down projection, whose output the
+   backward pass does not need); the hardware does not run it either.
 
 Everything else XLA counts (norms, softmax, RoPE, the optimizer update) adds a few percent.
 """
@@ -105,10 +95,8 @@ def _parts(cfg, tokens: int, rows: int, seq_len: int) -> dict:
 
 
 def _remat_recompute(policy: str, layers: float, attn: float, down: float) -> float:
-    """The layer forward work the backward pass redoes. The layer's last matmul (the MLP down
-    projection) is not redone: its output is not needed to differentiate it, and the compiler
-    drops it as dead code (measured: the remat recompute XLA counts is one layer forward less the
-    down projection)."""
+    """The layer forward work the backward pass redoes, less the layer's last matmul (the MLP down
+    projection: rule 5 of the module doc)."""
     return {
         "none": 0.0,
         "full": layers - down + attn,

@@ -100,10 +100,6 @@ def parse_module(hlo: str) -> tuple[dict, str]:
     return comps, entry
 
 
-def _root(comp: list):
-    return comp[-1] if comp else None
-
-
 def _instruction_bytes(ins, shapes: dict, comps: dict) -> int:
     name, shape, op, operands, attrs = ins
     out = shape_bytes(shape)
@@ -115,7 +111,7 @@ def _instruction_bytes(ins, shapes: dict, comps: dict) -> int:
     if op == "fusion":
         called = re.search(r"calls=%?([\w.\-]+)", attrs)
         body = comps.get(called.group(1), []) if called else []
-        root = _root(body)
+        root = body[-1] if body else None
         if root and root[2] == "dynamic-update-slice":  # in place: the buffer is not re-read
             fshapes = {i[0]: i[1] for i in body}
             upd = shape_bytes(fshapes.get(root[3][1], "")) if len(root[3]) > 1 else out
@@ -167,9 +163,9 @@ def loop_weighted_bytes(hlo: str) -> dict[str, float]:
     """{'once': bytes with each loop body once, 'weighted': bodies x trip counts} (see module
     doc); both 0 when the text has no entry computation."""
     comps, entry = parse_module(hlo)
-    if not entry:
-        return {"once": 0.0, "weighted": 0.0}
     totals = {"once": 0.0, "weighted": 0.0}
+    if not entry:
+        return totals
 
     def walk(comp: str, trips: float, depth: int) -> None:
         body = comps.get(comp, [])

@@ -22,7 +22,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,28 +41,6 @@ TINY_MOE: dict[str, Any] = dict(
 ROWS, PROMPTS, SEQ, MICRO = 16, 4, 128, 2
 
 
-def _compile(jitted, *args) -> dict:
-    from dlc_jax.plan.compile import collective_bytes
-
-    t0 = time.process_time()
-    compiled = jitted.lower(*args).compile()
-    mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else {}
-    arg, out = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
-    temp, alias = int(mem.temp_size_in_bytes), int(mem.alias_size_in_bytes)
-    return {
-        "argument_bytes": arg,
-        "output_bytes": out,
-        "temp_bytes": temp,
-        "peak_bytes": arg + out + temp - alias,
-        "xla_flops": float((cost or {}).get("flops", 0.0)),
-        "collective_bytes": collective_bytes(compiled.as_text()),
-        "compile_cpu_s": time.process_time() - t0,
-    }
-
-
 def _config_yaml(model_dir: Path, fsdp: int, expert: int, dispatch: str, impl: str) -> str:
     return f"""
 model: {{path: {model_dir}, param_dtype: float32, compute_dtype: bfloat16, remat: true,
@@ -80,18 +57,18 @@ def compile_tiny_moe(
 ) -> dict:
     """Compile the tiny MoE train step and theta_s forward for `topology` (e.g. 'v5e:2x2') with a
     (fsdp, expert) mesh; returns the module doc's figures (JSON-able)."""
-    import jax
     import numpy as np
 
     from dlc_jax.model.config import Qwen3MoeConfig
     from dlc_jax.model.moe_a2a import dispatch_bytes
     from dlc_jax.model.moe_dispatch import resolve_moe_impl
     from dlc_jax.plan.abstract_state import abstract_run, model_config, plan_mesh
+    from dlc_jax.plan.compile import compile_run
     from dlc_jax.plan.flops import StepShape, step_flops
     from dlc_jax.plan.report import logprob_split
     from dlc_jax.plan.topology import abstract_devices, parse_topology
     from dlc_jax.trainer.config import load_config
-    from dlc_jax.trainer.step import make_snapshot_logprobs, make_train_step, step_config
+    from dlc_jax.trainer.step import step_config
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "tiny_moe"
@@ -105,20 +82,13 @@ def compile_tiny_moe(
         run = abstract_run(cfg, mesh)
         qc = model_config(cfg.model)
     scfg = step_config(cfg)
-    shard = lambda t: jax.tree.map(lambda x: x.sharding, t)  # noqa: E731
-    step = make_train_step(
-        run.graphdef,
-        run.tx,
-        scfg,
-        mesh=mesh,
-        param_shardings=shard(run.params),
-        opt_shardings=shard(run.opt_state),
-    )
-    snap = make_snapshot_logprobs(run.graphdef, scfg)
-    programs = {
-        "train_step": _compile(step, run.params, run.opt_state, run.batch),
-        "snapshot_forward": _compile(snap, run.params, run.batch),
-    }
+    programs = {}
+    for name, rep in compile_run(run, scfg).items():  # the programs `dlc-jax plan` compiles
+        if rep.oom:
+            raise RuntimeError(rep.oom)
+        d = rep.as_dict()
+        keys = ("argument_bytes", "output_bytes", "temp_bytes", "peak_bytes", "xla_flops")
+        programs[name] = {k: d[k] for k in (*keys, "collective_bytes", "compile_cpu_s")}
     chips = int(mesh.size)
     split = logprob_split(ROWS // MICRO, SEQ, dict(mesh.shape), qc.vocab_size, cfg.sampler)
     shape = StepShape(

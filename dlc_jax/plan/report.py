@@ -50,8 +50,6 @@ def logprob_split(
     (``rl.vocab_parallel``; not the data axis across ``slices`` > 1,
     ``model.sharding.logprob_vocab_axes``), 0 when it falls back to the flattened chunks (top-k /
     top-p, or nothing to split), and the devices the positions are split over."""
-    import math
-
     from dlc_jax.model.sharding import logprob_axes
     from dlc_jax.rl.vocab_parallel import axis_names, truncates
 
@@ -107,9 +105,6 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     policy = _remat_policy(model)
     compute = cfg.model.compute_dtype
     rows_mb, vocab = run.rows // cfg.train.micro_batches, run.qcfg.vocab_size
-    split = logprob_split(
-        rows_mb, run.seq_len, dict(mesh.shape), vocab, cfg.sampler, topo.num_slices
-    )
     shape = StepShape(
         rows=run.rows,
         seq_len=run.seq_len,
@@ -122,8 +117,9 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         snapshot_forward=cfg.resync.policy != "onpolicy",
         fsdp=int(dict(mesh.shape).get("fsdp", 1)),
         slices=topo.num_slices,
-        vocab_shards=split["vocab_shards"],
-        position_shards=split["position_shards"],
+        **logprob_split(
+            rows_mb, run.seq_len, dict(mesh.shape), vocab, cfg.sampler, topo.num_slices
+        ),
     )
     fl = step_flops(run.qcfg, shape)
     peak_flops = chip.peak_bf16_flops * topo.chips
@@ -241,10 +237,9 @@ def _resync(cfg, topo, qcfg, result: dict, nic_gbps: float) -> dict:
 
     c = topo.chips_per_host_bounds
     hosts = max(1, topo.chips // (c[0] * c[1] * c[2]))
-    dtype = cfg.sampler.dtype
     return project_resync(
         result["config"]["params"],
-        dtype,
+        cfg.sampler.dtype,
         sampler_count(cfg.sampler.address),
         hosts,
         nic_gbps,
@@ -337,10 +332,8 @@ def table(r: dict) -> str:
         + f") on {t['name']}, {t['chips']} chips, mesh "
         f"{t['mesh']}" + (f" ({t['mesh_note']})" if t["mesh_note"] else ""),
         f"  batch {c['rows']} rows x {c['seq_len']} tokens, {c['micro_batches']} micro-batches, "
-        "params "
-        f"{c['param_dtype']}, compute {c['compute_dtype']}, remat {c['remat_policy']}, scanned "
-        "layers "
-        f"{c['scanned_layers']}, attention {c['attention']}, head K={c['head_k']}",
+        f"params {c['param_dtype']}, compute {c['compute_dtype']}, remat {c['remat_policy']}, "
+        f"scanned layers {c['scanned_layers']}, attention {c['attention']}, head K={c['head_k']}",
         "",
         f"  {'HBM per chip':<34}{'GiB':>10}",
         *[f"  {k:<34}{v / GIB:>10.2f}" for k, v in res.items()],
@@ -361,8 +354,7 @@ def table(r: dict) -> str:
         f"({100 * r['hbm_left_fraction']:.0f}% left)",
         "",
         f"  FLOPs/step {r['flops_per_step']:.3e} (model {r['model_flops_per_step']:.3e}, "
-        "6*N*tokens "
-        f"{r['analytic_flops']['six_n_tokens']:.3e}); XLA per device: step "
+        f"6*N*tokens {r['analytic_flops']['six_n_tokens']:.3e}); XLA per device: step "
         f"{r['xla_flops_per_device']['train_step']:.3e}, theta_s forward "
         f"{r['xla_flops_per_device']['snapshot_forward']:.3e}",
         f"  old projection (kept one release): step {r['projected_step_s']:.2f} s at "

@@ -1,33 +1,25 @@
 """Roofline step time of a plan: each compiled program's compute, HBM and collective time against
-the chip's published ceilings (``chips.ChipSpec``: bf16 peak, HBM bandwidth, bidirectional ICI
-bandwidth), its bound, and the step as the sum of the programs' times (train step + one theta_s
-forward).
+the chip's published ceilings (``chips.ChipSpec``), its bound, and the step as the sum of the
+programs' times (train step + one theta_s forward); "Roofline step time" in docs/bench/PLAN.md.
 
 Per program and per chip:
 
-* compute: the analytic FLOPs the hardware runs (``flops.step_flops``: train + remat and log-prob
-  chunk recompute for the train step, one forward for theta_s), not XLA's count, which sees each
-  loop body once (layer scan, micro-batches, chunks), a collective matmul at 4/fsdp and a Pallas
-  kernel as 0 (``flops`` module doc);
-* HBM: XLA's ``bytes accessed`` times the ratio of the HLO's bytes with each loop body weighted
-  by its trip count to the same with each body once (``bytes_loop_scale``; ``plan.hlo_bytes``
-  walks the optimized HLO: a log-prob chunk map of 16 iterations weighs 16x, a 2-layer scan 2x).
-  A program compiled before that walk (no ``hlo_bytes_*``; the peer's cached compiles) falls
-  back to XLA's bytes scaled by the same undercount as its FLOPs (``loop_scale`` = the analytic
-  FLOPs XLA can see, i.e. less splash attention's, over XLA's count, or over the rules'
-  no-windowing prediction when XLA counts more than that, as for megablox MoE experts): a loop
-  body's bytes are seen once just as its FLOPs, except the program's arguments and outputs
-  (parameters, optimizer state, batch: read and written once, outside the loops), which are not
-  scaled (splash's own HBM traffic, flash-style blocks of Q/K/V, is left out);
-* collectives: FSDP's own traffic, analytic: every pass over the layers all-gathers the
-  compute-dtype weights ((fsdp-1)/fsdp of them arrive at each chip; the train step gathers for the
-  forward and again for the backward, the theta_s forward once) and the backward reduce-scatters
-  the float32 gradients; over the chip's bidirectional ICI bandwidth. The HLO's collective result
-  bytes (loop bodies once) are kept beside it (``collective_bytes_hlo``).
+* compute: the analytic FLOPs the hardware runs (``flops.step_flops``), not XLA's count, which
+  sees each loop body once, a collective matmul at 4/fsdp and a Pallas kernel as 0;
+* HBM: XLA's ``bytes accessed`` times ``bytes_loop_scale``, the ratio of the HLO's bytes with each
+  loop body weighted by its trip count to the same with each body once (``plan.hlo_bytes``). A
+  program compiled before that walk (no ``hlo_bytes_*``) scales XLA's bytes, less its arguments and
+  outputs (read and written once, outside the loops), by its FLOPs' undercount (``loop_scale``:
+  the analytic FLOPs XLA can see, i.e. less splash attention's, over XLA's count or, when XLA
+  counts more, over the rules' no-windowing prediction);
+* collectives: FSDP's own traffic, analytic: each pass over the layers all-gathers the
+  compute-dtype weights ((fsdp-1)/fsdp of them reach each chip; the train step twice, the theta_s
+  forward once) and the backward reduce-scatters the float32 gradients, over the chip's
+  bidirectional ICI bandwidth. The HLO's collective result bytes stay beside it
+  (``collective_bytes_hlo``).
 
-The program's time is the largest of the three (compute, HBM and ICI overlap perfectly: a lower
-bound). What the roofline leaves out: splash attention's own efficiency, DCN between slices,
-imperfect overlap, host work.
+The program's time is the largest of the three (perfect overlap: a lower bound). Left out: splash
+attention's own efficiency and HBM traffic, DCN between slices, imperfect overlap, host work.
 """
 
 from __future__ import annotations

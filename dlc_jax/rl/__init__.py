@@ -26,22 +26,19 @@ _EXPORTS = {
 }
 _MODULE_OF = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
-if TYPE_CHECKING:
-    from dlc_jax.rl.advantages import ADVANTAGE_MODES, broadcast_to_tokens, group_advantages
-    from dlc_jax.rl.decomposition import decompose, mismatch_kl
-    from dlc_jax.rl.effective_sample_size import (
-        ess,
-        ess_from_log_weights,
-        gaussian_ess,
-        sequence_ess,
-    )
-    from dlc_jax.rl.logprobs import OUT_OF_SUPPORT_LOGPROB, TokenLogprobs, token_logprobs
-    from dlc_jax.rl.loss_config import LOSS_NAMES, LOSS_SPECS, LossConfig, LossSpec
-    from dlc_jax.rl.loss_inputs import LossInputs, validate_inputs
-    from dlc_jax.rl.losses import LOSSES, compute_loss, register_loss
-    from dlc_jax.rl.metrics import step_metrics
-    from dlc_jax.rl.resync import ResyncDecision, resync_decision
-    from dlc_jax.rl.vocab_parallel import truncates, vocab_parallel_token_logprobs, vocab_shards
+__all__ = sorted(_MODULE_OF)
+
+if TYPE_CHECKING:  # the names of __all__ for type checkers
+    from .advantages import ADVANTAGE_MODES, broadcast_to_tokens, group_advantages  # noqa: F401
+    from .decomposition import decompose, mismatch_kl  # noqa: F401
+    from .effective_sample_size import ess, ess_from_log_weights, gaussian_ess, sequence_ess  # noqa: F401
+    from .logprobs import OUT_OF_SUPPORT_LOGPROB, TokenLogprobs, token_logprobs  # noqa: F401
+    from .loss_config import LOSS_NAMES, LOSS_SPECS, LossConfig, LossSpec  # noqa: F401
+    from .loss_inputs import LossInputs, validate_inputs  # noqa: F401
+    from .losses import LOSSES, compute_loss, register_loss  # noqa: F401
+    from .metrics import step_metrics  # noqa: F401
+    from .resync import ResyncDecision, resync_decision  # noqa: F401
+    from .vocab_parallel import truncates, vocab_parallel_token_logprobs, vocab_shards  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
@@ -57,35 +54,5 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_MODULE_OF))
 
 
-__all__ = [
-    "ADVANTAGE_MODES",
-    "LOSSES",
-    "LOSS_NAMES",
-    "LOSS_SPECS",
-    "LossConfig",
-    "LossInputs",
-    "LossSpec",
-    "OUT_OF_SUPPORT_LOGPROB",
-    "ResyncDecision",
-    "TokenLogprobs",
-    "broadcast_to_tokens",
-    "compute_loss",
-    "decompose",
-    "ess",
-    "ess_from_log_weights",
-    "gaussian_ess",
-    "group_advantages",
-    "mismatch_kl",
-    "register_loss",
-    "resync_decision",
-    "sequence_ess",
-    "step_metrics",
-    "token_logprobs",
-    "truncates",
-    "validate_inputs",
-    "vocab_parallel_token_logprobs",
-    "vocab_shards",
-]
-assert sorted(__all__) == sorted(_MODULE_OF)
 # A name exported like a submodule would be shadowed by that submodule once something imports it.
 assert not set(_MODULE_OF) & {m.name for m in pkgutil.iter_modules(__path__)}

@@ -17,8 +17,7 @@ def group_advantages(
             torch.std; a group of size 1 gets advantage 0).
     mean:   R - mean_g R (score-centering papers' "group-centered rewards").
     drgrpo: R - mean_g R as well: Dr.GRPO differs from GRPO in the advantage only by dropping the
-            std;
-            its other change (a constant length normalizer) is the loss's ``num_tokens``.
+            std; its other change (a constant length normalizer) is the loss's ``num_tokens``.
     """
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")

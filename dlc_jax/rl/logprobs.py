@@ -41,18 +41,6 @@ class TokenLogprobs(NamedTuple):
     entropy: jax.Array
 
 
-def _gather_logprob(z, keep, lse, ids, floor):
-    """z [C,V] scaled logits, keep [C,V] bool|None, lse [C], ids [C,K] int -> [C,K] log-probs."""
-    vocab = z.shape[-1]
-    in_range = (ids >= 0) & (ids < vocab)
-    idc = jnp.clip(ids, 0, vocab - 1)
-    zi = jnp.take_along_axis(z, idc, axis=-1)
-    ok = in_range
-    if keep is not None:
-        ok = ok & jnp.take_along_axis(keep, idc, axis=-1)
-    return jnp.where(ok, zi - lse[:, None], jnp.float32(floor))
-
-
 def _chunk_full_vocab(h, ids, *, w, temperature, top_k, top_p, compute_entropy, floor):
     """h [C,D], w [V,D], ids [C,1+K] -> (logprobs [C,1+K], entropy [C])."""
     logits = jnp.dot(h, w.T, preferred_element_type=jnp.float32)
@@ -63,7 +51,12 @@ def _chunk_full_vocab(h, ids, *, w, temperature, top_k, top_p, compute_entropy, 
     e = jnp.exp(zm - m[:, None])
     s = jnp.sum(e, axis=-1)
     lse = m + jnp.log(s)
-    out = _gather_logprob(z, keep, lse, ids, floor)
+    vocab = z.shape[-1]
+    idc = jnp.clip(ids, 0, vocab - 1)
+    ok = (ids >= 0) & (ids < vocab)  # out of range or removed by top-k/top-p: the floor
+    if keep is not None:
+        ok = ok & jnp.take_along_axis(keep, idc, axis=-1)
+    out = jnp.where(ok, jnp.take_along_axis(z, idc, axis=-1) - lse[:, None], jnp.float32(floor))
     if compute_entropy:
         # log S - E[z - m]: not lse - E[z], two large f32 numbers that cancel (module doc)
         dz = z - m[:, None]
@@ -116,6 +109,59 @@ def _chunk_vocab_scan(h, ids, *, w_blocks, temperature, vocab, compute_entropy, 
     return out, ent
 
 
+def target_ids(
+    hidden, unembed, targets, head_ids, temperature, top_k, top_p, chunk_size, vocab_chunk
+) -> jax.Array:
+    """Check the arguments of ``token_logprobs`` (ValueError naming the bad one) and return the ids
+    to gather, [B,T,1+K] int32: the target, then the head ids."""
+    if hidden.ndim != 3:
+        raise ValueError(f"hidden must be [B,T,D], got shape {hidden.shape}")
+    b, t, d = hidden.shape
+    if unembed.ndim != 2 or unembed.shape[1] != d:
+        raise ValueError(
+            f"unembed must be [V,{d}] to match hidden [B,T,D]={hidden.shape}, got {unembed.shape}"
+        )
+    if targets.shape != (b, t):
+        raise ValueError(f"targets must be [B,T]={(b, t)}, got {targets.shape}")
+    if head_ids is not None and (head_ids.ndim != 3 or head_ids.shape[:2] != (b, t)):
+        raise ValueError(f"head_ids must be [B,T,K] with B,T={(b, t)}, got {head_ids.shape}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    check_sampling_params(temperature, top_k, top_p)
+    if vocab_chunk is not None and truncates(unembed.shape[0], top_k, top_p):
+        raise ValueError(
+            "vocab_chunk requires top_k off and top_p == 1 (top-k/top-p need a sort "
+            "over the full vocabulary); set vocab_chunk=None"
+        )
+    if vocab_chunk is not None and vocab_chunk < 1:
+        raise ValueError(f"vocab_chunk must be >= 1, got {vocab_chunk}")
+    ids = targets[..., None].astype(jnp.int32)
+    if head_ids is None:
+        return ids
+    return jnp.concatenate([ids, head_ids.astype(jnp.int32)], axis=-1)
+
+
+def truncates(vocab: int, top_k: int, top_p: float) -> bool:
+    """Whether top-k / top-p remove tokens (they need a sort over the whole vocabulary: the
+    vocab-parallel path then falls back to ``token_logprobs``)."""
+    return (0 < top_k < vocab) or top_p < 1.0
+
+
+def map_chunks(chunk, h: jax.Array, ids: jax.Array, c: int, dtype=None):
+    """``chunk(h [c,D], ids [c,1+K]) -> (out [c,1+K], ent [c])`` over h [N,D] (cast to ``dtype``)
+    and ids [N,1+K] in rematerialized chunks of c rows (zero-padded) -> out [N,1+K], ent [N]."""
+    n, d = h.shape
+    n_chunks = -(-n // c)
+    pad = n_chunks * c - n
+    if pad:
+        h = jnp.pad(h, ((0, pad), (0, 0)))
+        ids = jnp.pad(ids, ((0, pad), (0, 0)))
+    h = h if dtype is None else h.astype(dtype)
+    xs = (h.reshape(n_chunks, c, d), ids.reshape(n_chunks, c, -1))
+    out, ent = jax.lax.map(jax.checkpoint(lambda x: chunk(*x)), xs)
+    return out.reshape(n_chunks * c, -1)[:n], ent.reshape(n_chunks * c)[:n]
+
+
 def token_logprobs(
     hidden: jax.Array,
     unembed: jax.Array,
@@ -138,55 +184,19 @@ def token_logprobs(
     log-sum-exp (only without top-k/top-p, which need a sort over the whole vocabulary).
     Differentiable w.r.t. hidden and unembed through lp, lp_head and entropy.
     """
-    if hidden.ndim != 3:
-        raise ValueError(f"hidden must be [B,T,D], got shape {hidden.shape}")
+    ids = target_ids(
+        hidden, unembed, targets, head_ids, temperature, top_k, top_p, chunk_size, vocab_chunk
+    )
     b, t, d = hidden.shape
-    if unembed.ndim != 2 or unembed.shape[1] != d:
-        raise ValueError(
-            f"unembed must be [V,{d}] to match hidden [B,T,D]={hidden.shape}, got {unembed.shape}"
-        )
-    if targets.shape != (b, t):
-        raise ValueError(f"targets must be [B,T]={(b, t)}, got {targets.shape}")
-    if head_ids is not None and (head_ids.ndim != 3 or head_ids.shape[:2] != (b, t)):
-        raise ValueError(f"head_ids must be [B,T,K] with B,T={(b, t)}, got {head_ids.shape}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    vocab = unembed.shape[0]
-    check_sampling_params(temperature, top_k, top_p, vocab)
-    truncating = (0 < top_k < vocab) or top_p < 1.0
-    if vocab_chunk is not None and truncating:
-        raise ValueError(
-            "vocab_chunk requires top_k off and top_p == 1 (top-k/top-p need a sort "
-            "over the full vocabulary); set vocab_chunk=None"
-        )
-
-    n = b * t
-    k = 0 if head_ids is None else head_ids.shape[-1]
-    ids = targets.reshape(n, 1).astype(jnp.int32)
-    if head_ids is not None:
-        ids = jnp.concatenate([ids, head_ids.reshape(n, k).astype(jnp.int32)], axis=-1)
-    h = hidden.reshape(n, d)
-    c = min(chunk_size, n)
-    n_chunks = -(-n // c)
-    pad = n_chunks * c - n
-    if pad:
-        h = jnp.pad(h, ((0, pad), (0, 0)))
-        ids = jnp.pad(ids, ((0, pad), (0, 0)))
-    h = h.reshape(n_chunks, c, d)
-    ids = ids.reshape(n_chunks, c, 1 + k)
-
+    vocab, n = unembed.shape[0], b * t
     kw = {"temperature": temperature, "compute_entropy": compute_entropy, "floor": out_of_support}
     if vocab_chunk is None:
         chunk = functools.partial(_chunk_full_vocab, w=unembed, top_k=top_k, top_p=top_p, **kw)
     else:
-        if vocab_chunk < 1:
-            raise ValueError(f"vocab_chunk must be >= 1, got {vocab_chunk}")
         nb = -(-vocab // vocab_chunk)
         w = jnp.pad(unembed, ((0, nb * vocab_chunk - vocab), (0, 0))).reshape(nb, vocab_chunk, d)
         chunk = functools.partial(_chunk_vocab_scan, w_blocks=w, vocab=vocab, **kw)
-
-    out, ent = jax.lax.map(jax.checkpoint(lambda xs: chunk(*xs)), (h, ids))
-    out = out.reshape(n_chunks * c, 1 + k)[:n].reshape(b, t, 1 + k)
-    ent = ent.reshape(n_chunks * c)[:n].reshape(b, t)
+    out, ent = map_chunks(chunk, hidden.reshape(n, d), ids.reshape(n, -1), min(chunk_size, n))
+    out = out.reshape(b, t, -1)
     lp_head = out[..., 1:] if head_ids is not None else None
-    return TokenLogprobs(lp=out[..., 0], lp_head=lp_head, entropy=ent)
+    return TokenLogprobs(lp=out[..., 0], lp_head=lp_head, entropy=ent.reshape(b, t))

@@ -155,10 +155,8 @@ def _finite_tokens(inp: LossInputs, m: jax.Array) -> jax.Array:
         x = getattr(inp, f)
         if x is not None:
             ok = ok & jnp.isfinite(x)
-    if inp.adv.ndim == 2:
-        ok = ok & jnp.isfinite(inp.adv)
-    else:
-        ok = ok & jnp.isfinite(inp.adv)[:, None]
+    adv_ok = jnp.isfinite(inp.adv)
+    ok = ok & (adv_ok if inp.adv.ndim == 2 else adv_ok[:, None])
     hv = None if inp.head_valid is None else masked.as_mask(inp.head_valid) > 0
     for f in ("lp_head", "lps_head", "lq_head"):
         x = getattr(inp, f)
@@ -192,17 +190,14 @@ def prepare(inp: LossInputs) -> Prepared:
         hv = base if inp.head_valid is None else masked.as_mask(inp.head_valid)
         hv = hv * m[..., None]
 
-    def head(x: jax.Array | None) -> jax.Array | None:
+    def head(x: jax.Array | None, detach: bool = True) -> jax.Array | None:
         # -inf entries (probability 0) become the finite OUT_OF_SUPPORT floor: exp() is still 0,
         # and no inf * 0 can appear in the centering term.
         if x is None:
             return None
         assert hv is not None  # set whenever a head field is given
-        return jnp.where(hv > 0, jnp.maximum(x.astype(jnp.float32), OUT_OF_SUPPORT_LOGPROB), 0.0)
-
-    def head_sg(x: jax.Array | None) -> jax.Array | None:
-        h = head(x)
-        return None if h is None else sg(h)
+        h = jnp.where(hv > 0, jnp.maximum(x.astype(jnp.float32), OUT_OF_SUPPORT_LOGPROB), 0.0)
+        return sg(h) if detach else h
 
     lp = tok(inp.lp)
     adv = broadcast_to_tokens(jnp.where(jnp.isfinite(inp.adv), inp.adv, 0.0), m)
@@ -215,9 +210,9 @@ def prepare(inp: LossInputs) -> Prepared:
         lp_s=None if inp.lp_s is None else sg(tok(inp.lp_s)),
         lp_old=sg(lp if inp.lp_old is None else tok(inp.lp_old)),
         hv=hv,
-        lp_head=head(inp.lp_head),
-        lps_head=head_sg(inp.lps_head),
-        lq_head=head_sg(inp.lq_head),
+        lp_head=head(inp.lp_head, detach=False),
+        lps_head=head(inp.lps_head),
+        lq_head=head(inp.lq_head),
         denom=jnp.maximum(n, 1.0),
         dropped=jnp.sum(m_in) - jnp.sum(m),
     )

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from dlc_jax.rl import masked
 from dlc_jax.rl.centering import centering_residual, dlc_residual
-from dlc_jax.rl.effective_sample_size import ess_from_log_weights
+from dlc_jax.rl.effective_sample_size import ess_from_log_weights, sequence_log_ratio
 from dlc_jax.rl.loss_config import LOSS_SPECS, LossConfig, LossSpec
 from dlc_jax.rl.loss_inputs import LossInputs, Prepared, check_shapes, prepare, require
 
@@ -78,12 +78,6 @@ def _metrics(clip=0.0, masked_frac=0.0, ess=1.0, **extra) -> dict:
     return out
 
 
-def _seq_log_ratio(p: Prepared, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per sequence: sum_t m*x [B], valid-token count [B], has-valid flag [B]."""
-    n = jnp.sum(p.m, axis=-1)
-    return jnp.sum(jnp.where(p.m > 0, x, 0.0), axis=-1), n, (n > 0).astype(jnp.float32)
-
-
 def _ppo_terms(cfg: LossConfig, r: jax.Array, adv: jax.Array):
     """PPO clipped surrogate per token: returns (per_token, clipped_flag, dual_flag)."""
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
@@ -120,7 +114,7 @@ def tis(cfg: LossConfig, p: Prepared):
 @register_loss("tis_seq")
 def tis_seq(cfg: LossConfig, p: Prepared):
     """Sequence TIS: w_i = min(exp(sum_t (lp - lp_q)), C_seq) broadcast to the sequence's tokens."""
-    s, _, has = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
+    s, has = sequence_log_ratio(sg(p.lp) - p.lp_q, p.m)
     raw = clampexp(s, cfg.log_ratio_clip)
     w = jnp.minimum(raw, cfg.seq_tis_cap)
     return -w[:, None] * p.adv * p.lp, _metrics(
@@ -141,7 +135,7 @@ def mis(cfg: LossConfig, p: Prepared):
 def mis_seq(cfg: LossConfig, p: Prepared):
     """Sequence MIS: K_i = exp(sum_t (lp - lp_q)); keep sequences with lo <= K_i <= hi, weighted
     by K_i."""
-    s, _, has = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
+    s, has = sequence_log_ratio(sg(p.lp) - p.lp_q, p.m)
     k = clampexp(s, cfg.log_ratio_clip)
     keep = (k >= cfg.mis_low) & (k <= cfg.mis_high)
     w = jnp.where(keep, k, 0.0)
@@ -152,7 +146,8 @@ def mis_seq(cfg: LossConfig, p: Prepared):
 def mis_geo(cfg: LossConfig, p: Prepared):
     """Geometric sequence mask: keep sequences with geo_low <= exp(mean_t (lp - lp_q)) <= geo_high.
     Mask only (the geometric mean is not an importance weight): -M_i A lp."""
-    s, n, _ = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
+    s, _ = sequence_log_ratio(sg(p.lp) - p.lp_q, p.m)
+    n = jnp.sum(p.m, axis=-1)
     g = clampexp(s / jnp.maximum(n, 1.0), cfg.log_ratio_clip)
     keep = (g >= cfg.geo_low) & (g <= cfg.geo_high)
     return -keep[:, None].astype(jnp.float32) * p.adv * p.lp, _metrics(masked_frac=p.frac(~keep))
@@ -257,7 +252,7 @@ def vcpo(cfg: LossConfig, p: Prepared):
     """3.8 VCPO: sequence TIS (cap seq_tis_cap) and ``lr_scale`` = min(1, ESS_seq/base)^(1/2|1)
     from the unclipped sequence weights, for the optimizer to apply. The minimum-variance (OPOB)
     baseline is not implemented: it needs per-trajectory gradient norms (micro-batch 1)."""
-    s, _, has = _seq_log_ratio(p, sg(p.lp) - p.lp_q)
+    s, has = sequence_log_ratio(sg(p.lp) - p.lp_q, p.m)
     e = ess_from_log_weights(jnp.clip(s, -cfg.log_ratio_clip, cfg.log_ratio_clip), has)
     scale = jnp.minimum(1.0, e / cfg.vcpo_base_ess)
     lr_scale = jnp.sqrt(scale) if cfg.vcpo_rule == "sqrt" else scale

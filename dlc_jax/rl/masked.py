@@ -21,10 +21,6 @@ def safe(x: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.where(mask > 0, x, jnp.zeros_like(x))
 
 
-def count(mask: jax.Array) -> jax.Array:
-    return jnp.sum(as_mask(mask))
-
-
 def mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     m = as_mask(mask)
     return jnp.sum(safe(x, m)) / jnp.maximum(jnp.sum(m), 1.0)

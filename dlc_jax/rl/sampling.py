@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 
-def check_sampling_params(temperature: float, top_k: int, top_p: float, vocab: int) -> None:
+def check_sampling_params(temperature: float, top_k: int, top_p: float) -> None:
     """Raise ValueError naming the bad parameter."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (greedy has no log-probs), got {temperature!r}")
@@ -31,7 +31,6 @@ def check_sampling_params(temperature: float, top_k: int, top_p: float, vocab: i
         raise ValueError(f"top_k must be an int >= -1 (0 or -1 = off), got {top_k!r}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    del vocab
 
 
 def support_mask(logits: jax.Array, *, top_k: int = 0, top_p: float = 1.0) -> jax.Array | None:
