@@ -158,6 +158,12 @@ def policy_logprobs(
         top_p=cfg.top_p,
         chunk_size=cfg.chunk_size * n,  # chunk_size of each of the n devices' positions
     )
+    # back to the batch layout (rows over `batch`, positions whole): the layout the next program's
+    # in_shardings expect of lp_s (a multi-process jit does not reshard its arguments)
+    act = model.act_sharding
+    tl = type(tl)(
+        *(None if x is None else act.constrain(x, ("batch",) + (None,) * (x.ndim - 1)) for x in tl)
+    )
     if not with_routing:
         return tl
     if routing is None:

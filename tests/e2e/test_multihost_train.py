@@ -187,14 +187,19 @@ def test_train_two_processes_match_one_process(tiny_dir, sampler_sets, tmp_path)
         [r["loss/loss"] for r in ref],
         f"seconds single {t_one:.1f} multi {t_mh:.1f}",
     )
+    # the lagged steps' loss (~6e-3) is a difference of O(1) per-token terms: the vocab-parallel
+    # log-softmax sums each position's exp / target logits across devices (psum_scatter), whose f32
+    # order differs between in-process and cross-process collectives, moving it by ~5e-7 (and
+    # ess_lag by ~1e-5; both were ~1e-9 with the flattened layout); a wrong sharding or sample
+    # moves them by orders of magnitude more
     np.testing.assert_allclose(
-        [r["loss/loss"] for r in got], [r["loss/loss"] for r in ref], rtol=1e-5, atol=1e-7
+        [r["loss/loss"] for r in got], [r["loss/loss"] for r in ref], rtol=1e-5, atol=1e-6
     )
     np.testing.assert_allclose(
         [r["grad_norm"] for r in got], [r["grad_norm"] for r in ref], rtol=1e-4, atol=1e-6
     )
     np.testing.assert_allclose(
-        [r["ess_lag"] for r in got], [r["ess_lag"] for r in ref], rtol=1e-5, atol=1e-6
+        [r["ess_lag"] for r in got], [r["ess_lag"] for r in ref], rtol=1e-5, atol=1e-5
     )
     # the comparison is not vacuous: nonzero gradients every step; the lagged steps (group
     # advantages sum to zero, so on-policy steps of equal-length responses have loss value ~0) have
