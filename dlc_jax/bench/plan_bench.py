@@ -331,7 +331,13 @@ def run(cfg: PlanBenchConfig) -> dict:
         "collective matmuls)",
         "compile s: the whole plan (both programs) on this 2-CPU machine, shared with other "
         "work: see the load",
-        f"per-case JSON: {cfg.cache_dir}/",
+        "log-prob layout: the layout the row was compiled with, from its JSON "
+        "(analytic_flops.logprob_vocab_shards): vocab-parallel /n (rl/vocab_parallel.py over n "
+        "devices) or flattened (old): the flattened chunks of rl/logprobs.py, the trainer's path "
+        "before session 11 (such rows are stale: `dlc-jax bench plan --force` recompiles them)",
+        f"per-case JSON: {cfg.cache_dir}/; this file regenerates from them without compiling: "
+        "`dlc-jax bench plan --size full --cached-only --out docs/bench` "
+        "(tests/unit/test_plan_bench_render.py checks it)",
     ]
     notes = _issue30_notes(found, cfg)
     res["sections"] = [*FLOPS_SECTION, *notes, "### Details of the target plans", ""] + [

@@ -133,10 +133,11 @@ transient full-size f32 LM-head gradient per chip that the old layout's compile 
 step's peak still fell and its ICI cost is about 3 ms of a 0.48 s step; the untied 8B does not tie
 the two gradients. A sharding constraint on the LM-head cotangent might steer it; not tried. The
 tightest row of the table, Qwen3-8B 64 x 16,384 on v5litepod-64, was recompiled with it: plan total {e_total} bytes/chip
-(15.68e9 before), {e_left} of HBM left (7%), train-step temporaries {e_temps} (10.55e9). The table's other
-{n_old} rows were compiled with the old layout (column 'log-prob layout': flattened) and are stale until
-recompiled (`dlc-jax bench plan --force`); they were compiled before `logprob_vocab_shards` existed, so
-`refresh_flops` models them with 0 (flattened chunks), as they were compiled.
+(15.68e9 before), {e_left} of HBM left (7%), train-step temporaries {e_temps} (10.55e9).{recompiled}
+{n_old} of the table's {n_rows} rows were compiled with the old layout (column 'log-prob layout': flattened)
+and are stale until recompiled (`dlc-jax bench plan --force`); they were compiled before
+`logprob_vocab_shards` existed, so `refresh_flops` models them with 0 (flattened chunks), as they were
+compiled.
 
 **The 1.25x target is not reachable at 2 layers: the compute floor.** If both steps ran at the bf16
 peak, ours / peer would be hardware FLOPs / (hardware FLOPs - log-prob chunk recompute - theta_s
@@ -293,13 +294,23 @@ def _floor_fields(v: dict, tag: str, plan: dict, digits: int) -> None:
     )
 
 
+def _row_name(plan: dict) -> str:
+    c = plan["config"]
+    model = c["model"].rsplit("/", 1)[-1]
+    return f"{model} {c['rows']} x {c['seq_len']:,} on {plan['topology']['name']}"
+
+
 def _vocab_parallel(v: dict, e: dict, table: list[dict]) -> None:
-    """The 8B v5litepod-64 x 16,384 row recompiled with the layout, and how many are not."""
+    """The 8B v5litepod-64 x 16,384 row recompiled with the layout, the others recompiled since,
+    and how many are not."""
+    others = [_row_name(r) for r in table if vocab_parallel(r) and r is not e]
     v.update(
         e_total=_e9(e["peak_bytes_per_chip"]["total"]),
         e_left=f"{100 * e['hbm_left_fraction']:.0f}%",
         e_temps=_e9(e["programs"]["train_step"]["temp_bytes"]),
         n_old=str(sum(1 for r in table if not vocab_parallel(r))),
+        n_rows=str(len(table)),
+        recompiled=f" Recompiled with it since: {'; '.join(others)}." if others else "",
     )
 
 
