@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def test_plan_layout_column_comes_from_the_json(in_repo):
         dataclasses.replace(plan_bench.SIZES["full"], cached_only=True, write_cache=False)
     )
     layouts = {r["log-prob layout"] for r in res["rows"]}
-    assert layouts <= {"flattened (old)"} | {f"vocab-parallel /{n}" for n in (8, 16, 32, 64)}
+    assert all(re.fullmatch(r"flattened \(old\)|vocab-parallel /[1-9]\d*", x) for x in layouts)
     row = next(
         r
         for r in res["rows"]
