@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from dlc_jax.bench import common
-from dlc_jax.bench.plan_notes import FLOPS_SECTION, ISSUE30_SECTIONS, MOE_HISTORY
+from dlc_jax.bench.plan_notes import FLOPS_SECTION, MOE_HISTORY, issue30_sections, vocab_parallel
 from dlc_jax.plan.markdown import TABLE_COLUMNS, _row, plan_markdown
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,7 @@ class PlanBenchConfig:
     force: bool = False
     timeout_s: int = 3600
     cached_only: bool = False  # render the cached cases only; list the others as not run
+    write_cache: bool = True  # write refreshed analytic FLOPs / roofline back to the cached JSON
 
 
 def _dedupe(cases) -> tuple[PlanCase, ...]:
@@ -233,7 +234,13 @@ def _write_refreshed(path: Path, r: dict) -> None:
         path.write_text(text)
 
 
-COLUMNS = [*TABLE_COLUMNS, "XLA vs rules", "load (1 min)", "before (issue 14)"]
+COLUMNS = [*TABLE_COLUMNS, "XLA vs rules", "log-prob layout", "load (1 min)", "before (issue 14)"]
+
+
+def layout(r: dict) -> str:
+    """The log-prob layout the plan was compiled with (its JSON: `plan_notes.vocab_parallel`)."""
+    n = vocab_parallel(r)
+    return f"vocab-parallel /{n}" if n else "flattened (old)"
 
 
 def xla_check(r: dict) -> str:
@@ -288,9 +295,11 @@ def run(cfg: PlanBenchConfig) -> dict:
             )
             continue
         r = found[case] = refresh_flops(found[case])
-        _write_refreshed(Path(cfg.cache_dir) / f"{case.key}.json", r)
+        if cfg.write_cache:
+            _write_refreshed(Path(cfg.cache_dir) / f"{case.key}.json", r)
         row = _row(r)
         row["XLA vs rules"] = xla_check(r)
+        row["log-prob layout"] = layout(r)
         row["load (1 min)"] = r.get("bench", {}).get("loadavg_start", [None])[0]
         row["before (issue 14)"] = case.before
         res["rows"].append(row)
@@ -322,13 +331,62 @@ def run(cfg: PlanBenchConfig) -> dict:
         "collective matmuls)",
         "compile s: the whole plan (both programs) on this 2-CPU machine, shared with other "
         "work: see the load",
-        f"per-case JSON: {cfg.cache_dir}/",
+        "log-prob layout: the layout the row was compiled with, from its JSON "
+        "(analytic_flops.logprob_vocab_shards): vocab-parallel /n (rl/vocab_parallel.py over n "
+        "devices) or flattened (old): the flattened chunks of rl/logprobs.py, the trainer's path "
+        "before session 11 (such rows are stale: `dlc-jax bench plan --force` recompiles them)",
+        f"per-case JSON: {cfg.cache_dir}/; this file regenerates from them without compiling: "
+        "`dlc-jax bench plan --size full --cached-only --out docs/bench` "
+        "(tests/unit/test_plan_bench_render.py checks it)",
     ]
-    res["sections"] = [*FLOPS_SECTION, *ISSUE30_SECTIONS, "### Details of the target plans", ""] + [
+    notes = _issue30_notes(found, cfg)
+    res["sections"] = [*FLOPS_SECTION, *notes, "### Details of the target plans", ""] + [
         plan_markdown(r) for c, r in found.items() if c in TARGETS or c.shipped
     ]
     res["sections"] += ["", *MOE_HISTORY]
     return common.finish(res)
+
+
+def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
+    """`plan_notes.issue30_sections` over the cached plans it quotes (the 2-layer rows and tunix's
+    steps of `dlc-jax bench plan-peers` beside this cache: docs/bench/plan_peers/)."""
+    from dlc_jax.bench.plan_peers import our_case, peer_roofline
+
+    peers_dir = Path(cfg.cache_dir).parent / "plan_peers"
+    by_shape = {(c.model, c.topology, c.rows, c.seq_len, c.slices): r for c, r in found.items()}
+    plans: dict[str, dict | None] = {
+        "headline": by_shape.get(("1.7B", "v5p-16", 8, 32768, 1)),
+        "8B_v5e_16k": by_shape.get(("8B", "v5litepod-64", 64, 16384, 1)),
+        "moe": by_shape.get(("30B-A3B", "v5p-64", 64, 8192, 1)),
+        "full_1.7B_4k": by_shape.get(("1.7B", "v5p-16", 8, 4096, 1)),
+        "full_0.6B_4k": by_shape.get(("0.6B", "v5p-8", 8, 4096, 1)),
+    }
+    ratios = {}
+    for model, topo in (("1.7B:2", "v5p-16"), ("0.6B:2", "v5p-8")):
+        for length, tag in ((4096, "4k"), (32768, "32k")):
+            role = f"{model}_{tag}"
+            plans[role] = None
+            case = our_case("docs/bench/plan_peers", model, topo, 8, length)
+            path = Path(cfg.cache_dir) / f"{case.key}.json"
+            peer_path = peers_dir / f"tunix_grpo_{model.replace(':', '_L')}_{topo}_8x{length}.json"
+            if not path.exists():
+                continue
+            ours = plans[role] = refresh_flops(json.loads(path.read_text()))
+            if cfg.write_cache:
+                _write_refreshed(path, ours)
+            if peer_path.exists():
+                prl = peer_roofline(json.loads(peer_path.read_text()), ours)
+                rl = ours["roofline"]["programs"].values()
+                ratios[role] = {
+                    "peer": prl,
+                    "ratio": ours["roofline"]["step_s"] / prl["projected_s"],
+                    "floor": sum(p["seconds"]["compute"] for p in rl) / prl["seconds"]["compute"],
+                    "bound": "/".join(sorted({f"{p['bound']}-bound" for p in rl})),
+                }
+    missing = [k for k, v in plans.items() if v is None]
+    if missing:
+        return [f"(the issue-30 notes quote cached plans not there: {', '.join(missing)})", ""]
+    return issue30_sections({k: v for k, v in plans.items() if v}, ratios, list(found.values()))
 
 
 def _targets(res: dict, found: dict) -> None:

@@ -37,6 +37,7 @@ class PlanPeersConfig:
     peer_site: str = "/work/peer_site"
     force: bool = False
     timeout_s: int = 3600
+    cached_only: bool = False  # render the cached JSONs only: no compile, no tunix import check
 
 
 SIZES = {
@@ -69,6 +70,11 @@ ARGS = common.Options(
     SIZES,
     ("--force", "force", {"action": "store_true", "help": "recompile cached rows"}),
     ("--peer-site", "peer_site", {"default": "", "help": "folder with tunix installed (--target)"}),
+    (
+        "--cached-only",
+        "cached_only",
+        {"action": "store_true", "help": "do not compile; render the cached JSONs"},
+    ),
 )
 add_args, from_args = ARGS.add_args, ARGS.from_args
 
@@ -82,6 +88,8 @@ def peer_available(site: str) -> str:
 def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
     tag = model.replace(":", "_L")
     out = Path(cfg.cache_dir) / f"tunix_grpo_{tag}_{topo}_{rows}x{length}.json"
+    if cfg.cached_only and not out.exists():
+        raise RuntimeError(f"not cached: {out} (--cached-only)")
     cmd = [
         sys.executable,
         "-m",
@@ -102,10 +110,23 @@ def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int
     )
 
 
-def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
-    from dlc_jax.bench.plan_bench import TODAY, PlanCase, run_case
+def our_case(cache_dir: str, model: str, topo: str, rows: int, length: int):
+    """The `plan_bench.PlanCase` of our side of a row; "1.7B:2" is the model cut to 2 layers, its
+    config.json under ``cache_dir``/models (the path is part of the case's key)."""
+    from dlc_jax.bench.plan_bench import TODAY, PlanCase
 
     extra: tuple[str, ...] = TODAY
+    if ":" in model:
+        name, layers = model.split(":")
+        path = Path(cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
+        model, extra = name, (*TODAY, f"model.path={path}")
+    return PlanCase(model, topo, rows, length, 1, extra=extra)
+
+
+def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
+    from dlc_jax.bench.plan_bench import run_case
+
+    case = our_case(cfg.cache_dir, model, topo, rows, length)
     if ":" in model:  # "1.7B:2": the model with 2 layers (config.json written next to the cache)
         name, layers = model.split(":")
         from dlc_jax.model import PRESETS
@@ -113,15 +134,21 @@ def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int)
         path = Path(cfg.cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
         path.mkdir(parents=True, exist_ok=True)
         qcfg = PRESETS[f"Qwen3-{name}"].replace(num_hidden_layers=int(layers))
-        (path / "config.json").write_text(json.dumps(qcfg.to_hf_dict(), sort_keys=True))
-        model, extra = name, (*TODAY, f"model.path={path}")
-    case = PlanCase(model, topo, rows, length, 1, extra=extra)
+        text = json.dumps(qcfg.to_hf_dict(), sort_keys=True)
+        if not (path / "config.json").exists() or (path / "config.json").read_text() != text:
+            (path / "config.json").write_text(text)
     path = Path(cfg.plan_dir) / f"{case.key}.json"
+    if cfg.cached_only and not path.exists():
+        raise RuntimeError(f"not cached: {path} (--cached-only)")
     stale = path.exists() and "xla_flags" not in json.loads(path.read_text())
     from dlc_jax.bench.plan_bench import refresh_flops
 
     # today's analytic FLOPs and roofline over the cached compile
-    return refresh_flops(run_case(case, Path(cfg.plan_dir), cfg.force or stale, cfg.timeout_s))
+    return refresh_flops(
+        run_case(
+            case, Path(cfg.plan_dir), cfg.force or (stale and not cfg.cached_only), cfg.timeout_s
+        )
+    )
 
 
 def peer_roofline(peer: dict, ours: dict) -> dict:
@@ -193,7 +220,7 @@ def run(cfg: PlanPeersConfig) -> dict:
         "plan_peers", "Our DLC step vs tunix's GRPO learner step, AOT-compiled for TPU", COLUMNS
     )
     res["config"] = dataclasses.asdict(cfg)
-    missing = peer_available(cfg.peer_site)
+    missing = "" if cfg.cached_only else peer_available(cfg.peer_site)
     if missing:
         res["notes"].append(missing)
     for model, topo, rows, length in cfg.rows:
