@@ -347,10 +347,21 @@ def run(cfg: PlanBenchConfig) -> dict:
     return common.finish(res)
 
 
+def our_case(cache_dir: str, model: str, topo: str, rows: int, length: int):
+    """The `PlanCase` of our side of a `dlc-jax bench plan-peers` row; "1.7B:2" is the model cut to
+    2 layers, its config.json under ``cache_dir``/models (the path is part of the case's key)."""
+    extra: tuple[str, ...] = TODAY
+    if ":" in model:
+        name, layers = model.split(":")
+        path = Path(cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
+        model, extra = name, (*TODAY, f"model.path={path}")
+    return PlanCase(model, topo, rows, length, 1, extra=extra)
+
+
 def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
     """`plan_notes.issue30_sections` over the cached plans it quotes (the 2-layer rows and tunix's
     steps of `dlc-jax bench plan-peers` beside this cache: docs/bench/plan_peers/)."""
-    from dlc_jax.bench.plan_peers import our_case, peer_roofline
+    from dlc_jax.bench.plan_notes import peer_roofline
 
     peers_dir = Path(cfg.cache_dir).parent / "plan_peers"
     by_shape = {(c.model, c.topology, c.rows, c.seq_len, c.slices): r for c, r in found.items()}

@@ -375,3 +375,17 @@ MOE_HISTORY = [
     "XLA's count appears to include; the rest of the 1.18x is elementwise work at d=64 (as for the dense tiny",  # noqa: E501 (verbatim table rows)
     "model). At 8 experts ragged's dense lowering costs 1.7x; at 128 experts it was the 18x above.",
 ]
+
+
+def peer_roofline(peer: dict, ours: dict) -> dict:
+    """The peer step's roofline with ours' rules: analytic FLOPs of a GRPO step of the same shape
+    (train + whole-layer remat recompute; full logits, no log-prob chunk recompute, no theta_s
+    forward), XLA's bytes accessed, FSDP collective bytes."""
+    from dlc_jax.plan.chips import chip
+    from dlc_jax.plan.roofline import _fsdp_bytes, program_roofline
+
+    fl, chips = ours["analytic_flops"], peer["chips"]
+    flops = (fl["hardware_flops"] - fl["logprob_chunk_recompute"] - fl["snapshot_forward"]) / chips
+    coll = _fsdp_bytes(peer["params"], 2, peer["fsdp"], 2, peer["params"])
+    # tunix unrolls its layers: no loop but the collective matmuls' hides work from XLA's count
+    return program_roofline("grpo_step", flops, peer, flops, chip(peer["chip"]), coll)

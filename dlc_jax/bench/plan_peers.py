@@ -19,6 +19,8 @@ from pathlib import Path
 
 from dlc_jax.bench import common
 from dlc_jax.bench.peers import import_error, side_env
+from dlc_jax.bench.plan_bench import our_case, refresh_flops, run_case
+from dlc_jax.bench.plan_notes import peer_roofline
 from dlc_jax.plan.chips import GIB
 
 INSTALL = (
@@ -110,22 +112,7 @@ def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int
     )
 
 
-def our_case(cache_dir: str, model: str, topo: str, rows: int, length: int):
-    """The `plan_bench.PlanCase` of our side of a row; "1.7B:2" is the model cut to 2 layers, its
-    config.json under ``cache_dir``/models (the path is part of the case's key)."""
-    from dlc_jax.bench.plan_bench import TODAY, PlanCase
-
-    extra: tuple[str, ...] = TODAY
-    if ":" in model:
-        name, layers = model.split(":")
-        path = Path(cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
-        model, extra = name, (*TODAY, f"model.path={path}")
-    return PlanCase(model, topo, rows, length, 1, extra=extra)
-
-
 def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
-    from dlc_jax.bench.plan_bench import run_case
-
     case = our_case(cfg.cache_dir, model, topo, rows, length)
     if ":" in model:  # "1.7B:2": the model with 2 layers (config.json written next to the cache)
         name, layers = model.split(":")
@@ -141,28 +128,12 @@ def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int)
     if cfg.cached_only and not path.exists():
         raise RuntimeError(f"not cached: {path} (--cached-only)")
     stale = path.exists() and "xla_flags" not in json.loads(path.read_text())
-    from dlc_jax.bench.plan_bench import refresh_flops
-
     # today's analytic FLOPs and roofline over the cached compile
     return refresh_flops(
         run_case(
             case, Path(cfg.plan_dir), cfg.force or (stale and not cfg.cached_only), cfg.timeout_s
         )
     )
-
-
-def peer_roofline(peer: dict, ours: dict) -> dict:
-    """The peer step's roofline with ours' rules: analytic FLOPs of a GRPO step of the same shape
-    (train + whole-layer remat recompute; full logits, no log-prob chunk recompute, no theta_s
-    forward), XLA's bytes accessed, FSDP collective bytes."""
-    from dlc_jax.plan.chips import chip
-    from dlc_jax.plan.roofline import _fsdp_bytes, program_roofline
-
-    fl, chips = ours["analytic_flops"], peer["chips"]
-    flops = (fl["hardware_flops"] - fl["logprob_chunk_recompute"] - fl["snapshot_forward"]) / chips
-    coll = _fsdp_bytes(peer["params"], 2, peer["fsdp"], 2, peer["params"])
-    # tunix unrolls its layers: no loop but the collective matmuls' hides work from XLA's count
-    return program_roofline("grpo_step", flops, peer, flops, chip(peer["chip"]), coll)
 
 
 COLUMNS = [

@@ -158,12 +158,14 @@ def policy_logprobs(
         top_p=cfg.top_p,
         chunk_size=cfg.chunk_size * n,  # chunk_size of each of the n devices' positions
     )
+
     # back to the batch layout (rows over `batch`, positions whole): the layout the next program's
     # in_shardings expect of lp_s (a multi-process jit does not reshard its arguments)
-    act = model.act_sharding
-    tl = type(tl)(
-        *(None if x is None else act.constrain(x, ("batch",) + (None,) * (x.ndim - 1)) for x in tl)
-    )
+    def batch_layout(x):
+        return model.act_sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1))
+
+    head = None if tl.lp_head is None else batch_layout(tl.lp_head)
+    tl = tl._replace(lp=batch_layout(tl.lp), lp_head=head, entropy=batch_layout(tl.entropy))
     if not with_routing:
         return tl
     if routing is None:
