@@ -19,7 +19,13 @@ import sys
 from pathlib import Path
 
 from dlc_jax.bench import common
-from dlc_jax.bench.plan_notes import FLOPS_SECTION, MOE_HISTORY, issue30_sections, vocab_parallel
+from dlc_jax.bench.plan_notes import (
+    FLOPS_SECTION,
+    MOE_HISTORY,
+    issue30_sections,
+    stale,
+    vocab_parallel,
+)
 from dlc_jax.plan.markdown import TABLE_COLUMNS, _row, plan_markdown
 
 log = logging.getLogger(__name__)
@@ -123,6 +129,7 @@ class PlanBenchConfig:
     force: bool = False
     timeout_s: int = 3600
     cached_only: bool = False  # render the cached cases only; list the others as not run
+    stale: bool = False  # rerun the cached cases `plan_notes.stale` names (older trainer code)
     write_cache: bool = True  # write refreshed analytic FLOPs / roofline back to the cached JSON
 
 
@@ -160,6 +167,11 @@ ARGS = common.Options(
         "--cached-only",
         "cached_only",
         {"action": "store_true", "help": "do not run plans; render the cached"},
+    ),
+    (
+        "--stale",
+        "stale",
+        {"action": "store_true", "help": "rerun cached cases compiled with older trainer code"},
     ),
 )
 add_args, from_args = ARGS.add_args, ARGS.from_args
@@ -240,7 +252,9 @@ COLUMNS = [*TABLE_COLUMNS, "XLA vs rules", "log-prob layout", "load (1 min)", "b
 def layout(r: dict) -> str:
     """The log-prob layout the plan was compiled with (its JSON: `plan_notes.vocab_parallel`)."""
     n = vocab_parallel(r)
-    return f"vocab-parallel /{n}" if n else "flattened (old)"
+    if not n:
+        return "flattened (old)"
+    return f"vocab-parallel /{n}" + (" (autodiff backward)" if stale(r) else "")
 
 
 def xla_check(r: dict) -> str:
@@ -288,7 +302,9 @@ def run(cfg: PlanBenchConfig) -> dict:
             )
             continue
         try:
-            found[case] = run_case(case, Path(cfg.cache_dir), cfg.force, cfg.timeout_s)
+            cached = Path(cfg.cache_dir) / f"{case.key}.json"
+            redo = cfg.stale and cached.exists() and bool(stale(json.loads(cached.read_text())))
+            found[case] = run_case(case, Path(cfg.cache_dir), cfg.force or redo, cfg.timeout_s)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             res["notes"].append(
                 f"{case.model} on {case.topology} {case.rows}x{case.seq_len}: failed: {e}"
@@ -333,8 +349,10 @@ def run(cfg: PlanBenchConfig) -> dict:
         "work: see the load",
         "log-prob layout: the layout the row was compiled with, from its JSON "
         "(analytic_flops.logprob_vocab_shards): vocab-parallel /n (rl/vocab_parallel.py over n "
-        "devices) or flattened (old): the flattened chunks of rl/logprobs.py, the trainer's path "
-        "before session 11 (such rows are stale: `dlc-jax bench plan --force` recompiles them)",
+        "devices; '(autodiff backward)': compiled before its written-out backward pass, "
+        "session 12) or flattened (old): the flattened chunks of rl/logprobs.py, the trainer's "
+        "path before session 11 (such rows are stale: `dlc-jax bench plan --stale` recompiles "
+        "them)",
         f"per-case JSON: {cfg.cache_dir}/; this file regenerates from them without compiling: "
         "`dlc-jax bench plan --size full --cached-only --out docs/bench` "
         "(tests/unit/test_plan_bench_render.py checks it)",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dlc_jax.rl.vocab_parallel import BACKWARD
+
 FLOPS_SECTION = [
     "### How the FLOPs are counted",
     "",
@@ -318,6 +320,19 @@ def vocab_parallel(plan: dict) -> int:
     """The devices the plan's log-prob chunks split the vocabulary over (rl.vocab_parallel), 0 when
     it was compiled with the flattened chunks (the old layout, or its top-k / top-p fallback)."""
     return int(plan["analytic_flops"].get("logprob_vocab_shards") or 0)
+
+
+def stale(plan: dict) -> str:
+    """Why a cached plan no longer shows today's trainer ('' when it does): compiled before the
+    plan set its XLA flags, with the flattened log-prob chunks, or with autodiff's backward pass
+    through the vocab-parallel chunks (``rl.vocab_parallel.BACKWARD``)."""
+    if "xla_flags" not in plan:
+        return "no XLA flags"
+    if not vocab_parallel(plan) and not plan["programs"]["train_step"]["oom"]:
+        return "flattened log-prob chunks"
+    if vocab_parallel(plan) and plan.get("logprob_backward") != BACKWARD:
+        return "autodiff log-prob backward"
+    return ""
 
 
 def issue30_sections(

@@ -20,7 +20,7 @@ from pathlib import Path
 from dlc_jax.bench import common
 from dlc_jax.bench.peers import import_error, side_env
 from dlc_jax.bench.plan_bench import our_case, refresh_flops, run_case
-from dlc_jax.bench.plan_notes import peer_roofline
+from dlc_jax.bench.plan_notes import peer_roofline, stale
 from dlc_jax.plan.chips import GIB
 
 INSTALL = (
@@ -127,11 +127,11 @@ def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int)
     path = Path(cfg.plan_dir) / f"{case.key}.json"
     if cfg.cached_only and not path.exists():
         raise RuntimeError(f"not cached: {path} (--cached-only)")
-    stale = path.exists() and "xla_flags" not in json.loads(path.read_text())
+    old = path.exists() and bool(stale(json.loads(path.read_text())))
     # today's analytic FLOPs and roofline over the cached compile
     return refresh_flops(
         run_case(
-            case, Path(cfg.plan_dir), cfg.force or (stale and not cfg.cached_only), cfg.timeout_s
+            case, Path(cfg.plan_dir), cfg.force or (old and not cfg.cached_only), cfg.timeout_s
         )
     )
 

@@ -13,13 +13,24 @@ f32 logits ``[chunk_size, V/n]``, and the devices combine per-position scalars: 
 and the sums of exp, of the target and head logits and of the entropy term (``psum_scatter``: each
 device receives its own positions' sums). The trainer (``trainer.step.policy_logprobs``) passes
 ``StepConfig.chunk_size x n``, so a device's logits block is the single-device path's, in n times
-fewer iterations (each backward iteration re-reads and re-writes the [V/n, D] f32 gradient
-accumulator). The backward pass accumulates each device's [V/n, D] share of the unembedding's
-gradient (no collective in the loop) and reduce-scatters the hidden rows' gradient per chunk.
+fewer iterations.
+
+The backward pass is written out (``jax.custom_vjp``; the forward saves per position only the max,
+log S and the entropy): per chunk it recomputes the logits once and forms their cotangent
+``dz = sum_k g_k [v = id_k] - p_v (sum_k g_k + g_H (z_v - log Z + H))`` in one elementwise pass,
+then ``dz @ W`` (the hidden rows' gradient, reduce-scattered to their devices) and ``dz^T @ h`` (the
+device's [V/n, D] share of the unembedding's gradient, accumulated in f32 with no collective in
+the loop). Autodiff of the forward instead re-ran the forward's reductions, scattered the gathered
+ids' cotangents into a [positions, V/n] f32 array and summed it with the softmax's: on the
+0.6B (2 layers) 16 x 4,096 plan on v5litepod-16 the step's loop-weighted HBM bytes fell from
+8.57e10 to 6.05e10 per chip and its roofline from 0.18 to 0.09 s (docs/bench/PLAN.md).
+Target ids are picked by comparison with the shard's vocabulary ids (``_picked``), which fuses with
+the other per-position reductions.
 
 Numerics: log-prob and entropy are taken relative to the max m, as in ``rl.logprobs`` (no f32
 cancellation of ``lse - sum(p * z)``); the hidden rows are gathered in the matmul's dtype
-(``result_type(hidden, unembed)``), so the hidden gradient's partial sums are reduced in it.
+(``result_type(hidden, unembed)``), so the hidden gradient's partial sums are reduced in it, and
+the logits' cotangent is cast to it for the two backward matmuls (as autodiff of the dot does).
 
 Falls back to ``dlc_jax.rl.token_logprobs`` (whose chunks the SPMD partitioner splits along D,
 all-reducing each chunk's [chunk_size, V] f32 logits) when top-k / top-p truncate (a sort over the
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,11 +50,13 @@ from jax.sharding import PartitionSpec
 from dlc_jax.rl.logprobs import (
     OUT_OF_SUPPORT_LOGPROB,
     TokenLogprobs,
-    map_chunks,
     target_ids,
     token_logprobs,
     truncates,
 )
+
+# recorded in plan JSONs (``logprob_backward``): plans compiled before it used autodiff's backward
+BACKWARD = "custom-vjp"
 
 
 def axis_names(entry) -> tuple[str, ...]:
@@ -64,37 +78,124 @@ def local_chunk_positions(chunk_size: int, shards: int) -> int:
     return max(1, -(-chunk_size // shards))
 
 
-def _vocab_parallel_chunk(h, ids, w, *, axes, vocab, temperature, compute_entropy, floor):
+class _Spec(NamedTuple):
+    """The static settings of one vocab-parallel log-prob map (hashable: custom_vjp's nondiff)."""
+
+    axes: tuple[str, ...]  # the vocabulary's axes
+    others: tuple[str, ...]  # the other axes the positions are split over (w is the same on them)
+    vocab: int
+    temperature: float
+    compute_entropy: bool
+    floor: float
+    chunk: int  # positions per device per chunk
+    unpadded: bool  # V is a multiple of n: no padded vocabulary rows to mask
+
+
+def _logits(h_all, w, s: _Spec):
+    """f32 logits [n*c, V/n] of the chunk's positions on this device's vocab rows, and the rows'
+    vocabulary ids [V/n] (padded rows, when V is not a multiple of n, have ids >= V)."""
+    ids = jax.lax.axis_index(s.axes) * w.shape[0] + jnp.arange(w.shape[0])
+    z = jnp.dot(h_all, w.T, preferred_element_type=jnp.float32) / jnp.float32(s.temperature)
+    return z, ids
+
+
+def _real(x, vocab_ids, s: _Spec, fill: float):
+    """x [n*c, V/n] with ``fill`` on the padded vocabulary rows (x itself when none is padded)."""
+    return x if s.unpadded else jnp.where(vocab_ids[None, :] < s.vocab, x, fill)
+
+
+def _picked(x, vocab_ids, ids_all, weights=None):
+    """sum_v x[p, v] [v = ids_all[p, k]] (times weights[p, k]) -> [n*c, 1+K]: a comparison that
+    fuses with the other per-position reductions (a gather reads its own copy of the logits)."""
+    hit = vocab_ids[None, :, None] == ids_all[:, None, :]
+    val = x[:, :, None] if weights is None else weights[:, None, :]
+    out = jnp.where(hit, val, 0.0)
+    return jnp.sum(out, axis=1) if weights is None else jnp.sum(out, axis=2)
+
+
+def _chunk_forward(h, ids, w, s: _Spec):
     """One chunk on one device. h [c, D] its own positions, ids [c, 1+K], w [V/n, D] its vocab
-    shard -> (log-probs [c, 1+K], entropy [c]) of its own positions."""
-    h_all = jax.lax.all_gather(h, axes, axis=0, tiled=True)  # [n*c, D]: the chunk
-    ids_all = jax.lax.all_gather(ids, axes, axis=0, tiled=True)
-    vn = w.shape[0]
-    start = jax.lax.axis_index(axes) * vn
-    z = jnp.dot(h_all, w.T, preferred_element_type=jnp.float32) / jnp.float32(temperature)
-    real = (start + jnp.arange(vn)) < vocab  # padded vocabulary rows take no part
-    z = jnp.where(real[None, :], z, 0.0)  # finite everywhere: no inf * 0 in the backward pass
-    # the shift cancels exactly in every output below: no gradient through it
-    m_local = jnp.max(jnp.where(real[None, :], z, -jnp.inf), axis=-1)
-    m = jax.lax.pmax(jax.lax.stop_gradient(m_local), axes)  # [n*c]
+    shard -> (log-probs [c, 1+K], entropy [c], max [n*c], log S [c])."""
+    h_all = jax.lax.all_gather(h, s.axes, axis=0, tiled=True)  # [n*c, D]: the chunk
+    ids_all = jax.lax.all_gather(ids, s.axes, axis=0, tiled=True)
+    z, vocab_ids = _logits(h_all, w, s)
+    m = jax.lax.pmax(jnp.max(_real(z, vocab_ids, s, -jnp.inf), axis=-1), s.axes)  # [n*c]
     zm = z - m[:, None]
-    e = jnp.where(real[None, :], jnp.exp(zm), 0.0)
-    local = ids_all - start
-    mine = (local >= 0) & (local < vn) & (ids_all < vocab)
-    zt = jnp.take_along_axis(zm, jnp.clip(local, 0, vn - 1), axis=-1)
+    e = _real(jnp.exp(zm), vocab_ids, s, 0.0)
     # per-position partial sums, each device receiving its own positions' totals
-    parts = [jnp.sum(e, axis=-1, keepdims=True), jnp.where(mine, zt, 0.0)]
-    if compute_entropy:
-        parts.append(jnp.sum(e * zm, axis=-1, keepdims=True))
+    parts = [jnp.sum(e, axis=-1, keepdims=True), _picked(zm, vocab_ids, ids_all)]
+    if s.compute_entropy:
+        parts.append(jnp.sum(e * _real(zm, vocab_ids, s, 0.0), axis=-1, keepdims=True))
     sums = jax.lax.psum_scatter(
-        jnp.concatenate(parts, axis=-1), axes, scatter_dimension=0, tiled=True
+        jnp.concatenate(parts, axis=-1), s.axes, scatter_dimension=0, tiled=True
     )
     k1 = ids.shape[-1]
     log_s = jnp.log(sums[:, 0])
-    in_range = (ids >= 0) & (ids < vocab)
-    out = jnp.where(in_range, sums[:, 1 : 1 + k1] - log_s[:, None], jnp.float32(floor))
-    ent = log_s - sums[:, 1 + k1] / sums[:, 0] if compute_entropy else jnp.zeros_like(log_s)
-    return out, ent
+    in_range = (ids >= 0) & (ids < s.vocab)
+    out = jnp.where(in_range, sums[:, 1 : 1 + k1] - log_s[:, None], jnp.float32(s.floor))
+    ent = log_s - sums[:, 1 + k1] / sums[:, 0] if s.compute_entropy else jnp.zeros_like(log_s)
+    return out, ent, m, log_s
+
+
+def _chunk_backward(h, ids, w, m, log_s, ent, g_out, g_ent, s: _Spec):
+    """The cotangents of one chunk: (hidden [c, D] of this device's positions, its vocab shard's
+    unembedding share [V/n, D] f32). The logits are recomputed once and their cotangent
+    ``dz = sum_k g_k [v = id_k] - p_v (sum_k g_k + g_H (z_v - log Z + H))`` is formed in one pass
+    (no scatter of the gathered ids, no [n*c, V/n] sum of per-output cotangents)."""
+    gather = functools.partial(jax.lax.all_gather, axis_name=s.axes, axis=0, tiled=True)
+    h_all, ids_all = gather(h), gather(ids)
+    in_range = (ids_all >= 0) & (ids_all < s.vocab)
+    g_all = jnp.where(in_range, gather(g_out), 0.0)  # the floor has no gradient
+    per_pos = gather(jnp.stack([log_s, ent, g_ent], axis=-1))  # [n*c, 3]
+    z, vocab_ids = _logits(h_all, w, s)
+    zm = z - m[:, None]
+    p = _real(jnp.exp(zm - per_pos[:, 0:1]), vocab_ids, s, 0.0)
+    coef = jnp.sum(g_all, axis=-1, keepdims=True)
+    if s.compute_entropy:  # dH/dz_v = -p_v (z_v - log Z + H), relative to the max m
+        coef = coef + per_pos[:, 2:3] * (zm - (per_pos[:, 0:1] - per_pos[:, 1:2]))
+    dz = (_picked(None, vocab_ids, ids_all, g_all) - p * coef) / jnp.float32(s.temperature)
+    dz = dz.astype(h_all.dtype)
+    dh_all = jnp.dot(dz, w, preferred_element_type=jnp.float32).astype(h.dtype)
+    dh = jax.lax.psum_scatter(dh_all, s.axes, scatter_dimension=0, tiled=True)
+    return dh, jnp.dot(dz.T, h_all, preferred_element_type=jnp.float32)
+
+
+def _chunked(x, s: _Spec):
+    return x.reshape(x.shape[0] // s.chunk, s.chunk, *x.shape[1:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _vocab_parallel_map(s: _Spec, h, w, ids):
+    """h [N, D] (N a multiple of s.chunk), w [V/n, D], ids [N, 1+K] on one device -> (log-probs
+    [N, 1+K], entropy [N]); the backward pass recomputes each chunk's logits once."""
+    return _map_forward(s, h, w, ids)[0]
+
+
+def _map_forward(s: _Spec, h, w, ids):
+    out, ent, m, log_s = jax.lax.map(
+        lambda x: _chunk_forward(x[0], x[1], w, s), (_chunked(h, s), _chunked(ids, s))
+    )
+    outs = (out.reshape(h.shape[0], -1), ent.reshape(h.shape[0]))
+    return outs, (h, w, ids, m, log_s, ent)
+
+
+def _map_backward(s: _Spec, res, cts):
+    h, w, ids, m, log_s, ent = res
+    g_out, g_ent = cts
+
+    def body(dw, x):
+        dh, dw_c = _chunk_backward(*x[:2], w, *x[2:], s=s)
+        return dw + dw_c, dh
+
+    xs = (_chunked(h, s), _chunked(ids, s), m, log_s, ent, _chunked(g_out, s), _chunked(g_ent, s))
+    dw0 = jnp.zeros_like(w, jnp.float32)
+    dw0 = jax.lax.pcast(dw0, s.others, to="varying") if s.others else dw0
+    dw, dh = jax.lax.scan(body, dw0, xs)
+    dw = jax.lax.psum(dw, s.others) if s.others else dw  # w's share from every group of rows
+    return dh.reshape(h.shape), dw.astype(w.dtype), None
+
+
+_vocab_parallel_map.defvjp(_map_forward, _map_backward)
 
 
 def vocab_parallel_token_logprobs(
@@ -144,22 +245,26 @@ def vocab_parallel_token_logprobs(
     vn = -(-vocab // n)
     w = jnp.pad(unembed, ((0, vn * n - vocab), (0, 0))) if vn * n != vocab else unembed
     dtype = jnp.result_type(hidden.dtype, unembed.dtype)  # what jnp.dot would multiply in
-    chunk = functools.partial(
-        _vocab_parallel_chunk,
-        axes=vaxes,
-        vocab=vocab,
-        temperature=temperature,
-        compute_entropy=compute_entropy,
-        floor=out_of_support,
-    )
 
     def local(h, w, ids):
         b, t, d = h.shape
         c = min(local_chunk_positions(chunk_size, n), b * t)
-        out, ent = map_chunks(
-            lambda hc, ic: chunk(hc, ic, w), h.reshape(b * t, d), ids.reshape(b * t, -1), c, dtype
+        others = tuple(a for a in axes if a not in vaxes)
+        spec = _Spec(
+            vaxes,
+            others,
+            vocab,
+            float(temperature),
+            compute_entropy,
+            out_of_support,
+            c,
+            vn * n == vocab,
         )
-        return out.reshape(b, t, -1), ent.reshape(b, t)
+        pad = -(b * t) % c
+        hf = jnp.pad(h.reshape(b * t, d).astype(dtype), ((0, pad), (0, 0)))
+        idf = jnp.pad(ids.reshape(b * t, -1), ((0, pad), (0, 0)))
+        out, ent = _vocab_parallel_map(spec, hf, w, idf)
+        return out[: b * t].reshape(b, t, -1), ent[: b * t].reshape(b, t)
 
     spec2, spec3 = PartitionSpec(rows, positions), PartitionSpec(rows, positions, None)
     out, ent = jax.shard_map(

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from dlc_jax.bench import common, plan_bench, plan_peers
+from dlc_jax.bench import common, plan_bench, plan_notes, plan_peers
+from dlc_jax.rl.vocab_parallel import BACKWARD
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "docs" / "bench"
@@ -69,17 +70,25 @@ def test_plan_layout_column_comes_from_the_json(in_repo):
         dataclasses.replace(plan_bench.SIZES["full"], cached_only=True, write_cache=False)
     )
     layouts = {r["log-prob layout"] for r in res["rows"]}
-    assert all(re.fullmatch(r"flattened \(old\)|vocab-parallel /[1-9]\d*", x) for x in layouts)
+    pattern = r"flattened \(old\)|vocab-parallel /[1-9]\d*( \(autodiff backward\))?"
+    assert all(re.fullmatch(pattern, x) for x in layouts), layouts
     row = next(
         r
         for r in res["rows"]
         if (r["model"], r["rows x tokens"]) == ("Qwen3-8B", "64 x 16,384")
         and r["topology"].startswith("v5litepod-64")
     )
-    assert row["log-prob layout"] == "vocab-parallel /64"
-    old = {"analytic_flops": {}}
+    assert row["log-prob layout"].startswith("vocab-parallel /64")
+    old = {"analytic_flops": {}, "programs": {"train_step": {"oom": False}}}
     assert plan_bench.layout(old) == "flattened (old)"
-    assert plan_bench.layout({"analytic_flops": {"logprob_vocab_shards": 8}}) == "vocab-parallel /8"
+    assert plan_notes.stale(old) == "no XLA flags"
+    flat = dict(old, xla_flags={})
+    assert plan_notes.stale(flat) == "flattened log-prob chunks"
+    vp = dict(flat, analytic_flops={"logprob_vocab_shards": 8})
+    assert plan_bench.layout(vp) == "vocab-parallel /8 (autodiff backward)"
+    assert plan_notes.stale(vp) == "autodiff log-prob backward"
+    today = dict(vp, logprob_backward=BACKWARD)
+    assert plan_bench.layout(today) == "vocab-parallel /8" and plan_notes.stale(today) == ""
 
 
 def test_cached_plan_jsons_are_in_step_with_the_renderer(tmp_path, in_repo):

@@ -146,11 +146,16 @@ def _data(b, t, k, vocab, seed):
 def test_values_and_gradients_equal_reference(mesh, b, t, vocab, chunk, kw):
     h, w, y, head = _data(b, t, 3, vocab, seed=b + t)
     rows, positions = logprob_axes(b, t, mesh.shape)
-    ent_w = 0.2 if kw.get("compute_entropy", True) else 0.0
+    # a different cotangent per position and id (the backward pass forms them in one pass)
+    rng = np.random.default_rng(b * t)
+    lp_w, head_w, ent_w = (
+        jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(b, t), (b, t, 3), (b, t)]
+    )
+    ent_w = ent_w if kw.get("compute_entropy", True) else 0.0 * ent_w
 
     def f(fn, h, w, **extra):
         o = fn(h, w, y, head_ids=head, **extra)
-        loss = jnp.sum(o.lp * 1.3) + jnp.sum(o.lp_head * 0.7) + jnp.sum(o.entropy * ent_w)
+        loss = jnp.sum(o.lp * lp_w) + jnp.sum(o.lp_head * head_w) + jnp.sum(o.entropy * ent_w)
         return loss, o
 
     def ours(h, w):
