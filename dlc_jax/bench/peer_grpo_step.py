@@ -36,6 +36,7 @@ def compile_peer(model: str, topology: str, rows: int, seq_len: int) -> dict:
     from tunix.rl.grpo.grpo_learner import GRPOConfig, TrainExample
 
     from dlc_jax.plan.compile import collective_bytes, windowed_loops
+    from dlc_jax.plan.hlo_bytes import RULES, loop_weighted_bytes
     from dlc_jax.plan.topology import abstract_devices, parse_topology
     from dlc_jax.trainer.state import opt_state_shardings
 
@@ -123,6 +124,9 @@ def compile_peer(model: str, topology: str, rows: int, seq_len: int) -> dict:
         xla_bytes_accessed=float(cost.get("bytes accessed", 0.0)),
         collective_bytes=collective_bytes(hlo),
         windowed_einsum_loops=windowed_loops(hlo),
+        # the same HBM rule as ours (plan.roofline): loop bodies weighted by their trip counts
+        **{f"hlo_bytes_{k}": v for k, v in loop_weighted_bytes(hlo).items()},
+        hlo_bytes_rules=RULES,
         params=int(sum(x.size for x in jax.tree.leaves(params))),
         xla_flags=flags,
         chips=topo.chips,

@@ -11,7 +11,6 @@ with >= 25% of HBM left; 8B 64 x 16,384 on v5p-64 fits; the 0.6B and 1.7B plans 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import subprocess
@@ -19,6 +18,16 @@ import sys
 from pathlib import Path
 
 from dlc_jax.bench import common
+from dlc_jax.bench.plan_cases import (
+    BEFORE,
+    SHIPPED,
+    TARGETS,
+    TWO_SLICE,
+    PlanCase,
+    dedupe,
+    matrix_cases,
+    our_case,
+)
 from dlc_jax.bench.plan_notes import (
     FLOPS_SECTION,
     MOE_HISTORY,
@@ -29,97 +38,6 @@ from dlc_jax.bench.plan_notes import (
 from dlc_jax.plan.markdown import TABLE_COLUMNS, _row, plan_markdown
 
 log = logging.getLogger(__name__)
-
-CONFIGS = {
-    "0.6B": "configs/qwen3_0p6b_dlc.yaml",
-    "1.7B": "configs/qwen3_1p7b_dlc.yaml",
-    "8B": "configs/qwen3_8b_dlc.yaml",
-    "30B-A3B": "configs/qwen3_30b_a3b_dlc.yaml",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanCase:
-    """One plan: model size, topology, rows x length, micro-batches, extra overrides."""
-
-    model: str
-    topology: str
-    rows: int
-    seq_len: int
-    micro_batches: int = 1
-    slices: int = 1
-    extra: tuple[str, ...] = ()
-    before: str = ""  # the measurement of the same case before (issue 14), if any
-    shipped: bool = False  # the config file as shipped, on its plan.topology (no overrides)
-
-    @property
-    def key(self) -> str:
-        text = json.dumps(dataclasses.asdict(self) | {"before": ""}, sort_keys=True)
-        return (
-            f"{self.model}_{self.topology}_{self.rows}x{self.seq_len}_"
-            + hashlib.sha256(text.encode()).hexdigest()[:8]
-        )
-
-    def argv(self) -> list[str]:
-        if self.shipped:
-            return ["--config", CONFIGS[self.model]]
-        n = 8 if self.rows % 8 == 0 else 1
-        args = [
-            "--config",
-            CONFIGS[self.model],
-            "--topology",
-            self.topology,
-            f"train.batch_prompts={self.rows // n}",
-            f"sampler.n={n}",
-            f"sampler.max_model_len={self.seq_len}",
-            f"train.micro_batches={self.micro_batches}",
-            *self.extra,
-        ]
-        return args + (["--slices", str(self.slices)] if self.slices > 1 else [])
-
-
-# issue 14's setting: head K=20, remat on, fp32 params, bf16 compute, data=1 fsdp=8 tensor=1
-TODAY = ("mesh.data=1", "mesh.fsdp=-1", "mesh.tensor=1")
-BEFORE = (
-    PlanCase("0.6B", "v5p-16", 16, 2048, 2, extra=TODAY, before="7.2 GiB/chip, compile 232 s"),
-    PlanCase("1.7B", "v5p-16", 8, 8192, 1, extra=TODAY, before="24.1 GiB/chip, compile 433 s"),
-    PlanCase(
-        "1.7B", "v5p-16", 8, 32768, 1, extra=TODAY, before="does not fit: 154.65 GB temporaries"
-    ),
-)
-# (model, v5p slice, rows, micro-batches on it), (v5e slice, rows, micro-batches)
-MATRIX_SLICES = {
-    "0.6B": (("v5p-8", 8, 1), ("v5litepod-16", 16, 1)),
-    "1.7B": (("v5p-16", 8, 1), ("v5litepod-32", 32, 1)),
-    "8B": (("v5p-64", 64, 2), ("v5litepod-64", 64, 1)),
-}
-LENGTHS = (4096, 16384, 32768)
-
-
-def matrix_cases() -> tuple[PlanCase, ...]:
-    out = []
-    for model, slices in MATRIX_SLICES.items():
-        for topo, rows, micro in slices:
-            for length in LENGTHS:
-                out.append(PlanCase(model, topo, rows, length, micro, extra=TODAY))
-    return tuple(out)
-
-
-TWO_SLICE = (PlanCase("1.7B", "v5p-16", 16, 16384, 1, slices=2, extra=TODAY),)
-# the shipped configs on their plan.topology; the 8B one is the 64 x 16,384 on v5p-64 target
-SHIPPED = (
-    PlanCase("8B", "v5p-64", 64, 16384, 2, shipped=True),
-    PlanCase("0.6B", "v5litepod-16", 512, 2048, 4, shipped=True),
-    PlanCase("1.7B", "v5litepod-32", 1024, 2048, 8, shipped=True),
-    # Qwen3-30B-A3B (mixture of experts, routing replay) at 8k-token responses
-    PlanCase("30B-A3B", "v5p-64", 64, 8192, 4, shipped=True),
-)
-TARGETS = (
-    PlanCase(
-        "1.7B", "v5p-16", 8, 32768, 1, extra=TODAY, before="does not fit: 154.65 GB temporaries"
-    ),
-    SHIPPED[0],
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,23 +51,10 @@ class PlanBenchConfig:
     write_cache: bool = True  # write refreshed analytic FLOPs / roofline back to the cached JSON
 
 
-def _dedupe(cases) -> tuple[PlanCase, ...]:
-    """One case per (model, slice, rows x length, micro-batches); the first listed wins (the
-    targets and shipped configs come first), keeping a 'before' figure from any duplicate."""
-    seen: dict[tuple, PlanCase] = {}
-    for c in cases:
-        k = (c.model, c.topology, c.rows, c.seq_len, c.micro_batches, c.slices)
-        if k not in seen:
-            seen[k] = c
-        elif c.before and not seen[k].before:
-            seen[k] = dataclasses.replace(seen[k], before=c.before)
-    return tuple(seen.values())
-
-
 SIZES = {
     # the targets first, then the "before" cases, the 2-slice run and the matrix (cached per case)
-    "full": PlanBenchConfig(cases=_dedupe(TARGETS + SHIPPED + BEFORE + TWO_SLICE + matrix_cases())),
-    "targets": PlanBenchConfig(cases=_dedupe(TARGETS + SHIPPED + BEFORE)),
+    "full": PlanBenchConfig(cases=dedupe(TARGETS + SHIPPED + BEFORE + TWO_SLICE + matrix_cases())),
+    "targets": PlanBenchConfig(cases=dedupe(TARGETS + SHIPPED + BEFORE)),
     "before": PlanBenchConfig(cases=BEFORE),
 }
 
@@ -254,7 +159,8 @@ def layout(r: dict) -> str:
     n = vocab_parallel(r)
     if not n:
         return "flattened (old)"
-    return f"vocab-parallel /{n}" + (" (autodiff backward)" if stale(r) else "")
+    autodiff = stale(r) == "autodiff log-prob backward"
+    return f"vocab-parallel /{n}" + (" (autodiff backward)" if autodiff else "")
 
 
 def xla_check(r: dict) -> str:
@@ -363,17 +269,6 @@ def run(cfg: PlanBenchConfig) -> dict:
     ]
     res["sections"] += ["", *MOE_HISTORY]
     return common.finish(res)
-
-
-def our_case(cache_dir: str, model: str, topo: str, rows: int, length: int):
-    """The `PlanCase` of our side of a `dlc-jax bench plan-peers` row; "1.7B:2" is the model cut to
-    2 layers, its config.json under ``cache_dir``/models (the path is part of the case's key)."""
-    extra: tuple[str, ...] = TODAY
-    if ":" in model:
-        name, layers = model.split(":")
-        path = Path(cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
-        model, extra = name, (*TODAY, f"model.path={path}")
-    return PlanCase(model, topo, rows, length, 1, extra=extra)
 
 
 def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
 from dlc_jax.rl.vocab_parallel import BACKWARD
 
 FLOPS_SECTION = [
@@ -76,99 +77,65 @@ With the flags the headline row's XLA FLOPs are the committed ones to 1e-6 (trai
 ROOFLINE_TEXT = """\
 ### Roofline step time
 
-Each compiled program gets a compute, an HBM and an ICI time against the chip's published ceilings (`dlc_jax/plan/chips.py`, sources in `bw_source`: v5p 459 TFLOP/s, 2,765 GB/s HBM, 1,200 GB/s bidirectional ICI per chip; v5e 197 / 819 / 400; v6e 918 / 1,638 / 800; v4 275 / 1,200 / 269 (the pod's all-reduce bandwidth per chip)); its bound is the largest and the step is the train step plus one theta_s forward (`dlc_jax/plan/roofline.py`). Compute uses the analytic FLOPs (what the hardware runs; XLA's count sees each loop body once); HBM uses XLA's bytes accessed times the loop weighting of the HLO walk (`plan/hlo_bytes.py`: each while body times its trip count; see the log-prob section below; plans compiled before session 11 and the peer's cached compiles keep the older scaling by the same undercount as the visible FLOPs); ICI uses FSDP's weight all-gathers (two in the train step, one in the forward, compute dtype) and the float32 gradient reduce-scatter. It assumes perfect overlap, so it is a lower bound; the old 40%-of-peak figure stays beside it for one release. Headline row: train step {h_step_c} s compute vs {h_step_m} s HBM vs {h_step_i} s ICI, theta_s forward {h_fwd_c} / {h_fwd_m} / {h_fwd_i} s: {h_bound}, {h_roof} s (old: {h_old} s at {h_eff}). Rows compiled before issue 30 carry no bytes-accessed figure: their HBM term is 0 (said in each JSON's roofline note) until they are recompiled.
+Each compiled program gets a compute, an HBM and an ICI time against the chip's published ceilings (`dlc_jax/plan/chips.py`, sources in `bw_source`: v5p 459 TFLOP/s, 2,765 GB/s HBM, 1,200 GB/s bidirectional ICI per chip; v5e 197 / 819 / 400; v6e 918 / 1,638 / 800; v4 275 / 1,200 / 269 (the pod's all-reduce bandwidth per chip)); its bound is the largest and the step is the train step plus one theta_s forward (`dlc_jax/plan/roofline.py`). Compute uses the analytic FLOPs (what the hardware runs; XLA's count sees each loop body once). HBM uses XLA's bytes accessed times the loop weighting of the optimized HLO (`plan/hlo_bytes.py`: each instruction outside a fused computation moves its operands and result, slices read only the slice, in-place dynamic-update-slices write only the update, and each while body counts its trip count times, read from the condition's `i < N`; `bytes_loop_scale` in the JSON), for our programs and the peer's alike. ICI uses FSDP's weight all-gathers (two in the train step, one in the forward, compute dtype) and the float32 gradient reduce-scatter. It assumes perfect overlap, so it is a lower bound; the old 40%-of-peak figure stays beside it for one release. Headline row: train step {h_step_c} s compute vs {h_step_m} s HBM vs {h_step_i} s ICI, theta_s forward {h_fwd_c} / {h_fwd_m} / {h_fwd_i} s: {h_bound}, {h_roof} s (old: {h_old} s at {h_eff}).
 
-**The log-prob layout beside tunix's GRPO step (issue 30; session 10's diagnosis, fixed in session 11).**
-The old log-prob path (`rl/logprobs.py`) flattened the batch to positions and mapped over chunks of 256
-*contiguous* positions. With the rows sharded over FSDP and the LM head sharded along its hidden
-dimension, XLA computed each chunk's logits as partial sums over D/8 on every chip and then all-reduced
-the whole f32 chunk (the 8 x 4,096 row's theta_s forward: 155,582,464 bytes per loop body = 256 x
-151,936 x 4; the train step twice that), and every chip then ran the softmax and its gradient on the
-whole chunk, 8 times the work. The trainer now uses `rl/vocab_parallel.py` (Megatron-style
-vocab-parallel log-softmax under `shard_map`): the LM head is resharded once per program from
-[V, D/8] to [V/8, D] (an all-to-all, not a gather), each chunk all-gathers its hidden rows, every chip
-computes [positions, V/8] f32 logits and the chips combine per-position scalars (max with `pmax`;
-sum of exp, target and head logits, entropy term with `psum_scatter`, each chip receiving its own
-positions' totals). In the backward pass each chip accumulates only its [V/8, D] share of the LM-head
-gradient (no full-size f32 gradient per chip) and the hidden gradient is reduce-scattered per chunk.
-`StepConfig.chunk_size` (256) is now positions per device per chunk: a vocab-parallel chunk is 256 x n
-positions by V/n, so each chip's logits block is 256 x V f32 (155.6 MB for Qwen3, the figure the
-report prints as `logits_chunk_bytes_per_chip`), as on one device, in n times fewer iterations: each
-backward iteration re-reads and re-writes the [V/n, D] f32 gradient accumulator, which at 256
-positions per chunk (128 chunks) was 4.1e10 of the 1.7B:2 8 x 4,096 train step's 1.8e11 loop-weighted
-bytes. top-k / top-p (a sort over the whole vocabulary) and `vocab_chunk` fall back to the old path.
-Tests: `tests/unit/test_rl_vocab_parallel.py` (the loop bodies of the compiled function and of the
-trainer's `policy_logprobs` hold no vocabulary-sized collective, and do on the old layout; values and
-gradients equal the reference on ragged shapes, a 2-axis mesh, bf16 hidden states).
-Entropy in every path is now `log S - E[z - m]` (m the max logit): `lse - E[z]` subtracts two numbers of
-the logits' size and lost about ulp(lse) in f32 (2.4e-4 at logits near 3,000, measured 0.37 relative
-error on the old chunked path in that test, 7.7e-4 on the vocab-scan path).
+**The log-prob layout (sessions 10-12).** The trainer's log-probs (`rl/vocab_parallel.py`) are
+vocabulary-parallel under `shard_map`: the LM head is resharded once per program from [V, D/n] to
+[V/n, D] (an all-to-all), each chunk all-gathers its hidden rows, every chip computes
+[256 x n positions, V/n] f32 logits (`logits_chunk_bytes_per_chip`: 155.6 MB for Qwen3, as on one
+device) and the chips combine per-position scalars (`pmax` of the max; `psum_scatter` of the sum of
+exp, the target and head logits and the entropy term). Its backward pass is written out
+(`jax.custom_vjp`, session 12; the JSON's `logprob_backward`): per chunk one logits recompute and one
+elementwise pass forming dz (target ids picked by comparison, nothing scattered), dz @ W
+reduce-scattered to the rows' owners, dz^T @ h accumulated in f32 into each chip's [V/n, D] share of
+the LM-head gradient. Before it, the flattened layout (`rl/logprobs.py`, now only for top-k / top-p
+and `vocab_chunk`) all-reduced every chunk's whole f32 logits on every chip and ran the softmax n
+times over; autodiff's backward through the vocab-parallel chunks scattered the picked ids'
+cotangents into a zeroed [positions, V/n] f32 block and re-laid out the gradient accumulator every
+iteration (0.6B:2, 16 x 4,096 on v5litepod-16: 8.57e10 loop-weighted bytes per chip with it,
+6.05e10 written out, the same XLA FLOPs within 1%). Entropy is `log S - E[z - m]` (m the max logit),
+not `lse - E[z]`, which lost ulp(lse) in f32. Tests: `tests/unit/test_rl_vocab_parallel.py` (no
+vocabulary-sized collective in the loop bodies; values and gradients, a different cotangent per
+position, equal the reference on ragged shapes, a 2-axis mesh, bf16 hidden states).
 
-**How the roofline counts HBM bytes now.** XLA's `bytes accessed` counts a loop body once. The old
-roofline scaled a program's bytes by its FLOPs undercount (analytic / XLA), which weighs the 128-iteration
-chunk loop and the 2-iteration layer scan alike. `plan/hlo_bytes.py` walks the optimized HLO instead:
-each instruction outside a fused computation moves its operands and result, (dynamic) slices read only
-the slice, in-place dynamic-update-slices write only the update, and a while body is multiplied by its
-trip count (TPU HLO carries none in `backend_config`: the bound of the condition's `i < N`). Its
-once-per-body total is XLA's figure to 1-10% (1.7B:2 8 x 4,096 train step: 1.920e10 vs 1.932e10 on the
-old layout, 2.46e10 vs 2.71e10 on the new); the roofline multiplies XLA's bytes by the walk's
-weighted / once ratio (`bytes_loop_scale` in the JSON). Programs compiled before the walk (the peer's
-cached compiles, older plan rows) keep the FLOPs-undercount scaling. Under the new count the old
-layout's 8 x 4,096 row needed 5.44e11 bytes in the train step (0.198 s) and 1.46e11 in the theta_s
-forward (0.052 s).
-
-| 1.7B:2 on v5p-16 | old layout (old HBM count) | old layout (HLO walk) | vocab-parallel (HLO walk) | tunix GRPO |
+| 1.7B:2 on v5p-16 | flattened (session 10) | vocab-parallel, autodiff backward (session 11) | vocab-parallel, written-out backward (now) | tunix GRPO (now) |
 | --- | --- | --- | --- | --- |
-| 8 x 4,096: train step s (bound) | 0.079 (memory) | 0.198 (memory) | {t4_step} | {t4_peer} |
-| 8 x 4,096: theta_s forward s | 0.023 (memory) | 0.052 (memory) | {t4_fwd} | - |
-| 8 x 4,096: roofline ours / peer | 3.74 | 9.7 | {t4_ratio} | |
-| 8 x 32,768: train step s (bound) | 0.385 (compute) | - | {t32_step} | {t32_peer} |
-| 8 x 32,768: theta_s forward s | 0.107 (memory) | - | {t32_fwd} | - |
-| 8 x 32,768: roofline ours / peer | 1.44 | - | {t32_ratio} | |
+| 8 x 4,096: train step s (bound) | 0.198 (memory) | 0.045 (memory) | {t4_step} | {t4_peer} |
+| 8 x 4,096: theta_s forward s | 0.052 (memory) | 0.012 (memory) | {t4_fwd} | - |
+| 8 x 4,096: roofline ours / peer | 9.7 | 2.20 | {t4_ratio} | |
+| 8 x 32,768: train step s (bound) | - | 0.385 (compute) | {t32_step} | {t32_peer} |
+| 8 x 32,768: theta_s forward s | - | 0.097 (memory) | {t32_fwd} | - |
+| 8 x 32,768: roofline ours / peer | - | 1.42 | {t32_ratio} | |
 
-Compiled memory of the new layout: train-step peak {t4_peak} bytes/chip at 8 x 4,096 (1.85e9 before),
-{t32_peak} at 8 x 32,768 (6.36e9); plan totals {t4_total} (2.68e9) and {t32_total} (7.19e9). One open point: in the
-1.7B:2 8 x 32,768 train step (not at 8 x 4,096) XLA combines the vocab-parallel LM-head gradient with
-the tied embedding's scatter gradient by all-gathering the full f32 [151,936, 2,048] gradient
-(1.245e9 bytes), scattering the lookup gradient into it and all-reducing it (another 1.245e9): a
-transient full-size f32 LM-head gradient per chip that the old layout's compile did not have. The
-step's peak still fell and its ICI cost is about 3 ms of a 0.48 s step; the untied 8B does not tie
-the two gradients. A sharding constraint on the LM-head cotangent might steer it; not tried. The
-tightest row of the table, Qwen3-8B 64 x 16,384 on v5litepod-64, was recompiled with it: plan total {e_total} bytes/chip
-(15.68e9 before), {e_left} of HBM left (7%), train-step temporaries {e_temps} (10.55e9).{recompiled}
-{n_old} of the table's {n_rows} rows were compiled with the old layout (column 'log-prob layout': flattened)
-and are stale until recompiled (`dlc-jax bench plan --force`); they were compiled before
-`logprob_vocab_shards` existed, so `refresh_flops` models them with 0 (flattened chunks), as they were
-compiled.
+The earlier columns are the figures as measured then (HBM by the HLO walk, the peer's HBM scaled by
+its FLOPs undercount); the last two are today's compiles. Compiled memory now: train-step peak
+{t4_peak} bytes/chip at 8 x 4,096, {t32_peak} at 8 x 32,768; plan totals {t4_total} and {t32_total}
+(with the resident theta_s copies). The tightest row of the table, Qwen3-8B 64 x 16,384 on
+v5litepod-64: plan total {e_total} bytes/chip, {e_left} of HBM left, train-step temporaries {e_temps}
+(15.68e9, 7% left on the flattened layout). {stale_rows}
 
-**The 1.25x target is not reachable at 2 layers: the compute floor.** If both steps ran at the bf16
-peak, ours / peer would be hardware FLOPs / (hardware FLOPs - log-prob chunk recompute - theta_s
-forward) (`plan_peers.peer_roofline`): DLC's theta_s forward is a whole extra forward including the
+**The 1.25x target against the compute floor.** If both steps ran at the bf16 peak, ours / peer
+would be hardware FLOPs / (hardware FLOPs - log-prob chunk recompute - theta_s forward)
+(`plan_notes.compute_floor`): DLC's theta_s forward is a whole extra forward including the
 vocabulary projection, and the chunked log-probs recompute the projection in the backward pass (the
-peer keeps its full [B, T, V] logits instead: its step peak is 3x-5x ours). At 8 x 4,096 that is
-{f4_hw} / {f4_peer} = {f4_ratio} (theta_s forward {f4_fwd}, chunk recompute {f4_chunk} of the peer's work); at
-8 x 32,768, {f32_hw} / {f32_peer} = {f32_ratio} ({f32_fwd}, {f32_chunk}), which is where the 32k row now sits (both
-programs compute-bound). With 2 decoder layers the vocabulary projection (2 x 2,048 x 151,936 per token)
-is about 3x a layer pair's matmuls, so these two extras weigh far more than in the full 28-layer model.
-The 0.6B rows cut to 2 layers on v5p-8 (`dlc-jax bench plan-peers --size 2-layers-all`) give the same
-picture: 8 x 4,096 roofline {s4_ratio}x (floor {s4_floor}), 8 x 32,768 {s32_ratio}x (floor {s32_floor}, {s32_bound}). With all
-28 layers the extras weigh less but the floor is still above 1.25x: from the analytic FLOPs of the
-committed full-model plans, 1.7B 8 x 32,768 {F1_ratio} (theta_s forward {F1_fwd}, chunk recompute {F1_chunk}),
-1.7B 8 x 4,096 {F2_ratio} ({F2_fwd}, {F2_chunk}), 0.6B 8 x 4,096 {F3_ratio} ({F3_fwd}, {F3_chunk}). The theta_s forward
-alone is one layer pass and one vocabulary pass against the peer's four layer passes (forward, remat,
-backward x2) and three vocabulary passes, so about +0.25 whatever the layout: the 1.25x target sits at
-or below the compute floor of a DLC step beside a GRPO step without a reference forward, and is not
-met by bending the layout; the honest comparison is the roofline against the floor per row. `docs/bench/plan_peers.md` prints the floor per row ("compute floor ours/peer"). What remains above the
-floor at 8 x 4,096 ({t4_ratio} vs {f4_ratio}) is HBM traffic in the train step ({t4_hbm} bytes/chip, {t4_step_m} s against
-{t4_step_c} s of compute) and the theta_s forward ({t4_fwd_m} s against {t4_fwd_c} s). The HLO walk of that train step
-({t4_weighted} weighted bytes before the scaling to XLA's figure) puts 4.3e10 in the backward chunk loop
-(16 iterations): per iteration the LM-head gradient accumulator [V/8, D] f32 (155.6 MB) is added into
-(0.40e9) and relaid out and copied (0.62e9), the gradient of the target and head-logit gather (1 + 20
-head ids per position on this config) is a scatter into a zeroed [2,048, V/8] f32 block (0.47e9), and
-the softmax passes over that block (0.55e9); the layer scan and its collective matmuls hold 3.3e10,
-the forward chunk loop 1.2e10, the code outside the loops 1.5e10. Larger chunks would cut the
-accumulator's share (each chunk re-reads and re-writes it) at chunk_size x V x 4 bytes of logits per
-chip; a one-hot gradient instead of the scatter would cost a pass over the block per head id.
+peer keeps its full [B, T, V] logits instead: its step peak is 3x-10x ours). For 1.7B:2 at 8 x 4,096
+that is {f4_hw} / {f4_peer} = {f4_ratio} (theta_s forward {f4_fwd}, chunk recompute {f4_chunk} of the peer's work); at 8 x 32,768,
+{f32_hw} / {f32_peer} = {f32_ratio} ({f32_fwd}, {f32_chunk}). Today's roofline ratios: {t4_ratio} at 8 x 4,096, below the floor
+because tunix's step there is bound by HBM ({t4_peer_m} s of traffic by the same HLO walk against
+{t4_peer_c} s of compute) and ours by compute; {t32_ratio} at 8 x 32,768, where both are
+compute-bound and the ratio is the floor. The 0.6B rows cut to 2 layers on v5p-8 (4 chips, no
+collective matmuls in the peer): 8 x 4,096 {s4_ratio}x (floor {s4_floor}; the peer compute-bound, our theta_s
+forward HBM-bound), 8 x 32,768 {s32_ratio}x (floor {s32_floor}, {s32_bound}). With 2 decoder layers the vocabulary
+projection (2 x 2,048 x 151,936 per token) is about 3x a layer pair's matmuls, so the two extras
+weigh far more than in the full model; with all layers the floor is lower but still above 1.25x:
+from the analytic FLOPs of the committed full-model plans, 1.7B 8 x 32,768 {F1_ratio} (theta_s forward {F1_fwd},
+chunk recompute {F1_chunk}), 1.7B 8 x 4,096 {F2_ratio} ({F2_fwd}, {F2_chunk}), 0.6B 8 x 4,096 {F3_ratio} ({F3_fwd}, {F3_chunk}). The theta_s
+forward alone is one layer pass and one vocabulary pass against the peer's four layer passes
+(forward, remat, backward x2) and three vocabulary passes, about +0.25 whatever the layout: where
+both steps are compute-bound the target is below DLC's floor and is not met by bending the layout;
+the honest comparison is the roofline against the floor per row (`docs/bench/plan_peers.md`, column
+"compute floor ours/peer"). The full-depth peer rows are not compiled: tunix unrolls its layers, so
+its 28-layer step's HLO is about 14x its 2-layer one's.
 """
 
 MOE_TEXT = """\
@@ -193,14 +160,30 @@ megablox's estimate (2*m*k*n over the rows it is given) was right. `dlc-jax plan
 `batch_replication` (`rows_per_micro_batch`, `factor`) in every plan JSON and prints a warning naming
 the micro-batch counts that split evenly (here 1 or 2) when the factor is above 1
 (`model.sharding.batch_replication`, `tests/unit/test_plan_batch_replication.py`); the other
-configs' rows split evenly (factor 1). The 30B-A3B config is not changed here: its train step's
-compile at another micro-batch count has not been run.
+configs' rows split evenly (factor 1).
 
-The MoE rows' roofline therefore uses the analytic active work (8 of 128 experts, as the kernels run it), not XLA's count: 30B-A3B 64 x 8,192 on v5p-64, {m_roof} s per step, {m_bound}. Uncertainty: (1) the grouped matmul pads each expert's rows to the 128-row tile, up to 128 x 127 rows on 32,768 per device and layer body (+up to 50%, about +25% on average, on the expert matmuls); (2) the row predates bytes accessed, so its HBM term is not in the figure; (3) if the 32x above were work rather than counting (the expert matmuls replicated over the FSDP axis), the step would be up to 18x longer - the tiny model's per-device kernel estimates say counting, a 30B-A3B compile reading the kernels' HLO would settle it.
+**The shipped 30B-A3B config now runs 2 micro-batches (session 12)**: 32 rows each, one per chip
+(`batch_replication` factor 1). Its plan: peak {m_peak} GiB per chip ({m_left} of HBM left; 70.1 GiB with 4
+micro-batches), XLA's FLOPs per device {m_xla_step} in the train step and {m_xla_fwd} in the theta_s forward
+(4.26e13 and 1.01e13 with 4: the 32x replication gone), compile {m_wall} s wall ({m_cpu} CPU-s).
+
+The MoE row's roofline takes compute from the analytic active work (8 of 128 experts, as the kernels
+run it), not XLA's count, and HBM from the HLO walk like every row: 30B-A3B 64 x 8,192 on v5p-64,
+{m_roof} s per step, {m_bound} (train step {m_step_c} s compute / {m_step_m} s HBM, theta_s forward
+{m_fwd_c} / {m_fwd_m} s). Diagnosed on the model cut to 2 layers: the walk first counted the buffers that
+the async collective fusions thread through each window step of the collective matmuls (the next
+layer's gathered experts, bf16 [128, 2,048, 768], 403 MB, read and rewritten whole per step: 1.04e12
+weighted bytes in that train step); they alias their operands in place and now count as neither
+(3.82e11; `plan/hlo_bytes.py`, rules 2 in the JSON; the dense rows moved by about 1%). What the walk
+still cannot see, the remaining uncertainty: (1) the grouped matmul pads each expert's rows to the
+128-row tile (up to 128 x 127 rows on 32,768 per device and layer body: +up to 50%, about +25% on
+average, on the expert matmuls' compute); (2) a Pallas kernel (megablox, splash) is a custom call
+whose operands the walk counts once per call as XLA does, whatever tiles the kernel re-reads
+inside; (3) the roofline assumes perfect overlap of compute, HBM and ICI, so it is a lower bound.
 
 ### Compile time of the 1.7B x 32k plan
 
-With the flags, from a clean clone of this branch: {c_cpu} CPU-s for both programs (train step {c_step}, theta_s forward {c_fwd}), {c_wall} s wall at a 1-minute load of 16.9-19.9 on the 2-core machine (108 CPU-s / 58 s wall quiet before issue 30; 332 CPU-s on the other machine without windowed einsums). The wall target (<= 120 s quiet) is for a quiet machine: `git clone REPO /tmp/planclone && cd /tmp/planclone && PYTHONPATH=$PWD python -m dlc_jax.cli plan --config configs/qwen3_1p7b_dlc.yaml --topology v5p-16 train.batch_prompts=1 sampler.n=8 sampler.max_model_len=32768 train.micro_batches=1 mesh.data=1 mesh.fsdp=-1 mesh.tensor=1 --json /tmp/h.json` and read compile_s / compile_cpu_s / loadavg in the JSON.
+With the flags, from a fresh clone: {c_cpu} CPU-s for both programs (train step {c_step}, theta_s forward {c_fwd}), {c_wall} s wall at a 1-minute load of {c_load} on the 2-core machine (target <= 120 s quiet; 332 CPU-s on the other machine without windowed einsums, 108 CPU-s / 58 s wall before issue 30). To repeat it: `git clone REPO /tmp/planclone && cd /tmp/planclone && PYTHONPATH=$PWD python -m dlc_jax.cli plan --config configs/qwen3_1p7b_dlc.yaml --topology v5p-16 train.batch_prompts=1 sampler.n=8 sampler.max_model_len=32768 train.micro_batches=1 mesh.data=1 mesh.fsdp=-1 mesh.tensor=1 --json /tmp/h.json` and read compile_s / compile_cpu_s / loadavg in the JSON.
 """
 
 
@@ -253,6 +236,7 @@ def _headline(v: dict, h: dict) -> None:
         c_step=f"{h['programs']['train_step']['compile_cpu_s']:.1f}",
         c_fwd=f"{h['programs']['snapshot_forward']['compile_cpu_s']:.1f}",
         c_wall=f"{h['compile_s']:.0f}",
+        c_load=f"{(h.get('loadavg') or [float('nan')])[0]:.1f}",
     )
     bounds = {p["bound"] for p in h["roofline"]["programs"].values()}
     v["h_bound"] = f"{bounds.pop()}-bound" if len(bounds) == 1 else "mixed bounds"
@@ -273,12 +257,6 @@ def _two_layer(v: dict, tag: str, ours: dict, ratio: float | None) -> None:
             f"{tag}_ratio": "n/a" if ratio is None else f"{ratio:.2f}",
             f"{tag}_peak": _e9(ours["programs"]["train_step"]["peak_bytes"]),
             f"{tag}_total": _e9(ours["peak_bytes_per_chip"]["total"]),
-            f"{tag}_hbm": _e(step["hbm_bytes_per_chip"]),
-            f"{tag}_step_m": f"{step['seconds']['memory']:.3f}",
-            f"{tag}_step_c": f"{step['seconds']['compute']:.3f}",
-            f"{tag}_fwd_m": f"{fwd['seconds']['memory']:.3f}",
-            f"{tag}_fwd_c": f"{fwd['seconds']['compute']:.3f}",
-            f"{tag}_weighted": _e(ours["programs"]["train_step"].get("hlo_bytes_weighted") or 0),
         }
     )
 
@@ -296,23 +274,19 @@ def _floor_fields(v: dict, tag: str, plan: dict, digits: int) -> None:
     )
 
 
-def _row_name(plan: dict) -> str:
-    c = plan["config"]
-    model = c["model"].rsplit("/", 1)[-1]
-    return f"{model} {c['rows']} x {c['seq_len']:,} on {plan['topology']['name']}"
-
-
-def _vocab_parallel(v: dict, e: dict, table: list[dict]) -> None:
-    """The 8B v5litepod-64 x 16,384 row recompiled with the layout, the others recompiled since,
-    and how many are not."""
-    others = [_row_name(r) for r in table if vocab_parallel(r) and r is not e]
+def _tightest(v: dict, e: dict, table: list[dict]) -> None:
+    """The 8B v5litepod-64 x 16,384 row, and how many rows predate today's trainer."""
     v.update(
         e_total=_e9(e["peak_bytes_per_chip"]["total"]),
         e_left=f"{100 * e['hbm_left_fraction']:.0f}%",
         e_temps=_e9(e["programs"]["train_step"]["temp_bytes"]),
-        n_old=str(sum(1 for r in table if not vocab_parallel(r))),
-        n_rows=str(len(table)),
-        recompiled=f" Recompiled with it since: {'; '.join(others)}." if others else "",
+    )
+    n = sum(1 for r in table if stale(r))
+    v["stale_rows"] = (
+        f"{n} of the table's {len(table)} rows predate today's trainer (`plan_notes.stale`; "
+        "`dlc-jax bench plan --stale` recompiles them)."
+        if n
+        else f"All {len(table)} rows of the table were compiled with today's trainer."
     )
 
 
@@ -324,14 +298,17 @@ def vocab_parallel(plan: dict) -> int:
 
 def stale(plan: dict) -> str:
     """Why a cached plan no longer shows today's trainer ('' when it does): compiled before the
-    plan set its XLA flags, with the flattened log-prob chunks, or with autodiff's backward pass
-    through the vocab-parallel chunks (``rl.vocab_parallel.BACKWARD``)."""
+    plan set its XLA flags, with the flattened log-prob chunks, with autodiff's backward pass
+    through the vocab-parallel chunks (``rl.vocab_parallel.BACKWARD``), or with an older HBM walk
+    (``plan.hlo_bytes.RULES``)."""
     if "xla_flags" not in plan:
         return "no XLA flags"
     if not vocab_parallel(plan) and not plan["programs"]["train_step"]["oom"]:
         return "flattened log-prob chunks"
     if vocab_parallel(plan) and plan.get("logprob_backward") != BACKWARD:
         return "autodiff log-prob backward"
+    if plan.get("hlo_bytes_rules") != HLO_BYTES_RULES:
+        return "older HBM walk"
     return ""
 
 
@@ -348,6 +325,8 @@ def issue30_sections(
         _two_layer(v, tag, plans[role], peer_ratios.get(role, {}).get("ratio"))
         peer = peer_ratios.get(role, {}).get("peer")
         v[f"{tag}_peer"] = "n/a" if peer is None else _bound_s(peer)
+        for term, key in (("m", "memory"), ("c", "compute")):
+            v[f"{tag}_peer_{term}"] = "n/a" if peer is None else f"{peer['seconds'][key]:.3f}"
     for tag, role in (("s4", "0.6B:2_4k"), ("s32", "0.6B:2_32k")):
         pr = peer_ratios.get(role, {})
         v[f"{tag}_ratio"] = f"{pr['ratio']:.2f}" if pr else "n/a"
@@ -357,10 +336,22 @@ def issue30_sections(
     _floor_fields(v, "f32", plans["1.7B:2_32k"], 2)
     for tag, role in (("F1", "headline"), ("F2", "full_1.7B_4k"), ("F3", "full_0.6B_4k")):
         _floor_fields(v, tag, plans[role], 3)
-    _vocab_parallel(v, plans["8B_v5e_16k"], table)
+    _tightest(v, plans["8B_v5e_16k"], table)
     m = plans["moe"]
     bounds = {p["bound"] for p in m["roofline"]["programs"].values()}
-    v.update(m_roof=f"{m['roofline']['step_s']:.2f}", m_bound=f"{'/'.join(sorted(bounds))}-bound")
+    v.update(
+        m_roof=f"{m['roofline']['step_s']:.2f}",
+        m_bound=f"{'/'.join(sorted(bounds))}-bound",
+        m_peak=f"{m['peak_bytes_per_chip']['total'] / 2**30:.1f}",
+        m_left=f"{100 * m['hbm_left_fraction']:.0f}%",
+        m_xla_step=_e(m["xla_flops_per_device"]["train_step"]),
+        m_xla_fwd=_e(m["xla_flops_per_device"]["snapshot_forward"]),
+        m_wall=f"{m['compile_s']:.0f}",
+        m_cpu=f"{m['compile_cpu_s']:.0f}",
+    )
+    for tag, prog in (("step", "train_step"), ("fwd", "snapshot_forward")):
+        sec = _program_s(m, prog)["seconds"]
+        v[f"m_{tag}_c"], v[f"m_{tag}_m"] = f"{sec['compute']:.2f}", f"{sec['memory']:.2f}"
     return "\n".join((FLAGS_TEXT, ROOFLINE_TEXT, MOE_TEXT)).format(**v).split("\n")
 
 

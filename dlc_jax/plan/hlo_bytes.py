@@ -6,7 +6,9 @@ in a loop (the layer scan, the log-prob chunk map, a collective matmul) looks li
 outside a fused computation moves its operands and its result through HBM; a ``while`` multiplies
 its body by ``known_trip_count`` (nested loops multiply); ``call`` / ``conditional`` descend.
 (Dynamic) slices read only the slice and in-place dynamic-update-slices write only the update (also
-as a fusion's root or operand use), as XLA counts them. The result is an estimate in XLA's own
+as a fusion's root or operand use), as XLA counts them; a fusion's result element that aliases an
+operand (``output_to_operand_aliasing``: the buffers async collective fusions thread through the
+loops) counts neither as read nor as written. The result is an estimate in XLA's own
 terms: ``once`` (every body once, as the cost analysis) and ``weighted`` (bodies x trips); the
 roofline scales XLA's figure by their ratio (``roofline.program_roofline``).
 """
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 import re
 
+# what the walk counts, recorded in each plan JSON (``hlo_bytes_rules``): 2 = in-place aliased
+# fusion buffers count neither as read nor as written (1: counted whole, before session 12)
+RULES = 2
 ARRAY_RE = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
 _DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
@@ -100,10 +105,34 @@ def parse_module(hlo: str) -> tuple[dict, str]:
     return comps, entry
 
 
+_ALIAS = re.compile(r"output_to_operand_aliasing=\{(.*?)\}(?:,\s*\w+=|$)")
+_ALIAS_PAIR = re.compile(r"\{(\d*)[^}]*\}:\s*\((\d+),")
+
+
+def _aliased(shape: str, attrs: str) -> tuple[int, set[int]]:
+    """(bytes of the result's elements that alias an operand, those operands' indices): a buffer
+    threaded through in place (an async collective's destination, a windowed einsum's carried
+    weights) is neither re-read nor rewritten whole."""
+    m = _ALIAS.search(attrs)
+    if not m:
+        return 0, set()
+    elements = [shape_bytes(f"{dt}[{dims}]") for dt, dims in ARRAY_RE.findall(shape)]
+    out, ops = 0, set()
+    for element, operand in _ALIAS_PAIR.findall(m.group(1)):
+        k = int(element) if element else 0
+        out += elements[k] if k < len(elements) else 0
+        ops.add(int(operand))
+    return out, ops
+
+
 def _instruction_bytes(ins, shapes: dict, comps: dict) -> int:
     name, shape, op, operands, attrs = ins
     out = shape_bytes(shape)
     ins_bytes = [shape_bytes(shapes.get(o, "")) for o in operands]
+    if op == "fusion":
+        alias_out, alias_ops = _aliased(shape, attrs)
+        out -= alias_out
+        ins_bytes = [0 if k in alias_ops else b for k, b in enumerate(ins_bytes)]
     if op in ("dynamic-slice", "slice"):
         return 2 * out
     if op == "dynamic-update-slice" and len(ins_bytes) > 1:

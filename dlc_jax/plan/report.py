@@ -22,6 +22,7 @@ import os
 import time
 
 from dlc_jax.plan.chips import GIB
+from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
 from dlc_jax.rl.vocab_parallel import BACKWARD as LOGPROB_BACKWARD
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         "fits": fits,
         "xla_flags": flags,
         "logprob_backward": LOGPROB_BACKWARD,
+        "hlo_bytes_rules": HLO_BYTES_RULES,
         "hbm_bytes_per_chip": usable,
         "hbm_published_bytes_per_chip": chip.hbm_published_bytes,
         "peak_bytes_per_chip": {

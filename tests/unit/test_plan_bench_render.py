@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dlc_jax.bench import common, plan_bench, plan_notes, plan_peers
+from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
 from dlc_jax.rl.vocab_parallel import BACKWARD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +88,10 @@ def test_plan_layout_column_comes_from_the_json(in_repo):
     vp = dict(flat, analytic_flops={"logprob_vocab_shards": 8})
     assert plan_bench.layout(vp) == "vocab-parallel /8 (autodiff backward)"
     assert plan_notes.stale(vp) == "autodiff log-prob backward"
-    today = dict(vp, logprob_backward=BACKWARD)
+    walk1 = dict(vp, logprob_backward=BACKWARD)
+    assert plan_bench.layout(walk1) == "vocab-parallel /8"
+    assert plan_notes.stale(walk1) == "older HBM walk"
+    today = dict(walk1, hlo_bytes_rules=HLO_BYTES_RULES)
     assert plan_bench.layout(today) == "vocab-parallel /8" and plan_notes.stale(today) == ""
 
 

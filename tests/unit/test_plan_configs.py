@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlc_jax.bench.plan_bench import SHIPPED
+from dlc_jax.bench.plan_cases import SHIPPED
 from dlc_jax.plan.topology import parse_topology
 from dlc_jax.trainer.config import load_config
 

@@ -67,3 +67,30 @@ def test_compiled_scan_weighs_its_body_by_the_trip_count():
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     assert abs(got["once"] / cost["bytes accessed"] - 1) < 0.15, (got, cost["bytes accessed"])
     assert 30 < got["weighted"] / got["once"] <= 64, got
+
+
+# a fusion threading a 512 KiB buffer through in place (as the async collective fusions of the
+# collective matmul loops do: output_to_operand_aliasing) beside a 4 KiB elementwise result
+ALIASED = """HloModule m
+
+%fused (param_0: f32[1024], param_1: f32[128,1024]) -> (f32[1024], f32[128,1024]) {
+  %param_0 = f32[1024]{0} parameter(0)
+  %param_1 = f32[128,1024]{1,0} parameter(1)
+  %neg = f32[1024]{0} negate(%param_0)
+  ROOT %t = (f32[1024]{0}, f32[128,1024]{1,0}) tuple(%neg, %param_1)
+}
+
+ENTRY %main (a: f32[1024], buf: f32[128,1024]) -> (f32[1024], f32[128,1024]) {
+  %a = f32[1024]{0} parameter(0)
+  %buf = f32[128,1024]{1,0} parameter(1)
+  ROOT %f = (f32[1024]{0}, f32[128,1024]{1,0}) fusion(%a, %buf), kind=kOutput, output_to_operand_aliasing={{1}: (1, {})}, calls=%fused
+}
+"""  # noqa: E501 (an HLO instruction is one line)
+
+
+def test_a_buffer_aliased_through_a_fusion_is_neither_read_nor_written():
+    # the negate's 4 KiB in and 4 KiB out; the aliased 512 KiB buffer not at all (2 x 512 KiB +
+    # 8 KiB without the rule)
+    assert loop_weighted_bytes(ALIASED)["once"] == 2 * 4096
+    plain = ALIASED.replace(", output_to_operand_aliasing={{1}: (1, {})}", "")
+    assert loop_weighted_bytes(plain)["once"] == 2 * 4096 + 2 * 128 * 4096
