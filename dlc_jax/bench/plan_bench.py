@@ -271,11 +271,24 @@ def run(cfg: PlanBenchConfig) -> dict:
     return common.finish(res)
 
 
+def _beside_peer(ours: dict, peer: dict) -> dict:
+    """Our roofline step over tunix's (`plan_notes.peer_roofline`), the compute floor and our
+    programs' bounds."""
+    from dlc_jax.bench.plan_notes import peer_roofline
+
+    prl = peer_roofline(peer, ours)
+    rl = ours["roofline"]["programs"].values()
+    return {
+        "peer": prl,
+        "ratio": ours["roofline"]["step_s"] / prl["projected_s"],
+        "floor": sum(p["seconds"]["compute"] for p in rl) / prl["seconds"]["compute"],
+        "bound": "/".join(sorted({f"{p['bound']}-bound" for p in rl})),
+    }
+
+
 def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
     """`plan_notes.issue30_sections` over the cached plans it quotes (the 2-layer rows and tunix's
     steps of `dlc-jax bench plan-peers` beside this cache: docs/bench/plan_peers/)."""
-    from dlc_jax.bench.plan_notes import peer_roofline
-
     peers_dir = Path(cfg.cache_dir).parent / "plan_peers"
     by_shape = {(c.model, c.topology, c.rows, c.seq_len, c.slices): r for c, r in found.items()}
     plans: dict[str, dict | None] = {
@@ -299,14 +312,13 @@ def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
             if cfg.write_cache:
                 _write_refreshed(path, ours)
             if peer_path.exists():
-                prl = peer_roofline(json.loads(peer_path.read_text()), ours)
-                rl = ours["roofline"]["programs"].values()
-                ratios[role] = {
-                    "peer": prl,
-                    "ratio": ours["roofline"]["step_s"] / prl["projected_s"],
-                    "floor": sum(p["seconds"]["compute"] for p in rl) / prl["seconds"]["compute"],
-                    "bound": "/".join(sorted({f"{p['bound']}-bound" for p in rl})),
-                }
+                ratios[role] = _beside_peer(ours, json.loads(peer_path.read_text()))
+    # the whole models at 8 x 4,096 (plan-peers --size committed)
+    for model, topo in (("1.7B", "v5p-16"), ("0.6B", "v5p-8")):
+        full = plans[f"full_{model}_4k"]
+        peer_path = peers_dir / f"tunix_grpo_{model}_{topo}_8x4096.json"
+        if full and peer_path.exists():
+            ratios[f"full_{model}_4k"] = _beside_peer(full, json.loads(peer_path.read_text()))
     missing = [k for k, v in plans.items() if v is None]
     if missing:
         return [f"(the issue-30 notes quote cached plans not there: {', '.join(missing)})", ""]

@@ -118,7 +118,7 @@ v5litepod-64: plan total {e_total} bytes/chip, {e_left} of HBM left, train-step 
 would be hardware FLOPs / (hardware FLOPs - log-prob chunk recompute - theta_s forward)
 (`plan_notes.compute_floor`): DLC's theta_s forward is a whole extra forward including the
 vocabulary projection, and the chunked log-probs recompute the projection in the backward pass (the
-peer keeps its full [B, T, V] logits instead: its step peak is 3x-10x ours). For 1.7B:2 at 8 x 4,096
+peer keeps its full [B, T, V] logits instead: its step peak is 3x-10x ours at 2 layers). For 1.7B:2 at 8 x 4,096
 that is {f4_hw} / {f4_peer} = {f4_ratio} (theta_s forward {f4_fwd}, chunk recompute {f4_chunk} of the peer's work); at 8 x 32,768,
 {f32_hw} / {f32_peer} = {f32_ratio} ({f32_fwd}, {f32_chunk}). Today's roofline ratios: {t4_ratio} at 8 x 4,096, below the floor
 because tunix's step there is bound by HBM ({t4_peer_m} s of traffic by the same HLO walk against
@@ -134,8 +134,7 @@ forward alone is one layer pass and one vocabulary pass against the peer's four 
 (forward, remat, backward x2) and three vocabulary passes, about +0.25 whatever the layout: where
 both steps are compute-bound the target is below DLC's floor and is not met by bending the layout;
 the honest comparison is the roofline against the floor per row (`docs/bench/plan_peers.md`, column
-"compute floor ours/peer"). The full-depth peer rows are not compiled: tunix unrolls its layers, so
-its 28-layer step's HLO is about 14x its 2-layer one's.
+"compute floor ours/peer"). {full_rows}
 """
 
 MOE_TEXT = """\
@@ -332,6 +331,23 @@ def issue30_sections(
         v[f"{tag}_ratio"] = f"{pr['ratio']:.2f}" if pr else "n/a"
         v[f"{tag}_floor"] = f"{pr['floor']:.2f}" if pr else "n/a"
         v[f"{tag}_bound"] = pr.get("bound", "n/a")
+    full = [
+        f"{name} {pr['ratio']:.2f}x (floor {pr['floor']:.2f}, ours {pr['bound']}, the peer "
+        f"{pr['peer']['bound']}-bound)"
+        for name, pr in (
+            ("1.7B", peer_ratios.get("full_1.7B_4k")),
+            ("0.6B", peer_ratios.get("full_0.6B_4k")),
+        )
+        if pr
+    ]
+    v["full_rows"] = (
+        f"The whole models beside tunix at 8 x 4,096: {'; '.join(full)}. Tunix unrolls its layers, "
+        "so its 28-layer step is a far larger compile (200-290 s wall here); the 32,768-token rows "
+        "are not compiled at full depth: the peer's f32 [8, 32,768, 151,936] logits alone are "
+        "19.9e9 bytes per chip on v5p-16 and 39.8e9 on v5p-8."
+        if full
+        else "The full-depth peer rows are not compiled: tunix unrolls its layers."
+    )
     _floor_fields(v, "f4", plans["1.7B:2_4k"], 2)
     _floor_fields(v, "f32", plans["1.7B:2_32k"], 2)
     for tag, role in (("F1", "headline"), ("F2", "full_1.7B_4k"), ("F3", "full_0.6B_4k")):

@@ -5,7 +5,7 @@ edit of either markdown file, or a cached JSON out of step with the code that re
 here; regenerate with
 
     dlc-jax bench plan --size full --cached-only --out docs/bench
-    dlc-jax bench plan-peers --size 2-layers-all --cached-only --out docs/bench
+    dlc-jax bench plan-peers --size committed --cached-only --out docs/bench
 
 Only the machine line (the load while rendering) and the wall time may differ."""
 
