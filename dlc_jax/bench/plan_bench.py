@@ -32,6 +32,7 @@ from dlc_jax.bench.plan_notes import (
     FLOPS_SECTION,
     MOE_HISTORY,
     issue30_sections,
+    peer_roofline,
     stale,
     vocab_parallel,
 )
@@ -274,8 +275,6 @@ def run(cfg: PlanBenchConfig) -> dict:
 def _beside_peer(ours: dict, peer: dict) -> dict:
     """Our roofline step over tunix's (`plan_notes.peer_roofline`), the compute floor and our
     programs' bounds."""
-    from dlc_jax.bench.plan_notes import peer_roofline
-
     prl = peer_roofline(peer, ours)
     rl = ours["roofline"]["programs"].values()
     return {

@@ -175,8 +175,8 @@ layer's gathered experts, bf16 [128, 2,048, 768], 403 MB, read and rewritten who
 weighted bytes in that train step); they alias their operands in place and now count as neither
 (3.82e11; `plan/hlo_bytes.py`, rules 2 in the JSON; the dense rows moved by about 1%). What the walk
 still cannot see, the remaining uncertainty: (1) the grouped matmul pads each expert's rows to the
-128-row tile (up to 128 x 127 rows on 32,768 per device and layer body: +up to 50%, about +25% on
-average, on the expert matmuls' compute); (2) a Pallas kernel (megablox, splash) is a custom call
+128-row tile (up to 128 x 127 rows on the 65,536 (token, expert) rows per device, micro-batch and
+layer: +up to 25%, about +12% on average, on the expert matmuls' compute); (2) a Pallas kernel (megablox, splash) is a custom call
 whose operands the walk counts once per call as XLA does, whatever tiles the kernel re-reads
 inside; (3) the roofline assumes perfect overlap of compute, HBM and ICI, so it is a lower bound.
 
