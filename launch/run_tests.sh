@@ -14,7 +14,7 @@ cd "$ROOT"
 # the suite writes checkpoints, exports and compile caches under the temp dir (a full /tmp failed a
 # CI run in session 11 with errors far from the cause): say it once up front
 tmp="${TMPDIR:-/tmp}"
-free_kib=$(df -Pk "$tmp" | awk 'NR == 2 {print $4}')
+free_kib=$(df -Pk "$tmp" 2>/dev/null | awk 'NR == 2 {print $4}' || true)
 if [[ -n "$free_kib" && "$free_kib" -lt $((4 * 1024 * 1024)) ]]; then
   echo "[tests] only $((free_kib / 1024)) MiB free under $tmp (need >= 4 GiB): free space or set TMPDIR" >&2
   exit 1
