@@ -27,6 +27,7 @@ from dlc_jax.bench.plan_cases import (
     dedupe,
     matrix_cases,
     our_case,
+    peer_json,
 )
 from dlc_jax.bench.plan_notes import (
     FLOPS_SECTION,
@@ -304,7 +305,7 @@ def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
             plans[role] = None
             case = our_case("docs/bench/plan_peers", model, topo, 8, length)
             path = Path(cfg.cache_dir) / f"{case.key}.json"
-            peer_path = peers_dir / f"tunix_grpo_{model.replace(':', '_L')}_{topo}_8x{length}.json"
+            peer_path = peer_json(peers_dir, model, topo, 8, length)
             if not path.exists():
                 continue
             ours = plans[role] = refresh_flops(json.loads(path.read_text()))
@@ -315,7 +316,7 @@ def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
     # the whole models at 8 x 4,096 (plan-peers --size committed)
     for model, topo in (("1.7B", "v5p-16"), ("0.6B", "v5p-8")):
         full = plans[f"full_{model}_4k"]
-        peer_path = peers_dir / f"tunix_grpo_{model}_{topo}_8x4096.json"
+        peer_path = peer_json(peers_dir, model, topo, 8, 4096)
         if full and peer_path.exists():
             ratios[f"full_{model}_4k"] = _beside_peer(full, json.loads(peer_path.read_text()))
     missing = [k for k, v in plans.items() if v is None]

@@ -9,6 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
+PACKAGE = Path(__file__).parents[1]
 CONFIGS = {
     "0.6B": "configs/qwen3_0p6b_dlc.yaml",
     "1.7B": "configs/qwen3_1p7b_dlc.yaml",
@@ -79,7 +80,8 @@ def _max_tokens(model: str) -> int:
     """The response budget of the model's shipped config (sampler.max_tokens)."""
     import yaml
 
-    cfg = yaml.safe_load(Path(CONFIGS[model]).read_text()) or {}
+    # from the package (configs/ links to dlc_jax/configs), so importing works from any directory
+    cfg = yaml.safe_load((PACKAGE / CONFIGS[model]).read_text()) or {}
     return int((cfg.get("sampler") or {}).get("max_tokens") or 0)
 
 
@@ -135,3 +137,9 @@ def our_case(cache_dir: str, model: str, topo: str, rows: int, length: int):
         path = Path(cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
         model, extra = name, (*TODAY, f"model.path={path}")
     return PlanCase(model, topo, rows, length, 1, extra=extra)
+
+
+def peer_json(cache_dir: str | Path, model: str, topo: str, rows: int, length: int) -> Path:
+    """Where `dlc-jax bench plan-peers` caches tunix's compile of a row ("1.7B:2" -> "1.7B_L2")."""
+    tag = model.replace(":", "_L")
+    return Path(cache_dir) / f"tunix_grpo_{tag}_{topo}_{rows}x{length}.json"

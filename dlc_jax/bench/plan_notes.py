@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dlc_jax.plan.chips import GIB
 from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
 from dlc_jax.rl.vocab_parallel import BACKWARD
 
@@ -358,7 +359,7 @@ def issue30_sections(
     v.update(
         m_roof=f"{m['roofline']['step_s']:.2f}",
         m_bound=f"{'/'.join(sorted(bounds))}-bound",
-        m_peak=f"{m['peak_bytes_per_chip']['total'] / 2**30:.1f}",
+        m_peak=f"{m['peak_bytes_per_chip']['total'] / GIB:.1f}",
         m_left=f"{100 * m['hbm_left_fraction']:.0f}%",
         m_xla_step=_e(m["xla_flops_per_device"]["train_step"]),
         m_xla_fwd=_e(m["xla_flops_per_device"]["snapshot_forward"]),

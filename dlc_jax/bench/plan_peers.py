@@ -20,7 +20,7 @@ from pathlib import Path
 from dlc_jax.bench import common
 from dlc_jax.bench.peers import import_error, side_env
 from dlc_jax.bench.plan_bench import refresh_flops, run_case
-from dlc_jax.bench.plan_cases import our_case
+from dlc_jax.bench.plan_cases import our_case, peer_json
 from dlc_jax.bench.plan_notes import peer_roofline, stale
 from dlc_jax.plan.chips import GIB
 from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
@@ -92,8 +92,7 @@ def peer_available(site: str) -> str:
 
 
 def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int) -> dict:
-    tag = model.replace(":", "_L")
-    out = Path(cfg.cache_dir) / f"tunix_grpo_{tag}_{topo}_{rows}x{length}.json"
+    out = peer_json(cfg.cache_dir, model, topo, rows, length)
     if cfg.cached_only and not out.exists():
         raise RuntimeError(f"not cached: {out} (--cached-only)")
     # a compile walked with older HBM rules than ours is redone, so both sides count alike

@@ -129,22 +129,22 @@ def _instruction_bytes(ins, shapes: dict, comps: dict) -> int:
     name, shape, op, operands, attrs = ins
     out = shape_bytes(shape)
     ins_bytes = [shape_bytes(shapes.get(o, "")) for o in operands]
-    if op == "fusion":
-        alias_out, alias_ops = _aliased(shape, attrs)
-        out -= alias_out
-        ins_bytes = [0 if k in alias_ops else b for k, b in enumerate(ins_bytes)]
     if op in ("dynamic-slice", "slice"):
         return 2 * out
     if op == "dynamic-update-slice" and len(ins_bytes) > 1:
         return 2 * ins_bytes[1]
     if op == "fusion":
+        alias_out, alias_ops = _aliased(shape, attrs)
+        out -= alias_out
+        ins_bytes = [0 if k in alias_ops else b for k, b in enumerate(ins_bytes)]
         called = re.search(r"calls=%?([\w.\-]+)", attrs)
         body = comps.get(called.group(1), []) if called else []
         root = body[-1] if body else None
         if root and root[2] == "dynamic-update-slice":  # in place: the buffer is not re-read
             fshapes = {i[0]: i[1] for i in body}
             upd = shape_bytes(fshapes.get(root[3][1], "")) if len(root[3]) > 1 else out
-            big = max(ins_bytes, default=0)
+            # the updated buffer is the largest operand, unless aliasing already took it out
+            big = 0 if alias_ops else max(ins_bytes, default=0)
             return 2 * upd + sum(ins_bytes) - big
         # a parameter used only through dynamic slices is read only where sliced
         sliced = _sliced_params(body)
