@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dlc_jax.plan.chips import GIB
 from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
 from dlc_jax.rl.vocab_parallel import BACKWARD
+from dlc_jax.tpu_flags import lacks_defaults
 
 FLOPS_SECTION = [
     "### How the FLOPs are counted",
@@ -299,10 +300,12 @@ def vocab_parallel(plan: dict) -> int:
 def stale(plan: dict) -> str:
     """Why a cached plan no longer shows today's trainer ('' when it does): compiled before the
     plan set its XLA flags, with the flattened log-prob chunks, with autodiff's backward pass
-    through the vocab-parallel chunks (``rl.vocab_parallel.BACKWARD``), or with an older HBM walk
-    (``plan.hlo_bytes.RULES``)."""
+    through the vocab-parallel chunks (``rl.vocab_parallel.BACKWARD``), with an older HBM walk
+    (``plan.hlo_bytes.RULES``) or with other libtpu flags than ``tpu_flags.DEFAULT_FLAGS``."""
     if "xla_flags" not in plan:
         return "no XLA flags"
+    if lacks_defaults(plan["xla_flags"].get("LIBTPU_INIT_ARGS", "")):
+        return "other XLA flags"
     if not vocab_parallel(plan) and not plan["programs"]["train_step"]["oom"]:
         return "flattened log-prob chunks"
     if vocab_parallel(plan) and plan.get("logprob_backward") != BACKWARD:

@@ -24,6 +24,7 @@ from dlc_jax.bench.plan_cases import our_case, peer_json
 from dlc_jax.bench.plan_notes import peer_roofline, stale
 from dlc_jax.plan.chips import GIB
 from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
+from dlc_jax.tpu_flags import lacks_defaults
 
 INSTALL = (
     "pip install --target {site} --no-deps google-tunix google-metrax clu wrapt jaxtyping "
@@ -95,8 +96,13 @@ def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int
     out = peer_json(cfg.cache_dir, model, topo, rows, length)
     if cfg.cached_only and not out.exists():
         raise RuntimeError(f"not cached: {out} (--cached-only)")
-    # a compile walked with older HBM rules than ours is redone, so both sides count alike
-    old = out.exists() and json.loads(out.read_text()).get("hlo_bytes_rules") != HLO_BYTES_RULES
+    # a compile walked with older HBM rules or made with other flags than ours is redone, so
+    # both sides count alike
+    cached = json.loads(out.read_text()) if out.exists() else None
+    old = cached is not None and (
+        cached.get("hlo_bytes_rules") != HLO_BYTES_RULES
+        or lacks_defaults(cached.get("xla_flags", ""))
+    )
     cmd = [
         sys.executable,
         "-m",

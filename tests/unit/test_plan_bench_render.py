@@ -23,6 +23,7 @@ import pytest
 from dlc_jax.bench import common, plan_bench, plan_notes, plan_peers
 from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
 from dlc_jax.rl.vocab_parallel import BACKWARD
+from dlc_jax.tpu_flags import DEFAULT_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "docs" / "bench"
@@ -83,7 +84,8 @@ def test_plan_layout_column_comes_from_the_json(in_repo):
     old = {"analytic_flops": {}, "programs": {"train_step": {"oom": False}}}
     assert plan_bench.layout(old) == "flattened (old)"
     assert plan_notes.stale(old) == "no XLA flags"
-    flat = dict(old, xla_flags={})
+    assert plan_notes.stale(dict(old, xla_flags={})) == "other XLA flags"
+    flat = dict(old, xla_flags={"LIBTPU_INIT_ARGS": " ".join(DEFAULT_FLAGS)})
     assert plan_notes.stale(flat) == "flattened log-prob chunks"
     vp = dict(flat, analytic_flops={"logprob_vocab_shards": 8})
     assert plan_bench.layout(vp) == "vocab-parallel /8 (autodiff backward)"

@@ -10,16 +10,20 @@ WINDOWED = "--xla_tpu_enable_windowed_einsum_for_all_gather"
 
 
 def test_defaults_override_the_environment_and_config_flags_override_both():
-    env = {"LIBTPU_INIT_ARGS": f"--xla_user_only=1 {WINDOWED}=false"}
+    env = {"LIBTPU_INIT_ARGS": f"--xla_user_only=1 {WINDOWED}=true"}
     got = tpu_flags.merged("", env)
-    assert f"{WINDOWED}=true" in got and f"{WINDOWED}=false" not in got
+    assert f"{WINDOWED}=false" in got and f"{WINDOWED}=true" not in got
     assert "--xla_user_only=1" in got  # a flag the set does not name is kept
     assert all(f in got.split() for f in tpu_flags.DEFAULT_FLAGS)
-    mine = tpu_flags.merged(f"{WINDOWED}=false --xla_extra=2", env)
-    assert f"{WINDOWED}=false" in mine and "--xla_extra=2" in mine
-    assert f"{WINDOWED}=true" not in mine
+    mine = tpu_flags.merged(f"{WINDOWED}=true --xla_extra=2", env)
+    assert f"{WINDOWED}=true" in mine and "--xla_extra=2" in mine
+    assert f"{WINDOWED}=false" not in mine
     # apply() sets the variable and returns it
     assert tpu_flags.apply("", env) == env["LIBTPU_INIT_ARGS"] == got
+    # a cached compile is stale when its recorded flags miss or change a default
+    assert not tpu_flags.lacks_defaults(got) and not tpu_flags.lacks_defaults(f"--x=1 {got}")
+    assert tpu_flags.lacks_defaults(mine)
+    assert tpu_flags.lacks_defaults(" ".join(tpu_flags.DEFAULT_FLAGS[1:]))
 
 
 def test_bad_flag_text_is_a_one_line_config_error(tmp_path):
