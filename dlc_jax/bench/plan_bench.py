@@ -297,6 +297,8 @@ def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
         "moe": by_shape.get(("30B-A3B", "v5p-64", 64, 8192, 1)),
         "full_1.7B_4k": by_shape.get(("1.7B", "v5p-16", 8, 4096, 1)),
         "full_0.6B_4k": by_shape.get(("0.6B", "v5p-8", 8, 4096, 1)),
+        "v5e_1.7B_4k": by_shape.get(("1.7B", "v5litepod-32", 32, 4096, 1)),
+        "8B_shipped": by_shape.get(("8B", "v5p-64", 64, 16384, 1)),
     }
     ratios = {}
     for model, topo in (("1.7B:2", "v5p-16"), ("0.6B:2", "v5p-8")):

@@ -42,7 +42,9 @@ FLOPS_SECTION = [
     "micro-batches it does the same to the train step's micro-batch scan (2 and 4 "
     "micro-batches: one micro-batch's step outside the loop, one inside; the theta_s "
     "forward's micro-batch map is not peeled), so the micro-batch body counts twice as well;",
-    "4. when a slice has more than 4 FSDP shards and the activations are large, the compiler "
+    "4. with the windowed-einsum switches on (libtpu's default; the project's flags turn them "
+    "off since session 13, so no committed plan has such loops), when a slice has more than 4 "
+    "FSDP shards and the activations are large, the compiler "
     "turns FSDP matmuls into collective matmuls (windowed einsums: `windowed_dot_general` "
     "loops of fsdp/2 iterations that interleave the weight all-gather or the gradient "
     "reduce-scatter with the matmul); their loop body holds 4 of the fsdp weight shards, so "
@@ -71,9 +73,19 @@ FLOPS_SECTION = [
 FLAGS_TEXT = """\
 ### Compiler flags: what decided the collective matmuls (issue 30)
 
-The same headline row (1.7B, 8 x 32,768 on v5p-16) compiled on another machine with the same jax 0.10.2 / libtpu 0.0.42.1 counted 1.254e13 XLA FLOPs (none of the layer matmuls windowed) against 8.78e12 here (59% windowed). The switch is libtpu's `--xla_tpu_enable_windowed_einsum_for_all_gather` / `_for_reduce_scatter`, read from `LIBTPU_INIT_ARGS` only: on a small row (1.7B dims, 2 layers, 8 x 8,192, v5p-16) the train step counts 2.256e12 FLOPs with windowed loops in a plain environment and 3.184e12 (1.41x, no windowed loop) with both switches false, the other machine's signature (1.43x, none windowed). JAX's own `XLA_FLAGS` does not reach libtpu: `--xla_backend_optimization_level=0` (the tests' setting) gives the same 2.256e12, and a TPU flag there is fatal (`Unknown flags in XLA_FLAGS`). Which input set the switches off on that machine (an inherited `LIBTPU_INIT_ARGS`, or a libtpu default that depends on the host) could not be reproduced here; it no longer matters: `dlc-jax plan`, `dlc-jax train` and `launch/tpu_pod_train.sh` set one flag set (`dlc_jax/tpu_flags.py`: MaxText's FSDP set - async collective fusion of the all-gathers overlapped with compute, the DCN data-parallel all-reduce optimization - and both windowed-einsum switches on), over whatever the environment holds, and each plan JSON records it (`xla_flags`). `plan.libtpu_flags` in a config adds or overrides flags for both the plan and the run. A test plans a small row twice in fresh processes, once with the switches off in the environment, and checks peak bytes and FLOPs agree within 1%.
+The same headline row (1.7B, 8 x 32,768 on v5p-16) compiled on another machine with the same jax 0.10.2 / libtpu 0.0.42.1 counted 1.254e13 XLA FLOPs (none of the layer matmuls windowed) against 8.78e12 here (59% windowed). The switch is libtpu's `--xla_tpu_enable_windowed_einsum_for_all_gather` / `_for_reduce_scatter`, read from `LIBTPU_INIT_ARGS` only (JAX's own `XLA_FLAGS` does not reach libtpu, and a TPU flag there is fatal). Which input set them off on that machine (an inherited `LIBTPU_INIT_ARGS`, or a libtpu default that depends on the host) could not be reproduced here; it no longer matters: `dlc-jax plan`, `dlc-jax train` and `launch/tpu_pod_train.sh` set one flag set (`dlc_jax/tpu_flags.py`: MaxText's FSDP set - async collective fusion of the all-gathers overlapped with compute, the DCN data-parallel all-reduce optimization - and both windowed-einsum switches stated), over whatever the environment holds, and each plan JSON records it (`xla_flags`). `plan.libtpu_flags` in a config adds or overrides flags for both the plan and the run. A test plans a small row in a fresh process with the switches set the other way in the environment and checks peak bytes and FLOPs agree with the committed plan within 1%.
 
-With the flags the headline row's XLA FLOPs are the committed ones to 1e-6 (train step {h_xla_step}, theta_s forward {h_xla_fwd}); its train-step temporaries are {h_temps} bytes (8.91e9 before: the async-collective-fusion flags keep more gathered weights live) and its peak {h_peak} bytes per chip (17.53e9), {h_left} of HBM left.
+**The switches are off (session 13).** Session 11 stated them on, libtpu's default. The HBM walk (rules 2) shows what that costs: the FSDP weights are sharded along the contracted (embedding) dimension, so each of the fsdp/2 steps of a bidirectional collective matmul adds its partial product into the whole output. The 1.7B theta_s forward at 8 x 4,096 on v5p-16 read and wrote each [4,096, 6,144] MLP output 4 times per layer: 1.75e11 loop-weighted bytes per chip with the switches on, 0.48e11 off (train step 4.99e11 and 2.22e11), the same peak. Off, every matmul writes its output once and the all-gathers stay asynchronous, overlapped with the previous layer's compute by the async-collective-fusion flags. MaxText's FSDP set leaves the switches out and its tuned TPU sets turn them off. Every row of the table was recompiled with them off; the rows that moved (roofline step s (train step / theta_s forward bound), plan peak GiB per chip):
+
+| row | switches on (session 12) | off (now) |
+| --- | --- | --- |
+| 1.7B, 8 x 32,768, v5p-16 (headline) | 3.86 (compute / compute), 16.6 | {w_head} |
+| 1.7B, 8 x 4,096, v5p-16 | 0.25 (memory / memory), 9.0 | {w_f17} |
+| 1.7B, 32 x 4,096, v5litepod-32 | 1.77 (memory / memory), 4.5 | {w_v5e} |
+| 8B, 64 x 16,384, v5p-64 (shipped) | 9.93 (compute / memory), 20.4 | {w_8b} |
+| 30B-A3B, 64 x 8,192, v5p-64 (shipped) | 5.16 (memory / memory), 42.8 | {w_moe} |
+
+The headline row with them off: XLA FLOPs train step {h_xla_step}, theta_s forward {h_xla_fwd}; train-step temporaries {h_temps} bytes; peak {h_peak} bytes per chip (17.80e9 with them on), {h_left} of HBM left.
 """
 
 ROOFLINE_TEXT = """\
@@ -137,6 +149,14 @@ forward alone is one layer pass and one vocabulary pass against the peer's four 
 both steps are compute-bound the target is below DLC's floor and is not met by bending the layout;
 the honest comparison is the roofline against the floor per row (`docs/bench/plan_peers.md`, column
 "compute floor ours/peer"). {full_rows}
+
+Nor by spending the memory our layout saves on recompute (session 13, switches off, compiled
+memory and bytes): with `model.remat_policy=save_dots` (the layer matmuls' outputs kept, attention
+recomputed) the whole 0.6B at 8 x 4,096 on v5p-8 projects 0.180 s against 0.187 s under full remat,
+with a train-step peak of 9.59 GiB against 4.77 (the peer's: 9.27), and its train step turns
+HBM-bound (0.142 s of traffic against 0.136 s of compute: the kept activations are written and read
+back); the whole 1.7B at 8 x 4,096 on v5p-16 projects 0.186 s against 0.189 s, peak 9.73 GiB
+against 5.79. Full remat stays the shipped policy.
 """
 
 MOE_TEXT = """\
@@ -188,6 +208,14 @@ With the flags, from a fresh clone: {c_cpu} CPU-s for both programs (train step 
 """
 
 
+def _roof_peak(plan: dict) -> str:
+    """'0.44 (compute / compute), 4.5': roofline step, train step / theta_s forward bound, GiB."""
+    progs = plan["roofline"]["programs"]
+    bounds = " / ".join(progs[k]["bound"] for k in ("train_step", "snapshot_forward"))
+    gib = plan["peak_bytes_per_chip"]["total"] / GIB
+    return f"{plan['roofline']['step_s']:.2f} ({bounds}), {gib:.1f}"
+
+
 def _e(x: float, digits: int = 2) -> str:
     """1.245e9-style: mantissa and a bare exponent."""
     m, ex = f"{x:.{digits}e}".split("e")
@@ -199,12 +227,20 @@ def _e9(x: float) -> str:
     return f"{x / 1e9:.2f}e9"
 
 
+def peer_flops(a: dict) -> float:
+    """A GRPO step's analytic FLOPs (all chips) of our plan's shape: ours less the log-prob chunk
+    recompute and the theta_s forward, with whole-layer remat (tunix's RematConfig.DECODER)
+    whatever remat policy our plan ran."""
+    remat = a.get("remat_recompute_full", a["remat_recompute"]) - a["remat_recompute"]
+    return a["hardware_flops"] - a["logprob_chunk_recompute"] - a["snapshot_forward"] + remat
+
+
 def compute_floor(plan: dict) -> dict:
     """Ours / the peer if both ran at the bf16 peak: our hardware FLOPs over a GRPO step's (less
     the log-prob chunk recompute and the theta_s forward), and the two extras' shares of the peer's
     work (all chips)."""
     a = plan["analytic_flops"]
-    peer = a["hardware_flops"] - a["logprob_chunk_recompute"] - a["snapshot_forward"]
+    peer = peer_flops(a)
     return {
         "hw": a["hardware_flops"],
         "peer": peer,
@@ -319,11 +355,20 @@ def issue30_sections(
     plans: Mapping[str, dict], peer_ratios: Mapping[str, dict], table: list[dict]
 ) -> list[str]:
     """The issue-30 sections with the committed plans' figures: ``plans`` by role (headline,
-    8B_v5e_16k, moe, full_1.7B_4k, full_0.6B_4k, 1.7B:2_4k, 1.7B:2_32k, 0.6B:2_4k, 0.6B:2_32k),
+    8B_v5e_16k, moe, full_1.7B_4k, full_0.6B_4k, v5e_1.7B_4k, 8B_shipped, 1.7B:2_4k, 1.7B:2_32k,
+    0.6B:2_4k, 0.6B:2_32k),
     ``peer_ratios`` per 2-layer role ({"peer": tunix's roofline, "ratio", "floor", "bound"}),
     ``table``: the plans of every row of the table."""
     v: dict[str, str] = {}
     _headline(v, plans["headline"])
+    for tag, role in (
+        ("head", "headline"),
+        ("f17", "full_1.7B_4k"),
+        ("v5e", "v5e_1.7B_4k"),
+        ("8b", "8B_shipped"),
+        ("moe", "moe"),
+    ):
+        v[f"w_{tag}"] = _roof_peak(plans[role])
     for tag, role in (("t4", "1.7B:2_4k"), ("t32", "1.7B:2_32k")):
         _two_layer(v, tag, plans[role], peer_ratios.get(role, {}).get("ratio"))
         peer = peer_ratios.get(role, {}).get("peer")
@@ -410,8 +455,7 @@ def peer_roofline(peer: dict, ours: dict) -> dict:
     from dlc_jax.plan.chips import chip
     from dlc_jax.plan.roofline import _fsdp_bytes, program_roofline
 
-    fl, chips = ours["analytic_flops"], peer["chips"]
-    flops = (fl["hardware_flops"] - fl["logprob_chunk_recompute"] - fl["snapshot_forward"]) / chips
+    flops = peer_flops(ours["analytic_flops"]) / peer["chips"]
     coll = _fsdp_bytes(peer["params"], 2, peer["fsdp"], 2, peer["params"])
     # tunix unrolls its layers: no loop but the collective matmuls' hides work from XLA's count
     return program_roofline("grpo_step", flops, peer, flops, chip(peer["chip"]), coll)

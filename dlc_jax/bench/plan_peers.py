@@ -255,8 +255,8 @@ def run(cfg: PlanPeersConfig) -> dict:
         "ours: the plan's train step (its peak in the column; in brackets the plan's total with "
         "the resident theta_s copies) plus the theta_s forward (DLC's extra program)",
         "XLA FLOPs and bytes accessed are each compile's own count: ours sees each loop body "
-        "once (layer scan, log-prob chunk map, collective matmuls), tunix's unrolled layers are "
-        "counted whole, so compare the roofline columns (which scale ours back to the work)",
+        "once (layer scan, log-prob chunk map), tunix's unrolled layers are counted whole, so "
+        "compare the roofline columns (which scale ours back to the work)",
         "roofline: each program's largest of compute (analytic FLOPs / bf16 peak), HBM (XLA bytes "
         "accessed with each loop body weighted by its trip count, the same HLO walk for both; "
         "a peer JSON compiled before the walk scales its bytes by its FLOPs undercount) / HBM "

@@ -165,6 +165,10 @@ def step_flops(cfg, s: StepShape) -> dict:
         "six_n_tokens": 6.0 * p["matmul_params"] * tokens,
         "attention": 3.0 * p["attn_fwd"],
         "remat_recompute": remat,
+        # a GRPO peer's with whole-layer remat, whatever our policy (plan-peers' compute floor)
+        "remat_recompute_full": _remat_recompute(
+            "full", p["layers_fwd"], p["attn_fwd"], p["down_fwd"]
+        ),
         "logprob_chunk_recompute": logits_remat,
         "snapshot_forward": snapshot,
         "model_flops": model,

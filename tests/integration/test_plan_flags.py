@@ -9,7 +9,8 @@ project's flags (``dlc_jax.tpu_flags``: both off) over it, so it windows no matm
 in peak bytes and FLOPs with the committed plan of the same row
 (``docs/bench/plan/1.7B_v5p-16_8x4096_ac6ecfcf.json``, compiled by `dlc-jax bench plan-peers` in
 another checkout with a clean environment) and records the flags. Without the plan setting them,
-this compile windows the layer matmuls (0.8x the FLOPs on this row, 2x the HBM bytes).
+this compile windows the layer matmuls (XLA counts 0.79x the train-step FLOPs on this row; the
+HBM walk gives 1.34x the bytes).
 """
 
 import json

@@ -122,3 +122,20 @@ def test_plan_peers_md_regenerates_from_the_committed_jsons(in_repo):
     assert len(res["rows"]) == len(rows)
     _same_markdown(res, BENCH / "plan_peers.md")
     _same_json(res, BENCH / "plan_peers.json")
+
+
+def test_the_peers_compute_is_a_grpo_step_with_whole_layer_remat_whatever_ours_runs():
+    # ours: 100 = a GRPO step's 60 + remat 15 + chunk recompute 5 + theta_s forward 20
+    full = {
+        "hardware_flops": 100.0,
+        "logprob_chunk_recompute": 5.0,
+        "snapshot_forward": 20.0,
+        "remat_recompute": 15.0,
+        "remat_recompute_full": 15.0,
+    }
+    assert plan_notes.peer_flops(full) == 75.0
+    assert plan_notes.compute_floor({"analytic_flops": full})["ratio"] == 100.0 / 75.0
+    # ours under save_dots recomputes 3, not 15: the peer still recomputes its 15
+    dots = dict(full, hardware_flops=88.0, remat_recompute=3.0)
+    assert plan_notes.peer_flops(dots) == 75.0
+    assert plan_notes.compute_floor({"analytic_flops": dots})["ratio"] == 88.0 / 75.0
