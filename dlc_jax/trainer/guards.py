@@ -2,7 +2,8 @@
 loss or gradient is NaN/Inf, or whose update the jitted step refused, is undone and counted in
 ``nonfinite_skipped``; ``train.max_nonfinite_steps`` in a row stop the run) and Ctrl-C
 (`SigintLatch`: recorded as well as raised, so an interrupt swallowed by a callback, such as JAX's
-gc callback, still stops the run at the next step boundary).
+gc callback, still stops the run at the next step boundary, without the traceback Python prints for
+an exception it cannot raise there).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
@@ -66,7 +68,12 @@ class NonFiniteGuard:
 class SigintLatch:
     """`install` sets a SIGINT handler that records the interrupt (``caught``) and raises
     KeyboardInterrupt; `restore` puts the previous handler back. Outside the main thread (where
-    signal handlers cannot be set) it installs nothing and ``caught`` stays False."""
+    signal handlers cannot be set) it installs nothing and ``caught`` stays False.
+
+    A KeyboardInterrupt raised while Python runs a callback it cannot propagate from (JAX's gc
+    callback, a ``__del__``) goes to ``sys.unraisablehook``, which prints a traceback; while
+    installed, the latch's hook drops such an interrupt once it is recorded (the loop raises it at
+    the next step boundary) and passes everything else to the previous hook."""
 
     def __init__(self) -> None:
         self.caught = False
@@ -80,8 +87,18 @@ class SigintLatch:
                 self.caught = True
                 raise KeyboardInterrupt
 
+            def on_unraisable(u) -> None:
+                if not (self.caught and isinstance(u.exc_value, KeyboardInterrupt)):
+                    old_hook(u)
+
             old = signal.signal(signal.SIGINT, on_sigint)
-            self._restore = lambda: signal.signal(signal.SIGINT, old)
+            old_hook, sys.unraisablehook = sys.unraisablehook, on_unraisable
+
+            def restore() -> None:
+                signal.signal(signal.SIGINT, old)
+                sys.unraisablehook = old_hook
+
+            self._restore = restore
         return self
 
     def restore(self) -> None:

@@ -134,3 +134,36 @@ def test_a_prompt_the_sampler_refuses_is_dropped_with_filler_rows(
     for r in out[2:4]:  # filler rows: nothing to learn from
         assert np.all(r.logprobs == 0) and len(r.response_ids) <= 1
     assert any("data row 1" in m for m in caplog.messages)
+
+
+def test_sigint_latch_silences_only_a_recorded_interrupt_python_could_not_raise():
+    import gc
+    import sys
+
+    from dlc_jax.trainer.guards import SigintLatch
+
+    seen = []
+    before = sys.unraisablehook
+    sys.unraisablehook = recording = lambda u: seen.append(type(u.exc_value).__name__)
+
+    class RaisesOnDel:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __del__(self):
+            raise self.exc
+
+    try:
+        latch = SigintLatch().install()
+        RaisesOnDel(KeyboardInterrupt())  # not recorded: not the latch's, so still reported
+        latch.caught = True  # a Ctrl-C the handler recorded, then swallowed in a callback
+        RaisesOnDel(KeyboardInterrupt())
+        RaisesOnDel(ValueError("other"))  # any other exception is still reported
+        gc.collect()
+        latch.restore()
+        assert sys.unraisablehook is recording  # restore puts back the hook it found
+        RaisesOnDel(KeyboardInterrupt())
+        gc.collect()
+    finally:
+        sys.unraisablehook = before
+    assert seen == ["KeyboardInterrupt", "ValueError", "KeyboardInterrupt"]
