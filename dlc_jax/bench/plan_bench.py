@@ -32,6 +32,7 @@ from dlc_jax.bench.plan_cases import (
 from dlc_jax.bench.plan_notes import (
     FLOPS_SECTION,
     MOE_HISTORY,
+    SECTIONS,
     issue30_sections,
     peer_roofline,
     stale,
@@ -233,38 +234,7 @@ def run(cfg: PlanBenchConfig) -> dict:
             f"not run yet ({len(not_run)} cases; `dlc-jax bench plan --size full --out docs/bench` "
             f"runs them, one compile at a time): " + "; ".join(not_run)
         )
-    res["notes"] += [
-        "peak GiB/chip: the larger of the train-step phase (the step's arguments + outputs + "
-        "temporaries, "
-        "plus the theta_s snapshots) and the theta_s-forward phase; HBM left is against the "
-        "compiler's usable "
-        "HBM (v5p 95.74 GiB, v5e 15.75 GiB)",
-        "roofline step s: each program's largest of compute (analytic FLOPs / bf16 peak), HBM "
-        "(XLA bytes accessed with each loop body weighted by its trip count, plan/hlo_bytes.py; "
-        "plans compiled before session 11: scaled by the FLOPs' loop undercount / HBM "
-        "bandwidth) and ICI (FSDP "
-        "collective bytes / ICI bandwidth) time, summed over the train step and the theta_s "
-        "forward (bound per program: c/m/i); rows compiled before issue 30 have no bytes-accessed "
-        "figure (HBM term 0, a lower bound) and no recorded flags (see each JSON's xla_flags)",
-        "old step s @eff and MFU assume 40% of the chip's published bf16 peak (kept for one "
-        "release); FLOPs/step is the analytic "
-        "count (train + remat recompute + log-prob chunk recompute + one theta_s forward); see "
-        "each plan's "
-        "flops_note in the JSON and 'How the FLOPs are counted' below for XLA's count and why "
-        "it differs (loop bodies counted once, splash = 0, a peeled backward layer with 2 slices, "
-        "collective matmuls)",
-        "compile s: the whole plan (both programs) on this 2-CPU machine, shared with other "
-        "work: see the load",
-        "log-prob layout: the layout the row was compiled with, from its JSON "
-        "(analytic_flops.logprob_vocab_shards): vocab-parallel /n (rl/vocab_parallel.py over n "
-        "devices; '(autodiff backward)': compiled before its written-out backward pass, "
-        "session 12) or flattened (old): the flattened chunks of rl/logprobs.py, the trainer's "
-        "path before session 11 (such rows are stale: `dlc-jax bench plan --stale` recompiles "
-        "them)",
-        f"per-case JSON: {cfg.cache_dir}/; this file regenerates from them without compiling: "
-        "`dlc-jax bench plan --size full --cached-only --out docs/bench` "
-        "(tests/unit/test_plan_bench_render.py checks it)",
-    ]
+    res["notes"] += SECTIONS["TABLE_NOTES"].format(cache_dir=cfg.cache_dir).split("\n")
     notes = _issue30_notes(found, cfg)
     res["sections"] = [*FLOPS_SECTION, *notes, "### Details of the target plans", ""] + [
         plan_markdown(r) for c, r in found.items() if c in TARGETS or c.shipped
