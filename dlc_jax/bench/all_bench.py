@@ -1,7 +1,5 @@
-"""`dlc-jax bench all`: run every registered benchmark, write each one's JSON + markdown, and one
-combined ``RESULTS.md`` (a targets table over all benchmarks, then each benchmark's section).
-
-A benchmark that raises is recorded as a failed row (with the error) and the others still run.
+"""`dlc-jax bench all`: run every registered benchmark, write each one's JSON + markdown and one
+``RESULTS.md`` (a targets table over all, then each one's section); one that raises is a failed row.
 """
 
 from __future__ import annotations
@@ -35,13 +33,8 @@ COLUMNS = ["benchmark", "target", "measured", "bound", "met"]
 
 def _size_for(mod, size: str) -> str:
     sizes = list(getattr(mod, "SIZES", {}) or {"default": None})
-    if size in sizes:
-        return size
-    if size == "tiny":
-        for s in _SMALL_ORDER:
-            if s in sizes:
-                return s
-    return sizes[0]
+    wanted = [size, *(_SMALL_ORDER if size == "tiny" else ())]
+    return next((s for s in wanted if s in sizes), sizes[0])
 
 
 def _row(name: str, target: str, met: str) -> dict:
@@ -90,6 +83,7 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
         f"each benchmark's own JSON and markdown are in this folder ({', '.join(names)})"
     )
     res = common.finish(res)
+    reused = ", ".join(n for n, v in results.items() if v.get("reused"))
     header = [
         "# Benchmark results",
         "",
@@ -104,11 +98,7 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
         f"- machine: {res['machine'].get('device_kind')} ({res['machine'].get('jax_backend')}), "
         f"{common.load_note(res['machine'])}; benchmarks' own wall times add up to "
         f"{common.fmt(sum(v.get('wall_s') or 0.0 for v in results.values()))} s"
-        + (
-            "; reused: " + ", ".join(n for n, v in results.items() if v.get("reused"))
-            if cfg.reuse
-            else ""
-        ),
+        + (f"; reused: {reused}" if cfg.reuse else ""),
         "",
     ]
     out.mkdir(parents=True, exist_ok=True)

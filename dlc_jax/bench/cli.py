@@ -1,11 +1,7 @@
-"""`dlc-jax bench NAME [--size SIZE] [--out DIR] [module options]`.
-
-Each benchmark is a module in `BENCHMARKS` (adding one is a one-line entry) that provides:
-    SIZES: dict[str, Config]               named configurations (the first is the default)
-    add_args(parser) -> None               extra options (optional)
-    from_args(size: str, args) -> Config   build the config (KeyError names an unknown size)
-    run(cfg) -> dict                       a result dict in the `dlc_jax.bench.common` format
-The result is printed as markdown and written to `<out>/<name>.json` and `<out>/<name>.md`.
+"""`dlc-jax bench NAME [--size SIZE] [--out DIR] [module options]`: runs the module `BENCHMARKS`
+[NAME], which provides ``SIZES`` (named configs, the first the default), ``from_args(size, args)``
+(a KeyError names an unknown size), ``run(cfg)`` (a `common` result) and optionally
+``add_args(parser)``; prints the result as markdown and writes ``<out>/<name>.{json,md}``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Shared plumbing of the benchmarks: timing, machine description, result files, markdown tables.
 
-A benchmark result is a plain JSON-able dict::
-
-    {"name": str, "title": str, "machine": {...}, "config": {...},
-     "columns": [str, ...], "rows": [{column: value, ...}, ...],
-     "targets": [{"name", "value", "target", "op", "met"}, ...], "notes": [str, ...],
-     "wall_s": float}
-
-``write_result`` writes ``<out>/<name>.json`` and ``<out>/<name>.md`` and returns the markdown.
+A result is a JSON-able dict: {"name", "title", "machine": {...}, "config": {...}, "columns": [str],
+"rows": [{column: value}], "targets": [{"name", "value", "target", "op", "met"}], "notes": [str],
+"wall_s"}.
 """
 
 from __future__ import annotations
@@ -45,11 +40,10 @@ def machine_info() -> dict:
     try:
         import jax
 
-        dev = jax.devices()[0]
         info.update(
             jax=jax.__version__,
             jax_backend=jax.default_backend(),
-            device_kind=dev.device_kind,
+            device_kind=jax.devices()[0].device_kind,
             device_count=jax.device_count(),
         )
     except Exception as e:  # pragma: no cover - jax is a hard dependency
@@ -93,11 +87,8 @@ def block(x):
 def time_interleaved(
     fns: dict[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 3
 ) -> dict[str, list[float]]:
-    """Time several callables round-robin (A B A B ...) so background load hits them alike.
-
-    Each is called ``warmup`` times first (compilation, allocator warm-up), untimed. Returns
-    {name: [seconds per repeat]}.
-    """
+    """Time several callables round-robin (A B A B ...) so background load hits them alike, each
+    after ``warmup`` untimed calls -> {name: [seconds per repeat]}."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     for fn in fns.values():
@@ -127,15 +118,13 @@ def median(xs: Iterable[float]) -> float:
 
 
 def best(xs: Iterable[float]) -> float:
-    """The estimator the benchmarks report: the fastest of the repeats. On a shared machine other
-    work only ever adds time, so the minimum is the least load-biased estimate (as ``timeit``
-    advises); the medians are kept in the JSON next to it."""
+    """The reported estimator: the fastest repeat (other work only adds time, so the minimum is
+    the least load-biased, as ``timeit`` advises)."""
     return float(min(xs))
 
 
 def best_times(result: dict, times: dict[str, list[float]]) -> dict[str, float]:
-    """{name: `best` of its repeats}; the result keeps the medians (``median_s``) and every
-    repeat (``times_s``)."""
+    """{name: `best` of its repeats}; ``result`` keeps the medians and every repeat."""
     result["median_s"] = {k: median(v) for k, v in times.items()}
     result["times_s"] = times
     return {k: best(v) for k, v in times.items()}
@@ -190,8 +179,7 @@ def to_markdown(result: dict) -> str:
     if result.get("targets"):
         rows = list(map(target_row, result["targets"]))
         parts += ["Targets:", "", markdown_table(["target", "measured", "bound", "met"], rows), ""]
-    for n in result.get("notes", []):
-        parts.append(f"- {n}")
+    parts += [f"- {n}" for n in result.get("notes", [])]
     m = result.get("machine", {})
     parts.append(
         f"- machine: {m.get('device_kind', '?')} x{m.get('device_count', '?')} "
@@ -264,17 +252,15 @@ def totals(rows: Iterable[dict], *keys: str) -> dict[str, Any]:
 
 
 def case_totals(rows: list[dict], *keys: str) -> dict[str, Any]:
-    """`totals` of rows of cases (``cases``, ``ok``, ``keys``): the cases, the failed ones
-    (``cases - ok``) and each key's sum."""
+    """`totals` of case rows: ``cases``, ``failed_cases`` (cases - ok) and each key's sum."""
     t = totals(rows, "cases", "ok", *keys)
     return {"cases": t["cases"], "failed_cases": t["cases"] - t.pop("ok"), **t}
 
 
 def cached_run(out: Path, cmd: list[str], what: str, annotate, *, force, timeout_s, env=None):
-    """The JSON file ``out``: read back when it exists (unless ``force``), else what the
-    subprocess ``cmd`` + [a temporary path] writes there (a RuntimeError naming ``what`` when it
-    writes nothing), passed through ``annotate(result, completed process, {"wall_s",
-    "loadavg_start", "loadavg_end"})`` and saved as ``out``."""
+    """The JSON file ``out`` (reused unless ``force``), else what ``cmd`` + [a temporary path]
+    writes, passed through ``annotate(result, completed process, {"wall_s", "loadavg_start",
+    "loadavg_end"})`` and saved as ``out``; a RuntimeError naming ``what`` if it writes nothing."""
     if out.exists() and not force:
         return json.loads(out.read_text())
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -383,10 +369,9 @@ def call_in_child(module: str, fn: str, *args, env: dict | None = None, timeout=
 
 
 class Options:
-    """A benchmark's CLI options over its named configs (`SIZES`): the `add_args` / `from_args` of
-    `dlc_jax.bench.cli`. Each option is ``(flag, config field, argparse keywords[, convert])``;
-    an option left unset (None, "", False) keeps the size's value, a given one sets the field
-    (to ``convert(value)`` when there is a ``convert``)."""
+    """A benchmark's `add_args` / `from_args` over its named configs (`SIZES`). Each option is
+    ``(flag, config field, argparse keywords[, convert])``; an unset one (None, "", False) keeps the
+    size's value, a given one sets the field (to ``convert(value)`` with a ``convert``)."""
 
     def __init__(self, bench: str, sizes: dict, *options: tuple):
         self.bench, self.sizes, self.options = bench, sizes, options
@@ -396,8 +381,7 @@ class Options:
             p.add_argument(flag, **{"default": None, **kw})
 
     def from_args(self, size: str, args):
-        """The `size` config with the options given in ``args`` applied (unknown sizes: a
-        KeyError naming the choices)."""
+        """The `size` config with ``args`` applied (a KeyError names an unknown size)."""
         if size not in self.sizes:
             raise KeyError(
                 f"unknown {self.bench} bench size {size!r}; choose from {sorted(self.sizes)}"
@@ -415,8 +399,7 @@ QWEN3_DIMS = tuple(f.name for f in dataclasses.fields(ModelShape))
 
 @dataclasses.dataclass(frozen=True)
 class BenchShape(ModelShape):
-    """A benchmark's config: the Qwen3 it builds (random weights, tied embeddings) has these dims
-    (`dlc_jax.model.config.ModelShape`, the model's own), taken from `SHAPES`."""
+    """A benchmark's config: the dims of the Qwen3 it builds (random weights, tied embeddings)."""
 
     def model_config(self, **extra):
         """A tied-embedding `Qwen3Config` of these dims (``extra``: more of its fields)."""
@@ -426,8 +409,7 @@ class BenchShape(ModelShape):
         return Qwen3Config(**dims, tie_word_embeddings=True, **extra)
 
 
-# The model shapes the benchmarks run, by their bench names (the table: `model.config.SHAPES`); a
-# benchmark's size preset is one of these (`shape`), some with fewer layers or a smaller vocabulary.
+# The model shapes of the benchmarks' size presets (`shape`), by bench name.
 SHAPES: dict[str, ModelShape] = {
     "tiny": MODEL_SHAPES["bench_tiny"],
     "small": MODEL_SHAPES["bench_small"],

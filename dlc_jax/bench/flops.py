@@ -1,9 +1,6 @@
-"""Model FLOPs of a Qwen3 forward/backward and known accelerator peaks for MFU.
-
-Counting convention (as in the PaLM/Megatron MFU papers): a matmul of [m,k] x [k,n] costs 2mkn;
-backward = 2x forward, so a train step = 3x forward. Attention scores and the value mix count the
-full T x T square (neither implementation skips the masked half). Embedding lookups, norms,
-RoPE and softmax are not counted.
+"""Model FLOPs of a Qwen3 forward/backward and known accelerator peaks, for MFU. As in the
+PaLM/Megatron MFU papers: an [m,k] x [k,n] matmul costs 2mkn, a train step 3x forward; attention
+counts the full T x T square; embedding lookups, norms, RoPE and softmax are not counted.
 """
 
 from __future__ import annotations
@@ -22,23 +19,17 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 
 def peak_flops(device_kind: str, dtype: str = "float32") -> float | None:
     """Peak FLOP/s of one chip of ``device_kind`` (None when unknown, e.g. any CPU)."""
-    best = None
-    for k, v in PEAK_FLOPS.items():
-        if device_kind.startswith(k) and (best is None or len(k) > len(best[0])):
-            best = (k, v)
-    return None if best is None else best[1].get(dtype)
+    known = [k for k in PEAK_FLOPS if device_kind.startswith(k)]
+    return PEAK_FLOPS[max(known, key=len)].get(dtype) if known else None
 
 
 def qwen3_forward_flops(cfg, batch: int, length: int) -> float:
-    """Forward FLOPs for ``batch`` x ``length`` tokens of a Qwen3 ``cfg`` (a ``Qwen3Config``),
-    including the vocabulary projection."""
+    """Forward FLOPs of ``batch`` x ``length`` tokens of a ``Qwen3Config``, vocab projection in."""
     from dlc_jax.plan.flops import model_matmul_params
 
-    h, hd = cfg.num_attention_heads, cfg.head_dim
     mm = model_matmul_params(cfg)
-    tokens = batch * length
-    dense = 2 * tokens * (mm["decoder"] + mm["vocab"])
-    attn = cfg.num_hidden_layers * 2 * 2 * batch * length * length * h * hd
+    dense = 2 * batch * length * (mm["decoder"] + mm["vocab"])
+    attn = 4 * cfg.num_hidden_layers * batch * length**2 * cfg.num_attention_heads * cfg.head_dim
     return float(dense + attn)
 
 

@@ -1,18 +1,6 @@
-"""Log-prob memory: our chunked ``token_logprobs`` vs a naive full-softmax, as batch x length
-grows.
-
-For each [B, T] point both paths are compiled for hidden [B,T,D] f32, unembed [V,D] f32, targets
-[B,T] (``jax.jit(...).lower(ShapeDtypeStruct...).compile()``: nothing is allocated, so the naive
-path is analysed even where running it would not fit) and XLA's buffer assignment is read:
-
-* ``temp`` = ``memory_analysis().temp_size_in_bytes``: the scratch the program needs beyond its
-  arguments and outputs (the number that grows with the [B,T,V] logits);
-* forward = log-probs (+ entropy for ours, as the trainer computes it); forward+backward = the
-  gradient of sum(lp) w.r.t. hidden and unembed.
-
-Naive: ``log_softmax(hidden @ unembed.T)`` then gather — a [B,T,V] f32 array (and its gradient).
-The chunked path runs for real at the smallest point to check it executes and matches the naive
-values there.
+"""Log-prob memory: our chunked ``token_logprobs`` vs a naive full softmax ([B,T,V] f32) as batch x
+length grows, from XLA's buffer assignment of compile-only programs (so the naive path is analysed
+even where it would not fit), forward and forward+backward; both are run and compared at one point.
 """
 
 from __future__ import annotations
@@ -69,9 +57,8 @@ def naive_logprobs(hidden, unembed, targets):
     import jax.numpy as jnp
 
     logits = jnp.einsum("btd,vd->btv", hidden, unembed, preferred_element_type=jnp.float32)
-    return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[
-        ..., 0
-    ]
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(lp, targets[..., None], axis=-1)[..., 0]
 
 
 def _fns(chunk_size: int):
@@ -99,16 +86,12 @@ def _fns(chunk_size: int):
 
 
 def compiled_temp_bytes(fn, b: int, t: int, d: int, v: int) -> dict:
-    """XLA memory analysis of ``fn(hidden [b,t,d], unembed [v,d], targets [b,t])``, without
-    running it."""
+    """XLA memory analysis of ``fn(hidden [b,t,d], unembed [v,d], targets [b,t])``, not run."""
     import jax
     import jax.numpy as jnp
 
-    args = (
-        jax.ShapeDtypeStruct((b, t, d), jnp.float32),
-        jax.ShapeDtypeStruct((v, d), jnp.float32),
-        jax.ShapeDtypeStruct((b, t), jnp.int32),
-    )
+    sds = jax.ShapeDtypeStruct
+    args = (sds((b, t, d), jnp.float32), sds((v, d), jnp.float32), sds((b, t), jnp.int32))
     m = fn.lower(*args).compile().memory_analysis()
     return {
         "temp": int(m.temp_size_in_bytes),
@@ -166,8 +149,7 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
         )
     res["analyses"] = analyses
 
-    # correctness at a small point: the benchmarked function computes the same numbers as the
-    # naive one
+    # correctness at a small point: ours computes the same numbers as the naive path
     cb, ct = cfg.check_point
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     h = jax.random.normal(k1, (cb, ct, d), jnp.float32)
@@ -178,9 +160,8 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     res["check"] = {"point": [cb, ct], "max_abs_diff_lp": float(np.max(np.abs(ours_lp - naive_lp)))}
 
     tokens = [r["tokens"] for r in res["rows"]]
-    # Fit over the multi-chunk points: with a single chunk (tokens <= chunk_size) XLA drops the
-    # loop and its carried [V,D] gradient accumulator, so that point sits below the line every
-    # larger one is on.
+    # Fit over the multi-chunk points: with a single chunk XLA drops the loop and its carried [V,D]
+    # gradient accumulator, so that point sits below the line.
     multi = [i for i, n in enumerate(tokens) if n > cfg.chunk_size]
     idx = multi if len(multi) >= 2 else list(range(len(tokens)))
     res["fit_points"] = [res["rows"][i]["batch_x_length"] for i in idx]
@@ -221,18 +202,15 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     naive_temp = fits["naive_fwd_bwd"]["bytes_per_token"]
     max_diff = res["check"]["max_abs_diff_lp"]
     res["notes"] += [
-        f"compile-only XLA buffer assignment, D={d}, V={v}, f32; "
-        f"temp = scratch beyond arguments/outputs; "
-        f"total = arguments + outputs + temp (an upper bound on the live peak; "
-        f"includes the [V,D] unembedding and its gradient); "
-        f"ours = chunked token_logprobs (chunk {cfg.chunk_size} positions, remat per chunk, "
-        f"lp + entropy)",
-        f"growth per token (least squares over the multi-chunk points {fit_points}): "
-        f"ours temp {ours_temp:.0f} B/token "
-        f"fwd+bwd (constant chunk scratch: it does not grow with B x T), ours total "
-        f"{ours_total['bytes_per_token']:.0f} B/token (R^2 {ours_total['r2']:.4f}: "
+        f"compile-only XLA buffer assignment, D={d}, V={v}, f32; temp = scratch beyond "
+        "arguments/outputs; total = arguments + outputs + temp (an upper bound on the live peak; "
+        "includes the [V,D] unembedding and its gradient); ours = chunked token_logprobs (chunk "
+        f"{cfg.chunk_size} positions, remat per chunk, lp + entropy)",
+        f"growth per token (least squares over the multi-chunk points {fit_points}): ours temp "
+        f"{ours_temp:.0f} B/token fwd+bwd (constant chunk scratch: it does not grow with B x T), "
+        f"ours total {ours_total['bytes_per_token']:.0f} B/token (R^2 {ours_total['r2']:.4f}: "
         f"linear, the hidden states and their gradient); naive temp {naive_temp:.0f} B/token "
-        f"(the [B,T,V] f32 logits, log-softmax and gradient)",
+        "(the [B,T,V] f32 logits, log-softmax and gradient)",
         f"values checked at {cb} x {ct}: max |lp_ours - lp_naive| = {max_diff:.2e}",
     ]
     return common.finish(res)

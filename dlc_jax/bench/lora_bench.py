@@ -1,18 +1,13 @@
-"""LoRA pushes: an adapter push (``lora.push: adapter``) vs the full push of the same model
-(``lora.push: merged``) to one JAX-backend sampler process on loopback, repeats interleaved.
-
-Each row times the trainer's whole resync path, from the adapted model to the sampler serving the
-new version: ``full push, merged`` (`merged_model`, HF export, every tensor pushed over gRPC or the
-socket data plane, the sampler's load) and ``adapter push`` (the factors in PEFT names over gRPC,
-merged by the sampler into its start-up base: `dlc_jax.lora.push.AdapterPusher`). Columns: the
-fastest and median seconds, bytes pushed (counted by the sampler) and both against the gRPC full
-push, CPU seconds in the trainer and sampler processes, and the 1-minute load average: a row
-measured above ``MAX_LOAD`` is marked ``reliable: no``. The model is random (Qwen3 shapes, tied).
+"""LoRA pushes: an adapter push (``lora.push: adapter``, `AdapterPusher`: the factors, merged by the
+sampler into its base) vs the full push of the merged model (over gRPC and the socket data plane)
+to one JAX-backend sampler process on loopback. Each row times the trainer's whole resync path to
+the sampler serving the new version; rows measured above ``MAX_LOAD`` are marked unreliable.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import pathlib
 import tempfile
@@ -48,11 +43,7 @@ class LoraBenchConfig(common.BenchShape):
 SIZES = {
     "small": LoraBenchConfig(**common.shape("qwen3_0p6b", vocab_size=32768, num_hidden_layers=4)),
     "qwen3_0p6b": LoraBenchConfig(**common.shape("qwen3_0p6b")),
-    "tiny": LoraBenchConfig(
-        **common.shape("tiny"),
-        rank=4,
-        repeats=2,
-    ),
+    "tiny": LoraBenchConfig(**common.shape("tiny"), rank=4, repeats=2),
 }
 
 FULL_GRPC = "full push, merged (gRPC)"
@@ -61,8 +52,7 @@ ADAPTER = "adapter push (gRPC)"
 
 
 def random_adapters(model, lcfg, scale: float):
-    """``model`` with ``lcfg``'s LoRA adapters applied (in place), every factor drawn normal x
-    ``scale`` (B non-zero: a trained adapter)."""
+    """``model`` with ``lcfg``'s adapters applied in place, factors N(0, 1) x ``scale``."""
     import jax
     from flax import nnx
 
@@ -83,9 +73,8 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
     from dlc_jax.model import Qwen3ForCausalLM, load_hf, save_hf
     from dlc_jax.sampler.service.process import SamplerProcess
 
-    res = common.new_result(
-        "lora", "LoRA pushes: adapter push vs full (merged) push of the same model", COLUMNS, cfg
-    )
+    title = "LoRA pushes: adapter push vs full (merged) push of the same model"
+    res = common.new_result("lora", title, COLUMNS, cfg)
     with tempfile.TemporaryDirectory(prefix="dlc_lora_bench_") as d:
         tmp = pathlib.Path(d)
         base = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(0))
@@ -105,23 +94,21 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
         client = srv.client(timeout=3600)
         assert srv.proc is not None  # started
         pid = srv.proc.pid
-        version = [0]
+        versions = itertools.count(1)
 
         def full(transport: str):
-            def push():
-                version[0] += 1
-                merged = merged_model(model)
-                return client.push_model(
-                    merged, version[0], dtype=cfg.push_dtype, transport=transport
-                )
-
-            return push
+            return client.push_model(
+                merged_model(model), next(versions), dtype=cfg.push_dtype, transport=transport
+            )
 
         def adapter():
-            version[0] += 1
-            return pusher.push(client, model, version[0], dtype=cfg.push_dtype)
+            return pusher.push(client, model, next(versions), dtype=cfg.push_dtype)
 
-        paths = {FULL_GRPC: full("grpc"), FULL_SOCKET: full("socket"), ADAPTER: adapter}
+        paths = {
+            FULL_GRPC: lambda: full("grpc"),
+            FULL_SOCKET: lambda: full("socket"),
+            ADAPTER: adapter,
+        }
         times: dict[str, list[float]] = {k: [] for k in paths}
         cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in paths}  # trainer, sampler
         loads: dict[str, list[float]] = {k: [] for k in paths}
@@ -169,15 +156,13 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
     res["targets"].append(
         common.target("adapter push bytes / full push bytes", a["bytes_vs_full"], 0.01, "<=")
     )
-    res["notes"].append(
+    res["notes"] += [
         f"rank {cfg.rank} on every attention and MLP projection, {cfg.push_dtype} pushes, "
         f"{cfg.repeats} interleaved repeats after one warm-up each; seconds = fastest repeat of "
-        "the trainer's whole resync path (merge/gather, export, push, the sampler's swap)"
-    )
-    res["notes"].append(
+        "the trainer's whole resync path (merge/gather, export, push, the sampler's swap)",
         "bytes and CPU seconds are load-independent; seconds are not: rows whose 1-minute load "
-        f"average exceeded {MAX_LOAD:g} while they ran are marked reliable=no (not a result)"
-    )
+        f"average exceeded {MAX_LOAD:g} while they ran are marked reliable=no (not a result)",
+    ]
     return common.finish(res)
 
 

@@ -1,14 +1,6 @@
-"""Routing replay on a tiny Qwen3-MoE: exactness, router gradients, and the mismatch it removes.
-
-1. Replay of the model's own routed experts gives bitwise the same logits as a normal forward (fp32
-   trainer and bf16 sampler models), and the router still gets a gradient under replay.
-2. A bf16 JAX sampler (``JaxBackend(dtype='bfloat16')``, its own routing returned with the
-   rollouts) against the fp32 trainer: the sampler/trainer mismatch as the k3 estimate of
-   KL(sampler || trainer) over the sampled response tokens, ``mean(r - 1 - log r)`` with
-   ``r = p_trainer / q_sampler``, with the trainer routing by itself and replaying the sampler's
-   routed experts; plus the routing agreement and the share of tokens with any flipped expert.
-
-All figures are load-independent (numbers of a fixed computation), so they hold at any load.
+"""Routing replay on a tiny Qwen3-MoE: replay of the model's own routing is bitwise exact and keeps
+a router gradient; the k3 KL(bf16 JAX sampler || fp32 trainer) and routing agreement with the
+trainer routing by itself vs replaying the sampler's routing. Load-independent: no timings.
 """
 
 from __future__ import annotations
@@ -26,8 +18,8 @@ from dlc_jax.bench import common
 
 @dataclasses.dataclass(frozen=True)
 class MoeBenchConfig:
-    """The tiny MoE (make_tiny dims + experts), the sampler workload, and an optional scale of the
-    expert weights (the random init's experts are small next to the residual stream)."""
+    """The tiny MoE (make_tiny dims + experts), the sampler workload, and a scale of the expert
+    weights (the random init's experts are small next to the residual stream)."""
 
     hidden_size: int = 128
     intermediate_size: int = 256
@@ -42,10 +34,7 @@ class MoeBenchConfig:
     seed: int = 0
 
 
-SIZES = {
-    "default": MoeBenchConfig(),
-    "tiny": MoeBenchConfig(prompts=4, n=2, max_tokens=8),
-}
+SIZES = {"default": MoeBenchConfig(), "tiny": MoeBenchConfig(prompts=4, n=2, max_tokens=8)}
 
 COLUMNS = [
     "trainer_routing",
@@ -143,8 +132,7 @@ def _rollouts(model_dir: Path, cfg: MoeBenchConfig) -> list:
 
 
 def mismatch(model_dir: Path, cfg: MoeBenchConfig) -> list[dict]:
-    """k3 KL and routing agreement of the fp32 trainer vs the bf16 sampler, without / with
-    replay."""
+    """k3 KL and routing agreement, fp32 trainer vs bf16 sampler, without / with replay."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -165,10 +153,7 @@ def mismatch(model_dir: Path, cfg: MoeBenchConfig) -> list[dict]:
             seq = jnp.asarray(np.concatenate([r.prompt_ids, r.response_ids])[None])
             routed = np.zeros((1, p + t, *r.routed_experts.shape[1:]), np.int32)
             routed[0, : p + t - 1] = r.routed_experts
-            if mode == "own":
-                logits, routing = fwd_own(model, seq)
-            else:
-                logits, routing = fwd(model, seq, jnp.asarray(routed))
+            logits, routing = fwd_own(model, seq) if mode == "own" else fwd(model, seq, routed)
             lp = jax.nn.log_softmax(logits[0].astype(jnp.float32), -1)
             lp_t = np.asarray(lp[p - 1 : p + t - 1][np.arange(t), r.response_ids])
             d_all.append(lp_t - r.logprobs)
@@ -200,22 +185,15 @@ def run(cfg: MoeBenchConfig) -> dict:
         model_dir = _make_model_dir(cfg, Path(tmp))
         ex = exactness(model_dir, cfg.seed)
         rows = mismatch(model_dir, cfg)
-    res["rows"] = rows
-    res["exactness"] = ex
+    res["rows"], res["exactness"] = rows, ex
     k_own, k_rep = rows[0]["k3_kl"], rows[1]["k3_kl"]
     ratio = k_own / k_rep if k_rep > 0 else float("inf")
+    bitwise = "replay of own routing bitwise identical, {} (1 = yes)"
     lower_bounds: list[tuple[str, Any, float]] = [  # (target, value, bound): value >= bound
-        (
-            f"replay of own routing bitwise identical, {p} (1 = yes)",
-            ex[f"replay_own_bitwise_{p}"],
-            1,
-        )
-        for p in ("fp32", "bf16")
+        *((bitwise.format(p), ex[f"replay_own_bitwise_{p}"], 1) for p in ("fp32", "bf16")),
+        ("router gradient norm under replay (smallest layer)", ex["router_grad_norm_min"], 1e-12),
+        ("k3 KL without replay / with replay", ratio, 2.0),
     ]
-    lower_bounds.append(
-        ("router gradient norm under replay (smallest layer)", ex["router_grad_norm_min"], 1e-12)
-    )
-    lower_bounds.append(("k3 KL without replay / with replay", ratio, 2.0))
     res["targets"] = [common.target(n, float(v), b, ">=") for n, v, b in lower_bounds]
     res["notes"] = [
         f"tiny Qwen3-MoE: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "

@@ -1,14 +1,7 @@
-"""tunix's GRPO learner step, compiled ahead of time for a TPU slice on this CPU (the peer of
-`dlc-jax bench plan-peers`). Run as a subprocess with tunix on ``PYTHONPATH``:
-
-    python -m dlc_jax.bench.peer_grpo_step MODEL TOPOLOGY ROWS SEQ_LEN OUT.json
-
-The step is what tunix's ``GRPOLearner`` trains with: its ``grpo_loss_fn`` (``tunix.rl.algo_core``:
-full-vocabulary logits of prompt + completion, clipped ratio against the old log-probs, beta = 0
-so no reference forward) on its Qwen3 (``tunix.models.qwen3.model``: its FSDP sharding over a
-('fsdp', 'tp') mesh, splash attention, whole-decoder remat), differentiated and applied with the
-same AdamW + global-norm clip as ours, float32 parameters, bfloat16 compute. The TPU compiler flags
-are ours (``dlc_jax.tpu_flags``), set before libtpu loads.
+"""tunix's GRPO learner step (``grpo_loss_fn``, beta = 0, its FSDP-sharded Qwen3; our AdamW and TPU
+flags), compiled ahead of time for a TPU slice on this CPU: the peer of `dlc-jax bench plan-peers`.
+Run with tunix on ``PYTHONPATH``: ``python -m dlc_jax.bench.peer_grpo_step MODEL TOPOLOGY ROWS
+SEQ_LEN OUT.json``.
 """
 
 from __future__ import annotations

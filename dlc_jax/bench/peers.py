@@ -1,24 +1,19 @@
-"""Peer implementations of the same Qwen3 for the trainer benchmark.
-
-* ``transformers``: ``transformers.Qwen3ForCausalLM`` (PyTorch, CPU, fp32) built from our config and
-  loaded with *our* weights (so both compute the same loss; the benchmark checks it).
-* ``tunix``: ``google-tunix``'s Flax NNX Qwen3 (random weights of the same shapes). Tunix is not a
-  dependency of this package; :func:`prepare_tunix` installs it with ``pip --no-deps --target``
-  into a separate folder (never into the main environment) plus the few pure-Python packages its
-  import chain needs, and reports why when that fails.
+"""Peer Qwen3 implementations for the trainer benchmark: ``transformers`` (PyTorch fp32, loaded with
+our weights) and ``google-tunix``'s NNX Qwen3 (random weights), which is not a dependency:
+`prepare_tunix` installs it into a side folder, never into the main environment.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-# Packages tunix's import chain (tunix/__init__ -> sft/metrics, generate/mappings) needs beyond
-# our environment; installed --no-deps into the side folder. Found by importing
-# tunix.models.qwen3.model.
+# What tunix's import chain (tunix/__init__ -> sft/metrics, generate/mappings) needs beyond our
+# environment; installed --no-deps into the side folder.
 TUNIX_SIDE_PACKAGES = (
     "google-tunix",
     "google-metrax",
@@ -35,34 +30,22 @@ TUNIX_SIDE_PACKAGES = (
 
 
 def torch_qwen3(cfg, our_model=None, *, threads: int | None = None):
-    """A ``transformers`` Qwen3ForCausalLM (fp32, eval-free train mode) with ``cfg``'s dimensions.
-
-    With ``our_model`` (our NNX Qwen3) its weights are copied in, so the two compute the same
-    function.
-    ``threads`` sets torch's intra-op threads (default: all CPUs, as XLA uses).
-    """
+    """A ``transformers`` Qwen3ForCausalLM (fp32, train mode) of ``cfg``'s dims, with the weights of
+    ``our_model`` (our NNX Qwen3) when given; ``threads``: torch's (default: all CPUs, as XLA)."""
     import numpy as np
     import torch
     import transformers
 
     torch.set_num_threads(int(threads or os.cpu_count() or 1))
-    hf_cfg = transformers.Qwen3Config(
-        **{
-            k: v
-            for k, v in cfg.to_hf_dict().items()
-            if k not in ("architectures", "model_type", "dtype")
-        }
-    )
+    hf, drop = cfg.to_hf_dict(), ("architectures", "model_type", "dtype")
+    hf_cfg = transformers.Qwen3Config(**{k: v for k, v in hf.items() if k not in drop})
     hf_cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(hf_cfg).to(torch.float32)
     if our_model is not None:
         from dlc_jax.model import iter_hf_tensors
 
-        sd = {
-            name: torch.from_numpy(np.ascontiguousarray(arr))
-            for name, arr in iter_hf_tensors(our_model)
-        }
+        sd = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in iter_hf_tensors(our_model)}
         missing, unexpected = model.load_state_dict(sd, strict=False)
         missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
         if missing or unexpected:
@@ -76,9 +59,7 @@ def torch_qwen3(cfg, our_model=None, *, threads: int | None = None):
 
 
 def torch_loss_and_grad_fn(model, input_ids, targets):
-    """Closure: mean next-token NLL of ``targets`` [B,T] given ``input_ids`` [B,T] (full logits +
-    cross-entropy, the usual PyTorch recipe), backward into the parameters. Returns the loss
-    float."""
+    """Closure: mean NLL of ``targets`` given ``input_ids`` [B,T], backward -> the loss."""
     import torch
 
     ids = torch.as_tensor(input_ids, dtype=torch.long)
@@ -123,11 +104,8 @@ def import_error(modules: str, env: dict, timeout_s: float = 600.0) -> str:
 def prepare_tunix(
     target_dir, *, install: bool = True, timeout_s: float = 300.0
 ) -> tuple[bool, str]:
-    """Make ``tunix.models.qwen3.model`` importable from ``target_dir`` (appended to ``sys.path``).
-
-    Returns (ok, message). With ``install`` it runs ``pip install --no-deps --target`` for
-    ``TUNIX_SIDE_PACKAGES`` when the import fails; the message says what failed otherwise.
-    """
+    """Make ``tunix.models.qwen3.model`` importable from ``target_dir`` (appended to ``sys.path``),
+    with ``install`` pip-installing ``TUNIX_SIDE_PACKAGES`` there if needed -> (ok, message)."""
     side = str(Path(target_dir) / "pkgs")
     env = side_env(side, first=True)
 
@@ -137,19 +115,11 @@ def prepare_tunix(
 
     ok, msg = try_import()
     if not ok and install:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--target",
-            side,
-            *TUNIX_SIDE_PACKAGES,
-        ]
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", side]
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            r = subprocess.run(
+                [*pip, *TUNIX_SIDE_PACKAGES], capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired:
             return False, f"pip install of google-tunix timed out after {timeout_s}s"
         if r.returncode != 0:
@@ -164,19 +134,15 @@ def prepare_tunix(
         mod = importlib.import_module("tunix.models.qwen3.model")
     except Exception as e:  # noqa: BLE001 - report any import failure as the reason
         return False, f"tunix does not import in-process: {type(e).__name__}: {e}"
-    version = "?"
     try:
-        from importlib.metadata import version as _v
-
-        version = _v("google-tunix")
+        version = importlib.metadata.version("google-tunix")
     except Exception:  # noqa: BLE001
-        pass
+        version = "?"
     return True, f"google-tunix {version} from {mod.__file__}"
 
 
 def tunix_qwen3(cfg, *, seed: int = 0):
-    """tunix's Qwen3 (``tunix.models.qwen3.model.Qwen3``) with ``cfg``'s dimensions, fp32,
-    random weights."""
+    """tunix's Qwen3 of ``cfg``'s dims, fp32, random weights."""
     import tunix.models.qwen3.model as tq
     from flax import nnx
 

@@ -1,21 +1,13 @@
-"""`dlc-jax bench sampler`: the sampler service against its peers, measured in the same run.
-
-1. Rollout tokens/s through our gRPC service (client process -> server -> vLLM AsyncLLM ->
-   Rollout protos -> client) vs calling the *same* AsyncLLM engine directly (same engine, same
-   config, same requests and seeds, all prompts concurrent), interleaved A B A B. The ratio is the
-   service overhead.
-2. Weight-push MB/s over loopback gRPC (client chunks + CRC-32C trailers, server staging to a
-   safetensors file + verification) for a Qwen3-0.6B-shaped random model vs a raw loopback TCP
-   socket copy of the same bytes into a file (both senders in their own process). The push
-   server here uses `TransportOnlyBackend`, which accepts and verifies a push but does not load
-   it into an engine (a 0.6B engine does not fit this bench's CPU budget); the engine's own apply
-   time is reported separately for the rollout model (vLLM `reload_weights`).
+"""`dlc-jax bench sampler`: rollout tokens/s through our gRPC service vs the *same* vLLM engine
+called directly, and weight-push MB/s over loopback gRPC (to a `TransportOnlyBackend`: staging and
+verification, no engine load) vs a raw loopback socket copy of the same bytes into a file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import pathlib
 import tempfile
 import time
@@ -27,8 +19,7 @@ from . import common
 
 @dataclasses.dataclass(frozen=True)
 class SamplerBenchConfig(common.BenchShape):
-    """The rollout workload, and the pushed model: its shape (`common.ModelShape`, Qwen3-0.6B's by
-    default), dtype, chunk and repeats."""
+    """The rollout workload, and the pushed model's shape, dtype, chunk and repeats."""
 
     model_dir: str | None = None  # rollout model; None = make a tiny random Qwen3
     prompts: int = 16
@@ -68,8 +59,7 @@ from dlc_jax.sampler.backends.base import BackendConfig, SamplerBackend  # noqa:
 
 
 class TransportOnlyBackend(SamplerBackend):
-    """Bench harness: a backend that accepts verified pushes and records the version but has no
-    engine (cannot generate). Used only to time transport + staging + verification."""
+    """No engine: accepts verified pushes and records the version (times transport + checks)."""
 
     name = "transport-only"
 
@@ -101,39 +91,25 @@ class TransportOnlyBackend(SamplerBackend):
         pass
 
 
-def _push_shapes(cfg: SamplerBenchConfig) -> dict[str, tuple[int, ...]]:
+def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
+    """Client process of the push bench (mode "grpc" | "raw") -> seconds of the transfer alone."""
     from dlc_jax.model import hf_param_shapes
-
-    return hf_param_shapes(cfg.model_config())
-
-
-def _push_tensors(cfg: SamplerBenchConfig) -> dict[str, np.ndarray]:
     from dlc_jax.sampler.wire import safetensors_io as st
 
-    rng = np.random.default_rng(0)
-    np_dtype = st.NP_DTYPES[cfg.push_dtype]
-    return {
-        n: (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(np_dtype)
-        for n, s in _push_shapes(cfg).items()
-    }
-
-
-def _push_client(mode: str, target: str, cfg_dict: dict, version: int) -> float:
-    """Client-process side of the push benchmark (mode "grpc" or "raw"): make the tensors, then time
-    only the transfer. -> seconds (gRPC: until PushResult; raw: until the receiver's ack)."""
     cfg = SamplerBenchConfig(**cfg_dict)
-    tensors = _push_tensors(cfg)
+    rng, np_dtype = np.random.default_rng(0), st.NP_DTYPES[cfg.push_dtype]
+    tensors = {
+        n: (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(np_dtype)
+        for n, s in hf_param_shapes(cfg.model_config()).items()
+    }
     if mode == "grpc":
         from dlc_jax.sampler.client.client import SamplerClient
 
         with SamplerClient(target, timeout=3600) as c:
             c.wait_ready(60)
+            kw = {"dtype": cfg.push_dtype, "chunk_bytes": cfg.chunk_mb << 20}
             t0 = time.perf_counter()
-            common.accepted(
-                c.push_weights(
-                    tensors, version, dtype=cfg.push_dtype, chunk_bytes=cfg.chunk_mb << 20
-                )
-            )
+            common.accepted(c.push_weights(tensors, version, **kw))
             return time.perf_counter() - t0
     host, port = target.rsplit(":", 1)
     return common.raw_send((host, int(port)), tensors.values())
@@ -145,10 +121,11 @@ def _push_in_child(mode: str, target: str, cfg: SamplerBenchConfig, version: int
 
 
 def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
+    from dlc_jax.model import hf_param_shapes
     from dlc_jax.sampler.service.server import ServerConfig, ServerThread
     from dlc_jax.sampler.wire import safetensors_io as st
 
-    shapes = _push_shapes(cfg)
+    shapes = hf_param_shapes(cfg.model_config())
     itemsize = st.NP_DTYPES[cfg.push_dtype].itemsize
     total = sum(int(np.prod(s)) * itemsize for s in shapes.values())
     backend = TransportOnlyBackend.of_model(cfg.model_config())
@@ -214,7 +191,7 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, vocab, cfg.prompt_len).tolist() for _ in range(cfg.prompts)]
     params = SamplingParams(n=cfg.n, max_tokens=cfg.max_tokens, temperature=1.0, head_k=0, seed=1)
-    counter = [0]
+    counter = itertools.count(1)
 
     def via_grpc():
         """The gRPC client runs in its own process (as a trainer would), timing only generate()."""
@@ -225,10 +202,9 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
         sp = vllm_sampling_params(params)
 
         async def one(p):
-            counter[0] += 1
             final = None
             async for out in backend.engine.generate(
-                TokensPrompt(prompt_token_ids=p), sp, request_id=f"direct-{counter[0]}"
+                TokensPrompt(prompt_token_ids=p), sp, request_id=f"direct-{next(counter)}"
             ):
                 final = out
             return sum(len(c.token_ids) for c in final.outputs)
@@ -265,18 +241,15 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
     res["targets"].append(
         common.target("rollout tokens/s: gRPC service / direct vLLM", g / d, 0.9, ">=")
     )
-    res["notes"].append(
-        f"rollouts: {cfg.prompts} prompts x n={cfg.n} x {cfg.max_tokens} tokens "
-        f"(prompt {cfg.prompt_len}), "
-        f"T=1, ignore EOS, per-request seed, vLLM fp32 eager on CPU, same engine for both paths; "
-        f"median of {cfg.repeats} interleaved runs; the gRPC client is a separate process "
-        f"(like the trainer; one untimed warm-up call in that process before the timed one), "
-        f"the direct peer calls AsyncLLM.generate on the server's event loop"
-    )
-    res["notes"].append(
-        f"full push + vLLM reload_weights of the rollout model "
-        f"({sum(a.nbytes for a in w.values()) / 1e6:.1f} MB): {apply_s:.3f} s"
-    )
+    res["notes"] += [
+        f"rollouts: {cfg.prompts} prompts x n={cfg.n} x {cfg.max_tokens} tokens (prompt "
+        f"{cfg.prompt_len}), T=1, ignore EOS, per-request seed, vLLM fp32 eager on CPU, same "
+        f"engine for both paths; median of {cfg.repeats} interleaved runs; the gRPC client is a "
+        "separate process (like the trainer; one untimed warm-up call in that process before the "
+        "timed one), the direct peer calls AsyncLLM.generate on the server's event loop",
+        "full push + vLLM reload_weights of the rollout model "
+        f"({sum(a.nbytes for a in w.values()) / 1e6:.1f} MB): {apply_s:.3f} s",
+    ]
 
 
 def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[int, float]:
@@ -287,9 +260,8 @@ def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[i
     p = SamplingParams(**{**params, "stop_token_ids": tuple(params["stop_token_ids"])})
     with SamplerClient(address, timeout=3600) as c:
         c.wait_ready(60)
-        # one untimed call first: a trainer's client process is long-lived, so the first streaming
-        # call's one-time costs in a fresh process (stream setup, message classes) are not
-        # per-call costs
+        # one untimed call first: a trainer's client is long-lived, so a fresh process's one-time
+        # costs (stream setup, message classes) are not per-call costs
         sum(len(r.response_ids) for r in c.generate(prompts, p))
         t0 = time.perf_counter()
         n = sum(len(r.response_ids) for r in c.generate(prompts, p))
@@ -298,22 +270,12 @@ def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[i
 
 def _row(measurement: str, ours: float, peer: float, unit: str) -> dict:
     """A table row: our throughput against the peer's (ratio = ours / peer)."""
-    return {
-        "measurement": measurement,
-        "ours": ours,
-        "peer": peer,
-        "unit": unit,
-        "ratio": ours / peer,
-    }
+    return dict(measurement=measurement, ours=ours, peer=peer, unit=unit, ratio=ours / peer)
 
 
 def run(cfg: SamplerBenchConfig = SIZES["default"]) -> dict:
-    res = common.new_result(
-        "sampler",
-        "Sampler service: gRPC vs direct vLLM, weight push vs raw socket",
-        ["measurement", "ours", "peer", "unit", "ratio"],
-        cfg,
-    )
+    title = "Sampler service: gRPC vs direct vLLM, weight push vs raw socket"
+    res = common.new_result("sampler", title, ["measurement", "ours", "peer", "unit", "ratio"], cfg)
     with tempfile.TemporaryDirectory(prefix="dlc_sampler_bench_") as d:
         tmp = pathlib.Path(d)
         _bench_rollouts(cfg, res, tmp)

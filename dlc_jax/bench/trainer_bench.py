@@ -1,18 +1,6 @@
-"""Trainer-step throughput: forward+backward tokens/s of our NNX Qwen3 vs ``transformers`` (and
-``google-tunix`` when it installs) on the same config and batch, in the same process.
-
-Each implementation computes the mean next-token NLL of the same [B,T] targets and its gradient with
-respect to every parameter (no optimizer update: that is identical elementwise work for all):
-
-* ``ours (chunked logprobs)``: jitted ``value_and_grad`` of ``-mean(token_logprobs(hidden, W,
-  y).lp)``, the trainer's path (logits never materialized as [B,T,V]);
-* ``ours (full logits)``: jitted ``value_and_grad`` of full logits + log-softmax (textbook path);
-* ``transformers``: ``Qwen3ForCausalLM`` fp32, SDPA attention, same weights, ``cross_entropy`` +
-  ``backward()``, ``torch.set_num_threads(cpu_count)`` (XLA's CPU client also uses every core);
-* ``tunix``: tunix's Qwen3 (random weights, same shapes) full logits, jitted ``value_and_grad``.
-
-Calls are interleaved (A B C A B C ...); the fastest repeat is reported (``common.best``), medians
-in the JSON. ratio = tokens/s / transformers'.
+"""Trainer-step throughput: tokens/s of the mean next-token NLL and its gradient (no optimizer
+update) for our NNX Qwen3 (chunked ``token_logprobs``, the trainer's path, and full logits) vs
+``transformers`` (same weights) and ``google-tunix`` (when it installs), same batch, same process.
 """
 
 from __future__ import annotations
@@ -47,22 +35,13 @@ class TrainerBenchConfig(common.BenchShape):
 SIZES = {
     "default": TrainerBenchConfig(**common.shape("small")),
     "tiny": TrainerBenchConfig(
-        **common.shape("tiny"),
-        batch=2,
-        length=32,
-        chunk_size=32,
-        repeats=2,
-        tunix=False,
+        **common.shape("tiny"), batch=2, length=32, chunk_size=32, repeats=2, tunix=False
     ),
     # Qwen3-0.6B's vocabulary and width with 4 layers: the LM head dominates, as in RL fine-tuning.
     "qwen3_vocab": TrainerBenchConfig(
-        **common.shape("qwen3_0p6b", num_hidden_layers=4),
-        batch=1,
-        length=256,
-        repeats=2,
+        **common.shape("qwen3_0p6b", num_hidden_layers=4), batch=1, length=256, repeats=2
     ),
-    # Qwen3-0.6B's full shape (28 layers, tied embeddings; scanned layers in ours): a real model
-    # size
+    # Qwen3-0.6B's full shape (28 layers, tied embeddings; scanned layers in ours)
     "qwen3_0p6b": TrainerBenchConfig(
         **common.shape("qwen3_0p6b"),
         batch=1,
@@ -111,7 +90,6 @@ def _our_fns(model, ids, tgt, chunk_size):
 
 
 def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
-    """Run the benchmark; returns the result dict (see ``common``)."""
     import jax
     from flax import nnx
 
@@ -147,7 +125,7 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
                 fns["tunix"] = peers.tunix_loss_and_grad_fn(
                     peers.tunix_qwen3(mcfg, seed=cfg.seed), ids, tgt
                 )
-            except Exception as e:  # noqa: BLE001 - a peer failing to build is a result, not a crash
+            except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
                 res["notes"].append(
                     f"tunix: installed but its Qwen3 failed to run: {type(e).__name__}: {e}"
                 )
@@ -162,36 +140,31 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
         losses[k] = float(out) if isinstance(out, float) else float(np.asarray(out[0]))
     times = common.time_interleaved(fns, warmup=cfg.warmup, repeats=cfg.repeats)
 
-    tokens = cfg.batch * cfg.length
     step_flops = flops.qwen3_train_flops(mcfg, cfg.batch, cfg.length)
     kind = res["machine"].get("device_kind", "cpu")
-    med = common.best_times(res, times)
+    med, chips = common.best_times(res, times), jax.device_count()
     for k in fns:
-        tps = tokens / med[k]
         fl = step_flops / med[k]
-        uses_jax = k != "transformers"
         res["rows"].append(
             {
                 "implementation": k,
-                "tokens_per_s": tps,
+                "tokens_per_s": cfg.batch * cfg.length / med[k],
                 "step_ms": 1e3 * med[k],
                 "ratio_vs_transformers": med["transformers"] / med[k],
                 "achieved_gflop_s": fl / 1e9,
-                "mfu": flops.mfu(fl, kind, "float32", jax.device_count()) if uses_jax else None,
+                "mfu": None if k == "transformers" else flops.mfu(fl, kind, n_chips=chips),
                 "loss": losses[k],
             }
         )
     res["flops_per_step"] = step_flops
-    ratio = med["transformers"] / med["ours (chunked logprobs)"]
+    ours = med["ours (chunked logprobs)"]
+    ratio = med["transformers"] / ours
+    loss_diff = abs(losses["ours (chunked logprobs)"] - losses["transformers"])
     res["summary"] = {
         "ratio_ours_vs_transformers": ratio,
         "ratio_ours_full_logits_vs_transformers": med["transformers"] / med["ours (full logits)"],
-        "ratio_ours_vs_tunix": (med["tunix"] / med["ours (chunked logprobs)"])
-        if "tunix" in med
-        else None,
-        "loss_abs_diff_ours_vs_transformers": abs(
-            losses["ours (chunked logprobs)"] - losses["transformers"]
-        ),
+        "ratio_ours_vs_tunix": med["tunix"] / ours if "tunix" in med else None,
+        "loss_abs_diff_ours_vs_transformers": loss_diff,
     }
     res["targets"].append(common.target("ours (chunked) / transformers tokens/s", ratio, 1.0, ">="))
     res["notes"] += [
@@ -201,9 +174,8 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
         f"{'scanned' if mcfg.use_scan else 'unrolled'} layers in ours; batch {cfg.batch} x "
         f"{cfg.length} tokens; best of {cfg.repeats} interleaved repeats after {cfg.warmup} "
         "warm-up",
-        f"same weights in ours and transformers: |loss difference| = "
-        f"{res['summary']['loss_abs_diff_ours_vs_transformers']:.2e} (tunix uses its own random "
-        "init)",
+        f"same weights in ours and transformers: |loss difference| = {loss_diff:.2e} (tunix uses "
+        "its own random init)",
         f"FLOPs per step (3x forward, attention full TxT) = {step_flops:.3e}; MFU needs a known "
         f"peak: n/a on CPU ({kind}), computed on TPU v4/v5e/v5p and H100/H200",
     ]

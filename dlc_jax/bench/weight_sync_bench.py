@@ -1,17 +1,12 @@
-"""Weight sync: export + push of a Qwen3-sized NNX model to a sampler over loopback gRPC, vs a raw
-loopback socket copy of the same bytes (the physical limit here).
-
-Rows: ``export + push`` (`SamplerClient.push_model`, the trainer loop's path: gather, HF layout,
-push dtype, chunks, CRC-32C) and ``push only`` (the same from exported host arrays), each over
-gRPC and over the socket data plane (``transport="socket"``); ``raw socket`` (`raw_socket_copy`
-into a file, as the sampler stages a push). The server is a real gRPC service in its own process
-with `sampler_bench.TransportOnlyBackend` (staging + verification, no engine reload). Repeats are
-interleaved, the fastest reported (``common.best``); ratio = throughput / raw socket throughput;
-``cpu_s`` / ``cpu_bound_s``: see the result's notes. The targets use each path's best transport.
+"""Weight sync: export + push of a Qwen3-sized NNX model (`SamplerClient.push_model`, the trainer's
+path) and push only (from exported host arrays), over gRPC and the socket data plane, to a real
+gRPC sampler process with a `TransportOnlyBackend`, vs a raw loopback socket copy of the same bytes
+into a file (the physical limit here); ratio = throughput / raw socket throughput.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 import tempfile
@@ -25,6 +20,9 @@ from dlc_jax.bench.weight_sync_common import (
     WeightSyncBenchConfig,
     raw_socket_copy,
 )
+from dlc_jax.bench.weight_sync_engines import engine_and_relay_rows
+from dlc_jax.bench.weight_sync_multihost import add_multihost_part, multihost_rows
+from dlc_jax.bench.weight_sync_stages import stage_lines, stage_part
 
 # transport -> its rows (export + push, push only)
 PUSH_ROWS = {
@@ -63,7 +61,7 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
     exported = dict(iter_hf_tensors(model, dtype=np_dtype))  # also compiles the export
     total = sum(a.nbytes for a in exported.values())
     chunk = cfg.chunk_mb << 20
-    version = [0]
+    versions = itertools.count(1)
     with tempfile.TemporaryDirectory(prefix="dlc_weight_sync_bench_") as d:
         tmp = pathlib.Path(d)
         srv = ServerProcess.transport_only(cfg, str(tmp / "stage"))
@@ -72,10 +70,9 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
 
         def push(src, transport: str) -> None:
             """Push the model (export + push) or its exported arrays (push only)."""
-            version[0] += 1
             send = client.push_model if src is model else client.push_weights
             kw: dict[str, Any] = dict(dtype=cfg.push_dtype, chunk_bytes=chunk, transport=transport)
-            common.accepted(send(src, version[0], **kw), "the sampler")
+            common.accepted(send(src, next(versions), **kw), "the sampler")
 
         def raw():
             p = tmp / "raw_copy.bin"
@@ -90,8 +87,7 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
         cpu: dict[str, list[float]] = {k: [] for k in times}
 
         def timed(row: str, fn) -> None:
-            """Run `fn` once; its wall time is what it returns if that is a float (the raw copy's
-            own connect-to-ack time), else measured around the call."""
+            """Run `fn` once; wall time: the float it returns (the raw copy's), else measured."""
             dt, wall, me, server = common.measure(fn, [srv.proc.pid])
             times[row].append(dt if isinstance(dt, float) else wall)
             if server is not None:
@@ -117,23 +113,13 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
             srv.stop()
         extra: dict[str, Any] = {"times": {}, "cpu": {}, "egress": {}, "notes": []}
         if cfg.engines or cfg.relay_samplers:
-            from dlc_jax.bench.weight_sync_engines import engine_and_relay_rows
-
             extra = engine_and_relay_rows(
                 cfg, model, exported, tmp, lambda: timed("raw socket", raw)
             )
             times.update(extra["times"])
             cpu.update(extra["cpu"])
-        multihost = None
-        if cfg.multihost:
-            from dlc_jax.bench.weight_sync_multihost import multihost_rows
-
-            multihost = multihost_rows(cfg, tmp)
-        stages = None
-        if cfg.stages:
-            from dlc_jax.bench.weight_sync_stages import stage_part
-
-            stages = stage_part(cfg)
+        multihost = multihost_rows(cfg, tmp) if cfg.multihost else None
+        stages = stage_part(cfg) if cfg.stages else None
     mb = total / 1e6
     ncpu = os.cpu_count() or 1
     med = common.best_times(res, times)
@@ -149,8 +135,7 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
                 "egress_MB": extra["egress"][k] / 1e6 if k in extra["egress"] else None,
             }
         )
-    res["cpu_s"] = cpu
-    res["export_only_cpu_s"] = export_cpu
+    res["cpu_s"], res["export_only_cpu_s"] = cpu, export_cpu
     res["config"].update(push_bytes=total, push_tensors=len(exported))
     ep, po = (min(rows, key=med.__getitem__) for rows in zip(*PUSH_ROWS.values()))
     res["summary"] = {
@@ -166,49 +151,39 @@ def run(cfg: WeightSyncBenchConfig = SIZES["default"]) -> dict:
         res["targets"].append(common.target(name, res["summary"][f"{key}_vs_raw"], 0.5, ">="))
     _engine_targets(res, med, extra["egress"], total)
     if multihost is not None:
-        from dlc_jax.bench.weight_sync_multihost import add_multihost_part
-
         add_multihost_part(res, multihost)
     res["notes"] += extra["notes"]
     if stages is not None:
-        from dlc_jax.bench.weight_sync_stages import stage_lines
-
         res["stage_cpu_s_per_GB"], res["stage_totals"] = stages
         res["summary"].update(stages[1])
         res.setdefault("sections", []).extend(stage_lines(*stages))
-    res["notes"].append(
-        f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} "
-        f"(Qwen3 shapes: {mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, "
-        f"V={mcfg.vocab_size}, tied, random weights); chunk {cfg.chunk_mb} MiB; "
-        f"server = real gRPC service in its own process with a transport-only backend "
-        f"(staging + CRC-32C verify, no engine reload); best of {cfg.repeats} interleaved repeats"
-    )
-    res["notes"].append(
-        f"cpu_s: median CPU seconds of a repeat, this process (export, send; the raw copy's "
-        f"receiver thread) + the server process; cpu_bound_s = cpu_s / {ncpu} CPUs, the wall "
-        f"time no overlap can beat on this machine. Export alone (iter_hf_tensors to "
+    res["notes"] += [
+        f"{len(exported)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
+        f"{mcfg.num_hidden_layers} layers, D={mcfg.hidden_size}, V={mcfg.vocab_size}, tied, "
+        f"random weights); chunk {cfg.chunk_mb} MiB; server = real gRPC service in its own "
+        "process with a transport-only backend (staging + CRC-32C verify, no engine reload); best "
+        f"of {cfg.repeats} interleaved repeats",
+        "cpu_s: median CPU seconds of a repeat, this process (export, send; the raw copy's "
+        f"receiver thread) + the server process; cpu_bound_s = cpu_s / {ncpu} CPUs, the wall time "
+        "no overlap can beat on this machine. Export alone (iter_hf_tensors to "
         f"{cfg.push_dtype}, no send): {export_cpu['host transpose']:.3f} CPU s as pushed "
         f"(kernels transposed on host), {export_cpu['device transpose']:.3f} CPU s with XLA "
-        f"transposing them on device"
-    )
+        "transposing them on device",
+    ]
     return common.finish(res)
 
 
 def _engine_targets(res: dict, med: dict, egress: dict, total: int) -> None:
     """Targets of the engine / relay rows present in `med` (seconds) and `egress` (bytes)."""
-    raw = med["raw socket"]
-    for k in med:
+    raw, one = med["raw socket"], "push to 1 sampler (memory staging)"
+    for k, s in med.items():  # the engine rows come before the relay rows
         if k.startswith("push + load into") and "memory" in k:
-            res["targets"].append(
-                common.target(f"{k} / raw socket throughput", raw / med[k], 0.8, ">=")
-            )
-    one = "push to 1 sampler (memory staging)"
-    for k in med:
-        if k.startswith("relay chain"):
-            res["targets"].append(
-                common.target(f"{k}: trainer egress / model bytes", egress[k] / total, 1.1, "<=")
-            )
-            res["targets"].append(common.target(f"{k}: time / {one}", med[k] / med[one], 1.5, "<="))
+            res["targets"].append(common.target(f"{k} / raw socket throughput", raw / s, 0.8, ">="))
+        elif k.startswith("relay chain"):
+            res["targets"] += [
+                common.target(f"{k}: trainer egress / model bytes", egress[k] / total, 1.1, "<="),
+                common.target(f"{k}: time / {one}", s / med[one], 1.5, "<="),
+            ]
 
 
 def _engines(arg: str) -> tuple[str, ...]:
@@ -219,8 +194,10 @@ def _engines(arg: str) -> tuple[str, ...]:
     return names
 
 
-def _on(arg: str) -> bool:
-    return arg == "on"
+def _switch(flag: str, what: str) -> tuple:
+    """An on/off option of the config field ``flag``."""
+    kw = {"choices": ["on", "off"], "help": f"{what} (default: on, off for tiny)"}
+    return (f"--{flag}", flag, kw, lambda arg: arg == "on")
 
 
 ARGS = common.Options(
@@ -238,25 +215,7 @@ ARGS = common.Options(
         _engines,
     ),
     ("--relay-samplers", "relay_samplers", {"type": int, "help": "relay chain length (0: none)"}),
-    (
-        "--multihost",
-        "multihost",
-        {
-            "choices": ["on", "off"],
-            "help": "the push from 2 trainer processes x 4 fake CPU devices (default: on, off for "
-            "tiny)",
-        },
-        _on,
-    ),
-    (
-        "--stages",
-        "stages",
-        {
-            "choices": ["on", "off"],
-            "help": "CPU seconds per GB of each push stage, before / now (default: on, off for "
-            "tiny)",
-        },
-        _on,
-    ),
+    _switch("multihost", "the push from 2 trainer processes x 4 fake CPU devices"),
+    _switch("stages", "CPU seconds per GB of each push stage, before / now"),
 )
 add_args, from_args = ARGS.add_args, ARGS.from_args

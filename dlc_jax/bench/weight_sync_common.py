@@ -1,7 +1,5 @@
-"""What the weight-sync benchmark's parts share (`weight_sync_bench`, `weight_sync_multihost`,
-`weight_sync_stages`, `weight_sync_engines`): its config, its table's columns, the transport-only
-push server in its own process (`ServerProcess`) and the raw loopback
-socket copy every push is compared with (`raw_socket_copy`)."""
+"""What the weight-sync benchmark's parts share: its config and columns, a push server in its own
+process (`ServerProcess`) and the raw loopback socket copy every push is compared with."""
 
 from __future__ import annotations
 
@@ -26,16 +24,10 @@ class WeightSyncBenchConfig(common.BenchShape):
     push_dtype: str = "bfloat16"
     chunk_mb: int = 16
     repeats: int = 3
-    # push + load into these serving engines ("jax", "vllm"; () = none) and a relay chain to
-    # this many samplers vs a push to one (0 = none): `weight_sync_engines`
-    engines: tuple[str, ...] = ("jax",)
-    relay_samplers: int = 4
-    # a push from 2 trainer processes x 4 fake CPU devices (`weight_sync_multihost`): bytes per
-    # process vs the model's
-    multihost: bool = True
-    # CPU seconds per GB of each push stage, before / now (`weight_sync_stages`, two child
-    # processes): the figure the machine's load does not move
-    stages: bool = True
+    engines: tuple[str, ...] = ("jax",)  # push + load into these engines (`weight_sync_engines`)
+    relay_samplers: int = 4  # a relay chain to this many samplers vs a push to one (0 = none)
+    multihost: bool = True  # push from 2 processes x 4 CPU devices (`weight_sync_multihost`)
+    stages: bool = True  # CPU seconds per GB of each push stage (`weight_sync_stages`)
 
 
 COLUMNS = [
@@ -50,9 +42,8 @@ COLUMNS = [
 
 
 def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int) -> float:
-    """Send the arrays' bytes over one loopback TCP connection to a `common.raw_receiver` writing
-    them to ``out_path``. Returns seconds from connect until the receiver has written every byte
-    and acked."""
+    """Send the arrays' bytes over loopback TCP to a `common.raw_receiver` writing them to
+    ``out_path`` -> seconds from connect until it has written every byte and acked."""
     srv, th, errors = common.raw_receiver(sum(a.nbytes for a in arrays), out_path, chunk)
     try:
         dt = common.raw_send(srv.getsockname(), arrays)
@@ -65,10 +56,9 @@ def raw_socket_copy(arrays: list[np.ndarray], out_path: pathlib.Path, chunk: int
 
 
 def serve(spec: dict) -> None:
-    """Server-process side: a real gRPC sampler service, its backend `spec["backend"]`: "jax" |
-    "vllm" (that engine on `spec["model_dir"]`) or "transport" (`TransportOnlyBackend` for the
-    tensors of the `WeightSyncBenchConfig` `spec["config"]`'s model, or of `spec["model_dir"]`);
-    prints its address, serves until stdin closes."""
+    """Server-process side: a gRPC sampler service with the backend `spec["backend"]`: "jax" |
+    "vllm" on `spec["model_dir"]`, or "transport" (`TransportOnlyBackend` of the model of
+    `spec["config"]` or `spec["model_dir"]`); prints its address, serves until stdin closes."""
     from dlc_jax.sampler.backends.base import SamplerBackend
     from dlc_jax.sampler.service.server import ServerConfig, ServerThread
 
@@ -97,8 +87,7 @@ def serve(spec: dict) -> None:
 
 
 class ServerProcess:
-    """A push server (`serve(spec)`) in its own Python process (the sampler is always another
-    process than the trainer): it prints its address (host:port) and serves until stdin closes."""
+    """A push server (`serve(spec)`) in its own Python process, as a sampler always is."""
 
     def __init__(self, spec: dict, what: str, start_timeout: float = 900.0):
         code = (

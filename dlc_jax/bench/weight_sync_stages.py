@@ -1,35 +1,27 @@
-"""CPU seconds per pushed GB of each stage of a weight push (send, receive, checks, engine load),
-each stage run alone in this process on the bench's exported tensors: the figure the machine's
-load cannot move much, unlike wall time (a 2-core machine shared with other work).
-
-Clocks: a Python stage runs on one thread and is read with that thread's CPU clock
-(`resource.RUSAGE_THREAD`); the JAX load uses XLA's own threads and is read with the process
-clock while nothing else runs here. Each stage is the fastest of `repeats` runs (after a warm-up
-run that compiles). Stages, in push order:
-
-* ``send: CRC-32C`` / ``send: socket`` — the trainer's checksum of each tensor and its
-  ``sendall`` over a loopback socket (the socket data plane's send);
-* ``recv: fresh staging map`` — ``recv_into`` a new memory-mapped staging file on the RAM
-  filesystem, as every push did before warm staging (first write of each page: a kernel page
-  fault, allocation and zeroing per 4 KiB); ``recv: warm staging map`` — into one whose pages are
-  already mapped (`sampler.warm_staging`, every push after the first);
-* ``CRC-32C`` / ``finite check`` — the sampler's verification of each tensor;
-* ``device load (8-byte aligned)`` / ``device load (64-byte aligned)`` — the JAX backend's load
-  (`JaxWeightLoad`: cast to the parameter dtype, HF -> our layout) of read-only views into a staging
-  map whose tensors start 8 bytes off (the old safetensors layout: XLA copies each input first) or
-  64-byte aligned (`safetensors_io.layout` now: XLA reads the staging map in place).
+"""CPU seconds per pushed GB of each stage of a weight push (a figure the machine's load barely
+moves), each stage run alone in this process, the fastest of `repeats`, on the thread's CPU clock
+(the JAX load, on XLA's threads: the process's). ``recv`` goes into a fresh staging map (a page
+fault per first-written 4 KiB) or a warm one; ``device load`` reads tensors 8 bytes off alignment
+(the old layout: XLA copies each input) or 64-byte aligned (read in place).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
+import os
 import resource
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
+
+from dlc_jax.bench import common
+from dlc_jax.bench.weight_sync_common import WeightSyncBenchConfig
+from dlc_jax.sampler.service.malloc_env import with_huge_pages
 
 RECV_PIECE = 8 << 20  # as `staging.WeightStager.read_socket`
 
@@ -82,9 +74,6 @@ def _send_recv(arrays: list[np.ndarray], into: mmap.mmap) -> tuple[float, float]
 
 def _shm_map(nbytes: int) -> mmap.mmap:
     """A fresh shared mapping of a new RAM-filesystem file (as a staging file), file unlinked."""
-    import os
-    import tempfile
-
     root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     fd, path = tempfile.mkstemp(prefix="dlc_stage_bench_", dir=root)
     try:
@@ -110,8 +99,7 @@ def _views(arrays: dict[str, np.ndarray], skew: int) -> tuple[mmap.mmap, dict[st
 
 
 def stage_cpu(exported: dict[str, np.ndarray], model=None, repeats: int = 3) -> dict[str, float]:
-    """{stage: CPU seconds per GB pushed} (see the module doc). `model`: an NNX model of the
-    exported tensors' shapes for the JAX load stages (None: those stages are left out)."""
+    """{stage: CPU s per GB pushed}; `model`: for the JAX load stages (None: left out)."""
     import crc32c
 
     from dlc_jax.sampler.push.weight_checks import FiniteCheck
@@ -203,27 +191,18 @@ RECEIVE_ROWS = BEFORE_NOW[2:]
 
 
 def child(cfg, huge: bool) -> dict[str, float]:
-    """`stage_cpu` of the weight_sync bench config `cfg`'s model in a fresh Python process, started
-    with (`huge`) or without glibc's huge-page malloc (`sampler.malloc_env`), as a sampler is."""
-    import dataclasses
-    import os
-
-    from dlc_jax.bench.common import call_in_child
-    from dlc_jax.sampler.service.malloc_env import with_huge_pages
-
+    """`model_stage_cpu` of `cfg` in a fresh process, with (`huge`) or without huge-page malloc."""
     env = dict(os.environ)
     env["GLIBC_TUNABLES"] = ":".join(
         t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and "malloc.hugetlb" not in t
     )
     env = with_huge_pages(env) if huge else env
     module, cfg_dict = "dlc_jax.bench.weight_sync_stages", dataclasses.asdict(cfg)
-    return call_in_child(module, "model_stage_cpu", cfg_dict, env=env, timeout=1800)
+    return common.call_in_child(module, "model_stage_cpu", cfg_dict, env=env, timeout=1800)
 
 
 def stage_part(cfg) -> tuple[list[dict], dict[str, float]]:
-    """Rows {stage, before, now} (CPU-s/GB) and the sampler's receive + load totals. before: the
-    old path (fresh staging map, 8-byte-aligned tensors, 4 KiB pages); now: warm staging map,
-    64-byte-aligned tensors, huge-page malloc."""
+    """Rows {stage, before, now} (CPU-s/GB) and the sampler's receive + load totals."""
     before, now = child(cfg, False), child(cfg, True)
     rows = [
         {"stage": row, "before_CPU_s_per_GB": before.get(b), "now_CPU_s_per_GB": now.get(n)}
@@ -239,18 +218,15 @@ def stage_part(cfg) -> tuple[list[dict], dict[str, float]]:
 
 def stage_lines(rows: list[dict], totals: dict[str, float]) -> list[str]:
     """The markdown section of `stage_part`'s result."""
-    from dlc_jax.bench import common
-
     return [
         "### CPU seconds per pushed GB, by stage (load-independent)",
         "",
         common.markdown_table(["stage", "before_CPU_s_per_GB", "now_CPU_s_per_GB"], rows),
         "",
-        f"Sampler receive + checks + JAX load: before "
-        f"{totals['sampler_receive_load_before']:.3f}, now "
-        f"{totals['sampler_receive_load_now']:.3f} CPU-s/GB. Each stage run alone, fastest of the "
-        "repeats, per-thread CPU clock (the JAX load: the process clock); before = a fresh staging "
-        "map per push, tensors 8 bytes off 64-byte alignment, 4 KiB pages; now = the warm "
+        f"Sampler receive + checks + JAX load: before {totals['sampler_receive_load_before']:.3f}, "
+        f"now {totals['sampler_receive_load_now']:.3f} CPU-s/GB. Each stage run alone, fastest of "
+        "the repeats, per-thread CPU clock (the JAX load: the process clock); before = a fresh "
+        "staging map per push, tensors 8 bytes off 64-byte alignment, 4 KiB pages; now = the warm "
         "staging map (`sampler/push/warm_staging.py`), 64-byte-aligned tensors "
         "(`safetensors_io.layout`), huge-page malloc (`sampler/service/malloc_env.py`).",
     ]
@@ -260,7 +236,6 @@ def model_stage_cpu(cfg_dict: dict) -> dict[str, float]:
     """`stage_cpu` of the `WeightSyncBenchConfig` `cfg_dict`'s model (random weights)."""
     from flax import nnx
 
-    from dlc_jax.bench.weight_sync_common import WeightSyncBenchConfig
     from dlc_jax.model import Qwen3ForCausalLM, iter_hf_tensors
     from dlc_jax.sampler.wire import safetensors_io as st
 

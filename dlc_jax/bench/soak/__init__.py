@@ -1,16 +1,6 @@
-"""`dlc-jax bench soak`: the sampler soak (`sampler`), the trainer soak (`trainer`),
-the hostile-input soak (`hostile`: reward values and types, export of corrupt checkpoints, data
-edges, config and plan ranges), the environment soak (`env`: hostile environments in training,
-evaluation and the warm-up, injected control tokens) and the adapter soak (`adapter`: hostile
-LoRA pushes, damaged exports repeated) together, loopback only and bounded; one summary table
-(``soak.{json,md}``) plus each part's own table under ``<out>/soak/``.
-
-Targets (issue 12): at least 90 bad inputs, 20 push attacks and 200 concurrent streams against the
-sampler; checkpoint bit flips and truncations and SIGKILLs at random points against the trainer;
-0 crashes, 0 bad weights served, 0 silent resumes from a corrupt or different run, 0 files left
-behind, every user error one line. Issue 25 adds: 0 NaN metrics rows, 0 corrupt checkpoints
-exported, 0 processes a reward spawned outliving the run. Issue 33 adds: 0 hangs, 0 control
-tokens injected from text, 0 hostile adapters accepted, 0 damaged exports not one line.
+"""`dlc-jax bench soak`: the sampler, trainer, hostile-input, environment and adapter soaks together
+(loopback, bounded): a summary table plus each part's own under ``<out>/soak/``. Targets: 90 bad
+inputs, 20 push attacks, 200 concurrent streams against the sampler; zero of every failure counted.
 """
 
 from __future__ import annotations
@@ -40,11 +30,8 @@ SIZES = {"default": SoakBenchConfig()}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--parts",
-        default=",".join(SoakBenchConfig.parts),
-        help="comma-separated: sampler,trainer,hostile,env,adapter",
-    )
+    parts = ",".join(SoakBenchConfig.parts)
+    p.add_argument("--parts", default=parts, help=f"comma-separated: {parts}")
     p.add_argument("--kills", type=int, default=2, help="trainer SIGKILLs (each then resumed)")
     p.add_argument(
         "--reuse", action="store_true", help="reuse <out>/soak/<part>_soak.json of earlier runs"
@@ -52,7 +39,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(size: str, args) -> SoakBenchConfig:
-    """Config from the CLI args (``bench all`` passes none: the defaults)."""
+    """Config from the CLI args (``bench all`` passes none)."""
     raw = getattr(args, "parts", None) or ",".join(SoakBenchConfig.parts)
     parts = tuple(p.strip() for p in raw.split(",") if p.strip())
     bad = sorted(set(parts) - set(_PARTS))
@@ -89,18 +76,11 @@ COLUMNS = [
 
 
 def run(cfg: SoakBenchConfig) -> dict:
-    res = common.new_result(
-        "soak",
-        "Soak: sampler service, trainer failure paths, hostile inputs, environments, adapters "
-        "(loopback)",
-        COLUMNS,
-        cfg,
-    )
+    title = "Soak: sampler service, trainer failure paths, hostile inputs, environments, adapters"
+    res = common.new_result("soak", f"{title} (loopback)", COLUMNS, cfg)
     parts_dir = Path(cfg.out) / "soak"
-    # the two parts drive separate processes (a sampler server; trainer runs): run them side by
-    # side, each writing its own table under <out>/soak/
-    # transformers resolves its names lazily, and two threads importing the first one at once can
-    # fail ("cannot import name 'Qwen3Config'"): import it here, before the threads start
+    # the parts drive separate processes: run two side by side. transformers resolves its names
+    # lazily, and two threads importing the first one at once can fail: import it here first.
     from transformers import Qwen3Config  # noqa: F401
 
     with ThreadPoolExecutor(2) as ex:
@@ -108,8 +88,7 @@ def run(cfg: SoakBenchConfig) -> dict:
         for p in cfg.parts:
             res["rows"].append(futs[p].result())
             res["notes"].append(f"{p}: {parts_dir}/{p}_soak.md")
-    tot = common.totals(res["rows"], *COLUMNS[1:-1])
-    res["summary"] = tot
+    res["summary"] = tot = common.totals(res["rows"], *COLUMNS[1:-1])
     sampler: dict = next((r for r in res["rows"] if r["part"] == "sampler"), {})
     res["targets"] = [
         common.target("sampler bad inputs", sampler.get("bad_inputs"), 90, ">="),
@@ -203,20 +182,14 @@ _PARTS = tuple(_PART_COLUMNS)
 
 
 def _part(name: str, parts_dir: Path, cfg: SoakBenchConfig) -> dict:
-    """Run the part ``name`` (with ``--reuse``: read back its earlier table when there is one)
-    and return its row of the summary."""
+    """Run the part ``name`` (``--reuse``: read back its earlier table if any) -> its row."""
     path = parts_dir / f"{name}_soak.json"
     if cfg.reuse and path.exists():
         r = json.loads(path.read_text())
     else:
         mod = importlib.import_module(f"{__name__}.{name}")
-        r = (
-            mod.run(parts_dir, mod.SoakConfig(kills=cfg.kills))
-            if name == "trainer"
-            else mod.run(parts_dir)
-        )
+        args = (mod.SoakConfig(kills=cfg.kills),) if name == "trainer" else ()
+        r = mod.run(parts_dir, *args)
     s = r["summary"]
-    row = {"part": name}
-    for col, src in _PART_COLUMNS[name].items():
-        row[col] = s[src] if isinstance(src, str) else src(r, s)
-    return row
+    cols = _PART_COLUMNS[name].items()
+    return {"part": name, **{c: s[src] if isinstance(src, str) else src(r, s) for c, src in cols}}

@@ -1,14 +1,6 @@
-"""The adapter soak (issue 33 items 2, 5, 6): hostile LoRA adapter pushes through the sampler's
-checks, both the staged stream (`AdapterStager`, as the gRPC server runs it) and the in-process
-sampler (`InProcessSampler.push_adapter`, whose served weights are compared before and after);
-and damaged checkpoints read by fresh ``dlc-jax export`` processes, repeated
-(`damaged_restore`).
-
-Counted: accepted hostile pushes, bad weights served (the in-process sampler's state or version
-changed by a refused push), files left in the staging directory, crashes (an exception other
-than the push refusal), and for the exports: runs that were not exit 2 + one error line
-(tracebacks counted as crashes) and exports written. `run(out_dir)` writes
-``adapter_soak.{json,md}``.
+"""The adapter soak: hostile LoRA adapter pushes through the staged stream (`AdapterStager`) and the
+in-process sampler (whose served weights must not change), and damaged checkpoints read by fresh
+``dlc-jax export`` processes (`damaged_restore`); counts acceptances, crashes, files and exports.
 """
 
 from __future__ import annotations
@@ -134,11 +126,8 @@ def run(out_dir, repeats: int = 10) -> dict:
             t0 = time.monotonic()
             row = {"scenario": name, "cases": 2, "ok": 0, "crashes": 0, "accepted": 0}
             row["bad_weights_served"] = 0
-            stream = (
-                msgs[: raw[len(raw) // 2]] + msgs[-1:]
-                if ts is None
-                else adapter_messages(ts, 2, meta)
-            )
+            cut = msgs[: raw[len(raw) // 2]] + msgs[-1:]
+            stream = cut if ts is None else adapter_messages(ts, 2, meta)
             got = _staged(expected, stream, staging, base)
             row["ok"] += got == "refused"
             row["accepted"] += got == "accepted"
@@ -152,9 +141,8 @@ def run(out_dir, repeats: int = 10) -> dict:
                 row["accepted"] += r.ok
             except Exception:  # noqa: BLE001 - counted
                 row["crashes"] += 1
-            row["bad_weights_served"] += b._state is not before or (
-                sampler.info()["version"] != version
-            )
+            changed = b._state is not before or sampler.info()["version"] != version
+            row["bad_weights_served"] += changed
             row["seconds"] = round(time.monotonic() - t0, 2)
             rows.append(row)
         counts["files_left"] = len(list(staging.iterdir()))

@@ -1,10 +1,10 @@
 """Sampler soak, bad inputs: malformed Generate requests, bad authorization on every RPC, garbage
 serialized as requests, and garbage bytes on the gRPC and push data ports (the server must
-survive each).
-"""
+survive each)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 import struct
@@ -91,14 +91,9 @@ def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: 
     rng = np.random.default_rng(cfg.seed)
     raw_chan = grpc.insecure_channel(address)
     ident = lambda b: b  # noqa: E731
-    raw_gen = raw_chan.unary_stream(
-        "/dlc_jax.sampler.v1.Sampler/Generate",
-        request_serializer=ident,
-        response_deserializer=ident,
-    )
-    raw_info = raw_chan.unary_unary(
-        "/dlc_jax.sampler.v1.Sampler/Info", request_serializer=ident, response_deserializer=ident
-    )
+    raw = {"request_serializer": ident, "response_deserializer": ident}
+    raw_gen = raw_chan.unary_stream("/dlc_jax.sampler.v1.Sampler/Generate", **raw)
+    raw_info = raw_chan.unary_unary("/dlc_jax.sampler.v1.Sampler/Info", **raw)
     for n in (1, 2, 3, 7, 64, 255, 1000, 4096, 100_000):
         junk = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
         t.rpc(
@@ -107,9 +102,7 @@ def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: 
             (),
         )
     t.rpc(
-        "garbage request bytes",
-        lambda: raw_info(b"\xff" * 50, timeout=10, metadata=client._md()),
-        (),
+        "garbage request bytes", lambda: raw_info(b"\xff" * 50, timeout=10, metadata=client._md())
     )
     raw_chan.close()
     # garbage on the wire (no answer expected; the server must just survive)
@@ -144,14 +137,9 @@ def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: 
 
 
 def send_raw(host: str, port: int, data: bytes) -> None:
-    try:
-        with socket.create_connection((host, port), timeout=5) as s:
-            if data:
-                s.sendall(data)
-            s.settimeout(1.0)
-            try:
-                s.recv(4096)
-            except (TimeoutError, OSError):
-                pass
-    except OSError:
-        pass
+    """Send ``data`` on a new connection, then wait up to 1 s for an answer (errors ignored)."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=5) as s:
+        if data:
+            s.sendall(data)
+        s.settimeout(1.0)
+        s.recv(4096)

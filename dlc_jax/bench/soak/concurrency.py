@@ -1,7 +1,6 @@
 """Sampler soak, load: concurrent Generate streams with a good push in the middle (rollouts must
 name only the versions served), requests with distinct sampling values (time, RSS growth), and
-idle data connections (server thread count).
-"""
+idle data connections (server thread count)."""
 
 from __future__ import annotations
 
@@ -43,27 +42,23 @@ def streams_with_push(client, weights: dict, v: int, n: int, vocab: int) -> dict
         push = client.push_weights(perturbed(weights, 7), v + 1)
     errors = [r for r in results if not hasattr(r, "logprobs")]
     rolls = [r for r in results if hasattr(r, "logprobs")]
-    bad = sum(
-        1
-        for r in rolls
-        if not np.isfinite(r.logprobs).all()
-        or any(ver not in (v, v + 1) for ver, _, _ in r.version_spans)
-        or (
-            r.version_spans
-            and (r.version_spans[0][1] != 0 or r.version_spans[-1][2] != len(r.response_ids))
+
+    def bad(r) -> bool:
+        spans = r.version_spans
+        return (
+            not np.isfinite(r.logprobs).all()
+            or any(ver not in (v, v + 1) for ver, _, _ in spans)
+            or bool(spans and (spans[0][1] != 0 or spans[-1][2] != len(r.response_ids)))
         )
-    )
+
+    versions = [{x[0] for x in r.version_spans} for r in rolls]
     return {
         "streams": n,
         "stream_errors": len(errors),
-        "bad_rollouts": bad,
+        "bad_rollouts": sum(map(bad, rolls)),
         "push_ok": bool(push.ok),
-        "rollouts_with_new_version": sum(
-            1 for r in rolls if any(x[0] == v + 1 for x in r.version_spans)
-        ),
-        "rollouts_spanning_two_versions": sum(
-            1 for r in rolls if len({x[0] for x in r.version_spans}) > 1
-        ),
+        "rollouts_with_new_version": sum(v + 1 in vs for vs in versions),
+        "rollouts_spanning_two_versions": sum(len(vs) > 1 for vs in versions),
         "error_examples": [f"{e.code().name}: {e.details()}" for e in errors[:3]],
     }
 
@@ -72,11 +67,8 @@ def distinct_params(client, pid: int, n: int) -> dict:
     from dlc_jax.sampler.wire.types import SamplingParams
 
     rng = np.random.default_rng(1)
-    list(
-        client.generate(
-            [[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, top_k=5, head_k=2)
-        )
-    )
+    warm = SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, top_k=5, head_k=2)
+    list(client.generate([[1, 2, 3]], warm))
     rss0 = proc_status(pid)["VmRSS"]
     t0 = time.perf_counter()
     nonfinite = 0

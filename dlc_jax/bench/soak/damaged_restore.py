@@ -1,9 +1,7 @@
-"""Damaged checkpoints read by a fresh process, repeated (issue 33 item 2): `dlc-jax export` and
-`dlc-jax train` (resume) of a checkpoint whose array data was bit-flipped, truncated, zeroed or
-deleted must end with exit 2 and one ``dlc-jax ...: error:`` line every time, no traceback (orbax
-used to print ``RuntimeError: Event loop is closed`` tracebacks after the line in 8 of 10 tries),
-nothing exported. Used by the soak (10 repeats) and by tests/integration/test_damaged_restore.py
-(fewer)."""
+"""Damaged checkpoints read by fresh processes, repeated: `dlc-jax export` or `train` (resume) of a
+checkpoint whose array data was bit-flipped, truncated, zeroed or deleted must end with exit 2 and
+one ``dlc-jax ...: error:`` line every time, no traceback (orbax's ``Event loop is closed`` used to
+follow the line), nothing exported."""
 
 from __future__ import annotations
 
@@ -14,12 +12,11 @@ from pathlib import Path
 from .trainer_harness import Outcome, data_files, flip_file, run_dlc, truncate_file
 
 
-def _flip_all(step_dir: Path) -> None:
-    for p in data_files(step_dir):  # every data file: params are hit whatever is read first
-        data = bytearray(p.read_bytes())
-        for i in range(0, len(data), 97):
-            data[i] ^= 0xFF
-        p.write_bytes(bytes(data))
+def _flip_every_97th(p: Path) -> None:
+    data = bytearray(p.read_bytes())
+    for i in range(0, len(data), 97):
+        data[i] ^= 0xFF
+    p.write_bytes(bytes(data))
 
 
 def _each(fn: Callable[[Path], object]) -> Callable[[Path], None]:
@@ -33,7 +30,7 @@ def _each(fn: Callable[[Path], object]) -> Callable[[Path], None]:
 
 
 PATTERNS: dict[str, Callable[[Path], object]] = {
-    "flip_all": _flip_all,
+    "flip_all": _each(_flip_every_97th),
     "flip_300": _each(lambda p: flip_file(p, 300, p.name)),
     "truncate": _each(truncate_file),
     "zero": _each(lambda p: p.write_bytes(bytes(p.stat().st_size))),
@@ -42,8 +39,7 @@ PATTERNS: dict[str, Callable[[Path], object]] = {
 
 
 def damaged_copy(good: Path, dst: Path, pattern: str) -> Path:
-    """A copy of the checkpoint directory ``good`` at ``dst`` with every step damaged by
-    ``pattern``."""
+    """A copy of the checkpoint dir ``good`` at ``dst``, every step damaged by ``pattern``."""
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(good, dst)
     for step in [p for p in dst.iterdir() if p.name.isdigit()]:
@@ -52,8 +48,7 @@ def damaged_copy(good: Path, dst: Path, pattern: str) -> Path:
 
 
 def verdict(o: Outcome, command: str) -> str | None:
-    """None when ``o`` is a clean refusal (exit 2, one ``dlc-jax COMMAND: error:`` line, no
-    traceback); else what was wrong."""
+    """None for a clean refusal (exit 2, one ``dlc-jax CMD: error:`` line), else what's wrong."""
     lines = [ln for ln in o.err.splitlines() if ln.startswith(f"dlc-jax {command}: error:")]
     if o.traceback or "Event loop is closed" in o.err:
         return "traceback"
@@ -67,9 +62,8 @@ def verdict(o: Outcome, command: str) -> str | None:
 def repeat(
     good: Path, work: Path, command: Callable[[Path], list[str]], repeats: int, timeout: float
 ) -> list[dict]:
-    """``repeats`` fresh processes ``command(damaged checkpoint dir)``, the damage patterns in
-    turn; one record per run: pattern, verdict (None = clean), whether ``work/out`` was
-    written."""
+    """``repeats`` fresh processes ``command(damaged checkpoint dir)``, the patterns in turn -> per
+    run: pattern, verdict (None = clean), whether ``work/out`` was written, stderr."""
     out = []
     name = command(work)[0]
     for i in range(repeats):

@@ -1,13 +1,7 @@
-"""The environment soak (issue 33 items 1, 4, 6): every hostile environment of `env_cases.CASES`
-in training episodes (`EnvSampler`), evaluation (`EnvEvaluator`) and the warm-up's
-demonstrations; 1,000 episodes of a 1%-failing environment; control tokens injected through a
-tool result, an environment message and a dataset prompt. In process, on the tiny ChatML
-tokenizer (no model, no sampler process: a sampler that echoes).
-
-Counted: crashes (an exception out of the runner, or a warm-up failure that is not one line),
-hangs (a case past ``env.timeout_s`` plus a grace period per turn), injected tokens (control
-token ids beyond the template's own), non-finite rewards, cases whose end reason or counters are
-not the expected ones. `run(out_dir)` writes ``env_soak.{json,md}``.
+"""The environment soak, in process (tiny ChatML tokenizer, an echoing sampler): each environment of
+`env_cases.CASES` in training, evaluation and the warm-up; 1,000 episodes of a 1%-failing one;
+control tokens injected from text. Counts crashes, hangs, injected tokens, non-finite rewards and
+unexpected end reasons.
 """
 
 from __future__ import annotations
@@ -75,9 +69,8 @@ def _training(tok, factory, end: str, n: int, row: dict) -> None:
         row["crashes"] += 1
         return
     row["hangs"] += time.monotonic() - t0 > TURNS * (TIMEOUT + GRACE) * max(1, n // 64)
-    row["nonfinite_rewards"] = row.get("nonfinite_rewards", 0) + sum(
-        not math.isfinite(float(r.reward or 0.0)) for r in out
-    )
+    nonfinite = sum(not math.isfinite(float(r.reward or 0.0)) for r in out)
+    row["nonfinite_rewards"] = row.get("nonfinite_rewards", 0) + nonfinite
     ends = [r.finish_reason for r in out]
     row["ok"] += len(out) == n and (end == "any" or ends == [end] * n)
 
@@ -119,7 +112,7 @@ def _warmup(tok, factory, row: dict) -> None:
 
 
 def _injection(tok) -> tuple[int, int]:
-    """(cases, control tokens that entered from text)."""
+    """-> (cases, control tokens that entered from text)."""
     from dlc_jax.data.tokenize import encode_prompt
     from dlc_jax.env import ChatDelta
 

@@ -1,6 +1,5 @@
-"""The hostile environments of issue 33 item 4, one table (`CASES`) shared by the env soak
-(`dlc_jax.bench.soak.env`) and tests/unit/test_env_hostile.py: each a factory and the end reason
-its episodes must have."""
+"""The hostile environments (`CASES`) of the env soak and tests/unit/test_env_hostile.py: each a
+factory and the end reason its episodes must have."""
 
 from __future__ import annotations
 

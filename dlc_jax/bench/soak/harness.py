@@ -1,7 +1,5 @@
-"""The sampler soak's harness: its config (`SoakConfig`), the outcome tally (`Tally`), the tiny
-model and the sampler process under test (token, push data port, load root, short push limits),
-and push-stream builders the attacks mutate.
-"""
+"""The sampler soak's harness: config, outcome tally, the tiny model and the sampler process under
+test (token, push data port, load root, short push limits), and push streams the attacks mutate."""
 
 from __future__ import annotations
 
@@ -101,12 +99,9 @@ def start_sampler(
 
 
 def proc_status(pid: int) -> dict[str, int]:
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        k, _, v = line.partition(":")
-        if k in ("Threads", "VmRSS"):
-            out[k] = int(v.split()[0])
-    return out
+    """The process's thread count and resident memory (kB): {"Threads", "VmRSS"}."""
+    lines = (ln.partition(":") for ln in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return {k: int(v.split()[0]) for k, _, v in lines if k in ("Threads", "VmRSS")}
 
 
 def perturbed(weights: dict, seed: int) -> dict:
@@ -125,22 +120,15 @@ def push_stream(weights: dict, version: int, *, mutate=None, commit=True, chunk=
         pb.TensorSpec(name=n, shape=list(a.shape), dtype="float32", nbytes=int(a.nbytes))
         for n, a in weights.items()
     ]
-    msgs = [
-        pb.WeightMessage(header=pb.WeightHeader(version=version, tensors=specs, dtype="float32"))
-    ]
+    header = pb.WeightHeader(version=version, tensors=specs, dtype="float32")
+    msgs = [pb.WeightMessage(header=header)]
     for i, a in enumerate(weights.values()):
         b = np.ascontiguousarray(a, np.float32).tobytes()
         for off in range(0, len(b), chunk):
-            msgs.append(
-                pb.WeightMessage(
-                    chunk=pb.WeightChunk(tensor_index=i, offset=off, data=b[off : off + chunk])
-                )
-            )
-        msgs.append(
-            pb.WeightMessage(
-                done=pb.TensorDone(tensor_index=i, sha256=hashlib.sha256(b).hexdigest())
-            )
-        )
+            c = pb.WeightChunk(tensor_index=i, offset=off, data=b[off : off + chunk])
+            msgs.append(pb.WeightMessage(chunk=c))
+        done = pb.TensorDone(tensor_index=i, sha256=hashlib.sha256(b).hexdigest())
+        msgs.append(pb.WeightMessage(done=done))
     if commit:
         msgs.append(pb.WeightMessage(commit=pb.Commit()))
     for m in msgs:

@@ -1,11 +1,7 @@
-"""The hostile-input soak (issue 25): the newer surfaces (reward plug-ins, data sources, export,
-config, plan) under hostile input, on real ``python -m dlc_jax.cli`` processes (a tiny model, the
-JAX sampler spawned on loopback). Cases: `hostile_cases`.
-
-Counted: crashes (a traceback or an unexpected exit status), user errors that are not exactly one
-line, metrics rows with a non-finite or missing reward/loss/gradient value (``nan_metric_rows``),
-corrupt checkpoints that ``export`` let out (``corrupt_exported``), processes a reward spawned that
-outlived the run (``orphans``). `run(out_dir)` writes ``hostile_soak.{json,md}``.
+"""The hostile-input soak: reward plug-ins, data sources, export, config and plan under hostile
+input (`hostile_cases`), on real ``python -m dlc_jax.cli`` processes. Counted: crashes, user errors
+not one line, metrics rows with a non-finite or missing value, corrupt checkpoints exported, and
+processes a reward spawned that outlived the run (``orphans``).
 """
 
 from __future__ import annotations
@@ -34,12 +30,8 @@ def run(out_dir, cfg: HostileSoakConfig | None = None) -> dict:
     """Run the hostile-input soak; write ``<out_dir>/hostile_soak.{json,md}``; return the result."""
     cfg = cfg or HostileSoakConfig()
     cols = ["scenario", "cases", "ok", "crashes", "multi_line_errors", "seconds"]
-    res = common.new_result(
-        "hostile_soak",
-        "Hostile inputs: rewards, export, data, config and plan (loopback)",
-        cols,
-        cfg,
-    )
+    title = "Hostile inputs: rewards, export, data, config and plan (loopback)"
+    res = common.new_result("hostile_soak", title, cols, cfg)
     t = Tally()
     counts = {"nan_metric_rows": 0, "corrupt_exported": 0, "orphans": 0}
     timeout = cfg.run_timeout_s
@@ -54,8 +46,7 @@ def run(out_dir, cfg: HostileSoakConfig | None = None) -> dict:
             export_cases(model, work, t, counts, timeout)
         if "reward" in cfg.classes:
             reward_cases(model, work, t, counts, timeout)
-    rows = [{k: r[k] for k in cols} for r in t.rows.values()]
-    res["rows"] = rows
+    res["rows"] = rows = [{k: r[k] for k in cols} for r in t.rows.values()]
     keys = ("cases", "ok", "crashes", "multi_line_errors")
     per_class = {
         c: common.totals((r for r in rows if r["scenario"].startswith(c + ":")), *keys)

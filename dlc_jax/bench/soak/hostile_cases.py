@@ -1,16 +1,6 @@
-"""The hostile-input soak's cases (issue 25), by class; each records its outcomes in a `Tally`.
-
-* reward values and types: real ``dlc-jax train`` runs whose reward plug-in returns values finite
-  in float64 but not float32 (1e39) or around 1e20 on half the samples (the run must finish with
-  finite metrics), a ``str`` or an int-keyed ``dict``, or has a wrong signature (the failure budget
-  must stop the run in one line naming the function), or spawns a child (gone after the run);
-* export of corrupt checkpoints: bit flips, truncation, NaN params, a non-empty ``--out`` (refused
-  in one line, nothing written);
-* data edges: non-UTF-8 bytes and a lone surrogate in JSONL, an empty HF data set, an ignored split,
-  a hub endpoint that never answers, rows running out with ``data.epochs`` set;
-* config and plan ranges: ``mesh.data=0``, ``optim.lr=inf``, ``optim.weight_decay=nan``, YAML nested
-  thousands deep, a non-UTF-8 config, ``sampler.max_model_len=0``, impossible topologies, bad
-  command lines of every subcommand.
+"""The hostile-input soak's cases by class, each recording its outcomes in a `Tally`: reward
+plug-ins returning huge values or wrong types, or spawning children; exports of corrupt
+checkpoints; data edges (bad UTF-8, empty or unreachable data sets); config and plan out of range.
 """
 
 from __future__ import annotations
@@ -24,8 +14,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from .trainer_cases import _train_args
-from .trainer_harness import Tally, flip_bytes, metric_rows, run_dlc, truncate
+from .trainer import _train_args
+from .trainer_harness import Tally, flip_bytes, kill_all, metric_rows, run_dlc, truncate
 
 REWARDS = textwrap.dedent("""
     import subprocess, sys
@@ -68,12 +58,9 @@ def _alive(pid: int) -> bool:
 
 
 def _nonfinite_rows(rows: list[dict]) -> int:
-    bad = 0
-    for r in rows:
-        vals = [r.get(k) for k in FINITE_KEYS if k in r]
-        if any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in vals):
-            bad += 1
-    return bad
+    """How many ``rows`` have a `FINITE_KEYS` value that is not a finite number."""
+    finite = lambda v: isinstance(v, (int, float)) and math.isfinite(v)
+    return sum(not all(finite(r[k]) for k in FINITE_KEYS if k in r) for r in rows)
 
 
 def reward_cases(model: Path, work: Path, t: Tally, counts: dict, timeout: float) -> None:
@@ -83,11 +70,13 @@ def reward_cases(model: Path, work: Path, t: Tally, counts: dict, timeout: float
     env = {"PYTHONPATH": os.pathsep.join([str(plug), os.environ.get("PYTHONPATH", "")])}
     budget = ("reward.workers=1", "reward.window=2", "reward.max_failed_fraction=0.9")
     finishing = {"huge32": "1e39 (inf in float32)", "huge20": "1e20 (variance overflows)"}
+
+    def train(name: str, steps: int, key: str):
+        run = work / f"rw_{name}"
+        return run, run_dlc(_train_args(model, run, steps, key, *budget), timeout, env=env)
+
     for fn, what in finishing.items():
-        run = work / f"rw_{fn}"
-        o = run_dlc(
-            _train_args(model, run, 3, f"reward.fn=soak_rewards:{fn}", *budget), timeout, env=env
-        )
+        run, o = train(fn, 3, f"reward.fn=soak_rewards:{fn}")
         rows = metric_rows(run / "logs")
         bad = _nonfinite_rows(rows)
         counts["nan_metric_rows"] += bad
@@ -95,26 +84,18 @@ def reward_cases(model: Path, work: Path, t: Tally, counts: dict, timeout: float
         t.record(f"reward: returns {what} on half the samples", o, ok, crash=o.rc != 0)
     stopping = {"as_str": "a str", "as_dict": "an int-keyed dict", "no_kwargs": "no **kw"}
     for fn, what in stopping.items():
-        run = work / f"rw_{fn}"
-        o = run_dlc(
-            _train_args(model, run, 6, f"reward.fn=soak_rewards:{fn}", *budget), timeout, env=env
-        )
+        run, o = train(fn, 6, f"reward.fn=soak_rewards:{fn}")
         named = any(f"soak_rewards:{fn}" in ln for ln in o.error_lines)
         counts["nan_metric_rows"] += _nonfinite_rows(metric_rows(run / "logs"))
         ok = o.one_line_error() and named
         t.refusal(f"reward: {what}, every call (budget stop)", o, ok)
-    run, pidfile = work / "rw_spawns", work / "spawned.pids"
+    pidfile = work / "spawned.pids"
     spec = {"fn": "soak_rewards:spawns", "kwargs": {"pidfile": str(pidfile)}}
-    kw = f"reward.fns.s={json.dumps(spec)}"
-    o = run_dlc(_train_args(model, run, 2, kw, *budget), timeout, env=env)
+    _, o = train("spawns", 2, f"reward.fns.s={json.dumps(spec)}")
     time.sleep(1.0)
     pids = [int(x) for x in pidfile.read_text().split()] if pidfile.exists() else []
     left = [p for p in pids if _alive(p)]
-    for p in left:
-        try:
-            os.kill(p, 9)
-        except OSError:
-            pass
+    kill_all(left)
     counts["orphans"] += len(left)
     ok = o.rc == 0 and bool(pids) and not left
     t.record("reward: spawns a child per call", o, ok, crash=o.rc != 0)
@@ -264,9 +245,5 @@ def config_plan_cases(work: Path, t: Tally, timeout: float) -> None:
     for what, args in cases.items():
         o = run_dlc(args, timeout)
         prefix = all(ln.startswith(f"dlc-jax {args[0]}: error: ") for ln in o.error_lines)
-        t.record(
-            f"config/plan: {what}",
-            o,
-            ok=o.one_line_error() and prefix,
-            multi_line=o.rc not in (0, None) and not (o.one_line_error() and prefix),
-        )
+        ok = o.one_line_error() and prefix
+        t.record(f"config/plan: {what}", o, ok=ok, multi_line=o.rc not in (0, None) and not ok)

@@ -1,13 +1,12 @@
 """Sampler soak, push attacks: silent, stalled, trickling, partial, cut, oversized, out-of-order,
-NaN/Inf, wrong dtype / shape / name / checksum / version pushes, socket-plane tricks, relay tricks
-(a corrupt push asking to be relayed, too many or repeated hops), and
+NaN/Inf, wrong dtype / shape / name / checksum / version pushes, socket-plane and relay tricks, and
 LoadWeights escapes (outside the root, symlinks, NaN, int32, a 1 TB header, /etc); each must be
-refused with its status code while the served weights stay unchanged (`probe`).
-"""
+refused with its status code while the served weights stay unchanged (`probe`)."""
 
 from __future__ import annotations
 
 import functools
+import shutil
 import struct
 import tempfile
 import time
@@ -70,6 +69,11 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
 
         return messages(lambda: push_stream(good, v + 1, mutate=mutate))
 
+    def moved(m, tensor_index: int, offset: int):
+        """The chunk ``m``'s data sent as tensor ``tensor_index`` at ``offset``."""
+        c = pb.WeightChunk(tensor_index=tensor_index, offset=offset, data=m.chunk.data)
+        return pb.WeightMessage(chunk=c)
+
     def flip(m):
         if m.chunk.tensor_index == 1 and m.chunk.offset == 0:
             d = bytearray(m.chunk.data)
@@ -79,14 +83,8 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
 
     def oversize(m):
         if m.chunk.tensor_index == 0 and m.chunk.offset == 0:
-            return [
-                m,
-                pb.WeightMessage(
-                    chunk=pb.WeightChunk(
-                        tensor_index=0, offset=len(m.chunk.data), data=b"\0" * (1 << 20)
-                    )
-                ),
-            ]
+            extra = pb.WeightChunk(tensor_index=0, offset=len(m.chunk.data), data=b"\0" * (1 << 20))
+            return [m, pb.WeightMessage(chunk=extra)]
         return m
 
     def relayed_flip(k, m):  # a corrupt push that asks to be relayed: never forwarded whole
@@ -106,25 +104,10 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
         "flipped bit, valid length": (mut_chunk(flip), DATA_LOSS),
         "oversized tensor": (mut_chunk(oversize), INVALID),
         "chunk out of order": (
-            mut_chunk(
-                lambda m: pb.WeightMessage(
-                    chunk=pb.WeightChunk(
-                        tensor_index=m.chunk.tensor_index,
-                        offset=m.chunk.offset + 4,
-                        data=m.chunk.data,
-                    )
-                )
-            ),
+            mut_chunk(lambda m: moved(m, m.chunk.tensor_index, m.chunk.offset + 4)),
             INVALID,
         ),
-        "tensor index out of range": (
-            mut_chunk(
-                lambda m: pb.WeightMessage(
-                    chunk=pb.WeightChunk(tensor_index=10_000, offset=0, data=m.chunk.data)
-                )
-            ),
-            INVALID,
-        ),
+        "tensor index out of range": (mut_chunk(lambda m: moved(m, 10_000, 0)), INVALID),
         "all NaN, valid checksums": (lambda: client.push_weights(nan, v + 1), INVALID),
         "one Inf (bf16, socket)": (
             lambda: client.push_weights(inf1, v + 1, dtype="bfloat16", transport="socket"),
@@ -195,14 +178,10 @@ def push_attacks(t: Tally, client, weights: dict, load_root: Path, probe, v: int
             ("1 TB header", load_root / "huge", "INVALID_ARGUMENT"),
             ("/etc", "/etc", "FAILED_PRECONDITION"),
         ):
-            attacks[f"load: {name}"] = (
-                functools.partial(client.load_weights, str(path), v + 1),
-                (code,),
-            )
+            load = functools.partial(client.load_weights, str(path), v + 1)
+            attacks[f"load: {name}"] = (load, (code,))
         for name, (fn, codes) in attacks.items():
             t.rpc(f"push attack: {name}", fn, codes)
             probe(f"after push attack {name!r}")
     finally:
-        import shutil
-
         shutil.rmtree(outside, ignore_errors=True)

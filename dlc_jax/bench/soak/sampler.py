@@ -1,12 +1,7 @@
-"""Soak the sampler service as a hostile client would, on loopback only, and count what went wrong.
-
-A real sampler (`SamplerProcess`, the JAX backend on a tiny model; vLLM too when asked) with a
-token, a push data port, a load root and short push limits receives bad inputs (`bad_inputs`),
-push attacks (`push_attacks`), 200 concurrent streams with a good push in the middle, distinct
-sampling values and idle data connections (`concurrency`), and here a SIGKILL after a push and a
-restart on the same staging root. The process, config and tally are in `harness`. Counted:
-crashes, bad weights served, files left behind, attacks accepted, errors that are not one line.
-`run(out_dir)` writes `sampler_soak.json` / `.md` there and returns the result dict.
+"""Soak the sampler service as a hostile client would, on loopback only: bad inputs, push attacks,
+concurrent streams with a push in the middle, distinct sampling values, idle data connections, a
+SIGKILL after a push. Counted: crashes, bad weights served, files left behind, attacks accepted,
+errors that are not one line.
 """
 
 from __future__ import annotations
@@ -111,15 +106,11 @@ def _soak_backend(
 
 
 def run(out_dir, cfg: SoakConfig | None = None) -> dict:
-    """Run the soak (loopback only, bounded: a few minutes on a laptop CPU); write
-    `<out_dir>/sampler_soak.{json,md}` and return the result dict."""
+    """Run the soak; write `<out_dir>/sampler_soak.{json,md}`; return the result."""
     cfg = cfg or SoakConfig()
-    res = common.new_result(
-        "sampler_soak",
-        "Sampler service soak (hostile clients, loopback)",
-        ["category", "cases", "refused", "accepted", "wrong_code", "multi_line_errors"],
-        cfg,
-    )
+    title = "Sampler service soak (hostile clients, loopback)"
+    cols = ["category", "cases", "refused", "accepted", "wrong_code", "multi_line_errors"]
+    res = common.new_result("sampler_soak", title, cols, cfg)
     t = Tally()
     metrics: dict = {}
     pids: list[int] = []
@@ -137,22 +128,19 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
     res["rows"] = list(t.rows.values())
     bad_inputs = sum(r["cases"] for k, r in t.rows.items() if not k.startswith("push attack"))
     attacks = sum(r["cases"] for k, r in t.rows.items() if k.startswith("push attack"))
-    crashes = sum(m["crashes"] for m in metrics.values())
-    bad_served = sum(m["bad_weights_served"] for m in metrics.values())
-    files_left = sum(
+    summed = common.totals(metrics.values(), "crashes", "bad_weights_served")
+    files_left = len(shm_left) + sum(
         m.get("staging_left_at_end", m["staging_left_after_stop"]) for m in metrics.values()
     )
-    files_left += len(shm_left)
     tot = common.totals(t.rows.values(), "accepted", "multi_line_errors", "wrong_code")
-    accepted, multi = tot["accepted"], tot["multi_line_errors"]
     res["summary"] = {
         "bad_inputs": bad_inputs,
         "push_attacks": attacks,
-        "crashes": crashes,
-        "bad_weights_served": bad_served,
+        "crashes": summed["crashes"],
+        "bad_weights_served": summed["bad_weights_served"],
         "files_left_behind": files_left,
-        "attacks_accepted": accepted,
-        "multi_line_errors": multi,
+        "attacks_accepted": tot["accepted"],
+        "multi_line_errors": tot["multi_line_errors"],
         "wrong_codes": tot["wrong_code"],
     }
     res["metrics"] = metrics
@@ -171,12 +159,8 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
         ),
     ]
     for b, m in metrics.items():
-        res["notes"].append(
-            f"{b}: "
-            + ", ".join(
-                f"{k}={v if not isinstance(v, float) else round(v, 2)}" for k, v in m.items()
-            )
-        )
+        values = (f"{k}={round(v, 2) if isinstance(v, float) else v}" for k, v in m.items())
+        res["notes"].append(f"{b}: " + ", ".join(values))
     return common.finish_soak(res, out_dir, t.examples[:20])
 
 

@@ -4,6 +4,7 @@ steps, metrics rows, non-finite arrays, staged pushes, sampler processes)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -96,8 +97,8 @@ def run_dlc(
     kill_delay_s: float = 0.0,
     env: dict | None = None,
 ) -> Outcome:
-    """Run ``python -m dlc_jax.cli ARGS``; with ``kill_after_rows``, SIGKILL it ``kill_delay_s``
-    after ``metrics`` has that many rows. ``env``: variables set on top of the soak's own."""
+    """Run ``python -m dlc_jax.cli ARGS`` (``env``: on top of the soak's own); with
+    ``kill_after_rows``, SIGKILL it ``kill_delay_s`` after ``metrics`` has that many rows."""
     t0 = time.time()
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
         p = subprocess.Popen(
@@ -130,8 +131,7 @@ def run_dlc(
 
 
 class CountRows:
-    """Rows of counts by name (column ``KEY``, then ``ZERO``'s counts) and example lines for the
-    report's notes."""
+    """Rows of counts by name (column ``KEY``, then ``ZERO``'s) and example lines for the notes."""
 
     KEY = "scenario"
     ZERO: dict = {
@@ -180,8 +180,7 @@ class Tally(CountRows):
             self.examples.append(f"{scenario}: {o.error_lines[0][:240]}")
 
     def refusal(self, scenario: str, o: Outcome, ok: bool, **kw) -> None:
-        """`record` of a case that must end in one error line: a longer error counts as
-        ``multi_line``."""
+        """`record` of a case that must end in one error line (a longer one is ``multi_line``)."""
         self.record(
             scenario, o, ok, multi_line=o.rc not in (0, None) and not o.one_line_error(), **kw
         )
@@ -211,19 +210,15 @@ def resumed_at(o: Outcome) -> int | None:
 
 def nonfinite_checkpoints(ckpt: Path) -> int:
     """How many step directories of ``ckpt`` hold non-finite arrays."""
+    import jax
     import numpy as np
     import orbax.checkpoint as ocp
 
     bad = 0
     for s in checkpoint_steps(ckpt):
         tree = ocp.StandardCheckpointer().restore((ckpt / str(s) / "state").absolute())
-        import jax
-
-        for x in jax.tree.leaves(tree):
-            a = np.asarray(x)
-            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
-                bad += 1
-                break
+        leaves = (np.asarray(x) for x in jax.tree.leaves(tree))
+        bad += any(a.dtype.kind == "f" and not np.all(np.isfinite(a)) for a in leaves)
     return bad
 
 
@@ -236,6 +231,13 @@ def staged_leftovers() -> set[str]:
             if m and not Path(f"/proc/{m.group(1)}").exists():
                 out.add(str(p))
     return out
+
+
+def kill_all(pids) -> None:
+    """SIGKILL each process of ``pids`` that is still there."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def sampler_orphans(model: Path) -> list[int]:
