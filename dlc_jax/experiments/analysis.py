@@ -1,11 +1,7 @@
-"""Numbers the report is made of, computed from run results (no plotting, no file I/O).
-
-* D_t / N_t on the checkpoint steps both the run and the noise threshold have, skipping steps where
-  N_t is not measurably positive (at step 0 both on-policy runs are the initial model, N_0 = 0).
-* First step the lag ESS falls below 0.5 (measured), and the Gaussian prediction of that step
-  (docs/CORRECTIONS.md §6): fit Var(ell) = a*k + b*k^2 against k = steps since the sampler's last
-  sync on the first points after the first sync, then solve Var(k*) = ln 2; predicted step = sync
-  step + k*.
+"""Per-run numbers of the report (no plotting, no file I/O): D_t / N_t where N_t is measurably
+positive, the first step the lag ESS falls below 0.5, and its Gaussian prediction
+(docs/CORRECTIONS.md §6): Var(ell) = a*k + b*k^2 fitted against k = steps since the last sync, then
+Var(k*) = ln 2 solved; predicted step = sync step + k*.
 """
 
 from __future__ import annotations
@@ -22,12 +18,11 @@ LN2 = math.log(2.0)
 
 @dataclasses.dataclass(frozen=True)
 class AnalysisConfig:
-    """ess_threshold: the 0.5 line; band: the pass band on D_t/N_t (2x); min_noise: N_t at or below
-    this is treated as unmeasurable and its step skipped; fit_points: points (k > 0) used in the
-    Var(ell) fit; final_frac: fraction of the last steps averaged for the final reward;
-    min_stay_steps: logged steps the ESS must stay below the threshold (to the end of the run) to
-    count as "stays below"; ess_smooth: "stays below" is judged on the trailing median of this many
-    steps (one batch's token ESS is noisy: a single lucky batch should not reset the onset)."""
+    """band: the pass band on D_t/N_t; min_noise: N_t at or below it is unmeasurable (step
+    skipped); fit_points: points (k > 0) of the Var(ell) fit; final_frac: fraction of the last steps
+    averaged for the final reward; min_stay_steps: logged steps the ESS must stay below the
+    threshold to the end to count as "stays below", judged on the trailing median of ess_smooth
+    steps (so one lucky batch does not reset the onset)."""
 
     ess_threshold: float = 0.5
     band: float = 2.0
@@ -47,8 +42,7 @@ def distance_ratio(run: RunResult, noise: NoiseThreshold, cfg: AnalysisConfig = 
     n_by_step = {int(s): _num(v) for s, v in zip(noise.steps, noise.forward)}
     steps, ratios = [], []
     for s, d_raw in zip(run.kl_steps, run.kl_forward):
-        n = n_by_step.get(int(s))
-        d = _num(d_raw)
+        n, d = n_by_step.get(int(s)), _num(d_raw)
         if n is None or d is None or n <= cfg.min_noise:
             continue
         steps.append(int(s))
@@ -66,8 +60,7 @@ def first_below(steps, values, threshold) -> int | None:
 
 
 def stays_below_from(steps, values, threshold, min_steps: int = 1) -> int | None:
-    """First step from which every later logged value is < threshold; None if the last value is not,
-    or if fewer than ``min_steps`` logged values lie in that final stretch."""
+    """First step from which all of at least ``min_steps`` later values are < threshold."""
     pairs = [(int(s), _num(v)) for s, v in zip(steps, values) if _num(v) is not None]
     if not pairs or pairs[-1][1] >= threshold:
         return None
@@ -93,8 +86,7 @@ def trailing_median(values, window: int) -> list[float | None]:
 
 def fit_lag_variance(k, var) -> tuple[float, float] | None:
     """Least-squares (a, b) >= 0 of var = a*k + b*k^2 (k > 0); None when there is nothing to fit."""
-    k = np.asarray(k, np.float64)
-    var = np.asarray(var, np.float64)
+    k, var = np.asarray(k, np.float64), np.asarray(var, np.float64)
     ok = (k > 0) & np.isfinite(var)
     k, var = k[ok], var[ok]
     if k.size == 0 or not np.any(var > 0):
@@ -120,16 +112,10 @@ def solve_crossing(a: float, b: float, target: float = LN2) -> float | None:
 
 
 def predicted_crossing(run: RunResult, cfg: AnalysisConfig = AnalysisConfig()) -> float | None:
-    """Gaussian-predicted step at which the lag ESS reaches ess_threshold, from the first sync
-    window.
-
-    Uses the first ``fit_points`` steps with version lag k > 0 inside the first window (before the
-    lag first drops, i.e. before the first resync), Var(ell) = ell_std^2.
-    """
+    """Gaussian-predicted step the lag ESS reaches ess_threshold (fit before the first resync)."""
     target = -math.log(cfg.ess_threshold)
     lags, stds = run.get("version_lag"), run.get("ell_std")
-    ks, vs, sync_step = [], [], None
-    prev = None
+    ks, vs, sync_step, prev = [], [], None, None
     for s, k, sd in zip(run.steps, lags, stds):
         k, sd = _num(k), _num(sd)
         if k is None or sd is None:
@@ -144,8 +130,6 @@ def predicted_crossing(run: RunResult, cfg: AnalysisConfig = AnalysisConfig()) -
             vs.append(sd * sd)
             if len(ks) >= cfg.fit_points:
                 break
-    if not ks:
-        return None
     fit = fit_lag_variance(ks, vs)
     if fit is None:
         return None

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-# Each arm's colour, in the order of arms in tables and plots (the on-policy runs first); unknown
-# arms go last in name order.
+# Each arm's colour, in table and plot order (after the on-policy runs; unknown arms go last).
 _COLOURS = {
     "naive": "tab:orange",
     "tis": "tab:green",
@@ -29,8 +28,7 @@ def arm_key(arm: str):
 
 
 def arm_style(arm: str) -> dict:
-    """Colour, line style and marker of an arm: every known arm has its own colour, and neighbours
-    in ARM_ORDER differ in line style and marker too."""
+    """Colour, line style and marker of an arm (neighbours in ARM_ORDER differ in all three)."""
     if arm == "onpolicy":
         return {"color": "black", "ls": "-", "marker": None, "lw": 2.2}
     i = ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER) + sum(map(ord, arm)) % 8

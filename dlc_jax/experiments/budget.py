@@ -1,12 +1,6 @@
-"""What a preset costs before it runs (``dlc-jax experiment --preset NAME --dry-run``).
-
-CPU-seconds are load-independent (``os.wait4`` of each training process), so the estimate is
-made in them and turned into wall minutes on quiet cores: the trainings run ``workers`` at a
-time and each run's evaluation runs in the main process meanwhile. The per-run model is fitted
-to measured runs of the tiny model (docs/experiments/README.md): a training costs about
-``TRAIN_FIXED_CPU_S + TRAIN_CPU_S_PER_PROMPT_STEP * steps * batch_prompts`` (20 x 32: 69-94,
-mean 79 CPU-s over the 104 runs of `tiny`; 40 x 32: 138-150 in the pilot), an evaluation about
-``EVAL_CPU_S`` (14-38, mean 17 in `tiny`), the warm-up and reference prefixes once.
+"""What a preset costs before it runs (``--dry-run``), in load-independent CPU-seconds turned into
+wall minutes on quiet cores. The per-run costs are fitted to measured runs of the tiny model
+(docs/experiments/README.md).
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ class Budget:
 
     @property
     def wall_min(self) -> float:
-        """Minutes on ``workers`` quiet cores: the CPU-seconds spread over the workers (the
-        evaluations overlap the trainings)."""
+        """Minutes on ``workers`` quiet cores (the evaluations overlap the trainings)."""
         return self.cpu_s / self.workers / 60.0
 
     def line(self) -> str:

@@ -1,13 +1,17 @@
-"""A run's checkpoints evaluated on prefixes: the on-policy runs' evaluations (kept as npz, every
-D_t needs them), each run's KL to the on-policy runs at every checkpoint, on the reference
-prefixes and on prefixes it samples itself, and its held-out accuracy (heldout.py). Results are
-cached under ``out/evals/<name>/``, so an interrupted experiment resumes."""
+"""A run's checkpoints evaluated: its KL to the on-policy runs on the reference prefixes and on its
+own, and its held-out accuracy (heldout.py), cached under ``out/evals/<name>/``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+from dlc_jax.data.tokenize import load_tokenizer
+from dlc_jax.experiments.checkpoints import load_checkpoint_model
+from dlc_jax.experiments.heldout import heldout_score
+from dlc_jax.experiments.own_prefixes import own_prefix_set
+from dlc_jax.experiments.prefixes import heldout_prompts
 from dlc_jax.experiments.presets import ExperimentPreset
 
 KLByRef = dict[str, dict[int, tuple[float, float]]]
@@ -23,27 +27,21 @@ class CheckpointEvals:
         self._models: dict[tuple[str, int], object] = {}
 
     def model(self, name: str, cfg, step: int):
-        """theta_t of run ``name`` at ``step`` (on-policy models are kept: every run is compared
-        with them)."""
-        from dlc_jax.experiments.checkpoints import load_checkpoint_model
-
+        """theta_t of run ``name`` at ``step`` (on-policy models are kept for every comparison)."""
         key = (name, step)
-        if key in self._models:
-            return self._models[key]
-        model = load_checkpoint_model(cfg, step)
+        model = self._models[key] if key in self._models else load_checkpoint_model(cfg, step)
         if name.startswith("onpolicy__"):
             self._models[key] = model
         return model
 
     def evaluate(self, model, prefixes):
-        """``model`` on ``prefixes`` (`distance.evaluate_policy`, the preset's batch size)."""
+        """``model`` on ``prefixes`` (`distance.evaluate_policy`)."""
         from dlc_jax.experiments.distance import evaluate_policy
 
         return evaluate_policy(model, prefixes, batch_size=self.preset.eval_batch_size)
 
     def reference_evals(self, name: str, cfg, prefixes) -> dict:
-        """An on-policy run at each checkpoint evaluated on the prefixes (kept as npz: every D_t
-        needs it)."""
+        """An on-policy run at each checkpoint evaluated on the prefixes (kept as npz)."""
         from dlc_jax.experiments.distance import PolicyOnPrefixes
 
         edir = self.out / "evals" / name
@@ -57,9 +55,7 @@ class CheckpointEvals:
         return out
 
     def distances(self, name: str, cfg, prefixes, refs: dict) -> KLByRef:
-        """{ref: {step: (KL(run_t || ref_t), KL(ref_t || run_t))}} on the reference prefixes for
-        each reference run in ``refs`` (name -> its :meth:`reference_evals`), one checkpoint in
-        memory at a time (cached as numbers in ``evals/<name>/kl.json``)."""
+        """{ref: {step: (KL(run_t || ref_t), KL(ref_t || run_t))}} on the reference prefixes."""
         from dlc_jax.experiments.distance import PolicyOnPrefixes
 
         edir = self.out / "evals" / name
@@ -80,12 +76,9 @@ class CheckpointEvals:
         return out
 
     def own_distances(self, name: str, cfg, prefixes, ref_cfgs: dict) -> KLByRef:
-        """Like :meth:`distances`, but on prefixes the run samples itself from theta_t at each
-        checkpoint (the first ``own_prefix_prompts`` reference prompts, one response each, a fixed
-        seed per step), for each reference run in ``ref_cfgs`` (name -> its run config)."""
-        from dlc_jax.data.tokenize import load_tokenizer
-        from dlc_jax.experiments.own_prefixes import own_prefix_set
-
+        """Like :meth:`distances`, on prefixes the run samples from theta_t at each checkpoint (the
+        first ``own_prefix_prompts`` reference prompts, a fixed seed per step); ``ref_cfgs``: name
+        -> run config."""
         edir = self.out / "evals" / name
         cache = edir / "own_kl.json"
         if cache.exists():
@@ -124,24 +117,17 @@ class CheckpointEvals:
 
         p = self.preset
         kl = prefix_kl(ev, ev_ref, temperature=p.kl_temperature, chunk_size=p.kl_chunk_size)
-        return (kl["forward"], kl["reverse"])
+        return kl["forward"], kl["reverse"]
 
 
 class HeldoutEvals:
-    """Held-out accuracy of runs at step 0 (the initial policy, computed once) and at every
-    checkpoint, cached as ``evals/<name>/heldout.json`` and ``evals/initial_heldout.json``."""
+    """Held-out accuracy at step 0 and at the checkpoints, cached in ``evals/``."""
 
     def __init__(self, preset: ExperimentPreset, out: Path, steps: list[int], prefix_cfg):
-        """prefix_cfg: () -> the PrefixConfig of the held-out split (called when first needed)."""
         self.preset, self.out, self.steps, self.prefix_cfg = preset, out, steps, prefix_cfg
         self._prompts: tuple | None = None
 
     def _inputs(self, model_dir: str):
-        import dataclasses
-
-        from dlc_jax.data.tokenize import load_tokenizer
-        from dlc_jax.experiments.prefixes import heldout_prompts
-
         if self._prompts is None:
             tok = load_tokenizer(model_dir)
             pcfg = dataclasses.replace(self.prefix_cfg(), num_prompts=self.preset.heldout.prompts)
@@ -150,8 +136,6 @@ class HeldoutEvals:
         return self._prompts
 
     def _score(self, model, model_dir: str, step: int) -> dict:
-        from dlc_jax.experiments.heldout import heldout_score
-
         ids, answers, tok = self._inputs(model_dir)
         return heldout_score(
             model,
@@ -175,15 +159,14 @@ class HeldoutEvals:
         return score
 
     def run(self, name: str, cfg, load_model) -> dict:
-        """{"steps": [0, t...], "greedy": [...], "sampled": [...], "greedy_correct": [[...]...],
-        "sampled_correct": [[...]...]}; load_model(name, cfg, step) -> theta_t."""
+        """``RunResult.heldout`` of run ``name``; load_model(name, cfg, step) -> theta_t."""
         cache = self.out / "evals" / name / "heldout.json"
         if cache.exists():
             return json.loads(cache.read_text())
         steps = self.steps if self.preset.heldout.every_checkpoint else self.steps[-1:]
-        scores = [self.initial(cfg.model.path)]
-        for step in steps:
-            scores.append(self._score(load_model(name, cfg, step), cfg.model.path, step))
+        scores = [self.initial(cfg.model.path)] + [
+            self._score(load_model(name, cfg, step), cfg.model.path, step) for step in steps
+        ]
         out = {"steps": [0, *steps]}
         for key in ("greedy", "sampled", "greedy_correct", "sampled_correct"):
             out[key] = [s[key] for s in scores]

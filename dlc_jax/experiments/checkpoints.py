@@ -1,9 +1,6 @@
-"""Load theta_t of a training run at a checkpoint step into a Qwen3 model (for the KL evaluation).
-
-The trainer's orbax checkpoint holds the whole training state (params, optimizer state, theta_s
-snapshots, ...). Only the ``params`` subtree is needed here; it is restored without a target (raw
-arrays) and matched leaf by leaf, by path, onto a model loaded from the run's initial HF directory.
-Any missing, extra or mis-shaped leaf is an error naming the parameter.
+"""Load theta_t of a training run at a checkpoint step into a Qwen3 model: the ``params`` subtree
+of the trainer's orbax state, restored without a target and matched by path onto a model loaded
+from the run's initial HF directory (a missing, extra or mis-shaped leaf is an error).
 """
 
 from __future__ import annotations
@@ -16,15 +13,11 @@ import numpy as np
 
 
 def _key_str(k) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
+    return next((str(getattr(k, a)) for a in ("key", "name", "idx") if hasattr(k, a)), str(k))
 
 
 def flatten_params(tree) -> dict[str, Any]:
-    """``{"model/layers/0/mlp/up_proj/kernel": array}``; a trailing ``value`` (NNX Variable) is
-    dropped."""
+    """``{"model/layers/0/mlp/up_proj/kernel": array}`` (a trailing NNX ``value`` dropped)."""
     import jax
 
     out = {}
@@ -81,9 +74,7 @@ def _template(model_dir: str):
 
     from dlc_jax.model import load_hf
 
-    model = load_hf(model_dir)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
-    return graphdef, params, rest
+    return nnx.split(load_hf(model_dir), nnx.Param, ...)  # type: ignore[misc]
 
 
 def model_with_params(model_dir: str, raw_params):
@@ -93,8 +84,7 @@ def model_with_params(model_dir: str, raw_params):
     from flax import nnx
 
     graphdef, params, rest = _template(str(model_dir))
-    want = flatten_params(params)
-    got = flatten_params(raw_params)
+    want, got = flatten_params(params), flatten_params(raw_params)
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
     if missing or extra:
@@ -115,8 +105,7 @@ def model_with_params(model_dir: str, raw_params):
 
 
 def load_checkpoint_model(cfg, step: int):
-    """theta_t at ``step`` of the run configured by ``cfg`` (a TrainConfig with ``model.path``
-    set)."""
+    """theta_t at ``step`` of the run configured by ``cfg`` (``model.path`` set)."""
     if not cfg.model.path:
         raise ValueError(
             "model.path: the experiment runner resolves the initial model; it must be set here"

@@ -1,7 +1,5 @@
-"""Per-arm seed statistics and the verdict on each of the paper's four claims (held / not held /
-inconclusive), every verdict decided with bootstrap intervals (stats.py), never with a point.
-
-Claims (docs/experiments/README-style wording in the report):
+"""Per-arm seed statistics and the verdict (held / not held / inconclusive) on each of the paper's
+four claims, decided with bootstrap intervals (stats.py), never with a point:
 1. With a stale sampler, DLC keeps the KL to on-policy training within 2x the noise threshold.
 2. Importance weighting leaves that band once its lag ESS stays below 0.5 (and the measured ESS
    falls below 0.5 before the Gaussian prediction exp(-Var ell) does).
@@ -54,7 +52,7 @@ class ArmStats:
 
 
 def _common_seed_rows(a: ArmStats, b: ArmStats) -> tuple[np.ndarray, np.ndarray]:
-    """The d_rows of the seeds both arms ran, paired by seed (e.g. DLC's 5 seeds vs 3)."""
+    """The d_rows of the seeds both arms ran, paired by seed."""
     common = [s for s in a.seed_ids if s in b.seed_ids]
     ia = [a.seed_ids.index(s) for s in common]
     ib = [b.seed_ids.index(s) for s in common]
@@ -141,7 +139,6 @@ def claims(
     cfg: AnalysisConfig,
 ) -> list[str]:
     band = cfg.band
-    out: list[str] = []
     if noise is None or not noise.pairs:
         return [
             "- No noise threshold (the on-policy runs did not finish): no distance claim can be "
@@ -155,15 +152,14 @@ def claims(
         ]
     nm = pair_matrix(noise.pairs)
     last = (noise_intervals(nm) or [NAN_INTERVAL])[-1]
-    out.append(
+    out = [
         f"- **Noise threshold**: {nm.shape[0]} on-policy runs, "
         f"{nm.shape[0] * (nm.shape[0] - 1) // 2} pairs; N_t at the last checkpoint "
         f"{last.fmt(4)} nats (95% interval from a cluster bootstrap that draws runs, not pairs)."
-    )
+    ]
     for sc, st in all_stats.items():
         arms = {a: s for a, s in st.items() if a != "onpolicy"}
         out.append(f"- Scenario `{sc}`:")
-        # 1. DLC within 2x noise
         dlc = arms.get("dlc")
         if dlc is None or not np.isfinite(dlc.ref.max.point):
             out.append("  1. *DLC within 2x noise*: **inconclusive** — no DLC result.")
@@ -176,7 +172,6 @@ def claims(
                 f"{f'{dlc.resyncs:.1f}' if dlc.resyncs is not None else '—'} "
                 f"times per run on average."
             )
-        # 2. IS leaves the band once ESS stays below 0.5
         parts: list[str] = []
         held: list[str] = []
         not_held: list[str] = []
@@ -195,8 +190,7 @@ def claims(
             (held if v == "outside" else not_held if v == "within" else []).append(a)
             parts.append(
                 f"{a}: ESS (trailing median) < 0.5 to the end in {s.stays_count}/{s.seeds} seeds "
-                "(latest onset step "
-                f"{s.stays_step}); max D_t/N_t from then on {after.fmt()} ({v})"
+                f"(latest onset step {s.stays_step}); max D_t/N_t from then on {after.fmt()} ({v})"
             )
         n_is = sum(1 for a in IS_ARMS if a in arms)
         out.append(
@@ -224,7 +218,6 @@ def claims(
             out.append(
                 "     ESS crossing: no run had both a measured and a Gaussian crossing below 0.5."
             )
-        # 3. resync prevents collapses that per-token corrections leave in place
         per_tok = {
             a: s for a, s in arms.items() if a in PER_TOKEN_ARMS and np.isfinite(s.ref.max.point)
         }
@@ -245,8 +238,7 @@ def claims(
             v_dlc = dlc.ref.max.versus(band)
             # a trigger that never fired leaves DLC = DLC without resync: nothing tested
             never_fired = dlc.resyncs is not None and dlc.resyncs == 0
-            # held needs the resync to *help*: DLC closer to on-policy than DLC without resync
-            # on the paired difference (the whole interval below 0)
+            # held needs the resync to help: the paired difference's whole interval below 0
             beats = bool(np.isfinite(diff.hi) and diff.hi < 0)
             held3 = v_dlc == "within" and bool(collapsed) and not never_fired and beats
             not3 = v_dlc == "outside" or (np.isfinite(diff.lo) and diff.lo > 0)
@@ -270,11 +262,8 @@ def claims(
                     else ""
                 )
             )
-        # 4. the sampler-prefix KL misses the collapses. The reference prefixes were sampled
-        # once from theta_0, so they are the sampler's prefixes exactly when the sampler stayed
-        # at theta_0 (an arm that never resynced in a never-synced scenario); the own prefixes
-        # are what the run's policy theta_t produces. The claim: the sampler-prefix ratio places
-        # within the band an arm that the own-prefix ratio places outside it.
+        # 4. The reference prefixes are the sampler's own exactly when the sampler stayed at
+        # theta_0 (never resynced); the own prefixes are theta_t's.
         with_own = {
             a: s
             for a, s in arms.items()
@@ -298,9 +287,7 @@ def claims(
                 )
                 if vo == "outside":
                     (missed if vs == "within" else caught if vs == "outside" else []).append(a)
-            # held: the sampler-prefix ratio missed at least one collapse the own-prefix ratio
-            # shows; not held: it flagged every one of them
-            held4 = bool(missed)
+            held4 = bool(missed)  # the sampler-prefix ratio missed a collapse the own ratio shows
             out.append(
                 f"  4. *A KL on the sampler's own prefixes does not detect the collapses*: "
                 f"{_verdict(held4, bool(caught) and not missed)} — arms outside the band on their "
@@ -311,9 +298,9 @@ def claims(
             k3 = []
             for a in sorted(with_own):
                 k3_vals = [
-                    final_value(results[r].get("mismatch_k3"), cfg.final_frac)
-                    for r in results
-                    if results[r].scenario == sc and results[r].arm == a
+                    final_value(r.get("mismatch_k3"), cfg.final_frac)
+                    for r in results.values()
+                    if r.scenario == sc and r.arm == a
                 ]
                 k3.append(f"{a} {mean_interval(k3_vals).fmt(4)}")
             out.append(

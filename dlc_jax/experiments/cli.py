@@ -1,11 +1,8 @@
-"""``dlc-jax experiment --preset NAME [--out DIR] [--arms ...] [--scenarios ...] [--steps N]
-[--seeds ...] [--workers N]``.
-
-``--report-only`` regenerates ``report.md`` and the plots from the existing run outputs.
-"""
+"""``dlc-jax experiment --preset NAME [...]``: run a preset's matrix, or one of its side studies."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dlc_jax.cli_args import ArgumentParser, UsageError
@@ -47,8 +44,7 @@ def _parser() -> ArgumentParser:
         "--warmup",
         **key_values,
         help="chain warm-up setting (steps, lr, batch_size, eval_prompts, dims.<make_tiny arg>), "
-        "e.g. "
-        "dims.num_hidden_layers=1 for a CPU smoke test of an accelerator preset",
+        "e.g. dims.num_hidden_layers=1 for a CPU smoke test of an accelerator preset",
     )
     ap.add_argument(
         "--sweep",
@@ -152,8 +148,7 @@ def cli(argv: list[str]) -> int:
 
         exp.out.mkdir(parents=True, exist_ok=True)
         model_dir = exp.resolve_model()
-        ps = exp.make_prefixes(model_dir)
-        found = measure_numerics(model_dir, ps, log=log_progress)
+        found = measure_numerics(model_dir, exp.make_prefixes(model_dir), log=log_progress)
         print(f"numerics: {write_numerics(exp.out, found)}")
         return 0
     if args.pilot is not None:
@@ -173,10 +168,7 @@ def cli(argv: list[str]) -> int:
 
 
 def with_warmup(preset, items: list[str]):
-    """``preset`` with its chain warm-up changed by ``KEY=VALUE`` items (``dims.NAME=INT`` for model
-    size)."""
-    import dataclasses
-
+    """``preset`` with its chain warm-up changed by ``KEY=VALUE`` items (``dims.NAME=INT``)."""
     if preset.task is None:
         raise UsageError(f"--warmup: preset {preset.name} has no chain warm-up")
     task, dims = preset.task, dict(preset.task.model_dims)

@@ -1,10 +1,6 @@
-"""KL between two policies (trainer models / checkpoints) on the reference prefixes.
-
-A policy is evaluated once on the prefix set: its final hidden states at the prefix positions only
-(``[P, D]`` float32, P = number of prefixes) and its unembedding ``[V, D]``. Any pair of evaluated
-policies then gives the exact full-vocabulary KL both ways via :mod:`dlc_jax.experiments.kl`.
-The model API used is the contract ``model.hidden_states(input_ids, attention_mask=...)`` and
-``model.unembedding()``.
+"""KL between two policies on the reference prefixes: each policy is evaluated once (its final
+hidden states at the prefix positions via ``model.hidden_states`` and ``model.unembedding()``),
+then any pair gives the exact KL both ways (:mod:`dlc_jax.experiments.kl`).
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from dlc_jax.experiments.prefixes import PrefixSet
 
 @dataclasses.dataclass
 class PolicyOnPrefixes:
-    """hidden: float32 [P, D] final hidden states at the prefix positions (row-major order of the
-    prefix mask); unembed: float32 [V, D]."""
+    """hidden: float32 [P, D] at the prefix positions (row-major); unembed: float32 [V, D]."""
 
     hidden: np.ndarray
     unembed: np.ndarray
@@ -37,8 +32,7 @@ class PolicyOnPrefixes:
 
 @functools.lru_cache(maxsize=1)
 def _hidden_fn():
-    """One jitted function for every evaluation (a new one per call would re-trace and
-    re-compile)."""
+    """One jitted function for every evaluation (a new one per call would re-compile)."""
     from flax import nnx
 
     @nnx.jit
@@ -49,8 +43,7 @@ def _hidden_fn():
 
 
 def evaluate_policy(model, prefixes: PrefixSet, *, batch_size: int = 16) -> PolicyOnPrefixes:
-    """Run ``model`` over the prefix set (fixed-size batches, fp32 out) and keep the prefix
-    positions."""
+    """Run ``model`` over the prefix set in fixed-size batches and keep the prefix positions."""
     import jax.numpy as jnp
 
     hidden_fn = _hidden_fn()
@@ -59,8 +52,7 @@ def evaluate_policy(model, prefixes: PrefixSet, *, batch_size: int = 16) -> Poli
     bs = max(1, min(batch_size, n))
     rows = []
     for start in range(0, n, bs):
-        ids = tokens[start : start + bs]
-        am = attn[start : start + bs]
+        ids, am = tokens[start : start + bs], attn[start : start + bs]
         real = ids.shape[0]
         if real < bs:  # pad the last batch so the jitted function keeps one shape
             ids = np.concatenate(

@@ -1,8 +1,6 @@
-"""Held-out accuracy of a run's policy theta_t, computed from its checkpoints, never by a sampler
-(a never-synced sampler's rollout reward is the initial policy's): near-greedy (**greedy**) and
-``samples`` sampled answers per prompt (**sampled**) on the held-out prompts, with a seed that
-depends only on ``seed`` and the step, so runs are paired; per-prompt scores are kept
-(docs/experiments/README.md, "Held-out accuracy of theta_t").
+"""Held-out accuracy of a run's policy theta_t from its checkpoints (a never-synced sampler's
+rollout reward is the initial policy's): near-greedy and sampled answers on the held-out prompts,
+seeded by the step only, so runs are paired (docs/experiments/README.md).
 """
 
 from __future__ import annotations
@@ -12,15 +10,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dlc_jax.experiments.own_prefixes import sample_responses
+
 GREEDY_TEMPERATURE = 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
 class HeldoutConfig:
-    """prompts: held-out prompts (>= 1; the experiment uses 64); samples: sampled answers per
-    prompt; temperature: sampling temperature of the sampled accuracy; max_tokens: answer length
-    cap; seed: base sampling seed (the step is added, the run is not); every_checkpoint: evaluate
-    every checkpoint (a curve) or only the last one (step 0 is always evaluated, once)."""
+    """prompts: held-out prompts; samples: sampled answers per prompt; seed: base sampling seed
+    (plus the step); every_checkpoint: evaluate every checkpoint, else only the last."""
 
     prompts: int = 64
     samples: int = 4
@@ -62,10 +60,7 @@ def score_answers(texts: Sequence[str], answers: Sequence[str]) -> np.ndarray:
 
 
 def sampled_answers(model, prompts, decode, *, eos_id: int, **sampling) -> list[str]:
-    """One answer per prompt sampled from ``model`` (`own_prefixes.sample_responses` with the
-    keywords ``sampling``: max_tokens, temperature, seed), decoded without its eos."""
-    from dlc_jax.experiments.own_prefixes import sample_responses
-
+    """One answer per prompt sampled from ``model``, decoded without its eos."""
     outs = sample_responses(model, prompts, eos_id=eos_id, pad_id=eos_id, **sampling)
     return [decode([int(t) for t in o if int(t) != eos_id]) for o in outs]
 
@@ -80,9 +75,7 @@ def heldout_score(
     cfg: HeldoutConfig,
     step: int,
 ) -> HeldoutScore:
-    """Greedy and sampled accuracy of ``model`` on the first ``cfg.prompts`` prompts.
-
-    decode: token ids -> text (the tokenizer's decode, eos already removed)."""
+    """Greedy and sampled accuracy of ``model`` on the first ``cfg.prompts`` prompts."""
     n = min(cfg.prompts, len(prompt_ids))
     if n < 1 or len(answers) < n:
         raise ValueError(f"heldout: need {cfg.prompts} prompts with answers, got {len(answers)}")
@@ -94,8 +87,7 @@ def heldout_score(
 
     greedy = score_answers(answers_of(prompts, GREEDY_TEMPERATURE, cfg.seed + step), gold)
     sampled_texts = answers_of(prompts * cfg.samples, cfg.temperature, cfg.seed + 1_000 + step)
-    sampled = score_answers(sampled_texts, gold * cfg.samples).reshape(cfg.samples, n)
-    per_prompt = sampled.mean(axis=0)
+    per_prompt = score_answers(sampled_texts, gold * cfg.samples).reshape(cfg.samples, n).mean(0)
     return HeldoutScore(
         greedy=float(greedy.mean()),
         sampled=float(per_prompt.mean()),

@@ -1,10 +1,6 @@
-"""The held-out split of the chain task, disjoint from the training rows by construction.
-
-The held-out prompts come from their own seed, but with 3-5 one-digit terms the prompt space is
-small (1,000 three-term prompts), so a draw with another seed still repeats training prompts
-(11 of the first 64 did in the `tiny` experiment). Here the held-out stream skips every prompt
-that is a training prompt, and the overlap is counted again after the split is made
-(``heldout_split.json``: the report's ``heldout_overlap``).
+"""The held-out split of the chain task, disjoint from the training rows by construction: the
+prompt space is small, so another seed alone still repeats training prompts. The overlap is counted
+again after the split is made (``heldout_split.json``: the report's ``heldout_overlap``).
 """
 
 from __future__ import annotations
@@ -28,8 +24,8 @@ def disjoint_heldout(
     task: ChainArithConfig, seed: int, n: int, train: set[str], *, max_draws: int = 100
 ) -> tuple[list[dict], int]:
     """The first ``n`` examples of the held-out stream (``seed``) whose prompt is not in
-    ``train``, and how many candidates were skipped. Raises when ``max_draws * n`` candidates
-    do not hold ``n`` new prompts (the task's prompt space is exhausted by the training rows)."""
+    ``train``, and how many were skipped; raises when ``max_draws * n`` candidates do not hold
+    ``n``."""
     big = dataclasses.replace(task, num_examples=max_draws * n)
     out: list[dict] = []
     skipped = 0
@@ -57,11 +53,7 @@ def write_split(path: str | Path, rows: list[dict], exp_dir: str | Path, train: 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    record = {
-        "prompts": len(rows),
-        "overlap": overlap(rows, train),
-        "disjoint": True,
-    }
+    record = {"prompts": len(rows), "overlap": overlap(rows, train), "disjoint": True}
     Path(exp_dir, SPLIT_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 

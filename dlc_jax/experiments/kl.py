@@ -1,12 +1,6 @@
-"""Exact full-vocabulary next-token KL between two policies on a fixed set of prefixes (pure,
-jittable).
-
-Each policy is given by its final hidden states at the prefix positions and its unembedding matrix;
-logits are ``hidden @ unembed.T / temperature`` computed in float32. The KL is summed over the whole
-vocabulary (not a sampled-token estimator) and averaged over the valid prefix positions.
-
-Memory: positions are processed in chunks of ``chunk_size`` with ``lax.scan``, so the largest
-float32 intermediates are ``[chunk_size, V]`` per policy — never ``[N, V]`` for the whole set.
+"""Exact full-vocabulary next-token KL between two policies on a fixed set of prefixes, each given
+by its final hidden states and unembedding (f32 logits ``hidden @ unembed.T / temperature``).
+Positions are scanned in chunks, so the largest intermediates are ``[chunk_size, V]`` per policy.
 """
 
 from __future__ import annotations
@@ -20,12 +14,8 @@ import jax.numpy as jnp
 
 @dataclasses.dataclass(frozen=True)
 class KLSums:
-    """Masked sums over prefix positions (add these across batches, then call :meth:`means`).
-
-    forward: sum_h m_h * KL(pi_a(.|h) || pi_b(.|h))
-    reverse: sum_h m_h * KL(pi_b(.|h) || pi_a(.|h))
-    count:   sum_h m_h (number of valid prefixes)
-    """
+    """Masked sums over prefix positions h, added across batches: forward = sum_h m_h KL(a || b),
+    reverse = sum_h m_h KL(b || a), count = sum_h m_h."""
 
     forward: float
     reverse: float
@@ -37,8 +27,7 @@ class KLSums:
         )
 
     def means(self) -> dict[str, float]:
-        """``{"forward", "reverse", "symmetric", "count"}``; raises if there are no valid
-        prefixes."""
+        """``{"forward", "reverse", "symmetric", "count"}``; raises without valid prefixes."""
         if self.count <= 0:
             raise ValueError(
                 "KL over reference prefixes: no valid prefix positions (mask is all zero)"
@@ -53,8 +42,7 @@ class KLSums:
 
 
 def _chunk_kl(h_a, h_b, w_a, w_b, m, inv_temp):
-    """KL both ways for one chunk. h_*: [C, D]; w_*: [V, D]; m: [C] -> (fwd_sum, rev_sum)
-    scalars."""
+    """KL both ways for one chunk. h_*: [C, D]; w_*: [V, D]; m: [C] -> (fwd_sum, rev_sum)."""
     logits_a = jnp.einsum("cd,vd->cv", h_a.astype(jnp.float32), w_a.astype(jnp.float32)) * inv_temp
     logits_b = jnp.einsum("cd,vd->cv", h_b.astype(jnp.float32), w_b.astype(jnp.float32)) * inv_temp
     logp_a = jax.nn.log_softmax(logits_a, axis=-1)
@@ -67,19 +55,9 @@ def _chunk_kl(h_a, h_b, w_a, w_b, m, inv_temp):
 
 @partial(jax.jit, static_argnames=("chunk_size",))
 def kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, chunk_size=256):
-    """Masked sums of the next-token KL between policies a and b, both directions.
-
-    Args:
-      hidden_a, hidden_b: [..., D] final hidden states of each policy at the same prefix positions
-        (any leading shape, e.g. [B, T, D]; the two may differ in dtype but not in shape).
-      unembed_a, unembed_b: [V, D] unembedding (lm_head) matrices.
-      mask: [...] (leading shape of the hiddens), 1.0 at prefix positions that count, else 0.
-      temperature: sampling temperature applied to both policies' logits.
-      chunk_size: positions per scan step; peak memory is O(chunk_size * V) floats per policy.
-
-    Returns:
-      (forward_sum, reverse_sum, count) float32 scalars; forward = sum m * KL(a||b).
-    """
+    """Masked sums of the next-token KL between policies a and b: hidden_* [..., D] at the same
+    positions (same shape), unembed_* [V, D], mask [...] (1 where a prefix counts) ->
+    (forward_sum, reverse_sum, count) f32 scalars, forward = sum m * KL(a||b)."""
     if hidden_a.shape != hidden_b.shape:
         raise ValueError(
             f"hidden_a {hidden_a.shape} and hidden_b {hidden_b.shape} must have the same shape"
@@ -94,8 +72,7 @@ def kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, 
             f"mask {mask.shape} must match the hidden states' leading shape {hidden_a.shape[:-1]}"
         )
     d = hidden_a.shape[-1]
-    h_a = hidden_a.reshape(-1, d)
-    h_b = hidden_b.reshape(-1, d)
+    h_a, h_b = hidden_a.reshape(-1, d), hidden_b.reshape(-1, d)
     m = mask.reshape(-1).astype(jnp.float32)
     n = h_a.shape[0]
     c = max(1, min(int(chunk_size), n))
@@ -118,6 +95,5 @@ def kl_sums(hidden_a, hidden_b, unembed_a, unembed_b, mask, *, temperature=1.0, 
 
 
 def kl_on_positions(*args, **kwargs) -> KLSums:
-    """:func:`kl_sums` (same arguments) as a host-side :class:`KLSums` (for accumulating over
-    batches)."""
+    """:func:`kl_sums` (same arguments) as a host-side :class:`KLSums`."""
     return KLSums(*map(float, kl_sums(*args, **kwargs)))

@@ -1,6 +1,5 @@
-"""Launching the processes an experiment needs: one training run (``dlc-jax train`` in a
-subprocess) and the sampler that draws the reference prefixes. Both are skipped when their output
-exists, so an interrupted experiment resumes."""
+"""The processes an experiment launches: a training run (``dlc-jax train``) and the sampler that
+draws the reference prefixes, each skipped when its output exists."""
 
 from __future__ import annotations
 
@@ -13,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.experiments.matrix import RunSpec
+from dlc_jax.experiments.prefixes import client_generate, load_or_create
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,8 +24,7 @@ def log_progress(msg: str) -> None:
 
 
 def train_run(spec: RunSpec, cfg, run_dir: Path, *, jax_cache: Path, timeout_s: float) -> Path:
-    """Train one run in a subprocess (``dlc-jax train``) under ``run_dir``, unless it already
-    finished (``run_dir/DONE``, which records its wall time)."""
+    """Train one run in a subprocess under ``run_dir`` unless it finished (``run_dir/DONE``)."""
     from dlc_jax.trainer.config import dump_config
 
     if (run_dir / "DONE").exists():
@@ -64,9 +64,7 @@ def train_run(spec: RunSpec, cfg, run_dir: Path, *, jax_cache: Path, timeout_s: 
 
 
 def _wait_with_usage(proc: subprocess.Popen, timeout_s: float) -> tuple[int, float]:
-    """Wait for ``proc`` (killing its session after ``timeout_s``) -> (exit code, CPU-seconds of
-    the process and the children it waited for). CPU-seconds do not depend on the machine's load,
-    wall seconds do."""
+    """Wait for ``proc`` (killed after ``timeout_s``) -> (exit code, CPU-seconds incl. children)."""
     deadline = time.time() + timeout_s
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -89,10 +87,7 @@ def loadavg() -> str:
 
 
 def sample_reference_prefixes(out: Path, cfg, pcfg, model_dir: str):
-    """The reference prefix set under ``out/prefixes``, sampled from ``model_dir`` by a sampler
-    process with the backend of run config ``cfg`` at its temperature."""
-    from dlc_jax.data.tokenize import load_tokenizer
-    from dlc_jax.experiments.prefixes import client_generate, load_or_create
+    """The reference prefix set under ``out/prefixes``, sampled by ``cfg``'s sampler backend."""
     from dlc_jax.sampler.service.process import SamplerProcess
 
     tok = load_tokenizer(model_dir)

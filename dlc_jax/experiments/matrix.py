@@ -1,8 +1,6 @@
-"""The experiment matrix: which runs a preset asks for and the config overrides that define each.
-
-All runs share the base config (model, data order, optimizer, batch, steps, checkpoint steps); an
-arm sets ``loss.*`` (and DLC its ESS resync), a scenario sets the sync schedule and the sampler
-perturbation, a seed sets ``train.seed`` (sampling).
+"""The experiment matrix: the runs a preset asks for and the config overrides that define each (an
+arm sets ``loss.*`` and its resync, a scenario the sync schedule and the sampler perturbation, a
+seed ``train.seed``).
 """
 
 from __future__ import annotations
@@ -14,8 +12,7 @@ from dlc_jax.experiments.presets import ARMS, ExperimentPreset, Scenario
 
 @dataclasses.dataclass
 class RunSpec:
-    """One training run: its name, arm, scenario, sampling seed and the config overrides that define
-    it."""
+    """One training run and the config overrides that define it."""
 
     name: str
     arm: str
@@ -29,8 +26,7 @@ def onpolicy_name(seed: int) -> str:
 
 
 def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -> list[RunSpec]:
-    """The matrix: the on-policy runs first, then seed-major scenario x arm (so an interrupted
-    matrix has every arm at its first seeds rather than some arms at all seeds)."""
+    """The on-policy runs, then seed-major scenario x arm (so a cut-off matrix has every arm)."""
     arms = list(preset.arms if arms is None else arms)  # [] = the on-policy runs only
     scs = [preset.scenario(s) for s in scenarios] if scenarios else list(preset.scenarios)
     bad = [a for a in arms if a not in ARMS]
@@ -70,9 +66,7 @@ def arm_overrides(arm, sc: Scenario) -> tuple[str, ...]:
     # a sampler synced before every batch has no lag to trigger on: every arm follows it
     policy = sc.sync if sc.sync == "onpolicy" else (arm.own_resync or sc.sync)
     out += [f"resync.policy={policy}", f"resync.k={sc.sync_k}"]
-    if policy == "ess" and sc.sync == "every_k":
-        # bounded staleness: the scenario's sync every k steps holds for DLC too; its ESS trigger
-        # syncs sooner
+    if policy == "ess" and sc.sync == "every_k":  # DLC's trigger syncs sooner, never later
         out.append(f"resync.max_interval={sc.sync_k}")
     out += [f"sampler.quantization={sc.quantization}", f"sampler.weight_noise={sc.weight_noise}"]
     if sc.dtype:

@@ -1,12 +1,6 @@
-"""How far each sampler numerics is from the fp32 trainer: mean and p99 |delta| per token.
-
-delta = log p_trainer - log q_sampler of the same token after the same prefix at the same weights,
-over the reference responses up to and including the first EOS, each numerics teacher-forced with
-its own weights and compute dtype: the JAX backend's knobs (`JAX_NUMERICS`) through the project's
-model, vLLM-CPU in bfloat16 through its prompt log-probs. ``numerics.json``
-(``{NAME: {delta_abs_mean, delta_abs_p99, tokens}}``) feeds the report's ``numerics`` key and table.
-
-    dlc-jax experiment --preset tiny --numerics --out DIR   (see cli.py)
+"""How far each sampler numerics (``JAX_NUMERICS``, vLLM-CPU bf16) is from the fp32 trainer: mean
+and p99 |log p_trainer - log q_sampler| per token at the same weights, teacher-forced on the
+reference responses up to the first EOS (``--numerics``; ``numerics.json`` feeds the report).
 """
 
 from __future__ import annotations
@@ -43,8 +37,7 @@ def delta_stats(lp_trainer: np.ndarray, lp_sampler: np.ndarray, mask: np.ndarray
 
 
 def response_mask(ps: PrefixSet, eos_id: int) -> np.ndarray:
-    """The prefix mask cut after each response's first ``eos_id``: the tokens a sampler that
-    stops at EOS generates (the reference responses run on to max_tokens)."""
+    """The prefix mask cut after each response's first ``eos_id``."""
     mask = ps.prefix_mask.copy()
     for i, (p, n) in enumerate(zip(ps.prompt_lens, ps.response_lens)):
         resp = ps.tokens[i, p : p + n]
@@ -55,8 +48,7 @@ def response_mask(ps: PrefixSet, eos_id: int) -> np.ndarray:
 
 
 def next_token_logprobs(model, tokens: np.ndarray) -> np.ndarray:
-    """[N, L] log-prob (fp32 log-softmax of the model's logits) of token t+1 at position t (the
-    last column is 0)."""
+    """[N, L] fp32 log-prob of token t+1 at position t (the last column is 0)."""
     import jax
     import jax.numpy as jnp
 
@@ -111,8 +103,7 @@ def vllm_logprobs(model_dir: str, ps: PrefixSet) -> np.ndarray:
 def measure_numerics(
     model_dir: str, ps: PrefixSet, names: list[str] | None = None, *, log=print
 ) -> dict[str, dict]:
-    """``{NAME: delta_stats}`` for every numerics in ``names`` (default: all, vLLM last; a
-    numerics that cannot run here is recorded with its error instead of numbers)."""
+    """``{NAME: delta_stats}`` (or ``{error}`` where it cannot run) for ``names``, vLLM last."""
     from dlc_jax.model import load_hf
 
     names = names or [*JAX_NUMERICS, VLLM_NAME]
@@ -140,10 +131,7 @@ def write_numerics(out_dir: str | Path, numerics: dict[str, dict]) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "numerics.json").write_text(json.dumps(numerics, indent=1) + "\n")
-    lines = [
-        "| numerics | mean abs delta | p99 abs delta | tokens |",
-        "|---|---|---|---|",
-    ]
+    lines = ["| numerics | mean abs delta | p99 abs delta | tokens |", "|---|---|---|---|"]
     for name, v in numerics.items():
         if "error" in v:
             lines.append(f"| {name} | not measured: {v['error']} | — | — |")

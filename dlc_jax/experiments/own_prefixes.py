@@ -1,12 +1,5 @@
-"""Prefixes a run produces itself: responses sampled from its checkpointed policy theta_t.
-
-The reference prefixes are fixed (sampled once from the initial policy). A distance measured on the
-sequences a run generates itself instead -- what the conventional "KL on the sampler's own prefixes"
-looks at once its sampler holds theta_t -- weighs the positions that run now visits and ignores
-where it stopped going. The experiment measures KL to on-policy training on both prefix sets.
-
-Sampling is a plain full-forward loop over a fixed ``[B, prompt + max_tokens]`` buffer (one jitted
-shape, no KV cache): only meant for the tiny models of the CPU experiment.
+"""Prefixes a run samples from its checkpointed policy theta_t, by a full-forward loop over a fixed
+``[B, prompt + max_tokens]`` buffer (one jitted shape, no KV cache: for the tiny CPU models).
 """
 
 from __future__ import annotations
@@ -45,8 +38,7 @@ def sample_responses(
     eos_id: int,
     pad_id: int = 0,
 ) -> list[np.ndarray]:
-    """One response per prompt (int32, eos included when sampled), temperature sampling from
-    ``model``."""
+    """One response per prompt (int32, eos included when sampled) sampled from ``model``."""
     import jax
     import jax.numpy as jnp
 
@@ -80,8 +72,7 @@ def sample_responses(
 def own_prefix_set(
     model, prompt_ids: Sequence[np.ndarray], *, eos_id: int, pad_id: int = 0, **sampling: Any
 ) -> PrefixSet:
-    """A :class:`PrefixSet` of ``model``'s own responses to ``prompt_ids`` (`sample_responses`
-    with the keywords ``sampling``: max_tokens, temperature, seed; empty responses get eos)."""
+    """A :class:`PrefixSet` of ``model``'s own responses (empty ones get eos)."""
     resp = sample_responses(model, prompt_ids, eos_id=eos_id, pad_id=pad_id, **sampling)
     resp = [r if len(r) else np.array([eos_id], np.int32) for r in resp]
     return assemble(

@@ -1,12 +1,6 @@
-"""The pilot of issue 32: at which learning rate / steps / batch does the on-policy reference still
-learn held-out accuracy while DLC-without-resync's lag ESS (token and sequence) falls below 0.5
-within the run? One seed per point, two runs per point (on-policy, and DLC without resync under
-the never-synced ``lag_never`` scenario), evaluated on the held-out prompts only (no KL).
-
-``pilot.json`` keeps the per-run numbers, ``pilot.md`` the table (docs/experiments/README.md copies
-it, with each run's CPU-seconds and the load average beside them).
-
-    dlc-jax experiment --preset tiny --pilot [POINT ...] --out DIR   (see cli.py)
+"""The pilot: at which learning rate / steps / batch does the on-policy reference still learn
+held-out accuracy while DLC-without-resync's lag ESS falls below 0.5 under ``lag_never``? One seed
+per point, evaluated on the held-out prompts only (``pilot.json``, ``pilot.md``; ``--pilot``).
 """
 
 from __future__ import annotations
@@ -46,8 +40,7 @@ def run_pilot(
     seed: int = 0,
     workers: int = 2,
 ) -> Path:
-    """Train and evaluate every point (resumable); write ``pilot.json`` and ``pilot.md`` (the rows
-    of points an earlier call evaluated are kept)."""
+    """Train and evaluate every point (resumable); write ``pilot.json`` and ``pilot.md``."""
     out = Path(out).absolute()
     done_json = out / "pilot.json"
     names = {p.name for p in points}
@@ -92,8 +85,7 @@ def run_pilot(
 
 
 def pilot_table(rows: list[dict]) -> list[str]:
-    """One markdown row per run: held-out accuracy t=0 -> T, the first step each lag ESS is
-    below 0.5 (and its minimum), CPU-seconds and the load average at the run's end."""
+    """One markdown row per run: held-out accuracy, first lag ESS < 0.5 (min), CPU-s (load)."""
     out = [
         "| point | run | steps | greedy acc t=0 -> T | sampled acc t=0 -> T | token ESS first < "
         "0.5 (min) | sequence ESS first < 0.5 (min) | CPU-s (load) |",
@@ -118,8 +110,7 @@ def pilot_table(rows: list[dict]) -> list[str]:
     return out
 
 
-# The tiny preset's pilot points (8 samples per prompt): the committed matrix's 5e-5 x 32 x 20
-# never crossed; a larger step or a longer run is what can.
+# The tiny preset's pilot points (8 samples per prompt).
 PILOTS: dict[str, tuple[SweepPoint, ...]] = {
     "tiny": (
         lr_batch_point(1e-4, 32, 40),

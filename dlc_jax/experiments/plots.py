@@ -1,7 +1,6 @@
-"""The report's PNG figures: per scenario the ratio D_t/N_t on the reference prefixes and on the
-runs' own prefixes (mean over seeds with its bootstrap 95% band, labelled 1x and 2x noise lines),
-the lag ESS, the reward, the lag std and the sampler-prefix mismatch KL (mean over seeds with its
-bootstrap 95% band); one figure with the noise pairs, one with measured vs Gaussian ESS crossings.
+"""The report's PNG figures: per scenario D_t/N_t on both prefix sets, the lag ESS, the reward, the
+lag std and the mismatch KL (means over seeds with bootstrap bands); the noise pairs; the measured
+vs Gaussian ESS crossings.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ BAND_SERIES = ("ess_lag", "ell_std", "mismatch_k3", "reward")  # plotted as seed
 
 
 def _aligned(runs: list[RunResult], key: str) -> tuple[list[int], np.ndarray]:
-    """Series ``key`` of several runs on the union of their steps: (steps, [S, T] with NaN gaps)."""
+    """Series ``key`` of runs on the union of their steps: (steps, [S, T] with NaN gaps)."""
     steps = sorted({s for r in runs for s in r.steps})
     idx = {s: i for i, s in enumerate(steps)}
     out = np.full((len(runs), len(steps)), np.nan)
@@ -165,16 +164,8 @@ def plot_crossings(rows: list[tuple[str, float, float]], path: Path) -> Path | N
     for arm, g, m in rows:
         st = arm_style(arm)
         dx = 0.12 * (arms.index(arm) - (len(arms) - 1) / 2)  # runs often cross at one step
-        label = None if arm in seen else arm
-        ax.scatter(
-            g + dx,
-            m + dx,
-            color=st["color"],
-            marker=st["marker"] or "o",
-            s=40,
-            label=label,
-            alpha=0.8,
-        )
+        label, mk = None if arm in seen else arm, st["marker"] or "o"
+        ax.scatter(g + dx, m + dx, color=st["color"], marker=mk, s=40, label=label, alpha=0.8)
         seen.add(arm)
     hi = max(max(g for _, g, _ in rows), max(m for _, _, m in rows)) * 1.1 + 1
     ax.plot([0, hi], [0, hi], "k--", lw=1, label="measured = Gaussian prediction")

@@ -1,13 +1,6 @@
 """Reference prefixes: held-out prompts with one response each, sampled once from the initial
-policy.
-
-Every response position is a prefix: for a prompt of length P and a response r_0..r_{n-1}, the
-prefixes are ``prompt + r_<i`` for i = 0..n-1 (the n contexts that produced the response tokens).
-In a padded ``tokens [N, L]`` array, the next-token distribution at position t is the one for the
-prefix ``tokens[:t+1]``, so the prefix mask is 1 at positions ``P-1 .. P+n-2``.
-
-The set is created once per experiment (``prefixes.npz`` + ``prefixes.json``) and shared by all
-runs. Prompts come from the synthetic arithmetic task with a seed distinct from any training seed.
+policy and shared by all runs. Every response position is a prefix: positions ``P-1 .. P+n-2`` of
+``tokens [N, L]`` (prompt length P, n response tokens).
 """
 
 from __future__ import annotations
@@ -24,8 +17,7 @@ from dlc_jax.data.prompts import DataConfig, load_records
 from dlc_jax.data.tokenize import encode_prompt
 from dlc_jax.experiments.results import json_safe
 
-# generate(prompt_ids, max_tokens=..., temperature=..., seed=...) -> one response (int32 [n]) per
-# prompt
+# generate(prompt_ids, max_tokens=..., temperature=..., seed=...) -> one int32 response per prompt
 GenerateFn = Callable[..., list[np.ndarray]]
 
 NPZ_NAME = "prefixes.npz"
@@ -35,18 +27,10 @@ META_NAME = "prefixes.json"
 
 @dataclasses.dataclass(frozen=True)
 class PrefixConfig:
-    """How the reference prefix set is made.
-
-    num_prompts: held-out prompts (one response each).
-    max_tokens: response length cap.
-    temperature: sampling temperature (use the training temperature).
-    sample_seed: sampling seed for the one-time generation.
-    source: "arithmetic" (synthetic task) or a held-out .jsonl/.parquet file (e.g. a test split),
-      with ``prompt_field`` / ``answer_field``; the first ``num_prompts`` records are used.
-    data_seed: arithmetic-task seed of the held-out split; must differ from the training data seed.
-    chat_template / system: wrap prompts in ChatML like training does.
-    arithmetic: task difficulty (same as training, so prompts are in-distribution but unseen).
-    """
+    """How the reference prefix set is made. temperature: use the training one; source:
+    "arithmetic" (the synthetic task with ``data_seed``, which must differ from the training seed)
+    or a held-out .jsonl/.parquet file (first ``num_prompts`` records); chat_template / system: wrap
+    prompts in ChatML like training does."""
 
     num_prompts: int = 32
     max_tokens: int = 16
@@ -71,12 +55,8 @@ class PrefixConfig:
 
 @dataclasses.dataclass
 class PrefixSet:
-    """Token ids of the reference sequences.
-
-    tokens: int32 [N, L] prompt + response, right-padded with ``pad_id``.
-    prompt_lens, response_lens: int32 [N].
-    meta: JSON-able description (config, prompts, model dir, ...).
-    """
+    """tokens: int32 [N, L] prompt + response, right-padded with ``pad_id``; prompt_lens,
+    response_lens: int32 [N]; meta: JSON-able description (config, prompts, ...)."""
 
     tokens: np.ndarray
     prompt_lens: np.ndarray
@@ -104,8 +84,7 @@ class PrefixSet:
 
     @property
     def prefix_mask(self) -> np.ndarray:
-        """float32 [N, L]: 1 at positions whose next-token distribution generated a response
-        token."""
+        """float32 [N, L]: 1 where the next-token distribution generated a response token."""
         pos = np.arange(self.tokens.shape[1])[None, :]
         start = (self.prompt_lens - 1)[:, None]
         stop = (self.prompt_lens + self.response_lens - 1)[:, None]
@@ -158,10 +137,9 @@ def heldout_prompts(cfg: PrefixConfig, tokenizer) -> tuple[list[dict], list[np.n
             f"prefixes.num_prompts={cfg.num_prompts} > {len(src)} records in {cfg.source!r}"
         )
     recs = [src[i] for i in range(cfg.num_prompts)]
+    system = cfg.system or None
     ids = [
-        encode_prompt(
-            tokenizer, r["prompt"], chat_template=cfg.chat_template, system=cfg.system or None
-        )
+        encode_prompt(tokenizer, r["prompt"], chat_template=cfg.chat_template, system=system)
         for r in recs
     ]
     return recs, ids
@@ -202,11 +180,7 @@ def create_prefixes(
     pad_id: int = 0,
     extra_meta: dict | None = None,
 ) -> PrefixSet:
-    """Sample one response per held-out prompt with ``generate`` (the initial policy) and pack them.
-
-    Responses of length 0 are rejected (they contribute no prefixes and usually mean a broken
-    sampler).
-    """
+    """Sample one response per held-out prompt with ``generate`` and pack them (none empty)."""
     recs, ids = heldout_prompts(cfg, tokenizer)
     responses = generate(
         ids, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=cfg.sample_seed
@@ -236,8 +210,7 @@ def create_prefixes(
 def load_or_create(
     out_dir: str | Path, cfg: PrefixConfig, tokenizer, generate: GenerateFn, **kw
 ) -> PrefixSet:
-    """Load the prefix set in ``out_dir`` if it exists (shared by all runs), else create and save
-    it."""
+    """Load the prefix set in ``out_dir`` if it exists, else create and save it."""
     if PrefixSet.exists(out_dir):
         return PrefixSet.load(out_dir)
     ps = create_prefixes(cfg, tokenizer, generate, **kw)
@@ -246,10 +219,7 @@ def load_or_create(
 
 
 def client_generate(client) -> GenerateFn:
-    """A :data:`GenerateFn` over a ``dlc_jax.sampler.SamplerClient`` (one sample per prompt,
-    seeded).
-
-    Responses are returned in prompt order (matched by slot id, not by arrival order)."""
+    """A :data:`GenerateFn` over a ``SamplerClient`` (responses in prompt order, by slot id)."""
     from dlc_jax.sampler.wire.types import SamplingParams
 
     def generate(prompt_ids, *, max_tokens, temperature, seed):

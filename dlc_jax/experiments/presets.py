@@ -1,9 +1,5 @@
-"""Experiment presets: which arms, which scenarios, how long, and the base training config.
-
-An *arm* is a correction (a ``dlc_jax.rl.LOSSES`` name plus options) with its resync rule; a
-*scenario* is the sampler condition (sync schedule and weight perturbation). Every run of a preset
-uses the same base config (model, data order, optimizer, batch) and differs only in the fields the
-arm and scenario set, so the comparison is controlled.
+"""Experiment presets: arms (a correction with its resync rule), scenarios (the sampler's sync
+schedule and perturbation), run length and the base config every run of the preset shares.
 """
 
 from __future__ import annotations
@@ -19,9 +15,7 @@ from dlc_jax.model.config import shape_kwargs
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """loss: LOSSES key; options: extra LossConfig fields; own_resync: the arm's resync policy
-    (DLC's ESS trigger) overriding the scenario's schedule, or None to follow the scenario;
-    extra: other trainer ``key=value`` overrides of the arm (e.g. ``sampler.head_k=0``)."""
+    """own_resync: the arm's resync policy instead of the scenario's; extra: trainer overrides."""
 
     name: str
     loss: str
@@ -36,13 +30,11 @@ SYNCS = ("every_k", "never", "onpolicy")
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """sync: 'every_k' | 'never' (the stale sampler's schedule; k = sync_k) | 'onpolicy' (synced
-    before every batch, no prefetch: zero lag, for every arm, DLC's own trigger included);
-    quantization: sampler weight quantization ('' = none; 'int8' on the JAX backend,
-    'fp8_per_channel' on vLLM); dtype: the sampler's compute dtype ('' = the base config's);
-    weight_noise: std of Gaussian noise on the sampler's weights, relative to each tensor's RMS
-    (0 = none). kind: which error source the scenario has: 'lag' (the sampler computes like the
-    trainer but holds old weights), 'discrepancy' (current weights, other numerics) or 'both'."""
+    """sync: 'every_k' (k = sync_k) | 'never' | 'onpolicy' (synced before every batch, for every
+    arm); quantization: sampler weight quantization ('' = none); dtype: the sampler's compute dtype
+    ('' = the base config's); weight_noise: Gaussian noise std on the sampler's weights relative to
+    each tensor's RMS; kind: the error source, 'lag' (old weights), 'discrepancy' (other numerics)
+    or 'both' (checked against the other fields)."""
 
     name: str
     sync: str = "every_k"
@@ -53,14 +45,12 @@ class Scenario:
     kind: str = "both"
 
     def __post_init__(self):
-        if self.sync not in SYNCS:
-            raise ValueError(
-                f"scenario {self.name}: sync must be one of {SYNCS}, got {self.sync!r}"
-            )
-        if self.kind not in SCENARIO_KINDS:
-            raise ValueError(
-                f"scenario {self.name}: kind must be one of {SCENARIO_KINDS}, got {self.kind!r}"
-            )
+        for key, allowed in (("sync", SYNCS), ("kind", SCENARIO_KINDS)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(
+                    f"scenario {self.name}: {key} must be one of {allowed}, got "
+                    f"{getattr(self, key)!r}"
+                )
         perturbed = bool(self.quantization or self.dtype or self.weight_noise)
         lagged = self.sync != "onpolicy"
         want = {(True, False): "lag", (False, True): "discrepancy", (True, True): "both"}.get(
@@ -84,10 +74,9 @@ ARMS: dict[str, Arm] = {
         # DLC whose trigger reads the sequence lag ESS (resync.statistic=sequence)
         Arm("dlc_seq", "dlc", own_resync="ess", extra=("resync.statistic=sequence",)),
         Arm("dlc_noresync", "dlc"),
-        # diagnostic: DLC's lag clip against theta_s alone (no head, so no centering), no resync
+        # diagnostic: DLC's lag clip alone (no head, so no centering), no resync
         Arm("dlc_nocenter", "dlc", extra=("sampler.head_k=0",)),
-        # control: theta_0 frozen (an Adam step of 1e-12 is below the fp32 resolution of the
-        # weights): can the 2x band reject a policy that does not learn?
+        # control: theta_0 frozen (lr below the weights' fp32 resolution)
         Arm("frozen", "naive", extra=("optim.lr=1e-12",)),
     )
 }
@@ -95,17 +84,12 @@ ARMS: dict[str, Arm] = {
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentPreset:
-    """base_config: YAML path relative to the repo root (or absolute); overrides: ``key=value``
-    applied to every run; steps / checkpoint_every: run length and the fixed checkpoint steps (the
-    KL is measured at every checkpoint); onpolicy_seeds: ``train.seed`` of the on-policy runs (>= 2;
-    the noise threshold is the mean KL over their pairs); seeds: ``train.seed`` of each arm's runs
-    (an arm run with seed s is compared with the on-policy runs of the other seeds, exactly like an
-    on-policy pair); kl_temperature: temperature of the KL (the sampling temperature); task: the
-    chain-arithmetic warm-up and data the runs use (None: the base config's model and data);
-    own_prefix_scenarios: scenarios whose runs are also measured on their own sampled prefixes
-    (``own_prefix_prompts`` prompts per checkpoint, see own_prefixes.py); heldout: greedy and
-    sampled accuracy of every checkpoint on held-out prompts (heldout.py); more_seeds: seeds run
-    only by the arms in more_seed_arms (the arms whose comparisons need more power)."""
+    """base_config: YAML path relative to the repo root (or absolute); overrides: ``key=value`` for
+    every run; checkpoint_every: where the KL is measured; onpolicy_seeds (>= 2) / seeds:
+    ``train.seed`` of the on-policy / arm runs (an arm run is compared with the on-policy runs of
+    the other seeds); task: the chain warm-up and data (None: the base config's);
+    own_prefix_scenarios: also measured on the runs' own prefixes (own_prefixes.py); more_seeds:
+    seeds run only by more_seed_arms."""
 
     name: str
     base_config: str
@@ -154,10 +138,7 @@ class ExperimentPreset:
 
 TINY_STEPS, TINY_CKPT, TINY_LR = 20, 5, 2e-4
 
-# The first CPU matrix (kept to reproduce its committed report, docs/experiments/tiny_v1): 7 arms
-# x 3 seeds under one collapse scenario + 3 on-policy runs = 24 trainings. A stale (never synced)
-# and int8-quantized sampler, chain-arithmetic answers of ~14-36 tokens. Its on-policy runs lose
-# held-out accuracy (the learning rate is too high for the tiny model: see the sweep).
+# The first CPU matrix (reproduces docs/experiments/tiny_v1): a never-synced int8 sampler.
 CPU_ARMS = ("naive", "tis", "mis", "ppo_clip", "decoupled_ppo", "dlc", "dlc_noresync")
 CHAIN_TASK = ChainWarmup(
     task=ChainArithConfig(min_terms=3, max_terms=5, digits=1, num_examples=2000), steps=300
@@ -192,11 +173,7 @@ TINY_V1 = ExperimentPreset(
     ),
 )
 
-# The matrix of issue 19: every source of mismatch on its own, then both; ten arms; 5 seeds for
-# the arms the main comparisons need (on-policy, naive, TIS, DLC), 3 for the rest. The learning
-# rate / batch are the sweep's (docs/experiments/README.md): at TINY_V1's 2e-4 the on-policy runs
-# lose held-out accuracy; at 5e-5 with 32 prompts x 8 samples three on-policy runs raise the
-# greedy held-out accuracy by 0.094 [0.016, 0.177] in 20 steps.
+# Every source of mismatch on its own, then both; learning rate and batch from the sweep.
 TINY_ARMS = (
     "naive",
     "tis",
@@ -208,10 +185,8 @@ TINY_ARMS = (
     "dlc",
     "dlc_noresync",
 )
-# One scenario per source and one with both, chosen so that `collapse`'s two sources are exactly
-# `lag_never`'s lag and `disc_int8`'s discrepancy: 101 trainings, about 11,000 CPU-s, so the matrix
-# fits 150 minutes on 2 cores. The other lag / discrepancy scenarios (sync every 4, bf16 compute,
-# weight noise) are the `tiny_more` preset, with the same settings.
+# `collapse`'s two sources are exactly `lag_never`'s lag and `disc_int8`'s discrepancy; the other
+# scenarios are the `tiny_more` preset.
 TINY_SCENARIOS = (
     Scenario("lag_never", sync="never", kind="lag"),
     Scenario("disc_int8", sync="onpolicy", quantization="int8", kind="discrepancy"),
@@ -228,23 +203,17 @@ TINY = dataclasses.replace(
     name="tiny",
     arms=TINY_ARMS,
     scenarios=TINY_SCENARIOS,
-    seeds=(0, 1, 2),
     onpolicy_seeds=(0, 1, 2, 3, 4),
     more_seeds=(3, 4),
     more_seed_arms=("naive", "tis", "dlc"),
-    own_prefix_scenarios=("collapse",),
     overrides=TINY_OVERRIDES + ("train.batch_prompts=32", "optim.lr=5e-05"),
     heldout=HeldoutConfig(every_checkpoint=False),  # the final accuracy; the curve costs 4x
     notes=(),
 )
 TINY_MORE = dataclasses.replace(TINY, name="tiny_more", scenarios=TINY_MORE_SCENARIOS)
 
-# v3 (issue 32): the pilot's point (docs/experiments/README.md, "pilot"): at 1e-4 with 32 prompts
-# x 8 samples for 40 steps the on-policy run still gains held-out accuracy while DLC without
-# resync's sequence lag ESS falls below 0.5 (its token ESS stays ~0.97: DLC's clip bounds it).
-# Discrepancies of measured size (docs/experiments/numerics): FP8 e4m3 weights 0.0125 mean
-# |delta| per token (>= 0.01, bf16-engine size), weight noise 0.2 0.065 (>= 0.05, FP8-rollout
-# size). The main preset holds the scenarios that decide the claims; `tiny_v3_more` the others.
+# v3: the pilot's point (docs/experiments/README.md, "pilot") and discrepancies of measured size
+# (docs/experiments/numerics); `tiny_v3_more` holds the scenarios that do not decide the claims.
 V3_OVERRIDES = TINY_OVERRIDES + ("train.batch_prompts=32", "optim.lr=1e-4")
 V3_ARMS = TINY_ARMS + ("dlc_seq", "frozen")
 V3_SCENARIOS = (
@@ -267,9 +236,6 @@ TINY_V3 = dataclasses.replace(
     scenarios=V3_SCENARIOS,
     steps=40,
     checkpoint_every=10,
-    seeds=(0, 1, 2),
-    onpolicy_seeds=(0, 1, 2, 3, 4),
-    more_seeds=(3, 4),
     more_seed_arms=("naive", "tis", "mis", "dlc", "dlc_noresync", "dlc_seq"),
     own_prefix_scenarios=("lag_never", "both_noise20"),
     overrides=V3_OVERRIDES,
@@ -308,20 +274,21 @@ QWEN3_0P6B = ExperimentPreset(
         answer_field="answer",
         system="Reason step by step and end with '#### <answer>'.",
     ),
-    eval_batch_size=16,
 )
 
 QWEN3_1P7B = dataclasses.replace(
     QWEN3_0P6B, name="qwen3_1p7b", base_config="configs/qwen3_1p7b_dlc.yaml", eval_batch_size=8
 )
 
-# Qwen3-0.6B's body (width, heads, MLP) with 4 of its 28 layers and the offline 4k tokenizer, random
-# init then the chain warm-up: the smallest accelerator preset (launch/gpu_experiment.sh), a few
-# minutes on one GPU.
+# Qwen3-0.6B's body with 4 of its 28 layers and a 4k vocabulary, random init then the chain
+# warm-up: the smallest accelerator preset (launch/gpu_experiment.sh).
 QWEN3_0P6B_BODY_4L = tuple(
     shape_kwargs(
         "Qwen3-0.6B", vocab_size=4096, num_hidden_layers=4, tie_word_embeddings=True
     ).items()
+)
+SMOKE_TASK = dataclasses.replace(
+    CHAIN_TASK, steps=500, batch_size=64, lr=1e-3, eval_prompts=16, model_dims=QWEN3_0P6B_BODY_4L
 )
 
 QWEN3_0P6B_SMOKE = dataclasses.replace(
@@ -332,17 +299,9 @@ QWEN3_0P6B_SMOKE = dataclasses.replace(
     onpolicy_seeds=(0, 1),
     steps=12,
     checkpoint_every=4,
-    task=ChainWarmup(
-        task=ChainArithConfig(min_terms=3, max_terms=5, digits=1, num_examples=2000),
-        steps=500,
-        batch_size=64,
-        lr=1e-3,
-        eval_prompts=16,
-        model_dims=QWEN3_0P6B_BODY_4L,
-    ),
+    task=SMOKE_TASK,
     overrides=TINY_V1.overrides[:-1] + ("optim.lr=5e-5",),
     notes=(),
-    prefixes=PrefixConfig(num_prompts=32, max_tokens=48),
 )
 
 PRESETS: dict[str, ExperimentPreset] = {

@@ -1,7 +1,4 @@
-"""``report.md`` from an experiment's run results (everything computed, nothing typed): what ran,
-per scenario its figure (see plots.py) and a table, a verdict per claim (see claims.py) with the
-intervals behind it, the noise threshold and one row per run.
-"""
+"""``report.md`` (and ``summary.json``, ``plots/``) computed from an experiment's run results."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ from dlc_jax.experiments.evidence import (
     power_lines,
     summary_json,
     with_onpolicy,
-    write_summary,
 )
 from dlc_jax.experiments.heldout_split import read_overlap
 from dlc_jax.experiments.matrix import run_specs
@@ -61,7 +57,6 @@ def _table(scenario_stats: dict[str, ArmStats], band: float) -> list[str]:
 def _header(
     exp: Path, results: dict[str, RunResult], notes, preset, steps, ckpt_every
 ) -> list[str]:
-    lines = []
     # what ran, from the results (a --report-only call need not repeat --steps)
     steps = max((max(r.steps) for r in results.values() if r.steps), default=steps)
     kl_steps = sorted({s for r in results.values() for s in r.kl_steps})
@@ -71,12 +66,11 @@ def _header(
     onp = sorted(r.name for r in results.values() if r.arm == "onpolicy")
     seeds = sorted({r.seed for r in results.values() if r.arm != "onpolicy"})
     n_steps = sorted({len(r.steps) for r in results.values()})
-    lines.append(
+    lines = [
         f"- **What ran**: {len(results)} runs with results — {len(onp)} on-policy runs "
         f"({', '.join(onp)}) and arms {', '.join(arms) or 'none'} under scenario(s) "
         f"{', '.join(scs) or 'none'} with sampling seeds {seeds}; logged steps per run: {n_steps}."
-    )
-    expected = None
+    ]
     if preset is not None:
         expected = len(run_specs(preset))
         sc_desc = "; ".join(
@@ -98,23 +92,21 @@ def _header(
             )
         )
     mj = exp / "model.json"
-    if mj.exists():
-        info = json.loads(mj.read_text())
-        w = info.get("warmup")
-        if w:
-            t = w["config"]["task"]
-            lines.append(
-                f"- **Task**: chain arithmetic, {t['min_terms']}-{t['max_terms']} one-digit terms, "
-                "worked answer `a+b=s1,s1+c=s2,... #### total` (about 14-36 tokens); reward 1 when "
-                f"the `####` number is right. Warm-up: {w['config']['steps']} SFT steps on worked "
-                f"answers, greedy accuracy {w['greedy_accuracy']:.2f} on "
-                f"{w['config']['eval_prompts']} held-out prompts."
-            )
+    w = json.loads(mj.read_text()).get("warmup") if mj.exists() else None
+    if w:
+        t = w["config"]["task"]
+        lines.append(
+            f"- **Task**: chain arithmetic, {t['min_terms']}-{t['max_terms']} one-digit terms, "
+            "worked answer `a+b=s1,s1+c=s2,... #### total` (about 14-36 tokens); reward 1 when "
+            f"the `####` number is right. Warm-up: {w['config']['steps']} SFT steps on worked "
+            f"answers, greedy accuracy {w['greedy_accuracy']:.2f} on "
+            f"{w['config']['eval_prompts']} held-out prompts."
+        )
     pj = exp / "prefixes" / "prefixes.json"
     if pj.exists():
-        pm = json.loads(pj.read_text())
+        n_prompts = len(json.loads(pj.read_text()).get("prompts", []))
         lines.append(
-            f"- **Reference prefixes**: {len(pm.get('prompts', []))} held-out prompts, one "
+            f"- **Reference prefixes**: {n_prompts} held-out prompts, one "
             "response each sampled once from the initial policy (every response position is a "
             "prefix)."
         )
@@ -149,8 +141,7 @@ def write_report(
     steps: int | None = None,
     ckpt_every: int | None = None,
 ) -> Path:
-    """Write ``report.md`` and ``plots/*.png`` under ``exp_dir`` from ``results/`` and
-    ``noise.json``."""
+    """Write ``report.md``, ``summary.json`` and ``plots/*.png`` under ``exp_dir``."""
     cfg = cfg or AnalysisConfig()
     exp = Path(exp_dir)
     results = load_results(exp)
@@ -215,7 +206,7 @@ def write_report(
         heldout_overlap=read_overlap(exp),
         numerics=numerics,
     )
-    write_summary(exp / "summary.json", summary)
+    (exp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines += first_table(summary, cfg.band) + [""]
     lines += numerics_lines(numerics, summary["heldout_overlap"])
     for sc, by_arm in with_refs.items():

@@ -1,23 +1,11 @@
-"""Normalized per-run results (what the report reads), independent of the trainer's metric names.
+"""Normalized per-run results (``results/<run>.json``) and the noise threshold (``noise.json``).
 
-Layout under an experiment directory::
-
-    results/<run_name>.json   one RunResult each (written by the runner after a run and its KL pass)
-    noise.json                {"steps", "forward", "reverse", "pairs", "own_pairs"}: N_t
-
-Per-step series (all lists aligned with ``steps``; missing values are ``None``):
-    reward, entropy, ess_lag (token ESS of exp(ell)), ess_gaussian (exp(-Var ell)), ell_mean,
-    ell_std, delta_mean, delta_std, mismatch_k3 (KL(q||p) on the sampler's own prefixes, k3
-    estimator), version_lag (steps since the sampler's weights were synced, per step), resyncs
-    (cumulative count), delta_abs_mean and ell_abs_mean (mean |delta| and |ell| over the batch)
-Checkpoint-step series: ``kl_steps`` with ``kl_forward`` = mean over the compared on-policy runs O_j
-(those of the other sampling seeds) of KL(run_t || O_j,t) on the reference prefixes, ``kl_reverse``
-the other direction; ``kl_by_ref`` = {O_j: [KL(run_t || O_j,t)]} and ``own_kl_by_ref`` the same on
-prefixes the run sampled itself (empty when not measured).
-Held-out accuracy of theta_t from the run's checkpoints (heldout.py): ``heldout`` = {"steps": [0,
-checkpoint steps...], "greedy", "sampled": [accuracy per step], "greedy_correct",
-"sampled_correct": [[per-prompt score] per step]} (step 0 is the initial policy; empty when not
-measured).
+Per-step ``series`` are aligned with ``steps`` (None where missing; names in
+``run_outputs.METRIC_KEYS``). At checkpoint ``kl_steps``: ``kl_forward`` = mean over the compared
+on-policy runs O_j of KL(run_t || O_j,t) on the reference prefixes, ``kl_reverse`` the other way,
+``kl_by_ref`` = {O_j: [KL(run_t || O_j,t)]}, ``own_kl_by_ref`` the same on the run's own prefixes.
+``heldout``: {"steps": [0, checkpoints...], "greedy", "sampled": [accuracy per step],
+"greedy_correct", "sampled_correct": [[per-prompt score] per step]} (heldout.py).
 """
 
 from __future__ import annotations
@@ -30,8 +18,7 @@ from pathlib import Path
 
 @dataclasses.dataclass
 class RunResult:
-    """One run's normalized outputs. ``arm`` is the correction (or "onpolicy"); ``scenario`` names
-    the sampler condition (stale/quantized/noisy), "reference" for the on-policy runs."""
+    """One run's outputs; ``scenario`` is "reference" for the on-policy runs."""
 
     name: str
     arm: str
@@ -78,9 +65,7 @@ class RunResult:
 
 @dataclasses.dataclass
 class NoiseThreshold:
-    """N_t = mean over ordered on-policy pairs of KL(O_i,t || O_j,t) at checkpoint steps; ``pairs``
-    keeps every pair ("O_i|O_j": [...]) for the bootstrap, ``own_pairs`` the same on O_i's own
-    prefixes."""
+    """N_t at checkpoint steps; ``pairs`` / ``own_pairs`` keep every "O_i|O_j" KL."""
 
     steps: list[int]
     forward: list[float]
@@ -98,7 +83,7 @@ class NoiseThreshold:
         p = Path(exp_dir) / "noise.json"
         if not p.exists():
             raise FileNotFoundError(
-                f"no noise threshold at {p} (the two on-policy runs must finish first)"
+                f"no noise threshold at {p} (the on-policy runs must finish first)"
             )
         return cls(**json.loads(p.read_text()))
 
@@ -121,6 +106,4 @@ def json_safe(x):
         return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [json_safe(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
+    return None if isinstance(x, float) and not math.isfinite(x) else x

@@ -1,6 +1,5 @@
-"""A run's outputs turned into results: the trainer's metrics log normalized to canonical series,
-the run's KL to the on-policy runs averaged into D_t (``results/<name>.json``), and the on-policy
-runs' KL to each other averaged into the noise threshold N_t (``noise.json``); see results.py."""
+"""A run's outputs turned into results (results.py): its metrics log normalized, its KL to the
+on-policy runs averaged into D_t, and the on-policy runs' KL to each other into N_t."""
 
 from __future__ import annotations
 
@@ -40,9 +39,7 @@ def read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"no metrics at {path} (did the run log JSONL?)")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    by_step = {}
-    for r in rows:  # a resumed run may log a step twice: keep the last
-        by_step[int(r["step"])] = r
+    by_step = {int(r["step"]): r for r in rows}  # a step logged twice (resumed run): the last
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -61,12 +58,10 @@ def run_result(
     spec: RunSpec, run_dir: Path, kl: dict, own: dict | None, heldout: dict | None = None
 ) -> RunResult:
     """``spec``'s result from the run trained in ``run_dir`` (possibly another spec's identical
-    run), its KL to each on-policy run on the reference (``kl``) and own (``own``) prefixes and
-    its held-out accuracy per checkpoint (``heldout``, see results.py)."""
-    rows = read_metrics(run_dir / "logs" / "metrics.jsonl")
-    steps, series = normalize_metrics(rows)
+    run), its KL to each on-policy run on the reference (``kl``) and own (``own``) prefixes and its
+    held-out accuracy."""
+    steps, series = normalize_metrics(read_metrics(run_dir / "logs" / "metrics.jsonl"))
     kl_steps = sorted({s for by in kl.values() for s in by})
-    refs = sorted(kl)
 
     def mean_at(d, s, i):
         vals = [d[r][s][i] for r in d if s in d[r]]
@@ -85,7 +80,7 @@ def run_result(
         kl_reverse=[mean_at(kl, s, 1) for s in kl_steps],
         wall_s=float(done.get("wall_s", 0.0)),
         seed=spec.seed,
-        kl_by_ref={r: [kl[r].get(s, (None,))[0] for s in kl_steps] for r in refs},
+        kl_by_ref={r: [kl[r].get(s, (None,))[0] for s in kl_steps] for r in sorted(kl)},
         own_kl_by_ref={r: [own[r].get(s, (None,))[0] for s in kl_steps] for r in sorted(own)},
         info={
             "overrides": list(spec.overrides),
@@ -98,9 +93,7 @@ def run_result(
 
 
 def write_noise(out: Path, onpolicy_names: list[str]) -> None:
-    """N_t = mean over ordered on-policy pairs (i != j) of KL(O_i,t || O_j,t), on the reference
-    prefixes and (when measured) on each run's own prefixes; every pair is kept for the
-    bootstrap."""
+    """``noise.json``: N_t over ordered on-policy pairs, every pair kept (also on own prefixes)."""
     res = load_results(out)
     have = [res[n] for n in onpolicy_names if n in res]
     if len(have) < 2:

@@ -1,20 +1,6 @@
-"""The experiment matrix: reference prefixes, two on-policy runs, each arm under each scenario, KL,
-report.
-
-Directory layout (``out``)::
-
-    model/                 -> the initial policy every run starts from (resolved once)
-    prefixes/              reference prefix set (created once, shared by all runs)
-    runs/<name>/config.yaml, train.log, ckpt/, logs/metrics.jsonl, DONE
-    evals/<name>/step_<t>.npz   the run's policy at checkpoint t evaluated on the prefixes
-    results/<name>.json    normalized metrics + D_t (see results.py);  noise.json: N_t
-    report.md, plots/
-
-Every stage is skipped when its output exists, so an interrupted experiment resumes and the report
-can be regenerated from finished runs. The runs are planned in matrix.py, launched in launch.py,
-evaluated in checkpoint_evals.py and turned into results in run_outputs.py; this module resolves
-their configs and drives the stages. Runs whose resolved configs are identical (e.g. DLC with its
-own ESS trigger under "stale every K" and "stale never") are trained once and shared.
+"""Drives an experiment's stages under ``out`` (initial model, ``prefixes/``, ``runs/<name>/``,
+``evals/<name>/``, ``results/``, ``noise.json``, ``report.md``), each skipped when its output
+exists, so an interrupted experiment resumes. Runs whose resolved configs are identical train once.
 """
 
 from __future__ import annotations
@@ -42,15 +28,15 @@ from dlc_jax.experiments.launch import (
     train_run,
 )
 from dlc_jax.experiments.matrix import RunSpec, onpolicy_name, run_specs
+from dlc_jax.experiments.prefixes import PrefixSet
 from dlc_jax.experiments.presets import ExperimentPreset
 from dlc_jax.experiments.report import write_report
 from dlc_jax.experiments.run_outputs import run_result, write_noise
+from dlc_jax.experiments.warmup import data_file, ensure_chain_model
 
 
 class Experiment:
-    """Runs a preset's matrix under ``out``. ``steps`` overrides the preset's run length, ``seeds``
-    the arms' seeds (the on-policy runs always use all of ``preset.onpolicy_seeds``); ``workers``
-    trainings run at once (subprocesses; evaluation stays in this process, one run at a time)."""
+    """Runs a preset's matrix under ``out`` (``workers`` trainings at once)."""
 
     def __init__(
         self,
@@ -81,7 +67,6 @@ class Experiment:
         self.evals = CheckpointEvals(preset, self.out, self.checkpoint_steps())
         self.heldout = HeldoutEvals(preset, self.out, self.checkpoint_steps(), self.prefix_config)
 
-    # -- configs --------------------------------------------------------------------------------
     def _base_path(self) -> Path:
         p = Path(self.preset.base_config)
         return p if p.is_absolute() else REPO_ROOT / p
@@ -96,14 +81,11 @@ class Experiment:
             f"checkpoint.every={self.ckpt_every}",
             f"checkpoint.keep={self.steps // self.ckpt_every + 2}",
             "checkpoint.resume=true",
-            # a never-synced sampler is up to `steps` versions behind: keep its rollouts (and
-            # theta_s)
+            # a never-synced sampler is up to `steps` versions behind: keep its rollouts
             f"async.max_staleness={self.steps + 1}",
             f"sft.cache_dir={self.cache_dir()}",
         ]
         if self.preset.task is not None:
-            from dlc_jax.experiments.warmup import data_file
-
             ov += [
                 f"data.source={data_file(self.preset.task, self.cache_dir())}",
                 "data.prompt_field=prompt",
@@ -126,25 +108,21 @@ class Experiment:
         return load_config(self._base_path(), ov)
 
     def training_identity(self, cfg) -> str:
-        """Hash of everything that determines a training run except where it writes."""
+        """Everything that determines a training run except where it writes."""
         d = cfg.to_dict()
         d["checkpoint"] = {k: v for k, v in d["checkpoint"].items() if k != "dir"}
         d["log"] = {}
         return json.dumps(d, sort_keys=True)
 
     def budget(self) -> Budget:
-        """The dry-run estimate of this matrix (budget.py): runs whose overrides coincide (e.g.
-        DLC with and without resync under an on-policy sync) train once."""
+        """The dry-run estimate of this matrix (budget.py)."""
         ov = list(self.preset.overrides) + list(self.extra_overrides)
         batch = [int(o.split("=", 1)[1]) for o in ov if o.startswith("train.batch_prompts=")]
         trainings = len({tuple(sorted(s.overrides)) for s in self.specs})
         return estimate(len(self.specs), trainings, self.steps, (batch or [16])[-1], self.workers)
 
-    # -- stages ---------------------------------------------------------------------------------
     def resolve_model(self) -> str:
-        """The initial policy's HF dir: model.path, the chain-task warm-up, or the (SFT-warmed) tiny
-        model, made once. All runs then point at this directory with SFT off, so the on-policy runs
-        differ only in ``train.seed`` (sampling), never in their starting weights."""
+        """The initial policy's HF dir every run starts from (SFT off), made once."""
         marker = self.out / "model.json"
         if marker.exists():
             return json.loads(marker.read_text())["model_dir"]
@@ -158,8 +136,6 @@ class Experiment:
         if cfg.model.path:
             model_dir = cfg.model.path
         elif self.preset.task is not None:
-            from dlc_jax.experiments.warmup import ensure_chain_model
-
             log_progress(f"chain-arithmetic warm-up ({self.preset.task.steps} SFT steps)")
             model_dir = str(ensure_chain_model(self.preset.task, self.cache_dir()))
         else:
@@ -180,8 +156,6 @@ class Experiment:
     def prefix_config(self):
         pcfg = self.preset.prefixes
         if self.preset.task is not None:
-            from dlc_jax.experiments.warmup import data_file
-
             t = self.preset.task
             n = max(pcfg.num_prompts, self.preset.heldout.prompts, 64)
             held = self.cache_dir() / f"chain_arith_heldout-{t.key()}-{n}-disjoint.jsonl"
@@ -196,8 +170,6 @@ class Experiment:
         return pcfg
 
     def make_prefixes(self, model_dir: str):
-        from dlc_jax.experiments.prefixes import PrefixSet
-
         pdir = self.out / "prefixes"
         if PrefixSet.exists(pdir):
             return PrefixSet.load(pdir)
@@ -270,13 +242,10 @@ class Experiment:
             timing.update(workers=self.workers, runs=self.timings, loadavg=loadavg())
             path = self.out / f"timings_{time.strftime('%Y%m%d_%H%M%S')}.json"
             path.write_text(json.dumps(timing, indent=1))
-        if report:
-            return self.write_report()
-        return self.out
+        return self.write_report() if report else self.out
 
     def _train_parallel(self, specs: list[RunSpec], cfgs: dict):
-        """Yield (spec, None | error) as the trainings of ``specs`` finish, ``self.workers`` at a
-        time (subprocesses; the caller evaluates each in this process while the others train)."""
+        """Yield (spec, None | error) as the trainings finish, ``self.workers`` at a time."""
 
         def one(spec: RunSpec) -> None:
             t0 = time.time()
@@ -292,8 +261,8 @@ class Experiment:
                     one(spec)
                 except errors as e:
                     yield spec, e
-                    continue
-                yield spec, None
+                else:
+                    yield spec, None
             return
         with ThreadPoolExecutor(self.workers) as pool:
             futures = {pool.submit(one, spec): spec for spec in specs}
@@ -304,8 +273,7 @@ class Experiment:
                 yield futures[fut], err
 
     def _evaluate(self, spec: RunSpec, cfgs: dict, prefixes, refs: dict, same: list[RunSpec]):
-        """KL to the on-policy runs, own-prefix KL and held-out accuracy of the trained ``spec``;
-        its result is saved under every run name in ``same`` (identical configs)."""
+        """Evaluate the trained ``spec``; its result is saved under every run name in ``same``."""
         cfg = cfgs[spec.name]
         run_dir = self.out / "runs" / spec.name
         t0 = time.process_time()
@@ -327,11 +295,11 @@ class Experiment:
     def write_report(self) -> Path:
         notes = list(self.preset.notes)
         f = self.out / "failures.json"
-        if f.exists() and json.loads(f.read_text()):
+        failed = json.loads(f.read_text()) if f.exists() else {}
+        if failed:
             notes.append(
-                "runs that failed and are missing from the tables: "
-                f"{sorted(json.loads(f.read_text()))} "
-                f"(see failures.json and runs/<name>/train.log)."
+                f"runs that failed and are missing from the tables: {sorted(failed)} "
+                "(see failures.json and runs/<name>/train.log)."
             )
         return write_report(
             self.out,

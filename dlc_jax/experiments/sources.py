@@ -1,13 +1,6 @@
-"""Does each scenario have the error source it names? A short run per scenario, measured.
-
-For every scenario of a preset, one arm (TIS by default: it needs the sampler's log-probs, so the
-trainer logs both delta = log p_s - log q and ell = log p - log p_s) trains a few steps with the
-scenario's sampler; the trainer's own mean |delta| and mean |ell| per step are tabulated next to
-the scenario's kind. A lag-only scenario must show |delta| at float noise and |ell| growing; a
-discrepancy-only one |ell| exactly 0 and |delta| > 0. ``sources.json`` / ``sources.md`` under
-``out``; runs are kept under ``out/runs`` (resumable).
-
-    dlc-jax experiment --preset tiny --check-sources 5 --out DIR
+"""Does each scenario have the error source it names? One arm (TIS: its trainer logs both delta
+and ell) trains a few steps per scenario, and its mean |delta| and |ell| per step are tabulated
+next to the scenario's kind (``sources.json`` / ``sources.md``; ``--check-sources STEPS``).
 """
 
 from __future__ import annotations
@@ -19,12 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from dlc_jax.experiments.presets import ExperimentPreset
+from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
+from dlc_jax.experiments.runner import Experiment
 
 
 def check_sources(preset: ExperimentPreset, out: str | Path, steps: int, arm: str = "tis") -> Path:
-    from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
-    from dlc_jax.experiments.runner import Experiment
-
     out = Path(out).absolute()
     exp = Experiment(
         dataclasses.replace(preset, checkpoint_every=steps), out, arms=[arm], seeds=[0], steps=steps
@@ -68,9 +60,7 @@ def check_sources(preset: ExperimentPreset, out: str | Path, steps: int, arm: st
 
 
 def source_verdict(kind: str, delta, ell, *, tol: float = 1e-3) -> str:
-    """'separated' when the measured errors match the kind: lag only = |delta| below ``tol`` and
-    |ell| above it after step 1; discrepancy only = |ell| below ``tol`` and |delta| above it;
-    both = both above; else 'NOT separated'."""
+    """'separated' when the errors above ``tol`` match the kind, else 'NOT separated'."""
     d = float(np.max(delta)) if len(delta) else float("nan")
     e = float(np.max(ell)) if len(ell) else float("nan")
     want = {"lag": (False, True), "discrepancy": (True, False), "both": (True, True)}[kind]

@@ -1,10 +1,6 @@
-"""Seed statistics for the report: 95% intervals over *runs* and the "within 2x noise" decision.
-
-An arm's ratio curve is ``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)``, summarized by
-``max_t R_t``; its interval is a cluster bootstrap that draws the arm's runs and the on-policy runs
-with replacement and rebuilds the pairs among the drawn runs; a mean over runs gets a Student t
-interval; none from fewer than 2 runs. ``within`` / ``outside`` / ``inconclusive``: the whole
-interval <= band / > band / neither (docs/experiments/README.md, "Intervals").
+"""Seed statistics for the report: 95% intervals over *runs* and the "within 2x noise" decision
+(docs/experiments/README.md, "Intervals"). An arm's ratio curve is
+``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)``, summarized by ``max_t R_t``.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ N_BOOT = 2000
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-    """A point estimate with its bootstrap 95% interval (``n``: how many units it was resampled
-    from)."""
+    """A point estimate with its 95% interval (``n``: how many runs it came from)."""
 
     point: float
     lo: float
@@ -29,8 +24,7 @@ class Interval:
     n: int = 0
 
     def fmt(self, nd: int = 2) -> str:
-        """``point [lo, hi]``; no interval (``point (1 run)``) when it came from fewer than 2
-        runs or could not be computed."""
+        """``point [lo, hi]``, or the point alone when there is no interval."""
         if not math.isfinite(self.point):
             return "—"
         if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
@@ -38,7 +32,7 @@ class Interval:
         return f"{self.point:.{nd}f} [{self.lo:.{nd}f}, {self.hi:.{nd}f}]"
 
     def versus(self, band: float) -> str:
-        """'within' / 'outside' / 'inconclusive' for the band (see the module docstring)."""
+        """'within' / 'outside' / 'inconclusive': the whole interval <= band / > band / neither."""
         if not math.isfinite(self.lo) or not math.isfinite(self.hi):
             return "inconclusive"
         if self.hi <= band:
@@ -74,16 +68,10 @@ def t_quantile(df: int) -> float:
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df)
 
 
-def _finite(values) -> np.ndarray:
-    x = np.asarray(_floats(values), np.float64)
-    return x[np.isfinite(x)]
-
-
 def mean_interval(values) -> Interval:
-    """Mean of ``values`` (NaNs dropped; one value per run) with a Student t 95% interval
-    (mean +- t(0.975, n-1) sd / sqrt(n)); no interval from fewer than 2 values. A percentile
-    bootstrap over 3-5 runs is 1.6-2.7x too narrow."""
-    x = _finite(values)
+    """Mean of ``values`` (one per run, NaNs dropped) with a Student t 95% interval."""
+    x = np.asarray(_floats(values), np.float64)
+    x = x[np.isfinite(x)]
     if x.size == 0:
         return NAN_INTERVAL
     m = float(x.mean())
@@ -95,8 +83,7 @@ def mean_interval(values) -> Interval:
 
 @dataclasses.dataclass
 class RatioStats:
-    """Per checkpoint: ``curve`` (point), ``lo``/``hi`` (bootstrap band); ``max`` = max_t R_t with
-    its interval; ``steps`` the checkpoint steps used."""
+    """Per checkpoint ``steps``: ``curve`` and its ``lo``/``hi`` band; ``max`` = max_t R_t."""
 
     steps: list[int]
     curve: np.ndarray
@@ -105,8 +92,7 @@ class RatioStats:
     max: Interval
 
     def max_from(self, step: int) -> Interval:
-        """max_t R_t over checkpoints t >= step (from the stored band: point, lo, hi of the max are
-        the max of the point/lo/hi curves, a conservative envelope)."""
+        """max_t R_t over t >= step from the point/lo/hi curves (a conservative envelope)."""
         idx = [i for i, s in enumerate(self.steps) if s >= step]
         if not idx:
             return NAN_INTERVAL
@@ -115,8 +101,7 @@ class RatioStats:
 
 
 def pair_matrix(pairs: dict[str, list]) -> np.ndarray:
-    """``{"a|b": KL_t(a || b), ...}`` -> M [R, R, T] over the runs named, sorted by name
-    (M[i, j] = KL(i || j); NaN on the diagonal and where a pair was not measured)."""
+    """``{"a|b": KL_t(a || b)}`` -> M [R, R, T] by sorted name (NaN where not measured)."""
     names = sorted({n for key in pairs for n in key.split("|")})
     if not names:
         return np.zeros((0, 0, 0))
@@ -129,8 +114,7 @@ def pair_matrix(pairs: dict[str, list]) -> np.ndarray:
 
 
 def _noise_of(m: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """N_t of the runs ``idx`` [..., R] (drawn with replacement): the mean of M over every pair
-    of draws that are distinct runs -> [..., T]; NaN where no such pair was drawn."""
+    """N_t [..., T] of the drawn runs ``idx`` [..., R]: mean of M over distinct-run pairs."""
     sub = m[idx[..., :, None], idx[..., None, :]]  # [..., R, R, T]
     ok = (idx[..., :, None] != idx[..., None, :])[..., None] & np.isfinite(sub)
     total = np.where(ok, sub, 0.0).sum(axis=(-3, -2))
@@ -145,8 +129,7 @@ def noise_curve(m: np.ndarray) -> np.ndarray:
 
 
 def noise_intervals(m: np.ndarray, *, n_boot: int = N_BOOT, seed: int = 0) -> list[Interval]:
-    """N_t per step with a cluster-bootstrap 95% interval: draw the on-policy *runs* with
-    replacement and rebuild every pair among them (pairs of runs are not independent samples)."""
+    """N_t per step with a cluster-bootstrap 95% interval over the on-policy *runs*."""
     if m.shape[0] < 2:
         return []
     point = noise_curve(m)
@@ -170,13 +153,9 @@ def _keep_steps(d: np.ndarray, m: np.ndarray, min_noise: float) -> np.ndarray:
 def ratio_stats(
     d_rows, noise, steps, *, n_boot: int = N_BOOT, seed: int = 0, min_noise: float = 1e-9
 ) -> RatioStats:
-    """R_t = mean_s D_t(s) / N_t and max_t R_t with cluster-bootstrap intervals over runs.
-
-    d_rows: [S, T] an arm's distance per seed (one row per run); noise: M [R, R, T] the KL
-    between on-policy runs (``pair_matrix``); steps: [T]. Each resample draws the arm's runs and
-    the on-policy runs with replacement and rebuilds N_t from the pairs among the drawn runs.
-    Checkpoints where N_t is not measurably positive are dropped; no interval from fewer than 2
-    arm runs."""
+    """R_t = mean_s D_t(s) / N_t and max_t R_t with cluster-bootstrap intervals: each resample draws
+    the arm's runs d_rows [S, T] and the on-policy runs of ``noise`` [R, R, T] (``pair_matrix``)
+    with replacement. Checkpoints where N_t is not measurably positive are dropped."""
     d = np.asarray(d_rows, np.float64)
     m = np.asarray(noise, np.float64)
     if d.ndim != 2 or m.ndim != 3 or d.shape[1] != m.shape[2] or d.shape[1] != len(steps):
@@ -214,9 +193,7 @@ def _ratio_boots(d, m, n_boot, seed, min_noise, other=None) -> np.ndarray:
 
 
 def paired_difference(a_rows, b_rows, noise, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """max_t R_t(a) - max_t R_t(b): a and b ran with the same seeds (row i of each is seed i),
-    so their runs are drawn jointly, the on-policy runs separately (cluster bootstrap); no
-    interval from fewer than 2 seeds."""
+    """max_t R_t(a) - max_t R_t(b) for arms of the same seeds, their runs drawn jointly."""
     a, b, m = (np.asarray(x, np.float64) for x in (a_rows, b_rows, noise))
     if a.shape != b.shape or a.size == 0 or m.ndim != 3 or m.shape[0] < 2:
         return NAN_INTERVAL
@@ -225,14 +202,12 @@ def paired_difference(a_rows, b_rows, noise, *, n_boot: int = N_BOOT, seed: int 
     if a.shape[0] < 2:
         return Interval(point, float("nan"), float("nan"), 1)
     diff = _ratio_boots(a, m, n_boot, seed, 1e-9, other=b)[:, 0]
-    return Interval(
-        point, float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5)), int(a.shape[0])
-    )
+    lo, hi = (float(np.percentile(diff, q)) for q in (2.5, 97.5))
+    return Interval(point, lo, hi, int(a.shape[0]))
 
 
 def bootstrap_band(rows, *, n_boot: int = N_BOOT, seed: int = 0):
-    """(mean, lo, hi) per step of rows [S, T]: the mean over seeds and its percentile-bootstrap 95%
-    interval (seeds resampled with replacement; NaN-aware). With 3 seeds it spans min..max."""
+    """(mean, lo, hi) per step of rows [S, T]: mean over seeds, percentile-bootstrap 95%."""
     x = np.asarray(rows, np.float64)
     with warnings.catch_warnings():  # all-NaN columns (a step no seed logged) stay NaN
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -252,12 +227,6 @@ def seed_band(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def learning_delta(heldout_runs: list[dict], key: str = "sampled") -> Interval:
-    """Held-out accuracy at the last checkpoint minus at step 0 (the same prompts, so paired), one
-    value per run, with a Student t interval over runs (no interval from one run)."""
-    return mean_interval(
-        [
-            float(np.mean(h[f"{key}_correct"][-1]) - np.mean(h[f"{key}_correct"][0]))
-            for h in heldout_runs
-            if h
-        ]
-    )
+    """Held-out accuracy at the last checkpoint minus at step 0, t interval over runs."""
+    c = f"{key}_correct"
+    return mean_interval([float(np.mean(h[c][-1]) - np.mean(h[c][0])) for h in heldout_runs if h])

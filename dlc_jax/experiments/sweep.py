@@ -1,12 +1,5 @@
-"""A small on-policy sweep: which task length / learning rate / batch makes the on-policy reference
-learn, judged by the held-out accuracy of its checkpoints (heldout.py), not by rollout reward.
-
-Each sweep point is a set of trainer overrides (and a run length) applied to a preset's on-policy
-runs; every point trains the preset's on-policy seeds (or the ``seeds`` given) from the same
-initial model (one warm-up, shared cache) and is evaluated at its checkpoints. ``sweep.json`` keeps
-the per-run numbers, ``sweep.md`` the table (docs/experiments/README.md copies it).
-
-    dlc-jax experiment --preset tiny --sweep lr2e-4 lr5e-5 ... --out DIR   (see cli.py)
+"""An on-policy sweep (``--sweep``): which run length / learning rate / batch makes the on-policy
+reference learn, judged by its checkpoints' held-out accuracy (``sweep.json``, ``sweep.md``).
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ from dlc_jax.experiments.stats import learning_delta
 
 @dataclasses.dataclass(frozen=True)
 class SweepPoint:
-    """name: the point's directory; overrides: trainer ``key=value``s; steps: run length (0 =
-    the preset's)."""
+    """name: the point's directory; overrides: trainer ``key=value``s; steps: 0 = the preset's."""
 
     name: str
     overrides: tuple[str, ...] = ()
@@ -46,8 +38,7 @@ def run_sweep(
     workers: int = 1,
     run: set[str] | None = None,
 ) -> Path:
-    """Train and evaluate the points named in ``run`` (default: all; resumable: finished runs and
-    evaluations are kept); the table lists every point of ``points`` evaluated so far."""
+    """Train and evaluate the points named in ``run`` (default all; resumable); write the table."""
     out = Path(out).absolute()
     seeds = tuple(seeds or preset.onpolicy_seeds)
     rows = []
@@ -60,7 +51,8 @@ def run_sweep(
             if not exp.specs:
                 continue
         for spec, cfg, held, run_dir, done in train_and_evaluate(exp, f"sweep point {pt.name}"):
-            ent = _entropy(run_dir)
+            _, series = normalize_metrics(read_metrics(run_dir / "logs" / "metrics.jsonl"))
+            ent = [float(x) for x in series.get("entropy", []) if x is not None]
             rows.append(
                 {
                     "point": pt.name,
@@ -87,8 +79,7 @@ def run_sweep(
 
 
 def point_experiment(preset, out: Path, pt: SweepPoint, keep_seeds, **kw) -> Experiment:
-    """The `Experiment` of point ``pt`` under ``out/points/<name>`` (the cache shared by every
-    point), its runs those of ``keep_seeds``; ``kw``: more `Experiment` arguments."""
+    """The `Experiment` of ``pt`` under ``out/points/<name>``, runs of ``keep_seeds`` only."""
     exp = Experiment(
         preset,
         out / "points" / pt.name,
@@ -104,8 +95,7 @@ def point_experiment(preset, out: Path, pt: SweepPoint, keep_seeds, **kw) -> Exp
 def train_and_evaluate(
     exp: Experiment, what: str
 ) -> Iterator[tuple[RunSpec, Any, dict, Path, dict]]:
-    """Train ``exp.specs`` (``exp.workers`` at a time; a failure raises, named by ``what``), then
-    yield each run's (spec, config, held-out accuracy, run directory, ``DONE`` record)."""
+    """Train ``exp.specs``, then yield (spec, config, held-out, run dir, DONE record)."""
     exp.out.mkdir(parents=True, exist_ok=True)
     model_dir = exp.resolve_model()
     cfgs = {s.name: exp.run_config(s, model_dir) for s in exp.specs}
@@ -119,14 +109,8 @@ def train_and_evaluate(
         yield spec, cfgs[spec.name], held, run_dir, done
 
 
-def _entropy(run_dir: Path) -> list[float]:
-    _, series = normalize_metrics(read_metrics(run_dir / "logs" / "metrics.jsonl"))
-    return [float(x) for x in series.get("entropy", []) if x is not None]
-
-
 def sweep_table(rows: list[dict]) -> list[str]:
-    """One markdown row per sweep point: held-out accuracy before/after with the learning delta's
-    interval, entropy first -> last (max), CPU-seconds per run."""
+    """One markdown row per point: held-out accuracy, learning delta, entropy, CPU-s."""
     out = [
         "| point | lr | prompts x samples | steps | seeds | greedy acc t=0 -> T | sampled acc "
         "t=0 -> T | sampled delta [95% CI] | greedy delta [95% CI] | entropy first -> last "
@@ -138,8 +122,7 @@ def sweep_table(rows: list[dict]) -> list[str]:
         h = [r["heldout"] for r in rs]
         g0, g1 = (np.mean([x["greedy"][i] for x in h]) for i in (0, -1))
         s0, s1 = (np.mean([x["sampled"][i] for x in h]) for i in (0, -1))
-        e0 = np.mean([r["entropy_first"] for r in rs])
-        e1 = np.mean([r["entropy_last"] for r in rs])
+        e0, e1 = (np.mean([r[k] for r in rs]) for k in ("entropy_first", "entropy_last"))
         emax = max(r["entropy_max"] for r in rs)
         cpus = [r["cpu_s"] for r in rs if r["cpu_s"] is not None]
         cpu = f"{np.mean(cpus):.0f}" if cpus else "—"
@@ -163,8 +146,7 @@ def lr_batch_point(lr: float, prompts: int, steps: int) -> SweepPoint:
     )
 
 
-# The tiny preset's sweep (8 samples per prompt throughout; the first point is the committed
-# matrix's setting, whose on-policy runs did not learn).
+# The tiny preset's sweep (8 samples per prompt).
 SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
     "tiny": (
         lr_batch_point(2e-4, 8, 20),

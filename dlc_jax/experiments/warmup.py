@@ -1,11 +1,6 @@
-"""Supervised warm-up of the tiny Qwen3 on the chain-arithmetic task (worked answers), cached.
-
-The trainer's own warm-up (``dlc_jax.trainer.sft``) teaches the 1-digit ``arithmetic`` answer; the
-chain task needs the worked answer (``3+5=8,8+2=10 #### 10``) as the target while the reward
-compares only the final number. This module reuses the trainer's SFT pieces (``sft_examples``,
-``sft_train``, ``greedy_accuracy``) with that target, and writes the HF directory every experiment
-run starts from, plus the task's JSONL (the ``data.source`` file of the runs). Both are keyed by a
-hash of the settings.
+"""Supervised warm-up of the tiny Qwen3 on worked chain-arithmetic answers
+(``3+5=8,8+2=10 #### 10``; the reward compares only the final number) with the trainer's SFT
+pieces: the HF directory every run starts from and the task's JSONL, cached by a settings hash.
 """
 
 from __future__ import annotations
@@ -21,17 +16,17 @@ from pathlib import Path
 import numpy as np
 
 from dlc_jax.data.chain_arith import ChainArithConfig, ChainArithSource, WorkedTargets, write_jsonl
+from dlc_jax.data.tokenize import encode_prompt, load_tokenizer
+from dlc_jax.experiments.heldout import GREEDY_TEMPERATURE, sampled_answers, score_answers
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class ChainWarmup:
-    """task: the chain task; data_seed: its training split seed; steps / batch_size / lr: SFT length
-    (few steps on purpose: a middling accuracy leaves RL room to improve); model_seed: the tiny
-    model's init; eval_prompts: held-out prompts for the (near-)greedy accuracy recorded in
-    ``warmup.json``; model_dims: ``make_tiny`` keyword overrides (a larger Qwen3 body for
-    accelerator presets)."""
+    """data_seed: the training split's seed; steps: few on purpose (a middling accuracy leaves RL
+    room to improve); eval_prompts: held-out prompts of the greedy accuracy in ``warmup.json``;
+    model_dims: ``make_tiny`` size overrides, e.g. (("hidden_size", 1024),)."""
 
     task: ChainArithConfig = dataclasses.field(default_factory=ChainArithConfig)
     data_seed: int = 0
@@ -42,9 +37,7 @@ class ChainWarmup:
     max_tokens: int = 48
     eval_prompts: int = 32
     eval_seed: int = 987_654
-    model_dims: tuple[
-        tuple[str, int], ...
-    ] = ()  # make_tiny size overrides, e.g. (("hidden_size", 1024),)
+    model_dims: tuple[tuple[str, int], ...] = ()
 
     def key(self) -> str:
         d = dataclasses.asdict(self)
@@ -66,7 +59,6 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
     """HF dir of the tiny model warmed up on worked chain answers (trained once, then reused)."""
     import jax.numpy as jnp
 
-    from dlc_jax.data.tokenize import encode_prompt, load_tokenizer
     from dlc_jax.model import load_hf
     from dlc_jax.model.tiny import make_tiny
     from dlc_jax.trainer.sft import save_warm, sft_examples, sft_train
@@ -125,12 +117,8 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
         },
     )
     log.info(
-        "chain warm-up: %d steps in %.0fs, loss %.3f -> %.3f, greedy accuracy %.2f",
-        cfg.steps,
-        info["seconds"],
-        losses[0],
-        losses[-1],
-        acc,
+        f"chain warm-up: {cfg.steps} steps in {info['seconds']:.0f}s, loss {losses[0]:.3f} -> "
+        f"{losses[-1]:.3f}, greedy accuracy {acc:.2f}"
     )
     return out
 
@@ -138,11 +126,7 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
 def greedy_accuracy(
     model, source: ChainArithSource, tok, eos_id: int, *, n: int, max_tokens: int
 ) -> float:
-    """Fraction of the first ``n`` prompts whose near-greedy (temperature 1e-4) answer scores 1 (one
-    jitted shape for all prompts, see own_prefixes.sample_responses)."""
-    from dlc_jax.data.tokenize import encode_prompt
-    from dlc_jax.experiments.heldout import GREEDY_TEMPERATURE, sampled_answers, score_answers
-
+    """Fraction of the first ``n`` prompts whose near-greedy answer scores 1."""
     if n < 1:
         return float("nan")
     recs = [source[i] for i in range(n)]

@@ -1,9 +1,6 @@
-"""dlc_jax.rl — pure jitted RL math: token log-probs, discrepancy/lag decomposition, ESS,
-group advantages, correction losses (DLC and baselines), the resync rule, step metrics.
-
-No I/O and no model import: callers pass hidden states and the unembedding matrix.
-Names are loaded on first use, so ``dlc_jax.rl.loss_config`` (``LossConfig``, ``LOSS_SPECS``)
-imports without JAX.
+"""dlc_jax.rl — pure jitted RL math: token log-probs, discrepancy/lag decomposition, ESS, group
+advantages, correction losses, the resync rule, step metrics. No I/O and no model import. Names
+are loaded on first use, so ``dlc_jax.rl.loss_config`` imports without JAX.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Score-centering coefficients computed from the sampler's head (all detached).
+"""Score-centering coefficients from the sampler's head [B,T,K] (all detached).
 
-Head arrays [B,T,K]: ``lp_head`` (trainer at theta), ``lq_head`` (sampler, full-vocabulary
-normalized), ``lps_head`` (trainer at theta_s); invalid entries (head_valid 0) contribute nothing.
-The tail outside the head is modelled as a rescaled copy of p (q_v = rho p_v), with masses floored
-at ``tail_floor``. Since sum_v p_v s_v = 0, the tail term reduces to ``-coef_tail * p_H`` on the
-head, which is what ``resid`` contains. When the head covers the whole vocabulary the tail masses
-are ~0 and hit the floor: the tail coefficient is then arbitrary, but multiplies sum_H p_H s_H = 0,
-so the gradient is still exact (the loss value is not meaningful).
-
-Formulas, the DLC active set and why: docs/CORRECTIONS.md sections 3 and 5.
+The tail outside the head is modelled as a rescaled copy of p (q_v = rho p_v), masses floored at
+``tail_floor``; since sum_v p_v s_v = 0 the tail term reduces to ``-coef_tail * p_H`` on the head,
+which ``resid`` contains. A head covering the whole vocabulary floors the tail masses: the tail
+coefficient is then arbitrary but multiplies 0, so the gradient stays exact. Formulas and the DLC
+active set: docs/CORRECTIONS.md sections 3 and 5.
 """
 
 from __future__ import annotations
@@ -66,12 +62,9 @@ def centering_residual(
 
 
 def lag_active(cfg: LossConfig, log_r: jax.Array, pos: jax.Array) -> jax.Array:
-    """Where the DLC/PPO surrogate of the lag ratio r = exp(log_r) passes gradient (bool).
-
-    The same rule as the sampled token's PPO term in ``losses._ppo_terms``: A >= 0 needs
-    r <= 1+eps_high; A < 0 needs r >= 1-eps_low and, with a dual clip c, r <= c. And
-    |log_r| <= log_ratio_clip: beyond it the sampled token's ratio is clamped (zero gradient).
-    ``pos`` (A >= 0) broadcasts against ``log_r``."""
+    """Where the PPO surrogate of the lag ratio r = exp(log_r) passes gradient (bool), as in
+    ``losses._ppo_terms``: A >= 0 (``pos``) needs r <= 1+eps_high; A < 0 needs r >= 1-eps_low and,
+    with a dual clip c, r <= c; and |log_r| <= log_ratio_clip."""
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
     r = jnp.exp(jnp.clip(log_r, -cfg.log_ratio_clip, cfg.log_ratio_clip))
     neg_ok = r >= lo
@@ -81,12 +74,10 @@ def lag_active(cfg: LossConfig, log_r: jax.Array, pos: jax.Array) -> jax.Array:
 
 
 def dlc_residual(cfg: LossConfig, p: Prepared) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """DLC centering residual [B,T,K] (docs/CORRECTIONS.md, DLC):
-    coefH = (q_H - p_s,H) r_H act_H with r_H = p_H / p_s,H; coefT = ((q_t - s_t)/p_t) r_t act_t on
-    the tail masses; resid = coefH - coefT p_H. ``act`` is ``lag_active``: exactly where the
-    sampled token's clipped (and dual-clipped, and safety-bounded) PPO term passes gradient. The
-    centered gradient's mean under q is then PPO-clip-vs-theta_s's mean under p_s: the
-    discrepancy is removed, the clipped lag is left to the clip (with q = p_s the term is 0)."""
+    """DLC centering residual [B,T,K] (docs/CORRECTIONS.md, DLC): resid = coefH - coefT p_H with
+    coefH = (q_H - p_s,H) r_H act_H (r_H = p_H / p_s,H), coefT = ((q_t - s_t)/p_t) r_t act_t on the
+    tail masses, act = ``lag_active``. The centered gradient's mean under q is PPO-clip-vs-theta_s's
+    mean under p_s: the discrepancy is removed, the clipped lag is left to the clip."""
     assert p.lp_head is not None and p.lq_head is not None and p.lps_head is not None
     assert p.hv is not None
     bound = cfg.log_ratio_clip
@@ -102,8 +93,7 @@ def dlc_residual(cfg: LossConfig, p: Prepared) -> tuple[jax.Array, dict[str, jax
     ell_t = jnp.log(p_t) - jnp.log(s_t)
     act_t = lag_active(cfg, ell_t, pos)
     w_t = jnp.exp(jnp.clip(ell_t, -bound, bound)) * act_t
-    # E_q[r act s] - E_{p_s}[r act s]: only the discrepancy q vs p_s is centered; the clipped
-    # lag's own mean (what the clip leaves of the update) is kept, as PPO-clip vs theta_s has it
+    # E_q[r act s] - E_{p_s}[r act s]: only the discrepancy q vs p_s is centered
     coef_h = (q_h - s_h) * w_h
     coef_t = (q_t - s_t) / p_t * w_t
     resid = jnp.where(p.hv > 0, coef_h - coef_t[..., None] * p_h, 0.0)

@@ -16,8 +16,7 @@ QUANTILES = (0.05, 0.5, 0.95)
 
 
 def summary(x: jax.Array, mask: jax.Array, prefix: str) -> dict[str, jax.Array]:
-    """mean, std, mean |x|, the 99th percentile of |x| and the QUANTILES of x over valid tokens,
-    keyed ``{prefix}_...``."""
+    """mean, std, mean |x|, p99 |x| and the QUANTILES of x, keyed ``{prefix}_...``."""
     q = masked.quantiles(x, mask, QUANTILES)
     out = {
         f"{prefix}_mean": masked.mean(x, mask),

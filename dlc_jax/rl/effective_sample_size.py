@@ -1,8 +1,6 @@
-"""Normalized effective sample size of importance ratios given as log-ratios.
-
-ESS = (sum w)^2 / (n * sum w^2) in (0, 1], with w = exp(log_ratio - max) (shift-invariant, so the
-max subtraction only prevents overflow). Reductions are over the whole array (global batch under
-jit/GSPMD). With no valid entry (or one), ESS is defined as 1.0: no evidence of degeneracy.
+"""Normalized effective sample size of importance ratios given as log-ratios:
+ESS = (sum w)^2 / (n * sum w^2) in (0, 1], w = exp(log_ratio - max), over the whole (global)
+array; 1.0 with no valid entry (no evidence of degeneracy).
 """
 
 from __future__ import annotations
@@ -33,14 +31,12 @@ def ess(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
 def sequence_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Per-sequence summed log-ratio [B] and a [B] validity flag (sequence has a valid token)."""
     m = masked.as_mask(mask)
-    return jnp.sum(masked.safe(log_ratio, m), axis=-1), (jnp.sum(m, axis=-1) > 0).astype(
-        jnp.float32
-    )
+    valid = (jnp.sum(m, axis=-1) > 0).astype(jnp.float32)
+    return jnp.sum(masked.safe(log_ratio, m), axis=-1), valid
 
 
 def sequence_ess(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
-    """Sequence-level normalized ESS (VCPO): weights w_i = exp(sum_t m * log_ratio) over sequences
-    with at least one valid token. log_ratio, mask [B,T]."""
+    """Sequence-level normalized ESS (VCPO): w_i = exp(sum_t m log_ratio), log_ratio [B,T]."""
     seq, valid = sequence_log_ratio(log_ratio, mask)
     return ess_from_log_weights(seq, valid)
 

@@ -1,23 +1,15 @@
 """Token log-probs from hidden states without a [B, T, V] float32 array.
 
-``token_logprobs`` flattens the B*T positions, maps over chunks of ``chunk_size`` positions and, per
-chunk, computes f32 logits ``hidden @ unembed.T``, applies the sampler's transform (temperature,
-top-k, top-p; see ``sampling.py``), and gathers the log-prob of the sampled token and of a head of
-candidate ids, plus the entropy of the transformed distribution. Each chunk is rematerialized
-(``jax.checkpoint``), so the backward pass keeps only one chunk's logits alive at a time.
-Optionally (``vocab_chunk``; temperature-only transforms) each chunk also scans over blocks of the
-vocabulary with an online log-sum-exp, so not even a [chunk, V] block is materialized.
+``token_logprobs`` maps over rematerialized chunks of ``chunk_size`` positions: f32 logits
+``hidden @ unembed.T``, the sampler's transform (temperature, top-k, top-p; ``sampling.py``), the
+log-prob of the sampled token and of a head of candidate ids, and the entropy. With ``vocab_chunk``
+(temperature only) each chunk also scans vocabulary blocks with an online log-sum-exp. This is the
+single-device path and the fallback of ``dlc_jax.rl.vocab_parallel``.
 
-Entropy is ``log S - sum(e * (z - m)) / S`` with ``e = exp(z - m)``, ``S = sum e`` and m the max
-logit: the form ``lse - sum(p * z)`` subtracts two numbers of the logits' size, and in f32 loses
-about ulp(lse) (2.4e-4 at logits near 3,000) to the cancellation.
-
-``dlc_jax.rl.vocab_parallel`` is the trainer's layout on a mesh (the vocabulary split over the
-devices); this module is the single-device path and its fallback (top-k / top-p, ``vocab_chunk``).
-
-Out-of-support tokens: a token removed by top-k/top-p (or an id outside [0, V)) has log-prob
--inf mathematically. It is reported as the finite ``out_of_support`` value (default -1e4) with zero
-gradient, so ratios exp(lp - lq) underflow to 0 and the loss path never sees inf * 0 = NaN.
+Entropy is ``log S - sum(e * (z - m)) / S`` (``e = exp(z - m)``, m the max logit): the form
+``lse - sum(p * z)`` loses about ulp(lse) in f32 to cancellation. A token removed by top-k/top-p
+(or an id outside [0, V)) gets the finite ``out_of_support`` log-prob (default -1e4) with zero
+gradient, so ratios exp(lp - lq) underflow to 0 and the loss never sees inf * 0 = NaN.
 """
 
 from __future__ import annotations
@@ -96,24 +88,19 @@ def _chunk_vocab_scan(h, ids, *, w_blocks, temperature, vocab, compute_entropy, 
         g = g + jnp.where(inside, zi, 0.0)
         return (m_new, s, t, g), None
 
-    init = (
-        jnp.full((c,), -jnp.inf, jnp.float32),
-        jnp.zeros((c,), jnp.float32),
-        jnp.zeros((c,), jnp.float32),
-        jnp.zeros((c, k1), jnp.float32),
-    )
+    zero = jnp.zeros((c,), jnp.float32)
+    init = (jnp.full((c,), -jnp.inf, jnp.float32), zero, zero, jnp.zeros((c, k1), jnp.float32))
     (m, s, t, g), _ = jax.lax.scan(body, init, (jnp.arange(nb), w_blocks))
     lse = m + jnp.log(s)
     out = jnp.where(in_range, g - lse[:, None], jnp.float32(floor))
-    ent = (jnp.log(s) - t / s) if compute_entropy else jnp.zeros((c,), jnp.float32)
+    ent = (jnp.log(s) - t / s) if compute_entropy else zero
     return out, ent
 
 
 def target_ids(
     hidden, unembed, targets, head_ids, temperature, top_k, top_p, chunk_size, vocab_chunk
 ) -> jax.Array:
-    """Check the arguments of ``token_logprobs`` (ValueError naming the bad one) and return the ids
-    to gather, [B,T,1+K] int32: the target, then the head ids."""
+    """Validate ``token_logprobs``'s arguments; the ids to gather [B,T,1+K] int32."""
     if hidden.ndim != 3:
         raise ValueError(f"hidden must be [B,T,D], got shape {hidden.shape}")
     b, t, d = hidden.shape
@@ -136,20 +123,16 @@ def target_ids(
     if vocab_chunk is not None and vocab_chunk < 1:
         raise ValueError(f"vocab_chunk must be >= 1, got {vocab_chunk}")
     ids = targets[..., None].astype(jnp.int32)
-    if head_ids is None:
-        return ids
-    return jnp.concatenate([ids, head_ids.astype(jnp.int32)], axis=-1)
+    return ids if head_ids is None else jnp.concatenate([ids, head_ids.astype(jnp.int32)], axis=-1)
 
 
 def truncates(vocab: int, top_k: int, top_p: float) -> bool:
-    """Whether top-k / top-p remove tokens (they need a sort over the whole vocabulary: the
-    vocab-parallel path then falls back to ``token_logprobs``)."""
+    """Whether top-k / top-p remove tokens (which needs a sort over the whole vocabulary)."""
     return (0 < top_k < vocab) or top_p < 1.0
 
 
 def map_chunks(chunk, h: jax.Array, ids: jax.Array, c: int, dtype=None):
-    """``chunk(h [c,D], ids [c,1+K]) -> (out [c,1+K], ent [c])`` over h [N,D] (cast to ``dtype``)
-    and ids [N,1+K] in rematerialized chunks of c rows (zero-padded) -> out [N,1+K], ent [N]."""
+    """``chunk`` over h [N,D] and ids [N,1+K] in rematerialized chunks of c rows."""
     n, d = h.shape
     n_chunks = -(-n // c)
     pad = n_chunks * c - n
@@ -178,12 +161,10 @@ def token_logprobs(
 ) -> TokenLogprobs:
     """Log-probs of ``targets`` (and ``head_ids``) under the sampler-transformed trainer policy.
 
-    hidden [B,T,D] (any float dtype; logits are accumulated in f32), unembed [V,D],
-    targets [B,T] int, head_ids [B,T,K] int or None. ``top_k`` <= 0 or >= V and ``top_p`` = 1 mean
-    off. ``chunk_size`` = positions per chunk; ``vocab_chunk`` = vocab block size for the online
-    log-sum-exp (only without top-k/top-p, which need a sort over the whole vocabulary).
-    Differentiable w.r.t. hidden and unembed through lp, lp_head and entropy.
-    """
+    hidden [B,T,D] (logits accumulated in f32), unembed [V,D], targets [B,T] int, head_ids [B,T,K]
+    int or None. ``top_k`` <= 0 or >= V and ``top_p`` = 1 mean off. ``chunk_size``: positions per
+    chunk; ``vocab_chunk``: vocab block of the online log-sum-exp (without top-k/top-p only).
+    Differentiable w.r.t. hidden and unembed."""
     ids = target_ids(
         hidden, unembed, targets, head_ids, temperature, top_k, top_p, chunk_size, vocab_chunk
     )

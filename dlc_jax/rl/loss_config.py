@@ -1,8 +1,5 @@
-"""Loss configuration and per-loss metadata, importable without JAX.
-
-``LossConfig`` holds the hyper-parameters of every correction loss; ``LOSS_SPECS`` names each loss
-with the ``LossInputs`` fields it needs and the ``LossConfig`` fields it reads. Config parsing and
-validation use this module alone; ``dlc_jax.rl.losses`` binds each spec to its jitted function.
+"""Loss configuration and per-loss metadata (``LOSS_SPECS``), importable without JAX; config
+parsing uses this module alone, ``dlc_jax.rl.losses`` binds each spec to its function.
 Formulas, defaults and sources: docs/CORRECTIONS.md.
 """
 
@@ -17,19 +14,13 @@ BEHAVE_MODES = ("clamp", "mask")
 
 @dataclasses.dataclass(frozen=True)
 class LossSpec:
-    """What one loss needs.
-
-    name: registry key. requires: ``LossInputs`` fields that must be given. together: fields that
-    are optional but all-or-none (DLC's head: without it the centering term is absent).
-    options: the ``LossConfig`` fields the loss reads (every other field is ignored by it).
-    uses_head: the loss reads the sampler's top-k head (needs ``head_k > 0`` to do anything).
-    """
+    """What one loss needs. requires: ``LossInputs`` fields that must be given; together: optional
+    fields that are all-or-none (DLC's head); options: the ``LossConfig`` fields the loss reads."""
 
     name: str
     requires: tuple[str, ...] = ()
     together: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
-    uses_head: bool = False
 
 
 _CLIP = "log_ratio_clip"
@@ -48,19 +39,12 @@ LOSS_SPECS: dict[str, LossSpec] = {
         LossSpec(
             "score_centering",
             requires=_HEAD,
-            uses_head=True,
             options=("centering_weight", "tis_cap", "mis_low", "mis_high", "tail_floor", _CLIP),
         ),
-        LossSpec(
-            "score_centering_tis",
-            requires=_HEAD,
-            uses_head=True,
-            options=("tis_cap", "tail_floor", _CLIP),
-        ),
+        LossSpec("score_centering_tis", requires=_HEAD, options=("tis_cap", "tail_floor", _CLIP)),
         LossSpec(
             "score_centering_mask",
             requires=_HEAD,
-            uses_head=True,
             options=("mis_low", "mis_high", "tail_floor", _CLIP),
         ),
         LossSpec("ppo_clip", options=_PPO),
@@ -71,7 +55,6 @@ LOSS_SPECS: dict[str, LossSpec] = {
             "dlc",
             requires=("lp_s",),
             together=("lp_head", "lq_head", "lps_head"),
-            uses_head=True,
             options=(*_PPO, "tail_floor"),
         ),
     )
@@ -88,18 +71,15 @@ def loss_spec(name: str) -> LossSpec:
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Hyper-parameters of every loss (each loss reads the fields in its ``LossSpec.options``).
+    """Hyper-parameters of every loss (each reads the fields in its ``LossSpec.options``).
 
-    name: key of ``LOSS_SPECS``. clip_low/clip_high: PPO eps (r kept in [1-low, 1+high]).
-    dual_clip: c > 1 bounds the PPO loss for A < 0 by c*|A| (None = off).
-    tis_cap: token TIS cap C (inf allowed). seq_tis_cap: sequence TIS cap (VCPO, tis_seq).
-    mis_low/mis_high: token and sequence MIS band. geo_low/geo_high: geometric-mean band.
-    behave_cap/behave_mode: decoupled-PPO behaviour weight cap; clamp or mask.
-    m2_threshold: M2PO tau. tail_floor: score-centering tail-mass floor.
-    centering_weight: f for ``score_centering`` (none|tis|mask); the ``_tis``/``_mask`` registry
-    names override it. vcpo_base_ess / vcpo_rule: lr_scale = min(1, ESS/base)^(1/2 or 1).
-    log_ratio_clip: |log ratio| bound before exp (the +-20 safety bound).
-    Defaults and why: docs/CORRECTIONS.md.
+    clip_low/clip_high: PPO eps (r kept in [1-low, 1+high]). dual_clip: c > 1 bounds the PPO loss
+    for A < 0 by c*|A| (None = off). tis_cap / seq_tis_cap: token / sequence TIS cap.
+    mis_low/mis_high, geo_low/geo_high: MIS and geometric-mean bands. behave_cap/behave_mode:
+    decoupled-PPO behaviour weight cap (clamp or mask). m2_threshold: M2PO tau. tail_floor:
+    score-centering tail-mass floor. centering_weight: f of ``score_centering`` (none|tis|mask).
+    vcpo_base_ess / vcpo_rule: lr_scale = min(1, ESS/base)^(1/2 or 1). log_ratio_clip: |log ratio|
+    bound before exp. Defaults and why: docs/CORRECTIONS.md.
     """
 
     name: str = "dlc"

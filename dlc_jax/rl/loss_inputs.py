@@ -1,9 +1,8 @@
-"""Inputs and configuration of the correction losses, with shape / requirement validation.
+"""Inputs of the correction losses, with shape / requirement validation and sanitizing.
 
-Conventions: all per-token arrays are [B,T] f32, heads [B,T,K]; ``mask`` is 1 on valid (response)
-tokens. ``agg(x) = sum(mask * x) / num_tokens`` with ``num_tokens`` the valid-token count of the
-*global* batch counted before any loss-specific masking (default ``mask.sum()``; pass a constant
-for Dr.GRPO-style normalization). An all-zero mask gives loss 0 and finite metrics.
+Per-token arrays are [B,T] f32, heads [B,T,K]; ``mask`` is 1 on valid (response) tokens.
+``agg(x) = sum(mask * x) / num_tokens``, ``num_tokens`` counted over the *global* batch before any
+loss-specific masking (default ``mask.sum()``; a constant gives Dr.GRPO-style normalization).
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ def check_shapes(inp: LossInputs) -> None:
     bt = tuple(inp.mask.shape)
     if len(bt) != 2:
         raise ValueError(f"LossInputs.mask must be [B,T], got shape {bt}")
-    for f in ("lp", "lp_q", "lp_s", "lp_old"):
+    for f in TOKEN_FIELDS[:4]:
         x = getattr(inp, f)
         if x is not None and tuple(x.shape) != bt:
             raise ValueError(
@@ -91,10 +90,9 @@ def require(loss: str, inp: LossInputs, fields: tuple[str, ...]) -> None:
 
 
 def validate_inputs(inp: LossInputs) -> None:
-    """Host-side check before a step: shapes, and no NaN/inf on valid tokens in the [B,T] fields
-    (token log-probs must be finite; out-of-support tokens carry the finite floor) nor NaN/+inf in
-    valid head entries (-inf there means probability 0 and is allowed).
-    Raises ValueError naming the field and the count. Padding (mask 0) may hold anything."""
+    """Host-side check before a step: shapes, no NaN/inf on valid tokens in the [B,T] fields and no
+    NaN/+inf in valid head entries (-inf = probability 0 is allowed); padding may hold anything.
+    Raises ValueError naming the field and the count."""
     check_shapes(inp)
     m = np.asarray(inp.mask) > 0
     for f in TOKEN_FIELDS:
@@ -151,7 +149,7 @@ class Prepared:
 def _finite_tokens(inp: LossInputs, m: jax.Array) -> jax.Array:
     """[B,T] bool: every float input of this token (and its valid head entries) is finite."""
     ok = jnp.ones(m.shape, bool)
-    for f in ("lp", "lp_q", "lp_s", "lp_old"):
+    for f in TOKEN_FIELDS[:4]:
         x = getattr(inp, f)
         if x is not None:
             ok = ok & jnp.isfinite(x)
@@ -172,10 +170,9 @@ def _head_ok(x):
 
 
 def prepare(inp: LossInputs) -> Prepared:
-    """Sanitize inputs. Tokens whose inputs are not finite (NaN/inf on a valid token) are dropped
-    from the loss, i.e. treated as masked but still counted in the default denominator, and are
-    reported by ``nonfinite_count`` / ``metrics['nonfinite_tokens']``: the loss stays finite and the
-    problem is visible. Use ``validate_inputs`` on the host to refuse such a batch instead."""
+    """Sanitize inputs. Valid tokens with a NaN/inf input are dropped from the loss (still counted
+    in the default denominator) and reported as ``dropped`` (``nonfinite_tokens``); use
+    ``validate_inputs`` on the host to refuse such a batch instead."""
     m_in = masked.as_mask(inp.mask)
     m = m_in * _finite_tokens(inp, m_in)
     sg = jax.lax.stop_gradient

@@ -1,14 +1,10 @@
-"""Correction losses: one signature, a decorator-built registry, and ``compute_loss``.
+"""Correction losses: a decorator-built registry and ``compute_loss``.
 
-Each loss is registered with ``@register_loss(name)``, which binds it to its ``LossSpec`` in the
-JAX-free ``loss_config.LOSS_SPECS`` (the inputs it requires, the options it reads); registering a
-name without a spec, or a spec without a function, is an error at import. Each function maps
-``(LossConfig, Prepared) -> (per_token [B,T], metrics)``; ``compute_loss`` validates the inputs
-against the spec, aggregates ``agg(per_token) = sum(m * x) / num_tokens`` and
-adds the common metrics. Every loss reports ``clip_frac`` (fraction of valid tokens whose ratio or
-weight was clipped/capped, i.e. whose gradient is cut or bounded), ``masked_frac`` (fraction of
-valid tokens removed by a mask), and ``weight_ess`` (normalized ESS of its importance weights over
-valid tokens; 1.0 where it has none). Formulas, defaults and sources: docs/CORRECTIONS.md.
+``@register_loss(name)`` binds a function ``(LossConfig, Prepared) -> (per_token [B,T], metrics)``
+to ``loss_config.LOSS_SPECS[name]``; a name without a spec, or a spec without a function, is an
+error at import. Every loss reports ``clip_frac`` (valid tokens whose ratio or weight was
+clipped/capped), ``masked_frac`` (valid tokens removed by a mask) and ``weight_ess`` (normalized
+ESS of its importance weights; 1.0 where it has none). Formulas and sources: docs/CORRECTIONS.md.
 """
 
 from __future__ import annotations
@@ -69,21 +65,14 @@ def weights_ess(w: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 def _metrics(clip=0.0, masked_frac=0.0, ess=1.0, **extra) -> dict:
-    out = {
-        "clip_frac": jnp.float32(clip),
-        "masked_frac": jnp.float32(masked_frac),
-        "weight_ess": jnp.float32(ess),
-    }
-    out.update({k: jnp.float32(v) for k, v in extra.items()})
-    return out
+    base = {"clip_frac": clip, "masked_frac": masked_frac, "weight_ess": ess}
+    return {k: jnp.float32(v) for k, v in {**base, **extra}.items()}
 
 
 def _ppo_terms(cfg: LossConfig, r: jax.Array, adv: jax.Array):
     """PPO clipped surrogate per token: returns (per_token, clipped_flag, dual_flag)."""
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
-    unclipped = r * adv
-    clipped = jnp.clip(r, lo, hi) * adv
-    per = -jnp.minimum(unclipped, clipped)
+    per = -jnp.minimum(r * adv, jnp.clip(r, lo, hi) * adv)
     rd = sg(r)
     clip_flag = jnp.where(adv >= 0, rd > hi, rd < lo)
     dual_flag = jnp.zeros_like(clip_flag)
@@ -92,9 +81,6 @@ def _ppo_terms(cfg: LossConfig, r: jax.Array, adv: jax.Array):
         dual_flag = (adv < 0) & (sg(per) > bound)
         per = jnp.where(adv < 0, jnp.minimum(per, bound), per)
     return per, clip_flag, dual_flag
-
-
-# ----------------------------------------------------------------------------------- losses
 
 
 @register_loss("naive")
@@ -272,8 +258,7 @@ def dlc(cfg: LossConfig, p: Prepared):
     ell = p.lp - p.lp_s
     r = clampexp(ell, cfg.log_ratio_clip)
     pg, clip, dual = _ppo_terms(cfg, r, p.adv)
-    have_head = p.lp_head is not None
-    extra = {"dlc_centering_active": 1.0 if have_head else 0.0, "dual_clip_frac": p.frac(dual)}
+    extra = {"dlc_centering_active": float(p.lp_head is not None), "dual_clip_frac": p.frac(dual)}
     per = pg
     if p.lp_head is not None:
         resid, info = dlc_residual(cfg, p)
@@ -292,16 +277,13 @@ if _unregistered:
 
 
 def compute_loss(cfg: LossConfig, inputs: LossInputs) -> tuple[jax.Array, dict]:
-    """Scalar loss and a dict of scalar metrics for ``cfg.name``. Jittable (cfg is static).
+    """Scalar loss and scalar metrics for ``cfg.name``, ``sum(m * per_token) / num_tokens``.
+    Jittable (cfg is static).
 
-    Metrics: the loss's own (see module doc) plus ``loss``, ``num_tokens`` (the denominator as
-    given; an all-zero mask gives 0 tokens and loss 0), ``valid_tokens`` (tokens that entered the
-    loss) and ``nonfinite_tokens`` (valid tokens dropped for NaN/inf inputs).
-
-    Raises ValueError (at trace time) for an unknown name, a missing required field (naming the
-    loss and the field), or mismatched shapes. Fields in the spec's ``together`` group (DLC's head:
-    lp_head, lq_head, lps_head) are all-or-none: some but not all is an error; with none, DLC runs
-    without centering.
+    Metrics: the loss's own plus ``loss``, ``num_tokens`` (the denominator as given),
+    ``valid_tokens`` (tokens that entered the loss) and ``nonfinite_tokens`` (valid tokens dropped
+    for NaN/inf inputs). Raises ValueError at trace time for an unknown name, a missing required
+    field, mismatched shapes, or part of the spec's all-or-none ``together`` group (DLC's head).
     """
     entry = _REGISTRY.get(cfg.name)
     if entry is None:

@@ -1,8 +1,5 @@
-"""Masked reductions over valid tokens (mask is float/bool [B,T]; 1 = valid).
-
-All functions are jittable and reduce over the whole (global) array, so under jit with a sharded
-batch GSPMD turns them into cross-device reductions. With no valid entry, means/stds/quantiles
-return 0.0 (defined, finite) rather than NaN.
+"""Jittable masked reductions over the whole (global) array (mask float/bool, 1 = valid); with no
+valid entry, means/stds/quantiles return 0.0 rather than NaN.
 """
 
 from __future__ import annotations

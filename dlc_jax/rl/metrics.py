@@ -1,7 +1,5 @@
-"""The per-step metric set of DESIGN.md section 3 ("Metrics every step"), as one jittable function.
-
-Clip fraction comes from the loss's metrics, and weight-version lag / resync count from the
-trainer; everything computable from the batch's log-probs is here.
+"""The per-step metrics of DESIGN.md section 3 computable from the batch's log-probs, jittable
+(clip fraction comes from the loss, version lag and resync count from the trainer).
 """
 
 from __future__ import annotations
@@ -43,10 +41,8 @@ def step_metrics(
     )
     for name, h in (("head_mass_q", lq_head), ("head_mass_p", lp_head)):
         if h is not None:
-            hv = (
-                jnp.ones(h.shape, jnp.float32) if head_valid is None else masked.as_mask(head_valid)
-            )
-            mass = jnp.sum(jnp.where(hv > 0, jnp.exp(jax.lax.stop_gradient(h)), 0.0), -1)
+            hv = True if head_valid is None else masked.as_mask(head_valid) > 0
+            mass = jnp.sum(jnp.where(hv, jnp.exp(jax.lax.stop_gradient(h)), 0.0), -1)
             out[name] = masked.mean(mass, m)
     if entropy is not None:
         out["entropy_mean"] = masked.mean(jax.lax.stop_gradient(entropy), m)

@@ -1,6 +1,5 @@
-"""DLC's resync rule: push theta_t to the sampler when the lag ratio's ESS falls below a
-threshold. The ESS is the token-level one (every valid token a sample) or the sequence-level one
-(a response's summed log-ratio: VCPO's statistic), chosen by ``statistic``."""
+"""DLC's resync rule: push theta_t to the sampler when the lag ratio's token- or sequence-level
+ESS falls below a threshold."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def resync_decision(
     statistic: str = "token",
 ) -> ResyncDecision:
     """lp, lp_s, mask [B,T]. resync = ESS(exp(lp - lp_s)) < threshold, over valid tokens
-    (``token``) or over responses with weights exp(sum of the response's log-ratios)
-    (``sequence``). With no valid token ESS = 1 and no resync is requested."""
+    (``token``) or over responses weighted by exp(summed log-ratio) (``sequence``, VCPO's)."""
     if statistic not in STATISTICS:
         raise ValueError(f"resync statistic must be one of {STATISTICS}, got {statistic!r}")
     ell = jax.lax.stop_gradient(lp - lp_s)

@@ -1,20 +1,12 @@
-"""The sampler's logit transform (temperature, top-k, top-p), as vLLM applies it.
+"""The sampler's logit transform as vLLM applies it (``logprobs_mode="processed_logprobs"``):
+``logits / temperature``, then top-k, then top-p, then ``log_softmax`` over the kept support, so the
+trainer normalizes on the sampler's support.
 
-vLLM with ``logprobs_mode="processed_logprobs"`` reports log-probs of the distribution it really
-sampled from: ``logits / temperature``, then top-k, then top-p, then ``log_softmax`` over the kept
-support. This module reproduces that transform on a ``[N, V]`` block of float32 logits so the
-trainer normalizes on the same support.
-
-Semantics (vLLM ``apply_top_k_top_p_pytorch``):
-* top-k (k > 0 and k < V): entries strictly below the k-th largest value are removed (ties kept).
-* top-p (p < 1): sort ascending, ``cum = cumsum(softmax(sorted))``; remove sorted entries with
-  ``cum <= 1 - p``; the largest entry is always kept. Top-p is applied after top-k, on the
-  renormalized top-k distribution.
-
-Implementation note: the kept set of top-p is a suffix of the ascending sort, so it is represented
-by a threshold value (the smallest kept logit) and applied as ``logits >= threshold``. This equals
-vLLM's positional mask except for exact ties at the boundary value, where vLLM's (unstable) sort
-order decides and this keeps all tied entries.
+Semantics (vLLM ``apply_top_k_top_p_pytorch``): top-k (0 < k < V) removes entries strictly below
+the k-th largest (ties kept); top-p (p < 1) sorts ascending and removes entries with
+``cumsum(softmax) <= 1 - p``, always keeping the largest, on the renormalized top-k distribution.
+The kept top-p set is applied as ``logits >= threshold`` (its smallest kept logit): vLLM's
+positional mask except at exact ties on the boundary, which this keeps.
 """
 
 from __future__ import annotations
@@ -34,11 +26,8 @@ def check_sampling_params(temperature: float, top_k: int, top_p: float) -> None:
 
 
 def support_mask(logits: jax.Array, *, top_k: int = 0, top_p: float = 1.0) -> jax.Array | None:
-    """Boolean kept-support mask [N, V] for already temperature-scaled f32 logits [N, V].
-
-    Returns None when neither top-k nor top-p is active (full support). No gradient flows through
-    the mask (it is a discrete choice).
-    """
+    """Boolean kept-support mask [N, V] for temperature-scaled f32 logits [N, V] (no gradient);
+    None when neither top-k nor top-p is active."""
     vocab = logits.shape[-1]
     use_k = 0 < top_k < vocab
     use_p = top_p < 1.0
@@ -64,10 +53,7 @@ def support_mask(logits: jax.Array, *, top_k: int = 0, top_p: float = 1.0) -> ja
 def processed_logits(
     logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Temperature-scaled logits [N, V] and the kept-support mask (None = all kept).
-
-    Entries outside the support are *not* set to -inf here; callers mask them where needed so the
-    gradient path never multiplies by inf.
-    """
+    """Temperature-scaled logits [N, V] and the kept-support mask (None = all kept). Entries
+    outside the support are not set to -inf: callers mask them so no gradient multiplies by inf."""
     z = logits.astype(jnp.float32) / jnp.float32(temperature)
     return z, support_mask(z, top_k=top_k, top_p=top_p)

@@ -1,40 +1,21 @@
 """Token log-probs with the vocabulary split over the devices (Megatron-style vocab-parallel
 log-softmax): no [positions, V] array crosses a device boundary.
 
-``vocab_parallel_token_logprobs`` runs under ``shard_map`` over the mesh axes the positions are
-split over (``rows``: the batch axes that divide the rows; ``positions``: further axes over each
-row's positions; ``dlc_jax.model.sharding.logprob_axes``), n devices in all. Each device holds its
-own positions, flattened, in chunks of ``ceil(chunk_size / n)``, and rows ``[i*V/n, (i+1)*V/n)``
-of the unembedding (V zero-padded to a multiple of n; resharded once from the FSDP layout, one
-all-to-all of the matrix).
+Under ``shard_map`` over the axes the positions are split over (``rows``, ``positions``; see
+``dlc_jax.model.sharding.logprob_axes``), n devices in all, each device holds its own positions in
+chunks of ``ceil(chunk_size / n)`` and rows ``[i*V/n, (i+1)*V/n)`` of the unembedding (V
+zero-padded to a multiple of n). Per chunk it all-gathers the chunk's hidden rows, computes local
+f32 logits ``[chunk_size, V/n]`` and combines per-position scalars (``pmax`` of the max,
+``psum_scatter`` of the sums of exp, of the picked logits and of the entropy term).
 
-Per chunk every device all-gathers the chunk's hidden rows (``chunk_size`` x D), computes local
-f32 logits ``[chunk_size, V/n]``, and the devices combine per-position scalars: the max (``pmax``)
-and the sums of exp, of the target and head logits and of the entropy term (``psum_scatter``: each
-device receives its own positions' sums). The trainer (``trainer.step.policy_logprobs``) passes
-``StepConfig.chunk_size x n``, so a device's logits block is the single-device path's, in n times
-fewer iterations.
+The backward pass is written out (``jax.custom_vjp``; the forward saves only the max, log S and the
+entropy per position): it recomputes each chunk's logits once and forms
+``dz = sum_k g_k [v = id_k] - p_v (sum_k g_k + g_H (z_v - log Z + H))`` in one pass, which halves
+the HBM traffic of autodiff's backward (docs/bench/PLAN.md). Log-prob and entropy are taken
+relative to the max, as in ``rl.logprobs``; hidden rows are gathered in the matmul's dtype.
 
-The backward pass is written out (``jax.custom_vjp``; the forward saves per position only the max,
-log S and the entropy): per chunk it recomputes the logits once and forms their cotangent
-``dz = sum_k g_k [v = id_k] - p_v (sum_k g_k + g_H (z_v - log Z + H))`` in one elementwise pass,
-then ``dz @ W`` (the hidden rows' gradient, reduce-scattered to their devices) and ``dz^T @ h`` (the
-device's [V/n, D] share of the unembedding's gradient, accumulated in f32 with no collective in
-the loop). Autodiff of the forward instead re-ran the forward's reductions, scattered the gathered
-ids' cotangents into a [positions, V/n] f32 array and summed it with the softmax's: on the
-0.6B (2 layers) 16 x 4,096 plan on v5litepod-16 the step's loop-weighted HBM bytes fell from
-8.57e10 to 6.05e10 per chip and its roofline from 0.18 to 0.09 s (docs/bench/PLAN.md).
-Target ids are picked by comparison with the shard's vocabulary ids (``_picked``), which fuses with
-the other per-position reductions.
-
-Numerics: log-prob and entropy are taken relative to the max m, as in ``rl.logprobs`` (no f32
-cancellation of ``lse - sum(p * z)``); the hidden rows are gathered in the matmul's dtype
-(``result_type(hidden, unembed)``), so the hidden gradient's partial sums are reduced in it, and
-the logits' cotangent is cast to it for the two backward matmuls (as autodiff of the dot does).
-
-Falls back to ``dlc_jax.rl.token_logprobs`` (whose chunks the SPMD partitioner splits along D,
-all-reducing each chunk's [chunk_size, V] f32 logits) when top-k / top-p truncate (a sort over the
-whole vocabulary), when ``vocab_chunk`` is set, or with no mesh or no axis to split positions over.
+Falls back to ``dlc_jax.rl.token_logprobs`` when top-k / top-p truncate (a sort over the whole
+vocabulary), when ``vocab_chunk`` is set, or with no mesh or no axis to split positions over.
 """
 
 from __future__ import annotations
@@ -55,7 +36,7 @@ from dlc_jax.rl.logprobs import (
     truncates,
 )
 
-# recorded in plan JSONs (``logprob_backward``): plans compiled before it used autodiff's backward
+# recorded in plan JSONs (``logprob_backward``)
 BACKWARD = "custom-vjp"
 
 
@@ -139,9 +120,7 @@ def _chunk_forward(h, ids, w, s: _Spec):
 
 def _chunk_backward(h, ids, w, m, log_s, ent, g_out, g_ent, s: _Spec):
     """The cotangents of one chunk: (hidden [c, D] of this device's positions, its vocab shard's
-    unembedding share [V/n, D] f32). The logits are recomputed once and their cotangent
-    ``dz = sum_k g_k [v = id_k] - p_v (sum_k g_k + g_H (z_v - log Z + H))`` is formed in one pass
-    (no scatter of the gathered ids, no [n*c, V/n] sum of per-output cotangents)."""
+    unembedding share [V/n, D] f32); ``dz`` as in the module doc."""
     gather = functools.partial(jax.lax.all_gather, axis_name=s.axes, axis=0, tiled=True)
     h_all, ids_all = gather(h), gather(ids)
     in_range = (ids_all >= 0) & (ids_all < s.vocab)
@@ -217,12 +196,9 @@ def vocab_parallel_token_logprobs(
     out_of_support: float = OUT_OF_SUPPORT_LOGPROB,
 ) -> TokenLogprobs:
     """``token_logprobs`` (same arguments and outputs) with the vocabulary split over the mesh axes
-    ``rows`` + ``positions`` (PartitionSpec entries: the axes hidden [B,T,D]'s rows and each row's
-    positions are split over; see the module doc). ``vocab_axes``: the axes among those that split
-    the vocabulary (default all; the trainer leaves out the data axis across slices, so the
-    per-chunk collectives stay on ICI): each group of devices along them works on its own rows.
-    ``chunk_size``: positions per chunk over the n devices of a group (each contributes
-    ``ceil(chunk_size / n)`` of its own)."""
+    ``rows`` + ``positions`` (PartitionSpec entries of hidden [B,T,D]'s rows and positions).
+    ``vocab_axes``: the subset of those that split the vocabulary (default all); each group of
+    devices along them works on its own rows. ``chunk_size``: positions per chunk over a group."""
     axes = axis_names(rows) + axis_names(positions)
     vaxes = axes if vocab_axes is None else tuple(a for a in axes if a in vocab_axes)
     vocab = unembed.shape[0]
