@@ -1,21 +1,7 @@
-"""`dlc-jax` command line: a thin dispatcher to one module per subcommand.
-
-Each subcommand lives in its own module and exposes `cli(argv: list[str]) -> int`; modules are
-imported lazily so `dlc-jax --help` and `dlc-jax X --help` stay fast and do not import JAX/vLLM
-for unrelated commands.
-
-Logging: library modules log through `logging.getLogger(__name__)` and never configure it; the
-command line does, once, here (`setup_logging`): records of `dlc_jax.*` at INFO and above, other
-libraries at WARNING and above, one line each on stdout, written through `tqdm.write` so they do
-not tear the training progress bar.
-
-Errors: a user error (`dlc_jax.errors.UserError`, or a well-known "bad input" exception such as a
-missing file, a YAML syntax error or a config error; see `dlc_jax.errors.is_user_error`) is printed
-as one line, ``dlc-jax COMMAND: error: ...``, exit status 2; Ctrl-C prints one line and exits 130.
-Subcommands raise their errors rather than print them, and parse their arguments with
-`dlc_jax.cli_args.ArgumentParser`, whose errors are user errors too (argparse's own are 4-5 lines).
-``dlc-jax --debug COMMAND ...`` (or ``DLC_JAX_DEBUG=1``) shows the traceback instead.
-"""
+"""`dlc-jax` command line: a thin dispatcher to one lazily imported module per subcommand, each
+exposing `cli(argv: list[str]) -> int`. Logging is configured here only (`setup_logging`). User
+errors (`dlc_jax.errors.is_user_error`) print as one line, ``dlc-jax COMMAND: error: ...``, exit
+status 2; Ctrl-C exits 130; ``--debug`` (or ``DLC_JAX_DEBUG=1``) shows the traceback instead."""
 
 from __future__ import annotations
 
@@ -41,8 +27,7 @@ class _TqdmHandler(logging.Handler):
 
 
 def setup_logging(level: int = logging.INFO) -> None:
-    """Configure the root logger for a `dlc-jax` command (idempotent): `dlc_jax.*` at ``level``,
-    everything else at WARNING, one formatted line per record on stdout."""
+    """Configure logging (idempotent): `dlc_jax.*` at ``level``, others at WARNING, on stdout."""
     root = logging.getLogger()
     if not any(isinstance(h, _TqdmHandler) for h in root.handlers):
         handler = _TqdmHandler()
@@ -83,8 +68,7 @@ def _usage() -> str:
         "",
         "commands:",
     ]
-    for name, (_, doc) in COMMANDS.items():
-        lines.append(f"  {name:<12} {doc}")
+    lines += [f"  {name:<12} {doc}" for name, (_, doc) in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -114,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(name: str, argv: list[str], *, debug: bool = False) -> int:
-    """Run subcommand ``name``: user errors as one line (exit 2), Ctrl-C as one line (exit 130);
-    with ``debug`` both raise with their traceback."""
+    """Run subcommand ``name``: user errors exit 2, Ctrl-C 130, in one line (``debug``: raised)."""
     from dlc_jax.errors import is_user_error, user_message
 
     try:

@@ -1,11 +1,5 @@
-"""The argument parser of every ``dlc-jax`` subcommand: argparse whose errors are user errors.
-
-Plain argparse prints its usage block and the error on several lines, then exits 2 itself. This
-:class:`ArgumentParser` raises :class:`UsageError` (a :class:`dlc_jax.errors.UserError`) instead,
-so ``dlc_jax.cli`` prints it like every other user error, in one line:
-``dlc-jax COMMAND: error: MESSAGE (see dlc-jax COMMAND --help)``, exit status 2. ``--help`` is
-unchanged. Sub-parsers made with ``add_subparsers`` are of the same class.
-"""
+"""The argument parser of every ``dlc-jax`` subcommand: argparse raising :class:`UsageError` (a
+user error, printed by ``dlc_jax.cli`` in one line) instead of printing several and exiting."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """User errors: problems the user can fix (a config value, a path, a corrupt checkpoint, a sampler
-that does not answer), printed by ``dlc-jax`` as one line with a non-zero exit status.
-
-Modules raise :class:`UserError` (or a subclass) with a message that says what is wrong and what to
-do; `dlc_jax.cli` prints it as ``dlc-jax COMMAND: error: MESSAGE`` (``dlc-jax --debug ...`` shows
-the traceback). A few well-known exception types from libraries are treated the same way
-(:func:`user_message`): missing files, YAML syntax errors, config and data errors.
-"""
+that does not answer), printed by ``dlc-jax`` as one line with a non-zero exit status; a few
+well-known library exception types (missing files, YAML syntax errors) are treated the same way."""
 
 from __future__ import annotations
 
@@ -18,23 +13,21 @@ class UserError(Exception):
 
 # Exception class names (anywhere in the MRO) shown as one line too: the project's own input errors
 # (ValueError subclasses that predate UserError) and library errors that mean "bad input".
-USER_ERROR_NAMES = frozenset(
-    {
-        "ConfigError",  # dlc_jax.trainer.config
-        "DistributedError",  # dlc_jax.trainer.distributed
-        "DataError",  # dlc_jax.data.sources
-        "RewardError",  # dlc_jax.data.reward_runner
-        "UnsupportedModelError",  # dlc_jax.model.config
-        "CheckpointError",  # dlc_jax.model.hf_io / dlc_jax.trainer.checkpoint
-        "YAMLError",  # yaml: syntax errors
-        "HFValidationError",  # huggingface_hub: a path that is not a directory
-        "FileNotFoundError",
-        "FileExistsError",
-        "NotADirectoryError",
-        "IsADirectoryError",
-        "PermissionError",
-    }
-)
+USER_ERROR_NAMES = {
+    "ConfigError",  # dlc_jax.trainer.config
+    "DistributedError",  # dlc_jax.trainer.distributed
+    "DataError",  # dlc_jax.data.sources
+    "RewardError",  # dlc_jax.data.reward_runner
+    "UnsupportedModelError",  # dlc_jax.model.config
+    "CheckpointError",  # dlc_jax.model.hf_io / dlc_jax.trainer.checkpoint
+    "YAMLError",  # yaml: syntax errors
+    "HFValidationError",  # huggingface_hub: a path that is not a directory
+    "FileNotFoundError",
+    "FileExistsError",
+    "NotADirectoryError",
+    "IsADirectoryError",
+    "PermissionError",
+}
 
 
 def is_user_error(e: BaseException) -> bool:

@@ -1,31 +1,12 @@
-"""The TPU compiler (libtpu) flags every TPU compile of this project runs with: `dlc-jax train` on a
-TPU, the pod launchers (``launch/tpu_pod_train.sh``) and `dlc-jax plan`'s ahead-of-time compiles.
+"""The TPU compiler (libtpu) flags every TPU compile of this project runs with: `dlc-jax train`, the
+pod launchers and `dlc-jax plan`'s AOT compiles. Stated rather than left to libtpu, whose choice of
+collective matmuls otherwise varied between machines (issue 30). libtpu reads ``LIBTPU_INIT_ARGS``
+once, when JAX loads the TPU backend, so :func:`apply` must run before that.
 
-Why the plan sets them: which FSDP matmuls XLA turns into collective matmuls (windowed einsums,
-which interleave the weight all-gather / gradient reduce-scatter with the matmul) is a libtpu
-decision whose inputs are not all in the program. The same plan row (Qwen3-1.7B, 8 x 32,768 on
-v5p-16) compiled on two machines with the same jax / libtpu gave 8.9 vs 25.0 GB of temporaries and
-0.59 vs 0 of the layer matmuls windowed (issue 30); a compile whose flags are all stated gives one
-answer, and the run on the pod compiles with the same ones. libtpu reads ``LIBTPU_INIT_ARGS`` once,
-when JAX first loads the TPU backend, so :func:`apply` must run before that (before
-``jax.devices()`` / ``jax.distributed.initialize`` / ``get_topology_desc``).
-
-The set (``DEFAULT_FLAGS``) is MaxText's for FSDP training (its
-``benchmarks/xla_flags_library.py``: ``CF_FOR_ALL_GATHER`` + ``DATA_PARALLEL_OVERLAP``):
-asynchronous collective fusion of the FSDP all-gathers, overlapped with compute on the TensorCore;
-the data-parallel all-reduce over DCN pipelined across iterations (multi-slice). The two
-collective-matmul switches are stated *off* (libtpu's default is on). A windowed einsum over FSDP
-weights, sharded along the contracted dimension, adds a partial product into the whole output once
-per ring step: on the Qwen3-1.7B 8 x 4,096 v5p-16 plan the theta_s forward reads and writes each
-[4,096, 6,144] MLP output 4 times per layer. With the switches off the loop-weighted HBM bytes per
-chip fall 4.99e11 -> 2.22e11 (train step) and 1.75e11 -> 0.48e11 (theta_s forward) at the same
-peak. The all-gathers stay asynchronous and overlap the previous layer's compute. MaxText's FSDP
-set leaves them out and its tuned TPU sets turn them off. ``plan.libtpu_flags`` in the config adds
-or overrides flags (``--name=value`` separated by spaces); flags already in the environment's
-``LIBTPU_INIT_ARGS`` are kept only where neither names them.
-
-This module imports nothing of the project or JAX (the trainer, below the plan, imports it).
-"""
+``DEFAULT_FLAGS``: MaxText's FSDP set (``CF_FOR_ALL_GATHER`` + ``DATA_PARALLEL_OVERLAP``), with
+the collective-matmul (windowed einsum) switches off: over FSDP weights such a loop rewrites the
+whole output once per ring step (2-4x the plan's HBM bytes). ``plan.libtpu_flags`` adds or
+overrides flags; the environment's are kept where neither names them. Imports no JAX."""
 
 from __future__ import annotations
 
@@ -74,8 +55,7 @@ def merged(extra: str = "", environ: MutableMapping[str, str] | None = None) -> 
 
 
 def lacks_defaults(args: str) -> bool:
-    """Whether a recorded ``LIBTPU_INIT_ARGS`` value misses or changes any of ``DEFAULT_FLAGS``
-    (a cached compile made with another flag set)."""
+    """Whether a recorded ``LIBTPU_INIT_ARGS`` value misses or changes any of ``DEFAULT_FLAGS``."""
     have = parse(args)
     return any(have.get(name) != flag for name, flag in parse(" ".join(DEFAULT_FLAGS)).items())
 
@@ -87,9 +67,8 @@ def backend_loaded() -> bool:
 
 
 def apply(extra: str = "", environ: MutableMapping[str, str] | None = None) -> str:
-    """Set ``LIBTPU_INIT_ARGS`` to :func:`merged` and return it. Call before JAX loads the TPU
-    backend; afterwards the value is still set (and returned) but this process's libtpu keeps
-    the flags it started with."""
+    """Set ``LIBTPU_INIT_ARGS`` to :func:`merged` and return it (after JAX loaded the TPU backend,
+    this process's libtpu keeps the flags it started with)."""
     env = os.environ if environ is None else environ
     value = merged(extra, env)
     env[ENV] = value

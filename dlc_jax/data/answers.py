@@ -1,9 +1,7 @@
-"""Answer strings: gold answers of a ``data.answer_format`` (``raw``; ``gsm8k``: after the last
-``####``; ``boxed``: the last ``\\boxed{...}``), the candidate answer of a response (after the
-last ``####``, else the last box, else the last standalone number: one not part of an expression
-like ``x^2`` or ``2x``) and exact numbers (``"1,234"``, ``"-3/4"``, ``"\\frac{1}{2}"``,
-``"50\\%"``).
-"""
+"""Answer strings: gold answers of a ``data.answer_format``, the candidate answer of a response
+(after the last ``####``, else the last ``\\boxed{}``, else the last number not part of an
+expression like ``x^2``) and exact numbers (``"1,234"``, ``"-3/4"``, ``"\\frac{1}{2}"``,
+``"50\\%"``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Synthetic arithmetic task generated locally (no download): prompts like ``"12+7="``.
-
-Every example is a pure function of ``(seed, index)`` so the task is deterministic, infinite in
-principle, and indexable (a grain ``MapDataset`` source can wrap it directly).
-"""
+"""Synthetic arithmetic task (prompts like ``"12+7="``); every example is a pure function of
+``(seed, index)``, so the task is deterministic and random-access."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 
 @dataclasses.dataclass(frozen=True)
 class ArithmeticConfig:
-    """Difficulty knobs: operands in [0, 10**digits), operators a subset of "+-*",
-    num_examples per epoch, nonnegative answers for "-"."""
+    """Operands in [0, 10**digits), operators a subset of "+-*", nonnegative answers for "-"."""
 
     digits: int = 2
     operators: str = "+"
@@ -38,8 +34,7 @@ class ArithmeticConfig:
 
 
 def arithmetic_example(cfg: ArithmeticConfig, seed: int, index: int) -> dict:
-    """The ``index``-th example of the task with ``seed``:
-    ``{"prompt": "12+7=", "answer": "19"}``."""
+    """The ``index``-th example: ``{"prompt": "12+7=", "answer": "19"}``."""
     if not 0 <= index < cfg.num_examples:
         raise IndexError(f"arithmetic example index {index} out of range [0, {cfg.num_examples})")
     rng = np.random.default_rng([int(seed), int(index)])
@@ -76,6 +71,4 @@ class ExampleSource(Generic[C]):
 
 
 class ArithmeticSource(ExampleSource[ArithmeticConfig]):
-    """The arithmetic task's examples (`arithmetic_example`)."""
-
     example = staticmethod(arithmetic_example)

@@ -1,9 +1,6 @@
 """Chain arithmetic: a synthetic task whose answers are worked chains of partial sums,
-``"3+5+2+7="`` -> ``"3+5=8,8+2=10,10+7=17 #### 17"`` (~14-36 tokens with per-digit tokens), so lag
-and numerics act over many tokens per sequence and an early mistake spoils the sparse reward.
-Examples are pure functions of ``(seed, index)``: ``prompt``, ``answer`` (the total) and ``worked``
-(the SFT target).
-"""
+``"3+5+2+7="`` -> ``"3+5=8,8+2=10,10+7=17 #### 17"``, so lag and numerics act over many tokens per
+sequence. Examples are pure functions of ``(seed, index)``."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from dlc_jax.data.arithmetic import ExampleSource
 
 @dataclasses.dataclass(frozen=True)
 class ChainArithConfig:
-    """Terms per example in [min_terms, max_terms] (>= 2), each in [0, 10**digits);
-    num_examples: one epoch."""
+    """Terms per example in [min_terms, max_terms] (>= 2), each in [0, 10**digits)."""
 
     min_terms: int = 3
     max_terms: int = 5
@@ -50,29 +46,22 @@ def worked_answer(terms: list[int]) -> str:
 
 
 def chain_example(cfg: ChainArithConfig, seed: int, index: int) -> dict:
-    """The ``index``-th example: ``{"prompt": "3+5+2=", "answer": "10", "worked": "3+5=8,8+2=10 ####
-    10"}``."""
+    """The ``index``-th example: ``{"prompt", "answer" (the total), "worked" (the SFT target)}``."""
     if not 0 <= index < cfg.num_examples:
         raise IndexError(f"chain_arith example index {index} out of range [0, {cfg.num_examples})")
     rng = np.random.default_rng([int(seed), int(index), 7])
     n = int(rng.integers(cfg.min_terms, cfg.max_terms + 1))
     terms = [int(x) for x in rng.integers(0, 10**cfg.digits, size=n)]
-    return {
-        "prompt": "+".join(map(str, terms)) + "=",
-        "answer": str(sum(terms)),
-        "worked": worked_answer(terms),
-    }
+    prompt = "+".join(map(str, terms)) + "="
+    return {"prompt": prompt, "answer": str(sum(terms)), "worked": worked_answer(terms)}
 
 
 class ChainArithSource(ExampleSource[ChainArithConfig]):
-    """The chain task's examples (`chain_example`)."""
-
     example = staticmethod(chain_example)
 
 
 class WorkedTargets:
-    """View of a source whose ``answer`` is the worked answer (the SFT target), for
-    ``sft_examples``."""
+    """View of a source whose ``answer`` is the worked answer (the SFT target)."""
 
     def __init__(self, source: ChainArithSource):
         self.source = source
@@ -86,8 +75,7 @@ class WorkedTargets:
 
 
 def write_jsonl(source: ChainArithSource, path: str | Path) -> Path:
-    """Write every record (prompt, answer, worked) as JSONL: a ``data.source`` file for the
-    trainer."""
+    """Write every record as JSONL (a ``data.source`` file for the trainer)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

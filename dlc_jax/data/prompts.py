@@ -1,8 +1,6 @@
-"""Grain prompt pipeline: examples loaded and checked once (`validate`), then on a
-``grain.MapDataset`` (random-access, checkpointable): shuffle(seed) -> repeat(epochs) -> global
-slot id (``epoch * N + position``) -> shard by JAX process -> tokenize -> batches of
-``batch_prompts``; ``get_state()/set_state()`` is a small JSON-able dict.
-"""
+"""Grain prompt pipeline: examples loaded and checked once (`validate`), then shuffle(seed) ->
+repeat(epochs) -> global slot id (``epoch * N + position``) -> shard by JAX process -> tokenize ->
+batches of ``batch_prompts``, checkpointable by a small JSON-able state."""
 
 from __future__ import annotations
 
@@ -19,17 +17,6 @@ from dlc_jax.data.sources import DataError, open_source
 from dlc_jax.data.tokenize import count_prompt_tokens, encode_prompt_counted
 from dlc_jax.data.validate import AnswerCheck, Example, LoadStats, load_examples
 
-__all__ = [
-    "DataConfig",
-    "DataError",
-    "DataExhausted",
-    "PromptRecord",
-    "PromptPipeline",
-    "load_records",
-    "load_data",
-    "slot_dataset",
-]
-
 
 class DataExhausted(DataError, StopIteration):
     """The prompts ran out (``data.epochs`` set): a ``for`` loop over the pipeline ends cleanly, a
@@ -39,13 +26,10 @@ class DataExhausted(DataError, StopIteration):
 
 @dataclasses.dataclass
 class DataConfig:
-    """Where prompts come from, how they are read and ordered (config section ``data``; keys:
-    docs/CONTRACTS.md). ``answer_format``: 'raw', 'gsm8k' (after the last '####') or 'boxed';
-    ``epochs`` (0 = forever) allows ``epochs * usable prompts // batch_prompts`` steps: a pipeline
-    given more ``steps`` refuses at start, one that runs out raises a one-line DataError;
-    ``timeout_s``: deadline of loading an HF data set; ``chat_template``: render with the
-    tokenizer's template (ChatML when it has none), with ``system`` and ``enable_thinking``.
-    """
+    """Config section ``data`` (keys: docs/CONTRACTS.md). ``answer_format``: 'raw', 'gsm8k' (after
+    the last '####') or 'boxed'; ``epochs`` (0 = forever) allows ``epochs * usable prompts //
+    batch_prompts`` steps; ``timeout_s``: deadline of loading an HF data set; ``chat_template``:
+    render with the tokenizer's template (ChatML when it has none)."""
 
     source: str = "arithmetic"
     split: str = "train"
@@ -85,8 +69,7 @@ class PromptRecord:
 
 
 def load_data(cfg: DataConfig, **checks: Any) -> tuple[list[Example], LoadStats]:
-    """Validated examples of ``cfg.source``; ``checks``: `validate.load_examples`' answer_check,
-    count_tokens and max_prompt_tokens."""
+    """Validated examples of ``cfg.source``; ``checks``: `validate.load_examples`' keywords."""
     src = open_source(
         cfg.source, split=cfg.split, subset=cfg.subset, arithmetic=cfg.arithmetic, seed=cfg.seed,
         timeout_s=cfg.timeout_s,
@@ -125,10 +108,8 @@ def slot_dataset(
 
 class PromptPipeline:
     """Iterator over batches (lists) of ``batch_prompts`` :class:`PromptRecord`, checkpointable.
-    ``max_prompt_tokens``: longer prompts dropped at load; ``answer_check``: run on every gold
-    answer at load; ``steps``: the run's batches, refused at start when ``data.epochs`` gives
-    fewer; process index / count default to JAX's.
-    """
+    ``max_prompt_tokens``: longer prompts dropped at load; ``steps``: refused at start when
+    ``data.epochs`` gives fewer batches; process index / count default to JAX's."""
 
     def __init__(
         self,
@@ -149,11 +130,8 @@ class PromptPipeline:
 
             process_index, process_count = jax.process_index(), jax.process_count()
         self.cfg = cfg
-        render: dict[str, Any] = dict(
-            chat_template=cfg.chat_template,
-            system=cfg.system or None,
-            enable_thinking=cfg.enable_thinking,
-        )
+        render: dict[str, Any] = dict(chat_template=cfg.chat_template, system=cfg.system or None)
+        render["enable_thinking"] = cfg.enable_thinking
         examples, self.stats = load_data(
             cfg,
             answer_check=answer_check,
@@ -183,14 +161,7 @@ class PromptPipeline:
             if escaped:
                 with lock:
                     self.escaped_special_tokens += escaped
-            return PromptRecord(
-                slot=slot,
-                prompt=ex.prompt,
-                answer=ex.answer,
-                prompt_ids=ids,
-                row=ex.row,
-                metadata=ex.metadata,
-            )
+            return PromptRecord(slot, ex.prompt, ex.answer, ids, ex.row, ex.metadata)
 
         ds = slot_dataset(
             examples, cfg, process_index=process_index, process_count=process_count

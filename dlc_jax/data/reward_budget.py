@@ -1,8 +1,6 @@
-"""The reward-failure budget: a reward whose samples fail (raise, time out, unusable values) on more
-than ``reward.max_failed_fraction`` over the last ``reward.window`` batches stops the run in one
-line naming it and its last error (1.0: never). Each process judges its own samples; a run that
-ends before a window fills is judged at its end on every process's summed counts.
-"""
+"""The reward-failure budget: a reward failing on more than ``reward.max_failed_fraction`` of its
+samples over the last ``reward.window`` batches stops the run (1.0: never). Each process judges its
+own samples; a run that ends before a window fills is judged on every process's summed counts."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from dlc_jax.errors import UserError
 
 
 class RewardFailureError(UserError):
-    """A reward function failed on more than ``reward.max_failed_fraction`` of its samples over
-    ``reward.window`` batches."""
+    """A reward failed on more than ``reward.max_failed_fraction`` of its samples in a window."""
 
 
 class FailureBudget:
@@ -50,8 +47,7 @@ class FailureBudget:
             )
 
     def short_run_counts(self, names: list[str]) -> np.ndarray:
-        """[len(names), 2] int64 (failed, scored) samples of each reward whose window never filled
-        (0, 0 for the others), to be summed over processes for `judge_short_run`."""
+        """[len(names), 2] (failed, scored) of rewards whose window never filled."""
         out = np.zeros((len(names), 2), np.int64)
         for i, name in enumerate(names):
             seen = self._seen.get(name)
@@ -60,8 +56,7 @@ class FailureBudget:
         return out
 
     def judge_short_run(self, names: list[str], fns: list[str], counts: np.ndarray) -> None:
-        """Raise :class:`RewardFailureError` when a reward's summed `short_run_counts` exceed the
-        budget."""
+        """Raise :class:`RewardFailureError` when summed `short_run_counts` exceed the budget."""
         if self.max_failed_fraction >= 1.0:
             return
         for name, fn, (bad, n) in zip(names, fns, np.asarray(counts).tolist()):

@@ -1,14 +1,8 @@
-"""Runs reward functions in worker processes, with timeouts, off the training thread:
-``RewardRunner(cfg).score(prompts, completions, answers, ids) -> (rewards float32 [N], metrics)``.
-
-Processes, because a hanging reward must be killable and math-verify's signal timeouts work only
-on a main thread. Workers are plain subprocesses (`reward_worker`) that import the functions once
-at start (a bad path fails the run then). Each call is split into one chunk per worker; a chunk
-that raises, returns unusable values (`check_values`) or outlives ``timeout_s`` (its worker killed
-and replaced) is re-scored one sample at a time; samples that still fail score 0 and are logged
-with their ids, until the failure budget stops the run (`reward_budget`). Each worker leads its own
-process group, killed whole.
-"""
+"""Runs reward functions in worker processes (a hanging reward must be killable; math-verify's
+signal timeouts need a main thread): ``RewardRunner(cfg).score(...) -> (rewards [N], metrics)``.
+Each call is split into one chunk per worker; a chunk that raises, returns unusable values or
+outlives ``timeout_s`` (its worker's process group killed and replaced) is re-scored one sample at
+a time; samples that still fail score 0 and are logged, until the failure budget stops the run."""
 
 from __future__ import annotations
 
@@ -48,9 +42,6 @@ class RewardError(ValueError):
     """A reward set-up error (bad function path, import failure); the message is one line."""
 
 
-# ---- worker process -------------------------------------------------------------------------
-
-
 class _Worker:
     """One ``dlc_jax.data.reward_worker`` subprocess and its socket connection."""
 
@@ -79,6 +70,7 @@ class _Worker:
 
     def kill(self) -> None:
         """Kill the worker's whole process group (what its reward spawned too)."""
+        self.ready = False
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -86,8 +78,7 @@ class _Worker:
         self.conn.close()
 
     def exit_status(self) -> str:
-        """How the worker ended (it is waited for up to 5 s): ``exit code N`` / ``killed by
-        SIGNAME`` / ``still running``."""
+        """``exit code N`` / ``killed by SIGNAME`` / ``still running`` (after waiting up to 5 s)."""
         try:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -110,12 +101,8 @@ class _Task:
     result: list[float] | None = field(default=None)
 
 
-# ---- runner ---------------------------------------------------------------------------------
-
-
 class RewardRunner:
-    """Weighted rewards of ``cfg`` scored in ``cfg.workers`` worker processes. Use as a context
-    manager or call :meth:`close`."""
+    """Weighted rewards of ``cfg`` in worker processes; a context manager (or call `close`)."""
 
     def __init__(self, cfg: RewardConfig):
         self.cfg = cfg
@@ -130,8 +117,7 @@ class RewardRunner:
         self._clip = check_clip(cfg.clip)
         self.budget = FailureBudget(cfg.max_failed_fraction, cfg.window)
         t0 = time.time()
-        for _ in range(cfg.workers):
-            self._workers.append(_Worker(self._paths))
+        self._workers.extend(_Worker(self._paths) for _ in range(cfg.workers))
         for w in self._workers:
             self._await_ready(w)
         log.info(
@@ -174,9 +160,8 @@ class RewardRunner:
         ids: list[str],
         metadata: dict[str, list] | None = None,
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Total reward per sample (float32 [N], the weighted sum) and metrics ``reward/<name>``
-        (means), ``reward/errors`` / ``reward/timeouts`` (samples scored 0 by a failure) and
-        ``reward/seconds``."""
+        """Weighted total reward per sample (float32 [N]) and metrics ``reward/<name>`` (means),
+        ``reward/errors`` / ``reward/timeouts`` (samples scored 0) and ``reward/seconds``."""
         n = len(completions)
         if not (len(prompts) == len(answers) == len(ids) == n):
             raise ValueError(
@@ -244,12 +229,8 @@ class RewardRunner:
         kwargs = {k: [v[r] for r in rows] for k, v in meta.items() if k not in _POSITIONAL}
         kwargs["ids"] = [ids[r] for r in rows]
         kwargs.update(spec.kwargs)
-        return (
-            [prompts[r] for r in rows],
-            [completions[r] for r in rows],
-            [answers[r] for r in rows],
-            kwargs,
-        )
+        cols = [[col[r] for r in rows] for col in (prompts, completions, answers)]
+        return (*cols, kwargs)
 
     def _replace(self, i: int) -> _Worker:
         """A fresh worker in place of worker ``i`` (killed, dead or broken)."""
@@ -304,8 +285,7 @@ class RewardRunner:
             for w in list(busy):
                 t = w.task
                 assert t is not None
-                why = None
-                kind = "error"
+                why, kind = None, "error"
                 if w.conn in ready:
                     try:
                         status, res = w.conn.recv()
@@ -321,7 +301,6 @@ class RewardRunner:
                 elif now >= w.deadline:
                     kind, why = "timeout", f"no result within {t.timeout_s:g} s"
                     w.kill()
-                    w.ready = False
                 else:
                     continue
                 busy.remove(w)
@@ -355,7 +334,6 @@ class RewardRunner:
         for w in ws:
             if not w.conn.poll(max(self.cfg.timeout_s, 60.0)):
                 w.kill()
-                w.ready = False
                 raise RewardError(
                     f"reward {self.specs[si].name!r}: check_answer did not finish in time"
                 )

@@ -1,9 +1,7 @@
-"""A reward worker process: ``python -m dlc_jax.data.reward_worker FD`` (run by ``RewardRunner``).
-Over the socket ``FD`` it receives the ``module:function`` paths, answers ``("ready", None)`` or
-``("error", msg)``, then serves ``(kind, fn_index, payload)`` until ``None`` or EOF, every call on
-its main thread. A plain subprocess (spawn would re-run the user's ``__main__``, fork would copy
-the threaded trainer); a watchdog exits it when its parent dies.
-"""
+"""A reward worker process, ``python -m dlc_jax.data.reward_worker FD``: over socket ``FD`` it
+receives the ``module:function`` paths, answers ``("ready", None)`` or ``("error", msg)``, then
+serves ``(kind, fn_index, payload)`` on its main thread until ``None`` or EOF. A plain subprocess
+(spawn would re-run the user's ``__main__``, fork would copy the threaded trainer)."""
 
 from __future__ import annotations
 

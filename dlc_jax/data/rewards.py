@@ -2,12 +2,9 @@
 
     fn(prompts: list[str], completions: list[str], answers: list[str], **metadata) -> list[float]
 
-(``metadata``: ``ids`` plus the data set's extra columns, one list each); an optional
-``check_answer(answer) -> str | None`` attribute is run on every gold answer at load. Built-ins:
-``exact_match`` (the response's candidate answer equals the gold number) and ``math_verify`` (HF
-math-verify equivalence). They run in worker processes (`reward_runner`), and what they return
-must be one real number per completion (`as_reward_list`) within ±1e15 unless clipped
-(`check_values`): larger values overflowed the float32 advantages.
+(``metadata``: ``ids`` plus the data set's extra columns) returning one real number per completion
+within ±1e15 unless clipped; an optional ``check_answer(answer) -> str | None`` attribute vets each
+gold answer at load. Built-ins: ``exact_match`` and ``math_verify`` (HF math-verify equivalence).
 """
 
 from __future__ import annotations
@@ -61,8 +58,7 @@ def as_reward_list(out: object) -> list[float] | str:
 def check_values(
     vals: list[float], n: int, clip: tuple[float, float] | None = None
 ) -> tuple[list[float] | None, str | None]:
-    """(values, None) when ``vals`` are ``n`` usable rewards (clipped into ``clip`` when given),
-    else (None, the reason)."""
+    """(values, None) if ``vals`` are ``n`` usable (clipped to ``clip``), else (None, why)."""
     if len(vals) != n:
         return None, f"returned {len(vals)} values for {n} samples"
     nan = [x for x in vals if math.isnan(x)]
@@ -84,11 +80,7 @@ def check_clip(clip: object) -> tuple[float, float] | None:
     """``reward.clip`` as ``(lo, hi)`` (None: no clipping); one-line ValueError naming the key."""
     if clip is None:
         return None
-    ok = (
-        isinstance(clip, (list, tuple))
-        and len(clip) == 2
-        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in clip)
-    )
+    ok = isinstance(clip, (list, tuple)) and len(clip) == 2 and all(_is_number(x) for x in clip)
     if not ok:
         raise ValueError(f"reward.clip: expected [lo, hi] (two numbers) or null, got {clip!r}")
     lo, hi = float(clip[0]), float(clip[1])  # type: ignore[index]
@@ -126,12 +118,9 @@ class RewardFnSpec:
 @dataclasses.dataclass
 class RewardConfig:
     """The ``reward`` section (keys: docs/CONTRACTS.md). ``fns`` (``NAME: {fn, weight, kwargs}`` or
-    ``NAME: module:function``) replaces ``fn`` when non-empty: the total is the weighted sum.
-    ``timeout_s`` bounds one call on one chunk, after which its samples are re-scored one by one
-    (``sample_timeout_s`` each); ``clip`` clips values (null: outside ±1e15 fails the call);
-    ``max_failed_fraction`` / ``window``: the failure budget; ``correct`` ... ``strict_format``:
-    options of the built-in exact_match as ``fn``.
-    """
+    ``NAME: module:function``), when non-empty, replaces ``fn`` with a weighted sum. ``timeout_s``
+    bounds a chunk's call, then samples are re-scored one by one (``sample_timeout_s`` each);
+    ``correct`` ... ``strict_format``: options of the built-in exact_match."""
 
     fn: str = EXACT_MATCH
     fns: dict = dataclasses.field(default_factory=dict)
@@ -169,8 +158,9 @@ class RewardConfig:
         self.specs()  # validates fn / fns
 
     def exact_match_options(self) -> dict:
-        keys = ("correct", "incorrect", "format_bonus", "strict_format")
-        return {k: getattr(self, k) for k in keys}
+        return {
+            k: getattr(self, k) for k in ("correct", "incorrect", "format_bonus", "strict_format")
+        }
 
     def specs(self) -> list[RewardFnSpec]:
         """The rewards to run, validated (one-line ValueError naming the key)."""
@@ -201,9 +191,7 @@ class RewardConfig:
             kw = entry.get("kwargs") or {}
             if not isinstance(kw, dict):
                 raise ValueError(f"{key}.kwargs: expected a mapping, got {kw!r}")
-            out.append(
-                RewardFnSpec(name=str(name), fn=entry["fn"], weight=float(w), kwargs=dict(kw))
-            )
+            out.append(RewardFnSpec(str(name), entry["fn"], float(w), dict(kw)))
         return out
 
 
@@ -236,9 +224,6 @@ def resolve_fn(path: str) -> Callable:
     if not callable(fn):
         raise ValueError(f"reward module {mod_name!r} has no function {fn_name!r}")
     return fn
-
-
-# ---- exact match ------------------------------------------------------------------------------
 
 
 def _exact_match_one(completion: str, answer: str) -> bool:
@@ -293,12 +278,8 @@ def exact_match_reward(response: str, answer: str, cfg: RewardConfig | None = No
     return exact_match([""], [response], [gold], **cfg.exact_match_options())[0]
 
 
-# ---- math_verify ------------------------------------------------------------------------------
-
-
 def _mv_timeout(seconds: float) -> int | None:
-    """math-verify's own timeouts use signal.alarm, which works only on the main thread: off it they
-    are disabled (the reward runner's process timeout still bounds the call)."""
+    """math-verify's timeouts use signal.alarm (main thread only): off it they are disabled."""
     if threading.current_thread() is not threading.main_thread():
         return None
     return max(1, int(math.ceil(seconds)))

@@ -1,10 +1,6 @@
-"""Row sources of the prompt pipeline: ``arithmetic`` (synthetic), ``PATH.jsonl`` /
-``PATH.parquet`` and ``hf:NAME_OR_PATH`` (HF ``datasets``: a ``save_to_disk`` directory, a data
-directory or a hub name). Every source is random-access (``len`` + ``row(i)``) and names where a
-row came from (``where(i)``). Hostile input ends in one line (`DataError`): HF loads run under
-``data.timeout_s``; non-UTF-8 bytes and lone surrogates name ``file:line``; an empty data set or a
-split a saved ``Dataset`` cannot honour is an error.
-"""
+"""Random-access row sources of the prompt pipeline: ``arithmetic`` (synthetic), ``PATH.jsonl`` /
+``PATH.parquet`` and ``hf:NAME_OR_PATH`` (a ``save_to_disk`` directory, a data directory or a hub
+name). Hostile input ends in a one-line `DataError` naming ``file:line`` or the row."""
 
 from __future__ import annotations
 
@@ -44,8 +40,7 @@ class RowSource:
 
 
 class HFSource(RowSource):
-    """A ``datasets.Dataset`` (memory-mapped Arrow: rows are read on access, not held in memory),
-    scanned in batches."""
+    """A ``datasets.Dataset`` (memory-mapped: rows read on access), scanned in batches."""
 
     def iter_rows(self):
         i = 0
@@ -77,28 +72,24 @@ def read_jsonl(path: Path) -> RowSource:
     rows, lines = [], []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
+            at = f"{path}:{lineno}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(
-                    f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
-                    f"{e.start + 1})"
+                    f"{at}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
                 ) from None
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})"
-                ) from None
+                raise DataError(f"{at}: invalid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(rec, dict):
-                raise DataError(
-                    f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}"
-                )
+                raise DataError(f"{at}: expected a JSON object, got {type(rec).__name__}")
             bad = _no_surrogates(rec)
             if bad is not None:
-                raise DataError(f"{path}:{lineno}: a lone surrogate (not valid text) in {bad}")
+                raise DataError(f"{at}: a lone surrogate (not valid text) in {bad}")
             rows.append(rec)
             lines.append(lineno)
     return RowSource(str(path), rows, lines)
@@ -157,8 +148,7 @@ def _hub_timeouts(timeout_s: float) -> None:
 def read_hf(
     spec: str, split: str, subset: str = "", timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> HFSource:
-    """The ``split`` of HF data set ``spec`` (a save_to_disk path, a data dir or a hub name),
-    loaded within ``timeout_s``."""
+    """The ``split`` of HF data set ``spec`` (saved, a data dir, a hub name) in ``timeout_s``."""
     label = f"hf:{spec}" + (f"/{subset}" if subset else "") + f"[{split}]"
     _hub_timeouts(timeout_s)
     ds = with_deadline(lambda: _load_hf(spec, split, subset, label), timeout_s, label)
@@ -172,11 +162,8 @@ def _load_hf(spec: str, split: str, subset: str, label: str) -> Any:
 
     path = Path(spec).expanduser()
     try:
-        if path.is_dir() and (
-            (path / "dataset_info.json").exists()
-            or (path / "dataset_dict.json").exists()
-            or (path / "state.json").exists()
-        ):
+        saved = ("dataset_info.json", "dataset_dict.json", "state.json")
+        if path.is_dir() and any((path / f).exists() for f in saved):
             try:
                 ds = datasets.load_from_disk(str(path))
             except IndexError:  # datasets' own failure on a saved data set with no data files

@@ -1,21 +1,20 @@
-"""Prompt rendering and tokenization with the model's HF tokenizer. With ``chat_template`` a prompt
-is rendered by the tokenizer's chat template (ChatML when it has none), its content encoded as text
-(`text_tokens`: control tokens in it counted, never matched); without, the prompt is encoded as
-is. Token ids are made once here and never re-tokenized downstream.
-"""
+"""Prompt rendering and tokenization with the model's HF tokenizer: with ``chat_template`` by its
+chat template (ChatML when it has none), the content encoded as text (control tokens counted, never
+matched); without, as is. Token ids are made once here, never re-tokenized downstream."""
 
 from __future__ import annotations
 
+import importlib
+import json
+from pathlib import Path
 from typing import TypedDict, Unpack
 
 import numpy as np
 
 from dlc_jax.data.text_tokens import encode_chat
 
-# Tokenizer classes loaded directly, for model directories whose class AutoTokenizer resolves
-# without guessing (no remote code, a Qwen model type): importing AutoTokenizer pulls in every
-# model's configuration module (~4 CPU-s, paid by every trainer, CLI and sampler process), the
-# class itself ~1 s. Anything else goes through AutoTokenizer.
+# Tokenizer classes loaded directly when AutoTokenizer would pick them (no remote code, a Qwen
+# model type): importing AutoTokenizer pulls in every model's config module (~4 CPU-s).
 _DIRECT_CLASSES = {
     "PreTrainedTokenizerFast": ("transformers.tokenization_utils_tokenizers", "TokenizersBackend"),
     "TokenizersBackend": ("transformers.tokenization_utils_tokenizers", "TokenizersBackend"),
@@ -28,10 +27,6 @@ _DIRECT_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe")
 def _direct_tokenizer_class(model_dir: str):
     """The class AutoTokenizer would pick for ``model_dir`` when it is one of `_DIRECT_CLASSES`
     (named by tokenizer_config.json, no ``auto_map``, a Qwen model type), else None."""
-    import importlib
-    import json
-    from pathlib import Path
-
     d = Path(model_dir)
     try:
         tok_cfg = json.loads((d / "tokenizer_config.json").read_text())
@@ -52,8 +47,7 @@ def _direct_tokenizer_class(model_dir: str):
 
 
 def load_tokenizer(model_dir: str):
-    """The HF fast tokenizer stored in ``model_dir``, offline, without importing AutoTokenizer
-    where its class is known."""
+    """The HF fast tokenizer in ``model_dir``, offline, skipping AutoTokenizer where it can."""
     try:
         cls = _direct_tokenizer_class(str(model_dir))
         if cls is None:
@@ -77,14 +71,10 @@ class PromptFormat(TypedDict, total=False):
     enable_thinking: bool
 
 
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None)) and hasattr(
-        tokenizer, "apply_chat_template"
-    )
-
-
 def _render(tokenizer, messages: list[dict], enable_thinking: bool) -> str:
-    if not has_chat_template(tokenizer):
+    if not (
+        getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template")
+    ):
         system = messages[0]["content"] if len(messages) > 1 else None
         return chatml(messages[-1]["content"], system)
     return tokenizer.apply_chat_template(
@@ -93,15 +83,13 @@ def _render(tokenizer, messages: list[dict], enable_thinking: bool) -> str:
 
 
 def _chat(tokenizer, prompt: str, fmt: PromptFormat):
-    """(render(messages) -> text, messages) of ``prompt`` under ``fmt``; None without
-    ``chat_template``."""
+    """(render(messages) -> text, messages) of ``prompt``; None without ``chat_template``."""
     if not fmt.get("chat_template", False):
         return None
     system, thinking = fmt.get("system"), fmt.get("enable_thinking", True)
     messages = [{"role": "system", "content": system}] if system else []
-    return (lambda m: _render(tokenizer, m, thinking)), messages + [
-        {"role": "user", "content": prompt}
-    ]
+    messages.append({"role": "user", "content": prompt})
+    return (lambda m: _render(tokenizer, m, thinking)), messages
 
 
 def render_prompt(tokenizer, prompt: str, **fmt: Unpack[PromptFormat]) -> str:
@@ -113,8 +101,7 @@ def render_prompt(tokenizer, prompt: str, **fmt: Unpack[PromptFormat]) -> str:
 def encode_prompt_counted(
     tokenizer, prompt: str, **fmt: Unpack[PromptFormat]
 ) -> tuple[np.ndarray, int]:
-    """(token ids [P] int32 of the rendered ``prompt``, control tokens of its content kept as
-    text)."""
+    """(token ids [P] int32 of the rendered ``prompt``, control tokens of it kept as text)."""
     chat = _chat(tokenizer, prompt, fmt)
     if chat is not None:
         ids, escaped = encode_chat(tokenizer, *chat)
@@ -131,8 +118,7 @@ def encode_prompt(tokenizer, prompt: str, **fmt: Unpack[PromptFormat]) -> np.nda
 
 
 def count_prompt_tokens(tokenizer, prompts: list[str], **fmt: Unpack[PromptFormat]) -> list[int]:
-    """Token count of each rendered prompt, as `encode_prompt` encodes it (batched for an HF
-    tokenizer)."""
+    """Token count of each rendered prompt as `encode_prompt` encodes it (batched for HF)."""
     from dlc_jax.data.text_tokens import count_control
 
     if fmt.get("chat_template") and any(count_control(tokenizer, p) for p in prompts):
@@ -141,9 +127,7 @@ def count_prompt_tokens(tokenizer, prompts: list[str], **fmt: Unpack[PromptForma
     if callable(tokenizer) and hasattr(tokenizer, "batch_decode"):
         out: list[int] = []
         for i in range(0, len(texts), 1024):
-            out.extend(
-                len(x)
-                for x in tokenizer(texts[i : i + 1024], add_special_tokens=False)["input_ids"]
-            )
+            ids = tokenizer(texts[i : i + 1024], add_special_tokens=False)["input_ids"]
+            out.extend(len(x) for x in ids)
         return out
     return [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]

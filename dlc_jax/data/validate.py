@@ -1,7 +1,6 @@
-"""Data validation at load, before training: fields present and non-empty text, gold answers found
-in ``data.answer_format`` and accepted by every reward's ``check_answer`` (errors name the row),
-prompts that do not fit ``max_model_len - max_tokens`` dropped, counted and logged.
-"""
+"""Data validation at load: fields present and non-empty text, gold answers found in
+``data.answer_format`` and accepted by every reward's ``check_answer`` (errors name the row),
+prompts longer than ``max_model_len - max_tokens`` dropped, counted and logged."""
 
 from __future__ import annotations
 
@@ -55,7 +54,7 @@ def build_examples(
     src: RowSource, *, prompt_field: str, answer_field: str, answer_format: str
 ) -> list[Example]:
     """Every row as an :class:`Example` (fields present, gold answer found); errors name the row."""
-    out = []
+    out, skip = [], (prompt_field, answer_field)
     for i, rec in src.iter_rows():
         where = src.where(i)
         prompt = _text(rec, prompt_field, "prompt", where)
@@ -64,11 +63,7 @@ def build_examples(
             answer = extract_gold(raw, answer_format)
         except ValueError as e:
             raise DataError(f"{where}: {e} (data.answer_format={answer_format})") from None
-        meta = {
-            k: v
-            for k, v in rec.items()
-            if k not in (prompt_field, answer_field) and isinstance(v, _SCALARS)
-        }
+        meta = {k: v for k, v in rec.items() if k not in skip and isinstance(v, _SCALARS)}
         out.append(Example(prompt=prompt, answer=answer, row=i, metadata=meta))
     return out
 

@@ -1,12 +1,6 @@
-"""Multi-turn and tool-using episodes (docs/ENVIRONMENTS.md).
-
-An environment is one class with ``reset(row) -> messages`` and ``step(completion) -> (messages,
-reward, done)`` (`protocol`), named by ``env.fn``. `runner.EnvSampler` runs its episodes behind
-the `Sampler` protocol on token ids only (`history`, `chat_delta`), so the trainer trains on
-exactly the tokens the sampler saw and produced, with a loss mask (environment tokens 0) and the
-weight version of every generated token. Built in: `builtin.calculator.Calculator` (tool calls on
-chain arithmetic) and `builtin.feedback.Feedback` (try again after a wrong answer).
-"""
+"""Multi-turn and tool-using episodes (docs/ENVIRONMENTS.md): `runner.EnvSampler` runs the
+episodes of an environment (`protocol`) behind the `Sampler` protocol on token ids only, so the
+trainer trains on exactly the tokens the sampler saw and produced."""
 
 from dlc_jax.env.chat_delta import ChatDelta, TemplateError
 from dlc_jax.env.config import EnvConfig

@@ -1,12 +1,7 @@
 """Token ids of chat turns, rendered once and appended: the history is never re-tokenized.
-
-`ChatDelta.opening` renders the opening messages (and tool schemas) plus the assistant header;
-`ChatDelta.answer` is the token delta an environment answer adds after an assistant turn that
-ended with the end-of-turn token, tokenized on its own (it starts right after a special token, so
-alone it has the tokens it has in context). Generated tokens stay exactly as sampled, ``<think>``
-included: nothing is re-rendered. A control token's text inside a message is encoded as plain
-text (counted in ``escaped``) unless ``allow_special``.
-"""
+`ChatDelta.answer` is the token delta an environment answer adds after an assistant turn ending in
+the end-of-turn token, tokenized on its own (it starts right after a special token). A control
+token's text in a message is encoded as text (counted in ``escaped``) unless ``allow_special``."""
 
 from __future__ import annotations
 
@@ -25,10 +20,8 @@ class TemplateError(ValueError):
 
 
 class ChatDelta:
-    """tokenizer: the HF tokenizer of the model; eos_id: the end-of-turn token the sampler stops
-    on; tools: OpenAI-style function schemas for the opening prompt (None: none);
-    enable_thinking: Qwen3's switch, passed to the template; allow_special: message contents may
-    hold control tokens (else they are encoded as text and counted in ``escaped``)."""
+    """eos_id: the end-of-turn token the sampler stops on; tools: OpenAI-style function schemas
+    for the opening prompt; enable_thinking: passed to the template."""
 
     def __init__(
         self,
@@ -63,8 +56,7 @@ class ChatDelta:
         return str(self.tok.apply_chat_template(messages, **kw))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of text the model generates (a demonstration's turn: its ``<tool_call>`` is
-        the model's own token)."""
+        """Token ids of text the model generates (a demonstration's ``<tool_call>`` is a token)."""
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def _count(self, n: int) -> None:
@@ -85,10 +77,8 @@ class ChatDelta:
         return ids
 
     def answer_text(self, messages: list[dict]) -> str:
-        """The text an environment answer adds after the assistant's end-of-turn token: the
-        rendering of (a probe exchange + ``messages`` + the assistant header) after the probe
-        turn's end-of-turn token (so a template that renders the last assistant turn differently,
-        as Qwen3 does, still gives the right delta)."""
+        """The text an environment answer adds after the assistant's end-of-turn token: rendered
+        after a probe exchange (a template may render the last assistant turn differently)."""
         return self._after_probe(self._render(_PROBE + list(messages), True))
 
     def _after_probe(self, text: str) -> str:
@@ -112,10 +102,9 @@ class ChatDelta:
         return self._encode(render, list(messages))
 
     def fit_answer(self, messages: list[dict], limit: int, side: str) -> tuple[list[int], bool]:
-        """(token delta, truncated): the answer, its contents cut token-wise on ``side`` ('left'
-        keeps the end) until the delta has at most ``limit`` tokens; ([], True) for side 'error'
-        or when the template tokens alone exceed ``limit``. Contents over ``CHARS_PER_TOKEN *
-        limit`` characters are cut by characters first."""
+        """(token delta, truncated): contents cut token-wise on ``side`` ('left' keeps the end)
+        until the delta has at most ``limit`` tokens (by characters first past ``CHARS_PER_TOKEN
+        * limit``); ([], True) for side 'error' or when the template alone exceeds ``limit``."""
         cap = CHARS_PER_TOKEN * limit
         too_long = any(len(m["content"]) > cap for m in messages)
         if too_long and side == "error":

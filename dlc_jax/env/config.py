@@ -1,6 +1,4 @@
-"""The ``env`` config section: which environment drives multi-turn episodes, and their limits
-(``env.fn`` empty: the single-turn path, one sampler call per prompt scored by ``reward``).
-"""
+"""The ``env`` config section: which environment drives multi-turn episodes, and their limits."""
 
 from __future__ import annotations
 
@@ -13,11 +11,8 @@ class EnvConfig:
     """The ``env`` keys (docs/ENVIRONMENTS.md). fn: ``package.module:Name`` called with
     ``kwargs`` per episode ('' = single-turn). max_total_tokens: prompt + all turns (0 =
     sampler.max_model_len). max_env_tokens_per_turn: a longer answer is cut on
-    ``truncation_side`` ('left' keeps its end, 'right' its start) or ends the episode ('error').
-    on_prefix_break: 'error' stops the run, 'split' goes on as a new sequence in the same row.
-    reward: 'sum' or 'last' of the turn rewards. timeout_s: one environment call. workers:
-    environment calls at once. allow_special_tokens: control tokens in messages stay control
-    tokens (else encoded as text, counted in ``env/escaped_special_tokens``)."""
+    ``truncation_side`` or ends the episode ('error'). on_prefix_break: 'error' stops the run,
+    'split' goes on as a new sequence in the same row. timeout_s: one environment call."""
 
     fn: str = ""
     kwargs: dict = dataclasses.field(default_factory=dict)

@@ -1,11 +1,6 @@
-"""An environment's demonstrations as token-exact training sequences (the warm-up's data).
-
-A random tiny model never writes a tool call, so RL on a tool task needs a warm-up. An environment
-may offer ``demonstration(row) -> [completion of each turn]``; each is played through a fresh
-environment exactly as an episode is, with the same guards (every call bounded by
-``env.timeout_s``; a call that raises, exits or returns garbage drops that demonstration,
-counted). The training loop is `dlc_jax.trainer.sft.ensure_env_sft_model`.
-"""
+"""An environment's demonstrations (``demonstration(row) -> [completion of each turn]``) played as
+token-exact episodes, with an episode's guards: the warm-up data of a tool task, which a random
+tiny model never solves. Training loop: `dlc_jax.trainer.sft.ensure_env_sft_model`."""
 
 from __future__ import annotations
 
@@ -32,15 +27,13 @@ logger = logging.getLogger(__name__)
 
 
 class NoDemonstrationError(EnvConfigError):
-    """The environment offers no demonstrations (or none of them played): the warm-up cannot
-    run."""
+    """The environment offers no demonstrations (or none played): the warm-up cannot run."""
 
 
 def demo_sequence(
     factory: Callable[[], Any], row: dict, delta: ChatDelta, timeout: float = 10.0
 ) -> History:
-    """The token-exact episode of the environment's own demonstration for ``row``; each call
-    bounded by ``timeout`` seconds (EnvTimeout), a broken contract an EnvError."""
+    """The token-exact episode of the environment's demonstration for ``row``."""
     env = timed_call(factory, (), timeout)
     demo = getattr(env, "demonstration", None)
     if not callable(demo):
@@ -66,9 +59,8 @@ def demo_sequence(
 def demonstrations(
     cfg: EnvConfig, tokenizer: Any, rows: list[dict], *, enable_thinking: bool = True
 ) -> tuple[list[History], dict[str, float]]:
-    """(the demonstration sequences of ``rows``, counters ``env/warmup_*``): a demonstration
-    whose environment raises, times out or breaks its contract is left out and counted; none
-    played is a one-line error (`NoDemonstrationError`)."""
+    """(the demonstration sequences of ``rows``, counters ``env/warmup_*``); failing ones are left
+    out and counted, none played is a `NoDemonstrationError`."""
     factory = load_env_factory(cfg.fn, cfg.kwargs)
     delta = ChatDelta.for_env(cfg, tokenizer, enable_thinking=enable_thinking)
     hists: list[History] = []
@@ -103,8 +95,7 @@ def demonstrations(
 
 
 def demo_batch(hists: list[History], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
-    """``input_ids`` / ``targets`` int32 and ``mask`` float32 [N, seq_len] (1 where the target is
-    a generated token)."""
+    """``input_ids`` / ``targets`` int32 and ``mask`` float32 (1: generated target) [N, seq_len]."""
     n = len(hists)
     ids = np.full((n, seq_len), pad_id, np.int32)
     tgt = np.full((n, seq_len), pad_id, np.int32)

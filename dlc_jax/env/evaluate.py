@@ -1,8 +1,6 @@
-"""Held-out evaluation of ``env.fn`` episodes (``eval.every`` with an environment): one episode
-per eval row through its own `EnvSampler` in front of the training sampler, at
-``eval.temperature``, with the training limits; ``eval/accuracy`` is the share of episodes whose
-reward is >= ``eval.correct_min``. Its counters stay apart from the run's ``env/*`` totals.
-"""
+"""Held-out evaluation of ``env.fn`` episodes: one episode per eval row through its own
+`EnvSampler` in front of the training sampler (counters apart from the run's ``env/*`` totals);
+``eval/accuracy`` is the share of episodes with reward >= ``eval.correct_min``."""
 
 from __future__ import annotations
 
@@ -75,8 +73,7 @@ class EnvEvaluator:
 def make_env_evaluator(
     cfg: Any, tokenizer: Any, records: list[Any]
 ) -> Callable[[Any, SamplingParams, str], dict[str, float]] | None:
-    """The `EnvEvaluator.run` of ``cfg`` for the eval ``records`` (anything with ``prompt``,
-    ``answer``, ``row`` and ``metadata``), or None without ``env.fn``."""
+    """The `EnvEvaluator.run` of ``cfg`` for the eval ``records``, or None without ``env.fn``."""
     if not cfg.env.enabled:
         return None
     from dlc_jax.env.runner import env_row

@@ -1,11 +1,6 @@
 """The token-exact history of one episode: prompt, then generated and environment tokens in turn.
-
-`add_generated` checks the prompt a turn's `Rollout` echoes against the history (a difference is a
-prefix break) and appends its tokens with log-probs, head and weight versions; `add_env` appends an
-answer's token delta (loss mask 0); `mismatches` re-checks at the end that every turn is a slice of
-the final sequence. A split (``env.on_prefix_break: split``): `restart` begins a new sequence in
-the same row from the sampler's own prompt (the rollout's ``segment_starts``).
-"""
+A turn whose echoed prompt differs from the history is a prefix break; after a split, `restart`
+begins a new sequence in the same row (the rollout's ``segment_starts``)."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ class History:
 
     @property
     def tokens(self) -> list[int]:
-        """The current sequence (what the next turn's prompt must be): the whole history, or the
-        part since the last split."""
+        """The current sequence (the next turn's prompt): all of it, or the part since a split."""
         if self.starts:
             return self.response[self.starts[-1] :]
         return self.prompt + self.response
@@ -45,8 +39,7 @@ class History:
         return len(self.prompt) + len(self.response)
 
     def add_generated(self, r: Rollout) -> bool:
-        """Append turn ``r``'s generated tokens; False (nothing appended) when the prompt the
-        sampler echoes is not exactly the history."""
+        """Append turn ``r``'s tokens; False (none added) unless it echoes the history exactly."""
         echo = [int(t) for t in r.prompt_ids]
         gen = [int(t) for t in r.response_ids]
         if echo != self.tokens or len(r.logprobs) != len(gen):
@@ -86,8 +79,7 @@ class History:
         self.env_tokens += len(ids)
 
     def restart(self, echo) -> None:
-        """Start a new sequence in this row from ``echo`` (the sampler's own prompt tokens, after
-        a prefix break): context only (loss mask 0), not attending to what came before."""
+        """Start a new sequence in this row from ``echo`` (after a prefix break): context only."""
         ids = [int(t) for t in echo]
         if not ids:
             raise ValueError("History.restart: an empty prompt")
@@ -95,8 +87,7 @@ class History:
         self._add_context(ids)
 
     def mismatches(self) -> int:
-        """Turns whose prompt seen or tokens generated are not a slice of their sequence in the
-        final row, starting at that sequence's start (and not running into the next one)."""
+        """Turns whose prompt or generated tokens are not a slice of their sequence in the row."""
         full = self.prompt + self.response
         ends = [len(self.prompt) + s for s in self.starts] + [len(full)]
         bad = 0
@@ -108,16 +99,15 @@ class History:
         return bad
 
     def rollout(self, finish_reason: str, reward: float, episode: dict) -> Rollout:
-        k = self.k
-        t = len(self.response)
+        t_k = (len(self.response), self.k)
+        hid = np.concatenate(self.head_ids) if self.head_ids else np.zeros(t_k, np.int32)
+        hlp = np.concatenate(self.head_lp) if self.head_lp else np.zeros(t_k, np.float32)
         return Rollout(
             prompt_ids=np.asarray(self.prompt, np.int32),
             response_ids=np.asarray(self.response, np.int32),
             logprobs=np.asarray(self.logprobs, np.float32),
-            head_ids=np.concatenate(self.head_ids) if self.head_ids else np.zeros((t, k), np.int32),
-            head_logprobs=(
-                np.concatenate(self.head_lp) if self.head_lp else np.zeros((t, k), np.float32)
-            ),
+            head_ids=hid,
+            head_logprobs=hlp,
             finish_reason=finish_reason,
             version_spans=list(self.spans),
             loss_mask=np.asarray(self.mask, np.float32),

@@ -1,16 +1,14 @@
-"""What an environment is, and how ``env.fn`` names one.
-
-An environment is one class (or factory) called with no arguments per episode, with
-``reset(row) -> messages`` (the opening chat messages) and ``step(completion) -> (messages,
-reward, done)`` (its answer, role "user" or "tool"); either may be ``async``. Optional: ``tools``
-(OpenAI-style function schemas for the opening prompt) and ``close()``.
-"""
+"""What an environment is, and how ``env.fn`` names one: a class (or factory) called with no
+arguments per episode, with ``reset(row) -> messages`` and ``step(completion) -> (messages,
+reward, done)``, either may be ``async``; optional: ``tools`` (function schemas), ``close()``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -47,17 +45,15 @@ _REAL_EXIT = os._exit
 
 def _guarded_exit(code: int = 0) -> None:
     """``os._exit`` while environment calls may run: from an environment's thread it ends that
-    call (EnvError) instead of the whole process; from anywhere else it exits, and so does a
-    process forked from an environment's thread (multiprocessing's child ends with os._exit)."""
+    call (EnvError) instead of the process; elsewhere (a forked child too) it exits."""
     if getattr(_IN_ENV, "pid", None) == os.getpid():
         raise EnvError(f"the environment called os._exit({code})")
     _REAL_EXIT(code)
 
 
 def timed_call(fn: Callable, args: tuple, timeout: float) -> Any:
-    """``call_env(fn, *args)`` in a daemon thread; EnvTimeout after ``timeout`` seconds (the
-    thread cannot be killed and is left to finish on its own). ``sys.exit`` or ``os._exit``
-    inside the call is an EnvError, as any exception it raises is its own."""
+    """``call_env(fn, *args)`` in a daemon thread; EnvTimeout after ``timeout`` seconds (the thread
+    is abandoned). ``sys.exit`` or ``os._exit`` inside the call is an EnvError."""
     box: dict[str, Any] = {}
     os._exit = _guarded_exit  # type: ignore[assignment]
 
@@ -83,9 +79,7 @@ def timed_call(fn: Callable, args: tuple, timeout: float) -> Any:
 
 
 def load_env_factory(spec: str, kwargs: dict | None = None) -> Callable[[], Any]:
-    """The zero-argument factory named by ``env.fn`` (``package.module:Name``), with
-    ``env.kwargs`` bound; a bad path, or ``env.kwargs`` its signature rejects, is a one-line
-    error naming ``env.fn`` / ``env.kwargs`` (`EnvConfigError`)."""
+    """The zero-argument factory of ``env.fn`` with ``env.kwargs`` bound (else EnvConfigError)."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise EnvConfigError(f"env.fn: expected 'package.module:Name', got {spec!r}")
@@ -137,15 +131,12 @@ def close_env(env: Any, timeout: float) -> None:
     """``env.close()`` when it has one, bounded by ``timeout``; best effort (errors ignored)."""
     close = getattr(env, "close", None)
     if callable(close):
-        try:
+        with contextlib.suppress(Exception):
             timed_call(close, (), timeout)
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
 
 
 def open_env(env: Any, row: dict, delta: Any, timeout: float) -> list[int]:
-    """The opening token ids of ``env`` reset with ``row`` (its messages checked, its tools
-    rendered by ``delta``, a `ChatDelta`)."""
+    """The opening token ids of ``env`` reset with ``row``, rendered by the `ChatDelta`."""
     opening = check_messages(timed_call(env.reset, (row,), timeout), "reset()", OPENING_ROLES)
     return delta.opening(opening, getattr(env, "tools", None))
 
@@ -166,8 +157,6 @@ def check_messages(msgs: Any, where: str, roles: tuple[str, ...] = ROLES) -> lis
 
 def check_step(out: Any) -> tuple[list[dict], float, bool]:
     """A ``step`` return value checked: (messages, finite reward, bool done), else EnvError."""
-    import math
-
     if not isinstance(out, tuple) or len(out) != 3:
         raise EnvError(f"step(): expected (messages, reward, done), got {out!r:.200}")
     msgs, reward, done = out

@@ -1,14 +1,8 @@
-"""`EnvSampler`: multi-turn episodes behind the `Sampler` protocol.
-
-It wraps the real sampler: ``generate(prompts, params, slot_ids)`` runs one episode per prompt and
-yields one `Rollout` per episode, whose response interleaves the generated turns (loss mask 1,
-with the sampler's log-probs, head and weight versions) and the environment's answers (loss mask
-0). The episodes of a request run in lockstep: turn t of every live episode is one sampler request
-on token ids (`History`), then every environment answers (``env.workers`` at a time, each call
-bounded by ``env.timeout_s``). Episode end reasons (`END_REASONS`, counted under
-``env/end_<reason>``) are listed in docs/ENVIRONMENTS.md. An environment failure never reaches the
-trainer; a sampler failure does. `make_env_sampler` / `env_row`: what the trainer needs of it.
-"""
+"""`EnvSampler`: multi-turn episodes behind the `Sampler` protocol. ``generate`` runs one episode
+per prompt and yields one `Rollout` per episode, interleaving generated turns (loss mask 1) and the
+environment's answers (loss mask 0). Episodes run in lockstep: turn t of every live episode is one
+sampler request, then every environment answers (``env.workers`` at a time, each call bounded by
+``env.timeout_s``). End reasons: docs/ENVIRONMENTS.md. Environment failures end their episode."""
 
 from __future__ import annotations
 
@@ -54,8 +48,7 @@ class PrefixBreakError(RuntimeError):
 
 @dataclasses.dataclass
 class _Episode:
-    """One episode in flight: its slot, token history, environment, counters (``ep``), the
-    tokens of its last turn, and its end reason once it has one."""
+    """One episode in flight: slot, token history, environment, counters (``ep``), end reason."""
 
     slot: int
     hist: History
@@ -72,10 +65,8 @@ class _Episode:
 
 class EnvSampler(SamplerBase):
     """inner_fn: zero-arg callable returning the real `Sampler` (it may change on reconnect);
-    env_factory: zero-arg callable making one environment per episode; delta: the `ChatDelta` of
-    the model's tokenizer; row_fn: slot id -> the data row (dict) its environment is reset with
-    (default: the rows given to `add_rows`); max_model_len: the sampler's context (bounds
-    ``env.max_total_tokens``)."""
+    env_factory: makes one environment per episode; row_fn: slot id -> the data row its environment
+    is reset with (default: the rows given to `add_rows`)."""
 
     def __init__(
         self,
@@ -87,10 +78,7 @@ class EnvSampler(SamplerBase):
         max_model_len: int,
         row_fn: Callable[[int], dict] | None = None,
     ) -> None:
-        self.inner_fn = inner_fn
-        self.env_factory = env_factory
-        self.delta = delta
-        self.cfg = cfg
+        self.inner_fn, self.env_factory, self.delta, self.cfg = inner_fn, env_factory, delta, cfg
         self.rows: dict[int, dict] = {}
         self.row_fn = row_fn if row_fn is not None else self.rows.__getitem__
         self.max_total = min(cfg.max_total_tokens or max_model_len, max_model_len)
@@ -116,8 +104,7 @@ class EnvSampler(SamplerBase):
         return self.inner_fn().push_model(*args, **kwargs)
 
     def _generate(self, prompts, params, slot_ids, request_id) -> Iterator[Rollout]:
-        """One episode per prompt (``params.n`` 1), in lockstep (module doc); each rollout is
-        yielded as soon as its episode ends."""
+        """One episode per prompt (``params.n`` 1), in lockstep; each rollout yielded at its end."""
         if params.n != 1:
             raise ValueError(f"EnvSampler: one episode per request cell (n = 1), got n={params.n}")
         k = int(params.head_k)
@@ -144,8 +131,7 @@ class EnvSampler(SamplerBase):
 
     # ---- one turn of every live episode --------------------------------------------------------
     def _each(self, pool: ThreadPoolExecutor, eps: list[_Episode], fn: Callable) -> None:
-        """``fn(e)`` for each episode, at most ``env.workers`` at once; an environment's failure
-        ends that episode (`_guard`), a prefix break or a template error is raised."""
+        """``fn(e)`` for each episode, ``env.workers`` at once; an env failure ends its episode."""
         for f in [pool.submit(self._guard, fn, e) for e in eps]:
             f.result()
 
@@ -162,14 +148,12 @@ class EnvSampler(SamplerBase):
             e.ep["error"] = f"{type(err).__name__}: {err}"[:200]
 
     def _open(self, e: _Episode) -> None:
-        """Make the episode's environment and its opening tokens."""
         t = self.cfg.timeout_s
         e.env = timed_call(self.env_factory, (), t)
         e.hist = History(open_env(e.env, self.row_fn(e.slot), self.delta, t), e.hist.k)
 
     def _sample_turn(self, live: list[_Episode], params: SamplingParams, turn: int) -> None:
-        """One sampler request per distinct per-turn token budget (usually one), each slot once
-        per request; the turns that do not extend their history are prefix breaks."""
+        """One sampler request per per-turn token budget (usually one), each slot once a request."""
         groups: dict[int, list[_Episode]] = {}
         for e in live:
             budget = self.max_total - len(e.hist)
@@ -205,8 +189,7 @@ class EnvSampler(SamplerBase):
                 self._take(e, by_slot[e.slot], turn)
 
     def _take(self, e: _Episode, r: Rollout, turn: int) -> None:
-        """Append turn ``r`` to the episode's history (after a prefix break: per
-        ``env.on_prefix_break``)."""
+        """Append turn ``r`` to the history (a prefix break: per ``env.on_prefix_break``)."""
         e.last = None
         if not e.hist.add_generated(r):
             self._bump("env/prefix_breaks")
@@ -223,8 +206,7 @@ class EnvSampler(SamplerBase):
         e.last = [int(t) for t in r.response_ids]
 
     def _answer(self, e: _Episode) -> None:
-        """The environment's answer to the turn just sampled, appended as its token delta (or
-        the episode's end)."""
+        """The environment's answer to the turn just sampled, appended (or the episode's end)."""
         gen, cfg = e.last or [], self.cfg
         ended = bool(gen) and gen[-1] == self.delta.eos_id
         text = self.delta.tok.decode(gen, skip_special_tokens=True)
@@ -248,8 +230,7 @@ class EnvSampler(SamplerBase):
                 e.hist.add_env(ids)
 
     def _finished(self, pool: ThreadPoolExecutor, eps: list[_Episode]) -> Iterator[Rollout]:
-        """The rollouts of the episodes that have ended and not been handed out yet (their
-        environments closed)."""
+        """The rollouts of ended episodes not handed out yet (their environments closed)."""
         ended = [e for e in eps if e.end is not None and not e.closed]
         for f in [pool.submit(self._close, e) for e in ended]:
             f.result()
@@ -276,10 +257,8 @@ class EnvSampler(SamplerBase):
         return out
 
     def _split(self, hist: History, r: Rollout) -> bool:
-        """``on_prefix_break: split``: the turn ``r`` starts a new sequence in the episode's row
-        from the sampler's own prompt (`History.restart`), counted in ``env/splits``; False (the
-        episode ends at the break) when the row would outgrow ``env.max_total_tokens`` or ``r``
-        is malformed."""
+        """``on_prefix_break: split``: turn ``r`` starts a new sequence in the episode's row from
+        the sampler's own prompt; False when the row would outgrow its budget or ``r`` is bad."""
         echo, t = len(r.prompt_ids), len(r.response_ids)
         if not echo or len(r.logprobs) != t or len(hist) + echo + t > self.max_total:
             return False
@@ -301,8 +280,7 @@ class EnvSampler(SamplerBase):
         self._bump(by={"env/episodes": 1.0, **more, f"env/end_{ep['end']}": 1.0})
 
     def totals(self) -> dict[str, float]:
-        """Run totals of the counters (episodes, errors, prefix breaks, end reasons, control
-        tokens kept as text)."""
+        """Run totals of the counters (episodes, errors, prefix breaks, end reasons, ...)."""
         with self.lock:
             out = dict(self.counts)
         out["env/escaped_special_tokens"] = float(self.delta.escaped)
@@ -310,8 +288,7 @@ class EnvSampler(SamplerBase):
 
 
 def episode_stats(rollouts: list[Rollout]) -> dict[str, float]:
-    """Per-step means over the episodes in ``rollouts``: turns, env tokens, generated tokens,
-    reward per turn (``env/reward_turn_<i>``), the share of each end reason."""
+    """Per-step means over the episodes in ``rollouts`` (turns, tokens, rewards, end reasons)."""
     eps = [r.episode for r in rollouts if r.episode is not None]
     if not eps:
         return {}
@@ -335,19 +312,12 @@ def episode_stats(rollouts: list[Rollout]) -> dict[str, float]:
 
 
 def env_row(record: Any) -> dict:
-    """The row an environment's ``reset`` gets from a `PromptRecord`: its prompt text, gold
-    answer, data row index and extra scalar columns."""
-    return {
-        **dict(record.metadata),
-        "prompt": record.prompt,
-        "answer": record.answer,
-        "row": record.row,
-    }
+    """What an environment's ``reset`` gets of a `PromptRecord`: metadata, prompt, answer, row."""
+    return dict(record.metadata, prompt=record.prompt, answer=record.answer, row=record.row)
 
 
 def make_env_sampler(cfg: Any, tokenizer: Any, inner_fn: Callable[[], Any]) -> EnvSampler | None:
-    """The `EnvSampler` of ``cfg.env`` (None when ``env.fn`` is empty); the trainer gives it the
-    rows of each batch it opens (`EnvSampler.add_rows`)."""
+    """The `EnvSampler` of ``cfg.env`` (None when ``env.fn`` is empty)."""
     if not cfg.env.enabled:
         return None
     factory = load_env_factory(cfg.env.fn, cfg.env.kwargs)

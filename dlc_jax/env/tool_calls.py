@@ -5,9 +5,6 @@ Qwen3 (like Hermes / Qwen2.5) writes each call as JSON between tags::
     <tool_call>
     {"name": "calc", "arguments": {"expr": "3+5"}}
     </tool_call>
-
-and its chat template renders a ``tool`` message as ``<tool_response>`` inside a user turn.
-`parse_tool_calls` returns the calls of a completion and the errors of the malformed ones.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ class ToolCall:
 
 
 def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
-    """(well-formed calls in order, one error per malformed ``<tool_call>`` block); an opening tag
-    without its closing tag counts as malformed."""
+    """(well-formed calls in order, one error per malformed or unclosed ``<tool_call>`` block)."""
     calls, errors = [], []
     for m in _CALL.finditer(text):
         body = m.group(1).strip()
@@ -63,25 +59,18 @@ def format_tool_call(name: str, arguments: dict) -> str:
 
 def function_schema(name: str, description: str, params: dict[str, str]) -> dict:
     """An OpenAI-style function schema with string parameters ``{name: description}``."""
+    props = {k: {"type": "string", "description": d} for k, d in params.items()}
+    schema = {"type": "object", "properties": props, "required": list(params)}
     return {
         "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {k: {"type": "string", "description": d} for k, d in params.items()},
-                "required": list(params),
-            },
-        },
+        "function": {"name": name, "description": description, "parameters": schema},
     }
 
 
 class ToolEnv:
-    """Base of a tool-using environment: a turn with tool calls gets one ``tool`` message per call
-    (the result or the error) and ``call_reward`` per well-formed call; a turn without is the
-    final answer, scored by `score`. Subclasses set ``functions`` ({name: callable}) and ``tools``
-    (their schemas) and implement `reset` and `score`."""
+    """A tool-using environment: a turn with tool calls gets one ``tool`` message per call and
+    ``call_reward`` per well-formed call; a turn without is the final answer, scored by `score`.
+    Subclasses set ``functions`` and ``tools`` (their schemas), implement `reset` and `score`."""
 
     functions: dict[str, Callable[..., Any]] = {}
     tools: list[dict] = []

@@ -1,8 +1,6 @@
 """dlc_jax.model: Flax NNX Qwen3 and Qwen3-MoE behind a model-family registry, HF checkpoint I/O,
-mesh/sharding rules, tiny test models.
-
-The names below are imported on first use (PEP 562), so importing a light module of the package
-(``dlc_jax.model.config``: the configs and the model shape the benchmarks share) imports no JAX."""
+mesh/sharding rules, tiny test models. Names are imported on first use (PEP 562), so importing a
+light module such as ``dlc_jax.model.config`` imports no JAX."""
 
 from __future__ import annotations
 

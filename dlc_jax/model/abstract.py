@@ -1,11 +1,8 @@
 """Shape-only models for ahead-of-time compilation (e.g. for TPU topologies from a CPU host).
 
-    model = abstract_model(config, mesh=mesh, param_dtype=jnp.float32, compute_dtype=jnp.bfloat16)
-    graphdef, params = abstract_params(model, mesh)   # ShapeDtypeStructs carrying NamedShardings
-    jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids)).lower(params, ids_struct).compile()
-
-The model's attention kernel, layer scan and remat policy come from `config` (attention_impl='auto'
-picks splash when the mesh holds TPU devices, abstract ones included).
+model = abstract_model(config, mesh=mesh, param_dtype=jnp.float32, compute_dtype=jnp.bfloat16)
+graphdef, params = abstract_params(model, mesh)   # ShapeDtypeStructs carrying NamedShardings
+jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids)).lower(params, ids_struct).compile()
 """
 
 from __future__ import annotations
@@ -29,20 +26,11 @@ def abstract_model(
     compute_dtype=jnp.float32,
     remat: bool | str | None = None,
 ) -> Qwen3ForCausalLM:
-    """`nnx.eval_shape` of the config's family model (`registry.py`), with activation sharding
-    constraints over `mesh` (None: none)."""
+    """`nnx.eval_shape` of the config's family model, with activation constraints over `mesh`."""
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
     model_cls = family_of(config).model_cls
-    return nnx.eval_shape(
-        lambda: model_cls(
-            config,
-            rngs=nnx.Rngs(0),
-            param_dtype=param_dtype,
-            compute_dtype=compute_dtype,
-            remat=remat,
-            act_sharding=act,
-        )
-    )
+    kw = dict(param_dtype=param_dtype, compute_dtype=compute_dtype, remat=remat, act_sharding=act)
+    return nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0), **kw))
 
 
 def abstract_params(model: Qwen3ForCausalLM, mesh: Mesh, rules=None):

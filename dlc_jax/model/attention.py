@@ -1,12 +1,7 @@
-"""Causal grouped-query self-attention behind one function, the kernel chosen by the platform.
-
-`self_attention(q, k, v, valid, segment_ids, impl=..., mesh=..., rules=...)`: query t of row b sees
-key s when s <= t, `valid[b, s]` and both share a segment id; K/V are never repeated; padding
-queries' rows are unspecified. `impl`: dense (the [B, KV, G, T, S] reference) | xla | cudnn |
-splash (Pallas TPU flash kernel under `shard_map`; interpret mode off TPU) | auto (by the platform
-of the mesh's devices, not `jax.default_backend()`). What each does and why: docs/MODEL.md,
-"Attention".
-"""
+"""Causal grouped-query self-attention: query t sees key s when s <= t, `valid[b, s]` and both share
+a segment id; padding queries' rows are unspecified. `impl`: dense (the reference) | xla | cudnn |
+splash (Pallas TPU kernel under `shard_map`; interpreted off TPU) | auto (by the platform of the
+mesh's devices, not `jax.default_backend()`). See docs/MODEL.md, "Attention"."""
 
 from __future__ import annotations
 
@@ -71,8 +66,7 @@ def dense_attention(q, k, v, mask):
 
 
 def masked_attention(q, k, v, mask, impl: str = "xla"):
-    """Attention with an explicit [B, T, S] bool mask (KV-cache decoding): 'dense' or jax.nn's
-    'xla'/'cudnn' (splash needs a causal self-attention layout and is not used here)."""
+    """Attention under an explicit [B, T, S] bool mask (KV-cache decoding): dense, xla or cudnn."""
     if impl == "dense":
         return dense_attention(q, k, v, mask)
     kind: Literal["cudnn", "xla"] = "cudnn" if impl == "cudnn" else "xla"
@@ -105,25 +99,16 @@ def self_attention(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Splash (TPU)
-# ---------------------------------------------------------------------------------------------
-def splash_block(length: int) -> int:
-    """Splash tile size for a (128-padded) sequence length."""
-    return next(b for b in _SPLASH_BLOCKS if length % b == 0)
-
-
+# ---- Splash (TPU) ----------------------------------------------------------------------------
 @functools.cache
 def _block_cached_causal_mask_class():
-    """CausalMask whose blocks are cached by diagonal offset (built lazily: Pallas is imported only
-    when splash is used)."""
+    """CausalMask with blocks cached by diagonal offset (built lazily: Pallas imports on use)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     class BlockCachedCausalMask(sm.CausalMask):
-        """Causal mask that returns one shared read-only array per (q_start - kv_start, block
-        shape). Splash's mask preprocessing reads every block of the T x T mask on the host; for a
-        causal mask a block depends only on its offset from the diagonal, so at 32k tokens this
-        computes ~130 distinct blocks instead of ~16k (7.7 s -> well under a second of tracing)."""
+        """One shared read-only block per (q_start - kv_start, block shape): splash reads every
+        block of the T x T mask on the host, and a causal block depends only on its diagonal
+        offset (at 32k tokens ~130 distinct blocks instead of ~16k)."""
 
         def __init__(self, shape: tuple[int, int]):
             super().__init__(shape)
@@ -149,17 +134,10 @@ def _splash_kernel(heads: int, length: int, interpret: bool):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-    blk = splash_block(length)
-    sizes = sk.BlockSizes(
-        block_q=blk,
-        block_kv=blk,
-        block_kv_compute=blk,
-        block_q_dkv=blk,
-        block_kv_dkv=blk,
-        block_kv_dkv_compute=blk,
-        block_q_dq=blk,
-        block_kv_dq=blk,
-    )
+    blk = next(b for b in _SPLASH_BLOCKS if length % b == 0)  # length: a multiple of 128
+    blocks = ("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")
+    kw: dict = {f"block_{b}": blk for b in blocks}
+    sizes = sk.BlockSizes(**kw)
     mask = sm.MultiHeadMask([_block_cached_causal_mask_class()((length, length))] * heads)
     with jax.ensure_compile_time_eval():  # concrete mask tables, safe to cache across traces
         return sk.make_splash_mha(
@@ -183,8 +161,7 @@ def _splash_local(q, k, v, seg, *, interpret: bool):
 
 
 def _splash_specs(q_shape, kv_heads: int, mesh: Mesh, rules) -> tuple[PartitionSpec, PartitionSpec]:
-    """(q/k/v spec, segment spec): batch as the activation rules shard it, heads over the rules'
-    head axes only when both H and KV divide."""
+    """(q/k/v spec, segment spec): batch as the rules shard it; heads only when H and KV divide."""
     b, t, h, hd = q_shape
     qspec = logical_to_spec(("batch", "length", "heads", "head_dim"), q_shape, mesh, rules)
     kspec = logical_to_spec(

@@ -1,7 +1,4 @@
-"""The blocks of the Qwen3 families (dense and MoE): parameters, RMSNorm, projections, the
-embedding, rotary embeddings, attention, the SwiGLU MLP and the decoder layer.
-
-Parameter layouts (HF names, so HF conversion is transpose/reshape only; see `qwen3.py`):
+"""The layers the Qwen3 families (dense and MoE) share. Parameter layouts (HF names):
     embedding / lm_head `weight`  [V, D]            (HF layout)
     norms `weight`                [D] or [head_dim]  (HF layout)
     projections `kernel`          in_dims + out_dims (HF weight transposed, then reshaped):
@@ -48,9 +45,7 @@ class RMSNorm(nnx.Module):
 
 
 class Projection(nnx.Module):
-    """Bias-free linear map contracting the last len(in_shape) axes.
-
-    kernel: [*in_shape, *out_shape]."""
+    """Bias-free linear map contracting the last len(in_shape) axes; kernel [*in, *out]."""
 
     def __init__(self, in_shape, out_shape, logical, *, rngs, param_dtype, compute_dtype):
         self.n_in = len(in_shape)
@@ -95,12 +90,8 @@ def apply_rope(x, cos, sin):
 
 class Qwen3Attention(nnx.Module):
     def __init__(self, cfg: Qwen3Config, *, rngs, param_dtype, compute_dtype, act_sharding):
-        d, h, kv, hd = (
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        )
+        d, h = cfg.hidden_size, cfg.num_attention_heads
+        kv, hd = cfg.num_key_value_heads, cfg.head_dim
         kw = dict(rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
         self.q_proj = Projection((d,), (h, hd), ("embed", "heads", "head_dim"), **kw)
         self.k_proj = Projection((d,), (kv, hd), ("embed", "kv_heads", "head_dim"), **kw)
@@ -130,13 +121,10 @@ class Qwen3Attention(nnx.Module):
 
     def with_cache(self, x, cos, sin, mask, k_cache, v_cache, index, layer=None):
         """Write this step's k/v at slots [index, index+T) of k/v_cache and attend over all S slots.
-
-        k/v_cache: [B,S,KV,hd] (layer None) or the stacked [L,B,S,KV,hd] with this layer at `layer`
-        (updated in place inside the scan)."""
+        k/v_cache: [B,S,KV,hd] (layer None) or stacked [L,B,S,KV,hd] with this layer at `layer`."""
         q, k, v = self.qkv(x, cos, sin)
 
         def write(cache, new):
-            """-> (the cache with ``new`` at its slots, this layer's [B,S,KV,hd] view of it)."""
             if layer is None:
                 cache = jax.lax.dynamic_update_slice(
                     cache, new.astype(cache.dtype), (0, index, 0, 0)
@@ -170,9 +158,8 @@ class Qwen3MLP(nnx.Module):
 
 
 class Qwen3DecoderLayer(nnx.Module):
-    """Pre-norm decoder layer: x + attn(norm(x)), then h + mlp(norm(h)). The one layer of both
-    families: a family subclass builds its MLP (`make_mlp`) and says what the MLP returns beside
-    its output (`feed_forward`; Qwen3-MoE: the routing)."""
+    """Pre-norm decoder layer: x + attn(norm(x)), then h + mlp(norm(h)). A family subclass builds
+    its MLP (`make_mlp`) and its per-layer output (`feed_forward`; Qwen3-MoE: the routing)."""
 
     def __init__(
         self, cfg: Qwen3Config, index: int = 0, *, rngs, param_dtype, compute_dtype, act_sharding
@@ -188,7 +175,6 @@ class Qwen3DecoderLayer(nnx.Module):
         self.act_sharding = act_sharding
 
     def make_mlp(self, cfg: Qwen3Config, index: int, **kw) -> nnx.Module:
-        """The MLP of layer `index`."""
         del index
         return Qwen3MLP(cfg, **kw)
 

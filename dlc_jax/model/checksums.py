@@ -16,8 +16,6 @@ def _as_uint32(x):
     if x.dtype == jnp.bool_:
         return x.astype(jnp.uint32)
     size = x.dtype.itemsize
-    if size == 4:
-        return jax.lax.bitcast_convert_type(x, jnp.uint32)
     if size in (1, 2):
         u = jnp.uint8 if size == 1 else jnp.uint16
         return jax.lax.bitcast_convert_type(x, u).astype(jnp.uint32)
@@ -26,8 +24,7 @@ def _as_uint32(x):
 
 def _leaf_digest(x):
     """(sum of bits*(2i+1), sum of rotl13(bits) ^ (i*golden), all finite) of one array, in
-    wrapping uint32 arithmetic: exact and order-free, so any sharding gives the same numbers.
-    Any single flipped bit changes both sums."""
+    wrapping uint32 arithmetic: order-free, so any sharding gives the same numbers."""
     bits = _as_uint32(x)
     idx = jnp.zeros(bits.shape, jnp.uint32)
     stride = 1
@@ -37,25 +34,21 @@ def _leaf_digest(x):
     h1 = jnp.sum(bits * (idx * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)
     rot = (bits << jnp.uint32(13)) | (bits >> jnp.uint32(19))
     h2 = jnp.sum(rot ^ (idx * jnp.uint32(0x9E3779B1)), dtype=jnp.uint32)
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        finite = jnp.all(jnp.isfinite(x))
-    else:
-        finite = jnp.asarray(True)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    finite = jnp.all(jnp.isfinite(x)) if floating else jnp.asarray(True)
     return h1, h2, finite
 
 
-# One program per distinct (shape, dtype, sharding), not per tree: a train state's structure
-# changes as theta_s snapshots come and go, and a whole-tree program was traced and compiled again
-# for every new structure (1-1.7 CPU-s each on a tiny model; a handful per run).
+# One program per (shape, dtype, sharding), not per tree: a train state's structure changes as
+# theta_s snapshots come and go, and each new structure would compile a whole-tree program again.
 _digest_leaf = jax.jit(_leaf_digest)
 
 
 def array_checksums(tree) -> tuple[dict[str, list[int]], list[str]]:
     """({array path: [h1, h2]}, [paths of float arrays holding NaN/Inf]) of a pytree of arrays."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    # one leaf's program finishes before the next starts: many small programs with cross-device
-    # reductions in flight at once missed XLA CPU's collective rendezvous deadline (SIGABRT) in
-    # an 8-device run on 2 cores
+    # one leaf at a time: many cross-device reductions in flight at once can miss XLA CPU's
+    # collective rendezvous deadline (SIGABRT)
     digests = [jax.device_get(_digest_leaf(x)) for _, x in leaves]
     sums, bad = {}, []
     for (path, _), (h1, h2, finite) in zip(leaves, digests):

@@ -11,6 +11,7 @@ from typing import Any
 ATTENTION_IMPLS = ("auto", "splash", "cudnn", "xla", "dense")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_attn_out", "save_dots_and_attn_out")
 SCAN_MIN_LAYERS = 8  # scan_layers=None scans models with at least this many layers
+_POSITIVE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim")
 
 
 class UnsupportedModelError(ValueError):
@@ -25,8 +26,7 @@ def check_choice(name: str, value: Any, choices: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
-    """The dimensions of a Qwen3 decoder (names as in HF `config.json`; Qwen3-0.6B's by default):
-    the first fields of `Qwen3Config`; the named ones are `SHAPES`."""
+    """A Qwen3 decoder's dimensions (HF `config.json` names; Qwen3-0.6B's by default)."""
 
     vocab_size: int = 151936
     hidden_size: int = 1024
@@ -39,8 +39,7 @@ class ModelShape:
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config(ModelShape):
-    """A Qwen3 decoder: its dimensions (`ModelShape`) and the rest of HF `config.json` (names as
-    there), then how the model runs."""
+    """A Qwen3 decoder: HF `config.json` fields, then how the model runs."""
 
     tie_word_embeddings: bool = True
     rope_theta: float = 1_000_000.0
@@ -50,15 +49,9 @@ class Qwen3Config(ModelShape):
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     # ---- how the model runs (not part of HF config.json; see docs/MODEL.md) ----
-    # attention kernel: auto (by the mesh's platform: splash on TPU, cudnn on GPU for bf16, dense on
-    # CPU) | splash | cudnn | xla | dense (the [B,KV,G,T,S] reference)
-    attention_impl: str = "auto"
-    # stack the decoder layers on the `layers` axis and run them with lax.scan (one compiled layer);
-    # None = scan when num_hidden_layers >= SCAN_MIN_LAYERS
-    scan_layers: bool | None = None
-    # what a decoder layer keeps for the backward pass: none (no remat) | full (recompute all) |
-    # save_dots (matmuls without batch dims) | save_attn_out | save_dots_and_attn_out
-    remat_policy: str = "none"
+    attention_impl: str = "auto"  # ATTENTION_IMPLS; auto: splash on TPU, cudnn on GPU (bf16), dense
+    scan_layers: bool | None = None  # lax.scan over stacked layers; None: >= SCAN_MIN_LAYERS layers
+    remat_policy: str = "none"  # REMAT_POLICIES: what a decoder layer keeps for the backward pass
 
     def __post_init__(self):
         check_choice("Qwen3Config.attention_impl", self.attention_impl, ATTENTION_IMPLS)
@@ -68,13 +61,7 @@ class Qwen3Config(ModelShape):
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
-        for f in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "head_dim",
-        ):
+        for f in _POSITIVE:
             if int(getattr(self, f)) <= 0:
                 raise ValueError(f"Qwen3Config.{f} must be positive, got {getattr(self, f)}")
 
@@ -97,8 +84,7 @@ class Qwen3Config(ModelShape):
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], **options) -> Qwen3Config:
-        """Build from an HF config dict (`options`: attention_impl / scan_layers / remat_policy);
-        raises `UnsupportedModelError` naming what is unsupported."""
+        """From an HF config dict and run `options`; `UnsupportedModelError` names what is not."""
         check_family(d, "Qwen3ForCausalLM", "qwen3")
         options.pop("moe_impl", None)  # a dense model has no experts: the kernel choice is moot
         options.pop("moe_dispatch", None)
@@ -131,10 +117,8 @@ class Qwen3Config(ModelShape):
             "use_cache": True,
             "dtype": "float32",
         }
-        for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if getattr(self, k) is not None:
-                d[k] = getattr(self, k)
-        return d
+        ids = {k: getattr(self, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        return d | {k: v for k, v in ids.items() if v is not None}
 
     def replace(self, **kw) -> Qwen3Config:
         return dataclasses.replace(self, **kw)
@@ -147,11 +131,9 @@ MOE_DISPATCHES = ("allgather", "all_to_all")
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3MoeConfig(Qwen3Config):
-    """Qwen3-MoE (HF `model_type: qwen3_moe`): Qwen3 attention; a sparse layer's MLP is a router
-    (`num_experts` logits, softmax in fp32, top `num_experts_per_tok`, renormalized when
-    `norm_topk_prob`) over experts of width `moe_intermediate_size`. Layer i is sparse unless it is
-    in `mlp_only_layers` or (i + 1) % `decoder_sparse_step` != 0 (then a dense MLP of
-    `intermediate_size`)."""
+    """Qwen3-MoE (HF `model_type: qwen3_moe`): a sparse layer's MLP routes each token to the top
+    `num_experts_per_tok` of `num_experts` experts of width `moe_intermediate_size`. Layer i is
+    sparse unless in `mlp_only_layers` or (i + 1) % `decoder_sparse_step` != 0."""
 
     num_experts: int = 128
     num_experts_per_tok: int = 8
@@ -161,13 +143,10 @@ class Qwen3MoeConfig(Qwen3Config):
     mlp_only_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.001  # HF's value, written back on export (we train with 0)
     # ---- how the model runs (not part of HF config.json; see docs/MODEL.md) ----
-    # expert matmuls: auto (megablox when the mesh's devices are TPUs, else ragged) | ragged
-    # (jax.lax.ragged_dot over expert-sorted tokens) | dense (every expert on every token, masked:
-    # the reference) | megablox (Pallas grouped matmul under shard_map; interpret mode off TPU)
+    # expert matmuls: auto (megablox on TPU, else ragged) | ragged (lax.ragged_dot) | dense (the
+    # masked reference) | megablox (Pallas grouped matmul under shard_map; interpreted off TPU)
     moe_impl: str = "auto"
-    # with megablox and tokens split over the `expert` axis: allgather (every peer's tokens,
-    # reduce-scatter back; the default: run on TPU hardware already) | all_to_all (each token only
-    # to the devices holding its experts, jax.lax.ragged_all_to_all; see moe_a2a.py)
+    # megablox, tokens split over `expert`: allgather (+ reduce-scatter) | all_to_all (moe_a2a.py)
     moe_dispatch: str = "allgather"
 
     def __post_init__(self):
@@ -198,8 +177,7 @@ class Qwen3MoeConfig(Qwen3Config):
 
     @property
     def uniform_layers(self) -> bool:
-        kinds = {self.is_sparse(i) for i in range(self.num_hidden_layers)}
-        return len(kinds) == 1
+        return len({self.is_sparse(i) for i in range(self.num_hidden_layers)}) == 1
 
     @property
     def use_scan(self) -> bool:
@@ -276,7 +254,7 @@ def hf_common_kwargs(d: dict[str, Any]) -> dict[str, Any]:
         raise UnsupportedModelError(f"unsupported hidden_act {d['hidden_act']!r}; expected 'silu'")
     theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
     hidden, heads = d["hidden_size"], d["num_attention_heads"]
-    kw = dict(
+    return dict(
         vocab_size=d["vocab_size"],
         hidden_size=hidden,
         intermediate_size=d["intermediate_size"],
@@ -292,13 +270,10 @@ def hf_common_kwargs(d: dict[str, Any]) -> dict[str, Any]:
         eos_token_id=d.get("eos_token_id"),
         pad_token_id=d.get("pad_token_id"),
     )
-    return kw
 
 
-# Named model dimensions, one table: the released Qwen3 sizes (`PRESETS`), the model `make_tiny`
-# writes with its defaults (`tiny`), and the small shapes the benchmarks and soaks build. Columns:
-# vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-# num_key_value_heads, head_dim.
+# Named model dimensions (released Qwen3 sizes, `make_tiny`'s defaults, benchmark and soak shapes),
+# in `ModelShape`'s field order.
 SHAPES: dict[str, ModelShape] = {
     name: ModelShape(*dims)
     for name, dims in {
@@ -324,13 +299,8 @@ def shape_kwargs(name: str, **changes: Any) -> dict[str, Any]:
 _COMMON: dict[str, Any] = dict(bos_token_id=151643, eos_token_id=151645, scan_layers=True)
 
 PRESETS: dict[str, Qwen3Config] = {
-    name: Qwen3Config(**shape_kwargs(name, tie_word_embeddings=tied), **_COMMON)
-    for name, tied in (
-        ("Qwen3-0.6B", True),
-        ("Qwen3-1.7B", True),
-        ("Qwen3-4B", True),
-        ("Qwen3-8B", False),
-    )
+    name: Qwen3Config(**shape_kwargs(name, tie_word_embeddings=name != "Qwen3-8B"), **_COMMON)
+    for name in ("Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B")
 }
 PRESETS["Qwen3-30B-A3B"] = Qwen3MoeConfig(
     **shape_kwargs("Qwen3-30B-A3B", tie_word_embeddings=False),

@@ -1,10 +1,6 @@
-"""HF checkpoint <-> NNX models of the registered families (`registry.py`), streaming one tensor
-at a time.
-
-Here: the HF names and shapes of a model's parameters, the two layouts' conversion, and the save:
-gather one parameter at a time and stream it into safetensors shards whose headers are planned up
-front from the shapes (host memory ~ one tensor). Load: `hf_load.load_hf`.
-"""
+"""HF names/shapes of a model's parameters, layout conversion, and `save_hf`: stream one gathered
+tensor at a time into safetensors shards planned from the shapes (host memory ~ one tensor).
+Loading: `hf_load.load_hf`."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ class CheckpointError(ValueError):
 
 
 def hf_param_shapes(config) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied), from the
-    config's model family (`registry.py`)."""
+    """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied)."""
     return family_of(config).hf_param_shapes(config)
 
 
@@ -54,11 +49,7 @@ def _hf_name(path: tuple) -> str:
 
 
 def _param_slots(state, num_layers: int) -> dict[str, tuple[tuple, tuple[int, ...]]]:
-    """HF name -> (nnx state path, leading indices) for every Param in `state`. The indices are ()
-    for a parameter that is one HF tensor; stacked (scanned) layer parameters [L, ...] map each HF
-    layer tensor to (path, (i,)); mixture-of-experts weights stacked on the expert axis
-    (`...mlp.experts.gate_proj.kernel` [E, ...], or [L, E, ...] scanned) map HF's per-expert
-    tensors `...mlp.experts.{e}.gate_proj.weight` to (path, (e,)) / (path, (i, e))."""
+    """HF name -> (nnx state path, leading indices: () or into layers and/or experts) per Param."""
     out: dict[str, tuple[tuple, tuple[int, ...]]] = {}
     for path, var in nnx.to_flat_state(state):
         layer_axis = path[:2] == ("model", "layers") and not isinstance(path[2], int)
@@ -80,9 +71,7 @@ def _param_slots(state, num_layers: int) -> dict[str, tuple[tuple, tuple[int, ..
 
 def _to_ours(hf: np.ndarray, path: tuple, our_shape: tuple) -> np.ndarray:
     """HF layout -> our layout: projection kernels are transposed then reshaped; others as is."""
-    if path[-1] == "kernel":
-        return np.ascontiguousarray(hf.T).reshape(our_shape)
-    return hf
+    return np.ascontiguousarray(hf.T).reshape(our_shape) if path[-1] == "kernel" else hf
 
 
 def _gather(x: jax.Array) -> np.ndarray:
@@ -94,20 +83,16 @@ def _gather(x: jax.Array) -> np.ndarray:
 
 
 def _np_dtype(dtype):
-    if dtype is None:
-        return None
-    return np.dtype(jnp.dtype(dtype))
+    return None if dtype is None else np.dtype(jnp.dtype(dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("hf_shape", "kernel", "transpose", "dtype"))
 def _to_hf_on_device(
     x: jax.Array, idx, *, hf_shape: tuple, kernel: bool, transpose: bool = True, dtype
 ) -> jax.Array:
-    """HF layout and export dtype computed where the parameter lives, so the device->host copy moves
-    the export bytes (half of fp32 for bf16). `idx`: a tuple of leading indices into a stacked
-    parameter ([L, ...] layers, [E, ...] experts, [L, E, ...]), () for none. A kernel comes back
-    as [out, in] (HF) with `transpose`, else as [in, out] (our layout flattened to 2-D) for the
-    host to transpose (`_host_transpose`)."""
+    """HF layout and export dtype computed on device, so the device->host copy moves export bytes.
+    `idx`: leading indices into a stacked parameter (see `_param_slots`). A kernel comes back as
+    [out, in] (HF) with `transpose`, else [in, out] for `_host_transpose`."""
     for i in idx:
         x = jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
     if kernel:
@@ -118,17 +103,13 @@ def _to_hf_on_device(
 
 
 def _as_uint(a: np.ndarray) -> np.ndarray:
-    """`a` viewed as unsigned ints of its item width (plain numpy copy loops, which release the
-    GIL; ml_dtypes' bfloat16 copies do not), else `a` itself."""
-    if a.dtype.itemsize in (1, 2, 4, 8):
-        return a.view(np.dtype(f"u{a.dtype.itemsize}"))
-    return a
+    """`a` viewed as unsigned ints of its width (their copies release the GIL), else `a` itself."""
+    return a.view(np.dtype(f"u{a.dtype.itemsize}")) if a.dtype.itemsize in (1, 2, 4, 8) else a
 
 
 def _host_transpose(a: np.ndarray, block_rows: int = 64) -> np.ndarray:
-    """`a.T` (2-D) as a new C-contiguous array, copied `block_rows` source rows at a time: the
-    block's source and destination stay in cache, 3-5x less CPU than `np.ascontiguousarray(a.T)`
-    and than XLA:CPU's transpose for MB-sized matrices. Bytes are moved as is (bit-identical)."""
+    """`a.T` (2-D) as a new C-contiguous array, bit-identical, copied `block_rows` rows at a time
+    (cache-friendly: 3-5x cheaper than `np.ascontiguousarray(a.T)` or XLA:CPU's transpose)."""
     rows, cols = a.shape
     out = np.empty((cols, rows), a.dtype)
     src, dst = _as_uint(a), _as_uint(out)
@@ -137,21 +118,14 @@ def _host_transpose(a: np.ndarray, block_rows: int = 64) -> np.ndarray:
     return out
 
 
-def _on_cpu(x: jax.Array) -> bool:
-    return all(d.platform == "cpu" for d in x.devices())
-
-
 def hf_device_tensors(
     model: Qwen3ForCausalLM, *, dtype=np.float32, host_transpose: bool | None = None
 ) -> Iterator[tuple[str, jax.Array, bool]]:
-    """Yield (HF name, device array, on_host) one tensor at a time, in `hf_param_shapes` order: the
-    layer slice and the cast run where the parameter lives (keeping its sharding); kernels are
-    transposed to HF [out, in] there too unless `on_host` (then the caller transposes after the
-    gather; `host_transpose` None = when the parameter lives on CPU devices, where XLA's transpose
-    costs 3-5x the host's blocked copy). `dtype=None` keeps the parameter dtype. The next tensor's
-    device work is dispatched before this one is yielded (JAX dispatch is asynchronous: it runs
-    while the caller copies this one out). Same order everywhere (multi-host: every process
-    converts the same tensors in the same order)."""
+    """Yield (HF name, device array, on_host) one tensor at a time, in `hf_param_shapes` order (the
+    same on every process). Slice and cast run on device; kernels are transposed to HF [out, in]
+    there unless `on_host` (the caller transposes after the gather; `host_transpose` None = when
+    the parameter lives on CPU). `dtype=None` keeps the parameter dtype. The next tensor is
+    dispatched before this one is yielded, so device work overlaps the caller's copy."""
     params = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(params))
     slots = _param_slots(params, model.config.num_hidden_layers)
@@ -161,7 +135,8 @@ def hf_device_tensors(
         p, idx = slots[name]
         value = flat[p].get_value()
         kernel = p[-1] == "kernel"
-        on_host = kernel and (_on_cpu(value) if host_transpose is None else host_transpose)
+        on_cpu = all(d.platform == "cpu" for d in value.devices())
+        on_host = kernel and (on_cpu if host_transpose is None else host_transpose)
         x = _to_hf_on_device(
             value,
             tuple(jnp.int32(i) for i in idx),
@@ -185,9 +160,7 @@ def hf_device_tensors(
 def iter_hf_tensors(
     model: Qwen3ForCausalLM, *, dtype=np.float32, host_transpose: bool | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (HF name, HF-layout numpy array) one tensor at a time, gathered to host: the tensors
-    of `hf_device_tensors` (same arguments), transposed on host where it says so. Tied models
-    yield no lm_head.weight; the bytes are the same whichever side transposes."""
+    """`hf_device_tensors` (same arguments) gathered to host as (HF name, HF-layout numpy array)."""
     for name, x, on_host in hf_device_tensors(model, dtype=dtype, host_transpose=host_transpose):
         a = _gather(x)
         yield name, _host_transpose(a) if on_host else np.ascontiguousarray(a)
@@ -205,8 +178,7 @@ _ST_DTYPES = {
 def _write_safetensors_stream(
     file: Path, entries: list[tuple[str, tuple, np.dtype]], tensors: Iterator
 ):
-    """Write a safetensors file whose header is built from `entries` (name, shape, dtype); the data
-    comes one array at a time from `tensors` (same order)."""
+    """Write a safetensors file: header from `entries` (name, shape, dtype), data from `tensors`."""
     header, offset = {}, 0
     for name, shape, dt in entries:
         n = int(math.prod(shape)) * dt.itemsize
@@ -238,10 +210,9 @@ def save_hf(
     max_shard_bytes: int = 2 * 1024**3,
     tokenizer_from=None,
 ) -> Path:
-    """Write an HF directory (config.json, safetensors shard(s) + index) loadable by transformers,
-    vLLM. `dtype` (e.g. jnp.bfloat16; default: the parameter dtype). Tokenizer files are copied from
-    `tokenizer_from`, else from the directory the model was loaded from (if any). Multi-host: every
-    process gathers, process 0 writes."""
+    """Write an HF directory (config.json, safetensors shard(s) + index) for transformers/vLLM in
+    `dtype` (default: the parameter dtype), with tokenizer files from `tokenizer_from` or the
+    model's source directory. Multi-host: every process gathers, process 0 writes."""
     path = Path(path)
     write = jax.process_index() == 0
     if write:

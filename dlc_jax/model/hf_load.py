@@ -1,11 +1,10 @@
-"""Loading an HF checkpoint into an NNX model of a registered family (`registry.py`), one tensor at
-a time: build the model abstractly (`nnx.eval_shape`), then for each parameter read its HF tensor
-with `safetensors.safe_open`, transpose/reshape it into our layout (`hf_io._to_ours`) and place it
-directly onto its NamedSharding (`jax.make_array_from_callback`: each device receives only its
-slice). The names, layouts and the save side are `hf_io.py`'s."""
+"""Load an HF checkpoint into a registered family's NNX model one tensor at a time: build it
+abstractly, then read each tensor, convert it to our layout and place it straight onto its
+NamedSharding (each device receives only its slice). Names, layouts and saving: `hf_io.py`."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 from pathlib import Path
@@ -73,8 +72,7 @@ def _stacked_zeros(shape: tuple, dtype, sharding):
 
 @functools.lru_cache(maxsize=256)
 def _layer_writer(sharding):
-    """jit(stacked, piece, idx) -> stacked with [*idx] = piece (idx: a tuple of leading indices);
-    stacked is donated (written in place)."""
+    """jit(stacked, piece, idx) -> stacked with [*idx] = piece, stacked donated (in place)."""
 
     def write(stacked, piece, idx):
         if len(idx) == 1:
@@ -99,16 +97,11 @@ def load_hf(
     moe_impl: str | None = None,
     moe_dispatch: str | None = None,
 ) -> Qwen3ForCausalLM:
-    """Load an HF directory into its family's model (`registry.py`: `Qwen3ForCausalLM`, ...), one
-    tensor at a time.
-
-    With `mesh`, each parameter goes straight onto `NamedSharding(mesh, rules(logical axes))` and
-    activation sharding constraints are enabled. Stacked (scanned) layer parameters are allocated
-    once on their sharding and each HF layer tensor is written into its slice in place.
-    `scan_layers` / `attention_impl` override the config's (None keeps the config default);
-    `remat` as in `Qwen3ForCausalLM`. Raises `CheckpointError` naming a missing, misshaped or
-    unexpected tensor, `UnsupportedModelError` for other architectures.
-    """
+    """Load an HF directory into its family's model, one tensor at a time. With `mesh`, parameters
+    go straight onto their NamedSharding and activation constraints are enabled; stacked layer
+    parameters are allocated once and written slice by slice in place. The run options override
+    the config's unless None; `remat` as in `Qwen3ForCausalLM`. Raises `CheckpointError` naming a
+    missing, misshaped or unexpected tensor, `UnsupportedModelError` for other architectures."""
     path = Path(path)
     options = dict(scan_layers=scan_layers, attention_impl=attention_impl)
     options.update(moe_impl=moe_impl, moe_dispatch=moe_dispatch)  # mixture-of-experts families
@@ -135,10 +128,7 @@ def load_hf(
 
     flat = dict(nnx.to_flat_state(params))
     stacked: dict[tuple, jax.Array] = {}
-    pieces_left: dict[tuple, int] = {}
-    for p, idx in slots.values():
-        if idx:
-            pieces_left[p] = pieces_left.get(p, 0) + 1
+    pieces_left = collections.Counter(p for p, idx in slots.values() if idx)
     for name, hf_shape in expected.items():
         p, idx = slots[name]
         var = flat[p]

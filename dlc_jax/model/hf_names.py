@@ -34,10 +34,8 @@ def _ends(c, out: dict) -> dict[str, tuple[int, ...]]:
 
 
 def qwen3_param_shapes(c) -> dict[str, tuple[int, ...]]:
-    """Qwen3 and Qwen3-MoE: HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when
-    tied). A sparse layer's MLP (`c.is_sparse`; never in dense Qwen3) is a router
-    `mlp.gate.weight` [E, D] and E experts `mlp.experts.{e}.{gate,up,down}_proj.weight` (the
-    per-expert names transformers saves and vLLM loads)."""
+    """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied). A sparse
+    layer's MLP is `mlp.gate.weight` [E, D] and `mlp.experts.{e}.{gate,up,down}_proj.weight`."""
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
     d = c.hidden_size
     for i in range(c.num_hidden_layers):
@@ -58,8 +56,7 @@ def _attention_params(c) -> int:
 
 
 def qwen3_matmul_params(c, *, active: bool = True) -> dict[str, int]:
-    """Qwen3 and Qwen3-MoE matmul parameters over all layers: a sparse layer (never in dense Qwen3)
-    has its router (D x E) and top-k experts per token (`active`) or all E experts."""
+    """Matmul parameters over all layers; a sparse layer: router + top-k (`active`) or E experts."""
     d = c.hidden_size
     experts = getattr(c, "num_experts_per_tok" if active else "num_experts", 0)
     decoder = down = 0

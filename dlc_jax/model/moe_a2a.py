@@ -1,14 +1,8 @@
-"""All-to-all token dispatch for expert parallelism (`moe_dispatch='all_to_all'`).
-
-Inside the megablox `shard_map` body (moe_dispatch.py), each device sends every token only to the
-devices holding at least one of its top-k experts (`need[j, t]`; capacity n * min(K, P) rows, the
-expert ids and gate weights with it); the receiver lays source i's rows at row i * n (unused rows:
-the sentinel expert E), runs its local experts (`_local_experts`) and returns one partial output per
-row by the reverse exchange, which the source scatter-adds. Nothing is dropped; `dispatch_bytes`
-counts the bytes against the all-gather path. `ragged_exchange` is the real `ragged_all_to_all` on
-TPU and `emulated_ragged_all_to_all` (all_gather + masked row gathers, same semantics,
-differentiable) elsewhere, so everything is tested on fake CPU devices. See docs/MODEL.md.
-"""
+"""All-to-all token dispatch for expert parallelism (`moe_dispatch='all_to_all'`): each device
+sends a token (with its expert ids and gate weights) only to the devices holding one of its
+experts; the receiver puts source i's rows at row i * n (unused rows: sentinel expert E), runs its
+local experts and sends partial outputs back, which the source scatter-adds. Nothing is dropped.
+Off TPU, `emulated_ragged_all_to_all` stands in for `ragged_all_to_all`. See docs/MODEL.md."""
 
 from __future__ import annotations
 
@@ -22,10 +16,8 @@ import numpy as np
 def emulated_ragged_all_to_all(
     operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name, size
 ):
-    """`jax.lax.ragged_all_to_all`'s semantics (its docstring) from all_gather + masked gathers, for
-    a mapped axis of static `size`: every device's slice `i` (for device i // (len / size)) of
-    `operand[input_offsets[i]:+send_sizes[i]]` is written on that device at `output_offsets[i]`.
-    `recv_sizes` is implied by the senders' sizes (kept for the same signature)."""
+    """`jax.lax.ragged_all_to_all`'s semantics from all_gather + masked gathers (differentiable),
+    for a mapped axis of static `size`. `recv_sizes` is implied (kept for the same signature)."""
     del recv_sizes
     me = jax.lax.axis_index(axis_name)
     per = input_offsets.shape[0] // size  # slices per destination device
@@ -48,9 +40,7 @@ def emulated_ragged_all_to_all(
 
 
 def ragged_exchange(*args, axis_name, size, emulate: bool):
-    """The exchange primitive on `ragged_all_to_all`'s arguments (operand, output, input_offsets,
-    send_sizes, output_offsets, recv_sizes): `jax.lax.ragged_all_to_all` (TPU), or its emulation
-    (`emulate`)."""
+    """`jax.lax.ragged_all_to_all(*args)`, or its emulation (`emulate`)."""
     if emulate:
         return emulated_ragged_all_to_all(*args, axis_name=axis_name, size=size)
     return jax.lax.ragged_all_to_all(*args, axis_name=axis_name)
@@ -68,8 +58,7 @@ def all_to_all_experts(
     emulate: bool,
 ):
     """x [n, D], experts / weights [n, K] (this device's tokens); `local_fn(x, experts, weights,
-    first_expert)` -> [rows, D] the weighted sum of this device's E / size experts per row.
-    Returns [n, D]: every token's full expert output (the module doc)."""
+    first_expert)` -> [rows, D] from this device's experts. Returns every token's output [n, D]."""
     n, k = experts.shape
     d = x.shape[-1]
     n_local = num_experts // size
@@ -113,13 +102,10 @@ def all_to_all_experts(
 def dispatch_bytes(
     experts, *, devices: int, num_experts: int, hidden: int, act_bytes: int = 2
 ) -> dict[str, float]:
-    """Bytes each device sends in one forward of one MoE layer over an expert axis of `devices`,
-    for the routing `experts` [devices, n, K] (global ids; device i's n tokens), mean over devices.
-
-    allgather: every token (D activations + K int32 ids + K weights) to every peer, then the
-    reduce-scatter of [P * n, D] partial outputs (each device sends (P - 1) * n rows).
-    all_to_all: each (token, other device holding one of its experts) row once, out and back.
-    The backward pass moves the same again (the transposed collectives)."""
+    """Mean bytes a device sends in one MoE layer's forward over an expert axis of `devices`, for
+    routing `experts` [devices, n, K]. allgather: every token to every peer, then the
+    reduce-scatter of partial outputs; all_to_all: each (token, remote expert device) row out
+    and back. The backward pass moves the same again."""
     e = np.asarray(experts)
     p, n, k = e.shape
     row_out = hidden * act_bytes + k * (4 + act_bytes)

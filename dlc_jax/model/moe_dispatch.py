@@ -1,17 +1,8 @@
-"""Mixture-of-experts expert matmuls as a Pallas grouped matmul (megablox) under `shard_map`.
-
-`megablox_experts(x, experts, weights, wg, wu, wd, mesh=..., rules=...)` computes, per token,
-
-    y[t] = sum_k weights[t, k] * down(silu(x[t] @ wg[e]) * (x[t] @ wu[e]))   with e = experts[t, k]
-
-with `jax.experimental.pallas.ops.tpu.megablox.ops.gmm` (own VJP) under `jax.shard_map` over the
-training mesh (a Pallas call cannot be partitioned by GSPMD): tokens stay on their batch shards,
-each device holds E / P experts of the `expert` axis (width split over `tensor` when it divides,
-partial sums `psum`-ed), and tokens split over `expert` too reach their experts by all-gather +
-`psum_scatter` (`dispatch='allgather'`) or `ragged_all_to_all` (`'all_to_all'`, moe_a2a.py).
-The (token, slot) pairs are sorted by expert and padded to the kernel's row tile; rows outside the
-local groups are zeroed before and after every kernel call. Details: docs/MODEL.md, "Qwen3-MoE".
-"""
+"""MoE expert matmuls as megablox's Pallas grouped matmul (`gmm`) under `jax.shard_map` (GSPMD
+cannot partition a Pallas call): y[t] = sum_k weights[t, k] * down(silu(x[t] @ wg[e]) * (x[t] @
+wu[e])), e = experts[t, k]. Each device holds E / P experts (width split over `tensor` when it
+divides, partial sums psum-ed); tokens split over `expert` reach their experts by all-gather +
+psum_scatter or ragged_all_to_all (moe_a2a.py). Details: docs/MODEL.md, "Qwen3-MoE"."""
 
 from __future__ import annotations
 
@@ -24,14 +15,13 @@ from jax.sharding import Mesh, PartitionSpec
 from .attention import mesh_platform
 from .config import MOE_DISPATCHES, MOE_IMPLS
 from .moe_a2a import all_to_all_experts
-from .sharding import logical_to_spec
+from .sharding import logical_to_spec, spec_axes
 
 TILE = 128  # the kernel's (m, k, n) tile, capped at each (padded) dimension
 
 
 def resolve_moe_impl(impl: str, mesh: Mesh | None) -> str:
-    """The concrete expert implementation `impl` ('auto' or one of MOE_IMPLS) stands for:
-    'auto' is megablox when the mesh's devices are TPUs, ragged otherwise."""
+    """The implementation `impl` stands for: 'auto' is megablox on a TPU mesh, else ragged."""
     if impl not in MOE_IMPLS:
         raise ValueError(f"moe_impl must be one of {MOE_IMPLS}, got {impl!r}")
     if impl != "auto":
@@ -44,10 +34,8 @@ def _round_up(x: int, m: int) -> int:
 
 
 def _tiling(m: int) -> tuple[int, int, int]:
-    """Tiles for an [m, k] @ [k, n] grouped matmul (m a multiple of the row tile). The backward
-    pass reuses them with k and n swapped and m as a last dimension, where a TPU block must be a
-    multiple of 128 or the whole dimension: so 128 for k and n (an edge tile is masked), and the
-    row tile for m."""
+    """Tiles for an [m, k] @ [k, n] grouped matmul. The backward pass swaps k and n and puts m
+    last, where a TPU block must be a multiple of 128 or the whole dimension: hence 128 for k, n."""
     return row_tile(m), TILE, TILE
 
 
@@ -93,8 +81,7 @@ def _local_experts(
 
 
 def _token_experts(x, experts, weights, wg, wu, wd, first_expert, num_experts, interpret):
-    """`_local_experts` over x [..., D] with experts / weights [..., K]: flattened to tokens and
-    back to x's shape."""
+    """`_local_experts` over x [..., D] with experts / weights [..., K], any leading shape."""
     flat = (a.reshape(-1, a.shape[-1]) for a in (x, experts, weights))
     kw = dict(first_expert=first_expert, num_experts=num_experts, interpret=interpret)
     return _local_experts(*flat, wg, wu, wd, **kw).reshape(x.shape)
@@ -147,10 +134,6 @@ def _sharded_block(
     return y.reshape(b, t, d)
 
 
-def _axes(entry) -> tuple[str, ...]:
-    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 def megablox_experts(
     x,
     experts,
@@ -165,9 +148,8 @@ def megablox_experts(
     dispatch: str = "allgather",
 ):
     """x [B, T, D], experts [B, T, K] int, weights [B, T, K], wg / wu [E, D, I], wd [E, I, D] ->
-    [B, T, D] in x's dtype (see the module doc). `dispatch` ('allgather' | 'all_to_all') is how
-    tokens split over the `expert` axis reach their experts' devices; with `interpret` (off TPU)
-    the all-to-all runs as its all-gather emulation (moe_a2a.py)."""
+    [B, T, D] in x's dtype. `dispatch`: 'allgather' | 'all_to_all'; with `interpret` (off TPU)
+    the all-to-all runs as its all-gather emulation."""
     if dispatch not in MOE_DISPATCHES:
         raise ValueError(f"moe_dispatch must be one of {MOE_DISPATCHES}, got {dispatch!r}")
     num_experts = wg.shape[0]
@@ -176,12 +158,12 @@ def megablox_experts(
     xspec = logical_to_spec(("batch", "length", "act_embed"), x.shape, mesh, rules)
     tok = PartitionSpec(xspec[0], None, None)
     wspec = logical_to_spec(("exp", "embed", "moe_mlp"), wg.shape, mesh, rules)
-    exp_axes, mlp_axes = _axes(wspec[0]), _axes(wspec[2])
+    exp_axes, mlp_axes = spec_axes(wspec[0]), spec_axes(wspec[2])
     if len(exp_axes) > 1 or len(mlp_axes) > 1:
         raise ValueError(f"moe_impl='megablox' needs one mesh axis per expert dim, got {wspec}")
     expert_axis = exp_axes[0] if exp_axes else None
     tensor_axis = mlp_axes[0] if mlp_axes else None
-    if tensor_axis in _axes(xspec[0]):  # tokens split over it already: keep the width whole
+    if tensor_axis in spec_axes(xspec[0]):  # tokens split over it already: keep the width whole
         tensor_axis = None
     up_spec = PartitionSpec(expert_axis, None, tensor_axis)
     down_spec = PartitionSpec(expert_axis, tensor_axis, None)
@@ -190,7 +172,7 @@ def megablox_experts(
         num_experts=num_experts,
         expert_axis=expert_axis,
         expert_size=1 if expert_axis is None else mesh.shape[expert_axis],
-        gather=expert_axis is not None and expert_axis in _axes(xspec[0]),
+        gather=expert_axis is not None and expert_axis in spec_axes(xspec[0]),
         tensor_axis=tensor_axis,
         interpret=interpret,
         dispatch=dispatch,

@@ -1,11 +1,6 @@
-"""Qwen3ForCausalLM in Flax NNX.
-
-The module tree mirrors the HF names (`model.embed_tokens`, `model.layers[i].self_attn.q_proj`, ...,
-`model.norm`, `lm_head`) so HF conversion is transpose/reshape only (see `hf_io.py`). A scanned
-model (`config.use_scan`) has one `model.layers` whose parameters carry a leading [L] axis
-("layers"). Parameter layouts and shapes: `blocks.py`, which holds the layers both families
-(dense and MoE) share.
-"""
+"""Qwen3ForCausalLM in Flax NNX. The module tree mirrors the HF names (`model.layers[i].self_attn.
+q_proj`, ...), so HF conversion is transpose/reshape only; a scanned model (`config.use_scan`)
+stacks the layers' parameters on a leading [L] axis. Shared layers and layouts: `blocks.py`."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ from .stack import make_stacked, resolve_remat, run_layers, run_layers_with_cach
 
 
 class Qwen3Model(nnx.Module):
-    """`layers`: an nnx.List of L decoder layers, or (config.use_scan) one decoder layer whose
-    parameters are stacked [L, ...] on the logical axis 'layers'."""
+    """`layers`: an nnx.List of L decoder layers, or (use_scan) one with parameters [L, ...]."""
 
     def __init__(self, cfg: Qwen3Config, *, rngs, param_dtype, compute_dtype, act_sharding):
         kw = dict(param_dtype=param_dtype, compute_dtype=compute_dtype)
@@ -55,11 +49,8 @@ class Qwen3Model(nnx.Module):
 
 class Qwen3ForCausalLM(nnx.Module):
     """Qwen3 causal LM. Parameters in `param_dtype`, math in `compute_dtype` (norms, softmax fp32).
-
-    How it runs comes from the config (`attention_impl`, `scan_layers`, `remat_policy`; see
-    docs/MODEL.md). `remat` overrides the config's policy: True = rematerialize each decoder layer
-    (the config's policy, or 'full' when that is 'none'), a policy name = that policy.
-    """
+    `remat` overrides the config's `remat_policy`: True = that policy ('full' if 'none'), or a
+    policy name. See docs/MODEL.md."""
 
     body_cls: type = Qwen3Model  # the decoder stack (`model.*`); a family subclass swaps it
 
@@ -99,17 +90,13 @@ class Qwen3ForCausalLM(nnx.Module):
     # ---- public API -----------------------------------------------------------------------
     def unembedding(self):
         """[V, D] output matrix (lm_head.weight, or the embedding table when tied), param dtype."""
-        if self.lm_head is None:
-            return self.model.embed_tokens.weight.get_value()
-        return self.lm_head.weight.get_value()
+        table = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        return table.weight.get_value()
 
     def hidden_states(self, input_ids, attention_mask=None, positions=None, segment_ids=None):
         """input_ids [B,T] int -> final-norm hidden states [B,T,D] (compute dtype).
-
-        attention_mask [B,T] (1 = real token; left or right padding), positions [B,T] (default
-        cumsum(mask)-1, or restart per segment), segment_ids [B,T] (packed sequences attend only
-        within their segment).
-        """
+        attention_mask [B,T] (1 = real token), positions [B,T] (default cumsum(mask)-1, restarting
+        per segment), segment_ids [B,T] (packed sequences attend only within their segment)."""
         return self.run_stack(input_ids, attention_mask, positions, segment_ids)[0]
 
     def run_stack(self, input_ids, attention_mask=None, positions=None, segment_ids=None, xs=None):
@@ -168,13 +155,9 @@ class Qwen3ForCausalLM(nnx.Module):
         return {"k": empty(), "v": empty(), "valid": valid, "index": jnp.zeros((), jnp.int32)}
 
     def forward_with_cache(self, input_ids, positions, cache: dict, attention_mask=None):
-        """Append T tokens to the cache and return their logits.
-
-        input_ids, positions [B,T] int; attention_mask [B,T] (1 = real token; default all real).
-        Tokens go to slots [index, index+T); each query attends to valid slots <= its own slot.
-        Prefill a left-padded prompt batch with T = prompt length (positions = cumsum(mask)-1),
-        then decode with T = 1. Returns (logits [B,T,V], new cache). Static shapes, jittable.
-        """
+        """Append T tokens (input_ids, positions, attention_mask [B,T]) at slots [index, index+T);
+        each query attends to valid slots <= its own. Prefill with T = prompt length, decode with
+        T = 1. Returns (logits [B,T,V], new cache). Static shapes, jittable."""
         return self.run_stack_with_cache(input_ids, positions, cache, attention_mask)[:2]
 
     def run_stack_with_cache(self, input_ids, positions, cache: dict, attention_mask=None):

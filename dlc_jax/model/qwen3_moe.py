@@ -1,17 +1,11 @@
 """Qwen3MoeForCausalLM in Flax NNX: Qwen3 attention, mixture-of-experts MLPs, routing replay.
-
-A sparse layer's `mlp` keeps HF's names (HF conversion, LoRA-by-path and vLLM's loader line up):
-`mlp.gate.weight` [E, D] (the router, logits in float32) and `mlp.experts.{gate,up}_proj.kernel`
-[E, D, I], `mlp.experts.down_proj.kernel` [E, I, D] (HF's per-expert weights, transposed; logical
-axes `exp`, `embed`, `moe_mlp`). A dense layer (`mlp_only_layers`, `decoder_sparse_step`) has
-Qwen3's MLP. Routing (HF `Qwen3MoeTopKRouter`), the expert implementations (`moe_impl`: ragged,
-megablox in moe_dispatch.py, dense) and routing replay (`routed_experts` [B, T, L, K]; the gate
-weights are the model's own probabilities at the replayed experts): docs/MODEL.md, "Qwen3-MoE".
-"""
+A sparse layer's `mlp` keeps HF's names: `mlp.gate.weight` [E, D] (router, float32 logits),
+`mlp.experts.{gate,up}_proj.kernel` [E, D, I], `mlp.experts.down_proj.kernel` [E, I, D]. Routing,
+`moe_impl` (ragged, megablox, dense) and replay: docs/MODEL.md, "Qwen3-MoE"."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +19,7 @@ from .qwen3 import Qwen3ForCausalLM, Qwen3Model
 
 
 class Routing(NamedTuple):
-    """What a forward routed: `experts` [B, T, L, K] int32 (the model's own top-k per decoder
-    layer; zeros at dense layers) and `aux_loss` [] (the load-balancing loss, mean over sparse
-    layers; 0 without any)."""
+    """`experts` [B, T, L, K] int32 (own top-k; 0 at dense layers), `aux_loss` [] (sparse mean)."""
 
     experts: jax.Array
     aux_loss: jax.Array
@@ -74,8 +66,7 @@ class Experts(nnx.Module):
         self.down_proj = _Kernel((e, i, d), ("exp", "moe_mlp", "embed"), rngs, param_dtype)
 
     def __call__(self, x, experts, weights):
-        """x [B, T, D], experts / weights [B, T, K] -> sum_k weights[..., k] * expert_k(x)
-        [B, T, D]."""
+        """x [B, T, D], experts / weights [B, T, K] -> sum_k weights[..., k] * expert_k(x)."""
         dt = self.compute_dtype
         wg, wu, wd = (
             p.kernel.get_value().astype(dt) for p in (self.gate_proj, self.up_proj, self.down_proj)
@@ -85,24 +76,11 @@ class Experts(nnx.Module):
         mesh = self.act_sharding.mesh
         impl = resolve_moe_impl(self.impl, mesh)
         if impl == "megablox":
-            return megablox_experts(
-                x,
-                experts,
-                weights,
-                wg,
-                wu,
-                wd,
-                mesh=mesh,
-                rules=self.act_sharding.rules,
-                interpret=mesh_platform(mesh) != "tpu",
-                dispatch=self.dispatch,
-            )
+            kw: dict[str, Any] = dict(mesh=mesh, rules=self.act_sharding.rules)
+            kw.update(interpret=mesh_platform(mesh) != "tpu", dispatch=self.dispatch)
+            return megablox_experts(x, experts, weights, wg, wu, wd, **kw)
         b, t, d = x.shape
-        x, experts, weights = (
-            x.reshape(b * t, d),
-            experts.reshape(b * t, -1),
-            weights.reshape(b * t, -1),
-        )
+        x, experts, weights = (a.reshape(b * t, -1) for a in (x, experts, weights))
         if impl == "dense":
             h = jax.nn.silu(jnp.einsum("nd,edi->nei", x, wg)) * jnp.einsum("nd,edi->nei", x, wu)
             out = jnp.einsum("nei,eid->ned", h, wd)
@@ -132,33 +110,24 @@ class Router(nnx.Module):
     """`weight` [E, D] (HF layout), applied in float32."""
 
     def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype):
-        self.weight = param(
-            rngs, (cfg.num_experts, cfg.hidden_size), param_dtype, ("exp", "embed"), "normal"
-        )
+        shape = (cfg.num_experts, cfg.hidden_size)
+        self.weight = param(rngs, shape, param_dtype, ("exp", "embed"), "normal")
 
     def __call__(self, x):
-        return jnp.einsum(
-            "nd,ed->ne", x.astype(jnp.float32), self.weight.get_value().astype(jnp.float32)
-        )
+        w = self.weight.get_value().astype(jnp.float32)
+        return jnp.einsum("nd,ed->ne", x.astype(jnp.float32), w)
 
 
 class Qwen3MoeSparseBlock(nnx.Module):
-    def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype, compute_dtype, act_sharding):
+    def __init__(self, cfg: Qwen3MoeConfig, *, rngs, param_dtype, **kw):
         self.gate = Router(cfg, rngs=rngs, param_dtype=param_dtype)
-        self.experts = Experts(
-            cfg,
-            rngs=rngs,
-            param_dtype=param_dtype,
-            compute_dtype=compute_dtype,
-            act_sharding=act_sharding,
-        )
+        self.experts = Experts(cfg, rngs=rngs, param_dtype=param_dtype, **kw)
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.num_experts = cfg.num_experts
 
     def __call__(self, x, valid, replay=None):
-        """x [B, T, D], valid [B, T] bool, replay [B, T, K] or None -> (y [B, T, D], own top-k
-        [B, T, K], load-balancing loss [])."""
+        """x [B,T,D], valid [B,T], replay [B,T,K] | None -> (y, own top-k [B,T,K], aux loss [])."""
         b, t, d = x.shape
         flat = x.reshape(b * t, d)
         rep = None if replay is None else replay.reshape(b * t, -1)
@@ -169,8 +138,7 @@ class Qwen3MoeSparseBlock(nnx.Module):
 
 
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
-    """Qwen3's decoder layer with a sparse MLP (`Qwen3MoeSparseBlock`) where `cfg.is_sparse`; its
-    per-layer output is (own top-k [B,T,K] (zeros when dense), load-balancing loss [])."""
+    """Qwen3's decoder layer, sparse where `cfg.is_sparse`; outputs (own top-k, aux loss)."""
 
     def __init__(self, cfg: Qwen3MoeConfig, index: int = 0, **kw):
         self.sparse = cfg.is_sparse(index)
@@ -193,10 +161,8 @@ class Qwen3MoeModel(Qwen3Model):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    """Qwen3-MoE causal LM (the module docstring); everything else as `Qwen3ForCausalLM`.
-
-    `hidden_states` / `__call__` take `routed_experts` (replay) and, with `return_routing=True`,
-    return `(output, Routing)`."""
+    """Qwen3-MoE causal LM: `Qwen3ForCausalLM` whose `hidden_states` / `__call__` take
+    `routed_experts` (replay) and, with `return_routing=True`, return `(output, Routing)`."""
 
     body_cls = Qwen3MoeModel
     config: Qwen3MoeConfig
@@ -211,8 +177,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         return_routing: bool = False,
     ):
         """As `Qwen3ForCausalLM.hidden_states`; `routed_experts` [B, T, L, K] int replays those
-        experts in every sparse layer. Returns h [B, T, D], or (h, Routing) with
-        `return_routing`."""
+        experts in every sparse layer. Returns h [B, T, D], or (h, Routing)."""
         xs = None
         if routed_experts is not None:
             xs = jnp.moveaxis(jnp.asarray(routed_experts, jnp.int32), 2, 0)  # [L, B, T, K]
@@ -224,8 +189,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         return h, routing
 
     def __call__(self, *args, **kwargs):
-        """Logits [B, T, V] of `hidden_states(*args, **kwargs)` (with `return_routing`:
-        `(logits, Routing)`)."""
+        """Logits [B, T, V] of `hidden_states(...)`, or `(logits, Routing)`."""
         out = self.hidden_states(*args, **kwargs)
         if isinstance(out, tuple):
             return self.logits_from_hidden(out[0]), out[1]
@@ -234,8 +198,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def forward_with_cache(
         self, input_ids, positions, cache: dict, attention_mask=None, return_routing=False
     ):
-        """As `Qwen3ForCausalLM.forward_with_cache`; with `return_routing` also the routed
-        experts [B, T, L, K] of the T new tokens."""
+        """As `Qwen3ForCausalLM.forward_with_cache`, plus routed experts [B,T,L,K] on request."""
         logits, new_cache, (top_i, _) = self.run_stack_with_cache(
             input_ids, positions, cache, attention_mask
         )

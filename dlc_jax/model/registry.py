@@ -1,18 +1,7 @@
-"""Model families keyed by the HF `model_type`: one place that says, for each architecture this
-package implements, its config class, NNX module, HF tensor names, matmul parameter counts and what
-the samplers support.
-
-Everything outside `dlc_jax.model` that needs "the model" (loading, export, `dlc-jax plan`, FLOPs
-counts, the JAX sampler backend) asks the registry instead of naming a family:
-
-    family = family_of(config)                   # or family_for_hf(config_dict)
-    config = config_from_pretrained(path, scan_layers=True)
-    model = family.model_cls(config, rngs=nnx.Rngs(0))
-    family.hf_param_shapes(config)               # {HF name: HF shape}
-    family.decoder_matmul_params(config)         # active per token, all layers (FLOPs count)
-
-The module class is imported lazily (the registry is imported by light modules such as the plan).
-"""
+"""Model families keyed by the HF `model_type`: each architecture's config class, NNX module, HF
+tensor names, matmul parameter counts and sampler support. Code outside `dlc_jax.model` asks the
+registry (`family_of(config)`, `config_from_pretrained(path)`, `build_model(config)`) instead of
+naming a family. Module classes are imported lazily (light modules such as the plan import this)."""
 
 from __future__ import annotations
 
@@ -51,13 +40,9 @@ class ModelFamily:
         return _resolve(self.names_module)(config)
 
     def matmul_params(self, config, *, active: bool = True) -> dict[str, int]:
-        """Matmul parameter counts summed over the decoder layers: {'decoder': all layer matmuls,
-        'down': the layers' last matmul (MLP down projections), 'vocab': the output projection}.
-        `active`: the parameters one token multiplies (top-k experts), else all of them."""
+        """Matmul parameter counts over the decoder layers: {'decoder': all, 'down': MLP down
+        projections, 'vocab': the output projection}; `active`: what one token multiplies."""
         return _resolve(self.counts_module)(config, active=active)
-
-    def decoder_matmul_params(self, config, *, active: bool = True) -> int:
-        return self.matmul_params(config, active=active)["decoder"]
 
 
 def _resolve(spec: str) -> Any:
@@ -95,8 +80,7 @@ register(
 
 
 def family_for_hf(d: dict[str, Any]) -> ModelFamily:
-    """The family of an HF config dict: by `model_type`, else by `architectures`. Raises
-    `UnsupportedModelError` naming what it found and what is supported."""
+    """The family of an HF config dict: by `model_type`, else by `architectures`."""
     model_type = d.get("model_type")
     if model_type in FAMILIES:
         return FAMILIES[model_type]
@@ -130,6 +114,5 @@ def config_from_pretrained(path, **options):
 
 
 def build_model(config, **kwargs):
-    """`family_of(config).model_cls(config, **kwargs)`."""
     cls: Callable[..., Any] = family_of(config).model_cls
     return cls(config, **kwargs)

@@ -1,13 +1,6 @@
-"""Routing replay for mixture-of-experts training: the `moe` config section, the step's
-`routed_experts` array built from the sampler's rollouts, and the routing-mismatch metrics.
-
-`moe.router_replay: sampler` asks the sampler for each rollout's routed experts
-(`SamplingParams.return_routed_experts`), lays them out like the step's token arrays
-(`routed_batch`: [B, L, layers, K], the routing of the token at each position) and the train step
-and the theta_s forward replay them (`Qwen3MoeForCausalLM(..., routed_experts=...)`): each sparse
-layer uses the sampler's experts with gate weights from the trainer's own router. `off` (default)
-lets the trainer route by itself.
-"""
+"""MoE routing replay: the `moe` config section, the step's `routed_experts` array built from the
+sampler's rollouts, and routing-mismatch metrics. With `moe.router_replay: sampler` the train step
+and the theta_s forward use the sampler's experts, with gate weights from the trainer's router."""
 
 from __future__ import annotations
 
@@ -22,11 +15,8 @@ ROUTER_REPLAY = ("off", "sampler")
 
 @dataclasses.dataclass
 class MoeSection:
-    """`moe.*`: mixture-of-experts training options (a dense model ignores them).
-
-    router_replay: off | sampler (replay the sampler's routed experts in the train step and the
-    theta_s forward). load_balance_loss: weight of the load-balancing loss (0 = off, the usual RL
-    setting)."""
+    """`moe.*` (a dense model ignores them). router_replay: off | sampler (replay the sampler's
+    routed experts). load_balance_loss: weight of the load-balancing loss (0 = off)."""
 
     router_replay: Literal["off", "sampler"] = "off"
     load_balance_loss: float = 0.0
@@ -39,10 +29,8 @@ class MoeSection:
 
 
 def routed_batch(rollouts: list, seq_index: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """[B, L, layers, K] int32: at each batch position, the sampler's routed experts of that
-    rollout's token (`seq_index` / `positions` as in `PackedBatch`; rollout i holds routing for
-    its positions 0..P+T-2). Positions without routing (padding, a rollout's last token, filler
-    rollouts) get 0 (their outputs are masked out)."""
+    """[B, L, layers, K] int32: the sampler's routed experts of each batch position's token
+    (`seq_index` / `positions` as in `PackedBatch`); positions without routing get 0."""
     shapes = [r.routed_experts.shape[1:] for r in rollouts if r.routed_experts is not None]
     if not shapes:
         raise ValueError(
@@ -61,11 +49,9 @@ def routed_batch(rollouts: list, seq_index: np.ndarray, positions: np.ndarray) -
 
 
 def routing_mismatch(own, sampler, mask, sparse) -> dict:
-    """Agreement of the trainer's own top-k `own` with the sampler's `sampler` ([B, L, layers, K])
-    over positions with `mask` [B, L] > 0 and sparse layers (`sparse` [layers] bool), as sets
-    (order within the top-k does not matter). Returns {'moe/routing_agreement': mean share of a
-    token's experts both chose, 'moe/routing_agreement_l{i}': per layer, 'moe/tokens_flipped':
-    share of tokens with any differing expert in any layer}."""
+    """Set agreement of the trainer's top-k `own` with `sampler`'s ([B, L, layers, K]) over `mask`
+    [B, L] > 0 and sparse layers (`sparse` [layers] bool): 'moe/routing_agreement' (mean share of
+    a token's experts both chose), '..._l{i}' per layer, 'moe/tokens_flipped' (any differs)."""
     own = jnp.sort(jnp.asarray(own), axis=-1)
     smp = jnp.sort(jnp.asarray(sampler).astype(own.dtype), axis=-1)
     same = jnp.mean((own[..., :, None] == smp[..., None, :]).any(-1), axis=-1)  # [B, L, layers]

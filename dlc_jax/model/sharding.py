@@ -1,9 +1,6 @@
-"""Device mesh and logical-axis sharding rules for the Qwen3 model.
-
-Every parameter carries logical axis names (`out_sharding` metadata, e.g. ("embed", "mlp")); a rule
-table maps each logical name to mesh axes. A dimension whose size is not divisible by the mesh
-axes it maps to is replicated instead (e.g. 2 KV heads on a tensor axis of 4).
-"""
+"""Device mesh and logical-axis sharding rules. Parameters carry logical axis names (`out_sharding`
+metadata); a rule table maps each to mesh axes. A dimension not divisible by its mesh axes is
+replicated instead (e.g. 2 KV heads on a tensor axis of 4)."""
 
 from __future__ import annotations
 
@@ -40,9 +37,8 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Mesh shape; -1 on one axis = all remaining devices. `expert` > 1 adds an `expert` axis
-    (expert parallelism: the experts of a mixture-of-experts layer are split over it, and tokens
-    are data-parallel over it); `shape` then gives (data, fsdp, tensor) of the rest."""
+    """Mesh shape; -1 on one axis = all remaining devices. `expert` > 1 adds an `expert` axis (MoE
+    experts split over it, tokens data-parallel over it); `shape` gives (data, fsdp, tensor)."""
 
     data: int = 1
     fsdp: int = -1
@@ -71,8 +67,7 @@ class MeshConfig:
 
 
 def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh, with `expert` before tensor when cfg.expert > 1, over `devices`
-    (default: all global devices, multi-host aware)."""
+    """A (data, fsdp[, expert], tensor) mesh over ``devices`` (default: all global devices)."""
     cfg = cfg or MeshConfig()
     devices = list(jax.devices() if devices is None else devices)
     shape: tuple[int, ...] = cfg.shape(len(devices))
@@ -85,14 +80,12 @@ def make_mesh(cfg: MeshConfig | None = None, devices: Sequence[jax.Device] | Non
     n_slices = len({getattr(d, "slice_index", 0) for d in devices})
     try:
         if n_slices > 1 and shape[0] % n_slices == 0:
-            # multi-slice (DCN between slices): split the data axis across slices,
-            # ICI inside a slice
+            # multi-slice: the data axis spans slices (DCN), ICI inside a slice
             arr = mesh_utils.create_hybrid_device_mesh(
                 (shape[0] // n_slices, *shape[1:]), (n_slices,) + (1,) * (len(shape) - 1), devices
             )
         else:
-            # single slice (possibly many hosts): topology-aware ICI mesh over the global
-            # device list
+            # single slice (possibly many hosts): topology-aware ICI mesh
             arr = mesh_utils.create_device_mesh(shape, devices)
     except (ValueError, NotImplementedError, AssertionError):
         arr = np.asarray(devices).reshape(shape)
@@ -103,11 +96,15 @@ def _rules_dict(rules) -> dict:
     return dict(LOGICAL_RULES if rules is None else rules)
 
 
+def spec_axes(entry) -> tuple[str, ...]:
+    """The mesh axis names of a PartitionSpec entry (None, a name or a tuple of names)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def logical_to_spec(
     logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules=None
 ) -> PartitionSpec:
-    """PartitionSpec for an array of `shape` with `logical` axis names; indivisible dims
-    replicate."""
+    """PartitionSpec for an array of `shape` with `logical` axis names (indivisible: replicated)."""
     return spec_on(logical, shape, mesh.shape, rules)
 
 
@@ -122,8 +119,9 @@ def spec_on(
     out = []
     for name, size in zip(logical, shape):
         target = table.get(name) if name is not None else None
-        axes = (target,) if isinstance(target, str) else tuple(target or ())
-        axes = tuple(a for a in axes if a in mesh_shape and mesh_shape[a] > 1 and a not in used)
+        axes = tuple(
+            a for a in spec_axes(target) if a in mesh_shape and mesh_shape[a] > 1 and a not in used
+        )
         # keep the longest prefix of the mesh axes whose product divides the dimension
         while axes and size % math.prod(mesh_shape[a] for a in axes):
             axes = axes[:-1]
@@ -132,29 +130,12 @@ def spec_on(
     return PartitionSpec(*out)
 
 
-def batch_axes(rows: int, mesh: Mesh, rules=None):
-    """The PartitionSpec entry a [rows, ...] batch is split over (the `batch` rule's mesh axes
-    that divide ``rows``): an axis name, a tuple of them, or None."""
-    return spec_on(("batch",), (rows,), mesh.shape, rules)[0]
-
-
-def _names(entry) -> tuple[str, ...]:
-    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-
-
-def batch_shards(rows: int, mesh: Mesh, rules=None) -> int:
-    """How many parts a [rows, ...] batch is split into (the size of its `batch_axes`)."""
-    return math.prod(mesh.shape[a] for a in _names(batch_axes(rows, mesh, rules)))
-
-
 def logprob_axes(rows: int, seq_len: int, mesh_shape: Mapping[str, int], rules=None):
-    """(rows, positions): the PartitionSpec entries the log-prob chunk loop splits a [rows,
-    seq_len] batch over (`dlc_jax.rl.sharded_token_logprobs`) on a mesh of {axis: size}: the rows
-    over the `batch` rule's axes that divide them, each row's positions over the longest run of
-    the other axes (size > 1, in mesh order) whose product divides ``seq_len``; so no device
-    computes another's log-probs."""
+    """(rows, positions): the PartitionSpec entries `dlc_jax.rl.sharded_token_logprobs` splits a
+    [rows, seq_len] batch over on a mesh of {axis: size}: rows over the `batch` rule's axes that
+    divide them, positions over the longest run of the other axes whose product divides seq_len."""
     row_axes = spec_on(("batch",), (rows,), mesh_shape, rules)[0]
-    rest = tuple(a for a, n in mesh_shape.items() if n > 1 and a not in _names(row_axes))
+    rest = tuple(a for a, n in mesh_shape.items() if n > 1 and a not in spec_axes(row_axes))
     while rest and seq_len % math.prod(mesh_shape[a] for a in rest):
         rest = rest[:-1]
     return row_axes, (None if not rest else rest[0] if len(rest) == 1 else rest)
@@ -163,20 +144,18 @@ def logprob_axes(rows: int, seq_len: int, mesh_shape: Mapping[str, int], rules=N
 def logprob_shards(
     rows: int, seq_len: int, mesh_shape: Mapping[str, int], rules=None
 ) -> tuple[int, int]:
-    """(parts the rows are split into, parts each row's positions are split into) by
-    `logprob_axes`."""
-    row_axes, position_axes = logprob_axes(rows, seq_len, mesh_shape, rules)
-    return (
-        math.prod(mesh_shape[a] for a in _names(row_axes)),
-        math.prod(mesh_shape[a] for a in _names(position_axes)),
+    """(parts the rows are split into, parts each row's positions are split into)."""
+    row, pos = (
+        math.prod(mesh_shape[a] for a in spec_axes(e))
+        for e in logprob_axes(rows, seq_len, mesh_shape, rules)
     )
+    return row, pos
 
 
 def logprob_vocab_axes(mesh: Mesh, rows, positions) -> tuple[str, ...]:
-    """The axes of `logprob_axes`' entries the trainer splits the vocabulary over
-    (`dlc_jax.rl.vocab_parallel`): all of them, less `data` when the mesh spans several slices
-    (its data axis crosses DCN, too slow for the per-chunk collectives)."""
-    axes = _names(rows) + _names(positions)
+    """The axes of `logprob_axes`' entries `dlc_jax.rl.vocab_parallel` splits the vocabulary over:
+    all, less `data` on a multi-slice mesh (DCN is too slow for per-chunk collectives)."""
+    axes = spec_axes(rows) + spec_axes(positions)
     devices = np.asarray(mesh.devices).ravel()
     if len({getattr(d, "slice_index", 0) for d in devices}) > 1:
         axes = tuple(a for a in axes if a != "data")
@@ -184,14 +163,12 @@ def logprob_vocab_axes(mesh: Mesh, rows, positions) -> tuple[str, ...]:
 
 
 def batch_replication(rows: int, mesh: Mesh, rules=None) -> int:
-    """How many times each row of a [rows, ...] batch is computed: the product of the mesh axes the
-    `batch` rule names (size > 1) over the product of those `logical_to_spec` can shard ``rows``
-    over. 1 = an even split; e.g. 16 rows per micro-batch on fsdp 32 replicate (32): every chip
-    computes every row, in the model and in every `shard_map` kernel under it."""
-    target = _rules_dict(rules).get("batch")
-    names = (target,) if isinstance(target, str) else tuple(target or ())
+    """How many times each row of a [rows, ...] batch is computed: the size of the `batch` rule's
+    mesh axes over that of those dividing ``rows`` (1 = an even split; 16 rows on fsdp 32: 32)."""
+    names = spec_axes(_rules_dict(rules).get("batch"))
     wanted = math.prod(mesh.shape[a] for a in names if a in mesh.shape)
-    return wanted // batch_shards(rows, mesh, rules)
+    split = spec_on(("batch",), (rows,), mesh.shape, rules)[0]
+    return wanted // math.prod(mesh.shape[a] for a in spec_axes(split))
 
 
 def named_sharding(logical, shape, mesh: Mesh, rules=None) -> NamedSharding:
@@ -200,8 +177,7 @@ def named_sharding(logical, shape, mesh: Mesh, rules=None) -> NamedSharding:
 
 @dataclasses.dataclass(frozen=True)
 class ActivationSharding:
-    """Mesh + rules used for activation constraints inside the model (hashable: static module
-    attr)."""
+    """Mesh + rules for activation constraints inside the model (hashable: a static attribute)."""
 
     mesh: Mesh | None = None
     rules: tuple | None = None
@@ -234,9 +210,7 @@ def model_shardings(model, mesh: Mesh, rules=None):
     state = nnx.state(model, nnx.Param)
 
     def one(v):
-        axes = param_logical_axes(v)
-        if axes is None:
-            axes = (None,) * len(v.shape)
+        axes = param_logical_axes(v) or (None,) * len(v.shape)
         return v.replace(named_sharding(axes, v.shape, mesh, rules))
 
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
@@ -255,14 +229,7 @@ def shard_model(model, mesh: Mesh, rules=None):
         is_leaf=lambda x: isinstance(x, nnx.Variable),
     )
     nnx.update(model, placed)
-    set_activation_sharding(model, mesh, rules)
-    return model
-
-
-def set_activation_sharding(model, mesh: Mesh | None, rules=None):
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
-    from flax import nnx
-
     for _, m in nnx.iter_modules(model):
         if hasattr(m, "act_sharding"):
             m.act_sharding = act

@@ -1,10 +1,6 @@
-"""Decoder-layer stacks: remat policies, stacked (scanned) layers, and the layer loops.
-
-Scanned models keep one `Qwen3DecoderLayer` whose parameters carry a leading `layers` axis
-(logical axis "layers", created with `nnx.vmap`); the forward runs it with `jax.lax.scan`, so XLA
-compiles one layer body instead of L copies. Unscanned models keep an `nnx.List` of layers and loop
-in Python. Both apply the same remat policy to each layer.
-"""
+"""Decoder-layer stacks: remat policies, stacked (scanned) layers, and the layer loops. A scanned
+model keeps one layer with parameters on a leading "layers" axis and runs it with `lax.scan` (one
+compiled body); an unscanned one loops over an `nnx.List` in Python."""
 
 from __future__ import annotations
 
@@ -40,14 +36,11 @@ def resolve_remat(remat, config_policy: str) -> str:
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be a bool or one of {REMAT_POLICIES}, got {remat!r}")
         return remat
-    if remat and config_policy == "none":
-        return "full"
-    return config_policy
+    return "full" if remat and config_policy == "none" else config_policy
 
 
 def with_remat(fn: Callable, policy: str, *, in_scan: bool) -> Callable:
-    """fn wrapped in jax.checkpoint with the named policy (fn itself for 'none'). Outside a scan
-    the recomputation is protected from CSE; inside one the loop already prevents it."""
+    """fn under jax.checkpoint with the named policy (CSE-protected outside a scan); 'none': fn."""
     if policy == "none":
         return fn
     return jax.checkpoint(fn, policy=checkpoint_policy(policy), prevent_cse=not in_scan)
@@ -56,8 +49,7 @@ def with_remat(fn: Callable, policy: str, *, in_scan: bool) -> Callable:
 def make_stacked(
     make_layer: Callable[[nnx.Rngs], nnx.Module], n: int, rngs: nnx.Rngs
 ) -> nnx.Module:
-    """n layers built by make_layer, as one module whose parameters have a leading [n] axis
-    named 'layers' in their logical axes."""
+    """n layers built by make_layer as one module with parameters on a leading 'layers' axis."""
 
     @nnx.split_rngs(splits=n)
     @nnx.vmap(
@@ -92,12 +84,9 @@ def run_layers(layers, x, xs, step: Callable, *, scanned: bool, policy: str):
 
 
 def run_layers_with_cache(layers, x, k_cache, v_cache, step: Callable, *, scanned: bool):
-    """KV-cache pass. step(layer, x, k, v, layer_index) -> (x, k, v, y); returns (x, k, v, ys
-    stacked on a leading [L] axis; None when every y is None).
-
-    Scanned: k/v_cache are stacked [L, B, S, KV, hd] arrays carried through the scan and updated in
-    place (step writes its layer's slots with dynamic_update_slice at `layer_index`). Unscanned:
-    tuples of per-layer [B, S, KV, hd] arrays (layer_index None); nothing is restacked."""
+    """KV-cache pass. step(layer, x, k, v, layer_index) -> (x, k, v, y); returns (x, k, v, ys on a
+    leading [L] axis). Scanned: k/v_cache are [L, B, S, KV, hd] carried through the scan (step
+    writes at `layer_index`); unscanned: tuples of [B, S, KV, hd] (layer_index None)."""
     if scanned:
         graphdef, state = nnx.split(layers)
         n = jax.tree.leaves(state)[0].shape[0]

@@ -1,13 +1,5 @@
-"""Write a tiny random Qwen3 HF directory with an offline-trained ChatML tokenizer.
-
-Nothing is downloaded: the tokenizer is a byte-level BPE trained with `tokenizers` on a generated
-corpus (English-ish text, digits, arithmetic such as "12+7=19", ChatML turns), and the weights come
-from `transformers.Qwen3ForCausalLM(Qwen3Config(...))` under a fixed torch seed (deterministic).
-
-Output directory layout (what transformers and vLLM expect):
-    config.json  generation_config.json  model.safetensors (fp32)
-    tokenizer.json  tokenizer_config.json  special_tokens_map.json  chat_template.jinja
-"""
+"""Write a tiny random Qwen3 HF directory with a ChatML tokenizer, offline and deterministic: a
+byte-level BPE trained on a generated corpus, weights from transformers under a fixed torch seed."""
 
 from __future__ import annotations
 
@@ -84,8 +76,7 @@ def generate_corpus(n_lines: int = 20000, seed: int = 0) -> list[str]:
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int):
-    """Byte-level BPE (Qwen-style split) with the ChatML specials appended at the end of the
-    vocab."""
+    """Byte-level BPE (Qwen-style split) with the ChatML specials at the end of the vocab."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -162,14 +153,9 @@ def make_tiny(
     moe_intermediate_size: int = 64,
     norm_topk_prob: bool = True,
 ) -> Path:
-    """Write a tiny random Qwen3 HF directory (fp32 safetensors + ChatML tokenizer) to `out_dir`.
-    `num_experts` > 0 writes a Qwen3-MoE instead (every layer sparse, top `num_experts_per_tok` of
-    `num_experts` experts of width `moe_intermediate_size`).
-
-    The model's vocab size is the tokenizer's real size (the BPE trainer may produce fewer than
-    `vocab_size` tokens on a small corpus). Deterministic for a given seed and corpus.
-    Returns the directory path.
-    """
+    """Write a tiny random Qwen3 HF directory (fp32 safetensors + ChatML tokenizer) to `out_dir`;
+    `num_experts` > 0 writes a Qwen3-MoE (every layer sparse). The vocab size is the tokenizer's
+    real size (BPE may produce fewer than `vocab_size`). Returns the directory path."""
     import torch
     import transformers
 
@@ -181,16 +167,10 @@ def make_tiny(
     real_vocab = tok.get_vocab_size()
 
     moe = num_experts > 0
-    extra = (
-        dict(
-            num_experts=num_experts,
-            num_experts_per_tok=num_experts_per_tok,
-            moe_intermediate_size=moe_intermediate_size,
-            norm_topk_prob=norm_topk_prob,
-        )
-        if moe
-        else {}
-    )
+    extra = {}
+    if moe:
+        extra = dict(num_experts=num_experts, num_experts_per_tok=num_experts_per_tok)
+        extra.update(moe_intermediate_size=moe_intermediate_size, norm_topk_prob=norm_topk_prob)
     arch = "Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"
     cfg = getattr(transformers, "Qwen3MoeConfig" if moe else "Qwen3Config")(
         vocab_size=real_vocab,
@@ -250,10 +230,8 @@ def cli(argv: list[str]) -> int:
         ("--experts-per-tok", "num_experts_per_tok", None),
         ("--moe-intermediate", "moe_intermediate_size", None),
     ):
-        metavar = flag[2:].upper().replace("-", "_")
-        p.add_argument(
-            flag, dest=key, type=int, default=defaults[key].default, help=help, metavar=metavar
-        )
+        default, metavar = defaults[key].default, flag[2:].upper().replace("-", "_")
+        p.add_argument(flag, dest=key, type=int, default=default, help=help, metavar=metavar)
     p.add_argument(
         "--tied",
         dest="tie_word_embeddings",

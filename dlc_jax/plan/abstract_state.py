@@ -1,11 +1,6 @@
 """The run's state as shapes with shardings: model, theta_t, optimizer state, theta_s snapshots and
-the worst-case batch, over a mesh of (abstract) devices. Nothing is allocated.
-
-The model is built the way the trainer builds it (``dlc_jax.trainer.loop``): the config's dtypes,
-remat, and any run options the model config knows (attention kernel, scanned layers, remat policy)
-copied from the ``model`` section; parameter shardings come from the logical-axis rules, the
-optimizer state's from compiling ``tx.init`` for the mesh (as ``jax.jit(tx.init)`` places it).
-"""
+the worst-case batch, over a mesh of (abstract) devices; nothing is allocated. The model is built
+as ``dlc_jax.trainer.loop`` builds it (dtypes, remat, run options from the ``model`` section)."""
 
 from __future__ import annotations
 
@@ -35,11 +30,9 @@ MOE_RUN_OPTIONS = ("moe_impl", "moe_dispatch")
 
 
 def model_config(model_section):
-    """Model config for the ``model`` section: ``path``'s config.json (any registered family, see
-    ``dlc_jax.model.registry``) when it exists, else the preset
-    named by the path's last component (``/data/models/Qwen3-1.7B``) or by ``preset``; ``tiny``
-    (and an empty path) are the dims ``make_tiny`` writes. Run options present in the section are
-    applied."""
+    """Model config for the ``model`` section: ``path``'s config.json when it exists, else the
+    preset named by the path's last component or by ``preset`` (``tiny``: ``make_tiny``'s dims),
+    with the section's run options applied."""
     from dlc_jax.model import PRESETS, Qwen3Config
     from dlc_jax.model.registry import config_from_hf
 
@@ -71,9 +64,7 @@ def model_config(model_section):
 
 
 def plan_mesh(mesh_section, devices: list, num_slices: int):
-    """The trainer's (data, fsdp, tensor) mesh over ``devices``. With several slices the data axis
-    spans them (data-parallel over DCN): ``data`` is multiplied by the slice count when it does not
-    already divide it. Returns (mesh, note)."""
+    """(the trainer's mesh over ``devices``, note); with several slices ``data`` spans them."""
     from dlc_jax.model import MeshConfig, make_mesh
 
     data, fsdp, tensor = mesh_section.data, mesh_section.fsdp, mesh_section.tensor
@@ -95,8 +86,7 @@ def plan_mesh(mesh_section, devices: list, num_slices: int):
 
 
 def data_axis_spans_slices(mesh) -> bool:
-    """True when every slice of the mesh's 'data' axis holds devices of one TPU slice only (the data
-    axis is the one that crosses slices, over DCN), and there is more than one slice."""
+    """True when there are several TPU slices and each 'data' index holds devices of one only."""
     devs = np.asarray(mesh.devices)
     slice_of = np.vectorize(lambda d: getattr(d, "slice_index", 0))(devs)
     per_data = [set(slice_of[i].flat) for i in range(devs.shape[0])]
@@ -140,18 +130,10 @@ def batch_structs(rows: int, seq_len: int, head_k: int, mesh, packed: bool = Fal
     """The step batch (``dlc_jax.trainer.step.STEP_KEYS``), rows sharded over ('data', 'fsdp')."""
     sh = NamedSharding(mesh, P(("data", "fsdp")))
     k = max(int(head_k), 0)
-    two = {
-        "input_ids": jnp.int32,
-        "targets": jnp.int32,
-        "positions": jnp.int32,
-        "attention_mask": jnp.int32,
-        "mask": jnp.float32,
-        "lp_q": jnp.float32,
-        "lp_s": jnp.float32,
-        "self_mask": jnp.bool_,
-        "segment_ids": jnp.int32,
-    }
-    three = {"head_ids": jnp.int32, "lq_head": jnp.float32, "lps_head": jnp.float32}
+    i32, f32 = jnp.int32, jnp.float32
+    two = dict(input_ids=i32, targets=i32, positions=i32, attention_mask=i32, mask=f32, lp_q=f32)
+    two.update(lp_s=f32, self_mask=jnp.bool_, segment_ids=i32)
+    three = dict(head_ids=i32, lq_head=f32, lps_head=f32)
     out = {n: jax.ShapeDtypeStruct((rows, seq_len), dt, sharding=sh) for n, dt in two.items()}
     out.update(
         {n: jax.ShapeDtypeStruct((rows, seq_len, k), dt, sharding=sh) for n, dt in three.items()}
@@ -202,17 +184,7 @@ def abstract_run(cfg, mesh) -> AbstractRun:
             sharding=batch["input_ids"].sharding,
         )
     return AbstractRun(
-        mesh=mesh,
-        qcfg=qcfg,
-        model=model,
-        graphdef=graphdef,
-        params=params,
-        opt_state=opt_state,
-        batch=batch,
-        tx=tx,
-        rows=rows,
-        seq_len=seq_len,
-        trainable=trainable,
+        mesh, qcfg, model, graphdef, params, opt_state, batch, tx, rows, seq_len, trainable
     )
 
 

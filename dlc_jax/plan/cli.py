@@ -67,15 +67,8 @@ def _parser() -> ArgumentParser:
     return p
 
 
-def _quiet_libtpu() -> None:
-    # libtpu logs to stderr from C++; keep stderr for the one-line verdict
-    os.environ.setdefault("TPU_STDERR_LOG_LEVEL", "3")
-    os.environ.setdefault("TPU_MIN_LOG_LEVEL", "3")
-
-
 def plan_from_args(args) -> dict:
-    """The plan of ``args``; bad input (config, topology, slices, efficiency) raises a one-line
-    user error before anything is compiled."""
+    """The plan of ``args``; bad input raises a one-line user error before anything compiles."""
     from dlc_jax.plan.report import build_plan
     from dlc_jax.plan.topology import parse_topology
     from dlc_jax.trainer.config import load_config
@@ -98,10 +91,11 @@ def plan_from_args(args) -> dict:
 
 
 def cli(argv: list[str]) -> int:
-    """Exit 0 when it fits, 1 when not; user errors are raised (`dlc_jax.cli` prints them in one
-    line, exit 2)."""
+    """Exit 0 when it fits, 1 when not; user errors are raised (`dlc_jax.cli` prints them)."""
     args = _parser().parse_args(argv)
-    _quiet_libtpu()
+    # libtpu logs to stderr from C++; keep stderr for the one-line verdict
+    os.environ.setdefault("TPU_STDERR_LOG_LEVEL", "3")
+    os.environ.setdefault("TPU_MIN_LOG_LEVEL", "3")
     result = plan_from_args(args)
     from dlc_jax.plan.markdown import plan_markdown
     from dlc_jax.plan.report import table

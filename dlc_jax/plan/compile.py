@@ -1,9 +1,6 @@
 """Ahead-of-time compilation of the run's programs for the plan's devices, and what XLA reports.
-
-A program that does not fit fails inside the TPU compiler with ``RESOURCE_EXHAUSTED: ... HLO
-temporaries (154.65G) exceeds available HBM (95.74G)``; :func:`compile_program` turns that into a
-:class:`ProgramReport` with ``oom`` set instead of an exception.
-"""
+A compile that runs out of HBM (``RESOURCE_EXHAUSTED: ... exceeds available HBM``) becomes a
+:class:`ProgramReport` with ``oom`` set instead of an exception."""
 
 from __future__ import annotations
 
@@ -25,10 +22,8 @@ _UNIT = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 @dataclasses.dataclass
 class ProgramReport:
     """Per-device memory (bytes) and cost of one compiled program. ``peak`` = arguments + outputs +
-    temporaries - aliased (what the program needs while it runs). ``xla_flops`` is XLA's cost
-    analysis of the per-device program (a while/scan body is counted once; custom Pallas kernels
-    count 0). ``oom``: the compiler's message when it ran out of HBM (sizes then are the
-    compiler's)."""
+    temporaries - aliased. ``xla_flops``: XLA's cost analysis (loop bodies once, Pallas kernels 0).
+    ``oom``: the compiler's message when it ran out of HBM (sizes then are the compiler's)."""
 
     name: str
     compile_s: float
@@ -126,9 +121,7 @@ _COLLECTIVE_RE = re.compile(
 
 
 def collective_bytes(hlo: str) -> dict[str, int]:
-    """Bytes each kind of collective produces on one device, summed over the optimized HLO's
-    collective instructions (their result shapes; an async ``-start`` counted once, its
-    ``-done`` not). Like XLA's cost analysis, a loop body's instructions are counted once."""
+    """Result bytes per collective kind on one device (async pairs once, loop bodies once)."""
     out: dict[str, int] = {}
     for shape, kind in _COLLECTIVE_RE.findall(hlo):
         b = shape_bytes(shape)
@@ -140,8 +133,7 @@ def collective_bytes(hlo: str) -> dict[str, int]:
 
 
 def windowed_loops(hlo: str) -> int:
-    """Distinct HLO names that mark a collective matmul (``windowed_dot_general`` loops and their
-    bodies) in the optimized HLO: 0 when no matmul was windowed."""
+    """Distinct HLO names marking a collective matmul (``windowed_dot_general`` loops, bodies)."""
     return len(set(re.findall(r"%([\w.]*windowed[\w.]*)", hlo)))
 
 

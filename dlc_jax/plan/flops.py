@@ -1,36 +1,22 @@
 """Analytic FLOPs of one DLC step, and what XLA's cost analysis is expected to see of them.
 
-Convention (PaLM/Megatron MFU): a [m,k]x[k,n] matmul costs 2mkn, backward = 2x forward. Per token
-the dense part is 2 x (decoder matmul params + vocabulary projection) forward, so a train step costs
-6·N·tokens; attention adds 4·T·hd·H per token per layer forward (the full T x T square, which a
-dense/XLA kernel computes; a causal flash kernel such as splash skips about half). On top of that
-the hardware does:
+Convention (PaLM/Megatron MFU): a [m,k]x[k,n] matmul costs 2mkn, backward = 2x forward, so a train
+step costs 6·N·tokens; attention adds 4·T·hd·H per token per layer forward (the full T x T square;
+splash skips about half). The hardware also does: the remat recompute (per policy, less the MLP
+down projection: rule 5); the log-prob chunks' vocabulary projection again in the backward pass
+(vocab-parallel over ``StepShape.vocab_shards`` devices, else split along D by XLA); and the
+theta_s forward when the batch has lagged tokens (counted once).
 
-* remat recompute: the decoder forward again in the backward pass, less the MLP down projection
-  (rule 5 below) (policy ``full``; ``save_dots`` saves the matmuls and recomputes attention;
-  ``save_attn_out`` recomputes the matmuls; none with ``none`` / ``save_dots_and_attn_out``);
-* the log-prob chunks (``dlc_jax.rl.token_logprobs``) are rematerialized: the vocabulary projection
-  runs again in the backward pass. On a mesh the trainer splits the vocabulary over the n devices
-  that split the positions (``dlc_jax.rl.vocab_parallel``; ``StepShape.vocab_shards``): a chunk is
-  ``chunk_size`` positions of each device, each device's matmul [n x chunk_size, D] x [D, V/n];
-  otherwise (0: top-k/top-p, or plans before it) XLA splits each chunk of ``chunk_size`` positions
-  along D over the chips;
-* the theta_s forward (no gradient) when the batch has lagged tokens (DLC: one per lagged version;
-  counted once here).
-
-How XLA's ``cost_analysis()`` of the compiled per-device program counts it (each rule measured;
-evidence in "How the FLOPs are counted", docs/bench/PLAN.md):
+How XLA's ``cost_analysis()`` counts the per-device program (evidence: docs/bench/PLAN.md):
 
 1. a while loop's body counts once: the micro-batch scan, the layer scan and the chunk map;
 2. a Pallas kernel (splash attention) counts 0;
 3. with more than one slice the backward layer body, and the train step's micro-batch body when
    there are several micro-batches, is peeled out of its loop and counts twice;
-4. a collective matmul ("windowed einsum", a ``windowed_dot_general`` loop of fsdp/2 iterations)
-   is seen at 4/fsdp of its FLOPs; which matmuls get one is the compiler's choice, so the count is
-   a range, none windowed (``xla_visible_*``) to all layer matmuls windowed
-   (``xla_all_windowed_*``), and :func:`explain` says where XLA's count lies;
-5. the remat recompute skips a layer's last matmul (the MLP down projection, whose output the
-   backward pass does not need); the hardware does not run it either.
+4. a collective matmul ("windowed einsum", fsdp/2 iterations) is seen at 4/fsdp of its FLOPs;
+   which matmuls get one is the compiler's choice, so the count is a range from none
+   (``xla_visible_*``) to all layer matmuls windowed (``xla_all_windowed_*``);
+5. the remat recompute skips a layer's MLP down projection (the backward pass needs no output).
 
 Everything else XLA counts (norms, softmax, RoPE, the optimizer update) adds a few percent.
 """
@@ -57,27 +43,22 @@ class StepShape:
     snapshot_forward: bool = True  # False for resync.policy=onpolicy (no theta_s forward)
     fsdp: int = 1  # size of the mesh's fsdp axis (collective matmuls loop over its shards)
     slices: int = 1  # TPU slices (data-parallel over DCN)
-    # devices the log-prob path splits the vocabulary over (rl.vocab_parallel; chunk_size is then
-    # per device); 0: the flattened chunks of chunk_size positions, split along D by XLA
+    # devices the log-prob path splits the vocabulary over (chunk_size is then per device); 0:
+    # flattened chunks split along D by XLA
     vocab_shards: int = 0
-    # devices a micro-batch's positions are split over in that path (>= vocab_shards: across
-    # slices the data axis splits rows but not the vocabulary); 0: vocab_shards
+    # devices a micro-batch's positions are split over (>= vocab_shards); 0: vocab_shards
     position_shards: int = 0
 
 
 def model_matmul_params(cfg) -> dict[str, int]:
-    """Matmul parameters one token multiplies, from the config's model family
-    (``dlc_jax.model.registry``): {'decoder': all decoder layers, 'down': their MLP down
-    projections, 'vocab': the output projection}. A mixture-of-experts layer counts its router and
-    its top-k experts."""
+    """Matmul parameters a token multiplies: {'decoder', 'down', 'vocab'} (MoE: router + top-k)."""
     from dlc_jax.model.registry import family_of
 
     return family_of(cfg).matmul_params(cfg, active=True)
 
 
 def layer_matmul_params(cfg) -> int:
-    """Matmul parameters of one decoder layer (the mean over layers; for dense Qwen3: the q, k, v,
-    o projections and the 3 MLP ones) that one token multiplies."""
+    """Matmul parameters one token multiplies in one decoder layer (mean over layers)."""
     return model_matmul_params(cfg)["decoder"] // cfg.num_hidden_layers
 
 
@@ -95,8 +76,7 @@ def _parts(cfg, tokens: int, rows: int, seq_len: int) -> dict:
 
 
 def _remat_recompute(policy: str, layers: float, attn: float, down: float) -> float:
-    """The layer forward work the backward pass redoes, less the layer's last matmul (the MLP down
-    projection: rule 5 of the module doc)."""
+    """The layer forward work the backward pass redoes, less the MLP down projection (rule 5)."""
     return {
         "none": 0.0,
         "full": layers - down + attn,
@@ -107,8 +87,7 @@ def _remat_recompute(policy: str, layers: float, attn: float, down: float) -> fl
 
 
 def _xla_view(cfg, s: StepShape, p: dict, mm_seen: float) -> dict:
-    """Per-device FLOPs XLA's cost analysis is expected to report (rules 1-3 of the module doc),
-    with the layer matmuls seen at ``mm_seen`` of their FLOPs (1: none windowed; rule 4)."""
+    """Per-device FLOPs XLA is expected to report (rules 1-3), layer matmuls seen at ``mm_seen``."""
     layer_bodies = 1 if s.scanned_layers else cfg.num_hidden_layers
     per_body = float(s.micro_batches * cfg.num_hidden_layers)  # one layer of one micro-batch
     mm = p["layers_fwd"] / per_body * mm_seen
@@ -129,9 +108,8 @@ def _xla_view(cfg, s: StepShape, p: dict, mm_seen: float) -> dict:
         chunk = p["vocab_fwd"] / (s.micro_batches * n_chunks)  # one log-prob chunk's projection
     layers_step = layer_bodies * (fwd + peeled * bwd) / s.chips
     layers_snap = layer_bodies * fwd / s.chips
-    # the chunk map body: forward + rematerialized forward + backward (2x) = 4 projections; split
-    # over the chips, or (when XLA cannot split a chunk over the rows' devices) whole on each
-    # (vocab-parallel: ``chunk`` is chips x one device's share, so / chips is that share)
+    # the chunk map body: forward + remat forward + backward (2x) = 4 projections, split over the
+    # chips or (XLA could not split a chunk) whole on each
     return {
         "train_step": mb_peeled * (layers_step + 4.0 * chunk / s.chips),
         "train_step_chunks_replicated": mb_peeled * (layers_step + 4.0 * chunk),
@@ -194,17 +172,15 @@ def step_flops(cfg, s: StepShape) -> dict:
 
 
 def chunks_replicated(fl: dict, xla_step: float) -> bool:
-    """Whether XLA's count of the train step is closer to the log-prob chunks computed whole on
-    every chip than split over the chips (the chunk loop then does chips-times the vocabulary
-    work)."""
+    """Whether XLA's step count is nearer log-prob chunks whole on every chip than split."""
     split = fl["xla_visible_train_step_per_device"]
     repl = fl["xla_visible_train_step_per_device_chunks_replicated"]
     return repl > 1.2 * split and abs(xla_step - repl) < abs(xla_step - split)
 
 
 def windowed_share(pred: float, all_windowed: float, xla: float) -> float | None:
-    """Share of the layer matmuls' FLOPs that XLA's count implies ran as collective matmuls
-    (0..1), or None when the count is outside the range the two predictions span."""
+    """Share (0..1) of layer matmul FLOPs XLA's count implies ran as collective matmuls, or None
+    outside the predicted range."""
     if pred <= all_windowed:
         return None
     share = (pred - xla) / (pred - all_windowed)
@@ -212,7 +188,7 @@ def windowed_share(pred: float, all_windowed: float, xla: float) -> float | None
 
 
 def _verdict(name: str, xla: float, pred: float, low: float) -> str:
-    """One sentence on one program: XLA's count against the prediction (and the windowed range)."""
+    """One sentence: XLA's count of a program against the prediction (and the windowed range)."""
     ratio = xla / pred if pred else float("nan")
     text = f"{name}: XLA {xla:.3e}, predicted {pred:.3e} ({ratio:.2f}x)"
     if MATCH_LOW <= ratio <= ELEMENTWISE_SLACK:
@@ -236,9 +212,7 @@ def explain(fl: dict, xla_step: float, xla_snap: float, s: StepShape) -> str:
     repl = chunks_replicated(fl, xla_step)
     key = "xla_visible_train_step_per_device" + ("_chunks_replicated" if repl else "")
     loops = fl["loops"]
-    why = [
-        f"XLA counts each loop body once (micro-batch scan x{loops['micro_batch_scan']}",
-    ]
+    why = [f"XLA counts each loop body once (micro-batch scan x{loops['micro_batch_scan']}"]
     if loops["layer_scan"] > 1:
         why.append(f"layer scan x{loops['layer_scan']}")
     why.append(f"log-prob chunk map x{loops['logprob_chunks']} per micro-batch)")

@@ -1,24 +1,16 @@
-"""HBM bytes of an optimized HLO module with each while loop's body weighted by its trip count.
-
-XLA's cost analysis (``bytes accessed``) counts a loop body once, so a program whose traffic sits
-in a loop (the layer scan, the log-prob chunk map, a collective matmul) looks lighter than it runs.
-:func:`loop_weighted_bytes` walks the module text from the entry computation: each instruction
-outside a fused computation moves its operands and its result through HBM; a ``while`` multiplies
-its body by ``known_trip_count`` (nested loops multiply); ``call`` / ``conditional`` descend.
-(Dynamic) slices read only the slice and in-place dynamic-update-slices write only the update (also
-as a fusion's root or operand use), as XLA counts them; a fusion's result element that aliases an
-operand (``output_to_operand_aliasing``: the buffers async collective fusions thread through the
-loops) counts neither as read nor as written. The result is an estimate in XLA's own
-terms: ``once`` (every body once, as the cost analysis) and ``weighted`` (bodies x trips); the
-roofline scales XLA's figure by their ratio (``roofline.program_roofline``).
-"""
+"""HBM bytes of an optimized HLO module with each while loop's body weighted by its trip count
+(XLA's ``bytes accessed`` counts a loop body once). Each instruction outside a fused computation
+moves its operands and result; slices read only the slice, in-place dynamic-update-slices write
+only the update, and a fusion result aliasing an operand (``output_to_operand_aliasing``) counts
+neither way. ``once`` / ``weighted``: their ratio scales XLA's figure in the roofline."""
 
 from __future__ import annotations
 
+import math
 import re
 
-# what the walk counts, recorded in each plan JSON (``hlo_bytes_rules``): 2 = in-place aliased
-# fusion buffers count neither as read nor as written (1: counted whole, before session 12)
+# version of the walk's rules, recorded in each plan JSON (``hlo_bytes_rules``): 2 = aliased
+# fusion buffers count neither as read nor as written (1: counted whole)
 RULES = 2
 ARRAY_RE = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
@@ -29,28 +21,15 @@ def shape_bytes(text: str) -> int:
     """Bytes of every array shape written in ``text`` (a tuple's elements summed)."""
     total = 0
     for dt, dims in ARRAY_RE.findall(text):
-        n = 1
-        for d in filter(None, dims.split(",")):
-            n *= int(d)
-        total += n * _DTYPE_BYTES[dt]
+        total += math.prod(int(d) for d in filter(None, dims.split(","))) * _DTYPE_BYTES[dt]
     return total
 
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-_FREE = {
-    "parameter",
-    "constant",
-    "get-tuple-element",
-    "tuple",
-    "bitcast",
-    "after-all",
-    "partition-id",
-    "replica-id",
-    "iota",
-    "opt-barrier",
-}
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "iota"}
+_FREE.update({"partition-id", "replica-id", "opt-barrier"})
 
 
 def _balanced(s: str, i: int) -> int:
@@ -94,14 +73,10 @@ def parse_module(hlo: str) -> tuple[dict, str]:
             comps[current] = []
             if line.startswith("ENTRY"):
                 entry = current
-            continue
-        if current is not None and line.strip() == "}":
+        elif current is not None and line.strip() == "}":
             current = None
-            continue
-        if current is not None:
-            ins = _instruction(line)
-            if ins:
-                comps[current].append(ins)
+        elif current is not None and (ins := _instruction(line)):
+            comps[current].append(ins)
     return comps, entry
 
 
@@ -110,9 +85,8 @@ _ALIAS_PAIR = re.compile(r"\{(\d*)[^}]*\}:\s*\((\d+),")
 
 
 def _aliased(shape: str, attrs: str) -> tuple[int, set[int]]:
-    """(bytes of the result's elements that alias an operand, those operands' indices): a buffer
-    threaded through in place (an async collective's destination, a windowed einsum's carried
-    weights) is neither re-read nor rewritten whole."""
+    """(bytes of the result's elements that alias an operand, those operands' indices): buffers
+    threaded through in place, neither re-read nor rewritten whole."""
     m = _ALIAS.search(attrs)
     if not m:
         return 0, set()
@@ -148,16 +122,12 @@ def _instruction_bytes(ins, shapes: dict, comps: dict) -> int:
             return 2 * upd + sum(ins_bytes) - big
         # a parameter used only through dynamic slices is read only where sliced
         sliced = _sliced_params(body)
-        total = out
-        for k, b in enumerate(ins_bytes):
-            total += sliced.get(k, b)
-        return total
+        return out + sum(sliced.get(k, b) for k, b in enumerate(ins_bytes))
     return out + sum(ins_bytes)
 
 
 def _sliced_params(body: list) -> dict[int, int]:
-    """{parameter index: bytes read} for a fused computation's parameters used only as the
-    sliced operand of dynamic-slice instructions."""
+    """{parameter index: bytes read} of fused parameters used only as dynamic-slice operands."""
     index: dict[str, int] = {}
     uses: dict[str, list] = {}
     read: dict[int, int] = {}
@@ -189,8 +159,7 @@ def _trip_count(attrs: str, comps: dict) -> int:
 
 
 def loop_weighted_bytes(hlo: str) -> dict[str, float]:
-    """{'once': bytes with each loop body once, 'weighted': bodies x trip counts} (see module
-    doc); both 0 when the text has no entry computation."""
+    """{'once': each loop body once, 'weighted': bodies x trip counts} (0s without an entry)."""
     comps, entry = parse_module(hlo)
     totals = {"once": 0.0, "weighted": 0.0}
     if not entry:

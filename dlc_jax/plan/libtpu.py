@@ -1,11 +1,7 @@
-"""Find libtpu for ahead-of-time TPU compiles on a machine without TPUs.
-
-The development setup (``launch/setup_env.sh``) installs libtpu *outside* site-packages, under
-``<venv>/libtpu``: vLLM takes an importable ``libtpu`` module to mean "this host has TPUs" and then
-refuses to start next to its CPU platform. JAX reads ``TPU_LIBRARY_PATH`` when it first loads its
-TPU plugin (for ``jax.experimental.topologies.get_topology_desc`` too), so pointing that variable at
-the library is enough. On a TPU VM with ``jax[tpu]`` installed, libtpu is importable and used as is.
-"""
+"""Find libtpu for ahead-of-time TPU compiles on a machine without TPUs. ``launch/setup_env.sh``
+installs it under ``<venv>/libtpu``, outside site-packages (vLLM takes an importable ``libtpu`` to
+mean "this host has TPUs"); JAX finds it through ``TPU_LIBRARY_PATH``. An importable one is used
+as is."""
 
 from __future__ import annotations
 
@@ -24,10 +20,7 @@ def _candidates() -> list[Path]:
 
 
 def ensure_libtpu() -> str | None:
-    """Make libtpu loadable by JAX; returns the library path in use (None: the importable module).
-
-    Raises RuntimeError with the install command when there is no libtpu at all.
-    """
+    """Make libtpu loadable by JAX: its path (None: the importable module), else RuntimeError."""
     env = os.environ.get("TPU_LIBRARY_PATH")
     if env and os.path.isfile(env):
         return env

@@ -1,19 +1,9 @@
 """Expert parallelism AOT-compiled for TPU: a tiny Qwen3-MoE train step and theta_s forward on an
-abstract TPU slice with an `expert` mesh axis > 1, and what the compiler reports.
+abstract TPU slice with an `expert` mesh axis, and what the compiler reports per program: per-chip
+memory, XLA's FLOPs against the analytic prediction, collective bytes by kind (a ragged all-to-all
+at its static buffer), and the analytic dispatch bytes (uniform random routing).
 
-`compile_tiny_moe(topology, fsdp=, expert=, dispatch=)` writes a tiny Qwen3-MoE config, builds the
-trainer's real programs (`make_train_step`, `make_snapshot_logprobs`) on the slice's compile-only
-devices, compiles them and returns, per program: per-chip memory (arguments / outputs /
-temporaries / peak), XLA's FLOPs count against the plan's analytic prediction, and the bytes of
-every collective in the compiled HLO by kind (result shapes; an op inside a loop body counted once;
-a ragged all-to-all counted at its static buffer, an upper bound of what it moves). The analytic
-per-device dispatch bytes of both dispatches (`moe_a2a.dispatch_bytes`, uniform random routing)
-come with it.
-
-    python -m dlc_jax.plan.moe_ep [--out docs/bench/moe_ep.md]   # libtpu needed (plan/libtpu.py)
-
-compiles the rows of `docs/bench/moe_ep.md`; the AOT test is
-`tests/integration/test_plan_moe_expert_parallel.py`.
+    python -m dlc_jax.plan.moe_ep [--json FILE]   # the rows of docs/bench/moe_ep.md; needs libtpu
 """
 
 from __future__ import annotations
@@ -55,8 +45,7 @@ resync: {{max_snapshots: 1}}
 def compile_tiny_moe(
     topology: str, *, fsdp: int, expert: int, dispatch: str = "allgather", impl: str = "auto"
 ) -> dict:
-    """Compile the tiny MoE train step and theta_s forward for `topology` (e.g. 'v5e:2x2') with a
-    (fsdp, expert) mesh; returns the module doc's figures (JSON-able)."""
+    """The module doc's figures (JSON-able) for `topology` (e.g. 'v5e:2x2'), (fsdp, expert) mesh."""
     import numpy as np
 
     from dlc_jax.model.config import Qwen3MoeConfig

@@ -1,18 +1,8 @@
 """Build a pod plan: compile the run's programs for a topology, count what stays in HBM, project the
-step time, and say in one line what to change when it does not fit.
-
-HBM per chip while training (bytes on one chip; shardings decide the share):
-
-* during the train step: the step program's peak (arguments = theta_t + optimizer state + batch,
-  outputs = new theta_t + optimizer state + metrics, temporaries) + the theta_s snapshots
-  (``resync.max_snapshots`` copies of the trained parameters: under ``lora.rank`` > 0 the adapters
-  alone, whose optimizer state is also all the optimizer state there is);
-* during the theta_s forward: theta_t + optimizer state + the snapshots + the batch + the forward's
-  outputs and temporaries (its log-prob chunks: ``chunk_size`` positions of each device x the
-  vocabulary's f32 logits, split over the devices, ``dlc_jax.rl.vocab_parallel``).
-
-The plan fits when the larger of the two is within the chip's usable HBM (``chips.ChipSpec``).
-"""
+step time, and say in one line what to change when it does not fit. HBM per chip is the larger of
+the train step phase (the step's peak + the theta_s snapshots, ``resync.max_snapshots`` copies of
+the trained parameters) and the theta_s forward phase (params + optimizer state + snapshots + batch
++ the forward's outputs and temporaries); the plan fits when that is within usable HBM."""
 
 from __future__ import annotations
 
@@ -47,11 +37,9 @@ def _pallas(qcfg, mesh, compute_dtype) -> bool:
 def logprob_split(
     rows: int, seq_len: int, mesh_shape, vocab: int, sampler, slices: int = 1
 ) -> dict[str, int]:
-    """StepShape's vocab_shards and position_shards for a micro-batch of [rows, seq_len] on a mesh
-    of {axis: size}: the devices the trainer's log-prob path splits the vocabulary over
-    (``rl.vocab_parallel``; not the data axis across ``slices`` > 1,
-    ``model.sharding.logprob_vocab_axes``), 0 when it falls back to the flattened chunks (top-k /
-    top-p, or nothing to split), and the devices the positions are split over."""
+    """StepShape's vocab_shards (devices the log-prob path splits the vocabulary over, less the data
+    axis across slices; 0 for the flattened-chunk fallback: top-k / top-p, or nothing to split) and
+    position_shards for a micro-batch of [rows, seq_len] on a mesh of {axis: size}."""
     from dlc_jax.model.sharding import logprob_axes
     from dlc_jax.rl.vocab_parallel import axis_names, truncates
 
@@ -64,8 +52,7 @@ def logprob_split(
 
 
 def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -> dict:
-    """The plan of TrainConfig ``cfg`` on Topology ``topo`` as a JSON-able dict (see module doc);
-    ``nic_gbps``: the trainer/sampler NIC bandwidth of the resync projection (`plan.resync`)."""
+    """The plan of ``cfg`` on ``topo`` as a JSON-able dict; ``nic_gbps``: for the resync time."""
     from dlc_jax import tpu_flags
     from dlc_jax.plan.abstract_state import (
         abstract_run,
@@ -82,8 +69,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     # the compiler flags the run on the pod uses (libtpu reads them when it loads, just below)
     flags = compiler_flags(tpu_flags.apply(cfg.plan.libtpu_flags), tpu_flags.backend_loaded())
     t0, c0 = time.perf_counter(), time.process_time()
-    devices = abstract_devices(topo)
-    mesh, mesh_note = plan_mesh(cfg.mesh, devices, topo.num_slices)
+    mesh, mesh_note = plan_mesh(cfg.mesh, abstract_devices(topo), topo.num_slices)
     run = abstract_run(cfg, mesh)
     scfg = step_config(cfg)
     progs = compile_run(run, scfg)
@@ -105,7 +91,6 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
 
     model = run.model
     policy = _remat_policy(model)
-    compute = cfg.model.compute_dtype
     rows_mb, vocab = run.rows // cfg.train.micro_batches, run.qcfg.vocab_size
     shape = StepShape(
         rows=run.rows,
@@ -115,7 +100,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         chips=topo.chips,
         remat_policy=policy,
         scanned_layers=bool(getattr(model, "scanned", False)),
-        pallas_attention=_pallas(run.qcfg, mesh, compute),
+        pallas_attention=_pallas(run.qcfg, mesh, cfg.model.compute_dtype),
         snapshot_forward=cfg.resync.policy != "onpolicy",
         fsdp=int(dict(mesh.shape).get("fsdp", 1)),
         slices=topo.num_slices,
@@ -127,8 +112,8 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     peak_flops = chip.peak_bf16_flops * topo.chips
     projected = fl["hardware_flops"] / (peak_flops * efficiency)
     mfu = fl["model_flops"] / (projected * peak_flops)
-    # one log-prob chunk's f32 logits on one chip (inside the temporaries): vocab-parallel
-    # [vocab_shards x chunk_size, V / vocab_shards], else [chunk_size, V] spread over the chips
+    # one log-prob chunk's f32 logits on one chip: vocab-parallel [vs x chunk_size, V / vs], else
+    # [chunk_size, V] spread over the chips
     vs = shape.vocab_shards
     chunk_logits = (
         scfg.chunk_size * vs * -(-run.qcfg.vocab_size // vs) * 4
@@ -194,9 +179,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         "model_flops_per_step": fl["model_flops"],
         "analytic_flops": fl,
         "xla_flops_per_device": {"train_step": step.xla_flops, "snapshot_forward": snap.xla_flops},
-        "logprob_chunks_replicated": chunks_replicated(fl, step.xla_flops)
-        if not step.oom
-        else False,
+        "logprob_chunks_replicated": not step.oom and chunks_replicated(fl, step.xla_flops),
         "flops_note": explain(fl, step.xla_flops, snap.xla_flops, shape) if not step.oom else "",
         "efficiency": efficiency,
         "peak_bf16_flops_per_chip": chip.peak_bf16_flops,
@@ -219,8 +202,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
 
 
 def compiler_flags(libtpu_args: str, backend_was_loaded: bool) -> dict:
-    """What the compiles of this plan ran with: ``LIBTPU_INIT_ARGS`` (set by the plan), the
-    environment's ``XLA_FLAGS`` (JAX's own XLA; libtpu does not read it) and the versions."""
+    """What the compiles ran with: ``LIBTPU_INIT_ARGS``, ``XLA_FLAGS`` (JAX's XLA), versions."""
     import jax
 
     from dlc_jax.plan.libtpu import LIBTPU_VERSION
@@ -230,8 +212,7 @@ def compiler_flags(libtpu_args: str, backend_was_loaded: bool) -> dict:
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
         "jax": jax.__version__,
         "libtpu": LIBTPU_VERSION,
-        # False when this process had loaded libtpu before the plan set its flags (then the
-        # compiles ran with the flags of that earlier load)
+        # False: libtpu was loaded before the plan set its flags (the earlier load's flags ran)
         "set_before_libtpu_loaded": not backend_was_loaded,
     }
 
@@ -253,9 +234,8 @@ def _resync(cfg, topo, qcfg, result: dict, nic_gbps: float) -> dict:
 
 
 def _batch_replication(cfg, run, mesh) -> dict:
-    """Rows per micro-batch against the batch-sharded chips: ``factor`` > 1 means every chip
-    computes ``factor`` times its share (the batch dim does not divide, so it replicates), with a
-    one-line ``warning`` naming the micro-batch counts that split evenly."""
+    """Rows per micro-batch against the batch-sharded chips: ``factor`` > 1 = each chip computes
+    that many times its share, with a ``warning`` naming micro-batch counts that split evenly."""
     from dlc_jax.model.sharding import batch_replication
 
     m = cfg.train.micro_batches
@@ -265,15 +245,13 @@ def _batch_replication(cfg, run, mesh) -> dict:
     if factor > 1:
         even = [k for k in range(1, run.rows + 1) if run.rows % k == 0]
         even = [k for k in even if batch_replication(run.rows // k, mesh) == 1]
+        fix = (
+            f"use train.micro_batches in {even}" if even else "use more rows (train.batch_prompts)"
+        )
         out["warning"] = (
             f"train.micro_batches={m} leaves {per_mb} rows per micro-batch, which the "
             f"batch-sharded chips cannot split: every chip computes {factor}x its share of every "
-            f"micro-batch (model and kernels); "
-            + (
-                f"use train.micro_batches in {even}"
-                if even
-                else "use more rows (train.batch_prompts)"
-            )
+            f"micro-batch (model and kernels); {fix}"
         )
     return out
 
@@ -320,13 +298,12 @@ def _family_fields(qcfg) -> dict:
     fam = family_of(qcfg)
     out: dict = {"model_type": fam.model_type}
     if fam.routed_experts:
-        out["active_matmul_params"] = fam.decoder_matmul_params(qcfg, active=True)
+        out["active_matmul_params"] = fam.matmul_params(qcfg, active=True)["decoder"]
         out["experts"] = f"{qcfg.num_experts_per_tok} of {qcfg.num_experts}"
     return out
 
 
 def table(r: dict) -> str:
-    """Human-readable summary."""
     c, t = r["config"], r["topology"]
     pk = r["peak_bytes_per_chip"]
     res = r["resident_bytes_per_chip"]

@@ -1,20 +1,8 @@
-"""Projected wire time of one resync (a full weight push to every sampler) for a stated NIC
-bandwidth, next to the projected step time in `dlc-jax plan`.
-
-The push moves `params x push dtype bytes` (`sampler.dtype`; float16 pushes as bfloat16, same
-size). Three ways to send it to S samplers:
-
-* direct: one trainer host sends a copy to each sampler: S x model bytes through one NIC;
-* relay chain (`SamplerPool(relay="chain")`): the trainer sends one copy, each sampler forwards
-  each verified tensor to the next: one model through the trainer's NIC, plus one largest tensor
-  of store-and-forward delay per extra hop;
-* sharded (every trainer host sends its own shards, H hosts): model / H per host NIC; this is the
-  bound the design aims at (issue 24), not yet what the trainer does.
-
-Wire time only: the sampler's in-memory load overlaps the receive (memory staging), so the host
-side adds little once it keeps up with the NIC; on the measured CPU machine it does not
-(docs/bench/weight_sync.md).
-"""
+"""Projected wire time of one resync (a full weight push of `params x sampler.dtype` bytes to S
+samplers) for a stated NIC bandwidth, in `dlc-jax plan`: direct (S copies through one NIC), relay
+chain (`SamplerPool(relay="chain")`: one copy, plus one largest tensor of store-and-forward delay
+per extra hop) and sharded (model / H per trainer host NIC; the design's bound, issue 24, not yet
+what the trainer does). Host-side load time is left out (docs/bench/weight_sync.md)."""
 
 from __future__ import annotations
 
@@ -59,7 +47,6 @@ def project_resync(
 
 
 def resync_line(p: dict) -> str:
-    """One line for the plan table."""
     line = (
         f"  resync ({p['push_bytes'] / 1e9:.2f} GB push, {p['samplers']} sampler(s), "
         f"{p['nic_gbps']:g} Gb/s NIC): direct {p['direct_s']:.2f} s, relay chain "

@@ -1,26 +1,9 @@
-"""Roofline step time of a plan: each compiled program's compute, HBM and collective time against
-the chip's published ceilings (``chips.ChipSpec``), its bound, and the step as the sum of the
-programs' times (train step + one theta_s forward); "Roofline step time" in docs/bench/PLAN.md.
-
-Per program and per chip:
-
-* compute: the analytic FLOPs the hardware runs (``flops.step_flops``), not XLA's count, which
-  sees each loop body once, a collective matmul at 4/fsdp and a Pallas kernel as 0;
-* HBM: XLA's ``bytes accessed`` times ``bytes_loop_scale``, the ratio of the HLO's bytes with each
-  loop body weighted by its trip count to the same with each body once (``plan.hlo_bytes``). A
-  program compiled before that walk (no ``hlo_bytes_*``) scales XLA's bytes, less its arguments and
-  outputs (read and written once, outside the loops), by its FLOPs' undercount (``loop_scale``:
-  the analytic FLOPs XLA can see, i.e. less splash attention's, over XLA's count or, when XLA
-  counts more, over the rules' no-windowing prediction);
-* collectives: FSDP's own traffic, analytic: each pass over the layers all-gathers the
-  compute-dtype weights ((fsdp-1)/fsdp of them reach each chip; the train step twice, the theta_s
-  forward once) and the backward reduce-scatters the float32 gradients, over the chip's
-  bidirectional ICI bandwidth. The HLO's collective result bytes stay beside it
-  (``collective_bytes_hlo``).
-
-The program's time is the largest of the three (perfect overlap: a lower bound). Left out: splash
-attention's own efficiency and HBM traffic, DCN between slices, imperfect overlap, host work.
-"""
+"""Roofline step time of a plan (docs/bench/PLAN.md, "Roofline step time"): per program and chip,
+compute (the analytic FLOPs, not XLA's count), HBM (XLA's ``bytes accessed`` scaled by the HLO
+walk's loop weighting, or by the FLOPs' undercount for programs compiled without it) and FSDP
+collectives (weight all-gathers per pass, a float32 gradient reduce-scatter, over ICI) against
+the chip's ceilings. A program's time is the largest of the three (perfect overlap: a lower
+bound); the step is train step + one theta_s forward. Left out: DCN, host work."""
 
 from __future__ import annotations
 
@@ -46,10 +29,8 @@ def program_roofline(
     coll_bytes: float,
     unseen_flops: float = 0.0,
 ) -> dict:
-    """One program's roofline (see the module doc); ``flops``: analytic per chip;
-    ``xla_pred``: the rules' per-device prediction of XLA's count with no matmul windowed;
-    ``unseen_flops``: the part of ``flops`` XLA never sees (a Pallas kernel: splash attention),
-    left out of the loop scale of the bytes."""
+    """One program's roofline; ``flops``: analytic per chip; ``xla_pred``: the rules' prediction
+    of XLA's count, none windowed; ``unseen_flops``: the part XLA never sees (Pallas kernels)."""
     xla = float(prog.get("xla_flops") or 0.0)
     seen = min(xla, xla_pred) if xla and xla_pred else (xla or xla_pred)
     scale = max(flops - unseen_flops, 0.0) / seen if seen else 1.0
@@ -132,10 +113,5 @@ def roofline(result: dict, chip) -> dict:
 
 
 def roofline_line(r: dict) -> str:
-    """One line for the plan table."""
     parts = [f"{n} {p['projected_s']:.2f} s ({p['bound']}-bound)" for n, p in r["programs"].items()]
-    return (
-        f"  roofline step {r['step_s']:.2f} s = "
-        + " + ".join(parts)
-        + f"; MFU {100 * r['mfu']:.0f}%"
-    )
+    return f"  roofline step {r['step_s']:.2f} s = {' + '.join(parts)}; MFU {100 * r['mfu']:.0f}%"

@@ -1,10 +1,6 @@
-"""TPU slice names -> arguments of ``jax.experimental.topologies.get_topology_desc``.
-
-Accepted: GCP accelerator types (``v4-8``, ``v5p-16``, ``v5litepod-16``/``v5e-16``, ``v6e-8``; v4
-and v5p count TensorCores, two per chip, so ``v5p-16`` is 8 chips) and libtpu topology strings
-(``v5p:2x2x2``, ``v5e:4x4``). The abstract devices need no TPU: libtpu describes them and the
-compiler targets them, which is all an ahead-of-time plan needs.
-"""
+"""TPU slice names -> ``jax.experimental.topologies.get_topology_desc`` arguments (compile-only
+devices, no TPU needed). Accepted: GCP accelerator types (``v5p-16``, ``v5litepod-16``; v4 and v5p
+count TensorCores, two per chip) and libtpu topology strings (``v5p:2x2x2``, ``v5e:4x4``)."""
 
 from __future__ import annotations
 
@@ -134,9 +130,7 @@ MAX_SLICE_CHIPS = 16384
 
 
 def check_shape(text: str, shape: tuple[int, ...], dims: int) -> None:
-    """A torus shape GCP can provision (before libtpu sees it): every dimension >= 1; 2-D (v5e,
-    v6e) dimensions powers of two up to 16; 3-D (v4, v5p) dimensions 1, 2 or multiples of 4; at
-    most ``MAX_SLICE_CHIPS`` chips. Raises a one-line ValueError naming ``text``."""
+    """A ValueError naming ``text`` unless ``shape`` is a torus GCP can provision (see messages)."""
     if any(d < 1 for d in shape):
         raise ValueError(f"{text}: every topology dimension must be >= 1")
     if dims == 2 and not all(_pow2(d) and d <= 16 for d in shape):

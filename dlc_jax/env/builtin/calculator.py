@@ -1,14 +1,7 @@
-"""A calculator tool environment on chain arithmetic: the model adds the terms of ``"3+5+2="`` by
-calling ``calc`` for the partial sums, then answers ``#### 10``.
-
-``env.fn: dlc_jax.env.builtin.calculator:Calculator``. Rows: ``prompt`` ("a+b+...=", as made by
-``data.source: arithmetic`` with operator "+" or by ``dlc_jax.data.chain_arith``) and ``answer``.
-A turn with ``<tool_call>`` blocks gets one ``tool`` message per call with ``calc``'s result; a
-turn without is the final answer: reward ``correct`` when its ``####`` (or last) number equals the
-row's answer, else ``incorrect``; each well-formed call adds ``call_reward``.
-`demonstration` writes the expert's turns (one call per partial sum, then the answer) for the
-supervised warm-up; with ``demo_direct`` a share of them answers without the tool.
-"""
+"""A calculator tool environment on chain arithmetic (``env.fn:
+dlc_jax.env.builtin.calculator:Calculator``): the model adds the terms of a ``prompt`` like
+``"3+5+2="`` by calling ``calc`` for the partial sums, then answers ``#### 10``; the final answer
+scores ``correct`` when its number equals the row's ``answer``, else ``incorrect``."""
 
 from __future__ import annotations
 
@@ -92,9 +85,7 @@ class Calculator(ToolEnv):
 
     def demonstration(self, row: dict) -> list[str]:
         """The expert's turns for ``row``: ``calc`` on each partial sum, then ``#### total``; for a
-        ``demo_direct`` share of the rows (chosen by a hash of the prompt) the total alone, with
-        no tool call, so the warmed model sometimes answers without the tool and RL has a choice
-        to learn."""
+        ``demo_direct`` share of the rows (by prompt hash) the total alone, so RL has a choice."""
         prompt = str(row["prompt"])
         terms = terms_of(prompt)
         if zlib.crc32(prompt.encode()) % 1000 < 1000 * self.demo_direct:

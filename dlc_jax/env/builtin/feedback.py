@@ -1,11 +1,6 @@
-"""A multi-turn feedback environment on GSM8K-style data: a wrong answer is told "not quite, try
-again" and the model answers again, up to ``env.max_turns`` turns.
-
-``env.fn: dlc_jax.env.builtin.feedback:Feedback``. Rows: ``prompt`` and ``answer`` (a number, as
-the data pipeline extracts it). Reward: ``correct * decay**k`` for a correct answer at turn k
-(0-based; later answers are worth less), 0 for a wrong one; the episode ends at the first correct
-answer.
-"""
+"""A multi-turn feedback environment (``env.fn: dlc_jax.env.builtin.feedback:Feedback``): a wrong
+answer is told to try again, up to ``env.max_turns`` turns. Reward: ``correct * decay**k`` for a
+correct answer at (0-based) turn k, which ends the episode; 0 for a wrong one."""
 
 from __future__ import annotations
 
