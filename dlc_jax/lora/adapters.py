@@ -1,12 +1,9 @@
 """LoRA adapters on the NNX module tree, found by parameter path.
 
-Every projection (a module with a ``kernel`` contracting its input's last ``n_in`` axes) whose
-dotted path matches a target pattern gets a ``lora`` child with two float32 :class:`LoraParam`
-factors, ``y = x . W + scale * (x . A) . B``: A [*in, r] uniform(+-1/sqrt(fan_in)), B [r, *out]
-zero, scale = alpha / rank (PEFT's lora_A / lora_B are their transposes); scanned layers carry a
-leading [L] axis. ``LoraParam`` subclasses ``nnx.Param`` and alone is the trainable filter. Not
-qwix: its adapters are named after traced call sites, these sit under the projection's own path
-(what checkpoints, the merge, PEFT names and the plan count by).
+Every target projection (a ``kernel`` contracting the input's last ``n_in`` axes) gets a ``lora``
+child, ``y = x . W + scale * (x . A) . B``: float32 A [*in, r] uniform(+-1/sqrt(fan_in)), B
+[r, *out] zero (a leading [L] axis when scanned; PEFT's lora_A / lora_B are their transposes).
+Not qwix, whose adapters are named after traced call sites rather than the projection's path.
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ class LoraAdapter(nnx.Module):
 
 
 def drop(x, key_data, rate: float):
-    """``x`` with each element zeroed with probability ``rate``, the rest scaled by
-    1 / (1 - rate) (``lora.dropout``, see `dlc_jax.lora.dropout`)."""
+    """Inverted dropout of ``x`` at ``rate`` (``lora.dropout``)."""
     keep = jax.random.bernoulli(jax.random.wrap_key_data(key_data), 1.0 - rate, x.shape)
     return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
 
@@ -64,14 +60,12 @@ def _matches(path: str, patterns: Sequence[str]) -> bool:
 
 
 def _projections(model) -> list[tuple[str, Any]]:
-    """(dotted path, module) of every module with a ``kernel`` Param and an ``n_in`` (the linear
-    maps whose call adds a ``lora`` child's output)."""
-    out = []
-    for path, m in nnx.iter_modules(model):
-        k = getattr(m, "kernel", None)
-        if isinstance(k, nnx.Param) and hasattr(m, "n_in"):
-            out.append((module_path(path), m))
-    return out
+    """(dotted path, module) of every module with a ``kernel`` Param and an ``n_in``."""
+    return [
+        (module_path(path), m)
+        for path, m in nnx.iter_modules(model)
+        if isinstance(getattr(m, "kernel", None), nnx.Param) and hasattr(m, "n_in")
+    ]
 
 
 def find_targets(model, patterns: Sequence[str]) -> list[tuple[str, Any]]:
@@ -89,8 +83,7 @@ def find_targets(model, patterns: Sequence[str]) -> list[tuple[str, Any]]:
 
 
 def _placed(value, kernel_value, logical):
-    """``value`` on the kernel's mesh with the sharding of its logical axes (as the model's own
-    parameters are placed), or as it is off a mesh."""
+    """``value`` placed by its logical axes on the kernel's mesh (as it is off a mesh)."""
     sharding = getattr(kernel_value, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or not getattr(mesh, "shape", None):
@@ -101,9 +94,8 @@ def _placed(value, kernel_value, logical):
 
 
 def apply_lora(model, cfg: LoraConfig) -> list[str]:
-    """Give every target projection of ``model`` a ``lora`` adapter (in place); returns their
-    paths. A is drawn from ``cfg.seed`` per path, B is zero; on an abstract model (``dlc-jax
-    plan``) the adapters are ShapeDtypeStructs too."""
+    """Give every target projection of ``model`` a ``lora`` adapter (in place; A drawn from
+    ``cfg.seed`` per path; ShapeDtypeStructs on an abstract model); returns their paths."""
     if not cfg.enabled:
         return []
     from dlc_jax.model.sharding import param_logical_axes
@@ -166,8 +158,7 @@ def _merge(kernel, delta):
 
 
 def merged_model(model):
-    """A module with ``W + scale * A . B`` in every adapted kernel and no adapters (a merged push,
-    the HF export); ``model`` is left as it is, its other parameters shared."""
+    """A copy with ``W + scale * A . B`` in every adapted kernel and no adapters."""
     out = nnx.merge(*nnx.split(model))
     for _, m in adapted(out):
         stacked = m.lora.a.get_value().ndim == m.n_in + 2  # A [L, *in, r] vs [*in, r]
@@ -184,6 +175,5 @@ def adapter_parameter_count(model) -> int:
 
 
 def trainable_filter(cfg: LoraConfig):
-    """The NNX filter of the trainable parameters: ``LoraParam`` under LoRA, None (every
-    parameter) otherwise."""
+    """The NNX filter of the trainable parameters: ``LoraParam`` under LoRA, else None (all)."""
     return LoraParam if cfg.enabled else None

@@ -1,5 +1,4 @@
-"""The frozen base's fingerprint: LoRA checkpoints hold adapters only, so they record which base
-they adapt and a resume onto another base refuses (one line naming both)."""
+"""The frozen base's fingerprint: a LoRA checkpoint (adapters only) refuses to resume on another."""
 
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ class BaseMismatchError(UserError):
 
 
 def base_fingerprint(params) -> str:
-    """A short hash of the frozen base (every non-LoRA parameter: path, shape, dtype and two
-    32-bit sums of its bits, computed on device)."""
-    base = nnx.split_state(params, LoraParam, ...)[1] if _has_lora(params) else params
+    """A short hash of every non-LoRA parameter's path, shape, dtype and checksums."""
+    has_lora = any(isinstance(v, LoraParam) for _, v in nnx.to_flat_state(params))
+    base = nnx.split_state(params, LoraParam, ...)[1] if has_lora else params
     flat = {module_path(p): v.get_value() for p, v in nnx.to_flat_state(base)}
     names = sorted(flat)
     sums, _ = array_checksums([flat[k] for k in names])
@@ -31,18 +30,13 @@ def base_fingerprint(params) -> str:
     return h.hexdigest()[:16]
 
 
-def _has_lora(params) -> bool:
-    return any(isinstance(v, LoraParam) for _, v in nnx.to_flat_state(params))
-
-
 def base_meta(fingerprint: str | None) -> dict:
     """The checkpoint metadata entry of a LoRA run (nothing for full fine-tuning)."""
     return {} if fingerprint is None else {META_KEY: fingerprint}
 
 
 def check_base(meta: dict, fingerprint: str | None, where: str) -> None:
-    """Refuse a checkpoint whose adapters were trained on another base (or a full-FT checkpoint
-    for a LoRA run and vice versa)."""
+    """Refuse adapters trained on another base (or full fine-tuning for LoRA and vice versa)."""
     saved = meta.get(META_KEY)
     if saved == fingerprint:
         return

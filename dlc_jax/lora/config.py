@@ -1,15 +1,12 @@
-"""The ``lora`` section of the training config (LoRA RL: adapter-only training). ``lora.rank = 0``
-trains every parameter; ``rank > 0`` adds ``delta W = (alpha / rank) * A @ B`` to every projection
-matching ``targets`` and trains only the adapters (the base is frozen: no gradient, no optimizer
-state, not in snapshots or checkpoints).
+"""The ``lora`` config section: ``rank > 0`` trains ``delta W = (alpha / rank) * A @ B`` on every
+projection matching ``targets`` alone (the base frozen); 0 trains every parameter.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-# every attention and MLP projection of a Qwen3 decoder layer; never lm_head (vLLM drops an lm_head
-# delta from prompt log-probs) nor the embedding
+# every attention and MLP projection of a Qwen3 decoder layer (never NEVER_TARGETS)
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 NEVER_TARGETS = ("lm_head", "embed_tokens")
 PUSH_MODES = ("auto", "merged", "adapter")
@@ -17,12 +14,9 @@ PUSH_MODES = ("auto", "merged", "adapter")
 
 @dataclasses.dataclass
 class LoraConfig:
-    """rank: adapter rank (0 = off); alpha: scale = alpha / rank; targets: comma-separated
-    fnmatch patterns on a projection's last name or dotted path; dropout: on the adapters' input
-    in the training forward (``lora.dropout``); push: 'merged' (base + delta as a full model),
-    'adapter' (the adapters alone, ``lora.push``) or 'auto' (adapter where the sampler serves
-    adapters of the trainer's base, else merged; the start log says which); seed: A's init and
-    the dropout masks."""
+    """targets: comma-separated fnmatch patterns on a projection's name or dotted path; dropout:
+    on the adapters' input in training; push: 'merged' (full weights), 'adapter' or 'auto'
+    (adapter where the sampler serves the trainer's base); seed: A's init and dropout masks."""
 
     rank: int = 0
     alpha: float = 32.0

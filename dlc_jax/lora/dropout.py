@@ -1,9 +1,5 @@
-"""``lora.dropout``: dropout on the adapters' input in the training forward only (never the base
-path, the theta_s forward, evaluation or the samplers; 0 = bitwise the step without it).
-
-`step_key` folds the optimizer's update count into a key of ``lora.seed`` (a resumed run draws the
-same masks), the step splits it per micro-batch, and `enable_dropout` gives every adapter of the
-traced model its own key (per layer when scanned); `adapters.drop` draws the mask.
+"""``lora.dropout``: dropout on the adapters' input in the training forward only. The key folds the
+update count into ``lora.seed`` (a resumed run draws the same masks); each adapter gets its own.
 """
 
 from __future__ import annotations
@@ -16,13 +12,11 @@ from dlc_jax.lora.adapters import adapted
 
 
 class LoraDropoutKey(nnx.Variable):
-    """Raw PRNG key data of one adapter's dropout mask ([2] uint32, or [L, 2] stacked); set on
-    the traced training model only, never trained, saved or pushed."""
+    """Raw PRNG key data of one adapter's dropout mask ([2] uint32, or [L, 2] stacked)."""
 
 
 def step_key(opt_state, seed: int):
-    """The training step's dropout key: ``lora.seed`` folded with the optimizer's update count
-    (the first ``count`` in ``opt_state``; 0 without one)."""
+    """``lora.seed`` folded with the optimizer's update count (0 without one)."""
     import optax
 
     counts = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
@@ -31,8 +25,7 @@ def step_key(opt_state, seed: int):
 
 
 def enable_dropout(model, key, rate: float) -> int:
-    """Turn on adapter-input dropout of ``rate`` in ``model`` (a model merged inside the traced
-    training forward), each adapter with its own key from ``key``; returns how many adapters."""
+    """Adapter-input dropout in ``model``, a key per adapter; how many adapters."""
     mods = adapted(model)
     for i, (_, m) in enumerate(mods):
         k = jax.random.fold_in(key, i)

@@ -1,8 +1,5 @@
-"""Export of a LoRA run's adapters in the PEFT layout (``adapter_config.json`` +
-``adapter_model.safetensors``), loadable by peft and vLLM; a checkpoint's export is
-`dlc_jax.trainer.export_cli.export_lora_checkpoint`. Per adapted projection ``P``:
-``base_model.model.P.lora_A.weight`` [r, in] = A (in dims flattened) transposed and ``lora_B``
-[out, r] = B transposed, so ``W_hf + scale * B_peft @ A_peft`` is the merged HF weight.
+"""A LoRA run's adapters in the PEFT layout (loadable by peft and vLLM): per projection ``P``,
+``base_model.model.P.lora_A.weight`` [r, in] = A^T and ``lora_B`` [out, r] = B^T.
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ def _layers(path: str, stacked: bool, n: int) -> list[tuple[str, int | None]]:
 
 
 def host_factors(values: list) -> list[np.ndarray]:
-    """``values`` (device arrays) as float32 host arrays, each whole. In a multi-host run, where a
-    factor may be sharded over other processes' devices, one all-gather of them all (a
-    collective: every process must call it, with the same factors)."""
+    """Device arrays as whole float32 host arrays (one all-gather when needed)."""
     if all(getattr(v, "is_fully_addressable", True) for v in values):
         return [np.asarray(x, np.float32) for x in jax.device_get(values)]
     from jax.experimental import multihost_utils
@@ -41,8 +36,7 @@ def host_factors(values: list) -> list[np.ndarray]:
 
 
 def peft_tensors(model) -> Iterator[tuple[str, np.ndarray]]:
-    """(PEFT name, float32 array) of every adapter factor of ``model``, gathered to host (in a
-    multi-host run a collective: `host_factors`)."""
+    """(PEFT name, float32 array) of every adapter factor (multi-host: a collective)."""
     mods = adapted(model)
     vals = host_factors([x for _, m in mods for x in (m.lora.a.get_value(), m.lora.b.get_value())])
     for k, (path, m) in enumerate(mods):

@@ -1,9 +1,6 @@
-"""``lora.push: adapter``: at a resync the trainer sends the adapters alone (PEFT names) as an
-adapter push (`dlc_jax.sampler.push.adapter`): a full push's checksummed stream whose header
-carries the push kind, rank/alpha and the fingerprint of the trainer's frozen base, which the
-sampler checks before it merges (JAX) or loads the adapter as a LoRA (vLLM). Over gRPC to one
-sampler or every pushable sampler of a pool; in memory to an `InProcessSampler`. The multi-host
-pusher is `dlc_jax.trainer.lora_push`.
+"""``lora.push: adapter``: a resync sends the adapters alone (PEFT names) in a push stream whose
+header carries rank/alpha and the frozen base's fingerprint, checked by the sampler before it
+merges or loads them (`dlc_jax.sampler.push.adapter`; multi-host: `dlc_jax.trainer.lora_push`).
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ def adapter_tensors(model) -> list[tuple[str, np.ndarray]]:
 
 
 def hf_base_fingerprint(model) -> str:
-    """`adapter_push.base_fingerprint` of ``model``'s frozen base (its HF tensors: the adapters
-    are not among them)."""
+    """`base_fingerprint` of ``model``'s HF tensors (the frozen base; adapters not among them)."""
     from dlc_jax.model import iter_hf_tensors
 
     return base_fingerprint(iter_hf_tensors(model, dtype=np.float32))
@@ -47,8 +43,7 @@ def adapter_messages(
     dtype: str = "float32",
     chunk_bytes: int = 16 << 20,
 ):
-    """The PushWeights request stream of an adapter push (`weight_stream.weight_messages` with the
-    header marked by ``meta``; CRC-32C per tensor)."""
+    """The PushWeights stream of an adapter push (header marked by ``meta``; CRC-32C)."""
     from dlc_jax.sampler.push.weight_stream import weight_messages
 
     shapes = [(n, tuple(a.shape)) for n, a in tensors]
@@ -70,8 +65,7 @@ def push_one(
 
 
 class AdapterPusher:
-    """Pushes a LoRA model's adapters (the trainer's `SamplerLink.adapter`). The base fingerprint
-    is computed once, from the first model pushed (the base is frozen)."""
+    """Pushes a LoRA model's adapters; the frozen base is fingerprinted once."""
 
     def __init__(self, cfg: LoraConfig):
         self.cfg = cfg
@@ -90,8 +84,7 @@ class AdapterPusher:
         return tensors, self.meta(model)
 
     def push(self, sampler: Any, model, version: int, *, dtype: str = "float32") -> PushResult:
-        """Push ``model``'s adapters as weight ``version`` to ``sampler`` (a `SamplerClient`, a
-        `SamplerPool` or an `InProcessSampler`)."""
+        """Push the adapters as ``version`` to a client, a pool or an in-process sampler."""
         from dlc_jax.sampler.client.client import SamplerClient
         from dlc_jax.sampler.client.inprocess import InProcessSampler
         from dlc_jax.sampler.client.pool import SamplerPool
@@ -128,10 +121,8 @@ MERGING_BACKENDS = ("jax", "inprocess")
 
 
 def serves_adapters(info: Mapping[str, Any], rank: int) -> tuple[bool, str]:
-    """Whether a sampler serves rank-``rank`` adapter pushes, from what it declares (its Info):
-    ``backend`` jax / inprocess merge any rank; vllm serves up to its ``backend_config``'s
-    ``max_lora_rank`` (0: LoRA off); any other backend takes full weights only. Returns
-    (yes, why)."""
+    """(yes, why): whether a sampler serves rank-``rank`` adapter pushes by its Info (jax /
+    inprocess: any rank; vllm: up to ``backend_config.max_lora_rank``; others: none)."""
     backend = str(info.get("backend") or "")
     if backend in MERGING_BACKENDS:
         return True, f"the {backend} sampler serves adapter pushes"
@@ -149,10 +140,8 @@ def serves_adapters(info: Mapping[str, Any], rank: int) -> tuple[bool, str]:
 def choose_push(
     mode: str, rank: int, info: Mapping[str, Any] | None, *, base_issue: str = ""
 ) -> tuple[str, str]:
-    """('adapter' | 'merged', why) of ``lora.push = mode`` for a run of adapter rank ``rank``.
-    'merged' and 'adapter' are taken as set; 'auto' is 'adapter' when the sampler serves adapters
-    (`serves_adapters` of its declared ``info``) and nothing makes the base it serves differ from
-    the trainer's (``base_issue``: what would, '' for nothing), else 'merged'."""
+    """('adapter' | 'merged', why) of ``lora.push = mode``: 'auto' is 'adapter' when the sampler
+    serves adapters and no ``base_issue`` makes its base differ from the trainer's."""
     if mode != "auto":
         return mode, f"lora.push={mode}"
     if base_issue:

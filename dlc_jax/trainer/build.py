@@ -1,8 +1,5 @@
-"""`build_trainer(cfg)`: the wiring of a training run from its config, the parts `Trainer` takes:
-JAX's persistent compilation cache (``train.compile_cache_dir``, '' = off: a restarted run reads
-its compiled programs back), the model directory (the SFT warm-up first when ``sft.enabled``), its
-tokenizer, the reward workers, the training prompts and the sampler link. A part given as an
-argument is used instead of the one the config would make::
+"""`build_trainer(cfg)`: a `Trainer` wired from its config (compilation cache, model directory
+after any SFT warm-up, tokenizer, rewards, prompts, sampler link); parts given are used instead::
 
     trainer = build_trainer(cfg, sampler=InProcessSampler.from_section(cfg.sampler, model_dir))
 """
@@ -31,8 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 def enable_compile_cache(directory: str, min_compile_s: float = 1.0) -> str | None:
-    """Point JAX's persistent compilation cache at ``directory`` (a local directory is created;
-    a URL such as gs://... is passed through); the directory used, None when ''."""
+    """Point JAX's compilation cache at ``directory`` ('': off; local: created); where it points."""
     if not directory:
         return None
     if "://" in directory:  # gs://bucket/... : JAX writes it through its own file layer
@@ -51,9 +47,7 @@ def enable_compile_cache(directory: str, min_compile_s: float = 1.0) -> str | No
 
 
 def make_prompts(cfg: TrainConfig, tokenizer: Any, rewards: RewardRunner) -> PromptPipeline:
-    """The training prompt stream of ``cfg.data`` (every process builds the same one and keeps its
-    slots), prompts longer than the sampler's room dropped at load, gold answers checked by the
-    rewards."""
+    """The prompt stream of ``cfg.data``; too long prompts dropped, answers checked at load."""
     s = cfg.sampler
     return PromptPipeline(
         cfg.data,
@@ -75,8 +69,7 @@ def build_trainer(
     prompts: PromptPipeline | None = None,
     hooks: Iterable[Hook] = (),
 ) -> Trainer:
-    """A `Trainer` for ``cfg`` with today's wiring (see the module doc); parts given are used as
-    they are."""
+    """A `Trainer` for ``cfg`` (module doc); parts given are used as they are."""
     from dlc_jax.trainer.sft import base_model_dir, ensure_env_sft_model, ensure_sft_model
 
     enable_compile_cache(cfg.train.compile_cache_dir)
@@ -87,7 +80,6 @@ def build_trainer(
     else:
         model_dir = ensure_sft_model(cfg) if cfg.sft.enabled else base_model_dir(cfg)
     tokenizer = load_tokenizer(str(model_dir))
-    # rewards run in worker processes; the data is checked against them at load
     own_rewards = rewards is None
     rewards = RewardRunner(cfg.reward) if rewards is None else rewards
     try:

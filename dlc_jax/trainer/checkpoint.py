@@ -1,19 +1,17 @@
-"""Orbax checkpoints of a training run: array state + JSON metadata per step, verified on restore.
-
-Each step holds ``state`` (theta_t, optimizer state, theta_s snapshots keyed by version) and
-``meta`` (JSON: step, versions, data state, config, counters, and two 32-bit ``checksums`` per
-array computed before writing). A restored state must match its checksums and hold only finite
-floats (:class:`CheckpointError`). A save is read back and verified before older steps are rotated
-out; a step that fails is moved to ``<dir>/corrupt/``. :func:`restore_train_state` falls back from
-a bad newest step to the newest good one.
+"""Orbax checkpoints of a training run: per step the ``state`` arrays (theta_t, optimizer state,
+theta_s snapshots) and JSON ``meta`` with per-array ``checksums``. Saves are read back and verified
+before older steps rotate out; a bad step is moved to ``<dir>/corrupt/``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import shutil
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +21,6 @@ from etils import epath
 
 from dlc_jax.errors import UserError, one_line
 from dlc_jax.model.checksums import array_checksums
-from dlc_jax.trainer.ckpt_reads import QuietManager
 
 if TYPE_CHECKING:
     from dlc_jax.trainer.state import TrainState
@@ -37,13 +34,77 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be restored (corrupt, incomplete, non-finite, of another shape)."""
 
 
+# ---- restores that fail in one line: orbax closes a restore's asyncio loop at the first failed
+# read; the reads still running then print ``Event loop is closed`` from TensorStore threads
+class _DropAfterClose(asyncio.SelectorEventLoop):
+    """An event loop that ignores ``call_soon_threadsafe`` once closed instead of raising."""
+
+    def call_soon_threadsafe(self, callback, *args, context=None):  # type: ignore[override]
+        if self.is_closed():
+            return None
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        except RuntimeError:
+            if self.is_closed():  # closed between the check and the call
+                return None
+            raise
+
+    def call_exception_handler(self, context: dict) -> None:
+        if self.is_closed() and "never retrieved" in str(context.get("message", "")):
+            logger.debug(
+                "orbax read abandoned after a failed restore: %s", context.get("exception")
+            )
+            return
+        super().call_exception_handler(context)
+
+
+class _Policy(asyncio.DefaultEventLoopPolicy):  # type: ignore[misc,valid-type]
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return _DropAfterClose()
+
+
+_LOCK = threading.Lock()
+_DEPTH = 0
+_SAVED: Any = None
+
+
+@contextlib.contextmanager
+def quiet_reads() -> Iterator[None]:
+    """Event loops made in this block drop late callbacks (re-entrant, thread-safe)."""
+    global _DEPTH, _SAVED
+    with _LOCK:
+        if _DEPTH == 0:
+            _SAVED = asyncio.get_event_loop_policy()
+            asyncio.set_event_loop_policy(_Policy())
+        _DEPTH += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DEPTH -= 1
+            if _DEPTH == 0:
+                asyncio.set_event_loop_policy(_SAVED)
+                _SAVED = None
+
+
+class QuietManager:
+    """A ``CheckpointManager`` whose ``restore`` runs under `quiet_reads`."""
+
+    def __init__(self, mgr: Any) -> None:
+        self._inner = mgr
+
+    def restore(self, *args: Any, **kwargs: Any) -> Any:
+        with quiet_reads():
+            return self._inner.restore(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def _checkpoint_path(directory: str | Path) -> epath.Path:
-    """``epath.Path`` of a checkpoint directory: URIs (``scheme://...``) untouched, local paths
-    absolute."""
+    """URIs (``scheme://...``) untouched, local paths made absolute."""
     s = str(directory)
-    if "://" in s:
-        return epath.Path(s)
-    return epath.Path(Path(s).absolute())
+    return epath.Path(s if "://" in s else Path(s).absolute())
 
 
 def _describe(paths: list[str]) -> str:
@@ -51,8 +112,7 @@ def _describe(paths: list[str]) -> str:
 
 
 def verify_tree(tree, meta: dict) -> None:
-    """Raise ValueError unless ``tree`` holds only finite floats and matches ``meta``'s checksums
-    (a checkpoint written before checksums existed is only checked for finiteness)."""
+    """ValueError unless ``tree`` is finite and matches ``meta``'s checksums (if any)."""
     sums, bad = array_checksums(tree)
     if bad:
         raise ValueError(f"non-finite values in {_describe(bad)}")
@@ -70,10 +130,9 @@ def verify_tree(tree, meta: dict) -> None:
 
 
 class Checkpointer:
-    """Periodic + on-exit checkpoints under ``directory`` (a local path, made absolute, or a
-    cloud URI such as ``gs://bucket/run/ckpt``). every: save when ``step % every == 0`` (0 = only
-    forced saves); keep: the last N verified steps are kept; verify_on_save: read every save back
-    and verify it (room for a second copy of the state in device memory)."""
+    """Checkpoints under ``directory`` (a local path or a URI such as ``gs://bucket/ckpt``). every:
+    the save period (0 = forced saves only); keep: last N steps kept; verify_on_save: read every
+    save back (room for a second copy of the state in device memory)."""
 
     def __init__(
         self, directory: str | Path, *, keep: int = 2, every: int = 0, verify_on_save: bool = True
@@ -89,7 +148,6 @@ class Checkpointer:
             enable_async_checkpointing=False,
             cleanup_tmp_directories=True,  # half-written saves of a killed run
         )
-        # every restore drops the reads a failed restore abandoned (one-line errors: ckpt_reads)
         self._mgr = QuietManager(
             ocp.CheckpointManager(self.directory, options=opts, item_names=("state", "meta"))
         )
@@ -98,12 +156,9 @@ class Checkpointer:
         return self.every > 0 and step > 0 and step % self.every == 0
 
     def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
-        """Write ``state`` and ``meta`` (JSON-able) at ``step``, read it back and verify it, then
-        rotate out steps beyond ``keep``; a non-finite state or a save that does not verify (moved
-        to ``corrupt/``) is a CheckpointError."""
-        if not force and not self.should_save(step):
-            return False
-        if step in self._mgr.all_steps():
+        """Write, read back and verify ``state`` + ``meta`` at ``step``, then rotate out steps
+        beyond ``keep``; CheckpointError for a non-finite state or a save that does not verify."""
+        if not (force or self.should_save(step)) or step in self._mgr.all_steps():
             return False
         sums, bad = array_checksums(state)
         if bad:
@@ -133,8 +188,7 @@ class Checkpointer:
         return True
 
     def quarantine(self, step: int) -> str:
-        """Move step ``step`` to ``<dir>/corrupt/<step>-<time>`` (out of the manager's view);
-        returns where it went (process 0 moves it; the others only forget it)."""
+        """Move step ``step`` to ``<dir>/corrupt/<step>-<time>`` (by process 0); where it went."""
         src = self.directory / str(step)
         dst = self.directory / "corrupt" / f"{step}-{int(time.time())}"
         if jax.process_index() == 0:
@@ -166,9 +220,7 @@ class Checkpointer:
         return meta
 
     def restore_state(self, abstract_state, step: int | None = None, *, meta: dict | None = None):
-        """Arrays of ``step`` restored with the shapes/dtypes/shardings of ``abstract_state``
-        (a pytree of ``jax.ShapeDtypeStruct`` or arrays), verified against the step's checksums
-        (``meta``: its metadata when already read) and for finite values."""
+        """Arrays of ``step`` onto ``abstract_state``'s layout, verified against ``meta``."""
         step = self._resolve(step)
         meta = self.restore_meta(step) if meta is None else meta
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
@@ -181,8 +233,7 @@ class Checkpointer:
         return out["state"]
 
     def restore_items(self, step: int, what: str, chars: int, **items) -> dict:
-        """The orbax ``items`` of ``step``; any failure a CheckpointError naming the step and
-        ``what`` (the error in ``chars`` characters, without TensorStore's spec dump)."""
+        """The orbax ``items`` of ``step``; a failure is a CheckpointError naming ``what``."""
         try:
             return self._mgr.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # noqa: BLE001 - orbax raises many types; rewrap with the path
@@ -204,8 +255,7 @@ class Checkpointer:
         return step
 
     def clear(self, keep: int = 0) -> list[int]:
-        """Delete every step but the last ``keep`` (0: all, a run started over with
-        ``checkpoint.overwrite``); returns the deleted steps."""
+        """Delete every step but the last ``keep``; returns the deleted steps."""
         steps = self.all_steps()
         steps = steps[: max(0, len(steps) - keep)]
         for s in steps:
@@ -218,8 +268,7 @@ class Checkpointer:
 
 # ---- a training run's state ------------------------------------------------------------------
 def state_tree(state: TrainState, snapshots: dict | None = None) -> dict:
-    """The arrays of a checkpoint: theta_t, optimizer state, theta_s snapshots keyed by
-    str(version)."""
+    """The arrays of a checkpoint (snapshots keyed by str(version))."""
     snaps = state.snapshots if snapshots is None else snapshots
     return {
         "params": state.trainable_params(),  # LoRA: the adapters alone
@@ -244,10 +293,9 @@ def save_train_state(
 def restore_train_state(
     ckpt: Checkpointer, state: TrainState, check_meta: Callable[[dict], Any] | None = None
 ) -> dict:
-    """Restore the newest good checkpoint into ``state`` (onto the shardings it has); returns its
-    meta. Steps are tried newest first; a bad one is reported in one line, moved to ``corrupt/``
-    and the next older tried. ``check_meta(meta)`` runs before a step's arrays are read (its
-    errors are raised as they are). CheckpointError when no step is good."""
+    """Restore the newest good checkpoint into ``state``; returns its meta. A bad step is reported,
+    moved to ``corrupt/`` and the next older tried; ``check_meta(meta)`` runs before the arrays
+    are read (its errors raised as they are). CheckpointError when no step is good."""
     refused: list[tuple[int, str]] = []
     for step in reversed(ckpt.all_steps()):
         try:

@@ -28,14 +28,12 @@ def cli(argv: list[str]) -> int:
 
     from dlc_jax.trainer.config import default_config_path, dump_config, load_config
 
-    # ConfigError / DistributedError are user errors: `dlc_jax.cli` prints them in one line
     path = a.config or default_config_path()
     cfg = load_config(path, a.overrides)
     if a.print_config:
         print(dump_config(cfg))
         return 0
-    # on a TPU: the compiler flags `dlc-jax plan` compiled with (libtpu reads them once, when JAX
-    # loads it below); elsewhere the variable is unread
+    # on a TPU: the compiler flags `dlc-jax plan` compiled with (read once, when JAX loads libtpu)
     from dlc_jax import tpu_flags
 
     tpu_flags.apply(cfg.plan.libtpu_flags)

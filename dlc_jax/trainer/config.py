@@ -1,15 +1,13 @@
-"""Training config: loading YAML with its ``base:`` chain, ``key.sub=value`` CLI overrides,
-parsing and checking, and the public names of the config (the sections live in
-`config_sections`): `load_config` -> `read_layered` -> overrides -> `from_dict` -> `validate`.
+"""Training config: `load_config` -> `read_layered` (YAML + ``base:`` chain) -> ``key.sub=value``
+overrides -> `from_dict` -> `validate` (sections: `config_sections`).
 
-An unknown key or a bad value is a :class:`ConfigError` whose message starts with the dotted key
-(``optim.lr``). No config library: pydantic / OmegaConf accept other inputs and word errors their
-own way. NaN is refused for every float, infinity for all but ``_INF_OK``; a YAML file that is not
-UTF-8 or nests deeper than ``MAX_YAML_DEPTH`` is a one-line ConfigError.
+A bad key or value is a :class:`ConfigError` starting with the dotted key (``optim.lr``); no config
+library, whose errors read their own way. NaN is refused, infinity too except for ``_INF_OK``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -21,26 +19,17 @@ from typing import Any, Literal
 
 import yaml
 
-from dlc_jax.data.arithmetic import ArithmeticConfig
-from dlc_jax.model.sharding import MeshConfig
 from dlc_jax.rl.loss_config import LossConfig
 from dlc_jax.trainer.config_sections import (
     _FIELD_NAME,
     _YAML_NAME,
-    AsyncSection,
-    CheckpointSection,
     ConfigError,
     DistributedSection,
-    EvalSection,
-    LogSection,
     LossSection,
     ModelSection,
     OptimSection,
     ResyncSection,
-    SamplerSection,
-    SFTSection,
     TrainConfig,
-    TrainSection,
     to_dict,
 )
 
@@ -117,10 +106,8 @@ def _coerce(key: str, tp, value):
         return int(value)
     if tp is float:
         if isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value)
-            except ValueError:
-                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         value = float(value)
@@ -166,8 +153,7 @@ def from_dict(cls, d: dict | None, prefix: str = ""):
 
 
 def _section_error(where: str, cls, msg: str) -> str:
-    """A section dataclass's own error under its dotted key: "LossConfig.clip_low has ..." from the
-    ``loss`` section becomes "loss.clip_low: has ..."."""
+    """A section's own error under its dotted key (``loss.clip_low: ...``)."""
     if msg.startswith((f"{where}.", f"{where}:")):  # already names its dotted key
         return msg
     for name in (cls.__name__, *(b.__name__ for b in cls.__mro__[1:])):
@@ -185,8 +171,7 @@ def _get(cfg: TrainConfig, dotted: str):
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Range and cross-field checks (types, choices and each section's own checks ran while
-    parsing); errors name the key."""
+    """Range and cross-field checks (types and choices were checked while parsing)."""
     for ok, req, keys in _RULES:
         for key in keys.split():
             v = _get(cfg, key)
@@ -223,13 +208,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 
 def make_loss_config(loss: LossSection) -> LossConfig:
-    """``rl.LossConfig`` of the loss section (kept for callers; same as ``loss.loss_config()``)."""
+    """``loss.loss_config()`` (docs/CONTRACTS.md)."""
     return loss.loss_config()
 
 
 def load_yaml(path: Path):
-    """The YAML document of file ``path``; a ConfigError naming the file when it is not UTF-8,
-    not valid YAML, or nested deeper than ``MAX_YAML_DEPTH``."""
+    """The YAML of ``path``; not UTF-8, not YAML or too deep: a ConfigError naming the file."""
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")
@@ -243,8 +227,7 @@ def load_yaml(path: Path):
 
 
 def safe_yaml(text: str, where: str, *, lines: bool = True):
-    """``yaml.safe_load(text)`` after checking its nesting depth on the parser's events (deeper
-    than ``MAX_YAML_DEPTH``: a ConfigError naming ``where``, and the line with ``lines``)."""
+    """``yaml.safe_load(text)`` refusing nesting deeper than ``MAX_YAML_DEPTH``."""
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
@@ -269,8 +252,7 @@ def _set_dotted(d: dict, dotted: str, value) -> None:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """``"optim.lr=1e-5"`` -> ``("optim.lr", 1e-05)``: the value is parsed as YAML here and
-    coerced to the key's type when the config is parsed."""
+    """``"optim.lr=1e-5"`` -> ``("optim.lr", 1e-05)`` (YAML; coerced to the key's type later)."""
     if "=" not in item:
         raise ConfigError(f"{item}: override must look like key.sub=value")
     key, raw = item.split("=", 1)
@@ -285,21 +267,19 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def packaged_config(name: str) -> Path:
-    """``dlc_jax/configs/<name>`` shipped inside the package (the repository's ``configs/`` links
-    there), found through importlib.resources so a non-editable install has it too."""
+    """``dlc_jax/configs/<name>`` through importlib.resources (non-editable installs too)."""
     from importlib.resources import files
 
     return Path(str(files("dlc_jax") / "configs" / name))
 
 
 def default_config_path() -> Path:
-    """The embedded default, ``tiny_cpu.yaml`` shipped with the package."""
+    """The embedded default, ``tiny_cpu.yaml``."""
     return packaged_config("tiny_cpu.yaml")
 
 
 def _resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Path:
-    """A config file: a path (relative to the including file's folder for ``base:``), or a packaged
-    config by name (``tiny_cpu``, ``tiny_cpu.yaml``, ``configs/tiny_cpu.yaml``)."""
+    """A path (relative to ``relative_to`` first) or a packaged config's name."""
     p = Path(name)
     if relative_to is not None and not p.is_absolute() and (relative_to / p).exists():
         return relative_to / p
@@ -313,8 +293,7 @@ def _resolve_config_path(name: str | Path, relative_to: Path | None = None) -> P
 
 
 def _merge(cls, base: dict, over: dict) -> dict:
-    """``over`` layered on ``base``: config sections merge key by key, any other value (a
-    mapping-typed field such as ``reward.fns`` included) is replaced whole."""
+    """``over`` on ``base``: sections merge key by key, other values are replaced whole."""
     hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
     out = dict(base)
     for k, v in over.items():
@@ -327,10 +306,7 @@ def _merge(cls, base: dict, over: dict) -> dict:
 
 
 def read_layered(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
-    """The YAML mapping of ``path`` with its ``base:`` chain applied (base first, then the file).
-
-    ``base`` names a packaged config (``base: tiny_cpu``) or a path, relative to the file that
-    names it; a base may have its own base. Errors name the file."""
+    """The YAML mapping of ``path`` over its ``base:`` chain; errors name the file."""
     p = _resolve_config_path(path)
     if not p.exists():
         raise ConfigError(f"--config: no such file {str(p)!r}")
@@ -355,8 +331,7 @@ def read_layered(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
 
 
 def _resolve_auto(d: dict) -> None:
-    """``sft.enabled: auto`` (the embedded default's): on for the tiny model made locally
-    (``model.path`` empty), off for a model the user gives."""
+    """``sft.enabled: auto``: on for the tiny model (``model.path`` empty), else off."""
     sft = d.get("sft")
     if isinstance(sft, dict) and str(sft.get("enabled")).lower() == "auto":
         model = d.get("model") if isinstance(d.get("model"), dict) else {}
@@ -364,8 +339,7 @@ def _resolve_auto(d: dict) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Load YAML (``None`` = no file, all defaults) with its ``base:`` chain, apply the overrides,
-    then parse and validate."""
+    """Load YAML (``None``: all defaults) with its ``base:`` chain, apply overrides, validate."""
     d: dict = read_layered(path) if path is not None else {}
     for item in overrides:
         k, v = parse_override(item)
@@ -384,18 +358,10 @@ __all__ = [
     "ConfigError",
     "TrainConfig",
     "ModelSection",
-    "SamplerSection",
     "DistributedSection",
     "LossSection",
     "OptimSection",
     "ResyncSection",
-    "AsyncSection",
-    "TrainSection",
-    "CheckpointSection",
-    "LogSection",
-    "EvalSection",
-    "SFTSection",
-    "MeshConfig",
     "load_config",
     "dump_config",
     "from_dict",
@@ -404,5 +370,4 @@ __all__ = [
     "parse_override",
     "make_loss_config",
     "default_config_path",
-    "ArithmeticConfig",
 ]

@@ -1,9 +1,5 @@
-"""The training config's sections: one dataclass per YAML section, and `TrainConfig` holding them.
-
-Sections are the library's own dataclasses where one exists (``mesh`` = ``model.MeshConfig``,
-``data`` = ``DataConfig``, ``reward`` = ``RewardConfig``, ``loss`` = ``rl.LossConfig`` plus the
-trainer's ``old_policy``); the others are defined here. The YAML section ``async`` maps to the
-field ``async_`` (``async`` is a Python keyword); `to_dict` writes the YAML names.
+"""The training config's sections (one dataclass per YAML section; the library's own where one
+exists, e.g. ``data`` = ``DataConfig``) and `TrainConfig`. YAML ``async`` is the field ``async_``.
 """
 
 from __future__ import annotations
@@ -36,15 +32,10 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass
 class ModelSection:
-    """The model to train and how it runs (the ``Qwen3Config`` run options, docs/MODEL.md).
-
-    path: HF model directory ('' = make the tiny model ``preset`` under sft.cache_dir).
-    attention_impl: 'auto' (splash on TPU, cuDNN on GPU in bf16, dense on CPU), 'splash', 'cudnn',
-    'xla' or 'dense'. scan_layers: stack the layers under lax.scan (null: models of at least
-    ``SCAN_MIN_LAYERS`` layers). moe_impl (MoE models): 'auto' (megablox on TPU, else ragged),
-    'ragged', 'megablox', 'dense'; moe_dispatch: 'allgather' or 'all_to_all'.
-    remat_policy: 'none', 'full', 'save_dots', 'save_attn_out', 'save_dots_and_attn_out', or ''
-    (from remat: 'full' when true, else 'none'); remat and a named policy must agree.
+    """The model to train and its run options (docs/MODEL.md). path: HF model directory ('' =
+    the tiny model ``preset``). attention_impl: 'auto' (splash on TPU, cuDNN on GPU in bf16, dense
+    on CPU) or a kernel; scan_layers: null = by layer count; moe_impl: 'auto' (megablox on TPU,
+    else ragged); remat_policy: '' follows remat ('full' when true, else 'none').
     """
 
     path: str = ""
@@ -77,12 +68,10 @@ class ModelSection:
 
     def remat_policy_name(self) -> str:
         """The remat policy the model is built with (remat_policy, or 'full'/'none' from remat)."""
-        if self.remat_policy:
-            return self.remat_policy
-        return "full" if self.remat else "none"
+        return self.remat_policy or ("full" if self.remat else "none")
 
     def run_options(self) -> dict:
-        """The ``Qwen3Config`` run options of this section (scan_layers None = by layer count)."""
+        """The ``Qwen3Config`` run options of this section."""
         return {
             "attention_impl": self.attention_impl,
             "scan_layers": self.scan_layers,
@@ -92,13 +81,9 @@ class ModelSection:
 
 @dataclasses.dataclass
 class SamplerSection:
-    """The sampler the trainer drives and how it samples.
-
-    backend: 'vllm' | 'jax' | 'inprocess' (the JAX backend inside the trainer's process).
-    address: 'host:port' of a running sampler, several comma-separated (a `SamplerPool`), or ''
-    (spawn one on loopback). n: the group size G. head_k: the top-k head reported per token.
-    push_transport: 'auto' (the socket data plane where offered, else gRPC), 'grpc', 'socket'.
-    push_relay: 'off' or 'chain' / 'tree' / 'auto' (forwarded between samplers).
+    """The sampler the trainer drives. backend 'inprocess': the JAX backend in the trainer's
+    process. address: 'host:port', several comma-separated (a pool), or '' (spawn on loopback).
+    n: the group size G; head_k: the top-k head per token; push_relay: samplers forward pushes.
     """
 
     backend: Literal["vllm", "jax", "inprocess"] = "vllm"
@@ -119,8 +104,7 @@ class SamplerSection:
     startup_timeout_s: float = 600.0
     reconnect_timeout_s: float = 600.0
     connect_timeout_s: float = 30.0  # first connection to a given sampler.address
-    # the gRPC client's own retries of an UNAVAILABLE call (waits retry_backoff_s, doubling, capped
-    # at retry_max_backoff_s) before the trainer reconnects (sampler.reconnect_timeout_s)
+    # the client's own retries of UNAVAILABLE (backoff doubling) before the trainer reconnects
     retries: int = 5
     retry_backoff_s: float = 0.25
     retry_max_backoff_s: float = 8.0
@@ -130,12 +114,9 @@ class SamplerSection:
 
 @dataclasses.dataclass
 class DistributedSection:
-    """Multi-host JAX (``dlc_jax.trainer.distributed``).
-
-    mode: 'auto' initializes when coordinator_address or JAX_COORDINATOR_ADDRESS is set, 'always'
-    always (on a TPU pod JAX detects the rest), 'never' runs one process (not 'on'/'off', which
-    YAML reads as booleans). '' / -1 = from the environment, or auto-detected.
-    """
+    """Multi-host JAX. mode: 'auto' initializes when a coordinator address is set (config or
+    JAX_COORDINATOR_ADDRESS), 'always', 'never' (not on/off: YAML booleans). '' / -1: from the
+    environment."""
 
     mode: Literal["auto", "always", "never"] = "auto"
     coordinator_address: str = ""
@@ -146,23 +127,20 @@ class DistributedSection:
 
 @dataclasses.dataclass(frozen=True)
 class LossSection(LossConfig):
-    """The ``loss`` section: ``rl.LossConfig`` plus old_policy, the PPO anchor lp_old:
-    'current' = stop_gradient(lp) (theta_t), 'sampler' = lp_q (the sampler's log-probs, the async
-    "bypass" baseline), 'snapshot' = lp_s (the trainer at the sampler's weights theta_s).
-    """
+    """``rl.LossConfig`` plus old_policy, the PPO anchor lp_old: 'current' = stop_gradient(lp),
+    'sampler' = lp_q (the async "bypass" baseline), 'snapshot' = lp_s (theta_s)."""
 
     old_policy: Literal["current", "sampler", "snapshot"] = "current"
 
     def loss_config(self) -> LossConfig:
-        """The ``LossConfig`` part (what the train step's loss reads)."""
+        """The ``LossConfig`` part."""
         fields = {f.name for f in dataclasses.fields(LossConfig)}
         return LossConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in fields})
 
 
 @dataclasses.dataclass
 class OptimSection:
-    """AdamW with a linear warmup, then a decay ('cosine' | 'linear' | 'constant') to
-    lr * min_lr_ratio."""
+    """AdamW, linear warmup, then a decay to lr * min_lr_ratio."""
 
     lr: float = 1e-5
     warmup: int = 0
@@ -177,12 +155,9 @@ class OptimSection:
 
 @dataclasses.dataclass
 class ResyncSection:
-    """When theta_t is pushed to the sampler (``trainer.resync``).
-
-    policy: 'ess' (push when the lag ESS < threshold) | 'every_k' | 'never' | 'onpolicy'.
-    statistic: the lag ESS 'ess' reads, 'token' or 'sequence'. max_interval: with 'ess', also push
-    after this many steps without a sync (0 = no cap). stale_rollouts: rollouts in flight from an
-    older version are 'train'ed with their snapshot or 'drop'ped.
+    """When theta_t is pushed to the sampler (``trainer.resync``). statistic: the lag ESS of
+    'ess'; max_interval: with 'ess', also push after this many steps without a sync (0: no cap);
+    stale_rollouts: older rollouts in flight are 'train'ed with their snapshot or 'drop'ped.
     """
 
     policy: Literal["ess", "every_k", "never", "onpolicy"] = "ess"
@@ -196,8 +171,7 @@ class ResyncSection:
 
 @dataclasses.dataclass
 class AsyncSection:
-    """max_staleness: rollouts more than this many versions behind are dropped and resampled;
-    prefetch: upcoming batches requested ahead of training."""
+    """max_staleness: versions behind before a rollout is dropped; prefetch: batches ahead."""
 
     max_staleness: int = 8
     prefetch: int = 1
@@ -212,8 +186,7 @@ class TrainSection:
     batch_prompts: int = 8
     micro_batches: int = 1
     pack: bool = False  # pack rollouts into rows of sampler.max_model_len tokens (segment ids)
-    # unpacked row lengths: 'pow2' (next power of two), 'fine' (next multiple of 16), 'max'
-    # (always sampler.max_model_len); each distinct length compiles the step again
+    # unpacked row lengths (each compiles the step): power of 2, multiple of 16 or max_model_len
     length_buckets: Literal["pow2", "fine", "max"] = "pow2"
     # JAX's persistent compilation cache ('' = off): a restarted run reads its programs back
     compile_cache_dir: str = ""
@@ -224,8 +197,7 @@ class TrainSection:
 
 @dataclasses.dataclass
 class CheckpointSection:
-    """dir: the orbax checkpoint directory. every: the save period in steps (0 = only at exit).
-    keep: how many of the last checkpoints are kept."""
+    """every: the save period in steps (0 = only at exit); keep: how many are kept."""
 
     dir: str = "runs/default/ckpt"
     every: int = 10
@@ -237,10 +209,8 @@ class CheckpointSection:
 
 @dataclasses.dataclass
 class LogSection:
-    """Where and how the run's metrics go: metrics.jsonl, samples.jsonl, summary.json and tb/
-    under dir; a tqdm bar (or a plain line every progress_every steps); samples_n completions every
-    samples_every steps (0 = off); Weights & Biases with ``wandb``.
-    """
+    """The run's metrics under dir (metrics.jsonl, samples.jsonl, summary.json, tb/), the progress
+    bar or line, samples_n completions every samples_every steps (0 = off), wandb."""
 
     dir: str = "runs/default/logs"
     jsonl: bool = True
@@ -256,12 +226,8 @@ class LogSection:
 
 @dataclasses.dataclass
 class EvalSection:
-    """Held-out evaluation through the training sampler every ``every`` steps (0 = off).
-
-    source / subset / split: like ``data.*`` ('' = data.source); n: the first n prompts;
-    temperature 0 = greedy; max_tokens 0 = sampler.max_tokens. eval/accuracy is the share of
-    responses whose total reward is >= correct_min.
-    """
+    """Held-out evaluation every ``every`` steps (0 = off) of the first n prompts of source ('' =
+    data.source); max_tokens 0 = sampler.max_tokens; accuracy: share of reward >= correct_min."""
 
     every: int = 0
     source: str = ""
@@ -310,8 +276,7 @@ class TrainConfig:
         return to_dict(self)
 
     def hash(self, *sections: str, drop: tuple[str, ...] = ()) -> str:
-        """Stable short hash of the given sections (all when none), without the dotted keys in
-        ``drop`` (``model.scan_layers``)."""
+        """Stable short hash of ``sections`` (all when none) less the dotted keys ``drop``."""
         d = self.to_dict()
         if sections:
             d = {s: d[s] for s in sections}

@@ -1,22 +1,10 @@
-"""Multi-host JAX for the trainer: process start-up, per-host batch shards, agreement between
-processes, and the weight push of a resync.
+"""Multi-host JAX for the trainer: start-up (`initialize`, before any other JAX call), collectives
+that keep control flow identical on every process (`leader_json`, `allgather`, `global_versions`),
+per-host batch shards and the collective weight push (`push_weights`).
 
-Start-up (`initialize`): `jax.distributed.initialize` from the `distributed` section, else the
-environment (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`; on a TPU pod slice
-JAX detects all three); before any other JAX call. Mesh: one (data, fsdp, tensor) mesh over every
-device of every host; the jitted step is the same program on every process.
-
-Agreement (`leader_bool`, `leader_json`, `allgather`, `global_versions`): everything that decides
-control flow must be the same on every process; these collectives make it so.
-
-Batches -- CHOICE: rollouts are split by slot. Rows are ordered by (slot, sample) and sharded over
-('data', 'fsdp'); each process owns the rows on its own devices (`local_row_range`), whole groups
-of G = sampler.n rows (`local_slots`), asks the samplers for those slots only, scores and packs
-them, and the global arrays are assembled with `jax.make_array_from_process_local_data`
-(`global_batch`): no host holds the full batch. (Process 0 receiving and broadcasting everything
-was rejected: one host's funnel, a variable-length broadcast every step.)
-
-Resync push (`push_weights`): a collective; no tensor is gathered (`shard_push`).
+Batches are split by slot: each process owns the rows on its devices (`local_row_range`, whole
+groups of G = sampler.n: `local_slots`), requests, scores and packs those alone, and the global
+arrays are assembled from them (`global_batch`), so no host funnels the whole batch.
 """
 
 from __future__ import annotations
@@ -49,7 +37,6 @@ class ProcessInfo:
     process_count: int
     local_devices: int
     global_devices: int
-    initialized: bool
 
     @property
     def is_leader(self) -> bool:
@@ -57,8 +44,7 @@ class ProcessInfo:
 
 
 def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | None:
-    """Arguments for `jax.distributed.initialize` from the `distributed` section + environment
-    (config values win), or None for a single-process run."""
+    """`jax.distributed.initialize` arguments (section, else ``JAX_*``); None: one process."""
     env = os.environ if environ is None else environ
     if section.mode == "never":
         return None
@@ -93,8 +79,7 @@ def init_kwargs(section, environ: Mapping[str, str] | None = None) -> dict | Non
 
 
 def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo:
-    """Call `jax.distributed.initialize` when the config/environment asks for several processes
-    (idempotent). Must come before any other JAX call of the process."""
+    """`jax.distributed.initialize` when several processes are asked for (idempotent)."""
     kw = init_kwargs(section, environ)
     if kw is not None and not jax.distributed.is_initialized():
         jax.distributed.initialize(**kw)
@@ -102,13 +87,9 @@ def initialize(section, environ: Mapping[str, str] | None = None) -> ProcessInfo
 
 
 def process_info() -> ProcessInfo:
-    counts = (
-        jax.process_index(),
-        jax.process_count(),
-        jax.local_device_count(),
-        jax.device_count(),
+    return ProcessInfo(
+        jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count()
     )
-    return ProcessInfo(*counts, bool(jax.distributed.is_initialized()))
 
 
 def leader_bool(value: bool) -> bool:
@@ -117,8 +98,7 @@ def leader_bool(value: bool) -> bool:
 
 
 def leader_json(value: Any) -> Any:
-    """``value`` (JSON-able) as process 0 has it, on every process (a collective; the others'
-    ``value`` is ignored)."""
+    """``value`` (JSON-able) as process 0 has it, on every process (a collective)."""
     if jax.process_count() == 1:
         return value
     import json
@@ -134,8 +114,7 @@ def leader_json(value: Any) -> Any:
 
 
 def leader_push_targets(pool) -> list[int]:
-    """The indices of ``pool``'s samplers a multi-host push goes to, as process 0 chose them (in
-    rotation, plus reachable ones when the pool readmits); raises NoActiveSamplerError if none."""
+    """The sampler indices of ``pool`` a push goes to, as process 0 chose them."""
     from dlc_jax.sampler.client.rotation import NoActiveSamplerError
 
     mine = sorted(pool._push_targets()) if jax.process_index() == 0 else []
@@ -156,8 +135,7 @@ def allgather(x) -> np.ndarray:
 
 
 def global_versions(local: set[int], candidates: set[int]) -> list[int]:
-    """Sorted union over processes of ``local`` (weight versions), each of which must be in
-    ``candidates`` (the versions every process holds: snapshots + current)."""
+    """Sorted union over processes of the weight versions ``local``, each in ``candidates``."""
     cands = sorted(candidates)
     unknown = set(local) - set(cands)
     if unknown:
@@ -171,10 +149,7 @@ def global_versions(local: set[int], candidates: set[int]) -> list[int]:
 
 
 def make_training_mesh(mesh_section):
-    """The (data, fsdp, tensor) training mesh from the `mesh` section, or None for a single device.
-
-    Fixed axis sizes may use fewer devices than exist (first devices), except in a multi-host run,
-    which must use all devices of all its processes."""
+    """The (data, fsdp, tensor) mesh of the `mesh` section; None for one device."""
     from dlc_jax.model import MeshConfig, make_mesh
 
     m = mesh_section
@@ -201,15 +176,14 @@ def make_training_mesh(mesh_section):
 
 
 def rows_sharding(mesh):
-    """Batch-row sharding used by the train step: rows over ('data', 'fsdp')."""
+    """The train step's batch rows over ('data', 'fsdp')."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
 
 
 def local_row_range(sharding, global_rows: int) -> tuple[int, int]:
-    """[start, stop) of the batch rows (axis 0) on this process's devices under `sharding`;
-    DistributedError when they are not one contiguous block."""
+    """[start, stop) of the batch rows on this process's devices (DistributedError if split)."""
     idx = sharding.addressable_devices_indices_map((int(global_rows),))
     spans = sorted(
         {(s[0].start or 0, global_rows if s[0].stop is None else s[0].stop) for s in idx.values()}
@@ -226,9 +200,7 @@ def local_row_range(sharding, global_rows: int) -> tuple[int, int]:
 
 
 def local_slots(slots: list[int], group_size: int, sharding) -> list[int]:
-    """The prompt slots (in batch order) whose G = `group_size` rows live on this process.
-
-    slots: the global batch's slots in row order (row r belongs to slots[r // G])."""
+    """The slots (of the global batch, in row order) whose G = `group_size` rows are local."""
     rows = len(slots) * int(group_size)
     start, stop = local_row_range(sharding, rows)
     if start % group_size or stop % group_size:
@@ -242,9 +214,7 @@ def local_slots(slots: list[int], group_size: int, sharding) -> list[int]:
 
 
 def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) -> dict:
-    """Global `jax.Array`s (rows sharded by `sharding`) from this process's rows of each array.
-
-    local: name -> array [R_local, ...] holding rows `local_row_range(sharding, global_rows)`."""
+    """Global `jax.Array`s from this process's rows (`local_row_range`) of each array."""
     start, stop = local_row_range(sharding, global_rows)
     out = {}
     for k, a in local.items():
@@ -263,9 +233,8 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
 def push_weights(
     sampler: Sampler, model, version: int, *, relay: str | None = None, **options: Any
 ) -> PushResult:
-    """Push `model` as weight `version` to `sampler` (`options`: dtype, chunk_bytes, transport):
-    a plain `push_model` in a single process, else the collective `shard_push.push_shards`
-    (`relay`: None = the pool's), the same result on every process."""
+    """Push `model` as weight `version`: `push_model` in one process, else the collective
+    `shard_push.push_shards` (`relay`: None = the pool's). `options`: dtype, chunk_bytes, ..."""
     if jax.process_count() == 1:
         return sampler.push_model(model, version, **options)
     from dlc_jax.sampler.client.pool import SamplerPool

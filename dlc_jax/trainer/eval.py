@@ -1,7 +1,5 @@
-"""Held-out evaluation during training: the ``eval`` section's prompts (read like ``data``, the
-first ``eval.n``) through the training sampler at ``eval.temperature`` (0 = greedy), scored by the
-training rewards. ``eval/version`` is the sampler's weight version, which may trail the trainer's.
-With ``env.fn`` each prompt is an episode instead (`dlc_jax.env.evaluate`).
+"""Held-out evaluation: the first ``eval.n`` prompts of the ``eval`` source through the training
+sampler, scored by the training rewards (with ``env.fn``: episodes, `dlc_jax.env.evaluate`).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 def eval_data_config(data: DataConfig, ev) -> DataConfig:
-    """The ``data`` section with the eval source / subset / split, in order, one pass."""
+    """The ``data`` section with the eval source / subset / split, unshuffled, one pass."""
     return dataclasses.replace(
         data,
         source=ev.source or data.source,
@@ -36,8 +34,7 @@ def eval_data_config(data: DataConfig, ev) -> DataConfig:
 
 
 class Evaluator:
-    """``run(client, step)`` -> ``eval/*`` metrics of one evaluation (the prompts are loaded here;
-    a source with no usable prompt is a one-line error naming ``eval.source``)."""
+    """``run(client, step)`` -> ``eval/*`` metrics (``eval/version``: the sampler's, may trail)."""
 
     def __init__(self, cfg, tokenizer, eos_id: int, rewards):
         self.cfg, self.ev, self.rewards, self.eos_id = cfg, cfg.eval, rewards, eos_id
@@ -65,7 +62,6 @@ class Evaluator:
         if not self.examples:
             raise ValueError(f"eval.source: no usable prompt in {data.source!r} ({stats})")
         self.prompt_ids = [encode_prompt(tokenizer, e.prompt, **render) for e in self.examples]
-        # env.fn: each eval prompt is an episode of the environment, scored by its reward
         self.env_run = make_env_evaluator(cfg, tokenizer, self.examples)
         logger.info(
             "eval: %d prompts of %s (split %s) every %d steps, temperature %g",
@@ -77,7 +73,6 @@ class Evaluator:
         )
 
     def run(self, client, step: int) -> dict[str, float]:
-        """One evaluation: responses from ``client`` (a Sampler), scores, ``eval/*`` metrics."""
         t0 = time.time()
         params = SamplingParams(
             n=1,

@@ -1,15 +1,13 @@
 """`dlc-jax export --checkpoint DIR [--step N] --out HF_DIR [--dtype bfloat16|float32] [--model
 HF_DIR]`: turn an orbax training checkpoint's theta_t into an HF directory for serving.
 
-Only the `params` subtree is read (orbax partial restore). The architecture and tokenizer come
-from `--model`, else from the run's config in the checkpoint metadata. The restored params are
-verified as a resume verifies them (`checkpoint.verify_tree`); any failure is a one-line error and
-nothing is written. The directory is written beside ``--out`` and renamed into place; a non-empty
-``--out`` is refused unless ``--overwrite``.
+Only `params` is restored and verified as a resume verifies it; the architecture and tokenizer
+come from `--model` or the run's config. The output is written beside ``--out`` and renamed in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -64,8 +62,7 @@ def _on_one_device(tree):
 
 
 def check_out_dir(out_dir, overwrite: bool) -> Path:
-    """``out_dir`` as a Path once it may be written: refused when it is a file, or a non-empty
-    directory without ``overwrite``."""
+    """``out_dir`` as a Path, refused when a file or (without ``overwrite``) non-empty."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {str(out)!r} is a file, not a directory")
@@ -100,16 +97,13 @@ def model_dir_from_meta(meta: dict) -> Path:
 
 
 def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | None = None):
-    """(step, params): the `params` subtree of the checkpoint `state` item, restored onto the
-    shapes/dtypes/shardings of `abstract_params` and verified against `meta`'s checksums (the
-    step's metadata, read here when None) and for finite values."""
+    """(step, params): the checkpoint's `params` onto `abstract_params`, verified."""
     import jax
     import orbax.checkpoint as ocp
 
     from dlc_jax.trainer.checkpoint import Checkpointer, CheckpointError, verify_tree
 
-    ck = Checkpointer(ckpt_dir)
-    try:
+    with contextlib.closing(Checkpointer(ckpt_dir)) as ck:
         step = ck._resolve(step)
         meta = ck.restore_meta(step) if meta is None else meta
         target = {"params": abstract_params}
@@ -129,13 +123,10 @@ def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | Non
                 f"checkpoint {ck.directory}/{step}: corrupt, not exported: {e}"
             ) from e
         return step, params
-    finally:
-        ck.close()
 
 
 def _write_into_place(out_path: Path, write) -> None:
-    """``write(tmp)`` into a directory beside ``out_path``, renamed into place when complete: a
-    failed export leaves no directory (and an existing ``out_path`` untouched)."""
+    """``write(tmp)`` beside ``out_path``, renamed into place once complete."""
     tmp = out_path.parent / f".{out_path.name}.export-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -157,10 +148,8 @@ def export_lora_checkpoint(
     fmt: str = "merged",
     max_shard_bytes: int = 2 * 1024**3,
 ) -> Path:
-    """Write a LoRA checkpoint (adapters only, see ``dlc_jax.lora.base_check``) as the merged HF
-    model (``fmt='merged'``) or as a PEFT adapter directory (``fmt='adapter'``). The base is
-    ``model_dir`` loaded as the run loaded it, refused unless its fingerprint is the
-    checkpoint's."""
+    """Write a LoRA checkpoint as the merged HF model (``fmt='merged'``) or a PEFT adapter
+    directory (``'adapter'``); ``model_dir`` must be the base the checkpoint fingerprinted."""
     from flax import nnx
 
     from dlc_jax.lora.adapters import LoraParam, apply_lora, merged_model
@@ -203,8 +192,7 @@ def export_checkpoint(
     overwrite: bool = False,
     lora: str = "merged",
 ) -> tuple[int, Path]:
-    """Write theta_t of checkpoint `step` (latest when None) as an HF directory; returns (step,
-    out_dir). Verified first (module doc); a non-empty `out_dir` needs `overwrite`."""
+    """Write theta_t of checkpoint `step` (latest when None) as an HF directory; (step, out)."""
     from flax import nnx
 
     from dlc_jax.model import save_hf
@@ -218,11 +206,8 @@ def export_checkpoint(
     out_path = check_out_dir(out_dir, overwrite)
     if not Path(str(ckpt_dir)).exists() and "://" not in str(ckpt_dir):
         raise ExportError(f"no checkpoint: --checkpoint {str(ckpt_dir)!r} does not exist")
-    ck = Checkpointer(ckpt_dir)
-    try:
+    with contextlib.closing(Checkpointer(ckpt_dir)) as ck:
         meta = ck.restore_meta(step)
-    finally:
-        ck.close()
     step = int(meta["step"])
     model_dir = Path(model_dir) if model_dir else model_dir_from_meta(meta)
     jdt = _jnp_dtype(dtype)
@@ -255,8 +240,6 @@ def export_checkpoint(
 
 
 def cli(argv: list[str]) -> int:
-    """Errors are raised as user errors (``dlc_jax.errors``): `dlc_jax.cli` prints them in one
-    line."""
     a = _parser().parse_args(argv)
     if not a.max_shard_gb > 0:
         raise ExportError(f"--max-shard-gb must be > 0, got {a.max_shard_gb}")

@@ -1,9 +1,5 @@
-"""What stops a run safely: the guard against non-finite steps (`NonFiniteGuard`: a step whose
-loss or gradient is NaN/Inf, or whose update the jitted step refused, is undone and counted in
-``nonfinite_skipped``; ``train.max_nonfinite_steps`` in a row stop the run) and Ctrl-C
-(`SigintLatch`: recorded as well as raised, so an interrupt swallowed by a callback, such as JAX's
-gc callback, still stops the run at the next step boundary, without the traceback Python prints for
-an exception it cannot raise there).
+"""What stops a run safely: `NonFiniteGuard` (non-finite steps undone, too many in a row stop the
+run) and `SigintLatch` (a Ctrl-C recorded, so one swallowed by a callback still stops the run).
 """
 
 from __future__ import annotations
@@ -36,9 +32,8 @@ class NonFiniteGuard:
     def check(
         self, state: TrainState, index: int, m: dict, before: tuple, applied: bool = True
     ) -> bool:
-        """True when the step of batch ``index`` (metrics ``m``) is finite and applied; else the
-        step is undone (``state`` back to ``before`` = (params, opt_state)) and False, or
-        NonFiniteTrainingError at the limit."""
+        """True when the step of batch ``index`` is finite and applied; else False with ``state``
+        back to ``before`` = (params, opt_state), or NonFiniteTrainingError at the limit."""
         loss, gnorm = m.get("loss/loss", 0.0), m.get("grad_norm", 0.0)
         if math.isfinite(loss) and math.isfinite(gnorm) and applied:
             self.in_a_row = 0
@@ -67,13 +62,9 @@ class NonFiniteGuard:
 
 class SigintLatch:
     """`install` sets a SIGINT handler that records the interrupt (``caught``) and raises
-    KeyboardInterrupt; `restore` puts the previous handler back. Outside the main thread (where
-    signal handlers cannot be set) it installs nothing and ``caught`` stays False.
-
-    A KeyboardInterrupt raised while Python runs a callback it cannot propagate from (JAX's gc
-    callback, a ``__del__``) goes to ``sys.unraisablehook``, which prints a traceback; while
-    installed, the latch's hook drops such an interrupt once it is recorded (the loop raises it at
-    the next step boundary) and passes everything else to the previous hook."""
+    KeyboardInterrupt (main thread only); `restore` puts the previous handler back. A recorded
+    interrupt raised inside a callback (JAX's gc callback, a ``__del__``) is not printed by
+    ``sys.unraisablehook``: the loop raises it at the next step boundary."""
 
     def __init__(self) -> None:
         self.caught = False

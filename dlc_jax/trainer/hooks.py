@@ -1,7 +1,5 @@
-"""Hooks: what runs after a training step at an interval (evaluation, the metrics row, checkpoints),
-levanter-style. A hook is ``fn(info) -> dict | None`` run after every step that is a multiple of
-``every`` (0 = never), in the order added; what it returns is merged into ``info.row`` before the
-next hook runs.
+"""Levanter-style hooks: ``fn(info) -> dict | None`` run in order after every step that is a
+multiple of ``every`` (0 = never); what one returns is merged into ``info.row`` for the next.
 """
 
 from __future__ import annotations
@@ -12,8 +10,7 @@ from collections.abc import Callable
 
 @dataclasses.dataclass
 class StepInfo:
-    """One finished step: its number (optimizer steps so far), its metrics row and the sample
-    completions logged for it (``log.samples_every``; empty when not due)."""
+    """One finished step: its number, metrics row and logged sample completions."""
 
     step: int
     row: dict
@@ -50,7 +47,5 @@ class Hooks:
         """Run the hooks due at ``info.step``; returns ``info`` with their metrics in its row."""
         for h in self.hooks:
             if h.due(info.step):
-                out = h.fn(info)
-                if out:
-                    info.row.update(out)
+                info.row.update(h.fn(info) or {})
         return info

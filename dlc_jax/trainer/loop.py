@@ -1,14 +1,8 @@
-"""The async RL loop: sampler rollouts stream in for upcoming batches while the trainer computes.
+"""The async RL loop: rollouts stream in for upcoming batches while the trainer computes.
 
-Per step (`Trainer._train_step`): wait until every (slot, sample) cell of the batch is filled,
-score, pack, theta_s forwards per weight version present, the jitted step, metrics, then the resync
-policy; after the step its hooks run (evaluation, the metrics row, checkpoints). `Trainer` is built
-from parts passed in (a `Sampler` or `SamplerLink`, rewards, prompts, model directory;
-`build.build_trainer` wires them from a config) and makes the rest itself: `BatchCollector`,
-`RunCheckpoints`, `StepInputs`, the jitted step (`train_setup.py`), `Resyncer`. Multi-host: each
-process requests, scores and packs its own slots; everything that decides control flow is agreed
-by a collective (`distributed`: resync decisions, snapshot versions, packed length, pushes,
-checkpoints); metrics come from process 0.
+Per step: wait for the batch, score, pack, theta_s forwards, the jitted step, the resync policy,
+then the hooks (evaluation, metrics row, checkpoint). Multi-host: each process handles its own
+slots; whatever decides control flow is agreed by a collective; metrics come from process 0.
 """
 
 from __future__ import annotations
@@ -37,12 +31,7 @@ from dlc_jax.trainer.hooks import Hook, Hooks, StepInfo
 from dlc_jax.trainer.lora_push import adapter_pusher, choose_lora_push, started_sampler_info
 from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.resync import Resyncer, make_policy
-from dlc_jax.trainer.run_dir import (
-    RunCheckpoints,
-    complete_summary,
-    model_names,
-    open_metrics,
-)
+from dlc_jax.trainer.run_dir import RunCheckpoints, complete_summary, model_names, open_metrics
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
 from dlc_jax.trainer.state import update_count
 from dlc_jax.trainer.step import STEP_KEYS
@@ -55,7 +44,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Trainer", "SamplerUnavailable", "NonFiniteTrainingError", "load_train_model"]
 
 
-COUNTERS = (
+COUNTERS = (  # run totals, checkpointed
     "resync_count",
     "resync_ess",
     "resync_forced",
@@ -68,10 +57,9 @@ COUNTERS = (
 
 
 class Trainer:
-    """One run over the parts it is given: ``sampler`` (a `Sampler` the caller owns, or a
-    `SamplerLink` closed with the trainer), ``rewards`` (closed with it), ``prompts``,
-    ``model_dir`` (trained, served as version 0) and more ``hooks`` (after eval, metrics,
-    checkpoint). Construction loads the model, builds the step and resumes; `run` trains."""
+    """One run over the parts given (`build.build_trainer` wires them): ``sampler`` (a `Sampler`
+    the caller owns, or a `SamplerLink` closed with the trainer), ``rewards`` (closed with it),
+    ``prompts``, ``model_dir`` (served as version 0), more ``hooks``. `run` trains."""
 
     def __init__(
         self,
@@ -96,14 +84,13 @@ class Trainer:
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
         setup = make_train_setup(cfg, self.model_dir, self.mesh)
         self.state, self.tx, self.schedule = setup.state, setup.tx, setup.schedule
-        self._full = setup.serve  # a full push's model (LoRA: base + delta merged)
+        self._full = setup.serve
         self.step_cfg, self.train_step = setup.step_cfg, setup.train_step
         self.policy = make_policy(cfg.resync)
         self.rewards = rewards
         self.inputs = StepInputs(
             cfg, self.tokenizer, self.eos_id, self.mesh, self.rows, setup.snapshot_lp, self.rewards
         )
-        # eval.every: held-out prompts through the same sampler, scored by the same rewards
         self.evaluator = (
             Evaluator(cfg, self.tokenizer, self.eos_id, self.rewards)
             if cfg.eval.every and self.proc.is_leader
@@ -126,7 +113,6 @@ class Trainer:
         elif setup.adapters and not s.address:  # the sampler the link starts (spawned/in process)
             own = started_sampler_info(s.backend, cfg.lora.rank)
             self._choose_lora_push(own, started_here=True)
-        # env.fn: every rollout is an episode of that environment, run behind the Sampler protocol
         self.env = make_env_sampler(cfg, self.tokenizer, lambda: self.link.client)
         self.batches = BatchCollector(
             cfg,
@@ -156,18 +142,15 @@ class Trainer:
         for h in hooks:
             self.hooks.add(h.name, h.every, h.fn)
         self.resumed = self._resume()
-        # a finished run re-invoked: nothing to train, no sampler, metrics files left as they are
         self.already_complete = self.resumed and self.state.step >= cfg.train.steps
         if self.multi:
-            # Set up the cross-process collective context now, while every process stands at the
-            # same point: its set-up waits only 30 s for the peers, and the first batch reaches
-            # different hosts at very different times (sampler start-up, first compiles).
+            # set up the collective context while every process is here (its set-up waits only
+            # 30 s for the peers; the first batch reaches hosts at very different times)
             dist.allgather([0.0])
 
     # ---- the run ---------------------------------------------------------------------------------
     def run(self) -> dict:
-        """Train until ``train.steps``; returns the summary (also written to
-        <log.dir>/summary.json)."""
+        """Train until ``train.steps``; returns the summary (also <log.dir>/summary.json)."""
         if self.already_complete:
             return complete_summary(self.cfg, self.checkpoints, self.model_dir)
         metrics = self._metrics = self._start()
@@ -211,12 +194,9 @@ class Trainer:
         return summary
 
     def _judge_short_run(self) -> None:
-        """reward.window not filled by the end of the run: the failure budget judges the batches
-        every process scored (their counts summed: one collective, the same verdict
-        everywhere)."""
+        """The reward failure budget judges a run shorter than ``reward.window`` (a collective)."""
         names = [s.name for s in self.rewards.specs]
-        local = self.rewards.budget.short_run_counts(names)
-        counts = dist.allgather(local).sum(0)
+        counts = dist.allgather(self.rewards.budget.short_run_counts(names)).sum(0)
         self.rewards.budget.judge_short_run(names, [s.fn for s in self.rewards.specs], counts)
 
     def _start(self) -> MetricsLogger:
@@ -237,13 +217,11 @@ class Trainer:
         )
 
     def serve(self, model):
-        """What a push sends for trained ``model``: the adapted model when the link pushes its
-        adapters alone (``lora.push``), else the full model (LoRA: base + delta merged)."""
+        """What a push sends: the adapted model for adapter pushes, else the full (merged) one."""
         return model if self.link.adapter is not None else self._full(model)
 
     def _choose_lora_push(self, info: dict, *, started_here: bool) -> None:
-        """Resolve ``lora.push`` for the sampler that declares ``info`` (one log line: which and
-        why); an adapter push sets the link's adapter pusher."""
+        """Resolve ``lora.push`` for the sampler that declares ``info`` (logged)."""
         choice, why = choose_lora_push(
             self.cfg, self.model_dir, info, started_here=started_here, multi=self.multi
         )
@@ -253,8 +231,7 @@ class Trainer:
         self._lora_push = False
 
     def _finish(self, metrics: MetricsLogger, finished: bool, seconds: float) -> dict:
-        """Checkpoint on exit, write the summary (process 0), close everything; returns the
-        summary."""
+        """Checkpoint on exit, write the summary (process 0), close everything; the summary."""
         self.checkpoints.save_on_exit(self.state)
         extra = {
             "finished": finished,
@@ -284,11 +261,11 @@ class Trainer:
             self.save()
 
     def _checkpoint_meta(self) -> dict:
-        # the data state is the one before the next batch, so a resumed run draws the same prompts
+        # the data state before the next batch: a resumed run draws the same prompts
         return {
             "data_state": self.batches.data_state_before(self.state.step),
             "counters": self.counters,
-            "dropped_stale": self.batches.dropped_stale,
+            "dropped_stale": self.batches.assembler.dropped_stale,
         }
 
     def save(self, force: bool = False) -> bool:
@@ -301,7 +278,7 @@ class Trainer:
             return False
         self.data.set_state(meta["data_state"])
         self.counters.update(meta.get("counters", {}))
-        self.batches.dropped_stale = int(meta.get("dropped_stale", 0))
+        self.batches.assembler.dropped_stale = int(meta.get("dropped_stale", 0))
         return True
 
     def close(self) -> None:
@@ -310,8 +287,7 @@ class Trainer:
 
     # ---- one step --------------------------------------------------------------------------------
     def _train_step(self, index: int) -> dict | None:
-        """One optimizer step on batch ``index``: wait, score, pack, theta_s forwards, step,
-        resync. None when the step was skipped (non-finite loss or gradient)."""
+        """One optimizer step on batch ``index``; None when skipped (non-finite)."""
         cfg, st = self.cfg, self.state
         t0 = time.time()
         rollouts = self.batches.collect(index)
@@ -334,10 +310,9 @@ class Trainer:
         st.step += 1
         self._partial_row = dict(m)
         self._samples = self._sample_log(rollouts, index, dev, before[0])
-        reason = (
-            self.policy.name if self.policy.should_resync(m, st.step - st.synced_version) else None
-        )
-        if reason is not None:
+        reason = None
+        if self.policy.should_resync(m, st.step - st.synced_version):
+            reason = self.policy.name
             self.resyncer.resync(reason)
         m.update(self.link.rotation_metrics())  # pool/*: rotation, removals, re-requested slots
         m.update({k: stats[k] for k in ("reward_mean", "reward_std", "version_lag")})
@@ -367,8 +342,7 @@ class Trainer:
         return m
 
     def _evaluate(self) -> dict:
-        """``eval/*`` of the held-out prompts; a failed evaluation is logged, not fatal, except a
-        user error (e.g. rewards failing too often), which ends the run in one line."""
+        """``eval/*``; a failed evaluation is logged, not fatal, unless a user error."""
         assert self.evaluator is not None
         try:
             return self.evaluator.run(self.link.client, self.state.step)
@@ -379,9 +353,7 @@ class Trainer:
             return {}
 
     def _sample_log(self, rollouts: list, index: int, dev: dict, params) -> list[dict]:
-        """log.samples_every: records of ``log.samples_n`` rollouts of this step (empty when not
-        due); the delta/ell summary needs one forward at the step's weights (single process,
-        unpacked rows)."""
+        """``log.samples_every``: records of ``log.samples_n`` rollouts when due."""
         lg, step = self.cfg.log, self.state.step
         if not (lg.samples_every and step % lg.samples_every == 0 and self.proc.is_leader):
             return []

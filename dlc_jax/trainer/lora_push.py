@@ -1,12 +1,7 @@
-"""What the trainer's pushes carry in a LoRA run (`choose_lora_push`: ``lora.push`` resolved
-against the sampler, ``auto`` by what it declares) and the adapter pusher (`adapter_pusher`).
-
-``lora.push: adapter`` in a multi-host run (`MultiHostAdapterPusher`) is a collective called by
-every process at the same point of the resync: every process gathers the (small) adapter factors
-(`export.peft_tensors`) and, at the first push, the base's fingerprint; process 0 alone pushes to
-the targets it chose (`push.push_one`; a failure is a failed result, never an exception, so no
-process is left waiting) and broadcasts each outcome, so every process returns the same
-`PushResult` and a pool settles the same rotation everywhere. The others send no bytes.
+"""What a LoRA run's pushes carry (`choose_lora_push`: ``lora.push`` against the sampler's
+declaration) and the adapter pusher. Multi-host (`MultiHostAdapterPusher`, a collective): every
+process gathers the adapters, process 0 alone pushes (a failure is a result, never an exception, so
+no process is left waiting) and broadcasts the outcomes, so every process returns the same result.
 """
 
 from __future__ import annotations
@@ -75,14 +70,12 @@ class MultiHostAdapterPusher(AdapterPusher):
 
 
 def adapter_pusher(cfg: LoraConfig, *, multi: bool, backend: str | None) -> AdapterPusher:
-    """The pusher of a ``lora.push=adapter`` run: a multi-host run's is collective
-    (`MultiHostAdapterPusher`: every process gathers, process 0 pushes)."""
+    """The pusher of a ``lora.push=adapter`` run (multi-host: collective)."""
     return MultiHostAdapterPusher(cfg) if multi else AdapterPusher(cfg)
 
 
 def started_sampler_info(backend: str, rank: int) -> dict:
-    """What a sampler the trainer starts itself declares (`SamplerLink` spawns it, or runs it in
-    process, with ``--max-lora-rank lora.rank`` when adapters are pushed): its backend."""
+    """What a sampler the trainer starts itself declares (``--max-lora-rank lora.rank``)."""
     return {"backend": backend, "backend_config": {"max_lora_rank": rank}}
 
 
@@ -96,13 +89,12 @@ def stored_dtype(model_dir) -> str:
 
 
 def base_issue(cfg, model_dir, *, started_here: bool) -> str:
-    """What would make a sampler's base differ from the trainer's ('' for nothing): an adapter is
-    merged into the base the sampler loaded, and refused unless its fingerprint is the trainer's."""
-    pd = cfg.model.param_dtype
-    if pd != "float32" and stored_dtype(model_dir) != pd:
+    """What would make the sampler's base (adapters merge into it) differ from ours, or ''."""
+    pd, stored = cfg.model.param_dtype, stored_dtype(model_dir)
+    if pd != "float32" and stored != pd:
         return (
             f"model.param_dtype {pd} rounds the base the sampler loads "
-            f"({stored_dtype(model_dir) or 'dtype unstated'} in {model_dir})"
+            f"({stored or 'dtype unstated'} in {model_dir})"
         )
     if cfg.sft.enabled and not started_here:
         return "the SFT-warmed base is not what a sampler started elsewhere serves"
@@ -112,14 +104,10 @@ def base_issue(cfg, model_dir, *, started_here: bool) -> str:
 def choose_lora_push(
     cfg, model_dir, info: dict, *, started_here: bool, multi: bool = False
 ) -> tuple[str, str]:
-    """('adapter' | 'merged', why) of the run's ``lora.push`` for the sampler that declares
-    ``info`` (`lora.push.choose_push`); in a multi-host run process 0's choice (a collective)."""
+    """('adapter' | 'merged', why) of ``lora.push`` for ``info``'s sampler (a collective)."""
     issue = base_issue(cfg, model_dir, started_here=started_here)
     choice, why = choose_push(cfg.lora.push, cfg.lora.rank, info, base_issue=issue)
-    if (
-        multi
-        and cfg.lora.push == "auto"
-        and leader_bool(choice == "adapter") != (choice == "adapter")
-    ):
-        choice, why = ("merged" if choice == "adapter" else "adapter"), f"{why} (process 0's)"
+    mine = choice == "adapter"
+    if multi and cfg.lora.push == "auto" and leader_bool(mine) != mine:
+        choice, why = ("merged" if mine else "adapter"), f"{why} (process 0's)"
     return choice, why

@@ -1,7 +1,5 @@
-"""Per-step metrics to JSONL, TensorBoard (grouped tags) and optionally wandb; a tqdm bar or a
-plain progress line; sample completions; an end summary. metrics.jsonl is durable: one flushed line
-per step; on resume the rows past the checkpoint are dropped, a half-written last line is skipped
-with a warning, and the kept rows are read back so the summary covers the whole run.
+"""Per-step metrics to metrics.jsonl (one flushed line per step; a resume drops the rows past the
+checkpoint and keeps the rest for the summary), TensorBoard, wandb and a progress bar or line.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 
 def _scalar(v):
-    """Python float/int of a scalar metric (jax/numpy scalars included); None if not scalar."""
+    """Python float/int of a scalar metric (jax/numpy too); None if not scalar."""
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, (int, float)):
@@ -38,14 +36,11 @@ def _scalar(v):
         a = np.asarray(v)
     except Exception:  # not an array-like: not a scalar metric
         return None
-    if a.shape == () and a.dtype.kind in "biuf":
-        return a.item()
-    return None
+    return a.item() if a.shape == () and a.dtype.kind in "biuf" else None
 
 
 def _write_hparams(tb, flat: dict) -> None:
-    """The resolved config in TensorBoard's HPARAMS tab (this run's own event file), next to the
-    headline metrics."""
+    """The resolved config in TensorBoard's HPARAMS tab, next to the headline metrics."""
     from tensorboardX.summary import hparams
 
     metrics = dict.fromkeys(("reward/mean", "eval/accuracy", "ess/lag"))
@@ -55,8 +50,7 @@ def _write_hparams(tb, flat: dict) -> None:
 
 
 def read_rows(path: Path, upto: int | None = None) -> list[dict]:
-    """Rows of a metrics.jsonl (those with step <= ``upto`` when given); an unreadable line (a
-    half-written last one) is skipped with a warning."""
+    """Rows of a metrics.jsonl (step <= ``upto``); unreadable lines are skipped with a warning."""
     rows = []
     lines = path.read_text().splitlines()
     for i, line in enumerate(lines):
@@ -74,10 +68,9 @@ def read_rows(path: Path, upto: int | None = None) -> list[dict]:
 
 
 class MetricsLogger:
-    """Writes ``{"step": s, **metrics}`` per step to ``<dir>/metrics.jsonl``, TensorBoard (grouped
-    tags, `writers.tb_tag`) and wandb (``{"project", "run_name"}``; None = off). progress: a tqdm
-    bar on a terminal, else (or when False) a plain line every ``progress_every`` steps. append:
-    continue a metrics.jsonl (resume), dropping its rows after ``initial_step``."""
+    """Writes ``{"step": s, **metrics}`` per step to ``<dir>/metrics.jsonl``, TensorBoard and wandb
+    (``{"project", "run_name"}``; None = off). progress: a tqdm bar on a terminal, else a plain
+    line every ``progress_every`` steps. append: resume, dropping rows after ``initial_step``."""
 
     def __init__(
         self,
@@ -101,8 +94,6 @@ class MetricsLogger:
         self.history: list[dict] = []
         if self.jsonl_path is not None:
             if append and self.jsonl_path.exists():
-                # resume: drop rows past the checkpoint (steps that will be recomputed); the kept
-                # rows stay in the history so the summary covers the whole run
                 self.history = read_rows(self.jsonl_path, initial_step)
                 self.jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
             self._jsonl = open(self.jsonl_path, "a" if append else "w")
@@ -117,16 +108,10 @@ class MetricsLogger:
                 text = "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```"
                 self._tb.add_text("config", text, global_step=initial_step)
                 _write_hparams(self._tb, flatten(config))
-        self._wandb = (
-            WandbWriter(
-                self.directory,
-                wandb.get("project", "dlc-jax"),
-                wandb.get("run_name", ""),
-                flatten(config or {}),
-            )
-            if wandb is not None
-            else None
-        )
+        self._wandb = None
+        if wandb is not None:
+            project, name = wandb.get("project", "dlc-jax"), wandb.get("run_name", "")
+            self._wandb = WandbWriter(self.directory, project, name, flatten(config or {}))
         self._bar = None
         self._line: ProgressLine | None = None
         if progress and sys.stdout.isatty():
@@ -183,9 +168,7 @@ class MetricsLogger:
             self._wandb.log_samples(step, records)
 
     def summary(self) -> dict:
-        """First/last/min/max/mean of each metric over the run (every row of metrics.jsonl after a
-        resume), and the means of the first and last 10% of steps (``first_10pct`` /
-        ``last_10pct``, at least one step each: single steps are noisy)."""
+        """First/last/min/max/mean of each metric, and means of the first and last 10% of steps."""
         if not self.history:
             return {"steps": 0}
         keys = sorted({k for r in self.history for k in r} - {"step"})

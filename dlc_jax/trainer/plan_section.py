@@ -1,7 +1,5 @@
-"""The ``plan`` section of a training config: where ``dlc-jax plan`` checks the run by default.
-
-Defined with the trainer's config sections (the trainer config holds it, and must not import the
-``plan`` package above it); ``dlc_jax.plan.config.PlanConfig`` is this class."""
+"""The ``plan`` section of a training config (here: the trainer must not import ``dlc_jax.plan``,
+whose ``config.PlanConfig`` is this class)."""
 
 from __future__ import annotations
 
@@ -10,11 +8,9 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class PlanConfig:
-    """topology: the TPU slice (``v5p-16`` or ``v5p:2x2x2``; '' = ``--topology`` required);
-    slices: how many (data parallel over DCN); efficiency: fraction of the bf16 peak of the old
-    projected step time; libtpu_flags: TPU compiler flags (``--name=value ...``) over the
-    project's set, used by ``dlc-jax plan`` and ``dlc-jax train`` alike (the trainer reads only
-    these)."""
+    """topology: the TPU slice (``v5p-16``, ``v5p:2x2x2``; '' = ``--topology`` required); slices:
+    data parallel over DCN; efficiency: fraction of the bf16 peak of the old projected step time;
+    libtpu_flags: TPU compiler flags (``--name=value ...``), the only key the trainer reads."""
 
     topology: str = ""
     slices: int = 1

@@ -1,13 +1,6 @@
-"""Resync policies: when the trainer pushes theta_t to the sampler (theta_s <- theta_t).
-
-* ``ess``: DLC -- after a step whose lag ESS (``statistic``: token or sequence) < threshold; with
-  ``max_interval`` k > 0 also after k steps without a sync (bounded staleness).
-* ``every_k``: every k optimizer steps. ``never``: a stale sampler (for experiments).
-* ``onpolicy``: every step, and no prefetch: theta_s == theta_t at every step (lag exactly 0).
-
-`Resyncer` runs a resync: theta_t pushed as a new weight version and snapshotted as theta_s, the
-snapshots no batch in flight needs pruned, and with ``resync.stale_rollouts: drop`` older rollouts
-in flight dropped; also before a step beyond the staleness bound and after a reconnect.
+"""Resync policies, when theta_t is pushed to the sampler: ``ess`` (lag ESS < threshold, or
+``max_interval`` steps without a sync), ``every_k``, ``never``, ``onpolicy`` (every step, no
+prefetch: lag exactly 0). `Resyncer` pushes, snapshots theta_s and prunes the snapshots.
 """
 
 from __future__ import annotations
@@ -21,10 +14,9 @@ from dlc_jax.trainer import distributed as dist
 
 @dataclasses.dataclass
 class ResyncPolicy:
-    """Base: subclasses decide from the step's metrics and the steps since the last sync."""
+    """The ``never`` policy; the others decide from the step's metrics and steps since a sync."""
 
     name: str = "never"
-    #: whether batches may be sampled ahead with older weights (False only for onpolicy)
     allows_prefetch: bool = True
 
     def should_resync(self, metrics: dict, steps_since_sync: int) -> bool:
@@ -61,11 +53,6 @@ class EveryKPolicy(ResyncPolicy):
 
 
 @dataclasses.dataclass
-class NeverPolicy(ResyncPolicy):
-    name: str = "never"
-
-
-@dataclasses.dataclass
 class OnPolicy(ResyncPolicy):
     name: str = "onpolicy"
     allows_prefetch: bool = False
@@ -74,7 +61,7 @@ class OnPolicy(ResyncPolicy):
         return True
 
 
-_POLICIES = {"ess": EssPolicy, "every_k": EveryKPolicy, "never": NeverPolicy, "onpolicy": OnPolicy}
+_POLICIES = {"ess": EssPolicy, "every_k": EveryKPolicy, "never": ResyncPolicy, "onpolicy": OnPolicy}
 
 
 def make_policy(resync_cfg) -> ResyncPolicy:
@@ -87,9 +74,7 @@ def make_policy(resync_cfg) -> ResyncPolicy:
 
 
 class Resyncer:
-    """Resyncs of one run: ``serve``: module -> what the sampler gets; ``batches``: the
-    `BatchCollector` (versions in flight, staleness bound, stale drops); ``cfg``: the ``resync``
-    section."""
+    """Resyncs of one run; ``serve``: module -> what the sampler gets."""
 
     def __init__(
         self,
@@ -120,13 +105,11 @@ class Resyncer:
             self.counters["dropped_on_resync"] += self.batches.drop_versions_below(st.version)
 
     def if_too_stale(self) -> None:
-        """Resync before a step whose sampler version is beyond the staleness bound (every rollout
-        it would produce is stale). Decided from (version, synced_version): the same on every
-        process."""
-        if self.state.version - self.state.synced_version > self.batches.max_staleness:
+        """Resync before a step whose every rollout would be stale (same on every process)."""
+        if self.state.version - self.state.synced_version > self.batches.assembler.max_staleness:
             self.resync(reason="staleness")
 
     def recover(self, err: BaseException) -> None:
-        """Reconnect, then push theta_t as a new version and snapshot it (a resync)."""
+        """Reconnect, then resync."""
         self.link.reconnect(err)
         self.resync(reason="reconnect")

@@ -1,11 +1,6 @@
-"""A training run's directory: its checkpoints and metrics outputs (`RunCheckpoints`,
-`open_metrics`), the summary of a run that had already finished, and the rules for reusing it.
-
-* Resume: a checkpoint stores its resolved config; a resume whose training-relevant keys differ
-  (all but :data:`NOT_TRAINING_RELEVANT`) is refused in one line naming them, unless
-  ``checkpoint.allow_config_change=true``.
-* Start over: ``checkpoint.resume=false`` on a directory holding checkpoints or metrics is refused
-  unless ``checkpoint.overwrite=true``, which deletes the old run's outputs first.
+"""A training run's directory: checkpoints and metrics outputs, and the rules for reusing it. A
+resume whose training-relevant config differs (all but :data:`NOT_TRAINING_RELEVANT`) is refused
+unless ``checkpoint.allow_config_change``; a fresh start over an old run needs ``overwrite``.
 """
 
 from __future__ import annotations
@@ -37,29 +32,22 @@ logger = logging.getLogger(__name__)
 
 # Dotted keys (or whole sections, by prefix) that may change between a checkpoint and its resume.
 _KEYS = {
-    # held-out evaluation reads the sampler; training is the same with or without it
-    "": ("log.", "eval.", "checkpoint.", "distributed.", "mesh.", "plan."),
-    # length_buckets: padding only (masked tokens)
-    "train": (
-        "steps",
-        "micro_batches",
-        "length_buckets",
-        "compile_cache_dir",
-        "max_nonfinite_steps",
-    ),
-    # memory vs recompute, or the same attention / experts by another kernel or collective
-    # (model.scan_layers changes the checkpoint layout: relevant)
-    "model": ("remat", "remat_policy", "attention_impl", "moe_impl", "moe_dispatch", "path"),
-    "sft": ("cache_dir",),
-    "reward": ("workers", "timeout_s", "sample_timeout_s"),
-    "resync": ("max_snapshots",),
+    "": "log. eval. checkpoint. distributed. mesh. plan.",
+    # length_buckets: padding only
+    "train": "steps micro_batches length_buckets compile_cache_dir max_nonfinite_steps",
+    # the same maths by other kernels (model.scan_layers changes the checkpoint layout: relevant)
+    "model": "remat remat_policy attention_impl moe_impl moe_dispatch path",
+    "sft": "cache_dir",
+    "reward": "workers timeout_s sample_timeout_s",
+    "resync": "max_snapshots",
     "sampler": (
-        *("address", "token_file", "tls_root_cert", "tls_server_name", "startup_timeout_s"),
-        *("reconnect_timeout_s", "connect_timeout_s", "retries", "retry_backoff_s"),
-        *("retry_max_backoff_s", "push_transport", "push_relay"),
+        "address token_file tls_root_cert tls_server_name startup_timeout_s reconnect_timeout_s "
+        "connect_timeout_s retries retry_backoff_s retry_max_backoff_s push_transport push_relay"
     ),
 }
-NOT_TRAINING_RELEVANT = tuple(f"{s}.{k}" if s else k for s, keys in _KEYS.items() for k in keys)
+NOT_TRAINING_RELEVANT = tuple(
+    f"{s}.{k}" if s else k for s, keys in _KEYS.items() for k in keys.split()
+)
 
 # Run outputs in log.dir that belong to one run (cleared by checkpoint.overwrite).
 RUN_OUTPUTS = ("metrics.jsonl", "samples.jsonl", "summary.json", "tb")
@@ -80,8 +68,7 @@ def _relevant(key: str) -> bool:
 
 
 def training_config(config: dict) -> dict[str, Any]:
-    """The training-relevant keys of a config dict (``to_dict(cfg)``), flattened, as JSON values
-    (tuples become lists, as in a checkpoint's stored config)."""
+    """The training-relevant keys of ``to_dict(cfg)``, flattened, as JSON values."""
     plain = json.loads(json.dumps(config, default=str))
     return {k: v for k, v in flat_keys(plain).items() if _relevant(k)}
 
@@ -93,18 +80,16 @@ def fingerprint(config: dict) -> str:
 
 
 def config_diff(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
-    """[(key, saved value, current value)] of training-relevant keys that differ. Keys only one
-    side has (a config key added or removed by a newer version of dlc_jax) are not compared."""
+    """[(key, saved, current)] of the training-relevant keys both configs have that differ."""
     a, b = training_config(saved), training_config(current)
     return [(k, a[k], b[k]) for k in sorted(set(a) & set(b)) if a[k] != b[k]]
 
 
 def check_resume_config(meta: dict, current: dict, *, allow_change: bool, where: str) -> None:
-    """Refuse (ConfigMismatchError, one line) to resume checkpoint ``meta`` with config
-    ``current`` when training-relevant keys differ, unless ``allow_change`` (then a warning)."""
+    """ConfigMismatchError (a warning with ``allow_change``) when the config changed."""
     saved = meta.get("config")
     if not isinstance(saved, dict):
-        return  # a checkpoint from before configs were stored: nothing to compare
+        return  # from before configs were stored
     diff = config_diff(saved, current)
     if not diff:
         return
@@ -135,8 +120,7 @@ def run_outputs(log_dir: str | Path) -> list[Path]:
 
 
 def prepare_fresh_start(ckpt, log_dir: str | Path, *, overwrite: bool) -> None:
-    """Before a run that does not resume: refuse a run directory holding another run's
-    checkpoints or metrics (RunDirInUseError) unless ``overwrite``, which deletes them."""
+    """Refuse a directory holding another run unless ``overwrite``, which deletes it."""
     steps = ckpt.all_steps()
     outputs = run_outputs(log_dir)
     if not steps and not outputs:
@@ -160,8 +144,7 @@ def prepare_fresh_start(ckpt, log_dir: str | Path, *, overwrite: bool) -> None:
 
 
 def open_metrics(cfg: TrainConfig, *, lead: bool, step: int, append: bool) -> MetricsLogger:
-    """The run's metrics outputs (JSONL, TensorBoard, progress bar, W&B: process 0 only), from
-    ``step`` on; ``append`` keeps a resumed run's rows."""
+    """The run's metrics outputs (process 0's), from ``step`` on."""
     lg = cfg.log
     return MetricsLogger(
         lg.dir,
@@ -181,29 +164,27 @@ def open_metrics(cfg: TrainConfig, *, lead: bool, step: int, append: bool) -> Me
 
 
 class RunCheckpoints:
-    """Checkpoints of one run: periodic and exit saves with the run's metadata (``meta_fn()``:
-    data state, counters; plus the config and its fingerprint), and resuming from the latest."""
+    """Checkpoints of one run: saves with ``meta_fn()`` + the config, and resuming."""
 
     def __init__(
         self, cfg: TrainConfig, meta_fn: Callable[[], dict], *, base_fingerprint: str | None = None
     ):
         c = cfg.checkpoint
         self.cfg = cfg
-        self.base_fingerprint = base_fingerprint  # LoRA: checkpoints hold adapters of this base
+        self.base_fingerprint = base_fingerprint  # LoRA: the adapters' base
         self.ckpt = Checkpointer(c.dir, keep=c.keep, every=c.every)
         self.meta_fn = meta_fn
 
     @property
     def directory(self) -> Any:
-        """Where the checkpoints are (an ``etils.epath.Path``: gs:// too)."""
+        """An ``etils.epath.Path`` (gs:// too)."""
         return self.ckpt.directory
 
     def latest_step(self) -> int | None:
         return self.ckpt.latest_step()
 
     def save(self, state: TrainState, force: bool = False) -> bool:
-        """Checkpoint ``state`` (periodic unless ``force``); a failed save is logged (the previous
-        good checkpoints are still there)."""
+        """Checkpoint ``state`` (periodic unless ``force``); a failed save is logged."""
         meta = {
             **self.meta_fn(),
             "seed": self.cfg.train.seed,
@@ -230,9 +211,7 @@ class RunCheckpoints:
                 signal.signal(signal.SIGINT, old)
 
     def resume(self, state: TrainState) -> dict | None:
-        """Restore the latest checkpoint into ``state`` (``checkpoint.resume``); its metadata, or
-        None for a fresh start (a fresh start with ``checkpoint.overwrite`` clears the old
-        outputs)."""
+        """Restore the latest good checkpoint into ``state``: its metadata (None: fresh start)."""
         c = self.cfg.checkpoint
         if not c.resume or c.overwrite:
             prepare_fresh_start(self.ckpt, self.cfg.log.dir, overwrite=c.overwrite)
@@ -244,7 +223,7 @@ class RunCheckpoints:
 
         def check_meta(m: dict) -> None:
             check_resume_config(m, current, allow_change=c.allow_config_change, where=where)
-            check_base(m, self.base_fingerprint, where)  # LoRA: adapters of this very base
+            check_base(m, self.base_fingerprint, where)
 
         meta = restore_train_state(self.ckpt, state, check_meta=check_meta)
         logger.info(
@@ -265,9 +244,7 @@ def model_names(cfg: TrainConfig, model_dir: Path) -> dict:
 
 
 def complete_summary(cfg: TrainConfig, checkpoints: RunCheckpoints, model_dir: Path) -> dict:
-    """Summary of a run whose final step is already checkpointed (re-invoked after it finished):
-    the saved summary.json when there is one, flagged ``already_complete``; nothing is trained or
-    overwritten."""
+    """The saved summary of a finished run re-invoked, flagged ``already_complete``."""
     metrics_dir = Path(cfg.log.dir).absolute()
     try:
         saved = json.loads((metrics_dir / "summary.json").read_text())

@@ -1,15 +1,8 @@
 """The trainer's link to its sampler(s): spawn or connect, reconnect, push weights, watch rotation.
 
-`SamplerLink.client` is a `Sampler`: a `SamplerClient` for one `sampler.address`, a `SamplerPool`
-for several, the client of a sampler spawned on loopback (no address; respawned on a reconnect),
-an `InProcessSampler` (``sampler.backend=inprocess``), or a `Sampler` handed in by the caller
-(used as it is, never closed or replaced here).
-
-The client retries UNAVAILABLE itself (`sampler.retries`, `retry_backoff_s`,
-`retry_max_backoff_s`); a push that still fails is retried after a reconnect (`push_retrying`),
-and a reconnect polls until `sampler.reconnect_timeout_s`. A multi-host run never reconnects on
-its own (a reconnect + push must be collective): `SamplerUnavailable` says to restart all
-processes.
+`SamplerLink.client`: a client of ``sampler.address`` (a pool for several), of a loopback sampler
+spawned here, an `InProcessSampler`, or a `Sampler` handed in (never closed or replaced here). A
+multi-host run never reconnects on its own (it must be collective): restart every process.
 """
 
 from __future__ import annotations
@@ -41,9 +34,8 @@ class SamplerUnavailable(UserError, RuntimeError):
 
 
 class SamplerLink:
-    """Owns the sampler connection of one training run. model_dir / log_dir: what a spawned
-    sampler serves as version 0 and where it logs; on_reconnect: called after every successful
-    reconnect; sampler: a `Sampler` to use instead of spawning or connecting one."""
+    """The sampler connection of one run. model_dir / log_dir: what a spawned sampler serves and
+    where it logs; on_reconnect: called after each reconnect; sampler: one to use as it is."""
 
     def __init__(
         self,
@@ -71,8 +63,7 @@ class SamplerLink:
         self.process: SamplerProcess | None = None
         self._last_rotation: list[bool] | None = None
         self._connected_once = False
-        # lora.push=adapter: pushes carry the adapters alone (`dlc_jax.lora.push.AdapterPusher`);
-        # set before connect() so a spawned sampler is started to serve them
+        # lora.push=adapter: an `AdapterPusher`, set before connect() (a spawned sampler serves it)
         self.adapter: Any = None
 
     @property
@@ -83,16 +74,14 @@ class SamplerLink:
 
     @property
     def push_dtype(self) -> str:
-        """Wire dtype of weight pushes: the sampler's serving dtype (a spawned float16 sampler
-        serves bf16)."""
+        """Wire dtype of pushes: the serving dtype (a spawned float16 sampler serves bf16)."""
         d = self.cfg.dtype
         return "bfloat16" if (d == "float16" and not self.cfg.address) else d
 
     # ---- connect / reconnect -----------------------------------------------------------------
     def connect(self) -> None:
-        """Connect to ``sampler.address`` or (re)spawn a loopback sampler. The first connection to
-        an address waits at most ``sampler.connect_timeout_s`` and fails in one line
-        (SamplerUnavailable); later ones (reconnects) wait up to ``reconnect_timeout_s``."""
+        """Connect to ``sampler.address`` (within ``connect_timeout_s`` the first time, else
+        ``reconnect_timeout_s``) or (re)spawn a loopback sampler."""
         from dlc_jax.sampler.client.pool import connect_samplers
 
         s = self.cfg
@@ -105,7 +94,7 @@ class SamplerLink:
         if s.address:
             first = not self._connected_once
             limit = s.connect_timeout_s if first else s.reconnect_timeout_s
-            client = connect_samplers(
+            client = self._client = connect_samplers(
                 s.address,
                 token_file=s.token_file,
                 tls_root_cert=s.tls_root_cert,
@@ -114,7 +103,6 @@ class SamplerLink:
                 relay=s.push_relay,
                 **self._retry_kw(),
             )
-            self._client = client
             try:
                 client.wait_ready(limit)
             except (TimeoutError, grpc.RpcError) as e:
@@ -132,9 +120,7 @@ class SamplerLink:
         self._spawn()
 
     def _check_limits(self) -> None:
-        """Refuse (one line) a sampler whose max_model_len is below ``sampler.max_model_len``: the
-        data was filtered at load for the configured length, so longer prompts would reach it and
-        be refused there (INVALID_ARGUMENT) in the middle of training."""
+        """Refuse a sampler serving less than ``sampler.max_model_len`` (the data's limit)."""
         served = int(self.client.info().get("max_model_len") or 0)
         if 0 < served < self.cfg.max_model_len:
             raise SamplerUnavailable(
@@ -177,7 +163,6 @@ class SamplerLink:
             "--initial-version": 0,
             "--quantization": s.quantization or None,
             "--weight-noise": s.weight_noise or None,
-            # serve LoRA adapter pushes (vLLM: LoRA enabled)
             "--max-lora-rank": None if self.adapter is None else self.adapter.cfg.rank,
             # loopback: the raw socket data plane is safe and faster
             "--push-data-port": 0 if s.push_transport != "grpc" else None,
@@ -185,8 +170,7 @@ class SamplerLink:
         extra = [x for k, v in flags.items() if v is not None for x in (k, str(v))]
         log_file = str(self.log_dir / "sampler.log")
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # vLLM-CPU defaults reserve ~90% of RAM for KV cache and fork worker processes; a loopback
-        # sampler next to the trainer gets a small KV cache and runs its engine in-process.
+        # vLLM-CPU defaults reserve ~90% of RAM for KV cache and fork workers: not next to a trainer
         env = {
             k: v
             for k, v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
@@ -207,14 +191,13 @@ class SamplerLink:
         logger.info("sampler: %s on %s (log %s)", s.backend, self.process.address, log_file)
 
     def _retry_kw(self) -> dict[str, Any]:
-        """The client's own UNAVAILABLE retries."""
         s = self.cfg
         return dict(
             max_retries=s.retries, backoff=s.retry_backoff_s, max_backoff=s.retry_max_backoff_s
         )
 
     def reconnect(self, err: BaseException) -> None:
-        """Wait for the sampler to come back (or respawn it when this process owns it)."""
+        """Wait for the sampler to come back (or respawn it)."""
         if self.multi:
             raise SamplerUnavailable(
                 f"process {dist.process_info().process_index}: sampler(s) {self.cfg.address} "
@@ -233,10 +216,7 @@ class SamplerLink:
             self.on_reconnect()
 
     def restart_detected(self, synced_version: int) -> BaseException | None:
-        """Why the sampler must be recovered before the next request, or None: it does not answer,
-        or it serves an older version than the trainer last pushed (it restarted). Single process
-        only: in a multi-host run a restarted sampler is caught by the pool (failed stream -> out of
-        rotation, readmitted by a push)."""
+        """Why the sampler must be recovered (no answer, or restarted), or None."""
         if self.multi:
             return None
         from dlc_jax.sampler.client.inprocess import SamplerClosed
@@ -253,12 +233,10 @@ class SamplerLink:
 
     # ---- weights -----------------------------------------------------------------------------
     def push(self, version: int, model_fn: Callable[[], Any], reason: str) -> PushResult | None:
-        """Push ``model_fn()`` (an NNX Qwen3) as weight ``version``; collective in a multi-host run.
-        None when skipped: a sampler started from model_dir already serves theta_0 as version 0."""
+        """Push ``model_fn()`` as weight ``version``; None when the sampler serves version 0."""
         if version == 0 and dist.leader_bool(self.client.info()["version"] == 0):
             return None
         t0 = time.time()
-        # lora.push=adapter: the adapters alone (over gRPC), else the whole model
         whole = self.adapter is None
         push = dist.push_weights if whole else self.adapter.push
         kw = {"transport": self.cfg.push_transport} if whole else {}
@@ -284,8 +262,7 @@ class SamplerLink:
     def push_retrying(
         self, version: int, model_fn: Callable[[], Any], reason: str
     ) -> PushResult | None:
-        """`push`, reconnecting and pushing again when it fails with a gRPC error
-        (PUSH_RECONNECTS)."""
+        """`push`, reconnecting and pushing again after a gRPC error (PUSH_RECONNECTS)."""
         try:
             return call_with_retry(
                 lambda: self.push(version, model_fn, reason),
@@ -301,8 +278,7 @@ class SamplerLink:
 
     # ---- rotation ----------------------------------------------------------------------------
     def rotation_metrics(self) -> dict[str, float]:
-        """The sampler's rotation metrics (`pool/*`, none for one sampler); logs rotation
-        changes."""
+        """The sampler's `pool/*` metrics; logs rotation changes."""
         m = self.client.metrics()
         report = self.client.report()
         rot = [bool(r["active"]) for r in report]

@@ -1,8 +1,5 @@
-"""Supervised warm-up of the tiny Qwen3 on the synthetic arithmetic task, cached by config hash.
-
-A random tiny model never earns a reward; this trains next-token cross-entropy on the answer and
-eos tokens (optax AdamW) and writes an HF directory both the trainer and the sampler load. With
-``env.fn`` the same loop trains on the environment's demonstrations (`ensure_env_sft_model`).
+"""Supervised warm-up of the tiny Qwen3 (a random one never earns a reward): cross-entropy on the
+answer tokens of the arithmetic task, or on ``env.fn``'s demonstrations; cached by config hash.
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ def sft_examples(
     chat_template: bool,
     system: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """Batch of SFT sequences. Returns int32 ``input_ids``/``targets`` [N, seq_len] and float32
-    ``mask`` [N, seq_len] (1 where ``targets`` is an answer or eos token), right-padded with eos."""
+    """int32 ``input_ids``/``targets``, float32 ``mask`` (answer and eos) [N, seq_len]."""
     n = len(indices)
     ids = np.full((n, seq_len), eos_id, np.int32)
     tgt = np.full((n, seq_len), eos_id, np.int32)
@@ -79,20 +75,13 @@ def sft_train(
     log_every: int = 50,
     log: Callable[[str], None] | None = None,
 ) -> list[float]:
-    """Train ``model`` in place on ``batches`` (an iterator of dicts) for ``steps`` steps; returns
-    losses. Progress goes to ``log`` (default: this module's logger)."""
+    """Train ``model`` in place on the ``batches`` iterator; returns the losses."""
     log = log or logger.info
     from flax import nnx
 
-    opt = nnx.Optimizer(
-        model,
-        optax.adamw(
-            optax.warmup_cosine_decay_schedule(
-                0.0, lr, max(1, steps // 10), max(steps, 2), lr * 0.1
-            )
-        ),
-        wrt=nnx.Param,
-    )
+    warmup, total = max(1, steps // 10), max(steps, 2)
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total, lr * 0.1)
+    opt = nnx.Optimizer(model, optax.adamw(sched), wrt=nnx.Param)
 
     @nnx.jit
     def step(model, opt, batch):
@@ -118,8 +107,7 @@ def greedy_accuracy(
     max_tokens: int,
     chat_template: bool,
 ) -> float:
-    """Fraction of ``indices`` answered exactly by greedy decoding (full forward per token; tiny
-    only)."""
+    """Fraction of ``indices`` answered exactly by greedy decoding (a full forward per token)."""
     from dlc_jax.data.rewards import exact_match_reward
 
     correct = 0
@@ -139,9 +127,8 @@ def greedy_accuracy(
 
 
 def sft_cache_dir(cfg) -> Path:
-    """Where the warmed model for ``cfg`` (a TrainConfig) lives: keyed by the model/data/sft
-    sections. The warm-up builds its model with the defaults, so the model's run options other than
-    ``model.remat`` (which keyed it before they existed) do not key it."""
+    """Where the warmed model of ``cfg`` lives, keyed by the model/data/sft sections less the run
+    options the warm-up does not use (``model.remat`` keyed it before they existed)."""
     drop = ("model.attention_impl", "model.scan_layers", "model.remat_policy")
     return Path(cfg.sft.cache_dir) / f"sft-{cfg.hash('model', 'data', 'sft', drop=drop)}"
 
@@ -169,8 +156,7 @@ def base_model_dir(cfg) -> Path:
 
 
 def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
-    """HF dir of the SFT-warmed model for ``cfg``, training it if no cached copy exists. Progress
-    goes to ``log`` (default: this module's logger)."""
+    """HF dir of the SFT-warmed model for ``cfg``, trained unless cached."""
     log = log or logger.info
     out = sft_cache_dir(cfg)
     if (out / "sft.json").exists():
@@ -189,29 +175,21 @@ def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
     model = load_hf(str(base))
     rng = np.random.default_rng(cfg.train.seed + 1)
     prompts = (source[i]["prompt"] for i in range(min(len(source), 256)))
-    longest = max(len(encode_prompt(tok, p, chat_template=cfg.data.chat_template)) for p in prompts)
+    chat = cfg.data.chat_template
+    longest = max(len(encode_prompt(tok, p, chat_template=chat)) for p in prompts)
     seq_len = 8 + cfg.sampler.max_tokens + longest
 
     def batches():
         while True:
             idx = rng.integers(0, len(source), cfg.sft.batch_size)
-            yield {
-                k: jnp.asarray(v)
-                for k, v in sft_examples(
-                    source, tok, eos, idx, seq_len=seq_len, chat_template=cfg.data.chat_template
-                ).items()
-            }
+            arr = sft_examples(source, tok, eos, idx, seq_len=seq_len, chat_template=chat)
+            yield {k: jnp.asarray(v) for k, v in arr.items()}
 
     t0 = time.time()
     losses = sft_train(model, batches(), lr=cfg.sft.lr, steps=cfg.sft.steps, log=log)
+    n, max_tokens = min(len(source), 32), cfg.sampler.max_tokens
     acc = greedy_accuracy(
-        model,
-        source,
-        tok,
-        eos,
-        range(min(len(source), 32)),
-        max_tokens=cfg.sampler.max_tokens,
-        chat_template=cfg.data.chat_template,
+        model, source, tok, eos, range(n), max_tokens=max_tokens, chat_template=chat
     )
     info = _save_warm(
         model, base, out, losses, t0, {"steps": cfg.sft.steps, "greedy_accuracy": acc}
@@ -225,8 +203,7 @@ def ensure_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
 
 
 def _save_warm(model, base: Path, out: Path, losses: list[float], t0: float, extra: dict) -> dict:
-    """`save_warm` with an ``sft.json`` record: ``base``, ``extra``, the first and last loss and
-    the seconds since ``t0``."""
+    """`save_warm` with an ``sft.json`` record (base, ``extra``, losses, seconds since ``t0``)."""
     return save_warm(
         model,
         base,
@@ -243,8 +220,7 @@ def _save_warm(model, base: Path, out: Path, losses: list[float], t0: float, ext
 
 
 def save_warm(model, base: Path, out: Path, record: str, info: Callable[[], dict]) -> dict:
-    """Write the warmed ``model`` with ``base``'s tokenizer files and ``info()`` as the JSON file
-    ``record`` to ``out`` (through a temporary directory renamed at the end); returns ``info()``."""
+    """Write ``model``, ``base``'s tokenizer files and ``info()`` (JSON ``record``) to ``out``."""
     from dlc_jax.model import save_hf
 
     tmp = out.with_name(out.name + ".tmp")
@@ -281,9 +257,7 @@ def _env_rows(cfg) -> list[dict]:
 
 
 def ensure_env_sft_model(cfg, *, log: Callable[[str], None] | None = None) -> Path:
-    """HF dir of the tiny model warmed on ``env.fn``'s demonstrations (cached by the model /
-    data / sft / env sections): the demonstrations of `dlc_jax.env.demos` (every environment
-    call guarded as in training), trained by `sft_train`."""
+    """HF dir of the tiny model warmed on ``env.fn``'s demonstrations, cached."""
     from dlc_jax.env.demos import demo_batch, demonstrations
     from dlc_jax.model import load_hf
 

@@ -1,17 +1,7 @@
-"""The multi-host weight push: every trainer process sends the slices of the model it holds itself,
-deduplicated across replicas, and process 0 only coordinates the commit.
-
-`local_slices`: each HF tensor is computed in HF layout where its parameter lives (the export's
-jitted slice/transpose/cast, run by every process in the same order); a process sends the shards
-on its own devices whose `replica_id` is 0 (JAX gives one replica 0 per distinct shard), so every
-element is sent once and no tensor is gathered.
-
-`push_shards`, a collective: every process streams its slices as one part of a push group
-(`sampler.push.slice_stream`) to every target sampler (gRPC or the socket data plane, chosen per
-sampler); the part outcomes are all-gathered; process 0 commits the group where every part was
-accepted (`sampler.push.sliced`) and broadcasts the outcome, so every process returns the same
-result. With a relay (`_relayed`) every process sends its part to the first target only, which
-forwards each tensor along the others; targets it did not reach get a direct round.
+"""The multi-host weight push (`push_shards`, a collective): every process streams the shards on its
+own devices with `replica_id` 0 (each element sent once, no tensor gathered) as one part of a push
+group; process 0 commits the group where every part was accepted and broadcasts the outcome. With
+a relay every process sends to the first target only, which forwards along the others.
 """
 
 from __future__ import annotations
@@ -44,9 +34,8 @@ def _box(index: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
 
 
 def local_slices(model, dtype: str = "float32") -> Iterator[Slice]:
-    """(HF name, start, stop, values) of every shard this process sends (replica 0 on one of its
-    devices), tensor by tensor in `hf_param_shapes` order. Every process must iterate it to the
-    end, in step (the conversions are multi-process computations)."""
+    """(HF name, start, stop, values) of every shard this process sends, in `hf_param_shapes`
+    order. Every process must iterate it to the end in step (multi-process computations)."""
     from dlc_jax.model.hf_io import hf_device_tensors
 
     # kernels transposed on the devices: each shard is sent as it lies there, in HF layout
@@ -68,9 +57,8 @@ def push_shards(
     relay: str | None = None,
     targets: list[int],
 ) -> PushResult:
-    """Push `model` as weight `version` from every process's own shards (a collective; module
-    doc). `targets`: the pool's sampler indices, the same on every process ([0] for a client);
-    `relay`: None = the pool's. The result's `egress_bytes` / `transport`: this process's."""
+    """Push `model` as weight `version` (module doc). `targets`: the pool's sampler indices ([0]
+    for a client); `relay`: None = the pool's. `egress_bytes` / `transport`: this process's."""
     from jax.experimental import multihost_utils
 
     check_transport(transport)
@@ -96,19 +84,15 @@ def push_shards(
 
 
 def settle(pool, results: dict[int, PushResult], version: int, t0: float, **fields) -> PushResult:
-    """The result of a push begun at monotonic ``t0``: a pool settles its rotation from the
-    per-sampler ``results``, a single sampler's is ``results[0]``; ``fields`` replaced."""
+    """The result of a push begun at ``t0`` (a pool settles its rotation), ``fields`` set."""
     seconds = time.monotonic() - t0
-    if pool is not None:
-        out = pool.rot.settle(results, version, seconds)
-    else:
-        out = dataclasses.replace(results[0], seconds=seconds)
-    return dataclasses.replace(out, **fields)
+    if pool is None:
+        return dataclasses.replace(results[0], seconds=seconds, **fields)
+    return dataclasses.replace(pool.rot.settle(results, version, seconds), **fields)
 
 
 class _Rounds:
-    """Sliced pushes of one model version, each a collective over every process: `run` streams
-    this process's slices as one part to each target and process 0 commits (`push_shards`)."""
+    """Sliced push rounds of one model version, each a collective (`push_shards`)."""
 
     def __init__(self, clients, model, version, dtype, chunk_bytes, transport):
         self.clients, self.model, self.version = clients, model, version
@@ -128,8 +112,7 @@ class _Rounds:
     def run(
         self, targets: list[int], group: str, relay_to: list[str] | None = None, fanout: int = 1
     ) -> dict[int, PushResult]:
-        """One round to `targets` (push group `group`; `relay_to`: the targets' own relay);
-        -> per target, the same result on every process."""
+        """One round to `targets`; per target, the same result on every process."""
         from jax.experimental import multihost_utils
 
         nproc, me = jax.process_count(), jax.process_index()
@@ -196,9 +179,7 @@ class _Rounds:
 def _relayed(
     rounds: _Rounds, targets: list[int], group: str, fanout: int, probe_timeout: float
 ) -> dict[int, PushResult]:
-    """Every process sends its part to the first target only, which forwards each assembled tensor
-    along the others (`relay_to`); targets the relay did not reach (and that do not already serve
-    the version) get a direct round. Collective; the same results on every process."""
+    """A round relayed by the first target; those it missed get a direct round."""
     from jax.experimental import multihost_utils
 
     head, rest = targets[0], targets[1:]

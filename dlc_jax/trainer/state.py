@@ -1,6 +1,5 @@
-"""Train state: theta_t (NNX params), optax AdamW with warmup + decay and global-norm clipping, the
-weight version, and the sampler snapshots theta_s keyed by weight version (bounded count). A
-per-step LR scale (VCPO) multiplies the final update (for AdamW: scaling that step's LR).
+"""Train state: theta_t, optax AdamW (warmup + decay, global-norm clipping), the weight version
+and the theta_s snapshots keyed by version.
 """
 
 from __future__ import annotations
@@ -31,11 +30,10 @@ def make_schedule(optim, total_steps: int):
 
 def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
     """Global-norm clip (if ``grad_clip`` > 0) then AdamW with the schedule."""
-    clip = [optax.clip_by_global_norm(optim.grad_clip)] if optim.grad_clip > 0 else []
     o = optim
-    adamw = optax.adamw(
-        make_schedule(o, total_steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay
-    )
+    clip = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
+    sched = make_schedule(o, total_steps)
+    adamw = optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
     return optax.chain(*clip, adamw)
 
 
@@ -50,11 +48,9 @@ def all_finite(tree) -> jax.Array:
 
 
 def apply_updates(tx, params, opt_state, grads, lr_scale=1.0):
-    """One optimizer update; ``lr_scale`` (scalar, traced ok) multiplies the update.
-
-    Guarded: when a gradient, ``lr_scale``, the update or the updated params (overflow) hold
-    NaN/Inf the step is not applied (params and optimizer state come back unchanged, Adam's
-    moments and step count included: see :func:`update_count`); the trainer reports the skip."""
+    """One optimizer update scaled by ``lr_scale`` (VCPO; traced ok). Not applied (params and
+    optimizer state unchanged, step count included) when a gradient, ``lr_scale``, the update or
+    the new params hold NaN/Inf."""
     updates, new_opt_state = tx.update(grads, opt_state, params)
     updates = jax.tree.map(lambda u: u * jnp.asarray(lr_scale, u.dtype), updates)
     new_params = optax.apply_updates(params, updates)
@@ -65,8 +61,7 @@ def apply_updates(tx, params, opt_state, grads, lr_scale=1.0):
 
 
 def update_count(opt_state) -> int | None:
-    """The optimizer's update counter (the first ``count`` in its state: Adam's), or None. It
-    does not move when :func:`apply_updates` refused a non-finite step."""
+    """The optimizer's update counter (the first ``count`` in its state), or None."""
     found = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
     return int(found[0][1]) if found else None
 
@@ -77,14 +72,12 @@ def place_on_mesh(tree, mesh):
 
     devs = set(mesh.devices.flat)
     repl = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(
-        lambda x: (
-            x
-            if isinstance(x, jax.Array) and x.sharding.device_set == devs
-            else jax.device_put(x, repl)
-        ),
-        tree,
-    )
+
+    def place(x):
+        spread = isinstance(x, jax.Array) and x.sharding.device_set == devs
+        return x if spread else jax.device_put(x, repl)
+
+    return jax.tree.map(place, tree)
 
 
 def copy_tree(tree):
@@ -93,9 +86,9 @@ def copy_tree(tree):
 
 
 def opt_state_shardings(tx, params, param_shardings, mesh):
-    """Shardings of ``tx.init(params)`` on ``mesh``: every parameter-shaped leaf (Adam's mu/nu)
-    takes its parameter's sharding, the rest (step counts) is replicated. ``jax.jit(tx.init)`` alone
-    leaves the moments on one device, and replicating them puts a full copy on every chip."""
+    """Shardings of ``tx.init(params)``: parameter-shaped leaves (Adam's mu/nu) take their
+    parameter's, the rest (step counts) is replicated (``jax.jit(tx.init)`` alone leaves the
+    moments on one device)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     repl = NamedSharding(mesh, PartitionSpec())
@@ -107,11 +100,10 @@ def opt_state_shardings(tx, params, param_shardings, mesh):
 
 @dataclasses.dataclass
 class TrainState:
-    """Host-side holder of the training state: theta_t (``params``), the optimizer state, the step
-    (= the weight ``version``), ``synced_version`` (what the sampler last received), theta_s
-    ``snapshots`` {version: trainable params} (at most ``max_snapshots``, oldest dropped first).
-    trainable: an NNX filter of the trained parameters (None: all); the rest is frozen, shared by
-    theta_t and every theta_s (under LoRA the snapshots hold the adapters only)."""
+    """theta_t (``params``), the optimizer state, the step (= weight ``version``),
+    ``synced_version`` (the sampler's) and theta_s ``snapshots`` {version: trainable params}.
+    trainable: an NNX filter of the trained parameters (None: all); the rest is frozen and shared
+    (under LoRA the snapshots hold the adapters only)."""
 
     graphdef: Any
     params: object
@@ -124,16 +116,14 @@ class TrainState:
 
     @classmethod
     def create(cls, model, tx, *, max_snapshots: int = 4, mesh=None, trainable=None) -> TrainState:
-        """Split ``model`` and init the optimizer over the ``trainable`` parameters (an NNX filter;
-        None: all). With ``mesh``, optimizer leaves not derived from a sharded param (e.g. step
-        counts) are replicated over the mesh."""
+        """Split ``model``; the optimizer over its ``trainable`` part (sharded like it)."""
         from flax import nnx
 
         graphdef, params = nnx.split(model, nnx.Param)
         full, params = params, split_trainable(params, trainable)[0]
         if mesh is None:
             opt_state = jax.jit(tx.init)(params)
-        else:  # Adam moments sharded like their params (jit alone leaves them on one device)
+        else:
             from jax.sharding import NamedSharding, PartitionSpec
 
             repl = NamedSharding(mesh, PartitionSpec())
@@ -150,7 +140,7 @@ class TrainState:
         return self.step
 
     def model(self):
-        """The NNX module for the current params (shares no buffers with later updates)."""
+        """The NNX module of the current params."""
         from flax import nnx
 
         return nnx.merge(self.graphdef, self.params)
@@ -168,8 +158,7 @@ class TrainState:
         self.prune()
 
     def prune(self, keep_versions: set[int] | None = None) -> list[int]:
-        """Drop the oldest snapshots beyond ``max_snapshots`` (never the synced one); returns
-        dropped."""
+        """Drop the oldest snapshots beyond ``max_snapshots`` (not synced or kept ones)."""
         dropped = []
         keep_versions = keep_versions or set()
         for v in sorted(self.snapshots):
@@ -184,9 +173,8 @@ class TrainState:
     def snapshot_params(self, version: int):
         if version not in self.snapshots:
             raise KeyError(
-                f"no theta_s snapshot for weight version {version} (have "
-                f"{sorted(self.snapshots)}); "
-                f"raise resync.max_snapshots or use resync.stale_rollouts=drop"
+                f"no theta_s snapshot for weight version {version} (have {sorted(self.snapshots)});"
+                " raise resync.max_snapshots or use resync.stale_rollouts=drop"
             )
         return self.with_trainable(self.snapshots[version])
 
@@ -200,8 +188,7 @@ class TrainState:
 
 
 def split_trainable(params, trainable):
-    """(trainable part, frozen part) of an ``nnx.State``; (params, None) when ``trainable`` is
-    None (every parameter trains)."""
+    """(trainable part, frozen part) of an ``nnx.State``; (params, None) without a filter."""
     if trainable is None:
         return params, None
     from flax import nnx

@@ -1,16 +1,11 @@
-"""The jitted training step: forward at theta_t (with grad), the lag/discrepancy decomposition, the
-chosen loss, gradient accumulation over micro-batches (``jax.lax.scan``: one compiled body, one
-micro-batch of activations alive at a time), the AdamW update, and the step metrics.
+"""The jitted training step: forward at theta_t, the loss, gradient accumulation over
+micro-batches (``jax.lax.scan``), the AdamW update and the step metrics. theta_s log-probs come
+from the snapshot forward (`make_snapshot_logprobs`) per version; tokens of the current weights
+(``self_mask``) use ``stop_gradient(lp)``, so on-policy no snapshot forward runs at all.
 
-theta_s log-probs (``lp_s``, ``lps_head``) are computed by :func:`snapshot_logprobs` (no grad) per
-weight version present in the batch, and combined per token by the caller; tokens sampled with the
-current weights (``self_mask``) use ``stop_gradient(lp)`` instead, so when every token is current
-(``onpolicy``) no snapshot forward runs at all and the lag is exactly zero.
-
-Batch arrays (from :func:`dlc_jax.trainer.batching.step_arrays`), B rows, L positions:
-input_ids/targets/positions/attention_mask [B,L] int32; segment_ids [B,L] int32 (optional; packed
-rows hold several sequences); mask/lp_q/lp_s [B,L] f32; self_mask [B,L] bool; head_ids [B,L,K]
-int32; lq_head/lps_head [B,L,K] f32; adv [B] f32 (one per row) or [B,L] (per token, packed rows).
+Batch arrays (`batching.step_arrays`): input_ids/targets/positions/attention_mask/segment_ids [B,L]
+int32; mask/lp_q/lp_s [B,L] f32; self_mask [B,L] bool; head_ids [B,L,K] int32; lq_head/lps_head
+[B,L,K] f32; adv [B] f32, or [B,L] on packed rows.
 """
 
 from __future__ import annotations
@@ -50,8 +45,7 @@ STEP_KEYS = (
     "segment_ids",
     "routed_experts",
 )
-# may be absent: without segment ids every row is one sequence (attention_mask alone); routed
-# experts [B,L,layers,K] only with moe.router_replay=sampler (dlc_jax.model.routing)
+# may be absent: segment_ids (then one sequence per row), routed_experts (router_replay=sampler)
 OPTIONAL_STEP_KEYS = ("segment_ids", "routed_experts")
 # losses that reduce over a row's tokens as one sequence: wrong on packed rows (several sequences)
 SEQUENCE_LOSSES = ("tis_seq", "mis_seq", "mis_geo", "vcpo")
@@ -68,9 +62,7 @@ class StepConfig:
     top_p: float = 1.0
     head_k: int = 0
     micro_batches: int = 1
-    # log-prob positions per device per chunk: each device's f32 logits block is chunk_size x V
-    # on one device and in the vocab-parallel layout alike ([n * chunk_size, V/n] on n devices
-    # splitting the vocabulary, `rl.vocab_parallel`; `rl.token_logprobs` when it falls back)
+    # log-prob positions per device per chunk (each device's f32 logits block: chunk_size x V)
     chunk_size: int = 256
     resync_threshold: float = 0.5
     resync_statistic: str = "token"  # resync.statistic: the lag ESS of resync_wanted
@@ -111,10 +103,8 @@ def policy_logprobs(
     graphdef, params, batch: dict, cfg: StepConfig, with_routing: bool = False, dropout_key=None
 ):
     """TokenLogprobs of ``batch['targets']`` (and the head) under ``params``, sampler transform.
-    A mixture-of-experts model replays ``batch['routed_experts']`` when present; ``with_routing``
-    returns ``(TokenLogprobs, (Routing, sparse layers))`` (its own routing,
-    ``dlc_jax.model.qwen3_moe``; which decoder layers are sparse). ``dropout_key``: the training
-    forward's LoRA adapter dropout (``cfg.lora_dropout``, `dlc_jax.lora.dropout`)."""
+    An MoE model replays ``batch['routed_experts']`` when present; ``with_routing`` returns
+    ``(TokenLogprobs, (Routing, sparse layers) | None)``. ``dropout_key``: LoRA adapter dropout."""
     from flax import nnx
 
     from dlc_jax.model.registry import family_of
@@ -137,8 +127,7 @@ def policy_logprobs(
         **moe,
     )
     h, routing = out if moe else (out, None)
-    # the vocabulary split over the devices the positions are split over (rl.vocab_parallel):
-    # no chunk of [positions, V] logits crosses a device boundary
+    # the vocabulary split over the devices the positions are split over (rl.vocab_parallel)
     rows, positions = model.act_sharding.logprob_axes(h.shape[0], h.shape[1])
     mesh, w = model.act_sharding.mesh, model.unembedding()
     vaxes = None if mesh is None else logprob_vocab_axes(mesh, rows, positions)  # ICI only
@@ -159,8 +148,7 @@ def policy_logprobs(
         chunk_size=cfg.chunk_size * n,  # chunk_size of each of the n devices' positions
     )
 
-    # back to the batch layout (rows over `batch`, positions whole): the layout the next program's
-    # in_shardings expect of lp_s (a multi-process jit does not reshard its arguments)
+    # back to the batch layout the next program's in_shardings expect (jit does not reshard it)
     def batch_layout(x):
         return model.act_sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1))
 
@@ -175,8 +163,7 @@ def policy_logprobs(
 
 
 def make_snapshot_logprobs(graphdef, cfg: StepConfig):
-    """Jitted ``(params_s, batch) -> (lp_s [B,L], lps_head [B,L,K] | zeros)`` without gradients,
-    over the step's ``micro_batches`` (``jax.lax.map``): one micro-batch of activations at once."""
+    """Jitted ``(params_s, batch) -> (lp_s, lps_head | zeros)``, no gradients."""
 
     def one(params_s, batch):
         tl = policy_logprobs(graphdef, params_s, batch, cfg)
@@ -201,14 +188,8 @@ def make_snapshot_logprobs(graphdef, cfg: StepConfig):
 def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig, frozen=None, key=None):
     params = join_trainable(params, frozen)  # a LoRA base: frozen, joined for the forward
     moe = "routed_experts" in mb or cfg.load_balance_loss > 0
-    tl, routing = (
-        policy_logprobs(graphdef, params, mb, cfg, with_routing=True, dropout_key=key)
-        if moe
-        else (
-            policy_logprobs(graphdef, params, mb, cfg, dropout_key=key),
-            None,
-        )
-    )
+    out = policy_logprobs(graphdef, params, mb, cfg, with_routing=moe, dropout_key=key)
+    tl, routing = out if moe else (out, None)
     sg = jax.lax.stop_gradient
     self_m = mb["self_mask"]
     lp_s = jnp.where(self_m, sg(tl.lp), mb["lp_s"])
@@ -231,13 +212,8 @@ def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig, frozen=Non
     loss, metrics = compute_loss(cfg.loss, inputs)
     if routing is not None:  # a mixture-of-experts model (dlc_jax.model.routing)
         loss, metrics = _moe_terms(routing[1], routing[0], mb, loss, metrics, cfg)
-    return loss, (
-        metrics,
-        sg(tl.lp),
-        lp_s,
-        sg(tl.entropy),
-        None if tl.lp_head is None else sg(tl.lp_head),
-    )
+    lp_head = None if tl.lp_head is None else sg(tl.lp_head)
+    return loss, (metrics, sg(tl.lp), lp_s, sg(tl.entropy), lp_head)
 
 
 def _moe_terms(sparse_layers, routing, mb: dict, loss, metrics: dict, cfg: StepConfig):
@@ -256,11 +232,8 @@ def _moe_terms(sparse_layers, routing, mb: dict, loss, metrics: dict, cfg: StepC
 
 
 def split_micro_batches(x, m: int):
-    """[B, ...] -> [m, B/m, ...] with micro-batch i = rows i, i+m, i+2m, ... (strided).
-
-    Strided rather than contiguous so that, with rows sharded in blocks over the mesh, every device
-    holds an equal share of every micro-batch (a contiguous split would put micro-batch 0 on the
-    first devices only and reshard each iteration)."""
+    """[B, ...] -> [m, B/m, ...] with micro-batch i = rows i, i+m, i+2m, ...: strided, so every
+    device of a row-sharded batch holds an equal share of every micro-batch."""
     b = x.shape[0]
     if b % m:
         raise ValueError(f"micro_batches={m} must divide the {b} rows of the batch")
@@ -277,13 +250,10 @@ _SUMMED_LOSS_METRICS = ("loss", "nonfinite_tokens", "valid_tokens")
 
 
 def accumulate_grads(params, graphdef, batch: dict, cfg: StepConfig, frozen=None, key=None):
-    """Gradients summed over ``cfg.micro_batches`` micro-batches with ``jax.lax.scan`` (one compiled
-    body; only one micro-batch's activations live at a time), normalized by the whole batch's token
-    count. Returns ``(grads, loss_metrics, lp, lp_s, entropy, lp_head)`` with per-token arrays in
-    the batch's row order; loss metrics are summed ('loss', token counts) or averaged over
-    micro-batches. With ``frozen`` (the parameters that do not train, e.g. a LoRA base), the
-    gradients are of ``params`` alone. ``key``: the step's LoRA dropout key (None: no dropout),
-    split per micro-batch."""
+    """Gradients summed over ``cfg.micro_batches`` micro-batches (``jax.lax.scan``), normalized by
+    the batch's token count: ``(grads, loss_metrics, lp, lp_s, entropy, lp_head)`` in row order,
+    the loss metrics summed ('loss', token counts) or averaged. ``frozen``: parameters without
+    gradients (a LoRA base); ``key``: the LoRA dropout key, split per micro-batch."""
     m = cfg.micro_batches
     num_tokens = jnp.sum(batch["mask"])
     grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
@@ -300,15 +270,8 @@ def accumulate_grads(params, graphdef, batch: dict, cfg: StepConfig, frozen=None
     keys = None if key is None else jax.random.split(key, m)
     grads, (lms, lp, lp_s, ent, lp_head) = jax.lax.scan(body, grads0, (mbs, keys))
     lm = {k: jnp.sum(v) if k in _SUMMED_LOSS_METRICS else jnp.mean(v) for k, v in lms.items()}
-    lp_head = None if lp_head is None else merge_micro_batches(lp_head)
-    return (
-        grads,
-        lm,
-        merge_micro_batches(lp),
-        merge_micro_batches(lp_s),
-        merge_micro_batches(ent),
-        lp_head,
-    )
+    lp, lp_s, ent = (merge_micro_batches(x) for x in (lp, lp_s, ent))
+    return grads, lm, lp, lp_s, ent, None if lp_head is None else merge_micro_batches(lp_head)
 
 
 def make_train_step(
@@ -323,29 +286,31 @@ def make_train_step(
 ):
     """Jitted ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
 
-    With ``mesh``: explicit shardings — params/opt state on ``param_shardings``/``opt_shardings``
-    (as loaded), batch rows over the ('data', 'fsdp') axes, metrics replicated.
-    With ``trainable`` (an NNX filter, e.g. LoRA's adapters; ``opt_state`` is over those alone):
-    only that part of ``params`` gets gradients and updates; the frozen rest is an input of the
-    jitted step but not an output (so it is never copied), split off and joined back outside jit.
+    With ``mesh``: params/opt state on ``param_shardings``/``opt_shardings``, batch rows over
+    ('data', 'fsdp'), metrics replicated. With ``trainable`` (an NNX filter, e.g. LoRA's adapters;
+    ``opt_state`` over those alone) only that part trains; the frozen rest is an input of the jitted
+    step but not an output (never copied), split off and joined back outside jit.
     """
     step = _train_step_body(graphdef, tx, cfg)
-    if trainable is not None:
-        return _partial_train_step(step, mesh, param_shardings, opt_shardings, trainable)
     if mesh is None:
-        return jax.jit(step)
-    rows = NamedSharding(mesh, P(("data", "fsdp")))
-    repl = NamedSharding(mesh, P())
-    return jax.jit(
-        step,
-        in_shardings=(param_shardings, opt_shardings, rows),  # every batch array: rows sharded
-        out_shardings=(param_shardings, opt_shardings, repl),
-    )
+        jitted = jax.jit(step)
+    else:
+        train_sh, frozen_sh = split_trainable(param_shardings, trainable)
+        frozen_in = () if trainable is None else (frozen_sh,)
+        jitted = jax.jit(
+            step,
+            in_shardings=(train_sh, opt_shardings, _rows(mesh), *frozen_in),
+            out_shardings=(train_sh, opt_shardings, NamedSharding(mesh, P())),
+        )
+    return jitted if trainable is None else _PartialStep(jitted, trainable)
+
+
+def _rows(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(("data", "fsdp")))
 
 
 def _train_step_body(graphdef, tx, cfg: StepConfig):
-    """The step ``(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)``
-    before jit (``frozen``: parameters without gradient, see :func:`make_train_step`)."""
+    """The step ``(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)``."""
 
     def step(params, opt_state, batch, frozen=None):
         key = None
@@ -385,9 +350,7 @@ def _train_step_body(graphdef, tx, cfg: StepConfig):
 
 
 class _PartialStep:
-    """``(params, opt_state, batch) -> (params, opt_state, metrics)`` updating only the trainable
-    part of ``params``: split on host, ``jitted(train, opt_state, batch, frozen)``, joined on
-    host. ``lower`` takes the same arguments as the call (for ahead-of-time compiles)."""
+    """The step training only part of ``params`` (split and joined on host)."""
 
     def __init__(self, jitted, trainable):
         self.jitted, self.trainable = jitted, trainable
@@ -405,20 +368,6 @@ class _PartialStep:
         return self.jitted.lower(*self._args(params, opt_state, batch)[0])
 
 
-def _partial_train_step(step, mesh, param_shardings, opt_shardings, trainable):
-    if mesh is None:
-        return _PartialStep(jax.jit(step), trainable)
-    rows = NamedSharding(mesh, P(("data", "fsdp")))
-    repl = NamedSharding(mesh, P())
-    train_sh, frozen_sh = split_trainable(param_shardings, trainable)
-    jitted = jax.jit(
-        step,
-        in_shardings=(train_sh, opt_shardings, rows, frozen_sh),
-        out_shardings=(train_sh, opt_shardings, repl),
-    )
-    return _PartialStep(jitted, trainable)
-
-
 def device_batch(batch: dict, mesh=None) -> dict:
     """The ``STEP_KEYS`` arrays of ``batch`` on device (rows over ('data', 'fsdp') with a mesh)."""
     missing = [k for k in STEP_KEYS if k not in batch and k not in OPTIONAL_STEP_KEYS]
@@ -427,5 +376,4 @@ def device_batch(batch: dict, mesh=None) -> dict:
     keys = [k for k in STEP_KEYS if k in batch]
     if mesh is None:
         return {k: jnp.asarray(batch[k]) for k in keys}
-    rows = NamedSharding(mesh, P(("data", "fsdp")))
-    return {k: jax.device_put(batch[k], rows) for k in keys}
+    return {k: jax.device_put(batch[k], _rows(mesh)) for k in keys}

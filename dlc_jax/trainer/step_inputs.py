@@ -1,10 +1,6 @@
-"""From a completed batch of rollouts to the device inputs of the train step.
-
-`StepInputs.score_and_pack`: rewards, group advantages and packing of this process's rollouts,
-with the batch statistics and the packed length agreed over all processes. `device_inputs`: the
-global device batch plus the theta_s log-probs of every token from the snapshot of the version
-that sampled it. `filler_rollouts`: the cells of a dropped prompt keep their rows (one pad token,
-no response: loss mask 0, advantage 0), left out of the rewards and statistics.
+"""From a completed batch of rollouts to the device inputs of the train step: rewards, advantages
+and packing (statistics agreed over processes), then the theta_s log-probs of every token from the
+snapshot of the version that sampled it.
 """
 
 from __future__ import annotations
@@ -28,10 +24,9 @@ from dlc_jax.trainer.step import STEP_KEYS
 
 
 def bucket(n: int, mode: str = "pow2", max_len: int = 0, mult: int = 16) -> int:
-    """The padded row length for a longest row of ``n`` tokens (``train.length_buckets``; each
-    length compiles the step again): 'pow2' the next power of two (>= ``mult``), 'fine' the next
-    multiple of ``mult``, 'max' always ``max_len``; at most ``max_len`` rounded up to ``mult``
-    unless ``n`` exceeds it (``max_len`` 0: no cap)."""
+    """The padded row length for a longest row of ``n`` tokens (``train.length_buckets``): 'pow2'
+    the next power of two, 'fine' the next multiple of ``mult``, 'max' ``max_len``; capped at
+    ``max_len`` rounded up to ``mult`` unless ``n`` exceeds it (``max_len`` 0: no cap)."""
     fine = -(-n // mult) * mult
     if mode == "fine":
         return fine
@@ -50,8 +45,7 @@ def decode(tokenizer, rollout) -> str:
 
 
 def score_texts(rewards: RewardRunner, recs: list, texts: list[str], ids: list[str]):
-    """(rewards float32 [N], reward metrics) of ``texts`` answering prompt records ``recs``, with
-    the metadata columns every record has."""
+    """(rewards float32 [N], reward metrics) of ``texts`` answering prompt records ``recs``."""
     keys = set.intersection(*(set(p.metadata) for p in recs)) if recs else set()
     return rewards.score(
         [p.prompt for p in recs],
@@ -73,8 +67,7 @@ FILLER = "dropped_invalid"  # finish_reason of a filler rollout
 
 
 def filler_rollouts(slot: int, group_size: int, pad_id: int, head_k: int) -> list[Rollout]:
-    """The ``group_size`` cells of a dropped prompt: prompt [pad_id], empty response (no token is
-    learned from; no version spans, so no weight version is needed for it)."""
+    """The cells of a dropped prompt: prompt [pad_id], no response, nothing learned."""
     k = int(head_k)
     return [
         Rollout(
@@ -94,8 +87,7 @@ def filler_rollouts(slot: int, group_size: int, pad_id: int, head_k: int) -> lis
 
 @dataclasses.dataclass(eq=False)
 class StepInputs:
-    """mesh / rows: the training mesh and its batch-row sharding (None on one device);
-    snapshot_lp: the jitted theta_s forward; rewards: the `RewardRunner` that scores responses."""
+    """rows: the row sharding (None on one device); snapshot_lp: the theta_s forward."""
 
     cfg: Any
     tokenizer: Any
@@ -115,8 +107,7 @@ class StepInputs:
             )
 
     def score_and_pack(self, rollouts: list, prompts: dict, version: int) -> tuple[dict, dict]:
-        """(global batch statistics, packed host arrays with advantages ``adv``); ``version``: the
-        trainer's weight version, which token lags are measured from."""
+        """(global batch statistics, packed host arrays with ``adv``)."""
         cfg = self.cfg
         real = np.asarray([r.finish_reason != FILLER for r in rollouts])
         scored, reward_metrics = self._score([r for r, k in zip(rollouts, real) if k], prompts)
@@ -142,8 +133,7 @@ class StepInputs:
         r_tot = tot.sum(axis=0)[6:]
         r_mean = r_sum / rows_n
         seq_len = bucket(int(tot[:, 3].max()), cfg.train.length_buckets, cfg.sampler.max_model_len)
-        # train.pack: rollouts back to back in rows of max_model_len tokens (segment ids), as many
-        # rows as they need, a multiple of micro-batches x the devices the rows are split over
+        # packed: as many rows as needed, a multiple of micro-batches x row-sharding devices
         row_devices = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         arrays = step_arrays(
             rollouts,
@@ -165,14 +155,12 @@ class StepInputs:
             "response_len": float(resp_sum / rows_n),
             "reward/seconds": reward_metrics.get("reward/seconds", 0.0),
         }
-        for k, v in zip(r_names, r_tot):
-            stats[k] = float(v if k in counts else v / rows_n)
+        stats.update({k: float(v if k in counts else v / rows_n) for k, v in zip(r_names, r_tot)})
         stats.update(episode_stats(rollouts))  # env/*: this process's episodes (env.fn)
         return stats, arrays
 
     def _score(self, rollouts: list, prompts: dict) -> tuple[np.ndarray, dict]:
-        """Rewards float32 [N] of this process's rollouts, metrics: an environment episode's own
-        reward (``env.fn``), else the reward workers'."""
+        """(rewards float32 [N], metrics) of rollouts: their own (env episodes) or the workers'."""
         if rollouts and all(r.reward is not None for r in rollouts):
             return np.asarray([r.reward for r in rollouts], np.float32), {}
         recs = [prompts[r.slot_id] for r in rollouts]
@@ -190,8 +178,7 @@ class StepInputs:
         return {k: jax.device_put(v, self.rows) for k, v in arrays.items()}
 
     def device_inputs(self, arrays: dict, state: TrainState) -> tuple[dict, int]:
-        """(device batch of STEP_KEYS with ``lp_s`` / ``lps_head`` / ``self_mask``, snapshot
-        forwards run)."""
+        """(device batch with ``lp_s`` / ``lps_head`` / ``self_mask``, snapshot forwards run)."""
         mask = arrays["mask"] > 0
         ver = arrays["version"].astype(np.int32)
         held = set(state.snapshots) | {state.version}

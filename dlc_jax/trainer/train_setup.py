@@ -1,6 +1,5 @@
-"""What the trainer trains, built from its config: the model (dtypes, run options, LoRA adapters),
-the optimizer and schedule, the train state, the step configuration and the jitted programs (the
-train step and the theta_s forward). `Trainer` gets these as one `TrainSetup`."""
+"""What the trainer trains, built from its config (`TrainSetup`): the model with any LoRA adapters,
+optimizer, schedule, state and the jitted train step and theta_s forward."""
 
 from __future__ import annotations
 
@@ -22,12 +21,7 @@ from dlc_jax.lora import (
 )
 from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule
-from dlc_jax.trainer.step import (
-    StepConfig,
-    make_snapshot_logprobs,
-    make_train_step,
-    step_config,
-)
+from dlc_jax.trainer.step import StepConfig, make_snapshot_logprobs, make_train_step, step_config
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +29,7 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def load_train_model(cfg: TrainConfig, model_dir, mesh):
-    """The model the trainer trains: ``model_dir`` loaded with the ``model`` section's dtypes and
-    run options (attention kernel, scanned layers, remat policy), sharded over ``mesh`` when
-    given."""
+    """``model_dir`` loaded with the ``model`` section's dtypes and run options, over ``mesh``."""
     from dlc_jax.model import load_hf
 
     m = cfg.model
@@ -56,9 +48,7 @@ def load_train_model(cfg: TrainConfig, model_dir, mesh):
 
 @dataclasses.dataclass
 class TrainSetup:
-    """serve: what a full push sends for a trained module (LoRA: base + delta merged); adapters:
-    LoRA is on; base_fp: the LoRA base's fingerprint (None without LoRA); train_step /
-    snapshot_lp: the jitted step and theta_s forward."""
+    """serve: what a full push sends (LoRA: merged); base_fp: a LoRA base's fingerprint."""
 
     state: TrainState
     tx: Any
@@ -72,10 +62,9 @@ class TrainSetup:
 
 
 def make_train_setup(cfg: TrainConfig, model_dir: str | Path, mesh) -> TrainSetup:
-    """Load the model (over ``mesh`` when given), add the LoRA adapters when ``lora.rank`` > 0
-    (then the only trainable part), and build the optimizer, state and jitted programs."""
+    """Load the model, add any LoRA adapters (then the only trainable part), build the rest."""
     model = load_train_model(cfg, model_dir, mesh)
-    adapted = apply_lora(model, cfg.lora)  # lora.rank > 0: adapters, the only trainable part
+    adapted = apply_lora(model, cfg.lora)
     tx = make_optimizer(cfg.optim, cfg.train.steps)
     schedule = make_schedule(cfg.optim, cfg.train.steps)
     state = TrainState.create(

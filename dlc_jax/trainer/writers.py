@@ -1,8 +1,5 @@
-"""Where metrics go besides metrics.jsonl: grouped TensorBoard tags, an optional wandb run, sample
-completions (`sample_records`: prompt, response, reward, a per-token delta / ell summary; written
-to samples.jsonl + TensorBoard text), and the plain progress line. Tags are grouped by
-what they measure (``reward/``, ``mismatch/``, ``ess/``, ``loss/``, ``system/``, ``eval/``,
-``pool/``); a flat key repeating a ``loss/`` key of the row is written once.
+"""Where metrics go besides metrics.jsonl: grouped TensorBoard tags, a wandb run, sample
+completions (samples.jsonl, TensorBoard text) and the plain progress line.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ _GROUPS = ("reward/", "mismatch/", "ess/", "loss/", "system/", "eval/", "pool/")
 
 
 def tb_tag(key: str, row: dict) -> str | None:
-    """The grouped TensorBoard tag of metrics key ``key`` in ``row``; None = not written (a flat
-    duplicate of a ``loss/`` key, or the step itself)."""
+    """The grouped TensorBoard tag of ``key``; None: not written (a duplicate)."""
     if key == "step":
         return None
     if key.startswith(_GROUPS):
@@ -74,8 +70,7 @@ WANDB_INIT_TIMEOUT_S = 30.0  # wandb's own default is 90 s, retried: 100-115 s w
 
 
 def wandb_api_key_known() -> bool:
-    """Whether wandb has an API key to log in with: ``WANDB_API_KEY``, or a netrc entry for its
-    host (what ``wandb login`` writes). A netrc that cannot be read counts as none."""
+    """Whether wandb has an API key: ``WANDB_API_KEY`` or a readable netrc entry for its host."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     import netrc
@@ -90,10 +85,9 @@ def wandb_api_key_known() -> bool:
 
 
 class WandbWriter:
-    """A wandb run (``log.wandb``): metrics under their grouped tags, the config, sample
-    completions as a table. Never a traceback, never a long wait: no ``WANDB_MODE`` and no API key
-    = offline from the start; an online start that fails within ``WANDB_INIT_TIMEOUT_S`` falls
-    back to offline (one-line warning); only an offline start that fails stops the run."""
+    """A wandb run (``log.wandb``): metrics, the config, sample tables. No API key and no
+    ``WANDB_MODE``: offline; an online start that fails within ``WANDB_INIT_TIMEOUT_S`` falls back
+    to offline; only a failed offline start stops the run."""
 
     def __init__(self, directory: Path, project: str, run_name: str, config: dict | None):
         try:
@@ -141,8 +135,7 @@ class WandbWriter:
 
     def _init(self, directory: Path, project: str, run_name: str, config, mode: str | None):
         wandb = self._wandb
-        # wandb's own banner and run-history printout stay out of the training output (they are in
-        # the run's debug log); our one line says where the run is
+        # wandb's banner and run-history printout stay in its debug log
         quiet = not logger.isEnabledFor(logging.DEBUG)
         return wandb.init(
             project=project,
@@ -206,7 +199,7 @@ def samples_markdown(records: list[dict]) -> str:
 
 
 class ProgressLine:
-    """The plain progress mode: one line on stdout every ``every`` steps (and at the last)."""
+    """One progress line on stdout every ``every`` steps (and at the last)."""
 
     KEYS = (("reward", "reward_mean"), ("ess", "ess_lag"), ("resyncs", "resync_count"))
 
@@ -259,10 +252,8 @@ def sample_records(
     per_token: dict | None,
     n: int,
 ) -> list[dict]:
-    """Records of the first ``n`` rollouts (one per group first, so different prompts show).
-
-    per_token: host arrays ``lp``, ``lp_s``, ``lp_q``, ``mask`` [rows, L] with row i = rollout i
-    (None = no per-token summary, e.g. packed rows)."""
+    """Records of the first ``n`` rollouts (one per group first). per_token: host arrays ``lp``,
+    ``lp_s``, ``lp_q``, ``mask`` [rows, L], row i = rollout i (None: no delta/ell summary)."""
     order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))[:n]
     out = []
     for i in order:
