@@ -17,10 +17,8 @@ from ..wire.types import Rollout, SamplingParams
 
 @dataclasses.dataclass
 class BackendConfig:
-    """Engine settings shared by the backends (a backend ignores knobs it does not have):
-    compute `dtype`, `quantization` (vLLM's name, or "int8" / "fp8_e4m3" for the JAX backend),
-    `weight_noise` (sigma relative to each tensor's rms); max_model_len bounds prompt + max_tokens,
-    max_n / max_head_k bound requests.
+    """Engine settings shared by the backends (each ignores knobs it does not have): `quantization`
+    is vLLM's name, or "int8" / "fp8_e4m3" (JAX); `weight_noise`: sigma relative to a tensor's rms.
     """
 
     model_dir: str
@@ -39,8 +37,7 @@ class BackendConfig:
     max_batch: int = 32  # JAX backend: sequences decoded together (static shape)
     # vLLM KV cache size; None = 1 GiB on CPU (unless VLLM_CPU_KVCACHE_SPACE), vLLM default on GPU
     kv_cache_gib: float | None = None
-    # LoRA adapter pushes (`adapter_push`): the largest rank served; 0 = none (vLLM: LoRA off).
-    # The JAX backend merges adapters of any rank and ignores it.
+    # the largest LoRA adapter rank served; 0 = none (vLLM: LoRA off; JAX: ignored, any rank)
     max_lora_rank: int = 0
 
     def __post_init__(self):
@@ -68,18 +65,15 @@ def read_model_config(model_dir: str) -> dict:
 
 
 class WeightLoad(Protocol):
-    """A push loaded into the engine tensor by tensor beside the served weights: `add` once per
-    verified tensor, in order, from one worker thread (the array is a view valid only during the
-    call); served only after `SamplerBackend.apply_load`, dropped if the push fails."""
+    """A push loaded into the engine tensor by tensor: `add` once per verified tensor, from one
+    thread (the array is valid only during the call); served only after `apply_load`."""
 
     def add(self, name: str, array: np.ndarray) -> None: ...
 
 
 class SamplerBackend(abc.ABC):
     """A generation engine with versioned, atomically swappable weights: `generate` yields one
-    Rollout per (prompt, sample) with version spans over every token; `apply_weights(dir,
-    version)` loads a verified HF directory; tokens after a swap come from the new weights only.
-    """
+    Rollout per (prompt, sample); tokens after a swap come from the new weights only."""
 
     name: str = "base"
 
@@ -91,7 +85,7 @@ class SamplerBackend(abc.ABC):
         self._expected = st.read_specs(cfg.model_dir)
         self._base_fp: str | None = None  # `base_fingerprint`, once computed
 
-    def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    def expected_tensors(self) -> st.Specs:
         """{hf_name: (shape, dtype)} that a full weight push must provide."""
         return dict(self._expected)
 
@@ -108,8 +102,7 @@ class SamplerBackend(abc.ABC):
     async def apply_weights(self, weights_dir: str, version: int) -> None: ...
 
     def begin_load(self) -> WeightLoad | None:
-        """A tensor-by-tensor load of the next push (memory staging), or None when this engine
-        loads only from a directory (`apply_weights` at commit)."""
+        """A tensor-by-tensor load of the next push, or None (`apply_weights` at commit)."""
         return None
 
     async def apply_load(self, load: WeightLoad, version: int) -> None:
@@ -118,25 +111,20 @@ class SamplerBackend(abc.ABC):
 
     # -- LoRA adapter pushes (`dlc_jax.sampler.push.adapter`) ---------------------------------
     def adapter_base(self, rank: int) -> str:
-        """The fingerprint of the base an adapter push of ``rank`` is merged into (the model
-        directory this sampler started from), or ValueError saying why it takes none."""
+        """The fingerprint of the base an adapter of ``rank`` is merged into, or ValueError."""
         raise ValueError(f"the {self.name} backend does not serve LoRA adapter pushes")
 
     def base_fingerprint(self) -> str:
-        """`adapter_push.dir_fingerprint` of the model directory (computed once)."""
+        """`adapter_push.base_fingerprint` of the model directory (computed once)."""
         if self._base_fp is None:
-            from ..push.adapter import dir_fingerprint
+            from ..push.adapter import base_fingerprint
 
-            self._base_fp = dir_fingerprint(self.cfg.model_dir)
+            self._base_fp = base_fingerprint(st.iter_tensors(self.cfg.model_dir))
         return self._base_fp
 
     async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
-        """Serve base + the verified adapter in ``adapter_dir`` (``meta``: its
-        `adapter_push.AdapterMeta`) as ``version``, atomically; on failure nothing changed."""
+        """Serve base + the adapter in ``adapter_dir`` as ``version`` (atomically)."""
         raise NotImplementedError(f"{self.name} backend serves no adapters")
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-    def info(self) -> dict:
-        return {"backend": self.name, "version": self.version, "config": self.cfg.to_json()}

@@ -1,11 +1,9 @@
-"""JAX backend: the project's models (any registered family) with a KV cache, batched prefill +
-jitted decode, vLLM-equivalent sampling (`jax_sampling`), a top-K head, and weight versions.
-
-Numerics knobs, applied in HF layout to every 2-D weight whenever weights load: `dtype="bfloat16"`
-(compute dtype), `quantization="int8"` / `"fp8_e4m3"` (weight-only, per output channel, dequantized
-back), `weight_noise=s` (w += s * rms(w) * N(0,1), fixed seed). Determinism: token t of sample j of
-prompt i uses key fold_in(seed, i, j, t), whatever the batching. A sequence whose weights changed
-between decode steps is re-prefilled with the new ones, so every token comes from one version.
+"""JAX backend: the project's models with a KV cache, batched prefill + jitted decode and
+vLLM-equivalent sampling (`jax_sampling`). Numerics knobs, applied in HF layout to every 2-D weight
+as it loads: `quantization="int8"` / `"fp8_e4m3"` (weight-only, per output channel, dequantized
+back), `weight_noise=s` (w += s * rms(w) * N(0,1), fixed seed). Token t of sample j of prompt i
+uses key fold_in(seed, i, j, t), whatever the batching; a batch whose weights changed between
+decode steps is re-prefilled with the new ones, so every token comes from one version.
 """
 
 from __future__ import annotations
@@ -101,8 +99,7 @@ class JaxBackend(SamplerBackend):
 
     # -- weights ----------------------------------------------------------------------------
     def load_weights_dir(self, weights_dir: str):
-        """HF safetensors dir -> (graphdef, params state) with the numerics knobs applied (not
-        served until `set_weights`)."""
+        """HF safetensors dir -> (graphdef, params state), numerics knobs applied."""
         import jax.numpy as jnp
         from flax import nnx
 
@@ -123,8 +120,7 @@ class JaxBackend(SamplerBackend):
             model = load_hf(tmp, param_dtype=jnp.float32, compute_dtype=compute)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        graphdef, state = nnx.split(model)
-        return graphdef, state
+        return nnx.split(model)
 
     async def start(self) -> None:
         from dlc_jax.model.registry import family_for_hf
@@ -155,8 +151,7 @@ class JaxBackend(SamplerBackend):
                 self._base_state = state
 
     def begin_load(self, state=None):
-        """A tensor-by-tensor load into `state`'s structure (default: the served one), with the
-        numerics knobs."""
+        """A tensor-by-tensor load into `state`'s structure (default: the served one)."""
         from .jax_weights import JaxWeightLoad
 
         knobs = has_knobs(self.cfg)
@@ -173,15 +168,9 @@ class JaxBackend(SamplerBackend):
     def adapter_base(self, rank: int) -> str:
         return self.base_fingerprint()
 
-    def _adapter_state(self, adapter_dir: str, meta):
-        from ..push.adapter import read_adapter
-
-        return self.merged_adapter_state(read_adapter(adapter_dir), meta)
-
     def merged_adapter_state(self, adapter: dict[str, np.ndarray], meta):
-        """The start-up base with ``W + scale * B @ A`` in every kernel ``adapter`` adapts (the
-        rest shared): merged on the device from the served base (`JaxWeightLoad.add_lora`), or,
-        with numerics knobs, on the host from the model directory, knobs applied as to a push."""
+        """The start-up base with ``W + scale * B @ A`` in every kernel ``adapter`` adapts: merged
+        on the device, or with numerics knobs on the host from the model directory."""
         from ..push.adapter import merged_tensors, peft_name, split_name
 
         load = self.begin_load(self._base_state)
@@ -189,20 +178,22 @@ class JaxBackend(SamplerBackend):
             base = st.iter_tensors(self.cfg.model_dir)
             for name, w in merged_tensors(base, adapter, meta.scale):
                 load.add(name, w)
-            return load.state(partial=True)
-        for mod in sorted({split_name(n)[0] for n in adapter}):
-            a, b = adapter[peft_name(mod, "lora_A")], adapter[peft_name(mod, "lora_B")]
-            load.add_lora(f"{mod}.weight", a, b, meta.scale)
+        else:
+            for mod in sorted({split_name(n)[0] for n in adapter}):
+                a, b = adapter[peft_name(mod, "lora_A")], adapter[peft_name(mod, "lora_B")]
+                load.add_lora(f"{mod}.weight", a, b, meta.scale)
         return load.state(partial=True)
 
     async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
-        self.serve_state(
-            await self._on_load_thread(self._adapter_state, adapter_dir, meta), version
+        from ..push.adapter import read_adapter
+
+        state = await self._on_load_thread(
+            lambda: self.merged_adapter_state(read_adapter(adapter_dir), meta)
         )
+        self.serve_state(state, version)
 
     def serve_state(self, state, version: int) -> None:
-        """Serve ``state`` (the served graph's parameters) as ``version`` from the next decode
-        step on."""
+        """Serve ``state`` (the served graph's parameters) as ``version`` from the next step on."""
         with self._lock:
             self._state, self.version = state, int(version)
 
@@ -241,9 +232,8 @@ class JaxBackend(SamplerBackend):
 
         @functools.partial(jax.jit, donate_argnames=("cache",))
         def decode(state, tok, pos, cache):
-            """tok, pos [B] -> (logits [B, V] f32, cache, routed [B, 1, layers, K] or None). The
-            cache is donated: each layer's k/v (per-layer arrays, or the stacked arrays of a
-            scanned model) is written in place."""
+            """tok, pos [B] -> (logits [B, V] f32, cache, routed [B, 1, layers, K] or None); the
+            cache is donated (k/v written in place)."""
             model = nnx.merge(graphdef, state)
             logits, cache, routed = forward(model, tok[:, None], pos[:, None], cache)
             return logits[:, 0].astype(jnp.float32), cache, routed
@@ -251,8 +241,7 @@ class JaxBackend(SamplerBackend):
         max_head_k = self.cfg.max_head_k
 
         def sample(logits, keys, temperature, top_k, top_p, head_k):
-            """logits [B, V], keys [B] -> (tokens [B], logprobs [B], head ids/logprobs [B, head_k]).
-            The parameter values are traced (see jax_sampling): new values compile nothing."""
+            """logits [B, V], keys [B] -> (tokens, logprobs [B], head ids/logprobs [B, head_k])."""
             traced, static = sample_args(
                 temperature, top_k, top_p, head_k, vocab=logits.shape[-1], max_head_k=max_head_k
             )
@@ -270,8 +259,7 @@ class JaxBackend(SamplerBackend):
         request_id: str,
         cancel: threading.Event | None = None,
     ) -> list[Rollout]:
-        """seqs: [(prompt_index, slot_id, sample_index, prompt)] -> rollouts (same order);
-        returns [] as soon as `cancel` is set (checked between decode steps)."""
+        """seqs: [(prompt_index, slot_id, sample_index, prompt)] -> rollouts ([] once `cancel`)."""
         import jax
         import jax.numpy as jnp
 
@@ -296,12 +284,12 @@ class JaxBackend(SamplerBackend):
         out_hid = np.zeros((b, t_max, params.head_k), np.int32)
         out_hlp = np.zeros((b, t_max, params.head_k), np.float32)
         out_ver = np.zeros((b, t_max), np.int64)
-        done = np.zeros(b, bool)
-        done[b_real:] = True
+        done = np.arange(b) >= b_real  # padding rows are done from the start
         length = np.full(b, t_max)
         finish = ["length"] * b
         want_routes = bool(params.return_routed_experts) and self._routes
         out_route: np.ndarray | None = None
+        knobs = (float(params.temperature), int(max(params.top_k, 0)), float(params.top_p))
         state, version = self._snapshot()
         logits, cache, routed = prefill(
             state, jnp.asarray(tokens[:, :lp_len]), jnp.asarray(mask[:, :lp_len]), cache_len
@@ -326,14 +314,7 @@ class JaxBackend(SamplerBackend):
                 if out_route is not None:  # the new weights' routing of the whole prefix
                     out_route[:, : lp_len + t] = np.asarray(routed)
             keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, t)
-            tok, lp, hid, hlp = sample(
-                logits,
-                keys,
-                float(params.temperature),
-                int(max(params.top_k, 0)),
-                float(params.top_p),
-                int(params.head_k),
-            )
+            tok, lp, hid, hlp = sample(logits, keys, *knobs, int(params.head_k))
             tok = np.asarray(tok)
             tokens[:, lp_len + t] = tok
             mask[:, lp_len + t] = 1
@@ -393,8 +374,7 @@ class JaxBackend(SamplerBackend):
             cancel.set()
 
     def generate_sync(self, request_id, prompts, params):
-        """`generate` in the caller's thread (the in-process sampler): the same rollouts, batches
-        and keys; a consumer that stops early stops the decode loop at the next batch."""
+        """`generate` in the caller's thread (the in-process sampler): same rollouts and keys."""
         seed, batches = self._batches(prompts, params)
         for seqs in batches:
             yield from self._generate_batch(seqs, params, seed, request_id)

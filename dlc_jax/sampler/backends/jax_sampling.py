@@ -1,7 +1,5 @@
-"""One decode step's token choice for the JAX backend, with temperature, top-k and top-p traced
-(new values compile nothing; only which filters are on and the head width are static). Semantics
-equal `dlc_jax.rl.sampling.processed_logits` (vLLM's order); temperature <= 0 is greedy.
-"""
+"""One decode step's token choice for the JAX backend, temperature / top-k / top-p traced (new
+values compile nothing). Semantics equal `dlc_jax.rl.sampling.processed_logits` (vLLM's order)."""
 
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def kept_mask(
@@ -59,8 +58,6 @@ def sample_args(
     temperature: float, top_k: int, top_p: float, head_k: int, *, vocab: int, max_head_k: int
 ):
     """Host-side split of a request's parameters into (traced arrays, static flags)."""
-    import numpy as np
-
     use_k = 0 < top_k < vocab
     use_p = top_p < 1.0
     traced = (np.float32(temperature), np.int32(top_k if use_k else 0), np.float32(top_p))

@@ -1,7 +1,4 @@
-"""The JAX backend's in-memory, tensor-by-tensor weight load (`SamplerBackend.begin_load`): each
-verified HF tensor is converted (knobs, layout, dtype; on the device when there are no knobs) as
-it arrives; `state()` builds the new params, served only once the backend swaps them in.
-"""
+"""The JAX backend's tensor-by-tensor weight load (`SamplerBackend.begin_load`)."""
 
 from __future__ import annotations
 
@@ -29,10 +26,8 @@ def _converter(kernel: bool, shape: tuple, dtype: np.dtype):
 
 @functools.lru_cache(maxsize=256)
 def _merger(shape: tuple, dtype: np.dtype):
-    """jit(our kernel W, A^T [in, r], B^T [r, out], scale -> W + scale * A^T.B^T in our layout):
-    a LoRA adapter merged where the kernel lives (float32 math, cast back to the kernel dtype).
-    Our layout is HF's [out, in] transposed and reshaped (`_converter`), so the delta
-    ``(B @ A).T`` is ``A^T @ B^T`` reshaped."""
+    """jit(our kernel W, A^T [in, r], B^T [r, out], scale -> W + scale * A^T.B^T): a LoRA merge in
+    our layout (HF's transposed and reshaped, so ``(B @ A).T`` is ``A^T @ B^T``), float32 math."""
     import jax
     import jax.numpy as jnp
 
@@ -54,8 +49,7 @@ def _stack(pieces: dict[tuple, Any], lead: tuple[int, ...], prefix: tuple = ()):
 
 
 class JaxWeightLoad:
-    """One push into a copy of `state`'s structure. `transform(name, hf_array) -> fp32 array`: the
-    backend's numerics knobs (None: none)."""
+    """One push into a copy of `state`'s structure; `transform(name, hf_array)`: numerics knobs."""
 
     def __init__(
         self,
@@ -82,9 +76,8 @@ class JaxWeightLoad:
         dtype = np.dtype(var.dtype)
         shape = tuple(var.shape[len(idx) :])
         if self._transform is not None:  # numerics knobs: fp32 numpy math in HF layout
-            # a private host copy first: the transform passes 1-D tensors through, and a device
-            # array made from a view of the staging buffer may read (or alias) it after the next
-            # push has started overwriting it (seen as NaNs in a served norm weight)
+            # a private host copy: a device array made from a staging view (1-D tensors pass the
+            # transform) may read it after the next push overwrote it (NaNs in a norm weight)
             host = np.array(_to_ours(self._transform(name, array), path, shape), dtype, copy=True)
             ours = jnp.asarray(host)
             ours.block_until_ready()
@@ -96,7 +89,7 @@ class JaxWeightLoad:
 
     def add_lora(self, name: str, a: np.ndarray, b: np.ndarray, scale: float) -> None:
         """The HF kernel ``name`` as ``W + scale * b @ a`` (PEFT A [r, in], B [out, r]), merged on
-        the device in our layout from the state this load started from; not with knobs."""
+        the device into the starting state (not with knobs)."""
         import jax.numpy as jnp
 
         if self._transform is not None:
@@ -113,8 +106,7 @@ class JaxWeightLoad:
         self._put(path, idx, merge(w, jnp.asarray(a.T), jnp.asarray(b.T), jnp.float32(scale)))
 
     def _put(self, path: tuple, idx: tuple, ours) -> None:
-        """Store the converted tensor ``ours`` (one layer/expert ``idx`` of a stacked parameter,
-        stacked once its last piece is in)."""
+        """Store ``ours`` (or piece ``idx`` of a stacked parameter, stacked once complete)."""
         var = self._vars[path]
         if not idx:
             self._values[path] = ours
@@ -130,8 +122,7 @@ class JaxWeightLoad:
             del self._stacks[path]
 
     def state(self, partial: bool = False):
-        """The new state: every parameter replaced (KeyError naming one not given); ``partial``
-        (an adapter push): the others keep the starting state's values."""
+        """The new state (KeyError naming a parameter not given, unless ``partial``)."""
         from flax import nnx
 
         if partial:

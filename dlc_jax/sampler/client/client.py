@@ -1,15 +1,11 @@
-"""Trainer-side gRPC client for the sampler service (`SamplerClient`).
-
-Pushes stream `weight_stream.weight_messages` (header, chunks, per-tensor checksum trailers,
-commit; ~one converted tensor in host memory); `transport="socket"` sends the bytes over the
-server's raw TCP data port instead (`data_plane`; plaintext, never with TLS). Calls failing with
-UNAVAILABLE are retried under the client's `RetryPolicy` (`retry`); `generate` only before its
-first rollout (no duplicates), `push_weights` only with a re-iterable source.
-"""
+"""Trainer-side gRPC client for the sampler service (`SamplerClient`). Calls failing with
+UNAVAILABLE are retried (`retry`): `generate` only before its first rollout (no duplicates),
+`push_weights` only with a re-iterable source."""
 
 from __future__ import annotations
 
 import collections.abc as cabc
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -40,9 +36,8 @@ REJECT_CODES = (
 
 
 class SamplerClient(SingleSampler):
-    """One sampler server over gRPC (a `protocol.Sampler`): `timeout` is a call's default
-    deadline (s); `retry` (or max_retries / backoff / max_backoff) the `RetryPolicy` for
-    UNAVAILABLE."""
+    """One sampler server over gRPC: `timeout` is a call's default deadline (s); `retry` (or
+    max_retries / backoff / max_backoff) the `RetryPolicy` for UNAVAILABLE."""
 
     def __init__(
         self,
@@ -74,8 +69,7 @@ class SamplerClient(SingleSampler):
             opts.append(("grpc.ssl_target_name_override", tls_server_name))
         if tls_root_cert is not None:
             pem = tls_root_cert
-            if not isinstance(pem, bytes):
-                pem = pathlib.Path(pem).read_bytes()
+            pem = pem if isinstance(pem, bytes) else pathlib.Path(pem).read_bytes()
             self.channel = grpc.secure_channel(
                 address, grpc.ssl_channel_credentials(root_certificates=pem), options=opts
             )
@@ -83,14 +77,12 @@ class SamplerClient(SingleSampler):
             self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = pb_grpc.SamplerStub(self.channel)
 
-    # -- plumbing ---------------------------------------------------------------------------
     def _md(self):
         return (("authorization", f"Bearer {self.token}"),) if self.token else None
 
     def close(self) -> None:
         self.channel.close()
 
-    # -- info / health ----------------------------------------------------------------------
     def _info_proto(
         self, timeout: float | None = None, retry: RetryPolicy | None = None
     ) -> pb.InfoResponse:
@@ -101,8 +93,7 @@ class SamplerClient(SingleSampler):
         )
 
     def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
-        """The server's Info as a dict, field by field (`x_json` fields decoded, as `x`); timeout /
-        retry override the client's defaults for this call."""
+        """The server's Info as a dict (`x_json` fields decoded, as `x`)."""
         r = self._info_proto(timeout, retry)
         out = {f.name: getattr(r, f.name) for f in r.DESCRIPTOR.fields}
         return {
@@ -124,7 +115,6 @@ class SamplerClient(SingleSampler):
                 raise
             raise TimeoutError(f"sampler at {self.address} not ready after {timeout}s: {e}") from e
 
-    # -- generate ---------------------------------------------------------------------------
     def _generate(self, prompts, params, slot_ids, request_id) -> Iterator[Rollout]:
         req = generate_request(prompts, params, slot_ids, request_id)
 
@@ -142,10 +132,8 @@ class SamplerClient(SingleSampler):
         finally:
             stream.cancel()  # a consumer that stops early ends the call (no-op once it completed)
 
-    # -- weights ----------------------------------------------------------------------------
     def push_messages(self, messages: Iterable[pb.WeightMessage | bytes]) -> PushResult:
-        """Send a raw WeightMessage stream (no retry); items may also be already-serialized
-        messages (bytes). Rejections come back as ok=False."""
+        """Send a raw stream of WeightMessages or their bytes (no retry); rejections: ok=False."""
         return self._answer(
             lambda: self.stub.PushWeights(iter(messages), timeout=self.timeout, metadata=self._md())
         )
@@ -167,9 +155,8 @@ class SamplerClient(SingleSampler):
     def push_with_data(
         self, messages: Callable[[Callable[[int, memoryview], None], str], Iterable]
     ) -> PushResult:
-        """A push over the socket data plane: a data connection to the server's data port under
-        a fresh push id, and the stream ``messages(send_data, push_id)`` whose header names it
-        (``send_data(tensor_index, bytes)`` writes to the connection). Rejections: ok=False."""
+        """A push over the socket data plane: the stream ``messages(send_data, push_id)``, whose
+        ``send_data(tensor_index, bytes)`` writes to a data connection under a fresh push id."""
         if self.tls:
             raise ValueError(
                 "push transport 'socket' is plaintext raw TCP and is refused on a TLS channel; "
@@ -182,10 +169,8 @@ class SamplerClient(SingleSampler):
                 messages(lambda i, buf: self._send_data(sock, i, buf), push_id)
             )
         finally:
-            try:  # also wakes a sendall blocked on a server that gave up
+            with contextlib.suppress(OSError):  # also wakes a sendall blocked on a server gone
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
     def push_weights(
@@ -201,12 +186,9 @@ class SamplerClient(SingleSampler):
         relay_to: cabc.Sequence[str] = (),
         relay_fanout: int = 1,
     ) -> PushResult:
-        """Stream a full set of HF-named tensors as weight version `version`: `named_tensors` in a
-        form `weight_stream.tensor_source` takes (a re-iterable one is pushed again on
-        UNAVAILABLE), converted to `dtype` one at a time; `checksum` ("crc32c" or "sha256") per
-        tensor in its trailer; `transport` one of `protocol.TRANSPORTS`; `relay_to` /
-        `relay_fanout`: samplers the receiver forwards the push to (outcomes in
-        `PushResult.relayed`)."""
+        """Stream a full set of HF-named tensors (a `weight_stream.tensor_source`) as `version`,
+        converted to `dtype` one at a time; `transport` one of `protocol.TRANSPORTS`; `relay_to` /
+        `relay_fanout`: samplers the receiver forwards the push to (`PushResult.relayed`)."""
         if check_transport(transport) == "auto":
             transport = self.push_transport()
         if not 0 < chunk_bytes <= self.max_message_bytes - 64:
@@ -229,8 +211,7 @@ class SamplerClient(SingleSampler):
         return dataclasses.replace(result, transport=transport)
 
     def push_transport(self) -> str:
-        """'socket' when the server offers a push data port and the channel is plaintext, else
-        'grpc'."""
+        """'socket' when the server offers a data port and the channel is plaintext, else 'grpc'."""
         if self.tls:
             return "grpc"
         return "socket" if self._info_proto().data_port else "grpc"
@@ -247,8 +228,7 @@ class SamplerClient(SingleSampler):
         if not port:
             raise ValueError(
                 f"sampler at {self.address} offers no push data port (start it with "
-                "--push-data-port; "
-                "never offered with TLS); use transport='grpc'"
+                "--push-data-port; never offered with TLS); use transport='grpc'"
             )
         host = self.address.rsplit(":", 1)[0].strip("[]")
         if host.startswith("ipv4:") or host.startswith("ipv6:"):
@@ -265,20 +245,17 @@ class SamplerClient(SingleSampler):
         self, src: TensorSource, version: int, dtype: str, chunk_bytes: int, checksum: str,
         transport: str, relay: tuple[tuple[str, ...], int] = ((), 1),
     ) -> PushResult:  # fmt: skip
-        sent = [0]  # tensor bytes handed to the transport by this attempt (egress)
-
-        def count(n: int) -> None:
-            sent[0] += n
+        sent: list[int] = []  # tensor bytes handed to the transport by this attempt (egress)
 
         def stream(send_data=None, push_id: str = ""):
             return weight_messages(
                 src.open(), src.names_shapes, version, dtype, chunk_bytes, checksum,
                 send_data=send_data, push_id=push_id, relay_to=relay[0], relay_fanout=relay[1],
-                on_sent=count,
+                on_sent=sent.append,
             )  # fmt: skip
 
         r = self.push_with_data(stream) if transport == "socket" else self.push_messages(stream())
-        return dataclasses.replace(r, egress_bytes=sent[0])
+        return dataclasses.replace(r, egress_bytes=sum(sent))
 
     def load_weights(self, path: str, version: int) -> PushResult:
         """Ask the server to load an HF safetensors directory it can read (shared storage)."""

@@ -1,7 +1,4 @@
-"""Concurrent calls over a pool's samplers, each failure reported per sampler: `run_each` (one call
-per sampler) and `fan_out` (one source read once, each item handed to every sampler through a
-bounded queue; a consumer that failed stops receiving, the source is still read to its end).
-"""
+"""Concurrent calls over a pool's samplers, each failure reported per sampler."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ from typing import TypeVar
 
 import grpc
 
+from ..push.weight_stream import put_unless
 from ..wire.types import PushResult
 
 C = TypeVar("C")
@@ -49,7 +47,8 @@ def fan_out(
     push: Callable[[C, Iterator], PushResult],
     queue_depth: int,
 ) -> dict[int, PushResult]:
-    """``push(client, items)`` for every client concurrently, fed by one pass over ``source``."""
+    """``push(client, items)`` for every client concurrently, fed by one pass over ``source``
+    through bounded queues (a failed consumer stops receiving; the source is read to its end)."""
     queues: dict[int, queue.Queue] = {i: queue.Queue(maxsize=queue_depth) for i in clients}
     finished = {i: threading.Event() for i in clients}
 
@@ -63,21 +62,13 @@ def fan_out(
         finally:
             finished[i].set()
 
-    def put(i: int, item: object) -> None:
-        while not finished[i].is_set():
-            try:
-                queues[i].put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
     with cf.ThreadPoolExecutor(len(clients)) as ex:
         futs = {i: ex.submit(consume, i, c) for i, c in clients.items()}
         try:
             for item in source:  # read every item once, whatever happens to the consumers
                 for i in clients:
-                    put(i, item)
+                    put_unless(queues[i], item, finished[i])
         finally:
             for i in clients:
-                put(i, _END)
+                put_unless(queues[i], _END, finished[i])
         return _results(futs)

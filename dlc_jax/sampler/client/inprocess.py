@@ -1,9 +1,6 @@
-"""`InProcessSampler`: the JAX backend behind the `Sampler` protocol in the caller's process (no
-gRPC, server or subprocess; ``sampler.backend=inprocess``), for debugging and trainer-behaviour
-tests. It keeps the sampler's contract: requests get the server's own checks (`RequestError`),
-tokens are tagged with their weight version, and a push (the same HF export, loaded with the same
-numerics knobs) swaps the weights atomically between decode steps.
-"""
+"""`InProcessSampler`: the JAX backend behind the `Sampler` protocol in the caller's process
+(``sampler.backend=inprocess``), with the server's request checks, version-tagged tokens and
+atomic weight swaps between decode steps."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import itertools
 import pathlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..backends.base import BackendConfig
@@ -29,8 +26,7 @@ _ids = itertools.count()
 
 
 class InProcessSampler(SingleSampler):
-    """A `Sampler` running the JAX backend (`cfg`) in this process; `generate` may be called
-    from several threads (jitted programs shared)."""
+    """A `Sampler` running the JAX backend (`cfg`) here; `generate` is thread-safe."""
 
     def __init__(self, cfg: BackendConfig):
         self.backend = JaxBackend(cfg)
@@ -43,8 +39,7 @@ class InProcessSampler(SingleSampler):
 
     @classmethod
     def from_section(cls, sampler_cfg: Any, model_dir: str | pathlib.Path) -> InProcessSampler:
-        """From the trainer's ``sampler`` config section, with the limits a spawned loopback
-        sampler gets (max_model_len, max_n = n, max_head_k = head_k)."""
+        """From the trainer's ``sampler`` config section, with a spawned sampler's limits."""
         s = sampler_cfg
         return cls(
             BackendConfig(
@@ -58,7 +53,6 @@ class InProcessSampler(SingleSampler):
             )
         )
 
-    # -- generate ---------------------------------------------------------------------------
     def _generate(self, prompts, params, slot_ids, request_id) -> Iterator[Rollout]:
         """A request the server would refuse raises `RequestError` (before any rollout)."""
         self._check_open()
@@ -69,17 +63,12 @@ class InProcessSampler(SingleSampler):
             self.counters["tokens_generated"] += len(r.response_ids)
             yield r
 
-    # -- weights ----------------------------------------------------------------------------
     def push_weights(self, named_tensors: Any, version: int, **_options: Any) -> PushResult:
         """Load ``named_tensors`` ((name, array) pairs, or a callable returning them) as
-        ``version``. Names and shapes must equal the served model's (as a server checks); the
-        wire's options (dtype, chunk_bytes, specs, transport) do not apply."""
+        ``version``; names and shapes must be the served model's. The wire's options are ignored."""
         self._check_open()
         t0 = time.time()
-        items = named_tensors() if callable(named_tensors) else named_tensors
-        if isinstance(items, Mapping):
-            items = items.items()
-        tensors = {name: arr for name, arr in items}
+        tensors = dict(named_tensors() if callable(named_tensors) else named_tensors)
         got = {n: tuple(a.shape) for n, a in tensors.items()}
         want = {n: tuple(shape) for n, (shape, _) in self.backend.expected_tensors().items()}
         if got != want:
@@ -97,9 +86,7 @@ class InProcessSampler(SingleSampler):
 
     def push_adapter(self, tensors: Any, version: int, meta: Any) -> PushResult:
         """Serve the start-up base + the LoRA adapter ``tensors`` ((PEFT name, array) pairs;
-        ``meta``: its `adapter_push.AdapterMeta`) as ``version``: the checks of a server's adapter
-        push (`adapter_push.check_adapter`), then the JAX backend's merge; a refused adapter
-        changes nothing."""
+        ``meta``: its `AdapterMeta`) as ``version``, after a server's adapter checks."""
         import numpy as np
 
         from ..push.adapter import check_adapter
@@ -129,7 +116,6 @@ class InProcessSampler(SingleSampler):
             True, int(version), "", bytes=nbytes, seconds=time.time() - t0, transport="inprocess"
         )
 
-    # -- info / rotation ----------------------------------------------------------------------
     def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
         self._check_open()
         b = self.backend

@@ -1,13 +1,7 @@
-"""`SamplerPool`: N sampler servers behind the `Sampler` interface.
-
-Routing: each prompt slot goes to one in-rotation sampler (round robin by slot id) as its own
-Generate request, seeded `slot_seed(seed, slot)` when the params have a seed, so a slot's samples
-depend only on (seed, slot, weights). A sampler whose Generate or push fails leaves rotation
-(`rotation.Rotation`) and the slots it owed are re-requested elsewhere (duplicates by (slot,
-sample_index) dropped); it rejoins only through a successful full push (`readmit`), so every
-sampler in rotation holds the latest version. Pushes go to all targets concurrently, a one-shot
-source read once and fanned out (`fanout.fan_out`), or relayed between samplers (`pool_relay`).
-"""
+"""`SamplerPool`: N sampler servers behind the `Sampler` interface. Each prompt slot goes to one
+in-rotation sampler (round robin by slot id), seeded `slot_seed(seed, slot)`. A sampler whose
+Generate or push fails leaves rotation (its slots are re-requested elsewhere) and rejoins only
+through a successful full push, so every sampler in rotation holds the latest version."""
 
 from __future__ import annotations
 
@@ -49,11 +43,9 @@ def slot_seed(seed: int, slot: int) -> int:
 
 
 class SamplerPool(SamplerBase):
-    """N sampler servers behind the `Sampler` interface. readmit: offer full pushes to
-    out-of-rotation samplers that answer Info within probe_timeout; max_inflight: concurrent
-    Generate requests per sampler; queue_depth: tensors buffered per sampler in a fanned-out push;
-    relay: pushes' default relay mode; client_options: each `SamplerClient`'s.
-    """
+    """readmit: offer full pushes to out-of-rotation samplers that answer Info within
+    probe_timeout; max_inflight: concurrent Generate requests per sampler; queue_depth: tensors
+    buffered per sampler in a fanned-out push; relay: pushes' default relay mode."""
 
     def __init__(
         self,
@@ -94,7 +86,6 @@ class SamplerPool(SamplerBase):
         return self.rot.active_indices()
 
     def rotation(self) -> list[bool]:
-        """In-rotation flag per sampler (pool order)."""
         return self.rot.flags()
 
     def set_rotation(
@@ -104,8 +95,7 @@ class SamplerPool(SamplerBase):
         self.rot.impose(active, version, reason)
 
     def route(self, slot_ids: list[int]) -> dict[int, list[int]]:
-        """Sampler index -> positions in `slot_ids` it serves (round robin by slot over the
-        rotation)."""
+        """Sampler index -> positions in `slot_ids` it serves."""
         active = self.rot.require_active()
         out: dict[int, list[int]] = {}
         for k, s in enumerate(slot_ids):
@@ -113,14 +103,11 @@ class SamplerPool(SamplerBase):
         return out
 
     def metrics(self) -> dict[str, float]:
-        """`pool/*` numbers: in / out of rotation, totals, per-sampler flags and versions."""
         return self.rot.metrics()
 
     def report(self) -> list[dict]:
-        """Per-sampler status dicts (address, active, version, counters, last_error)."""
         return self.rot.report()
 
-    # -- info -------------------------------------------------------------------------------
     def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
         """Info of the first in-rotation sampler, plus 'pool': the per-sampler report."""
         for i in self.active_indices():
@@ -133,8 +120,7 @@ class SamplerPool(SamplerBase):
         raise NoActiveSamplerError(self.rot.why_none())
 
     def wait_ready(self, timeout: float = 120.0) -> dict:
-        """Wait for every sampler concurrently; those not ready in `timeout` leave rotation. Raises
-        TimeoutError when none is ready."""
+        """Wait for every sampler; those not ready in `timeout` leave rotation."""
         with cf.ThreadPoolExecutor(len(self.clients)) as ex:
             futs = {i: ex.submit(c.wait_ready, timeout) for i, c in enumerate(self.clients)}
             infos = {}
@@ -152,8 +138,7 @@ class SamplerPool(SamplerBase):
 
     # -- generate ---------------------------------------------------------------------------
     def _generate(self, prompts, params, slot_ids, rid) -> Iterator[Rollout]:
-        """A sampler failing mid-stream leaves rotation and its missing (slot, sample) cells are
-        re-requested elsewhere (NoActiveSamplerError when none is left)."""
+        """A sampler failing mid-stream leaves rotation; its missing samples are re-requested."""
         if len(set(int(s) for s in slot_ids)) != len(slot_ids):
             raise ValueError(
                 "SamplerPool.generate: slot_ids must be distinct (rollouts are keyed by slot)"
@@ -167,11 +152,9 @@ class SamplerPool(SamplerBase):
         outstanding = 0
 
         def job(i: int, slot: int, attempt: int):
-            p = (
-                params
-                if params.seed is None
-                else dataclasses.replace(params, seed=slot_seed(params.seed, slot))
-            )
+            p = params
+            if params.seed is not None:
+                p = dataclasses.replace(params, seed=slot_seed(params.seed, slot))
             try:
                 for r in self.clients[i].generate(
                     [prompt_of[slot]], p, [slot], request_id=f"{rid}-{slot}-{attempt}"
@@ -242,11 +225,9 @@ class SamplerPool(SamplerBase):
         relay: str | None = None,
         **options: Any,
     ) -> PushResult:
-        """Push `version` to every in-rotation sampler (and, with readmit, reachable others)
-        concurrently; `options` as `SamplerClient.push_weights` ("auto" transport decided per
-        sampler). A callable or one-shot source needs `specs` and is read once. `relay` (None: the
-        pool's): "off", "chain", "tree" or "auto" (chain up to 4 samplers): the first target
-        forwards the push, samplers it missed get direct pushes when the source can be resent."""
+        """Push `version` to every in-rotation sampler (and, with readmit, reachable others);
+        `options` as `SamplerClient.push_weights`. A callable or one-shot source needs `specs` and
+        is read once. `relay` (None: the pool's): one of `RELAY_MODES` (`pool_relay`)."""
         relay = relay_mode(relay, self.relay)
         if not isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)) and specs is None:
             raise TypeError(
@@ -275,8 +256,7 @@ class SamplerPool(SamplerBase):
     def push_round(
         self, version: int, push: Callable[[list[int]], dict[int, PushResult]]
     ) -> PushResult:
-        """One push of `version` to the push targets (`push(targets)`: their results), settled on
-        the rotation, with the bytes sent; NoActiveSamplerError when there is no target."""
+        """`push(targets)` of `version`, settled on the rotation (NoActiveSamplerError: none)."""
         targets = self._push_targets()
         if not targets:
             raise NoActiveSamplerError(self.rot.why_none())
@@ -301,7 +281,6 @@ class SamplerPool(SamplerBase):
             ),
         )
 
-    # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
         for c in self.clients:
             c.close()
@@ -310,9 +289,7 @@ class SamplerPool(SamplerBase):
 def connect_samplers(
     address: str, *, token_file: str = "", tls_root_cert: str = "", tls_server_name: str = "", **kw
 ) -> SamplerClient | SamplerPool:
-    """A `SamplerClient` for one address, a `SamplerPool` for a comma-separated list (config
-    `sampler.address`); token_file / tls_root_cert: paths ('' = none), as in the `sampler` config
-    section."""
+    """A `SamplerClient` for one address, a `SamplerPool` for a comma-separated list ('' = none)."""
     token = Path(token_file).read_text().strip() if token_file else None
     if token_file and not token:
         raise ValueError(f"sampler.token_file: {token_file!r} is empty")

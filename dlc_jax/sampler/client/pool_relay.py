@@ -1,7 +1,5 @@
 """The trainer side of a relayed pool push (`relay`): one copy to the first target; samplers the
-relay missed are probed (one serving the version already is kept) and the others pushed to
-directly when the source can be read again.
-"""
+relay missed get direct pushes when the source can be read again."""
 
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ def relayed_push(
     probe_timeout: float,
     direct: Callable[[list[int]], dict[int, PushResult]],
 ) -> dict[int, PushResult]:
-    """Per-target outcome of a relayed push. `push(client, tensors, **relay_kw)` pushes to one
-    sampler; `direct(indices)` pushes to those directly (as an unrelayed pool push)."""
+    """Per-target outcome of a relayed push (`push` to one sampler, `direct` to several)."""
     head, rest = targets[0], targets[1:]
     addrs = [clients[i].address for i in rest]
     try:

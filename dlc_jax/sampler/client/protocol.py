@@ -1,6 +1,4 @@
-"""`Sampler`: what the trainer needs from a sampler service, one server (`SamplerClient`), many
-(`SamplerPool`) or in process (`InProcessSampler`); the trainer talks to this interface only.
-"""
+"""`Sampler`: what the trainer needs of a sampler (`SamplerClient`, `SamplerPool`, in process)."""
 
 from __future__ import annotations
 
@@ -85,8 +83,7 @@ def generate_request(
     slot_ids: list[int] | None,
     request_id: str | None = None,
 ) -> pb.GenerateRequest:
-    """The Generate request a sampler checks and serves (`service.request_checks`): the remote
-    client sends it, the in-process sampler checks it as a server would."""
+    """The Generate request (sent, or checked in process as a server would)."""
     return pb.GenerateRequest(
         request_id=request_id or "",
         prompts=[
@@ -98,8 +95,8 @@ def generate_request(
 
 
 class SamplerBase:
-    """What every `Sampler` implementation writes once: `generate` checks its arguments and streams
-    the implementation's `_generate`; `push_model` exports a model for its `push_weights`."""
+    """What every `Sampler` implementation shares: `generate` (checks its arguments, streams
+    `_generate`) and `push_model` (a model exported for `push_weights`)."""
 
     push_weights: Callable[..., PushResult]
     close: Callable[[], None]
@@ -130,9 +127,7 @@ class SamplerBase:
     def push_model(
         self, model: Any, version: int, *, dtype: str = "float32", **options: Any
     ) -> PushResult:
-        """Push an NNX model with `push_weights` (``options``: its keywords): HF names via
-        `iter_hf_tensors`, one tensor at a time exported in `dtype`, the header from
-        `hf_param_shapes`."""
+        """Push an NNX model with `push_weights` (``options``), one tensor at a time in `dtype`."""
         from dlc_jax.model import hf_param_shapes, iter_hf_tensors
 
         return self.push_weights(
@@ -145,17 +140,14 @@ class SamplerBase:
 
 
 class SingleSampler(SamplerBase):
-    """What one sampler (`SamplerClient`, `InProcessSampler`) answers to the rotation part of
-    `Sampler`: no rotation, no `pool/*` metrics, one status row."""
+    """The rotation part of `Sampler` for one sampler: no rotation or metrics, one status row."""
 
     address: str
 
     def metrics(self) -> dict[str, float]:
-        """Rotation metrics: none for a single sampler (a pool reports `pool/*`)."""
         return {}
 
     def report(self) -> list[dict]:
-        """One status dict (address, active) in the shape of `SamplerPool.report`."""
         return [{"index": 0, "address": self.address, "active": self.active, "last_error": ""}]
 
     @property
@@ -163,7 +155,6 @@ class SingleSampler(SamplerBase):
         return True
 
     def rotation(self) -> list[bool]:
-        """Empty: a single sampler has no rotation to agree on."""
         return []
 
     def set_rotation(

@@ -1,8 +1,6 @@
-"""One retry policy for every call to a sampler (`RetryPolicy`, `call_with_retry`): waits double
-from `backoff` to `max_backoff`, optionally bounded by `deadline_s`; what is retryable is an
-argument of each call. gRPC's service-config retry is not used: it is per channel (a probe could
-not opt out), capped at 5 attempts, and cannot retry a stream only before its first message.
-"""
+"""The retry policy of calls to a sampler. gRPC's service-config retry is not used: it is per
+channel (a probe could not opt out), capped at 5 attempts, and cannot retry a stream only before
+its first message."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ T = TypeVar("T")
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
     """max_retries: retries after the first attempt (None = until deadline_s); backoff /
-    max_backoff: first and largest wait
-    in seconds (doubling in between); deadline_s: give up once this many seconds have passed since
-    the first attempt (None = bounded by max_retries only)."""
+    max_backoff: first and largest wait (s, doubling); deadline_s: give up this many seconds after
+    the first attempt."""
 
     max_retries: int | None = 5
     backoff: float = 0.25
@@ -67,10 +64,8 @@ def call_with_retry(
     retryable: Callable[[BaseException], bool] = grpc_unavailable,
     on_retry: Callable[[BaseException, int, float], None] | None = None,
 ) -> T:
-    """``fn()``, retried under ``policy`` while the exception it raises is ``retryable``.
-
-    on_retry(error, attempt, wait_s) is called before each wait (e.g. to reconnect or log). The last
-    error is re-raised when the retries or the deadline run out."""
+    """``fn()``, retried under ``policy`` while its exception is ``retryable``; on_retry(error,
+    attempt, wait_s) is called before each wait. The last error is re-raised at the end."""
     t0 = time.monotonic()
     delays = policy.delays()
     attempt = 0

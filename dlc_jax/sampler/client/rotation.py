@@ -1,7 +1,5 @@
-"""Which samplers of a pool are in rotation, and why (thread-safe bookkeeping apart from the I/O):
-out on a failed call or push, back in only through a successful full push; multi-host processes
-`impose` process 0's flags. `metrics` gives the `pool/*` numbers, `report` per-sampler dicts.
-"""
+"""Which samplers of a pool are in rotation, and why (thread-safe, no I/O): out on a failed call
+or push, back in only through a successful full push."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ class NoActiveSamplerError(RuntimeError):
 
 @dataclasses.dataclass
 class SamplerStatus:
-    """One pool member: its address, rotation state, last pushed version and last error."""
+    """One pool member's rotation state, version and counters (a `report` row)."""
 
     index: int
     address: str
@@ -99,8 +97,7 @@ class Rotation:
                     st.version = int(version)
 
     def settle(self, results: dict[int, PushResult], version: int, seconds: float) -> PushResult:
-        """Apply the per-sampler outcome of a push of ``version`` (failed -> out of rotation, ok ->
-        in rotation at ``version``) and sum it up: ok when at least one sampler took it."""
+        """Apply a push's per-sampler outcomes to the rotation; ok when any sampler took it."""
         removed, readmitted = [], []
         with self._lock:
             for i, r in results.items():
@@ -138,7 +135,7 @@ class Rotation:
         )
 
     def metrics(self) -> dict[str, float]:
-        """Flat numbers: pool/active, pool/out_of_rotation, totals, per-sampler flags/versions."""
+        """The `pool/*` numbers: counts, totals, per-sampler flags and versions."""
         with self._lock:
             m = {
                 "pool/active": float(sum(s.active for s in self.status)),

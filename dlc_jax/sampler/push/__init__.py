@@ -1,2 +1,1 @@
-"""Receiving weight pushes: whole, sliced and adapter pushes, staging, checks, the data plane
-and the relay."""
+"""Weight pushes: whole, sliced and adapter pushes, staging, checks, data plane and relay."""

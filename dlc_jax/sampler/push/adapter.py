@@ -1,12 +1,7 @@
-"""LoRA adapter pushes on the sampler side: a push kind (``WeightHeader.kind = "lora_adapter"``)
-carrying only the adapter factors in PEFT names (``base_model.model.M.lora_A.weight`` [rank, in],
-``...lora_B.weight`` [out, rank] for an adapted ``M.weight``), through the same staging, checksums
-and atomic swap as a full push. The sampler serves ``W + (alpha / rank) * B @ A`` (fp32), ``W``
-its start-up base. Refused before any byte is staged (the current weights keep serving): a bad
-rank or alpha, a relay, a backend that serves no adapters, a base fingerprint other than this
-sampler's (FAILED_PRECONDITION, naming both), names or shapes that are not both factors of the
-served model's projections.
-"""
+"""LoRA adapter pushes (``WeightHeader.kind = "lora_adapter"``): only the factors, in PEFT names
+(``base_model.model.M.lora_A.weight`` [rank, in], ``...lora_B.weight`` [out, rank]), staged and
+swapped like a full push. The sampler serves ``W + (alpha / rank) * B @ A`` (fp32), ``W`` its
+start-up base; an adapter trained on another base is refused before any byte is staged."""
 
 from __future__ import annotations
 
@@ -35,8 +30,7 @@ NOT_ADAPTED = ("lm_head", "embed_tokens")
 
 @dataclasses.dataclass(frozen=True)
 class AdapterMeta:
-    """What an adapter push says about its adapter: rank, alpha (scale = alpha / rank) and the
-    fingerprint of the base it was trained on."""
+    """An adapter push's rank, alpha and the fingerprint of the base it was trained on."""
 
     rank: int
     alpha: float
@@ -57,23 +51,15 @@ class AdapterMeta:
 
 
 def base_fingerprint(named_tensors: Iterable[tuple[str, np.ndarray]]) -> str:
-    """A short hash of a base model's HF tensors (name, shape, CRC-32C of the float32 values,
-    so bf16 and its fp32 load agree), computed by the trainer and the sampler alike."""
+    """A short hash of a base model's HF tensors (name, shape, CRC-32C of the float32 values, so
+    bf16 and its fp32 load agree), computed by the trainer and the sampler alike."""
     rows = []
     for name, a in named_tensors:
         x = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
         rows.append(
             f"{name}:{tuple(x.shape)}:{crc32c.crc32c(x.reshape(-1).view(np.uint8).data):08x}"
         )
-    h = hashlib.sha256()
-    for r in sorted(rows):
-        h.update(r.encode())
-    return h.hexdigest()[:16]
-
-
-def dir_fingerprint(model_dir: str | pathlib.Path) -> str:
-    """`base_fingerprint` of an HF safetensors directory."""
-    return base_fingerprint(st.iter_tensors(model_dir))
+    return hashlib.sha256("".join(sorted(rows)).encode()).hexdigest()[:16]
 
 
 def peft_name(module: str, factor: str) -> str:
@@ -89,7 +75,7 @@ def split_name(name: str) -> tuple[str, str]:
     raise ValueError(f"{name!r} is not a PEFT LoRA factor name")
 
 
-def _adaptable(expected: dict[str, tuple[tuple[int, ...], str]]) -> Iterator[tuple[str, int, int]]:
+def _adaptable(expected: st.Specs) -> Iterator[tuple[str, int, int]]:
     """(module, out, in) of every 2-D ``*.weight`` of ``expected`` but the embeddings and head."""
     for name, (shape, _) in expected.items():
         mod = name[: -len(".weight")]
@@ -97,22 +83,16 @@ def _adaptable(expected: dict[str, tuple[tuple[int, ...], str]]) -> Iterator[tup
             yield mod, int(shape[0]), int(shape[1])
 
 
-def adapter_specs(
-    expected: dict[str, tuple[tuple[int, ...], str]], rank: int
-) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{PEFT name: (shape, 'float32')} of every factor an adapter of ``rank`` may carry for a model
-    with HF tensors ``expected`` (both factors of each `_adaptable` module)."""
-    out: dict[str, tuple[tuple[int, ...], str]] = {}
+def adapter_specs(expected: st.Specs, rank: int) -> st.Specs:
+    """{PEFT name: (shape, 'float32')} of every factor an adapter of ``rank`` may carry."""
+    out: st.Specs = {}
     for mod, n_out, n_in in _adaptable(expected):
         out[peft_name(mod, "lora_A")] = ((rank, n_in), "float32")
         out[peft_name(mod, "lora_B")] = ((n_out, rank), "float32")
     return out
 
 
-def validate_adapter_specs(
-    allowed: dict[str, tuple[tuple[int, ...], str]],
-    specs: dict[str, tuple[tuple[int, ...], str]],
-) -> None:
+def validate_adapter_specs(allowed: st.Specs, specs: st.Specs) -> None:
     """An adapter push's names, shapes and dtypes: a non-empty subset of ``allowed`` holding both
     factors of each module it adapts."""
     if not specs:
@@ -140,9 +120,8 @@ def validate_adapter_specs(
 
 
 def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
-    """PushError unless ``meta`` is a valid adapter (rank >= 1, finite alpha > 0) trained on the
-    base ``check_base(rank)`` fingerprints (`SamplerBackend.adapter_base`; its ValueError, a
-    sampler that takes no adapter of that rank, is FAILED_PRECONDITION too)."""
+    """PushError unless ``meta`` is a valid adapter trained on the base ``check_base(rank)``
+    fingerprints (`SamplerBackend.adapter_base`; its ValueError is FAILED_PRECONDITION too)."""
     if meta.rank < 1 or not (math.isfinite(meta.alpha) and meta.alpha > 0):
         raise PushError.invalid(
             f"adapter push: adapter_rank {meta.rank} must be >= 1 and adapter_alpha "
@@ -159,9 +138,8 @@ def check_meta(meta: AdapterMeta, check_base: Callable[[int], str]) -> None:
         )
 
 
-def check_rank(expected: dict[str, tuple[tuple[int, ...], str]], rank: int) -> None:
-    """PushError when ``rank`` exceeds every adaptable projection's min(out, in) (a huge rank:
-    refused before its factors' bytes are sized or staged)."""
+def check_rank(expected: st.Specs, rank: int) -> None:
+    """PushError when ``rank`` exceeds every adaptable projection's min(out, in)."""
     most = max((min(n_out, n_in) for _, n_out, n_in in _adaptable(expected)), default=0)
     if rank > most:
         raise PushError.invalid(
@@ -171,13 +149,12 @@ def check_rank(expected: dict[str, tuple[tuple[int, ...], str]], rank: int) -> N
 
 
 def check_adapter(
-    expected: dict[str, tuple[tuple[int, ...], str]],
+    expected: st.Specs,
     adapter: dict[str, np.ndarray],
     meta: AdapterMeta,
     check_base: Callable[[int], str],
 ) -> None:
-    """Every check `AdapterStager` makes, for an adapter handed over in memory (the in-process
-    sampler)."""
+    """Every check `AdapterStager` makes, for an adapter in memory (the in-process sampler)."""
     check_meta(meta, check_base)
     check_rank(expected, meta.rank)
     validate_adapter_specs(
@@ -190,9 +167,7 @@ def check_adapter(
 
 
 class AdapterStager(WeightStager):
-    """`WeightStager` for an adapter push. ``check_base(rank)`` (the backend's
-    `SamplerBackend.adapter_base`) returns the fingerprint of the sampler's base or raises
-    ValueError saying why this sampler takes no adapter of that rank."""
+    """`WeightStager` for an adapter push; ``check_base``: as in `check_meta`."""
 
     def __init__(self, expected, *args, check_base: Callable[[int], str], **kwargs):
         super().__init__(expected, *args, **kwargs)
@@ -214,7 +189,7 @@ class AdapterStager(WeightStager):
         super().header(h)
         self.meta = meta
 
-    def validate(self, seen: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    def validate(self, seen: st.Specs) -> None:
         validate_adapter_specs(self.expected, seen)
 
 
@@ -226,8 +201,8 @@ def read_adapter(adapter_dir: str | pathlib.Path) -> dict[str, np.ndarray]:
 def merged_tensors(
     base: Iterable[tuple[str, np.ndarray]], adapter: dict[str, np.ndarray], scale: float
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, ``W + scale * B @ A`` in float32) of every module ``adapter`` adapts, its ``W``
-    read from ``base`` ((HF name, array) pairs; the others are skipped)."""
+    """(HF name, ``W + scale * B @ A`` in float32) of every module ``adapter`` adapts, ``W`` from
+    the (HF name, array) pairs ``base``."""
     mods = {split_name(n)[0] for n in adapter}
     for name, w in base:
         mod = name[: -len(".weight")] if name.endswith(".weight") else None
@@ -239,8 +214,7 @@ def merged_tensors(
 
 
 def write_peft_dir(adapter_dir: str | pathlib.Path, meta: AdapterMeta) -> pathlib.Path:
-    """Make the staged adapter directory a PEFT adapter directory (what vLLM's LoRA loader reads):
-    ``adapter_model.safetensors`` (the staged file, renamed) and ``adapter_config.json``."""
+    """Make the staged adapter directory a PEFT adapter directory (as vLLM's LoRA loader reads)."""
     d = pathlib.Path(adapter_dir)
     names = sorted({split_name(n)[0].rsplit(".", 1)[-1] for n in st.read_specs(d)})
     target = d / "adapter_model.safetensors"
@@ -255,9 +229,8 @@ def write_peft_dir(adapter_dir: str | pathlib.Path, meta: AdapterMeta) -> pathli
 def peft_adapter_config(
     rank: int, alpha: float, target_modules: list[str], base: str | None = None
 ) -> dict:
-    """PEFT's ``adapter_config.json`` for plain LoRA factors on ``target_modules`` (module names,
-    e.g. ``q_proj``), as PEFT, transformers and vLLM read it; ``base``: the base model's name or
-    path, when known."""
+    """PEFT's ``adapter_config.json`` for LoRA factors on ``target_modules`` (e.g. ``q_proj``);
+    ``base``: the base model's name or path, when known."""
     cfg: dict = {"peft_type": "LORA", "task_type": "CAUSAL_LM"}
     if base is not None:
         cfg["base_model_name_or_path"] = base

@@ -1,12 +1,9 @@
-"""Opt-in bulk data plane for weight pushes: raw tensor bytes over one plain TCP connection,
-straight from the trainer's numpy buffer into the staging file, while the PushWeights stream stays
-the control plane (header, TensorDone checksums, Commit; verified and swapped as gRPC chunks are).
+"""Opt-in bulk data plane for weight pushes: raw tensor bytes over one plain TCP connection, while
+the PushWeights stream stays the control plane (header, TensorDone checksums, Commit).
 
 Wire: to `InfoResponse.data_port`, a preamble MAGIC (8 bytes), the push id (32 ASCII hex chars, as
 in `WeightHeader.data_push_id`), a big-endian uint16 token length and the bearer token (empty when
-none); then every tensor's bytes in header order, unframed. No encryption: loopback or trusted
-networks only; a TLS server offers no data port.
-"""
+none); then the tensors' bytes in header order, unframed. No encryption: never offered with TLS."""
 
 from __future__ import annotations
 
@@ -37,10 +34,8 @@ def preamble(push_id: str, token: str | None) -> bytes:
 
 
 class DataPlaneListener:
-    """Accepts data connections, checks their preamble and parks each under its push id until
-    the push naming it claims it. One selector thread serves them all: a preamble must arrive
-    within `preamble_timeout`, at most `max_pending` are held, unclaimed ones close after
-    `stale_s`."""
+    """Accepts data connections (one selector thread), checks their preamble and parks each under
+    its push id until that push claims it; unclaimed ones close after `stale_s`."""
 
     def __init__(
         self,
@@ -87,12 +82,8 @@ class DataPlaneListener:
         self.refused += 1
         now = time.monotonic()
         if now - self._last_warn >= 10.0:
-            extra = (
-                f" (+{self.refused - self._warned} more refused since the last warning)"
-                if self._warned
-                else ""
-            )
-            log.warning("push data connection refused: %s%s", why, extra)
+            extra = f" (+{self.refused - self._warned} more refused since the last warning)"
+            log.warning("push data connection refused: %s%s", why, extra if self._warned else "")
             self._last_warn, self._warned = now, self.refused
 
     def _loop(self) -> None:
@@ -200,7 +191,7 @@ class DataPlaneListener:
     # -- used by the server --------------------------------------------------------------------
     @property
     def held(self) -> int:
-        """Connections held now (awaiting preamble + authenticated awaiting their push)."""
+        """Connections held now (awaiting their preamble or their push)."""
         with self._cond:
             return len(self._hello) + len(self._pending)
 

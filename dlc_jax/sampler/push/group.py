@@ -1,6 +1,4 @@
-"""The sliced push group a sampler receives between its part streams: at most one pending (a new
-group supersedes it, a full push drops it), and the ids of failed groups, whose parts are refused.
-"""
+"""The sliced push group a sampler receives between its part streams (`PendingGroup`)."""
 
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ log = logging.getLogger(__name__)
 
 
 class PendingGroup:
-    """The server's one push group being received (between part streams), and the ids of groups
-    that failed (their later parts are refused)."""
+    """At most one pending group (a new one supersedes it, a full push drops it), and the ids of
+    failed groups, whose later parts are refused."""
 
     def __init__(self) -> None:
         self.stager: SlicedStager | None = None
@@ -31,8 +29,7 @@ class PendingGroup:
             self.stager = None
 
     def stager_for(self, h: pb.WeightHeader, make: Callable[[], SlicedStager]) -> SlicedStager:
-        """The group's stager for a part's header (a new one for a new group, which supersedes a
-        pending group)."""
+        """The group's stager for a part's header (a new group supersedes the pending one)."""
         if h.push_group in self.failed:
             raise PushError.precondition(
                 f"push group {h.push_group!r} was discarded (a part failed or it was superseded)"
@@ -50,8 +47,7 @@ class PendingGroup:
             self.failed.append(group)
 
     def take(self, h: pb.WeightHeader, serving_version: int) -> SlicedStager:
-        """The pending group named by a group-commit header, removed from pending (the caller
-        applies or discards it)."""
+        """The pending group a group-commit header names, now the caller's to apply or discard."""
         s = self.stager
         if s is None or s.group != h.push_group:
             raise PushError.precondition(

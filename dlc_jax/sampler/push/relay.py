@@ -1,13 +1,8 @@
-"""Relay of a weight push between samplers: the trainer sends one copy, and each sampler forwards
-it to the next ones while staging it itself (trainer egress: one model whatever the sampler count).
-
-A header's `relay_to` is split into `relay_fanout` contiguous groups (1: a chain, 2: a binary
-tree); each group's first address gets the push with the rest of its group as its `relay_to`.
-Each tensor is forwarded once verified here, from the staging map, over the child's own push path,
-so a corrupt upstream never reaches the children: a push that fails here is cut before Commit. The
-sampler answers once its children did, with their outcomes (`PushResult.relayed`); the trainer
-pushes directly to samplers a failed hop cut off. Onward pushes use the incoming bearer token.
-"""
+"""Relay of a weight push between samplers (trainer egress: one model whatever the sampler count).
+`relay_to` is split into `relay_fanout` contiguous groups (1: a chain, 2: a binary tree), each
+group's first address getting the push with the rest of its group as its `relay_to`. Each tensor is
+forwarded once verified here; a push that fails here is cut before Commit. The sampler answers once
+its children did, with their outcomes (`PushResult.relayed`)."""
 
 from __future__ import annotations
 
@@ -60,8 +55,7 @@ class RelayAborted(Exception):
 
 
 class RelayForward:
-    """Forwards one push to its children as `verified(i)` is called: `tensor(i)` a read-only
-    array of tensor i's verified bytes; `token` and `timeout` those of the onward pushes."""
+    """Forwards one push to its children as `verified(i)` is called (`tensor(i)`: its bytes)."""
 
     def __init__(
         self,
@@ -137,15 +131,13 @@ class RelayForward:
         self._outcomes[g] = out
 
     def verified(self, i: int) -> None:
-        """Tensor i is verified: its view is taken now (it keeps the staging map alive until the
-        children have sent it, even after this sampler's commit)."""
+        """Tensor i is verified: its view (keeping the staging map alive) goes to every child."""
         arr = self._tensor(i)
         for q in self._queues:
             q.put((i, arr))
 
     def finish(self, ok: bool, timeout: float | None = None) -> list[pb.RelayOutcome]:
-        """Blocking: let the children commit (`ok`) or cut them; -> every forwarded outcome (a
-        sampler cut off by a failed hop above it is absent)."""
+        """Blocking: let the children commit (`ok`) or cut them; -> every forwarded outcome."""
         for q in self._queues:
             q.put(_END if ok else _ABORT)
         for t in self._threads:

@@ -1,8 +1,6 @@
-"""Receiving one weight push after its header: messages within the idle timeout and the deadline,
-chunks written and checksummed on the I/O thread (one in flight), the socket data plane's
-connection claimed and read there, everything stopped cleanly on failure. The caller owns the
-stager (and discards it unless the returned directory was applied).
-"""
+"""Receiving one weight push after its header, within the idle timeout and the deadline: chunks
+written on the I/O thread (one in flight), the data socket claimed and read there. The caller owns
+the stager (and discards it unless the returned directory was applied)."""
 
 from __future__ import annotations
 
@@ -28,8 +26,8 @@ def _too_long(cfg, extra: str = "") -> PushError:
 
 
 async def next_message(it, deadline: float, cfg, what: str):
-    """The next stream message (None at its end), within `cfg.push_idle_timeout_s` and the push
-    deadline (event-loop time); PushError(ABORTED) naming which limit was hit."""
+    """The next stream message (None at its end) within the idle timeout and the push deadline
+    (event-loop time); PushError(ABORTED) naming which limit was hit."""
     left = deadline - asyncio.get_running_loop().time()
     if left <= 0:
         raise _too_long(cfg)
@@ -78,9 +76,8 @@ async def receive(
     after_header=None,
     on_commit=None,
 ) -> pathlib.Path | None:
-    """Stage the push announced by `header` from the rest of the stream `it` -> the committed
-    directory. `after_header()` runs once the header passed; `on_commit` (blocking, on the I/O
-    thread) replaces `stager.commit` at Commit (a sliced part's end: returns None)."""
+    """Stage the push `header` announces from the rest of `it` -> the committed directory.
+    `after_header()` runs once the header passed; `on_commit` replaces `stager.commit`."""
     loop = asyncio.get_running_loop()
     writing: asyncio.Future | None = None  # the previous chunk's checksum + file write
     reading: asyncio.Future | None = None  # socket data plane: the reader of the raw bytes
@@ -88,7 +85,7 @@ async def receive(
     push_id = header.data_push_id
     try:
         stager.header(header)
-        if after_header is not None:  # e.g. start relaying (header valid, nothing received yet)
+        if after_header is not None:
             after_header()
         if stager.data_plane == "socket":
             conn = await claim_data(listener, push_id, cfg.data_wait_s)
@@ -103,8 +100,7 @@ async def receive(
                 writing = None
             if reading is not None and reading.done():
                 reading.result()  # a failed data socket / checksum rejects the push now
-            if isinstance(msg, chunk_wire.RawChunk):  # the fast path (see chunk_wire)
-                # checksum + pwrite release the GIL: overlap them with receiving the next chunk
+            if isinstance(msg, chunk_wire.RawChunk):  # checksum + copy overlap the next receive
                 writing = loop.run_in_executor(io_pool, stager.chunk, msg)
                 continue
             kind = msg.WhichOneof("kind")
@@ -129,7 +125,6 @@ async def receive(
                 if writing is not None:
                     await writing
                     writing = None
-                # blocking in memory mode (the engine's load of the last tensors): off the loop
                 return await loop.run_in_executor(io_pool, on_commit or stager.commit)
             else:
                 raise PushError.invalid("WeightMessage with no field set")

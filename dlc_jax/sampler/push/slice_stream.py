@@ -1,8 +1,4 @@
-"""The sending side of a sliced multi-sender push (the receiving side and the wire: `sliced`):
-`part_messages` is one part's PushWeights stream, `commit_messages` the coordinator's stream that
-applies the group; both go through `SamplerClient.push_messages` (`push_with_data` for the socket
-data plane).
-"""
+"""Sending a sliced multi-sender push (receiving: `sliced`): a part's and the commit's streams."""
 
 from __future__ import annotations
 
@@ -35,9 +31,8 @@ def part_messages(
     relay_to: Sequence[str] = (),
     relay_fanout: int = 1,
 ) -> Iterator:
-    """One part's stream: the header (all tensors, the group fields), then per slice a
-    `WeightSlice`, its C-order bytes (converted to `dtype`; shape stop - start) and a `TensorDone`
-    with their CRC-32C, then Commit; other arguments as in `weight_messages`."""
+    """One part's stream: the header, then per slice a `WeightSlice`, its bytes in `dtype` and a
+    `TensorDone` with their CRC-32C, then Commit; other arguments as in `weight_messages`."""
     socket_id = push_id if send_data is not None else None
     header = weight_header(
         names_shapes, version, dtype, "crc32c", socket_push_id=socket_id,

@@ -1,17 +1,8 @@
-"""Receiving a sliced multi-sender push: every trainer process streams the slices it owns of each
-tensor as one "part" of a push group (its own PushWeights stream; wire: sampler.proto fields 70-73
-and docs/CONTRACTS.md), and a last stream from the coordinator (header {push_group, push_parts,
-group_commit}, Commit) applies the group. On the socket data plane the stream carries the slice
-announcements, trailers and Commit, and each announced slice's bytes follow in order on the part's
-data connection; parts of one group may mix planes.
-
-Checks: a slice must lie inside its tensor and overlap no slice received before (checked when it
-is announced), and its bytes must match its checksum and be finite before they are scattered into
-the staged tensor (memory-mapped in both staging modes). The group applies only when every part
-ended cleanly and every tensor is tiled exactly (volumes add up, with no overlap); any failure
-discards the whole group and refuses its later parts (`group.PendingGroup`). With `relay_to`, each
-tensor is forwarded once all its slices are verified, and the relay commits with the group.
-"""
+"""Receiving a sliced multi-sender push: every trainer process streams the slices it owns as one
+"part" of a push group (its own PushWeights stream; wire: sampler.proto fields 70-73), and the
+coordinator's last stream (header with group_commit, Commit) applies the group, only when every
+part ended cleanly and every tensor is tiled exactly. On the socket data plane each announced
+slice's bytes follow in order on the part's data connection; parts may mix planes."""
 
 from __future__ import annotations
 
@@ -30,10 +21,12 @@ from ..wire import sampler_pb2 as pb
 from .staging import WeightStager
 from .weight_checks import Checksum, FiniteCheck, PushError, given_checksums
 
+# the header fields every part of a group must repeat
+_GROUP_FIELDS = "version tensors dtype checksum push_group push_parts relay_to relay_fanout".split()
+
 
 class SliceTiling:
-    """The boxes received so far of one tensor of shape `shape`: bounds and overlap checked on
-    `add`, `covered` counts the elements of the verified ones."""
+    """The slices (boxes) received of one tensor; `covered` counts the verified elements."""
 
     def __init__(self, name: str, shape: Sequence[int]):
         self.name = name
@@ -70,8 +63,7 @@ class SliceTiling:
 
 
 class _OpenSlice:
-    """A slice being received: its box, a buffer for its bytes (made when they start arriving),
-    their running checks, and (socket plane) its trailer once the stream delivered it."""
+    """A slice being received: its box, its bytes, their running checks, (socket) its trailer."""
 
     def __init__(self, index: int, start: tuple[int, ...], stop: tuple[int, ...], spec, algo: str):
         self.index, self.start, self.stop = index, start, stop
@@ -85,9 +77,8 @@ class _OpenSlice:
 
 
 class SlicedStager(WeightStager):
-    """All parts of one push group (same constructor as `WeightStager`). `header` opens a part (the
-    first one creates the staging), `slice` / `chunk` / `done` receive slices, `end_part` closes a
-    part at its Commit, `apply` checks the whole group and returns the staged directory."""
+    """All parts of one push group: `header` opens a part (the first creates the staging), `slice`
+    / `chunk` / `done` receive slices, `end_part` closes a part, `apply` checks the group."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -98,8 +89,7 @@ class SlicedStager(WeightStager):
         self._fingerprint: bytes = b""
         self._tilings: list[SliceTiling] = []
         self._open: _OpenSlice | None = None  # announced on the stream, its TensorDone not yet in
-        # socket plane: slices announced whose bytes the reader has not taken yet; `_data_end` is
-        # set at the part's Commit or when it fails (the reader stops after the announced slices)
+        # socket plane: slices announced, bytes not read yet; `_data_end`: the part ended
         self._cv = threading.Condition()
         self._announced: collections.deque[_OpenSlice] = collections.deque()
         self._data_end = False
@@ -115,16 +105,8 @@ class SlicedStager(WeightStager):
             raise PushError.invalid(f"header.data_plane {h.data_plane!r} not 'grpc' or 'socket'")
         if self._part is not None:
             raise PushError.invalid("second header in one push")
-        fingerprint = pb.WeightHeader(
-            version=h.version,
-            tensors=h.tensors,
-            dtype=h.dtype,
-            checksum=h.checksum,
-            push_group=h.push_group,
-            push_parts=h.push_parts,
-            relay_to=h.relay_to,
-            relay_fanout=h.relay_fanout,
-        ).SerializeToString(deterministic=True)
+        same = pb.WeightHeader(**{f: getattr(h, f) for f in _GROUP_FIELDS})
+        fingerprint = same.SerializeToString(deterministic=True)
         if self.dir is None:  # the group's first part: the header's checks, the staging file
             super().header(h)
             self.group, self.parts, self._fingerprint = h.push_group, int(h.push_parts), fingerprint
@@ -218,9 +200,8 @@ class SlicedStager(WeightStager):
 
     # -- socket data plane ------------------------------------------------------------------
     def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
-        """Socket part: each announced slice's bytes, in order, from `conn`, verified and
-        scattered once its trailer is in; returns after `end_data` and the last announced slice.
-        Blocking (closing `conn` stops it). Raises PushError."""
+        """Socket part: each announced slice's bytes from `conn`, verified and scattered once its
+        trailer is in, until `end_data`. Blocking (closing `conn` stops it)."""
         if self.dir is None or self.data_plane != "socket":
             raise PushError.precondition("read_socket before a socket-plane header")
         while (o := self._next_announced()) is not None:
@@ -252,15 +233,13 @@ class SlicedStager(WeightStager):
             return self._announced.popleft() if self._announced else None
 
     def end_data(self) -> None:
-        """The part's stream ended (Commit) or failed: the socket reader stops after the slices
-        announced so far."""
+        """The part ended or failed: the socket reader stops after the slices announced so far."""
         with self._cv:
             self._data_end = True
             self._cv.notify_all()
 
     def _scatter(self, o: _OpenSlice) -> None:
-        """Copy the slice's bytes into its box of the mapped tensor (as unsigned ints: a plain
-        numpy copy whatever the float type)."""
+        """Copy the slice's bytes into its box of the mapped tensor (as unsigned ints)."""
         assert self._mm is not None
         s = self.specs[o.index]
         width = st.NP_DTYPES[s.dtype].itemsize
@@ -276,13 +255,11 @@ class SlicedStager(WeightStager):
         self._hand_on(i)  # memory mode: loaded now, and forwarded (its slices all verified)
 
     def verified_tensor(self, i: int) -> np.ndarray:
-        """`tensor_view(i)`: a relay checksums an assembled tensor itself (no slice's checksum
-        is the tensor's)."""
+        """`tensor_view(i)`, no checksum: no slice's checksum is the assembled tensor's."""
         return self.tensor_view(i)
 
     def discard(self) -> None:
-        """Drop the group; its relay (if any) is cut, so every sampler it forwards to drops the
-        push too (in the background: never blocks the caller)."""
+        """Drop the group and cut its relay (in the background)."""
         forward = self.take_relay()
         if forward is not None:
             threading.Thread(
@@ -300,8 +277,8 @@ class SlicedStager(WeightStager):
         self._part = None
 
     def apply(self) -> pathlib.Path:
-        """Every part ended and every tensor tiled exactly; -> the staged directory (blocking:
-        waits for the engine's load of the last tensors)."""
+        """Check every part ended and every tensor is tiled exactly; -> the staged directory
+        (blocking: the engine's load of the last tensors)."""
         if self.dir is None:
             raise PushError.precondition("group commit before any part")
         missing = sorted(set(range(self.parts)) - self.parts_done)

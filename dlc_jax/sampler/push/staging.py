@@ -1,17 +1,7 @@
-"""Server-side staging of one weight push: header -> chunks -> per-tensor checksums -> commit.
-
-Bytes go straight into a preallocated safetensors file (a fresh `staging_dirs` directory) at
-precomputed offsets. Before anything is written the header is checked against the served model
-(`weight_checks`) and the staged size against the filesystem's free space; every tensor must carry
-the header's checksum ("sha256" or "crc32c") in its spec or TensorDone trailer, and float values are
-checked finite as they arrive. Failures raise `PushError` (gRPC code + a message naming the
-tensor); the caller deletes the staging with `discard()`, and only `commit()` returns it.
-
-The file is memory-mapped: chunks are copied and socket bytes received into it (a second thread
-checking the previous piece). `memory=False` ("file"): the engine loads the committed directory.
-`memory=True`: each verified tensor goes to the engine's `load` (`backends.base.WeightLoad`) on a
-third thread while the next arrives, so at Commit only the atomic swap is left.
-"""
+"""Server-side staging of one weight push (header -> chunks -> per-tensor checksums -> commit)
+into a preallocated, memory-mapped safetensors file. Every tensor is checksummed and checked finite;
+failures raise `PushError`, and the caller `discard()`s. `memory=True`: each verified tensor goes to
+the engine's `load` (`backends.base.WeightLoad`) on its own thread while the next arrives."""
 
 from __future__ import annotations
 
@@ -90,7 +80,7 @@ class WeightStager:
 
     def __init__(
         self,
-        expected: dict[str, tuple[tuple[int, ...], str]],
+        expected: st.Specs,
         current_version: int,
         staging_root: str | None = None,
         *,
@@ -105,16 +95,13 @@ class WeightStager:
             raise ValueError("WeightStager: warm staging buffers need memory=True")
         self.warm = warm  # memory mode: staging buffers kept mapped between pushes
         self._buffer: StagingBuffer | None = None
-        self.relay: Any = None  # relay.RelayForward: told of each verified tensor (after header)
-        self.memory = memory
+        self.relay: Any = None  # relay.RelayForward: told of each verified tensor
         self.load = load  # backends.base.WeightLoad or None
         self._mm: mmap.mmap | None = None
         self._mv: memoryview | None = None
         self._loader: StageWorker | None = None
-        self.expected = expected
-        self.reserve_bytes = reserve_bytes
-        self.current_version = current_version
-        self.staging_root = staging_root
+        self.expected, self.current_version = expected, current_version
+        self.staging_root, self.reserve_bytes = staging_root, reserve_bytes
         self.dir: pathlib.Path | None = None
         self.version: int | None = None
         self.specs: list[pb.TensorSpec] = []
@@ -137,7 +124,7 @@ class WeightStager:
         algo = h.checksum or "sha256"
         if algo not in CHECKSUMS:
             raise PushError.invalid(f"header.checksum {h.checksum!r} not one of {CHECKSUMS}")
-        seen: dict[str, tuple[tuple[int, ...], str]] = {}
+        seen: st.Specs = {}
         for s in h.tensors:
             if s.name in seen:
                 raise PushError.invalid(f"tensor {s.name!r} listed twice in the header")
@@ -150,9 +137,7 @@ class WeightStager:
                     f"tensor {s.name!r}: nbytes {s.nbytes} != {want} for shape {list(s.shape)} "
                     f"{s.dtype}"
                 )
-        self.checksum = algo
-        self.data_plane = plane
-        self.version = int(h.version)
+        self.checksum, self.data_plane, self.version = algo, plane, int(h.version)
         self.specs = list(h.tensors)
         self._received = [0] * len(self.specs)
         self._hash = [Checksum(algo) for _ in self.specs]
@@ -171,7 +156,6 @@ class WeightStager:
         total = len(prefix) + payload
         self._hashed = [0] * len(self.specs)  # socket plane: bytes checksummed
         self._sent = [False] * len(self.specs)  # handed to the engine load
-        # warm: a buffer whose pages are already mapped (warm_staging)
         take = self.warm.take if self.warm is not None else new_buffer
         self._buffer = buf = take(total, self.staging_root, self.reserve_bytes, self.version)
         self.dir, self._fd, self._mm = buf.dir, buf.fd, buf.mm
@@ -180,9 +164,8 @@ class WeightStager:
         if self.load is not None:
             self._loader = StageWorker(self._load_tensor, "push-load")
 
-    def validate(self, seen: dict[str, tuple[tuple[int, ...], str]]) -> None:
-        """The header's {name: (shape, dtype)} against the served model (a full set of weights;
-        `adapter_push.AdapterStager` checks adapter factors instead)."""
+    def validate(self, seen: st.Specs) -> None:
+        """The header's {name: (shape, dtype)} against the served model (a full set of weights)."""
         validate_specs(self.expected, seen)
 
     # -- data -------------------------------------------------------------------------------
@@ -230,10 +213,8 @@ class WeightStager:
         self._verify(d.tensor_index, s)
 
     def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
-        """Socket data plane: `recv_into` the mapped staging file every tensor's bytes, in header
-        order, from `conn`; each piece is checksummed and finite-checked on a second thread while
-        the next one is received, and a tensor whose trailer is in is verified right away.
-        Blocking (a worker thread; closing `conn` from elsewhere stops it). Raises PushError."""
+        """Socket data plane: every tensor's bytes from `conn` into the mapped file, each piece
+        checked on a second thread while the next arrives. Blocking (closing `conn` stops it)."""
         if self.dir is None or self.data_plane != "socket":
             raise PushError.precondition("read_socket before a socket-plane header")
         assert self._mv is not None
@@ -257,9 +238,7 @@ class WeightStager:
             checker.cancel()
 
     def end_data(self) -> None:
-        """The push's stream reached Commit or failed. Nothing to do here (`read_socket` knows
-        every tensor's size from the header); a sliced part's reader stops on it
-        (`sliced_push.SlicedStager.end_data`)."""
+        """The push's stream reached Commit or failed (a sliced part's reader stops on it)."""
 
     def _recv(self, conn: socket.socket, into: memoryview, name: str, got: int, n: int) -> int:
         try:
@@ -299,23 +278,19 @@ class WeightStager:
         return arr
 
     def verified_tensor(self, i: int) -> np.ndarray:
-        """Memory mode, tensor i verified: `tensor_view(i)` marked with the checksum it passed
-        (a relay forwards it without checksumming it again: `weight_stream.VerifiedTensor`)."""
+        """`tensor_view(i)` marked with the checksum it passed (`weight_stream.VerifiedTensor`)."""
         return with_checksum(self.tensor_view(i), self.checksum, self._hash[i].value)
 
     def _load_tensor(self, i) -> None:
         s = self.specs[i]
         assert self.load is not None
-        arr = self.tensor_view(i)
         try:
-            self.load.add(s.name, arr)
+            self.load.add(s.name, self.tensor_view(i))
         except Exception as e:
             raise PushError(
                 grpc.StatusCode.INTERNAL,
                 f"tensor {s.name!r}: the engine failed to load it: {type(e).__name__}: {e}",
             ) from e
-        finally:
-            del arr
 
     def _verify(self, i: int, s: pb.TensorSpec) -> None:
         if self._received[i] != s.nbytes:
@@ -350,8 +325,7 @@ class WeightStager:
                 self.relay.verified(i)
 
     def start_relay(self, forward) -> None:
-        """Forward every tensor once verified through `forward` (a `relay.RelayForward`; the
-        tensors verified already, now)."""
+        """Tell `forward` (a `relay.RelayForward`) of every verified tensor, from now on."""
         self.relay = forward
         for i, done in enumerate(self._sent):
             if done:
@@ -384,8 +358,7 @@ class WeightStager:
                 self._mv.release()
             self._mv = None
         if self._mm is not None and self.warm is None:  # a warm buffer's map stays
-            # a view still held somewhere: unmapped when it is collected
-            with contextlib.suppress(BufferError):
+            with contextlib.suppress(BufferError):  # a view still held: unmapped when collected
                 self._mm.close()
         self._mm = None
 

@@ -1,8 +1,5 @@
-"""Staging directories of weight pushes: where a push is staged (`resolve_staging_root`: the RAM
-filesystem when it has room), the free-space check and creation of one (`make_staging_dir`), and
-removal of those of dead samplers (`clean_stale_staging`), named `dlc_push_p<pid>_v<version>_*`
-with an `.owner` file naming their pid namespace.
-"""
+"""Staging directories of weight pushes, `dlc_push_p<pid>_v<version>_*` with an `.owner` file
+naming their pid namespace: where one goes, its creation, and removal of those of dead samplers."""
 
 from __future__ import annotations
 
@@ -26,8 +23,8 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
@@ -39,8 +36,7 @@ def staging_roots(staging_root: str | None) -> list[pathlib.Path]:
 
 
 def _owner(d: pathlib.Path) -> int | None:
-    rest = d.name[len(STAGING_PREFIX) :]
-    head = rest.split("_", 1)[0]
+    head = d.name[len(STAGING_PREFIX) :].split("_", 1)[0]
     return int(head) if head.isdigit() else None
 
 
@@ -87,10 +83,8 @@ def clean_stale_staging(roots: list[pathlib.Path], *, pid: int | None = None) ->
 def resolve_staging_root(
     staging_root: str | None, nbytes: int, *, shm_dir: str = SHM_DIR, headroom: float = 2.0
 ) -> str | None:
-    """Where a push of `nbytes` is staged. An explicit directory wins. 'auto' (or None) picks the
-    RAM filesystem `shm_dir` when it has room for `headroom` x the push (the staged file lives only
-    until the engine has reloaded it, and RAM-backed staging avoids a disk write per push), else
-    the system temp directory (returned as None)."""
+    """Where a push of `nbytes` is staged: an explicit directory, else the RAM filesystem `shm_dir`
+    when it has room for `headroom` x the push, else the system temp directory (None)."""
     if staging_root not in (None, "", "auto"):
         return staging_root
     try:
@@ -103,8 +97,8 @@ def resolve_staging_root(
 def make_staging_dir(
     staging_root: str | None, total: int, reserve_bytes: int, version: int
 ) -> pathlib.Path:
-    """Create the directory a push of `total` bytes (for `version`) is staged in, after checking
-    that its filesystem keeps `reserve_bytes` free afterwards (else FAILED_PRECONDITION)."""
+    """Create the directory a push of `total` bytes is staged in, if its filesystem keeps
+    `reserve_bytes` free afterwards (else FAILED_PRECONDITION)."""
     root = resolve_staging_root(staging_root, total)
     if root is not None:
         pathlib.Path(root).mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,6 @@
 """Warm staging buffers for memory-mode pushes: a superseded push's staging file stays mapped and
-the next push of the same size is received into it, saving the kernel's page faults on a fresh
-mapping (~0.6 against ~0.1 CPU-s per GB received on the development VM).
-
-Lifetime (ordered by the service's push lock): `take()` hands a buffer to a push (a free one of
-the exact size, else a new `make_staging_dir` file); a failed push gives it back at once, a
-committed one when the next push or load replaces it. At most `keep` buffers wait free. Cost: that
-many more staged models of RAM (`ServerConfig.push_staging_warm` turns it off).
-"""
+the next push of the same size is received into it (no page faults on a fresh mapping). `take()`
+hands a buffer to a push; a failed push gives it back at once, a committed one once replaced."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ class StagingBuffer:
     size: int
 
     def close(self) -> None:
-        # a view still held somewhere: unmapped when it is collected
-        with contextlib.suppress(BufferError):
+        with contextlib.suppress(BufferError):  # a view still held: unmapped when collected
             self.mm.close()
         with contextlib.suppress(OSError):
             os.close(self.fd)
@@ -41,7 +34,7 @@ class StagingBuffer:
 
 
 def _rename(buf: StagingBuffer, version: int) -> None:
-    """Name a reused directory after its new push (`staging_dirs` names: pid, version)."""
+    """Name a reused directory after its new push (pid, version)."""
     tail = buf.dir.name.rsplit("_", 1)[-1]
     new = buf.dir.with_name(f"{STAGING_PREFIX}{os.getpid()}_v{version}_{tail}")
     try:
@@ -54,8 +47,7 @@ def _rename(buf: StagingBuffer, version: int) -> None:
 def new_buffer(
     total: int, staging_root: str | None, reserve_bytes: int, version: int
 ) -> StagingBuffer:
-    """A new mapped staging file of `total` bytes for the push of `version` (PushError from
-    `make_staging_dir` when it does not fit)."""
+    """A new mapped staging file of `total` bytes for the push of `version` (or PushError)."""
     d = make_staging_dir(staging_root, total, reserve_bytes, version)
     path = d / "model.safetensors"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -70,7 +62,7 @@ def new_buffer(
 
 
 class WarmStaging:
-    """The staging buffers of one sampler server (see the module doc)."""
+    """The staging buffers of one sampler server; at most `keep` wait free."""
 
     def __init__(self, keep: int = 1):
         self.keep = keep
@@ -82,8 +74,7 @@ class WarmStaging:
     def take(
         self, total: int, staging_root: str | None, reserve_bytes: int, version: int
     ) -> StagingBuffer:
-        """A mapped staging file of exactly `total` bytes for the push of `version` (PushError
-        from `make_staging_dir` when a new one does not fit)."""
+        """A mapped staging file of exactly `total` bytes (a free one, else new; or PushError)."""
         with self._lock:
             match = next((b for b in self._free if b.size == total), None)
             if match is not None:
@@ -92,17 +83,14 @@ class WarmStaging:
                 self._out[match.dir] = match
                 self.reused += 1
                 return match
-            stale, self._free = self._free, []  # other sizes: a different model or dtype
-        for b in stale:
-            b.close()
+        self.release_free()  # other sizes: a different model or dtype
         buf = new_buffer(total, staging_root, reserve_bytes, version)
         with self._lock:
             self._out[buf.dir] = buf
         return buf
 
     def give_back(self, d: pathlib.Path) -> bool:
-        """The push or the served version staged in `d` is done with it. False when `d` is not
-        one of these buffers (the caller deletes it as before)."""
+        """The push or served version staged in `d` is done with it (False: not a buffer here)."""
         with self._lock:
             buf = self._out.pop(d, None)
             if buf is None:
@@ -114,8 +102,7 @@ class WarmStaging:
         return True
 
     def release_free(self) -> None:
-        """Unmap and delete the kept buffers (not the ones handed out): their memory goes back, and
-        the next push stages a new file, with its free-space check."""
+        """Unmap and delete the free buffers (not the ones handed out)."""
         with self._lock:
             stale, self._free = self._free, []
         for b in stale:

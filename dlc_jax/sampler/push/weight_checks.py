@@ -1,8 +1,4 @@
-"""Checks shared by pushes and LoadWeights: names, shapes and dtypes against the served model
-(`validate_specs`), the largest possible push (`max_push_bytes`) and an incremental NaN/Inf check
-over raw bytes (`FiniteCheck`), LoadWeights' path and file checks (`check_load_path`,
-`check_load_files`); failures raise `PushError` with the gRPC code to answer.
-"""
+"""Checks shared by pushes and LoadWeights; failures raise `PushError` (with a gRPC code)."""
 
 from __future__ import annotations
 
@@ -42,8 +38,7 @@ class PushError(Exception):
 
 
 class Checksum:
-    """Incremental checksum of a push's bytes: "sha256" (`value`: hex digest) or "crc32c"
-    (hardware, GIL released; `value`: int)."""
+    """Incremental "sha256" (`value`: hex digest) or "crc32c" (`value`: int) of a push's bytes."""
 
     def __init__(self, algo: str):
         self._sha = hashlib.sha256() if algo == "sha256" else None
@@ -77,8 +72,8 @@ _EXP_MASKS = {
 
 
 class FiniteCheck:
-    """Incremental NaN/Inf check over a tensor's raw bytes fed in arbitrary pieces (elements may
-    straddle pieces). `update` returns False once a non-finite value was seen."""
+    """Incremental NaN/Inf check over a tensor's raw bytes fed in arbitrary pieces; `update`
+    returns False once a non-finite value was seen."""
 
     def __init__(self, dtype: str):
         self.spec = _EXP_MASKS.get(dtype)
@@ -117,11 +112,7 @@ class FiniteCheck:
         return self.ok
 
 
-def validate_specs(
-    expected: dict[str, tuple[tuple[int, ...], str]],
-    specs: dict[str, tuple[tuple[int, ...], str]],
-    where: str = "push",
-) -> None:
+def validate_specs(expected: st.Specs, specs: st.Specs, where: str = "push") -> None:
     """Names, shapes and dtypes of a full set of weights against the served model's. A float
     parameter may come as any of PUSH_DTYPES (the engine casts); any other must match exactly."""
     unknown = sorted(set(specs) - set(expected))
@@ -149,7 +140,7 @@ def validate_specs(
             raise PushError.invalid(f"tensor {name!r}: dtype {dtype!r} != expected {exp_dtype!r}")
 
 
-def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
+def max_push_bytes(expected: st.Specs) -> int:
     """The largest tensor payload a valid push of this model can have (every float as float32)."""
 
     def itemsize(dtype: str) -> int:  # floats may come as float32; unknown dtypes as 8 bytes
@@ -159,8 +150,6 @@ def max_push_bytes(expected: dict[str, tuple[tuple[int, ...], str]]) -> int:
     return sum(math.prod(int(d) for d in shape) * itemsize(dt) for shape, dt in expected.values())
 
 
-# -- LoadWeights: only directories under `load_root` (symlinks resolved; None = disabled), never
-# the one being served; their files get the push checks
 def check_load_path(raw: str, load_root: str | None, serving: list[pathlib.Path]) -> pathlib.Path:
     """`raw` resolved, inside `load_root`, a directory, none of `serving`; else PushError."""
     if not load_root:
@@ -182,7 +171,7 @@ def check_load_path(raw: str, load_root: str | None, serving: list[pathlib.Path]
     return path
 
 
-def check_load_files(path: pathlib.Path, expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
+def check_load_files(path: pathlib.Path, expected: st.Specs) -> None:
     """Blocking: names/shapes/dtypes against `expected`, bounded header reads, finite values."""
     validate_specs(expected, _read(st.read_specs, path), where=str(path))
     bad = _read(st.first_nonfinite, path)

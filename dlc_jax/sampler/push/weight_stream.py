@@ -1,12 +1,9 @@
-"""The client side of a weight push, apart from the gRPC call: which tensors a source holds, the
-`WeightMessage` stream (header, chunks or socket bytes, per-tensor checksum trailers computed in a
-prefetch thread while the previous tensor is sent, commit). One pass over the source; host memory
-~ one converted tensor being sent plus `prefetch` ready ones.
-"""
+"""The client side of a weight push, apart from the gRPC call: the `WeightMessage` stream."""
 
 from __future__ import annotations
 
 import collections.abc as cabc
+import contextlib
 import dataclasses
 import hashlib
 import queue
@@ -57,9 +54,7 @@ def tensor_source(named_tensors, specs: cabc.Mapping[str, tuple[int, ...]] | Non
 
 
 class VerifiedTensor(np.ndarray):
-    """An array whose bytes' checksum is already known, `checksum` = (algorithm, value): a tensor a
-    relaying sampler verified, forwarded without computing its checksum again
-    (`prepared_tensors` uses it when the bytes go out unchanged and the algorithm matches)."""
+    """An array whose `checksum` (algorithm, value) is known: a relay forwards it unchecksummed."""
 
     checksum: tuple[str, int | str] | None = None
 
@@ -73,8 +68,7 @@ def with_checksum(arr: np.ndarray, algo: str, value: int | str) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class PreparedTensor:
-    """A tensor ready to send: its header index, the converted C-contiguous array, a zero-copy
-    byte view of it and its checksum over exactly those bytes (crc32c int or sha256 hex)."""
+    """A tensor ready to send: header index, converted array, its bytes and their checksum."""
 
     index: int
     array: np.ndarray
@@ -88,8 +82,7 @@ def prepared_tensors(
     dtype: str,
     checksum: str,
 ) -> Iterator[PreparedTensor]:
-    """Check, convert and checksum each (name, array) of `source`, in order (run in a push's
-    prefetch thread, overlapping the previous tensor's send)."""
+    """Check, convert and checksum each (name, array) of `source`, in order."""
     np_dtype = st.NP_DTYPES[dtype]
     index = {n: i for i, (n, _) in enumerate(names_shapes)}
     seen: set[str] = set()
@@ -118,8 +111,7 @@ def prepared_tensors(
 
 
 def as_sent(arr, np_dtype: np.dtype) -> tuple[np.ndarray, memoryview]:
-    """(`arr` converted to `np_dtype` in C order, no copy when it already is; a zero-copy byte
-    view of it)."""
+    """(`arr` in `np_dtype` and C order, copied only if needed; a zero-copy byte view of it)."""
     a = np.ascontiguousarray(np.asarray(arr).astype(np_dtype, copy=False))
     return a, a.reshape(-1).view(np.uint8).data
 
@@ -134,9 +126,8 @@ def weight_header(
     relay_to: Sequence[str] = (),
     relay_fanout: int = 1,
 ) -> pb.WeightHeader:
-    """The header listing every tensor (name, shape, dtype, byte size) of a push; its bytes come
-    on the socket data plane under `socket_push_id` (None: in chunk messages); `relay_to` /
-    `relay_fanout`: the samplers the receiver forwards the push to (`relay`)."""
+    """The header listing every tensor of a push; `socket_push_id`: its bytes come on the socket
+    data plane (None: in chunks); `relay_to` / `relay_fanout`: where the receiver forwards it."""
     itemsize = st.NP_DTYPES[dtype].itemsize
     header = pb.WeightHeader(version=int(version), dtype=dtype, checksum=checksum)
     for n, shape in names_shapes:
@@ -152,8 +143,7 @@ def weight_header(
 
 class TensorSender:
     """How a push's tensor bytes leave: chunk messages of `chunk_bytes`, or `send_data(tensor_index,
-    bytes)` (the socket data plane: a connection the server dropped stops the sending, and the
-    server says why it rejects); `on_sent(n)` once n bytes are handed to the transport."""
+    bytes)` (the socket data plane); `on_sent(n)` once n bytes are handed to the transport."""
 
     def __init__(self, chunk_bytes: int, send_data=None, on_sent=None):
         self.chunk_bytes, self.send_data, self.on_sent = chunk_bytes, send_data, on_sent
@@ -188,9 +178,8 @@ def weight_messages(
     relay_fanout: int = 1,
     on_sent: Callable[[int], None] | None = None,
 ) -> Iterator:
-    """The PushWeights request stream: `send_data` / `push_id`, `chunk_bytes`, `on_sent` as in
-    `TensorSender`, `relay_to` / `relay_fanout` as in `weight_header`; ``prefetch``: tensors made
-    ready (exported, converted, checksummed) ahead in a background thread (0: none)."""
+    """The PushWeights request stream (arguments as in `TensorSender` and `weight_header`);
+    ``prefetch``: tensors made ready ahead in a background thread (0: none)."""
     socket_id = push_id if send_data is not None else None
     header = weight_header(
         names_shapes, version, dtype, checksum, socket_push_id=socket_id,
@@ -203,10 +192,7 @@ def weight_messages(
     out = TensorSender(chunk_bytes, send_data, on_sent)
     sent: set[int] = set()
     for t in ready:
-        if checksum == "sha256":
-            done = pb.TensorDone(tensor_index=t.index, sha256=str(t.checksum))
-        else:
-            done = pb.TensorDone(tensor_index=t.index, crc32c=int(t.checksum))
+        done = pb.TensorDone(tensor_index=t.index, **{checksum: t.checksum})  # sha256 / crc32c
         yield from out.messages(t.index, t.buf, done)
         sent.add(t.index)
         del t
@@ -214,6 +200,15 @@ def weight_messages(
     if missing:
         raise ValueError(f"push_weights: source ended without tensors {missing[:3]}")
     yield pb.WeightMessage(commit=pb.Commit())
+
+
+def put_unless(q: queue.Queue, item: object, stop: threading.Event) -> bool:
+    """Put `item` into the bounded `q` unless `stop` is set first; -> whether it went in."""
+    while not stop.is_set():
+        with contextlib.suppress(queue.Full):
+            q.put(item, timeout=0.1)
+            return True
+    return False
 
 
 def prefetched(items: Iterator, depth: int = 1) -> Iterator:
@@ -226,13 +221,7 @@ def prefetched(items: Iterator, depth: int = 1) -> Iterator:
     def produce():
         try:
             for x in items:
-                while not stop.is_set():
-                    try:
-                        q.put((True, x), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put_unless(q, (True, x), stop):
                     return
             q.put((True, end))
         except BaseException as e:  # handed to the consumer

@@ -1,2 +1,1 @@
-"""The sampler server: the gRPC service, its config and request checks, the `dlc-jax sampler`
-CLI and the subprocess that runs it."""
+"""The sampler server: gRPC service, config, request checks, `dlc-jax sampler` CLI, subprocess."""

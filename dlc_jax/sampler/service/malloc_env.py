@@ -1,8 +1,5 @@
-"""The environment of the sampler processes this package starts: glibc malloc backs large blocks
-with transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, glibc >= 2.35), halving the
-CPU of the JAX backend's weight loads (page faults of each fresh parameter copy). A hugetlb tunable
-the caller set is left alone.
-"""
+"""Environment of spawned samplers: glibc malloc on transparent huge pages (glibc >= 2.35), which
+halves the CPU of the JAX backend's weight loads (page faults of each fresh parameter copy)."""
 
 from __future__ import annotations
 

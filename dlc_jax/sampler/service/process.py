@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -16,8 +17,7 @@ from .malloc_env import with_huge_pages
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGTERM the server when the process (thread) that started it dies, so a crashed
-    trainer does not leave orphaned samplers. No-op elsewhere."""
+    """Linux: SIGTERM the server when the thread that started it dies (no orphaned samplers)."""
     with contextlib.suppress(OSError):
         import ctypes
 
@@ -25,10 +25,8 @@ def _die_with_parent() -> None:
 
 
 class SamplerProcess:
-    """A sampler server subprocess, started (`start`) until Info answers: its 'LISTENING
-    host:port' line is read from the log (port 0: a free one); extra_args: more `serve` flags;
-    token / tls_*: how `client()` connects; die_with_parent: SIGTERM when the starting thread
-    exits (Linux)."""
+    """A sampler server subprocess; `start` waits for its 'LISTENING host:port' log line and Info.
+    extra_args: more `serve` flags; token / tls_*: how `client()` connects."""
 
     def __init__(
         self,
@@ -47,19 +45,14 @@ class SamplerProcess:
         die_with_parent: bool = True,
     ):
         self.backend, self.model_dir, self.host, self.port = backend, model_dir, host, port
-        self.extra_args = list(extra_args or [])
-        self.env = dict(env or {})
-        self.log_file = log_file
-        self.token = token
+        self.extra_args, self.env = list(extra_args or []), dict(env or {})
+        self.log_file, self.token = log_file, token
         self.tls_root_cert, self.tls_server_name = tls_root_cert, tls_server_name
-        self.startup_timeout = startup_timeout
-        self.die_with_parent = die_with_parent
+        self.startup_timeout, self.die_with_parent = startup_timeout, die_with_parent
         self.proc: subprocess.Popen | None = None
         self.address: str | None = None
 
     def start(self) -> SamplerProcess:
-        import tempfile
-
         if self.log_file is None:
             fd, self.log_file = tempfile.mkstemp(prefix="dlc_sampler_", suffix=".log")
             os.close(fd)
@@ -71,9 +64,7 @@ class SamplerProcess:
         env = with_huge_pages({**os.environ, **self.env})  # malloc_env: faster weight loads
         self._log = open(self.log_file, "wb")
         # own process group: kill() also takes down engine children (vLLM's EngineCore process)
-        with warnings.catch_warnings():
-            # the child runs only prctl before exec (no Python threads, no JAX): JAX's fork warning,
-            # raised because preexec_fn forks from a threaded parent, does not apply
+        with warnings.catch_warnings():  # JAX's fork warning: the child runs only prctl, then exec
             warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
             self.proc = subprocess.Popen(
                 cmd,
@@ -110,19 +101,12 @@ class SamplerProcess:
             return ""
 
     def client(self, **kw) -> SamplerClient:
-        kw = {
-            "token": self.token,
-            "tls_root_cert": self.tls_root_cert,
-            "tls_server_name": self.tls_server_name,
-            **kw,
-        }
         assert self.address is not None, "client() before start()"
-        return SamplerClient(self.address, **kw)
+        tls = {"tls_root_cert": self.tls_root_cert, "tls_server_name": self.tls_server_name}
+        return SamplerClient(self.address, **{"token": self.token, **tls, **kw})
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (graceful: the server shuts its engine down and deletes its staging), wait up to
-        `timeout` s, then SIGKILL the group if needed and delete whatever staging it left. Use this
-        (not `kill`) to replace a sampler: it never leaks a model-sized staged copy."""
+        """SIGTERM (graceful: engine down, staging deleted), wait `timeout` s, then `kill`."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -140,8 +124,7 @@ class SamplerProcess:
         return None
 
     def kill(self) -> None:
-        """SIGKILL the server and its process group (crash tests), then delete the staging
-        directories the dead server owned (its /dev/shm copy of the weights)."""
+        """SIGKILL the server's process group, then delete the staging directories it owned."""
         if self.proc is None:
             return
         with contextlib.suppress(ProcessLookupError):

@@ -1,7 +1,4 @@
-"""Validation of Generate requests: every field checked before the engine sees it, a failure a
-one-line `RequestError` naming the field (INVALID_ARGUMENT). 0 < temperature < `min_temperature`
-is refused: vLLM silently raises it to 0.01, and logits / T overflow float32 for tiny T.
-"""
+"""Generate request checks: a failure is a one-line `RequestError` naming the field."""
 
 from __future__ import annotations
 
@@ -69,8 +66,7 @@ def validate_generate(
         if len(ids) + p.max_tokens > max_model_len:
             raise RequestError(
                 f"prompts[{i}] (slot {pr.slot_id}): prompt length {len(ids)} + max_tokens "
-                f"{p.max_tokens} "
-                f"exceeds max_model_len {max_model_len}"
+                f"{p.max_tokens} exceeds max_model_len {max_model_len}"
             )
         out.append((int(pr.slot_id), ids))
     return out, p

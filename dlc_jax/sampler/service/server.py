@@ -1,7 +1,4 @@
-"""gRPC sampler server (grpc.aio) in front of a `SamplerBackend`: `SamplerServer` (binding, TLS,
-the push data plane, start/stop; stale staging of dead samplers removed at start) and
-`ServerThread` (one in a background thread). The RPCs: service.py; the settings: server_config.py.
-"""
+"""gRPC sampler server (grpc.aio) in front of a `SamplerBackend`; the RPCs: service.py."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ __all__ = ["SamplerServer", "ServerConfig", "ServerThread"]
 
 
 class SamplerServer:
-    """Owns the backend and the grpc.aio server. Use `await start()` / `await stop()` inside an
-    event loop, or `ServerThread` to run it in a background thread."""
+    """Owns the backend and the grpc.aio server: `await start()` / `await stop()`."""
 
     def __init__(self, backend: SamplerBackend, cfg: ServerConfig | None = None):
         self.backend = backend
@@ -41,38 +37,33 @@ class SamplerServer:
         return f"{self.cfg.host}:{self.port}"
 
     async def start(self) -> int:
-        clean_stale_staging(staging_roots(self.cfg.staging_root))  # copies left by killed samplers
+        cfg = self.cfg
+        clean_stale_staging(staging_roots(cfg.staging_root))  # copies left by killed samplers
         await self.backend.start()
         opts = [
-            ("grpc.max_receive_message_length", self.cfg.max_message_bytes),
-            ("grpc.max_send_message_length", self.cfg.max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
         ]
         self.server = grpc.aio.server(options=opts)
         pb_grpc.add_service(self.service, self.server)
-        bind = f"{self.cfg.host}:{self.cfg.port}"
-        if self.cfg.tls_cert:
-            key, cert = (
-                pathlib.Path(str(f)).read_bytes() for f in (self.cfg.tls_key, self.cfg.tls_cert)
-            )
+        bind = f"{cfg.host}:{cfg.port}"
+        if cfg.tls_cert:
+            key, cert = (pathlib.Path(str(f)).read_bytes() for f in (cfg.tls_key, cfg.tls_cert))
             creds = grpc.ssl_server_credentials([(key, cert)])
             self.port = self.server.add_secure_port(bind, creds)
         else:
             self.port = self.server.add_insecure_port(bind)
         if not self.port:
             raise OSError(f"could not bind {bind}")
-        if self.cfg.data_port is not None:
-            self.service.data_listener = data_plane.DataPlaneListener(
-                self.cfg.host,
-                self.cfg.data_port,
-                self.cfg.token,
-                preamble_timeout=self.cfg.data_auth_timeout_s,
-                max_pending=self.cfg.data_max_pending,
+        if cfg.data_port is not None:
+            dl = self.service.data_listener = data_plane.DataPlaneListener(
+                cfg.host,
+                cfg.data_port,
+                cfg.token,
+                preamble_timeout=cfg.data_auth_timeout_s,
+                max_pending=cfg.data_max_pending,
             )
-            log.info(
-                "push data plane (raw TCP, plaintext) on %s:%s",
-                self.cfg.host,
-                self.service.data_listener.port,
-            )
+            log.info("push data plane (raw TCP, plaintext) on %s:%s", cfg.host, dl.port)
         await self.server.start()
         log.info("sampler (%s) listening on %s", self.backend.name, self.address)
         return self.port
@@ -89,14 +80,9 @@ class SamplerServer:
         if self.service.warm_staging is not None:
             self.service.warm_staging.close()
 
-    async def wait(self) -> None:
-        assert self.server is not None, "wait() before start()"
-        await self.server.wait_for_termination()
-
 
 class ServerThread:
-    """Run a SamplerServer on its own event loop in a daemon thread (tests, embedding).
-    `.loop` lets callers run coroutines against the backend on the server's loop."""
+    """A SamplerServer on its own event loop (`.loop`) in a daemon thread (tests, embedding)."""
 
     def __init__(self, backend: SamplerBackend, cfg: ServerConfig | None = None):
         self.server = SamplerServer(backend, cfg)
@@ -111,10 +97,9 @@ class ServerThread:
             self.loop.run_until_complete(self.server.start())
         except BaseException as e:  # reported to start()
             self._error = e
-            self._ready.set()
-            return
         self._ready.set()
-        self.loop.run_forever()
+        if self._error is None:
+            self.loop.run_forever()
 
     def start(self, timeout: float = 300) -> ServerThread:
         self._thread.start()

@@ -1,5 +1,4 @@
-"""`ServerConfig`: the sampler server's settings (address, auth, TLS, message and push limits,
-staging, LoadWeights root, minimum temperature), checked when built."""
+"""`ServerConfig`: the sampler server's settings, checked when built."""
 
 from __future__ import annotations
 
@@ -16,29 +15,20 @@ class ServerConfig:
     max_message_bytes: int = 64 << 20
     max_prompts: int = 4096
     staging_root: str | None = None
-    # Socket data plane for pushes (see data_plane.py): None = off (default), 0 = pick a free port.
-    # Plaintext: loopback / trusted networks only, so it cannot be combined with TLS.
-    data_port: int | None = None
+    data_port: int | None = None  # push data plane (raw TCP, never with TLS): None off, 0 any port
     data_wait_s: float = 10.0  # how long a socket-plane push waits for its data connection
     data_auth_timeout_s: float = 5.0  # a data connection must send its full preamble within this
     data_max_pending: int = 64  # data connections awaiting their preamble or their push, at most
-    # A push is discarded when its stream is silent for push_idle_timeout_s (also a stalled data
-    # socket) or when it takes longer than push_max_s in all (lock wait included).
-    push_idle_timeout_s: float = 60.0
-    push_max_s: float = 900.0
+    push_idle_timeout_s: float = 60.0  # a push whose stream (or data socket) is silent this long
+    push_max_s: float = 900.0  # a push taking longer in all (lock wait included) is discarded
     staging_reserve_bytes: int = 64 << 20  # free space a staged push must leave on its filesystem
-    # "memory": the staging file is memory-mapped, socket bytes received straight into it, checks
-    # overlapped with receiving, and an engine that can (JAX backend) loads each verified tensor
-    # while the next arrives; "file": write the file, the engine loads it at Commit.
+    # "memory": mapped staging file, checks overlapped with receiving, the engine (JAX backend)
+    # loading each verified tensor as the next arrives; "file": the engine loads it at Commit
     push_staging: str = "memory"
-    # memory staging: keep the last superseded staging file mapped and receive the next push of
-    # the same size into it (no page faults: ~6x less receive CPU per byte; costs one more staged
-    # model of RAM at rest). See warm_staging.py.
-    push_staging_warm: bool = True
-    # LoadWeights reads only directories under load_root; None = LoadWeights disabled.
-    load_root: str | None = None
-    # 0 < temperature < min_temperature is refused (INVALID_ARGUMENT): vLLM silently raises such
-    # temperatures to 0.01, and logits / T overflow float32 for tiny T.
+    push_staging_warm: bool = True  # memory staging: reuse a mapped staging file (warm_staging)
+    load_root: str | None = None  # LoadWeights only under this directory; None = disabled
+    # 0 < temperature < this is refused: vLLM silently raises it to 0.01, and logits / T overflow
+    # float32 for tiny T
     min_temperature: float = 0.01
 
     def __post_init__(self):

@@ -1,9 +1,6 @@
-"""The Sampler gRPC service (`SamplerService`): bearer-token auth on every call; Generate
-(validated requests; a rollout with NaN log-probs is never sent: INTERNAL); weight pushes
-(serialized by a lock taken once a header arrived, received by `push.session`, applied only on
-Commit, any failure keeping the old weights; sliced pushes staged across their part streams and
-applied by a group commit); LoadWeights (off unless `load_root` is set) and Info.
-"""
+"""The Sampler gRPC service: bearer-token auth on every call; Generate (a rollout with NaN
+log-probs is never sent: INTERNAL); weight pushes (serialized, applied only on Commit, any failure
+keeping the old weights; sliced pushes applied by a group commit); LoadWeights and Info."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ log = logging.getLogger(__name__)
 def check_request(
     backend: SamplerBackend, cfg: ServerConfig, request: pb.GenerateRequest
 ) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
-    """`validate_generate` of a Generate request against the backend's limits and the server's
-    (`RequestError` when refused): the one check of a request, served or in process."""
+    """`validate_generate` against the backend's and the server's limits (served or in process)."""
     b = backend
     return validate_generate(
         request,
@@ -100,16 +96,10 @@ class SamplerService:
         try:
             async for r in rollouts:
                 if np.isnan(r.logprobs).any() or np.isnan(r.head_logprobs).any():
-                    log.error(
-                        "engine returned NaN log-probs for request %r slot %s; answering INTERNAL",
-                        request.request_id,
-                        r.slot_id,
-                    )
-                    await context.abort(
-                        grpc.StatusCode.INTERNAL,
-                        f"engine returned NaN log-probs (request {request.request_id!r}, slot "
-                        f"{r.slot_id}); rollout withheld",
-                    )
+                    what = f"engine returned NaN log-probs (request {request.request_id!r}, slot "
+                    what += f"{r.slot_id})"
+                    log.error("%s; answering INTERNAL", what)
+                    await context.abort(grpc.StatusCode.INTERNAL, f"{what}; rollout withheld")
                 self.counters["tokens_generated"] += len(r.response_ids)
                 self.queue_depth -= 1
                 pending -= 1
@@ -120,8 +110,8 @@ class SamplerService:
 
     # -- weights ----------------------------------------------------------------------------
     async def _swap(self, path: pathlib.Path, version: int, owned: bool, load=None) -> None:
-        """Serve `path` (or the finished in-memory `load` of it) as `version`; on failure the
-        previous weights are restored and PushError(INTERNAL) raised."""
+        """Serve `path` (or its finished `load`) as `version`; on failure restore the previous
+        weights and raise PushError(INTERNAL)."""
         old_dir, old_version = self._current_dir, self.backend.version
         try:
             if load is not None:
@@ -149,8 +139,7 @@ class SamplerService:
             shutil.rmtree(d, ignore_errors=True)
 
     async def _swap_adapter(self, path: pathlib.Path, version: int, meta) -> None:
-        """Serve base + the staged adapter as `version` (the backend swaps atomically: on failure
-        nothing changed); the previous adapter's directory is deleted."""
+        """Serve base + the staged adapter as `version` (atomically), deleting the previous one."""
         try:
             await self.backend.apply_adapter(str(path), version, meta)
         except Exception as e:
@@ -185,8 +174,7 @@ class SamplerService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.push_max_s
         it = request_iterator.__aiter__()
-        # The push lock is taken only once a header arrived: a stream that sends nothing (or junk)
-        # never blocks the pushes behind it.
+        # the lock is taken once a header arrived: a silent or junk stream never blocks others
         try:
             first = await push_session.next_message(it, deadline, self.cfg, "the header")
             if (
@@ -232,8 +220,7 @@ class SamplerService:
         )  # fmt: skip
 
     async def _receive(self, stager, header, it, deadline: float, context, relay_timeout: float):
-        """`push_session.receive` of one push (part) into `stager`. With `relay_to`, the stager
-        forwards the push once its header passed (a group: from its first part on)."""
+        """`push_session.receive` of one push (part) into `stager`, relayed after its header."""
         after_header = None
         if header.relay_to:
             memory = self.cfg.push_staging == "memory"
@@ -296,9 +283,7 @@ class SamplerService:
 
     async def _push_sliced(self, header, it, deadline: float, context, t0: float):
         """One part of a sliced push (staged into the pending group), or the group's commit
-        (applied only when complete; see `sliced_push`). Any failure discards the group. Parts
-        with `relay_to`: every tensor, once all its slices are verified, is forwarded as a plain
-        relayed push (`relay`) whose children commit with the group and are cut if it fails."""
+        (`sliced_push`). Any failure discards the group (and cuts its relay)."""
         group = header.push_group
         try:
             if header.group_commit:
@@ -386,8 +371,7 @@ class SamplerService:
 
 
 async def _shielded(swap) -> None:
-    """Run the weight swap `swap` to its end even if the client goes away meanwhile (the
-    CancelledError is raised once it is done)."""
+    """Run `swap` to its end even if the client goes away (CancelledError raised afterwards)."""
     task = asyncio.ensure_future(swap)
     try:
         await asyncio.shield(task)

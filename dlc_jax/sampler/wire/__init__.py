@@ -1,2 +1,1 @@
-"""The wire format: the gRPC proto and its generated modules, the Python types of its messages,
-the chunk framing and safetensors reading/writing."""
+"""The wire format: the gRPC proto, its Python types, the chunk framing and safetensors I/O."""

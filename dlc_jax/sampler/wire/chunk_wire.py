@@ -1,7 +1,5 @@
-"""Copy-light wire encoding of `WeightMessage{chunk: WeightChunk}`: `encode_chunk` writes the exact
-protobuf bytes with one copy of the data; `decode_weight_message` returns a `RawChunk` whose data is
-a zero-copy view for chunk messages, else the protobuf-parsed message.
-"""
+"""Copy-light wire encoding of `WeightMessage{chunk: WeightChunk}`: one copy of the data to encode,
+a zero-copy `RawChunk` view to decode (other messages: protobuf-parsed)."""
 
 from __future__ import annotations
 
@@ -14,14 +12,11 @@ _CHUNK_TAG = 0x12  # field 2 (WeightMessage.chunk), wire type 2 (length-delimite
 
 def _varint(n: int) -> bytes:
     out = bytearray()
-    while True:
-        b = n & 0x7F
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
         n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+    out.append(n)
+    return bytes(out)
 
 
 def _read_varint(buf, pos: int) -> tuple[int, int]:
@@ -40,8 +35,7 @@ def _read_varint(buf, pos: int) -> tuple[int, int]:
 
 
 def encode_chunk(tensor_index: int, offset: int, data) -> bytes:
-    """Serialized `WeightMessage(chunk=WeightChunk(tensor_index, offset, data))`. `data`: any
-    contiguous bytes-like object (a memoryview into a numpy array is not copied before the join)."""
+    """Serialized `WeightMessage(chunk=WeightChunk(tensor_index, offset, data))` (any buffer)."""
     n = memoryview(data).nbytes
     inner = bytearray()
     if tensor_index:
@@ -93,7 +87,7 @@ def _decode_chunk(raw: bytes) -> RawChunk | None:
 
 
 def decode_weight_message(raw: bytes) -> RawChunk | pb.WeightMessage:
-    """gRPC request deserializer for PushWeights (see the module docstring)."""
+    """gRPC request deserializer for PushWeights."""
     try:
         c = _decode_chunk(raw)
     except ValueError:

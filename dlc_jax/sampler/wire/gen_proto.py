@@ -1,6 +1,5 @@
 """Regenerate `sampler_pb2.py` from `sampler.proto` (needs grpcio-tools):
-`python -m dlc_jax.sampler.wire.gen_proto`. The service's stub and handlers are built from it at
-import (`sampler_pb2_grpc`), so nothing else is generated."""
+`python -m dlc_jax.sampler.wire.gen_proto`."""
 
 from __future__ import annotations
 

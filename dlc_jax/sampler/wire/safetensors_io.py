@@ -1,7 +1,5 @@
-"""Minimal safetensors reading/writing by header: spec listing, streaming writes at precomputed
-offsets, numpy reads (bf16 via ml_dtypes). Reads are bounded: an absurd header or an entry outside
-the file or disagreeing with its shape is a ValueError naming the file.
-"""
+"""Minimal safetensors reading/writing (bf16 via ml_dtypes). Reads are bounded: a malformed header
+is a ValueError naming the file."""
 
 from __future__ import annotations
 
@@ -27,17 +25,8 @@ ST_TO_NAME = {
     "BOOL": "bool",
 }
 NAME_TO_ST = {v: k for k, v in ST_TO_NAME.items()}
-NP_DTYPES = {
-    "float32": np.dtype(np.float32),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float16": np.dtype(np.float16),
-    "float64": np.dtype(np.float64),
-    "int64": np.dtype(np.int64),
-    "int32": np.dtype(np.int32),
-    "int8": np.dtype(np.int8),
-    "uint8": np.dtype(np.uint8),
-    "bool": np.dtype(np.bool_),
-}
+Specs = dict[str, tuple[tuple[int, ...], str]]  # {tensor name: (shape, dtype name)}
+NP_DTYPES = {n: np.dtype(ml_dtypes.bfloat16 if n == "bfloat16" else n) for n in ST_TO_NAME.values()}
 
 
 def dtype_name(dtype) -> str:
@@ -99,9 +88,9 @@ def safetensors_files(model_dir: str | pathlib.Path) -> list[pathlib.Path]:
     return files
 
 
-def read_specs(model_dir: str | pathlib.Path) -> dict[str, tuple[tuple[int, ...], str]]:
+def read_specs(model_dir: str | pathlib.Path) -> Specs:
     """{hf_name: (shape, dtype_name)} over every *.safetensors file in a directory."""
-    specs: dict[str, tuple[tuple[int, ...], str]] = {}
+    specs: Specs = {}
     for f in safetensors_files(model_dir):
         header, _ = read_header(f)
         for name, e in header.items():
@@ -150,9 +139,8 @@ def first_nonfinite(model_dir: str | pathlib.Path, piece: int = 16 << 20) -> str
 
 
 def layout(tensors: list[tuple[str, tuple[int, ...], str, int]]) -> tuple[bytes, list[int]]:
-    """Plan one safetensors file for (name, shape, dtype, nbytes) in order.
-    -> (header bytes incl. the 8-byte length prefix, a multiple of 64 bytes; absolute file offset
-    of each tensor)."""
+    """Plan one safetensors file for (name, shape, dtype, nbytes) in order -> (header bytes with the
+    length prefix, a multiple of 64 bytes; each tensor's file offset)."""
     header: dict = {"__metadata__": {"format": "pt"}}
     offsets, pos = [], 0
     for name, shape, dt, nbytes in tensors:

@@ -1,7 +1,4 @@
-"""Sampler-side data types (`SamplingParams`, `Rollout`) and their proto conversions.
-
-Shapes: P prompt length, T response length, K head size.
-"""
+"""Sampler data types and their proto conversions (P prompt, T response length, K head size)."""
 
 from __future__ import annotations
 
@@ -48,8 +45,7 @@ class SamplingParams:
             n=int(m.n),
             max_tokens=int(m.max_tokens),
             temperature=float(m.temperature),
-            # proto3 default 0 means "unset" -> no nucleus truncation.
-            top_p=float(m.top_p) if m.top_p != 0 else 1.0,
+            top_p=float(m.top_p) if m.top_p != 0 else 1.0,  # proto3's 0: unset (no nucleus)
             top_k=int(m.top_k),
             head_k=int(m.head_k),
             stop_token_ids=tuple(int(t) for t in m.stop_token_ids),
@@ -98,9 +94,8 @@ class Rollout:
     head); version_spans (version, start, end): tokens [start, end) sampled with that version.
 
     Multi-turn episodes (`dlc_jax.env`, trainer-side only): ``loss_mask`` float32 [T] (1 on
-    generated tokens; None: all), spans only over generated tokens, ``reward`` from the
-    environment (None: reward functions), ``episode`` counters, ``segment_starts`` (response offsets
-    where a new sequence starts in the row: positions restart, no attention back).
+    generated tokens; None: all), ``reward`` from the environment, ``episode`` counters,
+    ``segment_starts`` (response offsets where a new sequence starts: positions restart).
     """
 
     prompt_ids: np.ndarray
@@ -113,8 +108,7 @@ class Rollout:
     slot_id: int = 0
     sample_index: int = 0
     request_id: str = ""
-    # [P + T - 1, L, K] uint8/uint16: the experts routed at each position the sampler ran (None: not
-    # asked, or a dense model); see `routed_to_wire`
+    # [P + T - 1, L, K] uint8/uint16: experts routed at each position run (None: not asked / dense)
     routed_experts: np.ndarray | None = None
     loss_mask: np.ndarray | None = None
     reward: float | None = None
@@ -172,8 +166,7 @@ class Rollout:
         if head_ids.size != t * k or head_lp.size != t * k:
             raise ValueError(
                 f"rollout {m.request_id}/{m.slot_id}/{m.sample_index}: head has {head_ids.size} "
-                "ids and "
-                f"{head_lp.size} logprobs, expected T*K = {t}*{k}"
+                f"ids and {head_lp.size} logprobs, expected T*K = {t}*{k}"
             )
         if len(m.logprobs) != t:
             raise ValueError(
@@ -196,10 +189,9 @@ class Rollout:
 
 @dataclasses.dataclass(frozen=True)
 class PushResult:
-    """Outcome of a weight push (or load) to one sampler or a pool (ok: at least one sampler
-    took `version`; `code`: gRPC status name when refused). A pool fills per_sampler / removed /
-    readmitted; transport: how the bytes went ("grpc" | "socket" | "relay", comma-separated for a
-    pool, "" for a load)."""
+    """Outcome of a weight push (or load) to one sampler or a pool (ok: at least one sampler took
+    `version`; `code`: gRPC status name). transport: "grpc" | "socket" | "relay" (a pool: all used,
+    comma-separated; a load: "")."""
 
     ok: bool
     version: int
@@ -228,8 +220,8 @@ class PushResult:
 
 
 def mix_seed(seed: int, *parts: int) -> int:
-    """A request seed in [0, 2**31 - 1) from a run seed and integers (slot, batch, attempt, ...):
-    depends only on its arguments, so a request's samples do not depend on who sends it."""
+    """A request seed in [0, 2**31 - 1) from a run seed and integers (slot, batch, ...), so a
+    request's samples do not depend on who sends it."""
     h = int(seed)
     for p in parts:
         h = h * 1_000_003 + int(p) * 7919 + 12345
