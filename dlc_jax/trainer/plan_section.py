@@ -1,5 +1,5 @@
 """The ``plan`` section of a training config (here: the trainer must not import ``dlc_jax.plan``,
-whose ``config.PlanConfig`` is this class)."""
+whose ``PlanConfig`` is this class)."""
 
 from __future__ import annotations
 
