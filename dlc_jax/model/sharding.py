@@ -131,7 +131,7 @@ def spec_on(
 
 
 def logprob_axes(rows: int, seq_len: int, mesh_shape: Mapping[str, int], rules=None):
-    """(rows, positions): the PartitionSpec entries `dlc_jax.rl.sharded_token_logprobs` splits a
+    """(rows, positions): the PartitionSpec entries `rl.vocab_parallel_token_logprobs` splits a
     [rows, seq_len] batch over on a mesh of {axis: size}: rows over the `batch` rule's axes that
     divide them, positions over the longest run of the other axes whose product divides seq_len."""
     row_axes = spec_on(("batch",), (rows,), mesh_shape, rules)[0]
