@@ -52,7 +52,8 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
     for name in names:
         try:
             prev = out / f"{name}.json"
-            if cfg.reuse and prev.exists():
+            reused = cfg.reuse and prev.exists()  # before write_result creates it
+            if reused:
                 r = json.loads(prev.read_text())
                 sections.append(common.to_markdown(r))
             else:
@@ -66,7 +67,7 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
                 "summary": r.get("summary"),
                 "targets": r.get("targets", []),
                 "wall_s": r.get("wall_s"),
-                "reused": bool(cfg.reuse and prev.exists()),
+                "reused": reused,
             }
             if not r.get("targets"):
                 note = "(this result records no targets: see its section)"
@@ -83,7 +84,7 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
         f"each benchmark's own JSON and markdown are in this folder ({', '.join(names)})"
     )
     res = common.finish(res)
-    reused = ", ".join(n for n, v in results.items() if v.get("reused"))
+    reused_names = ", ".join(n for n, v in results.items() if v.get("reused"))
     header = [
         "# Benchmark results",
         "",
@@ -98,7 +99,7 @@ def run(cfg: AllBenchConfig = AllBenchConfig()) -> dict:
         f"- machine: {res['machine'].get('device_kind')} ({res['machine'].get('jax_backend')}), "
         f"{common.load_note(res['machine'])}; benchmarks' own wall times add up to "
         f"{common.fmt(sum(v.get('wall_s') or 0.0 for v in results.values()))} s"
-        + (f"; reused: {reused}" if cfg.reuse else ""),
+        + (f"; reused: {reused_names}" if cfg.reuse else ""),
         "",
     ]
     out.mkdir(parents=True, exist_ok=True)

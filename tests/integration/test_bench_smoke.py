@@ -133,6 +133,9 @@ def test_all_bench_combines_results(tmp_path):
     assert ("dlc", "DLC / GRPO step time (isolation)") in names
     assert sum(1 for b, _ in names if b == "logprobs") == 4
     assert res["results"]["logprobs"]["ok"] and res["results"]["dlc"]["ok"]
+    # only the earlier result is reused: logprobs ran (its JSON written during this run)
+    assert res["results"]["dlc"]["reused"] and not res["results"]["logprobs"]["reused"]
+    assert "; reused: dlc\n" in text
 
 
 def test_all_bench_records_a_failing_benchmark(tmp_path, monkeypatch):
