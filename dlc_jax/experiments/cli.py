@@ -129,7 +129,7 @@ def cli(argv: list[str]) -> int:
         known = [p.name for p in points]
         bad = [p for p in args.sweep if p not in known]
         if bad or not points:
-            raise SystemExit(
+            raise UsageError(
                 f"--sweep: unknown points {bad} for preset {preset.name} (have {known})"
             )
         chosen = {p.name for p in points if not args.sweep or p.name in args.sweep}

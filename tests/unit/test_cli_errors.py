@@ -25,6 +25,8 @@ BAD_LINES = [
     ("experiment",),  # --preset missing
     ("experiment", "--preset", "nope"),
     ("experiment", "--preset", "tiny", "--steps", "0"),
+    ("experiment", "--preset", "tiny", "--sweep", "nope"),  # an unknown sweep point
+    ("experiment", "--preset", "tiny", "--pilot", "nope"),
     ("train", "--config"),  # no value
     ("sampler",),  # no subcommand
     ("sampler", "serve", "--no-such-flag"),
