@@ -30,11 +30,9 @@ from dlc_jax.bench.plan_cases import (
     peer_json,
 )
 from dlc_jax.bench.plan_notes import (
-    FLOPS_SECTION,
-    MOE_HISTORY,
-    SECTIONS,
     issue30_sections,
     peer_roofline,
+    sections,
     stale,
     vocab_parallel,
 )
@@ -234,12 +232,15 @@ def run(cfg: PlanBenchConfig) -> dict:
             f"not run yet ({len(not_run)} cases; `dlc-jax bench plan --size full --out docs/bench` "
             f"runs them, one compile at a time): " + "; ".join(not_run)
         )
-    res["notes"] += SECTIONS["TABLE_NOTES"].format(cache_dir=cfg.cache_dir).split("\n")
+    res["notes"] += sections()["TABLE_NOTES"].format(cache_dir=cfg.cache_dir).split("\n")
     notes = _issue30_notes(found, cfg)
-    res["sections"] = [*FLOPS_SECTION, *notes, "### Details of the target plans", ""] + [
-        plan_markdown(r) for c, r in found.items() if c in TARGETS or c.shipped
-    ]
-    res["sections"] += ["", *MOE_HISTORY]
+    res["sections"] = [
+        *sections()["FLOPS"].split("\n"),
+        *notes,
+        "### Details of the target plans",
+        "",
+    ] + [plan_markdown(r) for c, r in found.items() if c in TARGETS or c.shipped]
+    res["sections"] += ["", *sections()["MOE_HISTORY"].split("\n")]
     return common.finish(res)
 
 

@@ -4,6 +4,7 @@ the peer comparison's arithmetic (`peer_flops`, `compute_floor`, `peer_roofline`
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from importlib import resources
@@ -13,16 +14,14 @@ from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
 from dlc_jax.rl.vocab_parallel import BACKWARD
 from dlc_jax.tpu_flags import lacks_defaults
 
-_TEMPLATES = resources.files("dlc_jax.bench").joinpath("plan_notes.md").read_text()
-# section name -> text (each section ends at the next "<!-- NAME -->" line, one newline dropped)
-SECTIONS = {
-    name: text[:-1]
-    for name, text in re.findall(
-        r"^<!-- (\w+) -->\n(.*?)(?=^<!-- \w+ -->|\Z)", _TEMPLATES, re.M | re.S
-    )
-}
-FLOPS_SECTION = SECTIONS["FLOPS"].split("\n")
-MOE_HISTORY = SECTIONS["MOE_HISTORY"].split("\n")
+
+@functools.cache
+def sections() -> dict[str, str]:
+    """``plan_notes.md``'s sections by name (each runs to the next "<!-- NAME -->" line, one newline
+    dropped), read on first use."""
+    text = resources.files("dlc_jax.bench").joinpath("plan_notes.md").read_text()
+    found = re.findall(r"^<!-- (\w+) -->\n(.*?)(?=^<!-- \w+ -->|\Z)", text, re.M | re.S)
+    return {name: body[:-1] for name, body in found}
 
 
 def _roof_peak(plan: dict) -> str:
@@ -234,7 +233,7 @@ def issue30_sections(
     for tag, prog in (("step", "train_step"), ("fwd", "snapshot_forward")):
         sec = _program_s(m, prog)["seconds"]
         v[f"m_{tag}_c"], v[f"m_{tag}_m"] = f"{sec['compute']:.2f}", f"{sec['memory']:.2f}"
-    return "\n".join(SECTIONS[k] for k in ("FLAGS", "ROOFLINE", "MOE")).format(**v).split("\n")
+    return "\n".join(sections()[k] for k in ("FLAGS", "ROOFLINE", "MOE")).format(**v).split("\n")
 
 
 def peer_roofline(peer: dict, ours: dict) -> dict:

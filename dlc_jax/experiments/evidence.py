@@ -12,9 +12,9 @@ import numpy as np
 
 from dlc_jax.experiments.arm_styles import arm_key
 from dlc_jax.experiments.results import RunResult
-from dlc_jax.experiments.stats import NAN_INTERVAL, Interval, learning_delta, mean_interval
+from dlc_jax.experiments.stats import NAN_INTERVAL, Z_95, Interval, learning_delta, mean_interval
 
-Z_95, Z_80 = 1.959964, 0.841621
+Z_80 = 0.841621  # one-sided 80% power quantile
 # The accuracy of the summary, the first table and the paired differences.
 HEADLINE = "greedy"
 # How each claim's interval is computed (summary.json's ``interval_method``).

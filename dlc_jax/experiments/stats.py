@@ -55,7 +55,7 @@ _T975 = (
     2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
-_Z975 = 1.959964
+Z_95 = 1.959964  # two-sided 95% normal quantile
 
 
 def t_quantile(df: int) -> float:
@@ -64,7 +64,7 @@ def t_quantile(df: int) -> float:
         raise ValueError(f"t_quantile: df must be >= 1, got {df}")
     if df <= len(_T975):
         return _T975[df - 1]
-    z = _Z975
+    z = Z_95
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df)
 
 
