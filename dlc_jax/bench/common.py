@@ -1,8 +1,6 @@
 """Shared plumbing of the benchmarks: timing, machine description, result files, markdown tables.
-
-A result is a JSON-able dict: {"name", "title", "machine": {...}, "config": {...}, "columns": [str],
-"rows": [{column: value}], "targets": [{"name", "value", "target", "op", "met"}], "notes": [str],
-"wall_s"}.
+A result is a JSON-able dict: {"name", "title", "machine", "config", "columns": [str], "rows":
+[{column: value}], "targets": [{"name", "value", "target", "op", "met"}], "notes": [str], "wall_s"}.
 """
 
 from __future__ import annotations
@@ -118,8 +116,7 @@ def median(xs: Iterable[float]) -> float:
 
 
 def best(xs: Iterable[float]) -> float:
-    """The reported estimator: the fastest repeat (other work only adds time, so the minimum is
-    the least load-biased, as ``timeit`` advises)."""
+    """The reported estimator: the fastest repeat (load only adds time; as ``timeit`` advises)."""
     return float(min(xs))
 
 
@@ -370,14 +367,15 @@ def call_in_child(module: str, fn: str, *args, env: dict | None = None, timeout=
 
 class Options:
     """A benchmark's `add_args` / `from_args` over its named configs (`SIZES`). Each option is
-    ``(flag, config field, argparse keywords[, convert])``; an unset one (None, "", False) keeps the
-    size's value, a given one sets the field (to ``convert(value)`` with a ``convert``)."""
+    ``(flag, config field, argparse keywords or an on/off flag's help[, convert])``; an unset one
+    (None, "", False) keeps the size's value, a given one sets the field (to ``convert(value)``)."""
 
     def __init__(self, bench: str, sizes: dict, *options: tuple):
         self.bench, self.sizes, self.options = bench, sizes, options
 
     def add_args(self, p) -> None:
         for flag, _, kw, *_ in self.options:
+            kw = {"action": "store_true", "help": kw} if isinstance(kw, str) else kw
             p.add_argument(flag, **{"default": None, **kw})
 
     def from_args(self, size: str, args):

@@ -101,9 +101,8 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
     res = common.new_result("dlc", "DLC step overhead vs plain GRPO", COLUMNS, cfg)
     model = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed))
     graphdef, params = nnx.split(model, nnx.Param)
-    params_s = nnx.split(
-        Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed + 1)), nnx.Param
-    )[1]
+    model_s = Qwen3ForCausalLM(cfg.model_config(), rngs=nnx.Rngs(cfg.seed + 1))  # theta_s
+    params_s = nnx.split(model_s, nnx.Param)[1]
     tx = optax.adamw(1e-5)
     opt_state = tx.init(params)
     batch = device_batch(make_batch(cfg))
@@ -114,12 +113,12 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
     dlc_step = make_train_step(graphdef, tx, dlc_cfg)
     snap = make_snapshot_logprobs(graphdef, dlc_cfg)
 
-    def dlc_full():
+    def with_snapshot():
+        """The batch with theta_s's log-probs (the DLC step's input)."""
         lp_s, lps_head = snap(params_s, batch)
-        return dlc_step(params, opt_state, dict(batch, lp_s=lp_s, lps_head=lps_head))
+        return dict(batch, lp_s=lp_s, lps_head=lps_head)
 
-    lp_s, lps_head = snap(params_s, batch)
-    batch_s = dict(batch, lp_s=lp_s, lps_head=lps_head)
+    batch_s = with_snapshot()
     _, _, dm = dlc_step(params, opt_state, batch_s)
     res["dlc_metrics_sample"] = {
         k: float(np.asarray(v))
@@ -133,7 +132,7 @@ def run(cfg: DlcBenchConfig = SIZES["default"]) -> dict:
 
     fns = {
         "grpo": lambda: grpo_step(params, opt_state, batch),
-        "dlc": dlc_full,
+        "dlc": lambda: dlc_step(params, opt_state, with_snapshot()),
         "snapshot": lambda: snap(params_s, batch),
         "dlc_train": lambda: dlc_step(params, opt_state, batch_s),
     }

@@ -132,21 +132,15 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     for b, t in cfg.points:
         a = {k: compiled_temp_bytes(fn, b, t, d, v) for k, fn in fns.items()}
         analyses.append({"batch": b, "length": t, **a})
-        res["rows"].append(
-            {
-                "batch_x_length": f"{b} x {t}",
-                "tokens": b * t,
-                "ours_fwd_MiB": a["ours_fwd"]["temp"] / MiB,
-                "naive_fwd_MiB": a["naive_fwd"]["temp"] / MiB,
-                "fwd_ratio": a["ours_fwd"]["temp"] / a["naive_fwd"]["temp"],
-                "ours_fwd_bwd_MiB": a["ours_fwd_bwd"]["temp"] / MiB,
-                "naive_fwd_bwd_MiB": a["naive_fwd_bwd"]["temp"] / MiB,
-                "fwd_bwd_ratio": a["ours_fwd_bwd"]["temp"] / a["naive_fwd_bwd"]["temp"],
-                "ours_fwd_bwd_total_MiB": _total(a["ours_fwd_bwd"]) / MiB,
-                "naive_fwd_bwd_total_MiB": _total(a["naive_fwd_bwd"]) / MiB,
-                "total_ratio": _total(a["ours_fwd_bwd"]) / _total(a["naive_fwd_bwd"]),
-            }
-        )
+        row: dict = {"batch_x_length": f"{b} x {t}", "tokens": b * t}
+        for what, ratio, ours, naive in (
+            ("fwd", "fwd_ratio", a["ours_fwd"]["temp"], a["naive_fwd"]["temp"]),
+            ("fwd_bwd", "fwd_bwd_ratio", a["ours_fwd_bwd"]["temp"], a["naive_fwd_bwd"]["temp"]),
+            ("fwd_bwd_total", "total_ratio", _total(a["ours_fwd_bwd"]), _total(a["naive_fwd_bwd"])),
+        ):
+            row[f"ours_{what}_MiB"], row[f"naive_{what}_MiB"] = ours / MiB, naive / MiB
+            row[ratio] = ours / naive
+        res["rows"].append(row)
     res["analyses"] = analyses
 
     # correctness at a small point: ours computes the same numbers as the naive path
@@ -168,10 +162,9 @@ def run(cfg: LogprobBenchConfig = LogprobBenchConfig()) -> dict:
     fits = {}
     xs = [tokens[i] for i in idx]
     for key in ("ours_fwd", "ours_fwd_bwd", "naive_fwd", "naive_fwd_bwd"):
-        a0, slope, r2 = linear_fit(xs, [analyses[i][key]["temp"] for i in idx])
-        fits[key] = {"intercept_bytes": a0, "bytes_per_token": slope, "r2": r2}
-        a0, slope, r2 = linear_fit(xs, [_total(analyses[i][key]) for i in idx])
-        fits[key + "_total"] = {"intercept_bytes": a0, "bytes_per_token": slope, "r2": r2}
+        for suffix, size in (("", lambda an: an["temp"]), ("_total", _total)):
+            a0, slope, r2 = linear_fit(xs, [size(analyses[i][key]) for i in idx])
+            fits[key + suffix] = {"intercept_bytes": a0, "bytes_per_token": slope, "r2": r2}
     res["linear_fits"] = fits
     last = res["rows"][-1]
     res["summary"] = {

@@ -1,7 +1,6 @@
-"""LoRA pushes: an adapter push (``lora.push: adapter``, `AdapterPusher`: the factors, merged by the
-sampler into its base) vs the full push of the merged model (over gRPC and the socket data plane)
-to one JAX-backend sampler process on loopback. Each row times the trainer's whole resync path to
-the sampler serving the new version; rows measured above ``MAX_LOAD`` are marked unreliable.
+"""LoRA pushes: an adapter push (`AdapterPusher`, merged by the sampler into its base) vs the full
+push of the merged model (gRPC and socket data plane) to a JAX sampler process on loopback; each row
+times the whole resync path, and rows measured above ``MAX_LOAD`` are marked unreliable.
 """
 
 from __future__ import annotations
@@ -84,13 +83,9 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
         lcfg = LoraConfig(rank=cfg.rank, alpha=cfg.alpha, push="adapter")
         model = random_adapters(load_hf(str(base_dir)), lcfg, 1e-3)
         pusher = AdapterPusher(lcfg)
-        srv = SamplerProcess(
-            "jax",
-            str(base_dir),
-            extra_args=["--dtype", cfg.push_dtype, "--max-model-len", "64"]
-            + ["--push-data-port", "0"],
-            log_file=str(tmp / "sampler.log"),
-        ).start()
+        args = ["--dtype", cfg.push_dtype, "--max-model-len", "64", "--push-data-port", "0"]
+        log = str(tmp / "sampler.log")
+        srv = SamplerProcess("jax", str(base_dir), extra_args=args, log_file=log).start()
         client = srv.client(timeout=3600)
         assert srv.proc is not None  # started
         pid = srv.proc.pid
@@ -101,13 +96,10 @@ def run(cfg: LoraBenchConfig = SIZES["small"]) -> dict:
                 merged_model(model), next(versions), dtype=cfg.push_dtype, transport=transport
             )
 
-        def adapter():
-            return pusher.push(client, model, next(versions), dtype=cfg.push_dtype)
-
         paths = {
             FULL_GRPC: lambda: full("grpc"),
             FULL_SOCKET: lambda: full("socket"),
-            ADAPTER: adapter,
+            ADAPTER: lambda: pusher.push(client, model, next(versions), dtype=cfg.push_dtype),
         }
         times: dict[str, list[float]] = {k: [] for k in paths}
         cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in paths}  # trainer, sampler

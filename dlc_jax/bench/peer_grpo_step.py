@@ -1,7 +1,6 @@
 """tunix's GRPO learner step (``grpo_loss_fn``, beta = 0, its FSDP-sharded Qwen3; our AdamW and TPU
-flags), compiled ahead of time for a TPU slice on this CPU: the peer of `dlc-jax bench plan-peers`.
-Run with tunix on ``PYTHONPATH``: ``python -m dlc_jax.bench.peer_grpo_step MODEL TOPOLOGY ROWS
-SEQ_LEN OUT.json``.
+flags) AOT-compiled for a TPU slice on this CPU, the peer of `dlc-jax bench plan-peers`. With tunix
+on ``PYTHONPATH``: ``python -m dlc_jax.bench.peer_grpo_step MODEL TOPOLOGY ROWS SEQ_LEN OUT.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ def compile_peer(model: str, topology: str, rows: int, seq_len: int) -> dict:
     flags = tpu_flags.apply()
     import jax
     import jax.numpy as jnp
+    import numpy as np
     import optax
     from flax import nnx
     from jax.sharding import NamedSharding
@@ -35,8 +35,6 @@ def compile_peer(model: str, topology: str, rows: int, seq_len: int) -> dict:
 
     topo = parse_topology(topology)
     devices = abstract_devices(topo)
-    import numpy as np
-
     mesh = jax.sharding.Mesh(np.asarray(devices).reshape(len(devices), 1), ("fsdp", "tp"))
     make = {"0.6B": tq.ModelConfig.qwen3_0p6b, "1.7B": tq.ModelConfig.qwen3_1p7b}
     cfg = make[model.split(":")[0]]()
@@ -51,17 +49,17 @@ def compile_peer(model: str, topology: str, rows: int, seq_len: int) -> dict:
         graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)  # type: ignore[misc]
         specs = nnx.get_partition_spec(params)
         shard = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
-        params = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params, shard
-        )
+
+        def placed(x, s):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+        params = jax.tree.map(placed, params, shard)
         tx = optax.chain(
             optax.clip_by_global_norm(1.0), optax.adamw(1e-6, b1=0.9, b2=0.999, weight_decay=0.01)
         )
         opt_shape = jax.eval_shape(tx.init, params)
         opt_sh = opt_state_shardings(tx, params, shard, mesh)  # as our trainer places it
-        opt_state = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt_shape, opt_sh
-        )
+        opt_state = jax.tree.map(placed, opt_shape, opt_sh)
         rows_sh = NamedSharding(mesh, P("fsdp"))
         comp = seq_len - PROMPT_TOKENS
 

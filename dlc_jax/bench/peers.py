@@ -29,31 +29,30 @@ TUNIX_SIDE_PACKAGES = (
 )
 
 
-def torch_qwen3(cfg, our_model=None, *, threads: int | None = None):
-    """A ``transformers`` Qwen3ForCausalLM (fp32, train mode) of ``cfg``'s dims, with the weights of
-    ``our_model`` (our NNX Qwen3) when given; ``threads``: torch's (default: all CPUs, as XLA)."""
+def torch_qwen3(cfg, our_model):
+    """A ``transformers`` Qwen3ForCausalLM (fp32, train mode) of ``cfg``'s dims with the weights of
+    ``our_model`` (our NNX Qwen3), on all CPUs' threads (as XLA)."""
     import numpy as np
     import torch
     import transformers
 
-    torch.set_num_threads(int(threads or os.cpu_count() or 1))
+    from dlc_jax.model import iter_hf_tensors
+
+    torch.set_num_threads(os.cpu_count() or 1)
     hf, drop = cfg.to_hf_dict(), ("architectures", "model_type", "dtype")
     hf_cfg = transformers.Qwen3Config(**{k: v for k, v in hf.items() if k not in drop})
     hf_cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(hf_cfg).to(torch.float32)
-    if our_model is not None:
-        from dlc_jax.model import iter_hf_tensors
-
-        sd = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in iter_hf_tensors(our_model)}
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
-        if missing or unexpected:
-            raise RuntimeError(
-                f"copying our weights into transformers: missing {missing}, unexpected {unexpected}"
-            )
-        if cfg.tie_word_embeddings:
-            model.tie_weights()
+    sd = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in iter_hf_tensors(our_model)}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"copying our weights into transformers: missing {missing}, unexpected {unexpected}"
+        )
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
     model.train()
     return model
 
@@ -101,20 +100,13 @@ def import_error(modules: str, env: dict, timeout_s: float = 600.0) -> str:
     return "" if r.returncode == 0 else _last_line(r)
 
 
-def prepare_tunix(
-    target_dir, *, install: bool = True, timeout_s: float = 300.0
-) -> tuple[bool, str]:
+def prepare_tunix(target_dir, timeout_s: float = 300.0) -> tuple[bool, str]:
     """Make ``tunix.models.qwen3.model`` importable from ``target_dir`` (appended to ``sys.path``),
-    with ``install`` pip-installing ``TUNIX_SIDE_PACKAGES`` there if needed -> (ok, message)."""
+    pip-installing ``TUNIX_SIDE_PACKAGES`` there if needed -> (ok, message)."""
     side = str(Path(target_dir) / "pkgs")
     env = side_env(side, first=True)
-
-    def try_import() -> tuple[bool, str]:
-        msg = import_error("tunix.models.qwen3.model", env, timeout_s)
-        return not msg, msg or "ok"
-
-    ok, msg = try_import()
-    if not ok and install:
+    why = import_error("tunix.models.qwen3.model", env, timeout_s)
+    if why:
         pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", side]
         try:
             r = subprocess.run(
@@ -124,9 +116,9 @@ def prepare_tunix(
             return False, f"pip install of google-tunix timed out after {timeout_s}s"
         if r.returncode != 0:
             return False, f"pip install google-tunix failed: {_last_line(r)}"
-        ok, msg = try_import()
-    if not ok:
-        return False, f"tunix does not import: {msg}"
+        why = import_error("tunix.models.qwen3.model", env, timeout_s)
+    if why:
+        return False, f"tunix does not import: {why}"
     if side not in sys.path:
         sys.path.append(side)  # appended: our environment's packages keep priority
     importlib.invalidate_caches()

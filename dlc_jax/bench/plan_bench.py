@@ -1,11 +1,7 @@
-"""`dlc-jax bench plan`: the pod-plan table (docs/bench/PLAN.md) from `dlc-jax plan` runs.
-
-Each case is one `dlc-jax plan` subprocess (one big compile at a time, a fresh libtpu each), its
-JSON kept under ``cache_dir`` and reused while the case's arguments are unchanged (``--force``
-reruns). Cases: the three measurements issue 14 reported for the code before scanned layers, splash
-attention and scanned micro-batches ("before" column); Qwen3-0.6B / 1.7B / 8B at 4k, 16k and 32k
-tokens per row on a v5p and a v5e slice; one 2-slice run. Targets: 1.7B 8 x 32,768 on v5p-16 fits
-with >= 25% of HBM left; 8B 64 x 16,384 on v5p-64 fits; the 0.6B and 1.7B plans compile in < 60 s.
+"""`dlc-jax bench plan`: the pod-plan table (docs/bench/PLAN.md) from `dlc-jax plan` runs, one
+subprocess per case (`plan_cases`), its JSON cached under ``cache_dir`` while the case's arguments
+are unchanged (``--force`` reruns). Targets: 1.7B 8 x 32,768 on v5p-16 fits with >= 25% of HBM
+left; 8B 64 x 16,384 on v5p-64 fits; the 0.6B and 1.7B plans compile in < 60 s.
 """
 
 from __future__ import annotations
@@ -63,22 +59,14 @@ SIZES = {
 ARGS = common.Options(
     "plan",
     SIZES,
-    ("--force", "force", {"action": "store_true", "help": "rerun cases whose JSON is cached"}),
+    ("--force", "force", "rerun cases whose JSON is cached"),
     (
         "--cache-dir",
         "cache_dir",
         {"default": "", "help": "per-case plan JSON (default docs/bench/plan)"},
     ),
-    (
-        "--cached-only",
-        "cached_only",
-        {"action": "store_true", "help": "do not run plans; render the cached"},
-    ),
-    (
-        "--stale",
-        "stale",
-        {"action": "store_true", "help": "rerun cached cases compiled with older trainer code"},
-    ),
+    ("--cached-only", "cached_only", "do not run plans; render the cached"),
+    ("--stale", "stale", "rerun cached cases compiled with older trainer code"),
 )
 add_args, from_args = ARGS.add_args, ARGS.from_args
 
@@ -98,8 +86,8 @@ def run_case(case: PlanCase, cache_dir: Path, force: bool, timeout_s: int) -> di
 
 
 def refresh_flops(r: dict) -> dict:
-    """Recompute the analytic FLOPs and the XLA note of a cached plan with today's
-    ``dlc_jax.plan.flops`` (the compiled figures are unchanged; cached JSON may predate a fix)."""
+    """A cached plan with its analytic FLOPs and notes recomputed by today's ``dlc_jax.plan`` (the
+    cache may predate a fix there; the compiled figures are kept)."""
     from types import SimpleNamespace
 
     from dlc_jax.plan.abstract_state import model_config
@@ -172,19 +160,11 @@ def xla_check(r: dict) -> str:
     a, x = r["analytic_flops"], r["xla_flops_per_device"]
     if r["programs"]["train_step"]["oom"] or "xla_all_windowed_train_step_per_device" not in a:
         return "n/a"
-    key = "xla_visible_train_step_per_device" + (
-        "_chunks_replicated" if r.get("logprob_chunks_replicated") else ""
-    )
+    replicated = "_chunks_replicated" if r.get("logprob_chunks_replicated") else ""
     out = []
-    for name, xla, pred, low in (
-        ("step", x["train_step"], a[key], a["xla_all_windowed_train_step_per_device"]),
-        (
-            "fwd",
-            x["snapshot_forward"],
-            a["xla_visible_snapshot_forward_per_device"],
-            a["xla_all_windowed_snapshot_forward_per_device"],
-        ),
-    ):
+    for name, prog, suffix in (("step", "train_step", replicated), ("fwd", "snapshot_forward", "")):
+        xla, pred = x[prog], a[f"xla_visible_{prog}_per_device{suffix}"]
+        low = a[f"xla_all_windowed_{prog}_per_device"]
         if not pred or not xla:
             continue
         text = f"{name} {xla / pred:.2f}"
@@ -203,23 +183,20 @@ def run(cfg: PlanBenchConfig) -> dict:
     found: dict[PlanCase, dict] = {}
     not_run = []
     for case in cfg.cases:
-        if cfg.cached_only and not (Path(cfg.cache_dir) / f"{case.key}.json").exists():
-            not_run.append(
-                f"{case.model} on {case.topology} x{case.slices} {case.rows}x{case.seq_len}"
-            )
+        cached = Path(cfg.cache_dir) / f"{case.key}.json"
+        on = f"{case.model} on {case.topology}"
+        if cfg.cached_only and not cached.exists():
+            not_run.append(f"{on} x{case.slices} {case.rows}x{case.seq_len}")
             continue
         try:
-            cached = Path(cfg.cache_dir) / f"{case.key}.json"
             redo = cfg.stale and cached.exists() and bool(stale(json.loads(cached.read_text())))
             found[case] = run_case(case, Path(cfg.cache_dir), cfg.force or redo, cfg.timeout_s)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            res["notes"].append(
-                f"{case.model} on {case.topology} {case.rows}x{case.seq_len}: failed: {e}"
-            )
+            res["notes"].append(f"{on} {case.rows}x{case.seq_len}: failed: {e}")
             continue
         r = found[case] = refresh_flops(found[case])
         if cfg.write_cache:
-            _write_refreshed(Path(cfg.cache_dir) / f"{case.key}.json", r)
+            _write_refreshed(cached, r)
         row = _row(r)
         row["XLA vs rules"] = xla_check(r)
         row["log-prob layout"] = layout(r)
@@ -244,9 +221,8 @@ def run(cfg: PlanBenchConfig) -> dict:
     return common.finish(res)
 
 
-def _beside_peer(ours: dict, peer: dict) -> dict:
-    """Our roofline step over tunix's (`plan_notes.peer_roofline`), the compute floor and our
-    programs' bounds."""
+def beside_peer(ours: dict, peer: dict) -> dict:
+    """Our roofline step over tunix's (`peer_roofline`), the compute floor, our programs' bounds."""
     prl = peer_roofline(peer, ours)
     rl = ours["roofline"]["programs"].values()
     return {
@@ -261,7 +237,7 @@ def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
     """`plan_notes.issue30_sections` over the cached plans it quotes (the 2-layer rows and tunix's
     steps of `dlc-jax bench plan-peers` beside this cache: docs/bench/plan_peers/)."""
     peers_dir = Path(cfg.cache_dir).parent / "plan_peers"
-    by_shape = {(c.model, c.topology, c.rows, c.seq_len, c.slices): r for c, r in found.items()}
+    by_shape = _by_shape(found)
     plans: dict[str, dict | None] = {
         "headline": by_shape.get(("1.7B", "v5p-16", 8, 32768, 1)),
         "8B_v5e_16k": by_shape.get(("8B", "v5litepod-64", 64, 16384, 1)),
@@ -271,74 +247,52 @@ def _issue30_notes(found: dict, cfg: PlanBenchConfig) -> list[str]:
         "v5e_1.7B_4k": by_shape.get(("1.7B", "v5litepod-32", 32, 4096, 1)),
         "8B_shipped": by_shape.get(("8B", "v5p-64", 64, 16384, 1)),
     }
-    ratios = {}
+    # the roles beside a tunix step of `dlc-jax bench plan-peers`: the whole models at 8 x 4,096
+    # (plan-peers --size committed) and the 2-layer rows (their plans are only in this cache)
+    beside = {"full_1.7B_4k": ("1.7B", "v5p-16", 4096), "full_0.6B_4k": ("0.6B", "v5p-8", 4096)}
     for model, topo in (("1.7B:2", "v5p-16"), ("0.6B:2", "v5p-8")):
         for length, tag in ((4096, "4k"), (32768, "32k")):
             role = f"{model}_{tag}"
-            plans[role] = None
+            beside[role] = (model, topo, length)
             case = our_case("docs/bench/plan_peers", model, topo, 8, length)
             path = Path(cfg.cache_dir) / f"{case.key}.json"
-            peer_path = peer_json(peers_dir, model, topo, 8, length)
-            if not path.exists():
-                continue
-            ours = plans[role] = refresh_flops(json.loads(path.read_text()))
-            if cfg.write_cache:
+            ours = refresh_flops(json.loads(path.read_text())) if path.exists() else None
+            if ours and cfg.write_cache:
                 _write_refreshed(path, ours)
-            if peer_path.exists():
-                ratios[role] = _beside_peer(ours, json.loads(peer_path.read_text()))
-    # the whole models at 8 x 4,096 (plan-peers --size committed)
-    for model, topo in (("1.7B", "v5p-16"), ("0.6B", "v5p-8")):
-        full = plans[f"full_{model}_4k"]
-        peer_path = peer_json(peers_dir, model, topo, 8, 4096)
-        if full and peer_path.exists():
-            ratios[f"full_{model}_4k"] = _beside_peer(full, json.loads(peer_path.read_text()))
+            plans[role] = ours
+    ratios = {}
+    for role, (model, topo, length) in beside.items():
+        peer_path = peer_json(peers_dir, model, topo, 8, length)
+        if (ours := plans[role]) and peer_path.exists():
+            ratios[role] = beside_peer(ours, json.loads(peer_path.read_text()))
     missing = [k for k, v in plans.items() if v is None]
     if missing:
         return [f"(the issue-30 notes quote cached plans not there: {', '.join(missing)})", ""]
     return issue30_sections({k: v for k, v in plans.items() if v}, ratios, list(found.values()))
 
 
-def _targets(res: dict, found: dict) -> None:
-    def get(model, topo, rows, length):
-        return next(
-            (
-                r
-                for c, r in found.items()
-                if (c.model, c.topology, c.rows, c.seq_len, c.slices)
-                == (model, topo, rows, length, 1)
-            ),
-            None,
-        )
+def _by_shape(found: dict) -> dict:
+    """{(model, topology, rows, seq_len, slices): plan} of the cases run."""
+    return {(c.model, c.topology, c.rows, c.seq_len, c.slices): r for c, r in found.items()}
 
-    t = get("1.7B", "v5p-16", 8, 32768)
-    res["targets"].append(
-        common.target(
-            "1.7B 8 x 32,768 on v5p-16: HBM left (fits)",
-            None if t is None or not t["fits"] else t["hbm_left_fraction"],
-            0.25,
-            ">=",
-        )
-    )
-    t = get("8B", "v5p-64", 64, 16384)
-    res["targets"].append(
-        common.target(
-            "8B 64 x 16,384 on v5p-64: fits (1 = yes)",
-            None if t is None else float(t["fits"]),
-            1.0,
-            ">=",
-        )
-    )
+
+def _targets(res: dict, found: dict) -> None:
+    by_shape = _by_shape(found)
+    t = by_shape.get(("1.7B", "v5p-16", 8, 32768, 1))
+    left = None if t is None or not t["fits"] else t["hbm_left_fraction"]
+    t = by_shape.get(("8B", "v5p-64", 64, 16384, 1))
+    fits = None if t is None else float(t["fits"])
+    res["targets"] += [
+        common.target("1.7B 8 x 32,768 on v5p-16: HBM left (fits)", left, 0.25, ">="),
+        common.target("8B 64 x 16,384 on v5p-64: fits (1 = yes)", fits, 1.0, ">="),
+    ]
     # issue 14's compile baselines: 0.6B 16 x 2,048 (232 s) and 1.7B 8 x 8,192 (433 s) on v5p-16;
     # wall seconds of the whole plan, with the 1-minute load average the case ran at (on this
     # shared 2-CPU machine the wall time doubles when other work runs: see the load column)
     for model, rows, length in (("0.6B", 16, 2048), ("1.7B", 8, 8192)):
-        t = get(model, "v5p-16", rows, length)
+        t = by_shape.get((model, "v5p-16", rows, length, 1))
         load = ((t or {}).get("bench") or {}).get("loadavg_start") or [None]
+        what = f"{model} {rows} x {length:,} on v5p-16: plan compile, wall s (load {load[0]})"
         res["targets"].append(
-            common.target(
-                f"{model} {rows} x {length:,} on v5p-16: plan compile, wall s (load {load[0]})",
-                None if t is None else t["compile_s"],
-                60.0,
-                "<=",
-            )
+            common.target(what, None if t is None else t["compile_s"], 60.0, "<=")
         )

@@ -45,16 +45,14 @@ def _e9(x: float) -> str:
 
 def peer_flops(a: dict) -> float:
     """A GRPO step's analytic FLOPs (all chips) of our plan's shape: ours less the log-prob chunk
-    recompute and the theta_s forward, with whole-layer remat (tunix's RematConfig.DECODER)
-    whatever remat policy our plan ran."""
+    recompute and the theta_s forward, with whole-layer remat (tunix's RematConfig.DECODER)."""
     remat = a.get("remat_recompute_full", a["remat_recompute"]) - a["remat_recompute"]
     return a["hardware_flops"] - a["logprob_chunk_recompute"] - a["snapshot_forward"] + remat
 
 
 def compute_floor(plan: dict) -> dict:
-    """Ours / the peer if both ran at the bf16 peak: our hardware FLOPs over a GRPO step's (less
-    the log-prob chunk recompute and the theta_s forward), and the two extras' shares of the peer's
-    work (all chips)."""
+    """Ours / the peer if both ran at the bf16 peak (hardware FLOPs over `peer_flops`), and our two
+    extras' shares of the peer's work (all chips)."""
     a = plan["analytic_flops"]
     peer = peer_flops(a)
     return {
@@ -93,25 +91,28 @@ def _headline(v: dict, h: dict) -> None:
     )
     bounds = {p["bound"] for p in h["roofline"]["programs"].values()}
     v["h_bound"] = f"{bounds.pop()}-bound" if len(bounds) == 1 else "mixed bounds"
-    for tag, prog, digits in (("step", "train_step", 2), ("fwd", "snapshot_forward", 2)):
+    for tag, prog, digits in (("step", "train_step", 2), ("fwd", "snapshot_forward", 3)):
         s = _program_s(h, prog)["seconds"]
         v[f"h_{tag}_c"] = f"{s['compute']:.2f}"
         v[f"h_{tag}_m"] = f"{s['memory']:.2f}"
-        v[f"h_{tag}_i"] = f"{s['collective']:.{digits if tag == 'step' else 3}f}"
+        v[f"h_{tag}_i"] = f"{s['collective']:.{digits}f}"
 
 
-def _two_layer(v: dict, tag: str, ours: dict, ratio: float | None) -> None:
-    """The vocab-parallel 1.7B:2 rows beside the peer (t4_*, t32_*)."""
-    step, fwd = _program_s(ours, "train_step"), _program_s(ours, "snapshot_forward")
+def _two_layer(v: dict, tag: str, ours: dict, beside: dict) -> None:
+    """The vocab-parallel 1.7B:2 rows beside the peer (t4_*, t32_*; ``beside``: {} without)."""
+    ratio, peer = beside.get("ratio"), beside.get("peer")
     v.update(
         {
-            f"{tag}_step": _bound_s(step),
-            f"{tag}_fwd": _bound_s(fwd),
+            f"{tag}_step": _bound_s(_program_s(ours, "train_step")),
+            f"{tag}_fwd": _bound_s(_program_s(ours, "snapshot_forward")),
             f"{tag}_ratio": "n/a" if ratio is None else f"{ratio:.2f}",
             f"{tag}_peak": _e9(ours["programs"]["train_step"]["peak_bytes"]),
             f"{tag}_total": _e9(ours["peak_bytes_per_chip"]["total"]),
+            f"{tag}_peer": "n/a" if peer is None else _bound_s(peer),
         }
     )
+    for term, key in (("m", "memory"), ("c", "compute")):
+        v[f"{tag}_peer_{term}"] = "n/a" if peer is None else f"{peer['seconds'][key]:.3f}"
 
 
 def _floor_fields(v: dict, tag: str, plan: dict, digits: int) -> None:
@@ -150,10 +151,8 @@ def vocab_parallel(plan: dict) -> int:
 
 
 def stale(plan: dict) -> str:
-    """Why a cached plan no longer shows today's trainer ('' when it does): compiled before the
-    plan set its XLA flags, with the flattened log-prob chunks, with autodiff's backward pass
-    through the vocab-parallel chunks (``rl.vocab_parallel.BACKWARD``), with an older HBM walk
-    (``plan.hlo_bytes.RULES``) or with other libtpu flags than ``tpu_flags.DEFAULT_FLAGS``."""
+    """Why a cached plan no longer shows today's trainer ('' when it does): its XLA flags, log-prob
+    layout, log-prob backward or HBM walk rules differ from today's."""
     if "xla_flags" not in plan:
         return "no XLA flags"
     if lacks_defaults(plan["xla_flags"].get("LIBTPU_INIT_ARGS", "")):
@@ -170,11 +169,9 @@ def stale(plan: dict) -> str:
 def issue30_sections(
     plans: Mapping[str, dict], peer_ratios: Mapping[str, dict], table: list[dict]
 ) -> list[str]:
-    """The issue-30 sections with the committed plans' figures: ``plans`` by role (headline,
-    8B_v5e_16k, moe, full_1.7B_4k, full_0.6B_4k, v5e_1.7B_4k, 8B_shipped, 1.7B:2_4k, 1.7B:2_32k,
-    0.6B:2_4k, 0.6B:2_32k),
-    ``peer_ratios`` per 2-layer role ({"peer": tunix's roofline, "ratio", "floor", "bound"}),
-    ``table``: the plans of every row of the table."""
+    """The issue-30 sections filled from ``plans`` by role (`plan_bench._issue30_notes`),
+    ``peer_ratios`` by role ({"peer": tunix's roofline, "ratio", "floor", "bound"}) and ``table``,
+    the plans of every row of the table."""
     v: dict[str, str] = {}
     _headline(v, plans["headline"])
     for tag, role in (
@@ -186,23 +183,17 @@ def issue30_sections(
     ):
         v[f"w_{tag}"] = _roof_peak(plans[role])
     for tag, role in (("t4", "1.7B:2_4k"), ("t32", "1.7B:2_32k")):
-        _two_layer(v, tag, plans[role], peer_ratios.get(role, {}).get("ratio"))
-        peer = peer_ratios.get(role, {}).get("peer")
-        v[f"{tag}_peer"] = "n/a" if peer is None else _bound_s(peer)
-        for term, key in (("m", "memory"), ("c", "compute")):
-            v[f"{tag}_peer_{term}"] = "n/a" if peer is None else f"{peer['seconds'][key]:.3f}"
+        _two_layer(v, tag, plans[role], peer_ratios.get(role, {}))
     for tag, role in (("s4", "0.6B:2_4k"), ("s32", "0.6B:2_32k")):
         pr = peer_ratios.get(role, {})
         v[f"{tag}_ratio"] = f"{pr['ratio']:.2f}" if pr else "n/a"
         v[f"{tag}_floor"] = f"{pr['floor']:.2f}" if pr else "n/a"
         v[f"{tag}_bound"] = pr.get("bound", "n/a")
+    full_models = {name: peer_ratios.get(f"full_{name}_4k") for name in ("1.7B", "0.6B")}
     full = [
         f"{name} {pr['ratio']:.2f}x (floor {pr['floor']:.2f}, ours {pr['bound']}, the peer "
         f"{pr['peer']['bound']}-bound)"
-        for name, pr in (
-            ("1.7B", peer_ratios.get("full_1.7B_4k")),
-            ("0.6B", peer_ratios.get("full_0.6B_4k")),
-        )
+        for name, pr in full_models.items()
         if pr
     ]
     v["full_rows"] = (

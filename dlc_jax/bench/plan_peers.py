@@ -1,12 +1,7 @@
-"""`dlc-jax bench plan-peers`: our DLC step beside a peer's GRPO learner step, both compiled ahead
-of time for the same TPU slice on this CPU, with the same compiler flags (``dlc_jax.tpu_flags``):
-Qwen3-0.6B on v5p-8 and Qwen3-1.7B on v5p-16, 8 rows x 4,096 and x 32,768 tokens, float32
-parameters, bfloat16 compute, whole-layer remat, splash attention, FSDP over every chip.
-
-Ours: `dlc-jax plan` (the train step + the theta_s forward; docs/bench/plan/). The peer: tunix's
-GRPO learner step (``dlc_jax.bench.peer_grpo_step``), in a subprocess with tunix on its path (tunix
-is not a dependency; ``--peer-site DIR`` names where it is installed). Targets: our train step's
-peak HBM <= the peer's; our roofline step (train step + theta_s forward) <= 1.25x the peer's.
+"""`dlc-jax bench plan-peers`: our DLC step (`dlc-jax plan`: train step + theta_s forward) beside
+tunix's GRPO learner step (`peer_grpo_step`, in a subprocess with tunix from ``--peer-site``), both
+AOT-compiled for the same TPU slice on this CPU with the same flags. Targets: our step's peak HBM
+<= the peer's; our roofline step <= 1.25x the peer's.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from pathlib import Path
 
 from dlc_jax.bench import common
 from dlc_jax.bench.peers import import_error, side_env
-from dlc_jax.bench.plan_bench import refresh_flops, run_case
+from dlc_jax.bench.plan_bench import beside_peer, refresh_flops, run_case
 from dlc_jax.bench.plan_cases import our_case, peer_json
 from dlc_jax.bench.plan_notes import peer_roofline, stale
 from dlc_jax.plan.chips import GIB
@@ -32,12 +27,7 @@ INSTALL = (
 )
 ROWS = (("0.6B", "v5p-8", 8, 4096), ("0.6B", "v5p-8", 8, 32768))
 ROWS_1P7B = (("1.7B", "v5p-16", 8, 4096), ("1.7B", "v5p-16", 8, 32768))
-TWO_LAYERS = (
-    ("1.7B:2", "v5p-16", 8, 4096),
-    ("1.7B:2", "v5p-16", 8, 32768),
-    ("0.6B:2", "v5p-8", 8, 4096),
-    ("0.6B:2", "v5p-8", 8, 32768),
-)
+TWO_LAYERS = tuple((f"{model}:2", *rest) for model, *rest in ROWS_1P7B + ROWS)  # cut to 2 layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +47,9 @@ SIZES = {
     "4k": PlanPeersConfig(rows=(ROWS_1P7B[0], ROWS[0])),
     "1.7B-4k": PlanPeersConfig(rows=(ROWS_1P7B[0],)),
     # both models with 2 of their layers: the per-layer comparison a loaded machine can compile
-    "2-layers-4k": PlanPeersConfig(rows=(("1.7B:2", "v5p-16", 8, 4096),)),
-    "2-layers": PlanPeersConfig(
-        rows=(("1.7B:2", "v5p-16", 8, 4096), ("1.7B:2", "v5p-16", 8, 32768))
-    ),
-    "0.6B-2-layers": PlanPeersConfig(
-        rows=(("0.6B:2", "v5p-8", 8, 4096), ("0.6B:2", "v5p-8", 8, 32768))
-    ),
+    "2-layers-4k": PlanPeersConfig(rows=TWO_LAYERS[:1]),
+    "2-layers": PlanPeersConfig(rows=TWO_LAYERS[:2]),
+    "0.6B-2-layers": PlanPeersConfig(rows=TWO_LAYERS[2:]),
     # the 1.7B and 0.6B rows, each model cut to 2 layers
     "2-layers-all": PlanPeersConfig(rows=TWO_LAYERS),
     # docs/bench/plan_peers.md: the 2-layer rows and the whole models at 8 x 4,096 (tunix's
@@ -75,13 +61,9 @@ SIZES = {
 ARGS = common.Options(
     "plan-peers",
     SIZES,
-    ("--force", "force", {"action": "store_true", "help": "recompile cached rows"}),
+    ("--force", "force", "recompile cached rows"),
     ("--peer-site", "peer_site", {"default": "", "help": "folder with tunix installed (--target)"}),
-    (
-        "--cached-only",
-        "cached_only",
-        {"action": "store_true", "help": "do not compile; render the cached JSONs"},
-    ),
+    ("--cached-only", "cached_only", "do not compile; render the cached JSONs"),
 )
 add_args, from_args = ARGS.add_args, ARGS.from_args
 
@@ -103,15 +85,8 @@ def peer_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int
         cached.get("hlo_bytes_rules") != HLO_BYTES_RULES
         or lacks_defaults(cached.get("xla_flags", ""))
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "dlc_jax.bench.peer_grpo_step",
-        model,
-        topo,
-        str(rows),
-        str(length),
-    ]
+    shape = [model, topo, str(rows), str(length)]
+    cmd = [sys.executable, "-m", "dlc_jax.bench.peer_grpo_step", *shape]
     return common.cached_run(
         out,
         cmd,
@@ -132,19 +107,16 @@ def our_row(cfg: PlanPeersConfig, model: str, topo: str, rows: int, length: int)
         path = Path(cfg.cache_dir) / "models" / f"Qwen3-{name}-{layers}layers"
         path.mkdir(parents=True, exist_ok=True)
         qcfg = PRESETS[f"Qwen3-{name}"].replace(num_hidden_layers=int(layers))
-        text = json.dumps(qcfg.to_hf_dict(), sort_keys=True)
-        if not (path / "config.json").exists() or (path / "config.json").read_text() != text:
-            (path / "config.json").write_text(text)
+        text, config = json.dumps(qcfg.to_hf_dict(), sort_keys=True), path / "config.json"
+        if not config.exists() or config.read_text() != text:
+            config.write_text(text)
     path = Path(cfg.plan_dir) / f"{case.key}.json"
     if cfg.cached_only and not path.exists():
         raise RuntimeError(f"not cached: {path} (--cached-only)")
     old = path.exists() and bool(stale(json.loads(path.read_text())))
+    force = cfg.force or (old and not cfg.cached_only)
     # today's analytic FLOPs and roofline over the cached compile
-    return refresh_flops(
-        run_case(
-            case, Path(cfg.plan_dir), cfg.force or (old and not cfg.cached_only), cfg.timeout_s
-        )
-    )
+    return refresh_flops(run_case(case, Path(cfg.plan_dir), force, cfg.timeout_s))
 
 
 COLUMNS = [
@@ -164,7 +136,8 @@ COLUMNS = [
 ]
 
 
-def _row(model, topo, rows, length, ours, peer) -> dict:
+def _row(model, topo, rows, length, ours, peer) -> tuple[dict, dict | None]:
+    """A table row, and our roofline beside the peer's (`plan_bench.beside_peer`; None without)."""
     name = f"Qwen3-{model}".replace(":", ", layers: ")
     row = {"model": name, "slice": topo, "rows x tokens": f"{rows} x {length:,}"}
     sp = ours["programs"]["train_step"]
@@ -183,18 +156,17 @@ def _row(model, topo, rows, length, ours, peer) -> dict:
     )
     if peer.get("oom"):
         row["peer: step peak GiB"] = "OOM: " + peer["oom"][:80]
-        return row
-    prl = peer_roofline(peer, ours)
+        return row, None
+    beside = beside_peer(ours, peer) if rl else None
+    prl = beside["peer"] if beside else peer_roofline(peer, ours)
     row["peer: step peak GiB"] = f"{peer['peak_bytes'] / GIB:.1f}"
     row["peer: XLA FLOPs/dev"] = f"{peer['xla_flops']:.2e}"
     row["peer: bytes accessed"] = f"{peer['xla_bytes_accessed']:.2e}"
     row["peer: roofline s (bound)"] = f"{prl['projected_s']:.2f} ({prl['bound']})"
-    if rl:
-        row["roofline ours/peer"] = f"{rl['step_s'] / prl['projected_s']:.2f}"
-        ours_compute = sum(p["seconds"]["compute"] for p in rl["programs"].values())
-        row["compute floor ours/peer"] = f"{ours_compute / prl['seconds']['compute']:.2f}"
-    row["_peer_roofline"] = prl
-    return row
+    if beside:
+        row["roofline ours/peer"] = f"{beside['ratio']:.2f}"
+        row["compute floor ours/peer"] = f"{beside['floor']:.2f}"
+    return row, beside
 
 
 def run(cfg: PlanPeersConfig) -> dict:
@@ -217,29 +189,16 @@ def run(cfg: PlanPeersConfig) -> dict:
                 peer = peer_row(cfg, model, topo, rows, length)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 res["notes"].append(f"{model} {topo} {rows}x{length}: peer did not compile: {e}")
-                peer = {}
-        row = _row(model, topo, rows, length, ours, peer) if peer else None
-        if row is None:
-            continue
-        prl = row.pop("_peer_roofline", None)
+                continue
+        row, beside = _row(model, topo, rows, length, ours, peer)
         res["rows"].append(row)
         name = f"{model} {rows}x{length:,} on {topo}"
         if peer.get("peak_bytes"):
-            step_peak = ours["programs"]["train_step"]["peak_bytes"]
-            res["targets"].append(
-                common.target(
-                    f"{name}: our step peak / peer's", step_peak / peer["peak_bytes"], 1.0, "<="
-                )
-            )
-        if prl and ours.get("roofline"):
-            res["targets"].append(
-                common.target(
-                    f"{name}: our roofline step / peer's",
-                    ours["roofline"]["step_s"] / prl["projected_s"],
-                    1.25,
-                    "<=",
-                )
-            )
+            peak = ours["programs"]["train_step"]["peak_bytes"] / peer["peak_bytes"]
+            res["targets"].append(common.target(f"{name}: our step peak / peer's", peak, 1.0, "<="))
+        if beside:
+            what = f"{name}: our roofline step / peer's"
+            res["targets"].append(common.target(what, beside["ratio"], 1.25, "<="))
     if any(":" in r[0] for r in cfg.rows):
         res["notes"].append(
             "layers: N rows are both models cut to N decoder layers, same widths, vocabulary, "

@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from dlc_jax.sampler.backends.base import BackendConfig, SamplerBackend
+
 from . import common
 
 
@@ -52,10 +54,6 @@ ARGS = common.Options(
     ("--push-dtype", "push_dtype", {"choices": ["float32", "bfloat16"]}),
 )
 add_args, from_args = ARGS.add_args, ARGS.from_args
-
-
-# -- push server without an engine ------------------------------------------------------------
-from dlc_jax.sampler.backends.base import BackendConfig, SamplerBackend  # noqa: E402
 
 
 class TransportOnlyBackend(SamplerBackend):
@@ -150,8 +148,7 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     res["targets"].append(
         common.target("weight push MB/s: gRPC / raw loopback socket", rw / g, 0.5, ">=")
     )
-    res["config"]["push_bytes"] = total
-    res["config"]["push_tensors"] = len(shapes)
+    res["config"].update(push_bytes=total, push_tensors=len(shapes))
     res["notes"].append(
         f"push model: {len(shapes)} tensors, {mb:.0f} MB {cfg.push_dtype} (Qwen3 shapes: "
         f"{cfg.num_hidden_layers} layers, D={cfg.hidden_size}, V={cfg.vocab_size}, tied); "
@@ -164,7 +161,7 @@ def _bench_push(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
 def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> None:
     from vllm import TokensPrompt
 
-    from dlc_jax.sampler.backends import BackendConfig, make_backend
+    from dlc_jax.sampler.backends import make_backend
     from dlc_jax.sampler.backends.vllm_backend import vllm_sampling_params
     from dlc_jax.sampler.client.client import SamplerClient
     from dlc_jax.sampler.service.server import ServerConfig, ServerThread
@@ -177,14 +174,9 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
 
         model_dir = str(tmp / "tiny")
         make_tiny(model_dir)
-    backend = make_backend(
-        "vllm",
-        BackendConfig(
-            model_dir=model_dir,
-            max_model_len=cfg.prompt_len + cfg.max_tokens + 8,
-            max_num_seqs=max(cfg.prompts * cfg.n, 1),
-        ),
-    )
+    max_len, max_seqs = cfg.prompt_len + cfg.max_tokens + 8, max(cfg.prompts * cfg.n, 1)
+    bcfg = BackendConfig(model_dir=model_dir, max_model_len=max_len, max_num_seqs=max_seqs)
+    backend = make_backend("vllm", bcfg)
     srv = ServerThread(backend, ServerConfig()).start()
     client = SamplerClient(srv.address, timeout=3600)
     vocab = backend.vocab_size
@@ -212,9 +204,7 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
         return sum(await asyncio.gather(*(one(p) for p in prompts)))
 
     def direct():
-        t0 = time.perf_counter()
-        tok = srv.run(_direct())
-        return tok, time.perf_counter() - t0
+        return common.measure(lambda: srv.run(_direct()))[:2]  # (tokens, seconds)
 
     try:
         via_grpc(), direct()  # warm-up
@@ -226,9 +216,7 @@ def _bench_rollouts(cfg: SamplerBenchConfig, res: dict, tmp: pathlib.Path) -> No
         times = {k: [s for _, s in v] for k, v in runs.items()}
         # engine apply time for a push into the running vLLM engine (tiny model)
         w = dict(st.iter_tensors(model_dir))
-        t0 = time.perf_counter()
-        pr = client.push_weights(w, 1)
-        apply_s = time.perf_counter() - t0
+        pr, apply_s, _, _ = common.measure(lambda: client.push_weights(w, 1))
         common.accepted(pr)
     finally:
         client.close()
@@ -263,9 +251,7 @@ def _client_run(address: str, prompts: list[list[int]], params: dict) -> tuple[i
         # one untimed call first: a trainer's client is long-lived, so a fresh process's one-time
         # costs (stream setup, message classes) are not per-call costs
         sum(len(r.response_ids) for r in c.generate(prompts, p))
-        t0 = time.perf_counter()
-        n = sum(len(r.response_ids) for r in c.generate(prompts, p))
-        return n, time.perf_counter() - t0
+        return common.measure(lambda: sum(len(r.response_ids) for r in c.generate(prompts, p)))[:2]
 
 
 def _row(measurement: str, ours: float, peer: float, unit: str) -> dict:

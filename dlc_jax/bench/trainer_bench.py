@@ -122,9 +122,8 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
                 "environment)"
             )
             try:
-                fns["tunix"] = peers.tunix_loss_and_grad_fn(
-                    peers.tunix_qwen3(mcfg, seed=cfg.seed), ids, tgt
-                )
+                tunix_model = peers.tunix_qwen3(mcfg, seed=cfg.seed)
+                fns["tunix"] = peers.tunix_loss_and_grad_fn(tunix_model, ids, tgt)
             except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
                 res["notes"].append(
                     f"tunix: installed but its Qwen3 failed to run: {type(e).__name__}: {e}"
@@ -185,12 +184,7 @@ def run(cfg: TrainerBenchConfig = SIZES["default"]) -> dict:
 ARGS = common.Options(
     "trainer",
     SIZES,
-    (
-        "--no-tunix",
-        "tunix",
-        {"action": "store_true", "help": "skip the google-tunix peer"},
-        lambda _: False,
-    ),
+    ("--no-tunix", "tunix", "skip the google-tunix peer", lambda _: False),
     ("--repeats", "repeats", {"type": int}),
 )
 add_args, from_args = ARGS.add_args, ARGS.from_args

@@ -1,7 +1,6 @@
-"""Weight sync: export + push of a Qwen3-sized NNX model (`SamplerClient.push_model`, the trainer's
-path) and push only (from exported host arrays), over gRPC and the socket data plane, to a real
-gRPC sampler process with a `TransportOnlyBackend`, vs a raw loopback socket copy of the same bytes
-into a file (the physical limit here); ratio = throughput / raw socket throughput.
+"""Weight sync: export + push of a Qwen3-sized model (`SamplerClient.push_model`) and push only
+(from exported host arrays), over gRPC and the socket data plane, to a sampler process with a
+`TransportOnlyBackend`, against a raw loopback socket copy of the same bytes into a file.
 """
 
 from __future__ import annotations

@@ -131,14 +131,10 @@ def _worker(address, version, dtype, scale, model_dir, dims, transports, relay_t
             target = pool if mode in ("relay", "pool") else client
             if target is None:
                 raise SystemExit(f"transport {name}: a pool push needs relay_to")
+            relay = "chain" if mode == "relay" else "off"
             t0 = time.monotonic()
             r = dist.push_weights(
-                target,
-                model,
-                version + k,
-                dtype=dtype,
-                transport=transport,
-                relay="chain" if mode == "relay" else "off",
+                target, model, version + k, dtype=dtype, transport=transport, relay=relay
             )
             pushes.append(
                 {
@@ -163,20 +159,13 @@ def _worker(address, version, dtype, scale, model_dir, dims, transports, relay_t
     pathlib.Path(out).write_text(json.dumps(result))
 
 
-def multihost_rows(
-    cfg,
-    tmp: pathlib.Path,
-    processes: int = 2,
-    devices: int = 4,
-    transports: tuple[str, ...] = ("grpc", "socket"),
-) -> dict:
-    """The bench rows: one push per transport of a random model of the bench's shapes, plus (with
-    `cfg.relay_samplers` >= 2) one relayed along that many samplers -> {"rows", "results", "load":
-    the larger 1-min load average of before and after}."""
+def multihost_rows(cfg, tmp: pathlib.Path, processes: int = 2, devices: int = 4) -> dict:
+    """The bench rows: one push per transport (gRPC, socket) of a random model of the bench's
+    shapes, plus (with `cfg.relay_samplers` >= 2) one relayed along that many samplers -> {"rows",
+    "results", "load": the larger 1-min load average of before and after}."""
     load0 = os.getloadavg()[0]
     n = max(1, int(cfg.relay_samplers))
-    if n > 1:
-        transports = (*transports, "socket:relay")
+    transports = ("grpc", "socket", "socket:relay") if n > 1 else ("grpc", "socket")
     servers: list = []
     try:
         for k in range(n):
@@ -226,9 +215,11 @@ def add_multihost_part(res: dict, mh: dict) -> None:
     processes = len(mh["results"])
     transports = list(dict.fromkeys(r["transport"] for r in mh["rows"]))
     res["summary"]["multihost_max_egress_vs_model"] = max(r["egress_vs_model"] for r in mh["rows"])
+    per_transport, relayed = [], ""  # the note's bytes out per process; relays' messages
     for t in transports:
         rows = [r for r in mh["rows"] if r["transport"] == t]
         shares = [r["egress_vs_model"] for r in rows]
+        per_transport.append(f"{t} " + ", ".join(f"{x:.3f}" for x in shares))
         key = t.replace(" + ", "_")
         res["summary"][f"multihost_{key}_max_egress_vs_model"] = max(shares)
         name = f"multihost push over {t} ({processes} processes): max bytes out of one process"
@@ -239,27 +230,14 @@ def add_multihost_part(res: dict, mh: dict) -> None:
             res["targets"].append(
                 common.target(f"{name} (all processes) / model bytes", sum(shares), 1.1, "<=")
             )
+            relayed += f"; {t} (process 0): {rows[0]['message']}"
+    loaded = "seconds left out (unreliable above load 2); " if unreliable else ""
     res["notes"].append(
         f"multihost push: {processes} trainer processes x 4 fake CPU devices "
         "(jax.distributed on loopback, mesh fsdp x tensor=2), each sends only the shards it holds "
         "(replica 0), process 0 commits; bytes out per process of the model: "
-        + "; ".join(
-            f"{t} "
-            + ", ".join(f"{r['egress_vs_model']:.3f}" for r in mh["rows"] if r["transport"] == t)
-            for t in transports
-        )
-        + "".join(
-            f"; {t} (process 0): {r['message']}"
-            for t in transports
-            for r in mh["rows"][:: len(mh["results"])]
-            if r["transport"] == t and r["samplers"] > 1
-        )
-        + f". Load {mh['load']:.2f}: "
-        + (
-            "seconds left out (unreliable above load 2); bytes are load-independent"
-            if unreliable
-            else "bytes are load-independent"
-        )
+        f"{'; '.join(per_transport)}{relayed}. Load {mh['load']:.2f}: {loaded}bytes are "
+        "load-independent"
     )
 
 

@@ -1,12 +1,12 @@
-"""CPU seconds per pushed GB of each stage of a weight push (a figure the machine's load barely
-moves), each stage run alone in this process, the fastest of `repeats`, on the thread's CPU clock
-(the JAX load, on XLA's threads: the process's). ``recv`` goes into a fresh staging map (a page
-fault per first-written 4 KiB) or a warm one; ``device load`` reads tensors 8 bytes off alignment
-(the old layout: XLA copies each input) or 64-byte aligned (read in place).
+"""CPU seconds per pushed GB of each stage of a weight push (load-independent): each stage alone,
+fastest of `repeats`, on the thread's CPU clock (the JAX load: the process's). ``recv`` goes into a
+fresh staging map (a page fault per first-written 4 KiB) or a warm one; ``device load`` reads
+tensors 8 bytes off alignment (XLA copies each input) or 64-byte aligned (read in place).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import mmap
 import os
@@ -31,14 +31,14 @@ def _thread_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _fastest(fn: Callable[[], float], repeats: int) -> float:
-    return min(fn() for _ in range(repeats))
-
-
-def _timed(fn: Callable[[], object], clock: Callable[[], float] = _thread_cpu) -> float:
-    c0 = clock()
-    fn()
-    return clock() - c0
+def _fastest(fn: Callable[[], object], repeats: int, clock: Callable[[], float] = _thread_cpu):
+    """The least CPU seconds (on ``clock``) of ``repeats`` calls of ``fn``."""
+    times = []
+    for _ in range(repeats):
+        c0 = clock()
+        fn()
+        times.append(clock() - c0)
+    return min(times)
 
 
 def _send_recv(arrays: list[np.ndarray], into: mmap.mmap) -> tuple[float, float]:
@@ -110,8 +110,7 @@ def stage_cpu(exported: dict[str, np.ndarray], model=None, repeats: int = 3) -> 
     cpu: dict[str, float] = {}
 
     cpu["send: CRC-32C"] = _fastest(
-        lambda: _timed(lambda: [crc32c.crc32c(a.reshape(-1).view(np.uint8).data) for a in arrays]),
-        repeats,
+        lambda: [crc32c.crc32c(a.reshape(-1).view(np.uint8).data) for a in arrays], repeats
     )
     fresh_send, fresh_recv, warm_recv = [], [], []
     warm = _shm_map(total)
@@ -142,8 +141,8 @@ def stage_cpu(exported: dict[str, np.ndarray], model=None, repeats: int = 3) -> 
         for off in range(0, total, RECV_PIECE):
             crc32c.crc32c(raw[off : off + RECV_PIECE])
 
-    cpu["CRC-32C"] = _fastest(lambda: _timed(crc), repeats)
-    cpu["finite check"] = _fastest(lambda: _timed(finite), repeats)
+    cpu["CRC-32C"] = _fastest(crc, repeats)
+    cpu["finite check"] = _fastest(finite, repeats)
     raw.release()
     warm.close()
     if model is not None:
@@ -170,12 +169,10 @@ def _load_cpu(exported: dict[str, np.ndarray], model, repeats: int) -> dict[str,
             jax.block_until_ready(jax.tree.leaves(w.state()))
 
         load()  # compiles the converters
-        out[label] = min(_timed(load, time.process_time) for _ in range(repeats))
+        out[label] = _fastest(load, repeats, time.process_time)
         del views
-        try:
+        with contextlib.suppress(BufferError):  # a view still referenced by a live array
             mm.close()
-        except BufferError:  # a view still referenced by a live array: freed with it
-            pass
     return out
 
 

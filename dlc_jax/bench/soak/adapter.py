@@ -58,7 +58,8 @@ def hostile_cases(tensors: list, base: str) -> dict:
 
 
 def _staged(expected, messages, staging: Path, base: str) -> str:
-    """'refused' / 'accepted' / 'crash' of one push stream through a real AdapterStager."""
+    """The row column counting one push stream through a real AdapterStager: 'ok' (refused),
+    'accepted' or 'crashes'."""
     from dlc_jax.sampler.push.adapter import AdapterStager
     from dlc_jax.sampler.push.weight_checks import PushError
     from dlc_jax.sampler.wire import chunk_wire
@@ -78,16 +79,14 @@ def _staged(expected, messages, staging: Path, base: str) -> str:
                 stager.done(m.done)
             elif kind == "commit":
                 stager.commit()
-                stager.discard()
                 return "accepted"
-        stager.discard()  # the stream ended without a commit: as the server does
-        return "refused"
+        return "ok"  # refused: the stream ended without a commit
     except PushError:
-        stager.discard()
-        return "refused"
+        return "ok"
     except Exception:  # noqa: BLE001 - counted
-        stager.discard()
-        return "crash"
+        return "crashes"
+    finally:
+        stager.discard()  # as the server does after every stream
 
 
 def run(out_dir, repeats: int = 10) -> dict:
@@ -124,21 +123,15 @@ def run(out_dir, repeats: int = 10) -> dict:
         raw = [i for i, x in enumerate(msgs) if isinstance(x, (bytes, bytearray, memoryview))]
         for name, (ts, meta) in [*cases.items(), ("cut_mid_stream", (None, None))]:
             t0 = time.monotonic()
-            row = {"scenario": name, "cases": 2, "ok": 0, "crashes": 0, "accepted": 0}
-            row["bad_weights_served"] = 0
+            row = {"scenario": name, "cases": 2, **dict.fromkeys(cols[2:6], 0)}
             cut = msgs[: raw[len(raw) // 2]] + msgs[-1:]
             stream = cut if ts is None else adapter_messages(ts, 2, meta)
-            got = _staged(expected, stream, staging, base)
-            row["ok"] += got == "refused"
-            row["accepted"] += got == "accepted"
-            row["crashes"] += got == "crash"
+            row[_staged(expected, stream, staging, base)] += 1
             if ts is None:  # the in-process path has no stream to cut: the whole refusal again
                 ts, meta = cases["lone_factor"]
             before, version = b._state, sampler.info()["version"]
             try:
-                r = sampler.push_adapter(ts, 2, meta)
-                row["ok"] += not r.ok
-                row["accepted"] += r.ok
+                row["accepted" if sampler.push_adapter(ts, 2, meta).ok else "ok"] += 1
             except Exception:  # noqa: BLE001 - counted
                 row["crashes"] += 1
             changed = b._state is not before or sampler.info()["version"] != version
@@ -149,8 +142,8 @@ def run(out_dir, repeats: int = 10) -> dict:
         sampler.close()
         rows.append(_exports(work, base_dir, repeats, counts))
     res["rows"] = [{k: r.get(k, 0) for k in cols} for r in rows]
-    s = {**common.case_totals(rows, "crashes", "accepted", "bad_weights_served"), **counts}
-    res["summary"] = s
+    s = res["summary"] = common.case_totals(rows, "crashes", "accepted", "bad_weights_served")
+    s.update(counts)
     keys = ("crashes", "accepted", "bad_weights_served", "files_left", "exports_written")
     res["targets"] = common.zero_targets(s, {k.replace("_", " "): k for k in keys})
     res["targets"].append(common.target("failed cases", s["failed_cases"], 0, "<="))

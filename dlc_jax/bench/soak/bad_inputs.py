@@ -72,15 +72,13 @@ def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: 
     gen_req = pb.GenerateRequest(
         prompts=[pb.Prompt(token_ids=[1, 2])], params=pb.SamplingParams(n=1, max_tokens=2)
     )
+    commit = [pb.WeightMessage(commit=pb.Commit())]
+    load_req = pb.LoadWeightsRequest(path="/", version=99)
     calls = (  # every RPC, with metadata md
         lambda md: stub.Info(pb.InfoRequest(), timeout=10, metadata=md),
         lambda md: list(stub.Generate(gen_req, timeout=10, metadata=md)),
-        lambda md: stub.PushWeights(
-            iter([pb.WeightMessage(commit=pb.Commit())]), timeout=10, metadata=md
-        ),
-        lambda md: stub.LoadWeights(
-            pb.LoadWeightsRequest(path="/", version=99), timeout=10, metadata=md
-        ),
+        lambda md: stub.PushWeights(iter(commit), timeout=10, metadata=md),
+        lambda md: stub.LoadWeights(load_req, timeout=10, metadata=md),
     )
     for a in auths:
         md = None if a is None else (("authorization", a),)
@@ -94,32 +92,23 @@ def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: 
     raw = {"request_serializer": ident, "response_deserializer": ident}
     raw_gen = raw_chan.unary_stream("/dlc_jax.sampler.v1.Sampler/Generate", **raw)
     raw_info = raw_chan.unary_unary("/dlc_jax.sampler.v1.Sampler/Info", **raw)
+    md = client._md()
     for n in (1, 2, 3, 7, 64, 255, 1000, 4096, 100_000):
         junk = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-        t.rpc(
-            "garbage request bytes",
-            lambda j=junk: list(raw_gen(j, timeout=10, metadata=client._md())),
-            (),
-        )
-    t.rpc(
-        "garbage request bytes", lambda: raw_info(b"\xff" * 50, timeout=10, metadata=client._md())
-    )
+        t.rpc("garbage request bytes", lambda j=junk: list(raw_gen(j, timeout=10, metadata=md)))
+    t.rpc("garbage request bytes", lambda: raw_info(b"\xff" * 50, timeout=10, metadata=md))
     raw_chan.close()
     # garbage on the wire (no answer expected; the server must just survive)
     host, port = address.rsplit(":", 1)
     wire = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (1, 16, 200, 5000, 70000)]
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # HTTP/2 connection preface
     wire += [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 100,
-        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-        + struct.pack(">I", 0xFFFFFF)[1:]
-        + b"\x00\x00\x00\x00\x01",
+        preface + b"\xff" * 100,
+        preface + struct.pack(">I", 0xFFFFFF)[1:] + b"\x00\x00\x00\x00\x01",
         b"PRI * HTTP/2.0\r\n",
         b"",
     ]
-    for w in wire:
-        send_raw(host, int(port), w)
-        t.record("garbage on the gRPC port", "CLOSED", "", ())
     good_pid = uuid.uuid4().hex.encode()
     dwire = [
         b"junk" * 10,
@@ -131,9 +120,10 @@ def bad_inputs(t: Tally, client, address: str, data_port: int, vocab: int, cfg: 
         b"",
         rng.integers(0, 256, 100000, dtype=np.uint8).tobytes(),
     ]
-    for w in dwire:
-        send_raw(host, data_port, w)
-        t.record("garbage on the data port", "CLOSED", "", ())
+    for name, to, messages in (("gRPC", int(port), wire), ("data", data_port, dwire)):
+        for w in messages:
+            send_raw(host, to, w)
+            t.record(f"garbage on the {name} port", "CLOSED", "", ())
 
 
 def send_raw(host: str, port: int, data: bytes) -> None:

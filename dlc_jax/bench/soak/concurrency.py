@@ -25,10 +25,8 @@ def streams_with_push(client, weights: dict, v: int, n: int, vocab: int) -> dict
         try:
             rng = np.random.default_rng(i)
             prompt = rng.integers(1, vocab, int(rng.integers(2, 12))).tolist()
-            (r,) = list(
-                client.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=i))
-            )
-            results[i] = r
+            params = SamplingParams(max_tokens=12, temperature=1.0, seed=i)
+            (results[i],) = list(client.generate([prompt], params))
         except grpc.RpcError as e:
             results[i] = e
         finally:

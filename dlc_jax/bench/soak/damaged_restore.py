@@ -1,7 +1,6 @@
 """Damaged checkpoints read by fresh processes, repeated: `dlc-jax export` or `train` (resume) of a
 checkpoint whose array data was bit-flipped, truncated, zeroed or deleted must end with exit 2 and
-one ``dlc-jax ...: error:`` line every time, no traceback (orbax's ``Event loop is closed`` used to
-follow the line), nothing exported."""
+one ``dlc-jax ...: error:`` line every time, no traceback, nothing exported."""
 
 from __future__ import annotations
 
@@ -19,38 +18,30 @@ def _flip_every_97th(p: Path) -> None:
     p.write_bytes(bytes(data))
 
 
-def _each(fn: Callable[[Path], object]) -> Callable[[Path], None]:
-    """``fn`` applied to every array data file (a run's params are not in the largest file)."""
-
-    def damage(step_dir: Path) -> None:
-        for p in data_files(step_dir):
-            fn(p)
-
-    return damage
-
-
-PATTERNS: dict[str, Callable[[Path], object]] = {
-    "flip_all": _each(_flip_every_97th),
-    "flip_300": _each(lambda p: flip_file(p, 300, p.name)),
-    "truncate": _each(truncate_file),
-    "zero": _each(lambda p: p.write_bytes(bytes(p.stat().st_size))),
-    "delete": _each(lambda p: p.unlink()),
+PATTERNS: dict[str, Callable[[Path], object]] = {  # each damages one array data file
+    "flip_all": _flip_every_97th,
+    "flip_300": lambda p: flip_file(p, 300, p.name),
+    "truncate": truncate_file,
+    "zero": lambda p: p.write_bytes(bytes(p.stat().st_size)),
+    "delete": lambda p: p.unlink(),
 }
 
 
 def damaged_copy(good: Path, dst: Path, pattern: str) -> Path:
-    """A copy of the checkpoint dir ``good`` at ``dst``, every step damaged by ``pattern``."""
+    """A copy of the checkpoint dir ``good`` at ``dst``, every array data file of every step
+    damaged by ``pattern`` (a run's params are not in the largest file)."""
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(good, dst)
     for step in [p for p in dst.iterdir() if p.name.isdigit()]:
-        PATTERNS[pattern](step)
+        for f in data_files(step):
+            PATTERNS[pattern](f)
     return dst
 
 
 def verdict(o: Outcome, command: str) -> str | None:
     """None for a clean refusal (exit 2, one ``dlc-jax CMD: error:`` line), else what's wrong."""
     lines = [ln for ln in o.err.splitlines() if ln.startswith(f"dlc-jax {command}: error:")]
-    if o.traceback or "Event loop is closed" in o.err:
+    if o.traceback or "Event loop is closed" in o.err:  # orbax's, after the error line
         return "traceback"
     if o.rc != 2:
         return f"exit {o.rc}"

@@ -104,10 +104,7 @@ def _warmup(tok, factory, row: dict) -> None:
         demonstrations(cfg, tok, [{"prompt": "1+2=", "answer": "3"}] * 4)
         row["ok"] += 1
     except Exception as e:  # noqa: BLE001 - a one-line user error is a clean stop
-        if is_user_error(e) and "\n" not in str(e):
-            row["ok"] += 1
-        else:
-            row["crashes"] += 1
+        row["ok" if is_user_error(e) and "\n" not in str(e) else "crashes"] += 1
     row["hangs"] += time.monotonic() - t0 > 4 * (TIMEOUT + GRACE)
 
 
@@ -163,10 +160,9 @@ def run(out_dir) -> dict:
         rows.append(_case("train:1000_episodes_1pct_failing", flaky))
         inj_cases, injected = _injection(tok)
     res["rows"] = [{k: r.get(k, 0) for k in cols} for r in rows]
-    s = common.case_totals(rows, "crashes", "hangs", "nonfinite_rewards")
+    s = res["summary"] = common.case_totals(rows, "crashes", "hangs", "nonfinite_rewards")
     s["cases"] += inj_cases
     s["injected_tokens"] = injected
-    res["summary"] = s
     keys = ("crashes", "hangs", "injected_tokens", "nonfinite_rewards", "failed_cases")
     res["targets"] = common.zero_targets(s, {k.replace("_", " "): k for k in keys})
     return common.finish_soak(res, out_dir)

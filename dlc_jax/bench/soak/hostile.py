@@ -1,7 +1,6 @@
-"""The hostile-input soak: reward plug-ins, data sources, export, config and plan under hostile
-input (`hostile_cases`), on real ``python -m dlc_jax.cli`` processes. Counted: crashes, user errors
-not one line, metrics rows with a non-finite or missing value, corrupt checkpoints exported, and
-processes a reward spawned that outlived the run (``orphans``).
+"""The hostile-input soak (`hostile_cases`) on real ``python -m dlc_jax.cli`` processes. Counted:
+crashes, user errors not one line, metrics rows with a non-finite or missing value, corrupt
+checkpoints exported, and processes a reward spawned that outlived the run (``orphans``).
 """
 
 from __future__ import annotations

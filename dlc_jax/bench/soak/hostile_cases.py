@@ -139,14 +139,13 @@ def _make_checkpoint(model: Path, d: Path, *, nan: bool = False) -> Path:
 
 def export_cases(model: Path, work: Path, t: Tally, counts: dict, timeout: float) -> None:
     good = _make_checkpoint(model, work / "exp_good")
+    # bit flips: 3,000 bytes of the array data (params are a third of it)
+    damages = {"bit flips": lambda d: flip_bytes(d, 3000, seed=1), "truncation": truncate}
     cases: dict[str, Path] = {}
-    for what in ("bit flips", "truncation"):
+    for what, damage in damages.items():
         d = work / f"exp_{what.replace(' ', '_')}"
         shutil.copytree(good, d)
-        if what == "bit flips":  # 3,000 bytes of the array data: params are a third of it
-            flip_bytes(d / "4", 3000, seed=1)
-        else:
-            truncate(d / "4")
+        damage(d / "4")
         cases[what] = d
     cases["NaN params (checksums match)"] = _make_checkpoint(model, work / "exp_nan", nan=True)
     for what, d in cases.items():

@@ -128,7 +128,6 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
     res["rows"] = list(t.rows.values())
     bad_inputs = sum(r["cases"] for k, r in t.rows.items() if not k.startswith("push attack"))
     attacks = sum(r["cases"] for k, r in t.rows.items() if k.startswith("push attack"))
-    summed = common.totals(metrics.values(), "crashes", "bad_weights_served")
     files_left = len(shm_left) + sum(
         m.get("staging_left_at_end", m["staging_left_after_stop"]) for m in metrics.values()
     )
@@ -136,27 +135,19 @@ def run(out_dir, cfg: SoakConfig | None = None) -> dict:
     res["summary"] = {
         "bad_inputs": bad_inputs,
         "push_attacks": attacks,
-        "crashes": summed["crashes"],
-        "bad_weights_served": summed["bad_weights_served"],
+        **common.totals(metrics.values(), "crashes", "bad_weights_served"),
         "files_left_behind": files_left,
         "attacks_accepted": tot["accepted"],
         "multi_line_errors": tot["multi_line_errors"],
         "wrong_codes": tot["wrong_code"],
     }
     res["metrics"] = metrics
+    keys = ("crashes", "bad_weights_served", "files_left_behind", "attacks_accepted")
+    zero = {k.replace("_", " "): k for k in keys} | {"multi-line errors": "multi_line_errors"}
     res["targets"] = [
         common.target("bad inputs (count)", bad_inputs, 90, ">="),
         common.target("push attacks (count)", attacks, 20, ">="),
-        *common.zero_targets(
-            res["summary"],
-            {
-                "crashes": "crashes",
-                "bad weights served": "bad_weights_served",
-                "files left behind": "files_left_behind",
-                "attacks accepted": "attacks_accepted",
-                "multi-line errors": "multi_line_errors",
-            },
-        ),
+        *common.zero_targets(res["summary"], zero),
     ]
     for b, m in metrics.items():
         values = (f"{k}={round(v, 2) if isinstance(v, float) else v}" for k, v in m.items())

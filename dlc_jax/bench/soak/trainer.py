@@ -1,8 +1,7 @@
-"""Soak the trainer's failure paths as a careless user and a hostile disk would (docs/FAILURES.md
-says what each must do) on real `python -m dlc_jax.cli train` processes: SIGKILLs and damaged
-checkpoints on one run directory followed by resumes, refusals and user errors. Counted: crashes,
-silent resumes from a corrupt or different run, bad weights, files left behind, user errors that
-are not one line.
+"""Soak the trainer's failure paths (docs/FAILURES.md) on real `python -m dlc_jax.cli train`
+processes: SIGKILLs and damaged checkpoints on one run directory followed by resumes, refusals and
+user errors. Counted: crashes, silent resumes from a corrupt or different run, bad weights, files
+left behind, user errors that are not one line.
 """
 
 from __future__ import annotations
@@ -79,12 +78,8 @@ def kill_and_damage_cycles(
         if rows_now >= cfg.steps - 1:
             break
         o = killed_run(rows_now + rng.randint(1, 2))
-        t.record(
-            "SIGKILL at a random point",
-            o,
-            ok=o.killed and not o.traceback,
-            note="(not killed)" if not o.killed else "",
-        )
+        note = "(not killed)" if not o.killed else ""
+        t.record("SIGKILL at a random point", o, ok=o.killed and not o.traceback, note=note)
         if what == "kill":
             continue
         steps = checkpoint_steps(run / "ckpt")
@@ -93,22 +88,16 @@ def kill_and_damage_cycles(
         newest = steps[-1]
         if what == "flip":
             flip_bytes(run / "ckpt" / str(newest), cfg.flip_bytes, seed=rng.randint(0, 10**6))
+            scenario = "bit flip in newest checkpoint"
         else:
             truncate(run / "ckpt" / str(newest))
+            scenario = "truncated newest checkpoint"
         o = killed_run(len(metric_rows(run / "logs")) + 1)
         at = resumed_at(o)
         named = re.search(rf"ckpt/{newest}\b.*corrupt|corrupt.*\b{newest}\b", o.out + o.err)
         silent = at is None or at >= newest or not named
-        scenario = (
-            "bit flip in newest checkpoint" if what == "flip" else "truncated newest checkpoint"
-        )
-        t.record(
-            scenario,
-            o,
-            ok=not silent and not o.traceback,
-            silent=silent,
-            note=f"(resumed at {at}, damaged {newest})",
-        )
+        note = f"(resumed at {at}, damaged {newest})"
+        t.record(scenario, o, ok=not silent and not o.traceback, silent=silent, note=note)
         t.record("SIGKILL at a random point", o, ok=o.killed and not o.traceback)
     o = run_dlc(args, timeout)  # finish the run
     t.record("resume to the end", o, ok=o.rc == 0 and not o.traceback, crash=o.rc != 0)
@@ -128,10 +117,8 @@ def refusal_cases(model: Path, run: Path, t: Tally, timeout: float) -> None:
     o = run_dlc(_train_args(model, run, steps, "checkpoint.resume=false"), timeout)
     silent = o.rc == 0
     t.refusal("resume=false on a used run dir", o, ok=o.one_line_error(), silent=silent)
-    o = run_dlc(
-        _train_args(model, run, steps, "checkpoint.resume=false", "checkpoint.overwrite=true"),
-        timeout,
-    )
+    args = _train_args(model, run, steps, "checkpoint.resume=false", "checkpoint.overwrite=true")
+    o = run_dlc(args, timeout)
     rows = [r["step"] for r in metric_rows(run / "logs")]
     fresh = (
         o.rc == 0 and rows == list(range(1, steps + 1)) and checkpoint_steps(run / "ckpt") == [1, 2]
@@ -149,6 +136,8 @@ def user_error_cases(model: Path, work: Path, t: Tally, timeout: float) -> None:
     bad_yaml = work / "bad.yaml"
     bad_yaml.write_text("train: {steps: 3\nloss: [\n")
     run = work / "ue"
+    export = ["export", "--checkpoint", str(work / "no_ckpt"), "--out", str(work / "exp")]
+    serve = ["sampler", "serve", "--backend", "jax", "--model", str(work / "no_such_model")]
     cases = {
         "missing model path": _train_args(work / "no_such_model", run, 2),
         "YAML syntax error": ["train", "--config", str(bad_yaml)],
@@ -158,25 +147,8 @@ def user_error_cases(model: Path, work: Path, t: Tally, timeout: float) -> None:
         "unreachable sampler.address": _train_args(
             model, run, 2, "sampler.address=127.0.0.1:9", "sampler.connect_timeout_s=3"
         ),
-        "export of a missing checkpoint": [
-            "export",
-            "--checkpoint",
-            str(work / "no_ckpt"),
-            "--out",
-            str(work / "exp"),
-            "--model",
-            str(model),
-        ],
-        "sampler serve of a missing model": [
-            "sampler",
-            "serve",
-            "--backend",
-            "jax",
-            "--model",
-            str(work / "no_such_model"),
-            "--port",
-            "0",
-        ],
+        "export of a missing checkpoint": [*export, "--model", str(model)],
+        "sampler serve of a missing model": [*serve, "--port", "0"],
         "make-tiny into a file": ["make-tiny", str(bad_yaml)],
     }
     for name, args in cases.items():

@@ -192,10 +192,8 @@ def metric_rows(log_dir: Path) -> list[dict]:
         return []
     out = []
     for line in p.read_text().splitlines():
-        try:
+        with contextlib.suppress(ValueError):  # a line cut by a kill
             out.append(json.loads(line))
-        except ValueError:
-            pass
     return out
 
 
