@@ -3,8 +3,7 @@
 Every target projection (a ``kernel`` contracting the input's last ``n_in`` axes) gets a ``lora``
 child, ``y = x . W + scale * (x . A) . B``: float32 A [*in, r] uniform(+-1/sqrt(fan_in)), B
 [r, *out] zero (a leading [L] axis when scanned; PEFT's lora_A / lora_B are their transposes).
-Not qwix, whose adapters are named after traced call sites rather than the projection's path.
-"""
+Not qwix, whose adapters are named after traced call sites rather than the projection's path."""
 
 from __future__ import annotations
 
@@ -112,9 +111,8 @@ def apply_lora(model, cfg: LoraConfig) -> list[str]:
         body = logical[len(lead) :]
         in_shape = kv.shape[len(lead) : len(lead) + m.n_in]
         out_shape = kv.shape[len(lead) + m.n_in :]
-        fan_in = int(np.prod(in_shape))
         seed = int.from_bytes(hashlib.sha256(f"{cfg.seed}:{path}".encode()).digest()[:4], "little")
-        bound = 1.0 / np.sqrt(fan_in)
+        bound = 1.0 / np.sqrt(np.prod(in_shape))  # fan_in
         a_shape, b_shape = lead + in_shape + (cfg.rank,), lead + (cfg.rank,) + out_shape
         la = lead_ax + tuple(body[: m.n_in]) + (None,)
         lb = lead_ax + (None,) + tuple(body[m.n_in :])

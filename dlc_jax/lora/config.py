@@ -1,6 +1,5 @@
 """The ``lora`` config section: ``rank > 0`` trains ``delta W = (alpha / rank) * A @ B`` on every
-projection matching ``targets`` alone (the base frozen); 0 trains every parameter.
-"""
+projection matching ``targets`` alone (the base frozen); 0 trains every parameter."""
 
 from __future__ import annotations
 

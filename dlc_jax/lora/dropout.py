@@ -1,6 +1,5 @@
 """``lora.dropout``: dropout on the adapters' input in the training forward only. The key folds the
-update count into ``lora.seed`` (a resumed run draws the same masks); each adapter gets its own.
-"""
+update count into ``lora.seed`` (a resumed run draws the same masks); each adapter gets its own."""
 
 from __future__ import annotations
 

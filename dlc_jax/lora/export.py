@@ -1,6 +1,5 @@
 """A LoRA run's adapters in the PEFT layout (loadable by peft and vLLM): per projection ``P``,
-``base_model.model.P.lora_A.weight`` [r, in] = A^T and ``lora_B`` [out, r] = B^T.
-"""
+``base_model.model.P.lora_A.weight`` [r, in] = A^T and ``lora_B`` [out, r] = B^T."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import numpy as np
 
 from dlc_jax.lora.adapters import adapted
 from dlc_jax.lora.config import LoraConfig
-from dlc_jax.sampler.push.adapter import PEFT_PREFIX, peft_adapter_config
+from dlc_jax.sampler.push.adapter import peft_adapter_config, peft_name
 
 
 def _layers(path: str, stacked: bool, n: int) -> list[tuple[str, int | None]]:
@@ -27,12 +26,12 @@ def _layers(path: str, stacked: bool, n: int) -> list[tuple[str, int | None]]:
 def host_factors(values: list) -> list[np.ndarray]:
     """Device arrays as whole float32 host arrays (one all-gather when needed)."""
     if all(getattr(v, "is_fully_addressable", True) for v in values):
-        return [np.asarray(x, np.float32) for x in jax.device_get(values)]
-    from jax.experimental import multihost_utils
+        host = jax.device_get(values)
+    else:
+        from jax.experimental import multihost_utils
 
-    return [
-        np.asarray(x, np.float32) for x in multihost_utils.process_allgather(values, tiled=True)
-    ]
+        host = multihost_utils.process_allgather(values, tiled=True)
+    return [np.asarray(x, np.float32) for x in host]
 
 
 def peft_tensors(model) -> Iterator[tuple[str, np.ndarray]]:
@@ -45,8 +44,8 @@ def peft_tensors(model) -> Iterator[tuple[str, np.ndarray]]:
         for name, i in _layers(path, stacked, a.shape[0] if stacked else 1):
             ai, bi = (a, b) if i is None else (a[i], b[i])
             r = ai.shape[-1]
-            yield f"{PEFT_PREFIX}{name}.lora_A.weight", np.ascontiguousarray(ai.reshape(-1, r).T)
-            yield f"{PEFT_PREFIX}{name}.lora_B.weight", np.ascontiguousarray(bi.reshape(r, -1).T)
+            yield peft_name(name, "lora_A"), np.ascontiguousarray(ai.reshape(-1, r).T)
+            yield peft_name(name, "lora_B"), np.ascontiguousarray(bi.reshape(r, -1).T)
 
 
 def adapter_config(cfg: LoraConfig, model, base: str) -> dict:

@@ -1,11 +1,9 @@
 """``lora.push: adapter``: a resync sends the adapters alone (PEFT names) in a push stream whose
 header carries rank/alpha and the frozen base's fingerprint, checked by the sampler before it
-merges or loads them (`dlc_jax.sampler.push.adapter`; multi-host: `dlc_jax.trainer.lora_push`).
-"""
+merges or loads them (`dlc_jax.sampler.push.adapter`; multi-host: `dlc_jax.trainer.lora_push`)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,15 +98,7 @@ class AdapterPusher:
                 [(n, a.astype(np_dtype).astype(np.float32)) for n, a in tensors], version, meta
             )
         if isinstance(sampler, SamplerPool):
-            from dlc_jax.sampler.client.fanout import run_each
-            from dlc_jax.sampler.client.rotation import NoActiveSamplerError
-
-            targets = sampler._push_targets()
-            if not targets:
-                raise NoActiveSamplerError(sampler.rot.why_none())
-            t0 = time.monotonic()
-            results = run_each({i: sampler.clients[i] for i in targets}, one)
-            return sampler.rot.settle(results, version, time.monotonic() - t0)
+            return sampler.push_each(version, one)
         raise AdapterPushError(
             "lora.push=adapter: pushes to sampler servers (sampler.backend=jax or vllm) or the "
             f"inprocess sampler; this sampler ({type(sampler).__name__}) takes full weights only: "
@@ -121,8 +111,7 @@ MERGING_BACKENDS = ("jax", "inprocess")
 
 
 def serves_adapters(info: Mapping[str, Any], rank: int) -> tuple[bool, str]:
-    """(yes, why): whether a sampler serves rank-``rank`` adapter pushes by its Info (jax /
-    inprocess: any rank; vllm: up to ``backend_config.max_lora_rank``; others: none)."""
+    """(yes, why): whether a sampler serves rank-``rank`` adapter pushes, judged by its Info."""
     backend = str(info.get("backend") or "")
     if backend in MERGING_BACKENDS:
         return True, f"the {backend} sampler serves adapter pushes"

@@ -18,8 +18,7 @@ from ..wire.types import Rollout, SamplingParams
 @dataclasses.dataclass
 class BackendConfig:
     """Engine settings shared by the backends (each ignores knobs it does not have): `quantization`
-    is vLLM's name, or "int8" / "fp8_e4m3" (JAX); `weight_noise`: sigma relative to a tensor's rms.
-    """
+    is vLLM's name, or "int8" / "fp8_e4m3" (JAX); `weight_noise`: sigma relative to tensor rms."""
 
     model_dir: str
     dtype: str = "float32"
@@ -48,10 +47,9 @@ class BackendConfig:
         for k in ("max_model_len", "max_n", "max_num_seqs", "tensor_parallel_size", "max_batch"):
             if getattr(self, k) < 1:
                 raise ValueError(f"BackendConfig.{k} must be >= 1, got {getattr(self, k)!r}")
-        if self.max_lora_rank < 0:
-            raise ValueError(f"BackendConfig.max_lora_rank must be >= 0, got {self.max_lora_rank}")
-        if self.weight_noise < 0:
-            raise ValueError(f"BackendConfig.weight_noise must be >= 0, got {self.weight_noise!r}")
+        for k in ("max_lora_rank", "weight_noise"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"BackendConfig.{k} must be >= 0, got {getattr(self, k)!r}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -84,6 +82,11 @@ class SamplerBackend(abc.ABC):
         self.version = int(cfg.initial_version)
         self._expected = st.read_specs(cfg.model_dir)
         self._base_fp: str | None = None  # `base_fingerprint`, once computed
+
+    def limits(self) -> dict[str, int]:
+        """The request limits Info reports and Generate enforces."""
+        names = ("max_model_len", "max_n", "max_head_k")
+        return {"vocab_size": self.vocab_size, **{k: getattr(self.cfg, k) for k in names}}
 
     def expected_tensors(self) -> st.Specs:
         """{hf_name: (shape, dtype)} that a full weight push must provide."""

@@ -3,8 +3,7 @@ vLLM-equivalent sampling (`jax_sampling`). Numerics knobs, applied in HF layout 
 as it loads: `quantization="int8"` / `"fp8_e4m3"` (weight-only, per output channel, dequantized
 back), `weight_noise=s` (w += s * rms(w) * N(0,1), fixed seed). Token t of sample j of prompt i
 uses key fold_in(seed, i, j, t), whatever the batching; a batch whose weights changed between
-decode steps is re-prefilled with the new ones, so every token comes from one version.
-"""
+decode steps is re-prefilled with the new ones, so every token comes from one version."""
 
 from __future__ import annotations
 
@@ -154,11 +153,10 @@ class JaxBackend(SamplerBackend):
         """A tensor-by-tensor load into `state`'s structure (default: the served one)."""
         from .jax_weights import JaxWeightLoad
 
-        knobs = has_knobs(self.cfg)
         return JaxWeightLoad(
             self._snapshot()[0] if state is None else state,
             int(self.model_config["num_hidden_layers"]),
-            (lambda n, w: transform_weights(n, w, self.cfg)) if knobs else None,
+            (lambda n, w: transform_weights(n, w, self.cfg)) if has_knobs(self.cfg) else None,
         )
 
     async def apply_load(self, load, version: int) -> None:
@@ -210,7 +208,7 @@ class JaxBackend(SamplerBackend):
 
         graphdef = self._graphdef
         cache_dtype = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
-        routes = self._routes
+        routes, max_head_k = self._routes, self.cfg.max_head_k
 
         def forward(model, ids, positions, cache, mask=None):
             """(logits, cache, routed experts [B, T, L, K] or None)."""
@@ -237,8 +235,6 @@ class JaxBackend(SamplerBackend):
             model = nnx.merge(graphdef, state)
             logits, cache, routed = forward(model, tok[:, None], pos[:, None], cache)
             return logits[:, 0].astype(jnp.float32), cache, routed
-
-        max_head_k = self.cfg.max_head_k
 
         def sample(logits, keys, temperature, top_k, top_p, head_k):
             """logits [B, V], keys [B] -> (tokens, logprobs [B], head ids/logprobs [B, head_k])."""
@@ -287,23 +283,15 @@ class JaxBackend(SamplerBackend):
         done = np.arange(b) >= b_real  # padding rows are done from the start
         length = np.full(b, t_max)
         finish = ["length"] * b
-        want_routes = bool(params.return_routed_experts) and self._routes
+        want_routes = params.return_routed_experts and self._routes
         out_route: np.ndarray | None = None
         knobs = (float(params.temperature), int(max(params.top_k, 0)), float(params.top_p))
-        state, version = self._snapshot()
-        logits, cache, routed = prefill(
-            state, jnp.asarray(tokens[:, :lp_len]), jnp.asarray(mask[:, :lp_len]), cache_len
-        )
-        if want_routes:
-            r0 = np.asarray(routed)
-            dt = np.uint8 if int(self.model_config.get("num_experts", 0)) <= 256 else np.uint16
-            out_route = np.zeros((b, lp_len + t_max, *r0.shape[2:]), dt)
-            out_route[:, :lp_len] = r0
+        version = -1  # set by the first step's prefill
         for t in range(t_max):
             if cancel is not None and cancel.is_set():
                 return []
             new_state, new_version = self._snapshot()
-            if new_version != version:  # weights changed: recompute the KV of the whole prefix
+            if t == 0 or new_version != version:  # the KV of the whole prefix (with new weights)
                 state, version = new_state, new_version
                 logits, cache, routed = prefill(
                     state,
@@ -311,8 +299,13 @@ class JaxBackend(SamplerBackend):
                     jnp.asarray(mask[:, : lp_len + t]),
                     cache_len,
                 )
-                if out_route is not None:  # the new weights' routing of the whole prefix
-                    out_route[:, : lp_len + t] = np.asarray(routed)
+                if want_routes:  # these weights' routing of the whole prefix
+                    prefix_route = np.asarray(routed)
+                    if out_route is None:
+                        n_exp = int(self.model_config.get("num_experts", 0))
+                        dt = np.uint8 if n_exp <= 256 else np.uint16
+                        out_route = np.zeros((b, lp_len + t_max, *prefix_route.shape[2:]), dt)
+                    out_route[:, : lp_len + t] = prefix_route
             keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, t)
             tok, lp, hid, hlp = sample(logits, keys, *knobs, int(params.head_k))
             tok = np.asarray(tok)
@@ -329,28 +322,25 @@ class JaxBackend(SamplerBackend):
             logits, cache, routed = decode(state, jnp.asarray(tok), jnp.asarray(plen + t), cache)
             if out_route is not None:
                 out_route[:, lp_len + t] = np.asarray(routed)[:, 0]
-        rollouts = []
-        for r, (_, slot, j, p) in enumerate(seqs):
-            n = int(length[r])
-            rollouts.append(
-                Rollout(
-                    prompt_ids=np.asarray(p, np.int32),
-                    response_ids=tokens[r, lp_len : lp_len + n].copy(),
-                    logprobs=out_lp[r, :n].copy(),
-                    head_ids=out_hid[r, :n].copy(),
-                    head_logprobs=out_hlp[r, :n].copy(),
-                    finish_reason=finish[r],
-                    version_spans=spans_from_versions(out_ver[r, :n].tolist()),
-                    slot_id=slot,
-                    sample_index=j,
-                    request_id=request_id,
-                    # positions the model ran on: the prompt and all response tokens but the last
-                    routed_experts=None
-                    if out_route is None
-                    else out_route[r, lp_len - len(p) : lp_len + n - 1].copy(),
-                )
+        return [
+            Rollout(
+                prompt_ids=np.asarray(p, np.int32),
+                response_ids=tokens[r, lp_len : lp_len + n].copy(),
+                logprobs=out_lp[r, :n].copy(),
+                head_ids=out_hid[r, :n].copy(),
+                head_logprobs=out_hlp[r, :n].copy(),
+                finish_reason=finish[r],
+                version_spans=spans_from_versions(out_ver[r, :n].tolist()),
+                slot_id=slot,
+                sample_index=j,
+                request_id=request_id,
+                # positions the model ran on: the prompt and all response tokens but the last
+                routed_experts=None
+                if out_route is None
+                else out_route[r, lp_len - len(p) : lp_len + n - 1].copy(),
             )
-        return rollouts
+            for r, ((_, slot, j, p), n) in enumerate(zip(seqs, length.tolist()))
+        ]
 
     def _batches(self, prompts, params):
         """(seed, [seqs of at most max_batch]) of a request: prompts [(slot_id, token_ids)]."""

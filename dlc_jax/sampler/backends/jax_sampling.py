@@ -15,13 +15,10 @@ def kept_mask(
 ) -> jax.Array:
     """Kept-support mask [B, V] of temperature-scaled f32 logits `z` [B, V]; top_k int32 scalar
     (used when use_k, 0 < top_k < V), top_p f32 scalar (used when use_p)."""
-    vocab = z.shape[-1]
-    rows = z.shape[0]
+    rows, vocab = z.shape
     zs = jnp.sort(z, axis=-1)  # ascending
     if use_k:
-        kth = jnp.take_along_axis(
-            zs, jnp.full((rows, 1), vocab - top_k, jnp.int32), axis=-1
-        )  # k-th largest
+        kth = jnp.take_along_axis(zs, jnp.full((rows, 1), vocab - top_k), axis=-1)  # k-th largest
         if not use_p:
             return z >= kth
         zs = jnp.where(zs < kth, -jnp.inf, zs)

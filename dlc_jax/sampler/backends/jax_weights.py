@@ -80,11 +80,10 @@ class JaxWeightLoad:
             # transform) may read it after the next push overwrote it (NaNs in a norm weight)
             host = np.array(_to_ours(self._transform(name, array), path, shape), dtype, copy=True)
             ours = jnp.asarray(host)
-            ours.block_until_ready()
         else:  # cast + HF -> our layout on the device (XLA: ~6x less CPU than numpy for bf16)
             ours = _converter(path[-1] == "kernel", shape, dtype)(array)
-            # XLA may read a 64-byte-aligned staging view in place: done before the view goes
-            ours.block_until_ready()
+        # XLA may read a 64-byte-aligned staging view in place: done before the view goes
+        ours.block_until_ready()
         self._put(path, idx, ours)
 
     def add_lora(self, name: str, a: np.ndarray, b: np.ndarray, scale: float) -> None:

@@ -1,7 +1,6 @@
 """vLLM backend: `AsyncLLM` with token ids in/out and processed logprobs (chunked prefill off:
 per-request seeds crash it on the CPU engine). Weight updates in flight: pause_generation(mode=
-"keep") -> reload_weights -> reset_prefix_cache -> update_weight_version -> resume_generation.
-"""
+"keep") -> reload_weights -> reset_prefix_cache -> update_weight_version -> resume_generation."""
 
 from __future__ import annotations
 
@@ -33,12 +32,9 @@ def missing_vllm_features(async_llm_cls, completion_output_cls) -> list[str]:
         missing.append("AsyncLLM.pause_generation(mode=...)")
     if not callable(getattr(async_llm_cls, "update_weight_version", None)):
         missing.append("AsyncLLM.update_weight_version")
-    fields = (
-        {f.name for f in dataclasses.fields(completion_output_cls)}
-        if dataclasses.is_dataclass(completion_output_cls)
-        else set()
-    )
-    fields |= set(getattr(completion_output_cls, "__annotations__", {}))
+    fields = set(getattr(completion_output_cls, "__annotations__", {}))
+    if dataclasses.is_dataclass(completion_output_cls):
+        fields |= {f.name for f in dataclasses.fields(completion_output_cls)}
     if "weight_versions" not in fields:
         missing.append("CompletionOutput.weight_versions")
     return missing
@@ -115,24 +111,20 @@ def lora_rank_slot(rank: int) -> int:
     raise ValueError(f"max_lora_rank {rank} > {LORA_RANK_SLOTS[-1]} (vLLM's largest)")
 
 
-def model_routes(model_dir: str) -> bool:
-    """Whether the model's family routes tokens to experts (`dlc_jax.model.registry`)."""
+def can_return_routed_experts(model_dir: str) -> bool:
+    """A mixture-of-experts model (`dlc_jax.model.registry`), not on CPU (vLLM 0.32 captures routed
+    experts only with its V2 model runner, which needs Triton)."""
+    from vllm.platforms import current_platform
+
     from dlc_jax.model.registry import family_for_hf
 
     from .base import read_model_config
 
     try:
-        return family_for_hf(read_model_config(model_dir)).routed_experts
+        routes = family_for_hf(read_model_config(model_dir)).routed_experts
     except (ValueError, FileNotFoundError):  # an architecture dlc_jax does not know: vLLM decides
         return False
-
-
-def can_return_routed_experts(model_dir: str) -> bool:
-    """A mixture-of-experts model, not on CPU (vLLM 0.32 captures routed experts only with its V2
-    model runner, which needs Triton)."""
-    from vllm.platforms import current_platform
-
-    return model_routes(model_dir) and not current_platform.is_cpu()
+    return routes and not current_platform.is_cpu()
 
 
 def routed_rows(c, rows: int) -> np.ndarray:

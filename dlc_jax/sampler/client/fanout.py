@@ -52,13 +52,9 @@ def fan_out(
     queues: dict[int, queue.Queue] = {i: queue.Queue(maxsize=queue_depth) for i in clients}
     finished = {i: threading.Event() for i in clients}
 
-    def drain(q: queue.Queue) -> Iterator:
-        while (item := q.get()) is not _END:
-            yield item
-
     def consume(i: int, c: C) -> PushResult:
         try:
-            return push(c, drain(queues[i]))
+            return push(c, iter(queues[i].get, _END))
         finally:
             finished[i].set()
 

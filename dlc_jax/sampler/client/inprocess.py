@@ -125,10 +125,7 @@ class InProcessSampler(SingleSampler):
             "backend": "inprocess",
             "queue_depth": 0,
             **self.counters,
-            "vocab_size": b.vocab_size,
-            "max_model_len": b.cfg.max_model_len,
-            "max_n": b.cfg.max_n,
-            "max_head_k": b.cfg.max_head_k,
+            **b.limits(),  # vocab_size, max_model_len, max_n, max_head_k
             "data_port": 0,
         }
 

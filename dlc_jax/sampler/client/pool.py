@@ -82,9 +82,6 @@ class SamplerPool(SamplerBase):
     def addresses(self) -> list[str]:
         return [s.address for s in self.rot.status]
 
-    def active_indices(self) -> list[int]:
-        return self.rot.active_indices()
-
     def rotation(self) -> list[bool]:
         return self.rot.flags()
 
@@ -110,7 +107,7 @@ class SamplerPool(SamplerBase):
 
     def info(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> dict:
         """Info of the first in-rotation sampler, plus 'pool': the per-sampler report."""
-        for i in self.active_indices():
+        for i in self.rot.active_indices():
             try:
                 d = self.clients[i].info(timeout=timeout, retry=retry)
             except grpc.RpcError as e:
@@ -272,14 +269,13 @@ class SamplerPool(SamplerBase):
         source = named_tensors() if callable(named_tensors) else iter(named_tensors)
         return fan_out(clients, source, push, self.queue_depth)
 
+    def push_each(self, version: int, fn: Callable[[SamplerClient], PushResult]) -> PushResult:
+        """`push_round` of `fn(client)` on every target concurrently."""
+        return self.push_round(version, lambda ts: run_each({i: self.clients[i] for i in ts}, fn))
+
     def load_weights(self, path: str, version: int) -> PushResult:
         """Every target loads an HF directory from shared storage (concurrently)."""
-        return self.push_round(
-            version,
-            lambda targets: run_each(
-                {i: self.clients[i] for i in targets}, lambda c: c.load_weights(path, version)
-            ),
-        )
+        return self.push_each(version, lambda c: c.load_weights(path, version))
 
     def close(self) -> None:
         for c in self.clients:

@@ -61,8 +61,7 @@ def relayed_push(
         results.update(direct(missed))
     for i in missed:
         if i not in results:
-            a = addrs[rest.index(i)]
-            why = r.relayed.get(a, r)
+            why = r.relayed.get(clients[i].address, r)
             results[i] = PushResult(
                 False, -1, f"relay did not reach it: {why.message}", code=why.code
             )

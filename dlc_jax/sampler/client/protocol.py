@@ -95,8 +95,7 @@ def generate_request(
 
 
 class SamplerBase:
-    """What every `Sampler` implementation shares: `generate` (checks its arguments, streams
-    `_generate`) and `push_model` (a model exported for `push_weights`)."""
+    """What every `Sampler` shares: `generate` (checked, then `_generate`) and `push_model`."""
 
     push_weights: Callable[..., PushResult]
     close: Callable[[], None]

@@ -5,6 +5,7 @@ its first message."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -42,9 +43,7 @@ class RetryPolicy:
     def delays(self) -> Iterator[float]:
         """The waits before retry 1, 2, ... (max_retries of them; endless when None)."""
         d = self.backoff
-        n = 0
-        while self.max_retries is None or n < self.max_retries:
-            n += 1
+        for _ in itertools.count() if self.max_retries is None else range(self.max_retries):
             yield d
             d = min(d * 2, self.max_backoff)
 

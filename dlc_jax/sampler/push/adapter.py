@@ -208,8 +208,7 @@ def merged_tensors(
         mod = name[: -len(".weight")] if name.endswith(".weight") else None
         if mod not in mods:
             continue
-        a = adapter[peft_name(mod, "lora_A")]
-        b = adapter[peft_name(mod, "lora_B")]
+        a, b = adapter[peft_name(mod, "lora_A")], adapter[peft_name(mod, "lora_B")]
         yield name, np.asarray(w, np.float32) + np.float32(scale) * (b @ a)
 
 
@@ -231,20 +230,19 @@ def peft_adapter_config(
 ) -> dict:
     """PEFT's ``adapter_config.json`` for LoRA factors on ``target_modules`` (e.g. ``q_proj``);
     ``base``: the base model's name or path, when known."""
-    cfg: dict = {"peft_type": "LORA", "task_type": "CAUSAL_LM"}
-    if base is not None:
-        cfg["base_model_name_or_path"] = base
-    cfg.update(
-        r=rank,
-        lora_alpha=alpha,
-        lora_dropout=0.0,
-        target_modules=target_modules,
-        bias="none",
-        fan_in_fan_out=False,
-        inference_mode=True,
-        use_rslora=False,
-        use_dora=False,
-        modules_to_save=None,
-        layers_to_transform=None,
-    )
-    return cfg
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        **({} if base is None else {"base_model_name_or_path": base}),
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "target_modules": target_modules,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+    }

@@ -119,8 +119,7 @@ class DataPlaneListener:
                 conn, _ = self.sock.accept()
             except OSError:  # nothing more to accept now (or the listener closed)
                 return
-            with self._cond:
-                held = len(self._hello) + len(self._pending)
+            held = self.held
             if held >= self.max_pending:
                 self._refuse(f"{held} connections already held (cap {self.max_pending})")
                 conn.close()

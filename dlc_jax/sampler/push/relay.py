@@ -68,21 +68,20 @@ class RelayForward:
         self.header = header
         self._tensor = tensor
         self._names = [(s.name, tuple(int(d) for d in s.shape)) for s in header.tensors]
-        self._queues: list[queue.SimpleQueue] = []
-        self._threads: list[threading.Thread] = []
-        self._outcomes: list[list[pb.RelayOutcome]] = []
         fanout = max(1, int(header.relay_fanout))
-        for g, group in enumerate(relay_groups(list(header.relay_to), fanout)):
-            q: queue.SimpleQueue = queue.SimpleQueue()
-            self._queues.append(q)
-            self._outcomes.append([])
-            t = threading.Thread(
+        groups = relay_groups(list(header.relay_to), fanout)
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in groups]
+        self._outcomes: list[list[pb.RelayOutcome]] = [[] for _ in groups]
+        self._threads = [
+            threading.Thread(
                 target=self._forward,
                 args=(g, group, fanout, q, token, timeout, chunk_bytes),
                 name=f"push-relay-{g}",
                 daemon=True,
             )
-            self._threads.append(t)
+            for g, (group, q) in enumerate(zip(groups, self._queues))
+        ]
+        for t in self._threads:
             t.start()
 
     def _source(self, q: queue.SimpleQueue):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 import pathlib
 import socket
 import threading
@@ -65,9 +64,9 @@ class SliceTiling:
 class _OpenSlice:
     """A slice being received: its box, its bytes, their running checks, (socket) its trailer."""
 
-    def __init__(self, index: int, start: tuple[int, ...], stop: tuple[int, ...], spec, algo: str):
-        self.index, self.start, self.stop = index, start, stop
-        self.elements = math.prod(hi - lo for lo, hi in zip(start, stop))
+    def __init__(self, index: int, start: Sequence[int], stop: Sequence[int], spec, algo: str):
+        self.index, self.start, self.stop = index, tuple(map(int, start)), tuple(map(int, stop))
+        self.elements = math.prod(hi - lo for lo, hi in zip(self.start, self.stop))
         self.nbytes = self.elements * st.NP_DTYPES[spec.dtype].itemsize
         self.buf = bytearray()
         self.got = 0
@@ -136,9 +135,7 @@ class SlicedStager(WeightStager):
                 f"tensor {s.name!r}: a slice starts before the previous one's TensorDone"
             )
         self._tilings[m.tensor_index].add(m.start, m.stop)
-        start, stop = tuple(int(x) for x in m.start), tuple(int(x) for x in m.stop)
-        o = _OpenSlice(m.tensor_index, start, stop, s, self.checksum)
-        self._open = o
+        self._open = o = _OpenSlice(m.tensor_index, m.start, m.stop, s, self.checksum)
         if self.data_plane == "socket":  # its bytes come on the data connection (`read_socket`)
             with self._cv:
                 self._announced.append(o)
@@ -277,8 +274,7 @@ class SlicedStager(WeightStager):
         self._part = None
 
     def apply(self) -> pathlib.Path:
-        """Check every part ended and every tensor is tiled exactly; -> the staged directory
-        (blocking: the engine's load of the last tensors)."""
+        """Check every part ended and every tensor is tiled exactly; -> `_close()`."""
         if self.dir is None:
             raise PushError.precondition("group commit before any part")
         missing = sorted(set(range(self.parts)) - self.parts_done)
@@ -292,9 +288,4 @@ class SlicedStager(WeightStager):
                     f"tensor {t.name!r}: slices cover {t.covered} of its {t.total} elements "
                     "(they must tile it exactly)"
                 )
-        if self._loader is not None:
-            self._loader.finish()
-        self._unmap()
-        os.close(self._fd)
-        self._fd = -1
-        return self.dir
+        return self._close()

@@ -203,14 +203,10 @@ class WeightStager:
 
     def done(self, d: pb.TensorDone) -> None:
         s = self._spec(d.tensor_index)
-        if self.data_plane == "socket":  # verified once both its bytes and this trailer are in
-            with self._lock:
-                self._trailer[d.tensor_index] = d
-                if self._complete[d.tensor_index]:
-                    self._verify(d.tensor_index, s)
-            return
-        self._trailer[d.tensor_index] = d
-        self._verify(d.tensor_index, s)
+        with self._lock:  # socket plane: verified once both its bytes and this trailer are in
+            self._trailer[d.tensor_index] = d
+            if self.data_plane != "socket" or self._complete[d.tensor_index]:
+                self._verify(d.tensor_index, s)
 
     def read_socket(self, conn: socket.socket, piece: int = 8 << 20) -> None:
         """Socket data plane: every tensor's bytes from `conn` into the mapped file, each piece
@@ -342,7 +338,12 @@ class WeightStager:
             raise PushError.precondition("commit before header")
         for i, s in enumerate(self.specs):
             self._verify(i, s)
-        if self._loader is not None:  # blocking: the engine's load of the last tensors
+        return self._close()
+
+    def _close(self) -> pathlib.Path:
+        """Blocking: the engine's load of the last tensors; -> the staged directory."""
+        assert self.dir is not None
+        if self._loader is not None:
             self._loader.finish()
         self._unmap()
         if self.warm is None:  # a warm buffer stays open: the service gives it back later

@@ -31,12 +31,10 @@ class TensorSource:
 def tensor_source(named_tensors, specs: cabc.Mapping[str, tuple[int, ...]] | None) -> TensorSource:
     """A Mapping name -> array, a Sequence of (name, array), a zero-argument callable returning an
     iterator of (name, array), or a one-shot iterator together with ``specs`` ({name: shape})."""
-    if isinstance(named_tensors, cabc.Mapping):
-        shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors.items()]
-        return TensorSource(lambda: iter(named_tensors.items()), shapes, True)
-    if isinstance(named_tensors, cabc.Sequence):
-        shapes = [(n, tuple(np.shape(a))) for n, a in named_tensors]
-        return TensorSource(lambda: iter(named_tensors), shapes, True)
+    if isinstance(named_tensors, (cabc.Mapping, cabc.Sequence)):
+        pairs = named_tensors.items() if isinstance(named_tensors, cabc.Mapping) else named_tensors
+        shapes = [(n, tuple(np.shape(a))) for n, a in pairs]
+        return TensorSource(lambda: iter(pairs), shapes, True)
     if specs is not None:
         shapes = [(n, tuple(s)) for n, s in specs.items()]
         if callable(named_tensors):
@@ -77,10 +75,7 @@ class PreparedTensor:
 
 
 def prepared_tensors(
-    source: Iterator,
-    names_shapes: list[tuple[str, tuple[int, ...]]],
-    dtype: str,
-    checksum: str,
+    source: Iterator, names_shapes: list[tuple[str, tuple[int, ...]]], dtype: str, checksum: str
 ) -> Iterator[PreparedTensor]:
     """Check, convert and checksum each (name, array) of `source`, in order."""
     np_dtype = st.NP_DTYPES[dtype]

@@ -88,10 +88,7 @@ def _parser() -> ArgumentParser:
     for parser, flags in ((serve, _SERVE), (info, _INFO)):
         for flag, kind, default, help in flags:
             kw: dict = {"choices": kind} if isinstance(kind, list) else {"type": kind}
-            if default is _REQUIRED:
-                kw["required"] = True
-            else:
-                kw["default"] = default
+            kw |= {"required": True} if default is _REQUIRED else {"default": default}
             parser.add_argument(flag, help=help, **kw)
     return ap
 

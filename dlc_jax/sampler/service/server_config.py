@@ -27,8 +27,7 @@ class ServerConfig:
     push_staging: str = "memory"
     push_staging_warm: bool = True  # memory staging: reuse a mapped staging file (warm_staging)
     load_root: str | None = None  # LoadWeights only under this directory; None = disabled
-    # 0 < temperature < this is refused: vLLM silently raises it to 0.01, and logits / T overflow
-    # float32 for tiny T
+    # 0 < temperature < this is refused: vLLM silently raises it to 0.01; logits / T overflow f32
     min_temperature: float = 0.01
 
     def __post_init__(self):

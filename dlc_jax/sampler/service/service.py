@@ -26,7 +26,6 @@ from ..push import sliced as sliced_push
 from ..push.staging import WeightStager
 from ..push.warm_staging import WarmStaging
 from ..push.weight_checks import PushError, check_load_files, check_load_path
-from ..wire import chunk_wire
 from ..wire import sampler_pb2 as pb
 from ..wire.types import SamplingParams
 from .request_checks import RequestError, validate_generate
@@ -39,13 +38,9 @@ def check_request(
     backend: SamplerBackend, cfg: ServerConfig, request: pb.GenerateRequest
 ) -> tuple[list[tuple[int, list[int]]], SamplingParams]:
     """`validate_generate` against the backend's and the server's limits (served or in process)."""
-    b = backend
     return validate_generate(
         request,
-        vocab_size=b.vocab_size,
-        max_model_len=b.cfg.max_model_len,
-        max_n=b.cfg.max_n,
-        max_head_k=b.cfg.max_head_k,
+        **backend.limits(),
         max_prompts=cfg.max_prompts,
         min_temperature=cfg.min_temperature,
     )
@@ -177,11 +172,7 @@ class SamplerService:
         # the lock is taken once a header arrived: a silent or junk stream never blocks others
         try:
             first = await push_session.next_message(it, deadline, self.cfg, "the header")
-            if (
-                first is None
-                or isinstance(first, chunk_wire.RawChunk)
-                or first.WhichOneof("kind") != "header"
-            ):
+            if not isinstance(first, pb.WeightMessage) or first.WhichOneof("kind") != "header":
                 raise PushError.invalid("a push must start with a WeightHeader message")
             try:
                 await asyncio.wait_for(
@@ -357,14 +348,8 @@ class SamplerService:
             version=b.version,
             backend=b.name,
             queue_depth=max(self.queue_depth, 0),
-            tokens_generated=self.counters["tokens_generated"],
-            requests=self.counters["requests"],
-            pushes=self.counters["pushes"],
-            rejected_pushes=self.counters["rejected_pushes"],
-            vocab_size=b.vocab_size,
-            max_model_len=b.cfg.max_model_len,
-            max_n=b.cfg.max_n,
-            max_head_k=b.cfg.max_head_k,
+            **self.counters,  # tokens_generated, requests, pushes, rejected_pushes
+            **b.limits(),  # vocab_size, max_model_len, max_n, max_head_k
             backend_config_json=b.cfg.to_json(),
             data_port=self.data_listener.port if self.data_listener is not None else 0,
         )

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -28,11 +27,6 @@ def generate(out_dir: pathlib.Path = HERE) -> list[pathlib.Path]:
     return [out_dir / "sampler_pb2.py"]
 
 
-def main() -> int:
+if __name__ == "__main__":
     for p in generate():
         print(f"wrote {p}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

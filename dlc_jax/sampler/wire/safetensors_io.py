@@ -94,47 +94,38 @@ def read_specs(model_dir: str | pathlib.Path) -> Specs:
     for f in safetensors_files(model_dir):
         header, _ = read_header(f)
         for name, e in header.items():
-            specs[name] = (
-                tuple(int(s) for s in e["shape"]),
-                ST_TO_NAME.get(e["dtype"], e["dtype"]),
-            )
+            specs[name] = (tuple(int(s) for s in e["shape"]), ST_TO_NAME[e["dtype"]])
     return specs
 
 
-def iter_tensors(model_dir: str | pathlib.Path) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (name, array) one tensor at a time (memory-mapped, copied on read)."""
+def _mapped(model_dir: str | pathlib.Path) -> Iterator[tuple[str, str, list, np.ndarray]]:
+    """(name, dtype name, shape, its bytes as a memory-mapped uint8 view) of every tensor."""
     for f in safetensors_files(model_dir):
         header, start = read_header(f)
         mm = np.memmap(f, dtype=np.uint8, mode="r")
         for name, e in header.items():
             b, end = e["data_offsets"]
-            dt = NP_DTYPES[ST_TO_NAME[e["dtype"]]]
-            arr = np.frombuffer(mm[start + b : start + end].tobytes(), dtype=dt).reshape(e["shape"])
-            yield name, arr
+            yield name, ST_TO_NAME[e["dtype"]], e["shape"], mm[start + b : start + end]
         del mm
+
+
+def iter_tensors(model_dir: str | pathlib.Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (name, array) one tensor at a time (memory-mapped, copied on read)."""
+    for name, dt, shape, raw in _mapped(model_dir):
+        yield name, np.frombuffer(raw.tobytes(), dtype=NP_DTYPES[dt]).reshape(shape)
 
 
 def first_nonfinite(model_dir: str | pathlib.Path, piece: int = 16 << 20) -> str | None:
     """Name of the first float tensor holding a NaN or Inf in a safetensors directory, else None.
     Reads through a memory map in `piece`-byte slices (host memory ~ one slice)."""
-    for f in safetensors_files(model_dir):
-        header, start = read_header(f)
-        mm = np.memmap(f, dtype=np.uint8, mode="r")
-        try:
-            for name, e in header.items():
-                if ST_TO_NAME[e["dtype"]] not in ("float32", "bfloat16", "float16", "float64"):
-                    continue
-                dt = NP_DTYPES[ST_TO_NAME[e["dtype"]]]
-                b, end = e["data_offsets"]
-                step = piece - piece % dt.itemsize
-                for off in range(start + b, start + end, step):
-                    a = np.frombuffer(mm[off : min(off + step, start + end)], dtype=dt)
-                    if not np.isfinite(
-                        a.astype(np.float32) if dt == NP_DTYPES["bfloat16"] else a
-                    ).all():
-                        return name
-        finally:
-            del mm
+    for name, dt, _, raw in _mapped(model_dir):
+        if dt not in ("float32", "bfloat16", "float16", "float64"):
+            continue
+        step = piece - piece % NP_DTYPES[dt].itemsize
+        for off in range(0, len(raw), step):
+            a = np.frombuffer(raw[off : off + step], dtype=NP_DTYPES[dt])
+            if not np.isfinite(a.astype(np.float32) if dt == "bfloat16" else a).all():
+                return name
     return None
 
 
