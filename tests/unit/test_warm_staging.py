@@ -94,6 +94,20 @@ def test_failed_push_gives_its_buffer_back_and_loads_nothing_past_the_bad_tensor
     warm.close()
 
 
+def test_a_second_discard_leaves_the_given_back_buffer_alone(tmp_path):
+    warm = WarmStaging()
+    _, _, d1 = _push(tmp_path, warm, _weights(1), 1)
+    warm.give_back(d1)
+    s, _, err = _push(tmp_path, warm, _weights(2), 2, flip=True)  # discarded: buffer given back
+    assert isinstance(err, PushError)
+    s.discard()  # e.g. a group failing after the service discarded it
+    w3 = _weights(3)
+    _, load3, d3 = _push(tmp_path, warm, w3, 3)
+    assert warm.reused == 2  # the buffer survived the second discard and was reused
+    _check(d3, load3, w3)
+    warm.close()
+
+
 def test_other_sizes_and_buffers_beyond_keep_are_deleted(tmp_path):
     warm = WarmStaging(keep=1)
     _, _, d1 = _push(tmp_path, warm, _weights(1), 1)

@@ -368,7 +368,7 @@ class WeightStager:
         if self._buffer is not None and self.warm is not None:  # back to the warm buffers
             self._fd = -1
             self.warm.give_back(self._buffer.dir)
-            self._buffer = None
+            self._buffer, self.dir = None, None  # a second discard must not delete it
             return
         if self._fd >= 0:
             os.close(self._fd)
