@@ -1,12 +1,8 @@
-"""The TPU compiler (libtpu) flags every TPU compile of this project runs with: `dlc-jax train`, the
-pod launchers and `dlc-jax plan`'s AOT compiles. Stated rather than left to libtpu, whose choice of
-collective matmuls otherwise varied between machines (issue 30). libtpu reads ``LIBTPU_INIT_ARGS``
-once, when JAX loads the TPU backend, so :func:`apply` must run before that.
-
-``DEFAULT_FLAGS``: MaxText's FSDP set (``CF_FOR_ALL_GATHER`` + ``DATA_PARALLEL_OVERLAP``), with
-the collective-matmul (windowed einsum) switches off: over FSDP weights such a loop rewrites the
-whole output once per ring step (2-4x the plan's HBM bytes). ``plan.libtpu_flags`` adds or
-overrides flags; the environment's are kept where neither names them. Imports no JAX."""
+"""The libtpu flags every TPU compile of this project runs with (`dlc-jax train`, the pod launchers,
+`dlc-jax plan`'s AOT compiles), stated rather than left to libtpu, whose choice of collective
+matmuls varied between machines. libtpu reads ``LIBTPU_INIT_ARGS`` once, when JAX loads the TPU
+backend: :func:`apply` must run before that. ``plan.libtpu_flags`` adds or overrides flags; the
+environment's are kept where neither names them. Imports no JAX."""
 
 from __future__ import annotations
 
@@ -26,8 +22,8 @@ DEFAULT_FLAGS: tuple[str, ...] = (
     # MaxText DATA_PARALLEL_OVERLAP: the DCN all-reduce of multi-slice data parallelism
     "--xla_tpu_enable_data_parallel_all_reduce_opt=true",
     "--xla_tpu_data_parallel_opt_different_sized_ops=true",
-    # no collective matmuls (windowed einsums) for the FSDP all-gather / reduce-scatter: stated,
-    # not left to the library's default (on)
+    # no collective matmuls (windowed einsums, libtpu's default): over FSDP weights such a loop
+    # rewrites the whole output once per ring step (2-4x the plan's HBM bytes)
     "--xla_tpu_enable_windowed_einsum_for_all_gather=false",
     "--xla_tpu_enable_windowed_einsum_for_reduce_scatter=false",
 )
@@ -70,9 +66,8 @@ def apply(extra: str = "", environ: MutableMapping[str, str] | None = None) -> s
     """Set ``LIBTPU_INIT_ARGS`` to :func:`merged` and return it (after JAX loaded the TPU backend,
     this process's libtpu keeps the flags it started with)."""
     env = os.environ if environ is None else environ
-    value = merged(extra, env)
-    env[ENV] = value
-    return value
+    env[ENV] = merged(extra, env)
+    return env[ENV]
 
 
 def main() -> int:

@@ -64,8 +64,7 @@ class RolloutFeeder:
         with self.cond:
             if self.outstanding.get(batch, 0):
                 return 0
-            b = self.asm.batches[batch]
-            missing = b.missing()
+            missing = self.asm.batches[batch].missing()
             if not missing:
                 return 0
             attempt = self.attempts.get(batch, 0)
@@ -132,10 +131,6 @@ class _StreamsFailed(Exception):
     def __init__(self, cause: BaseException):
         super().__init__(str(cause))
         self.cause = cause
-
-
-def _cause(e: BaseException) -> BaseException:
-    return e.cause if isinstance(e, _StreamsFailed) else e
 
 
 class InvalidRequestError(UserError):
@@ -205,8 +200,7 @@ class BatchCollector:
 
     def request(self, index: int) -> None:
         """Ask for the missing cells of batch ``index`` (recovering a restarted sampler first)."""
-        err = self.link.restart_detected(self.state.synced_version)
-        if err is not None:
+        if (err := self.link.restart_detected(self.state.synced_version)) is not None:
             self.recover(err)
         b = self.batches[index]
         self.feeder.request_missing(
@@ -227,7 +221,7 @@ class BatchCollector:
                 lambda: self._collect(index),
                 STREAM_RECOVERIES,
                 retryable=lambda e: isinstance(e, _StreamsFailed),
-                on_retry=lambda e, attempt, wait: self.recover(_cause(e)),
+                on_retry=lambda e, attempt, wait: self.recover(getattr(e, "cause", e)),
             )
         except _StreamsFailed as e:
             n = (STREAM_RECOVERIES.max_retries or 0) + 1
@@ -240,9 +234,6 @@ class BatchCollector:
         """Batch ``index`` has been stepped on (or skipped): forget it."""
         self.batches.pop(index, None)
 
-    def batch(self, index: int) -> BatchInFlight:
-        return self.batches[index]
-
     def data_state_before(self, index: int) -> Any:
         """The prompt stream's state before batch ``index`` (now, when it is not open yet)."""
         b = self.batches.get(index)
@@ -254,7 +245,6 @@ class BatchCollector:
         seeded = s.backend in SEEDED_BACKENDS
         seed = mix_seed(self.cfg.train.seed, batch, attempt, g) if seeded else None
         return SamplingParams(
-            n=1,
             max_tokens=s.max_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
@@ -282,11 +272,10 @@ class BatchCollector:
 
     def drop_versions_below(self, version: int) -> int:
         """Empty and refuse from now on the cells sampled in part before ``version``."""
-        n = 0
+        asm = self.assembler
         with self.feeder.cond:
-            for bi in list(self.assembler.batches):
-                n += len(self.assembler.drop_versions_below(bi, version))
-            self.assembler.min_version = version
+            n = sum(len(asm.drop_versions_below(bi, version)) for bi in list(asm.batches))
+            asm.min_version = version
         return n
 
     def clear_failures(self) -> None:
@@ -305,19 +294,17 @@ class BatchCollector:
     # ---- internals -------------------------------------------------------------------------------
     def _collect(self, index: int) -> list:
         """`collect` without recovery: _StreamsFailed once streams failed and none still runs."""
+        f = self.feeder
         while True:
-            with self.feeder.cond:
-                if self.feeder.failures and all(
-                    self.feeder.idle(b) for b in self.assembler.batches
-                ):
-                    raise _StreamsFailed(self.feeder.failures[0])
-                out = self.assembler.release(index, self.state.version)
-                if out is not None:
+            with f.cond:
+                if f.failures and all(f.idle(b) for b in self.assembler.batches):
+                    raise _StreamsFailed(f.failures[0])
+                if (out := self.assembler.release(index, self.state.version)) is not None:
                     return out
-                if not self.feeder.idle(index):
-                    self.feeder.cond.wait(timeout=1.0)
+                if not f.idle(index):
+                    f.cond.wait(timeout=1.0)
                     continue
-                refused = self.feeder.take_refused(index)
+                refused = f.take_refused(index)
             for slots, err in refused:
                 self._refused(index, slots, err)
             self.request(index)
@@ -332,7 +319,6 @@ class BatchCollector:
         s = slots[0]
         if s in b.dropped:  # its other samples' requests were refused as well
             return
-        rec = b.prompts[s]
         b.dropped.add(s)
         self.counters["dropped_invalid"] += 1
         logger.warning(
@@ -340,7 +326,7 @@ class BatchCollector:
             "not trained on (%d dropped so far)",
             index,
             s,
-            rec.row,
+            b.prompts[s].row,
             why,
             self.counters["dropped_invalid"],
         )

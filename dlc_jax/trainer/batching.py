@@ -40,12 +40,6 @@ class SlotBatch:
     def complete(self) -> bool:
         return len(self.cells) == len(self.slots) * self.group_size
 
-    def ordered(self) -> list:
-        """Rollouts ordered by (slot order, sample index). Only valid when complete."""
-        if not self.complete():
-            raise RuntimeError(f"batch {self.index} is incomplete: missing {self.missing()[:8]}")
-        return [self.cells[(s, g)] for s in self.slots for g in range(self.group_size)]
-
 
 class BatchAssembler:
     """Routes rollouts to their batch by slot id; tracks staleness drops and duplicates."""
@@ -106,12 +100,6 @@ class BatchAssembler:
             del b.cells[k]
         return out
 
-    def evict_stale(self, index: int, current_version: int) -> list[tuple[int, int]]:
-        """Drop filled cells of batch ``index`` that became stale; return the reopened cells."""
-        out = self._drop_cells(index, lambda r: self.is_stale(r, current_version))
-        self.dropped_stale += len(out)
-        return out
-
     def drop_versions_below(self, index: int, version: int) -> list[tuple[int, int]]:
         """Drop filled cells of batch ``index`` with any token older than ``version``."""
         return self._drop_cells(index, lambda r: rollout_min_version(r) < version)
@@ -126,15 +114,15 @@ class BatchAssembler:
 
     def release(self, index: int, current_version: int) -> list | None:
         """The ordered rollouts of batch ``index`` (then closed) if complete, else None."""
-        self.evict_stale(index, current_version)
+        stale = self._drop_cells(index, lambda r: self.is_stale(r, current_version))  # reopened
+        self.dropped_stale += len(stale)
         b = self.batches[index]
         if not b.complete():
             return None
-        out = b.ordered()
         del self.batches[index]
         for s in b.slots:
             self._slot_to_batch.pop(s, None)
-        return out
+        return [b.cells[(s, g)] for s in b.slots for g in range(b.group_size)]
 
 
 @dataclasses.dataclass

@@ -87,26 +87,6 @@ def quiet_reads() -> Iterator[None]:
                 _SAVED = None
 
 
-class QuietManager:
-    """A ``CheckpointManager`` whose ``restore`` runs under `quiet_reads`."""
-
-    def __init__(self, mgr: Any) -> None:
-        self._inner = mgr
-
-    def restore(self, *args: Any, **kwargs: Any) -> Any:
-        with quiet_reads():
-            return self._inner.restore(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def _checkpoint_path(directory: str | Path) -> epath.Path:
-    """URIs (``scheme://...``) untouched, local paths made absolute."""
-    s = str(directory)
-    return epath.Path(s if "://" in s else Path(s).absolute())
-
-
 def _describe(paths: list[str]) -> str:
     return ", ".join(paths[:3]) + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
 
@@ -124,8 +104,7 @@ def verify_tree(tree, meta: dict) -> None:
             f"arrays differ from the saved list (missing {_describe(sorted(set(want) - set(sums)))}"
             f"; extra {_describe(sorted(set(sums) - set(want)))})"
         )
-    wrong = [k for k in sums if list(want[k]) != sums[k]]
-    if wrong:
+    if wrong := [k for k in sums if list(want[k]) != sums[k]]:
         raise ValueError(f"checksum mismatch in {len(wrong)} array(s): {_describe(wrong)}")
 
 
@@ -137,7 +116,8 @@ class Checkpointer:
     def __init__(
         self, directory: str | Path, *, keep: int = 2, every: int = 0, verify_on_save: bool = True
     ):
-        self.directory = _checkpoint_path(directory)
+        d = str(directory)  # URIs (``scheme://...``) untouched, local paths made absolute
+        self.directory = epath.Path(d if "://" in d else Path(d).absolute())
         self.every = int(every)
         self.keep = int(keep)
         self.verify_on_save = verify_on_save
@@ -148,8 +128,8 @@ class Checkpointer:
             enable_async_checkpointing=False,
             cleanup_tmp_directories=True,  # half-written saves of a killed run
         )
-        self._mgr = QuietManager(
-            ocp.CheckpointManager(self.directory, options=opts, item_names=("state", "meta"))
+        self._mgr = ocp.CheckpointManager(
+            self.directory, options=opts, item_names=("state", "meta")
         )
 
     def should_save(self, step: int) -> bool:
@@ -167,13 +147,8 @@ class Checkpointer:
             )
         meta = dict(meta, step=int(step), checksums=sums, checksum_format=CHECKSUM_FORMAT)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._mgr.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
+        items = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        self._mgr.save(step, args=items, force=True)
         self._mgr.wait_until_finished()
         if self.verify_on_save:
             try:
@@ -235,7 +210,8 @@ class Checkpointer:
     def restore_items(self, step: int, what: str, chars: int, **items) -> dict:
         """The orbax ``items`` of ``step``; a failure is a CheckpointError naming ``what``."""
         try:
-            return self._mgr.restore(step, args=ocp.args.Composite(**items))
+            with quiet_reads():
+                return self._mgr.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # noqa: BLE001 - orbax raises many types; rewrap with the path
             short = one_line(str(e).split(" See full TensorStore details")[0], chars)
             raise CheckpointError(

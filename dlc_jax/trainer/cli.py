@@ -65,7 +65,6 @@ def cli(argv: list[str]) -> int:
     if summary.get("already_complete"):
         return 0  # the Trainer said so and where the outputs are
     r = summary.get("reward_mean", {})
-    ess = summary.get("ess_lag", {})
     line = {
         "model": summary.get("model"),
         "steps": summary.get("last_step"),
@@ -74,22 +73,17 @@ def cli(argv: list[str]) -> int:
         "reward_first_10pct": r.get("first_10pct"),
         "reward_last_10pct": r.get("last_10pct"),
         "reward_mean": r.get("mean"),
-        "ess_lag_min": ess.get("min"),
+        "ess_lag_min": summary.get("ess_lag", {}).get("min"),
         "resyncs": summary.get("resync_count"),
         "resyncs_ess": summary.get("resync_ess"),
         "reconnects": summary.get("reconnects"),
     }
-    acc = summary.get("eval/accuracy", {})
-    if acc:
+    if acc := summary.get("eval/accuracy", {}):
         line.update(eval_accuracy_first=acc.get("first"), eval_accuracy_last=acc.get("last"))
     print(json.dumps(line), flush=True)
-    if summary.get("sft"):
-        sft = summary["sft"]
+    if sft := summary.get("sft"):
         print(f"sft: warmed up {sft['steps']} steps first; trained copy {sft['model_dir']}")
-    print(
-        f"metrics: {summary['metrics_dir']}/metrics.jsonl (TensorBoard: "
-        f"{summary['metrics_dir']}/tb, "
-        f"summary: {summary['metrics_dir']}/summary.json)"
-    )
+    d = summary["metrics_dir"]
+    print(f"metrics: {d}/metrics.jsonl (TensorBoard: {d}/tb, summary: {d}/summary.json)")
     print(f"checkpoint: {summary['checkpoint_dir']} (step {summary['checkpoint_step']})")
     return 0 if summary.get("finished") else 1

@@ -26,7 +26,6 @@ from dlc_jax.trainer.config_sections import (
     ConfigError,
     DistributedSection,
     LossSection,
-    ModelSection,
     OptimSection,
     ResyncSection,
     TrainConfig,
@@ -163,18 +162,12 @@ def _section_error(where: str, cls, msg: str) -> str:
     return f"{where}: {msg}"
 
 
-def _get(cfg: TrainConfig, dotted: str):
-    obj = cfg
-    for part in dotted.split("."):
-        obj = vars(obj)[_FIELD_NAME.get(part, part)]
-    return obj
-
-
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Range and cross-field checks (types and choices were checked while parsing)."""
     for ok, req, keys in _RULES:
         for key in keys.split():
-            v = _get(cfg, key)
+            section, name = key.split(".")
+            v = getattr(getattr(cfg, _FIELD_NAME.get(section, section)), name)
             if not ok(v):
                 raise ConfigError(f"{key}: must be {req}, got {v!r}")
     axes = {a: getattr(cfg.mesh, a) for a in ("data", "fsdp", "tensor")}
@@ -316,8 +309,7 @@ def read_layered(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     d = load_yaml(p) or {}
     if not isinstance(d, dict):
         raise ConfigError(f"{p}: top level must be a mapping")
-    base = d.pop("base", None)
-    if base in (None, ""):
+    if (base := d.pop("base", None)) in (None, ""):
         return d
     if not isinstance(base, str):
         raise ConfigError(f"base: expected a config name or path in {p}, got {base!r}")
@@ -357,7 +349,6 @@ def dump_config(cfg: TrainConfig) -> str:
 __all__ = [
     "ConfigError",
     "TrainConfig",
-    "ModelSection",
     "DistributedSection",
     "LossSection",
     "OptimSection",

@@ -134,8 +134,7 @@ class LossSection(LossConfig):
 
     def loss_config(self) -> LossConfig:
         """The ``LossConfig`` part."""
-        fields = {f.name for f in dataclasses.fields(LossConfig)}
-        return LossConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in fields})
+        return LossConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LossConfig)})
 
 
 @dataclasses.dataclass

@@ -1,10 +1,8 @@
 """Multi-host JAX for the trainer: start-up (`initialize`, before any other JAX call), collectives
 that keep control flow identical on every process (`leader_json`, `allgather`, `global_versions`),
-per-host batch shards and the collective weight push (`push_weights`).
-
-Batches are split by slot: each process owns the rows on its devices (`local_row_range`, whole
-groups of G = sampler.n: `local_slots`), requests, scores and packs those alone, and the global
-arrays are assembled from them (`global_batch`), so no host funnels the whole batch.
+per-host batch shards and the collective weight push (`push_weights`). Each process owns the batch
+rows on its devices (`local_row_range`; whole groups of G = sampler.n: `local_slots`), requests,
+scores and packs those alone; `global_batch` assembles the global arrays, no host funnels them.
 """
 
 from __future__ import annotations
@@ -107,9 +105,7 @@ def leader_json(value: Any) -> Any:
 
     raw = json.dumps(value).encode() if jax.process_index() == 0 else b""
     n = int(np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(len(raw), np.int32))))
-    buf = np.zeros(n, np.uint8)
-    if raw:
-        buf[:] = np.frombuffer(raw, np.uint8)
+    buf = np.frombuffer(raw, np.uint8).copy() if raw else np.zeros(n, np.uint8)
     return json.loads(np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8).tobytes())
 
 
@@ -137,23 +133,19 @@ def allgather(x) -> np.ndarray:
 def global_versions(local: set[int], candidates: set[int]) -> list[int]:
     """Sorted union over processes of the weight versions ``local``, each in ``candidates``."""
     cands = sorted(candidates)
-    unknown = set(local) - set(cands)
-    if unknown:
+    if unknown := set(local) - set(cands):
         raise RuntimeError(
             f"rollouts of weight versions {sorted(unknown)} without a theta_s snapshot "
             f"(have {cands})"
         )
-    flags = np.asarray([v in local for v in cands], np.int32)
-    anyp = allgather(flags).max(axis=0)
+    anyp = allgather(np.asarray([v in local for v in cands], np.int32)).max(axis=0)
     return [v for v, f in zip(cands, anyp) if f]
 
 
-def make_training_mesh(mesh_section):
-    """The (data, fsdp, tensor) mesh of the `mesh` section; None for one device."""
-    from dlc_jax.model import MeshConfig, make_mesh
+def make_training_mesh(m):
+    """The (data, fsdp, tensor) mesh of the `mesh` section (a `MeshConfig`); None for one device."""
+    from dlc_jax.model import make_mesh
 
-    m = mesh_section
-    mc = MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor, expert=m.expert)
     devices = jax.devices()
     if -1 not in (m.data, m.fsdp, m.tensor):
         need = m.data * m.fsdp * m.tensor * m.expert
@@ -169,10 +161,10 @@ def make_training_mesh(mesh_section):
             )
         devices = devices[:need]
     try:
-        shape = mc.shape(len(devices))
+        shape = m.shape(len(devices))
     except ValueError as e:
         raise ValueError(f"mesh: {e}") from e
-    return None if shape == (1, 1, 1) and m.expert == 1 else make_mesh(mc, devices)
+    return None if shape == (1, 1, 1) and m.expert == 1 else make_mesh(m, devices)
 
 
 def rows_sharding(mesh):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from typing import Any
 
@@ -54,10 +55,7 @@ class Evaluator:
                 count_tokens=lambda prompts: count_prompt_tokens(tokenizer, prompts, **render),
             )
         except ValueError as e:  # the source's errors name data.*: here they are eval.*'s
-            msg = str(e)
-            for key in ("source", "split", "subset"):
-                msg = msg.replace(f"data.{key}", f"eval.{key}")
-            raise type(e)(msg) from None
+            raise type(e)(re.sub(r"data\.(source|split|subset)", r"eval.\1", str(e))) from None
         self.examples = examples[: cfg.eval.n]
         if not self.examples:
             raise ValueError(f"eval.source: no usable prompt in {data.source!r} ({stats})")
@@ -74,13 +72,9 @@ class Evaluator:
 
     def run(self, client, step: int) -> dict[str, float]:
         t0 = time.time()
-        params = SamplingParams(
-            n=1,
+        params = SamplingParams(  # one sample, no top-k/top-p truncation, no head
             max_tokens=self.max_tokens,
             temperature=self.ev.temperature,
-            top_p=1.0,
-            top_k=0,
-            head_k=0,
             stop_token_ids=(self.eos_id,),
             seed=step if self.cfg.sampler.backend in SEEDED_BACKENDS else None,
         )

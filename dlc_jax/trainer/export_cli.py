@@ -96,16 +96,15 @@ def model_dir_from_meta(meta: dict) -> Path:
     return d
 
 
-def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | None = None):
-    """(step, params): the checkpoint's `params` onto `abstract_params`, verified."""
+def restore_params(ckpt_dir, meta: dict, abstract_params):
+    """The `params` of checkpoint step ``meta["step"]`` onto `abstract_params`, verified."""
     import jax
     import orbax.checkpoint as ocp
 
     from dlc_jax.trainer.checkpoint import Checkpointer, CheckpointError, verify_tree
 
+    step = int(meta["step"])
     with contextlib.closing(Checkpointer(ckpt_dir)) as ck:
-        step = ck._resolve(step)
-        meta = ck.restore_meta(step) if meta is None else meta
         target = {"params": abstract_params}
         restore_args = jax.tree.map(
             lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype), target
@@ -122,7 +121,7 @@ def restore_params(ckpt_dir, step: int | None, abstract_params, meta: dict | Non
             raise CheckpointError(
                 f"checkpoint {ck.directory}/{step}: corrupt, not exported: {e}"
             ) from e
-        return step, params
+        return params
 
 
 def _write_into_place(out_path: Path, write) -> None:
@@ -170,9 +169,7 @@ def export_lora_checkpoint(
             f"{model_dir} is not the base these adapters were trained on (fingerprint {fp}, "
             f"checkpoint {meta.get(META_KEY)}); pass the run's base with --model"
         )
-    _, restored = restore_params(
-        ckpt_dir, int(meta["step"]), _on_one_device(nnx.state(model, LoraParam))
-    )
+    restored = restore_params(ckpt_dir, meta, _on_one_device(nnx.state(model, LoraParam)))
     nnx.update(model, restored)
     if fmt == "adapter":
         return save_peft(model, cfg.lora, out_dir, base=str(model_dir))
@@ -230,7 +227,7 @@ def export_checkpoint(
         lambda: build_model(config, rngs=nnx.Rngs(0), param_dtype=_jnp_dtype(pd))
     )
     graphdef, params, *rest = nnx.split(abstract, nnx.Param, ...)
-    step, restored = restore_params(ckpt_dir, step, _on_one_device(params), meta)
+    restored = restore_params(ckpt_dir, meta, _on_one_device(params))
     model = nnx.merge(graphdef, restored, *rest)
     model.hf_source = str(model_dir)
     _write_into_place(

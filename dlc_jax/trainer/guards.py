@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 
 from dlc_jax.errors import UserError
-from dlc_jax.trainer.state import TrainState
+from dlc_jax.trainer.state import TrainState, update_count
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +29,12 @@ class NonFiniteGuard:
         self.counters = counters
         self.in_a_row = 0
 
-    def check(
-        self, state: TrainState, index: int, m: dict, before: tuple, applied: bool = True
-    ) -> bool:
-        """True when the step of batch ``index`` is finite and applied; else False with ``state``
-        back to ``before`` = (params, opt_state), or NonFiniteTrainingError at the limit."""
+    def check(self, state: TrainState, index: int, m: dict, before: tuple) -> bool:
+        """True when the step of batch ``index`` is finite and applied (the optimizer counted it);
+        else False with ``state`` back to ``before`` = (params, opt_state), or
+        NonFiniteTrainingError at the limit."""
         loss, gnorm = m.get("loss/loss", 0.0), m.get("grad_norm", 0.0)
+        applied = update_count(state.opt_state) != update_count(before[1])
         if math.isfinite(loss) and math.isfinite(gnorm) and applied:
             self.in_a_row = 0
             return True

@@ -23,9 +23,6 @@ class Hook:
     every: int
     fn: Callable[[StepInfo], dict | None]
 
-    def due(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0
-
 
 class Hooks:
     """An ordered list of `Hook` s."""
@@ -33,19 +30,16 @@ class Hooks:
     def __init__(self, hooks: list[Hook] | None = None):
         self.hooks: list[Hook] = list(hooks or [])
 
-    def add(self, name: str, every: int, fn: Callable[[StepInfo], dict | None]) -> Hook:
+    def add(self, name: str, every: int, fn: Callable[[StepInfo], dict | None]) -> None:
         if every < 0:
             raise ValueError(f"hook {name!r}: every must be >= 0, got {every}")
-        h = Hook(name, int(every), fn)
-        self.hooks.append(h)
-        return h
+        self.hooks.append(Hook(name, int(every), fn))
 
     def names(self) -> list[str]:
         return [h.name for h in self.hooks]
 
-    def run(self, info: StepInfo) -> StepInfo:
-        """Run the hooks due at ``info.step``; returns ``info`` with their metrics in its row."""
+    def run(self, info: StepInfo) -> None:
+        """Run the hooks due at ``info.step``, their metrics merged into ``info.row``."""
         for h in self.hooks:
-            if h.due(info.step):
+            if h.every > 0 and info.step % h.every == 0:
                 info.row.update(h.fn(info) or {})
-        return info

@@ -33,7 +33,6 @@ from dlc_jax.trainer.metrics_log import MetricsLogger
 from dlc_jax.trainer.resync import Resyncer, make_policy
 from dlc_jax.trainer.run_dir import RunCheckpoints, complete_summary, model_names, open_metrics
 from dlc_jax.trainer.sampler_link import SamplerLink, SamplerUnavailable
-from dlc_jax.trainer.state import update_count
 from dlc_jax.trainer.step import STEP_KEYS
 from dlc_jax.trainer.step_inputs import StepInputs, decode
 from dlc_jax.trainer.train_setup import load_train_model, make_train_setup
@@ -83,9 +82,8 @@ class Trainer:
         self.mesh = dist.make_training_mesh(cfg.mesh)
         self.rows = dist.rows_sharding(self.mesh) if self.mesh is not None else None
         setup = make_train_setup(cfg, self.model_dir, self.mesh)
-        self.state, self.tx, self.schedule = setup.state, setup.tx, setup.schedule
+        self.state, self.schedule, self.train_step = setup.state, setup.schedule, setup.train_step
         self._full = setup.serve
-        self.step_cfg, self.train_step = setup.step_cfg, setup.train_step
         self.policy = make_policy(cfg.resync)
         self.rewards = rewards
         self.inputs = StepInputs(
@@ -187,8 +185,8 @@ class Trainer:
                 "interrupted at step %d: checkpoint %s (step %s); resume by running the same "
                 "command again",
                 self.state.step,
-                self.checkpoints.directory,
-                self.checkpoints.latest_step(),
+                self.checkpoints.ckpt.directory,
+                self.checkpoints.ckpt.latest_step(),
             )
             raise KeyboardInterrupt
         return summary
@@ -207,8 +205,7 @@ class Trainer:
                 self._choose_lora_push(self.link.client.info(), started_here=False)
             if self.resumed:
                 v = self.state.synced_version
-                served = lambda: self.serve(self.state.model_at(v))  # noqa: E731
-                self.link.push_retrying(v, served, reason="resume")
+                self.link.push_retrying(v, lambda: self.serve(self.state.model_at(v)), "resume")
         except BaseException:
             self.link.close()
             raise
@@ -236,8 +233,8 @@ class Trainer:
         extra = {
             "finished": finished,
             "seconds": seconds,
-            "checkpoint_dir": str(self.checkpoints.directory),
-            "checkpoint_step": self.checkpoints.latest_step(),
+            "checkpoint_dir": str(self.checkpoints.ckpt.directory),
+            "checkpoint_step": self.checkpoints.ckpt.latest_step(),
             "metrics_dir": str(Path(self.cfg.log.dir).absolute()),
             "model_dir": str(self.model_dir),
             **model_names(self.cfg, self.model_dir),
@@ -258,7 +255,7 @@ class Trainer:
 
     def _periodic_save(self, info: StepInfo) -> None:
         if self.checkpoints.ckpt.should_save(info.step):
-            self.save()
+            self.checkpoints.save(self.state)
 
     def _checkpoint_meta(self) -> dict:
         # the data state before the next batch: a resumed run draws the same prompts
@@ -268,13 +265,8 @@ class Trainer:
             "dropped_stale": self.batches.assembler.dropped_stale,
         }
 
-    def save(self, force: bool = False) -> bool:
-        """Checkpoint the current step (periodic unless ``force``)."""
-        return self.checkpoints.save(self.state, force=force)
-
     def _resume(self) -> bool:
-        meta = self.checkpoints.resume(self.state)
-        if meta is None:
+        if (meta := self.checkpoints.resume(self.state)) is None:
             return False
         self.data.set_state(meta["data_state"])
         self.counters.update(meta.get("counters", {}))
@@ -294,7 +286,7 @@ class Trainer:
         t_wait = time.time() - t0
         self.batches.prefetch_after(index)
         stats, arrays = self.inputs.score_and_pack(
-            rollouts, self.batches.batch(index).prompts, st.version
+            rollouts, self.batches.batches[index].prompts, st.version
         )
         dev, forwards = self.inputs.device_inputs(arrays, st)
         self.counters["snapshot_forwards"] += forwards
@@ -304,8 +296,7 @@ class Trainer:
             st.params, st.opt_state, {k: dev[k] for k in STEP_KEYS if k in dev}
         )
         m = {k: float(v) for k, v in out.items()}
-        applied = update_count(st.opt_state) != update_count(before[1])
-        if not self.nonfinite.check(st, index, m, before, applied):
+        if not self.nonfinite.check(st, index, m, before):
             return None
         st.step += 1
         self._partial_row = dict(m)
@@ -353,11 +344,11 @@ class Trainer:
             return {}
 
     def _sample_log(self, rollouts: list, index: int, dev: dict, params) -> list[dict]:
-        """``log.samples_every``: records of ``log.samples_n`` rollouts when due."""
+        """``log.samples_every``: records of ``log.samples_n`` rollouts (one per group first)."""
         lg, step = self.cfg.log, self.state.step
         if not (lg.samples_every and step % lg.samples_every == 0 and self.proc.is_leader):
             return []
-        prompts = self.batches.batch(index).prompts
+        prompts = self.batches.batches[index].prompts
         order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))
         chosen = [rollouts[i] for i in order[: lg.samples_n]]
         rewards, _ = self.inputs._score(chosen, prompts)
@@ -369,7 +360,7 @@ class Trainer:
             lp_s = jnp.where(dev["self_mask"], lp, dev["lp_s"])
             arrays = {"lp": lp, "lp_s": lp_s, "lp_q": dev["lp_q"], "mask": dev["mask"]}
             per_token = {k: jax.device_get(v[rows]) for k, v in arrays.items()}
-        return sample_records(chosen, prompts, texts, rewards, per_token, lg.samples_n)
+        return sample_records(chosen, prompts, texts, rewards, per_token)
 
     def _on_reconnect(self) -> None:
         self.batches.clear_failures()

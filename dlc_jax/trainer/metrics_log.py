@@ -1,6 +1,4 @@
-"""Per-step metrics to metrics.jsonl (one flushed line per step; a resume drops the rows past the
-checkpoint and keeps the rest for the summary), TensorBoard, wandb and a progress bar or line.
-"""
+"""`MetricsLogger`: per-step metrics to metrics.jsonl, TensorBoard, wandb and a progress line."""
 
 from __future__ import annotations
 
@@ -10,18 +8,12 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import yaml
 
-from dlc_jax.trainer.writers import (
-    ProgressLine,
-    SampleWriter,
-    WandbWriter,
-    flatten,
-    samples_markdown,
-    tb_tag,
-)
+from dlc_jax.trainer.writers import ProgressLine, WandbWriter, flatten, samples_markdown, tb_tag
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +89,7 @@ class MetricsLogger:
                 self.history = read_rows(self.jsonl_path, initial_step)
                 self.jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
             self._jsonl = open(self.jsonl_path, "a" if append else "w")
-        self._samples: SampleWriter | None = None
+        self._samples: IO[str] | None = None  # samples.jsonl, opened by the first samples
         self._append = append
         self._tb = None
         if tensorboard:
@@ -128,8 +120,7 @@ class MetricsLogger:
         """Record scalar ``metrics`` at ``step`` (non-scalars skipped); returns the row written."""
         row: dict = {"step": int(step)}
         for k, v in metrics.items():
-            s = _scalar(v)
-            if s is not None:
+            if (s := _scalar(v)) is not None:
                 row[k] = None if isinstance(s, float) and not math.isfinite(s) else s
         row["time_s"] = round(time.time() - self._t0, 3)
         if self._jsonl:
@@ -160,8 +151,9 @@ class MetricsLogger:
             return
         records = [{"step": int(step), **r} for r in records]
         if self._samples is None:
-            self._samples = SampleWriter(self.directory, self._append)
-        self._samples.write(records)
+            self._samples = open(self.directory / "samples.jsonl", "a" if self._append else "w")
+        self._samples.write("".join(json.dumps(r) + "\n" for r in records))
+        self._samples.flush()
         if self._tb:
             self._tb.add_text("samples", samples_markdown(records), global_step=step)
         if self._wandb is not None:

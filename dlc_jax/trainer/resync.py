@@ -76,15 +76,7 @@ def make_policy(resync_cfg) -> ResyncPolicy:
 class Resyncer:
     """Resyncs of one run; ``serve``: module -> what the sampler gets."""
 
-    def __init__(
-        self,
-        state: Any,
-        link: Any,
-        serve: Callable[[Any], Any],
-        batches: Any,
-        counters: dict,
-        cfg: Any,
-    ):
+    def __init__(self, state, link, serve: Callable[[Any], Any], batches, counters: dict, cfg):
         self.state, self.link, self.serve = state, link, serve
         self.batches, self.counters = batches, counters
         self.stale_rollouts = cfg.stale_rollouts

@@ -113,16 +113,10 @@ def check_resume_config(meta: dict, current: dict, *, allow_change: bool, where:
     )
 
 
-def run_outputs(log_dir: str | Path) -> list[Path]:
-    """The run outputs present in ``log_dir``."""
-    d = Path(log_dir)
-    return [d / n for n in RUN_OUTPUTS if (d / n).exists()]
-
-
 def prepare_fresh_start(ckpt, log_dir: str | Path, *, overwrite: bool) -> None:
     """Refuse a directory holding another run unless ``overwrite``, which deletes it."""
     steps = ckpt.all_steps()
-    outputs = run_outputs(log_dir)
+    outputs = [Path(log_dir, n) for n in RUN_OUTPUTS if Path(log_dir, n).exists()]
     if not steps and not outputs:
         return
     found = ([f"checkpoints {steps} in {ckpt.directory}"] if steps else []) + [
@@ -174,14 +168,6 @@ class RunCheckpoints:
         self.base_fingerprint = base_fingerprint  # LoRA: the adapters' base
         self.ckpt = Checkpointer(c.dir, keep=c.keep, every=c.every)
         self.meta_fn = meta_fn
-
-    @property
-    def directory(self) -> Any:
-        """An ``etils.epath.Path`` (gs:// too)."""
-        return self.ckpt.directory
-
-    def latest_step(self) -> int | None:
-        return self.ckpt.latest_step()
 
     def save(self, state: TrainState, force: bool = False) -> bool:
         """Checkpoint ``state`` (periodic unless ``force``); a failed save is logged."""
@@ -250,7 +236,7 @@ def complete_summary(cfg: TrainConfig, checkpoints: RunCheckpoints, model_dir: P
         saved = json.loads((metrics_dir / "summary.json").read_text())
     except (OSError, ValueError):
         saved = {}
-    step = checkpoints.latest_step()
+    step = checkpoints.ckpt.latest_step()
     logger.info(
         "run already complete: checkpoint step %s >= train.steps=%d in %s; metrics "
         "%s/metrics.jsonl, summary %s/summary.json; nothing was trained (raise train.steps to "
@@ -258,7 +244,7 @@ def complete_summary(cfg: TrainConfig, checkpoints: RunCheckpoints, model_dir: P
         "and log.dir to start over)",
         step,
         cfg.train.steps,
-        checkpoints.directory,
+        checkpoints.ckpt.directory,
         metrics_dir,
         metrics_dir,
     )
@@ -267,7 +253,7 @@ def complete_summary(cfg: TrainConfig, checkpoints: RunCheckpoints, model_dir: P
         already_complete=True,
         finished=True,
         seconds=0.0,
-        checkpoint_dir=str(checkpoints.directory),
+        checkpoint_dir=str(checkpoints.ckpt.directory),
         checkpoint_step=step,
         metrics_dir=str(metrics_dir),
         model_dir=str(model_dir),

@@ -145,8 +145,7 @@ class _Rounds:
         every = np.asarray(multihost_utils.process_allgather(accepted)).reshape(nproc, len(targets))
         commits: dict[int, PushResult] = {}
         if me == 0:
-            ready = {i: clients[i] for i, a in zip(targets, every.min(axis=0)) if a}
-            if ready:
+            if ready := {i: clients[i] for i, a in zip(targets, every.min(axis=0)) if a}:
                 commits = run_each(
                     ready,
                     lambda c: c.push_messages(commit_messages(self.version, group, nproc)),
@@ -161,8 +160,7 @@ class _Rounds:
         results: dict[int, PushResult] = {}
         for k, i in enumerate(targets):
             ok, ver = bool(outcome[k, 0]), int(outcome[k, 1])
-            failed = [p for p in range(nproc) if not every[p, k]]
-            if failed:
+            if failed := [p for p in range(nproc) if not every[p, k]]:
                 why = f"parts of processes {failed} were refused"
                 own = parts[i].message if me in failed else ""
                 msg = f"{why}{': ' + own if own else ''}; group not committed"

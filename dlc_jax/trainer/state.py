@@ -1,6 +1,4 @@
-"""Train state: theta_t, optax AdamW (warmup + decay, global-norm clipping), the weight version
-and the theta_s snapshots keyed by version.
-"""
+"""`TrainState` (theta_t, optimizer state, version, theta_s snapshots) and its optax AdamW."""
 
 from __future__ import annotations
 
@@ -16,11 +14,10 @@ def make_schedule(optim, total_steps: int):
     """LR schedule from the ``optim`` section: linear warmup then cosine/linear/constant decay."""
     warm = int(optim.warmup)
     decay_steps = max(1, int(total_steps) - warm)
-    end = optim.lr * optim.min_lr_ratio
     if optim.decay == "cosine":
         tail = optax.cosine_decay_schedule(optim.lr, decay_steps, alpha=optim.min_lr_ratio)
     elif optim.decay == "linear":
-        tail = optax.linear_schedule(optim.lr, end, decay_steps)
+        tail = optax.linear_schedule(optim.lr, optim.lr * optim.min_lr_ratio, decay_steps)
     else:
         tail = optax.constant_schedule(optim.lr)
     if warm == 0:
@@ -54,8 +51,7 @@ def apply_updates(tx, params, opt_state, grads, lr_scale=1.0):
     updates, new_opt_state = tx.update(grads, opt_state, params)
     updates = jax.tree.map(lambda u: u * jnp.asarray(lr_scale, u.dtype), updates)
     new_params = optax.apply_updates(params, updates)
-    ok = all_finite(grads) & all_finite(updates) & all_finite(new_params)
-    ok = ok & jnp.all(jnp.isfinite(jnp.asarray(lr_scale)))
+    ok = all_finite((grads, updates, new_params, lr_scale))
     keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
     return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
 
@@ -139,17 +135,15 @@ class TrainState:
     def version(self) -> int:
         return self.step
 
-    def model(self):
-        """The NNX module of the current params."""
+    def model(self, params=None):
+        """The NNX module of ``params`` (default: the current ones)."""
         from flax import nnx
 
-        return nnx.merge(self.graphdef, self.params)
+        return nnx.merge(self.graphdef, self.params if params is None else params)
 
     def model_at(self, version: int):
         """The NNX module for the theta_s snapshot of weight ``version``."""
-        from flax import nnx
-
-        return nnx.merge(self.graphdef, self.snapshot_params(version))
+        return self.model(self.snapshot_params(version))
 
     def snapshot(self) -> None:
         """Record theta_t as the sampler's weights for ``self.version`` (theta_s <- theta_t)."""
@@ -157,18 +151,13 @@ class TrainState:
         self.synced_version = self.version
         self.prune()
 
-    def prune(self, keep_versions: set[int] | None = None) -> list[int]:
+    def prune(self, keep_versions: set[int] | None = None) -> None:
         """Drop the oldest snapshots beyond ``max_snapshots`` (not synced or kept ones)."""
-        dropped = []
-        keep_versions = keep_versions or set()
         for v in sorted(self.snapshots):
             if len(self.snapshots) <= self.max_snapshots:
                 break
-            if v == self.synced_version or v in keep_versions:
-                continue
-            del self.snapshots[v]
-            dropped.append(v)
-        return dropped
+            if v != self.synced_version and v not in (keep_versions or set()):
+                del self.snapshots[v]
 
     def snapshot_params(self, version: int):
         if version not in self.snapshots:

@@ -167,10 +167,9 @@ def make_snapshot_logprobs(graphdef, cfg: StepConfig):
 
     def one(params_s, batch):
         tl = policy_logprobs(graphdef, params_s, batch, cfg)
-        lps_head = (
-            tl.lp_head if tl.lp_head is not None else jnp.zeros(batch["lq_head"].shape, jnp.float32)
-        )
-        return tl.lp, lps_head
+        if tl.lp_head is None:
+            return tl.lp, jnp.zeros(batch["lq_head"].shape, jnp.float32)
+        return tl.lp, tl.lp_head
 
     @jax.jit
     def fn(params_s, batch):
@@ -193,9 +192,7 @@ def _loss_fn(params, graphdef, mb: dict, num_tokens, cfg: StepConfig, frozen=Non
     sg = jax.lax.stop_gradient
     self_m = mb["self_mask"]
     lp_s = jnp.where(self_m, sg(tl.lp), mb["lp_s"])
-    lps_head = None
-    if cfg.head_k:
-        lps_head = jnp.where(self_m[..., None], sg(tl.lp_head), mb["lps_head"])
+    lps_head = jnp.where(self_m[..., None], sg(tl.lp_head), mb["lps_head"]) if cfg.head_k else None
     lp_old = {"current": None, "sampler": mb["lp_q"], "snapshot": lp_s}[cfg.old_policy]
     inputs = LossInputs(
         lp=tl.lp,
@@ -370,8 +367,7 @@ class _PartialStep:
 
 def device_batch(batch: dict, mesh=None) -> dict:
     """The ``STEP_KEYS`` arrays of ``batch`` on device (rows over ('data', 'fsdp') with a mesh)."""
-    missing = [k for k in STEP_KEYS if k not in batch and k not in OPTIONAL_STEP_KEYS]
-    if missing:
+    if missing := [k for k in STEP_KEYS if k not in batch and k not in OPTIONAL_STEP_KEYS]:
         raise KeyError(f"step batch is missing arrays {missing}")
     keys = [k for k in STEP_KEYS if k in batch]
     if mesh is None:

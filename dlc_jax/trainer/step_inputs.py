@@ -98,9 +98,8 @@ class StepInputs:
     rewards: RewardRunner
 
     def __post_init__(self) -> None:
-        cfg = self.cfg
         self.multi = jax.process_count() > 1
-        if self.multi and cfg.train.pack:
+        if self.multi and self.cfg.train.pack:
             raise ValueError(
                 "train.pack: packed rows are single-process for now (multi-host batches "
                 "have a fixed global row count); use train.pack=false"

@@ -21,7 +21,7 @@ from dlc_jax.lora import (
 )
 from dlc_jax.trainer.config import TrainConfig
 from dlc_jax.trainer.state import TrainState, make_optimizer, make_schedule
-from dlc_jax.trainer.step import StepConfig, make_snapshot_logprobs, make_train_step, step_config
+from dlc_jax.trainer.step import make_snapshot_logprobs, make_train_step, step_config
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,10 @@ class TrainSetup:
     """serve: what a full push sends (LoRA: merged); base_fp: a LoRA base's fingerprint."""
 
     state: TrainState
-    tx: Any
     schedule: Callable[[Any], Any]
     serve: Callable[[Any], Any]
     adapters: bool
     base_fp: Any
-    step_cfg: StepConfig
     train_step: Callable[..., Any]
     snapshot_lp: Callable[..., Any]
 
@@ -93,6 +91,4 @@ def make_train_setup(cfg: TrainConfig, model_dir: str | Path, mesh) -> TrainSetu
         )
     train_step = make_train_step(state.graphdef, tx, step_cfg, trainable=state.trainable, **shard)
     snapshot_lp = make_snapshot_logprobs(state.graphdef, step_cfg)
-    return TrainSetup(
-        state, tx, schedule, serve, bool(adapted), base_fp, step_cfg, train_step, snapshot_lp
-    )
+    return TrainSetup(state, schedule, serve, bool(adapted), base_fp, train_step, snapshot_lp)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -166,22 +165,6 @@ class WandbWriter:
         self.run.finish()
 
 
-class SampleWriter:
-    """Sample completions to ``<dir>/samples.jsonl`` (one flushed line per sample)."""
-
-    def __init__(self, directory: Path, append: bool):
-        self.path = directory / "samples.jsonl"
-        self._f = open(self.path, "a" if append else "w")
-
-    def write(self, records: list[dict]) -> None:
-        for r in records:
-            self._f.write(json.dumps(r) + "\n")
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
-
-
 def samples_markdown(records: list[dict]) -> str:
     """TensorBoard text of sample completions (one markdown block per sample)."""
     parts = []
@@ -203,9 +186,8 @@ class ProgressLine:
 
     KEYS = (("reward", "reward_mean"), ("ess", "ess_lag"), ("resyncs", "resync_count"))
 
-    def __init__(self, every: int, total_steps: int | None, stream=None):
+    def __init__(self, every: int, total_steps: int | None):
         self.every, self.total = max(1, every), total_steps
-        self.stream = stream or sys.stdout
 
     def update(self, row: dict) -> None:
         step = row["step"]
@@ -213,13 +195,12 @@ class ProgressLine:
             return
         parts = [f"step {step}" + (f"/{self.total}" if self.total else "")]
         for name, k in self.KEYS:
-            v = row.get(k)
-            if v is not None:
+            if (v := row.get(k)) is not None:
                 parts.append(f"{name} {v:.3f}" if isinstance(v, float) else f"{name} {v}")
         for k in ("eval/accuracy", "step_s"):
             if isinstance(row.get(k), (int, float)):
                 parts.append(f"{k} {row[k]:.3f}")
-        print(" | ".join(parts), file=self.stream, flush=True)
+        print(" | ".join(parts), flush=True)
 
 
 def _first(e: BaseException) -> str:
@@ -245,19 +226,12 @@ def token_summary(lp, lp_s, lp_q, mask) -> dict[str, float]:
 
 
 def sample_records(
-    rollouts: list,
-    prompts: dict,
-    texts: list[str],
-    rewards: np.ndarray,
-    per_token: dict | None,
-    n: int,
+    rollouts: list, prompts: dict, texts: list[str], rewards: np.ndarray, per_token: dict | None
 ) -> list[dict]:
-    """Records of the first ``n`` rollouts (one per group first). per_token: host arrays ``lp``,
-    ``lp_s``, ``lp_q``, ``mask`` [rows, L], row i = rollout i (None: no delta/ell summary)."""
-    order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].sample_index, i))[:n]
+    """Records of ``rollouts``. per_token: host arrays ``lp``, ``lp_s``, ``lp_q``, ``mask``
+    [rows, L], row i = rollout i (None: no delta/ell summary)."""
     out = []
-    for i in order:
-        r = rollouts[i]
+    for i, r in enumerate(rollouts):
         rec = {
             "slot": int(r.slot_id),
             "sample": int(r.sample_index),
