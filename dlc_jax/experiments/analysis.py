@@ -1,8 +1,6 @@
-"""Per-run numbers of the report (no plotting, no file I/O): D_t / N_t where N_t is measurably
-positive, the first step the lag ESS falls below 0.5, and its Gaussian prediction
-(docs/CORRECTIONS.md §6): Var(ell) = a*k + b*k^2 fitted against k = steps since the last sync, then
-Var(k*) = ln 2 solved; predicted step = sync step + k*.
-"""
+"""Per-run numbers of the report: D_t / N_t where N_t is measurably positive, the first step the
+lag ESS falls below 0.5, and its Gaussian prediction (docs/CORRECTIONS.md §6): Var(ell) = a*k +
+b*k^2 fitted against k = steps since the last sync, Var(k*) = ln 2 solved, step = sync step + k*."""
 
 from __future__ import annotations
 
@@ -40,14 +38,9 @@ def _num(x) -> float | None:
 def distance_ratio(run: RunResult, noise: NoiseThreshold, cfg: AnalysisConfig = AnalysisConfig()):
     """(steps, D_t / N_t) over the checkpoint steps present in both, N_t > min_noise."""
     n_by_step = {int(s): _num(v) for s, v in zip(noise.steps, noise.forward)}
-    steps, ratios = [], []
-    for s, d_raw in zip(run.kl_steps, run.kl_forward):
-        n, d = n_by_step.get(int(s)), _num(d_raw)
-        if n is None or d is None or n <= cfg.min_noise:
-            continue
-        steps.append(int(s))
-        ratios.append(d / n)
-    return steps, ratios
+    nd = [(int(s), n_by_step.get(int(s)), _num(d)) for s, d in zip(run.kl_steps, run.kl_forward)]
+    kept = [(s, d / n) for s, n, d in nd if n is not None and d is not None and n > cfg.min_noise]
+    return [s for s, _ in kept], [r for _, r in kept]
 
 
 def first_below(steps, values, threshold) -> int | None:
@@ -113,7 +106,6 @@ def solve_crossing(a: float, b: float, target: float = LN2) -> float | None:
 
 def predicted_crossing(run: RunResult, cfg: AnalysisConfig = AnalysisConfig()) -> float | None:
     """Gaussian-predicted step the lag ESS reaches ess_threshold (fit before the first resync)."""
-    target = -math.log(cfg.ess_threshold)
     lags, stds = run.get("version_lag"), run.get("ell_std")
     ks, vs, sync_step, prev = [], [], None, None
     for s, k, sd in zip(run.steps, lags, stds):
@@ -133,17 +125,17 @@ def predicted_crossing(run: RunResult, cfg: AnalysisConfig = AnalysisConfig()) -
     fit = fit_lag_variance(ks, vs)
     if fit is None:
         return None
-    k_star = solve_crossing(*fit, target=target)
+    k_star = solve_crossing(*fit, target=-math.log(cfg.ess_threshold))
     return None if k_star is None or sync_step is None else float(sync_step + k_star)
 
 
-def final_value(values, frac: float) -> float | None:
-    """Mean of the last ``ceil(frac * n)`` (at least 1) non-missing values."""
+def final_value(values, frac: float, *, first: bool = False) -> float | None:
+    """Mean of the last (or ``first``) ``ceil(frac * n)`` (at least 1) non-missing values."""
     vals = [x for x in (_num(v) for v in values) if x is not None]
     if not vals:
         return None
     n = max(1, math.ceil(frac * len(vals)))
-    return float(np.mean(vals[-n:]))
+    return float(np.mean(vals[:n] if first else vals[-n:]))
 
 
 @dataclasses.dataclass
@@ -161,8 +153,6 @@ class RunSummary:
     gaussian_first_below: int | None
     resyncs: int | None
     final_reward: float | None
-    ratio_steps: list[int]
-    ratios: list[float]
     max_ratio_after_ess_stays_below: float | None
 
 
@@ -170,8 +160,6 @@ def summarize(
     run: RunResult, noise: NoiseThreshold | None, cfg: AnalysisConfig = AnalysisConfig()
 ) -> RunSummary:
     rs, rr = distance_ratio(run, noise, cfg) if noise is not None else ([], [])
-    mx = max(rr) if rr else None
-    mx_step = rs[int(np.argmax(rr))] if rr else None
     ess = run.get("ess_lag")
     stays = stays_below_from(
         run.steps, trailing_median(ess, cfg.ess_smooth), cfg.ess_threshold, cfg.min_stay_steps
@@ -182,15 +170,13 @@ def summarize(
         name=run.name,
         arm=run.arm,
         scenario=run.scenario,
-        max_ratio=mx,
-        max_ratio_step=mx_step,
+        max_ratio=max(rr) if rr else None,
+        max_ratio_step=rs[int(np.argmax(rr))] if rr else None,
         ess_first_below=first_below(run.steps, ess, cfg.ess_threshold),
         ess_stays_below_from=stays,
         ess_predicted=predicted_crossing(run, cfg),
         gaussian_first_below=first_below(run.steps, run.get("ess_gaussian"), cfg.ess_threshold),
         resyncs=int(max(res)) if res else None,
         final_reward=final_value(run.get("reward"), cfg.final_frac),
-        ratio_steps=rs,
-        ratios=rr,
         max_ratio_after_ess_stays_below=max(after) if after else None,
     )

@@ -1,7 +1,5 @@
-"""What a preset costs before it runs (``--dry-run``), in load-independent CPU-seconds turned into
-wall minutes on quiet cores. The per-run costs are fitted to measured runs of the tiny model
-(docs/experiments/README.md).
-"""
+"""What a preset costs before it runs (``--dry-run``): load-independent CPU-seconds, fitted to
+measured tiny-model runs (docs/experiments/README.md), turned into wall minutes on quiet cores."""
 
 from __future__ import annotations
 

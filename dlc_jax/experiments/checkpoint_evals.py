@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dlc_jax.data.tokenize import load_tokenizer
 from dlc_jax.experiments.checkpoints import load_checkpoint_model
+from dlc_jax.experiments.distance import PolicyOnPrefixes, evaluate_policy, prefix_kl
 from dlc_jax.experiments.heldout import heldout_score
 from dlc_jax.experiments.own_prefixes import own_prefix_set
 from dlc_jax.experiments.prefixes import heldout_prompts
@@ -21,9 +22,7 @@ class CheckpointEvals:
     """Evaluates runs of ``preset`` under ``out`` at ``steps`` (their checkpoint steps)."""
 
     def __init__(self, preset: ExperimentPreset, out: Path, steps: list[int]):
-        self.preset = preset
-        self.out = out
-        self.steps = steps
+        self.preset, self.out, self.steps = preset, out, steps
         self._models: dict[tuple[str, int], object] = {}
 
     def model(self, name: str, cfg, step: int):
@@ -36,14 +35,10 @@ class CheckpointEvals:
 
     def evaluate(self, model, prefixes):
         """``model`` on ``prefixes`` (`distance.evaluate_policy`)."""
-        from dlc_jax.experiments.distance import evaluate_policy
-
         return evaluate_policy(model, prefixes, batch_size=self.preset.eval_batch_size)
 
     def reference_evals(self, name: str, cfg, prefixes) -> dict:
         """An on-policy run at each checkpoint evaluated on the prefixes (kept as npz)."""
-        from dlc_jax.experiments.distance import PolicyOnPrefixes
-
         edir = self.out / "evals" / name
         edir.mkdir(parents=True, exist_ok=True)
         out = {}
@@ -56,8 +51,6 @@ class CheckpointEvals:
 
     def distances(self, name: str, cfg, prefixes, refs: dict) -> KLByRef:
         """{ref: {step: (KL(run_t || ref_t), KL(ref_t || run_t))}} on the reference prefixes."""
-        from dlc_jax.experiments.distance import PolicyOnPrefixes
-
         edir = self.out / "evals" / name
         cache = edir / "kl.json"
         if cache.exists():
@@ -113,8 +106,6 @@ class CheckpointEvals:
 
     def _kl_pair(self, ev, ev_ref) -> tuple[float, float]:
         """(forward, reverse) KL between two evaluations on the same prefixes."""
-        from dlc_jax.experiments.distance import prefix_kl
-
         p = self.preset
         kl = prefix_kl(ev, ev_ref, temperature=p.kl_temperature, chunk_size=p.kl_chunk_size)
         return kl["forward"], kl["reverse"]
@@ -137,7 +128,7 @@ class HeldoutEvals:
 
     def _score(self, model, model_dir: str, step: int) -> dict:
         ids, answers, tok = self._inputs(model_dir)
-        return heldout_score(
+        score = heldout_score(
             model,
             ids,
             answers,
@@ -145,7 +136,8 @@ class HeldoutEvals:
             eos_id=int(tok.eos_token_id),
             cfg=self.preset.heldout,
             step=step,
-        ).to_json()
+        )
+        return dataclasses.asdict(score)
 
     def initial(self, model_dir: str) -> dict:
         cache = self.out / "evals" / "initial_heldout.json"
@@ -167,9 +159,8 @@ class HeldoutEvals:
         scores = [self.initial(cfg.model.path)] + [
             self._score(load_model(name, cfg, step), cfg.model.path, step) for step in steps
         ]
-        out = {"steps": [0, *steps]}
-        for key in ("greedy", "sampled", "greedy_correct", "sampled_correct"):
-            out[key] = [s[key] for s in scores]
+        keys = ("greedy", "sampled", "greedy_correct", "sampled_correct")
+        out = {"steps": [0, *steps], **{k: [s[k] for s in scores] for k in keys}}
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(out))
         return out

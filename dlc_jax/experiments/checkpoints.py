@@ -1,7 +1,6 @@
-"""Load theta_t of a training run at a checkpoint step into a Qwen3 model: the ``params`` subtree
-of the trainer's orbax state, restored without a target and matched by path onto a model loaded
-from the run's initial HF directory (a missing, extra or mis-shaped leaf is an error).
-"""
+"""theta_t of a training run at a checkpoint step: the ``params`` subtree of the trainer's orbax
+state, restored without a target and matched by path onto the run's initial HF model (a missing,
+extra or mis-shaped leaf is an error)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ four claims, decided with bootstrap intervals (stats.py), never with a point:
 2. Importance weighting leaves that band once its lag ESS stays below 0.5 (and the measured ESS
    falls below 0.5 before the Gaussian prediction exp(-Var ell) does).
 3. DLC's ESS-triggered resync prevents the collapses that per-token corrections leave in place.
-4. A KL measured on the sampler's own prefixes does not detect those collapses.
-"""
+4. A KL measured on the sampler's own prefixes does not detect those collapses."""
 
 from __future__ import annotations
 
@@ -63,19 +62,15 @@ def _rows(runs: list[RunResult], steps: list[int], own: bool) -> np.ndarray:
     out = np.full((len(runs), len(steps)), np.nan)
     for k, r in enumerate(runs):
         by_ref = r.own_kl_by_ref if own else r.kl_by_ref
-        vals: dict[int, float | None] = {}
-        if not by_ref:
-            if own:
-                continue
-            vals.update(zip(r.kl_steps, r.kl_forward))
-        else:
+        if own and not by_ref:
+            continue
+        vals: dict[int, float | None] = dict(zip(r.kl_steps, r.kl_forward))
+        if by_ref:  # the mean over the compared runs, recomputed from each one's KL
             per = [dict(zip(r.kl_steps, v)) for v in by_ref.values()]
             for s in r.kl_steps:
                 xs = [float(p[s]) for p in per if p.get(s) is not None]
                 vals[s] = float(np.mean(xs)) if xs else None
-        for i, s in enumerate(steps):
-            v = vals.get(s)
-            out[k, i] = np.nan if v is None else v
+        out[k] = [np.nan if vals.get(s) is None else vals[s] for s in steps]
     return out
 
 
@@ -175,10 +170,8 @@ def claims(
         parts: list[str] = []
         held: list[str] = []
         not_held: list[str] = []
-        for a in IS_ARMS:
-            s = arms.get(a)
-            if s is None:
-                continue
+        is_arms = {a: arms[a] for a in IS_ARMS if a in arms}
+        for a, s in is_arms.items():
             if s.stays_count * 2 <= s.seeds or s.stays_step is None:
                 parts.append(
                     f"{a}: lag ESS (trailing median) stayed below 0.5 to the end in "
@@ -192,10 +185,9 @@ def claims(
                 f"{a}: ESS (trailing median) < 0.5 to the end in {s.stays_count}/{s.seeds} seeds "
                 f"(latest onset step {s.stays_step}); max D_t/N_t from then on {after.fmt()} ({v})"
             )
-        n_is = sum(1 for a in IS_ARMS if a in arms)
         out.append(
             f"  2. *Importance weighting leaves the band once its ESS stays below 0.5*: "
-            f"{_verdict(bool(held) and len(held) == n_is, bool(not_held))} — "
+            f"{_verdict(bool(held) and len(held) == len(is_arms), bool(not_held))} — "
             + ("; ".join(parts) or "no IS arm")
             + "."
         )
@@ -228,13 +220,7 @@ def claims(
                 "missing."
             )
         else:
-            nr = arms["dlc_noresync"]
-            d_rows, nr_rows = _common_seed_rows(dlc, nr)
-            diff = (
-                paired_difference(d_rows, nr_rows, pair_matrix(noise.pairs))
-                if len(d_rows) and d_rows.shape == nr_rows.shape
-                else NAN_INTERVAL
-            )
+            diff = paired_difference(*_common_seed_rows(dlc, arms["dlc_noresync"]), nm)
             v_dlc = dlc.ref.max.versus(band)
             # a trigger that never fired leaves DLC = DLC without resync: nothing tested
             never_fired = dlc.resyncs is not None and dlc.resyncs == 0
@@ -295,23 +281,17 @@ def claims(
                 f"{', '.join(missed) or 'none'}; that it also flags: {', '.join(caught) or 'none'}"
                 f". Per arm (never resynced): {'; '.join(rows)}."
             )
-            k3 = []
-            for a in sorted(with_own):
-                k3_vals = [
-                    final_value(r.get("mismatch_k3"), cfg.final_frac)
-                    for r in results.values()
-                    if r.scenario == sc and r.arm == a
-                ]
-                k3.append(f"{a} {mean_interval(k3_vals).fmt(4)}")
+            sc_runs = [r for r in results.values() if r.scenario == sc]
+            k3 = {r.name: final_value(r.get("mismatch_k3"), cfg.final_frac) for r in sc_runs}
+            k3_arms = "; ".join(
+                f"{a} {mean_interval([k3[r.name] for r in sc_runs if r.arm == a]).fmt(4)}"
+                for a in sorted(with_own)
+            )
             out.append(
                 "     Logged mismatch k3 KL(q||p) on the sampler's prefixes, last "
-                f"{cfg.final_frac:.0%} of steps (nats/token, mean [CI]): {'; '.join(k3)}."
+                f"{cfg.final_frac:.0%} of steps (nats/token, mean [CI]): {k3_arms}."
             )
-            pts = [
-                (final_value(results[n].get("mismatch_k3"), cfg.final_frac), summaries[n].max_ratio)
-                for n in results
-                if results[n].scenario == sc
-            ]
+            pts = [(k3[r.name], summaries[r.name].max_ratio) for r in sc_runs]
             rho = rank_correlation([p for p in pts if p[0] is not None and p[1] is not None])
             out.append(
                 "     Does that mismatch KL track the distance to on-policy training? Rank "
@@ -327,7 +307,7 @@ def caveats(results: dict[str, RunResult], cfg: AnalysisConfig) -> list[str]:
     onp = [r for r in results.values() if r.arm == "onpolicy"]
     if not onp:
         return []
-    first = mean_interval([_first_value(r.get("reward"), cfg.final_frac) for r in onp])
+    first = mean_interval([final_value(r.get("reward"), cfg.final_frac, first=True) for r in onp])
     last = mean_interval([final_value(r.get("reward"), cfg.final_frac) for r in onp])
     return [
         f"- *Context*: on-policy reward, first vs last {cfg.final_frac:.0%} of steps (mean [95% "
@@ -335,14 +315,6 @@ def caveats(results: dict[str, RunResult], cfg: AnalysisConfig) -> list[str]:
         "task in this many steps; the noise threshold N_t measures how far two such runs drift "
         "apart, and a large N_t makes the 2x band wide."
     ]
-
-
-def _first_value(values, frac: float) -> float | None:
-    vals = [float(v) for v in values if isinstance(v, (int, float))]
-    if not vals:
-        return None
-    n = max(1, int(np.ceil(frac * len(vals))))
-    return float(np.mean(vals[:n]))
 
 
 def rank_correlation(pairs, *, n_boot: int = 2000, seed: int = 3) -> Interval:

@@ -15,26 +15,20 @@ def _parser() -> ArgumentParser:
         prog="dlc-jax experiment", description="KL-to-on-policy experiments and report"
     )
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
-    ap.add_argument(
-        "--out", default=None, help="experiment directory (default experiments_out/<preset>)"
-    )
-    ap.add_argument("--arms", nargs="+", default=None, choices=sorted(ARMS), help="subset of arms")
+    ap.add_argument("--out", help="experiment directory (default experiments_out/<preset>)")
+    ap.add_argument("--arms", nargs="+", choices=sorted(ARMS), help="subset of arms")
     ap.add_argument(
         "--onpolicy-only",
         action="store_true",
         help="only the on-policy runs (a learning-rate / batch sweep: see docs/experiments)",
     )
-    ap.add_argument("--scenarios", nargs="+", default=None, help="subset of the preset's scenarios")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: the preset's)")
+    ap.add_argument("--scenarios", nargs="+", help="subset of the preset's scenarios")
+    ap.add_argument("--steps", type=int, help="steps per run (default: the preset's)")
     ap.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=None,
-        help="the arms' sampling seeds (default: the preset's)",
+        "--seeds", type=int, nargs="+", help="the arms' sampling seeds (default: the preset's)"
     )
     key_values: dict[str, Any] = dict(action="append", default=[], metavar="KEY=VALUE")
-    points: dict[str, Any] = dict(nargs="*", default=None, metavar="POINT")
+    points: dict[str, Any] = dict(nargs="*", metavar="POINT")
     ap.add_argument(
         "--override",
         **key_values,
@@ -67,7 +61,6 @@ def _parser() -> ArgumentParser:
     ap.add_argument(
         "--check-sources",
         type=int,
-        default=None,
         metavar="STEPS",
         help="train TIS for STEPS steps under each scenario and tabulate its measured |delta| and "
         "|ell| (does each scenario have the error source it names?)",
@@ -146,8 +139,7 @@ def cli(argv: list[str]) -> int:
         from dlc_jax.experiments.launch import log_progress
         from dlc_jax.experiments.numerics import measure_numerics, write_numerics
 
-        exp.out.mkdir(parents=True, exist_ok=True)
-        model_dir = exp.resolve_model()
+        model_dir = exp.resolve_model()  # makes exp.out
         found = measure_numerics(model_dir, exp.make_prefixes(model_dir), log=log_progress)
         print(f"numerics: {write_numerics(exp.out, found)}")
         return 0
@@ -178,8 +170,7 @@ def with_warmup(preset, items: list[str]):
         if not sep:
             raise UsageError(f"--warmup: expected KEY=VALUE, got {item!r}")
         if key.startswith("dims."):
-            v: object = val.lower() == "true" if val.lower() in ("true", "false") else int(val)
-            dims[key[5:]] = v
+            dims[key[5:]] = val.lower() == "true" if val.lower() in ("true", "false") else int(val)
         elif key in fields:
             task = dataclasses.replace(task, **{key: fields[key](val)})
         else:

@@ -1,7 +1,6 @@
-"""KL between two policies on the reference prefixes: each policy is evaluated once (its final
-hidden states at the prefix positions via ``model.hidden_states`` and ``model.unembedding()``),
-then any pair gives the exact KL both ways (:mod:`dlc_jax.experiments.kl`).
-"""
+"""KL between two policies on the reference prefixes: each policy is evaluated once (final hidden
+states at the prefix positions and ``model.unembedding()``), then any pair gives the exact KL both
+ways (:mod:`dlc_jax.experiments.kl`)."""
 
 from __future__ import annotations
 
@@ -80,12 +79,10 @@ def prefix_kl(
             f"policies evaluated on different prefix sets: hidden {a.hidden.shape} vs "
             f"{b.hidden.shape}"
         )
+    kw = dict(temperature=temperature, chunk_size=chunk_size)
     total = KLSums(0.0, 0.0, 0.0)
-    p = a.hidden.shape[0]
     block = max(chunk_size, (block // chunk_size) * chunk_size)
-    for s in range(0, p, block):  # host-side blocks keep the jitted shapes bounded for huge sets
+    for s in range(0, a.hidden.shape[0], block):  # host-side blocks bound the jitted shapes
         ha, hb = a.hidden[s : s + block], b.hidden[s : s + block]
-        mask = np.ones(ha.shape[0], np.float32)
-        kw = dict(temperature=temperature, chunk_size=chunk_size)
-        total = total + kl_on_positions(ha, hb, a.unembed, b.unembed, mask, **kw)
+        total += kl_on_positions(ha, hb, a.unembed, b.unembed, np.ones(len(ha), np.float32), **kw)
     return total.means()

@@ -1,7 +1,6 @@
 """The practical outcome next to the KL: held-out accuracy of theta_t per arm, accuracy per
 CPU-second, the scenarios' measured delta / ell, paired arm differences with the seeds that would
-decide them, and ``summary.json``; all computed from ``results/*.json`` and the claims' lines.
-"""
+decide them, and ``summary.json``; all computed from ``results/*.json`` and the claims' lines."""
 
 from __future__ import annotations
 
@@ -105,18 +104,17 @@ def verdict_of_difference(iv: Interval) -> str:
 def heldout_lines(by_sc: dict[str, dict[str, list[RunResult]]], refs: list[RunResult]) -> list[str]:
     """The held-out section: on-policy learning, per arm accuracy, paired differences."""
     lines = ["## Held-out accuracy of theta_t (from checkpoints)", ""]
-    learn = learning_delta([r.heldout for r in refs], "sampled")
-    learn_g = learning_delta([r.heldout for r in refs], "greedy")
     h0 = [r.heldout for r in refs if r.heldout]
     if h0:
+        acc = {
+            k: f"{np.mean([h[k][0] for h in h0]):.3f} -> {np.mean([h[k][-1] for h in h0]):.3f}, "
+            f"change {learning_delta(h0, k).fmt(3)}"
+            for k in ("sampled", "greedy")
+        }
         lines += [
-            f"- **On-policy learning** ({len(h0)} runs): sampled accuracy "
-            f"{np.mean([h['sampled'][0] for h in h0]):.3f} -> "
-            f"{np.mean([h['sampled'][-1] for h in h0]):.3f}, change {learn.fmt(3)}; greedy "
-            f"{np.mean([h['greedy'][0] for h in h0]):.3f} -> "
-            f"{np.mean([h['greedy'][-1] for h in h0]):.3f}, change {learn_g.fmt(3)} (paired per "
-            "run, t interval over runs; the interval excluding 0 is the bar the baseline must "
-            "clear).",
+            f"- **On-policy learning** ({len(h0)} runs): sampled accuracy {acc['sampled']}; greedy "
+            f"{acc['greedy']} (paired per run, t interval over runs; the interval excluding 0 is "
+            "the bar the baseline must clear).",
             "",
         ]
     for sc in sorted(by_sc):
@@ -178,12 +176,9 @@ def claim_verdicts(claim_lines: list[str]) -> list[dict]:
     per: dict[int, list[tuple[str, str, str]]] = {}
     scenario = ""
     for line in claim_lines:
-        m = re.match(r"^- Scenario `([^`]+)`:", line)
-        if m:
+        if m := re.match(r"^- Scenario `([^`]+)`:", line):
             scenario = m.group(1)
-            continue
-        c = _CLAIM.match(line)
-        if c:
+        elif c := _CLAIM.match(line):
             per.setdefault(int(c.group(1)), []).append((scenario, c.group(2), c.group(3)))
     out = []
     for n in (1, 2, 3, 4):
@@ -270,12 +265,11 @@ def first_table(summary: dict, band: float) -> list[str]:
         "| scenario | kind | mean abs delta | mean abs ell |",
         "|---|---|---|---|",
     ]
-    for sc in names:
-        s = scen[sc]
-        out.append(
-            f"| {sc} | {s['kind']} | {_num(_f(s['delta_abs_mean']), 4)} | "
-            f"{_num(_f(s['ell_abs_mean']), 4)} |"
-        )
+    out += [
+        f"| {sc} | {s['kind']} | {_num(_f(s['delta_abs_mean']), 4)} | "
+        f"{_num(_f(s['ell_abs_mean']), 4)} |"
+        for sc, s in scen.items()
+    ]
     out += ["", "| arm | " + " | ".join(f"`{sc}`" for sc in names) + " |"]
     out.append("|---|" + "---|" * len(names))
     for arm in arms:

@@ -1,7 +1,6 @@
-"""Held-out accuracy of a run's policy theta_t from its checkpoints (a never-synced sampler's
-rollout reward is the initial policy's): near-greedy and sampled answers on the held-out prompts,
-seeded by the step only, so runs are paired (docs/experiments/README.md).
-"""
+"""Held-out accuracy of theta_t from a run's checkpoints (a never-synced sampler's rollout reward is
+the initial policy's): near-greedy and sampled answers, seeded by the step only so runs are paired
+(docs/experiments/README.md)."""
 
 from __future__ import annotations
 
@@ -45,9 +44,6 @@ class HeldoutScore:
     sampled: float
     greedy_correct: list[int]
     sampled_correct: list[float]
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def score_answers(texts: Sequence[str], answers: Sequence[str]) -> np.ndarray:

@@ -1,7 +1,6 @@
-"""The held-out split of the chain task, disjoint from the training rows by construction: the
-prompt space is small, so another seed alone still repeats training prompts. The overlap is counted
-again after the split is made (``heldout_split.json``: the report's ``heldout_overlap``).
-"""
+"""The chain task's held-out split, disjoint from the training rows by construction (the prompt
+space is small: another seed alone repeats training prompts); the overlap is counted again after
+the split (``heldout_split.json``: the report's ``heldout_overlap``)."""
 
 from __future__ import annotations
 
@@ -28,15 +27,12 @@ def disjoint_heldout(
     ``n``."""
     big = dataclasses.replace(task, num_examples=max_draws * n)
     out: list[dict] = []
-    skipped = 0
     for i in range(big.num_examples):
         ex = chain_example(big, seed, i)
-        if ex["prompt"] in train:
-            skipped += 1
-            continue
-        out.append(ex)
-        if len(out) == n:
-            return out, skipped
+        if ex["prompt"] not in train:
+            out.append(ex)
+            if len(out) == n:
+                return out, i + 1 - n  # the draws skipped
     raise ValueError(
         f"held-out split: only {len(out)} of {n} prompts outside the training rows in "
         f"{big.num_examples} draws"

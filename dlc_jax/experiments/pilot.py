@@ -1,7 +1,6 @@
 """The pilot: at which learning rate / steps / batch does the on-policy reference still learn
 held-out accuracy while DLC-without-resync's lag ESS falls below 0.5 under ``lag_never``? One seed
-per point, evaluated on the held-out prompts only (``pilot.json``, ``pilot.md``; ``--pilot``).
-"""
+per point, evaluated on the held-out prompts only (``pilot.json``, ``pilot.md``; ``--pilot``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The report's PNG figures: per scenario D_t/N_t on both prefix sets, the lag ESS, the reward, the
-lag std and the mismatch KL (means over seeds with bootstrap bands); the noise pairs; the measured
-vs Gaussian ESS crossings.
-"""
+"""The report's PNG figures: per scenario D_t/N_t on both prefix sets, lag ESS, reward, lag std and
+mismatch KL (seed means, bootstrap bands); the noise pairs; measured vs Gaussian ESS crossings."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Reference prefixes: held-out prompts with one response each, sampled once from the initial
 policy and shared by all runs. Every response position is a prefix: positions ``P-1 .. P+n-2`` of
-``tokens [N, L]`` (prompt length P, n response tokens).
-"""
+``tokens [N, L]`` (prompt length P, n response tokens)."""
 
 from __future__ import annotations
 
@@ -159,8 +158,7 @@ def assemble(
         np.concatenate([np.asarray(p, np.int32), np.asarray(r, np.int32)])
         for p, r in zip(prompt_ids, responses)
     ]
-    width = max(len(s) for s in seqs)
-    tokens = np.full((len(seqs), width), pad_id, np.int32)
+    tokens = np.full((len(seqs), max(map(len, seqs))), pad_id, np.int32)
     for i, s in enumerate(seqs):
         tokens[i, : len(s)] = s
     return PrefixSet(

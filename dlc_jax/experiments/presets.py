@@ -1,6 +1,5 @@
 """Experiment presets: arms (a correction with its resync rule), scenarios (the sampler's sync
-schedule and perturbation), run length and the base config every run of the preset shares.
-"""
+schedule and perturbation), run length and the base config every run of the preset shares."""
 
 from __future__ import annotations
 
@@ -52,10 +51,8 @@ class Scenario:
                     f"{getattr(self, key)!r}"
                 )
         perturbed = bool(self.quantization or self.dtype or self.weight_noise)
-        lagged = self.sync != "onpolicy"
-        want = {(True, False): "lag", (False, True): "discrepancy", (True, True): "both"}.get(
-            (lagged, perturbed)
-        )
+        kinds = {(True, False): "lag", (False, True): "discrepancy", (True, True): "both"}
+        want = kinds.get((self.sync != "onpolicy", perturbed))  # by (lagged, perturbed)
         if want != self.kind:
             raise ValueError(
                 f"scenario {self.name}: sync={self.sync} with perturbation={perturbed} is kind "

@@ -147,10 +147,7 @@ def write_report(
     results = load_results(exp)
     if not results:
         raise FileNotFoundError(f"no run results under {exp / 'results'}; run the experiment first")
-    try:
-        noise = NoiseThreshold.load(exp)
-    except FileNotFoundError:
-        noise = None
+    noise = NoiseThreshold.load(exp) if (exp / "noise.json").exists() else None
     summaries = {name: summarize(r, noise, cfg) for name, r in results.items()}
     lines = [
         f"# {title or 'KL to on-policy training: experiment report'}",
@@ -194,14 +191,13 @@ def write_report(
         for sc, by_arm in with_refs.items()
     }
     claim_lines = claims(all_stats, results, noise, summaries, cfg)
-    kinds = {s.name: s.kind for s in preset.scenarios} if preset is not None else {}
     numerics_path = exp / "numerics.json"
     numerics = json.loads(numerics_path.read_text()) if numerics_path.exists() else {}
     summary = summary_json(
         by_sc,
         refs,
         all_stats,
-        kinds,
+        {s.name: s.kind for s in preset.scenarios} if preset is not None else {},
         claim_lines,
         heldout_overlap=read_overlap(exp),
         numerics=numerics,

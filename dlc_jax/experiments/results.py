@@ -1,12 +1,10 @@
-"""Normalized per-run results (``results/<run>.json``) and the noise threshold (``noise.json``).
-
-Per-step ``series`` are aligned with ``steps`` (None where missing; names in
-``run_outputs.METRIC_KEYS``). At checkpoint ``kl_steps``: ``kl_forward`` = mean over the compared
-on-policy runs O_j of KL(run_t || O_j,t) on the reference prefixes, ``kl_reverse`` the other way,
-``kl_by_ref`` = {O_j: [KL(run_t || O_j,t)]}, ``own_kl_by_ref`` the same on the run's own prefixes.
-``heldout``: {"steps": [0, checkpoints...], "greedy", "sampled": [accuracy per step],
-"greedy_correct", "sampled_correct": [[per-prompt score] per step]} (heldout.py).
-"""
+"""Per-run results (``results/<run>.json``) and the noise threshold (``noise.json``). ``series``
+align with ``steps`` (None where missing; names in ``run_outputs.METRIC_KEYS``). At checkpoint
+``kl_steps``: ``kl_forward`` = mean over the compared on-policy runs O_j of KL(run_t || O_j,t) on
+the reference prefixes, ``kl_reverse`` the other way, ``kl_by_ref`` = {O_j: [KL(run_t || O_j,t)]},
+``own_kl_by_ref`` the same on the run's own prefixes. ``heldout``: {"steps": [0, checkpoints...],
+"greedy", "sampled": [accuracy per step], "greedy_correct", "sampled_correct": [[per-prompt score]
+per step]} (heldout.py)."""
 
 from __future__ import annotations
 

@@ -101,13 +101,7 @@ def write_noise(out: Path, onpolicy_names: list[str]) -> None:
     steps = have[0].kl_steps
     pairs = {f"{r.name}|{ref}": vals for r in have for ref, vals in r.kl_by_ref.items()}
     own = {f"{r.name}|{ref}": vals for r in have for ref, vals in r.own_kl_by_ref.items()}
-
-    def mean(d):
-        return (
-            [float(sum(v[i] for v in d.values()) / len(d)) for i in range(len(steps))] if d else []
-        )
-
+    n = len(pairs)
+    mean = [float(sum(v[i] for v in pairs.values()) / n) for i in range(len(steps))] if n else []
     # ordered pairs hold both directions, so the mean forward and reverse KL coincide
-    NoiseThreshold(
-        steps=steps, forward=mean(pairs), reverse=mean(pairs), pairs=pairs, own_pairs=own
-    ).save(out)
+    NoiseThreshold(steps, forward=mean, reverse=mean, pairs=pairs, own_pairs=own).save(out)

@@ -1,7 +1,6 @@
 """Drives an experiment's stages under ``out`` (initial model, ``prefixes/``, ``runs/<name>/``,
-``evals/<name>/``, ``results/``, ``noise.json``, ``report.md``), each skipped when its output
-exists, so an interrupted experiment resumes. Runs whose resolved configs are identical train once.
-"""
+``evals/<name>/``, ``results/``, ``noise.json``, ``report.md``), each skipped when its output exists
+(an interrupted experiment resumes); runs whose resolved configs are identical train once."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ class Experiment:
         self.heldout = HeldoutEvals(preset, self.out, self.checkpoint_steps(), self.prefix_config)
 
     def _base_path(self) -> Path:
-        p = Path(self.preset.base_config)
-        return p if p.is_absolute() else REPO_ROOT / p
+        return REPO_ROOT / self.preset.base_config  # an absolute base_config stays as it is
 
     def cache_dir(self) -> Path:
         """Warm-up model, task data and compile cache (``out/cache`` unless shared)."""
@@ -191,11 +189,7 @@ class Experiment:
 
     def refs_for(self, spec: RunSpec) -> list[str]:
         """On-policy runs a run is compared with: those of the other sampling seeds."""
-        return [
-            onpolicy_name(s)
-            for s in self.preset.onpolicy_seeds
-            if s != spec.seed and onpolicy_name(s) != spec.name
-        ]
+        return [onpolicy_name(s) for s in self.preset.onpolicy_seeds if s != spec.seed]
 
     def wants_own_prefixes(self, spec: RunSpec) -> bool:
         sc = self.preset.own_prefix_scenarios
@@ -203,28 +197,24 @@ class Experiment:
 
     def run(self, *, report: bool = True) -> Path:
         t_all = time.time()
-        self.out.mkdir(parents=True, exist_ok=True)
-        model_dir = self.resolve_model()
+        model_dir = self.resolve_model()  # makes self.out
         prefixes = self.make_prefixes(model_dir)
         log_progress(
             f"{prefixes.num_prefixes} reference prefixes; {len(self.specs)} runs x {self.steps} "
             f"steps, checkpoints at {self.checkpoint_steps()}, {self.workers} worker(s)"
         )
         cfgs = {s.name: self.run_config(s, model_dir) for s in self.specs}
-        owner: dict[str, str] = {}  # run name -> the run with the identical config that trains
-        first: dict[str, str] = {}
+        same: dict[str, list[RunSpec]] = {}  # training identity -> the runs of that config
         for spec in self.specs:
-            owner[spec.name] = first.setdefault(self.training_identity(cfgs[spec.name]), spec.name)
-        aliases: dict[str, list[RunSpec]] = {}
-        for spec in self.specs:
-            aliases.setdefault(owner[spec.name], []).append(spec)
+            same.setdefault(self.training_identity(cfgs[spec.name]), []).append(spec)
+        aliases = {runs[0].name: runs for runs in same.values()}  # the run that trains -> all
         failures: dict[str, str] = {}
         onpol = [s for s in self.specs if s.arm == "onpolicy"]
         for spec, err in self._train_parallel(onpol, cfgs):  # no reference, no experiment
             if err is not None:
                 raise RuntimeError(f"on-policy run {spec.name} failed: {err}")
         refs = {s.name: self.evals.reference_evals(s.name, cfgs[s.name], prefixes) for s in onpol}
-        todo = onpol + [s for s in self.specs if s.arm != "onpolicy" and owner[s.name] == s.name]
+        todo = onpol + [s for s in self.specs if s.arm != "onpolicy" and s.name in aliases]
         for spec, err in self._train_parallel(todo, cfgs):
             if err is not None:
                 failures[spec.name] = str(err)[-2000:]
@@ -247,35 +237,28 @@ class Experiment:
     def _train_parallel(self, specs: list[RunSpec], cfgs: dict):
         """Yield (spec, None | error) as the trainings finish, ``self.workers`` at a time."""
 
-        def one(spec: RunSpec) -> None:
+        def one(spec: RunSpec) -> Exception | None:
             t0 = time.time()
             fresh = not (self.out / "runs" / spec.name / "DONE").exists()
-            self.train(spec, cfgs[spec.name])
+            try:
+                self.train(spec, cfgs[spec.name])
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                return e
             if fresh:
                 self.timings[spec.name] = time.time() - t0
+            return None
 
-        errors = (RuntimeError, subprocess.TimeoutExpired)
         if self.workers <= 1:
-            for spec in specs:
-                try:
-                    one(spec)
-                except errors as e:
-                    yield spec, e
-                else:
-                    yield spec, None
+            yield from ((spec, one(spec)) for spec in specs)
             return
         with ThreadPoolExecutor(self.workers) as pool:
             futures = {pool.submit(one, spec): spec for spec in specs}
             for fut in as_completed(futures):
-                err = fut.exception()
-                if err is not None and not isinstance(err, errors):
-                    raise err
-                yield futures[fut], err
+                yield futures[fut], fut.result()  # other exceptions propagate
 
     def _evaluate(self, spec: RunSpec, cfgs: dict, prefixes, refs: dict, same: list[RunSpec]):
         """Evaluate the trained ``spec``; its result is saved under every run name in ``same``."""
         cfg = cfgs[spec.name]
-        run_dir = self.out / "runs" / spec.name
         t0 = time.process_time()
         others = self.refs_for(spec)
         kl = self.evals.distances(spec.name, cfg, prefixes, {r: refs[r] for r in others})
@@ -290,7 +273,7 @@ class Experiment:
         for alias in same:
             if alias.name != spec.name:
                 log_progress(f"{alias.name}: identical config to {spec.name}; reusing its run")
-            run_result(alias, run_dir, kl, own, held).save(self.out)
+            run_result(alias, self.out / "runs" / spec.name, kl, own, held).save(self.out)
 
     def write_report(self) -> Path:
         notes = list(self.preset.notes)

@@ -1,7 +1,6 @@
 """Does each scenario have the error source it names? One arm (TIS: its trainer logs both delta
 and ell) trains a few steps per scenario, and its mean |delta| and |ell| per step are tabulated
-next to the scenario's kind (``sources.json`` / ``sources.md``; ``--check-sources STEPS``).
-"""
+next to the scenario's kind (``sources.json`` / ``sources.md``; ``--check-sources STEPS``)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,8 @@ import numpy as np
 from dlc_jax.experiments.presets import ExperimentPreset
 from dlc_jax.experiments.run_outputs import normalize_metrics, read_metrics
 from dlc_jax.experiments.runner import Experiment
+
+ERROR_KEYS = ("delta_abs_mean", "ell_abs_mean")  # the series tabulated per scenario
 
 
 def check_sources(preset: ExperimentPreset, out: str | Path, steps: int, arm: str = "tis") -> Path:
@@ -29,19 +30,8 @@ def check_sources(preset: ExperimentPreset, out: str | Path, steps: int, arm: st
         _, series = normalize_metrics(read_metrics(run_dir / "logs" / "metrics.jsonl"))
         sc = preset.scenario(spec.scenario)
         done = json.loads((run_dir / "DONE").read_text())
-
-        def vals(key, series=series):
-            return [float(v) for v in series.get(key, []) if v is not None]
-
-        rows.append(
-            {
-                "scenario": sc.name,
-                "kind": sc.kind,
-                "delta_abs_mean": vals("delta_abs_mean"),
-                "ell_abs_mean": vals("ell_abs_mean"),
-                "cpu_s": done.get("cpu_s"),
-            }
-        )
+        errors = {k: [float(v) for v in series.get(k, []) if v is not None] for k in ERROR_KEYS}
+        rows.append({"scenario": sc.name, "kind": sc.kind, **errors, "cpu_s": done.get("cpu_s")})
     (out / "sources.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
         f"| scenario | kind | mean abs delta per step (1..{steps}) | mean abs ell per step | "

@@ -1,7 +1,6 @@
 """Seed statistics for the report: 95% intervals over *runs* and the "within 2x noise" decision
-(docs/experiments/README.md, "Intervals"). An arm's ratio curve is
-``R_t = mean_s D_t(s) / mean_pairs N_t(i, j)``, summarized by ``max_t R_t``.
-"""
+(docs/experiments/README.md, "Intervals"); an arm's ratio curve ``R_t = mean_s D_t(s) / mean_pairs
+N_t(i, j)`` is summarized by ``max_t R_t``."""
 
 from __future__ import annotations
 
@@ -105,8 +104,7 @@ def pair_matrix(pairs: dict[str, list]) -> np.ndarray:
     names = sorted({n for key in pairs for n in key.split("|")})
     if not names:
         return np.zeros((0, 0, 0))
-    width = max(len(v) for v in pairs.values())
-    m = np.full((len(names), len(names), width), np.nan)
+    m = np.full((len(names), len(names), max(len(v) for v in pairs.values())), np.nan)
     for key, vals in pairs.items():
         a, b = key.split("|")
         m[names.index(a), names.index(b), : len(vals)] = _floats(vals)

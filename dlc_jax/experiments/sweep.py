@@ -1,6 +1,5 @@
 """An on-policy sweep (``--sweep``): which run length / learning rate / batch makes the on-policy
-reference learn, judged by its checkpoints' held-out accuracy (``sweep.json``, ``sweep.md``).
-"""
+reference learn, judged by its checkpoints' held-out accuracy (``sweep.json``, ``sweep.md``)."""
 
 from __future__ import annotations
 
@@ -96,8 +95,7 @@ def train_and_evaluate(
     exp: Experiment, what: str
 ) -> Iterator[tuple[RunSpec, Any, dict, Path, dict]]:
     """Train ``exp.specs``, then yield (spec, config, held-out, run dir, DONE record)."""
-    exp.out.mkdir(parents=True, exist_ok=True)
-    model_dir = exp.resolve_model()
+    model_dir = exp.resolve_model()  # makes exp.out
     cfgs = {s.name: exp.run_config(s, model_dir) for s in exp.specs}
     for spec, err in exp._train_parallel(exp.specs, cfgs):
         if err is not None:

@@ -1,7 +1,6 @@
-"""Supervised warm-up of the tiny Qwen3 on worked chain-arithmetic answers
-(``3+5=8,8+2=10 #### 10``; the reward compares only the final number) with the trainer's SFT
-pieces: the HF directory every run starts from and the task's JSONL, cached by a settings hash.
-"""
+"""Supervised warm-up of the tiny Qwen3 on worked chain-arithmetic answers (``3+5=8,8+2=10 ####
+10``; the reward compares only the final number) with the trainer's SFT pieces: the HF directory
+every run starts from and the task's JSONL, cached by a settings hash."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class ChainWarmup:
         d = dataclasses.asdict(self)
         if not d["model_dims"]:
             del d["model_dims"]  # keys made before the field existed stay valid
-        blob = json.dumps(d, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def data_file(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
@@ -78,11 +76,10 @@ def ensure_chain_model(cfg: ChainWarmup, cache_dir: str | Path) -> Path:
     if eos is None:
         raise ValueError(f"model {base}: tokenizer has no eos token")
     train = WorkedTargets(ChainArithSource(cfg.task, seed=cfg.data_seed))
-    longest = max(
+    seq_len = 8 + max(  # the longest of the first 256 examples, and some room
         len(encode_prompt(tok, train[i]["prompt"])) + len(tok.encode(train[i]["answer"]))
         for i in range(min(len(train), 256))
     )
-    seq_len = longest + 8
     rng = np.random.default_rng(cfg.model_seed + 1)
 
     def batches():

@@ -31,9 +31,7 @@ class PlanInputError(UserError):
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(
-        prog="dlc-jax plan",
-        description=__doc__,
-        formatter_class=RawDescriptionHelpFormatter,
+        prog="dlc-jax plan", description=__doc__, formatter_class=RawDescriptionHelpFormatter
     )
     p.add_argument("--config", required=True, help="training config YAML")
     p.add_argument(

@@ -56,18 +56,16 @@ class ProgramReport:
         return d
 
 
-def _oom_report(name: str, seconds: float, msg: str) -> ProgramReport:
+def _oom_report(name: str, seconds: float, cpu_s: float, msg: str) -> ProgramReport:
     m = _OOM_RE.search(msg)
-    req = avail = 0
-    if m:
-        req = int(float(m.group(1)) * _UNIT[m.group(2)])
-        avail = int(float(m.group(3)) * _UNIT[m.group(4)])
+    req, avail = (int(float(m[i]) * _UNIT[m[i + 1]]) for i in (1, 3)) if m else (0, 0)
     line = next(
         (ln.strip() for ln in msg.splitlines() if "RESOURCE_EXHAUSTED" in ln), msg.splitlines()[0]
     )
     return ProgramReport(
         name=name,
         compile_s=seconds,
+        compile_cpu_s=cpu_s,
         oom=line[:300],
         oom_required_bytes=req,
         oom_available_bytes=avail,
@@ -83,15 +81,12 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         log.info("%s: compiler ran out of HBM", name)
-        rep = _oom_report(name, time.perf_counter() - t0, str(e))
-        rep.compile_cpu_s = time.process_time() - c0
-        return rep
+        return _oom_report(name, time.perf_counter() - t0, time.process_time() - c0, str(e))
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
-    flops = float((cost or {}).get("flops", 0.0))
     hlo = compiled.as_text() or ""
     log.info("%s: compiled in %.1f s", name, seconds)
     loop_bytes = loop_weighted_bytes(hlo)
@@ -104,7 +99,7 @@ def compile_program(name: str, jitted, *args) -> ProgramReport:
         alias_bytes=int(mem.alias_size_in_bytes),
         temp_bytes=int(mem.temp_size_in_bytes),
         code_bytes=int(mem.generated_code_size_in_bytes),
-        xla_flops=flops,
+        xla_flops=float((cost or {}).get("flops", 0.0)),
         xla_bytes_accessed=float((cost or {}).get("bytes accessed", 0.0)),
         collective_bytes=collective_bytes(hlo),
         windowed_einsum_loops=windowed_loops(hlo),
@@ -141,15 +136,13 @@ def compile_run(run, step_cfg) -> dict[str, ProgramReport]:
     """Compile the real jitted train step and the theta_s forward of ``run`` (an AbstractRun)."""
     from dlc_jax.trainer.step import make_snapshot_logprobs, make_train_step
 
-    param_sh = jax.tree.map(lambda x: x.sharding, run.params)
-    opt_sh = jax.tree.map(lambda x: x.sharding, run.opt_state)
     step = make_train_step(
         run.graphdef,
         run.tx,
         step_cfg,
         mesh=run.mesh,
-        param_shardings=param_sh,
-        opt_shardings=opt_sh,
+        param_shardings=jax.tree.map(lambda x: x.sharding, run.params),
+        opt_shardings=jax.tree.map(lambda x: x.sharding, run.opt_state),
         trainable=run.trainable,
     )
     snap = make_snapshot_logprobs(run.graphdef, step_cfg)

@@ -17,15 +17,13 @@ How XLA's ``cost_analysis()`` counts the per-device program (evidence: docs/benc
    which matmuls get one is the compiler's choice, so the count is a range from none
    (``xla_visible_*``) to all layer matmuls windowed (``xla_all_windowed_*``);
 5. the remat recompute skips a layer's MLP down projection (the backward pass needs no output).
-
-Everything else XLA counts (norms, softmax, RoPE, the optimizer update) adds a few percent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-# XLA counts elementwise work the analytic count leaves out: its figure may be this much above
+# XLA also counts the elementwise work (norms, softmax, RoPE, optimizer): up to this much above
 ELEMENTWISE_SLACK = 1.08
 MATCH_LOW = 0.93  # XLA / prediction within [MATCH_LOW, ELEMENTWISE_SLACK]: the prediction matches
 

@@ -19,10 +19,10 @@ _DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 
 def shape_bytes(text: str) -> int:
     """Bytes of every array shape written in ``text`` (a tuple's elements summed)."""
-    total = 0
-    for dt, dims in ARRAY_RE.findall(text):
-        total += math.prod(int(d) for d in filter(None, dims.split(","))) * _DTYPE_BYTES[dt]
-    return total
+    return sum(
+        math.prod(int(d) for d in filter(None, dims.split(","))) * _DTYPE_BYTES[dt]
+        for dt, dims in ARRAY_RE.findall(text)
+    )
 
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
@@ -56,10 +56,8 @@ def _instruction(line: str):
     p = rest.find("(")
     if p < 0:
         return None
-    opcode = rest[:p]
-    close = _balanced(rest, p)
-    operands = re.findall(r"%([\w.\-]+)", rest[p:close])
-    return m.group(1), shape, opcode, operands, rest[p:]  # attributes with the operand text
+    operands = re.findall(r"%([\w.\-]+)", rest[p : _balanced(rest, p)])
+    return m.group(1), shape, rest[:p], operands, rest[p:]  # attributes with the operand text
 
 
 def parse_module(hlo: str) -> tuple[dict, str]:

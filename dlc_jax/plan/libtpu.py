@@ -14,11 +14,6 @@ from pathlib import Path
 LIBTPU_VERSION = "0.0.42.1"
 
 
-def _candidates() -> list[Path]:
-    roots = [Path(sys.prefix), Path(sys.executable).resolve().parent.parent]
-    return [root / "libtpu" / "libtpu" / "libtpu.so" for root in roots]
-
-
 def ensure_libtpu() -> str | None:
     """Make libtpu loadable by JAX: its path (None: the importable module), else RuntimeError."""
     env = os.environ.get("TPU_LIBRARY_PATH")
@@ -26,7 +21,8 @@ def ensure_libtpu() -> str | None:
         return env
     if importlib.util.find_spec("libtpu") is not None:
         return None
-    for path in _candidates():
+    for root in (Path(sys.prefix), Path(sys.executable).resolve().parent.parent):
+        path = root / "libtpu" / "libtpu" / "libtpu.so"
         if path.is_file():
             os.environ["TPU_LIBRARY_PATH"] = str(path)
             return str(path)

@@ -70,9 +70,8 @@ def _xla_ratio(r: dict) -> str:
 
 
 def plans_table(results: list[dict]) -> str:
-    rows = [_row(r) for r in results]
     out = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    out += ["| " + " | ".join(r[c] for c in TABLE_COLUMNS) + " |" for r in rows]
+    out += ["| " + " | ".join(row[c] for c in TABLE_COLUMNS) + " |" for row in map(_row, results)]
     return "\n".join(out)
 
 

@@ -90,7 +90,6 @@ def compile_tiny_moe(
         scanned_layers=bool(run.model.scanned),
         pallas_attention=True,
         fsdp=mesh.shape["fsdp"],
-        slices=1,
         vocab_shards=split["vocab_shards"],
         position_shards=split["position_shards"],
     )

@@ -13,6 +13,8 @@ import time
 
 from dlc_jax.plan.chips import GIB
 from dlc_jax.plan.hlo_bytes import RULES as HLO_BYTES_RULES
+from dlc_jax.plan.resync import project_resync, resync_line, sampler_count
+from dlc_jax.plan.roofline import roofline, roofline_line
 from dlc_jax.rl.vocab_parallel import BACKWARD as LOGPROB_BACKWARD
 
 log = logging.getLogger(__name__)
@@ -76,9 +78,7 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
     compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     step, snap = progs["train_step"], progs["snapshot_forward"]
 
-    params_b = per_chip_bytes(run.params)
-    opt_b = per_chip_bytes(run.opt_state)
-    batch_b = per_chip_bytes(run.batch)
+    params_b, opt_b, batch_b = (per_chip_bytes(t) for t in (run.params, run.opt_state, run.batch))
     snaps_b = cfg.resync.max_snapshots * per_chip_bytes(run.trained_params)  # LoRA: adapters
     resident = params_b + opt_b + snaps_b + batch_b
     step_total = resident + step.oom_required_bytes if step.oom else snaps_b + step.peak_bytes
@@ -190,8 +190,6 @@ def build_plan(cfg, topo, *, efficiency: float = 0.4, nic_gbps: float = 100.0) -
         "loadavg": list(os.getloadavg()),
     }
     if not step.oom and not snap.oom:
-        from dlc_jax.plan.roofline import roofline
-
         result["roofline"] = roofline(result, chip)
         result["roofline_step_s"] = result["roofline"]["step_s"]
     result["resync"] = _resync(cfg, topo, run.qcfg, result, nic_gbps)
@@ -218,15 +216,11 @@ def compiler_flags(libtpu_args: str, backend_was_loaded: bool) -> dict:
 
 
 def _resync(cfg, topo, qcfg, result: dict, nic_gbps: float) -> dict:
-    from dlc_jax.plan.resync import project_resync, sampler_count
-
-    c = topo.chips_per_host_bounds
-    hosts = max(1, topo.chips // (c[0] * c[1] * c[2]))
     return project_resync(
         result["config"]["params"],
         cfg.sampler.dtype,
         sampler_count(cfg.sampler.address),
-        hosts,
+        max(1, topo.chips // math.prod(topo.chips_per_host_bounds)),  # trainer hosts
         nic_gbps,
         largest_tensor_params=qcfg.vocab_size * qcfg.hidden_size,
         step_s=result.get("roofline_step_s") or result["projected_step_s"],
@@ -346,11 +340,7 @@ def table(r: dict) -> str:
         "  fits: " + ("yes" if r["fits"] else "NO"),
     ]
     if "roofline" in r:
-        from dlc_jax.plan.roofline import roofline_line
-
         lines.insert(-3, roofline_line(r["roofline"]))
     if "resync" in r:
-        from dlc_jax.plan.resync import resync_line
-
         lines.insert(-2, resync_line(r["resync"]))
     return "\n".join(lines)
