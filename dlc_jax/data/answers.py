@@ -43,8 +43,7 @@ def _strip_wrappers(s: str) -> str:
             s = s[len(a) : len(s) - len(b)].strip()
     s = re.sub(r"\\text\{\s*\}", "", s)
     s = s.replace("\\!", "").replace("\\,", "").replace("{,}", ",").replace("\\$", "$")
-    s = s.removeprefix("$").removesuffix("\\%").removesuffix("%").rstrip(".").strip()
-    return s
+    return s.removeprefix("$").removesuffix("\\%").removesuffix("%").rstrip(".").strip()
 
 
 def parse_number(text: str) -> Fraction | None:

@@ -24,8 +24,7 @@ class ArithmeticConfig:
     def __post_init__(self):
         if self.digits < 1:
             raise ValueError(f"arithmetic.digits must be >= 1, got {self.digits}")
-        bad = [o for o in self.operators if o not in _OPS]
-        if not self.operators or bad:
+        if not self.operators or set(self.operators) - set(_OPS):
             raise ValueError(
                 f"arithmetic.operators must be a non-empty subset of '+-*', got {self.operators!r}"
             )

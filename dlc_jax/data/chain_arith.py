@@ -5,6 +5,7 @@ sequence. Examples are pure functions of ``(seed, index)``."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
@@ -38,11 +39,8 @@ def worked_answer(terms: list[int]) -> str:
     """``[3, 5, 2]`` -> ``"3+5=8,8+2=10 #### 10"``."""
     if len(terms) < 2:
         raise ValueError(f"worked_answer needs at least 2 terms, got {terms}")
-    steps, acc = [], terms[0]
-    for t in terms[1:]:
-        steps.append(f"{acc}+{t}={acc + t}")
-        acc += t
-    return ",".join(steps) + f" #### {acc}"
+    steps = [f"{a}+{t}={a + t}" for a, t in zip(itertools.accumulate(terms), terms[1:])]
+    return ",".join(steps) + f" #### {sum(terms)}"
 
 
 def chain_example(cfg: ChainArithConfig, seed: int, index: int) -> dict:

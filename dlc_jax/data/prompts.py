@@ -19,9 +19,8 @@ from dlc_jax.data.validate import AnswerCheck, Example, LoadStats, load_examples
 
 
 class DataExhausted(DataError, StopIteration):
-    """The prompts ran out (``data.epochs`` set): a ``for`` loop over the pipeline ends cleanly, a
-    ``next()`` caller that did not expect the end (the trainer) gets a one-line :class:`DataError`
-    saying how many steps the data gives."""
+    """The prompts ran out (``data.epochs`` set): a ``for`` loop ends cleanly, a ``next()`` caller
+    not expecting the end (the trainer) gets a one-line DataError saying how many steps it gives."""
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ import sys
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 import numpy as np
@@ -47,14 +47,12 @@ class _Worker:
 
     def __init__(self, fn_paths: list[str]):
         parent, child = socket.socketpair()
-        env = dict(os.environ)
         # the worker imports what this process can (plug-ins next to a script, test modules)
-        path = [p or os.getcwd() for p in sys.path]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
+        path = os.pathsep.join(dict.fromkeys(p or os.getcwd() for p in sys.path))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dlc_jax.data.reward_worker", str(child.fileno())],
             pass_fds=(child.fileno(),),
-            env=env,
+            env=dict(os.environ, PYTHONPATH=path),
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: killed whole (module doc)
         )
@@ -98,7 +96,6 @@ class _Task:
     timeout_s: float
     single: bool  # a one-sample re-score (no further fallback)
     deadline: float = math.inf  # hard limit for fallback tasks (the time budget)
-    result: list[float] | None = field(default=None)
 
 
 class RewardRunner:
@@ -175,11 +172,11 @@ class RewardRunner:
                 raise ValueError(f"score: metadata {k!r} has {len(v)} values for {n} samples")
         total = np.zeros(n, np.float64)
         metrics = {f"reward/{s.name}": 0.0 for s in self.specs}  # the same names even when empty
-        failures = {"error": 0, "timeout": 0}
+        failures = {"errors": 0, "timeouts": 0}
         payload = (prompts, completions, answers, meta, ids)
         for spec, (vals, failed) in zip(self.specs, self._run(payload, n) if n else []):
             for kind, rows, why in failed:
-                failures[kind] += len(rows)
+                failures[kind + "s"] += len(rows)
                 what = "timed out" if kind == "timeout" else "failed"
                 log.warning(
                     "reward %r (%s) %s on sample ids [%s]: %s; they score 0",
@@ -194,17 +191,16 @@ class RewardRunner:
             total += spec.weight * vals
         big = np.flatnonzero(~(np.abs(total) <= MAX_ABS_REWARD))  # weights x values overflowing
         if big.size:
-            failures["error"] += big.size
+            failures["errors"] += big.size
             log.warning(
                 "rewards: the weighted total of sample ids [%s] is outside ±%g; they score 0",
                 _shown(ids, big),
                 MAX_ABS_REWARD,
             )
             total[big] = 0.0
-        self.totals["errors"] += failures["error"]
-        self.totals["timeouts"] += failures["timeout"]
-        metrics["reward/errors"] = float(failures["error"])
-        metrics["reward/timeouts"] = float(failures["timeout"])
+        for key, count in failures.items():
+            self.totals[key] += count
+            metrics[f"reward/{key}"] = float(count)
         metrics["reward/seconds"] = time.time() - t0 if n else 0.0
         return total.astype(np.float32), metrics
 
@@ -366,17 +362,12 @@ def _split(n: int, parts: int) -> list[list[int]]:
     """``range(n)`` in at most ``parts`` contiguous, non-empty, near-equal chunks."""
     parts = max(1, min(parts, n))
     bounds = np.linspace(0, n, parts + 1).round().astype(int)
-    return [
-        list(range(bounds[i], bounds[i + 1])) for i in range(parts) if bounds[i + 1] > bounds[i]
-    ]
+    return [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 def _merge_failures(failed: list) -> list:
     """One ``(kind, rows, first reason)`` per kind, rows sorted."""
     out: dict[str, tuple[str, list[int], str]] = {}
     for kind, rows, why in failed:
-        if kind in out:
-            out[kind][1].extend(rows)
-        else:
-            out[kind] = (kind, list(rows), why)
+        out.setdefault(kind, (kind, [], why))[1].extend(rows)
     return [(k, sorted(rows), why) for k, rows, why in out.values()]

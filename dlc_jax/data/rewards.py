@@ -1,11 +1,8 @@
 """Reward functions and their config. A reward function is any importable ``module:function``
-
-    fn(prompts: list[str], completions: list[str], answers: list[str], **metadata) -> list[float]
-
-(``metadata``: ``ids`` plus the data set's extra columns) returning one real number per completion
-within ±1e15 unless clipped; an optional ``check_answer(answer) -> str | None`` attribute vets each
-gold answer at load. Built-ins: ``exact_match`` and ``math_verify`` (HF math-verify equivalence).
-"""
+``fn(prompts, completions, answers, **metadata) -> list[float]`` (lists of str; ``metadata``:
+``ids`` plus the data set's extra columns) returning one real number per completion within ±1e15
+unless clipped; an optional ``check_answer(answer) -> str | None`` attribute vets each gold answer
+at load. Built-ins: ``exact_match`` and ``math_verify`` (HF math-verify equivalence)."""
 
 from __future__ import annotations
 
@@ -100,6 +97,7 @@ EXACT_MATCH = "dlc_jax.data.rewards:exact_match"
 MATH_VERIFY = "dlc_jax.data.rewards:math_verify"
 _FN_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SPEC_KEYS = ("fn", "weight", "kwargs")
+_EXACT_MATCH_OPTIONS = ("correct", "incorrect", "format_bonus", "strict_format")  # in RewardConfig
 # metric tags of the runner itself (reward/errors ...), not usable as reward names
 RESERVED_NAMES = frozenset({"errors", "timeouts", "seconds", "mean", "std", "total"})
 
@@ -149,7 +147,7 @@ class RewardConfig:
             raise ValueError(f"reward.max_failed_fraction must be in [0, 1], got {f!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"reward.window must be an integer >= 1, got {self.window!r}")
-        for key in ("correct", "incorrect", "format_bonus"):
+        for key in _EXACT_MATCH_OPTIONS[:3]:  # the numbers
             _finite(f"reward.{key}", getattr(self, key))
         try:
             re.compile(self.strict_format)
@@ -158,9 +156,7 @@ class RewardConfig:
         self.specs()  # validates fn / fns
 
     def exact_match_options(self) -> dict:
-        return {
-            k: getattr(self, k) for k in ("correct", "incorrect", "format_bonus", "strict_format")
-        }
+        return {k: getattr(self, k) for k in _EXACT_MATCH_OPTIONS}
 
     def specs(self) -> list[RewardFnSpec]:
         """The rewards to run, validated (one-line ValueError naming the key)."""

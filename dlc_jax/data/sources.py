@@ -61,11 +61,7 @@ def _no_surrogates(value: Any) -> str | None:
             return repr(value[:40])
         return None
     items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    for v in items:
-        bad = _no_surrogates(v)
-        if bad is not None:
-            return bad
-    return None
+    return next((bad for v in items if (bad := _no_surrogates(v)) is not None), None)
 
 
 def read_jsonl(path: Path) -> RowSource:

@@ -38,9 +38,8 @@ def _direct_tokenizer_class(model_dir: str):
         "auto_map" in tok_cfg
         or model_type not in _DIRECT_MODEL_TYPES
         or name not in _DIRECT_CLASSES
+        or not (d / "tokenizer.json").is_file()
     ):
-        return None
-    if not (d / "tokenizer.json").is_file():
         return None
     module, cls = _DIRECT_CLASSES[name]
     return getattr(importlib.import_module(module), cls)

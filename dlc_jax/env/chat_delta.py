@@ -98,8 +98,7 @@ class ChatDelta:
         return ids
 
     def _answer(self, messages: list[dict]) -> tuple[list[int], int]:
-        render = lambda msgs: self._after_probe(self._render(_PROBE + msgs, True))  # noqa: E731
-        return self._encode(render, list(messages))
+        return self._encode(self.answer_text, list(messages))
 
     def fit_answer(self, messages: list[dict], limit: int, side: str) -> tuple[list[int], bool]:
         """(token delta, truncated): contents cut token-wise on ``side`` ('left' keeps the end)

@@ -97,8 +97,7 @@ def demonstrations(
 def demo_batch(hists: list[History], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
     """``input_ids`` / ``targets`` int32 and ``mask`` float32 (1: generated target) [N, seq_len]."""
     n = len(hists)
-    ids = np.full((n, seq_len), pad_id, np.int32)
-    tgt = np.full((n, seq_len), pad_id, np.int32)
+    ids, tgt = np.full((2, n, seq_len), pad_id, np.int32)
     mask = np.zeros((n, seq_len), np.float32)
     for i, h in enumerate(hists):
         seq = np.asarray(h.tokens, np.int32)

@@ -27,13 +27,7 @@ class History:
     @property
     def tokens(self) -> list[int]:
         """The current sequence (the next turn's prompt): all of it, or the part since a split."""
-        if self.starts:
-            return self.response[self.starts[-1] :]
-        return self.prompt + self.response
-
-    def _base(self) -> int:
-        """Row offset of the current sequence."""
-        return len(self.prompt) + self.starts[-1] if self.starts else 0
+        return self.response[self.starts[-1] :] if self.starts else self.prompt + self.response
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.response)
@@ -45,7 +39,8 @@ class History:
         if echo != self.tokens or len(r.logprobs) != len(gen):
             return False
         off = len(self.response)
-        self.seen.append((self._base(), echo, gen))
+        base = len(self.prompt) + self.starts[-1] if self.starts else 0  # row offset of `tokens`
+        self.seen.append((base, echo, gen))
         self.response += gen
         self.mask += [1.0] * len(gen)
         self.logprobs += [float(x) for x in r.logprobs]

@@ -118,9 +118,7 @@ def load_env_factory(spec: str, kwargs: dict | None = None) -> Callable[[], Any]
 def call_env(fn: Callable, *args: Any) -> Any:
     """``fn(*args)``, run to completion when it is a coroutine function (async environments)."""
     out = fn(*args)
-    if inspect.isawaitable(out):
-        return asyncio.run(_await(out))
-    return out
+    return asyncio.run(_await(out)) if inspect.isawaitable(out) else out
 
 
 async def _await(x: Any) -> Any:

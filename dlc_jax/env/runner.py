@@ -124,8 +124,7 @@ class EnvSampler(SamplerBase):
                     e.end = "max_turns"
             yield from self._finished(pool, eps)
         finally:
-            open_envs = [e for e in eps if not e.closed]
-            for e in open_envs:  # the consumer stopped early: close what is open, best effort
+            for e in [e for e in eps if not e.closed]:  # the consumer stopped early: close them
                 pool.submit(self._close, e)
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -304,8 +303,7 @@ def episode_stats(rollouts: list[Rollout]) -> dict[str, float]:
     }
     for reason in END_REASONS:
         out[f"env/share_{reason}"] = sum(e["end"] == reason for e in eps) / n
-    most = max(len(e["turn_rewards"]) for e in eps)
-    for i in range(most):
+    for i in range(max(len(e["turn_rewards"]) for e in eps)):
         vals = [e["turn_rewards"][i] for e in eps if len(e["turn_rewards"]) > i]
         out[f"env/reward_turn_{i}"] = float(np.mean(vals))
     return out

@@ -1,11 +1,6 @@
 """Tool calling in Qwen3's format, and `ToolEnv`: an environment whose tools are Python functions.
-
-Qwen3 (like Hermes / Qwen2.5) writes each call as JSON between tags::
-
-    <tool_call>
-    {"name": "calc", "arguments": {"expr": "3+5"}}
-    </tool_call>
-"""
+Qwen3 (like Hermes / Qwen2.5) writes each call as JSON between tags on lines of their own:
+``<tool_call>\n{"name": "calc", "arguments": {"expr": "3+5"}}\n</tool_call>``."""
 
 from __future__ import annotations
 
@@ -46,8 +41,7 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
             errors.append(f"tool call 'arguments' must be an object: {body[:80]!r}")
         else:
             calls.append(ToolCall(obj["name"], args))
-    opened = text.count("<tool_call>")
-    if opened > len(calls) + len(errors):
+    if text.count("<tool_call>") > len(calls) + len(errors):
         errors.append("unclosed <tool_call>")
     return calls, errors
 

@@ -13,7 +13,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from .qwen3 import Qwen3ForCausalLM
-from .registry import family_of
+from .registry import build_model
 from .sharding import ActivationSharding, model_shardings
 
 
@@ -28,9 +28,8 @@ def abstract_model(
 ) -> Qwen3ForCausalLM:
     """`nnx.eval_shape` of the config's family model, with activation constraints over `mesh`."""
     act = ActivationSharding(mesh, None if rules is None else tuple(rules))
-    model_cls = family_of(config).model_cls
     kw = dict(param_dtype=param_dtype, compute_dtype=compute_dtype, remat=remat, act_sharding=act)
-    return nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0), **kw))
+    return nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0), **kw))
 
 
 def abstract_params(model: Qwen3ForCausalLM, mesh: Mesh, rules=None):

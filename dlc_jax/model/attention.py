@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from .config import ATTENTION_IMPLS
+from .config import ATTENTION_IMPLS, check_choice
 from .sharding import logical_to_spec
 
 _NEG = -1e30  # finite "minus infinity": fully masked rows give a uniform softmax, never NaN
@@ -32,8 +32,7 @@ def mesh_platform(mesh: Mesh | None) -> str:
 
 def resolve_impl(impl: str, mesh: Mesh | None, dtype=jnp.float32) -> str:
     """The concrete implementation `impl` ('auto' or one of ATTENTION_IMPLS) stands for."""
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    check_choice("attention_impl", impl, ATTENTION_IMPLS)
     if impl != "auto":
         return impl
     plat = mesh_platform(mesh)

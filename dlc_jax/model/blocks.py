@@ -6,8 +6,7 @@
         gate_proj / up_proj [D, F]                         down_proj [F, D]
 
 Shapes: B batch, T time, S cache length, D hidden, H query heads, KV key/value heads,
-hd head_dim, F intermediate, V vocab, L layers.
-"""
+hd head_dim, F intermediate, V vocab, L layers."""
 
 from __future__ import annotations
 

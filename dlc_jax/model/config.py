@@ -11,7 +11,9 @@ from typing import Any
 ATTENTION_IMPLS = ("auto", "splash", "cudnn", "xla", "dense")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_attn_out", "save_dots_and_attn_out")
 SCAN_MIN_LAYERS = 8  # scan_layers=None scans models with at least this many layers
-_POSITIVE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim")
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+_POSITIVE = (*_REQUIRED, "head_dim")
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 class UnsupportedModelError(ValueError):
@@ -117,7 +119,7 @@ class Qwen3Config(ModelShape):
             "use_cache": True,
             "dtype": "float32",
         }
-        ids = {k: getattr(self, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        ids = {k: getattr(self, k) for k in _TOKEN_IDS}
         return d | {k: v for k, v in ids.items() if v is not None}
 
     def replace(self, **kw) -> Qwen3Config:
@@ -255,10 +257,7 @@ def hf_common_kwargs(d: dict[str, Any]) -> dict[str, Any]:
     theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
     hidden, heads = d["hidden_size"], d["num_attention_heads"]
     return dict(
-        vocab_size=d["vocab_size"],
-        hidden_size=hidden,
-        intermediate_size=d["intermediate_size"],
-        num_hidden_layers=d["num_hidden_layers"],
+        **{k: d[k] for k in _REQUIRED},
         num_attention_heads=heads,
         num_key_value_heads=d.get("num_key_value_heads", heads),
         head_dim=d.get("head_dim") or hidden // heads,
@@ -266,9 +265,7 @@ def hf_common_kwargs(d: dict[str, Any]) -> dict[str, Any]:
         rope_theta=float(theta),
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=d.get("max_position_embeddings", 40960),
-        bos_token_id=d.get("bos_token_id"),
-        eos_token_id=d.get("eos_token_id"),
-        pad_token_id=d.get("pad_token_id"),
+        **{k: d.get(k) for k in _TOKEN_IDS},
     )
 
 
@@ -302,11 +299,7 @@ PRESETS: dict[str, Qwen3Config] = {
     name: Qwen3Config(**shape_kwargs(name, tie_word_embeddings=name != "Qwen3-8B"), **_COMMON)
     for name in ("Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B")
 }
+# Qwen3MoeConfig's MoE defaults are Qwen3-30B-A3B's
 PRESETS["Qwen3-30B-A3B"] = Qwen3MoeConfig(
-    **shape_kwargs("Qwen3-30B-A3B", tie_word_embeddings=False),
-    moe_intermediate_size=768,
-    num_experts=128,
-    num_experts_per_tok=8,
-    norm_topk_prob=True,
-    **_COMMON,
+    **shape_kwargs("Qwen3-30B-A3B", tie_word_embeddings=False), **_COMMON
 )

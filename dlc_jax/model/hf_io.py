@@ -121,11 +121,10 @@ def _host_transpose(a: np.ndarray, block_rows: int = 64) -> np.ndarray:
 def hf_device_tensors(
     model: Qwen3ForCausalLM, *, dtype=np.float32, host_transpose: bool | None = None
 ) -> Iterator[tuple[str, jax.Array, bool]]:
-    """Yield (HF name, device array, on_host) one tensor at a time, in `hf_param_shapes` order (the
-    same on every process). Slice and cast run on device; kernels are transposed to HF [out, in]
-    there unless `on_host` (the caller transposes after the gather; `host_transpose` None = when
-    the parameter lives on CPU). `dtype=None` keeps the parameter dtype. The next tensor is
-    dispatched before this one is yielded, so device work overlaps the caller's copy."""
+    """Yield (HF name, device array, on_host) one tensor at a time in `hf_param_shapes` order (the
+    same on every process), the next dispatched before yielding (device work overlaps the caller's
+    copy). Slice and cast (`dtype` None: keep) run on device, as does a kernel's transpose to HF
+    [out, in] unless `on_host` (the caller's, after the gather; `host_transpose` None: on CPU)."""
     params = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(params))
     slots = _param_slots(params, model.config.num_hidden_layers)

@@ -36,8 +36,7 @@ def _checkpoint_index(path: Path) -> dict[str, Path]:
     out = {}
     for f in files:
         with safe_open(str(f), framework="numpy") as h:
-            for k in h.keys():
-                out[k] = f
+            out.update(dict.fromkeys(h.keys(), f))
     return out
 
 
@@ -97,11 +96,10 @@ def load_hf(
     moe_impl: str | None = None,
     moe_dispatch: str | None = None,
 ) -> Qwen3ForCausalLM:
-    """Load an HF directory into its family's model, one tensor at a time. With `mesh`, parameters
-    go straight onto their NamedSharding and activation constraints are enabled; stacked layer
-    parameters are allocated once and written slice by slice in place. The run options override
-    the config's unless None; `remat` as in `Qwen3ForCausalLM`. Raises `CheckpointError` naming a
-    missing, misshaped or unexpected tensor, `UnsupportedModelError` for other architectures."""
+    """Load an HF directory into its family's model one tensor at a time; with `mesh`, straight onto
+    NamedShardings (stacked parameters allocated once, written in place), activation constraints on.
+    Run options override the config's unless None; `remat` as in `Qwen3ForCausalLM`. Raises
+    `CheckpointError` naming a missing, misshaped or unexpected tensor; `UnsupportedModelError`."""
     path = Path(path)
     options = dict(scan_layers=scan_layers, attention_impl=attention_impl)
     options.update(moe_impl=moe_impl, moe_dispatch=moe_dispatch)  # mixture-of-experts families
@@ -140,10 +138,8 @@ def load_hf(
             )
         shape = var.shape[len(idx) :]
         ours = _to_ours(hf, p, shape).astype(param_dtype)
-        sharding = None
-        if mesh is not None:
-            axes = param_logical_axes(var) or (None,) * len(var.shape)
-            sharding = named_sharding(axes, var.shape, mesh, rules)
+        axes = param_logical_axes(var) or (None,) * len(var.shape)
+        sharding = None if mesh is None else named_sharding(axes, var.shape, mesh, rules)
         if not idx:
             var.set_value(_place(ours, sharding))
         else:

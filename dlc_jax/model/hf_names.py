@@ -26,13 +26,6 @@ def _mlp_shapes(p: str, d: int, f: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _ends(c, out: dict) -> dict[str, tuple[int, ...]]:
-    out["model.norm.weight"] = (c.hidden_size,)
-    if not c.tie_word_embeddings:
-        out["lm_head.weight"] = (c.vocab_size, c.hidden_size)
-    return out
-
-
 def qwen3_param_shapes(c) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> HF shape, in checkpoint order (no lm_head.weight when tied). A sparse
     layer's MLP is `mlp.gate.weight` [E, D] and `mlp.experts.{e}.{gate,up,down}_proj.weight`."""
@@ -47,7 +40,10 @@ def qwen3_param_shapes(c) -> dict[str, tuple[int, ...]]:
                 out.update(_mlp_shapes(p + f"mlp.experts.{e}.", d, c.moe_intermediate_size))
         else:
             out.update(_mlp_shapes(p + "mlp.", d, c.intermediate_size))
-    return _ends(c, out)
+    out["model.norm.weight"] = (d,)
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, d)
+    return out
 
 
 def _attention_params(c) -> int:

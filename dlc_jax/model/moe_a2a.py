@@ -39,13 +39,6 @@ def emulated_ragged_all_to_all(
     return result
 
 
-def ragged_exchange(*args, axis_name, size, emulate: bool):
-    """`jax.lax.ragged_all_to_all(*args)`, or its emulation (`emulate`)."""
-    if emulate:
-        return emulated_ragged_all_to_all(*args, axis_name=axis_name, size=size)
-    return jax.lax.ragged_all_to_all(*args, axis_name=axis_name)
-
-
 def all_to_all_experts(
     x,
     experts,
@@ -73,10 +66,10 @@ def all_to_all_experts(
     output_offsets = jnp.full((size,), me * n, jnp.int32)  # source i's rows at i * n
     recv_sizes = jax.lax.all_to_all(send_sizes, axis_name, 0, 0, tiled=True)
 
-    def exchange(operand, output, *offsets_sizes):
-        return ragged_exchange(
-            operand, output, *offsets_sizes, axis_name=axis_name, size=size, emulate=emulate
-        )
+    def exchange(*args):  # `jax.lax.ragged_all_to_all(*args)`, or its emulation
+        if emulate:
+            return emulated_ragged_all_to_all(*args, axis_name=axis_name, size=size)
+        return jax.lax.ragged_all_to_all(*args, axis_name=axis_name)
 
     fwd = (input_offsets, send_sizes, output_offsets, recv_sizes)
     m = size * n

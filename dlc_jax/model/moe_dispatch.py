@@ -6,14 +6,12 @@ psum_scatter or ragged_all_to_all (moe_a2a.py). Details: docs/MODEL.md, "Qwen3-M
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from .attention import mesh_platform
-from .config import MOE_DISPATCHES, MOE_IMPLS
+from .config import MOE_DISPATCHES, MOE_IMPLS, check_choice
 from .moe_a2a import all_to_all_experts
 from .sharding import logical_to_spec, spec_axes
 
@@ -22,8 +20,7 @@ TILE = 128  # the kernel's (m, k, n) tile, capped at each (padded) dimension
 
 def resolve_moe_impl(impl: str, mesh: Mesh | None) -> str:
     """The implementation `impl` stands for: 'auto' is megablox on a TPU mesh, else ragged."""
-    if impl not in MOE_IMPLS:
-        raise ValueError(f"moe_impl must be one of {MOE_IMPLS}, got {impl!r}")
+    check_choice("moe_impl", impl, MOE_IMPLS)
     if impl != "auto":
         return impl
     return "megablox" if mesh_platform(mesh) == "tpu" else "ragged"
@@ -31,12 +28,6 @@ def resolve_moe_impl(impl: str, mesh: Mesh | None) -> str:
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
-
-def _tiling(m: int) -> tuple[int, int, int]:
-    """Tiles for an [m, k] @ [k, n] grouped matmul. The backward pass swaps k and n and puts m
-    last, where a TPU block must be a multiple of 128 or the whole dimension: hence 128 for k, n."""
-    return row_tile(m), TILE, TILE
 
 
 def row_tile(m: int) -> int:
@@ -68,10 +59,13 @@ def _local_experts(
     src = jnp.pad(order // k, (0, mp - m))
     xs = jnp.where(local, jnp.take(x, src, axis=0), 0)
     offset = jnp.asarray(first_expert, jnp.int32)
+    # (m, k, n) tiles. The backward pass swaps k and n and puts m last, where a TPU block must be
+    # a multiple of 128 or the whole dimension: hence 128 for k and n
+    tiling = (row_tile(mp), TILE, TILE)
 
     def mm(lhs, rhs):  # gmm(lhs, rhs, group sizes, dtype, tiling, group offset, ..., interpret)
         return jnp.where(
-            local, gmm(lhs, rhs, sizes, lhs.dtype, _tiling(mp), offset, None, False, interpret), 0
+            local, gmm(lhs, rhs, sizes, lhs.dtype, tiling, offset, None, False, interpret), 0
         )
 
     h = jnp.where(local, jax.nn.silu(mm(xs, wg)) * mm(xs, wu), 0)
@@ -85,53 +79,6 @@ def _token_experts(x, experts, weights, wg, wu, wd, first_expert, num_experts, i
     flat = (a.reshape(-1, a.shape[-1]) for a in (x, experts, weights))
     kw = dict(first_expert=first_expert, num_experts=num_experts, interpret=interpret)
     return _local_experts(*flat, wg, wu, wd, **kw).reshape(x.shape)
-
-
-def _sharded_block(
-    x,
-    experts,
-    weights,
-    wg,
-    wu,
-    wd,
-    *,
-    num_experts,
-    expert_axis,
-    expert_size,
-    gather,
-    tensor_axis,
-    interpret,
-    dispatch,
-):
-    """shard_map body: x [b, T, D], experts / weights [b, T, K] (this device's tokens)."""
-    b, t, d = x.shape
-
-    def local(xs, es, ws, first):  # this device's experts' share, summed over the tensor axis
-        y = _token_experts(xs, es, ws, wg, wu, wd, first, num_experts, interpret)
-        return y if tensor_axis is None else jax.lax.psum(y, tensor_axis)
-
-    if gather and dispatch == "all_to_all":  # tokens go only to the devices of their experts
-        y = all_to_all_experts(
-            *(a.reshape(-1, a.shape[-1]) for a in (x, experts, weights)),
-            local,
-            axis_name=expert_axis,
-            size=expert_size,
-            num_experts=num_experts,
-            emulate=interpret,
-        )
-        return y.reshape(b, t, d)
-    if gather:  # tokens are split over the expert axis: see every peer's tokens
-        x, experts, weights = (
-            jax.lax.all_gather(a, expert_axis, axis=0, tiled=True) for a in (x, experts, weights)
-        )
-    first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * wg.shape[0]
-    y = local(x, experts, weights, first)
-    if expert_axis is not None:
-        if gather:
-            y = jax.lax.psum_scatter(y, expert_axis, scatter_dimension=0, tiled=True)
-        else:
-            y = jax.lax.psum(y, expert_axis)
-    return y.reshape(b, t, d)
 
 
 def megablox_experts(
@@ -150,8 +97,7 @@ def megablox_experts(
     """x [B, T, D], experts [B, T, K] int, weights [B, T, K], wg / wu [E, D, I], wd [E, I, D] ->
     [B, T, D] in x's dtype. `dispatch`: 'allgather' | 'all_to_all'; with `interpret` (off TPU)
     the all-to-all runs as its all-gather emulation."""
-    if dispatch not in MOE_DISPATCHES:
-        raise ValueError(f"moe_dispatch must be one of {MOE_DISPATCHES}, got {dispatch!r}")
+    check_choice("moe_dispatch", dispatch, MOE_DISPATCHES)
     num_experts = wg.shape[0]
     if mesh is None or mesh.size == 1:
         return _token_experts(x, experts, weights, wg, wu, wd, 0, num_experts, interpret)
@@ -167,16 +113,38 @@ def megablox_experts(
         tensor_axis = None
     up_spec = PartitionSpec(expert_axis, None, tensor_axis)
     down_spec = PartitionSpec(expert_axis, tensor_axis, None)
-    body = functools.partial(
-        _sharded_block,
-        num_experts=num_experts,
-        expert_axis=expert_axis,
-        expert_size=1 if expert_axis is None else mesh.shape[expert_axis],
-        gather=expert_axis is not None and expert_axis in spec_axes(xspec[0]),
-        tensor_axis=tensor_axis,
-        interpret=interpret,
-        dispatch=dispatch,
-    )
+    # the expert axis when tokens are split over it too (else None)
+    gather = expert_axis if expert_axis in spec_axes(xspec[0]) else None
+
+    def body(x, experts, weights, wg, wu, wd):  # x [b, T, D], experts / weights [b, T, K]
+        b, t, d = x.shape
+
+        def local(xs, es, ws, first):  # this device's experts' share, summed over tensor
+            y = _token_experts(xs, es, ws, wg, wu, wd, first, num_experts, interpret)
+            return y if tensor_axis is None else jax.lax.psum(y, tensor_axis)
+
+        if gather is not None and dispatch == "all_to_all":  # only to their experts' devices
+            y = all_to_all_experts(
+                *(a.reshape(-1, a.shape[-1]) for a in (x, experts, weights)),
+                local,
+                axis_name=gather,
+                size=mesh.shape[gather],
+                num_experts=num_experts,
+                emulate=interpret,
+            )
+            return y.reshape(b, t, d)
+        if gather is not None:  # see every peer's tokens
+            x, experts, weights = (
+                jax.lax.all_gather(a, gather, axis=0, tiled=True) for a in (x, experts, weights)
+            )
+        first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * wg.shape[0]
+        y = local(x, experts, weights, first)
+        if gather is not None:
+            y = jax.lax.psum_scatter(y, gather, scatter_dimension=0, tiled=True)
+        elif expert_axis is not None:
+            y = jax.lax.psum(y, expert_axis)
+        return y.reshape(b, t, d)
+
     return jax.shard_map(
         body,
         mesh=mesh,

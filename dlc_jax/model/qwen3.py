@@ -8,14 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .blocks import (
-    Embedding,
-    LMHead,
-    Qwen3DecoderLayer,
-    RMSNorm,
-    default_positions,
-    rope_cos_sin,
-)
+from .blocks import Embedding, LMHead, Qwen3DecoderLayer, RMSNorm, default_positions, rope_cos_sin
 from .config import Qwen3Config
 from .sharding import ActivationSharding
 from .stack import make_stacked, resolve_remat, run_layers, run_layers_with_cache
@@ -74,13 +67,8 @@ class Qwen3ForCausalLM(nnx.Module):
         self.scanned = config.use_scan
         self.act_sharding = act_sharding
         self.hf_source: str | None = None  # directory loaded from (tokenizer files copied on save)
-        self.model = self.body_cls(
-            config,
-            rngs=rngs,
-            param_dtype=param_dtype,
-            compute_dtype=compute_dtype,
-            act_sharding=act_sharding,
-        )
+        kw = dict(param_dtype=param_dtype, compute_dtype=compute_dtype, act_sharding=act_sharding)
+        self.model = self.body_cls(config, rngs=rngs, **kw)
         self.lm_head = (
             None
             if config.tie_word_embeddings

@@ -58,25 +58,22 @@ def register(family: ModelFamily) -> ModelFamily:
     return family
 
 
-register(
+for _family in (
     ModelFamily(
         model_type="qwen3",
         architecture="Qwen3ForCausalLM",
         config_module="dlc_jax.model.config:Qwen3Config",
         model_module="dlc_jax.model.qwen3:Qwen3ForCausalLM",
-    )
-)
-
-
-register(
+    ),
     ModelFamily(
         model_type="qwen3_moe",
         architecture="Qwen3MoeForCausalLM",
         config_module="dlc_jax.model.config:Qwen3MoeConfig",
         model_module="dlc_jax.model.qwen3_moe:Qwen3MoeForCausalLM",
         routed_experts=True,
-    )
-)
+    ),
+):
+    register(_family)
 
 
 def family_for_hf(d: dict[str, Any]) -> ModelFamily:

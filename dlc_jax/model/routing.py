@@ -60,12 +60,8 @@ def routing_mismatch(own, sampler, mask, sparse) -> dict:
     n = jnp.maximum(jnp.sum(m), 1.0)
     per_layer = jnp.sum(same * m[..., None], axis=(0, 1)) / n
     flipped = jnp.any((same < 1.0) & sp, axis=-1)
-    out = {
-        "moe/routing_agreement": jnp.sum(jnp.where(sp, per_layer, 0.0))
-        / jnp.maximum(jnp.sum(sp), 1),
-        "moe/tokens_flipped": jnp.sum(flipped * m) / n,
-    }
-    for i in range(per_layer.shape[0]):
-        if bool(np.asarray(sparse)[i]):
-            out[f"moe/routing_agreement_l{i}"] = per_layer[i]
+    agreement = jnp.sum(jnp.where(sp, per_layer, 0.0)) / jnp.maximum(jnp.sum(sp), 1)
+    out = {"moe/routing_agreement": agreement, "moe/tokens_flipped": jnp.sum(flipped * m) / n}
+    for i in np.flatnonzero(np.asarray(sparse)):
+        out[f"moe/routing_agreement_l{i}"] = per_layer[i]
     return out

@@ -220,12 +220,10 @@ def shard_model(model, mesh: Mesh, rules=None):
     """Place every parameter on its NamedSharding (in place) and enable activation constraints."""
     from flax import nnx
 
-    shardings = model_shardings(model, mesh, rules)
-    state = nnx.state(model, nnx.Param)
     placed = jax.tree.map(
         lambda v, s: v.replace(jax.device_put(v.get_value(), s.get_value())),
-        state,
-        shardings,
+        nnx.state(model, nnx.Param),
+        model_shardings(model, mesh, rules),
         is_leaf=lambda x: isinstance(x, nnx.Variable),
     )
     nnx.update(model, placed)

@@ -91,20 +91,15 @@ def run_layers_with_cache(layers, x, k_cache, v_cache, step: Callable, *, scanne
         graphdef, state = nnx.split(layers)
         n = jax.tree.leaves(state)[0].shape[0]
 
-        def body(carry, xs):
-            h, kc, vc = carry
-            st, i = xs
-            h, kc, vc, y = step(nnx.merge(graphdef, st), h, kc, vc, i)
-            return (h, kc, vc), y
+        def body(carry, xs):  # carry: (x, k_cache, v_cache); xs: (layer state, layer index)
+            *carry, y = step(nnx.merge(graphdef, xs[0]), *carry, xs[1])
+            return tuple(carry), y
 
-        (x, k_cache, v_cache), ys = jax.lax.scan(
-            body, (x, k_cache, v_cache), (state, jax.numpy.arange(n))
-        )
-        return x, k_cache, v_cache, ys
-    ks, vs, ys = [], [], []
+        carry, ys = jax.lax.scan(body, (x, k_cache, v_cache), (state, jax.numpy.arange(n)))
+        return (*carry, ys)
+    outs = []
     for layer, k_l, v_l in zip(layers, k_cache, v_cache, strict=True):
-        x, k_l, v_l, y = step(layer, x, k_l, v_l, None)
-        ks.append(k_l)
-        vs.append(v_l)
-        ys.append(y)
-    return x, tuple(ks), tuple(vs), jax.tree.map(lambda *a: jax.numpy.stack(a), *ys)
+        x, *out = step(layer, x, k_l, v_l, None)
+        outs.append(out)
+    ks, vs, ys = zip(*outs)
+    return x, ks, vs, jax.tree.map(lambda *a: jax.numpy.stack(a), *ys)

@@ -1,7 +1,6 @@
 """dlc_jax.rl — pure jitted RL math: token log-probs, discrepancy/lag decomposition, ESS, group
 advantages, correction losses, the resync rule, step metrics. No I/O and no model import. Names
-are loaded on first use, so ``dlc_jax.rl.loss_config`` imports without JAX.
-"""
+are loaded on first use, so ``dlc_jax.rl.loss_config`` imports without JAX."""
 
 from __future__ import annotations
 

@@ -11,14 +11,10 @@ ADVANTAGE_MODES = ("grpo", "mean", "drgrpo")
 def group_advantages(
     rewards: jax.Array, mode: str = "grpo", *, eps: float = 1e-6, std_ddof: int = 1
 ) -> jax.Array:
-    """rewards [P, G] (P prompts x G responses) -> advantages [P, G] f32.
-
-    grpo:   (R - mean_g R) / (std_g R + eps), std with ``std_ddof`` (1 = unbiased, as verl's
-            torch.std; a group of size 1 gets advantage 0).
-    mean:   R - mean_g R (score-centering papers' "group-centered rewards").
-    drgrpo: R - mean_g R as well: Dr.GRPO differs from GRPO in the advantage only by dropping the
-            std; its other change (a constant length normalizer) is the loss's ``num_tokens``.
-    """
+    """rewards [P, G] (P prompts x G responses) -> advantages [P, G] f32. grpo: (R - mean_g R) /
+    (std_g R + eps), std with ``std_ddof`` (1 = unbiased, as verl's torch.std; a group of size 1
+    gets 0). mean: R - mean_g R (score-centering papers' "group-centered rewards"). drgrpo: the
+    same, Dr.GRPO's advantage (its constant length normalizer is the loss's ``num_tokens``)."""
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
     r = jnp.asarray(rewards, jnp.float32)

@@ -1,11 +1,9 @@
-"""Score-centering coefficients from the sampler's head [B,T,K] (all detached).
-
-The tail outside the head is modelled as a rescaled copy of p (q_v = rho p_v), masses floored at
-``tail_floor``; since sum_v p_v s_v = 0 the tail term reduces to ``-coef_tail * p_H`` on the head,
-which ``resid`` contains. A head covering the whole vocabulary floors the tail masses: the tail
-coefficient is then arbitrary but multiplies 0, so the gradient stays exact. Formulas and the DLC
-active set: docs/CORRECTIONS.md sections 3 and 5.
-"""
+"""Score-centering coefficients from the sampler's head [B,T,K] (all detached). The tail outside the
+head is modelled as a rescaled copy of p (q_v = rho p_v), masses floored at ``tail_floor``; since
+sum_v p_v s_v = 0 the tail term reduces to ``-coef_tail * p_H`` on the head, which ``resid``
+contains. A head covering the whole vocabulary floors the tail masses: the tail coefficient is then
+arbitrary but multiplies 0, so the gradient stays exact. Formulas and the DLC active set:
+docs/CORRECTIONS.md sections 3 and 5."""
 
 from __future__ import annotations
 
@@ -82,10 +80,7 @@ def dlc_residual(cfg: LossConfig, p: Prepared) -> tuple[jax.Array, dict[str, jax
     assert p.hv is not None
     bound = cfg.log_ratio_clip
     p_h, q_h, s_h = (_head_probs(p, x) for x in (p.lp_head, p.lq_head, p.lps_head))
-    floor = cfg.tail_floor
-    p_t = jnp.maximum(1.0 - jnp.sum(p_h, -1), floor)
-    q_t = jnp.maximum(1.0 - jnp.sum(q_h, -1), floor)
-    s_t = jnp.maximum(1.0 - jnp.sum(s_h, -1), floor)
+    p_t, q_t, s_t = (jnp.maximum(1.0 - jnp.sum(x, -1), cfg.tail_floor) for x in (p_h, q_h, s_h))
     pos = p.adv >= 0
     ell_h = sg(p.lp_head) - p.lps_head
     act_h = lag_active(cfg, ell_h, pos[..., None])

@@ -1,9 +1,6 @@
-"""Discrepancy/lag split of the per-token log-ratio and the mismatch-KL estimators.
-
-    log p - log q = (log p_s - log q) + (log p - log p_s) = delta + ell      (exact, per token)
-
-All inputs [B,T] f32 with a [B,T] mask. Statistics are over valid tokens of the global batch.
-"""
+"""Discrepancy/lag split of the per-token log-ratio, and the mismatch-KL estimators:
+``log p - log q = (log p_s - log q) + (log p - log p_s) = delta + ell`` (exact, per token). All
+inputs [B,T] f32 with a [B,T] mask; statistics are over valid tokens of the global batch."""
 
 from __future__ import annotations
 
@@ -49,11 +46,10 @@ def decompose(lp: jax.Array, lp_s: jax.Array, lp_q: jax.Array, mask: jax.Array) 
     (stop-gradient)."""
     lp, lp_s, lp_q = (jax.lax.stop_gradient(x) for x in (lp, lp_s, lp_q))
     m = masked.as_mask(mask)
-    delta = masked.safe(lp_s - lp_q, m)
-    ell = masked.safe(lp - lp_s, m)
-    total = masked.safe(lp - lp_q, m)
-    out = {"delta": delta, "ell": ell, "total": total, "num_tokens": jnp.sum(m)}
-    for name, x in (("delta", delta), ("ell", ell), ("total", total)):
-        out.update(summary(x, m, name))
+    parts = {"delta": lp_s - lp_q, "ell": lp - lp_s, "total": lp - lp_q}
+    out = {name: masked.safe(x, m) for name, x in parts.items()}
+    out["num_tokens"] = jnp.sum(m)
+    for name in parts:
+        out.update(summary(out[name], m, name))
     out.update(mismatch_kl(lp, lp_q, m))
     return out

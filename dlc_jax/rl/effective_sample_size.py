@@ -1,7 +1,6 @@
 """Normalized effective sample size of importance ratios given as log-ratios:
 ESS = (sum w)^2 / (n * sum w^2) in (0, 1], w = exp(log_ratio - max), over the whole (global)
-array; 1.0 with no valid entry (no evidence of degeneracy).
-"""
+array; 1.0 with no valid entry (no evidence of degeneracy)."""
 
 from __future__ import annotations
 
@@ -23,9 +22,7 @@ def ess_from_log_weights(log_w: jax.Array, valid: jax.Array) -> jax.Array:
     return jnp.where(n > 0, s1 * s1 / jnp.maximum(n * s2, 1e-30), 1.0)
 
 
-def ess(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
-    """Token-level normalized ESS of r = exp(log_ratio) over valid tokens. log_ratio, mask [B,T]."""
-    return ess_from_log_weights(log_ratio, mask)
+ess = ess_from_log_weights  # token-level: ESS of exp(log_ratio) over valid tokens of [B,T]
 
 
 def sequence_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -37,8 +34,7 @@ def sequence_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> tuple[jax.Array
 
 def sequence_ess(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
     """Sequence-level normalized ESS (VCPO): w_i = exp(sum_t m log_ratio), log_ratio [B,T]."""
-    seq, valid = sequence_log_ratio(log_ratio, mask)
-    return ess_from_log_weights(seq, valid)
+    return ess_from_log_weights(*sequence_log_ratio(log_ratio, mask))
 
 
 def gaussian_ess(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:

@@ -1,16 +1,13 @@
-"""Token log-probs from hidden states without a [B, T, V] float32 array.
-
-``token_logprobs`` maps over rematerialized chunks of ``chunk_size`` positions: f32 logits
-``hidden @ unembed.T``, the sampler's transform (temperature, top-k, top-p; ``sampling.py``), the
-log-prob of the sampled token and of a head of candidate ids, and the entropy. With ``vocab_chunk``
-(temperature only) each chunk also scans vocabulary blocks with an online log-sum-exp. This is the
-single-device path and the fallback of ``dlc_jax.rl.vocab_parallel``.
+"""Token log-probs from hidden states without a [B, T, V] float32 array: ``token_logprobs`` maps
+over rematerialized chunks of ``chunk_size`` positions (f32 logits ``hidden @ unembed.T``, the
+sampler's transform of ``sampling.py``, the log-probs of the sampled token and of a head of
+candidate ids, the entropy); with ``vocab_chunk`` (temperature only) each chunk scans vocabulary
+blocks with an online log-sum-exp. The single-device path and ``rl.vocab_parallel``'s fallback.
 
 Entropy is ``log S - sum(e * (z - m)) / S`` (``e = exp(z - m)``, m the max logit): the form
 ``lse - sum(p * z)`` loses about ulp(lse) in f32 to cancellation. A token removed by top-k/top-p
 (or an id outside [0, V)) gets the finite ``out_of_support`` log-prob (default -1e4) with zero
-gradient, so ratios exp(lp - lq) underflow to 0 and the loss never sees inf * 0 = NaN.
-"""
+gradient, so ratios exp(lp - lq) underflow to 0 and the loss never sees inf * 0 = NaN."""
 
 from __future__ import annotations
 
@@ -159,12 +156,11 @@ def token_logprobs(
     compute_entropy: bool = True,
     out_of_support: float = OUT_OF_SUPPORT_LOGPROB,
 ) -> TokenLogprobs:
-    """Log-probs of ``targets`` (and ``head_ids``) under the sampler-transformed trainer policy.
-
-    hidden [B,T,D] (logits accumulated in f32), unembed [V,D], targets [B,T] int, head_ids [B,T,K]
-    int or None. ``top_k`` <= 0 or >= V and ``top_p`` = 1 mean off. ``chunk_size``: positions per
-    chunk; ``vocab_chunk``: vocab block of the online log-sum-exp (without top-k/top-p only).
-    Differentiable w.r.t. hidden and unembed."""
+    """Log-probs of ``targets`` (and ``head_ids``) under the sampler-transformed trainer policy,
+    differentiable w.r.t. hidden [B,T,D] (logits accumulated in f32) and unembed [V,D]; targets
+    [B,T] int, head_ids [B,T,K] int or None. ``top_k`` <= 0 or >= V and ``top_p`` = 1 mean off.
+    ``chunk_size``: positions per chunk; ``vocab_chunk``: vocab block of the online log-sum-exp
+    (without top-k/top-p only)."""
     ids = target_ids(
         hidden, unembed, targets, head_ids, temperature, top_k, top_p, chunk_size, vocab_chunk
     )

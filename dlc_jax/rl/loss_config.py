@@ -1,7 +1,6 @@
 """Loss configuration and per-loss metadata (``LOSS_SPECS``), importable without JAX; config
 parsing uses this module alone, ``dlc_jax.rl.losses`` binds each spec to its function.
-Formulas, defaults and sources: docs/CORRECTIONS.md.
-"""
+Formulas, defaults and sources: docs/CORRECTIONS.md."""
 
 from __future__ import annotations
 
@@ -72,15 +71,13 @@ def loss_spec(name: str) -> LossSpec:
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """Hyper-parameters of every loss (each reads the fields in its ``LossSpec.options``).
-
     clip_low/clip_high: PPO eps (r kept in [1-low, 1+high]). dual_clip: c > 1 bounds the PPO loss
     for A < 0 by c*|A| (None = off). tis_cap / seq_tis_cap: token / sequence TIS cap.
     mis_low/mis_high, geo_low/geo_high: MIS and geometric-mean bands. behave_cap/behave_mode:
     decoupled-PPO behaviour weight cap (clamp or mask). m2_threshold: M2PO tau. tail_floor:
     score-centering tail-mass floor. centering_weight: f of ``score_centering`` (none|tis|mask).
     vcpo_base_ess / vcpo_rule: lr_scale = min(1, ESS/base)^(1/2 or 1). log_ratio_clip: |log ratio|
-    bound before exp. Defaults and why: docs/CORRECTIONS.md.
-    """
+    bound before exp. Defaults and why: docs/CORRECTIONS.md."""
 
     name: str = "dlc"
     clip_low: float = 0.2

@@ -1,9 +1,7 @@
-"""Inputs of the correction losses, with shape / requirement validation and sanitizing.
-
-Per-token arrays are [B,T] f32, heads [B,T,K]; ``mask`` is 1 on valid (response) tokens.
+"""Inputs of the correction losses, with shape / requirement validation and sanitizing. Per-token
+arrays are [B,T] f32, heads [B,T,K]; ``mask`` is 1 on valid (response) tokens.
 ``agg(x) = sum(mask * x) / num_tokens``, ``num_tokens`` counted over the *global* batch before any
-loss-specific masking (default ``mask.sum()``; a constant gives Dr.GRPO-style normalization).
-"""
+loss-specific masking (default ``mask.sum()``; a constant gives Dr.GRPO-style normalization)."""
 
 from __future__ import annotations
 
@@ -21,27 +19,19 @@ from dlc_jax.rl.logprobs import OUT_OF_SUPPORT_LOGPROB
 
 @struct.dataclass
 class LossInputs:
-    """Pytree of loss inputs. Shapes: [B,T] unless noted; heads [B,T,K]; adv [B] or [B,T].
+    """Pytree of loss inputs. Shapes: [B,T] unless noted; heads [B,T,K]."""
 
-    lp       log p at theta (differentiable)          lp_q   sampler log q of the sampled token
-    lp_s     trainer at sampler weights theta_s       lp_old proximal policy (default sg(lp))
-    lp_head  log p at head ids (differentiable)       lps_head  trainer at theta_s on the head
-    lq_head  sampler log q on the head (full-vocabulary normalized)
-    head_valid [B,T,K] 1 where the head entry is real (default all ones)
-    num_tokens scalar denominator (default mask.sum())
-    """
-
-    lp: jax.Array
-    lp_q: jax.Array
+    lp: jax.Array  # log p at theta (differentiable)
+    lp_q: jax.Array  # sampler log q of the sampled token
     mask: jax.Array
-    adv: jax.Array
-    lp_s: jax.Array | None = None
-    lp_old: jax.Array | None = None
-    lp_head: jax.Array | None = None
-    lps_head: jax.Array | None = None
-    lq_head: jax.Array | None = None
-    head_valid: jax.Array | None = None
-    num_tokens: jax.Array | None = None
+    adv: jax.Array  # [B] or [B,T]
+    lp_s: jax.Array | None = None  # trainer at sampler weights theta_s
+    lp_old: jax.Array | None = None  # proximal policy (default sg(lp))
+    lp_head: jax.Array | None = None  # log p at head ids (differentiable)
+    lps_head: jax.Array | None = None  # trainer at theta_s on the head
+    lq_head: jax.Array | None = None  # sampler log q on the head (full-vocabulary normalized)
+    head_valid: jax.Array | None = None  # 1 where the head entry is real (default all ones)
+    num_tokens: jax.Array | None = None  # scalar denominator (default mask.sum())
 
 
 TOKEN_FIELDS = ("lp", "lp_q", "lp_s", "lp_old", "adv")
@@ -133,6 +123,7 @@ class Prepared:
     lp_head: jax.Array | None
     lps_head: jax.Array | None
     lq_head: jax.Array | None
+    num_tokens: jax.Array  # the denominator as given (default: valid tokens, dropped ones too)
     denom: jax.Array
     dropped: jax.Array  # valid tokens dropped for non-finite inputs
 
@@ -210,6 +201,7 @@ def prepare(inp: LossInputs) -> Prepared:
         lp_head=head(inp.lp_head, detach=False),
         lps_head=head(inp.lps_head),
         lq_head=head(inp.lq_head),
+        num_tokens=n,
         denom=jnp.maximum(n, 1.0),
         dropped=jnp.sum(m_in) - jnp.sum(m),
     )

@@ -1,11 +1,9 @@
-"""Correction losses: a decorator-built registry and ``compute_loss``.
-
-``@register_loss(name)`` binds a function ``(LossConfig, Prepared) -> (per_token [B,T], metrics)``
-to ``loss_config.LOSS_SPECS[name]``; a name without a spec, or a spec without a function, is an
-error at import. Every loss reports ``clip_frac`` (valid tokens whose ratio or weight was
-clipped/capped), ``masked_frac`` (valid tokens removed by a mask) and ``weight_ess`` (normalized
-ESS of its importance weights; 1.0 where it has none). Formulas and sources: docs/CORRECTIONS.md.
-"""
+"""Correction losses: ``@register_loss(name)`` binds a function ``(LossConfig, Prepared) ->
+(per_token [B,T], metrics)`` to ``loss_config.LOSS_SPECS[name]`` (a name without a spec, or a spec
+without a function, is an error at import); ``compute_loss`` runs one. Every loss reports
+``clip_frac`` (valid tokens whose ratio or weight was clipped/capped), ``masked_frac`` (valid tokens
+removed by a mask) and ``weight_ess`` (normalized ESS of its importance weights; 1.0 where it has
+none). Formulas and sources: docs/CORRECTIONS.md."""
 
 from __future__ import annotations
 
@@ -277,14 +275,11 @@ if _unregistered:
 
 
 def compute_loss(cfg: LossConfig, inputs: LossInputs) -> tuple[jax.Array, dict]:
-    """Scalar loss and scalar metrics for ``cfg.name``, ``sum(m * per_token) / num_tokens``.
-    Jittable (cfg is static).
-
-    Metrics: the loss's own plus ``loss``, ``num_tokens`` (the denominator as given),
-    ``valid_tokens`` (tokens that entered the loss) and ``nonfinite_tokens`` (valid tokens dropped
-    for NaN/inf inputs). Raises ValueError at trace time for an unknown name, a missing required
-    field, mismatched shapes, or part of the spec's all-or-none ``together`` group (DLC's head).
-    """
+    """Scalar loss ``sum(m * per_token) / num_tokens`` of ``cfg.name`` (static) and its metrics plus
+    ``loss``, ``num_tokens`` (the denominator as given), ``valid_tokens`` (tokens that entered the
+    loss) and ``nonfinite_tokens`` (valid tokens dropped for NaN/inf inputs). ValueError at trace
+    time for an unknown name, a missing required field, mismatched shapes, or part of the spec's
+    all-or-none ``together`` group (DLC's head)."""
     entry = _REGISTRY.get(cfg.name)
     if entry is None:
         raise ValueError(
@@ -299,12 +294,7 @@ def compute_loss(cfg: LossConfig, inputs: LossInputs) -> tuple[jax.Array, dict]:
     per, metrics = entry.fn(cfg, p)
     loss = p.agg(per)
     metrics = dict(metrics)
-    n_tok = (
-        jnp.sum(masked.as_mask(inputs.mask))
-        if inputs.num_tokens is None
-        else jnp.asarray(inputs.num_tokens, jnp.float32)
-    )
     metrics.update(
-        loss=loss, num_tokens=n_tok, nonfinite_tokens=p.dropped, valid_tokens=jnp.sum(p.m)
+        loss=loss, num_tokens=p.num_tokens, nonfinite_tokens=p.dropped, valid_tokens=jnp.sum(p.m)
     )
     return loss, metrics

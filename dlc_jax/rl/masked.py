@@ -1,6 +1,5 @@
 """Jittable masked reductions over the whole (global) array (mask float/bool, 1 = valid); with no
-valid entry, means/stds/quantiles return 0.0 rather than NaN.
-"""
+valid entry, means/stds/quantiles return 0.0 rather than NaN."""
 
 from __future__ import annotations
 
@@ -45,6 +44,5 @@ def quantiles(x: jax.Array, mask: jax.Array, qs: tuple[float, ...]) -> jax.Array
     hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0).astype(jnp.int32))
     frac = pos - lo
     a, b = s[lo], s[hi]
-    out = a + frac * (b - a)
-    out = jnp.where(frac == 0, a, out)
+    out = jnp.where(frac == 0, a, a + frac * (b - a))
     return jnp.where(n > 0, out, 0.0)

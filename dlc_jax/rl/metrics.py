@@ -1,6 +1,5 @@
 """The per-step metrics of DESIGN.md section 3 computable from the batch's log-probs, jittable
-(clip fraction comes from the loss, version lag and resync count from the trainer).
-"""
+(clip fraction comes from the loss, version lag and resync count from the trainer)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """The sampler's logit transform as vLLM applies it (``logprobs_mode="processed_logprobs"``):
 ``logits / temperature``, then top-k, then top-p, then ``log_softmax`` over the kept support, so the
-trainer normalizes on the sampler's support.
-
-Semantics (vLLM ``apply_top_k_top_p_pytorch``): top-k (0 < k < V) removes entries strictly below
-the k-th largest (ties kept); top-p (p < 1) sorts ascending and removes entries with
-``cumsum(softmax) <= 1 - p``, always keeping the largest, on the renormalized top-k distribution.
-The kept top-p set is applied as ``logits >= threshold`` (its smallest kept logit): vLLM's
-positional mask except at exact ties on the boundary, which this keeps.
+trainer normalizes on the sampler's support. As vLLM's ``apply_top_k_top_p_pytorch``: top-k
+(0 < k < V) removes entries strictly below the k-th largest (ties kept); top-p (p < 1) sorts
+ascending and removes entries with ``cumsum(softmax) <= 1 - p``, always keeping the largest, on the
+renormalized top-k distribution. The kept top-p set is applied as ``logits >= threshold`` (its
+smallest kept logit): vLLM's positional mask except at exact ties on the boundary, which this keeps.
 """
 
 from __future__ import annotations

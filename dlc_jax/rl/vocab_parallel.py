@@ -1,22 +1,17 @@
 """Token log-probs with the vocabulary split over the devices (Megatron-style vocab-parallel
 log-softmax): no [positions, V] array crosses a device boundary.
 
-Under ``shard_map`` over the axes the positions are split over (``rows``, ``positions``; see
-``dlc_jax.model.sharding.logprob_axes``), n devices in all, each device holds its own positions in
-chunks of ``ceil(chunk_size / n)`` and rows ``[i*V/n, (i+1)*V/n)`` of the unembedding (V
-zero-padded to a multiple of n). Per chunk it all-gathers the chunk's hidden rows, computes local
-f32 logits ``[chunk_size, V/n]`` and combines per-position scalars (``pmax`` of the max,
-``psum_scatter`` of the sums of exp, of the picked logits and of the entropy term).
-
-The backward pass is written out (``jax.custom_vjp``; the forward saves only the max, log S and the
-entropy per position): it recomputes each chunk's logits once and forms
-``dz = sum_k g_k [v = id_k] - p_v (sum_k g_k + g_H (z_v - log Z + H))`` in one pass, which halves
-the HBM traffic of autodiff's backward (docs/bench/PLAN.md). Log-prob and entropy are taken
-relative to the max, as in ``rl.logprobs``; hidden rows are gathered in the matmul's dtype.
-
-Falls back to ``dlc_jax.rl.token_logprobs`` when top-k / top-p truncate (a sort over the whole
-vocabulary), when ``vocab_chunk`` is set, or with no mesh or no axis to split positions over.
-"""
+Under ``shard_map`` over the axes the positions are split over (``rows``, ``positions``: see
+``dlc_jax.model.sharding.logprob_axes``), n devices in all, each device takes its positions in
+chunks of ``ceil(chunk_size / n)`` and holds unembedding rows ``[i*V/n, (i+1)*V/n)`` (V zero-padded
+to a multiple of n). Per chunk it all-gathers the hidden rows (in the matmul's dtype), computes f32
+logits ``[chunk_size, V/n]`` and combines per-position scalars (``pmax`` of the max,
+``psum_scatter`` of the sums of exp, of the picked logits and of the entropy term), relative to the
+max as in ``rl.logprobs``. The backward pass (``jax.custom_vjp``; the forward saves the max, log S
+and the entropy per position) recomputes each chunk's logits once and forms ``dz = sum_k g_k [v =
+id_k] - p_v (sum_k g_k + g_H (z_v - log Z + H))`` in one pass: half the HBM traffic of autodiff's
+(docs/bench/PLAN.md). Falls back to ``token_logprobs`` when top-k / top-p truncate (a sort over the
+whole vocabulary), with ``vocab_chunk``, or with no mesh or no axis to split positions over."""
 
 from __future__ import annotations
 
@@ -221,21 +216,13 @@ def vocab_parallel_token_logprobs(
     vn = -(-vocab // n)
     w = jnp.pad(unembed, ((0, vn * n - vocab), (0, 0))) if vn * n != vocab else unembed
     dtype = jnp.result_type(hidden.dtype, unembed.dtype)  # what jnp.dot would multiply in
+    others = tuple(a for a in axes if a not in vaxes)
+    settings = (vaxes, others, vocab, float(temperature), compute_entropy, out_of_support)
 
     def local(h, w, ids):
         b, t, d = h.shape
         c = min(local_chunk_positions(chunk_size, n), b * t)
-        others = tuple(a for a in axes if a not in vaxes)
-        spec = _Spec(
-            vaxes,
-            others,
-            vocab,
-            float(temperature),
-            compute_entropy,
-            out_of_support,
-            c,
-            vn * n == vocab,
-        )
+        spec = _Spec(*settings, c, vn * n == vocab)  # positions per chunk, V a multiple of n
         pad = -(b * t) % c
         hf = jnp.pad(h.reshape(b * t, d).astype(dtype), ((0, pad), (0, 0)))
         idf = jnp.pad(ids.reshape(b * t, -1), ((0, pad), (0, 0)))

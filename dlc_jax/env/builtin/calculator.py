@@ -6,10 +6,12 @@ scores ``correct`` when its number equals the row's ``answer``, else ``incorrect
 from __future__ import annotations
 
 import ast
+import itertools
 import operator
 import re
 import zlib
 
+from dlc_jax.data.answers import candidate_answer, parse_number
 from dlc_jax.env.tool_calls import ToolEnv, format_tool_call, function_schema
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -76,8 +78,6 @@ class Calculator(ToolEnv):
         return sys + [{"role": "user", "content": str(row["prompt"])}]
 
     def score(self, completion: str) -> float:
-        from dlc_jax.data.answers import candidate_answer, parse_number
-
         cand = candidate_answer(completion)
         got = parse_number(cand) if cand is not None else None
         ok = got is not None and got == parse_number(self.answer)
@@ -90,8 +90,6 @@ class Calculator(ToolEnv):
         terms = terms_of(prompt)
         if zlib.crc32(prompt.encode()) % 1000 < 1000 * self.demo_direct:
             return [f"#### {sum(terms)}"]
-        turns, acc = [], terms[0]
-        for t in terms[1:]:
-            turns.append(format_tool_call("calc", {"expr": f"{acc}+{t}"}))
-            acc += t
-        return turns + [f"#### {acc}"]
+        sums = itertools.accumulate(terms)
+        turns = [format_tool_call("calc", {"expr": f"{a}+{t}"}) for a, t in zip(sums, terms[1:])]
+        return turns + [f"#### {sum(terms)}"]

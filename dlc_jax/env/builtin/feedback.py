@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from dlc_jax.data.answers import candidate_answer, parse_number
+
 
 class Feedback:
     def __init__(
@@ -23,16 +25,12 @@ class Feedback:
         self.turn = 0
 
     def reset(self, row: dict) -> list[dict]:
-        from dlc_jax.data.answers import parse_number
-
         self.gold = parse_number(str(row["answer"]))
         self.turn = 0
         sys = [{"role": "system", "content": self.system}] if self.system else []
         return sys + [{"role": "user", "content": str(row["prompt"])}]
 
     def step(self, completion: str) -> tuple[list[dict], float, bool]:
-        from dlc_jax.data.answers import candidate_answer, parse_number
-
         k, self.turn = self.turn, self.turn + 1
         cand = candidate_answer(completion)
         got = parse_number(cand) if cand is not None else None
