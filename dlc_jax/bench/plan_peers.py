@@ -136,8 +136,9 @@ COLUMNS = [
 ]
 
 
-def _row(model, topo, rows, length, ours, peer) -> tuple[dict, dict | None]:
-    """A table row, and our roofline beside the peer's (`plan_bench.beside_peer`; None without)."""
+def _row(model, topo, rows, length, ours, peer: dict | None) -> tuple[dict, dict | None]:
+    """A table row, and our roofline beside the peer's (`plan_bench.beside_peer`; None without:
+    the peer OOM or not run)."""
     name = f"Qwen3-{model}".replace(":", ", layers: ")
     row = {"model": name, "slice": topo, "rows x tokens": f"{rows} x {length:,}"}
     sp = ours["programs"]["train_step"]
@@ -154,6 +155,8 @@ def _row(model, topo, rows, length, ours, peer) -> tuple[dict, dict | None]:
         if rl
         else "n/a"
     )
+    if peer is None:  # the peer was not run (tunix missing: a note says why)
+        return row, None
     if peer.get("oom"):
         row["peer: step peak GiB"] = "OOM: " + peer["oom"][:80]
         return row, None
@@ -183,7 +186,7 @@ def run(cfg: PlanPeersConfig) -> dict:
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             res["notes"].append(f"{model} {topo} {rows}x{length}: our plan failed: {e}")
             continue
-        peer: dict = {"oom": "", "peak_bytes": 0}
+        peer: dict | None = None
         if not missing:
             try:
                 peer = peer_row(cfg, model, topo, rows, length)
@@ -193,7 +196,7 @@ def run(cfg: PlanPeersConfig) -> dict:
         row, beside = _row(model, topo, rows, length, ours, peer)
         res["rows"].append(row)
         name = f"{model} {rows}x{length:,} on {topo}"
-        if peer.get("peak_bytes"):
+        if peer is not None and peer.get("peak_bytes"):
             peak = ours["programs"]["train_step"]["peak_bytes"] / peer["peak_bytes"]
             res["targets"].append(common.target(f"{name}: our step peak / peer's", peak, 1.0, "<="))
         if beside:

@@ -124,6 +124,19 @@ def test_plan_peers_md_regenerates_from_the_committed_jsons(in_repo):
     _same_json(res, BENCH / "plan_peers.json")
 
 
+def test_plan_peers_without_tunix_renders_our_rows_and_says_why(monkeypatch, tmp_path):
+    """No tunix where --peer-site points: our rows, the peer columns empty, the install note, and
+    no peer target (it raised KeyError on the placeholder peer after compiling our rows)."""
+    row = ("1.7B:2", "v5p-16", 8, 4096)
+    ours = json.loads(next((BENCH / "plan").glob("1.7B_v5p-16_8x4096_*.json")).read_text())
+    monkeypatch.setattr(plan_peers, "peer_available", lambda site: "tunix not importable (x)")
+    monkeypatch.setattr(plan_peers, "our_row", lambda cfg, *shape: ours)
+    res = plan_peers.run(plan_peers.PlanPeersConfig(rows=(row,), cache_dir=str(tmp_path)))
+    assert len(res["rows"]) == 1 and "peer: step peak GiB" not in res["rows"][0]
+    assert res["rows"][0]["ours: roofline s (bound)"] != "n/a"
+    assert res["notes"][0] == "tunix not importable (x)" and not res["targets"]
+
+
 def test_the_peers_compute_is_a_grpo_step_with_whole_layer_remat_whatever_ours_runs():
     # ours: 100 = a GRPO step's 60 + remat 15 + chunk recompute 5 + theta_s forward 20
     full = {
