@@ -1,5 +1,5 @@
-"""The ``plan`` section of a training config (here: the trainer must not import ``dlc_jax.plan``,
-whose ``PlanConfig`` is this class)."""
+"""The ``plan`` section of a training config (`dlc-jax plan` reads it; here because the trainer
+must not import ``dlc_jax.plan``)."""
 
 from __future__ import annotations
 
