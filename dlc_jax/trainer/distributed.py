@@ -113,7 +113,7 @@ def leader_push_targets(pool) -> list[int]:
     """The sampler indices of ``pool`` a push goes to, as process 0 chose them."""
     from dlc_jax.sampler.client.rotation import NoActiveSamplerError
 
-    mine = sorted(pool._push_targets()) if jax.process_index() == 0 else []
+    mine = sorted(pool.push_targets()) if jax.process_index() == 0 else []
     targets = [int(i) for i in leader_json(mine)]
     if not targets:
         raise NoActiveSamplerError(pool.rot.why_none())

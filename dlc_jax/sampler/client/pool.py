@@ -200,7 +200,7 @@ class SamplerPool(SamplerBase):
             ex.shutdown(wait=False, cancel_futures=True)
 
     # -- weights ----------------------------------------------------------------------------
-    def _push_targets(self) -> list[int]:
+    def push_targets(self) -> list[int]:
         targets = []
         for st in self.rot.status:
             if st.active:
@@ -254,7 +254,7 @@ class SamplerPool(SamplerBase):
         self, version: int, push: Callable[[list[int]], dict[int, PushResult]]
     ) -> PushResult:
         """`push(targets)` of `version`, settled on the rotation (NoActiveSamplerError: none)."""
-        targets = self._push_targets()
+        targets = self.push_targets()
         if not targets:
             raise NoActiveSamplerError(self.rot.why_none())
         t0 = time.monotonic()
