@@ -299,7 +299,11 @@ PRESETS: dict[str, Qwen3Config] = {
     name: Qwen3Config(**shape_kwargs(name, tie_word_embeddings=name != "Qwen3-8B"), **_COMMON)
     for name in ("Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B")
 }
-# Qwen3MoeConfig's MoE defaults are Qwen3-30B-A3B's
 PRESETS["Qwen3-30B-A3B"] = Qwen3MoeConfig(
-    **shape_kwargs("Qwen3-30B-A3B", tie_word_embeddings=False), **_COMMON
+    **shape_kwargs("Qwen3-30B-A3B", tie_word_embeddings=False),
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    **_COMMON,
 )
