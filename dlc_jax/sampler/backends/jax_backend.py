@@ -32,7 +32,10 @@ def available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("jax", "flax"))
 
 
-def _bucket(n: int, m: int = 32) -> int:
+_BUCKET = 32
+
+
+def _bucket(n: int, m: int = _BUCKET) -> int:
     return max(m, -(-n // m) * m)
 
 
@@ -264,7 +267,9 @@ class JaxBackend(SamplerBackend):
         b = 1 << (b_real - 1).bit_length()  # pad the batch to a power of two (fewer compiles)
         lp_len = _bucket(max(len(s[3]) for s in seqs))
         t_max = params.max_tokens
-        cache_len = lp_len + _bucket(t_max)
+        # a re-prefill at step t runs on lp_len + _bucket(t) slots (fewer than _BUCKET of them left
+        # padding), then decodes the other t_max - 1 - t tokens: room for both
+        cache_len = lp_len + _bucket(t_max + _BUCKET - 1)
         tokens = np.zeros((b, lp_len + t_max), np.int32)
         mask = np.zeros((b, lp_len + t_max), np.int32)
         for r, (_, _, _, p) in enumerate(seqs):
@@ -293,14 +298,16 @@ class JaxBackend(SamplerBackend):
             new_state, new_version = self._snapshot()
             if t == 0 or new_version != version:  # the KV of the whole prefix (with new weights)
                 state, version = new_state, new_version
+                # left-padded to a bucket, so re-prefills at any step share a few compiles
+                pad = (lp_len + _bucket(t) if t else lp_len) - (lp_len + t)
                 logits, cache, routed = prefill(
                     state,
-                    jnp.asarray(tokens[:, : lp_len + t]),
-                    jnp.asarray(mask[:, : lp_len + t]),
+                    jnp.asarray(np.pad(tokens[:, : lp_len + t], ((0, 0), (pad, 0)))),
+                    jnp.asarray(np.pad(mask[:, : lp_len + t], ((0, 0), (pad, 0)))),
                     cache_len,
                 )
                 if want_routes:  # these weights' routing of the whole prefix
-                    prefix_route = np.asarray(routed)
+                    prefix_route = np.asarray(routed)[:, pad:]
                     if out_route is None:
                         n_exp = int(self.model_config.get("num_experts", 0))
                         dt = np.uint8 if n_exp <= 256 else np.uint16
