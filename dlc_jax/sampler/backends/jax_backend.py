@@ -299,7 +299,7 @@ class JaxBackend(SamplerBackend):
             if t == 0 or new_version != version:  # the KV of the whole prefix (with new weights)
                 state, version = new_state, new_version
                 # left-padded to a bucket, so re-prefills at any step share a few compiles
-                pad = (lp_len + _bucket(t) if t else lp_len) - (lp_len + t)
+                pad = _bucket(t) - t if t else 0
                 logits, cache, routed = prefill(
                     state,
                     jnp.asarray(np.pad(tokens[:, : lp_len + t], ((0, 0), (pad, 0)))),
